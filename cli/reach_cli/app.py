@@ -1,0 +1,714 @@
+"""The ``reach`` command: see and operate a reach namespace.
+
+One sub-app per noun (``reach agents ...``, ``reach dlq ...``); every command takes
+``--redis-url`` (``REACH_REDIS_URL``) and ``--namespace`` (``REACH_NAMESPACE``), and every
+listing ``--json``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import anyio
+import typer
+
+import reach
+from reach.client import Client
+from reach.connection import redact
+from reach.embedded import RedisServer, free_port
+from reach.envelope import decode_payload, now_ms
+from reach.errors import ConfigError, ReachError, UnknownAgent
+from reach.keys import GROUP, PRIORITIES, Keys
+from reach.registry import STATES, Registry
+from reach.sweeper import move_due
+from reach.tasks import get_status, parse_dead_letter
+
+from .common import (
+    DEFAULT_NS,
+    DEFAULT_REDIS,
+    Json,
+    Namespace,
+    RedisUrl,
+    age,
+    command,
+    console,
+    err_console,
+    open_redis,
+    print_json,
+    run,
+    table,
+)
+
+app = typer.Typer(
+    name="reach",
+    help="reach: AI agents reaching each other by capability, on Redis Streams.\n\n"
+    "Start a local Redis with `reach redis`, run agents with `reach worker MODULE:APP`, "
+    "and look around with `reach caps`, `reach agents`, `reach queues`, `reach dlq list`.",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode="rich",
+)
+agents_app = typer.Typer(
+    help="List, inspect and drain agents.", invoke_without_command=True, no_args_is_help=False
+)
+dlq_app = typer.Typer(help="Dead letters: list, show, replay, purge.", no_args_is_help=True)
+app.add_typer(agents_app, name="agents")
+app.add_typer(dlq_app, name="dlq")
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"reach {reach.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_callback(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
+) -> None:
+    """reach command line."""
+
+
+# -- caps ---------------------------------------------------------------------------------
+@app.command()
+@command
+async def caps(
+    redis_url: RedisUrl = DEFAULT_REDIS, namespace: Namespace = DEFAULT_NS, json_: Json = False
+) -> None:
+    """List capabilities and how many live agents declare each.
+
+    Example: reach caps --namespace prod
+    """
+    r = await open_redis(redis_url)
+    try:
+        reg = Registry(r, namespace)
+        rows = await reg.capabilities()
+        ready: dict[str, int] = {}
+        for cap, _ in rows:
+            ready[cap] = len(await reg.agents(cap, ready=True, state="active"))
+    finally:
+        await r.aclose()
+    if json_:
+        print_json([{"capability": c, "agents": n, "ready": ready[c]} for c, n in rows])
+        return
+    table(f"capabilities in {namespace!r}", ["capability", "agents", "ready"],
+          [(c, n, ready[c]) for c, n in rows])  # fmt: skip
+
+
+# -- agents -------------------------------------------------------------------------------
+def _agent_row(a: reach.AgentInfo, now: int) -> dict[str, Any]:
+    return {
+        "agent_id": a.agent_id,
+        "state": a.state,
+        "ready": a.ready,
+        "draining": a.draining,
+        "weight": a.weight,
+        "version": a.version,
+        "instance_id": a.instance_id,
+        "capabilities": a.capabilities,
+        "metadata": a.metadata,
+        "last_heartbeat_ms": a.last_heartbeat_ms,
+        "lease_age_ms": max(0, now - a.last_heartbeat_ms) if a.last_heartbeat_ms else None,
+        "queue_depth": a.queue_depth,
+        "inflight": a.inflight,
+        "registered_ms": a.registered_ms,
+    }
+
+
+@agents_app.callback()
+def agents_list(
+    ctx: typer.Context,
+    cap: Annotated[Optional[str], typer.Option("--cap", help="Only agents of this capability.")] = None,  # noqa: UP045
+    state: Annotated[
+        Optional[str], typer.Option("--state", help=f"Only agents in this state: {', '.join(STATES)}.")  # noqa: UP045
+    ] = None,
+    where: Annotated[
+        Optional[list[str]], typer.Option("--where", help="Metadata filter KEY=VALUE (repeatable).")  # noqa: UP045
+    ] = None,
+    redis_url: RedisUrl = DEFAULT_REDIS,
+    namespace: Namespace = DEFAULT_NS,
+    json_: Json = False,
+) -> None:
+    """List agents with state, readiness, weight and lease age.
+
+    Examples: reach agents --cap text.summarize --state active;  reach agents --json
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    if state is not None and state not in STATES:
+        err_console.print(f"[red]error:[/red] unknown state {state!r}: use {', '.join(STATES)}")
+        raise typer.Exit(2)
+    filt: dict[str, str] = {}
+    for w in where or []:
+        if "=" not in w:
+            err_console.print(f"[red]error:[/red] --where takes KEY=VALUE, got {w!r}")
+            raise typer.Exit(2)
+        k, v = w.split("=", 1)
+        filt[k] = v
+
+    async def body() -> list[reach.AgentInfo]:
+        r = await open_redis(redis_url)
+        try:
+            return await Registry(r, namespace).agents(cap, state=state, where=filt or None)
+        finally:
+            await r.aclose()
+
+    agents = run(body)
+    now = now_ms()
+    if json_:
+        print_json([_agent_row(a, now) for a in agents])
+        return
+    rows = [
+        (a.agent_id, a.state, "yes" if a.ready else "no", "yes" if a.draining else "",
+         f"{a.weight:g}", ",".join(a.capabilities), age(a.last_heartbeat_ms, now),
+         a.queue_depth, a.inflight,
+         " ".join(f"{k}={v}" for k, v in a.metadata.items()))
+        for a in agents
+    ]  # fmt: skip
+    table(f"agents in {namespace!r}", ["agent", "state", "ready", "draining", "weight",
+          "capabilities", "lease age", "queue", "in-flight", "metadata"], rows)  # fmt: skip
+
+
+@agents_app.command("show")
+@command
+async def agents_show(
+    agent_id: Annotated[str, typer.Argument(help="The agent's id.")],
+    redis_url: RedisUrl = DEFAULT_REDIS,
+    namespace: Namespace = DEFAULT_NS,
+    json_: Json = False,
+) -> None:
+    """Show one agent's whole record (also shadows of evicted agents).
+
+    Example: reach agents show summarizer-1
+    """
+    r = await open_redis(redis_url)
+    try:
+        a = await Registry(r, namespace).get(agent_id)
+    finally:
+        await r.aclose()
+    if a is None:
+        raise UnknownAgent(f"No agent {agent_id!r} in namespace {namespace!r} (see `reach agents`).")
+    row = _agent_row(a, now_ms())
+    row.update(lease_ms=a.lease_ms, evict_after_ms=a.evict_after_ms, state_ms=a.state_ms,
+               ready_ms=a.ready_ms, max_queue=a.max_queue, card=a.card)  # fmt: skip
+    if json_:
+        print_json(row)
+        return
+    table(f"agent {agent_id}", ["field", "value"], [(k, v) for k, v in row.items()])
+
+
+@agents_app.command("drain")
+@command
+async def agents_drain(
+    agent_id: Annotated[str, typer.Argument(help="The agent to drain.")],
+    redis_url: RedisUrl = DEFAULT_REDIS,
+    namespace: Namespace = DEFAULT_NS,
+) -> None:
+    """Stop routing new work to an agent; it finishes what it holds, then deregisters.
+
+    Example: reach agents drain summarizer-1
+    """
+    r = await open_redis(redis_url)
+    try:
+        code = await Registry(r, namespace).drain(agent_id)
+    finally:
+        await r.aclose()
+    print(f"{agent_id}: {'already draining' if code == 2 else 'draining'}")
+
+
+# -- events -------------------------------------------------------------------------------
+@app.command()
+@command
+async def events(
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new events.")] = False,
+    count: Annotated[int, typer.Option("--count", help="How many past events to show.")] = 50,
+    redis_url: RedisUrl = DEFAULT_REDIS,
+    namespace: Namespace = DEFAULT_NS,
+    json_: Json = False,
+) -> None:
+    """Show registry events (registered, ready, draining, unstable, evicted, recovered, ...).
+
+    Example: reach events --follow
+    """
+    r = await open_redis(redis_url)
+    reg = Registry(r, namespace)
+    try:
+        evs = await reg.recent_events(count)
+        last = evs[-1].id if evs else "$"
+        if json_ and not follow:
+            print_json(evs)
+            return
+        for e in evs:
+            _print_event(e, json_)
+        while follow:
+            new = await reg.tail_events(last_id=last, block_ms=1000)
+            for e in new:
+                _print_event(e, json_)
+                last = e.id
+            sys.stdout.flush()
+    finally:
+        await r.aclose()
+
+
+def _print_event(e: Any, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"id": e.id, "type": e.type, "agent_id": e.agent_id,
+                          "instance_id": e.instance_id, "ts": e.ts}))  # fmt: skip
+    else:
+        ts = time.strftime("%H:%M:%S", time.localtime(e.ts / 1000)) + f".{e.ts % 1000:03d}"
+        print(f"{ts}  {e.type:<13} {e.agent_id}")
+
+
+# -- sweep --------------------------------------------------------------------------------
+@app.command()
+@command
+async def sweep(
+    redis_url: RedisUrl = DEFAULT_REDIS,
+    namespace: Namespace = DEFAULT_NS,
+    json_: Json = False,
+) -> None:
+    """Run the cluster-wide chores once: expire leases, move due retries.
+
+    Runtimes do this on their own; use it when no agent is running.
+    """
+    r = await open_redis(redis_url)
+    try:
+        reg = Registry(r, namespace)
+        res = await reg.sweep(owner="cli", lock_ms=0)
+        async with Client(redis=r, namespace=namespace) as client:
+            moved = await move_due(r, reg.keys, client)
+    finally:
+        await r.aclose()
+    out = {"probation": res.probation, "evicted": res.evicted, "deleted": res.deleted,
+           "retries_moved": moved}  # fmt: skip
+    if json_:
+        print_json(out)
+    else:
+        print(f"probation: {res.probation}  evicted: {len(res.evicted)} "
+              f"{' '.join(res.evicted)}  shadows deleted: {res.deleted}  retries moved: {moved}")
+
+
+# -- redis --------------------------------------------------------------------------------
+@app.command("redis")
+def redis_cmd(
+    port: Annotated[int, typer.Option("--port", help="TCP port (0 = any free port).")] = 6390,
+    data_dir: Annotated[Path, typer.Option("--dir", help="Where data is kept (AOF).")] = Path(".reach/redis"),
+) -> None:
+    """Run a persistent local Redis for development (AOF everysec, data in .reach/).
+
+    Prints the URL to export as REACH_REDIS_URL; stops on Ctrl-C.
+    """
+    try:
+        if port == 0 or not _port_free(port):
+            chosen = free_port()
+            if port:
+                err_console.print(f"port {port} is busy; using {chosen}")
+            port = chosen
+        server = RedisServer(port=port, data_dir=data_dir.resolve(), persistent=True,
+                             die_with_parent=True)  # fmt: skip
+        server.start()
+    except ReachError as e:
+        err_console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+    (data_dir / "url").write_text(server.url + "\n")
+    print(server.url, flush=True)
+    err_console.print(
+        f"{server.binary.origin} server {server.binary.version_str} ({server.binary.path}), "
+        f"data in {data_dir}/. export REACH_REDIS_URL={server.url}  — Ctrl-C to stop."
+    )
+    try:
+        assert server.proc is not None
+        server.proc.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+# -- worker -------------------------------------------------------------------------------
+def load_agent(target: str) -> reach.Agent:
+    """Import ``module:attr`` (``module.path:app``) and return the reach.Agent there."""
+    from reach.runtime import Agent
+
+    if ":" not in target:
+        raise ConfigError(f"Expected MODULE:ATTR (e.g. myagents.summarizer:app), got {target!r}.")
+    mod_name, attr = target.split(":", 1)
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        mod = importlib.import_module(mod_name)
+    except ImportError as e:
+        raise ConfigError(f"Cannot import {mod_name!r}: {e}") from e
+    obj = getattr(mod, attr, None)
+    if callable(obj) and not isinstance(obj, Agent):
+        obj = obj()
+    if not isinstance(obj, Agent):
+        raise ConfigError(f"{target} is {type(obj).__name__}, not a reach.Agent.")
+    return obj
+
+
+@app.command()
+def worker(
+    target: Annotated[str, typer.Argument(help="MODULE:ATTR of a reach.Agent, e.g. agents.echo:app")],
+    redis_url: RedisUrl = DEFAULT_REDIS,
+    namespace: Namespace = DEFAULT_NS,
+    concurrency: Annotated[int, typer.Option(help="Handlers running at once.")] = 16,
+    heartbeat_s: Annotated[float, typer.Option(help="Seconds between heartbeats.")] = 3.0,
+    lease_s: Annotated[float, typer.Option(help="Without a heartbeat this long: probation.")] = 9.0,
+    evict_after_s: Annotated[float, typer.Option(help="Without a heartbeat this long: evicted.")] = 18.0,
+    stall_s: Annotated[float, typer.Option(help="Event loop stuck this long: stop heartbeats.")] = 30.0,
+    drain_timeout_s: Annotated[float, typer.Option(help="Time in-flight work gets on SIGTERM.")] = 30.0,
+    sweep_interval_s: Annotated[float, typer.Option(help="Seconds between sweeps.")] = 1.0,
+    claim_lease_s: Annotated[float, typer.Option(help="Claim lease of messages without deadline.")] = 60.0,
+    retry_base_s: Annotated[float, typer.Option(help="First retry backoff.")] = 0.2,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
+) -> None:
+    """Run the reach.Agent found at MODULE:ATTR until SIGTERM/SIGINT (then drain).
+
+    Example: reach worker examples.echo:app --concurrency 32 --lease-s 2 --evict-after-s 4
+    """
+    logging.basicConfig(
+        level=getattr(logging, log_level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        agent = load_agent(target)
+        opts = dict(redis_url=redis_url, namespace=namespace, concurrency=concurrency,
+                    heartbeat_s=heartbeat_s, lease_s=lease_s, evict_after_s=evict_after_s,
+                    stall_s=stall_s, drain_timeout_s=drain_timeout_s,
+                    sweep_interval_s=sweep_interval_s, claim_lease_s=claim_lease_s,
+                    retry_base_s=retry_base_s)  # fmt: skip
+        err_console.print(f"reach worker: {agent.agent_id} on {redact(redis_url)} ns={namespace}")
+        anyio.run(lambda: agent.run(**opts))
+    except ReachError as e:
+        err_console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+# -- messaging ----------------------------------------------------------------------------
+@app.command()
+@command
+async def send(
+    capability: Annotated[str, typer.Argument(help="Capability to reach, e.g. text.summarize.")],
+    payload: Annotated[str, typer.Argument(help="The payload as JSON, e.g. '{\"text\": \"hi\"}'.")],
+    wait: Annotated[bool, typer.Option("--wait", help="Wait for the result and print it.")] = False,
+    priority: Annotated[str, typer.Option(help="high, normal or low.")] = "normal",
+    session: Annotated[Optional[str], typer.Option(help="Session id (sticky state).")] = None,  # noqa: UP045
+    timeout_s: Annotated[Optional[float], typer.Option(help="Deadline from now, seconds.")] = None,  # noqa: UP045
+    idempotency_key: Annotated[Optional[str], typer.Option(help="Same key, same result.")] = None,  # noqa: UP045
+    target: Annotated[Optional[str], typer.Option(help="Send to this agent id.")] = None,  # noqa: UP045
+    redis_url: RedisUrl = DEFAULT_REDIS,
+    namespace: Namespace = DEFAULT_NS,
+    json_: Json = False,
+) -> None:
+    """Send one message to a capability (and with --wait, print the result).
+
+    Example: reach send text.summarize '{"text": "long text"}' --wait --timeout-s 10
+    """
+    try:
+        body = json.loads(payload)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"PAYLOAD is not valid JSON ({e}); quote it, e.g. '{{\"a\": 1}}'.") from e
+    async with Client(redis_url=redis_url, namespace=namespace) as client:
+        kw = dict(session_id=session, priority=priority, timeout_s=timeout_s,
+                  idempotency_key=idempotency_key, target=target)  # fmt: skip
+        if wait:
+            result = await client.request(capability, body, **kw)
+            if json_:
+                print_json({"result": result})
+            else:
+                print(json.dumps(result, default=str))
+        else:
+            msg_id = await client.send(capability, body, **kw)
+            if json_:
+                print_json({"msg_id": msg_id})
+            else:
+                print(msg_id)
+
+
+@app.command()
+@command
+async def task(
+    msg_id: Annotated[str, typer.Argument(help="The msg_id printed by `reach send`.")],
+    redis_url: RedisUrl = DEFAULT_REDIS,
+    namespace: Namespace = DEFAULT_NS,
+    json_: Json = False,
+) -> None:
+    """Show a message's status: pending, running, succeeded, failed, retrying, expired, dead.
+
+    Example: reach task 019a...e3 --json
+    """
+    r = await open_redis(redis_url)
+    try:
+        st = await get_status(r, Keys(namespace), msg_id)
+    finally:
+        await r.aclose()
+    result: Any = None
+    if st.reply is not None and st.reply.status == "succeeded":
+        result = decode_payload(st.reply.result)
+    row = {"msg_id": st.msg_id, "status": st.status, "capability": st.capability,
+           "agent_id": st.agent_id, "attempt": st.attempt, "runs": st.runs, "error": st.error,
+           "updated_ms": st.updated_ms, "idempotency_key": st.idempotency_key or st.msg_id,
+           "result": result}  # fmt: skip
+    if json_:
+        print_json(row)
+    else:
+        table(f"task {msg_id}", ["field", "value"], [(k, v) for k, v in row.items()])
+    if st.status == "unknown":
+        raise typer.Exit(1)
+
+
+@app.command()
+@command
+async def queues(
+    redis_url: RedisUrl = DEFAULT_REDIS, namespace: Namespace = DEFAULT_NS, json_: Json = False
+) -> None:
+    """Per agent inbox: depth per priority, pending (delivered, not acked), oldest pending age."""
+    r = await open_redis(redis_url)
+    keys = Keys(namespace)
+    rows: dict[str, dict[str, Any]] = {}
+    try:
+        async for key in r.scan_iter(match=keys.inbox_pattern, count=1000):
+            k = key.decode() if isinstance(key, bytes) else key
+            agent_id = keys.agent_id_of_inbox(k)
+            prio = k.rsplit(":", 1)[1]
+            row = rows.setdefault(agent_id, {"agent_id": agent_id, **{p: 0 for p in PRIORITIES},
+                                             "pending": 0, "oldest_pending_ms": None})  # fmt: skip
+            row[prio] = int(await r.xlen(k))
+            try:
+                summary = await r.xpending(k, GROUP)
+            except Exception:
+                continue
+            row["pending"] += int(summary.get("pending", 0))
+            low = summary.get("min")
+            if low:
+                ms = int((low.decode() if isinstance(low, bytes) else low).split("-")[0])
+                old = row["oldest_pending_ms"]
+                row["oldest_pending_ms"] = ms if old is None else min(old, ms)
+    finally:
+        await r.aclose()
+    now = now_ms()
+    out = sorted(rows.values(), key=lambda x: x["agent_id"])
+    for row in out:
+        o = row["oldest_pending_ms"]
+        row["oldest_pending_age_ms"] = now - o if o else None
+    if json_:
+        print_json(out)
+        return
+    table(f"inboxes in {namespace!r}", ["agent", *PRIORITIES, "pending", "oldest pending"],
+          [(x["agent_id"], *(x[p] for p in PRIORITIES), x["pending"],
+            age(x["oldest_pending_ms"] or 0, now)) for x in out])  # fmt: skip
+
+
+# -- dead letters ---------------------------------------------------------------------------
+async def _dlq_keys(r: Any, keys: Keys, cap: str | None) -> list[str]:
+    if cap:
+        return [keys.dlq(reach.normalize_capability(cap) if cap != "_malformed" else cap)]
+    out = []
+    async for key in r.scan_iter(match=keys.dlq_pattern, count=1000):
+        out.append(key.decode() if isinstance(key, bytes) else key)
+    return sorted(out)
+
+
+CapOpt = Annotated[Optional[str], typer.Option("--cap", help="Only this capability.")]  # noqa: UP045
+
+
+@dlq_app.command("list")
+@command
+async def dlq_list(
+    cap: CapOpt = None,
+    limit: Annotated[int, typer.Option(help="At most this many per capability.")] = 100,
+    redis_url: RedisUrl = DEFAULT_REDIS,
+    namespace: Namespace = DEFAULT_NS,
+    json_: Json = False,
+) -> None:
+    """List dead letters (newest last) with reason, attempts and last error."""
+    r = await open_redis(redis_url)
+    keys = Keys(namespace)
+    letters = []
+    try:
+        for k in await _dlq_keys(r, keys, cap):
+            for i, f in await r.xrange(k, "-", "+", count=limit):
+                letters.append(parse_dead_letter(i, f))
+    finally:
+        await r.aclose()
+    if json_:
+        print_json([{k: v for k, v in _dl_row(d).items()} for d in letters])
+        return
+    table(f"dead letters in {namespace!r}", ["id", "capability", "reason", "attempts", "agent",
+          "msg_id", "error"],
+          [(d.id, d.capability, d.reason, d.attempts, d.agent_id, d.msg_id, d.error[:80])
+           for d in letters])  # fmt: skip
+
+
+def _dl_row(d: Any) -> dict[str, Any]:
+    return {"id": d.id, "capability": d.capability, "reason": d.reason, "attempts": d.attempts,
+            "agent_id": d.agent_id, "msg_id": d.msg_id, "error": d.error,
+            "error_type": d.error_type, "ts": d.ts}  # fmt: skip
+
+
+@dlq_app.command("show")
+@command
+async def dlq_show(
+    entry_id: Annotated[str, typer.Argument(help="Dead letter id (from `reach dlq list`).")],
+    cap: CapOpt = None,
+    redis_url: RedisUrl = DEFAULT_REDIS,
+    namespace: Namespace = DEFAULT_NS,
+    json_: Json = False,
+) -> None:
+    """Show one dead letter with its original envelope."""
+    r = await open_redis(redis_url)
+    try:
+        found = await _find_dl(r, Keys(namespace), entry_id, cap)
+    finally:
+        await r.aclose()
+    d = found[1]
+    row = _dl_row(d)
+    env = d.envelope
+    if env is not None:
+        row["envelope"] = {f: getattr(env, f) for f in env.__struct_fields__ if f != "payload"}
+        try:
+            row["payload"] = decode_payload(env.payload)
+        except Exception:
+            row["payload"] = "<undecodable>"
+    else:
+        row["raw"] = d.raw[:200].hex()
+    if json_:
+        print_json(row)
+    else:
+        table(f"dead letter {entry_id}", ["field", "value"], [(k, v) for k, v in row.items()])
+
+
+async def _find_dl(r: Any, keys: Keys, entry_id: str, cap: str | None) -> tuple[str, Any]:
+    for k in await _dlq_keys(r, keys, cap):
+        rows = await r.xrange(k, entry_id, entry_id)
+        if rows:
+            return k, parse_dead_letter(*rows[0])
+    raise ReachError(f"No dead letter {entry_id!r} (see `reach dlq list`).")
+
+
+@dlq_app.command("replay")
+@command
+async def dlq_replay(
+    entry_id: Annotated[Optional[str], typer.Argument(help="Dead letter id to replay.")] = None,  # noqa: UP045
+    all_: Annotated[bool, typer.Option("--all", help="Replay every dead letter (of --cap).")] = False,
+    cap: CapOpt = None,
+    redis_url: RedisUrl = DEFAULT_REDIS,
+    namespace: Namespace = DEFAULT_NS,
+    json_: Json = False,
+) -> None:
+    """Send dead letters again (same msg_id and idempotency key, attempts from 1).
+
+    Examples: reach dlq replay 1717171717171-0;  reach dlq replay --all --cap text.summarize
+    """
+    if bool(entry_id) == bool(all_):
+        raise ConfigError("Give either a dead letter ID or --all.")
+    import msgspec
+
+    r = await open_redis(redis_url)
+    keys = Keys(namespace)
+    done, failed = 0, []
+    try:
+        if entry_id:
+            targets = [await _find_dl(r, keys, entry_id, cap)]
+        else:
+            targets = []
+            for k in await _dlq_keys(r, keys, cap):
+                targets += [(k, parse_dead_letter(i, f)) for i, f in await r.xrange(k, "-", "+")]
+        async with Client(redis=r, namespace=namespace) as client:
+            show = sys.stderr.isatty() and len(targets) > 1
+            for n, (k, d) in enumerate(targets, 1):
+                if d.envelope is None:
+                    failed.append((d.id, "not a valid envelope; cannot be replayed"))
+                    continue
+                env = msgspec.structs.replace(d.envelope, attempt=1, deadline_ms=0)
+                try:
+                    await client.deliver(env)
+                except ReachError as e:
+                    failed.append((d.id, str(e)))
+                    continue
+                await r.xdel(k, d.id)
+                done += 1
+                if show:
+                    err_console.print(f"\rreplayed {n}/{len(targets)}", end="")
+                elif len(targets) > 1 and n % 100 == 0:
+                    err_console.print(f"replayed {n}/{len(targets)}")
+            if show:
+                err_console.print()
+    finally:
+        await r.aclose()
+    if json_:
+        print_json({"replayed": done, "failed": [{"id": i, "error": e} for i, e in failed]})
+    else:
+        print(f"replayed {done}, failed {len(failed)}")
+        for i, e in failed:
+            print(f"  {i}: {e}")
+    if failed:
+        raise typer.Exit(1)
+
+
+@dlq_app.command("purge")
+@command
+async def dlq_purge(
+    cap: CapOpt = None,
+    yes: Annotated[bool, typer.Option("--yes", help="Really delete them.")] = False,
+    redis_url: RedisUrl = DEFAULT_REDIS,
+    namespace: Namespace = DEFAULT_NS,
+) -> None:
+    """Delete dead letters for good (all, or one capability's). Needs --yes."""
+    if not yes:
+        raise ConfigError("This deletes dead letters for good: add --yes to confirm.")
+    r = await open_redis(redis_url)
+    try:
+        n = 0
+        for k in await _dlq_keys(r, Keys(namespace), cap):
+            n += int(await r.xlen(k))
+            await r.delete(k)
+    finally:
+        await r.aclose()
+    print(f"purged {n} dead letters")
+
+
+# -- demo ---------------------------------------------------------------------------------
+@app.command()
+def demo(
+    fast: Annotated[bool, typer.Option(help="Shorter pauses (used by the tests).")] = False,
+) -> None:
+    """A guided tour on an embedded Redis: agents register, talk, fail, get evicted."""
+    from .demo import run_demo
+
+    try:
+        run_demo(fast=fast)
+    except ReachError as e:
+        err_console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

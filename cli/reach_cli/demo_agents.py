@@ -1,0 +1,50 @@
+"""The agents `reach demo` runs as real `reach worker` processes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+
+from reach.runtime import Agent, Context
+
+
+def summarizer(agent_id: str = "summarizer-1", region: str = "eu", weight: float = 1) -> Agent:
+    app = Agent(agent_id, capabilities=["text.summarize", "text.flaky"], weight=weight,
+                metadata={"region": region, "model": "tiny"})  # fmt: skip
+
+    @app.handler("text.summarize")
+    async def summarize(payload: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        words = str(payload.get("text", "")).split()
+        await anyio.sleep(float(payload.get("work_s", 0)))
+        return {"summary": " ".join(words[:5]) + (" ..." if len(words) > 5 else ""),
+                "by": ctx.agent_id, "priority": ctx.priority}  # fmt: skip
+
+    @app.handler("text.flaky")
+    async def flaky(payload: dict[str, Any], ctx: Context) -> str:
+        # Fails until an operator "repairs" it: shows retries, a dead letter and its replay.
+        repaired = await ctx.redis.hget(ctx.keys.effects("demo"), "repaired")
+        if not repaired:
+            raise RuntimeError("downstream service unavailable")
+        return f"done by {ctx.agent_id} on attempt {ctx.attempt}"
+
+    return app
+
+
+def reviewer() -> Agent:
+    app = Agent("reviewer-1", capabilities=["code.review"], metadata={"region": "us"})
+
+    @app.handler("code.review")
+    def review(payload: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        code = str(payload.get("code", ""))
+        return {"ok": "eval(" not in code, "lines": code.count("\n") + 1}
+
+    return app
+
+
+def summarizer_1() -> Agent:
+    return summarizer("summarizer-1", "eu", 2)
+
+
+def summarizer_2() -> Agent:
+    return summarizer("summarizer-2", "us", 1)

@@ -1,0 +1,80 @@
+-- sweep.lua: move agents whose lease ran out along the lease state machine.
+--   active    --(no heartbeat for lease_ms)-->        probation  (event 'unstable')
+--   probation --(no heartbeat for evict_after_ms)-->  evicted    (event 'evicted';
+--             removed from its capability sets; the hash is kept as a shadow record)
+--   evicted   --(shadow_ttl_ms later)-->              deleted
+-- The agents zset scores each agent by its next deadline, so one sweep reads only the
+-- agents that are due: its cost follows the number of changes, not of agents.
+--
+-- KEYS[1] agents zset (agent_id -> next deadline, epoch ms)
+-- KEYS[2] caps zset (capability -> number of agents declaring it)
+-- KEYS[3] registry events stream
+-- KEYS[4] sweeper lock
+-- KEYS[5] capability-set key prefix (capability names are appended; same slot)
+-- KEYS[6] agent-hash key prefix (agent ids are appended; same slot)
+-- ARGV[1] sweeper owner id (any runtime; the lock keeps the others idle)
+-- ARGV[2] lock ttl ms (0 = sweep without taking the lock)
+-- ARGV[3] shadow_ttl_ms
+-- ARGV[4] max agents to look at in this call
+-- ARGV[5] events stream max length (approximate)
+--
+-- Returns {-1}: another runtime holds the sweeper lock
+--         {n_due, n_probation, n_evicted, n_deleted, evicted_id...}
+--         (n_due == ARGV[4] means more may be due: call again)
+if tonumber(ARGV[2]) > 0 then
+  local holder = redis.call('GET', KEYS[4])
+  if holder and holder ~= ARGV[1] then
+    return {-1}
+  end
+  redis.call('SET', KEYS[4], ARGV[1], 'PX', ARGV[2])
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local shadow_ttl = tonumber(ARGV[3])
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[4]))
+local n_prob, n_evict, n_del = 0, 0, 0
+local evicted = {}
+
+local function event(kind, id, instance)
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*',
+    'type', kind, 'agent_id', id, 'instance_id', instance or '', 'ts', now)
+end
+
+for _, id in ipairs(due) do
+  local h = KEYS[6] .. id
+  local s = redis.call('HMGET', h, 'state', 'last_heartbeat_ms', 'evict_after_ms', 'caps', 'instance_id')
+  if not s[1] then
+    redis.call('ZREM', KEYS[1], id)
+    n_del = n_del + 1
+  elseif s[1] == 'evicted' then
+    redis.call('DEL', h)
+    redis.call('ZREM', KEYS[1], id)
+    n_del = n_del + 1
+  else
+    local evict_at = tonumber(s[2]) + tonumber(s[3])
+    if evict_at <= now then
+      for cap in string.gmatch(s[4] or '', '[^,]+') do
+        local set = KEYS[5] .. cap
+        redis.call('SREM', set, id)
+        local n = redis.call('SCARD', set)
+        if n == 0 then redis.call('ZREM', KEYS[2], cap) else redis.call('ZADD', KEYS[2], n, cap) end
+      end
+      redis.call('HSET', h, 'state', 'evicted', 'ready', '0', 'state_ms', now)
+      redis.call('PEXPIRE', h, shadow_ttl)
+      redis.call('ZADD', KEYS[1], now + shadow_ttl, id)
+      event('evicted', id, s[5])
+      n_evict = n_evict + 1
+      evicted[#evicted + 1] = id
+    elseif s[1] == 'active' then
+      redis.call('HSET', h, 'state', 'probation', 'state_ms', now)
+      redis.call('ZADD', KEYS[1], evict_at, id)
+      event('unstable', id, s[5])
+      n_prob = n_prob + 1
+    else
+      redis.call('ZADD', KEYS[1], evict_at, id)
+    end
+  end
+end
+local out = {#due, n_prob, n_evict, n_del}
+for _, id in ipairs(evicted) do out[#out + 1] = id end
+return out

@@ -1,0 +1,439 @@
+"""The caller side: send messages to a capability and get results back.
+
+A :class:`Client` picks a live agent of the capability (eligibility, then policy), adds
+the envelope to that agent's inbox stream, and (for :meth:`Client.request`) waits on its
+own reply stream, which one background task reads for every waiting call.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+from redis import exceptions as rexc
+
+from . import scripts
+from .connection import AnyRedis, connect, unreachable
+from .envelope import (
+    PRIORITIES,
+    Envelope,
+    Reply,
+    decode_payload,
+    decode_reply,
+    encode,
+    encode_payload,
+    new_id,
+    now_ms,
+)
+from .errors import (
+    ConfigError,
+    DeadlineExceeded,
+    NoAgentAvailable,
+    PayloadTooLarge,
+    Rejected,
+    RemoteError,
+)
+from .keys import Keys
+from .registry import AgentInfo, Registry, normalize_capability
+from .tasks import TaskStatus, get_status, pending_ops
+
+log = logging.getLogger("reach.client")
+
+DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_MAX_PAYLOAD = 1024 * 1024
+REPLY_TTL_MS = 24 * 3600 * 1000
+
+
+class Client:
+    """Send messages by capability.
+
+    Use as ``async with reach.Client(redis_url=..., namespace=...) as client:``.
+    ``client_id`` names the reply stream: a client restarted with the same id still gets
+    the replies sent to it while it was away (for 24 h by default).
+    """
+
+    def __init__(
+        self,
+        *,
+        redis_url: str | None = None,
+        namespace: str = "default",
+        client_id: str | None = None,
+        redis: AnyRedis | None = None,
+        default_timeout_s: float = DEFAULT_TIMEOUT_S,
+        default_policy: str = "weighted_rr",
+        max_attempts: int = 3,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD,
+        snapshot_ttl_s: float = 0.5,
+        reply_ttl_s: float = REPLY_TTL_MS / 1000,
+    ) -> None:
+        if redis is None and not redis_url:
+            import os
+
+            redis_url = os.environ.get("REACH_REDIS_URL")
+            if not redis_url:
+                raise ConfigError(
+                    "Client needs redis_url=... (or REACH_REDIS_URL); start a local Redis "
+                    "with `reach redis`."
+                )
+        self.redis_url = redis_url or ""
+        self.namespace = namespace
+        self.keys = Keys(namespace)
+        self.client_id = client_id or f"c-{new_id()}"
+        self.default_timeout_s = default_timeout_s
+        self.default_policy = default_policy
+        self.max_attempts = max_attempts
+        self.max_payload_bytes = max_payload_bytes
+        self.snapshot_ttl_s = snapshot_ttl_s
+        self.reply_ttl_ms = int(reply_ttl_s * 1000)
+        self._redis = redis
+        self._own_redis = redis is None
+        self._registry: Registry | None = None
+        self._waiters: dict[str, anyio.abc.ObjectSendStream[Reply] | None] = {}
+        self._events: dict[str, anyio.Event] = {}
+        self._replies: dict[str, Reply] = {}
+        self._done: OrderedDict[str, None] = OrderedDict()
+        self._snapshots: dict[str, tuple[float, list[AgentInfo]]] = {}
+        self._rr: dict[str, int] = {}
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._reader_started = False
+        self._reply_key = self.keys.replies(self.client_id)
+        self._last_reply_id = "0"
+
+    # -- lifecycle --------------------------------------------------------------------
+    @property
+    def redis(self) -> AnyRedis:
+        if self._redis is None:
+            raise RuntimeError("Client is not started: use `async with reach.Client(...)`.")
+        return self._redis
+
+    @property
+    def registry(self) -> Registry:
+        if self._registry is None:
+            self._registry = Registry(self.redis, self.namespace)
+        return self._registry
+
+    async def __aenter__(self) -> Client:
+        if self._redis is None:
+            self._redis = await connect(self.redis_url)
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._tg is not None:
+            self._tg.cancel_scope.cancel()
+            await self._tg.__aexit__(None, None, None)
+            self._tg = None
+        if self._own_redis and self._redis is not None:
+            await self._redis.aclose()
+            self._redis = None
+
+    def _ensure_reader(self) -> None:
+        if not self._reader_started:
+            if self._tg is None:
+                raise RuntimeError("Client is not started: use `async with reach.Client(...)`.")
+            self._reader_started = True
+            self._tg.start_soon(self._read_replies)
+
+    async def _read_replies(self) -> None:
+        """Read this client's reply stream and wake the waiting calls."""
+        while True:
+            try:
+                res = await self.redis.xread(
+                    {self._reply_key: self._last_reply_id}, block=1000, count=500
+                )
+            except (rexc.ConnectionError, rexc.TimeoutError) as e:
+                log.warning("reply stream read failed, retrying: %s", e)
+                await anyio.sleep(0.1)
+                continue
+            if not res:
+                continue
+            delete: list[Any] = []
+            for _, entries in res:
+                for entry_id, fields in entries:
+                    self._last_reply_id = entry_id
+                    data = fields.get(b"r") or fields.get("r")
+                    try:
+                        reply = decode_reply(data)
+                    except Exception:
+                        log.warning("unreadable reply entry %r dropped", entry_id)
+                        delete.append(entry_id)
+                        continue
+                    if reply.msg_id in self._done:
+                        delete.append(entry_id)  # a duplicate of an answered call
+                        continue
+                    ev = self._events.get(reply.msg_id)
+                    self._replies[reply.msg_id] = reply
+                    if ev is not None:
+                        ev.set()
+                        delete.append(entry_id)
+            if delete:
+                await self.redis.xdel(self._reply_key, *delete)
+
+    # -- routing ----------------------------------------------------------------------
+    async def _candidates(self, capability: str) -> list[AgentInfo]:
+        snap = self._snapshots.get(capability)
+        now = time.monotonic()
+        if snap is None or now - snap[0] > self.snapshot_ttl_s:
+            agents = await self.registry.agents(capability)
+            snap = (now, agents)
+            self._snapshots[capability] = snap
+        return snap[1]
+
+    def invalidate(self, capability: str | None = None) -> None:
+        """Forget the cached view of the registry (all of it, or one capability's)."""
+        if capability is None:
+            self._snapshots.clear()
+        else:
+            self._snapshots.pop(capability, None)
+
+    async def eligible(
+        self, capability: str, *, where: Mapping[str, Any] | None = None
+    ) -> list[AgentInfo]:
+        """Agents that may take a message of ``capability`` now; raises NoAgentAvailable."""
+        agents = await self._candidates(capability)
+        if not agents:
+            raise NoAgentAvailable(
+                f"No agent has capability {capability!r} in namespace {self.namespace!r}. "
+                "Start one (`reach worker MODULE:APP`) or check the name with `reach caps`.",
+                capability=capability, reason="no_agent",
+            )  # fmt: skip
+        live = [a for a in agents if a.state == "active"]
+        ready = [a for a in live if a.ready]
+        if not ready:
+            raise NoAgentAvailable(
+                f"Agents of {capability!r} exist but none is active and ready yet.",
+                capability=capability, reason="not_ready",
+            )  # fmt: skip
+        open_ = [a for a in ready if not a.draining]
+        if not open_:
+            raise NoAgentAvailable(
+                f"Every agent of {capability!r} is draining; wait for new ones.",
+                capability=capability, reason="draining",
+            )  # fmt: skip
+        matched = [a for a in open_ if a.matches(where)]
+        if not matched:
+            raise NoAgentAvailable(
+                f"No agent of {capability!r} matches {dict(where or {})}.",
+                capability=capability, reason="filter",
+            )  # fmt: skip
+        return matched
+
+    async def _pick(
+        self,
+        capability: str,
+        *,
+        target: str | None,
+        where: Mapping[str, Any] | None,
+        avoid: str = "",
+    ) -> AgentInfo:
+        agents = await self.eligible(capability, where=where)
+        if target:
+            for a in agents:
+                if a.agent_id == target:
+                    return a
+            raise NoAgentAvailable(
+                f"Agent {target!r} cannot take {capability!r} now (unknown, not ready, "
+                "draining or filtered out).",
+                capability=capability, reason="target_unavailable",
+            )  # fmt: skip
+        if avoid and len(agents) > 1:
+            agents = [a for a in agents if a.agent_id != avoid] or agents
+        i = self._rr.get(capability, 0)
+        self._rr[capability] = i + 1
+        return agents[i % len(agents)]
+
+    # -- sending ----------------------------------------------------------------------
+    def build(
+        self,
+        capability: str,
+        payload: Any,
+        *,
+        session_id: str | None = None,
+        trace_id: str | None = None,
+        priority: str = "normal",
+        timeout_s: float | None = None,
+        deadline_ms: int | None = None,
+        idempotency_key: str | None = None,
+        target: str | None = None,
+        policy: str | None = None,
+        max_attempts: int | None = None,
+        headers: Mapping[str, str] | None = None,
+        reply: bool = True,
+        source: str = "",
+    ) -> Envelope:
+        """Validate the arguments and build an envelope (nothing is sent)."""
+        cap = normalize_capability(capability)
+        if priority not in PRIORITIES:
+            raise ConfigError(f"Unknown priority {priority!r}: use one of {', '.join(PRIORITIES)}.")
+        raw = encode_payload(payload)
+        if len(raw) > self.max_payload_bytes:
+            raise PayloadTooLarge(
+                f"Payload is {len(raw)} bytes, over the limit of {self.max_payload_bytes}: "
+                "store large data elsewhere and send a reference."
+            )
+        now = now_ms()
+        if timeout_s is not None:
+            if timeout_s <= 0:
+                raise ConfigError("timeout_s must be > 0.")
+            dl = now + int(timeout_s * 1000)
+            deadline_ms = min(deadline_ms, dl) if deadline_ms else dl
+        msg_id = new_id()
+        return Envelope(
+            msg_id=msg_id,
+            capability=cap,
+            payload=raw,
+            session_id=session_id or "",
+            trace_id=trace_id or msg_id,
+            source=source or self.client_id,
+            target=target or "",
+            policy=policy or "",
+            priority=priority,
+            deadline_ms=deadline_ms or 0,
+            max_attempts=max_attempts or self.max_attempts,
+            idempotency_key=idempotency_key or "",
+            reply_to=self.client_id if reply else "",
+            headers=dict(headers or {}),
+            sent_ms=now,
+        )
+
+    async def deliver(self, env: Envelope, *, where: Mapping[str, Any] | None = None) -> str:
+        """Route ``env`` and add it to the chosen agent's inbox; returns the agent id."""
+        if env.deadline_ms and env.deadline_ms <= now_ms():
+            raise DeadlineExceeded(f"Deadline of {env.capability!r} passed before sending.")
+        agent = await self._pick(
+            env.capability, target=env.target or None, where=where,
+            avoid=env.headers.get("avoid", ""),
+        )  # fmt: skip
+        ops: list[tuple[Any, ...]] = [
+            ("XADD", self.keys.inbox(agent.agent_id, env.priority), "*", "e", encode(env)),
+            *pending_ops(self.keys, env),
+        ]
+        try:
+            res = await scripts.run_pipeline(self.redis, ops)
+        except (rexc.ConnectionError, rexc.TimeoutError) as e:
+            raise unreachable(self.redis_url, e) from e
+        if isinstance(res[0], Exception):
+            raise res[0]
+        return agent.agent_id
+
+    async def send(self, capability: str, payload: Any, **kw: Any) -> str:
+        """Send without waiting; returns the msg_id (see :meth:`task` for its outcome)."""
+        where = kw.pop("where", None)
+        env = self.build(capability, payload, reply=False, **kw)
+        await self.deliver(env, where=where)
+        return env.msg_id
+
+    async def request(
+        self,
+        capability: str,
+        payload: Any,
+        *,
+        session_id: str | None = None,
+        priority: str = "normal",
+        timeout_s: float | None = None,
+        deadline_ms: int | None = None,
+        idempotency_key: str | None = None,
+        target: str | None = None,
+        policy: str | None = None,
+        where: Mapping[str, Any] | None = None,
+        **kw: Any,
+    ) -> Any:
+        """Send and wait for the handler's result.
+
+        Raises :class:`RemoteError` (the handler raised), :class:`DeadlineExceeded`,
+        :class:`NoAgentAvailable`, or :class:`Rejected` (dead-lettered without retry).
+        """
+        if timeout_s is None and deadline_ms is None:
+            timeout_s = self.default_timeout_s
+        env = self.build(
+            capability, payload, session_id=session_id, priority=priority, timeout_s=timeout_s,
+            deadline_ms=deadline_ms, idempotency_key=idempotency_key, target=target,
+            policy=policy, **kw,
+        )  # fmt: skip
+        return await self.call(env, where=where)
+
+    async def call(self, env: Envelope, *, where: Mapping[str, Any] | None = None) -> Any:
+        """Deliver a built envelope and wait for its reply (see :meth:`request`)."""
+        self._ensure_reader()
+        ev = anyio.Event()
+        self._events[env.msg_id] = ev
+        try:
+            await self.deliver(env, where=where)
+            reply = await self._wait(env, ev)
+        finally:
+            self._events.pop(env.msg_id, None)
+        return self._outcome(env, reply)
+
+    async def _wait(self, env: Envelope, ev: anyio.Event) -> Reply:
+        if env.msg_id in self._replies:
+            return self._take(env.msg_id)
+        timeout = (env.deadline_ms - now_ms()) / 1000 if env.deadline_ms else None
+        # A little grace past the deadline, so the worker's own deadline reply can arrive.
+        with anyio.move_on_after(None if timeout is None else max(timeout, 0) + 0.5):
+            await ev.wait()
+            return self._take(env.msg_id)
+        raise DeadlineExceeded(
+            f"No result for {env.capability!r} (msg {env.msg_id}) before its deadline; see "
+            f"`reach task {env.msg_id}` for where it is."
+        )
+
+    def _take(self, msg_id: str) -> Reply:
+        reply = self._replies.pop(msg_id)
+        self._done[msg_id] = None
+        while len(self._done) > 10_000:
+            self._done.popitem(last=False)
+        return reply
+
+    @staticmethod
+    def _outcome(env: Envelope, reply: Reply) -> Any:
+        if reply.status == "succeeded":
+            return decode_payload(reply.result)
+        if reply.status == "expired":
+            raise DeadlineExceeded(
+                f"{env.capability!r} (msg {env.msg_id}) passed its deadline: {reply.error}"
+            )
+        if reply.status == "dead" and reply.reason not in ("max_attempts", "timeout"):
+            raise Rejected(f"{env.capability!r} was rejected: {reply.error}", reason=reply.reason)
+        raise RemoteError(
+            reply.error or "handler failed", type=reply.error_type or "Error",
+            retryable=reply.reason in ("max_attempts", "timeout"),
+        )  # fmt: skip
+
+    async def broadcast(
+        self,
+        capability: str,
+        payload: Any,
+        *,
+        where: Mapping[str, Any] | None = None,
+        timeout_s: float | None = None,
+        idempotency_key: str | None = None,
+        **kw: Any,
+    ) -> dict[str, Any]:
+        """Send one copy to every eligible agent; returns agent_id -> result or exception."""
+        agents = await self.eligible(capability, where=where)
+        base = idempotency_key or new_id()
+        out: dict[str, Any] = {}
+
+        async def one(agent_id: str) -> None:
+            env = self.build(
+                capability, payload, target=agent_id, timeout_s=timeout_s or self.default_timeout_s,
+                idempotency_key=f"{base}:{agent_id}", policy="broadcast", **kw,
+            )  # fmt: skip
+            try:
+                out[agent_id] = await self.call(env, where=where)
+            except Exception as e:  # each agent's outcome, success or error, is reported
+                out[agent_id] = e
+
+        async with anyio.create_task_group() as tg:
+            for a in agents:
+                tg.start_soon(one, a.agent_id)
+        return out
+
+    async def task(self, msg_id: str) -> TaskStatus:
+        """The status of a message sent earlier (``unknown`` once its record expired)."""
+        return await get_status(self.redis, self.keys, msg_id)

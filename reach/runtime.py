@@ -1,0 +1,942 @@
+"""The agent side: register, stay alive on a lease, consume the inbox, run handlers.
+
+``reach.Agent`` is what an agent author writes against::
+
+    app = reach.Agent("summarizer-1", capabilities=["text.summarize"])
+
+    @app.handler("text.summarize")
+    async def summarize(payload: dict, ctx: reach.Context) -> dict: ...
+
+``await app.run(redis_url=...)`` (or ``reach worker module:app``) then registers (not
+ready), creates the inbox consumer group, resumes its own pending entries, marks itself
+ready, and serves until SIGTERM/SIGINT, when it drains and deregisters.
+
+Delivery of one message (see docs/architecture.md):
+
+1. ``fetch.lua`` reads a batch, highest priority first (blocking XREADGROUP when idle);
+2. ``claim.lua`` takes each idempotency key (pipelined for the batch): a key already done
+   replays the stored reply instead of running;
+3. the handler runs under the message's deadline (an anyio cancel scope);
+4. ``complete.lua`` stores the outcome if this worker still holds the claim (fence), then
+   the reply is published and the entry acked and deleted (one pipeline for the batch).
+
+A crash between any two steps leaves the entry pending; its redelivery finds the key
+claimed by a dead owner (taken over), or done (replayed, not run again).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import random
+import signal
+import threading
+import time
+import typing
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import msgspec
+from redis import exceptions as rexc
+
+from . import scripts
+from .client import Client
+from .connection import AnyRedis, connect, connect_sync
+from .envelope import (
+    PRIORITIES,
+    BadEnvelope,
+    Envelope,
+    Reply,
+    decode_envelope,
+    decode_payload,
+    encode,
+    encode_payload,
+    new_id,
+    now_ms,
+)
+from .errors import ConfigError, Reject, StaleRegistration
+from .keys import GROUP, Keys
+from .registry import Registry, normalize_capabilities, normalize_capability
+from .session import Session
+from .sweeper import move_due
+from .tasks import MALFORMED_CAP, TASK_TTL_MS, dead_letter_op
+
+log = logging.getLogger("reach.runtime")
+
+Handler = Callable[[Any, "Context"], Any]
+STARVE_AFTER = 8  # small-batch fetches serving higher priorities before one slot is kept
+
+
+class Context:
+    """What a handler knows about the message it is handling.
+
+    ``session`` is the per-session store, ``client`` calls other capabilities with this
+    message's deadline, session and trace propagated, ``fence`` is the idempotency fence
+    token (pass it to external writes so a late duplicate can be refused).
+    """
+
+    def __init__(self, runtime: _Runtime, env: Envelope, fence: int) -> None:
+        self._rt = runtime
+        self.envelope = env
+        self.fence = fence
+
+    msg_id = property(lambda self: self.envelope.msg_id)
+    session_id = property(lambda self: self.envelope.session_id)
+    trace_id = property(lambda self: self.envelope.trace_id)
+    attempt = property(lambda self: self.envelope.attempt)
+    priority = property(lambda self: self.envelope.priority)
+    deadline_ms = property(lambda self: self.envelope.deadline_ms)
+    capability = property(lambda self: self.envelope.capability)
+    headers = property(lambda self: self.envelope.headers)
+    idempotency_key = property(lambda self: self.envelope.key)
+
+    @property
+    def agent_id(self) -> str:
+        return self._rt.agent.agent_id
+
+    @property
+    def remaining_s(self) -> float | None:
+        """Seconds left before the deadline (None when the message has none)."""
+        if not self.envelope.deadline_ms:
+            return None
+        return max(0.0, (self.envelope.deadline_ms - now_ms()) / 1000)
+
+    @property
+    def session(self) -> Session:
+        return Session(self._rt.redis, self._rt.keys, self.envelope.session_id)
+
+    @property
+    def client(self) -> ChildClient:
+        return ChildClient(self._rt.client, self.envelope)
+
+    @property
+    def redis(self) -> AnyRedis:
+        """The runtime's Redis connection (for handlers that keep state next to reach's)."""
+        return self._rt.redis
+
+    @property
+    def keys(self) -> Keys:
+        """The key builder of this agent's namespace."""
+        return self._rt.keys
+
+
+class ChildClient:
+    """``ctx.client``: calls made inside a handler inherit its deadline, session and trace."""
+
+    def __init__(self, client: Client, parent: Envelope) -> None:
+        self._client = client
+        self._parent = parent
+
+    def _inherit(self, kw: dict[str, Any]) -> dict[str, Any]:
+        p = self._parent
+        kw.setdefault("session_id", p.session_id or None)
+        kw.setdefault("trace_id", p.trace_id)
+        own = kw.pop("deadline_ms", None)
+        timeout_s = kw.pop("timeout_s", None)
+        if timeout_s is not None:
+            t = now_ms() + int(timeout_s * 1000)
+            own = min(own, t) if own else t
+        deadlines = [d for d in (own, p.deadline_ms) if d]
+        if deadlines:
+            kw["deadline_ms"] = min(deadlines)
+        return kw
+
+    async def request(self, capability: str, payload: Any, **kw: Any) -> Any:
+        return await self._client.request(capability, payload, **self._inherit(kw))
+
+    async def send(self, capability: str, payload: Any, **kw: Any) -> str:
+        return await self._client.send(capability, payload, **self._inherit(kw))
+
+
+@dataclass
+class _HandlerSpec:
+    fn: Handler
+    is_async: bool
+    payload_type: Any
+
+
+def _payload_type(fn: Handler) -> Any:
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:
+        return Any
+    params = list(inspect.signature(fn).parameters)
+    if not params:
+        return Any
+    t = hints.get(params[0], Any)
+    return Any if t in (dict, typing.Any, object) else t
+
+
+class Agent:
+    """A registered agent: an id, what it can do, and the handlers that do it.
+
+    ``agent_id`` is stable across restarts (a restarted agent resumes its own pending
+    messages). ``weight`` scales its share of weighted routing; ``metadata`` is matched by
+    callers' ``where=`` filters; ``max_queue`` bounds its inbox (0 = unbounded).
+    """
+
+    def __init__(
+        self,
+        agent_id: str,
+        *,
+        capabilities: Iterable[str],
+        weight: float = 1.0,
+        metadata: Mapping[str, Any] | None = None,
+        card: Mapping[str, Any] | None = None,
+        max_queue: int = 0,
+    ) -> None:
+        if not agent_id or not isinstance(agent_id, str) or any(c in agent_id for c in "{}, "):
+            raise ConfigError(
+                f"Invalid agent_id {agent_id!r}: use a non-empty name without spaces, "
+                "commas or braces, e.g. 'summarizer-1'."
+            )
+        if weight <= 0:
+            raise ConfigError(f"weight must be > 0, got {weight}.")
+        self.agent_id = agent_id
+        self.capabilities = normalize_capabilities(capabilities)
+        if not self.capabilities:
+            raise ConfigError("An agent needs at least one capability.")
+        self.weight = float(weight)
+        self.metadata = dict(metadata or {})
+        self.card = dict(card) if card else None
+        self.max_queue = max_queue
+        self.handlers: dict[str, _HandlerSpec] = {}
+        self.before_handler: list[Callable[[Context], Awaitable[None] | None]] = []
+        self.after_handler: list[Callable[[Context, BaseException | None], Awaitable[None] | None]] = []
+        self._runtime: _Runtime | None = None
+
+    def handler(self, capability: str) -> Callable[[Handler], Handler]:
+        """Decorator: ``fn(payload, ctx)`` answers messages of ``capability``.
+
+        Async functions run on the event loop; plain functions in a worker thread. When
+        the first parameter is annotated with a type (a msgspec Struct, ``list[int]``...),
+        payloads are validated into it and a payload that does not fit is dead-lettered.
+        """
+        cap = normalize_capability(capability)
+        if cap not in self.capabilities:
+            raise ConfigError(
+                f"Agent {self.agent_id!r} does not declare capability {cap!r}; add it to "
+                f"capabilities=[...] (now {self.capabilities})."
+            )
+
+        def deco(fn: Handler) -> Handler:
+            self.handlers[cap] = _HandlerSpec(
+                fn, inspect.iscoroutinefunction(fn), _payload_type(fn)
+            )
+            return fn
+
+        return deco
+
+    async def run(self, **options: Any) -> None:
+        """Serve until stopped (SIGTERM/SIGINT, :meth:`stop`, or a stale registration).
+
+        Options (all keyword): ``redis_url``, ``namespace``, ``heartbeat_s`` (3),
+        ``lease_s`` (9), ``evict_after_s`` (18), ``stall_s`` (event loop without progress
+        before heartbeats stop; 30), ``concurrency`` (16), ``drain_timeout_s`` (30),
+        ``shadow_ttl_s`` (3600), ``sweep_interval_s`` (1), ``claim_lease_s`` (60),
+        ``retry_base_s`` (0.2), ``retry_max_s`` (30), ``handle_signals`` (True).
+        """
+        rt = _Runtime(self, RuntimeOptions(**options))
+        self._runtime = rt
+        try:
+            await rt.run()
+        finally:
+            self._runtime = None
+
+    def stop(self) -> None:
+        """Ask a running agent to drain and stop (thread-safe)."""
+        if self._runtime is not None:
+            self._runtime.request_stop()
+
+    @property
+    def runtime(self) -> _Runtime | None:
+        return self._runtime
+
+
+@dataclass
+class RuntimeOptions:
+    redis_url: str | None = None
+    namespace: str = "default"
+    heartbeat_s: float = 3.0
+    lease_s: float = 9.0
+    evict_after_s: float = 18.0
+    stall_s: float = 30.0
+    concurrency: int = 16
+    batch: int = 64
+    drain_timeout_s: float = 30.0
+    shadow_ttl_s: float = 3600.0
+    sweep_interval_s: float = 1.0
+    claim_lease_s: float = 60.0
+    retry_base_s: float = 0.2
+    retry_max_s: float = 30.0
+    block_ms: int = 1000
+    handle_signals: bool = True
+    sweeper: bool = True
+    ready_event: threading.Event | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        if not (0 < self.heartbeat_s < self.lease_s <= self.evict_after_s):
+            raise ConfigError(
+                "Need 0 < heartbeat_s < lease_s <= evict_after_s (got "
+                f"{self.heartbeat_s}, {self.lease_s}, {self.evict_after_s})."
+            )
+        if self.concurrency < 1:
+            raise ConfigError("concurrency must be >= 1.")
+
+
+@dataclass
+class _Item:
+    """One delivered inbox entry on its way through claim → handle → settle."""
+
+    stream: str
+    entry_id: Any
+    env: Envelope | None
+    fence: int = 0
+    ops: list[tuple[Any, ...]] = field(default_factory=list)  # after a successful complete
+    complete: tuple[Any, ...] | None = None  # the fenced complete.lua call, if any
+
+
+class _Runtime:
+    def __init__(self, agent: Agent, opts: RuntimeOptions) -> None:
+        self.agent = agent
+        self.opts = opts
+        self.keys = Keys(opts.namespace)
+        self.instance_id = new_id()
+        self.version = time.time_ns() // 1000
+        self.owner = f"{agent.agent_id}/{self.instance_id}"
+        self._redis: AnyRedis | None = None
+        self._client: Client | None = None
+        self.registry: Registry | None = None
+        self.inflight = 0
+        self.ready = False
+        self.draining = False
+        self.stopping = anyio.Event()
+        self._stop_requested = threading.Event()
+        self._slot_free = anyio.Event()
+        self._settle_q: list[_Item] = []
+        self._settle_ev = anyio.Event()
+        self._last_tick = time.monotonic()
+        self._hb_thread: threading.Thread | None = None
+        self._hb_stop = threading.Event()
+        self._stale = False
+        self._passed_over = {"normal": 0, "low": 0}
+        self.stats: dict[str, int] = {
+            "handled": 0, "replayed": 0, "fenced": 0, "dead": 0, "retried": 0, "expired": 0,
+        }  # fmt: skip
+        self._loop_token: Any = None
+
+    @property
+    def redis(self) -> AnyRedis:
+        assert self._redis is not None
+        return self._redis
+
+    @property
+    def client(self) -> Client:
+        assert self._client is not None
+        return self._client
+
+    # -- lifecycle --------------------------------------------------------------------
+    async def run(self) -> None:
+        o = self.opts
+        url = o.redis_url or os.environ.get("REACH_REDIS_URL")
+        if not url:
+            raise ConfigError("No Redis: pass redis_url=... or set REACH_REDIS_URL.")
+        self._url = url
+        self._redis = await connect(url)
+        self.registry = Registry(self._redis, o.namespace)
+        self._client = Client(
+            redis=self._redis, namespace=o.namespace, client_id=f"a-{self.agent.agent_id}"
+        )
+        self._loop_token = anyio.lowlevel.current_token()
+        try:
+            await self._register()
+            await self._ensure_groups()
+            async with self._client, anyio.create_task_group() as tg:
+                self._tg = tg
+                self._start_heartbeat()
+                tg.start_soon(self._ticker)
+                tg.start_soon(self._settler)
+                if o.sweeper:
+                    tg.start_soon(self._sweeper)
+                if o.handle_signals and threading.current_thread() is threading.main_thread():
+                    tg.start_soon(self._signals)
+                tg.start_soon(self._watch_stop)
+                await self._resume_pending(tg)
+                await self._set_ready(True)
+                if o.ready_event is not None:
+                    o.ready_event.set()
+                log.info("agent %s ready (%s)", self.agent.agent_id, ", ".join(self.agent.capabilities))
+                await self._consume(tg)
+                await self._drain()
+                tg.cancel_scope.cancel()
+        finally:
+            self._hb_stop.set()
+            if self._hb_thread is not None:
+                self._hb_thread.join(timeout=5)
+            if not self._stale:
+                with anyio.CancelScope(shield=True):
+                    try:
+                        await self.registry.deregister(
+                            self.agent.agent_id, instance_id=self.instance_id
+                        )
+                    except (rexc.RedisError, OSError) as e:
+                        log.warning("deregister failed: %s", e)
+            with anyio.CancelScope(shield=True):
+                await self._redis.aclose()
+
+    def request_stop(self) -> None:
+        self._stop_requested.set()
+
+    async def _watch_stop(self) -> None:
+        while not self._stop_requested.is_set():
+            await anyio.sleep(0.05)
+        self.stopping.set()
+
+    async def _signals(self) -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as sigs:
+            n = 0
+            async for sig in sigs:
+                n += 1
+                if n == 1:
+                    log.info("signal %s: draining (again to stop at once)", sig)
+                    self.request_stop()
+                else:
+                    log.warning("second signal: stopping without draining")
+                    self._tg.cancel_scope.cancel()
+                    return
+
+    def _register_kw(self) -> dict[str, Any]:
+        a, o = self.agent, self.opts
+        return dict(
+            instance_id=self.instance_id, version=self.version, capabilities=a.capabilities,
+            weight=a.weight, metadata=a.metadata, lease_ms=int(o.lease_s * 1000),
+            evict_after_ms=int(o.evict_after_s * 1000), card=a.card, ready=self.ready,
+            max_queue=a.max_queue,
+        )  # fmt: skip
+
+    async def _register(self) -> None:
+        assert self.registry is not None
+        await self.registry.register(self.agent.agent_id, **self._register_kw())
+
+    async def _set_ready(self, ready: bool) -> None:
+        assert self.registry is not None
+        self.ready = ready
+        await self.registry.mark_ready(
+            self.agent.agent_id, instance_id=self.instance_id, ready=ready
+        )
+
+    async def _ensure_groups(self) -> None:
+        for key in self.keys.inboxes(self.agent.agent_id):
+            try:
+                await self.redis.xgroup_create(key, GROUP, id="0", mkstream=True)
+            except rexc.ResponseError as e:
+                if "BUSYGROUP" not in str(e):
+                    raise
+
+    # -- liveness ---------------------------------------------------------------------
+    async def _ticker(self) -> None:
+        """Proof of event-loop progress, read by the heartbeat thread."""
+        period = min(self.opts.heartbeat_s, self.opts.stall_s / 4)
+        while True:
+            self._last_tick = time.monotonic()
+            await anyio.sleep(period)
+
+    def _start_heartbeat(self) -> None:
+        self._hb_thread = threading.Thread(
+            target=self._heartbeat_loop, name=f"reach-heartbeat-{self.agent.agent_id}", daemon=True
+        )
+        self._hb_thread.start()
+
+    def _heartbeat_loop(self) -> None:
+        """Heartbeats from a thread: a handler that blocks the loop for a while does not
+        cost the lease, but a loop without progress for ``stall_s`` stops them."""
+        assert self.registry is not None
+        r = None
+        reg = self.registry
+        while not self._hb_stop.wait(self.opts.heartbeat_s):
+            stalled = time.monotonic() - self._last_tick
+            if stalled > self.opts.stall_s:
+                log.error("event loop made no progress for %.1fs: heartbeats withheld", stalled)
+                continue
+            try:
+                if r is None:
+                    r = connect_sync(self._url)
+                depth = sum(int(r.xlen(k)) for k in self.keys.inboxes(self.agent.agent_id))
+                keys, args = reg.heartbeat_args(
+                    self.agent.agent_id, instance_id=self.instance_id, version=self.version,
+                    queue_depth=depth, inflight=self.inflight,
+                )  # fmt: skip
+                code, draining = scripts.call_sync(r, "heartbeat", keys, args)
+                code = int(code)
+                if code == 0:
+                    log.warning("registration lost (evicted or flushed): registering again")
+                    rkeys, rargs = reg.register_args(self.agent.agent_id, **self._register_kw())
+                    reply = scripts.call_sync(r, "register", rkeys, rargs)
+                    reg.check_register_reply(self.agent.agent_id, self.version, reply)
+                    self._recreate_groups_sync(r)
+                elif code < 0:
+                    raise StaleRegistration("a newer registration of this agent_id exists")
+                elif int(draining) and not self._stop_requested.is_set():
+                    log.info("drain requested by an operator")
+                    self.request_stop()
+            except StaleRegistration as e:
+                log.error("stopping: %s", e)
+                self._stale = True
+                self.request_stop()
+                return
+            except (rexc.RedisError, OSError) as e:
+                log.warning("heartbeat failed: %s", e)
+                if r is not None:
+                    try:
+                        r.close()
+                    except Exception:
+                        pass
+                r = None
+        if r is not None:
+            r.close()
+
+    def _recreate_groups_sync(self, r: Any) -> None:
+        for key in self.keys.inboxes(self.agent.agent_id):
+            try:
+                r.xgroup_create(key, GROUP, id="0", mkstream=True)
+            except rexc.ResponseError as e:
+                if "BUSYGROUP" not in str(e):
+                    raise
+
+    # -- sweeper ----------------------------------------------------------------------
+    async def _sweeper(self) -> None:
+        """Cluster-wide chores, done by whichever runtime holds the sweeper lock."""
+        assert self.registry is not None
+        o = self.opts
+        lock_ms = int(max(o.sweep_interval_s * 3, 1.0) * 1000)
+        while True:
+            await anyio.sleep(o.sweep_interval_s * (0.8 + 0.4 * random.random()))
+            try:
+                res = await self.registry.sweep(
+                    owner=self.instance_id, lock_ms=lock_ms,
+                    shadow_ttl_ms=int(o.shadow_ttl_s * 1000),
+                )  # fmt: skip
+                if not res.locked:
+                    if res.evicted:
+                        log.warning("evicted: %s", ", ".join(res.evicted))
+                    await move_due(self.redis, self.keys, self.client)
+            except (rexc.RedisError, OSError) as e:
+                log.warning("sweep failed: %s", e)
+
+    # -- consuming --------------------------------------------------------------------
+    def _read_shares(self, n: int) -> tuple[int, int]:
+        """Slots kept for normal and low in this fetch: the starvation guard.
+
+        Large batches always keep a tenth for normal and a twentieth for low. Small ones
+        (concurrency under 10) keep one slot for a priority once it was passed over by
+        ``STARVE_AFTER`` fetches in a row that served a higher one.
+        """
+        if n >= 10:
+            return max(1, n // 10), max(1, n // 20)
+        return (
+            1 if self._passed_over["normal"] >= STARVE_AFTER else 0,
+            1 if self._passed_over["low"] >= STARVE_AFTER else 0,
+        )
+
+    def _note_served(self, got: list[tuple[str, list[Any]]]) -> None:
+        served = {k.rsplit(":", 1)[1] for k, _ in got}
+        for prio, higher in (("normal", {"high"}), ("low", {"high", "normal"})):
+            if prio in served:
+                self._passed_over[prio] = 0
+            elif served & higher:
+                self._passed_over[prio] += 1
+
+    async def _fetch(self, n: int) -> list[tuple[str, list[Any]]]:
+        keys = self.keys.inboxes(self.agent.agent_id)
+        keep_n, keep_l = self._read_shares(n)
+        args = [GROUP, self.agent.agent_id, n, keep_n, keep_l]
+        try:
+            res = await scripts.call(self.redis, "fetch", keys, args)
+        except rexc.ResponseError as e:
+            if "NOGROUP" not in str(e):
+                raise
+            await self._ensure_groups()
+            res = await scripts.call(self.redis, "fetch", keys, args)
+        got = [(k, entries) for k, entries in zip(keys, res, strict=True) if entries]
+        self._note_served(got)
+        return got
+
+    async def _block(self, n: int) -> list[tuple[str, list[Any]]]:
+        keys = self.keys.inboxes(self.agent.agent_id)
+        try:
+            res = await self.redis.xreadgroup(
+                GROUP, self.agent.agent_id, {k: ">" for k in keys}, count=n,
+                block=self.opts.block_ms,
+            )  # fmt: skip
+        except rexc.ResponseError as e:
+            if "NOGROUP" not in str(e):
+                raise
+            await self._ensure_groups()
+            return []
+        return [(k.decode() if isinstance(k, bytes) else k, entries) for k, entries in res or []]
+
+    async def _resume_pending(self, tg: anyio.abc.TaskGroup) -> None:
+        """Entries this agent_id read but never acked (a crash): handle them first."""
+        keys = self.keys.inboxes(self.agent.agent_id)
+        for key in keys:
+            last = "0"
+            while True:
+                res = await self.redis.xreadgroup(
+                    GROUP, self.agent.agent_id, {key: last}, count=self.opts.batch
+                )
+                entries = res[0][1] if res else []
+                if not entries:
+                    break
+                last = entries[-1][0]
+                while self.inflight >= self.opts.concurrency:
+                    await self._wait_slot()
+                log.info("resuming %d pending entries of %s", len(entries), key)
+                await self._dispatch(tg, [(key, entries)])
+
+    async def _wait_slot(self) -> None:
+        self._slot_free = anyio.Event()
+        with anyio.move_on_after(1.0):
+            await self._slot_free.wait()
+
+    async def _consume(self, tg: anyio.abc.TaskGroup) -> None:
+        o = self.opts
+        while not self.stopping.is_set():
+            free = o.concurrency - self.inflight
+            if free <= 0:
+                await self._wait_slot()
+                continue
+            n = min(free, o.batch)
+            try:
+                got = await self._fetch(n)
+                if not got:
+                    got = await self._block(n)
+            except (rexc.ConnectionError, rexc.TimeoutError, OSError) as e:
+                log.warning("inbox read failed (%s); retrying", e)
+                await anyio.sleep(0.2)
+                continue
+            if got:
+                await self._dispatch(tg, got)
+
+    async def _dispatch(self, tg: anyio.abc.TaskGroup, got: list[tuple[str, list[Any]]]) -> None:
+        """Decode and claim a batch, then start a handler task per claimed entry."""
+        items: list[_Item] = []
+        for stream, entries in got:
+            for entry_id, fields in entries:
+                if isinstance(fields, list):  # from Lua: flat [field, value, ...]
+                    fields = dict(zip(fields[::2], fields[1::2], strict=True))
+                data = fields.get(b"e") or fields.get("e")
+                try:
+                    if data is None:
+                        raise BadEnvelope("malformed", "entry has no 'e' field")
+                    env = decode_envelope(data)
+                except BadEnvelope as e:
+                    self._bad_entry(stream, entry_id, data or b"", e)
+                    continue
+                items.append(_Item(stream, entry_id, env))
+        if not items:
+            self._kick_settler()
+            return
+        claims = [
+            scripts.op(
+                "claim", [self.keys.idem(it.env.key)],
+                [self.owner, self._claim_lease_ms(it.env), TASK_TTL_MS, it.env.msg_id,
+                 self.agent.agent_id],
+            )
+            for it in items if it.env is not None
+        ]  # fmt: skip
+        results = await scripts.run_pipeline(self.redis, claims)
+        busy: list[_Item] = []
+        for it, res in zip(items, results, strict=True):
+            assert it.env is not None
+            if isinstance(res, Exception):
+                log.warning("claim of %s failed (%s); it stays pending", it.env.msg_id, res)
+                continue
+            code = int(res[0])
+            if code == 1:
+                it.fence = int(res[1])
+                self.inflight += 1
+                tg.start_soon(self._handle, it)
+            elif code == 2:
+                self.stats["replayed"] += 1
+                self._replay(it, res[1])
+            else:
+                busy.append(it)
+        for it in busy:
+            await self._busy(tg, it)
+
+    def _claim_lease_ms(self, env: Envelope) -> int:
+        lease = int(self.opts.claim_lease_s * 1000)
+        if env.deadline_ms:
+            lease = max(1000, min(lease, env.deadline_ms - now_ms() + 1000))
+        return lease
+
+    async def _busy(self, tg: anyio.abc.TaskGroup, it: _Item) -> None:
+        """The key is claimed by another owner: take it over if that owner is gone,
+        else let this copy wait (the live owner will answer; a later retry replays)."""
+        assert it.env is not None and self.registry is not None
+        rec = await self.redis.hget(self.keys.idem(it.env.key), "owner")
+        owner = rec.decode() if isinstance(rec, bytes) else (rec or "")
+        agent_id, _, instance = owner.partition("/")
+        info = await self.registry.get(agent_id) if agent_id else None
+        alive = info is not None and info.instance_id == instance and info.state != "evicted"
+        if not alive:
+            await self.redis.hset(self.keys.idem(it.env.key), "lease_until", 0)
+            await self._dispatch_again(tg, it)
+            return
+        # A live owner runs it: park this copy as a delayed retry that will replay the result.
+        it.ops = [("ZADD", self.keys.delayed, now_ms() + self._claim_lease_ms(it.env),
+                   encode(it.env))]  # fmt: skip
+        it.ops += self._ack_ops(it)
+        self._queue_settle(it)
+
+    async def _dispatch_again(self, tg: anyio.abc.TaskGroup, it: _Item) -> None:
+        assert it.env is not None
+        res = await scripts.call(
+            self.redis, "claim", [self.keys.idem(it.env.key)],
+            [self.owner, self._claim_lease_ms(it.env), TASK_TTL_MS, it.env.msg_id,
+             self.agent.agent_id],
+        )  # fmt: skip
+        code = int(res[0])
+        if code == 1:
+            it.fence = int(res[1])
+            self.inflight += 1
+            tg.start_soon(self._handle, it)
+        elif code == 2:
+            self._replay(it, res[1])
+        else:
+            log.info("%s still claimed by a live owner; left pending", it.env.msg_id)
+
+    def _ack_ops(self, it: _Item) -> list[tuple[Any, ...]]:
+        return [("XACK", it.stream, GROUP, it.entry_id), ("XDEL", it.stream, it.entry_id)]
+
+    def _reply_ops(self, env: Envelope, reply_bytes: bytes) -> list[tuple[Any, ...]]:
+        if not env.reply_to:
+            return []
+        key = self.keys.replies(env.reply_to)
+        return [("XADD", key, "*", "r", reply_bytes), ("PEXPIRE", key, TASK_TTL_MS)]
+
+    def _replay(self, it: _Item, stored: bytes) -> None:
+        assert it.env is not None
+        it.ops = self._reply_ops(it.env, stored) + self._ack_ops(it)
+        self._queue_settle(it)
+
+    def _bad_entry(self, stream: str, entry_id: Any, data: bytes, e: BadEnvelope) -> None:
+        log.warning("dead-lettering entry %r of %s: %s", entry_id, stream, e)
+        self.stats["dead"] += 1
+        it = _Item(stream, entry_id, None)
+        it.ops = [
+            dead_letter_op(self.keys, capability=MALFORMED_CAP, reason=e.reason, data=data,
+                           error=e.detail, agent_id=self.agent.agent_id),
+            *self._ack_ops(it),
+        ]  # fmt: skip
+        self._queue_settle(it)
+
+    # -- handling ---------------------------------------------------------------------
+    async def _handle(self, it: _Item) -> None:
+        env = it.env
+        assert env is not None
+        try:
+            await self._run_one(it, env)
+        finally:
+            self.inflight -= 1
+            self._slot_free.set()
+
+    async def _run_one(self, it: _Item, env: Envelope) -> None:
+        if env.deadline_ms and env.deadline_ms <= now_ms():
+            self.stats["expired"] += 1
+            self._finish(it, "expired", reason="expired", error="deadline passed before start",
+                         error_type="DeadlineExceeded", dead=True)  # fmt: skip
+            return
+        spec = self.agent.handlers.get(env.capability)
+        if spec is None:
+            self._finish(it, "dead", reason="no_handler", error_type="Reject", dead=True,
+                         error=f"agent {self.agent.agent_id} has no handler for {env.capability}")
+            return
+        try:
+            payload = decode_payload(env.payload, spec.payload_type)
+        except (msgspec.ValidationError, msgspec.DecodeError) as e:
+            self._finish(it, "dead", reason="invalid_payload", error=str(e),
+                         error_type="ValidationError", dead=True)  # fmt: skip
+            return
+        ctx = Context(self, env, it.fence)
+        timeout = (env.deadline_ms - now_ms()) / 1000 if env.deadline_ms else None
+        err: BaseException | None = None
+        result: Any = None
+        timed_out = False
+        try:
+            for hook in self.agent.before_handler:
+                r = hook(ctx)
+                if inspect.isawaitable(r):
+                    await r
+            with anyio.fail_after(timeout):
+                if spec.is_async:
+                    result = await spec.fn(payload, ctx)
+                else:
+                    result = await anyio.to_thread.run_sync(
+                        spec.fn, payload, ctx, abandon_on_cancel=True
+                    )
+        except TimeoutError as e:
+            timed_out = True
+            err = e
+        except Exception as e:  # the handler's error becomes the caller's RemoteError
+            err = e
+        finally:
+            for ahook in self.agent.after_handler:
+                try:
+                    r = ahook(ctx, err)
+                    if inspect.isawaitable(r):
+                        await r
+                except Exception:
+                    log.exception("after_handler hook failed")
+        if err is None:
+            try:
+                raw = encode_payload(result)
+            except ConfigError as e:
+                self._finish(it, "dead", reason="bad_result", error=str(e),
+                             error_type="EncodeError", dead=True)  # fmt: skip
+                return
+            self.stats["handled"] += 1
+            self._finish(it, "succeeded", result=raw)
+            return
+        etype = type(err).__name__
+        if timed_out:
+            self.stats["expired"] += 1
+            self._finish(it, "expired", reason="timeout", error_type="DeadlineExceeded",
+                         error="handler ran past the deadline", dead=True)  # fmt: skip
+            return
+        if isinstance(err, Reject):
+            self._finish(it, "dead", reason="rejected", error=str(err) or "rejected",
+                         error_type=etype, dead=True)  # fmt: skip
+            return
+        log.info("handler %s failed on attempt %d/%d: %s: %s", env.capability, env.attempt,
+                 env.max_attempts, etype, err)  # fmt: skip
+        if env.attempt >= env.max_attempts:
+            self._finish(it, "dead", reason="max_attempts", error=str(err), error_type=etype,
+                         dead=True)  # fmt: skip
+            return
+        delay_ms = self._backoff_ms(env.attempt)
+        if env.deadline_ms and now_ms() + delay_ms >= env.deadline_ms:
+            self._finish(it, "expired", reason="expired", error_type=etype, dead=True,
+                         error=f"no time left for a retry after: {err}")  # fmt: skip
+            return
+        self.stats["retried"] += 1
+        retry = msgspec.structs.replace(
+            env, attempt=env.attempt + 1, headers={**env.headers, "avoid": self.agent.agent_id}
+        )
+        self._finish(it, "retrying", error=str(err), error_type=etype,
+                     retry=(now_ms() + delay_ms, encode(retry)))  # fmt: skip
+
+    def _backoff_ms(self, attempt: int) -> int:
+        base = self.opts.retry_base_s * (2 ** (attempt - 1))
+        return int(min(self.opts.retry_max_s, base) * random.uniform(0.5, 1.5) * 1000)
+
+    def _finish(
+        self,
+        it: _Item,
+        status: str,
+        *,
+        result: msgspec.Raw | None = None,
+        reason: str = "",
+        error: str = "",
+        error_type: str = "",
+        dead: bool = False,
+        retry: tuple[int, bytes] | None = None,
+    ) -> None:
+        """Queue the fenced completion and what follows it (reply, dead letter, retry, ack)."""
+        env = it.env
+        assert env is not None
+        final = retry is None
+        reply = Reply(
+            msg_id=env.msg_id, status="dead" if (dead and status == "dead") else status,
+            result=result if result is not None else msgspec.Raw(b"\xc0"), error=error,
+            error_type=error_type, reason=reason, agent_id=self.agent.agent_id,
+            attempt=env.attempt,
+        )  # fmt: skip
+        data = encode(reply)
+        mode = "done" if status == "succeeded" else "release"
+        it.complete = scripts.op(
+            "complete", [self.keys.idem(env.key)],
+            [it.fence, "dead" if (dead and status == "dead") else status,
+             data if mode == "done" else "", mode, TASK_TTL_MS, error[:2000]],
+        )  # fmt: skip
+        ops: list[tuple[Any, ...]] = []
+        if dead:
+            self.stats["dead"] += 1
+            ops.append(dead_letter_op(
+                self.keys, capability=env.capability, reason=reason, data=encode(env),
+                error=error, error_type=error_type, attempts=env.attempt,
+                agent_id=self.agent.agent_id, msg_id=env.msg_id,
+            ))  # fmt: skip
+        if retry is not None:
+            ops.append(("ZADD", self.keys.delayed, retry[0], retry[1]))
+        if final:
+            ops += self._reply_ops(env, data)
+        ops += self._ack_ops(it)
+        it.ops = ops
+        self._queue_settle(it)
+
+    # -- settling (batched) ------------------------------------------------------------
+    def _queue_settle(self, it: _Item) -> None:
+        self._settle_q.append(it)
+        self._settle_ev.set()
+
+    def _kick_settler(self) -> None:
+        if self._settle_q:
+            self._settle_ev.set()
+
+    async def _settler(self) -> None:
+        """Flush completions in batches: fenced completes first, then replies and acks."""
+        while True:
+            await self._settle_ev.wait()
+            self._settle_ev = anyio.Event()
+            batch, self._settle_q = self._settle_q, []
+            if not batch:
+                continue
+            try:
+                await self._settle(batch)
+            except (rexc.RedisError, OSError) as e:
+                # Entries stay pending; their redelivery settles them (idempotently).
+                log.warning("settling %d entries failed: %s", len(batch), e)
+
+    async def _settle(self, batch: list[_Item]) -> None:
+        with_complete = [it for it in batch if it.complete is not None]
+        ok = {id(it) for it in batch if it.complete is None}
+        if with_complete:
+            res = await scripts.run_pipeline(self.redis, [it.complete for it in with_complete])  # type: ignore[misc]
+            for it, r in zip(with_complete, res, strict=True):
+                if isinstance(r, Exception):
+                    log.warning("complete failed for %s: %s", it.env and it.env.msg_id, r)
+                elif int(r) == 1:
+                    ok.add(id(it))
+                else:
+                    self.stats["fenced"] += 1
+                    log.warning(
+                        "late completion of %s refused: another owner took it over",
+                        it.env and it.env.msg_id,
+                    )
+        ops = [op for it in batch if id(it) in ok for op in it.ops]
+        if ops:
+            res = await scripts.run_pipeline(self.redis, ops)
+            errs = [r for r in res if isinstance(r, Exception)]
+            if errs:
+                log.warning("%d settle commands failed, first: %s", len(errs), errs[0])
+
+    async def _drain(self) -> None:
+        """Stop taking work, let in-flight handlers finish (bounded), flush settles."""
+        assert self.registry is not None
+        self.draining = True
+        try:
+            await self.registry.drain(self.agent.agent_id)
+        except Exception as e:
+            log.info("drain flag not set: %s", e)
+        with anyio.move_on_after(self.opts.drain_timeout_s):
+            while self.inflight > 0:
+                await self._wait_slot()
+        if self.inflight:
+            log.warning("drain timeout: %d handlers still running are abandoned", self.inflight)
+        while self._settle_q:
+            batch, self._settle_q = self._settle_q, []
+            await self._settle(batch)

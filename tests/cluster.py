@@ -1,0 +1,71 @@
+"""A 3-master Redis Cluster on loopback, built from Python for the tests.
+
+Slots are split with ``CLUSTER ADDSLOTSRANGE``, nodes joined with ``CLUSTER MEET``, and the
+cluster is ready when every node reports ``cluster_state:ok`` and knows every other node.
+"""
+
+from __future__ import annotations
+
+import time
+from types import TracebackType
+
+import redis
+
+from reach.embedded import RedisServer, ServerBinary
+
+SLOTS = 16384
+
+
+class RedisTestCluster:
+    def __init__(self, *, binary: ServerBinary, masters: int = 3) -> None:
+        self.nodes = [RedisServer(binary=binary, cluster=True) for _ in range(masters)]
+
+    @property
+    def url(self) -> str:
+        return self.nodes[0].url
+
+    def start(self, *, timeout_s: float = 30.0) -> RedisTestCluster:
+        for n in self.nodes:
+            n.start()
+        clients = [redis.Redis(port=n.port) for n in self.nodes]
+        try:
+            per = SLOTS // len(self.nodes)
+            for i, c in enumerate(clients):
+                lo = i * per
+                hi = SLOTS - 1 if i == len(self.nodes) - 1 else lo + per - 1
+                c.execute_command("CLUSTER", "ADDSLOTSRANGE", lo, hi)
+            for n in self.nodes[1:]:
+                clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", n.port)
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                infos = [c.execute_command("CLUSTER", "INFO") for c in clients]
+                texts = [i.decode() if isinstance(i, bytes) else str(i) for i in infos]
+                if all(
+                    "cluster_state:ok" in t and f"cluster_known_nodes:{len(self.nodes)}" in t
+                    for t in texts
+                ):
+                    return self
+                time.sleep(0.05)
+            raise RuntimeError(f"test cluster not ready within {timeout_s}s: {texts}")
+        finally:
+            for c in clients:
+                c.close()
+
+    def stop(self) -> None:
+        for n in self.nodes:
+            n.stop()
+
+    def __enter__(self) -> RedisTestCluster:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

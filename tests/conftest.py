@@ -1,0 +1,74 @@
+"""Fixtures that start real Redis servers on free ports (never 6379, never shared).
+
+* ``redis_server`` - one standalone server for the whole session; tests stay apart by
+  each taking its own namespace (``ns`` fixture);
+* ``fresh_redis`` - a standalone server of its own, for tests that restart or flush it;
+* ``redis_cluster`` - a 3-master Redis Cluster built from Python, for the session.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import redis
+
+from reach.connection import AnyRedis, connect
+from reach.embedded import RedisServer, find_server_binary
+from tests.cluster import RedisTestCluster
+
+
+@pytest.fixture(scope="session")
+def server_binary():  # type: ignore[no-untyped-def]
+    return find_server_binary(use_path=os.environ.get("REACH_TEST_NO_PATH_SERVER") != "1")
+
+
+@pytest.fixture(scope="session")
+def redis_server(server_binary) -> Iterator[RedisServer]:  # type: ignore[no-untyped-def]
+    with RedisServer(binary=server_binary) as server:
+        yield server
+
+
+@pytest.fixture
+def fresh_redis(server_binary, tmp_path) -> Iterator[RedisServer]:  # type: ignore[no-untyped-def]
+    """A server of the test's own, with AOF on, so it can be restarted without loss."""
+    with RedisServer(binary=server_binary, data_dir=tmp_path / "redis", persistent=True) as s:
+        yield s
+
+
+@pytest.fixture
+def ns() -> str:
+    """A namespace no other test uses."""
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    return redis_server.url
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+async def r(redis_url: str) -> AsyncIterator[AnyRedis]:
+    client = await connect(redis_url)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+def sync_r(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(server_binary) -> Iterator[RedisTestCluster]:  # type: ignore[no-untyped-def]
+    with RedisTestCluster(binary=server_binary, masters=3) as cluster:
+        yield cluster

@@ -1,0 +1,91 @@
+"""deregister.lua through Registry.deregister: codes 1 (removed), 0 (no such agent), -1."""
+
+from __future__ import annotations
+
+import pytest
+
+from reach.connection import AnyRedis
+from reach.registry import Registry
+from tests.registry_helpers import assert_consistent, register, wait_until
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_deregister_removes_everything_and_returns_1(reg: Registry, r: AnyRedis) -> None:
+    _, inst, version = await register(reg, "a1", ["a", "b"])
+    await register(reg, "a2", ["b"])
+    assert await reg.deregister("a1", instance_id=inst) == 1
+
+    assert await reg.get("a1") is None
+    assert await r.zscore(reg.keys.agents, "a1") is None
+    assert await reg.agent_ids("a") == []
+    assert await reg.agent_ids("b") == ["a2"]
+    assert await reg.capabilities() == [("b", 1)]
+    assert await r.exists(reg.keys.cap("a")) == 0
+    events = [(e.type, e.agent_id, e.instance_id) for e in await reg.events()]
+    assert events[-1] == ("deregistered", "a1", inst)
+    # the removed process learns it is no longer registered
+    assert await reg.heartbeat("a1", instance_id=inst, version=version) == (0, False)
+    await assert_consistent(reg)
+
+
+async def test_last_agent_leaves_empty_registry(reg: Registry, r: AnyRedis) -> None:
+    await register(reg, "a1", ["a", "b"])
+    assert await reg.deregister("a1") == 1
+    assert await reg.capabilities() == []
+    assert await reg.agent_ids() == []
+    assert await r.exists(reg.keys.agents, reg.keys.caps, reg.keys.cap("a")) == 0
+
+
+async def test_unknown_agent_returns_0(reg: Registry) -> None:
+    assert await reg.deregister("ghost") == 0
+    assert await reg.deregister("ghost", instance_id="i") == 0
+    assert await reg.events() == []
+
+
+async def test_other_instance_is_refused_with_minus_1(reg: Registry) -> None:
+    _, inst, _ = await register(reg, "a1", ["a"])
+    assert await reg.deregister("a1", instance_id="someone-else") == -1
+    a = await reg.get("a1")
+    assert a is not None and a.instance_id == inst
+    assert await reg.agent_ids("a") == ["a1"]
+    assert "deregistered" not in [e.type for e in await reg.events()]
+
+
+async def test_empty_instance_removes_whatever_is_registered(reg: Registry) -> None:
+    await register(reg, "a1", ["a"])
+    assert await reg.deregister("a1", instance_id="") == 1
+    assert await reg.get("a1") is None
+
+
+async def test_deregister_an_evicted_shadow(reg: Registry, r: AnyRedis) -> None:
+    _, inst, _ = await register(reg, "a1", ["a"], lease_ms=1, evict_after_ms=1)
+    await register(reg, "a2", ["a"])
+
+    async def evicted() -> bool:
+        return "a1" in (await reg.sweep(shadow_ttl_ms=60_000)).evicted
+
+    await wait_until(evicted, what="eviction")
+    assert await reg.deregister("a1", instance_id=inst) == 1
+    assert await reg.get("a1") is None
+    assert await r.zscore(reg.keys.agents, "a1") is None
+    assert await reg.capabilities() == [("a", 1)]
+    await assert_consistent(reg)
+
+
+async def test_expired_shadow_returns_0_and_clears_the_deadline(reg: Registry, r: AnyRedis) -> None:
+    """A shadow whose TTL ran out leaves only its zset entry: deregister drops it."""
+    await register(reg, "a1", ["a"], lease_ms=1, evict_after_ms=1)
+
+    async def evicted() -> bool:
+        return "a1" in (await reg.sweep(shadow_ttl_ms=1)).evicted
+
+    await wait_until(evicted, what="eviction")
+
+    async def hash_expired() -> bool:
+        return await r.exists(reg.keys.agent("a1")) == 0
+
+    await wait_until(hash_expired, what="shadow expiry")
+    assert await r.zscore(reg.keys.agents, "a1") is not None
+    assert await reg.deregister("a1") == 0
+    assert await r.zscore(reg.keys.agents, "a1") is None

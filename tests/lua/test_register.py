@@ -1,0 +1,253 @@
+"""register.lua through Registry.register: codes 1 (new), 2 (replaced), -1 (stale)."""
+
+from __future__ import annotations
+
+import pytest
+
+import reach
+from reach.connection import AnyRedis
+from reach.registry import Registry, normalize_capabilities, normalize_capability
+from tests.registry_helpers import (
+    LONG_EVICT_MS,
+    LONG_LEASE_MS,
+    assert_consistent,
+    new_version,
+    register,
+    wait_until,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_new_registration_returns_1_and_writes_every_key(reg: Registry, r: AnyRedis) -> None:
+    version = new_version()
+    code = await reg.register(
+        "a1",
+        instance_id="inst-1",
+        version=version,
+        capabilities=["text.summarize", "Code.Review"],
+        weight=2.5,
+        metadata={"region": "eu", "model": "m1"},
+        lease_ms=9000,
+        evict_after_ms=18000,
+        card={"name": "A1", "skills": []},
+        max_queue=50,
+    )
+    assert code == 1
+
+    a = await reg.get("a1")
+    assert a is not None
+    assert (a.agent_id, a.instance_id, a.version) == ("a1", "inst-1", version)
+    assert a.weight == 2.5
+    assert a.capabilities == ["text.summarize", "code.review"]
+    assert a.metadata == {"region": "eu", "model": "m1"}
+    assert a.card == {"name": "A1", "skills": []}
+    assert (a.state, a.ready, a.draining) == ("active", False, False)
+    assert (a.lease_ms, a.evict_after_ms, a.max_queue) == (9000, 18000, 50)
+    assert a.registered_ms == a.last_heartbeat_ms == a.state_ms > 0
+    assert a.ready_ms == 0
+    assert not a.routable  # registered not ready
+
+    # lease deadline in the agents zset, capability sets and counts, one event
+    assert await r.zscore(reg.keys.agents, "a1") == a.registered_ms + 9000
+    assert await reg.agent_ids("text.summarize") == ["a1"]
+    assert await reg.agent_ids("code.review") == ["a1"]
+    assert await reg.capabilities() == [("code.review", 1), ("text.summarize", 1)]
+    events = await reg.events()
+    assert [(e.type, e.agent_id, e.instance_id) for e in events] == [("registered", "a1", "inst-1")]
+    assert events[0].ts == a.registered_ms
+    await assert_consistent(reg)
+
+
+async def test_register_ready_sets_ready_ms(reg: Registry) -> None:
+    await register(reg, "a1", ready=True)
+    a = await reg.get("a1")
+    assert a is not None and a.ready and a.ready_ms == a.registered_ms
+    assert a.routable
+
+
+async def test_same_version_again_replaces_and_returns_2(reg: Registry) -> None:
+    code, inst, version = await register(reg, "a1", ["x"])
+    assert code == 1
+    code, _, _ = await register(reg, "a1", ["x"], instance_id=inst, version=version)
+    assert code == 2
+    assert await reg.capabilities() == [("x", 1)]
+    assert [e.type for e in await reg.events()] == ["registered", "registered"]
+    await assert_consistent(reg)
+
+
+async def test_newer_version_replaces_and_resets_flags(reg: Registry) -> None:
+    await register(reg, "a1", ["x"], ready=True)
+    assert await reg.drain("a1") == 1
+    code, inst2, v2 = await register(reg, "a1", ["x"], metadata={"env": "prod"})
+    assert code == 2
+    a = await reg.get("a1")
+    assert a is not None
+    assert (a.instance_id, a.version) == (inst2, v2)
+    assert (a.ready, a.draining, a.state) == (False, False, "active")
+    assert a.metadata == {"env": "prod"}
+
+
+async def test_stale_version_refused_and_record_untouched(reg: Registry) -> None:
+    old = new_version()
+    code, inst, newer = await register(reg, "a1", ["x", "y"])
+    assert code == 1
+    with pytest.raises(reach.StaleRegistration, match=str(newer)):
+        await register(reg, "a1", ["z"], version=old)
+    a = await reg.get("a1")
+    assert a is not None
+    assert (a.instance_id, a.version, a.capabilities) == (inst, newer, ["x", "y"])
+    assert await reg.capabilities() == [("x", 1), ("y", 1)]
+    assert await reg.agent_ids("z") == []
+    assert [e.type for e in await reg.events()] == ["registered"]  # no event for the refusal
+    await assert_consistent(reg)
+
+
+async def test_reregister_with_other_capabilities_moves_sets_and_counts(
+    reg: Registry, r: AnyRedis
+) -> None:
+    await register(reg, "a1", ["a", "b", "c"])
+    await register(reg, "a2", ["b", "c"])
+    await register(reg, "a3", ["c"])
+    assert await reg.capabilities() == [("a", 1), ("b", 2), ("c", 3)]
+
+    code, _, _ = await register(reg, "a1", ["c", "d"])  # drops a and b, keeps c, adds d
+    assert code == 2
+    assert await reg.agent_ids("a") == []
+    assert await reg.agent_ids("b") == ["a2"]
+    assert await reg.agent_ids("c") == ["a1", "a2", "a3"]
+    assert await reg.agent_ids("d") == ["a1"]
+    assert await reg.capabilities() == [("b", 1), ("d", 1), ("c", 3)]
+    assert await r.exists(reg.keys.cap("a")) == 0  # an emptied set is gone
+    a = await reg.get("a1")
+    assert a is not None and a.capabilities == ["c", "d"]
+    await assert_consistent(reg)
+
+
+async def test_capability_names_are_normalised(reg: Registry) -> None:
+    assert normalize_capability(" Text.Summarize ") == "text.summarize"
+    assert normalize_capabilities(["B", " b ", "a.x_1", "A.X_1"]) == ["b", "a.x_1"]
+    assert normalize_capabilities("Solo") == ["solo"]
+    await register(reg, "a1", [" Text.Summarize ", "TEXT.SUMMARIZE", "Code_Review.Py3"])
+    a = await reg.get("a1")
+    assert a is not None and a.capabilities == ["text.summarize", "code_review.py3"]
+    # queries normalise too
+    assert await reg.agent_ids(" Text.Summarize") == ["a1"]
+    assert [x.agent_id for x in await reg.agents("CODE_REVIEW.PY3")] == ["a1"]
+    assert await reg.capabilities() == [("code_review.py3", 1), ("text.summarize", 1)]
+
+
+@pytest.mark.parametrize(
+    "bad", ["Bad Name", "a..b", "", "   ", "x-y", ".a", "a.", "a/b", "a,b", "caf\u00e9", "a:b"]
+)
+async def test_bad_capability_names_refused(reg: Registry, r: AnyRedis, bad: str) -> None:
+    with pytest.raises(reach.InvalidCapability) as exc:
+        await register(reg, "a1", ["ok", bad])
+    assert isinstance(exc.value, ValueError)  # a ValueError-like error, as promised
+    assert repr(bad) in str(exc.value)
+    assert await reg.get("a1") is None  # nothing written
+    assert await r.exists(reg.keys.agents, reg.keys.caps, reg.keys.events) == 0
+    with pytest.raises(reach.InvalidCapability):
+        await reg.agent_ids(bad)
+    with pytest.raises(reach.InvalidCapability):
+        await reg.agents(bad)
+
+
+@pytest.mark.parametrize("bad", [None, 3, b"text"])
+def test_non_string_capability_refused(bad: object) -> None:
+    with pytest.raises(reach.InvalidCapability):
+        normalize_capability(bad)  # type: ignore[arg-type]
+
+
+async def test_no_capability_refused(reg: Registry) -> None:
+    with pytest.raises(reach.InvalidCapability):
+        await register(reg, "a1", [])
+
+
+async def test_braces_in_agent_id_are_stripped_everywhere(reg: Registry, r: AnyRedis) -> None:
+    """An id with hash-tag braces must name the same agent in ARGV and in key names."""
+    code, inst, version = await register(reg, "{x}y", ["c"], lease_ms=LONG_LEASE_MS)
+    assert code == 1
+    a = await reg.get("{x}y")
+    assert a is not None and a.agent_id == "xy"
+    assert await reg.agent_ids("c") == ["xy"]
+    assert await reg.heartbeat("{x}y", instance_id=inst, version=version) == (1, False)
+    # the sweeper finds the hash through the id stored in the agents zset
+    res = await reg.sweep()
+    assert res.deleted == 0
+    await assert_consistent(reg)
+    assert await reg.deregister("{x}y") == 1
+    assert await r.exists(reg.keys.agent("xy")) == 0
+
+
+async def test_register_after_eviction_keeps_shadow_ttl_off(reg: Registry, r: AnyRedis) -> None:
+    """Re-registering over an evicted shadow makes a plain (non-expiring) record again."""
+    _, inst, version = await register(reg, "a1", ["c"], lease_ms=1, evict_after_ms=1)
+
+    async def evicted() -> bool:
+        res = await reg.sweep(shadow_ttl_ms=LONG_EVICT_MS)
+        return "a1" in res.evicted
+
+    await wait_until(evicted, what="eviction")
+    assert await r.pttl(reg.keys.agent("a1")) > 0
+    code, _, _ = await register(reg, "a1", ["c"], instance_id=inst, version=version)
+    assert code == 2
+    assert await r.pttl(reg.keys.agent("a1")) == -1
+    assert await reg.agent_ids("c") == ["a1"]
+    await assert_consistent(reg)
+
+
+async def test_query_by_capability_state_ready_and_metadata(reg: Registry) -> None:
+    _, i1, _ = await register(reg, "eu1", ["text.summarize"], metadata={"region": "eu", "gpu": 1})
+    _, i2, _ = await register(reg, "eu2", ["text.summarize", "code.review"],
+                              metadata={"region": "eu", "env": "prod"})  # fmt: skip
+    await register(reg, "us1", ["text.summarize"], metadata={"region": "us", "env": "prod"})
+    await register(reg, "gone", ["text.summarize"], lease_ms=1, evict_after_ms=1)
+    await register(reg, "slow", ["code.review"], lease_ms=1, evict_after_ms=LONG_EVICT_MS)
+    await reg.mark_ready("eu1", instance_id=i1)
+    await reg.mark_ready("eu2", instance_id=i2)
+
+    async def settled() -> bool:
+        await reg.sweep(shadow_ttl_ms=LONG_EVICT_MS)
+        states = {a.agent_id: a.state for a in await reg.agents()}
+        return states.get("gone") == "evicted" and states.get("slow") == "probation"
+
+    await wait_until(settled, what="eviction and probation")
+
+    async def ids(*args: object, **kw: object) -> list[str]:
+        return sorted(a.agent_id for a in await reg.agents(*args, **kw))  # type: ignore[arg-type]
+
+    # by capability: live agents only (evicted left the sets)
+    assert await ids("text.summarize") == ["eu1", "eu2", "us1"]
+    assert await ids("code.review") == ["eu2", "slow"]
+    assert await ids("nobody.does_this") == []
+    # every known agent, shadows included, without a capability
+    assert await ids() == ["eu1", "eu2", "gone", "slow", "us1"]
+    assert await reg.agent_ids() == ["eu1", "eu2", "gone", "slow", "us1"]
+    # by state
+    assert await ids(state="evicted") == ["gone"]
+    assert await ids("code.review", state="probation") == ["slow"]
+    assert await ids("code.review", state="active") == ["eu2"]
+    assert await ids("text.summarize", state="evicted") == []
+    # by readiness
+    assert await ids("text.summarize", ready=True) == ["eu1", "eu2"]
+    assert await ids("text.summarize", ready=False) == ["us1"]
+    # by metadata (values compared as strings; a missing key never matches)
+    assert await ids("text.summarize", where={"region": "eu"}) == ["eu1", "eu2"]
+    assert await ids("text.summarize", where={"region": "eu", "env": "prod"}) == ["eu2"]
+    assert await ids("text.summarize", where={"gpu": 1}) == ["eu1"]
+    assert await ids("text.summarize", where={"gpu": "1"}) == ["eu1"]
+    assert await ids("text.summarize", where={"env": None}) == []
+    assert await ids("text.summarize", where={"env": "None"}) == []
+    assert await ids("text.summarize", where={"region": "ap"}) == []
+    assert await ids("text.summarize", where={}) == ["eu1", "eu2", "us1"]
+    # all filters together
+    assert await ids("text.summarize", state="active", ready=True, where={"region": "eu"}) == [
+        "eu1", "eu2",
+    ]  # fmt: skip
+    # routable = active, ready, not draining
+    await reg.drain("eu2")
+    assert sorted(a.agent_id for a in await reg.agents("text.summarize") if a.routable) == ["eu1"]
+    with pytest.raises(ValueError, match="Unknown state"):
+        await reg.agents(state="dead")
+    assert await reg.capabilities() == [("code.review", 2), ("text.summarize", 3)]

@@ -1,0 +1,213 @@
+"""sweep.lua through Registry.sweep: lease state machine, shadows, lock, bounded events."""
+
+from __future__ import annotations
+
+import pytest
+
+from reach.connection import AnyRedis
+from reach.registry import Registry
+from tests.registry_helpers import (
+    LONG_EVICT_MS,
+    assert_consistent,
+    register,
+    wait_until,
+)
+
+pytestmark = pytest.mark.anyio
+
+LEASE_MS = 200
+EVICT_AFTER_MS = 400
+SHADOW_TTL_MS = 300
+
+
+async def _state(reg: Registry, agent_id: str) -> str | None:
+    a = await reg.get(agent_id)
+    return a.state if a else None
+
+
+async def test_nothing_due(reg: Registry) -> None:
+    await register(reg, "a1")
+    res = await reg.sweep()
+    assert (res.locked, res.due, res.probation, res.evicted, res.deleted) == (False, 0, 0, [], 0)
+    assert await _state(reg, "a1") == "active"
+
+
+async def test_empty_namespace(reg: Registry) -> None:
+    res = await reg.sweep(owner="x", lock_ms=1000)
+    assert (res.locked, res.due) == (False, 0)
+
+
+async def test_lease_transitions_at_sub_second_settings(reg: Registry, r: AnyRedis) -> None:
+    """active -> probation -> (heartbeat) active -> probation -> evicted -> shadow deleted."""
+    _, inst, version = await register(
+        reg, "a1", ["solo", "shared"], lease_ms=LEASE_MS, evict_after_ms=EVICT_AFTER_MS,
+        ready=True,
+    )  # fmt: skip
+    await register(reg, "keeper", ["shared"])  # long lease: stays
+
+    async def sweep_until(state: str | None) -> list[str | None]:
+        seen: list[str | None] = []
+
+        async def reached() -> bool:
+            await reg.sweep(shadow_ttl_ms=SHADOW_TTL_MS)
+            s = await _state(reg, "a1")
+            if not seen or seen[-1] != s:
+                seen.append(s)
+            return s == state
+
+        await wait_until(reached, timeout_s=15, interval_s=0.01, what=f"state {state}")
+        return seen
+
+    # 1. no heartbeat for lease_ms: probation, still routable-by-capability (sets kept)
+    assert await sweep_until("probation") == ["active", "probation"]
+    a = await reg.get("a1")
+    assert a is not None and a.state_ms >= a.last_heartbeat_ms + LEASE_MS
+    assert await r.zscore(reg.keys.agents, "a1") == a.last_heartbeat_ms + EVICT_AFTER_MS
+    assert await reg.agent_ids("solo") == ["a1"]
+    assert [x.agent_id for x in await reg.agents("shared", state="probation")] == ["a1"]
+
+    # 2. a heartbeat in probation returns to active
+    assert await reg.heartbeat("a1", instance_id=inst, version=version) == (2, False)
+    assert await _state(reg, "a1") == "active"
+
+    # 3. silence again: probation, then evicted (removed from capability sets, shadow kept)
+    assert await sweep_until("evicted") == ["active", "probation", "evicted"]
+    shadow = await reg.get("a1")
+    assert shadow is not None
+    assert (shadow.state, shadow.ready, shadow.instance_id) == ("evicted", False, inst)
+    assert shadow.state_ms >= shadow.last_heartbeat_ms + EVICT_AFTER_MS
+    assert 0 < await r.pttl(reg.keys.agent("a1")) <= SHADOW_TTL_MS
+    assert await reg.agent_ids("solo") == []
+    assert await reg.agent_ids("shared") == ["keeper"]
+    assert await reg.capabilities() == [("shared", 1)]
+    assert [x.agent_id for x in await reg.agents(state="evicted")] == ["a1"]
+    await assert_consistent(reg)
+
+    # 4. after shadow_ttl the shadow is deleted for good
+    assert await sweep_until(None) == ["evicted", None]
+
+    async def zset_cleared() -> bool:
+        await reg.sweep(shadow_ttl_ms=SHADOW_TTL_MS)
+        return await r.zscore(reg.keys.agents, "a1") is None
+
+    await wait_until(zset_cleared, what="agents zset entry removed")
+    assert await reg.agent_ids() == ["keeper"]
+    await assert_consistent(reg)
+
+    mine = [e.type for e in await reg.events(count=1000) if e.agent_id == "a1"]
+    assert mine == ["registered", "unstable", "recovered", "unstable", "evicted"]
+    assert await _state(reg, "keeper") == "active"
+
+
+async def test_sweep_result_counts_and_evicted_ids(reg: Registry, r: AnyRedis) -> None:
+    await register(reg, "p1", ["c"], lease_ms=1, evict_after_ms=LONG_EVICT_MS)
+    await register(reg, "e1", ["c"], lease_ms=1, evict_after_ms=1)
+    await register(reg, "e2", ["c", "d"], lease_ms=1, evict_after_ms=1)
+    await register(reg, "live", ["c"])
+
+    async def all_due() -> bool:
+        t = await r.time()
+        now = t[0] * 1000 + t[1] // 1000
+        return len(await r.zrangebyscore(reg.keys.agents, "-inf", now - 2)) == 3
+
+    await wait_until(all_due, what="leases running out")
+    res = await reg.sweep(shadow_ttl_ms=60_000)
+    assert res.due == 3
+    assert res.probation == 1
+    assert sorted(res.evicted) == ["e1", "e2"]  # overdue past evict_after: straight to evicted
+    assert res.deleted == 0
+    assert await reg.agent_ids("c") == ["live", "p1"]
+    assert await reg.capabilities() == [("c", 2)]
+    types = sorted((e.type, e.agent_id) for e in await reg.events() if e.type != "registered")
+    assert types == [("evicted", "e1"), ("evicted", "e2"), ("unstable", "p1")]
+    await assert_consistent(reg)
+
+    # a probation agent swept before its evict_after only gets its deadline moved
+    assert (await reg.sweep()).due == 0
+    p1 = await reg.get("p1")
+    assert p1 is not None
+    assert await r.zscore(reg.keys.agents, "p1") == p1.last_heartbeat_ms + LONG_EVICT_MS
+
+
+async def test_batches_loop_until_nothing_due(reg: Registry, r: AnyRedis) -> None:
+    for i in range(25):
+        await register(reg, f"a{i:02}", ["c"], lease_ms=1, evict_after_ms=LONG_EVICT_MS)
+
+    async def all_due() -> bool:
+        t = await r.time()
+        now = t[0] * 1000 + t[1] // 1000
+        return len(await r.zrangebyscore(reg.keys.agents, "-inf", now - 2)) == 25
+
+    await wait_until(all_due, what="leases running out")
+    res = await reg.sweep(batch=10)
+    assert (res.due, res.probation) == (25, 25)
+    assert {a.state for a in await reg.agents("c")} == {"probation"}
+
+
+async def test_sweeper_lock(reg: Registry, r: AnyRedis) -> None:
+    await register(reg, "a1", lease_ms=1, evict_after_ms=LONG_EVICT_MS)
+
+    res = await reg.sweep(owner="runtime-a", lock_ms=60_000)
+    assert not res.locked
+    assert await r.get(reg.keys.sweeper_lock) == b"runtime-a"
+    assert 0 < await r.pttl(reg.keys.sweeper_lock) <= 60_000
+
+    # another owner is kept idle and changes nothing
+    res = await reg.sweep(owner="runtime-b", lock_ms=60_000)
+    assert res.locked and res.due == 0
+    assert await r.get(reg.keys.sweeper_lock) == b"runtime-a"
+
+    # the holder sweeps again and renews its lock
+    await r.pexpire(reg.keys.sweeper_lock, 5_000)
+    res = await reg.sweep(owner="runtime-a", lock_ms=60_000)
+    assert not res.locked
+    assert await r.pttl(reg.keys.sweeper_lock) > 5_000
+
+    # lock_ms=0 sweeps without looking at (or taking) the lock, e.g. `reach sweep`
+    res = await reg.sweep(owner="cli", lock_ms=0)
+    assert not res.locked
+    assert await r.get(reg.keys.sweeper_lock) == b"runtime-a"
+
+
+async def test_lock_expires_and_passes_on(reg: Registry, r: AnyRedis) -> None:
+    assert not (await reg.sweep(owner="a", lock_ms=50)).locked
+    assert (await reg.sweep(owner="b", lock_ms=50)).locked
+
+    async def b_gets_it() -> bool:
+        return not (await reg.sweep(owner="b", lock_ms=50)).locked
+
+    await wait_until(b_gets_it, what="lock expiry")
+    assert (await reg.sweep(owner="a", lock_ms=50)).locked
+
+
+async def test_events_stream_stays_bounded(r: AnyRedis, ns: str) -> None:
+    """Every script trims the events stream (MAXLEN ~ trims whole nodes: allow one node)."""
+    maxlen = 5
+    reg = Registry(r, ns, events_maxlen=maxlen)
+    node = int((await r.config_get("stream-node-max-entries"))["stream-node-max-entries"])
+    n = node * 3
+    bound = maxlen + node
+
+    async def length() -> int:
+        return int(await r.xlen(reg.keys.events))
+
+    for i in range(n):  # registered, ready, draining
+        _, inst, _ = await register(reg, f"a{i}", ["c"], lease_ms=1, evict_after_ms=1)
+        await reg.mark_ready(f"a{i}", instance_id=inst)
+        await reg.drain(f"a{i}")
+    assert 0 < await length() <= bound
+
+    evicted: set[str] = set()
+
+    async def all_evicted() -> bool:  # evicted
+        evicted.update((await reg.sweep(shadow_ttl_ms=60_000)).evicted)
+        return len(evicted) == n
+
+    await wait_until(all_evicted, what="evictions")
+    assert 0 < await length() <= bound
+    assert (await reg.events(count=1000))[-1].type == "evicted"
+
+    for i in range(n):  # deregistered
+        assert await reg.deregister(f"a{i}") == 1
+    assert 0 < await length() <= bound
+    assert (await reg.events(count=1000))[-1].type == "deregistered"
