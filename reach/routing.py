@@ -111,7 +111,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Collection, Mapping, Sequence
 from hashlib import md5
 from heapq import heapify, heappop, heappush
-from itertools import repeat
+from itertools import compress, islice, repeat
 from operator import add, attrgetter, itemgetter, mul
 from typing import Any, Final, Literal
 
@@ -146,6 +146,9 @@ _EMPTY: Mapping[str, int] = {}
 
 _key_hash: Callable[[str], int] = KetamaRing().hashi  # uhashring's ketama hash of a key
 _qd = attrgetter("queue_depth")
+_id = attrgetter("agent_id")
+_weight = attrgetter("weight")
+_ready_ms = attrgetter("ready_ms")
 
 
 class Inflight(dict[str, int]):
@@ -392,6 +395,8 @@ class _State:
         "ids",
         "idx",
         "inv_eff",
+        "lc_base",
+        "lc_qd",
         "n",
         "pos",
         "ready_ms",
@@ -422,6 +427,8 @@ class _State:
         self.ring: _Ring | None = None
         self.ring_ok = False
         self.ring_w = 0.0
+        self.lc_qd: list[int] | None = None
+        self.lc_base: list[float] = []
 
 
 def _tuple0(_: Sequence[AgentInfo]) -> tuple[AgentInfo, ...]:
@@ -632,9 +639,11 @@ class Router:
             self._diagnose(capability, candidates, where)
             raise AssertionError("eligible() found agents the static filter did not")
         sub = [candidates[i] for i in idx]
-        ids = [a.agent_id for a in sub]
-        weights = [max(float(a.weight), MIN_WEIGHT) for a in sub]
-        ready_ms = [a.ready_ms for a in sub]
+        ids = list(map(_id, sub))
+        weights = list(map(_weight, sub))
+        if min(weights) < MIN_WEIGHT:
+            weights = [max(w, MIN_WEIGHT) for w in weights]
+        ready_ms = list(map(_ready_ms, sub))
         same_members = ids == st.ids and weights == st.weights
         if not (same_members and ready_ms == st.ready_ms and now < st.valid_until):
             valid = math.inf
@@ -652,6 +661,7 @@ class Router:
                 st.wrr_ok = False
             st.eff = eff
             st.inv_eff = [1.0 / w for w in eff]
+            st.lc_qd = None
         if not same_members:
             st.ring_ok = False
         if ids != st.ids:
@@ -753,19 +763,36 @@ class Router:
         avoid: Collection[str],
     ) -> AgentInfo:
         sub = st.getter(candidates)
-        load = list(map(add, map(_qd, sub), map(self.inflight.get, st.ids, repeat(0))))
-        scores = list(map(mul, map(add, load, repeat(1)), st.inv_eff))
+        qd = list(map(_qd, sub))
+        if qd != st.lc_qd:  # queue depths change with heartbeats only: cache their part
+            st.lc_qd = qd
+            st.lc_base = list(map(mul, map(add, qd, repeat(1)), st.inv_eff))
+        scores = st.lc_base.copy()
+        inflight, inv = self.inflight, st.inv_eff
+        if inflight:
+            if len(inflight) * 4 < len(scores):
+                pos = st.pos
+                for aid, n in inflight.items():
+                    j = pos.get(aid)
+                    if j is not None and n:
+                        scores[j] += n * inv[j]
+            else:
+                local = map(mul, map(inflight.get, st.ids, repeat(0)), inv)
+                scores = list(map(add, scores, local))
         inf = math.inf
-        for tries in range(len(scores)):
+        n = len(scores)
+        for tries in range(n):
             if tries == MAX_SKIPS:
                 return self._fallback(st, capability, candidates, where, avoid, st.eff)
             m = min(scores)
             if m == inf:
                 break
-            if scores.count(m) == 1:
+            ties = scores.count(m)
+            if ties == 1:
                 j = scores.index(m)
-            else:
-                j = self.rng.choice([i for i, s in enumerate(scores) if s == m])
+            else:  # the r-th of the tied agents, found at C speed
+                r = self.rng.randrange(ties)
+                j = next(islice(compress(range(n), map(m.__eq__, scores)), r, None))
             a = sub[j]
             if a.agent_id != st.ids[j]:
                 raise _Stale

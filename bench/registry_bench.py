@@ -1,0 +1,381 @@
+"""Registry benchmark: N simulated agents heartbeating every P seconds against one Redis.
+
+The bench starts its own Redis (``reach.embedded.RedisServer``, never a shared one), registers
+``--agents`` agents, and then for ``--duration-s`` seconds:
+
+* heartbeats every agent once per ``--period-s``, phases spread evenly over the period, from
+  ``--conns`` asyncio tasks, each with its own connection (one EVALSHA per heartbeat, as the
+  runtime does) -> heartbeat round-trip p50/p99, and how late the bench itself ran;
+* sweeps like a runtime holding the sweeper lock, every ``--sweep-interval-s`` -> sweep time
+  over all agents with nothing due, and false probations/evictions;
+* every ``--probe-interval-s`` registers a fresh agent into a populated capability while
+  another connection polls the registry query the router uses (``Registry.agents(cap)``)
+  until it shows up -> register-to-visible p50/p95 (also via the bare capability set);
+* Redis CPU share = delta(used_cpu_sys + used_cpu_user) / wall time, from INFO cpu.
+
+Afterwards, in separate namespaces of the same size: one sweep over ``--agents`` agents with
+``--due`` of them due (-> probation), and with ``--due`` of them due for eviction.
+
+Targets: register-to-visible p95 < 50 ms; one sweep over 5,000 agents < 50 ms; 0 false
+evictions (no agent that kept heartbeating ever leaves 'active').
+
+    python bench/registry_bench.py                    # 5,000 agents, 3 s period, 30 s
+    python bench/registry_bench.py --duration-s 60 --aof --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from reach import scripts  # noqa: E402
+from reach.connection import AnyRedis, connect  # noqa: E402
+from reach.embedded import RedisServer  # noqa: E402
+from reach.registry import Registry  # noqa: E402
+
+TARGETS = {"register_to_visible_p95_ms": 50.0, "sweep_ms": 50.0, "false_evictions": 0}
+
+
+def pct(values: list[float], p: float) -> float:
+    """The p-th percentile (nearest rank) of ``values``; NaN when empty."""
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    k = max(0, min(len(s) - 1, round(p / 100 * len(s) + 0.5) - 1))
+    return s[k]
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.a = args
+        self.rnd = random.Random(args.seed)
+        self.ns = f"bench{uuid.uuid4().hex[:6]}"
+        self.caps = [f"bench.cap_{i:02}" for i in range(args.caps)]
+        self.agents: list[tuple[str, str, int]] = []  # (agent_id, instance_id, version)
+        self.hb_rtt_ms: list[float] = []
+        self.hb_lag_ms: list[float] = []
+        self.hb_codes: Counter[int] = Counter()
+        self.sweep_idle_ms: list[float] = []
+        self.sweep_changes: Counter[str] = Counter()
+        self.visible_ms: list[float] = []
+        self.visible_set_ms: list[float] = []
+        self.register_ms: list[float] = []
+        self.stop = anyio.Event()
+
+    # -- setup ------------------------------------------------------------------------
+    async def register_many(
+        self, r: AnyRedis, reg: Registry, n: int, *, prefix: str, lease_ms: int,
+        evict_after_ms: int, batch: int = 500,
+    ) -> list[tuple[str, str, int]]:  # fmt: skip
+        out = []
+        for start in range(0, n, batch):
+            ops = []
+            for i in range(start, min(n, start + batch)):
+                aid, inst, ver = f"{prefix}{i:05}", uuid.uuid4().hex[:12], now_us()
+                keys, argv = reg.register_args(
+                    aid, instance_id=inst, version=ver,
+                    capabilities=self.rnd.sample(self.caps, self.a.caps_per_agent),
+                    metadata={"region": self.rnd.choice(["eu", "us", "ap"]), "model": "m"},
+                    lease_ms=lease_ms, evict_after_ms=evict_after_ms, ready=True,
+                )  # fmt: skip
+                ops.append(scripts.op("register", keys, argv))
+                out.append((aid, inst, ver))
+            for res in await scripts.run_pipeline(r, ops):
+                if isinstance(res, Exception) or int(res[0]) not in (1, 2):
+                    raise RuntimeError(f"registration failed: {res!r}")
+        return out
+
+    # -- steady state -----------------------------------------------------------------
+    async def heartbeater(self, r: AnyRedis, mine: list[tuple[float, str, str, int]]) -> None:
+        reg = Registry(r, self.ns)
+        period = self.a.period_s
+        t0 = self.t0
+        cycle = 0
+        while not self.stop.is_set():
+            for phase, aid, inst, ver in mine:
+                due = t0 + cycle * period + phase
+                delay = due - time.monotonic()
+                if delay > 0:
+                    await anyio.sleep(delay)
+                if self.stop.is_set():
+                    return
+                self.hb_lag_ms.append(max(0.0, time.monotonic() - due) * 1000)
+                t = time.perf_counter()
+                code, _ = await reg.heartbeat(aid, instance_id=inst, version=ver, queue_depth=0)
+                self.hb_rtt_ms.append((time.perf_counter() - t) * 1000)
+                self.hb_codes[code] += 1
+            cycle += 1
+
+    async def sweeper(self, r: AnyRedis) -> None:
+        reg = Registry(r, self.ns)
+        while not self.stop.is_set():
+            t = time.perf_counter()
+            res = await reg.sweep(owner="bench", lock_ms=int(self.a.sweep_interval_s * 3000))
+            ms = (time.perf_counter() - t) * 1000
+            if res.locked:
+                self.sweep_changes["locked"] += 1
+            elif res.due == 0:
+                self.sweep_idle_ms.append(ms)
+            # probe agents are deregistered right away; anything else is a false change
+            self.sweep_changes["probation"] += res.probation
+            self.sweep_changes["evicted"] += len(res.evicted)
+            with anyio.move_on_after(self.a.sweep_interval_s):
+                await self.stop.wait()
+
+    async def prober(self, r_write: AnyRedis, r_read: AnyRedis) -> None:
+        writer, reader = Registry(r_write, self.ns), Registry(r_read, self.ns)
+        n = 0
+        while not self.stop.is_set():
+            n += 1
+            aid, cap = f"probe{n:05}", self.rnd.choice(self.caps)
+            seen: dict[str, float] = {}
+
+            async def poll(query: str) -> None:
+                while True:
+                    if query == "agents":
+                        found = any(a.agent_id == aid for a in await reader.agents(cap))
+                    else:
+                        found = aid in await reader.agent_ids(cap)
+                    if found:
+                        seen[query] = time.perf_counter()
+                        return
+
+            t = time.perf_counter()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(poll, "agents")
+                tg.start_soon(poll, "set")
+                await writer.register(
+                    aid, instance_id="p", version=now_us(), capabilities=[cap],
+                    metadata={"region": "eu"}, lease_ms=int(self.a.lease_s * 1000),
+                    evict_after_ms=int(self.a.evict_after_s * 1000), ready=True,
+                )  # fmt: skip
+                self.register_ms.append((time.perf_counter() - t) * 1000)
+            self.visible_ms.append((seen["agents"] - t) * 1000)
+            self.visible_set_ms.append((seen["set"] - t) * 1000)
+            await writer.deregister(aid)
+            with anyio.move_on_after(self.a.probe_interval_s):
+                await self.stop.wait()
+
+    # -- one-off sweeps over a full registry ------------------------------------------
+    async def sweep_with_due(self, r: AnyRedis, *, evict: bool) -> dict[str, Any]:
+        ns = f"{self.ns}-{'evict' if evict else 'due'}"
+        reg = Registry(r, ns)
+        n, due = self.a.agents, self.a.due
+        await self.register_many(r, reg, n - due, prefix="ok", lease_ms=600_000,
+                                 evict_after_ms=1_200_000)  # fmt: skip
+        await self.register_many(r, reg, due, prefix="due", lease_ms=1,
+                                 evict_after_ms=1 if evict else 1_200_000)  # fmt: skip
+        await anyio.sleep(0.01)  # let the 1 ms leases run out
+        t = time.perf_counter()
+        res = await reg.sweep(owner="bench", lock_ms=5000, batch=max(1000, due))
+        ms = (time.perf_counter() - t) * 1000
+        changed = len(res.evicted) if evict else res.probation
+        if res.due != due or changed != due:
+            raise RuntimeError(f"sweep saw {res!r}, expected {due} due")
+        return {"ms": ms, "due": res.due, "changed": changed}
+
+    async def idle_sweeps(self, r: AnyRedis, rounds: int = 50) -> list[float]:
+        reg = Registry(r, self.ns)
+        out = []
+        for _ in range(rounds):
+            t = time.perf_counter()
+            res = await reg.sweep(owner="bench", lock_ms=5000)
+            out.append((time.perf_counter() - t) * 1000)
+            self.sweep_changes["probation"] += res.probation
+            self.sweep_changes["evicted"] += len(res.evicted)
+        return out
+
+    # -- main -------------------------------------------------------------------------
+    async def run(self) -> dict[str, Any]:
+        a = self.a
+        with RedisServer(persistent=a.aof, data_dir=a.data_dir) as server:
+            conns = [await connect(server.url) for _ in range(a.conns)]
+            admin, probe_w, probe_r, sweep_c = [await connect(server.url) for _ in range(4)]
+            try:
+                return await self._run(server, admin, conns, probe_w, probe_r, sweep_c)
+            finally:
+                for c in [*conns, admin, probe_w, probe_r, sweep_c]:
+                    await c.aclose()
+
+    async def _run(
+        self, server: RedisServer, admin: AnyRedis, conns: list[AnyRedis],
+        probe_w: AnyRedis, probe_r: AnyRedis, sweep_c: AnyRedis,
+    ) -> dict[str, Any]:  # fmt: skip
+        a = self.a
+        reg = Registry(admin, self.ns)
+        await scripts.load_all(admin)
+        t = time.perf_counter()
+        self.agents = await self.register_many(
+            admin, reg, a.agents, prefix="agent", lease_ms=int(a.lease_s * 1000),
+            evict_after_ms=int(a.evict_after_s * 1000),
+        )  # fmt: skip
+        register_all_s = time.perf_counter() - t
+
+        # spread the agents evenly over the period, round-robin over the connections
+        per_conn: list[list[tuple[float, str, str, int]]] = [[] for _ in conns]
+        for i, (aid, inst, ver) in enumerate(self.agents):
+            per_conn[i % len(conns)].append((i * a.period_s / a.agents, aid, inst, ver))
+
+        cpu0 = await admin.info("cpu")
+        w0 = time.monotonic()
+        self.t0 = time.monotonic() + 0.05
+        async with anyio.create_task_group() as tg:
+            for c, mine in zip(conns, per_conn, strict=True):
+                tg.start_soon(self.heartbeater, c, mine)
+            tg.start_soon(self.sweeper, sweep_c)
+            tg.start_soon(self.prober, probe_w, probe_r)
+            await anyio.sleep(a.duration_s)
+            cpu1 = await admin.info("cpu")
+            w1 = time.monotonic()
+            self.stop.set()
+
+        # the registry after the run: every heartbeating agent still active
+        states = Counter(x.state for x in await reg.agents())
+        events = Counter(e.type for e in await reg.events(count=100_000))
+        idle = self.idle_sweeps_ms = await self.idle_sweeps(admin)
+        due = await self.sweep_with_due(admin, evict=False)
+        evict = await self.sweep_with_due(admin, evict=True)
+
+        cpu_s = (float(cpu1["used_cpu_sys"]) + float(cpu1["used_cpu_user"])) - (
+            float(cpu0["used_cpu_sys"]) + float(cpu0["used_cpu_user"])
+        )
+        wall = w1 - w0
+        false_evictions = self.sweep_changes["evicted"] + events["evicted"]
+        false_probations = self.sweep_changes["probation"] + events["unstable"]
+        all_idle = self.sweep_idle_ms + idle
+        return {
+            "config": {
+                "agents": a.agents, "period_s": a.period_s, "lease_s": a.lease_s,
+                "evict_after_s": a.evict_after_s, "duration_s": a.duration_s, "conns": a.conns,
+                "caps": a.caps, "caps_per_agent": a.caps_per_agent, "aof": a.aof,
+                "server": f"{server.binary.path} {server.binary.version_str}",
+            },  # fmt: skip
+            "register_all_s": register_all_s,
+            "redis_cpu_pct": 100 * cpu_s / wall,
+            "heartbeats": len(self.hb_rtt_ms),
+            "heartbeats_per_s": len(self.hb_rtt_ms) / wall,
+            "heartbeat_rtt_p50_ms": pct(self.hb_rtt_ms, 50),
+            "heartbeat_rtt_p99_ms": pct(self.hb_rtt_ms, 99),
+            "heartbeat_rtt_max_ms": max(self.hb_rtt_ms, default=float("nan")),
+            "heartbeat_schedule_lag_p99_ms": pct(self.hb_lag_ms, 99),
+            "heartbeat_schedule_lag_max_ms": max(self.hb_lag_ms, default=float("nan")),
+            "heartbeat_codes": {str(k): v for k, v in sorted(self.hb_codes.items())},
+            "probes": len(self.visible_ms),
+            "register_rtt_p50_ms": pct(self.register_ms, 50),
+            "register_to_visible_p50_ms": pct(self.visible_ms, 50),
+            "register_to_visible_p95_ms": pct(self.visible_ms, 95),
+            "register_to_visible_max_ms": max(self.visible_ms, default=float("nan")),
+            "register_to_visible_set_p95_ms": pct(self.visible_set_ms, 95),
+            "sweep_idle_p50_ms": pct(all_idle, 50),
+            "sweep_idle_p99_ms": pct(all_idle, 99),
+            "sweep_idle_max_ms": max(all_idle, default=float("nan")),
+            "sweep_due_ms": due["ms"],
+            "sweep_due_n": due["due"],
+            "sweep_evict_ms": evict["ms"],
+            "sweep_evict_n": evict["due"],
+            "false_probations": false_probations,
+            "false_evictions": false_evictions,
+            "states_after": dict(states),
+        }
+
+
+def table(res: dict[str, Any]) -> str:
+    c = res["config"]
+    ok = {
+        "register_to_visible_p95_ms": res["register_to_visible_p95_ms"]
+        < TARGETS["register_to_visible_p95_ms"],
+        "sweep": max(res["sweep_idle_max_ms"], res["sweep_due_ms"], res["sweep_evict_ms"])
+        < TARGETS["sweep_ms"],
+        "false_evictions": res["false_evictions"] == TARGETS["false_evictions"],
+    }
+
+    def mark(flag: bool) -> str:
+        return "ok" if flag else "MISSED"
+
+    rows = [
+        ("agents / period / lease / evict_after",
+         f"{c['agents']} / {c['period_s']} s / {c['lease_s']} s / {c['evict_after_s']} s", ""),
+        ("run", f"{c['duration_s']} s, {c['conns']} heartbeat conns, aof={c['aof']}", ""),
+        ("server", c["server"], ""),
+        ("register all agents (pipelined)", f"{res['register_all_s'] * 1000:.0f} ms", ""),
+        ("Redis CPU share (sys+user / wall)", f"{res['redis_cpu_pct']:.1f} % of one core", ""),
+        ("heartbeats sent", f"{res['heartbeats']} ({res['heartbeats_per_s']:.0f}/s)", ""),
+        ("heartbeat RTT p50 / p99 / max",
+         f"{res['heartbeat_rtt_p50_ms']:.2f} / {res['heartbeat_rtt_p99_ms']:.2f} / "
+         f"{res['heartbeat_rtt_max_ms']:.2f} ms", ""),
+        ("bench schedule lag p99 / max",
+         f"{res['heartbeat_schedule_lag_p99_ms']:.1f} / "
+         f"{res['heartbeat_schedule_lag_max_ms']:.1f} ms", ""),
+        ("register-to-visible p50 / p95 / max",
+         f"{res['register_to_visible_p50_ms']:.2f} / {res['register_to_visible_p95_ms']:.2f} / "
+         f"{res['register_to_visible_max_ms']:.2f} ms ({res['probes']} probes)",
+         f"< 50 ms: {mark(ok['register_to_visible_p95_ms'])}"),
+        ("  (capability set only) p95", f"{res['register_to_visible_set_p95_ms']:.2f} ms", ""),
+        (f"sweep over {c['agents']}, nothing due p50/p99/max",
+         f"{res['sweep_idle_p50_ms']:.2f} / {res['sweep_idle_p99_ms']:.2f} / "
+         f"{res['sweep_idle_max_ms']:.2f} ms", ""),
+        (f"sweep over {c['agents']}, {res['sweep_due_n']} due -> probation",
+         f"{res['sweep_due_ms']:.2f} ms", ""),
+        (f"sweep over {c['agents']}, {res['sweep_evict_n']} due -> evicted",
+         f"{res['sweep_evict_ms']:.2f} ms", f"< 50 ms: {mark(ok['sweep'])}"),
+        ("false probations / false evictions",
+         f"{res['false_probations']} / {res['false_evictions']}",
+         f"0 evictions: {mark(ok['false_evictions'])}"),
+        ("states after the run", json.dumps(res["states_after"]), ""),
+        ("heartbeat replies (code: n)", json.dumps(res["heartbeat_codes"]), ""),
+    ]  # fmt: skip
+    w0 = max(len(r[0]) for r in rows)
+    w1 = max(len(r[1]) for r in rows)
+    lines = [f"{'metric'.ljust(w0)}  {'value'.ljust(w1)}  target"]
+    lines.append("-" * len(lines[0]) + "-" * 12)
+    lines += [f"{a.ljust(w0)}  {b.ljust(w1)}  {t}".rstrip() for a, b, t in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--agents", type=int, default=5000)
+    p.add_argument("--period-s", type=float, default=3.0, help="heartbeat period")
+    p.add_argument("--lease-s", type=float, default=9.0)
+    p.add_argument("--evict-after-s", type=float, default=18.0)
+    p.add_argument("--duration-s", type=float, default=30.0)
+    p.add_argument("--conns", type=int, default=8, help="heartbeating tasks/connections")
+    p.add_argument("--caps", type=int, default=50, help="capabilities in the pool")
+    p.add_argument("--caps-per-agent", type=int, default=2)
+    p.add_argument("--due", type=int, default=500, help="agents due in the one-off sweeps")
+    p.add_argument("--sweep-interval-s", type=float, default=1.0)
+    p.add_argument("--probe-interval-s", type=float, default=0.1)
+    p.add_argument("--aof", action="store_true", help="AOF on (appendfsync everysec)")
+    p.add_argument("--data-dir", default=None, help="server data dir (with --aof)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    args = p.parse_args(argv)
+    res = anyio.run(Bench(args).run)
+    print(json.dumps(res, indent=2) if args.json else table(res))
+    ok = (
+        res["register_to_visible_p95_ms"] < TARGETS["register_to_visible_p95_ms"]
+        and max(res["sweep_idle_max_ms"], res["sweep_due_ms"], res["sweep_evict_ms"])
+        < TARGETS["sweep_ms"]
+        and res["false_evictions"] == 0
+    )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

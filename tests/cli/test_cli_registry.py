@@ -1,0 +1,159 @@
+"""The registry commands of the `reach` CLI against a real Redis: tables and --json."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+import redis
+from typer.testing import CliRunner
+
+from reach.connection import connect
+from reach.registry import Registry
+from reach_cli.app import app
+
+ROOT = Path(__file__).resolve().parents[2]
+runner = CliRunner()
+
+
+def cli(url: str, ns: str, *args: str) -> tuple[int, str, str]:
+    res = runner.invoke(app, [*args, "--redis-url", url, "--namespace", ns])
+    return res.exit_code, res.stdout, res.stderr
+
+
+@pytest.fixture
+def populated(redis_url: str, ns: str) -> Iterator[None]:
+    async def setup() -> None:
+        r = await connect(redis_url)
+        reg = Registry(r, ns)
+        common = dict(lease_ms=60_000, evict_after_ms=120_000)
+        await reg.register("sum-1", instance_id="i1", version=1, ready=True, weight=2,
+                           capabilities=["text.summarize"], metadata={"region": "eu"}, **common)
+        await reg.register("sum-2", instance_id="i2", version=1, ready=False,
+                           capabilities=["text.summarize", "text.translate"],
+                           metadata={"region": "us"}, **common)  # fmt: skip
+        await reg.register("gone-1", instance_id="i3", version=1, ready=True,
+                           capabilities=["code.review"], lease_ms=1, evict_after_ms=1)
+        await anyio.sleep(0.01)
+        await reg.sweep(owner="t")
+        await r.aclose()
+
+    anyio.run(setup)
+    yield
+
+
+def test_caps_table_and_json(populated: None, redis_url: str, ns: str) -> None:
+    code, out, _ = cli(redis_url, ns, "caps", "--json")
+    assert code == 0
+    rows = {r["capability"]: r for r in json.loads(out)}
+    assert rows == {
+        "text.summarize": {"capability": "text.summarize", "agents": 2, "ready": 1},
+        "text.translate": {"capability": "text.translate", "agents": 1, "ready": 0},
+    }
+    code, out, _ = cli(redis_url, ns, "caps")
+    assert code == 0 and "text.summarize" in out and "text.translate" in out
+
+
+def test_agents_json_has_the_documented_fields(populated: None, redis_url: str, ns: str) -> None:
+    code, out, _ = cli(redis_url, ns, "agents", "--json")
+    assert code == 0
+    rows = {r["agent_id"]: r for r in json.loads(out)}
+    assert set(rows) == {"sum-1", "sum-2", "gone-1"}
+    for r in rows.values():
+        for f in ("agent_id", "state", "ready", "draining", "weight", "version",
+                  "capabilities", "metadata", "last_heartbeat_ms"):  # fmt: skip
+            assert f in r
+    assert rows["sum-1"]["weight"] == 2 and rows["sum-1"]["ready"] is True
+    assert rows["sum-2"]["capabilities"] == ["text.summarize", "text.translate"]
+    assert rows["gone-1"]["state"] == "evicted"
+
+
+def test_agents_filters(populated: None, redis_url: str, ns: str) -> None:
+    code, out, _ = cli(redis_url, ns, "agents", "--cap", "text.summarize", "--json")
+    assert sorted(r["agent_id"] for r in json.loads(out)) == ["sum-1", "sum-2"]
+    code, out, _ = cli(redis_url, ns, "agents", "--state", "evicted", "--json")
+    assert [r["agent_id"] for r in json.loads(out)] == ["gone-1"]
+    code, out, _ = cli(redis_url, ns, "agents", "--where", "region=us", "--json")
+    assert [r["agent_id"] for r in json.loads(out)] == ["sum-2"]
+    code, out, err = cli(redis_url, ns, "agents", "--state", "sleeping")
+    assert code == 2 and "unknown state" in err
+
+
+def test_agents_table_shows_lease_age(populated: None, redis_url: str, ns: str) -> None:
+    code, out, _ = cli(redis_url, ns, "agents")
+    assert code == 0
+    assert "lease age" in out and "sum-1" in out and "evicted" in out
+
+
+def test_agents_show_and_drain(populated: None, redis_url: str, ns: str) -> None:
+    code, out, _ = cli(redis_url, ns, "agents", "show", "sum-1", "--json")
+    assert code == 0 and json.loads(out)["metadata"] == {"region": "eu"}
+    code, out, _ = cli(redis_url, ns, "agents", "drain", "sum-1")
+    assert code == 0 and "draining" in out
+    code, out, _ = cli(redis_url, ns, "agents", "show", "sum-1", "--json")
+    assert json.loads(out)["draining"] is True
+    code, _, err = cli(redis_url, ns, "agents", "show", "nobody")
+    assert code == 2 and "No agent 'nobody'" in err
+    code, _, err = cli(redis_url, ns, "agents", "drain", "nobody")
+    assert code == 2 and "reach agents" in err
+
+
+def test_events_and_sweep(populated: None, redis_url: str, ns: str) -> None:
+    code, out, _ = cli(redis_url, ns, "events", "--json")
+    assert code == 0
+    types = [e["type"] for e in json.loads(out)]
+    assert types.count("registered") == 3 and "evicted" in types
+    code, out, _ = cli(redis_url, ns, "events")
+    assert "registered" in out and "gone-1" in out
+    code, out, _ = cli(redis_url, ns, "sweep", "--json")
+    assert code == 0 and json.loads(out)["evicted"] == []
+
+
+def test_unreachable_redis_is_one_clear_line(ns: str) -> None:
+    for args in (["agents"], ["caps"], ["events"], ["agents", "show", "x"], ["dlq", "list"]):
+        res = runner.invoke(app, [*args, "--redis-url", "redis://127.0.0.1:1/0"])
+        assert res.exit_code == 2, args
+        assert "Cannot reach Redis" in res.stderr and "reach redis" in res.stderr
+        assert "Traceback" not in res.stderr + res.stdout
+
+
+def test_worker_with_bad_target_says_what_to_do(redis_url: str, ns: str) -> None:
+    code, _, err = cli(redis_url, ns, "worker", "no_such_module:app")
+    assert code == 2 and "Cannot import" in err
+    code, _, err = cli(redis_url, ns, "worker", "json")
+    assert code == 2 and "MODULE:ATTR" in err
+
+
+def test_version_and_help() -> None:
+    res = runner.invoke(app, ["--version"])
+    assert res.exit_code == 0 and res.stdout.startswith("reach ")
+    res = runner.invoke(app, ["agents", "--help"])
+    assert res.exit_code == 0 and "--json" in res.stdout and "REACH_REDIS_URL" in res.stdout
+
+
+def test_reach_redis_runs_a_persistent_server(tmp_path: Path) -> None:
+    p = subprocess.Popen(
+        [sys.executable, "-m", "reach_cli.app", "redis", "--port", "0", "--dir", str(tmp_path)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert p.stdout is not None
+        url = p.stdout.readline().strip()
+        assert url.startswith("redis://127.0.0.1:")
+        c = redis.Redis.from_url(url)
+        assert c.ping()
+        assert c.config_get("appendonly")["appendonly"] == "yes"
+        assert c.config_get("appendfsync")["appendfsync"] == "everysec"
+        c.close()
+        assert (tmp_path / "url").read_text().strip() == url
+    finally:
+        p.send_signal(signal.SIGINT)
+        p.wait(timeout=20)
+    with pytest.raises(redis.ConnectionError):
+        redis.Redis.from_url(url, socket_connect_timeout=1).ping()
