@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 import sys
 import time
 import uuid
@@ -40,10 +39,10 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from reach import scripts  # noqa: E402
-from reach.connection import AnyRedis, connect  # noqa: E402
-from reach.embedded import RedisServer  # noqa: E402
-from reach.registry import Registry  # noqa: E402
+from reach import scripts
+from reach.connection import AnyRedis, connect
+from reach.embedded import RedisServer
+from reach.registry import Registry
 
 TARGETS = {"register_to_visible_p95_ms": 50.0, "sweep_ms": 50.0, "false_evictions": 0}
 
@@ -146,7 +145,9 @@ class Bench:
             aid, cap = f"probe{n:05}", self.rnd.choice(self.caps)
             seen: dict[str, float] = {}
 
-            async def poll(query: str) -> None:
+            async def poll(
+                query: str, aid: str = aid, cap: str = cap, seen: dict[str, float] = seen
+            ) -> None:
                 while True:
                     if query == "agents":
                         found = any(a.agent_id == aid for a in await reader.agents(cap))
@@ -182,24 +183,38 @@ class Bench:
         await self.register_many(r, reg, due, prefix="due", lease_ms=1,
                                  evict_after_ms=1 if evict else 1_200_000)  # fmt: skip
         await anyio.sleep(0.01)  # let the 1 ms leases run out
+        await r.slowlog_reset()
         t = time.perf_counter()
         res = await reg.sweep(owner="bench", lock_ms=5000, batch=max(1000, due))
         ms = (time.perf_counter() - t) * 1000
         changed = len(res.evicted) if evict else res.probation
         if res.due != due or changed != due:
             raise RuntimeError(f"sweep saw {res!r}, expected {due} due")
-        return {"ms": ms, "due": res.due, "changed": changed}
+        return {"ms": ms, "server_ms": sum(await self.server_sweep_ms(r)), "due": res.due}
 
-    async def idle_sweeps(self, r: AnyRedis, rounds: int = 50) -> list[float]:
+    async def idle_sweeps(self, r: AnyRedis, rounds: int = 50) -> tuple[list[float], list[float]]:
+        """Sweeps with nothing due: client-measured and server-measured (SLOWLOG) times."""
         reg = Registry(r, self.ns)
         out = []
+        await r.slowlog_reset()
         for _ in range(rounds):
             t = time.perf_counter()
             res = await reg.sweep(owner="bench", lock_ms=5000)
             out.append((time.perf_counter() - t) * 1000)
             self.sweep_changes["probation"] += res.probation
             self.sweep_changes["evicted"] += len(res.evicted)
-        return out
+        return out, await self.server_sweep_ms(r)
+
+    @staticmethod
+    async def server_sweep_ms(r: AnyRedis) -> list[float]:
+        """Execution times of the sweep scripts in the SLOWLOG (threshold set to 0)."""
+        sha = scripts.script("sweep").sha.encode()
+        entries = await r.slowlog_get(1000)
+        return [
+            e["duration"] / 1000
+            for e in entries
+            if len(e["command"].split()) > 1 and e["command"].split()[1] == sha
+        ]
 
     # -- main -------------------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
@@ -248,7 +263,10 @@ class Bench:
         # the registry after the run: every heartbeating agent still active
         states = Counter(x.state for x in await reg.agents())
         events = Counter(e.type for e in await reg.events(count=100_000))
-        idle = self.idle_sweeps_ms = await self.idle_sweeps(admin)
+        # server-side timing of the sweeps below: log every command in the SLOWLOG
+        await admin.config_set("slowlog-log-slower-than", 0)
+        await admin.config_set("slowlog-max-len", 1000)
+        idle, idle_server = await self.idle_sweeps(admin)
         due = await self.sweep_with_due(admin, evict=False)
         evict = await self.sweep_with_due(admin, evict=True)
 
@@ -261,11 +279,17 @@ class Bench:
         all_idle = self.sweep_idle_ms + idle
         return {
             "config": {
-                "agents": a.agents, "period_s": a.period_s, "lease_s": a.lease_s,
-                "evict_after_s": a.evict_after_s, "duration_s": a.duration_s, "conns": a.conns,
-                "caps": a.caps, "caps_per_agent": a.caps_per_agent, "aof": a.aof,
+                "agents": a.agents,
+                "period_s": a.period_s,
+                "lease_s": a.lease_s,
+                "evict_after_s": a.evict_after_s,
+                "duration_s": a.duration_s,
+                "conns": a.conns,
+                "caps": a.caps,
+                "caps_per_agent": a.caps_per_agent,
+                "aof": a.aof,
                 "server": f"{server.binary.path} {server.binary.version_str}",
-            },  # fmt: skip
+            },
             "register_all_s": register_all_s,
             "redis_cpu_pct": 100 * cpu_s / wall,
             "heartbeats": len(self.hb_rtt_ms),
@@ -285,9 +309,13 @@ class Bench:
             "sweep_idle_p50_ms": pct(all_idle, 50),
             "sweep_idle_p99_ms": pct(all_idle, 99),
             "sweep_idle_max_ms": max(all_idle, default=float("nan")),
+            "sweep_idle_server_p50_ms": pct(idle_server, 50),
+            "sweep_idle_server_max_ms": max(idle_server, default=float("nan")),
             "sweep_due_ms": due["ms"],
+            "sweep_due_server_ms": due["server_ms"],
             "sweep_due_n": due["due"],
             "sweep_evict_ms": evict["ms"],
+            "sweep_evict_server_ms": evict["server_ms"],
             "sweep_evict_n": evict["due"],
             "false_probations": false_probations,
             "false_evictions": false_evictions,
@@ -308,32 +336,46 @@ def table(res: dict[str, Any]) -> str:
     def mark(flag: bool) -> str:
         return "ok" if flag else "MISSED"
 
+    hb = (
+        f"{res['heartbeat_rtt_p50_ms']:.2f} / {res['heartbeat_rtt_p99_ms']:.2f} / "
+        f"{res['heartbeat_rtt_max_ms']:.2f} ms"
+    )
+    lag = (
+        f"{res['heartbeat_schedule_lag_p99_ms']:.1f} / "
+        f"{res['heartbeat_schedule_lag_max_ms']:.1f} ms"
+    )
+    vis = (
+        f"{res['register_to_visible_p50_ms']:.2f} / {res['register_to_visible_p95_ms']:.2f} / "
+        f"{res['register_to_visible_max_ms']:.2f} ms ({res['probes']} probes)"
+    )
+    idle = (
+        f"{res['sweep_idle_p50_ms']:.2f} / {res['sweep_idle_p99_ms']:.2f} / "
+        f"{res['sweep_idle_max_ms']:.2f} ms"
+    )
+    idle_server = (
+        f"{res['sweep_idle_server_p50_ms']:.3f} / {res['sweep_idle_server_max_ms']:.3f} ms"
+    )
+    n = c["agents"]
     rows = [
         ("agents / period / lease / evict_after",
-         f"{c['agents']} / {c['period_s']} s / {c['lease_s']} s / {c['evict_after_s']} s", ""),
+         f"{n} / {c['period_s']} s / {c['lease_s']} s / {c['evict_after_s']} s", ""),
         ("run", f"{c['duration_s']} s, {c['conns']} heartbeat conns, aof={c['aof']}", ""),
         ("server", c["server"], ""),
         ("register all agents (pipelined)", f"{res['register_all_s'] * 1000:.0f} ms", ""),
         ("Redis CPU share (sys+user / wall)", f"{res['redis_cpu_pct']:.1f} % of one core", ""),
         ("heartbeats sent", f"{res['heartbeats']} ({res['heartbeats_per_s']:.0f}/s)", ""),
-        ("heartbeat RTT p50 / p99 / max",
-         f"{res['heartbeat_rtt_p50_ms']:.2f} / {res['heartbeat_rtt_p99_ms']:.2f} / "
-         f"{res['heartbeat_rtt_max_ms']:.2f} ms", ""),
-        ("bench schedule lag p99 / max",
-         f"{res['heartbeat_schedule_lag_p99_ms']:.1f} / "
-         f"{res['heartbeat_schedule_lag_max_ms']:.1f} ms", ""),
-        ("register-to-visible p50 / p95 / max",
-         f"{res['register_to_visible_p50_ms']:.2f} / {res['register_to_visible_p95_ms']:.2f} / "
-         f"{res['register_to_visible_max_ms']:.2f} ms ({res['probes']} probes)",
+        ("heartbeat RTT p50 / p99 / max", hb, ""),
+        ("bench schedule lag p99 / max", lag, ""),
+        ("register-to-visible p50 / p95 / max", vis,
          f"< 50 ms: {mark(ok['register_to_visible_p95_ms'])}"),
         ("  (capability set only) p95", f"{res['register_to_visible_set_p95_ms']:.2f} ms", ""),
-        (f"sweep over {c['agents']}, nothing due p50/p99/max",
-         f"{res['sweep_idle_p50_ms']:.2f} / {res['sweep_idle_p99_ms']:.2f} / "
-         f"{res['sweep_idle_max_ms']:.2f} ms", ""),
-        (f"sweep over {c['agents']}, {res['sweep_due_n']} due -> probation",
-         f"{res['sweep_due_ms']:.2f} ms", ""),
-        (f"sweep over {c['agents']}, {res['sweep_evict_n']} due -> evicted",
-         f"{res['sweep_evict_ms']:.2f} ms", f"< 50 ms: {mark(ok['sweep'])}"),
+        (f"sweep over {n}, nothing due p50/p99/max", idle, ""),
+        ("  same, inside Redis (SLOWLOG) p50/max", idle_server, ""),
+        (f"sweep over {n}, {res['sweep_due_n']} due -> probation",
+         f"{res['sweep_due_ms']:.2f} ms (in Redis {res['sweep_due_server_ms']:.2f} ms)", ""),
+        (f"sweep over {n}, {res['sweep_evict_n']} due -> evicted",
+         f"{res['sweep_evict_ms']:.2f} ms (in Redis {res['sweep_evict_server_ms']:.2f} ms)",
+         f"< 50 ms: {mark(ok['sweep'])}"),
         ("false probations / false evictions",
          f"{res['false_probations']} / {res['false_evictions']}",
          f"0 evictions: {mark(ok['false_evictions'])}"),

@@ -1,28 +1,36 @@
--- claim.lua: take the idempotency key of a message before running its handler.
--- The record is a hash (one per key) that also carries the task status of the message.
+-- claim.lua: take the idempotency keys of delivered messages before running their handlers.
+-- Each record is a hash (one per key) that also carries the task status of its message.
+-- Standalone Redis gets a whole batch in one call; on a Cluster the runtime sends one key
+-- per call (pipelined), since the records live in different slots.
 --
--- KEYS[1] the idempotency record (hash)
--- ARGV[1] owner: the claiming runtime's instance id
--- ARGV[2] lease_ms: how long the claim holds without being completed
--- ARGV[3] ttl_ms: how long the record lives
--- ARGV[4] msg_id of the delivery that claims
--- ARGV[5] agent_id of the claiming agent
+-- KEYS[1..n] idempotency records (hashes)
+-- ARGV[1] owner: "<agent_id>/<instance_id>" of the claiming runtime
+-- ARGV[2] ttl_ms: how long a record lives
+-- ARGV[3] agent_id of the claiming agent
+-- ARGV[2+2i] lease_ms for KEYS[i]: how long the claim holds without being completed
+-- ARGV[3+2i] msg_id of the delivery that claims KEYS[i]
 --
--- Returns {1, fence}: claimed; run the handler; complete with this fence token
---         {2, reply}: already done; reply with the stored bytes, do not run again
---         {3, owner}: another live owner holds the claim; do not run (leave it pending)
+-- Returns one reply per key, in order:
+--   {1, fence}: claimed; run the handler, then complete with this fence token
+--   {2, reply}: already done; reply with the stored bytes, do not run again
+--   {3, owner}: an unexpired claim holds the key (another runtime's, or this runtime's own
+--               for another copy of the message still running); do not run this copy now
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local s = redis.call('HMGET', KEYS[1], 'done', 'reply', 'owner', 'lease_until')
-if s[1] == '1' then
-  return {2, s[2]}
+local out = {}
+for i, key in ipairs(KEYS) do
+  local s = redis.call('HMGET', key, 'done', 'reply', 'owner', 'lease_until')
+  if s[1] == '1' then
+    out[i] = {2, s[2]}
+  elseif s[3] and s[3] ~= '' and tonumber(s[4] or '0') > now then
+    out[i] = {3, s[3]}
+  else
+    local fence = redis.call('HINCRBY', key, 'fence', 1)
+    redis.call('HINCRBY', key, 'runs', 1)
+    redis.call('HSET', key, 'owner', ARGV[1], 'lease_until', now + tonumber(ARGV[2 + 2 * i]),
+      'status', 'running', 'msg_id', ARGV[3 + 2 * i], 'agent_id', ARGV[3], 'updated_ms', now)
+    redis.call('PEXPIRE', key, ARGV[2])
+    out[i] = {1, fence}
+  end
 end
-if s[3] and s[3] ~= '' and s[3] ~= ARGV[1] and tonumber(s[4] or '0') > now then
-  return {3, s[3]}
-end
-local fence = redis.call('HINCRBY', KEYS[1], 'fence', 1)
-redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'lease_until', now + tonumber(ARGV[2]),
-  'status', 'running', 'msg_id', ARGV[4], 'agent_id', ARGV[5], 'updated_ms', now)
-redis.call('HINCRBY', KEYS[1], 'runs', 1)
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return {1, fence}
+return out

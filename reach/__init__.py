@@ -19,10 +19,23 @@ from .errors import (
     StaleRegistration,
     UnknownAgent,
 )
+from .client import Client
+from .envelope import Envelope, Reply
 from .registry import AgentInfo, Registry, normalize_capability
+from .runtime import Agent, Context
+from .session import Session
+from .tasks import DeadLetter, TaskStatus
 
 __all__ = [
+    "Agent",
     "AgentInfo",
+    "Client",
+    "Context",
+    "DeadLetter",
+    "Envelope",
+    "Reply",
+    "Session",
+    "TaskStatus",
     "ConfigError",
     "DeadlineExceeded",
     "FencedOut",

@@ -17,7 +17,7 @@ import anyio
 from redis import exceptions as rexc
 
 from . import scripts
-from .connection import AnyRedis, connect, unreachable
+from .connection import AnyRedis, connect, is_cluster, unreachable
 from .envelope import (
     PRIORITIES,
     Envelope,
@@ -39,7 +39,7 @@ from .errors import (
 )
 from .keys import Keys
 from .registry import AgentInfo, Registry, normalize_capability
-from .tasks import TaskStatus, get_status, pending_ops
+from .tasks import TASK_TTL_MS, TaskStatus, get_status, pending_ops
 
 log = logging.getLogger("reach.client")
 
@@ -90,9 +90,9 @@ class Client:
         self.snapshot_ttl_s = snapshot_ttl_s
         self.reply_ttl_ms = int(reply_ttl_s * 1000)
         self._redis = redis
+        self._cluster = False
         self._own_redis = redis is None
         self._registry: Registry | None = None
-        self._waiters: dict[str, anyio.abc.ObjectSendStream[Reply] | None] = {}
         self._events: dict[str, anyio.Event] = {}
         self._replies: dict[str, Reply] = {}
         self._done: OrderedDict[str, None] = OrderedDict()
@@ -119,6 +119,7 @@ class Client:
     async def __aenter__(self) -> Client:
         if self._redis is None:
             self._redis = await connect(self.redis_url)
+        self._cluster = is_cluster(self._redis)
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         return self
@@ -309,16 +310,23 @@ class Client:
             env.capability, target=env.target or None, where=where,
             avoid=env.headers.get("avoid", ""),
         )  # fmt: skip
-        ops: list[tuple[Any, ...]] = [
-            ("XADD", self.keys.inbox(agent.agent_id, env.priority), "*", "e", encode(env)),
-            *pending_ops(self.keys, env),
-        ]
+        inbox = self.keys.inbox(agent.agent_id, env.priority)
+        data = encode(env)
         try:
-            res = await scripts.run_pipeline(self.redis, ops)
+            if self._cluster:
+                ops = [("XADD", inbox, "*", "e", data), *pending_ops(self.keys, env)]
+                res = await scripts.run_pipeline(self.redis, ops)
+                if isinstance(res[0], Exception):
+                    raise res[0]
+            else:
+                k = self.keys
+                await scripts.call(
+                    self.redis, "send", [inbox, k.idem(env.key), k.task(env.msg_id)],
+                    [data, env.capability, env.attempt, env.msg_id, env.idempotency_key,
+                     TASK_TTL_MS],
+                )  # fmt: skip
         except (rexc.ConnectionError, rexc.TimeoutError) as e:
             raise unreachable(self.redis_url, e) from e
-        if isinstance(res[0], Exception):
-            raise res[0]
         return agent.agent_id
 
     async def send(self, capability: str, payload: Any, **kw: Any) -> str:

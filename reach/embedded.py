@@ -347,7 +347,7 @@ class RedisServer:
     def ping(self) -> bool:
         """True when the server answers PING (and is not still loading data)."""
         try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=2.0) as s:
                 s.sendall(b"PING\r\n")
                 return s.recv(64).startswith(b"+PONG")
         except OSError:

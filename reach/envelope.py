@@ -48,7 +48,7 @@ class Envelope(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_
 
 
 class _Version(msgspec.Struct):
-    v: int = 0
+    v: int | None = None  # None: no version field at all (not an envelope: malformed)
 
 
 class Reply(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -97,7 +97,7 @@ def decode_envelope(data: bytes) -> Envelope:
             v = _ver_dec.decode(data).v
         except (msgspec.DecodeError, msgspec.ValidationError):
             raise BadEnvelope("malformed", f"not a reach envelope ({e})") from e
-        if v != VERSION:
+        if v is not None and v != VERSION:
             raise BadEnvelope("version", f"unknown envelope version {v}") from e
         raise BadEnvelope("malformed", str(e)) from e
     if env.v != VERSION:

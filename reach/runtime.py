@@ -27,6 +27,8 @@ claimed by a dead owner (taken over), or done (replayed, not run again).
 from __future__ import annotations
 
 import inspect
+import math
+import json
 import logging
 import os
 import random
@@ -44,7 +46,7 @@ from redis import exceptions as rexc
 
 from . import scripts
 from .client import Client
-from .connection import AnyRedis, connect, connect_sync
+from .connection import AnyRedis, connect, connect_sync, is_cluster
 from .envelope import (
     PRIORITIES,
     BadEnvelope,
@@ -52,6 +54,7 @@ from .envelope import (
     Reply,
     decode_envelope,
     decode_payload,
+    decode_reply,
     encode,
     encode_payload,
     new_id,
@@ -296,7 +299,8 @@ class _Item:
     env: Envelope | None
     fence: int = 0
     ops: list[tuple[Any, ...]] = field(default_factory=list)  # after a successful complete
-    complete: tuple[Any, ...] | None = None  # the fenced complete.lua call, if any
+    ack: bool = True  # XACK + XDEL the entry once settled
+    complete: tuple[str, list[Any]] | None = None  # complete.lua key and arguments, if any
 
 
 class _Runtime:
@@ -317,6 +321,7 @@ class _Runtime:
         self._stop_requested = threading.Event()
         self._slot_free = anyio.Event()
         self._settle_q: list[_Item] = []
+        self._work_send, self._work_recv = anyio.create_memory_object_stream[_Item](math.inf)
         self._settle_ev = anyio.Event()
         self._last_tick = time.monotonic()
         self._hb_thread: threading.Thread | None = None
@@ -325,6 +330,7 @@ class _Runtime:
         self._passed_over = {"normal": 0, "low": 0}
         self.stats: dict[str, int] = {
             "handled": 0, "replayed": 0, "fenced": 0, "dead": 0, "retried": 0, "expired": 0,
+            "round_trips": 0,
         }  # fmt: skip
         self._loop_token: Any = None
 
@@ -346,6 +352,7 @@ class _Runtime:
             raise ConfigError("No Redis: pass redis_url=... or set REACH_REDIS_URL.")
         self._url = url
         self._redis = await connect(url)
+        self._cluster = is_cluster(self._redis)
         self.registry = Registry(self._redis, o.namespace)
         self._client = Client(
             redis=self._redis, namespace=o.namespace, client_id=f"a-{self.agent.agent_id}"
@@ -359,6 +366,8 @@ class _Runtime:
                 self._start_heartbeat()
                 tg.start_soon(self._ticker)
                 tg.start_soon(self._settler)
+                for _ in range(o.concurrency):
+                    tg.start_soon(self._handler_pool_member)
                 if o.sweeper:
                     tg.start_soon(self._sweeper)
                 if o.handle_signals and threading.current_thread() is threading.main_thread():
@@ -373,6 +382,7 @@ class _Runtime:
                 await self._drain()
                 tg.cancel_scope.cancel()
         finally:
+            log.info("stats: %s", json.dumps(self.stats))
             self._hb_stop.set()
             if self._hb_thread is not None:
                 self._hb_thread.join(timeout=5)
@@ -554,6 +564,7 @@ class _Runtime:
         keep_n, keep_l = self._read_shares(n)
         args = [GROUP, self.agent.agent_id, n, keep_n, keep_l]
         try:
+            self.stats["round_trips"] += 1
             res = await scripts.call(self.redis, "fetch", keys, args)
         except rexc.ResponseError as e:
             if "NOGROUP" not in str(e):
@@ -566,6 +577,7 @@ class _Runtime:
 
     async def _block(self, n: int) -> list[tuple[str, list[Any]]]:
         keys = self.keys.inboxes(self.agent.agent_id)
+        self.stats["round_trips"] += 1
         try:
             res = await self.redis.xreadgroup(
                 GROUP, self.agent.agent_id, {k: ">" for k in keys}, count=n,
@@ -639,26 +651,18 @@ class _Runtime:
         if not items:
             self._kick_settler()
             return
-        claims = [
-            scripts.op(
-                "claim", [self.keys.idem(it.env.key)],
-                [self.owner, self._claim_lease_ms(it.env), TASK_TTL_MS, it.env.msg_id,
-                 self.agent.agent_id],
-            )
-            for it in items if it.env is not None
-        ]  # fmt: skip
-        results = await scripts.run_pipeline(self.redis, claims)
+        self.stats["round_trips"] += 1
+        results = await self._claim(items)
         busy: list[_Item] = []
         for it, res in zip(items, results, strict=True):
             assert it.env is not None
-            if isinstance(res, Exception):
+            if isinstance(res, BaseException):
                 log.warning("claim of %s failed (%s); it stays pending", it.env.msg_id, res)
                 continue
             code = int(res[0])
             if code == 1:
                 it.fence = int(res[1])
-                self.inflight += 1
-                tg.start_soon(self._handle, it)
+                self._start(it)
             elif code == 2:
                 self.stats["replayed"] += 1
                 self._replay(it, res[1])
@@ -666,6 +670,31 @@ class _Runtime:
                 busy.append(it)
         for it in busy:
             await self._busy(tg, it)
+
+    async def _claim(self, items: list[_Item]) -> list[Any]:
+        """Run claim.lua for the items: one call on standalone Redis, one per key
+        (pipelined) on a Cluster. Returns one reply (or exception) per item."""
+        head = [self.owner, TASK_TTL_MS, self.agent.agent_id]
+
+        def tail(it: _Item) -> list[Any]:
+            assert it.env is not None
+            return [self._claim_lease_ms(it.env), it.env.msg_id]
+
+        return await self._batched("claim", [self.keys.idem(it.env.key) for it in items if it.env],
+                                   head, [tail(it) for it in items])  # fmt: skip
+
+    async def _batched(
+        self, script: str, keys: list[str], head: list[Any], tails: list[list[Any]]
+    ) -> list[Any]:
+        if not self._cluster:
+            args = head + [a for t in tails for a in t]
+            try:
+                return list(await scripts.call(self.redis, script, keys, args))
+            except rexc.ResponseError as e:
+                return [e] * len(keys)
+        ops = [scripts.op(script, [k], head + t) for k, t in zip(keys, tails, strict=True)]
+        res = await scripts.run_pipeline(self.redis, ops)
+        return [r if isinstance(r, BaseException) else r[0] for r in res]
 
     def _claim_lease_ms(self, env: Envelope) -> int:
         lease = int(self.opts.claim_lease_s * 1000)
@@ -686,31 +715,35 @@ class _Runtime:
             await self.redis.hset(self.keys.idem(it.env.key), "lease_until", 0)
             await self._dispatch_again(tg, it)
             return
-        # A live owner runs it: park this copy as a delayed retry that will replay the result.
-        it.ops = [("ZADD", self.keys.delayed, now_ms() + self._claim_lease_ms(it.env),
-                   encode(it.env))]  # fmt: skip
-        it.ops += self._ack_ops(it)
+        self._park(it)
+
+    def _park(self, it: _Item) -> None:
+        """A live owner runs this key: this copy waits as a delayed retry, which later
+        replays the stored result (or runs, if that owner failed). It polls with a growing
+        backoff, not once per claim lease, which would often outlast the caller's deadline."""
+        assert it.env is not None
+        waits = int(it.env.headers.get("busy_waits", "0"))
+        delay_s = min(self.opts.retry_max_s, self.opts.retry_base_s * 2**waits)
+        delay_ms = min(self._claim_lease_ms(it.env), int(delay_s * 1000))
+        parked = msgspec.structs.replace(
+            it.env, headers={**it.env.headers, "busy_waits": str(waits + 1)}
+        )
+        it.ops = [("ZADD", self.keys.delayed, now_ms() + delay_ms, encode(parked))]
         self._queue_settle(it)
 
     async def _dispatch_again(self, tg: anyio.abc.TaskGroup, it: _Item) -> None:
         assert it.env is not None
-        res = await scripts.call(
-            self.redis, "claim", [self.keys.idem(it.env.key)],
-            [self.owner, self._claim_lease_ms(it.env), TASK_TTL_MS, it.env.msg_id,
-             self.agent.agent_id],
-        )  # fmt: skip
+        res = (await self._claim([it]))[0]
+        if isinstance(res, BaseException):
+            raise res
         code = int(res[0])
         if code == 1:
             it.fence = int(res[1])
-            self.inflight += 1
-            tg.start_soon(self._handle, it)
+            self._start(it)
         elif code == 2:
             self._replay(it, res[1])
         else:
-            log.info("%s still claimed by a live owner; left pending", it.env.msg_id)
-
-    def _ack_ops(self, it: _Item) -> list[tuple[Any, ...]]:
-        return [("XACK", it.stream, GROUP, it.entry_id), ("XDEL", it.stream, it.entry_id)]
+            self._park(it)
 
     def _reply_ops(self, env: Envelope, reply_bytes: bytes) -> list[tuple[Any, ...]]:
         if not env.reply_to:
@@ -720,7 +753,11 @@ class _Runtime:
 
     def _replay(self, it: _Item, stored: bytes) -> None:
         assert it.env is not None
-        it.ops = self._reply_ops(it.env, stored) + self._ack_ops(it)
+        reply = decode_reply(stored)
+        if reply.msg_id != it.env.msg_id:
+            # Same idempotency key, another message: its caller waits for its own msg_id.
+            stored = encode(msgspec.structs.replace(reply, msg_id=it.env.msg_id))
+        it.ops = self._reply_ops(it.env, stored)
         self._queue_settle(it)
 
     def _bad_entry(self, stream: str, entry_id: Any, data: bytes, e: BadEnvelope) -> None:
@@ -730,11 +767,19 @@ class _Runtime:
         it.ops = [
             dead_letter_op(self.keys, capability=MALFORMED_CAP, reason=e.reason, data=data,
                            error=e.detail, agent_id=self.agent.agent_id),
-            *self._ack_ops(it),
         ]  # fmt: skip
         self._queue_settle(it)
 
     # -- handling ---------------------------------------------------------------------
+    def _start(self, it: _Item) -> None:
+        """Hand a claimed item to the handler pool (long-lived tasks: no spawn per message)."""
+        self.inflight += 1
+        self._work_send.send_nowait(it)
+
+    async def _handler_pool_member(self) -> None:
+        async for it in self._work_recv:
+            await self._handle(it)
+
     async def _handle(self, it: _Item) -> None:
         env = it.env
         assert env is not None
@@ -771,13 +816,16 @@ class _Runtime:
                 r = hook(ctx)
                 if inspect.isawaitable(r):
                     await r
-            with anyio.fail_after(timeout):
-                if spec.is_async:
-                    result = await spec.fn(payload, ctx)
-                else:
-                    result = await anyio.to_thread.run_sync(
-                        spec.fn, payload, ctx, abandon_on_cancel=True
-                    )
+            if timeout is None and spec.is_async:
+                result = await spec.fn(payload, ctx)  # no deadline: no cancel scope to pay for
+            else:
+                with anyio.fail_after(timeout):
+                    if spec.is_async:
+                        result = await spec.fn(payload, ctx)
+                    else:
+                        result = await anyio.to_thread.run_sync(
+                            spec.fn, payload, ctx, abandon_on_cancel=True
+                        )
         except TimeoutError as e:
             timed_out = True
             err = e
@@ -857,11 +905,9 @@ class _Runtime:
         )  # fmt: skip
         data = encode(reply)
         mode = "done" if status == "succeeded" else "release"
-        it.complete = scripts.op(
-            "complete", [self.keys.idem(env.key)],
-            [it.fence, "dead" if (dead and status == "dead") else status,
-             data if mode == "done" else "", mode, TASK_TTL_MS, error[:2000]],
-        )  # fmt: skip
+        status_ = "dead" if (dead and status == "dead") else status
+        it.complete = (self.keys.idem(env.key),
+                       [it.fence, status_, data if mode == "done" else "", mode, error[:2000]])
         ops: list[tuple[Any, ...]] = []
         if dead:
             self.stats["dead"] += 1
@@ -874,7 +920,6 @@ class _Runtime:
             ops.append(("ZADD", self.keys.delayed, retry[0], retry[1]))
         if final:
             ops += self._reply_ops(env, data)
-        ops += self._ack_ops(it)
         it.ops = ops
         self._queue_settle(it)
 
@@ -902,23 +947,72 @@ class _Runtime:
                 log.warning("settling %d entries failed: %s", len(batch), e)
 
     async def _settle(self, batch: list[_Item]) -> None:
+        if self._cluster:
+            await self._settle_pipelined(batch)
+        else:
+            await self._settle_atomic(batch)
+
+    def _fenced(self, it: _Item) -> None:
+        self.stats["fenced"] += 1
+        log.warning("late completion of %s refused: another owner took it over",
+                    it.env and it.env.msg_id)  # fmt: skip
+
+    async def _settle_atomic(self, batch: list[_Item]) -> None:
+        """Standalone Redis: the whole batch in one settle.lua call (one round trip)."""
+        keys: list[str] = []
+        index: dict[str, int] = {}
+
+        def ki(key: str) -> int:
+            i = index.get(key)
+            if i is None:
+                keys.append(key)
+                i = index[key] = len(keys)
+            return i
+
+        args: list[Any] = [TASK_TTL_MS, len(batch)]
+        for it in batch:
+            if it.complete is not None:
+                args += [ki(it.complete[0]), *it.complete[1]]
+            else:
+                args += [0, "", "", "", "", ""]
+            cmds = list(it.ops)
+            if it.ack:
+                cmds += [("XACK", it.stream, GROUP, it.entry_id), ("XDEL", it.stream, it.entry_id)]
+            args.append(len(cmds))
+            for name, key, *rest in cmds:
+                args += [name, ki(key), len(rest), *rest]
+        self.stats["round_trips"] += 1
+        res = await scripts.call(self.redis, "settle", keys, args)
+        for it, code in zip(batch, res, strict=True):
+            if int(code) == 0:
+                self._fenced(it)
+
+    async def _settle_pipelined(self, batch: list[_Item]) -> None:
+        """Cluster: fenced completes (one slot each), then replies, dead letters and acks."""
         with_complete = [it for it in batch if it.complete is not None]
         ok = {id(it) for it in batch if it.complete is None}
         if with_complete:
-            res = await scripts.run_pipeline(self.redis, [it.complete for it in with_complete])  # type: ignore[misc]
+            self.stats["round_trips"] += 1
+            res = await self._batched(
+                "complete", [it.complete[0] for it in with_complete if it.complete], [TASK_TTL_MS],
+                [it.complete[1] for it in with_complete if it.complete],
+            )  # fmt: skip
             for it, r in zip(with_complete, res, strict=True):
-                if isinstance(r, Exception):
+                if isinstance(r, BaseException):
                     log.warning("complete failed for %s: %s", it.env and it.env.msg_id, r)
                 elif int(r) == 1:
                     ok.add(id(it))
                 else:
-                    self.stats["fenced"] += 1
-                    log.warning(
-                        "late completion of %s refused: another owner took it over",
-                        it.env and it.env.msg_id,
-                    )
+                    self._fenced(it)
         ops = [op for it in batch if id(it) in ok for op in it.ops]
+        acks: dict[str, list[Any]] = {}
+        for it in batch:
+            if id(it) in ok and it.ack:
+                acks.setdefault(it.stream, []).append(it.entry_id)
+        for stream, ids in acks.items():  # acks last: after replies, dead letters, retries
+            ops += [("XACK", stream, GROUP, *ids), ("XDEL", stream, *ids)]
         if ops:
+            self.stats["round_trips"] += 1
             res = await scripts.run_pipeline(self.redis, ops)
             errs = [r for r in res if isinstance(r, Exception)]
             if errs:

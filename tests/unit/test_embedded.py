@@ -249,13 +249,16 @@ CHILD = textwrap.dedent(
         server = box["s"]
     else:
         server = RedisServer(die_with_parent=die_with_parent).start()
-    print(server.pid, server.port, flush=True)
     if mode == "raise":
+        print(server.pid, server.port, flush=True)
         raise RuntimeError("boom")
     if mode == "drop":
+        print(server.pid, server.port, flush=True)
         del server  # nobody holds the server any more; exit must still stop it
         sys.exit(0)
     try:
+        # Announced inside the try: a Ctrl-C right after the line is read is handled here.
+        print(server.pid, server.port, flush=True)
         time.sleep(60)
     except KeyboardInterrupt:
         # Ctrl-C reached Python; Redis must still be usable while we clean up.
