@@ -20,9 +20,13 @@ class FakeClock:
 
 def make(clock: FakeClock, **kw: object) -> tuple[Breakers, list[BreakerChange]]:
     changes: list[BreakerChange] = []
-    opts: dict[str, object] = dict(
-        window_s=10.0, buckets=10, min_requests=4, error_rate=0.5, cooldown_s=5.0
-    )
+    opts: dict[str, object] = {
+        "window_s": 10.0,
+        "buckets": 10,
+        "min_requests": 4,
+        "error_rate": 0.5,
+        "cooldown_s": 5.0,
+    }
     opts.update(kw)
     b = Breakers(clock=clock, on_change=changes.append, **opts)  # type: ignore[arg-type]
     return b, changes
