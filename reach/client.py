@@ -7,10 +7,11 @@ own reply stream, which one background task reads for every waiting call.
 
 from __future__ import annotations
 
+import inspect
 import logging
-import time
+import random
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import anyio
@@ -38,7 +39,10 @@ from .errors import (
     RemoteError,
 )
 from .keys import Keys
+from .breaker import Breakers
 from .registry import AgentInfo, Registry, normalize_capability
+from .routing import POLICIES, Router
+from .view import RegistryView
 from .tasks import TASK_TTL_MS, TaskStatus, get_status, pending_ops
 
 log = logging.getLogger("reach.client")
@@ -46,6 +50,8 @@ log = logging.getLogger("reach.client")
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
 REPLY_TTL_MS = 24 * 3600 * 1000
+# Dead-letter reasons that say nothing about the agent's health (the breaker ignores them).
+BLAMELESS = frozenset({"rejected", "invalid_payload", "expired", "no_handler"})
 
 
 class Client:
@@ -67,9 +73,19 @@ class Client:
         default_policy: str = "weighted_rr",
         max_attempts: int = 3,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD,
-        snapshot_ttl_s: float = 0.5,
         reply_ttl_s: float = REPLY_TTL_MS / 1000,
+        fallback: Callable[[str, Any], Any] | None = None,
+        slow_start_s: float = 10.0,
+        hash_load_factor: float | None = None,
+        breakers: Breakers | None = None,
+        view_refresh_s: float = 2.0,
+        max_staleness_s: float = 5.0,
+        rng: random.Random | None = None,
     ) -> None:
+        if default_policy not in POLICIES:
+            raise ConfigError(
+                f"Unknown default_policy {default_policy!r}: use one of {', '.join(POLICIES)}."
+            )
         if redis is None and not redis_url:
             import os
 
@@ -87,7 +103,13 @@ class Client:
         self.default_policy = default_policy
         self.max_attempts = max_attempts
         self.max_payload_bytes = max_payload_bytes
-        self.snapshot_ttl_s = snapshot_ttl_s
+        self.fallback = fallback
+        self.breakers = breakers if breakers is not None else Breakers()
+        self.breakers.listeners.append(self._on_breaker_change)
+        self.router = Router(slow_start_s=slow_start_s, hash_load_factor=hash_load_factor,
+                             breakers=self.breakers, rng=rng)  # fmt: skip
+        self._view_opts = {"refresh_s": view_refresh_s, "max_staleness_s": max_staleness_s}
+        self._view: RegistryView | None = None
         self.reply_ttl_ms = int(reply_ttl_s * 1000)
         self._redis = redis
         self._cluster = False
@@ -96,8 +118,6 @@ class Client:
         self._events: dict[str, anyio.Event] = {}
         self._replies: dict[str, Reply] = {}
         self._done: OrderedDict[str, None] = OrderedDict()
-        self._snapshots: dict[str, tuple[float, list[AgentInfo]]] = {}
-        self._rr: dict[str, int] = {}
         self._tg: anyio.abc.TaskGroup | None = None
         self._reader_started = False
         self._reply_key = self.keys.replies(self.client_id)
@@ -116,12 +136,20 @@ class Client:
             self._registry = Registry(self.redis, self.namespace)
         return self._registry
 
+    @property
+    def view(self) -> RegistryView:
+        """The local registry view routing reads (kept fresh in the background)."""
+        if self._view is None:
+            self._view = RegistryView(self.registry, **self._view_opts)
+        return self._view
+
     async def __aenter__(self) -> Client:
         if self._redis is None:
             self._redis = await connect(self.redis_url)
         self._cluster = is_cluster(self._redis)
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
+        self._tg.start_soon(self.view.run)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -176,77 +204,47 @@ class Client:
                 await self.redis.xdel(self._reply_key, *delete)
 
     # -- routing ----------------------------------------------------------------------
-    async def _candidates(self, capability: str) -> list[AgentInfo]:
-        snap = self._snapshots.get(capability)
-        now = time.monotonic()
-        if snap is None or now - snap[0] > self.snapshot_ttl_s:
-            agents = await self.registry.agents(capability)
-            snap = (now, agents)
-            self._snapshots[capability] = snap
-        return snap[1]
-
     def invalidate(self, capability: str | None = None) -> None:
-        """Forget the cached view of the registry (all of it, or one capability's)."""
-        if capability is None:
-            self._snapshots.clear()
-        else:
-            self._snapshots.pop(capability, None)
+        """Make the next pick re-read the registry (e.g. right after agents started)."""
+        self.view._loaded_at = 0.0
 
     async def eligible(
         self, capability: str, *, where: Mapping[str, Any] | None = None
     ) -> list[AgentInfo]:
         """Agents that may take a message of ``capability`` now; raises NoAgentAvailable."""
-        agents = await self._candidates(capability)
-        if not agents:
-            raise NoAgentAvailable(
-                f"No agent has capability {capability!r} in namespace {self.namespace!r}. "
-                "Start one (`reach worker MODULE:APP`) or check the name with `reach caps`.",
-                capability=capability, reason="no_agent",
-            )  # fmt: skip
-        live = [a for a in agents if a.state == "active"]
-        ready = [a for a in live if a.ready]
-        if not ready:
-            raise NoAgentAvailable(
-                f"Agents of {capability!r} exist but none is active and ready yet.",
-                capability=capability, reason="not_ready",
-            )  # fmt: skip
-        open_ = [a for a in ready if not a.draining]
-        if not open_:
-            raise NoAgentAvailable(
-                f"Every agent of {capability!r} is draining; wait for new ones.",
-                capability=capability, reason="draining",
-            )  # fmt: skip
-        matched = [a for a in open_ if a.matches(where)]
-        if not matched:
-            raise NoAgentAvailable(
-                f"No agent of {capability!r} matches {dict(where or {})}.",
-                capability=capability, reason="filter",
-            )  # fmt: skip
-        return matched
+        cap = normalize_capability(capability)
+        candidates, version = await self.view.candidates(cap)
+        return self.router.pick_many(cap, candidates, where=where, version=version)
 
-    async def _pick(
-        self,
-        capability: str,
-        *,
-        target: str | None,
-        where: Mapping[str, Any] | None,
-        avoid: str = "",
-    ) -> AgentInfo:
-        agents = await self.eligible(capability, where=where)
-        if target:
-            for a in agents:
-                if a.agent_id == target:
-                    return a
-            raise NoAgentAvailable(
-                f"Agent {target!r} cannot take {capability!r} now (unknown, not ready, "
-                "draining or filtered out).",
-                capability=capability, reason="target_unavailable",
-            )  # fmt: skip
-        if avoid and len(agents) > 1:
-            agents = [a for a in agents if a.agent_id != avoid] or agents
-        i = self._rr.get(capability, 0)
-        self._rr[capability] = i + 1
-        return agents[i % len(agents)]
+    def _policy_for(self, env: Envelope, candidates: list[AgentInfo]) -> str:
+        """Per call, else what the capability's agents advertise, else the client default."""
+        if env.policy and env.policy != "broadcast":
+            return env.policy
+        if env.target:
+            return "direct"
+        for a in candidates:
+            adv = a.metadata.get("policies")
+            if isinstance(adv, dict) and env.capability in adv:
+                policy = str(adv[env.capability])
+                if policy == "consistent_hash" and not env.session_id:
+                    break  # no session to hash: the client default applies
+                return policy
+        if self.default_policy == "consistent_hash" and not env.session_id:
+            return "weighted_rr"
+        return self.default_policy
+
+    async def _pick(self, env: Envelope, where: Mapping[str, Any] | None) -> AgentInfo:
+        candidates, version = await self.view.candidates(env.capability)
+        avoid = env.headers.get("avoid", "")
+        return self.router.pick(
+            env.capability, candidates, policy=self._policy_for(env, candidates),
+            session_id=env.session_id or None, target=env.target or None, where=where,
+            version=version, avoid=avoid,
+        )  # fmt: skip
+
+    def _on_breaker_change(self, change: Any) -> None:
+        log.warning("circuit breaker for %s: %s -> %s (%d of %d failed)", change.agent_id,
+                    change.old, change.new, change.failures, change.requests)  # fmt: skip
 
     # -- sending ----------------------------------------------------------------------
     def build(
@@ -306,10 +304,7 @@ class Client:
         """Route ``env`` and add it to the chosen agent's inbox; returns the agent id."""
         if env.deadline_ms and env.deadline_ms <= now_ms():
             raise DeadlineExceeded(f"Deadline of {env.capability!r} passed before sending.")
-        agent = await self._pick(
-            env.capability, target=env.target or None, where=where,
-            avoid=env.headers.get("avoid", ""),
-        )  # fmt: skip
+        agent = await self._pick(env, where)
         inbox = self.keys.inbox(agent.agent_id, env.priority)
         data = encode(env)
         try:
@@ -327,6 +322,9 @@ class Client:
                 )  # fmt: skip
         except (rexc.ConnectionError, rexc.TimeoutError) as e:
             raise unreachable(self.redis_url, e) from e
+        except rexc.ResponseError:
+            await self.view.recheck(agent.agent_id)
+            raise
         return agent.agent_id
 
     async def send(self, capability: str, payload: Any, **kw: Any) -> str:
@@ -375,6 +373,11 @@ class Client:
             reply = await self._wait(env, ev)
         finally:
             self._events.pop(env.msg_id, None)
+            if env.msg_id not in self._done:
+                # Gave up (deadline, cancelled, not delivered): a late reply is dropped, not
+                # kept in memory (nor in the reply stream) for a call nobody waits on.
+                self._replies.pop(env.msg_id, None)
+                self._mark_done(env.msg_id)
         return self._outcome(env, reply)
 
     async def _wait(self, env: Envelope, ev: anyio.Event) -> Reply:
@@ -392,10 +395,13 @@ class Client:
 
     def _take(self, msg_id: str) -> Reply:
         reply = self._replies.pop(msg_id)
+        self._mark_done(msg_id)
+        return reply
+
+    def _mark_done(self, msg_id: str) -> None:
         self._done[msg_id] = None
         while len(self._done) > 10_000:
             self._done.popitem(last=False)
-        return reply
 
     @staticmethod
     def _outcome(env: Envelope, reply: Reply) -> Any:
@@ -423,7 +429,7 @@ class Client:
         **kw: Any,
     ) -> dict[str, Any]:
         """Send one copy to every eligible agent; returns agent_id -> result or exception."""
-        agents = await self.eligible(capability, where=where)
+        agents = await self.eligible(capability, where=where)  # every eligible agent
         base = idempotency_key or new_id()
         out: dict[str, Any] = {}
 

@@ -126,7 +126,7 @@ async def _wait_state(url: str, agent_id: str, state: str, timeout_s: float = 30
 
 
 async def _messaging(url: str, pause: float) -> None:
-    async with Client(redis_url=url, namespace=NS, default_timeout_s=10) as c:
+    async with Client(redis_url=url, namespace=NS, default_timeout_s=10, slow_start_s=0) as c:
         _step("2. request/reply by capability (weighted round-robin, weights 2:1)")
         by: Counter[str] = Counter()
         for i in range(30):
@@ -188,7 +188,7 @@ async def _wait_dlq_empty(url: str, timeout_s: float = 30.0) -> None:
 
 
 async def _after_kill(url: str) -> None:
-    async with Client(redis_url=url, namespace=NS, default_timeout_s=10) as c:
+    async with Client(redis_url=url, namespace=NS, default_timeout_s=10, slow_start_s=0) as c:
         by: Counter[str] = Counter()
         for i in range(6):
             res = await c.request("text.summarize", {"text": f"after the kill {i}"})

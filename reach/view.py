@@ -1,0 +1,168 @@
+"""The client's local view of the registry: a pick reads memory, never Redis.
+
+The view holds every agent of the namespace. It is kept fresh three ways:
+
+* it tails the registry events stream (``XREAD BLOCK``) and re-reads the agent an event
+  names, so a registration, readiness change, drain or eviction is seen within one round
+  trip of the event;
+* it re-reads everything every ``refresh_s`` (load figures that heartbeats report, such as
+  queue depth, emit no event), and
+* a caller that suspects an agent (a failed delivery) asks for :meth:`RegistryView.recheck`.
+
+When the view is older than ``max_staleness_s`` (the event tail is broken, Redis was
+away) the next read refreshes it first. ``version`` counts changes that matter to routing
+(membership, state, readiness, draining, weight, capabilities, metadata) and not load
+figures, so the router's cached structures stay valid across heartbeats.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import anyio
+from redis import exceptions as rexc
+
+from .connection import AnyRedis
+from .registry import AgentInfo, Registry
+
+log = logging.getLogger("reach.view")
+
+
+def _static(a: AgentInfo) -> tuple[Any, ...]:
+    return (a.state, a.ready, a.draining, a.weight, a.ready_ms, tuple(a.capabilities),
+            repr(sorted(a.metadata.items())), a.instance_id)  # fmt: skip
+
+
+class RegistryView:
+    """A snapshot of the namespace's agents, by capability, with a change counter."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        *,
+        refresh_s: float = 2.0,
+        max_staleness_s: float = 5.0,
+    ) -> None:
+        self.registry = registry
+        self.refresh_s = refresh_s
+        self.max_staleness_s = max_staleness_s
+        self.version = 0
+        self._agents: dict[str, AgentInfo] = {}
+        self._by_cap: dict[str, list[AgentInfo]] = {}
+        self._loaded_at = 0.0
+        self._last_event = "$"
+        self._lock = anyio.Lock()
+        self._running = False
+
+    @property
+    def redis(self) -> AnyRedis:
+        return self.registry.redis
+
+    @property
+    def age_s(self) -> float:
+        return time.monotonic() - self._loaded_at if self._loaded_at else float("inf")
+
+    async def candidates(self, capability: str) -> tuple[list[AgentInfo], int]:
+        """Agents declaring ``capability`` (any state) and the view's version."""
+        if self.age_s > (self.max_staleness_s if self._running else self.refresh_s):
+            await self.refresh()
+        return self._by_cap.get(capability, []), self.version
+
+    def agents(self) -> list[AgentInfo]:
+        return list(self._agents.values())
+
+    async def refresh(self) -> None:
+        """Re-read every agent of the namespace."""
+        async with self._lock:
+            ids = await self.registry.agent_ids()
+            agents = await self._read(ids)
+            self._apply({a.agent_id: a for a in agents}, replace=True)
+            self._loaded_at = time.monotonic()
+
+    async def recheck(self, agent_id: str) -> None:
+        """Re-read one agent now (after a failed delivery to it)."""
+        found = await self._read([agent_id])
+        self._apply({agent_id: found[0] if found else None}, replace=False)
+
+    async def _read(self, ids: list[str]) -> list[AgentInfo]:
+        if not ids:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for i in ids:
+            pipe.hgetall(self.registry.keys.agent(i))
+        return [AgentInfo.from_hash(h) for h in await pipe.execute() if h]
+
+    def _apply(self, new: dict[str, AgentInfo | None], *, replace: bool) -> None:
+        changed = False
+        old = self._agents
+        merged: dict[str, AgentInfo] = {} if replace else dict(old)
+        for agent_id, a in new.items():
+            if a is None:
+                if merged.pop(agent_id, None) is not None or agent_id in old:
+                    changed = True
+                continue
+            prev = old.get(agent_id)
+            if prev is None or _static(prev) != _static(a):
+                changed = True
+            merged[agent_id] = a
+        if replace and set(old) - set(merged):
+            changed = True
+        self._agents = merged
+        if changed:
+            self.version += 1
+        # Rebuilt every time: load figures change the objects even when the version stays.
+        by_cap: dict[str, list[AgentInfo]] = {}
+        for a in sorted(merged.values(), key=lambda x: x.agent_id):
+            for c in a.capabilities:
+                by_cap.setdefault(c, []).append(a)
+        self._by_cap = by_cap
+
+    async def run(self) -> None:
+        """Keep the view fresh until cancelled (events, plus a periodic full refresh)."""
+        self._running = True
+        try:
+            try:
+                last = await self.redis.xrevrange(self.registry.keys.events, "+", "-", count=1)
+                self._last_event = last[0][0] if last else "0"
+                await self.refresh()
+            except (rexc.RedisError, OSError) as e:
+                log.warning("registry view: initial load failed (%s)", e)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._tail)
+                tg.start_soon(self._periodic)
+        finally:
+            self._running = False
+
+    async def _periodic(self) -> None:
+        while True:
+            await anyio.sleep(self.refresh_s)
+            try:
+                await self.refresh()
+            except (rexc.RedisError, OSError) as e:
+                log.warning("registry view refresh failed: %s", e)
+
+    async def _tail(self) -> None:
+        key = self.registry.keys.events
+        while True:
+            try:
+                res = await self.redis.xread({key: self._last_event}, block=1000, count=200)
+            except (rexc.RedisError, OSError) as e:
+                log.warning("registry events read failed (%s); retrying", e)
+                await anyio.sleep(0.2)
+                continue
+            if not res:
+                continue
+            ids: set[str] = set()
+            for _, entries in res:
+                for entry_id, fields in entries:
+                    self._last_event = entry_id
+                    a = fields.get(b"agent_id") or fields.get("agent_id")
+                    if a:
+                        ids.add(a.decode() if isinstance(a, bytes) else a)
+            try:
+                found = {a.agent_id: a for a in await self._read(sorted(ids))}
+                self._apply({i: found.get(i) for i in ids}, replace=False)
+            except (rexc.RedisError, OSError) as e:
+                log.warning("registry view update failed: %s", e)
