@@ -300,11 +300,20 @@ class Client:
             sent_ms=now,
         )
 
-    async def deliver(self, env: Envelope, *, where: Mapping[str, Any] | None = None) -> str:
-        """Route ``env`` and add it to the chosen agent's inbox; returns the agent id."""
+    async def deliver(
+        self, env: Envelope, *, where: Mapping[str, Any] | None = None, track: bool = False
+    ) -> str:
+        """Route ``env`` and add it to the chosen agent's inbox; returns the agent id.
+
+        ``track=True`` counts it as in flight to that agent (the caller calls
+        ``router.inflight.done`` when the reply arrives): counted at the pick itself, so
+        concurrent picks see it (least-connections, queue bounds).
+        """
         if env.deadline_ms and env.deadline_ms <= now_ms():
             raise DeadlineExceeded(f"Deadline of {env.capability!r} passed before sending.")
         agent = await self._pick(env, where)
+        if track:
+            self.router.inflight.add(agent.agent_id)
         inbox = self.keys.inbox(agent.agent_id, env.priority)
         data = encode(env)
         try:
@@ -320,10 +329,13 @@ class Client:
                     [data, env.capability, env.attempt, env.msg_id, env.idempotency_key,
                      TASK_TTL_MS],
                 )  # fmt: skip
-        except (rexc.ConnectionError, rexc.TimeoutError) as e:
-            raise unreachable(self.redis_url, e) from e
-        except rexc.ResponseError:
-            await self.view.recheck(agent.agent_id)
+        except BaseException as e:
+            if track:
+                self.router.inflight.done(agent.agent_id)
+            if isinstance(e, (rexc.ConnectionError, rexc.TimeoutError)):
+                raise unreachable(self.redis_url, e) from e
+            if isinstance(e, rexc.ResponseError):
+                await self.view.recheck(agent.agent_id)
             raise
         return agent.agent_id
 
@@ -368,17 +380,40 @@ class Client:
         self._ensure_reader()
         ev = anyio.Event()
         self._events[env.msg_id] = ev
+        agent_id = ""
+        ok = True
         try:
-            await self.deliver(env, where=where)
-            reply = await self._wait(env, ev)
+            try:
+                agent_id = await self.deliver(env, where=where, track=True)
+            except NoAgentAvailable:
+                if self.fallback is None:
+                    raise
+                log.info("no agent for %s: the fallback answers", env.capability)
+                return await self._run_fallback(env)
+            try:
+                reply = await self._wait(env, ev)
+            except DeadlineExceeded:
+                ok = False
+                raise
+            ok = reply.status == "succeeded" or reply.reason in BLAMELESS
         finally:
             self._events.pop(env.msg_id, None)
+            if agent_id:
+                self.router.inflight.done(agent_id)
+                self.breakers.record(agent_id, ok)
             if env.msg_id not in self._done:
                 # Gave up (deadline, cancelled, not delivered): a late reply is dropped, not
                 # kept in memory (nor in the reply stream) for a call nobody waits on.
                 self._replies.pop(env.msg_id, None)
                 self._mark_done(env.msg_id)
         return self._outcome(env, reply)
+
+    async def _run_fallback(self, env: Envelope) -> Any:
+        assert self.fallback is not None
+        res = self.fallback(env.capability, decode_payload(env.payload))
+        if inspect.isawaitable(res):
+            res = await res
+        return res
 
     async def _wait(self, env: Envelope, ev: anyio.Event) -> Reply:
         if env.msg_id in self._replies:

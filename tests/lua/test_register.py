@@ -251,3 +251,10 @@ async def test_query_by_capability_state_ready_and_metadata(reg: Registry) -> No
     with pytest.raises(ValueError, match="Unknown state"):
         await reg.agents(state="dead")
     assert await reg.capabilities() == [("code.review", 2), ("text.summarize", 3)]
+
+
+@pytest.mark.parametrize("bad", ["", "{}", "  "])
+async def test_empty_agent_id_refused(reg: Registry, r: AnyRedis, bad: str) -> None:
+    with pytest.raises(reach.ConfigError, match="agent_id"):
+        await register(reg, bad, ["c"])
+    assert await r.exists(reg.keys.agents, reg.keys.caps) == 0
