@@ -12,7 +12,9 @@
 -- ARGV[4] slots kept for normal (when it has entries)
 -- ARGV[5] slots kept for low (when it has entries)
 --
--- Returns {high_entries, normal_entries, low_entries}, each a list of {id, {field, value...}}
+-- Returns {high_entries, normal_entries, low_entries, normal_waiting, low_waiting}:
+--   the entries of each priority, each a list of {id, {field, value...}}, and 1 for a lower
+--   priority that got nothing although it has unread entries (it was passed over), else 0
 -- Errors: NOGROUP when the group is missing (the runtime recreates it and calls again)
 local n = tonumber(ARGV[3])
 local function read(key, count)
@@ -35,4 +37,9 @@ if rest > 0 then
   rest = rest - #more
   if rest > 0 then append(m, read(KEYS[2], rest)) end
 end
-return {h, m, l}
+local function waiting(key, got)
+  if #got > 0 then return 0 end
+  local unread = redis.call('XLEN', key) - redis.call('XPENDING', key, ARGV[1])[1]
+  return unread > 0 and 1 or 0
+end
+return {h, m, l, waiting(KEYS[2], m), waiting(KEYS[3], l)}

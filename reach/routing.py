@@ -264,7 +264,7 @@ def _no_agent(agents: Sequence[AgentInfo], capability: str) -> NoAgentAvailable:
     hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
     return NoAgentAvailable(
         f"No agent has capability {capability!r} ({len(agents)} agent(s) known, "
-        f"{len(known)} capabilities).{hint} See `reach capabilities`.",
+        f"{len(known)} capabilities).{hint} See `reach caps`.",
         capability=capability, reason="no_agent",
     )  # fmt: skip
 

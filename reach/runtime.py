@@ -44,7 +44,7 @@ import anyio
 import msgspec
 from redis import exceptions as rexc
 
-from . import scripts
+from . import logs, metrics, scripts
 from .client import Client
 from .connection import AnyRedis, connect, connect_sync, is_cluster
 from .envelope import (
@@ -301,6 +301,8 @@ class _Item:
     ops: list[tuple[Any, ...]] = field(default_factory=list)  # after a successful complete
     ack: bool = True  # XACK + XDEL the entry once settled
     complete: tuple[str, list[Any]] | None = None  # complete.lua key and arguments, if any
+    outcome: str = ""  # for metrics: succeeded, dead, expired, retrying, replayed, parked...
+    reason: str = ""  # dead-letter reason, if any
 
 
 class _Runtime:
@@ -358,6 +360,7 @@ class _Runtime:
             redis=self._redis, namespace=o.namespace, client_id=f"a-{self.agent.agent_id}"
         )
         self._loop_token = anyio.lowlevel.current_token()
+        metrics.track_inflight(self.agent.agent_id, lambda: self.inflight)
         try:
             await self._register()
             await self._ensure_groups()
@@ -383,6 +386,7 @@ class _Runtime:
                 tg.cancel_scope.cancel()
         finally:
             log.info("stats: %s", json.dumps(self.stats))
+            metrics.forget_agent(self.agent.agent_id)
             self._hb_stop.set()
             if self._hb_thread is not None:
                 self._hb_thread.join(timeout=5)
@@ -474,7 +478,9 @@ class _Runtime:
             try:
                 if r is None:
                     r = connect_sync(self._url)
-                depth = sum(int(r.xlen(k)) for k in self.keys.inboxes(self.agent.agent_id))
+                depths = [int(r.xlen(k)) for k in self.keys.inboxes(self.agent.agent_id)]
+                depth = sum(depths)
+                metrics.inbox_depth(self.agent.agent_id, zip(PRIORITIES, depths, strict=True))
                 keys, args = reg.heartbeat_args(
                     self.agent.agent_id, instance_id=self.instance_id, version=self.version,
                     queue_depth=depth, inflight=self.inflight,
@@ -522,6 +528,7 @@ class _Runtime:
         assert self.registry is not None
         o = self.opts
         lock_ms = int(max(o.sweep_interval_s * 3, 1.0) * 1000)
+        counted = 0.0
         while True:
             await anyio.sleep(o.sweep_interval_s * (0.8 + 0.4 * random.random()))
             try:
@@ -533,6 +540,12 @@ class _Runtime:
                     if res.evicted:
                         log.warning("evicted: %s", ", ".join(res.evicted))
                     await move_due(self.redis, self.keys, self.client)
+                if time.monotonic() - counted >= max(5.0, o.sweep_interval_s):
+                    counted = time.monotonic()  # registry gauges: only the lock holder's
+                    if res.locked:
+                        metrics.registry_counts(None)
+                    else:
+                        metrics.registry_counts(*await metrics.count_agents(self.redis, self.keys))
             except (rexc.RedisError, OSError) as e:
                 log.warning("sweep failed: %s", e)
 
@@ -541,8 +554,8 @@ class _Runtime:
         """Slots kept for normal and low in this fetch: the starvation guard.
 
         Large batches always keep a tenth for normal and a twentieth for low. Small ones
-        (concurrency under 10) keep one slot for a priority once it was passed over by
-        ``STARVE_AFTER`` fetches in a row that served a higher one.
+        (concurrency under 10) keep one slot for a priority once it had unread entries and
+        was passed over by ``STARVE_AFTER`` fetches in a row.
         """
         if n >= 10:
             return max(1, n // 10), max(1, n // 20)
@@ -550,14 +563,6 @@ class _Runtime:
             1 if self._passed_over["normal"] >= STARVE_AFTER else 0,
             1 if self._passed_over["low"] >= STARVE_AFTER else 0,
         )
-
-    def _note_served(self, got: list[tuple[str, list[Any]]]) -> None:
-        served = {k.rsplit(":", 1)[1] for k, _ in got}
-        for prio, higher in (("normal", {"high"}), ("low", {"high", "normal"})):
-            if prio in served:
-                self._passed_over[prio] = 0
-            elif served & higher:
-                self._passed_over[prio] += 1
 
     async def _fetch(self, n: int) -> list[tuple[str, list[Any]]]:
         keys = self.keys.inboxes(self.agent.agent_id)
@@ -571,8 +576,13 @@ class _Runtime:
                 raise
             await self._ensure_groups()
             res = await scripts.call(self.redis, "fetch", keys, args)
-        got = [(k, entries) for k, entries in zip(keys, res, strict=True) if entries]
-        self._note_served(got)
+        got = [(k, entries) for k, entries in zip(keys, res[:3], strict=True) if entries]
+        served = {k.rsplit(":", 1)[1] for k, _ in got}
+        for prio, was_waiting in (("normal", res[3]), ("low", res[4])):
+            if prio in served:
+                self._passed_over[prio] = 0
+            elif int(was_waiting):
+                self._passed_over[prio] += 1
         return got
 
     async def _block(self, n: int) -> list[tuple[str, list[Any]]]:
@@ -648,6 +658,7 @@ class _Runtime:
                     self._bad_entry(stream, entry_id, data or b"", e)
                     continue
                 items.append(_Item(stream, entry_id, env))
+                metrics.delivered(env.capability, env.priority)
         if not items:
             self._kick_settler()
             return
@@ -665,6 +676,7 @@ class _Runtime:
                 self._start(it)
             elif code == 2:
                 self.stats["replayed"] += 1
+                metrics.replayed(it.env.capability)
                 self._replay(it, res[1])
             else:
                 busy.append(it)
@@ -728,6 +740,7 @@ class _Runtime:
         parked = msgspec.structs.replace(
             it.env, headers={**it.env.headers, "busy_waits": str(waits + 1)}
         )
+        it.outcome = "parked"
         it.ops = [("ZADD", self.keys.delayed, now_ms() + delay_ms, encode(parked))]
         self._queue_settle(it)
 
@@ -758,12 +771,13 @@ class _Runtime:
             # Same idempotency key, another message: its caller waits for its own msg_id.
             stored = encode(msgspec.structs.replace(reply, msg_id=it.env.msg_id))
         it.ops = self._reply_ops(it.env, stored)
+        it.outcome = "replayed"
         self._queue_settle(it)
 
     def _bad_entry(self, stream: str, entry_id: Any, data: bytes, e: BadEnvelope) -> None:
         log.warning("dead-lettering entry %r of %s: %s", entry_id, stream, e)
         self.stats["dead"] += 1
-        it = _Item(stream, entry_id, None)
+        it = _Item(stream, entry_id, None, outcome="malformed", reason=e.reason)
         it.ops = [
             dead_letter_op(self.keys, capability=MALFORMED_CAP, reason=e.reason, data=data,
                            error=e.detail, agent_id=self.agent.agent_id),
@@ -784,13 +798,17 @@ class _Runtime:
         env = it.env
         assert env is not None
         try:
-            await self._run_one(it, env)
+            with logs.message_scope(env, self.agent.agent_id):
+                await self._run_one(it, env)
         finally:
             self.inflight -= 1
             self._slot_free.set()
 
     async def _run_one(self, it: _Item, env: Envelope) -> None:
-        if env.deadline_ms and env.deadline_ms <= now_ms():
+        start_ms = now_ms()
+        if env.sent_ms:
+            metrics.queue_wait(env.priority, (start_ms - env.sent_ms) / 1000)
+        if env.deadline_ms and env.deadline_ms <= start_ms:
             self.stats["expired"] += 1
             self._finish(it, "expired", reason="expired", error="deadline passed before start",
                          error_type="DeadlineExceeded", dead=True)  # fmt: skip
@@ -811,6 +829,7 @@ class _Runtime:
         err: BaseException | None = None
         result: Any = None
         timed_out = False
+        t0 = time.perf_counter()
         try:
             for hook in self.agent.before_handler:
                 r = hook(ctx)
@@ -839,6 +858,12 @@ class _Runtime:
                         await r
                 except Exception:
                     log.exception("after_handler hook failed")
+        metrics.handler_done(
+            env.capability,
+            "succeeded" if err is None else "timeout" if timed_out
+            else "rejected" if isinstance(err, Reject) else "error",
+            time.perf_counter() - t0,
+        )  # fmt: skip
         if err is None:
             try:
                 raw = encode_payload(result)
@@ -921,6 +946,12 @@ class _Runtime:
         if final:
             ops += self._reply_ops(env, data)
         it.ops = ops
+        it.outcome = "retrying" if retry is not None else status_
+        it.reason = reason
+        logs.note_outcome(it.outcome, error_type)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s attempt %d: %s%s", env.capability, env.attempt, it.outcome,
+                      f" ({reason})" if reason else "")  # fmt: skip
         self._queue_settle(it)
 
     # -- settling (batched) ------------------------------------------------------------
@@ -952,8 +983,14 @@ class _Runtime:
         else:
             await self._settle_atomic(batch)
 
+    @staticmethod
+    def _settled(it: _Item) -> None:
+        metrics.settled(it.env.capability if it.env else MALFORMED_CAP, it.outcome or "acked",
+                        it.reason)  # fmt: skip
+
     def _fenced(self, it: _Item) -> None:
         self.stats["fenced"] += 1
+        metrics.fenced(it.env.capability if it.env else MALFORMED_CAP)
         log.warning("late completion of %s refused: another owner took it over",
                     it.env and it.env.msg_id)  # fmt: skip
 
@@ -986,6 +1023,8 @@ class _Runtime:
         for it, code in zip(batch, res, strict=True):
             if int(code) == 0:
                 self._fenced(it)
+            else:
+                self._settled(it)
 
     async def _settle_pipelined(self, batch: list[_Item]) -> None:
         """Cluster: fenced completes (one slot each), then replies, dead letters and acks."""
@@ -1017,6 +1056,9 @@ class _Runtime:
             errs = [r for r in res if isinstance(r, Exception)]
             if errs:
                 log.warning("%d settle commands failed, first: %s", len(errs), errs[0])
+        for it in batch:
+            if id(it) in ok:
+                self._settled(it)
 
     async def _drain(self) -> None:
         """Stop taking work, let in-flight handlers finish (bounded), flush settles."""

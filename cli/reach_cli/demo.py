@@ -9,8 +9,11 @@ import sys
 import time
 from collections import Counter
 from functools import partial
-import anyio
 
+import anyio
+from rich.table import Table
+
+from reach.breaker import Breakers
 from reach.client import Client
 from reach.connection import connect
 from reach.embedded import resolve_url
@@ -64,22 +67,28 @@ def run_demo(*, fast: bool = False) -> None:
         _cli("caps", url=url)
         _cli("agents", url=url)
         time.sleep(pause)
-        anyio.run(_messaging, url, pause)
+        owners = anyio.run(_messaging, url, pause)
         _cli("dlq", "list", url=url)
-        _step("5b. the operator repairs the downstream service and replays the dead letter")
+        _step("6. the operator repairs the downstream service and replays the dead letter")
         anyio.run(_repair, url)
         _cli("dlq", "replay", "--all", url=url)
         anyio.run(_wait_dlq_empty, url)
         _cli("dlq", "list", url=url)
-        _step("6. summarizer-2 is killed (SIGKILL): probation, then evicted")
+        _step("7. a broken summarizer joins: the circuit breaker opens and routes around it")
+        procs["summarizer-3"] = _worker("reach_cli.demo_agents:broken", url, 4)
+        anyio.run(_wait_ready, url, 4)
+        anyio.run(_breaker, url)
+        procs["summarizer-3"].send_signal(signal.SIGTERM)
+        procs["summarizer-3"].wait(timeout=30)
+        _step("8. summarizer-2 is killed (SIGKILL): probation, then evicted; its sessions move")
         procs["summarizer-2"].send_signal(signal.SIGKILL)
         procs["summarizer-2"].wait()
         anyio.run(_wait_state, url, "summarizer-2", "evicted")
-        _cli("events", "--count", "12", url=url)
+        _cli("events", "--count", "8", url=url)
         _cli("agents", url=url)
-        anyio.run(_after_kill, url)
-        _step("7. the others get SIGTERM: they drain and deregister")
-        for name, p in procs.items():
+        anyio.run(_after_kill, url, owners)
+        _step("9. the others get SIGTERM: they drain and deregister")
+        for p in procs.values():
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
         for p in procs.values():
@@ -125,18 +134,51 @@ async def _wait_state(url: str, agent_id: str, state: str, timeout_s: float = 30
         await r.aclose()
 
 
-async def _messaging(url: str, pause: float) -> None:
+SESSIONS = [f"user-{i}" for i in range(12)]
+
+
+async def _messaging(url: str, pause: float) -> dict[str, str]:
+    """Steps 2-5; returns which agent owns each demo session (consistent hashing)."""
     async with Client(redis_url=url, namespace=NS, default_timeout_s=10, slow_start_s=0) as c:
-        _step("2. request/reply by capability (weighted round-robin, weights 2:1)")
-        by: Counter[str] = Counter()
-        for i in range(30):
-            res = await c.request("text.summarize", {"text": f"message {i} " + "word " * 8})
-            by[res["by"]] += 1
-        console.print(f"  30 requests answered by: {dict(by)}")
+        _step("2. request/reply by capability, under each routing policy")
         res = await c.request("code.review", {"code": "print('hi')\n"})
         console.print(f"  code.review -> {res}")
         res = await c.request("text.summarize", {"text": "only eu please"}, where={"region": "eu"})
         console.print(f"  where region=eu -> answered by {res['by']}")
+        rows = []
+        wrr: Counter[str] = Counter()
+        for i in range(30):
+            wrr[(await c.request("text.summarize", {"text": f"msg {i}"}))["by"]] += 1
+        rows.append(("weighted_rr (weights 2:1)", "30 sequential", wrr))
+        lc: Counter[str] = Counter()
+
+        async def lc_caller() -> None:
+            for i in range(5):
+                r = await c.request("text.summarize", {"text": "x", "work_s": 0.02},
+                                    policy="least_conn")  # fmt: skip
+                lc[r["by"]] += 1
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(6):
+                tg.start_soon(lc_caller)
+        rows.append(("least_conn (summarizer-1 runs 1 at a time)", "6 callers x 5", lc))
+        owners: dict[str, str] = {}
+        sticky = True
+        for s in SESSIONS:
+            seen = {(await c.request("text.summarize", {"text": "turn"}, session_id=s,
+                                     policy="consistent_hash"))["by"] for _ in range(3)}  # fmt: skip
+            sticky = sticky and len(seen) == 1
+            owners[s] = seen.pop()
+        rows.append(("consistent_hash (by session)", f"{len(SESSIONS)} sessions x 3",
+                     Counter(owners.values())))  # fmt: skip
+        t = Table(title="which agent answered", title_justify="left", header_style="bold")
+        for col in ("policy", "traffic", "summarizer-1", "summarizer-2"):
+            t.add_column(col)
+        for name, traffic, cnt in rows:
+            t.add_row(name, traffic, str(cnt["summarizer-1"]), str(cnt["summarizer-2"]))
+        console.print(t)
+        console.print(f"  every session stayed on one agent: {sticky}; "
+                      f"user-0 -> {owners['user-0']}, user-1 -> {owners['user-1']}")  # fmt: skip
         await anyio.sleep(pause)
 
         _step("3. priorities: a busy agent (concurrency 1) serves high, then normal, then low")
@@ -167,6 +209,22 @@ async def _messaging(url: str, pause: float) -> None:
             await c.request("image.generate", {})
         except NoAgentAvailable as e:
             console.print(f"  caller got NoAgentAvailable ({e.reason}): {e}")
+    return owners
+
+
+async def _breaker(url: str) -> None:
+    breakers = Breakers(min_requests=3, error_rate=0.5, cooldown_s=30)
+    async with Client(redis_url=url, namespace=NS, default_timeout_s=10, slow_start_s=0,
+                      breakers=breakers) as c:  # fmt: skip
+        by: Counter[str] = Counter()
+        for i in range(24):
+            try:
+                by[(await c.request("text.summarize", {"text": f"m{i}"}, max_attempts=1))["by"]] += 1
+            except ReachError:
+                by["error (summarizer-3)"] += 1
+        console.print(f"  24 requests: {dict(by)}")
+        console.print(f"  breaker of summarizer-3: {breakers.state('summarizer-3')} "
+                      "(skipped until a half-open probe after the cool-down)")  # fmt: skip
 
 
 async def _repair(url: str) -> None:
@@ -187,13 +245,14 @@ async def _wait_dlq_empty(url: str, timeout_s: float = 30.0) -> None:
         await r.aclose()
 
 
-async def _after_kill(url: str) -> None:
+async def _after_kill(url: str, owners: dict[str, str]) -> None:
     async with Client(redis_url=url, namespace=NS, default_timeout_s=10, slow_start_s=0) as c:
-        by: Counter[str] = Counter()
-        for i in range(6):
-            res = await c.request("text.summarize", {"text": f"after the kill {i}"})
-            by[res["by"]] += 1
-        console.print(f"  traffic goes on, answered by: {dict(by)}")
+        now = {s: (await c.request("text.summarize", {"text": "again"}, session_id=s,
+                                   policy="consistent_hash"))["by"] for s in SESSIONS}  # fmt: skip
+    moved = [s for s in SESSIONS if now[s] != owners[s]]
+    stayed = [s for s in SESSIONS if now[s] == owners[s]]
+    console.print(f"  sessions that were on summarizer-2 moved: {len(moved)} "
+                  f"({', '.join(moved) or '-'}); the other {len(stayed)} stayed where they were")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -48,3 +48,14 @@ def summarizer_1() -> Agent:
 
 def summarizer_2() -> Agent:
     return summarizer("summarizer-2", "us", 1)
+
+
+def broken() -> Agent:
+    """A summarizer whose model is down: every call fails (the breaker demo)."""
+    app = Agent("summarizer-3", capabilities=["text.summarize"], metadata={"region": "eu"})
+
+    @app.handler("text.summarize")
+    async def summarize(payload: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        raise RuntimeError("model backend unavailable")
+
+    return app
