@@ -27,7 +27,7 @@ from reach.envelope import decode_payload, now_ms
 from reach.errors import ConfigError, ReachError, UnknownAgent
 from reach.keys import GROUP, PRIORITIES, Keys
 from reach.registry import STATES, Registry
-from reach.sweeper import move_due
+from reach.sweeper import move_due, release_parked, reroute_evicted
 from reach.tasks import get_status, parse_dead_letter
 
 from .common import (
@@ -42,9 +42,11 @@ from .common import (
     err_console,
     open_redis,
     print_json,
+    progress,
     run,
     table,
 )
+from .top import top as top_cmd
 
 app = typer.Typer(
     name="reach",
@@ -206,6 +208,47 @@ async def agents_show(
     table(f"agent {agent_id}", ["field", "value"], [(k, v) for k, v in row.items()])
 
 
+@agents_app.command("card")
+@command
+async def agents_card(
+    agent_id: Annotated[str, typer.Argument(help="The agent's id.")],
+    redis_url: RedisUrl = DEFAULT_REDIS,
+    namespace: Namespace = DEFAULT_NS,
+    json_: Json = False,
+) -> None:
+    """Show an agent as an A2A Agent Card (the card JSON with --json; see docs/a2a.md).
+
+    Example: reach agents card summarizer-1 --json > summarizer-1.agent-card.json
+    """
+    from reach.card import agent_card, card_problems
+
+    r = await open_redis(redis_url)
+    try:
+        a = await Registry(r, namespace).get(agent_id)
+    finally:
+        await r.aclose()
+    if a is None:
+        raise UnknownAgent(f"No agent {agent_id!r} in namespace {namespace!r} (see `reach agents`).")
+    card = agent_card(a, namespace=namespace)
+    for problem in card_problems(card):  # only a card the agent registered with can cause these
+        err_console.print(f"[yellow]warning:[/yellow] {problem}", highlight=False)
+    if json_:
+        print_json(card)
+        return
+    iface = "\n".join(f"{i.get('url')} ({i.get('protocolBinding')})"
+                      for i in card["supportedInterfaces"])  # fmt: skip
+    rows = [("name", card["name"]), ("description", card["description"]),
+            ("version", card["version"]), ("interfaces", iface),
+            ("input modes", ", ".join(card["defaultInputModes"])),
+            ("output modes", ", ".join(card["defaultOutputModes"]))]  # fmt: skip
+    if isinstance(card.get("provider"), dict):
+        rows.append(("provider", card["provider"].get("organization", "")))
+    table(f"A2A Agent Card of {agent_id}", ["field", "value"], rows)
+    table("skills", ["id", "name", "description", "tags"],
+          [(s.get("id"), s.get("name"), s.get("description"), ", ".join(s.get("tags") or []))
+           for s in card["skills"]])  # fmt: skip
+
+
 @agents_app.command("drain")
 @command
 async def agents_drain(
@@ -276,7 +319,7 @@ async def sweep(
     namespace: Namespace = DEFAULT_NS,
     json_: Json = False,
 ) -> None:
-    """Run the cluster-wide chores once: expire leases, move due retries.
+    """Run the cluster-wide chores once: leases, due retries, inboxes of evicted agents, parked.
 
     Runtimes do this on their own; use it when no agent is running.
     """
@@ -286,15 +329,21 @@ async def sweep(
         res = await reg.sweep(owner="cli", lock_ms=0)
         async with Client(redis=r, namespace=namespace) as client:
             moved = await move_due(r, reg.keys, client)
+            rer = await reroute_evicted(r, reg.keys, client, reg)
+            rel = await release_parked(r, reg.keys, client)
     finally:
         await r.aclose()
     out = {"probation": res.probation, "evicted": res.evicted, "deleted": res.deleted,
-           "retries_moved": moved}  # fmt: skip
+           "retries_moved": moved, "rerouted": rer.rerouted, "parked": rer.parked,
+           "released": rel.released, "expired": rer.expired + rel.expired,
+           "dead_lettered": rer.dead}  # fmt: skip
     if json_:
         print_json(out)
     else:
         print(f"probation: {res.probation}  evicted: {len(res.evicted)} "
-              f"{' '.join(res.evicted)}  shadows deleted: {res.deleted}  retries moved: {moved}")
+              f"{' '.join(res.evicted)}  shadows deleted: {res.deleted}  retries moved: {moved}  "
+              f"rerouted: {rer.rerouted}  parked: {rer.parked}  released: {rel.released}  "
+              f"expired: {out['expired']}")
 
 
 # -- redis --------------------------------------------------------------------------------
@@ -382,23 +431,46 @@ def worker(
     claim_lease_s: Annotated[float, typer.Option(help="Claim lease of messages without deadline.")] = 60.0,
     retry_base_s: Annotated[float, typer.Option(help="First retry backoff.")] = 0.2,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
+    log_format: Annotated[
+        str, typer.Option(help="text, or json (one object per line, with the message ids).")
+    ] = "text",
+    metrics_port: Annotated[
+        Optional[int], typer.Option(help="Serve Prometheus /metrics on this port.")  # noqa: UP045
+    ] = None,
+    metrics_addr: Annotated[str, typer.Option(help="Address /metrics listens on.")] = "0.0.0.0",
 ) -> None:
     """Run the reach.Agent found at MODULE:ATTR until SIGTERM/SIGINT (then drain).
 
-    Example: reach worker examples.echo:app --concurrency 32 --lease-s 2 --evict-after-s 4
+    Example: reach worker examples.summarizer:app --concurrency 32 --lease-s 2 --evict-after-s 4
     """
-    logging.basicConfig(
-        level=getattr(logging, log_level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    from reach import logs, metrics
+
+    if log_format not in ("text", "json"):
+        err_console.print(f"[red]error:[/red] --log-format takes text or json, not {log_format!r}")
+        raise typer.Exit(2)
+    logs.setup_logging(log_level, log_format)
+    wlog = logging.getLogger("reach.worker")
     try:
+        if metrics_port is not None:
+            try:
+                srv = metrics.serve(metrics_port, metrics_addr)
+            except OSError as e:
+                raise ConfigError(
+                    f"Cannot serve /metrics on {metrics_addr}:{metrics_port}: {e}"
+                ) from e
+            wlog.info("metrics on http://%s:%d/metrics", metrics_addr, srv.server_port)
         agent = load_agent(target)
         opts = dict(redis_url=redis_url, namespace=namespace, concurrency=concurrency,
                     heartbeat_s=heartbeat_s, lease_s=lease_s, evict_after_s=evict_after_s,
                     stall_s=stall_s, drain_timeout_s=drain_timeout_s,
                     sweep_interval_s=sweep_interval_s, claim_lease_s=claim_lease_s,
                     retry_base_s=retry_base_s)  # fmt: skip
-        err_console.print(f"reach worker: {agent.agent_id} on {redact(redis_url)} ns={namespace}")
+        if log_format == "json":  # stderr stays one JSON object per line
+            wlog.info("reach worker: %s on %s ns=%s", agent.agent_id, redact(redis_url), namespace)
+        else:
+            err_console.print(
+                f"reach worker: {agent.agent_id} on {redact(redis_url)} ns={namespace}"
+            )
         anyio.run(lambda: agent.run(**opts))
     except ReachError as e:
         err_console.print(f"[red]error:[/red] {e}")
@@ -638,25 +710,22 @@ async def dlq_replay(
             for k in await _dlq_keys(r, keys, cap):
                 targets += [(k, parse_dead_letter(i, f)) for i, f in await r.xrange(k, "-", "+")]
         async with Client(redis=r, namespace=namespace) as client:
-            show = sys.stderr.isatty() and len(targets) > 1
-            for n, (k, d) in enumerate(targets, 1):
-                if d.envelope is None:
-                    failed.append((d.id, "not a valid envelope; cannot be replayed"))
-                    continue
-                env = msgspec.structs.replace(d.envelope, attempt=1, deadline_ms=0)
-                try:
-                    await client.deliver(env)
-                except ReachError as e:
-                    failed.append((d.id, str(e)))
-                    continue
-                await r.xdel(k, d.id)
-                done += 1
-                if show:
-                    err_console.print(f"\rreplayed {n}/{len(targets)}", end="")
-                elif len(targets) > 1 and n % 100 == 0:
-                    err_console.print(f"replayed {n}/{len(targets)}")
-            if show:
-                err_console.print()
+            with progress(len(targets), "replayed") as step:  # a bar on a tty, else lines
+                for k, d in targets:
+                    if d.envelope is None:
+                        failed.append((d.id, "not a valid envelope; cannot be replayed"))
+                        step()
+                        continue
+                    env = msgspec.structs.replace(d.envelope, attempt=1, deadline_ms=0)
+                    try:
+                        await client.deliver(env)
+                    except ReachError as e:
+                        failed.append((d.id, str(e)))
+                        step()
+                        continue
+                    await r.xdel(k, d.id)
+                    done += 1
+                    step()
     finally:
         await r.aclose()
     if json_:
@@ -689,6 +758,10 @@ async def dlq_purge(
     finally:
         await r.aclose()
     print(f"purged {n} dead letters")
+
+
+# -- top ----------------------------------------------------------------------------------
+app.command("top")(top_cmd)  # the live view lives in top.py
 
 
 # -- demo ---------------------------------------------------------------------------------

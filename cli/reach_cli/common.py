@@ -100,3 +100,48 @@ def age(ms: int, now_ms: int | None = None) -> str:
     if d < 3_600_000:
         return f"{d // 60_000}m"
     return f"{d // 3_600_000}h"
+
+
+class progress:  # used like a function: `with progress(n, "replayed") as step:`
+    """Progress of a long operation, on stderr: a rich bar on a terminal, plain lines
+    (``label n/total`` every ``every`` items and at the end) when piped; nothing for a
+    single item. ``step()`` (or ``step(k)``) counts items done."""
+
+    def __init__(self, total: int, label: str, *, every: int = 100) -> None:
+        self.total, self.label, self.every = total, label, max(1, every)
+        self.done = 0
+        self._bar: Any = None
+        self._task: Any = None
+
+    def __enter__(self) -> Callable[..., None]:
+        if self.total > 1 and err_console.is_terminal:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+
+            self._bar = Progress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TimeElapsedColumn(), TimeRemainingColumn(), console=err_console,
+            )  # fmt: skip
+            self._bar.__enter__()
+            self._task = self._bar.add_task(self.label, total=self.total)
+        return self.step
+
+    def step(self, n: int = 1) -> None:
+        before, self.done = self.done, self.done + n
+        if self._bar is not None:
+            self._bar.advance(self._task, n)
+        elif self.total > 1 and (
+            self.done // self.every > before // self.every or self.done == self.total
+        ):
+            sys.stderr.write(f"{self.label} {self.done}/{self.total}\n")
+            sys.stderr.flush()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(None, None, None)

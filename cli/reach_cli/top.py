@@ -1,0 +1,421 @@
+"""``reach top``: a live view of a namespace (capabilities, agents, rates, dead letters).
+
+Everything shown is read from Redis; nothing is added to the message path for it:
+
+* agents, states, weights, in-flight counts and lease ages: the registry hashes;
+* queue depth per priority: ``XINFO STREAM`` of each inbox (``length``);
+* message rates: deltas between two refreshes of counters that Redis keeps itself, per
+  inbox stream: ``entries-added`` (``XINFO STREAM``, messages sent to the agent, kept
+  exact although the runtime deletes entries once acked) and the consumer group's
+  ``entries-read`` (``XINFO GROUPS``, messages the agent took). Redis maintains both on
+  every XADD/XREADGROUP at no extra cost, so the runtime needs no counter of its own,
+  and agents written in other languages are counted the same way. The price is two
+  XINFO calls per inbox per refresh (pipelined), paid by the viewer only; counters of a
+  stream that was deleted and re-created restart at 0 (such a delta is not counted).
+  Needs Redis >= 7 (older servers lack the two fields: rates show ``-``);
+* dead letters per capability: ``XINFO STREAM`` of each dead-letter stream (length, and
+  ``entries-added`` for the rate of new dead letters).
+
+``reach top`` refreshes in place until ``q`` or Ctrl-C; ``--once`` prints one frame (two
+samples ``--interval`` apart, for the rates; ``--interval 0`` for a single sample) and
+exits; ``--json`` prints the frame's data as JSON instead (one line per refresh when live).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Self
+
+import anyio
+import typer
+from redis import exceptions as rexc
+from rich.console import Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from reach.connection import AnyRedis, redact
+from reach.envelope import now_ms
+from reach.errors import ReachError
+from reach.keys import GROUP, PRIORITIES, Keys
+from reach.registry import AgentInfo, Registry
+
+from .common import DEFAULT_NS, DEFAULT_REDIS, Json, Namespace, RedisUrl, age, console, err_console
+from .common import open_redis as _open_redis
+
+SORTS = ("id", "queue", "inflight", "rate")
+
+
+@dataclass
+class Sample:
+    """One reading of a namespace."""
+
+    mono: float  # time.monotonic() of the reading, for rates
+    ts_ms: int
+    agents: list[AgentInfo]
+    capabilities: list[tuple[str, int]]
+    depth: dict[str, dict[str, int]] = field(default_factory=dict)  # agent -> prio -> length
+    pending: dict[str, int] = field(default_factory=dict)  # agent -> delivered, not acked
+    added: dict[str, int] = field(default_factory=dict)  # inbox key -> entries-added
+    read: dict[str, int] = field(default_factory=dict)  # inbox key -> group entries-read
+    dlq: dict[str, int] = field(default_factory=dict)  # capability -> dead letters now
+    dlq_added: dict[str, int] = field(default_factory=dict)  # capability -> entries-added
+
+
+def _s(x: Any) -> str:
+    return x.decode() if isinstance(x, bytes) else str(x)
+
+
+def _field(d: Any, name: str) -> Any:
+    if not isinstance(d, dict):
+        return None
+    v = d.get(name)
+    return d.get(name.encode()) if v is None else v
+
+
+async def collect(r: AnyRedis, namespace: str) -> Sample:
+    """Read everything one frame shows (a few pipelined round trips)."""
+    keys = Keys(namespace)
+    reg = Registry(r, namespace)
+    mono = time.monotonic()
+    agents = await reg.agents()
+    caps = await reg.capabilities()
+    s = Sample(mono=mono, ts_ms=now_ms(), agents=agents, capabilities=caps)
+    inboxes = [(a.agent_id, p, keys.inbox(a.agent_id, p)) for a in agents for p in PRIORITIES]
+    if inboxes:
+        pipe = r.pipeline(transaction=False)
+        for _, _, k in inboxes:
+            pipe.xinfo_stream(k)
+            pipe.xinfo_groups(k)
+        res = await pipe.execute(raise_on_error=False)
+        for i, (agent_id, prio, k) in enumerate(inboxes):
+            info, groups = res[2 * i], res[2 * i + 1]
+            d = s.depth.setdefault(agent_id, {p: 0 for p in PRIORITIES})
+            s.pending.setdefault(agent_id, 0)
+            if isinstance(info, Exception):  # no such stream (yet)
+                continue
+            d[prio] = int(_field(info, "length") or 0)
+            added = _field(info, "entries-added")
+            if added is not None:
+                s.added[k] = int(added)
+            for g in groups if isinstance(groups, list) else []:
+                if _s(_field(g, "name")) != GROUP:
+                    continue
+                s.pending[agent_id] += int(_field(g, "pending") or 0)
+                read = _field(g, "entries-read")
+                if read is None and _s(_field(g, "last-delivered-id")) == "0-0":
+                    read = 0  # nothing read yet (Redis reports nil then)
+                if read is not None:
+                    s.read[k] = int(read)
+    dlq_keys = sorted([_s(k) async for k in r.scan_iter(match=keys.dlq_pattern, count=1000)])
+    if dlq_keys:
+        pipe = r.pipeline(transaction=False)
+        for k in dlq_keys:
+            pipe.xinfo_stream(k)
+        for k, info in zip(dlq_keys, await pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(info, Exception):
+                continue
+            cap = keys.capability_of_dlq(k)
+            s.dlq[cap] = int(_field(info, "length") or 0)
+            added = _field(info, "entries-added")
+            if added is not None:
+                s.dlq_added[cap] = int(added)
+    return s
+
+
+def _rate(
+    cur: dict[str, int], prev: dict[str, int] | None, keys: list[str], dt: float
+) -> float | None:
+    """Per-second growth of the summed counters ``keys`` (None when it cannot be known)."""
+    if prev is None or dt <= 0:
+        return None
+    total, known = 0, False
+    for k in keys:
+        if k in cur and k in prev:
+            known = True
+            total += max(0, cur[k] - prev[k])  # a re-created stream restarts at 0
+    return total / dt if known else None
+
+
+def _fmt_rate(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.0f}" if x >= 100 else f"{x:.1f}"
+
+
+def agent_state(a: AgentInfo) -> str:
+    """active+ready → ready; otherwise draining, starting (not ready yet), or the state."""
+    if a.state != "active":
+        return a.state
+    if a.draining:
+        return "draining"
+    return "ready" if a.ready else "starting"
+
+
+def frame_data(cur: Sample, prev: Sample | None, namespace: str) -> dict[str, Any]:
+    """What a frame shows, as plain data (also the ``--json`` output)."""
+    keys = Keys(namespace)
+    dt = cur.mono - prev.mono if prev is not None else 0.0
+    pa, pr = (prev.added, prev.read) if prev is not None else (None, None)
+    agents: list[dict[str, Any]] = []
+    for a in cur.agents:
+        ks = [keys.inbox(a.agent_id, p) for p in PRIORITIES]
+        depth = cur.depth.get(a.agent_id, {p: 0 for p in PRIORITIES})
+        agents.append({
+            "agent_id": a.agent_id,
+            "state": agent_state(a),
+            "weight": a.weight,
+            "inflight": a.inflight,
+            "queue": dict(depth),
+            "pending": cur.pending.get(a.agent_id, 0),
+            "in_per_s": _rate(cur.added, pa, ks, dt),
+            "taken_per_s": _rate(cur.read, pr, ks, dt),
+            "lease_age_ms": max(0, cur.ts_ms - a.last_heartbeat_ms) if a.last_heartbeat_ms else None,
+            "capabilities": a.capabilities,
+        })  # fmt: skip
+    by_id = {x["agent_id"]: x for x in agents}
+    live_caps = dict(cur.capabilities)
+    caps: list[dict[str, Any]] = []
+    for cap in sorted(set(live_caps) | set(cur.dlq)):
+        mine = [by_id[a.agent_id] for a in cur.agents if cap in a.capabilities
+                and a.state != "evicted"]  # fmt: skip
+        dl_rate = _rate(cur.dlq_added, prev.dlq_added if prev else None, [cap], dt)
+        caps.append({
+            "capability": cap,
+            "agents": live_caps.get(cap, 0),
+            "ready": sum(1 for x in mine if x["state"] == "ready"),
+            "queued": sum(sum(x["queue"].values()) for x in mine),
+            "inflight": sum(x["inflight"] for x in mine),
+            "dead_letters": cur.dlq.get(cap, 0),
+            "dead_per_s": dl_rate,
+        })  # fmt: skip
+    states: dict[str, int] = {}
+    for x in agents:
+        states[x["state"]] = states.get(x["state"], 0) + 1
+    all_inboxes = [keys.inbox(a.agent_id, p) for a in cur.agents for p in PRIORITIES]
+    return {
+        "namespace": namespace,
+        "ts_ms": cur.ts_ms,
+        "interval_s": round(dt, 3) if prev is not None else None,
+        "totals": {
+            "agents": states,
+            "in_per_s": _rate(cur.added, pa, all_inboxes, dt),
+            "taken_per_s": _rate(cur.read, pr, all_inboxes, dt),
+            "queued": sum(sum(x["queue"].values()) for x in agents),
+            "inflight": sum(x["inflight"] for x in agents),
+            "dead_letters": sum(cur.dlq.values()),
+        },
+        "capabilities": caps,
+        "agents": agents,
+    }
+
+
+_STATE_STYLE = {"ready": "green", "starting": "cyan", "draining": "yellow",
+                "probation": "yellow", "evicted": "red"}  # fmt: skip
+
+
+def _sort_key(sort: str) -> Any:
+    if sort == "queue":
+        return lambda x: (-sum(x["queue"].values()), x["agent_id"])
+    if sort == "inflight":
+        return lambda x: (-x["inflight"], x["agent_id"])
+    if sort == "rate":
+        return lambda x: (-(x["in_per_s"] or 0.0), x["agent_id"])
+    return lambda x: x["agent_id"]
+
+
+def render(data: dict[str, Any], *, url: str = "", limit: int = 50, sort: str = "id",
+           live: bool = False, error: str = "") -> Group:  # fmt: skip
+    """One frame: a header line, capabilities, agents."""
+    t = data["totals"]
+    when = time.strftime("%H:%M:%S", time.localtime(data["ts_ms"] / 1000))
+    states = "  ".join(f"{n} {s}" for s, n in sorted(t["agents"].items())) or "no agents"
+    head = Text.assemble(
+        ("reach top", "bold"), f"  ns={data['namespace']}",
+        f"  {redact(url)}" if url else "", f"  {when}\n",
+        f"agents: {states}   in {_fmt_rate(t['in_per_s'])}/s   "
+        f"taken {_fmt_rate(t['taken_per_s'])}/s   queued {t['queued']}   "
+        f"in-flight {t['inflight']}   dead letters {t['dead_letters']}",
+    )  # fmt: skip
+    parts: list[Any] = [head]
+    if error:
+        parts.append(Text(f"refresh failed: {error}", style="red"))
+
+    ct = Table(title="capabilities", title_justify="left", header_style="bold", expand=False)
+    for c in ("capability", "agents", "ready", "queued", "in-flight", "dead letters", "dead/s"):
+        ct.add_column(c, justify="left" if c == "capability" else "right")
+    for c in data["capabilities"]:
+        ct.add_row(c["capability"], str(c["agents"]), str(c["ready"]), str(c["queued"]),
+                   str(c["inflight"]),
+                   Text(str(c["dead_letters"]), style="red" if c["dead_letters"] else ""),
+                   _fmt_rate(c["dead_per_s"]))  # fmt: skip
+    parts.append(ct)
+
+    at = Table(title="agents", title_justify="left", header_style="bold", expand=False)
+    cols = ("agent", "state", "weight", "in-flight", *PRIORITIES, "pending", "in/s", "taken/s",
+            "lease age", "capabilities")  # fmt: skip
+    for c in cols:
+        at.add_column(c, justify="left" if c in ("agent", "state", "capabilities") else "right",
+                      overflow="fold")  # fmt: skip
+    rows = sorted(data["agents"], key=_sort_key(sort))
+    for x in rows[:limit]:
+        lease = "-" if x["lease_age_ms"] is None else age(data["ts_ms"] - x["lease_age_ms"],
+                                                            data["ts_ms"])  # fmt: skip
+        at.add_row(x["agent_id"], Text(x["state"], style=_STATE_STYLE.get(x["state"], "")),
+                   f"{x['weight']:g}", str(x["inflight"]),
+                   *(str(x["queue"].get(p, 0)) for p in PRIORITIES), str(x["pending"]),
+                   _fmt_rate(x["in_per_s"]), _fmt_rate(x["taken_per_s"]), lease,
+                   ",".join(x["capabilities"]))  # fmt: skip
+    parts.append(at)
+    if len(rows) > limit:
+        parts.append(
+            Text(f"... and {len(rows) - limit} more agents (--limit, --sort)", style="dim")
+        )
+    if live:
+        parts.append(Text("q or Ctrl-C to quit", style="dim"))
+    return Group(*parts)
+
+
+class _Keyboard:
+    """Single key presses from a terminal's stdin (cbreak mode, restored on exit)."""
+
+    def __init__(self) -> None:
+        self.fd: int | None = None
+        self._old: Any = None
+
+    def __enter__(self) -> Self:
+        try:
+            import termios
+            import tty
+
+            if sys.stdin.isatty():
+                fd = sys.stdin.fileno()
+                self._old = termios.tcgetattr(fd)
+                tty.setcbreak(fd)
+                self.fd = fd
+        except (ImportError, OSError, ValueError):  # no tty / not POSIX: Ctrl-C only
+            self.fd = None
+        return self
+
+    def read(self) -> str:
+        if self.fd is None:
+            return ""
+        ready, _, _ = select.select([self.fd], [], [], 0)
+        return os.read(self.fd, 64).decode(errors="ignore") if ready else ""
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is not None:
+            import termios
+
+            termios.tcsetattr(self.fd, termios.TCSADRAIN, self._old)
+
+
+async def _sample(r: AnyRedis, namespace: str) -> Sample:
+    try:
+        return await collect(r, namespace)
+    except (rexc.ConnectionError, rexc.TimeoutError, OSError) as e:
+        raise ReachError(f"Redis stopped answering: {e}") from e
+
+
+async def _once(url: str, namespace: str, interval: float, as_json: bool, limit: int,
+                sort: str) -> None:  # fmt: skip
+    r = await _open_redis(url)
+    try:
+        prev = None
+        if interval > 0:
+            prev = await _sample(r, namespace)
+            await anyio.sleep(interval)
+        cur = await _sample(r, namespace)
+    finally:
+        await r.aclose()
+    data = frame_data(cur, prev, namespace)
+    if as_json:
+        sys.stdout.write(json.dumps(data, default=str) + "\n")
+    else:
+        console.print(render(data, url=url, limit=limit, sort=sort))
+
+
+async def _loop(url: str, namespace: str, interval: float, as_json: bool, limit: int,
+                sort: str) -> None:  # fmt: skip
+    r = await _open_redis(url)
+    prev: Sample | None = None
+    batch = as_json or not console.is_terminal  # piped: frames one after another (like top -b)
+    try:
+        with _Keyboard() as kb, contextlib.ExitStack() as stack:
+            live = None
+            if not batch:
+                live = stack.enter_context(
+                    Live(console=console, auto_refresh=False, vertical_overflow="crop")
+                )
+            last: dict[str, Any] | None = None
+            while True:
+                error = ""
+                try:
+                    cur = await collect(r, namespace)
+                    last = frame_data(cur, prev, namespace)
+                    prev = cur
+                except (rexc.RedisError, OSError) as e:
+                    error = str(e) or type(e).__name__
+                if as_json:
+                    if last is not None and not error:
+                        sys.stdout.write(json.dumps(last, default=str) + "\n")
+                        sys.stdout.flush()
+                elif last is not None or error:
+                    frame = render(last or frame_data(_empty(), None, namespace), url=url,
+                                   limit=limit, sort=sort, live=live is not None, error=error)  # fmt: skip
+                    if live is not None:
+                        live.update(frame, refresh=True)
+                    else:
+                        console.print(frame)
+                end = time.monotonic() + interval
+                while time.monotonic() < end:
+                    if "q" in kb.read().lower():
+                        return
+                    await anyio.sleep(min(0.05, max(0.0, end - time.monotonic())))
+    finally:
+        with anyio.CancelScope(shield=True):
+            await r.aclose()
+
+
+def _empty() -> Sample:
+    return Sample(mono=time.monotonic(), ts_ms=now_ms(), agents=[], capabilities=[])
+
+
+def top(
+    once: Annotated[bool, typer.Option("--once", help="Print one frame and exit.")] = False,
+    interval: Annotated[
+        float, typer.Option("--interval", "-i", min=0.0, help="Seconds between refreshes.")
+    ] = 1.0,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many agents.")] = 50,
+    sort: Annotated[
+        str, typer.Option("--sort", help="Agents by: id, queue, inflight, rate.")
+    ] = "id",
+    redis_url: RedisUrl = DEFAULT_REDIS,
+    namespace: Namespace = DEFAULT_NS,
+    json_: Json = False,
+) -> None:
+    """A live view of capabilities, agents, message rates and dead letters (q to quit).
+
+    Examples: reach top;  reach top --once;  reach top --once --json --interval 0
+    """
+    if sort not in SORTS:
+        err_console.print(f"[red]error:[/red] --sort takes one of {', '.join(SORTS)}, not {sort!r}")
+        raise typer.Exit(2)
+    if not once and interval <= 0:
+        err_console.print("[red]error:[/red] --interval must be > 0 for the live view")
+        raise typer.Exit(2)
+    fn = _once if once else _loop
+    try:
+        anyio.run(fn, redis_url, namespace, interval, json_, limit, sort)
+    except ReachError as e:
+        err_console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:  # Ctrl-C is how a live view ends: not an error
+        if once:
+            raise typer.Exit(130) from None

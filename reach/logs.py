@@ -1,0 +1,250 @@
+"""Logs that say which message they are about, and optional OpenTelemetry spans.
+
+While a handler runs, the runtime binds the message's ids in a context variable
+(:func:`message_scope`); :class:`ContextFilter`, on a logging handler, copies them onto
+every record, so the handler's own ``logging`` calls carry them too::
+
+    {"ts": "...", "level": "INFO", "logger": "myagent", "message": "summarising",
+     "trace_id": "...", "session_id": "...", "agent_id": "summarizer-1", "msg_id": "..."}
+
+:func:`setup_logging` installs one stderr handler with the filter, in ``text`` (default)
+or ``json`` format (one object per line); ``reach worker --log-format json`` uses it.
+Other setups add ``ContextFilter()`` to their own handlers and may use ``%(msg_id)s``,
+``%(trace_id)s``, ``%(session_id)s`` and ``%(agent_id)s`` in their formats.
+reach never logs payloads (nor results): only ids, capabilities and error messages.
+
+OpenTelemetry is optional. When ``opentelemetry-api`` is importable, :func:`inject` writes
+the current span's ``traceparent`` into an envelope's headers, :func:`span` opens spans
+(``reach.route``, ``reach.deliver`` on the caller, ``reach.handle`` on the agent, the
+latter a child of the caller's context carried in ``traceparent``). Without it every one
+of these is a no-op costing a function call.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import sys
+from collections.abc import Iterator, Mapping, MutableMapping
+from contextlib import contextmanager
+from contextvars import ContextVar, Token
+from datetime import UTC, datetime
+from typing import IO, Any, NamedTuple
+
+try:  # optional; imported by name so that type checkers need no stubs for it
+    _otel_propagate: Any = importlib.import_module("opentelemetry.propagate")
+    _otel_trace: Any = importlib.import_module("opentelemetry.trace")
+    OTEL = True
+except ImportError:  # pragma: no cover - depends on the environment
+    _otel_propagate = _otel_trace = None
+    OTEL = False
+
+__all__ = [
+    "FIELDS",
+    "OTEL",
+    "ContextFilter",
+    "JsonFormatter",
+    "MessageIds",
+    "TextFormatter",
+    "bind",
+    "current",
+    "enter_message",
+    "exit_message",
+    "inject",
+    "message_scope",
+    "note_outcome",
+    "setup_logging",
+    "span",
+    "unbind",
+]
+
+FIELDS = ("trace_id", "session_id", "agent_id", "msg_id")
+
+
+class MessageIds(NamedTuple):
+    trace_id: str = ""
+    session_id: str = ""
+    agent_id: str = ""
+    msg_id: str = ""
+
+
+_current: ContextVar[MessageIds | None] = ContextVar("reach_message_ids", default=None)
+
+
+def bind(
+    *, trace_id: str = "", session_id: str = "", agent_id: str = "", msg_id: str = ""
+) -> Token[MessageIds | None]:
+    """Bind ids to the current context; pass the token to :func:`unbind`."""
+    return _current.set(MessageIds(trace_id, session_id, agent_id, msg_id))
+
+
+def unbind(token: Token[MessageIds | None]) -> None:
+    _current.reset(token)
+
+
+def current() -> dict[str, str]:
+    """The ids bound now (only the non-empty ones)."""
+    ids = _current.get()
+    return {} if ids is None else {k: v for k, v in ids._asdict().items() if v}
+
+
+def enter_message(env: Any, agent_id: str) -> Any:
+    """Start handling ``env``: bind its ids (and, with OpenTelemetry, open its
+    ``reach.handle`` span, a child of the caller's ``traceparent``). Returns what
+    :func:`exit_message` takes. The runtime's hot path: cheaper than a ``with``."""
+    token = _current.set(MessageIds(env.trace_id, env.session_id, agent_id, env.msg_id))
+    if not OTEL:
+        return token
+    attrs = {"messaging.system": "reach", "messaging.destination.name": env.capability,
+             "messaging.message.id": env.msg_id, "reach.agent_id": agent_id,
+             "reach.trace_id": env.trace_id, "reach.attempt": env.attempt,
+             "reach.priority": env.priority}  # fmt: skip
+    cm = span(f"reach.handle {env.capability}", headers=env.headers, kind="consumer",
+              attributes=attrs)  # fmt: skip
+    cm.__enter__()
+    return (token, cm)
+
+
+def exit_message(state: Any) -> None:
+    """End what :func:`enter_message` started (in the same task)."""
+    if isinstance(state, tuple):
+        token, cm = state
+        try:
+            cm.__exit__(None, None, None)
+        finally:
+            _current.reset(token)
+    else:
+        _current.reset(state)
+
+
+@contextmanager
+def message_scope(env: Any, agent_id: str) -> Iterator[None]:
+    """``with`` form of :func:`enter_message` / :func:`exit_message`."""
+    state = enter_message(env, agent_id)
+    try:
+        yield
+    finally:
+        exit_message(state)
+
+
+class ContextFilter(logging.Filter):
+    """Put the bound message ids on each record (``""`` when none; never overrides ids a
+    caller passed with ``extra=``). Attach it to handlers, not loggers, so records of every
+    logger get them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        ids = _current.get() or _EMPTY
+        for name, value in zip(FIELDS, ids, strict=True):
+            if not hasattr(record, name):
+                setattr(record, name, value)
+        return True
+
+
+_EMPTY = MessageIds()
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, message, the ids when set, exc."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, tz=UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for name in FIELDS:
+            v = getattr(record, name, "")
+            if v:
+                out[name] = v
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            out["exc"] = record.exc_text
+        return json.dumps(out, default=str, ensure_ascii=False)
+
+
+class TextFormatter(logging.Formatter):
+    """``time LEVEL logger: message [agent=.. msg=.. trace=.. session=..]``."""
+
+    def __init__(self, fmt: str = "%(asctime)s %(levelname)s %(name)s: %(message)s") -> None:
+        super().__init__(fmt)
+
+    def format(self, record: logging.LogRecord) -> str:
+        s = super().format(record)
+        parts = [f"{short}={v}" for short, name in
+                 (("agent", "agent_id"), ("msg", "msg_id"), ("trace", "trace_id"),
+                  ("session", "session_id"))
+                 if (v := getattr(record, name, ""))]  # fmt: skip
+        if not parts:
+            return s
+        head, nl, tail = s.partition("\n")  # ids on the first line, before a traceback
+        return f"{head} [{' '.join(parts)}]{nl}{tail}"
+
+
+def setup_logging(
+    level: str | int = "info", fmt: str = "text", stream: IO[str] | None = None
+) -> logging.Handler:
+    """Configure the root logger: one handler on ``stream`` (stderr) with the ids filter,
+    ``fmt`` ``text`` or ``json``. Replaces handlers configured before. Returns the handler."""
+    if fmt not in ("text", "json"):
+        raise ValueError(f"Unknown log format {fmt!r}: use text or json.")
+    if isinstance(level, str):
+        level = getattr(logging, level.upper(), logging.INFO)
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.addFilter(ContextFilter())
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+    return handler
+
+
+# -- OpenTelemetry (optional) ------------------------------------------------------------
+_KINDS = {"internal": "INTERNAL", "producer": "PRODUCER", "consumer": "CONSUMER",
+          "client": "CLIENT", "server": "SERVER"}  # fmt: skip
+
+
+def inject(headers: MutableMapping[str, str]) -> None:
+    """Write the current span's ``traceparent`` (and ``tracestate``) into ``headers``.
+
+    Call it on the envelope's headers just before it is encoded. No-op without
+    OpenTelemetry, or with no recording span.
+    """
+    if OTEL:
+        _otel_propagate.inject(headers)
+
+
+@contextmanager
+def span(
+    name: str,
+    *,
+    headers: Mapping[str, str] | None = None,
+    kind: str = "internal",
+    attributes: Mapping[str, Any] | None = None,
+) -> Iterator[Any]:
+    """A span named ``name`` (None without OpenTelemetry). With ``headers``, its parent is
+    the context they carry (``traceparent``); otherwise the current span."""
+    if not OTEL:
+        yield None
+        return
+    ctx = _otel_propagate.extract(headers) if headers else None
+    tracer = _otel_trace.get_tracer("reach")
+    with tracer.start_as_current_span(
+        name, context=ctx, kind=getattr(_otel_trace.SpanKind, _KINDS.get(kind, "INTERNAL")),
+        attributes=dict(attributes or {}),
+    ) as s:  # fmt: skip
+        yield s
+
+
+def note_outcome(status: str, error_type: str = "") -> None:
+    """Record a handled message's outcome on the current span (no-op without OTel)."""
+    if not OTEL:
+        return
+    s = _otel_trace.get_current_span()
+    if not s.is_recording():
+        return
+    s.set_attribute("reach.outcome", status)
+    if status != "succeeded":
+        s.set_status(_otel_trace.Status(_otel_trace.StatusCode.ERROR, error_type or status))
+        if error_type:
+            s.set_attribute("error.type", error_type)

@@ -1,0 +1,314 @@
+"""Prometheus metrics of the fabric (``reach_`` prefix), for agents and clients alike.
+
+Everything is registered in prometheus-client's default registry, so one ``/metrics``
+endpoint per process shows reach's series next to the process's own. Serve it with
+``reach worker --metrics-port P`` or, in any process, :func:`serve`::
+
+    import reach.metrics
+    reach.metrics.serve(9464)
+
+Series (labels in braces; every label has a small, bounded set of values: never a msg_id,
+session or trace id, and capability names beyond :data:`MAX_CAPABILITIES` are folded
+into ``_other``):
+
+=========================================  ===========================================
+``reach_messages_sent_total``              {capability, priority} added to an inbox
+``reach_messages_delivered_total``         {capability, priority} read by an agent
+``reach_messages_acked_total``             {capability, outcome} settled and acked
+``reach_messages_retried_total``           {capability} scheduled for another attempt
+``reach_messages_dead_lettered_total``     {capability, reason}
+``reach_messages_expired_total``           {capability, reason} deadline passed
+``reach_messages_fenced_total``            {capability} late completion refused
+``reach_idempotent_replays_total``         {capability} stored result replayed
+``reach_handler_duration_seconds``         histogram {capability, outcome}
+``reach_queue_wait_seconds``               histogram {priority}: handler start - sent_ms
+``reach_inflight_messages``                gauge {agent_id}: handlers running
+``reach_inbox_depth``                      gauge {agent_id, priority}: XLEN at heartbeat
+``reach_registry_agents``                  gauge {state}: set by the sweeper lock holder
+``reach_registry_agents_routable``         gauge: active, ready, not draining
+``reach_breaker_transitions_total``        {from_state, to_state}
+``reach_breakers_open``                    gauge: breakers open in this process
+``reach_client_requests_total``            {capability, outcome} request() outcomes
+``reach_client_request_duration_seconds``  histogram {capability, outcome}
+=========================================  ===========================================
+
+``outcome`` of acked messages: succeeded, dead, expired, retrying, replayed, parked,
+malformed. ``outcome`` of handlers: succeeded, error, timeout, rejected. ``outcome`` of
+client requests: succeeded, remote_error, rejected, deadline, no_agent, error.
+
+The agent runtime calls these functions itself; the client calls :func:`message_sent`,
+:func:`client_reply` and :func:`breaker_transition` (see ``reach/client.py``).
+The ``reach_inflight_messages`` and ``reach_inbox_depth`` series of an agent are removed
+when it stops (:func:`forget_agent`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+
+from . import errors
+
+__all__ = [
+    "MAX_CAPABILITIES",
+    "breaker_transition",
+    "client_outcome",
+    "client_reply",
+    "count_agents",
+    "dead_lettered",
+    "delivered",
+    "expired",
+    "fenced",
+    "forget_agent",
+    "handler_done",
+    "inbox_depth",
+    "message_sent",
+    "on_breaker_change",
+    "queue_wait",
+    "registry_counts",
+    "replayed",
+    "serve",
+    "settled",
+    "track_inflight",
+]
+
+MAX_CAPABILITIES = 500
+"""Distinct capability label values kept per process; more are counted as ``_other``."""
+
+# Agents' handlers range from microseconds (tools) to minutes (LLM calls).
+DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                    30.0, 60.0, 120.0, 300.0)  # fmt: skip
+
+SENT = Counter("reach_messages_sent", "Messages added to an agent's inbox.",
+               ["capability", "priority"])  # fmt: skip
+DELIVERED = Counter("reach_messages_delivered", "Inbox entries read by an agent.",
+                    ["capability", "priority"])  # fmt: skip
+ACKED = Counter("reach_messages_acked", "Inbox entries settled and acked, by outcome.",
+                ["capability", "outcome"])  # fmt: skip
+RETRIED = Counter("reach_messages_retried", "Messages scheduled for another attempt.",
+                  ["capability"])  # fmt: skip
+DEAD = Counter("reach_messages_dead_lettered", "Messages moved to a dead-letter stream.",
+               ["capability", "reason"])  # fmt: skip
+EXPIRED = Counter("reach_messages_expired", "Messages whose deadline passed.",
+                  ["capability", "reason"])  # fmt: skip
+FENCED = Counter("reach_messages_fenced",
+                 "Late completions refused because another owner took the message over.",
+                 ["capability"])  # fmt: skip
+REPLAYS = Counter("reach_idempotent_replays",
+                  "Deliveries answered with the stored result of their idempotency key.",
+                  ["capability"])  # fmt: skip
+HANDLER = Histogram("reach_handler_duration_seconds", "Time a handler ran.",
+                    ["capability", "outcome"], buckets=DURATION_BUCKETS)  # fmt: skip
+QUEUE_WAIT = Histogram("reach_queue_wait_seconds",
+                       "From the envelope's sent_ms to its handler's start.",
+                       ["priority"], buckets=DURATION_BUCKETS)  # fmt: skip
+INFLIGHT = Gauge("reach_inflight_messages", "Handlers running now.", ["agent_id"])
+INBOX = Gauge("reach_inbox_depth", "Entries in an agent's inbox stream (at its heartbeat).",
+              ["agent_id", "priority"])  # fmt: skip
+AGENTS = Gauge("reach_registry_agents",
+               "Registered agents by state (exported by the sweeper lock holder).",
+               ["state"])  # fmt: skip
+ROUTABLE = Gauge(
+    "reach_registry_agents_routable",
+    "Agents active, ready and not draining (exported by the sweeper lock holder).",
+)
+BREAKER = Counter("reach_breaker_transitions", "Circuit breaker state changes.",
+                  ["from_state", "to_state"])  # fmt: skip
+BREAKERS_OPEN = Gauge("reach_breakers_open", "Circuit breakers open in this process.")
+CLIENT = Counter("reach_client_requests", "Request outcomes seen by callers.",
+                 ["capability", "outcome"])  # fmt: skip
+CLIENT_S = Histogram("reach_client_request_duration_seconds",
+                     "From request() to its outcome, as the caller saw it.",
+                     ["capability", "outcome"], buckets=DURATION_BUCKETS)  # fmt: skip
+
+REGISTRY_STATES = ("active", "probation", "evicted")
+
+_lock = threading.Lock()
+_caps: set[str] = set()
+_children: dict[tuple[Any, ...], Any] = {}
+
+
+def _cap(capability: str) -> str:
+    if capability in _caps:
+        return capability
+    with _lock:
+        if len(_caps) < MAX_CAPABILITIES:
+            _caps.add(capability)
+            return capability
+    return "_other"
+
+
+def _child(metric: Any, *labels: str) -> Any:
+    """``metric.labels(*labels)``, cached: the hot path pays one dict lookup."""
+    key = (id(metric), *labels)
+    c = _children.get(key)
+    if c is None:
+        c = _children[key] = metric.labels(*labels)
+    return c
+
+
+# -- client side ----------------------------------------------------------------------
+def message_sent(capability: str, priority: str) -> None:
+    """A message (or a retry) was added to an agent's inbox."""
+    _child(SENT, _cap(capability), priority).inc()
+
+
+def client_reply(capability: str, outcome: str, seconds: float) -> None:
+    """A request() ended: succeeded, remote_error, rejected, deadline, no_agent, cancelled
+    or error (:func:`client_outcome` names the outcome of an exception)."""
+    cap = _cap(capability)
+    _child(CLIENT, cap, outcome).inc()
+    _child(CLIENT_S, cap, outcome).observe(max(0.0, seconds))
+
+
+def client_outcome(exc: BaseException | None) -> str:
+    """The ``outcome`` label of a request that ended with ``exc`` (None: succeeded)."""
+    if exc is None:
+        return "succeeded"
+    for types, outcome in _OUTCOMES:
+        if isinstance(exc, types):
+            return outcome
+    return "cancelled" if type(exc).__name__ in ("CancelledError", "Cancelled") else "error"
+
+
+_OUTCOMES: tuple[tuple[Any, str], ...] = (
+    (errors.RemoteError, "remote_error"),
+    (errors.Rejected, "rejected"),
+    (errors.NoAgentAvailable, "no_agent"),  # Overloaded too
+    ((errors.DeadlineExceeded, TimeoutError), "deadline"),
+)
+
+
+def breaker_transition(agent_id: str, old: str, new: str) -> None:
+    """A circuit breaker changed state. ``agent_id`` is not a label (agents come and go
+    without bound); it is accepted so callers can pass a ``BreakerChange`` through
+    :func:`on_breaker_change`."""
+    _child(BREAKER, old, new).inc()
+    if new == "open" and old != "open":
+        BREAKERS_OPEN.inc()
+    elif old == "open" and new != "open":
+        BREAKERS_OPEN.dec()
+
+
+def on_breaker_change(change: Any) -> None:
+    """A ``reach.breaker.Breakers`` listener: ``breakers.listeners.append(on_breaker_change)``."""
+    breaker_transition(change.agent_id, change.old, change.new)
+
+
+# -- agent side -----------------------------------------------------------------------
+def delivered(capability: str, priority: str) -> None:
+    _child(DELIVERED, _cap(capability), priority).inc()
+
+
+def replayed(capability: str) -> None:
+    _child(REPLAYS, _cap(capability)).inc()
+
+
+def queue_wait(priority: str, seconds: float) -> None:
+    _child(QUEUE_WAIT, priority).observe(max(0.0, seconds))
+
+
+def handler_done(capability: str, outcome: str, seconds: float) -> None:
+    """A handler returned (succeeded) or raised (error, timeout, rejected)."""
+    _child(HANDLER, _cap(capability), outcome).observe(max(0.0, seconds))
+
+
+def dead_lettered(capability: str, reason: str) -> None:
+    _child(DEAD, _cap(capability), reason).inc()
+
+
+def expired(capability: str, reason: str = "expired") -> None:
+    """A message's deadline passed outside any handler (e.g. while waiting for a retry in
+    the delayed set) and it was dead-lettered: counts the expiry and the dead letter."""
+    cap = _cap(capability)
+    _child(EXPIRED, cap, reason).inc()
+    _child(DEAD, cap, reason).inc()
+
+
+def fenced(capability: str) -> None:
+    _child(FENCED, _cap(capability)).inc()
+
+
+def settled(capability: str, outcome: str, reason: str = "") -> None:
+    """An inbox entry was settled (its completion accepted) and acked.
+
+    ``outcome`` dead and expired also count a dead letter (and expired an expiry),
+    retrying counts a retry.
+    """
+    cap = _cap(capability)
+    _child(ACKED, cap, outcome).inc()
+    if outcome in ("dead", "expired", "malformed"):
+        _child(DEAD, cap, reason or outcome).inc()
+    if outcome == "expired":
+        _child(EXPIRED, cap, reason or "expired").inc()
+    elif outcome == "retrying":
+        _child(RETRIED, cap).inc()
+
+
+def track_inflight(agent_id: str, fn: Callable[[], float]) -> None:
+    """Export ``fn()`` (read at scrape time) as the agent's in-flight gauge."""
+    INFLIGHT.labels(agent_id).set_function(fn)
+
+
+def inbox_depth(agent_id: str, depths: Mapping[str, int] | Iterable[tuple[str, int]]) -> None:
+    """Set the inbox depth per priority (called by the heartbeat with each XLEN)."""
+    items = depths.items() if isinstance(depths, Mapping) else depths
+    for prio, n in items:
+        INBOX.labels(agent_id, prio).set(n)
+
+
+def forget_agent(agent_id: str, priorities: Sequence[str] = ("high", "normal", "low")) -> None:
+    """Drop an agent's gauges (it stopped); its counters stay, as counters should."""
+    for metric, labels in [(INFLIGHT, (agent_id,))] + [(INBOX, (agent_id, p)) for p in priorities]:
+        try:
+            metric.remove(*labels)
+        except KeyError:
+            pass
+
+
+def registry_counts(counts: Mapping[str, int] | None, routable: int = 0) -> None:
+    """Set the registry gauges; ``None`` clears them (this process is not the sweeper)."""
+    if counts is None:
+        AGENTS.clear()
+        ROUTABLE.set(0)
+        return
+    for s in REGISTRY_STATES:
+        AGENTS.labels(s).set(counts.get(s, 0))
+    ROUTABLE.set(routable)
+
+
+async def count_agents(redis: Any, keys: Any) -> tuple[dict[str, int], int]:
+    """Count the namespace's agents by state, and the routable ones (one pipeline)."""
+    ids = await redis.zrange(keys.agents, 0, -1)
+    counts = {s: 0 for s in REGISTRY_STATES}
+    routable = 0
+    if not ids:
+        return counts, 0
+    pipe = redis.pipeline(transaction=False)
+    for i in ids:
+        pipe.hmget(keys.agent(i.decode() if isinstance(i, bytes) else i),
+                   "state", "ready", "draining")  # fmt: skip
+    for state, ready, draining in await pipe.execute():
+        if state is None:
+            continue
+        s = state.decode() if isinstance(state, bytes) else state
+        counts[s] = counts.get(s, 0) + 1
+        if s == "active" and ready in (b"1", "1") and draining not in (b"1", "1"):
+            routable += 1
+    return counts, routable
+
+
+# -- serving --------------------------------------------------------------------------
+def serve(port: int, addr: str = "0.0.0.0", registry: CollectorRegistry = REGISTRY) -> Any:
+    """Serve ``/metrics`` over HTTP on ``addr:port`` from a daemon thread.
+
+    Returns the HTTP server (``server.server_port`` is the port, useful with ``port=0``;
+    ``server.shutdown()`` stops it).
+    """
+    from prometheus_client import start_http_server
+
+    res = start_http_server(port, addr=addr, registry=registry)
+    return res[0] if isinstance(res, tuple) else res
