@@ -12,6 +12,8 @@
 -- KEYS[4] sweeper lock
 -- KEYS[5] capability-set key prefix (capability names are appended; same slot)
 -- KEYS[6] agent-hash key prefix (agent ids are appended; same slot)
+-- KEYS[7] reroute set: evicted agents are added, so their inboxes get moved to live agents
+--         even if the runtime that swept crashes before moving them
 -- ARGV[1] sweeper owner id (any runtime; the lock keeps the others idle)
 -- ARGV[2] lock ttl ms (0 = sweep without taking the lock)
 -- ARGV[3] shadow_ttl_ms
@@ -62,6 +64,7 @@ for _, id in ipairs(due) do
       redis.call('HSET', h, 'state', 'evicted', 'ready', '0', 'state_ms', now)
       redis.call('PEXPIRE', h, shadow_ttl)
       redis.call('ZADD', KEYS[1], now + shadow_ttl, id)
+      redis.call('SADD', KEYS[7], id)
       event('evicted', id, s[5])
       n_evict = n_evict + 1
       evicted[#evicted + 1] = id

@@ -201,7 +201,10 @@ class Client:
                         ev.set()
                         delete.append(entry_id)
             if delete:
-                await self.redis.xdel(self._reply_key, *delete)
+                try:  # answered replies: if Redis is away, the stream's TTL removes them
+                    await self.redis.xdel(self._reply_key, *delete)
+                except (rexc.ConnectionError, rexc.TimeoutError) as e:
+                    log.warning("reply stream cleanup failed: %s", e)
 
     # -- routing ----------------------------------------------------------------------
     def invalidate(self, capability: str | None = None) -> None:

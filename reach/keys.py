@@ -13,6 +13,8 @@ Layout (``ns`` is the namespace, ids are stripped of ``{``/``}`` first):
     reach:{ns}:delayed           zset  retry envelopes due at (epoch ms)
     reach:{ns}:dlq:<cap>         stream dead letters of <cap>
     reach:{ns}:parked:<cap>      stream messages waiting for an agent of <cap>
+    reach:{ns}:parked            set   capabilities with parked messages
+    reach:{ns}:reroute           set   evicted agents whose inbox is still to be moved
 
 * an agent's inbox, one slot per agent::
 
@@ -106,6 +108,16 @@ class Keys:
 
     def parked(self, capability: str) -> str:
         return f"{self._reg}:parked:{capability}"
+
+    @property
+    def parked_caps(self) -> str:
+        """Set of capabilities that have parked messages."""
+        return f"{self._reg}:parked"
+
+    @property
+    def reroute(self) -> str:
+        """Set of evicted agents whose inboxes still have to be moved to live agents."""
+        return f"{self._reg}:reroute"
 
     # -- per-agent slot ---------------------------------------------------------------
     def inbox(self, agent_id: str, priority: str) -> str:

@@ -297,7 +297,8 @@ class Registry:
         while True:
             reply = await scripts.call(
                 self.redis, "sweep",
-                [k.agents, k.caps, k.events, k.sweeper_lock, k.cap_prefix, k.agent_prefix],
+                [k.agents, k.caps, k.events, k.sweeper_lock, k.cap_prefix, k.agent_prefix,
+                 k.reroute],
                 [owner, lock_ms, shadow_ttl_ms, batch, self.events_maxlen],
             )  # fmt: skip
             if int(reply[0]) < 0:

@@ -64,12 +64,17 @@ from .errors import ConfigError, Reject, StaleRegistration
 from .keys import GROUP, Keys
 from .registry import Registry, normalize_capabilities, normalize_capability
 from .session import Session
-from .sweeper import move_due
+from .sweeper import move_due, release_parked, reroute_evicted
 from .tasks import MALFORMED_CAP, TASK_TTL_MS, dead_letter_op
 
 log = logging.getLogger("reach.runtime")
 
 Handler = Callable[[Any, "Context"], Any]
+
+
+def _eid(entry_id: Any) -> str:
+    return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+
 STARVE_AFTER = 8  # small-batch fetches serving higher priorities before one slot is kept
 
 
@@ -276,6 +281,7 @@ class RuntimeOptions:
     retry_base_s: float = 0.2
     retry_max_s: float = 30.0
     block_ms: int = 1000
+    pending_scan_s: float = 5.0
     handle_signals: bool = True
     sweeper: bool = True
     ready_event: threading.Event | None = field(default=None)
@@ -330,6 +336,8 @@ class _Runtime:
         self._hb_stop = threading.Event()
         self._stale = False
         self._passed_over = {"normal": 0, "low": 0}
+        self._held: set[tuple[str, str]] = set()  # (stream, entry id) dispatched, not settled
+        self._rescan = False
         self.stats: dict[str, int] = {
             "handled": 0, "replayed": 0, "fenced": 0, "dead": 0, "retried": 0, "expired": 0,
             "round_trips": 0,
@@ -540,6 +548,8 @@ class _Runtime:
                     if res.evicted:
                         log.warning("evicted: %s", ", ".join(res.evicted))
                     await move_due(self.redis, self.keys, self.client)
+                    await reroute_evicted(self.redis, self.keys, self.client, self.registry)
+                    await release_parked(self.redis, self.keys, self.client)
                 if time.monotonic() - counted >= max(5.0, o.sweep_interval_s):
                     counted = time.monotonic()  # registry gauges: only the lock holder's
                     if res.locked:
@@ -594,14 +604,17 @@ class _Runtime:
                 block=self.opts.block_ms,
             )  # fmt: skip
         except rexc.ResponseError as e:
-            if "NOGROUP" not in str(e):
+            # NOGROUP: the group is gone (a Redis that lost its data); UNBLOCKED: the stream
+            # was deleted while we waited on it. Either way: recreate and read again.
+            if "NOGROUP" not in str(e) and "UNBLOCKED" not in str(e):
                 raise
             await self._ensure_groups()
             return []
         return [(k.decode() if isinstance(k, bytes) else k, entries) for k, entries in res or []]
 
     async def _resume_pending(self, tg: anyio.abc.TaskGroup) -> None:
-        """Entries this agent_id read but never acked (a crash): handle them first."""
+        """Entries this agent_id read but never settled: after a restart (a crash), and
+        every ``pending_scan_s`` or after a failed Redis call while it runs."""
         keys = self.keys.inboxes(self.agent.agent_id)
         for key in keys:
             last = "0"
@@ -613,10 +626,15 @@ class _Runtime:
                 if not entries:
                     break
                 last = entries[-1][0]
+                # Entries this runtime holds right now are on their way; the others were
+                # read and then lost (a crash, or a claim/settle that failed): redo them.
+                lost = [e for e in entries if (key, _eid(e[0])) not in self._held]
+                if not lost:
+                    continue
                 while self.inflight >= self.opts.concurrency:
                     await self._wait_slot()
-                log.info("resuming %d pending entries of %s", len(entries), key)
-                await self._dispatch(tg, [(key, entries)])
+                log.info("resuming %d pending entries of %s", len(lost), key)
+                await self._dispatch(tg, [(key, lost)])
 
     async def _wait_slot(self) -> None:
         self._slot_free = anyio.Event()
@@ -625,6 +643,7 @@ class _Runtime:
 
     async def _consume(self, tg: anyio.abc.TaskGroup) -> None:
         o = self.opts
+        next_scan = time.monotonic() + o.pending_scan_s
         while not self.stopping.is_set():
             free = o.concurrency - self.inflight
             if free <= 0:
@@ -632,21 +651,28 @@ class _Runtime:
                 continue
             n = min(free, o.batch)
             try:
+                if self._rescan or time.monotonic() >= next_scan:
+                    self._rescan = False
+                    next_scan = time.monotonic() + o.pending_scan_s
+                    await self._resume_pending(tg)
                 got = await self._fetch(n)
                 if not got:
                     got = await self._block(n)
-            except (rexc.ConnectionError, rexc.TimeoutError, OSError) as e:
-                log.warning("inbox read failed (%s); retrying", e)
+                if got:
+                    await self._dispatch(tg, got)
+            except (rexc.RedisError, OSError) as e:
+                # Never let the consumer die: Redis away, restarted, failing over, or a
+                # reply we did not expect. Log, back off, pick up what was left pending.
+                log.warning("inbox read failed (%s: %s); retrying", type(e).__name__, e)
+                self._rescan = True
                 await anyio.sleep(0.2)
-                continue
-            if got:
-                await self._dispatch(tg, got)
 
     async def _dispatch(self, tg: anyio.abc.TaskGroup, got: list[tuple[str, list[Any]]]) -> None:
         """Decode and claim a batch, then start a handler task per claimed entry."""
         items: list[_Item] = []
         for stream, entries in got:
             for entry_id, fields in entries:
+                self._held.add((stream, _eid(entry_id)))
                 if isinstance(fields, list):  # from Lua: flat [field, value, ...]
                     fields = dict(zip(fields[::2], fields[1::2], strict=True))
                 data = fields.get(b"e") or fields.get("e")
@@ -663,12 +689,18 @@ class _Runtime:
             self._kick_settler()
             return
         self.stats["round_trips"] += 1
-        results = await self._claim(items)
+        try:
+            results = await self._claim(items)
+        except BaseException:
+            self._release(items)  # left pending: the next pending scan takes them up
+            raise
         busy: list[_Item] = []
         for it, res in zip(items, results, strict=True):
             assert it.env is not None
             if isinstance(res, BaseException):
                 log.warning("claim of %s failed (%s); it stays pending", it.env.msg_id, res)
+                self._release([it])
+                self._rescan = True
                 continue
             code = int(res[0])
             if code == 1:
@@ -797,10 +829,11 @@ class _Runtime:
     async def _handle(self, it: _Item) -> None:
         env = it.env
         assert env is not None
+        scope = logs.enter_message(env, self.agent.agent_id)  # ids on log records, OTel span
         try:
-            with logs.message_scope(env, self.agent.agent_id):
-                await self._run_one(it, env)
+            await self._run_one(it, env)
         finally:
+            logs.exit_message(scope)
             self.inflight -= 1
             self._slot_free.set()
 
@@ -974,8 +1007,16 @@ class _Runtime:
             try:
                 await self._settle(batch)
             except (rexc.RedisError, OSError) as e:
-                # Entries stay pending; their redelivery settles them (idempotently).
+                # Entries stay pending: the next pending scan redoes them, and claim finds
+                # the ones whose completion was stored (replay, not run again).
                 log.warning("settling %d entries failed: %s", len(batch), e)
+                self._rescan = True
+            finally:
+                self._release(batch)
+
+    def _release(self, items: list[_Item]) -> None:
+        for it in items:
+            self._held.discard((it.stream, _eid(it.entry_id)))
 
     async def _settle(self, batch: list[_Item]) -> None:
         if self._cluster:

@@ -3,7 +3,8 @@
 * ``redis_server`` - one standalone server for the whole session; tests stay apart by
   each taking its own namespace (``ns`` fixture);
 * ``fresh_redis`` - a standalone server of its own, for tests that restart or flush it;
-* ``redis_cluster`` - a 3-master Redis Cluster built from Python, for the session.
+* ``redis_cluster`` - a 3-master Redis Cluster built from Python, for the session;
+* ``redis_sentinel`` - 1 master, 1 replica and 3 sentinels of the test's own.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import redis
 from reach.connection import AnyRedis, connect
 from reach.embedded import RedisServer, find_server_binary
 from tests.cluster import RedisTestCluster
+from tests.sentinel import RedisTestSentinel
 
 
 @pytest.fixture(scope="session")
@@ -72,3 +74,11 @@ def sync_r(redis_url: str) -> Iterator[redis.Redis]:
 def redis_cluster(server_binary) -> Iterator[RedisTestCluster]:  # type: ignore[no-untyped-def]
     with RedisTestCluster(binary=server_binary, masters=3) as cluster:
         yield cluster
+
+
+@pytest.fixture
+def redis_sentinel(server_binary) -> Iterator[RedisTestSentinel]:  # type: ignore[no-untyped-def]
+    """1 master, 1 replica and 3 sentinels (quorum 2) of the test's own: a test may kill
+    the master. Its ``url`` is the ``redis+sentinel://`` URL of the service."""
+    with RedisTestSentinel(binary=server_binary) as deployment:
+        yield deployment

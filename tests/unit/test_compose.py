@@ -1,12 +1,16 @@
 """compose/: the YAML is well-formed, every file it mounts exists, redis.conf has the
 documented durability, and the real server binary accepts the config files and the
-server command lines it runs (Docker itself is not needed)."""
+server command lines it runs; the example agents' commands run for real and serve the
+/metrics that compose/prometheus.yml scrapes (Docker itself is not needed)."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
+import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,11 +21,16 @@ import redis
 import yaml
 
 from reach.embedded import RedisServer, ServerBinary, _die_with_parent_hook, free_port
+from reach.keys import Keys
 
-COMPOSE_DIR = Path(__file__).resolve().parents[2] / "compose"
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE_DIR = ROOT / "compose"
 COMPOSE_FILE = COMPOSE_DIR / "docker-compose.yml"
 REDIS_CONF = COMPOSE_DIR / "redis.conf"
 SENTINEL_CONFS = [COMPOSE_DIR / f"sentinel-{i}.conf" for i in (1, 2, 3)]
+PROMETHEUS_CONF = COMPOSE_DIR / "prometheus.yml"
+EXAMPLE_AGENTS = {"agent-planner": "planner", "agent-summarizer": "summarizer",
+                  "agent-reviewer": "reviewer"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -91,8 +100,14 @@ def test_profiles_and_services(services: dict[str, dict[str, Any]]) -> None:
         "sentinel-3",
     }
     assert by_profile["cluster"] == {"redis-node-1", "redis-node-2", "redis-node-3", "cluster-init"}
+    assert by_profile["examples"] == {*EXAMPLE_AGENTS, "prometheus"}
     for name, svc in services.items():
-        assert re.fullmatch(r"redis:7(\.\d+)*(-\w+)?", svc["image"]), (name, svc["image"])
+        if name in EXAMPLE_AGENTS:
+            assert "build" in svc, name
+        elif name == "prometheus":
+            assert re.fullmatch(r"prom/prometheus:v\d+\.\d+\.\d+", svc["image"]), "pinned"
+        else:
+            assert re.fullmatch(r"redis:7(\.\d+)*(-\w+)?", svc["image"]), (name, svc["image"])
 
 
 def test_default_redis_uses_redis_conf_and_is_published_on_localhost(
@@ -143,6 +158,10 @@ def test_every_mounted_file_exists(
         if build:
             context = build if isinstance(build, str) else build.get("context", ".")
             assert (COMPOSE_DIR / context).is_dir(), f"{name}: missing build context"
+            dockerfile = (
+                "Dockerfile" if isinstance(build, str) else build.get("dockerfile", "Dockerfile")
+            )
+            assert (COMPOSE_DIR / context / dockerfile).is_file(), f"{name}: missing {dockerfile}"
     for section in ("configs", "secrets"):
         for name, item in (compose.get(section) or {}).items():
             if "file" in item:
@@ -252,7 +271,7 @@ def test_compose_server_commands_are_accepted(
     """Each `redis-server` command of the compose file, run for real (mounts mapped)."""
     with RedisServer(binary=server_binary) as primary:
         for name, svc in services.items():
-            if _command(svc)[0] != "redis-server":
+            if _command(svc)[:1] != ["redis-server"]:
                 continue
             cluster = "--cluster-enabled" in _command(svc)
             port = free_port(also_free=(10000,) if cluster else ())
@@ -306,3 +325,109 @@ def test_sentinel_conf_is_accepted_by_the_real_server(
             assert str(master["down-after-milliseconds"]) == "1000"
             assert master["is_master"]
         assert "sentinel myid" in local.read_text(), "sentinel could rewrite its copy"
+
+
+# --- the example agents and Prometheus (profile "examples") ------------------------------
+
+
+def _worker_options() -> set[str]:
+    """The options `reach worker` accepts, from its own --help."""
+    res = subprocess.run(
+        [sys.executable, "-m", "reach_cli.app", "worker", "--help"], check=True,
+        capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    return set(re.findall(r"(--[a-z][a-z0-9-]*)", res.stdout))
+
+
+def test_example_agents_run_examples_with_metrics(services: dict[str, dict[str, Any]]) -> None:
+    accepted = _worker_options()
+    for name, module in EXAMPLE_AGENTS.items():
+        svc = services[name]
+        cmd = _command(svc)
+        assert cmd[:3] == ["reach", "worker", f"examples.{module}:app"], name
+        assert (ROOT / "examples" / f"{module}.py").is_file()
+        assert "app = reach.Agent(" in (ROOT / "examples" / f"{module}.py").read_text()
+        options = [a for a in cmd if a.startswith("--")]
+        assert set(options) <= accepted, f"{name}: `reach worker` has no {set(options) - accepted}"
+        assert cmd[cmd.index("--metrics-port") + 1] == "9100", name
+        env = svc["environment"]
+        assert env["REACH_REDIS_URL"] == "redis://redis:6379/0", "the compose Redis service"
+        assert env["REACH_NAMESPACE"] == "examples"
+        assert "redis" in svc["depends_on"] and not _profiles(services["redis"])
+        # SIGTERM drains for up to --drain-timeout-s (30 s): compose must wait that long
+        grace = str(svc.get("stop_grace_period", "10s"))
+        assert grace.endswith("s") and float(grace[:-1]) > 30, name
+        assert svc["build"] == services["agent-planner"]["build"], "one image for the three"
+
+
+def test_example_image_dockerfile_copies_what_exists() -> None:
+    dockerfile = COMPOSE_DIR / "Dockerfile"
+    lines = [ln.split() for ln in dockerfile.read_text().splitlines() if ln and ln[0] != "#"]
+    copies = [ln[1:-1] for ln in lines if ln[0] == "COPY"]
+    sources = {src for srcs in copies for src in srcs}
+    assert {"pyproject.toml", "README.md", "reach", "cli", "lua", "examples"} <= sources
+    for src in sources:  # the build context is the repository root
+        assert (ROOT / src).exists(), src
+    # BuildKit's per-Dockerfile ignore file keeps exactly those sources in the context
+    ignore = (COMPOSE_DIR / "Dockerfile.dockerignore").read_text().split()
+    kept = {p[1:].rstrip("/") for p in ignore if p.startswith("!")}
+    assert sources <= kept, sources - kept
+
+
+def test_prometheus_scrapes_every_example_agent(services: dict[str, dict[str, Any]]) -> None:
+    conf = yaml.safe_load(PROMETHEUS_CONF.read_text())
+    (job,) = conf["scrape_configs"]
+    assert job.get("metrics_path", "/metrics") == "/metrics"
+    targets = {t for sc in job["static_configs"] for t in sc["targets"]}
+    want = set()
+    for name in EXAMPLE_AGENTS:
+        cmd = _command(services[name])
+        want.add(f"{name}:{cmd[cmd.index('--metrics-port') + 1]}")
+    assert targets == want
+    prom = services["prometheus"]
+    assert ("./prometheus.yml", "/etc/prometheus/prometheus.yml") in _volumes(prom)
+    assert set(prom["depends_on"]) == set(EXAMPLE_AGENTS)
+    assert all(p.startswith("127.0.0.1:") for p in prom["ports"])
+
+
+def _scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        return resp.read().decode()
+
+
+def test_example_agent_commands_run_and_serve_metrics(
+    services: dict[str, dict[str, Any]], redis_url: str, ns: str
+) -> None:
+    """Each agent service's command, run for real as in its container (working directory =
+    the repository, as /app in the image; the test Redis instead of redis:6379; a free
+    metrics port instead of 9100): it registers, becomes ready and serves /metrics."""
+    procs: list[tuple[str, int, subprocess.Popen[bytes]]] = []
+    r = redis.Redis.from_url(redis_url)
+    try:
+        for name in EXAMPLE_AGENTS:
+            cmd = _command(services[name])
+            port = free_port()
+            cmd[cmd.index("--metrics-port") + 1] = str(port)
+            env = {**os.environ, **services[name]["environment"],
+                   "REACH_REDIS_URL": redis_url, "REACH_NAMESPACE": ns}  # fmt: skip
+            argv = [sys.executable, "-m", "reach_cli.app", *cmd[1:], "--log-level", "warning"]
+            p = subprocess.Popen(argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL)
+            procs.append((name, port, p))
+        for name, port, p in procs:
+            agent_id = f"{EXAMPLE_AGENTS[name]}-1"
+            deadline = time.monotonic() + 30
+            while r.hget(Keys(ns).agent(agent_id), "ready") != b"1":
+                assert p.poll() is None, f"{name} exited {p.returncode}"
+                assert time.monotonic() < deadline, f"{name} never became ready"
+                time.sleep(0.05)
+            assert "reach_" in _scrape(port), name
+    finally:
+        r.close()
+        for _name, _port, p in procs:
+            p.terminate()
+        for _name, _port, p in procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()

@@ -1,0 +1,201 @@
+"""A2A Agent Cards: a registered reach agent described in the Agent2Agent format.
+
+The card follows the A2A specification 1.0 (``AgentCard`` in the spec's ``a2a.proto``,
+JSON field names in lowerCamelCase). Its required fields are ``name``, ``description``,
+``supportedInterfaces``, ``version``, ``capabilities``, ``defaultInputModes``,
+``defaultOutputModes`` and ``skills``; see docs/a2a.md for how reach fills each one.
+
+* An agent may register with a card of its own (``reach.Agent(..., card={...})``); the
+  registry stores it as JSON in the agent's hash. :func:`agent_card` keeps every field
+  given there and completes the card with what the registry knows: one skill per
+  capability, a ``reach://<namespace>/<agent_id>`` interface, the reach registration as
+  a (non-required) extension.
+* reach does not serve A2A over HTTP: the interface it adds names reach's own binding
+  (``REACH``: the envelope on Redis Streams of docs/protocol.md). A client that only
+  speaks ``JSONRPC``, ``GRPC`` or ``HTTP+JSON`` finds no interface it can use here,
+  unless the given card lists one (e.g. of a gateway run next to the agent).
+* :data:`A2A_TASK_STATES` maps reach task statuses to A2A task states.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote
+
+from .registry import AgentInfo
+
+A2A_PROTOCOL_VERSION = "1.0"
+PROTOCOL_BINDING = "REACH"
+REACH_EXTENSION_URI = "urn:reach:registration:v1"
+DEFAULT_MODES = ["application/json"]
+
+# reach task status (reach.tasks.STATUSES, plus "unknown") -> A2A TaskState, short form.
+# The A2A 1.0 JSON wire form is "TASK_STATE_" + upper-case (see a2a_state_wire); A2A 0.3
+# used the short form itself. "canceled", "input-required" and "auth-required" have no
+# reach counterpart (reach has no cancel operation and no mid-task questions).
+A2A_TASK_STATES: dict[str, str] = {
+    "pending": "submitted",  # in an inbox (or re-sent), no handler has it yet
+    "running": "working",  # claimed by a worker, the handler runs
+    "retrying": "working",  # an attempt failed; it waits for its backoff, then runs again
+    "succeeded": "completed",
+    "failed": "failed",
+    "expired": "failed",  # the deadline passed (before start, or while running)
+    "dead": "failed",  # dead-lettered; "rejected" when the reason says so (below)
+    "unknown": "unspecified",  # no record (never sent, or its record expired)
+}
+
+# Dead-letter reasons meaning "the agent will not do this" rather than "it tried and failed".
+REJECTED_REASONS = frozenset(
+    {"rejected", "invalid_payload", "no_handler", "malformed", "version", "too_large"}
+)
+
+
+def a2a_task_state(status: str, reason: str = "") -> str:
+    """The A2A task state (short form) of a reach task ``status`` and dead-letter ``reason``.
+
+    >>> a2a_task_state("dead", "rejected"), a2a_task_state("dead", "max_attempts")
+    ('rejected', 'failed')
+    """
+    if status == "dead" and reason in REJECTED_REASONS:
+        return "rejected"
+    return A2A_TASK_STATES.get(status, "unspecified")
+
+
+def a2a_state_wire(state: str) -> str:
+    """The A2A 1.0 JSON form of a short task state: ``input-required`` ->
+    ``TASK_STATE_INPUT_REQUIRED``."""
+    return "TASK_STATE_" + state.replace("-", "_").upper()
+
+
+def reach_url(namespace: str, agent_id: str) -> str:
+    """The interface URL of an agent: ``reach://<namespace>/<agent_id>`` (percent-encoded)."""
+    return f"reach://{quote(namespace, safe='')}/{quote(agent_id, safe='')}"
+
+
+def capability_skill(capability: str) -> dict[str, Any]:
+    """The skill reach derives from a capability name (``text.summarize``)."""
+    parts = capability.split(".")
+    return {
+        "id": capability,
+        "name": " ".join(parts).replace("_", " ").capitalize(),
+        "description": f"Answers reach messages of capability '{capability}'.",
+        "tags": list(dict.fromkeys([capability, *parts])),
+    }
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _merge_skills(capabilities: list[str], given: Any) -> list[dict[str, Any]]:
+    """One skill per capability (given fields win), then given skills of other ids."""
+    given_list = [s for s in _list(given) if isinstance(s, Mapping)]
+    by_id = {str(s.get("id")): dict(s) for s in given_list if s.get("id")}
+    skills = [{**capability_skill(c), **by_id.pop(c, {})} for c in capabilities]
+    skills += [dict(s) for s in given_list if str(s.get("id")) in by_id]
+    return skills
+
+
+def agent_card(info: AgentInfo, *, namespace: str) -> dict[str, Any]:
+    """The A2A Agent Card of a registered agent, as a JSON-ready dict.
+
+    Every field of the card the agent registered with is kept as given; reach fills what
+    is missing (name = agent id, version = ``metadata["version"]`` or the registration
+    stamp, ...), adds a skill per capability it lacks, its ``reach://`` interface after
+    the given ones, and its registration as an extension in ``capabilities``.
+    """
+    given: dict[str, Any] = dict(info.card or {})
+    meta = info.metadata
+    url = reach_url(namespace, info.agent_id)
+    caps = ", ".join(info.capabilities)
+
+    interfaces = [
+        dict(i) for i in _list(given.get("supportedInterfaces")) if isinstance(i, Mapping)
+    ]
+    if not any(i.get("url") == url for i in interfaces):
+        interfaces.append({"url": url, "protocolBinding": PROTOCOL_BINDING, "tenant": namespace,
+                           "protocolVersion": A2A_PROTOCOL_VERSION})  # fmt: skip
+
+    capabilities: dict[str, Any] = {"streaming": False, "pushNotifications": False}
+    if isinstance(given.get("capabilities"), Mapping):
+        capabilities.update(given["capabilities"])
+    registration = {
+        "uri": REACH_EXTENSION_URI,
+        "description": "This agent's reach registration (docs/a2a.md).",
+        "required": False,
+        "params": {
+            "namespace": namespace, "agentId": info.agent_id, "state": info.state,
+            "ready": info.ready, "draining": info.draining, "weight": info.weight,
+            "capabilities": list(info.capabilities), "metadata": dict(meta),
+        },
+    }  # fmt: skip
+    extensions = [e for e in _list(capabilities.get("extensions"))
+                  if not (isinstance(e, Mapping) and e.get("uri") == REACH_EXTENSION_URI)]  # fmt: skip
+    capabilities["extensions"] = [*extensions, registration]
+
+    card: dict[str, Any] = {
+        "name": given.get("name") or info.agent_id,
+        "description": given.get("description")
+        or meta.get("description")
+        or f"reach agent {info.agent_id} ({caps}).",
+        "supportedInterfaces": interfaces,
+        "version": str(given.get("version") or meta.get("version") or info.version),
+        "capabilities": capabilities,
+        "defaultInputModes": list(given.get("defaultInputModes") or DEFAULT_MODES),
+        "defaultOutputModes": list(given.get("defaultOutputModes") or DEFAULT_MODES),
+        "skills": _merge_skills(info.capabilities, given.get("skills")),
+    }
+    for key, value in given.items():  # provider, documentationUrl, iconUrl, security...
+        card.setdefault(key, value)
+    return card
+
+
+# -- checking ------------------------------------------------------------------------------
+# The fields A2A 1.0 marks REQUIRED, with their JSON types (list[str]: array of strings).
+CARD_REQUIRED: dict[str, Any] = {
+    "name": str, "description": str, "supportedInterfaces": list, "version": str,
+    "capabilities": dict, "defaultInputModes": list[str], "defaultOutputModes": list[str],
+    "skills": list,
+}  # fmt: skip
+INTERFACE_REQUIRED: dict[str, Any] = {"url": str, "protocolBinding": str, "protocolVersion": str}
+SKILL_REQUIRED: dict[str, Any] = {"id": str, "name": str, "description": str, "tags": list[str]}
+PROVIDER_REQUIRED: dict[str, Any] = {"url": str, "organization": str}
+
+
+def _type_ok(value: Any, t: Any) -> bool:
+    if t == list[str]:
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    return isinstance(value, t)
+
+
+def _check(obj: Any, required: Mapping[str, Any], where: str, out: list[str]) -> None:
+    if not isinstance(obj, Mapping):
+        out.append(f"{where}: must be an object")
+        return
+    for field, t in required.items():
+        if field not in obj:
+            out.append(f"{where}.{field}: required field missing")
+        elif not _type_ok(obj[field], t):
+            name = "list[str]" if t == list[str] else t.__name__
+            out.append(f"{where}.{field}: must be {name}")
+
+
+def card_problems(card: Mapping[str, Any]) -> list[str]:
+    """What keeps ``card`` from being a valid A2A 1.0 Agent Card ([] when nothing).
+
+    Checks the required fields and their types, of the card and of its interfaces,
+    skills and provider (a card an agent registered with may be incomplete on its own:
+    check the output of :func:`agent_card`).
+    """
+    out: list[str] = []
+    _check(card, CARD_REQUIRED, "card", out)
+    for i, iface in enumerate(card.get("supportedInterfaces") or []):
+        _check(iface, INTERFACE_REQUIRED, f"card.supportedInterfaces[{i}]", out)
+    if isinstance(card.get("supportedInterfaces"), list) and not card["supportedInterfaces"]:
+        out.append("card.supportedInterfaces: needs at least one interface")
+    for i, skill in enumerate(card.get("skills") or []):
+        _check(skill, SKILL_REQUIRED, f"card.skills[{i}]", out)
+    if "provider" in card:
+        _check(card["provider"], PROVIDER_REQUIRED, "card.provider", out)
+    return out

@@ -1,0 +1,183 @@
+"""Agents and helpers for the messaging tests (issue 3).
+
+The factories (``crash_agent``, ``echo_agent``) are what ``reach worker
+tests.agents_messaging:NAME`` runs in a child process; they take no arguments and read
+``REACH_TEST_*`` environment variables instead. The helpers serve in-process agents
+(:func:`serving`), wait for readiness by polling the registry, and count side effects in
+Redis: every handler that "does something" increments ``Keys(ns).effects(name)`` with the
+message's idempotency key as the field, so a test can tell how often it really ran.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any, TypeVar
+
+import anyio
+
+from reach.client import Client
+from reach.connection import AnyRedis
+from reach.errors import NoAgentAvailable
+from reach.keys import Keys
+from reach.runtime import Agent, Context
+
+T = TypeVar("T")
+
+# Sub-second leases, fast sweeps and retries: what every in-process agent of these tests uses.
+FAST: dict[str, Any] = dict(
+    heartbeat_s=0.1, lease_s=0.3, evict_after_s=0.6, sweep_interval_s=0.1,
+    handle_signals=False, retry_base_s=0.05, block_ms=200, drain_timeout_s=2.0,
+)  # fmt: skip
+
+# The same settings on the `reach worker` command line.
+FAST_CLI = [
+    "--heartbeat-s", "0.1", "--lease-s", "0.3", "--evict-after-s", "0.6",
+    "--sweep-interval-s", "0.1", "--retry-base-s", "0.05", "--drain-timeout-s", "2",
+    "--log-level", "warning",
+]  # fmt: skip
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# -- side effects ----------------------------------------------------------------------
+async def bump(ctx: Context, name: str) -> int:
+    """Record one side effect of ``name`` for this message (field = idempotency key)."""
+    return int(await ctx.redis.hincrby(ctx.keys.effects(name), ctx.idempotency_key, 1))
+
+
+async def effects(r: AnyRedis, ns: str, name: str) -> dict[str, int]:
+    """All side effects of ``name``: idempotency key -> how many times it happened."""
+    raw = await r.hgetall(Keys(ns).effects(name))
+    return {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in raw.items()}
+
+
+# -- waiting -------------------------------------------------------------------------------
+async def wait_until(
+    fn: Callable[[], Awaitable[T]], *, timeout: float = 15.0, interval: float = 0.02,
+    what: str = "condition",
+) -> T:  # fmt: skip
+    """Poll ``fn`` until it returns something truthy (returned), or fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = await fn()
+        if last:
+            return last
+        await anyio.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+async def wait_eligible(
+    client: Client, capability: str, agent_ids: Iterable[str], *, timeout: float = 20.0,
+    instance_of: dict[str, str] | None = None,
+) -> None:  # fmt: skip
+    """Wait until every one of ``agent_ids`` is eligible for ``capability``.
+
+    ``instance_of`` (agent_id -> instance id to avoid) waits for a *new* instance, e.g. a
+    worker restarted under the same agent_id.
+    """
+    want = set(agent_ids)
+
+    async def ready() -> bool:
+        client.invalidate()
+        try:
+            agents = await client.eligible(capability)
+        except NoAgentAvailable:
+            return False
+        got = {a.agent_id: a.instance_id for a in agents}
+        if not want <= set(got):
+            return False
+        return all(got[a] != old for a, old in (instance_of or {}).items())
+
+    await wait_until(ready, timeout=timeout, what=f"agents {sorted(want)} eligible for {capability}")
+
+
+async def wait_status(client: Client, msg_id: str, *statuses: str, timeout: float = 15.0) -> Any:
+    """Poll ``client.task(msg_id)`` until its status is one of ``statuses``."""
+
+    async def check() -> Any:
+        st = await client.task(msg_id)
+        return st if st.status in statuses else None
+
+    return await wait_until(check, timeout=timeout, what=f"task {msg_id} in {statuses}")
+
+
+# -- serving in-process agents ---------------------------------------------------------
+@asynccontextmanager
+async def serving(
+    redis_url: str, ns: str, *agents: Agent, client_id: str | None = None, **options: Any
+) -> AsyncIterator[Client]:
+    """Run ``agents`` in this event loop (FAST settings, overridable) and yield a Client
+    once every agent is eligible for each of its capabilities; stop them on exit."""
+    opts = {**FAST, **options}
+    async with anyio.create_task_group() as tg:
+        for a in agents:
+            tg.start_soon(partial(a.run, redis_url=redis_url, namespace=ns, **opts))
+        try:
+            async with Client(redis_url=redis_url, namespace=ns, client_id=client_id) as client:
+                for a in agents:
+                    for cap in a.capabilities:
+                        await wait_eligible(client, cap, [a.agent_id])
+                yield client
+        finally:
+            for a in agents:
+                a.stop()
+
+
+class Gate:
+    """An in-process handler that holds its slot until :meth:`open` (priority/deadline tests)."""
+
+    def __init__(self) -> None:
+        self.entered = anyio.Event()
+        self._open = anyio.Event()
+
+    def open(self) -> None:
+        self._open.set()
+
+    async def hold(self) -> None:
+        self.entered.set()
+        await self._open.wait()
+
+
+# -- factories for `reach worker` processes --------------------------------------------
+def crash_agent() -> Agent:
+    """``test.crash``: the first run of a message sleeps (long) before its side effect, so a
+    test can SIGKILL the worker in that window; any later run does the effect at once."""
+    agent_id = os.environ.get("REACH_TEST_AGENT_ID", "crash-1")
+    first_sleep = float(os.environ.get("REACH_TEST_SLEEP_S", "30"))
+    app = Agent(agent_id, capabilities=["test.crash"])
+
+    @app.handler("test.crash")
+    async def crash(payload: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        starts = await bump(ctx, "crash.started")
+        if starts == 1:
+            await anyio.sleep(first_sleep)
+        n = await bump(ctx, "crash")
+        return {"echo": payload, "effects": n, "starts": starts, "pid": os.getpid()}
+
+    return app
+
+
+def echo_agent() -> Agent:
+    """``test.echo``: returns the payload and counts one side effect per message."""
+    app = Agent(os.environ.get("REACH_TEST_AGENT_ID", "echo-1"), capabilities=["test.echo"])
+
+    @app.handler("test.echo")
+    async def echo(payload: Any, ctx: Context) -> dict[str, Any]:
+        await bump(ctx, "echo")
+        return {"echo": payload, "agent": ctx.agent_id}
+
+    return app
+
+
+def worker_cmd(target: str, redis_url: str, ns: str, *extra: str) -> list[str]:
+    """The command line of a real ``reach worker`` process for ``tests.agents_messaging:target``."""
+    return [
+        sys.executable, "-m", "reach_cli.app", "worker", f"tests.agents_messaging:{target}",
+        "--redis-url", redis_url, "--namespace", ns, *FAST_CLI, *extra,
+    ]  # fmt: skip
