@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import logging
 import random
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import anyio
 from redis import exceptions as rexc
 
-from . import scripts
+from . import logs, metrics, scripts
 from .connection import AnyRedis, connect, is_cluster, unreachable
 from .envelope import (
     PRIORITIES,
@@ -246,6 +247,7 @@ class Client:
         )  # fmt: skip
 
     def _on_breaker_change(self, change: Any) -> None:
+        metrics.breaker_transition(change.agent_id, change.old, change.new)
         log.warning("circuit breaker for %s: %s -> %s (%d of %d failed)", change.agent_id,
                     change.old, change.new, change.failures, change.requests)  # fmt: skip
 
@@ -314,11 +316,23 @@ class Client:
         """
         if env.deadline_ms and env.deadline_ms <= now_ms():
             raise DeadlineExceeded(f"Deadline of {env.capability!r} passed before sending.")
-        agent = await self._pick(env, where)
+        try:  # a stale registry view is re-read here, from Redis
+            with logs.span("reach.route", attributes={"reach.capability": env.capability}):
+                agent = await self._pick(env, where)
+        except (rexc.ConnectionError, rexc.TimeoutError) as e:
+            raise unreachable(self.redis_url, e) from e
         if track:
             self.router.inflight.add(agent.agent_id)
         inbox = self.keys.inbox(agent.agent_id, env.priority)
-        data = encode(env)
+        with logs.span("reach.deliver", kind="producer"):
+            logs.inject(env.headers)
+            data = encode(env)
+            await self._add(env, agent.agent_id, inbox, data, track=track)
+        metrics.message_sent(env.capability, env.priority)
+        return agent.agent_id
+
+    async def _add(self, env: Envelope, agent_id: str, inbox: str, data: bytes, *,
+                   track: bool) -> None:  # fmt: skip
         try:
             if self._cluster:
                 ops = [("XADD", inbox, "*", "e", data), *pending_ops(self.keys, env)]
@@ -334,13 +348,12 @@ class Client:
                 )  # fmt: skip
         except BaseException as e:
             if track:
-                self.router.inflight.done(agent.agent_id)
+                self.router.inflight.done(agent_id)
             if isinstance(e, (rexc.ConnectionError, rexc.TimeoutError)):
                 raise unreachable(self.redis_url, e) from e
             if isinstance(e, rexc.ResponseError):
-                await self.view.recheck(agent.agent_id)
+                await self.view.recheck(agent_id)
             raise
-        return agent.agent_id
 
     async def send(self, capability: str, payload: Any, **kw: Any) -> str:
         """Send without waiting; returns the msg_id (see :meth:`task` for its outcome)."""
@@ -380,6 +393,16 @@ class Client:
 
     async def call(self, env: Envelope, *, where: Mapping[str, Any] | None = None) -> Any:
         """Deliver a built envelope and wait for its reply (see :meth:`request`)."""
+        t0 = time.perf_counter()
+        try:
+            res = await self._call(env, where)
+        except BaseException as e:
+            metrics.client_reply(env.capability, metrics.client_outcome(e), time.perf_counter() - t0)
+            raise
+        metrics.client_reply(env.capability, "succeeded", time.perf_counter() - t0)
+        return res
+
+    async def _call(self, env: Envelope, where: Mapping[str, Any] | None) -> Any:
         self._ensure_reader()
         ev = anyio.Event()
         self._events[env.msg_id] = ev

@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from . import scripts
+from . import metrics, scripts
 from .client import Client
 from .connection import AnyRedis
 from .envelope import BadEnvelope, Envelope, Reply, decode_envelope, encode, now_ms
@@ -80,6 +80,7 @@ async def expire(redis: AnyRedis, keys: Keys, env: Envelope, *, reason: str, err
         rk = keys.replies(env.reply_to)
         ops += [("XADD", rk, "*", "r", encode(reply)), ("PEXPIRE", rk, TASK_TTL_MS)]
     await scripts.run_pipeline(redis, ops)
+    metrics.expired(env.capability, reason)
 
 
 @dataclass
@@ -152,6 +153,7 @@ async def _move_one(
             keys, capability=MALFORMED_CAP, reason=e.reason, data=data, error=e.detail,
             agent_id=agent_id,
         )])  # fmt: skip
+        metrics.dead_lettered(MALFORMED_CAP, e.reason)
         out.dead += 1
         return
     if env.deadline_ms and env.deadline_ms <= now_ms():
@@ -183,6 +185,7 @@ async def _dead(redis: AnyRedis, keys: Keys, env: Envelope, *, reason: str, erro
         rk = keys.replies(env.reply_to)
         ops += [("XADD", rk, "*", "r", encode(reply)), ("PEXPIRE", rk, TASK_TTL_MS)]
     await scripts.run_pipeline(redis, ops)
+    metrics.dead_lettered(env.capability, reason)
 
 
 async def release_parked(
