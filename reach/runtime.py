@@ -245,7 +245,10 @@ class Agent:
         ``lease_s`` (9), ``evict_after_s`` (18), ``stall_s`` (event loop without progress
         before heartbeats stop; 30), ``concurrency`` (16), ``drain_timeout_s`` (30),
         ``shadow_ttl_s`` (3600), ``sweep_interval_s`` (1), ``claim_lease_s`` (60),
-        ``retry_base_s`` (0.2), ``retry_max_s`` (30), ``handle_signals`` (True).
+        ``retry_base_s`` (0.2), ``retry_max_s`` (30), ``batch`` (64, entries per read),
+        ``block_ms`` (1000, longest blocking read), ``pending_scan_s`` (5, how often its
+        own unsettled entries are looked for), ``consumer_stall_s`` (10, consumer without
+        progress before it is marked not ready), ``handle_signals`` (True).
         """
         rt = _Runtime(self, RuntimeOptions(**options))
         self._runtime = rt
@@ -281,6 +284,7 @@ class RuntimeOptions:
     retry_base_s: float = 0.2
     retry_max_s: float = 30.0
     block_ms: int = 1000
+    consumer_stall_s: float = 10.0
     pending_scan_s: float = 5.0
     handle_signals: bool = True
     sweeper: bool = True
@@ -338,6 +342,7 @@ class _Runtime:
         self._passed_over = {"normal": 0, "low": 0}
         self._held: set[tuple[str, str]] = set()  # (stream, entry id) dispatched, not settled
         self._rescan = False
+        self._consumer_tick = time.monotonic()
         self.stats: dict[str, int] = {
             "handled": 0, "replayed": 0, "fenced": 0, "dead": 0, "retried": 0, "expired": 0,
             "round_trips": 0,
@@ -376,6 +381,7 @@ class _Runtime:
                 self._tg = tg
                 self._start_heartbeat()
                 tg.start_soon(self._ticker)
+                tg.start_soon(self._watchdog)
                 tg.start_soon(self._settler)
                 for _ in range(o.concurrency):
                     tg.start_soon(self._handler_pool_member)
@@ -459,6 +465,26 @@ class _Runtime:
                     raise
 
     # -- liveness ---------------------------------------------------------------------
+    async def _watchdog(self) -> None:
+        """Readiness follows the consumer: a consumer that is alive but has not come round
+        its loop for ``consumer_stall_s`` (a read that hangs) is marked not ready, so
+        routing avoids it, and ready again once it moves."""
+        unready_by_us = False
+        while True:
+            await anyio.sleep(self.opts.heartbeat_s)
+            stuck_s = time.monotonic() - self._consumer_tick
+            try:
+                if stuck_s > self.opts.consumer_stall_s and self.ready and not self.draining:
+                    log.error("consumer made no progress for %.1fs: marked not ready", stuck_s)
+                    await self._set_ready(False)
+                    unready_by_us = True
+                elif stuck_s <= self.opts.consumer_stall_s and unready_by_us:
+                    log.warning("consumer moves again: ready")
+                    await self._set_ready(True)
+                    unready_by_us = False
+            except (rexc.RedisError, OSError) as e:
+                log.warning("readiness update failed: %s", e)
+
     async def _ticker(self) -> None:
         """Proof of event-loop progress, read by the heartbeat thread."""
         period = min(self.opts.heartbeat_s, self.opts.stall_s / 4)
@@ -645,6 +671,7 @@ class _Runtime:
         o = self.opts
         next_scan = time.monotonic() + o.pending_scan_s
         while not self.stopping.is_set():
+            self._consumer_tick = time.monotonic()
             free = o.concurrency - self.inflight
             if free <= 0:
                 await self._wait_slot()
