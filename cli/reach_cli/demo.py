@@ -9,6 +9,7 @@ import sys
 import time
 from collections import Counter
 from functools import partial
+from pathlib import Path
 
 import anyio
 from rich.table import Table
@@ -94,6 +95,7 @@ def run_demo(*, fast: bool = False) -> None:
         for p in procs.values():
             p.wait(timeout=30)
         _cli("agents", url=url)
+        _examples(url)
         console.print("[bold green]demo finished[/bold green]")
     finally:
         for p in procs.values():
@@ -102,6 +104,30 @@ def run_demo(*, fast: bool = False) -> None:
                 p.wait()
         if server is not None:
             server.stop()
+
+
+def _examples(url: str) -> None:
+    """Step 10, from a source checkout: the agents of examples/ working together."""
+    if (Path.cwd() / "examples" / "run_all.py").is_file() and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))  # the demo runs from the repository root
+    try:
+        from examples import run_all  # type: ignore[import-not-found]
+    except ImportError:
+        console.print("[dim](examples/ is not importable from here: run the demo from the "
+                      "repository root to see the example agents)[/dim]")  # fmt: skip
+        return
+    _step("10. examples/: a planner calls a summariser and a reviewer, keeping a session")
+    procs = run_all.start_workers(url)
+    try:
+        anyio.run(run_all.wait_ready, url)
+        if anyio.run(run_all.conversation, url) != 0:
+            raise ReachError("the example conversation did not go as expected")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            p.wait(timeout=30)
 
 
 async def _wait_ready(url: str, n: int, timeout_s: float = 30.0) -> None:
