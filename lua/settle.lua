@@ -6,26 +6,29 @@
 --
 -- KEYS: every key the batch touches (idempotency records, reply streams, dead-letter
 --       streams, the delayed zset, inbox streams); items refer to them by index
--- ARGV[1] ttl_ms of idempotency records
--- ARGV[2] number of items, then for each item:
---   idem key index (0 = nothing to complete: run the commands), fence, status,
---   reply bytes, mode ('done' | 'release'), error text, number of commands,
---   then each command: name, key index, number of arguments, arguments...
---   (names allowed: XADD, PEXPIRE, ZADD, XACK, XDEL)
+-- ARGV[1] ttl_ms of idempotency records and reply streams
+-- ARGV[2] the inbox consumer group
+-- ARGV[3] number of items, then for each item:
+--   idem key index (0 = nothing to complete), fence, status, reply bytes,
+--   mode ('done': store the reply, later deliveries replay it | 'release': the key may run
+--   again), error text, reply stream index (0 = publish no reply), inbox stream index
+--   (0 = no ack), entry id, number of extra commands, then each extra command:
+--   name, key index, number of arguments, arguments... (names allowed: XADD, ZADD)
 --
--- Returns one code per item: 1 settled (its commands ran); 0 fenced: another owner
--- claimed the key since, nothing was written for this item
-local allowed = {XADD = true, PEXPIRE = true, ZADD = true, XACK = true, XDEL = true}
+-- Returns one code per item: 1 settled (reply published, extra commands run, entry
+-- acked and deleted); 0 fenced: another owner claimed the key since, nothing was written
+-- for this item
+local allowed = {XADD = true, ZADD = true}
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ttl = ARGV[1]
-local p = 3
+local ttl, group = ARGV[1], ARGV[2]
+local p = 4
 local out = {}
-for item = 1, tonumber(ARGV[2]) do
+for item = 1, tonumber(ARGV[3]) do
   local ki = tonumber(ARGV[p])
   local fence, status, reply, mode, err = ARGV[p + 1], ARGV[p + 2], ARGV[p + 3], ARGV[p + 4], ARGV[p + 5]
-  local ncmd = tonumber(ARGV[p + 6])
-  p = p + 7
+  local ri, ii, entry, ncmd = tonumber(ARGV[p + 6]), tonumber(ARGV[p + 7]), ARGV[p + 8], tonumber(ARGV[p + 9])
+  p = p + 10
   local ok = true
   if ki > 0 then
     local key = KEYS[ki]
@@ -41,6 +44,10 @@ for item = 1, tonumber(ARGV[2]) do
       redis.call('PEXPIRE', key, ttl)
     end
   end
+  if ok and ri > 0 then
+    redis.call('XADD', KEYS[ri], '*', 'r', reply)
+    redis.call('PEXPIRE', KEYS[ri], ttl)
+  end
   for _ = 1, ncmd do
     local name, kidx, nargs = ARGV[p], tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2])
     if ok then
@@ -50,6 +57,10 @@ for item = 1, tonumber(ARGV[2]) do
       redis.call(name, KEYS[kidx], unpack(ARGV, p + 3, p + 2 + nargs))
     end
     p = p + 3 + nargs
+  end
+  if ok and ii > 0 then
+    redis.call('XACK', KEYS[ii], group, entry)
+    redis.call('XDEL', KEYS[ii], entry)
   end
   out[item] = ok and 1 or 0
 end

@@ -16,25 +16,39 @@ Redis Sentinel
 * ``user:password@`` authenticate to the master (``requirepass`` / ACL user), not to the
   sentinels; for sentinels with a password of their own add ``?sentinel_password=...``
   (and ``&sentinel_username=...`` for an ACL user);
-* other options: ``socket_timeout`` (seconds a reply may take on the master, default 10:
-  keep it above the longest ``BLOCK`` you issue; reach's own blocking reads use 1 s) and
+* other options: ``master_wait_s`` (how long a connection waits for the sentinels to name
+  a reachable master, default 10: longer than ``down-after-milliseconds`` plus the
+  election), ``socket_timeout`` (seconds a reply may take, default 10: keep it above the
+  longest ``BLOCK`` you issue; reach's own blocking reads use 1 s) and
   ``socket_connect_timeout`` (default 2).
 
 Example: ``redis+sentinel://:s3cret@10.0.0.1:26379,10.0.0.2:26379,10.0.0.3/mymaster/0``.
 
 The client is a :class:`redis.asyncio.Redis` (``is_cluster`` is False) over redis-py's
-``SentinelConnectionPool``: every new connection asks the sentinels for the current master
-(and skips one they consider down), and a ``READONLY`` reply from a demoted master drops
-the connection. A command that fails with a connection error or a timeout is retried
-with a short exponential backoff (about 7 s on average, at most ~15 s, before the error
-reaches the caller), long enough to ride through a failover at typical test settings;
-after a longer failover the next command reconnects to the promoted replica by itself.
+``SentinelConnectionPool``, with three changes for failovers:
+
+* every (re)connection asks the sentinels for the master, and while they name none that
+  answers (failover in progress) keeps asking for up to ``master_wait_s``; a command whose
+  connection broke is sent once more on such a connection. So a call made while the master
+  dies waits for the promoted replica instead of failing (worst case ~2 x
+  ``master_wait_s``, then :class:`~reach.errors.RedisUnavailable` from reach's callers);
+* while the client is in use, the sentinels are asked at most once a second, in the
+  background, whether the master moved; if so, every connection is dropped. This covers a
+  failover whose old master stays up (``SENTINEL FAILOVER``, a partition): it keeps taking
+  writes, later thrown away, until the sentinels turn it into a replica ~10 s later;
+* a ``READONLY`` reply (a demoted master) drops the connection, as in redis-py.
+
 Replication is asynchronous: writes acknowledged by a master just before it died can be
 missing on the promoted replica (reach's redelivery and idempotency are the defence).
+The sync client (``connect_sync``, used by the heartbeat thread) behaves the same.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -45,13 +59,18 @@ from redis import exceptions as rexc
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
 from redis.asyncio.sentinel import SentinelManagedConnection as AsyncSentinelConnection
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.cluster import RedisCluster
+from redis.connection import HiredisRespSerializer
 from redis.retry import Retry
-from redis.sentinel import Sentinel, SentinelManagedConnection
+from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
+from redis.utils import HIREDIS_AVAILABLE
 
 from .errors import ConfigError, RedisUnavailable
+
+log = logging.getLogger("reach.connection")
 
 AnyRedis = Any  # redis.asyncio.Redis | RedisCluster: their common surface is what we use
 
@@ -112,7 +131,7 @@ def _check_scheme(url: str) -> None:
 # -- Sentinel ------------------------------------------------------------------------------
 SENTINEL_PORT = 26379
 _SENTINEL_OPTS = {"sentinel_username", "sentinel_password", "socket_timeout",
-                  "socket_connect_timeout"}  # fmt: skip
+                  "socket_connect_timeout", "master_wait_s"}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +147,7 @@ class SentinelURL:
     sentinel_password: str | None = None
     socket_timeout: float = 10.0
     socket_connect_timeout: float = 2.0
+    master_wait_s: float = 10.0
 
 
 def parse_sentinel_url(url: str) -> SentinelURL:
@@ -179,7 +199,7 @@ def parse_sentinel_url(url: str) -> SentinelURL:
     for name, value in parse_qsl(parts.query, keep_blank_values=True):
         if name not in _SENTINEL_OPTS:
             raise bad(f"unknown option {name!r} (known: {', '.join(sorted(_SENTINEL_OPTS))})")
-        if name.startswith("socket_"):
+        if name.startswith("socket_") or name == "master_wait_s":
             try:
                 opts[name] = float(value)
             except ValueError:
@@ -189,12 +209,11 @@ def parse_sentinel_url(url: str) -> SentinelURL:
     return SentinelURL(tuple(hosts), path[0], db, username, password, **opts)
 
 
-# Commands that fail on a connection error or a timeout are retried: up to 4 times with
-# full-jitter exponential backoff (0.2, 0.4, 0.8, 1 s caps). redis-py applies the same
-# policy to each (re)connection attempt, which asks the sentinels for the master again,
-# so a call rides out about 7 s of failover on average (~15 s at most) before it raises.
-_RETRIES = 4
-_BACKOFF = {"cap": 1.0, "base": 0.1}
+# A command whose connection broke (or timed out) is sent again once, on a connection that
+# waited for a master as above: worst case about 2 x master_wait_s before the error.
+_RETRIES = 1
+_BACKOFF = {"cap": 0.5, "base": 0.05}
+MASTER_WAIT_S = 10.0
 
 
 def _master_kw(su: SentinelURL, decode_responses: bool) -> dict[str, Any]:
@@ -214,16 +233,43 @@ def _sentinel_kw(su: SentinelURL) -> dict[str, Any]:
     }  # fmt: skip
 
 
-# redis-py (up to 8.1 at least, issue redis/redis-py#3874) asks the sentinels for the master
-# only when the pool hands out a connection: a command that lost its connection and is
-# retried reconnects to the same, possibly dead, address until its retries run out. These
-# connection classes send that reconnection through the sentinels too.
+# How a connection to the master is (re)opened. redis-py asks the sentinels only when the
+# pool hands out a connection, with its command retry policy, and a command retried after
+# its connection broke reconnects to the same, possibly dead, address (redis/redis-py#3874,
+# open in 8.1). Here every (re)connection asks the sentinels, and keeps asking for up to
+# ``master_wait_s`` while there is no reachable master (a failover in progress):
+# ``down-after-milliseconds`` plus the election. A wrong password is not waited for.
+_NO_WAIT = (rexc.AuthenticationError, rexc.AuthorizationError)
+
+
+def _next_delay(delay: float) -> float:
+    return min(delay * 2, 0.5)
+
+
 class _SentinelConnection(AsyncSentinelConnection):
+    async def connect(self) -> None:
+        if self.is_connected:
+            return
+        pool = self.connection_pool
+        deadline = time.monotonic() + getattr(pool, "master_wait_s", MASTER_WAIT_S)
+        delay = 0.05
+        while True:
+            try:
+                await self.connect_to(await pool.get_master_address())
+                return
+            except _NO_WAIT:
+                raise
+            except (rexc.ConnectionError, rexc.TimeoutError):
+                if time.monotonic() + delay >= deadline:
+                    raise
+            await asyncio.sleep(delay)
+            delay = _next_delay(delay)
+
     async def connect_check_health(
         self, check_health: bool = True, retry_socket_connect: bool = True
     ) -> None:
         if retry_socket_connect and not self.is_connected:
-            await self.connect()  # -> the master's address -> connect_to -> here, without retry
+            await self.connect()  # a command's reconnection: through the sentinels too
             return
         await super().connect_check_health(
             check_health=check_health, retry_socket_connect=retry_socket_connect
@@ -231,6 +277,24 @@ class _SentinelConnection(AsyncSentinelConnection):
 
 
 class _SyncSentinelConnection(SentinelManagedConnection):
+    def connect(self) -> None:
+        if self._sock:
+            return
+        pool = self.connection_pool
+        deadline = time.monotonic() + getattr(pool, "master_wait_s", MASTER_WAIT_S)
+        delay = 0.05
+        while True:
+            try:
+                self.connect_to(pool.get_master_address())
+                return
+            except _NO_WAIT:
+                raise
+            except (rexc.ConnectionError, rexc.TimeoutError):
+                if time.monotonic() + delay >= deadline:
+                    raise
+            time.sleep(delay)
+            delay = _next_delay(delay)
+
     def connect_check_health(
         self, check_health: bool = True, retry_socket_connect: bool = True
     ) -> None:
@@ -242,6 +306,77 @@ class _SyncSentinelConnection(SentinelManagedConnection):
         )
 
 
+class _SentinelPool(AsyncSentinelPool):
+    """Also asks the sentinels who the master is at most once per ``recheck_s`` while the
+    client is in use (in the background, never delaying a command).
+
+    redis-py asks only when it opens a connection. After a failover whose old master is
+    still up (``SENTINEL FAILOVER``, a network partition), pooled connections to the old
+    master keep working for the ~10 s sentinels take to turn it into a replica, and what is
+    written there is then thrown away. When the answer changes, every connection is
+    dropped; commands in flight are retried on the new master.
+    """
+
+    recheck_s = 1.0
+    _checked = 0.0
+    _check_task: asyncio.Task[None] | None = None
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        now = time.monotonic()
+        if self.is_master and now - self._checked >= self.recheck_s:
+            self._checked = now
+            if self._check_task is None or self._check_task.done():
+                self._check_task = asyncio.get_running_loop().create_task(self._recheck())
+        return await super().get_connection(*args, **kwargs)
+
+    async def _recheck(self) -> None:
+        try:
+            address = await self.sentinel_manager.discover_master(self.service_name)
+        except (rexc.ConnectionError, rexc.TimeoutError, OSError):
+            return  # no answer now: connection errors lead to a rediscovery anyway
+        old = self.master_address
+        if old is not None and address != old:
+            log.warning("Sentinel %s: the master moved from %s:%s to %s:%s; reconnecting",
+                        self.service_name, *old, *address)  # fmt: skip
+            self.master_address = address
+            await self.disconnect(inuse_connections=True)
+
+    def stop_checks(self) -> None:
+        if self._check_task is not None:
+            self._check_task.cancel()
+            self._check_task = None
+
+
+class _SyncSentinelPool(SentinelConnectionPool):
+    """The synchronous :class:`_SentinelPool` (the check runs in a short-lived thread)."""
+
+    recheck_s = 1.0
+    _checked = 0.0
+    _checking = False
+
+    def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        now = time.monotonic()
+        if self.is_master and not self._checking and now - self._checked >= self.recheck_s:
+            self._checked, self._checking = now, True
+            threading.Thread(target=self._recheck, name="reach-sentinel-check", daemon=True).start()
+        return super().get_connection(*args, **kwargs)
+
+    def _recheck(self) -> None:
+        try:
+            address = self.sentinel_manager.discover_master(self.service_name)
+            old = self.master_address
+            if old is not None and address != old:
+                log.warning("Sentinel %s: the master moved from %s:%s to %s:%s; reconnecting",
+                            self.service_name, *old, *address)  # fmt: skip
+                # redis-py keeps the address on a proxy object (a property of the pool)
+                getattr(self, "proxy", self).master_address = address
+                self.disconnect(inuse_connections=True)
+        except (rexc.RedisError, OSError):
+            pass  # no answer now (or closed meanwhile): connection errors rediscover anyway
+        finally:
+            self._checking = False
+
+
 class SentinelRedis(aredis.Redis):
     """An asyncio client of the current master of a Sentinel service; closing it also
     closes its connections to the sentinels."""
@@ -249,6 +384,9 @@ class SentinelRedis(aredis.Redis):
     sentinel: AsyncSentinel | None = None
 
     async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        pool = self.connection_pool
+        if isinstance(pool, _SentinelPool):
+            pool.stop_checks()
         try:
             await super().aclose(close_connection_pool)
         finally:
@@ -280,11 +418,13 @@ async def _connect_sentinel(url: str, decode_responses: bool) -> SentinelRedis:
         list(su.sentinels), sentinel_kwargs={**_sentinel_kw(su), "retry": no_retry}
     )
     client = sentinel.master_for(
-        su.service, redis_class=SentinelRedis, connection_class=_SentinelConnection,
+        su.service, redis_class=SentinelRedis, connection_pool_class=_SentinelPool,
+        connection_class=_SentinelConnection,
         retry=AsyncRetry(ExponentialWithJitterBackoff(**_BACKOFF), _RETRIES),
         **_master_kw(su, decode_responses),
     )  # fmt: skip
     client.sentinel = sentinel
+    client.connection_pool.master_wait_s = su.master_wait_s
     try:
         # Ask the sentinels first: a wrong address or service name fails fast, not after
         # the retries of a connection to a master that cannot be found.
@@ -301,11 +441,15 @@ def _connect_sentinel_sync(url: str, decode_responses: bool) -> SyncSentinelRedi
     no_retry = Retry(NoBackoff(), 0)
     sentinel = Sentinel(list(su.sentinels), sentinel_kwargs={**_sentinel_kw(su), "retry": no_retry})
     client = sentinel.master_for(
-        su.service, redis_class=SyncSentinelRedis, connection_class=_SyncSentinelConnection,
+        su.service, redis_class=SyncSentinelRedis, connection_pool_class=_SyncSentinelPool,
+        connection_class=_SyncSentinelConnection,
         retry=Retry(ExponentialWithJitterBackoff(**_BACKOFF), _RETRIES),
         **_master_kw(su, decode_responses),
     )  # fmt: skip
     client.sentinel = sentinel
+    # The connections see the pool through a proxy object in redis-py >= 5.1.
+    seen_by_connections = getattr(client.connection_pool, "proxy", client.connection_pool)
+    seen_by_connections.master_wait_s = su.master_wait_s
     try:
         sentinel.discover_master(su.service)
         client.ping()
@@ -322,12 +466,28 @@ _KW: dict[str, Any] = {
 }
 
 
+class _HiredisPackConnection(aredis.Connection):
+    """redis-py's asyncio connection packs commands in Python (~26 µs for a 35-argument
+    script call here); its sync connection uses hiredis's packer (~10 µs). Use that one:
+    the hot path sends long script calls (claim, settle) for every batch."""
+
+    _packer = HiredisRespSerializer() if HIREDIS_AVAILABLE else None
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        if self._packer is None:
+            return super().pack_command(*args)
+        return self._packer.pack(*args)  # type: ignore[no-any-return]
+
+
 async def connect(url: str, *, decode_responses: bool = False) -> AnyRedis:
     """Return a connected asyncio client for ``url`` (Cluster- and Sentinel-aware)."""
     _check_scheme(url)
     if is_sentinel_url(url):
         return await _connect_sentinel(url, decode_responses)
-    client: AnyRedis = aredis.Redis.from_url(url, decode_responses=decode_responses, **_KW)
+    extra: dict[str, Any] = {}
+    if url.startswith("redis://"):  # plain TCP; TLS and unix sockets keep their own classes
+        extra["connection_class"] = _HiredisPackConnection
+    client: AnyRedis = aredis.Redis.from_url(url, decode_responses=decode_responses, **_KW, **extra)
     try:
         info = await client.info("cluster")
     except (rexc.ConnectionError, rexc.TimeoutError, OSError) as e:

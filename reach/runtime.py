@@ -310,7 +310,10 @@ class _Item:
     fence: int = 0
     ops: list[tuple[Any, ...]] = field(default_factory=list)  # after a successful complete
     ack: bool = True  # XACK + XDEL the entry once settled
-    complete: tuple[str, list[Any]] | None = None  # complete.lua key and arguments, if any
+    # complete.lua's key and [fence, status, mode, error], if the key is to be settled
+    complete: tuple[str, list[Any]] | None = None
+    reply: bytes = b""  # the outcome: stored when complete's mode is 'done', and published
+    reply_key: str = ""  # ... to this reply stream ('' = nobody waits for it)
     outcome: str = ""  # for metrics: succeeded, dead, expired, retrying, replayed, parked...
     reason: str = ""  # dead-letter reason, if any
 
@@ -342,6 +345,7 @@ class _Runtime:
         self._passed_over = {"normal": 0, "low": 0}
         self._held: set[tuple[str, str]] = set()  # (stream, entry id) dispatched, not settled
         self._rescan = False
+        self._running: set[str] = set()  # idempotency keys claimed here and not yet settled
         self._consumer_tick = time.monotonic()
         self.stats: dict[str, int] = {
             "handled": 0, "replayed": 0, "fenced": 0, "dead": 0, "retried": 0, "expired": 0,
@@ -732,6 +736,7 @@ class _Runtime:
             code = int(res[0])
             if code == 1:
                 it.fence = int(res[1])
+                self._running.add(it.env.key)
                 self._start(it)
             elif code == 2:
                 self.stats["replayed"] += 1
@@ -779,9 +784,14 @@ class _Runtime:
         assert it.env is not None and self.registry is not None
         rec = await self.redis.hget(self.keys.idem(it.env.key), "owner")
         owner = rec.decode() if isinstance(rec, bytes) else (rec or "")
-        agent_id, _, instance = owner.partition("/")
-        info = await self.registry.get(agent_id) if agent_id else None
-        alive = info is not None and info.instance_id == instance and info.state != "evicted"
+        if owner == self.owner:
+            # Claimed by this very runtime: a duplicate while its handler runs waits; but
+            # if nothing here runs it (its claim or settle failed), take it up again.
+            alive = it.env.key in self._running
+        else:
+            agent_id, _, instance = owner.partition("/")
+            info = await self.registry.get(agent_id) if agent_id else None
+            alive = info is not None and info.instance_id == instance and info.state != "evicted"
         if not alive:
             await self.redis.hset(self.keys.idem(it.env.key), "lease_until", 0)
             await self._dispatch_again(tg, it)
@@ -811,17 +821,16 @@ class _Runtime:
         code = int(res[0])
         if code == 1:
             it.fence = int(res[1])
+            self._running.add(it.env.key)
             self._start(it)
         elif code == 2:
             self._replay(it, res[1])
         else:
             self._park(it)
 
-    def _reply_ops(self, env: Envelope, reply_bytes: bytes) -> list[tuple[Any, ...]]:
-        if not env.reply_to:
-            return []
-        key = self.keys.replies(env.reply_to)
-        return [("XADD", key, "*", "r", reply_bytes), ("PEXPIRE", key, TASK_TTL_MS)]
+    def _set_reply(self, it: _Item, env: Envelope, reply_bytes: bytes, *, publish: bool) -> None:
+        it.reply = reply_bytes
+        it.reply_key = self.keys.replies(env.reply_to) if (publish and env.reply_to) else ""
 
     def _replay(self, it: _Item, stored: bytes) -> None:
         assert it.env is not None
@@ -829,7 +838,7 @@ class _Runtime:
         if reply.msg_id != it.env.msg_id:
             # Same idempotency key, another message: its caller waits for its own msg_id.
             stored = encode(msgspec.structs.replace(reply, msg_id=it.env.msg_id))
-        it.ops = self._reply_ops(it.env, stored)
+        self._set_reply(it, it.env, stored, publish=True)
         it.outcome = "replayed"
         self._queue_settle(it)
 
@@ -991,8 +1000,8 @@ class _Runtime:
         data = encode(reply)
         mode = "done" if status == "succeeded" else "release"
         status_ = "dead" if (dead and status == "dead") else status
-        it.complete = (self.keys.idem(env.key),
-                       [it.fence, status_, data if mode == "done" else "", mode, error[:2000]])
+        it.complete = (self.keys.idem(env.key), [it.fence, status_, mode, error[:2000]])
+        self._set_reply(it, env, data, publish=final)
         ops: list[tuple[Any, ...]] = []
         if dead:
             self.stats["dead"] += 1
@@ -1003,8 +1012,6 @@ class _Runtime:
             ))  # fmt: skip
         if retry is not None:
             ops.append(("ZADD", self.keys.delayed, retry[0], retry[1]))
-        if final:
-            ops += self._reply_ops(env, data)
         it.ops = ops
         it.outcome = "retrying" if retry is not None else status_
         it.reason = reason
@@ -1044,6 +1051,8 @@ class _Runtime:
     def _release(self, items: list[_Item]) -> None:
         for it in items:
             self._held.discard((it.stream, _eid(it.entry_id)))
+            if it.fence and it.env is not None:
+                self._running.discard(it.env.key)
 
     async def _settle(self, batch: list[_Item]) -> None:
         if self._cluster:
@@ -1074,17 +1083,16 @@ class _Runtime:
                 i = index[key] = len(keys)
             return i
 
-        args: list[Any] = [TASK_TTL_MS, len(batch)]
+        args: list[Any] = [TASK_TTL_MS, GROUP, len(batch)]
         for it in batch:
             if it.complete is not None:
-                args += [ki(it.complete[0]), *it.complete[1]]
+                fence, status, mode, error = it.complete[1]
+                args += [ki(it.complete[0]), fence, status, it.reply, mode, error]
             else:
-                args += [0, "", "", "", "", ""]
-            cmds = list(it.ops)
-            if it.ack:
-                cmds += [("XACK", it.stream, GROUP, it.entry_id), ("XDEL", it.stream, it.entry_id)]
-            args.append(len(cmds))
-            for name, key, *rest in cmds:
+                args += [0, "", "", it.reply, "", ""]
+            args += [ki(it.reply_key) if it.reply_key else 0,
+                     ki(it.stream) if it.ack else 0, it.entry_id, len(it.ops)]  # fmt: skip
+            for name, key, *rest in it.ops:
                 args += [name, ki(key), len(rest), *rest]
         self.stats["round_trips"] += 1
         res = await scripts.call(self.redis, "settle", keys, args)
@@ -1102,7 +1110,9 @@ class _Runtime:
             self.stats["round_trips"] += 1
             res = await self._batched(
                 "complete", [it.complete[0] for it in with_complete if it.complete], [TASK_TTL_MS],
-                [it.complete[1] for it in with_complete if it.complete],
+                [[f, st, it.reply if mode == "done" else "", mode, err]
+                 for it in with_complete if it.complete
+                 for f, st, mode, err in [it.complete[1]]],
             )  # fmt: skip
             for it, r in zip(with_complete, res, strict=True):
                 if isinstance(r, BaseException):
@@ -1111,7 +1121,13 @@ class _Runtime:
                     ok.add(id(it))
                 else:
                     self._fenced(it)
-        ops = [op for it in batch if id(it) in ok for op in it.ops]
+        ops: list[tuple[Any, ...]] = []
+        for it in batch:
+            if id(it) in ok:
+                if it.reply_key:
+                    ops += [("XADD", it.reply_key, "*", "r", it.reply),
+                            ("PEXPIRE", it.reply_key, TASK_TTL_MS)]  # fmt: skip
+                ops += it.ops
         acks: dict[str, list[Any]] = {}
         for it in batch:
             if id(it) in ok and it.ack:

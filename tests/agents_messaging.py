@@ -29,10 +29,10 @@ from reach.runtime import Agent, Context
 T = TypeVar("T")
 
 # Sub-second leases, fast sweeps and retries: what every in-process agent of these tests uses.
-FAST: dict[str, Any] = dict(
-    heartbeat_s=0.1, lease_s=0.3, evict_after_s=0.6, sweep_interval_s=0.1,
-    handle_signals=False, retry_base_s=0.05, block_ms=200, drain_timeout_s=2.0,
-)  # fmt: skip
+FAST: dict[str, Any] = {
+    "heartbeat_s": 0.1, "lease_s": 0.3, "evict_after_s": 0.6, "sweep_interval_s": 0.1,
+    "handle_signals": False, "retry_base_s": 0.05, "block_ms": 200, "drain_timeout_s": 2.0,
+}  # fmt: skip
 
 # The same settings on the `reach worker` command line.
 FAST_CLI = [
@@ -63,7 +63,7 @@ async def wait_until(
 ) -> T:  # fmt: skip
     """Poll ``fn`` until it returns something truthy (returned), or fail after ``timeout``."""
     deadline = time.monotonic() + timeout
-    last: Any = None
+    last: T | None = None
     while time.monotonic() < deadline:
         last = await fn()
         if last:
@@ -94,7 +94,9 @@ async def wait_eligible(
             return False
         return all(got[a] != old for a, old in (instance_of or {}).items())
 
-    await wait_until(ready, timeout=timeout, what=f"agents {sorted(want)} eligible for {capability}")
+    await wait_until(
+        ready, timeout=timeout, what=f"agents {sorted(want)} eligible for {capability}"
+    )
 
 
 async def wait_status(client: Client, msg_id: str, *statuses: str, timeout: float = 15.0) -> Any:

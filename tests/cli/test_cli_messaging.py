@@ -10,13 +10,13 @@ from typing import Any
 
 import anyio
 import pytest
+from reach_cli.app import app as cli_app
 from typer.testing import CliRunner
 
 import reach
 from reach.connection import AnyRedis
 from reach.keys import Keys
 from reach.runtime import Agent, Context
-from reach_cli.app import app as cli_app
 from tests.agents_messaging import Gate, serving, wait_status, wait_until
 
 pytestmark = pytest.mark.anyio
@@ -106,7 +106,9 @@ async def test_send_task_queues_and_dead_letters_from_the_cli(
         refused_id = await client.send("test.refuse", "y")
         await wait_status(client, refused_id, "dead")
         letters = await cli.json("dlq", "list")
-        assert [(d["capability"], d["reason"]) for d in letters] == [("test.refuse", "rejected")] * 2
+        assert [(d["capability"], d["reason"]) for d in letters] == [
+            ("test.refuse", "rejected")
+        ] * 2
         [d] = [d for d in letters if d["msg_id"] == refused_id]
         assert d["error"] == "refused y" and d["attempts"] == 1
         assert await cli.json("dlq", "list", "--cap", "test.echo") == []

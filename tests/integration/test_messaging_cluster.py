@@ -32,7 +32,7 @@ def echo_app(agent_id: str, gate: Gate | None = None) -> Agent:
     async def flaky(payload: Any, ctx: Context) -> int:
         if await bump(ctx, "flaky") == 1:
             raise RuntimeError("first attempt fails")
-        return ctx.attempt
+        return int(ctx.attempt)
 
     @app.handler("test.hold")
     async def hold(payload: Any, ctx: Context) -> str:
@@ -92,9 +92,7 @@ async def test_send_consume_ack_reply_on_a_cluster(
         await r.aclose()
 
 
-async def test_messages_survive_a_redis_restart_with_aof(
-    fresh_redis: RedisServer, ns: str
-) -> None:
+async def test_messages_survive_a_redis_restart_with_aof(fresh_redis: RedisServer, ns: str) -> None:
     url = fresh_redis.url
     gate = Gate()
     app = echo_app("aof-1", gate)
