@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import anyio
+import msgspec
 from redis import exceptions as rexc
 
 from . import logs, metrics, scripts
@@ -51,8 +52,11 @@ log = logging.getLogger("reach.client")
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
 REPLY_TTL_MS = 24 * 3600 * 1000
+# Dead-letter reasons that refuse the message itself: the caller gets reach.Rejected.
+REJECTIONS = frozenset({"rejected", "invalid_payload", "no_handler", "too_large", "malformed",
+                        "version", "target_gone", "bad_result"})  # fmt: skip
 # Dead-letter reasons that say nothing about the agent's health (the breaker ignores them).
-BLAMELESS = frozenset({"rejected", "invalid_payload", "expired", "no_handler"})
+BLAMELESS = frozenset({"rejected", "invalid_payload", "expired", "no_handler", "too_large"})
 
 
 class Client:
@@ -464,16 +468,20 @@ class Client:
         while len(self._done) > 10_000:
             self._done.popitem(last=False)
 
+    @classmethod
+    def _outcome(cls, env: Envelope, reply: Reply) -> Any:
+        return cls._outcome_of(env.capability, env.msg_id, reply)
+
     @staticmethod
-    def _outcome(env: Envelope, reply: Reply) -> Any:
+    def _outcome_of(capability: str, msg_id: str, reply: Reply) -> Any:
         if reply.status == "succeeded":
             return decode_payload(reply.result)
         if reply.status == "expired":
             raise DeadlineExceeded(
-                f"{env.capability!r} (msg {env.msg_id}) passed its deadline: {reply.error}"
+                f"{capability!r} (msg {msg_id}) passed its deadline: {reply.error}"
             )
-        if reply.status == "dead" and reply.reason not in ("max_attempts", "timeout"):
-            raise Rejected(f"{env.capability!r} was rejected: {reply.error}", reason=reply.reason)
+        if reply.status == "dead" and reply.reason in REJECTIONS:
+            raise Rejected(f"{capability!r} was rejected: {reply.error}", reason=reply.reason)
         raise RemoteError(
             reply.error or "handler failed", type=reply.error_type or "Error",
             retryable=reply.reason in ("max_attempts", "timeout"),
@@ -512,3 +520,35 @@ class Client:
     async def task(self, msg_id: str) -> TaskStatus:
         """The status of a message sent earlier (``unknown`` once its record expired)."""
         return await get_status(self.redis, self.keys, msg_id)
+
+    async def result(self, msg_id: str, *, timeout_s: float | None = None) -> Any:
+        """The result of a message sent earlier, waiting up to ``timeout_s`` for it.
+
+        For a caller that restarted with the same ``client_id``: replies sent while it was
+        away wait in its reply stream; a message sent with :meth:`send` has its outcome in
+        its task record. Raises like :meth:`request`; :class:`DeadlineExceeded` when no
+        result came in time.
+        """
+        self._ensure_reader()
+        ev = self._events.setdefault(msg_id, anyio.Event())
+        try:
+            with anyio.move_on_after(timeout_s):
+                while True:
+                    if msg_id in self._replies:
+                        reply = self._take(msg_id)
+                        break
+                    st = await self.task(msg_id)
+                    if st.reply is not None and st.status == "succeeded":
+                        reply = msgspec.structs.replace(st.reply, msg_id=msg_id)
+                        break
+                    if st.status in ("expired", "dead"):
+                        reply = Reply(msg_id=msg_id, status=st.status, error=st.error,
+                                      reason="expired" if st.status == "expired" else "dead")
+                        break
+                    with anyio.move_on_after(0.5):  # a reply, or look at the record again
+                        await ev.wait()
+                return self._outcome_of(st.capability or "message", msg_id, reply)
+        finally:
+            self._events.pop(msg_id, None)
+        raise DeadlineExceeded(f"No result for msg {msg_id} within {timeout_s}s; see "
+                               f"`reach task {msg_id}`.")  # fmt: skip

@@ -285,6 +285,7 @@ class RuntimeOptions:
     retry_max_s: float = 30.0
     block_ms: int = 1000
     consumer_stall_s: float = 10.0
+    max_envelope_bytes: int = 2 * 1024 * 1024
     pending_scan_s: float = 5.0
     handle_signals: bool = True
     sweeper: bool = True
@@ -710,6 +711,9 @@ class _Runtime:
                 try:
                     if data is None:
                         raise BadEnvelope("malformed", "entry has no 'e' field")
+                    if len(data) > self.opts.max_envelope_bytes:
+                        raise BadEnvelope("too_large", f"{len(data)} bytes, over this agent's "
+                                          f"limit of {self.opts.max_envelope_bytes}")  # fmt: skip
                     env = decode_envelope(data)
                 except BadEnvelope as e:
                     self._bad_entry(stream, entry_id, data or b"", e)

@@ -25,7 +25,7 @@ import msgspec
 from . import metrics, scripts
 from .client import Client
 from .connection import AnyRedis
-from .envelope import BadEnvelope, Envelope, Reply, decode_envelope, encode, now_ms
+from .envelope import BadEnvelope, Envelope, Reply, decode_envelope, decode_reply, encode, now_ms
 from .errors import NoAgentAvailable
 from .keys import GROUP, Keys
 from .registry import Registry
@@ -65,10 +65,15 @@ async def move_due(redis: AnyRedis, keys: Keys, client: Client, *, limit: int = 
 
 
 async def expire(redis: AnyRedis, keys: Keys, env: Envelope, *, reason: str, error: str) -> None:
-    """Dead-letter a message whose deadline passed outside any handler, tell the caller."""
+    """Dead-letter a message whose deadline passed outside any handler, tell the caller.
+
+    A record already completed (a duplicate of a message that succeeded) keeps its status.
+    """
     reply = Reply(msg_id=env.msg_id, status="expired", reason=reason, error=error,
                   error_type="DeadlineExceeded", attempt=env.attempt)  # fmt: skip
     rec = keys.idem(env.key)
+    if await _completed(redis, keys, env):
+        return
     ops: list[tuple[object, ...]] = [
         dead_letter_op(keys, capability=env.capability, reason=reason, data=encode(env),
                        error=error, error_type="DeadlineExceeded", attempts=env.attempt,
@@ -81,6 +86,20 @@ async def expire(redis: AnyRedis, keys: Keys, env: Envelope, *, reason: str, err
         ops += [("XADD", rk, "*", "r", encode(reply)), ("PEXPIRE", rk, TASK_TTL_MS)]
     await scripts.run_pipeline(redis, ops)
     metrics.expired(env.capability, reason)
+
+
+async def _completed(redis: AnyRedis, keys: Keys, env: Envelope) -> bool:
+    """True when the message's key already completed (this is a duplicate): its caller
+    gets the stored reply, and nothing is dead-lettered."""
+    done, stored = await redis.hmget(keys.idem(env.key), "done", "reply")
+    if done not in (b"1", "1"):
+        return False
+    if env.reply_to and stored:
+        reply = msgspec.structs.replace(decode_reply(stored), msg_id=env.msg_id)
+        rk = keys.replies(env.reply_to)
+        await scripts.run_pipeline(redis, [("XADD", rk, "*", "r", encode(reply)),
+                                           ("PEXPIRE", rk, TASK_TTL_MS)])  # fmt: skip
+    return True
 
 
 @dataclass
@@ -175,6 +194,8 @@ async def _dead(redis: AnyRedis, keys: Keys, env: Envelope, *, reason: str, erro
     reply = Reply(msg_id=env.msg_id, status="dead", reason=reason, error=error,
                   error_type="Rejected", attempt=env.attempt)  # fmt: skip
     rec = keys.idem(env.key)
+    if await _completed(redis, keys, env):
+        return
     ops: list[tuple[Any, ...]] = [
         dead_letter_op(keys, capability=env.capability, reason=reason, data=encode(env),
                        error=error, attempts=env.attempt, msg_id=env.msg_id),
