@@ -22,7 +22,8 @@ RedisUrl = Annotated[
     str,
     typer.Option(
         "--redis-url", envvar="REACH_REDIS_URL", show_envvar=True,
-        help="Redis to use: redis://host:port/db, rediss://... or unix:///path.",
+        help="Redis to use: redis://host:port/db, rediss://... (TLS), unix:///path, or "
+        "redis+sentinel://host:port[,host:port]/service[/db] (Sentinel).",
     ),
 ]  # fmt: skip
 Namespace = Annotated[
