@@ -705,6 +705,12 @@ class _Runtime:
         for stream, entries in got:
             for entry_id, fields in entries:
                 self._held.add((stream, _eid(entry_id)))
+                if not fields:
+                    # Pending but deleted (the sweeper moved it while we held it): only the
+                    # pending reference is left to clear.
+                    it = _Item(stream, entry_id, None, outcome="gone")
+                    self._queue_settle(it)
+                    continue
                 if isinstance(fields, list):  # from Lua: flat [field, value, ...]
                     fields = dict(zip(fields[::2], fields[1::2], strict=True))
                 data = fields.get(b"e") or fields.get("e")

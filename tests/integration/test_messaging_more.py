@@ -67,3 +67,26 @@ async def test_late_duplicate_of_a_completed_message_keeps_its_status(
         await expire(c.redis, keys, dup, reason="expired", error="deadline passed while parked")
         assert await c.redis.hget(keys.idem("k-5"), "status") == b"succeeded"
         assert await c.redis.xlen(keys.dlq("more.echo")) == 0
+
+
+async def test_pending_entry_deleted_under_the_consumer_is_cleared(
+    redis_url: str, ns: str, r: Any
+) -> None:
+    """A pending entry whose stream entry was deleted (moved by the sweeper while its
+    agent held it) leaves only a pending reference: the pending scan clears it."""
+    keys = Keys(ns)
+    inbox = keys.inbox("echo-m", "low")
+    await r.xgroup_create(inbox, "reach", id="0", mkstream=True)
+    entry = await r.xadd(inbox, {"e": b"about to vanish"})
+    # Read it as the agent's consumer (now pending for echo-m), then delete the entry.
+    await r.xreadgroup("reach", "echo-m", {inbox: ">"}, count=1)
+    await r.xdel(inbox, entry)
+    assert (await r.xpending(inbox, "reach"))["pending"] == 1
+    async with serving(redis_url, ns, echo(), pending_scan_s=0.2) as c:
+
+        async def cleared() -> bool:
+            return (await c.redis.xpending(inbox, "reach"))["pending"] == 0
+
+        await wait_until(cleared, what="the ghost pending entry cleared")
+        assert await c.redis.xlen(keys.dlq("_malformed")) == 0  # not a dead letter
+        assert await c.request("more.echo", 2, timeout_s=10) == {"echo": 2}
