@@ -123,12 +123,13 @@ def free_port(*, also_free: tuple[int, ...] = ()) -> int:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = int(s.getsockname()[1])
-        if all(_port_free(port + off) for off in also_free):
+        if all(port_free(port + off) for off in also_free):
             return port
     raise RedisUnavailable("Could not find a free TCP port on 127.0.0.1.")
 
 
-def _port_free(port: int) -> bool:
+def port_free(port: int) -> bool:
+    """True when nothing listens on 127.0.0.1:``port`` (it can be bound now)."""
     if port > 65535:
         return False
     with socket.socket() as s:

@@ -69,23 +69,40 @@ async def expire(redis: AnyRedis, keys: Keys, env: Envelope, *, reason: str, err
 
     A record already completed (a duplicate of a message that succeeded) keeps its status.
     """
-    reply = Reply(msg_id=env.msg_id, status="expired", reason=reason, error=error,
-                  error_type="DeadlineExceeded", attempt=env.attempt)  # fmt: skip
-    rec = keys.idem(env.key)
+    if await _give_up(redis, keys, env, status="expired", reason=reason, error=error,
+                      error_type="DeadlineExceeded"):  # fmt: skip
+        metrics.expired(env.capability, reason)
+
+
+async def _dead(redis: AnyRedis, keys: Keys, env: Envelope, *, reason: str, error: str) -> None:
+    if await _give_up(redis, keys, env, status="dead", reason=reason, error=error,
+                      error_type="Rejected"):  # fmt: skip
+        metrics.dead_lettered(env.capability, reason)
+
+
+async def _give_up(
+    redis: AnyRedis, keys: Keys, env: Envelope, *, status: str, reason: str, error: str,
+    error_type: str,
+) -> bool:  # fmt: skip
+    """File a dead letter for a message no handler will run, set its status and tell its
+    caller. False (and nothing written) when its key had already completed."""
     if await _completed(redis, keys, env):
-        return
-    ops: list[tuple[object, ...]] = [
+        return False
+    reply = Reply(msg_id=env.msg_id, status=status, reason=reason, error=error,
+                  error_type=error_type, attempt=env.attempt)  # fmt: skip
+    rec = keys.idem(env.key)
+    ops: list[tuple[Any, ...]] = [
         dead_letter_op(keys, capability=env.capability, reason=reason, data=encode(env),
-                       error=error, error_type="DeadlineExceeded", attempts=env.attempt,
+                       error=error, error_type=error_type, attempts=env.attempt,
                        msg_id=env.msg_id),
-        ("HSET", rec, "status", "expired", "error", error, "updated_ms", now_ms()),
+        ("HSET", rec, "status", status, "error", error, "updated_ms", now_ms()),
         ("PEXPIRE", rec, TASK_TTL_MS),
     ]  # fmt: skip
     if env.reply_to:
         rk = keys.replies(env.reply_to)
         ops += [("XADD", rk, "*", "r", encode(reply)), ("PEXPIRE", rk, TASK_TTL_MS)]
     await scripts.run_pipeline(redis, ops)
-    metrics.expired(env.capability, reason)
+    return True
 
 
 async def _completed(redis: AnyRedis, keys: Keys, env: Envelope) -> bool:
@@ -188,25 +205,6 @@ async def _move_one(
     if env.target:
         env = msgspec.structs.replace(env, target="")  # its agent is gone: any live one
     await _relocate(redis, keys, client, env, encode(env), out)
-
-
-async def _dead(redis: AnyRedis, keys: Keys, env: Envelope, *, reason: str, error: str) -> None:
-    reply = Reply(msg_id=env.msg_id, status="dead", reason=reason, error=error,
-                  error_type="Rejected", attempt=env.attempt)  # fmt: skip
-    rec = keys.idem(env.key)
-    if await _completed(redis, keys, env):
-        return
-    ops: list[tuple[Any, ...]] = [
-        dead_letter_op(keys, capability=env.capability, reason=reason, data=encode(env),
-                       error=error, attempts=env.attempt, msg_id=env.msg_id),
-        ("HSET", rec, "status", "dead", "error", error, "updated_ms", now_ms()),
-        ("PEXPIRE", rec, TASK_TTL_MS),
-    ]  # fmt: skip
-    if env.reply_to:
-        rk = keys.replies(env.reply_to)
-        ops += [("XADD", rk, "*", "r", encode(reply)), ("PEXPIRE", rk, TASK_TTL_MS)]
-    await scripts.run_pipeline(redis, ops)
-    metrics.dead_lettered(env.capability, reason)
 
 
 async def release_parked(

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import anyio
 import pytest
@@ -16,37 +13,14 @@ import pytest
 from reach.client import Client
 from reach.connection import connect
 from reach.registry import Registry
-
-ROOT = Path(__file__).resolve().parents[2]
-FAST = ["--heartbeat-s", "0.1", "--lease-s", "0.3", "--evict-after-s", "0.6",
-        "--sweep-interval-s", "0.1"]  # fmt: skip
+from tests.workers import Workers
 
 pytestmark = pytest.mark.anyio
 
 
-class Workers:
-    def __init__(self, url: str, ns: str) -> None:
-        self.url, self.ns = url, ns
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self, target: str, *extra: str) -> subprocess.Popen[bytes]:
-        cmd = [sys.executable, "-m", "reach_cli.app", "worker", f"tests.agents_lifecycle:{target}",
-               "--redis-url", self.url, "--namespace", self.ns, "--log-level", "warning",
-               *FAST, *extra]  # fmt: skip
-        p = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.DEVNULL)
-        self.procs.append(p)
-        return p
-
-    def stop_all(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait(timeout=10)
-
-
 @pytest.fixture
 def workers(redis_url: str, ns: str) -> Iterator[Workers]:
-    w = Workers(redis_url, ns)
+    w = Workers(redis_url, ns, "tests.agents_lifecycle")
     yield w
     w.stop_all()
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,38 +13,14 @@ import pytest
 from reach.client import Client
 from reach.keys import Keys
 from reach.registry import Registry
+from tests.workers import Workers
 
-ROOT = Path(__file__).resolve().parents[2]
-FAST = ["--heartbeat-s", "0.1", "--lease-s", "0.3", "--evict-after-s", "0.6",
-        "--sweep-interval-s", "0.1", "--claim-lease-s", "30"]  # fmt: skip
 pytestmark = pytest.mark.anyio
-
-
-class Workers:
-    def __init__(self, url: str, ns: str) -> None:
-        self.url, self.ns = url, ns
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def start(self, name: str, *extra: str, log: Path | None = None) -> subprocess.Popen[bytes]:
-        cmd = [sys.executable, "-m", "reach_cli.app", "worker", f"tests.agents_recovery:{name}",
-               "--redis-url", self.url, "--namespace", self.ns,
-               "--log-level", "warning" if log else "error", *FAST, *extra]  # fmt: skip
-        err = open(log, "wb") if log else None  # noqa: SIM115 - the child owns it
-        p = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.DEVNULL, stderr=err)
-        self.procs[name] = p
-        return p
-
-    def stop_all(self) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                os.kill(p.pid, signal.SIGCONT)
-                p.kill()
-            p.wait(timeout=10)
 
 
 @pytest.fixture
 def workers(redis_url: str, ns: str) -> Iterator[Workers]:
-    w = Workers(redis_url, ns)
+    w = Workers(redis_url, ns, "tests.agents_recovery")
     yield w
     w.stop_all()
 

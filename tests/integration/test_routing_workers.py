@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 
 import anyio
 import pytest
@@ -16,36 +13,14 @@ import reach
 from reach.breaker import Breakers
 from reach.client import Client
 from reach.registry import Registry
+from tests.workers import Workers
 
-ROOT = Path(__file__).resolve().parents[2]
-FAST = ["--heartbeat-s", "0.1", "--lease-s", "0.3", "--evict-after-s", "0.6",
-        "--sweep-interval-s", "0.1", "--retry-base-s", "0.02"]  # fmt: skip
 pytestmark = pytest.mark.anyio
-
-
-class Workers:
-    def __init__(self, url: str, ns: str) -> None:
-        self.url, self.ns = url, ns
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def start(self, name: str, *extra: str) -> subprocess.Popen[bytes]:
-        cmd = [sys.executable, "-m", "reach_cli.app", "worker", f"tests.agents_routing:{name}",
-               "--redis-url", self.url, "--namespace", self.ns, "--log-level", "error",
-               *FAST, *extra]  # fmt: skip
-        p = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.DEVNULL)
-        self.procs[name] = p
-        return p
-
-    def stop_all(self) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.kill()
-            p.wait(timeout=10)
 
 
 @pytest.fixture
 def workers(redis_url: str, ns: str) -> Iterator[Workers]:
-    w = Workers(redis_url, ns)
+    w = Workers(redis_url, ns, "tests.agents_routing")
     yield w
     w.stop_all()
 
