@@ -675,6 +675,7 @@ class _Runtime:
     async def _consume(self, tg: anyio.abc.TaskGroup) -> None:
         o = self.opts
         next_scan = time.monotonic() + o.pending_scan_s
+        backlog = True
         while not self.stopping.is_set():
             self._consumer_tick = time.monotonic()
             free = o.concurrency - self.inflight
@@ -687,9 +688,14 @@ class _Runtime:
                     self._rescan = False
                     next_scan = time.monotonic() + o.pending_scan_s
                     await self._resume_pending(tg)
-                got = await self._fetch(n)
+                # After a read that drained the inbox, go straight to the blocking read
+                # (it returns at once when something came meanwhile): an idle agent pays
+                # one round trip per message, not two. A full read means a backlog: then
+                # the priority-ordered fetch.lua with its starvation guard.
+                got = await self._fetch(n) if backlog else []
                 if not got:
                     got = await self._block(n)
+                backlog = sum(len(e) for _, e in got) >= n
                 if got:
                     await self._dispatch(tg, got)
             except (rexc.RedisError, OSError) as e:
@@ -802,8 +808,11 @@ class _Runtime:
             agent_id, _, instance = owner.partition("/")
             info = await self.registry.get(agent_id) if agent_id else None
             alive = info is not None and info.instance_id == instance and info.state != "evicted"
-        if not alive:
-            await self.redis.hset(self.keys.idem(it.env.key), "lease_until", 0)
+        # Take over only from the owner judged gone (compare-and-set): another runtime may
+        # have taken the key over since it was read, and its fresh claim must stand.
+        if not alive and int(
+            await scripts.call(self.redis, "takeover", [self.keys.idem(it.env.key)], [owner])
+        ):
             await self._dispatch_again(tg, it)
             return
         self._park(it)

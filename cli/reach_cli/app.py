@@ -7,6 +7,7 @@ listing ``--json``.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import logging
@@ -22,7 +23,7 @@ import typer
 import reach
 from reach.client import Client
 from reach.connection import redact
-from reach.embedded import RedisServer, free_port
+from reach.embedded import RedisServer, free_port, port_free
 from reach.envelope import decode_payload, now_ms
 from reach.errors import ConfigError, ReachError, UnknownAgent
 from reach.keys import GROUP, PRIORITIES, Keys
@@ -357,7 +358,7 @@ def redis_cmd(
     Prints the URL to export as REACH_REDIS_URL; stops on Ctrl-C.
     """
     try:
-        if port == 0 or not _port_free(port):
+        if port == 0 or not port_free(port):
             chosen = free_port()
             if port:
                 err_console.print(f"port {port} is busy; using {chosen}")
@@ -381,17 +382,6 @@ def redis_cmd(
         pass
     finally:
         server.stop()
-
-
-def _port_free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 # -- worker -------------------------------------------------------------------------------
@@ -471,6 +461,9 @@ def worker(
             err_console.print(
                 f"reach worker: {agent.agent_id} on {redact(redis_url)} ns={namespace}"
             )
+        # Everything imported so far lives as long as the process: keep it out of the
+        # collector's generations, so collections stay short on the message path.
+        gc.freeze()
         anyio.run(lambda: agent.run(**opts))
     except ReachError as e:
         err_console.print(f"[red]error:[/red] {e}")
@@ -777,6 +770,18 @@ def demo(
     except ReachError as e:
         err_console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None
+
+
+# -- chaos --------------------------------------------------------------------------------
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)
+def chaos(ctx: typer.Context) -> None:
+    """Kill workers and Redis mid-stream, check nothing is lost or run twice (--help: options)."""
+    from reach.chaos import main as chaos_main
+
+    raise typer.Exit(chaos_main(ctx.args, prog="reach chaos"))
 
 
 def main() -> None:

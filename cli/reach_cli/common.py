@@ -23,7 +23,7 @@ RedisUrl = Annotated[
     typer.Option(
         "--redis-url", envvar="REACH_REDIS_URL", show_envvar=True,
         help="Redis to use: redis://host:port/db, rediss://... (TLS), unix:///path, or "
-        "redis+sentinel://host:port[,host:port]/service[/db] (Sentinel).",
+        "redis+sentinel://host:port,host:port/service (Sentinel).",
     ),
 ]  # fmt: skip
 Namespace = Annotated[

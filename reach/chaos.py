@@ -1,0 +1,1051 @@
+"""Chaos runs: kill workers and Redis mid-stream, then prove nothing was lost or run twice.
+
+``reach chaos`` and ``bench/chaos.py`` are thin wrappers of :func:`main`; the CI suite
+(``tests/chaos/``) calls :func:`run_chaos` with a short :class:`ChaosConfig`.
+
+What one run does
+-----------------
+* starts a Redis of its own (AOF, ``appendfsync everysec``) in a temp dir, and N
+  ``reach worker`` processes of :func:`chaos_agent` (agent ids ``w-0`` ... ``w-<N-1>``,
+  read from ``REACH_CHAOS_AGENT_ID``) with sub-second leases (heartbeat 0.1 s, lease
+  0.3 s, evict after 0.6 s, sweep every 0.1 s);
+* sends M messages from caller clients, at a steady rate: requests with deadlines and
+  fire-and-forget sends, mixed priorities, some sessions (consistent hashing), and a few
+  sent twice under one idempotency key (a caller's own retry). Every message carries a
+  caller-chosen idempotency key; a caller that gets a typed :class:`~reach.ReachError`
+  (Redis away, no agent, deadline) sends again under the same key, as users are told to;
+* each handler sleeps a little (a few ms to ~100 ms) and makes one counted side effect per
+  idempotency key, an idempotent Lua write (``HSETNX done:<key>`` + ``HINCRBY effects``),
+  and logs the run (agent, pid, fence, start, end) so re-executions and overlapping runs
+  can be found afterwards;
+* meanwhile the chaos schedule: SIGKILLs of workers while they have messages in flight
+  (restarted with the same agent_id after a short pause, or after they were evicted, or
+  never: a replacement with a new id takes their place), SIGSTOP of a worker past its lease
+  and then SIGCONT, SIGKILL of Redis and a restart from its AOF;
+* then waits, bounded, until everything is quiet and checks the invariants (see
+  :meth:`_Run.verify`): nothing lost, one side effect per key, every caller answered (or
+  told with a typed error, and the retry under the same key answered), no pending entries,
+  empty inboxes, nothing parked or delayed, no dead letters, no two live workers running
+  one key at once. Recovery after a kill: for each killed worker, the time from the kill
+  until every message that was in its inbox at that moment completed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+from redis import exceptions as rexc
+
+from .client import Client
+from .connection import AnyRedis, connect
+from .embedded import RedisServer, _die_with_parent_hook
+from .envelope import BadEnvelope, decode_envelope, now_ms
+from .errors import ConfigError, ReachError
+from .keys import GROUP, Keys
+from .registry import Registry
+from .runtime import Agent, Context
+from .tasks import get_status
+
+CAPABILITY = "chaos.work"
+AGENT_ENV = "REACH_CHAOS_AGENT_ID"
+EFFECTS = "chaos"  # Keys.effects(EFFECTS): the hash the handlers count side effects in
+DEFAULT_AGENT = "reach.chaos:chaos_agent"
+
+# The side effect: applied once per idempotency key, every run logged.
+# KEYS[1] effects hash; ARGV[1] idempotency key, ARGV[2] fence, ARGV[3] run record
+# ("agent|pid|fence|start_ms|end_ms"). Fields: effects (total applied), done:<key> (fence
+# of the run that applied it), applied:<key> (times applied: must be 1), runs:<key> (runs
+# that reached the effect), run:<key>:<n> (the n-th run's record).
+EFFECT_LUA = """
+if redis.call('HSETNX', KEYS[1], 'done:' .. ARGV[1], ARGV[2]) == 1 then
+  redis.call('HINCRBY', KEYS[1], 'effects', 1)
+  redis.call('HINCRBY', KEYS[1], 'applied:' .. ARGV[1], 1)
+end
+local n = redis.call('HINCRBY', KEYS[1], 'runs:' .. ARGV[1], 1)
+redis.call('HSET', KEYS[1], 'run:' .. ARGV[1] .. ':' .. n, ARGV[3])
+return n
+"""
+
+
+# -- the agent the workers run ----------------------------------------------------------------
+async def _work(payload: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    start = now_ms()
+    await anyio.sleep(int(payload.get("s", 0)) / 1000)
+    key = ctx.idempotency_key
+    fx = ctx.keys.effects(EFFECTS)
+    give_up = time.monotonic() + 10
+    while True:  # an external write retried while Redis restarts (it is idempotent)
+        try:
+            record = f"{ctx.agent_id}|{os.getpid()}|{ctx.fence}|{start}|{now_ms()}"
+            await ctx.redis.eval(EFFECT_LUA, 1, fx, key, ctx.fence, record)
+            break
+        except (rexc.ConnectionError, rexc.TimeoutError):
+            if time.monotonic() > give_up:
+                raise
+            await anyio.sleep(0.05)
+    return {"k": key, "n": payload.get("n")}
+
+
+def chaos_agent() -> Agent:
+    """The chaos worker (``reach worker reach.chaos:chaos_agent``); its agent id comes from
+    ``REACH_CHAOS_AGENT_ID`` so a restarted process takes the same one."""
+    agent_id = os.environ.get(AGENT_ENV) or f"w-{os.getpid()}"
+    app = Agent(agent_id, capabilities=[CAPABILITY])
+    app.handler(CAPABILITY)(_work)
+    return app
+
+
+# -- configuration and report ------------------------------------------------------------------
+@dataclass
+class ChaosConfig:
+    """One run. Defaults are the short CI run; the long run raises messages and kills."""
+
+    messages: int = 600
+    workers: int = 3
+    kills: int = 4
+    stops: int = 1
+    redis_restarts: int = 1
+    seed: int = 1
+    rate: float = 0.0  # messages/s; 0 = as fast as max_rate allows with event_gap_s
+    max_rate: float = 150.0
+    event_gap_s: float = 3.0  # mean time between chaos events
+    permanent_share: float = 0.3  # kills whose worker never comes back (a new id replaces it)
+    slow_restart_share: float = 0.4  # restarted ones that come back only after eviction
+    request_share: float = 0.6  # the rest are fire-and-forget sends
+    session_share: float = 0.2
+    dup_share: float = 0.02  # messages that reuse an earlier message's idempotency key
+    sessions: int = 40
+    min_sleep_ms: int = 2
+    max_sleep_ms: int = 100
+    deadline_s: tuple[float, float] = (10.0, 30.0)  # request deadlines, uniform in range
+    callers: int = 2  # Client instances
+    inflight: int = 64  # caller tasks at once
+    concurrency: int = 16  # handlers per worker
+    heartbeat_s: float = 0.1
+    lease_s: float = 0.3
+    evict_after_s: float = 0.6
+    sweep_interval_s: float = 0.1
+    stop_s: float = 0.0  # SIGSTOP length; 0 = 2 * (lease + evict_after) + 0.3
+    kill_wait_s: float = 3.0  # how long to wait for a victim with messages in flight
+    quiet_timeout_s: float = 120.0
+    caller_give_up_s: float = 180.0
+    startup_timeout_s: float = 60.0
+    agent: str = DEFAULT_AGENT
+    namespace: str = "chaos"
+    dir: str | None = None  # data dir (Redis AOF, worker logs); None = a temp dir
+    keep: bool = False  # keep the dir (it is always kept when the run fails)
+    cwd: str | None = None  # workers' working directory (to import the agent module)
+
+
+@dataclass
+class KillRecord:
+    agent_id: str
+    at_s: float  # since the start of sending
+    kill_ms: int
+    mid_handler: bool  # it had unsettled (pending) entries when killed
+    inbox: int  # messages in its inbox at the kill (pending + unread)
+    fate: str  # restart_quick | restart_after_eviction | never (replaced)
+    back_after_s: float | None  # restart / replacement delay
+    recovery_s: float | None = None  # kill -> last of those messages completed
+    completed_by_same_id: int = 0  # of those, finished by its restarted self (resumed)
+    completed_by_others: int = 0  # ... by other agents (the sweeper moved them)
+    slowest_key: str = ""  # the last of them to complete (see `reach task`, the AOF...)
+
+
+@dataclass
+class ChaosReport:
+    ok: bool
+    violations: list[str]
+    config: dict[str, Any]
+    messages: int
+    requests: int
+    sends: int
+    keys: int
+    sent_twice: int
+    deliveries: int  # msg_ids that reached an inbox (first sends and caller retries)
+    kills: int
+    kills_mid_handler: int
+    restarts: int  # same agent_id
+    never_back: int
+    replacements: int
+    stops: int
+    redis_restarts: int
+    redis_outage_s: list[float]
+    redis_restart_at_s: list[float]  # since sending started
+    lost: int
+    duplicate_side_effects: int
+    effects: int
+    re_executions: int  # keys whose handler ran to its side effect more than once
+    handler_restarts: int  # keys whose handler was started more than once (claims > 1)
+    runs: int
+    overlapping_runs: int  # two live workers in one key at once (a violation)
+    zombie_runs: int  # overlaps where one run's worker was paused or evicted (fenced)
+    evictions: int  # registry evictions (killed workers, the paused one, Redis outages)
+    fenced_late_completions: int
+    caller_errors: dict[str, int]
+    untyped_errors: dict[str, int]
+    wrong_results: int
+    callers_gave_up: int
+    not_succeeded: dict[str, int]  # task status of delivered msg_ids other than succeeded
+    pending_left: int
+    inbox_entries_left: int
+    parked_left: int
+    delayed_left: int
+    reroute_left: int
+    dead_letters: dict[str, int]  # by reason: attempts whose caller got a typed error
+    dead_letters_unaccounted: int  # ... and any whose caller was never told (a violation)
+    recovery_p50_s: float | None
+    recovery_p99_s: float | None
+    recovery_max_s: float | None
+    recovery_target_s: float  # the issue's target at test settings
+    recovery_bound_s: float  # lease + evict_after + one sweep interval, as configured
+    recovery_by_fate: dict[str, dict[str, float]]
+    stop_recovery_s: list[float]
+    send_phase_s: float
+    quiet_s: float
+    wall_s: float
+    data_dir: str | None
+    kill_log: list[dict[str, Any]] = field(default_factory=list)
+    log_markers: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+
+# -- the plan -----------------------------------------------------------------------------------
+@dataclass
+class _Spec:
+    i: int
+    key: str
+    kind: str  # request | send
+    priority: str
+    session: str
+    sleep_ms: int
+    n: int
+    deadline_s: float
+    dup: bool
+
+
+@dataclass
+class _Rec:
+    done: bool
+    status: str
+    updated_ms: int
+    claims: int  # handler runs started (claim.lua counts them)
+    agent_id: str  # who completed it
+
+
+@dataclass
+class _Outcome:
+    msg_ids: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)  # msg_id -> error the caller got
+    done: bool = False
+    wrong: bool = False
+    gave_up: bool = False
+
+
+def plan_messages(cfg: ChaosConfig, rng: random.Random) -> list[_Spec]:
+    specs: list[_Spec] = []
+    for i in range(cfg.messages):
+        kind = "request" if rng.random() < cfg.request_share else "send"
+        prio = rng.choices(("high", "normal", "low"), weights=(2, 6, 2))[0]
+        dl = rng.uniform(*cfg.deadline_s)
+        if i > 20 and rng.random() < cfg.dup_share:
+            o = specs[rng.randrange(len(specs))]
+            specs.append(_Spec(i, o.key, kind, prio, o.session, o.sleep_ms, o.n, dl, True))
+            continue
+        session = f"s{rng.randrange(cfg.sessions)}" if rng.random() < cfg.session_share else ""
+        sleep_ms = rng.randint(cfg.min_sleep_ms, cfg.max_sleep_ms)
+        specs.append(_Spec(i, f"k{i}", kind, prio, session, sleep_ms, i, dl, False))
+    return specs
+
+
+@dataclass
+class _Event:
+    at: float  # seconds after sending started
+    kind: str  # kill | stop | redis
+    fate: str = ""  # kills: restart_quick | restart_after_eviction | never
+    delay: float = 0.0  # kills: seconds until it (or its replacement) starts
+
+
+def plan_events(cfg: ChaosConfig, rng: random.Random, send_s: float) -> list[_Event]:
+    """The chaos schedule: when, what, and what becomes of each killed worker. With two
+    kills or more, at least one worker comes back with its id and one never does."""
+    k = cfg.kills
+    never = round(k * cfg.permanent_share)
+    if k >= 2:
+        never = min(max(never, 1), k - 1)
+    slow = round((k - never) * cfg.slow_restart_share)
+    fates = ["never"] * never + ["restart_after_eviction"] * slow
+    fates += ["restart_quick"] * (k - len(fates))
+    rng.shuffle(fates)
+    kinds = ["kill"] * k + ["stop"] * cfg.stops + ["redis"] * cfg.redis_restarts
+    rng.shuffle(kinds)
+    n = len(kinds)
+    delays = {"never": (0.5, 2.0), "restart_after_eviction": (1.2, 2.5),
+              "restart_quick": (0.0, 0.4)}  # fmt: skip
+    out = []
+    for j, kind in enumerate(kinds):
+        ev = _Event(round(send_s * (j + rng.uniform(0.25, 0.75)) / n, 3), kind)
+        if kind == "kill":
+            ev.fate = fates.pop()
+            ev.delay = round(rng.uniform(*delays[ev.fate]), 3)
+        out.append(ev)
+    return out
+
+
+def _pct(xs: Sequence[float], p: float) -> float | None:
+    if not xs:
+        return None
+    s = sorted(xs)
+    k = max(0, min(len(s) - 1, math.ceil(p / 100 * len(s)) - 1))
+    return round(s[k], 3)
+
+
+def _s(x: Any) -> str:
+    return x.decode() if isinstance(x, bytes) else str(x)
+
+
+# -- the run ------------------------------------------------------------------------------------
+@dataclass
+class _Worker:
+    agent_id: str
+    proc: subprocess.Popen[bytes]
+    started_ms: int
+    stopped: bool = False
+
+
+class _Run:
+    def __init__(self, cfg: ChaosConfig, on_progress: Callable[[dict[str, Any]], None] | None):
+        self.cfg = cfg
+        self.on_progress = on_progress
+        plan_rng = random.Random(cfg.seed)  # the plan: the same for the same seed
+        self.rng = random.Random(cfg.seed + 1)  # choices made during the run
+        self.keys = Keys(cfg.namespace)
+        self.specs = plan_messages(cfg, plan_rng)
+        n_events = cfg.kills + cfg.stops + cfg.redis_restarts
+        send_s = cfg.messages / cfg.max_rate
+        if cfg.rate > 0:
+            send_s = cfg.messages / cfg.rate
+        elif n_events:
+            send_s = max(send_s, n_events * cfg.event_gap_s)
+        self.send_s = send_s
+        self.events = plan_events(cfg, plan_rng, send_s)
+        self.outcomes = [_Outcome() for _ in self.specs]
+        self.workers: dict[str, _Worker] = {}  # agent_id -> its current process
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.next_id = cfg.workers
+        self.kill_log: list[KillRecord] = []
+        self.kill_keys: list[list[str]] = []
+        self.stop_log: list[tuple[int, list[str], int]] = []  # (stop_ms, keys, pid)
+        self.stop_windows: list[tuple[int, int, int]] = []  # (pid, stop_ms, cont_ms)
+        self.redis_outages: list[float] = []
+        self.redis_at: list[float] = []
+        self.evictions: list[tuple[str, int]] = []
+        self.restarts = self.never = self.replacements = 0
+        self.started = self.finished = 0
+        self.t0 = 0.0
+        self.t_start = time.monotonic()
+        self.stops_done = self.redis_done = 0
+        self.dir = Path(cfg.dir) if cfg.dir else Path(tempfile.mkdtemp(prefix="reach-chaos-"))
+        self.logs = self.dir / "logs"
+        self.server: RedisServer | None = None
+        self.r: AnyRedis = None
+        self.url = ""
+        self.phase = "starting"
+        self.done = anyio.Event()
+
+    # -- workers ----------------------------------------------------------------------
+    def start_worker(self, agent_id: str) -> _Worker:
+        c = self.cfg
+        cmd = [
+            sys.executable, "-m", "reach_cli.app", "worker", c.agent,
+            "--redis-url", self.url, "--namespace", c.namespace,
+            "--concurrency", str(c.concurrency), "--heartbeat-s", str(c.heartbeat_s),
+            "--lease-s", str(c.lease_s), "--evict-after-s", str(c.evict_after_s),
+            "--sweep-interval-s", str(c.sweep_interval_s), "--log-level", "warning",
+        ]  # fmt: skip
+        self.logs.mkdir(parents=True, exist_ok=True)
+        with open(self.logs / f"{agent_id}.log", "ab") as err:
+            proc = subprocess.Popen(
+                cmd, cwd=c.cwd or os.getcwd(), stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, AGENT_ENV: agent_id},
+                preexec_fn=_die_with_parent_hook(),  # noqa: PLW1509 - prctl only
+            )  # fmt: skip
+        self.procs.append(proc)
+        w = _Worker(agent_id, proc, now_ms())
+        self.workers[agent_id] = w
+        return w
+
+    def alive(self) -> list[_Worker]:
+        return [w for w in self.workers.values() if w.proc.poll() is None and not w.stopped]
+
+    async def wait_ready(self, ids: set[str]) -> None:
+        reg = Registry(self.r, self.cfg.namespace)
+        with anyio.fail_after(self.cfg.startup_timeout_s):
+            while True:
+                got = {a.agent_id for a in await reg.agents(CAPABILITY, ready=True, state="active")}
+                if ids <= got:
+                    return
+                for i in ids:
+                    p = self.workers[i].proc
+                    if p.poll() is not None:
+                        raise RuntimeError(
+                            f"worker {i} exited with {p.returncode} at start; see "
+                            f"{self.logs / (i + '.log')}"
+                        )
+                await anyio.sleep(0.05)
+
+    async def pending_of(self, agent_id: str) -> int:
+        n = 0
+        for k in self.keys.inboxes(agent_id):
+            try:
+                n += int((await self.r.xpending(k, GROUP))["pending"])
+            except rexc.ResponseError:  # no stream or group yet
+                pass
+        return n
+
+    async def inbox_keys(self, agent_id: str) -> list[str]:
+        out: list[str] = []
+        for k in self.keys.inboxes(agent_id):
+            for _, fields in await self.r.xrange(k, "-", "+"):
+                try:
+                    out.append(decode_envelope(fields.get(b"e", b"")).key)
+                except BadEnvelope:
+                    pass
+        return out
+
+    async def pick_victim(self, others_needed: int) -> tuple[_Worker | None, bool]:
+        """A live worker with messages in flight, leaving ``others_needed`` live ones."""
+        deadline = time.monotonic() + self.cfg.kill_wait_s
+        while True:
+            # Not one that is still starting: its pending entries are its predecessor's.
+            cands = [w for w in self.alive() if now_ms() - w.started_ms > 1500]
+            if len(cands) <= others_needed:
+                if time.monotonic() > deadline:
+                    return None, False
+                await anyio.sleep(0.05)
+                continue
+            self.rng.shuffle(cands)
+            for w in cands:
+                if await self.pending_of(w.agent_id) > 0:
+                    return w, True
+            if time.monotonic() > deadline:
+                return cands[0], False
+            await anyio.sleep(0.01)
+
+    # -- chaos events ----------------------------------------------------------------
+    async def chaos(self, tg: anyio.abc.TaskGroup) -> None:
+        for ev in self.events:
+            await anyio.sleep(max(0.0, self.t0 + ev.at - time.monotonic()))
+            for attempt in (1, 2):
+                try:
+                    if ev.kind == "kill":
+                        await self.kill(tg, ev)
+                    elif ev.kind == "stop":
+                        await self.stop()
+                    else:
+                        await self.restart_redis()
+                    break
+                except (rexc.RedisError, OSError):  # Redis away at that moment: once more
+                    if attempt == 2 or ev.kind == "redis":
+                        raise
+                    await anyio.sleep(0.5)
+
+    async def kill(self, tg: anyio.abc.TaskGroup, ev: _Event) -> None:
+        w, mid = await self.pick_victim(1)
+        if w is None:
+            return
+        kill_ms = now_ms()
+        at = time.monotonic() - self.t0
+        w.proc.send_signal(signal.SIGKILL)
+        w.proc.wait()
+        keys = await self.inbox_keys(w.agent_id)
+        self.kill_log.append(KillRecord(w.agent_id, round(at, 3), kill_ms, mid, len(keys),
+                                        ev.fate, ev.delay))  # fmt: skip
+        self.kill_keys.append(keys)
+        tg.start_soon(self._come_back, w.agent_id, ev.fate, ev.delay)
+
+    async def _come_back(self, agent_id: str, fate: str, delay: float) -> None:
+        await anyio.sleep(delay)
+        if fate == "never":
+            self.workers.pop(agent_id, None)
+            self.never += 1
+            self.replacements += 1
+            new_id = f"w-{self.next_id}"
+            self.next_id += 1
+            self.start_worker(new_id)
+        else:
+            self.restarts += 1
+            self.start_worker(agent_id)
+
+    async def stop(self) -> None:
+        w, _ = await self.pick_victim(1)
+        if w is None:
+            return
+        c = self.cfg
+        stop_s = c.stop_s or 2 * (c.lease_s + c.evict_after_s) + 0.3
+        w.stopped = True
+        stop_ms = now_ms()
+        os.kill(w.proc.pid, signal.SIGSTOP)
+        keys = await self.inbox_keys(w.agent_id)
+        await anyio.sleep(stop_s)
+        os.kill(w.proc.pid, signal.SIGCONT)
+        self.stop_windows.append((w.proc.pid, stop_ms, now_ms()))
+        self.stop_log.append((stop_ms, keys, w.proc.pid))
+        w.stopped = False
+        self.stops_done += 1
+
+    async def restart_redis(self) -> None:
+        assert self.server is not None
+        t = time.monotonic()
+        self.redis_at.append(round(t - self.t0, 3))
+        await anyio.to_thread.run_sync(self.server.restart)
+        self.redis_outages.append(round(time.monotonic() - t, 3))
+        self.redis_done += 1
+
+    # -- callers ------------------------------------------------------------------------
+    async def produce(self, clients: list[Client], tg: anyio.abc.TaskGroup) -> None:
+        limiter = anyio.Semaphore(self.cfg.inflight)
+        rate = len(self.specs) / self.send_s if self.send_s else 0
+        for s in self.specs:
+            if rate:
+                await anyio.sleep(max(0.0, self.t0 + s.i / rate - time.monotonic()))
+            await limiter.acquire()
+            tg.start_soon(self.one, clients[s.i % len(clients)], s, limiter)
+
+    async def one(self, c: Client, s: _Spec, limiter: anyio.Semaphore) -> None:
+        out = self.outcomes[s.i]
+        self.started += 1
+        give_up = time.monotonic() + self.cfg.caller_give_up_s
+        try:
+            while True:
+                env = c.build(
+                    CAPABILITY, {"n": s.n, "s": s.sleep_ms}, idempotency_key=s.key,
+                    priority=s.priority, session_id=s.session or None,
+                    policy="consistent_hash" if s.session else None,
+                    timeout_s=s.deadline_s if s.kind == "request" else None,
+                    reply=s.kind == "request",
+                )  # fmt: skip
+                out.msg_ids.append(env.msg_id)
+                try:
+                    if s.kind == "request":
+                        res = await c.call(env)
+                        if res != {"k": s.key, "n": s.n}:
+                            out.wrong = True
+                    else:
+                        await c.deliver(env)
+                    out.done = True
+                    return
+                except ReachError as e:
+                    out.errors.append(type(e).__name__)
+                    out.failed[env.msg_id] = type(e).__name__
+                except Exception as e:  # noqa: BLE001 - untyped: a violation, still retried
+                    out.errors.append(f"untyped:{type(e).__module__}.{type(e).__name__}")
+                if time.monotonic() > give_up:
+                    out.gave_up = True
+                    return
+                c.invalidate()
+                await anyio.sleep(self.rng.uniform(0.05, 0.3))
+        finally:
+            self.finished += 1
+            limiter.release()
+
+    # -- quiet and checks ---------------------------------------------------------------
+    async def scan(self, match: str) -> list[str]:
+        return sorted({_s(k) async for k in self.r.scan_iter(match=match, count=1000)})
+
+    async def leftovers(self) -> dict[str, int]:
+        pending = entries = 0
+        for k in await self.scan(self.keys.inbox_pattern):
+            entries += int(await self.r.xlen(k))
+            try:
+                pending += int((await self.r.xpending(k, GROUP))["pending"])
+            except rexc.ResponseError:
+                pass
+        parked = 0
+        for cap in await self.r.smembers(self.keys.parked_caps):
+            parked += int(await self.r.xlen(self.keys.parked(_s(cap))))
+        parked += int(await self.r.xlen(self.keys.parked(CAPABILITY)))
+        return {
+            "pending": pending, "entries": entries, "parked": parked,
+            "delayed": int(await self.r.zcard(self.keys.delayed)),
+            "reroute": int(await self.r.scard(self.keys.reroute)),
+        }  # fmt: skip
+
+    async def records(self, keys: Sequence[str]) -> dict[str, _Rec]:
+        """What each key's idempotency record says (done, status, completion time...)."""
+        out: dict[str, _Rec] = {}
+        keys = list(keys)
+        for i in range(0, len(keys), 500):
+            chunk = keys[i : i + 500]
+            pipe = self.r.pipeline(transaction=False)
+            for k in chunk:
+                pipe.hmget(self.keys.idem(k), "done", "status", "updated_ms", "runs", "agent_id")
+            for k, (d, st, up, runs, agent) in zip(chunk, await pipe.execute(), strict=True):
+                out[k] = _Rec(d == b"1", _s(st or b""), int(up or 0), int(runs or 0),
+                              _s(agent or b""))  # fmt: skip
+        return out
+
+    async def quiet(self) -> float:
+        """Wait until every key is done and the inboxes, parked and delayed sets are empty."""
+        t = time.monotonic()
+        keys = sorted({s.key for s in self.specs})
+        with anyio.move_on_after(self.cfg.quiet_timeout_s):
+            while True:
+                try:
+                    recs = await self.records(keys)
+                    left = await self.leftovers()
+                    if all(x.done for x in recs.values()) and not any(left.values()):
+                        break
+                except (rexc.RedisError, OSError):
+                    pass
+                await anyio.sleep(0.1)
+        return time.monotonic() - t
+
+    def log_markers(self) -> dict[str, int]:
+        marks = {
+            "fenced": b"late completion of ",
+            "inbox_moved": b"inbox of evicted agent ",
+            "re_registered": b"registration lost",
+            "read_failed": b"inbox read failed",
+        }  # fmt: skip
+        out = dict.fromkeys(marks, 0)
+        for p in self.logs.glob("*.log"):
+            data = p.read_bytes()
+            for name, m in marks.items():
+                out[name] += data.count(m)
+        return out
+
+    async def verify(self, quiet_s: float) -> ChaosReport:
+        c = self.cfg
+        keys = sorted({s.key for s in self.specs})
+        recs = await self.records(keys)
+        fx = {_s(k): _s(v) for k, v in (await self.r.hgetall(self.keys.effects(EFFECTS))).items()}
+        effects = int(fx.get("effects", 0))
+        lost = [k for k in keys if not recs[k].done or recs[k].status != "succeeded"
+                or f"done:{k}" not in fx]  # fmt: skip
+        dup = sum(max(0, int(fx.get(f"applied:{k}", 0)) - 1) for k in keys)
+        dup += sum(1 for f in fx if f.startswith("done:") and f[5:] not in recs)
+        runs_by_key: dict[str, list[tuple[str, int, int, int, int]]] = {}
+        for f, v in fx.items():
+            if f.startswith("run:"):
+                k = f[4:].rsplit(":", 1)[0]
+                a, pid, fence, st, en = v.split("|")
+                runs_by_key.setdefault(k, []).append((a, int(pid), int(fence), int(st), int(en)))
+        re_exec = sum(1 for rs in runs_by_key.values() if len(rs) > 1)
+        restarted = sum(1 for k in keys if recs[k].claims > 1)
+        # Evictions seen by the registry: a run whose agent was evicted while it ran is a
+        # zombie's (its completion is fenced), like the SIGSTOPped worker's.
+        self.evictions = [
+            (_s(f.get(b"agent_id", b"")), int(f.get(b"ts", 0)))
+            for _, f in await self.r.xrange(self.keys.events)
+            if f.get(b"type") == b"evicted"
+        ]  # fmt: skip
+        overlapping = zombie = 0
+        overlaps: list[str] = []
+        for k, rs in runs_by_key.items():
+            rs.sort(key=lambda x: x[3])
+            for i, first in enumerate(rs):
+                for later in rs[i + 1 :]:
+                    if later[3] >= first[4]:
+                        continue
+                    if self._in_stop(first) or self._in_stop(later):
+                        zombie += 1
+                    else:
+                        overlapping += 1
+                        overlaps.append(f"{k}: {first} / {later}")
+        # Every msg_id that reached an inbox (its task pointer exists) must read succeeded.
+        not_ok: Counter[str] = Counter()
+        deliveries = 0
+        all_ids = [m for o in self.outcomes for m in o.msg_ids]
+        for i in range(0, len(all_ids), 500):
+            chunk = all_ids[i : i + 500]
+            pipe = self.r.pipeline(transaction=False)
+            for m in chunk:
+                pipe.exists(self.keys.task(m))
+            present = [m for m, e in zip(chunk, await pipe.execute(), strict=True) if e]
+            deliveries += len(present)
+            for m in present:
+                status = (await get_status(self.r, self.keys, m)).status
+                if status != "succeeded":
+                    not_ok[status] += 1
+        errors: Counter[str] = Counter()
+        untyped: Counter[str] = Counter()
+        for o in self.outcomes:
+            for e in o.errors:
+                (untyped if e.startswith("untyped:") else errors)[e.removeprefix("untyped:")] += 1
+        wrong = sum(o.wrong for o in self.outcomes)
+        gave_up = sum(o.gave_up or not o.done for o in self.outcomes)
+        left = await self.leftovers()
+        # A dead letter is accounted for when the caller of that very message was told
+        # (a typed error, e.g. DeadlineExceeded for an expired attempt) and then retried.
+        told = {m: e for o in self.outcomes for m, e in o.failed.items()}
+        dead: dict[str, int] = {}
+        dead_unaccounted: list[str] = []
+        for k in await self.scan(self.keys.dlq_pattern):
+            for _, f in await self.r.xrange(k):
+                reason = _s(f.get(b"reason", b"?"))
+                dead[reason] = dead.get(reason, 0) + 1
+                if _s(f.get(b"msg_id", b"")) not in told:
+                    dead_unaccounted.append(f"{reason}:{_s(f.get(b'msg_id', b''))}")
+        # Recovery after each kill: until the last message in its inbox at the kill completed.
+        for rec, ks in zip(self.kill_log, self.kill_keys, strict=True):
+            done_at = [recs[k].updated_ms for k in ks if k in recs and recs[k].done]
+            if ks and len(done_at) == len(ks):
+                rec.recovery_s = round(max(0, max(done_at) - rec.kill_ms) / 1000, 3)
+                rec.slowest_key = max(ks, key=lambda k: recs[k].updated_ms)
+            elif not ks:
+                rec.recovery_s = 0.0
+            after = [k for k in ks if k in recs and recs[k].updated_ms >= rec.kill_ms]
+            rec.completed_by_same_id = sum(recs[k].agent_id == rec.agent_id for k in after)
+            rec.completed_by_others = len(after) - rec.completed_by_same_id
+        stop_rec: list[float] = []
+        for stop_ms, ks, _pid in self.stop_log:
+            done_at = [recs[k].updated_ms for k in ks if k in recs and recs[k].done]
+            if ks and len(done_at) == len(ks):
+                stop_rec.append(round(max(0, max(done_at) - stop_ms) / 1000, 3))
+        rec_all = [k.recovery_s for k in self.kill_log if k.recovery_s is not None and k.inbox]
+        by_fate: dict[str, dict[str, float]] = {}
+        for fate in ("restart_quick", "restart_after_eviction", "never"):
+            xs = [k.recovery_s for k in self.kill_log
+                  if k.fate == fate and k.recovery_s is not None and k.inbox]  # fmt: skip
+            if xs:
+                by_fate[fate] = {"n": len(xs), "p50": _pct(xs, 50) or 0.0,
+                                 "max": max(xs)}  # fmt: skip
+        bad: list[str] = []
+        if lost:
+            bad.append(f"{len(lost)} keys lost (not succeeded or no side effect), e.g. {lost[:5]}")
+        if dup or effects != len(keys):
+            bad.append(f"side effects: {effects} applied for {len(keys)} keys, {dup} duplicates")
+        if not_ok:
+            bad.append(f"delivered msg_ids not succeeded: {dict(not_ok)}")
+        if untyped:
+            bad.append(f"callers got untyped errors: {dict(untyped)}")
+        if wrong:
+            bad.append(f"{wrong} requests got a wrong result")
+        if gave_up:
+            bad.append(f"{gave_up} callers gave up without a result")
+        if left["pending"]:
+            bad.append(f"{left['pending']} inbox entries still pending")
+        if left["entries"] or left["parked"] or left["delayed"] or left["reroute"]:
+            bad.append(f"memory not back to zero: {left}")
+        if dead_unaccounted:
+            bad.append(f"dead letters whose caller was not told: {dead_unaccounted[:5]}")
+        if overlapping:
+            bad.append(f"{overlapping} overlapping runs of one key by live workers: {overlaps[:3]}")
+        if len(self.kill_log) < c.kills:
+            bad.append(f"only {len(self.kill_log)} of {c.kills} kills happened")
+        if self.redis_done < c.redis_restarts or self.stops_done < c.stops:
+            bad.append("not every planned Redis restart / stop happened")
+        if any(k.recovery_s is None for k in self.kill_log):
+            bad.append("a killed worker's messages never completed")
+        markers = self.log_markers()
+        return ChaosReport(
+            ok=not bad, violations=bad, config={k: val for k, val in asdict(c).items()},
+            messages=len(self.specs), requests=sum(s.kind == "request" for s in self.specs),
+            sends=sum(s.kind == "send" for s in self.specs), keys=len(keys),
+            sent_twice=sum(s.dup for s in self.specs), deliveries=deliveries,
+            kills=len(self.kill_log), kills_mid_handler=sum(k.mid_handler for k in self.kill_log),
+            restarts=self.restarts, never_back=self.never, replacements=self.replacements,
+            stops=self.stops_done, redis_restarts=self.redis_done,
+            redis_outage_s=self.redis_outages, redis_restart_at_s=self.redis_at,
+            lost=len(lost), duplicate_side_effects=dup,
+            effects=effects, re_executions=re_exec, handler_restarts=restarted,
+            runs=sum(len(rs) for rs in runs_by_key.values()), overlapping_runs=overlapping,
+            zombie_runs=zombie, evictions=len(self.evictions),
+            fenced_late_completions=markers["fenced"],
+            caller_errors=dict(errors), untyped_errors=dict(untyped), wrong_results=wrong,
+            callers_gave_up=gave_up, not_succeeded=dict(not_ok), pending_left=left["pending"],
+            inbox_entries_left=left["entries"], parked_left=left["parked"],
+            delayed_left=left["delayed"], reroute_left=left["reroute"], dead_letters=dead,
+            dead_letters_unaccounted=len(dead_unaccounted),
+            recovery_p50_s=_pct(rec_all, 50), recovery_p99_s=_pct(rec_all, 99),
+            recovery_max_s=max(rec_all) if rec_all else None, recovery_target_s=3.0,
+            recovery_bound_s=round(c.lease_s + c.evict_after_s + c.sweep_interval_s, 3),
+            recovery_by_fate=by_fate, stop_recovery_s=stop_rec,
+            send_phase_s=round(self.send_s, 1), quiet_s=round(quiet_s, 2),
+            wall_s=round(time.monotonic() - self.t_start, 1), data_dir=str(self.dir),
+            kill_log=[asdict(k) for k in self.kill_log], log_markers=markers,
+        )  # fmt: skip
+
+    def _in_stop(self, run: tuple[str, int, int, int, int]) -> bool:
+        """The run's worker was paused, or evicted (presumed dead), while it ran."""
+        agent, pid, _, st, en = run
+        if any(p == pid and st <= cont and en >= stop for p, stop, cont in self.stop_windows):
+            return True
+        return any(a == agent and st <= ts <= en for a, ts in self.evictions)
+
+    # -- progress ----------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "phase": self.phase, "elapsed_s": round(time.monotonic() - self.t_start, 1),
+            "messages": len(self.specs), "started": self.started, "answered": self.finished,
+            "kills": len(self.kill_log), "kills_planned": self.cfg.kills,
+            "stops": self.stops_done, "redis_restarts": self.redis_done,
+            "alive": len(self.alive()),
+        }  # fmt: skip
+
+    async def progress(self) -> None:
+        while not self.done.is_set():
+            if self.on_progress:
+                self.on_progress(self.snapshot())
+            with anyio.move_on_after(0.5):
+                await self.done.wait()
+
+    # -- main -------------------------------------------------------------------------
+    async def run(self) -> ChaosReport:
+        c = self.cfg
+        ok = False
+        if (self.dir / "redis").exists() and any((self.dir / "redis").iterdir()):
+            raise ConfigError(f"{self.dir} holds an earlier run's Redis data: use an empty dir.")
+        self.server = RedisServer(data_dir=self.dir / "redis", persistent=True)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        # The callers' own warnings (Redis away, retries) go to a file, not the terminal.
+        rlog = logging.getLogger("reach")
+        handler = logging.FileHandler(self.logs / "callers.log")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        saved = (rlog.propagate, rlog.level)
+        rlog.addHandler(handler)
+        rlog.propagate = False
+        if rlog.level == logging.NOTSET or rlog.level > logging.WARNING:
+            rlog.setLevel(logging.WARNING)
+        try:
+            self.server.start()
+            self.url = self.server.url
+            self.r = await connect(self.url)
+            async with anyio.create_task_group() as outer, AsyncExitStack() as stack:
+                outer.start_soon(self.progress)
+                try:
+                    for i in range(c.workers):
+                        self.start_worker(f"w-{i}")
+                    await self.wait_ready({f"w-{i}" for i in range(c.workers)})
+                    clients: list[Client] = []
+                    for i in range(c.callers):
+                        client = Client(redis_url=self.url, namespace=c.namespace,
+                                        client_id=f"chaos-{i}", slow_start_s=0)  # fmt: skip
+                        clients.append(await stack.enter_async_context(client))
+                    self.phase = "sending"
+                    self.t0 = time.monotonic()
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(self.produce, clients, tg)
+                        tg.start_soon(self.chaos, tg)
+                    self.phase = "quiet"
+                    quiet_s = await self.quiet()
+                    self.phase = "checking"
+                    report = await self.verify(quiet_s)
+                finally:
+                    self.done.set()  # ends the progress task (no cancel: clients' scopes)
+            ok = report.ok
+            return report
+        finally:
+            self.phase = "stopping"
+            rlog.removeHandler(handler)
+            handler.close()
+            rlog.propagate, _ = saved
+            rlog.setLevel(saved[1])
+            await self.shutdown()
+            if self.r is not None:
+                with anyio.CancelScope(shield=True):
+                    await self.r.aclose()
+            if self.server is not None:
+                self.server.stop()
+            if ok and not c.keep and not c.dir:
+                shutil.rmtree(self.dir, ignore_errors=True)
+
+    async def shutdown(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.kill(p.pid, signal.SIGCONT)
+                    p.kill()
+                except ProcessLookupError:
+                    pass
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+async def run_chaos(
+    cfg: ChaosConfig, on_progress: Callable[[dict[str, Any]], None] | None = None
+) -> ChaosReport:
+    """Run one chaos scenario end to end and return what was measured and checked."""
+    return await _Run(cfg, on_progress).run()
+
+
+# -- command line (bench/chaos.py and `reach chaos`) --------------------------------------------
+def format_report(r: ChaosReport) -> str:
+    def sec(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f} s"
+
+    fates = Counter(k["fate"] for k in r.kill_log)
+    inboxes = [k["inbox"] for k in r.kill_log]
+    med = statistics.median(inboxes) if inboxes else 0
+    errs = ", ".join(f"{k} {v}" for k, v in sorted(r.caller_errors.items())) or "none"
+    by_fate = "; ".join(f"{f}: n={d['n']:.0f} p50 {d['p50']:.2f} s max {d['max']:.2f} s"
+                        for f, d in r.recovery_by_fate.items())  # fmt: skip
+    rows = [
+        ("result", "PASS" if r.ok else "FAIL"),
+        ("messages", (f"{r.messages} ({r.requests} requests, {r.sends} sends; {r.keys} keys, "
+                     f"{r.sent_twice} sent twice under one key)")),
+        ("deliveries", f"{r.deliveries} msg_ids reached an inbox (caller retries included)"),
+        ("worker SIGKILLs", (f"{r.kills} ({r.kills_mid_handler} mid-handler; "
+                            f"{fates['restart_quick']} restarted at once, "
+                            f"{fates['restart_after_eviction']} restarted after eviction, "
+                            f"{fates['never']} never back)")),
+        ("messages in its inbox", f"at each kill: median {med:g}, max {max(inboxes, default=0)}"),
+        ("restarts (same id)", str(r.restarts)),
+        ("replacements", f"{r.replacements} (new agent ids for the ones never back)"),
+        ("SIGSTOP/SIGCONT", (f"{r.stops} (stop recovery: "
+                            f"{', '.join(f'{x:.2f} s' for x in r.stop_recovery_s) or '-'})")),
+        ("Redis restarts", (f"{r.redis_restarts} (SIGKILL + AOF restart, outage "
+                           f"{', '.join(f'{x:.2f} s' for x in r.redis_outage_s) or '-'})")),
+        ("lost", str(r.lost)),
+        ("duplicate side effects", (f"{r.duplicate_side_effects} ({r.effects} effects "
+                                   f"for {r.keys} keys)")),
+        ("re-executions", (f"{r.re_executions} keys ran to their side effect more than once "
+                          f"({r.runs} runs in all); {r.handler_restarts} keys' handlers started "
+                          "more than once (killed mid-run, run again)")),
+        ("overlapping runs", (f"{r.overlapping_runs} by live workers; {r.zombie_runs} with a "
+                             "paused or evicted worker (its completion fenced)")),
+        ("evictions", f"{r.evictions} (killed workers, the paused one, Redis outages)"),
+        ("fenced late completions", str(r.fenced_late_completions)),
+        ("caller errors (typed)", f"{errs} — each retried under its key until answered"),
+        ("untyped errors", str(sum(r.untyped_errors.values()))),
+        ("wrong results", str(r.wrong_results)),
+        ("callers without result", str(r.callers_gave_up)),
+        ("pending left", str(r.pending_left)),
+        ("inbox/parked/delayed left", f"{r.inbox_entries_left}/{r.parked_left}/{r.delayed_left}"),
+        ("dead letters", (f"{sum(r.dead_letters.values())} ("
+                          + "".join(f"{k} {v}, " for k, v in sorted(r.dead_letters.items()))
+                          + f"{r.dead_letters_unaccounted} whose caller was not told)")),
+        ("recovery after a kill", (f"p50 {sec(r.recovery_p50_s)}, p99 {sec(r.recovery_p99_s)}, "
+                                  f"max {sec(r.recovery_max_s)} (target <= "
+                                  f"{r.recovery_target_s:.1f} s; lease + evict_after + sweep = "
+                                  f"{r.recovery_bound_s:.1f} s)")),
+        ("  by fate", by_fate or "-"),
+        ("  completed by", (f"{sum(k['completed_by_same_id'] for k in r.kill_log)} messages by "
+                           f"the restarted agent (same id), "
+                           f"{sum(k['completed_by_others'] for k in r.kill_log)} by other agents")),
+        ("wall time", (f"{r.wall_s:.1f} s (sending {r.send_phase_s:.0f} s, quiet "
+                      f"{r.quiet_s:.2f} s)")),
+    ]  # fmt: skip
+    w = max(len(a) for a, _ in rows)
+    lines = [f"{a:<{w}}  {b}" for a, b in rows]
+    lines += [f"VIOLATION: {x}" for x in r.violations]
+    if not r.ok:
+        lines.append(f"data and worker logs kept in {r.data_dir}")
+    return "\n".join(lines)
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    d = ChaosConfig()
+    p = argparse.ArgumentParser(
+        prog=prog, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Kill workers and Redis mid-stream, then check that no message was lost "
+        "and no side effect ran twice.",
+    )
+    a = p.add_argument
+    a("--messages", type=int, default=2000, help="messages to send")
+    a("--workers", type=int, default=4, help="worker processes")
+    a("--kills", type=int, default=6, help="worker SIGKILLs")
+    a("--stops", type=int, default=d.stops, help="SIGSTOP/SIGCONT of a worker past its lease")
+    a("--redis-restarts", type=int, default=d.redis_restarts, help="Redis SIGKILL + restarts")
+    a("--seed", type=int, default=d.seed)
+    a("--rate", type=float, default=0.0, help="messages/s (0: spread over the chaos events)")
+    a("--max-rate", type=float, default=d.max_rate)
+    a("--event-gap-s", type=float, default=d.event_gap_s, help="mean gap between chaos events")
+    a("--permanent-share", type=float, default=d.permanent_share,
+      help="share of killed workers that never come back")  # fmt: skip
+    a("--request-share", type=float, default=d.request_share)
+    a("--concurrency", type=int, default=d.concurrency, help="handlers per worker")
+    a("--callers", type=int, default=d.callers, help="caller clients")
+    a("--inflight", type=int, default=d.inflight, help="caller calls at once")
+    a("--max-sleep-ms", type=int, default=d.max_sleep_ms, help="longest handler sleep")
+    a("--deadline-s", type=float, nargs=2, default=d.deadline_s, metavar=("MIN", "MAX"),
+      help="request deadlines, uniform in [MIN, MAX] seconds")  # fmt: skip
+    a("--heartbeat-s", type=float, default=d.heartbeat_s)
+    a("--lease-s", type=float, default=d.lease_s)
+    a("--evict-after-s", type=float, default=d.evict_after_s)
+    a("--sweep-interval-s", type=float, default=d.sweep_interval_s)
+    a("--quiet-timeout-s", type=float, default=d.quiet_timeout_s)
+    a("--agent", default=DEFAULT_AGENT, help="MODULE:FACTORY of the worker agent")
+    a("--dir", default=None, help="data dir (Redis AOF, worker logs); default a temp dir")
+    a("--keep", action="store_true", help="keep the data dir after a passing run")
+    a("--json", action="store_true", help="print the report as JSON")
+    return p
+
+
+def config_from_args(ns: argparse.Namespace) -> ChaosConfig:
+    return ChaosConfig(
+        messages=ns.messages, workers=ns.workers, kills=ns.kills, stops=ns.stops,
+        redis_restarts=ns.redis_restarts, seed=ns.seed, rate=ns.rate, max_rate=ns.max_rate,
+        event_gap_s=ns.event_gap_s, permanent_share=ns.permanent_share,
+        request_share=ns.request_share, concurrency=ns.concurrency, callers=ns.callers,
+        inflight=ns.inflight, max_sleep_ms=ns.max_sleep_ms, deadline_s=tuple(ns.deadline_s),
+        heartbeat_s=ns.heartbeat_s,
+        lease_s=ns.lease_s, evict_after_s=ns.evict_after_s,
+        sweep_interval_s=ns.sweep_interval_s, quiet_timeout_s=ns.quiet_timeout_s,
+        agent=ns.agent, dir=ns.dir, keep=ns.keep,
+    )  # fmt: skip
+
+
+def _progress_printer() -> Callable[[dict[str, Any]], None]:
+    tty = sys.stderr.isatty()
+    last = [0.0]
+
+    def show(s: dict[str, Any]) -> None:
+        line = (f"chaos [{s['phase']}] {s['elapsed_s']:.0f}s  sent {s['started']}/{s['messages']}"
+                f"  answered {s['answered']}  kills {s['kills']}/{s['kills_planned']}"
+                f"  stops {s['stops']}  redis restarts {s['redis_restarts']}"
+                f"  workers up {s['alive']}")  # fmt: skip
+        if tty:
+            sys.stderr.write("\r\x1b[2K" + line)
+            sys.stderr.flush()
+        elif time.monotonic() - last[0] >= 10:  # piped: a plain line now and then
+            last[0] = time.monotonic()
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+
+    return show
+
+
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    """Command line entry: returns 0 when every invariant held, 1 otherwise."""
+    ns = build_parser(prog).parse_args(argv)
+    cfg = config_from_args(ns)
+    show = _progress_printer()
+    try:
+        report = anyio.run(run_chaos, cfg, show)
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        if sys.stderr.isatty():
+            sys.stderr.write("\r\x1b[2K")
+            sys.stderr.flush()
+    if report.data_dir and Path(report.data_dir).is_dir():  # kept: the report goes with it
+        (Path(report.data_dir) / "report.json").write_text(report.to_json())
+    print(report.to_json() if ns.json else format_report(report))
+    return 0 if report.ok else 1
