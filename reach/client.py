@@ -121,6 +121,7 @@ class Client:
         self._own_redis = redis is None
         self._registry: Registry | None = None
         self._events: dict[str, anyio.Event] = {}
+        self._answered: list[Any] = []  # reply entries read and answered, to delete
         self._replies: dict[str, Reply] = {}
         self._done: OrderedDict[str, None] = OrderedDict()
         self._tg: anyio.abc.TaskGroup | None = None
@@ -162,6 +163,9 @@ class Client:
             self._tg.cancel_scope.cancel()
             await self._tg.__aexit__(None, None, None)
             self._tg = None
+        if self._answered and self._redis is not None:
+            with anyio.CancelScope(shield=True):
+                await self._delete_answered()
         if self._own_redis and self._redis is not None:
             await self._redis.aclose()
             self._redis = None
@@ -174,8 +178,15 @@ class Client:
             self._tg.start_soon(self._read_replies)
 
     async def _read_replies(self) -> None:
-        """Read this client's reply stream and wake the waiting calls."""
+        """Read this client's reply stream and wake the waiting calls.
+
+        Answered replies are deleted in batches (every 64, or when the stream is idle), not
+        one round trip per reply.
+        """
+        delete = self._answered
         while True:
+            if delete and (len(delete) >= 64 or not self._events):
+                await self._delete_answered()
             try:
                 res = await self.redis.xread(
                     {self._reply_key: self._last_reply_id}, block=1000, count=500
@@ -186,7 +197,6 @@ class Client:
                 continue
             if not res:
                 continue
-            delete: list[Any] = []
             for _, entries in res:
                 for entry_id, fields in entries:
                     self._last_reply_id = entry_id
@@ -205,11 +215,13 @@ class Client:
                     if ev is not None:
                         ev.set()
                         delete.append(entry_id)
-            if delete:
-                try:  # answered replies: if Redis is away, the stream's TTL removes them
-                    await self.redis.xdel(self._reply_key, *delete)
-                except (rexc.ConnectionError, rexc.TimeoutError) as e:
-                    log.warning("reply stream cleanup failed: %s", e)
+
+    async def _delete_answered(self) -> None:
+        ids, self._answered[:] = list(self._answered), []
+        try:  # answered replies: if Redis is away, the stream's TTL removes them
+            await self.redis.xdel(self._reply_key, *ids)
+        except (rexc.ConnectionError, rexc.TimeoutError) as e:
+            log.warning("reply stream cleanup failed: %s", e)
 
     # -- routing ----------------------------------------------------------------------
     def invalidate(self, capability: str | None = None) -> None:
