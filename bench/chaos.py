@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from reach.chaos import main  # noqa: E402
+from reach.chaos import main
 
 if __name__ == "__main__":
     sys.exit(main(prog="bench/chaos.py"))

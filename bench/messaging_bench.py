@@ -30,13 +30,13 @@ import anyio
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from reach.client import Client  # noqa: E402
-from reach.connection import connect  # noqa: E402
-from reach.embedded import RedisServer  # noqa: E402
-from reach.envelope import encode  # noqa: E402
-from reach.keys import Keys  # noqa: E402
-from reach.registry import Registry  # noqa: E402
-from reach.tasks import pending_ops  # noqa: E402
+from reach.client import Client
+from reach.connection import connect
+from reach.embedded import RedisServer
+from reach.envelope import encode
+from reach.keys import Keys
+from reach.registry import Registry
+from reach.tasks import pending_ops
 
 NS = "bench"
 

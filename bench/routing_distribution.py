@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import itertools
 import json
 import random
 import sys
@@ -23,8 +24,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from reach.registry import AgentInfo  # noqa: E402
-from reach.routing import Router  # noqa: E402
+from reach.registry import AgentInfo
+from reach.routing import Router
 
 CAP = "bench.route"
 
@@ -38,7 +39,7 @@ def wrr(weights: dict[str, float], picks: int = 10_000) -> dict[str, Any]:
     agents = [agent(i, w) for i, w in weights.items()]
     seq = [r.pick(CAP, agents, policy="weighted_rr", version=1).agent_id for _ in range(picks)]
     longest, run = 1, 1
-    for a, b in zip(seq, seq[1:]):
+    for a, b in itertools.pairwise(seq):
         run = run + 1 if a == b else 1
         longest = max(longest, run)
     total = sum(weights.values())

@@ -1,6 +1,8 @@
 """reach: a messaging fabric that lets AI agents reach each other by capability."""
 
 from ._version import __version__
+from .client import Client
+from .envelope import Envelope, Reply
 from .errors import (
     ConfigError,
     DeadlineExceeded,
@@ -19,8 +21,6 @@ from .errors import (
     StaleRegistration,
     UnknownAgent,
 )
-from .client import Client
-from .envelope import Envelope, Reply
 from .registry import AgentInfo, Registry, normalize_capability
 from .runtime import Agent, Context
 from .session import Session
@@ -30,14 +30,11 @@ __all__ = [
     "Agent",
     "AgentInfo",
     "Client",
+    "ConfigError",
     "Context",
     "DeadLetter",
-    "Envelope",
-    "Reply",
-    "Session",
-    "TaskStatus",
-    "ConfigError",
     "DeadlineExceeded",
+    "Envelope",
     "FencedOut",
     "InvalidCapability",
     "NoAgentAvailable",
@@ -50,8 +47,11 @@ __all__ = [
     "Reject",
     "Rejected",
     "RemoteError",
+    "Reply",
     "Retry",
+    "Session",
     "StaleRegistration",
+    "TaskStatus",
     "UnknownAgent",
     "__version__",
     "normalize_capability",

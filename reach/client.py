@@ -13,13 +13,14 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Self
 
 import anyio
 import msgspec
 from redis import exceptions as rexc
 
 from . import logs, metrics, scripts
+from .breaker import Breakers
 from .connection import AnyRedis, connect, is_cluster, unreachable
 from .envelope import (
     PRIORITIES,
@@ -41,11 +42,10 @@ from .errors import (
     RemoteError,
 )
 from .keys import Keys
-from .breaker import Breakers
 from .registry import AgentInfo, Registry, normalize_capability
 from .routing import POLICIES, Router
-from .view import RegistryView
 from .tasks import TASK_TTL_MS, TaskStatus, get_status, pending_ops
+from .view import RegistryView
 
 log = logging.getLogger("reach.client")
 
@@ -149,7 +149,7 @@ class Client:
             self._view = RegistryView(self.registry, **self._view_opts)
         return self._view
 
-    async def __aenter__(self) -> Client:
+    async def __aenter__(self) -> Self:
         if self._redis is None:
             self._redis = await connect(self.redis_url)
         self._cluster = is_cluster(self._redis)
@@ -203,7 +203,7 @@ class Client:
                     data = fields.get(b"r") or fields.get("r")
                     try:
                         reply = decode_reply(data)
-                    except Exception:
+                    except Exception:  # noqa: BLE001 - any unreadable entry is dropped
                         log.warning("unreadable reply entry %r dropped", entry_id)
                         delete.append(entry_id)
                         continue
@@ -521,7 +521,7 @@ class Client:
             )  # fmt: skip
             try:
                 out[agent_id] = await self.call(env, where=where)
-            except Exception as e:  # each agent's outcome, success or error, is reported
+            except Exception as e:  # noqa: BLE001 - each agent's result or error is reported
                 out[agent_id] = e
 
         async with anyio.create_task_group() as tg:

@@ -50,7 +50,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import redis
@@ -255,7 +255,8 @@ class _SentinelConnection(AsyncSentinelConnection):
         delay = 0.05
         while True:
             try:
-                await self.connect_to(await pool.get_master_address())
+                address = await pool.get_master_address()
+                await self.connect_to(address)  # type: ignore[no-untyped-call]
                 return
             except _NO_WAIT:
                 raise
@@ -285,7 +286,7 @@ class _SyncSentinelConnection(SentinelManagedConnection):
         delay = 0.05
         while True:
             try:
-                self.connect_to(pool.get_master_address())
+                self.connect_to(pool.get_master_address())  # type: ignore[no-untyped-call]
                 return
             except _NO_WAIT:
                 raise
@@ -318,6 +319,7 @@ class _SentinelPool(AsyncSentinelPool):
     """
 
     recheck_s = 1.0
+    master_wait_s: float  # set by _connect_sentinel; read by _SentinelConnection
     _checked = 0.0
     _check_task: asyncio.Task[None] | None = None
 
@@ -327,7 +329,7 @@ class _SentinelPool(AsyncSentinelPool):
             self._checked = now
             if self._check_task is None or self._check_task.done():
                 self._check_task = asyncio.get_running_loop().create_task(self._recheck())
-        return await super().get_connection(*args, **kwargs)
+        return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
 
     async def _recheck(self) -> None:
         try:
@@ -369,7 +371,8 @@ class _SyncSentinelPool(SentinelConnectionPool):
                 log.warning("Sentinel %s: the master moved from %s:%s to %s:%s; reconnecting",
                             self.service_name, *old, *address)  # fmt: skip
                 # redis-py keeps the address on a proxy object (a property of the pool)
-                getattr(self, "proxy", self).master_address = address
+                holder: Any = getattr(self, "proxy", self)
+                holder.master_address = address
                 self.disconnect(inuse_connections=True)
         except (rexc.RedisError, OSError):
             pass  # no answer now (or closed meanwhile): connection errors rediscover anyway
@@ -381,7 +384,7 @@ class SentinelRedis(aredis.Redis):
     """An asyncio client of the current master of a Sentinel service; closing it also
     closes its connections to the sentinels."""
 
-    sentinel: AsyncSentinel | None = None
+    sentinel_manager: AsyncSentinel | None = None
 
     async def aclose(self, close_connection_pool: bool | None = None) -> None:
         pool = self.connection_pool
@@ -390,7 +393,7 @@ class SentinelRedis(aredis.Redis):
         try:
             await super().aclose(close_connection_pool)
         finally:
-            sentinel, self.sentinel = self.sentinel, None
+            sentinel, self.sentinel_manager = self.sentinel_manager, None
             if sentinel is not None:
                 for s in sentinel.sentinels:
                     await s.aclose()
@@ -399,13 +402,13 @@ class SentinelRedis(aredis.Redis):
 class SyncSentinelRedis(redis.Redis):
     """The synchronous :class:`SentinelRedis`."""
 
-    sentinel: Sentinel | None = None
+    sentinel_manager: Sentinel | None = None
 
     def close(self) -> None:
         try:
             super().close()
         finally:
-            sentinel, self.sentinel = self.sentinel, None
+            sentinel, self.sentinel_manager = self.sentinel_manager, None
             if sentinel is not None:
                 for s in sentinel.sentinels:
                     s.close()
@@ -414,17 +417,17 @@ class SyncSentinelRedis(redis.Redis):
 async def _connect_sentinel(url: str, decode_responses: bool) -> SentinelRedis:
     su = parse_sentinel_url(url)
     no_retry = AsyncRetry(NoBackoff(), 0)
-    sentinel = AsyncSentinel(
+    sentinel = AsyncSentinel(  # type: ignore[no-untyped-call]
         list(su.sentinels), sentinel_kwargs={**_sentinel_kw(su), "retry": no_retry}
     )
-    client = sentinel.master_for(
+    client: SentinelRedis = sentinel.master_for(
         su.service, redis_class=SentinelRedis, connection_pool_class=_SentinelPool,
         connection_class=_SentinelConnection,
         retry=AsyncRetry(ExponentialWithJitterBackoff(**_BACKOFF), _RETRIES),
         **_master_kw(su, decode_responses),
     )  # fmt: skip
-    client.sentinel = sentinel
-    client.connection_pool.master_wait_s = su.master_wait_s
+    client.sentinel_manager = sentinel
+    cast(_SentinelPool, client.connection_pool).master_wait_s = su.master_wait_s
     try:
         # Ask the sentinels first: a wrong address or service name fails fast, not after
         # the retries of a connection to a master that cannot be found.
@@ -439,19 +442,21 @@ async def _connect_sentinel(url: str, decode_responses: bool) -> SentinelRedis:
 def _connect_sentinel_sync(url: str, decode_responses: bool) -> SyncSentinelRedis:
     su = parse_sentinel_url(url)
     no_retry = Retry(NoBackoff(), 0)
-    sentinel = Sentinel(list(su.sentinels), sentinel_kwargs={**_sentinel_kw(su), "retry": no_retry})
-    client = sentinel.master_for(
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        list(su.sentinels), sentinel_kwargs={**_sentinel_kw(su), "retry": no_retry}
+    )
+    client: SyncSentinelRedis = sentinel.master_for(  # type: ignore[no-untyped-call]
         su.service, redis_class=SyncSentinelRedis, connection_pool_class=_SyncSentinelPool,
         connection_class=_SyncSentinelConnection,
         retry=Retry(ExponentialWithJitterBackoff(**_BACKOFF), _RETRIES),
         **_master_kw(su, decode_responses),
     )  # fmt: skip
-    client.sentinel = sentinel
+    client.sentinel_manager = sentinel
     # The connections see the pool through a proxy object in redis-py >= 5.1.
-    seen_by_connections = getattr(client.connection_pool, "proxy", client.connection_pool)
+    seen_by_connections: Any = getattr(client.connection_pool, "proxy", client.connection_pool)
     seen_by_connections.master_wait_s = su.master_wait_s
     try:
-        sentinel.discover_master(su.service)
+        sentinel.discover_master(su.service)  # type: ignore[no-untyped-call]
         client.ping()
     except (rexc.ConnectionError, rexc.TimeoutError, OSError) as e:
         client.close()

@@ -27,9 +27,9 @@ claimed by a dead owner (taken over), or done (replayed, not run again).
 from __future__ import annotations
 
 import inspect
-import math
 import json
 import logging
+import math
 import os
 import random
 import signal
@@ -169,7 +169,7 @@ class _HandlerSpec:
 def _payload_type(fn: Handler) -> Any:
     try:
         hints = typing.get_type_hints(fn)
-    except Exception:
+    except Exception:  # noqa: BLE001 - unresolvable hints: the payload stays untyped
         return Any
     params = list(inspect.signature(fn).parameters)
     if not params:
@@ -443,12 +443,12 @@ class _Runtime:
 
     def _register_kw(self) -> dict[str, Any]:
         a, o = self.agent, self.opts
-        return dict(
-            instance_id=self.instance_id, version=self.version, capabilities=a.capabilities,
-            weight=a.weight, metadata=a.metadata, lease_ms=int(o.lease_s * 1000),
-            evict_after_ms=int(o.evict_after_s * 1000), card=a.card, ready=self.ready,
-            max_queue=a.max_queue,
-        )  # fmt: skip
+        return {
+            "instance_id": self.instance_id, "version": self.version,
+            "capabilities": a.capabilities, "weight": a.weight, "metadata": a.metadata,
+            "lease_ms": int(o.lease_s * 1000), "evict_after_ms": int(o.evict_after_s * 1000),
+            "card": a.card, "ready": self.ready, "max_queue": a.max_queue,
+        }  # fmt: skip
 
     async def _register(self) -> None:
         assert self.registry is not None
@@ -547,7 +547,7 @@ class _Runtime:
                 if r is not None:
                     try:
                         r.close()
-                    except Exception:
+                    except Exception:  # noqa: BLE001, S110 - closing a broken connection
                         pass
                 r = None
         if r is not None:
@@ -936,7 +936,7 @@ class _Runtime:
         except TimeoutError as e:
             timed_out = True
             err = e
-        except Exception as e:  # the handler's error becomes the caller's RemoteError
+        except Exception as e:  # noqa: BLE001 - a handler's error becomes the caller's RemoteError
             err = e
         finally:
             for ahook in self.agent.after_handler:
@@ -1169,7 +1169,7 @@ class _Runtime:
         self.draining = True
         try:
             await self.registry.drain(self.agent.agent_id)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - best effort: the drain goes on without it
             log.info("drain flag not set: %s", e)
         with anyio.move_on_after(self.opts.drain_timeout_s):
             while self.inflight > 0:

@@ -17,6 +17,7 @@ from typing import Any
 
 from redis import exceptions as rexc
 
+
 def _lua_dir() -> Path:
     # In a wheel the scripts live in reach/_lua; in a source checkout in ../lua.
     packaged = Path(str(resources.files("reach"))) / "_lua"

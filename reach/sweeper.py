@@ -56,7 +56,7 @@ async def move_due(redis: AnyRedis, keys: Keys, client: Client, *, limit: int = 
             continue
         try:
             await client.deliver(env)
-        except Exception as e:  # no live agent now: it waits for a later sweep
+        except Exception as e:  # noqa: BLE001 - no live agent now: it waits for a later sweep
             log.info("retry of %s waits: %s", env.msg_id, e)
             continue
         await redis.zrem(keys.delayed, data)

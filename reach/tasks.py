@@ -127,7 +127,7 @@ def parse_dead_letter(entry_id: Any, fields: Mapping[Any, Any]) -> DeadLetter:
     env: Envelope | None
     try:
         env = decode_envelope(raw)
-    except Exception:
+    except Exception:  # noqa: BLE001 - an undecodable entry is still listed, as raw bytes
         env = None
     return DeadLetter(
         id=_s(entry_id),

@@ -14,7 +14,7 @@ def blocker() -> Agent:
 
     @app.handler("test.block")
     async def block(payload: dict[str, Any], ctx: Context) -> str:
-        time.sleep(float(payload["seconds"]))  # deliberately blocks the loop
+        time.sleep(float(payload["seconds"]))  # noqa: ASYNC251 - deliberately blocks the loop
         return "unblocked"
 
     return app

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from types import TracebackType
+from typing import Self
 
 import redis
 
@@ -24,7 +25,7 @@ class RedisTestCluster:
     def url(self) -> str:
         return self.nodes[0].url
 
-    def start(self, *, timeout_s: float = 30.0) -> RedisTestCluster:
+    def start(self, *, timeout_s: float = 30.0) -> Self:
         for n in self.nodes:
             n.start()
         clients = [redis.Redis(port=n.port) for n in self.nodes]
@@ -55,7 +56,7 @@ class RedisTestCluster:
         for n in self.nodes:
             n.stop()
 
-    def __enter__(self) -> RedisTestCluster:
+    def __enter__(self) -> Self:
         try:
             return self.start()
         except BaseException:

@@ -15,7 +15,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Optional, TypedDict
 
 import anyio
 import typer
@@ -39,7 +39,6 @@ from .common import (
     RedisUrl,
     age,
     command,
-    console,
     err_console,
     open_redis,
     print_json,
@@ -450,11 +449,11 @@ def worker(
                 ) from e
             wlog.info("metrics on http://%s:%d/metrics", metrics_addr, srv.server_port)
         agent = load_agent(target)
-        opts = dict(redis_url=redis_url, namespace=namespace, concurrency=concurrency,
-                    heartbeat_s=heartbeat_s, lease_s=lease_s, evict_after_s=evict_after_s,
-                    stall_s=stall_s, drain_timeout_s=drain_timeout_s,
-                    sweep_interval_s=sweep_interval_s, claim_lease_s=claim_lease_s,
-                    retry_base_s=retry_base_s)  # fmt: skip
+        opts = {"redis_url": redis_url, "namespace": namespace, "concurrency": concurrency,
+                "heartbeat_s": heartbeat_s, "lease_s": lease_s, "evict_after_s": evict_after_s,
+                "stall_s": stall_s, "drain_timeout_s": drain_timeout_s,
+                "sweep_interval_s": sweep_interval_s, "claim_lease_s": claim_lease_s,
+                "retry_base_s": retry_base_s}  # fmt: skip
         if log_format == "json":  # stderr stays one JSON object per line
             wlog.info("reach worker: %s on %s ns=%s", agent.agent_id, redact(redis_url), namespace)
         else:
@@ -473,6 +472,16 @@ def worker(
 
 
 # -- messaging ----------------------------------------------------------------------------
+class _SendOptions(TypedDict):
+    """The options ``reach send`` passes on to :meth:`Client.request` / :meth:`Client.send`."""
+
+    session_id: str | None
+    priority: str
+    timeout_s: float | None
+    idempotency_key: str | None
+    target: str | None
+
+
 @app.command()
 @command
 async def send(
@@ -497,8 +506,8 @@ async def send(
     except json.JSONDecodeError as e:
         raise ConfigError(f"PAYLOAD is not valid JSON ({e}); quote it, e.g. '{{\"a\": 1}}'.") from e
     async with Client(redis_url=redis_url, namespace=namespace) as client:
-        kw = dict(session_id=session, priority=priority, timeout_s=timeout_s,
-                  idempotency_key=idempotency_key, target=target)  # fmt: skip
+        kw: _SendOptions = {"session_id": session, "priority": priority, "timeout_s": timeout_s,
+                            "idempotency_key": idempotency_key, "target": target}  # fmt: skip
         if wait:
             result = await client.request(capability, body, **kw)
             if json_:
@@ -564,7 +573,7 @@ async def queues(
             row[prio] = int(await r.xlen(k))
             try:
                 summary = await r.xpending(k, GROUP)
-            except Exception:
+            except Exception:  # noqa: BLE001, S112 - no group (yet) or no answer: lengths only
                 continue
             row["pending"] += int(summary.get("pending", 0))
             low = summary.get("min")
@@ -656,7 +665,7 @@ async def dlq_show(
         row["envelope"] = {f: getattr(env, f) for f in env.__struct_fields__ if f != "payload"}
         try:
             row["payload"] = decode_payload(env.payload)
-        except Exception:
+        except Exception:  # noqa: BLE001 - whatever the failure, the rest is still shown
             row["payload"] = "<undecodable>"
     else:
         row["raw"] = d.raw[:200].hex()
@@ -725,8 +734,8 @@ async def dlq_replay(
         print_json({"replayed": done, "failed": [{"id": i, "error": e} for i, e in failed]})
     else:
         print(f"replayed {done}, failed {len(failed)}")
-        for i, e in failed:
-            print(f"  {i}: {e}")
+        for i, why in failed:
+            print(f"  {i}: {why}")
     if failed:
         raise typer.Exit(1)
 

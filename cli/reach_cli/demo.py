@@ -111,7 +111,7 @@ def _examples(url: str) -> None:
     if (Path.cwd() / "examples" / "run_all.py").is_file() and str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))  # the demo runs from the repository root
     try:
-        from examples import run_all  # type: ignore[import-not-found]
+        from examples import run_all
     except ImportError:
         console.print("[dim](examples/ is not importable from here: run the demo from the "
                       "repository root to see the example agents)[/dim]")  # fmt: skip

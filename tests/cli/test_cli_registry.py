@@ -12,11 +12,11 @@ from pathlib import Path
 import anyio
 import pytest
 import redis
+from reach_cli.app import app
 from typer.testing import CliRunner
 
 from reach.connection import connect
 from reach.registry import Registry
-from reach_cli.app import app
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -32,7 +32,7 @@ def populated(redis_url: str, ns: str) -> Iterator[None]:
     async def setup() -> None:
         r = await connect(redis_url)
         reg = Registry(r, ns)
-        common = dict(lease_ms=60_000, evict_after_ms=120_000)
+        common = {"lease_ms": 60_000, "evict_after_ms": 120_000}
         await reg.register("sum-1", instance_id="i1", version=1, ready=True, weight=2,
                            capabilities=["text.summarize"], metadata={"region": "eu"}, **common)
         await reg.register("sum-2", instance_id="i2", version=1, ready=False,
