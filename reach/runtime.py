@@ -337,6 +337,7 @@ class _Runtime:
         self._stop_requested = threading.Event()
         self._slot_free = anyio.Event()
         self._settle_q: list[_Item] = []
+        self._settling = 0  # flushes under way
         self._work_send, self._work_recv = anyio.create_memory_object_stream[_Item](math.inf)
         self._settle_ev = anyio.Event()
         self._last_tick = time.monotonic()
@@ -891,6 +892,10 @@ class _Runtime:
             logs.exit_message(scope)
             self.inflight -= 1
             self._slot_free.set()
+        if not self._settling and len(self._settle_q) == 1:
+            # Nothing else to batch with and no flush under way: settle from here, one
+            # event-loop turn sooner than handing it to the settler (a lone request's latency).
+            await self._flush()
 
     async def _run_one(self, it: _Item, env: Envelope) -> None:
         start_ms = now_ms()
@@ -1054,18 +1059,23 @@ class _Runtime:
         while True:
             await self._settle_ev.wait()
             self._settle_ev = anyio.Event()
-            batch, self._settle_q = self._settle_q, []
-            if not batch:
-                continue
-            try:
-                await self._settle(batch)
-            except (rexc.RedisError, OSError) as e:
-                # Entries stay pending: the next pending scan redoes them, and claim finds
-                # the ones whose completion was stored (replay, not run again).
-                log.warning("settling %d entries failed: %s", len(batch), e)
-                self._rescan = True
-            finally:
-                self._release(batch)
+            await self._flush()
+
+    async def _flush(self) -> None:
+        batch, self._settle_q = self._settle_q, []
+        if not batch:
+            return
+        self._settling += 1
+        try:
+            await self._settle(batch)
+        except (rexc.RedisError, OSError) as e:
+            # Entries stay pending: the next pending scan redoes them, and claim finds
+            # the ones whose completion was stored (replay, not run again).
+            log.warning("settling %d entries failed: %s", len(batch), e)
+            self._rescan = True
+        finally:
+            self._settling -= 1
+            self._release(batch)
 
     def _release(self, items: list[_Item]) -> None:
         for it in items:
