@@ -781,6 +781,50 @@ def demo(
         raise typer.Exit(2) from None
 
 
+# -- bench --------------------------------------------------------------------------------
+@app.command()
+def bench(
+    messages: Annotated[int, typer.Option(help="Backlog of fire-and-forget messages.")] = 30_000,
+    requests: Annotated[int, typer.Option(help="Sequential request/reply calls.")] = 3_000,
+    concurrency: Annotated[int, typer.Option(help="The worker's handlers at once.")] = 64,
+    json_: Json = False,
+) -> None:
+    """Measure messaging on an embedded Redis with one `reach worker` process.
+
+    Throughput of a fire-and-forget backlog (claim, handler, fenced completion, ack),
+    request/reply latency p50/p99 with one sequential caller, Redis commands and round
+    trips per message. Example: reach bench --messages 30000 --requests 3000
+    """
+    from reach.bench import format_report, run_bench
+
+    bars: dict[str, Any] = {}
+    counts: dict[str, int] = {}
+
+    def on_progress(phase: str, done: int, total: int) -> None:
+        if phase not in bars:
+            for other in list(bars):  # one phase at a time
+                bars.pop(other).__exit__(None, None, None)
+            bars[phase] = progress(total, phase, every=max(1, total // 10))
+            counts[phase] = 0
+            bars[phase].__enter__()
+        bars[phase].step(done - counts[phase])
+        counts[phase] = done
+
+    try:
+        out = run_bench(messages=messages, requests=requests, concurrency=concurrency,
+                        progress=on_progress)  # fmt: skip
+    except (ReachError, ValueError) as e:
+        err_console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+    finally:
+        for b in bars.values():
+            b.__exit__(None, None, None)
+    if json_:
+        print_json(out)
+    else:
+        print(format_report(out))
+
+
 # -- chaos --------------------------------------------------------------------------------
 @app.command(
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
