@@ -224,9 +224,9 @@ class Client:
             log.warning("reply stream cleanup failed: %s", e)
 
     # -- routing ----------------------------------------------------------------------
-    def invalidate(self, capability: str | None = None) -> None:
+    def invalidate(self) -> None:
         """Make the next pick re-read the registry (e.g. right after agents started)."""
-        self.view._loaded_at = 0.0
+        self.view.invalidate()
 
     async def eligible(
         self, capability: str, *, where: Mapping[str, Any] | None = None

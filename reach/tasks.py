@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from .connection import AnyRedis
-from .envelope import Envelope, Reply, decode_envelope, decode_reply, encode, now_ms
+from .envelope import Envelope, Reply, decode_envelope, decode_reply, now_ms
 from .keys import Keys
 
 STATUSES = ("pending", "running", "succeeded", "failed", "retrying", "expired", "dead")
@@ -143,6 +143,3 @@ def parse_dead_letter(entry_id: Any, fields: Mapping[Any, Any]) -> DeadLetter:
         raw=b"" if env else raw,
     )
 
-
-def encode_reply(reply: Reply) -> bytes:
-    return encode(reply)

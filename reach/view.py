@@ -70,8 +70,9 @@ class RegistryView:
             await self.refresh()
         return self._by_cap.get(capability, []), self.version
 
-    def agents(self) -> list[AgentInfo]:
-        return list(self._agents.values())
+    def invalidate(self) -> None:
+        """Make the next read refresh from Redis."""
+        self._loaded_at = 0.0
 
     async def refresh(self) -> None:
         """Re-read every agent of the namespace."""
