@@ -187,7 +187,7 @@ async def _messaging(url: str, pause: float) -> dict[str, str]:
         async with anyio.create_task_group() as tg:
             for _ in range(6):
                 tg.start_soon(lc_caller)
-        rows.append(("least_conn (summarizer-1 runs 1 at a time)", "6 callers x 5", lc))
+        rows.append(("least_conn (summarizer-1: weight 2, one at a time)", "6 callers x 5", lc))
         owners: dict[str, str] = {}
         sticky = True
         for s in SESSIONS:
