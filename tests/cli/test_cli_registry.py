@@ -157,3 +157,32 @@ def test_reach_redis_runs_a_persistent_server(tmp_path: Path) -> None:
         p.wait(timeout=20)
     with pytest.raises(redis.ConnectionError):
         redis.Redis.from_url(url, socket_connect_timeout=1).ping()
+
+
+def test_events_follow_prints_new_events_as_they_happen(redis_url: str, ns: str) -> None:
+    p = subprocess.Popen(
+        [sys.executable, "-m", "reach_cli.app", "events", "--follow", "--redis-url", redis_url,
+         "--namespace", ns],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        async def register() -> None:
+            r = await connect(redis_url)
+            await Registry(r, ns).register("late-1", instance_id="i", version=1, ready=False,
+                                           capabilities=["x.y"], lease_ms=60_000,
+                                           evict_after_ms=120_000)  # fmt: skip
+            await r.aclose()
+
+        # It prints past events first (none here), then follows; registering after it
+        # started must show up on its output.
+        line = ""
+        for _ in range(3):  # the follower may start after the first registration
+            anyio.run(register)
+            assert p.stdout is not None
+            line = p.stdout.readline()
+            if "late-1" in line:
+                break
+        assert "registered" in line and "late-1" in line
+    finally:
+        p.send_signal(signal.SIGINT)
+        p.wait(timeout=20)
