@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any, TypeVar
@@ -25,6 +24,7 @@ from reach.connection import AnyRedis
 from reach.errors import NoAgentAvailable
 from reach.keys import Keys
 from reach.runtime import Agent, Context
+from tests.waiting import wait_until
 
 T = TypeVar("T")
 
@@ -57,21 +57,6 @@ async def effects(r: AnyRedis, ns: str, name: str) -> dict[str, int]:
 
 
 # -- waiting -------------------------------------------------------------------------------
-async def wait_until(
-    fn: Callable[[], Awaitable[T]], *, timeout: float = 15.0, interval: float = 0.02,
-    what: str = "condition",
-) -> T:  # fmt: skip
-    """Poll ``fn`` until it returns something truthy (returned), or fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = await fn()
-        if last:
-            return last
-        await anyio.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
-
-
 async def wait_eligible(
     client: Client, capability: str, agent_ids: Iterable[str], *, timeout: float = 20.0,
     instance_of: dict[str, str] | None = None,
@@ -95,7 +80,7 @@ async def wait_eligible(
         return all(got[a] != old for a, old in (instance_of or {}).items())
 
     await wait_until(
-        ready, timeout=timeout, what=f"agents {sorted(want)} eligible for {capability}"
+        ready, timeout_s=timeout, what=f"agents {sorted(want)} eligible for {capability}"
     )
 
 
@@ -106,7 +91,7 @@ async def wait_status(client: Client, msg_id: str, *statuses: str, timeout: floa
         st = await client.task(msg_id)
         return st if st.status in statuses else None
 
-    return await wait_until(check, timeout=timeout, what=f"task {msg_id} in {statuses}")
+    return await wait_until(check, timeout_s=timeout, what=f"task {msg_id} in {statuses}")
 
 
 # -- serving in-process agents ---------------------------------------------------------

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, TypeVar
 
-import anyio
-
 from reach.registry import Registry
+from tests.waiting import wait_until  # noqa: F401 - re-exported for the lua tests
 
 T = TypeVar("T")
 
@@ -58,24 +57,6 @@ async def register(
         **kw,
     )
     return code, instance_id, version
-
-
-async def wait_until(
-    probe: Callable[[], Awaitable[T]],
-    *,
-    timeout_s: float = 10.0,
-    interval_s: float = 0.01,
-    what: str = "condition",
-) -> T:
-    """Call ``probe`` until it returns something truthy (returned); fail after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = await probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout_s}s (last: {value!r})")
-        await anyio.sleep(interval_s)
 
 
 def _s(x: bytes | str) -> str:

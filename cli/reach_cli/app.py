@@ -180,6 +180,18 @@ def agents_list(
           "capabilities", "lease age", "queue", "in-flight", "metadata"], rows)  # fmt: skip
 
 
+async def _get_agent(redis_url: str, namespace: str, agent_id: str) -> reach.AgentInfo:
+    """One agent's record (live or shadow), or UnknownAgent that says where to look."""
+    r = await open_redis(redis_url)
+    try:
+        a = await Registry(r, namespace).get(agent_id)
+    finally:
+        await r.aclose()
+    if a is None:
+        raise UnknownAgent(f"No agent {agent_id!r} in namespace {namespace!r} (see `reach agents`).")
+    return a
+
+
 @agents_app.command("show")
 @command
 async def agents_show(
@@ -192,13 +204,7 @@ async def agents_show(
 
     Example: reach agents show summarizer-1
     """
-    r = await open_redis(redis_url)
-    try:
-        a = await Registry(r, namespace).get(agent_id)
-    finally:
-        await r.aclose()
-    if a is None:
-        raise UnknownAgent(f"No agent {agent_id!r} in namespace {namespace!r} (see `reach agents`).")
+    a = await _get_agent(redis_url, namespace, agent_id)
     row = _agent_row(a, now_ms())
     row.update(lease_ms=a.lease_ms, evict_after_ms=a.evict_after_ms, state_ms=a.state_ms,
                ready_ms=a.ready_ms, max_queue=a.max_queue, card=a.card)  # fmt: skip
@@ -222,13 +228,7 @@ async def agents_card(
     """
     from reach.card import agent_card, card_problems
 
-    r = await open_redis(redis_url)
-    try:
-        a = await Registry(r, namespace).get(agent_id)
-    finally:
-        await r.aclose()
-    if a is None:
-        raise UnknownAgent(f"No agent {agent_id!r} in namespace {namespace!r} (see `reach agents`).")
+    a = await _get_agent(redis_url, namespace, agent_id)
     card = agent_card(a, namespace=namespace)
     for problem in card_problems(card):  # only a card the agent registered with can cause these
         err_console.print(f"[yellow]warning:[/yellow] {problem}", highlight=False)

@@ -13,6 +13,7 @@ import pytest
 from reach.client import Client
 from reach.connection import connect
 from reach.registry import Registry
+from tests.waiting import wait_until
 from tests.workers import Workers
 
 pytestmark = pytest.mark.anyio
@@ -25,15 +26,6 @@ def workers(redis_url: str, ns: str) -> Iterator[Workers]:
     w.stop_all()
 
 
-async def wait_for(pred, timeout_s: float = 20.0, interval_s: float = 0.02):  # type: ignore[no-untyped-def]
-    with anyio.fail_after(timeout_s):
-        while True:
-            v = await pred()
-            if v:
-                return v
-            await anyio.sleep(interval_s)
-
-
 async def state_of(reg: Registry, agent_id: str) -> str:
     a = await reg.get(agent_id)
     return "gone" if a is None else ("ready" if a.state == "active" and a.ready else a.state)
@@ -43,7 +35,7 @@ async def test_sigkill_goes_probation_then_evicted(workers: Workers, redis_url: 
     r = await connect(redis_url)
     reg = Registry(r, ns)
     p = workers.start("plain")
-    await wait_for(lambda: _is(reg, "plain-1", "ready"))
+    await wait_until(lambda: _is(reg, "plain-1", "ready"))
     assert await reg.agent_ids("test.plain") == ["plain-1"]
     p.send_signal(signal.SIGKILL)
     p.wait()
@@ -56,7 +48,7 @@ async def test_sigkill_goes_probation_then_evicted(workers: Workers, redis_url: 
             seen.append(s)
         return s == "evicted"
 
-    await wait_for(evicted)
+    await wait_until(evicted)
     assert seen[-2:] == ["probation", "evicted"], seen
     assert await reg.agent_ids("test.plain") == []
     assert await reg.agent_ids("test.other") == []
@@ -84,7 +76,7 @@ async def test_blocked_loop_for_twice_the_lease_keeps_the_agent(
     r = await connect(redis_url)
     reg = Registry(r, ns)
     workers.start("blocker", "--stall-s", "5")
-    await wait_for(lambda: _is(reg, "blocker-1", "ready"))
+    await wait_until(lambda: _is(reg, "blocker-1", "ready"))
     states: set[str] = set()
     done = anyio.Event()
     async with Client(redis_url=redis_url, namespace=ns) as c, anyio.create_task_group() as tg:
@@ -101,7 +93,7 @@ async def test_wedged_loop_stops_heartbeats_and_is_evicted(
     r = await connect(redis_url)
     reg = Registry(r, ns)
     p = workers.start("blocker", "--stall-s", "0.5")
-    await wait_for(lambda: _is(reg, "blocker-1", "ready"))
+    await wait_until(lambda: _is(reg, "blocker-1", "ready"))
     async with Client(redis_url=redis_url, namespace=ns) as c:
         await c.send("test.block", {"seconds": 30})
 
@@ -109,7 +101,7 @@ async def test_wedged_loop_stops_heartbeats_and_is_evicted(
             await reg.sweep(owner="test")
             return await state_of(reg, "blocker-1") == "evicted"
 
-        await wait_for(evicted, timeout_s=20)
+        await wait_until(evicted, timeout_s=20)
     assert p.poll() is None, "the wedged process is still alive, only evicted"
     await r.aclose()
 
@@ -118,7 +110,7 @@ async def test_sigterm_drains_and_deregisters(workers: Workers, redis_url: str, 
     r = await connect(redis_url)
     reg = Registry(r, ns)
     p = workers.start("blocker", "--stall-s", "5")
-    await wait_for(lambda: _is(reg, "blocker-1", "ready"))
+    await wait_until(lambda: _is(reg, "blocker-1", "ready"))
     async with Client(redis_url=redis_url, namespace=ns) as c, anyio.create_task_group() as tg:
         result: list[str] = []
 
@@ -132,7 +124,7 @@ async def test_sigterm_drains_and_deregisters(workers: Workers, redis_url: str, 
             pending = await r.xpending(c.keys.inbox("blocker-1", "normal"), "reach")
             return bool(a and a.inflight) or bool(pending["pending"])
 
-        await wait_for(running)
+        await wait_until(running)
         p.send_signal(signal.SIGTERM)
     assert result == ["unblocked"], "in-flight work finished during the drain"
     assert p.wait(timeout=20) == 0
@@ -146,7 +138,7 @@ async def test_operator_drain_makes_the_worker_leave(workers: Workers, redis_url
     r = await connect(redis_url)
     reg = Registry(r, ns)
     p = workers.start("plain")
-    await wait_for(lambda: _is(reg, "plain-1", "ready"))
+    await wait_until(lambda: _is(reg, "plain-1", "ready"))
     assert await reg.drain("plain-1") == 1
     assert p.wait(timeout=20) == 0
     assert await reg.get("plain-1") is None
@@ -159,7 +151,7 @@ async def test_stopped_past_eviction_re_registers_on_resume(
     r = await connect(redis_url)
     reg = Registry(r, ns)
     p = workers.start("plain")
-    await wait_for(lambda: _is(reg, "plain-1", "ready"))
+    await wait_until(lambda: _is(reg, "plain-1", "ready"))
     before = await reg.get("plain-1")
     os.kill(p.pid, signal.SIGSTOP)
     try:
@@ -167,10 +159,10 @@ async def test_stopped_past_eviction_re_registers_on_resume(
             await reg.sweep(owner="test")
             return await state_of(reg, "plain-1") == "evicted"
 
-        await wait_for(evicted)
+        await wait_until(evicted)
     finally:
         os.kill(p.pid, signal.SIGCONT)
-    await wait_for(lambda: _is(reg, "plain-1", "ready"))
+    await wait_until(lambda: _is(reg, "plain-1", "ready"))
     after = await reg.get("plain-1")
     assert before is not None and after is not None
     assert after.instance_id == before.instance_id  # the same process came back
@@ -184,7 +176,7 @@ async def test_restart_with_same_id_replaces_and_old_version_is_stale(
     r = await connect(redis_url)
     reg = Registry(r, ns)
     first = workers.start("plain")
-    await wait_for(lambda: _is(reg, "plain-1", "ready"))
+    await wait_until(lambda: _is(reg, "plain-1", "ready"))
     v1 = (await reg.get("plain-1")).version  # type: ignore[union-attr]
     os.kill(first.pid, signal.SIGSTOP)
     try:
@@ -194,7 +186,7 @@ async def test_restart_with_same_id_replaces_and_old_version_is_stale(
             a = await reg.get("plain-1")
             return bool(a and a.version > v1 and a.ready)
 
-        await wait_for(replaced)
+        await wait_until(replaced)
     finally:
         os.kill(first.pid, signal.SIGCONT)
     # The old process learns from its next heartbeat that it is stale, and stops.

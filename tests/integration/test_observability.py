@@ -23,6 +23,7 @@ from reach.embedded import free_port
 from reach.errors import Rejected
 from reach.registry import Registry
 from reach.runtime import Agent, Context
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = ["--heartbeat-s", "0.1", "--lease-s", "0.3", "--evict-after-s", "0.6",
@@ -99,15 +100,6 @@ def worker(redis_url: str, ns: str, tmp_path: Path) -> Iterator[Worker]:
     w.stop()
 
 
-async def wait_for(pred, timeout_s: float = 20.0, interval_s: float = 0.05):  # type: ignore[no-untyped-def]
-    with anyio.fail_after(timeout_s):
-        while True:
-            v = await pred()
-            if v:
-                return v
-            await anyio.sleep(interval_s)
-
-
 async def ready(redis_url: str, ns: str, worker: Worker) -> None:
     r = await connect(redis_url)
     reg = Registry(r, ns)
@@ -118,7 +110,7 @@ async def ready(redis_url: str, ns: str, worker: Worker) -> None:
         return bool(a and a.ready)
 
     try:
-        await wait_for(is_ready)
+        await wait_until(is_ready)
     finally:
         await r.aclose()
 
@@ -143,7 +135,7 @@ async def test_metrics_scraped_from_a_worker_change_as_messages_flow(
         dead = m(s, "reach_messages_acked_total", capability="obs.reject", outcome="dead")
         return s if ok == n + 1 and dead == 1 else None
 
-    after = await wait_for(settled)
+    after = await wait_until(settled)
     assert m(after, "reach_messages_delivered_total", capability="obs.echo", priority="normal") == n
     assert m(after, "reach_messages_delivered_total", capability="obs.echo", priority="high") == 1
     assert m(after, "reach_handler_duration_seconds_count", capability="obs.echo",
@@ -156,9 +148,9 @@ async def test_metrics_scraped_from_a_worker_change_as_messages_flow(
     assert m(after, "reach_queue_wait_seconds_count", priority="high") >= 1
     assert m(after, "reach_inflight_messages", agent_id="obs-1") == 0
     # the heartbeat's XLEN per priority, and the registry seen by the sweeper lock holder
-    s = await wait_for(lambda: _has(worker, "reach_inbox_depth", agent_id="obs-1", priority="low"))
+    s = await wait_until(lambda: _has(worker, "reach_inbox_depth", agent_id="obs-1", priority="low"))
     assert m(s, "reach_inbox_depth", agent_id="obs-1", priority="high") == 0
-    s = await wait_for(lambda: _has(worker, "reach_registry_agents", state="active"))
+    s = await wait_until(lambda: _has(worker, "reach_registry_agents", state="active"))
     assert m(s, "reach_registry_agents", state="active") == 1
     # no per-message label anywhere
     assert not any(k in dict(lbl) for _, lbl in after for k in ("msg_id", "session_id", "trace_id"))
@@ -188,7 +180,7 @@ async def test_log_lines_of_a_handled_message_carry_its_ids(
         done = [x for x in mine(recs, bad.msg_id) if x["logger"] == "reach.runtime"]
         return recs if mine(recs, env.msg_id) and done else None
 
-    recs = await wait_for(logged)
+    recs = await wait_until(logged)
     handler_lines = [x for x in mine(recs, env.msg_id) if x["logger"] == "obs.handler"]
     assert len(handler_lines) == 1
     line = handler_lines[0]
