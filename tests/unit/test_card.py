@@ -227,10 +227,11 @@ def test_every_reach_status_maps_to_an_a2a_task_state() -> None:
 
 
 def test_card_parses_as_the_official_a2a_type() -> None:
-    """With the A2A SDK installed (not a reach dependency), its protobuf AgentCard accepts the
-    card: every field name and type is one the specification defines."""
-    a2a_types = pytest.importorskip("a2a.types")
-    json_format = pytest.importorskip("google.protobuf.json_format")
+    """The A2A SDK (a test dependency, not a runtime one) parses the card into its protobuf
+    AgentCard, so every field name and type is one the specification defines."""
+    from a2a import types as a2a_types
+    from google.protobuf import json_format
+
     card = agent_card(
         _info(card={"provider": {"organization": "O", "url": "https://o"}}), namespace="prod"
     )
