@@ -1,0 +1,74 @@
+"""fetch.lua: high first, with slots kept for normal and low so a flood of high never starves them."""
+
+from __future__ import annotations
+
+import pytest
+import redis.exceptions as rexc
+
+from reach import scripts
+from reach.connection import AnyRedis
+from reach.keys import GROUP, Keys
+
+pytestmark = pytest.mark.anyio
+
+AGENT = "w-1"
+
+
+async def _inboxes(r: AnyRedis, ns: str, high: int, normal: int, low: int) -> list[str]:
+    keys = Keys(ns).inboxes(AGENT)
+    for key, count in zip(keys, (high, normal, low), strict=True):
+        await r.xgroup_create(key, GROUP, id="0", mkstream=True)
+        for i in range(count):
+            await r.xadd(key, {"e": f"{key.rsplit(':', 1)[1]}-{i}"})
+    return keys
+
+
+def _counts(res: list[object]) -> list[int]:
+    return [len(res[0]), len(res[1]), len(res[2])]  # type: ignore[arg-type]
+
+
+async def test_high_first_then_normal_then_low(r: AnyRedis, ns: str) -> None:
+    keys = await _inboxes(r, ns, high=3, normal=3, low=3)
+    res = await scripts.call(r, "fetch", keys, [GROUP, AGENT, 5, 0, 0])
+    assert _counts(res) == [3, 2, 0]
+    assert [fields for _, fields in res[0]] == [
+        [b"e", b"high-0"],
+        [b"e", b"high-1"],
+        [b"e", b"high-2"],
+    ]
+    # Low has unread entries and got nothing: it is reported as passed over.
+    assert res[3:] == [0, 1]
+
+
+async def test_kept_slots_serve_normal_and_low_under_a_flood_of_high(r: AnyRedis, ns: str) -> None:
+    keys = await _inboxes(r, ns, high=100, normal=10, low=10)
+    res = await scripts.call(r, "fetch", keys, [GROUP, AGENT, 10, 2, 1])
+    assert _counts(res) == [7, 2, 1]
+    assert res[3:] == [0, 0]
+
+
+async def test_unused_kept_slots_go_back_to_high(r: AnyRedis, ns: str) -> None:
+    keys = await _inboxes(r, ns, high=20, normal=0, low=0)
+    res = await scripts.call(r, "fetch", keys, [GROUP, AGENT, 10, 2, 1])
+    assert _counts(res) == [10, 0, 0]
+    assert res[3:] == [0, 0]  # nothing waits in normal or low
+
+
+async def test_entries_become_pending_for_the_agent_and_are_not_read_twice(
+    r: AnyRedis, ns: str
+) -> None:
+    keys = await _inboxes(r, ns, high=0, normal=2, low=0)
+    first = await scripts.call(r, "fetch", keys, [GROUP, AGENT, 10, 0, 0])
+    assert _counts(first) == [0, 2, 0]
+    pending = await r.xpending_range(keys[1], GROUP, min="-", max="+", count=10)
+    assert [p["consumer"] for p in pending] == [AGENT.encode()] * 2
+    again = await scripts.call(r, "fetch", keys, [GROUP, AGENT, 10, 0, 0])
+    assert _counts(again) == [0, 0, 0] and again[3:] == [0, 0]
+
+
+async def test_a_missing_group_is_a_nogroup_error(r: AnyRedis, ns: str) -> None:
+    # The runtime recreates the groups on NOGROUP (after a Redis restart that lost them).
+    keys = Keys(ns).inboxes(AGENT)
+    await r.xadd(keys[0], {"e": "x"})
+    with pytest.raises(rexc.ResponseError, match="NOGROUP"):
+        await scripts.call(r, "fetch", keys, [GROUP, AGENT, 10, 0, 0])
