@@ -55,7 +55,7 @@ app = typer.Typer(
     "and look around with `reach caps`, `reach agents`, `reach queues`, `reach dlq list`.",
     no_args_is_help=True,
     add_completion=False,
-    rich_markup_mode="rich",
+    rich_markup_mode="markdown",
 )
 agents_app = typer.Typer(
     help="List, inspect and drain agents.", invoke_without_command=True, no_args_is_help=False
