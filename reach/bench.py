@@ -6,8 +6,12 @@ It measures
   worker while it is stopped (SIGSTOP); after SIGCONT it processes them (batch reads,
   claim, handler, fenced completion, ack + delete): messages/s until the inbox is empty;
 * request/reply latency with one sequential caller: p50 / p99;
-* Redis commands per message (INFO commandstats, those inside scripts included) and the
-  worker's own count of round trips per message (logged by the runtime when it stops).
+* Redis commands and round trips per message, for each phase: commands from INFO
+  commandstats (those inside scripts included), round trips as the reads Redis processed
+  (INFO stats ``total_reads_processed``: one per request or pipeline a client sends), with
+  the benchmark's own polling taken out; and the worker's own count of its round trips
+  (logged by the runtime when it stops). Each phase has a worker process of its own, so
+  its figures are its own.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +44,7 @@ from .tasks import pending_ops
 NS = "bench"
 CAP = "bench.noop"
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
+WARM_UP = 200  # requests before the latency samples
 
 
 def bench_agent() -> Agent:
@@ -77,6 +82,11 @@ async def _commandstats(r: AnyRedis) -> dict[str, int]:
     return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in info.items()}
 
 
+async def _reads(r: AnyRedis) -> int:
+    """Requests (or pipelines) Redis has read from all clients so far."""
+    return int((await r.info("stats"))["total_reads_processed"])
+
+
 async def _throughput(
     url: str, n: int, worker: subprocess.Popen[bytes], progress: Progress | None
 ) -> dict[str, Any]:
@@ -99,11 +109,17 @@ async def _throughput(
                     progress("loading", min(i + 1000, n), n)
             t_loaded = time.perf_counter()
             before = await _commandstats(r)
+            reads_before = await _reads(r)
+            own_reads = 0  # the bench's own requests, taken out of the count below
             t0 = time.perf_counter()
             worker.send_signal(signal.SIGCONT)
             with anyio.fail_after(600):
                 while True:
-                    depth = sum([await r.xlen(k) for k in keys.inboxes("bench-1")])
+                    pipe = r.pipeline(transaction=False)
+                    for k in keys.inboxes("bench-1"):
+                        pipe.xlen(k)
+                    depth = sum(await pipe.execute())
+                    own_reads += 1
                     if progress:
                         progress("processing", n - depth, n)
                     if depth == 0:
@@ -111,6 +127,7 @@ async def _throughput(
                     await anyio.sleep(0.005)
             t1 = time.perf_counter()
             after = await _commandstats(r)
+            reads = await _reads(r) - reads_before - own_reads - 1  # the INFO before it
             last = (await c.task(envs[-1].msg_id)).status
     finally:
         await r.aclose()
@@ -124,29 +141,64 @@ async def _throughput(
         "load_seconds": t_loaded - t_load,
         "msgs_per_s": n / (t1 - t0),
         "redis_commands_per_msg_worker": worker_cmds / n,
+        "round_trips_per_msg_worker": max(0, reads) / n,
         "last_status": last,
     }
 
 
-async def _latency(url: str, n: int, progress: Progress | None) -> dict[str, Any]:
-    async with Client(redis_url=url, namespace=NS) as c:
-        for _ in range(200):  # warm up
-            await c.request(CAP, 1)
-        samples = []
-        every = max(1, n // 20)
-        for i in range(n):
-            t = time.perf_counter()
-            await c.request(CAP, i)
-            samples.append((time.perf_counter() - t) * 1000)
-            if progress and ((i + 1) % every == 0 or i + 1 == n):
-                progress("requests", i + 1, n)
+async def _latency(
+    url: str, n: int, worker: subprocess.Popen[bytes], progress: Progress | None
+) -> dict[str, Any]:
+    r = await connect(url)  # the bench's own connection, for INFO only
+    try:
+        async with Client(redis_url=url, namespace=NS) as c:
+            for _ in range(WARM_UP):
+                await c.request(CAP, 1)
+            before, reads_before = await _commandstats(r), await _reads(r)
+            samples = []
+            every = max(1, n // 20)
+            for i in range(n):
+                t = time.perf_counter()
+                await c.request(CAP, i)
+                samples.append((time.perf_counter() - t) * 1000)
+                if progress and ((i + 1) % every == 0 or i + 1 == n):
+                    progress("requests", i + 1, n)
+            after, reads = await _commandstats(r), await _reads(r) - reads_before - 1
+    finally:
+        await r.aclose()
+    cmds = sum(v - before.get(k, 0) for k, v in after.items() if k != "info")
     samples.sort()
     return {
         "requests": n,
         "p50_ms": statistics.median(samples),
         "p99_ms": samples[max(0, int(len(samples) * 0.99) - 1)],
         "mean_ms": statistics.fmean(samples),
+        # Caller and worker together (heartbeats and the like included).
+        "redis_commands_per_request": cmds / n,
+        "round_trips_per_request": max(0, reads) / n,
     }
+
+
+def _phase(
+    url: str, concurrency: int, log: Path,
+    measure: Callable[[str, int, subprocess.Popen[bytes], Progress | None], Awaitable[dict[str, Any]]],
+    n: int, progress: Progress | None,
+) -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip
+    """One phase with a worker process of its own: (figures, the worker's own stats)."""
+    w = _start_worker(url, concurrency, log)
+    try:
+        anyio.run(_wait_ready, url)
+        out = anyio.run(measure, url, n, w, progress)
+    finally:
+        w.send_signal(signal.SIGCONT)
+        w.send_signal(signal.SIGTERM)
+        try:
+            w.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            w.kill()
+            w.wait()
+    m = re.search(r"stats: (\{.*\})", log.read_text(errors="replace"))
+    return out, (json.loads(m.group(1)) if m else {})
 
 
 def run_bench(
@@ -157,28 +209,18 @@ def run_bench(
     if messages < 1 or requests < 1:
         raise ValueError("messages and requests must be >= 1")
     with RedisServer() as server, tempfile.TemporaryDirectory(prefix="reach-bench-") as tmp:
-        log = Path(tmp) / "worker.log"
-        w = _start_worker(server.url, concurrency, log)
-        try:
-            anyio.run(_wait_ready, server.url)
-            tp = anyio.run(_throughput, server.url, messages, w, progress)
-            lat = anyio.run(_latency, server.url, requests, progress)
-        finally:
-            w.send_signal(signal.SIGCONT)
-            w.send_signal(signal.SIGTERM)
-            try:
-                w.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                w.kill()
-                w.wait()
-        m = re.search(r"stats: (\{.*\})", log.read_text(errors="replace"))
-        stats = json.loads(m.group(1)) if m else {}
-    total = messages + requests + 200
+        tp, tp_stats = _phase(server.url, concurrency, Path(tmp) / "worker-backlog.log",
+                              _throughput, messages, progress)  # fmt: skip
+        lat, lat_stats = _phase(server.url, concurrency, Path(tmp) / "worker-requests.log",
+                                _latency, requests, progress)  # fmt: skip
+    if "round_trips" in tp_stats:
+        tp["worker_own_round_trips_per_msg"] = tp_stats["round_trips"] / messages
+    if "round_trips" in lat_stats:
+        lat["worker_own_round_trips_per_request"] = lat_stats["round_trips"] / (requests + WARM_UP)
     return {
         "throughput": tp,
         "latency": lat,
-        "worker_round_trips_per_msg": stats.get("round_trips", 0) / total if stats else None,
-        "worker_stats": stats,
+        "worker_stats": {"backlog": tp_stats, "requests": lat_stats},
         "redis": f"{server.binary.origin} {server.binary.version_str}",
         "cpus": os.cpu_count(),
         "concurrency": concurrency,
@@ -187,16 +229,16 @@ def run_bench(
 
 def format_report(out: dict[str, Any]) -> str:
     tp, lat = out["throughput"], out["latency"]
-    rt = out["worker_round_trips_per_msg"]
-    rts = f"{rt:.3f}" if rt is not None else "?"
     return "\n".join([
         f"redis {out['redis']}, {out['cpus']} cpus, worker concurrency {out['concurrency']}",
         (f"fire-and-forget backlog of {tp['messages']} msgs processed in {tp['seconds']:.2f}s"
          f" = {tp['msgs_per_s']:,.0f} msgs/s (loading it took {tp['load_seconds']:.2f}s)"),
-        (f"worker Redis commands per msg: {tp['redis_commands_per_msg_worker']:.2f}; "
-         f"worker round trips per msg: {rts}"),
+        (f"  per msg, worker: {tp['redis_commands_per_msg_worker']:.2f} Redis commands, "
+         f"{tp['round_trips_per_msg_worker']:.3f} round trips"),
         (f"request/reply, 1 sequential caller, {lat['requests']} requests: p50 "
          f"{lat['p50_ms']:.3f} ms, p99 {lat['p99_ms']:.3f} ms, mean {lat['mean_ms']:.3f} ms"),
+        (f"  per request, caller and worker: {lat['redis_commands_per_request']:.2f} Redis "
+         f"commands, {lat['round_trips_per_request']:.2f} round trips"),
     ])  # fmt: skip
 
 
