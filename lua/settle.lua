@@ -15,6 +15,8 @@
 --   (0 = no ack), entry id, number of extra commands, then each extra command:
 --   name, key index, number of arguments, arguments... (names allowed: XADD, ZADD)
 --
+-- Errors: 'command not allowed: NAME' for any other name, before anything is written
+--
 -- Returns one code per item: 1 settled (reply published, extra commands run, entry
 -- acked and deleted); 0 fenced: another owner claimed the key since, nothing was written
 -- for this item
@@ -22,7 +24,20 @@ local allowed = {XADD = true, ZADD = true}
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl, group = ARGV[1], ARGV[2]
+-- Check every follow-up command before writing anything: an error after a write would
+-- leave the batch half done (Redis does not roll a script back).
 local p = 4
+for _ = 1, tonumber(ARGV[3]) do
+  local ncmd = tonumber(ARGV[p + 9])
+  p = p + 10
+  for _ = 1, ncmd do
+    if not allowed[ARGV[p]] then
+      return redis.error_reply('settle.lua: command not allowed: ' .. ARGV[p])
+    end
+    p = p + 3 + tonumber(ARGV[p + 2])
+  end
+end
+p = 4
 local out = {}
 for item = 1, tonumber(ARGV[3]) do
   local ki = tonumber(ARGV[p])
@@ -51,9 +66,6 @@ for item = 1, tonumber(ARGV[3]) do
   for _ = 1, ncmd do
     local name, kidx, nargs = ARGV[p], tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2])
     if ok then
-      if not allowed[name] then
-        return redis.error_reply('settle.lua: command not allowed: ' .. name)
-      end
       redis.call(name, KEYS[kidx], unpack(ARGV, p + 3, p + 2 + nargs))
     end
     p = p + 3 + nargs

@@ -117,12 +117,20 @@ async def test_follow_up_commands_run_and_items_settle_independently(r: AnyRedis
     assert [p["message_id"].decode() for p in left] == [e2]
 
 
-async def test_only_allowed_commands_run(r: AnyRedis, ns: str) -> None:
+async def test_a_disallowed_command_fails_the_batch_before_any_write(r: AnyRedis, ns: str) -> None:
     k = Keys(ns)
-    inbox = k.inbox("w-1", "normal")
-    [entry] = await _delivered(r, inbox, 1)
+    inbox, rec, replies = k.inbox("w-1", "normal"), k.idem("k5"), k.replies("c-1")
+    first, second = await _delivered(r, inbox, 2)
+    fence = await _claim(r, rec)
+    await r.sadd(k.agents, "w-1")
     b = Batch()
+    # A good item first: it must not be half-settled when the second one is refused.
+    b.add(idem=rec, fence=fence, status="succeeded", reply=b"R", mode="done",
+          reply_key=replies, inbox=inbox, entry=first)  # fmt: skip
     b.add(idem=None, fence="", status="", reply=b"", mode="", reply_key=None, inbox=inbox,
-          entry=entry, ops=[("DEL", k.agents)])  # fmt: skip
+          entry=second, ops=[("DEL", k.agents)])  # fmt: skip
     with pytest.raises(rexc.ResponseError, match="command not allowed: DEL"):
         await b.run(r)
+    assert await r.hget(rec, "done") is None and await r.exists(replies) == 0
+    assert (await r.xpending(inbox, GROUP))["pending"] == 2
+    assert await r.smembers(k.agents) == {b"w-1"}
