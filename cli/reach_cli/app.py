@@ -12,6 +12,7 @@ import importlib
 import json
 import logging
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -368,15 +369,22 @@ def redis_cmd(
     except ReachError as e:
         err_console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None
-    (data_dir / "url").write_text(server.url + "\n")
-    print(server.url, flush=True)
-    err_console.print(
-        f"{server.binary.origin} server {server.binary.version_str} ({server.binary.path}), "
-        f"data in {data_dir}/. export REACH_REDIS_URL={server.url}  — Ctrl-C to stop."
-    )
     try:
+        (data_dir / "url").write_text(server.url + "\n")
+        print(server.url, flush=True)
+        err_console.print(
+            f"{server.binary.origin} server {server.binary.version_str} ({server.binary.path}), "
+            f"data in {data_dir}/. export REACH_REDIS_URL={server.url}  — Ctrl-C to stop."
+        )
         assert server.proc is not None
-        server.proc.wait()
+        # Wait in short steps, not one blocking waitpid(): a Ctrl-C that lands just before
+        # the call would otherwise only be seen when Redis exits, i.e. never.
+        while True:
+            try:
+                server.proc.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                continue
     except KeyboardInterrupt:
         pass
     finally:
