@@ -259,7 +259,10 @@ CHILD = textwrap.dedent(
     try:
         # Announced inside the try: a Ctrl-C right after the line is read is handled here.
         print(server.pid, server.port, flush=True)
-        time.sleep(60)
+        # Short sleeps: a SIGINT landing just before one long sleep() began would only be
+        # handled when it ended.
+        for _ in range(600):
+            time.sleep(0.1)
     except KeyboardInterrupt:
         # Ctrl-C reached Python; Redis must still be usable while we clean up.
         print("cleanup-ping", server.ping(), flush=True)
