@@ -588,7 +588,8 @@ class Router:
     ) -> list[AgentInfo]:
         """Every eligible agent (broadcast), in candidate order.
 
-        Takes a half-open probe slot of each agent returned (each gets a copy).
+        Takes no half-open probe slot: each copy is then sent with ``target=`` and its own
+        pick takes the slot, once (taking it here too left that copy nowhere to go).
         """
         now = self.clock() * 1000.0
         st = self._state(capability, candidates, where, version, now)
@@ -605,9 +606,6 @@ class Router:
             out.append(a)
         if not out:
             self._diagnose(capability, candidates, where)
-        if self.breakers is not None:
-            allow = self.breakers.allow
-            out = [a for a in out if allow(a.agent_id)]
         return out
 
     def forget(self, capability: str | None = None) -> None:

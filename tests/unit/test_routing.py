@@ -412,13 +412,17 @@ def test_without_version_changes_are_seen_at_once() -> None:
     assert {r.pick(CAP, pool).agent_id for _ in range(6)} == {"a0"}
 
 
-def test_forget() -> None:
+def test_forget_drops_cached_state() -> None:
     r = router()
     pool = agents([1, 1])
     r.pick(CAP, pool, version=1)
+    r.pick("other.cap", agents([1], capabilities=["other.cap"]), version=1)
+    assert {k[0] for k in r._states} == {CAP, "other.cap"}
     r.forget(CAP)
+    assert {k[0] for k in r._states} == {"other.cap"}
     r.forget()
-    assert r.pick(CAP, pool, version=1).agent_id in {"a0", "a1"}
+    assert not r._states and not r._points
+    assert r.pick(CAP, pool, version=1).agent_id in {"a0", "a1"}  # rebuilt from scratch
 
 
 # -- slow start ---------------------------------------------------------------------------
@@ -732,6 +736,22 @@ def test_pick_many_returns_every_eligible_agent() -> None:
         assert [a.agent_id for a in r.pick_many(CAP, pool, version=version)] == ["a", "d"]
     with pytest.raises(Overloaded):
         r.pick_many(CAP, [pool[2]])
+
+
+def test_broadcast_to_a_half_open_agent_leaves_its_probe_to_the_copy() -> None:
+    # broadcast lists agents with pick_many, then sends each copy with target=: the probe
+    # slot of a half-open agent must be taken once, by the copy's own pick.
+    clock = FakeClock(0.0)
+    br = Breakers(min_requests=1, cooldown_s=5.0, clock=clock)
+    r = router(breakers=br)
+    pool = [agent("a"), agent("b")]
+    br.record("b", ok=False)
+    clock.t = 6.0  # cool-down over: b is half-open, one probe allowed
+    assert [a.agent_id for a in r.pick_many(CAP, pool)] == ["a", "b"]
+    assert r.pick(CAP, pool, policy="direct", target="b").agent_id == "b"
+    # That probe is now out: a second copy has nowhere to go until it reports back.
+    with pytest.raises(NoAgentAvailable):
+        r.pick(CAP, pool, policy="direct", target="b")
 
 
 # -- breaker integration ------------------------------------------------------------------
