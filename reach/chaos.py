@@ -56,7 +56,7 @@ import anyio
 from redis import exceptions as rexc
 
 from .client import Client
-from .connection import AnyRedis, connect
+from .connection import AnyRedis, as_text, connect
 from .embedded import RedisServer, _die_with_parent_hook
 from .envelope import BadEnvelope, decode_envelope, now_ms
 from .errors import ConfigError, ReachError
@@ -322,10 +322,6 @@ def _pct(xs: Sequence[float], p: float) -> float | None:
     return round(s[k], 3)
 
 
-def _s(x: Any) -> str:
-    return x.decode() if isinstance(x, bytes) else str(x)
-
-
 # -- the run ------------------------------------------------------------------------------------
 @dataclass
 class _Worker:
@@ -573,7 +569,7 @@ class _Run:
 
     # -- quiet and checks ---------------------------------------------------------------
     async def scan(self, match: str) -> list[str]:
-        return sorted({_s(k) async for k in self.r.scan_iter(match=match, count=1000)})
+        return sorted({as_text(k) async for k in self.r.scan_iter(match=match, count=1000)})
 
     async def leftovers(self) -> dict[str, int]:
         pending = entries = 0
@@ -585,7 +581,7 @@ class _Run:
                 pass
         parked = 0
         for cap in await self.r.smembers(self.keys.parked_caps):
-            parked += int(await self.r.xlen(self.keys.parked(_s(cap))))
+            parked += int(await self.r.xlen(self.keys.parked(as_text(cap))))
         parked += int(await self.r.xlen(self.keys.parked(CAPABILITY)))
         return {
             "pending": pending, "entries": entries, "parked": parked,
@@ -603,8 +599,8 @@ class _Run:
             for k in chunk:
                 pipe.hmget(self.keys.idem(k), "done", "status", "updated_ms", "runs", "agent_id")
             for k, (d, st, up, runs, agent) in zip(chunk, await pipe.execute(), strict=True):
-                out[k] = _Rec(d == b"1", _s(st or b""), int(up or 0), int(runs or 0),
-                              _s(agent or b""))  # fmt: skip
+                out[k] = _Rec(d == b"1", as_text(st or b""), int(up or 0), int(runs or 0),
+                              as_text(agent or b""))  # fmt: skip
         return out
 
     async def quiet(self) -> float:
@@ -641,7 +637,7 @@ class _Run:
         c = self.cfg
         keys = sorted({s.key for s in self.specs})
         recs = await self.records(keys)
-        fx = {_s(k): _s(v) for k, v in (await self.r.hgetall(self.keys.effects(EFFECTS))).items()}
+        fx = {as_text(k): as_text(v) for k, v in (await self.r.hgetall(self.keys.effects(EFFECTS))).items()}
         effects = int(fx.get("effects", 0))
         lost = [k for k in keys if not recs[k].done or recs[k].status != "succeeded"
                 or f"done:{k}" not in fx]  # fmt: skip
@@ -658,7 +654,7 @@ class _Run:
         # Evictions seen by the registry: a run whose agent was evicted while it ran is a
         # zombie's (its completion is fenced), like the SIGSTOPped worker's.
         self.evictions = [
-            (_s(f.get(b"agent_id", b"")), int(f.get(b"ts", 0)))
+            (as_text(f.get(b"agent_id", b"")), int(f.get(b"ts", 0)))
             for _, f in await self.r.xrange(self.keys.events)
             if f.get(b"type") == b"evicted"
         ]  # fmt: skip
@@ -705,10 +701,10 @@ class _Run:
         dead_unaccounted: list[str] = []
         for k in await self.scan(self.keys.dlq_pattern):
             for _, f in await self.r.xrange(k):
-                reason = _s(f.get(b"reason", b"?"))
+                reason = as_text(f.get(b"reason", b"?"))
                 dead[reason] = dead.get(reason, 0) + 1
-                if _s(f.get(b"msg_id", b"")) not in told:
-                    dead_unaccounted.append(f"{reason}:{_s(f.get(b'msg_id', b''))}")
+                if as_text(f.get(b"msg_id", b"")) not in told:
+                    dead_unaccounted.append(f"{reason}:{as_text(f.get(b'msg_id', b''))}")
         # Recovery after each kill: until the last message in its inbox at the kill completed.
         for rec, ks in zip(self.kill_log, self.kill_keys, strict=True):
             done_at = [recs[k].updated_ms for k in ks if k in recs and recs[k].done]

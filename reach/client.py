@@ -23,7 +23,6 @@ from . import logs, metrics, scripts
 from .breaker import Breakers
 from .connection import AnyRedis, connect, is_cluster, unreachable
 from .envelope import (
-    PRIORITIES,
     Envelope,
     Reply,
     decode_payload,
@@ -41,7 +40,7 @@ from .errors import (
     Rejected,
     RemoteError,
 )
-from .keys import Keys
+from .keys import PRIORITIES, Keys
 from .registry import AgentInfo, Registry, normalize_capability
 from .routing import POLICIES, Router
 from .tasks import TASK_TTL_MS, TaskStatus, get_status, pending_ops
@@ -51,7 +50,6 @@ log = logging.getLogger("reach.client")
 
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
-REPLY_TTL_MS = 24 * 3600 * 1000
 # Dead-letter reasons that refuse the message itself: the caller gets reach.Rejected.
 REJECTIONS = frozenset({"rejected", "invalid_payload", "no_handler", "too_large", "malformed",
                         "version", "target_gone", "bad_result"})  # fmt: skip
@@ -64,7 +62,8 @@ class Client:
 
     Use as ``async with reach.Client(redis_url=..., namespace=...) as client:``.
     ``client_id`` names the reply stream: a client restarted with the same id still gets
-    the replies sent to it while it was away (for 24 h by default).
+    the replies sent to it while it was away (for 24 h: the worker that publishes a reply
+    gives the reply stream the task-record TTL).
     """
 
     def __init__(
@@ -78,7 +77,6 @@ class Client:
         default_policy: str = "weighted_rr",
         max_attempts: int = 3,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD,
-        reply_ttl_s: float = REPLY_TTL_MS / 1000,
         fallback: Callable[[str, Any], Any] | None = None,
         slow_start_s: float = 10.0,
         hash_load_factor: float | None = None,
@@ -115,7 +113,6 @@ class Client:
                              breakers=self.breakers, rng=rng)  # fmt: skip
         self._view_opts = {"refresh_s": view_refresh_s, "max_staleness_s": max_staleness_s}
         self._view: RegistryView | None = None
-        self.reply_ttl_ms = int(reply_ttl_s * 1000)
         self._redis = redis
         self._cluster = False
         self._own_redis = redis is None
@@ -146,7 +143,8 @@ class Client:
     def view(self) -> RegistryView:
         """The local registry view routing reads (kept fresh in the background)."""
         if self._view is None:
-            self._view = RegistryView(self.registry, **self._view_opts)
+            self._view = RegistryView(self.registry, on_gone=self.breakers.forget,
+                                      **self._view_opts)  # fmt: skip
         return self._view
 
     async def __aenter__(self) -> Self:

@@ -74,6 +74,11 @@ log = logging.getLogger("reach.connection")
 
 AnyRedis = Any  # redis.asyncio.Redis | RedisCluster: their common surface is what we use
 
+
+def as_text(value: Any) -> str:
+    """A Redis reply value as text: bytes decoded as UTF-8, anything else through str()."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
 DEFAULT_URL = "redis://localhost:6379/0"
 
 

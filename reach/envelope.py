@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
 from .errors import ConfigError
 
 VERSION = 1
-Priority = Literal["high", "normal", "low"]
-PRIORITIES: tuple[str, ...] = ("high", "normal", "low")
 
 
 class Envelope(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=False):

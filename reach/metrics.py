@@ -51,6 +51,8 @@ from typing import Any
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 from . import errors
+from .connection import as_text
+from .keys import PRIORITIES
 
 __all__ = [
     "MAX_CAPABILITIES",
@@ -260,7 +262,7 @@ def inbox_depth(agent_id: str, depths: Mapping[str, int] | Iterable[tuple[str, i
         INBOX.labels(agent_id, prio).set(n)
 
 
-def forget_agent(agent_id: str, priorities: Sequence[str] = ("high", "normal", "low")) -> None:
+def forget_agent(agent_id: str, priorities: Sequence[str] = PRIORITIES) -> None:
     """Drop an agent's gauges (it stopped); its counters stay, as counters should."""
     for metric, labels in [(INFLIGHT, (agent_id,))] + [(INBOX, (agent_id, p)) for p in priorities]:
         try:
@@ -289,12 +291,11 @@ async def count_agents(redis: Any, keys: Any) -> tuple[dict[str, int], int]:
         return counts, 0
     pipe = redis.pipeline(transaction=False)
     for i in ids:
-        pipe.hmget(keys.agent(i.decode() if isinstance(i, bytes) else i),
-                   "state", "ready", "draining")  # fmt: skip
+        pipe.hmget(keys.agent(as_text(i)), "state", "ready", "draining")
     for state, ready, draining in await pipe.execute():
         if state is None:
             continue
-        s = state.decode() if isinstance(state, bytes) else state
+        s = as_text(state)
         counts[s] = counts.get(s, 0) + 1
         if s == "active" and ready in (b"1", "1") and draining not in (b"1", "1"):
             routable += 1

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from . import scripts
-from .connection import AnyRedis
+from .connection import AnyRedis, as_text
 from .errors import ConfigError, InvalidCapability, StaleRegistration, UnknownAgent
 from .keys import Keys, clean_id
 
@@ -92,7 +92,7 @@ class AgentInfo(msgspec.Struct, kw_only=True):
 
     @classmethod
     def from_hash(cls, h: Mapping[bytes | str, bytes | str]) -> AgentInfo:
-        d = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+        d = {as_text(k): as_text(v)
              for k, v in h.items()}  # fmt: skip
         card = d.get("card") or ""
         caps = d.get("caps", "")
@@ -150,10 +150,6 @@ class Event(msgspec.Struct):
     ts: int
 
 
-def _s(x: bytes | str) -> str:
-    return x.decode() if isinstance(x, bytes) else x
-
-
 class Registry:
     """Registry operations for one namespace on one Redis (standalone or Cluster)."""
 
@@ -197,7 +193,7 @@ class Registry:
         code = int(reply[0])
         if code < 0:
             raise StaleRegistration(
-                f"Agent {agent_id!r} is registered with a newer version ({_s(reply[1])}) than "
+                f"Agent {agent_id!r} is registered with a newer version ({as_text(reply[1])}) than "
                 f"this process ({version}): another process took over this agent_id. Stop "
                 "this one, or give it another agent_id."
             )
@@ -308,7 +304,7 @@ class Registry:
             total.due += due
             total.probation += prob
             total.deleted += dele
-            total.evicted += [_s(x) for x in reply[4:]]
+            total.evicted += [as_text(x) for x in reply[4:]]
             if due < batch:
                 return total
 
@@ -324,7 +320,7 @@ class Registry:
             ids = await self.redis.zrange(self.keys.agents, 0, -1)
         else:
             ids = await self.redis.smembers(self.keys.cap(normalize_capability(capability)))
-        return sorted(_s(i) for i in ids)
+        return sorted(as_text(i) for i in ids)
 
     async def agents(
         self,
@@ -359,7 +355,7 @@ class Registry:
     async def capabilities(self) -> list[tuple[str, int]]:
         """Every capability with at least one live agent, with how many declare it."""
         rows = await self.redis.zrange(self.keys.caps, 0, -1, withscores=True)
-        return [(_s(c), int(n)) for c, n in rows]
+        return [(as_text(c), int(n)) for c, n in rows]
 
     async def events(self, *, after: str = "-", count: int = 100) -> list[Event]:
         """Registry events after id ``after`` (exclusive), oldest first."""
@@ -379,9 +375,9 @@ class Registry:
 
 
 def _event(entry_id: bytes | str, fields: Mapping[bytes | str, bytes | str]) -> Event:
-    f = {_s(k): _s(v) for k, v in fields.items()}
+    f = {as_text(k): as_text(v) for k, v in fields.items()}
     return Event(
-        id=_s(entry_id),
+        id=as_text(entry_id),
         type=f.get("type", ""),
         agent_id=f.get("agent_id", ""),
         instance_id=f.get("instance_id", ""),

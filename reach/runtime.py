@@ -46,9 +46,8 @@ from redis import exceptions as rexc
 
 from . import logs, metrics, scripts
 from .client import Client
-from .connection import AnyRedis, connect, connect_sync, is_cluster
+from .connection import AnyRedis, as_text, connect, connect_sync, is_cluster
 from .envelope import (
-    PRIORITIES,
     BadEnvelope,
     Envelope,
     Reply,
@@ -61,7 +60,7 @@ from .envelope import (
     now_ms,
 )
 from .errors import ConfigError, Reject, StaleRegistration
-from .keys import GROUP, Keys
+from .keys import GROUP, PRIORITIES, Keys
 from .registry import Registry, normalize_capabilities, normalize_capability
 from .session import Session
 from .sweeper import move_due, release_parked, reroute_evicted
@@ -71,9 +70,6 @@ log = logging.getLogger("reach.runtime")
 
 Handler = Callable[[Any, "Context"], Any]
 
-
-def _eid(entry_id: Any) -> str:
-    return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
 
 STARVE_AFTER = 8  # small-batch fetches serving higher priorities before one slot is kept
 
@@ -642,7 +638,7 @@ class _Runtime:
                 raise
             await self._ensure_groups()
             return []
-        return [(k.decode() if isinstance(k, bytes) else k, entries) for k, entries in res or []]
+        return [(as_text(k), entries) for k, entries in res or []]
 
     async def _resume_pending(self, tg: anyio.abc.TaskGroup) -> None:
         """Entries this agent_id read but never settled: after a restart (a crash), and
@@ -660,7 +656,7 @@ class _Runtime:
                 last = entries[-1][0]
                 # Entries this runtime holds right now are on their way; the others were
                 # read and then lost (a crash, or a claim/settle that failed): redo them.
-                lost = [e for e in entries if (key, _eid(e[0])) not in self._held]
+                lost = [e for e in entries if (key, as_text(e[0])) not in self._held]
                 if not lost:
                     continue
                 while self.inflight >= self.opts.concurrency:
@@ -711,7 +707,7 @@ class _Runtime:
         items: list[_Item] = []
         for stream, entries in got:
             for entry_id, fields in entries:
-                self._held.add((stream, _eid(entry_id)))
+                self._held.add((stream, as_text(entry_id)))
                 if not fields:
                     # Pending but deleted (the sweeper moved it while we held it): only the
                     # pending reference is left to clear.
@@ -1079,7 +1075,7 @@ class _Runtime:
 
     def _release(self, items: list[_Item]) -> None:
         for it in items:
-            self._held.discard((it.stream, _eid(it.entry_id)))
+            self._held.discard((it.stream, as_text(it.entry_id)))
             if it.fence and it.env is not None:
                 self._running.discard(it.env.key)
 

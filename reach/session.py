@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .connection import AnyRedis
+from .connection import AnyRedis, as_text
 from .envelope import decode_payload, encode
 from .keys import Keys
 
@@ -59,7 +59,7 @@ class Session:
         """Every stored value."""
         self._check()
         raw = await self.redis.hgetall(self._values)
-        return {(k.decode() if isinstance(k, bytes) else k): decode_payload(v)
+        return {as_text(k): decode_payload(v)
                 for k, v in raw.items()}  # fmt: skip
 
     async def append(self, item: Any, *, max_len: int = 0) -> int:

@@ -24,7 +24,7 @@ import msgspec
 
 from . import metrics, scripts
 from .client import Client
-from .connection import AnyRedis
+from .connection import AnyRedis, as_text
 from .envelope import BadEnvelope, Envelope, Reply, decode_envelope, decode_reply, encode, now_ms
 from .errors import NoAgentAvailable
 from .keys import GROUP, Keys
@@ -130,10 +130,6 @@ class Moved:
     dead: int = 0
 
 
-def _s(x: Any) -> str:
-    return x.decode() if isinstance(x, bytes) else str(x)
-
-
 async def _relocate(
     redis: AnyRedis, keys: Keys, client: Client, env: Envelope, data: bytes, out: Moved
 ) -> bool:
@@ -158,7 +154,7 @@ async def reroute_evicted(
     """Move the inboxes of evicted agents (listed by sweep.lua) to live agents."""
     out = Moved()
     for raw in await redis.smembers(keys.reroute):
-        agent_id = _s(raw)
+        agent_id = as_text(raw)
         info = await registry.get(agent_id)
         if info is not None and info.state != "evicted":
             await redis.srem(keys.reroute, agent_id)  # it came back: its inbox is its own
@@ -213,7 +209,7 @@ async def release_parked(
     """Send parked messages to agents that are now available; expire the overdue ones."""
     out = Moved()
     for raw in await redis.smembers(keys.parked_caps):
-        cap = _s(raw)
+        cap = as_text(raw)
         stream = keys.parked(cap)
         blocked = False  # no agent for this capability yet: only expire overdue entries
         start = "-"
@@ -221,7 +217,7 @@ async def release_parked(
             rows = await redis.xrange(stream, start, "+", count=batch)
             if not rows:
                 break
-            start = f"({_s(rows[-1][0])}"
+            start = f"({as_text(rows[-1][0])}"
             for entry_id, fields in rows:
                 data = fields.get(b"e") or fields.get("e") or b""
                 try:

@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from .connection import AnyRedis
+from .connection import AnyRedis, as_text
 from .envelope import Envelope, Reply, decode_envelope, decode_reply, now_ms
 from .keys import Keys
 
@@ -36,10 +36,6 @@ class TaskStatus(msgspec.Struct, kw_only=True):
     reply: Reply | None = None
 
 
-def _s(x: Any) -> str:
-    return x.decode() if isinstance(x, bytes) else str(x)
-
-
 def pending_ops(keys: Keys, env: Envelope, *, ttl_ms: int = TASK_TTL_MS) -> list[tuple[Any, ...]]:
     """Commands that record a sent message as ``pending`` (kept if a record exists)."""
     rec = keys.idem(env.key)
@@ -57,21 +53,21 @@ def pending_ops(keys: Keys, env: Envelope, *, ttl_ms: int = TASK_TTL_MS) -> list
 async def get_status(redis: AnyRedis, keys: Keys, msg_id: str) -> TaskStatus:
     """The status of ``msg_id`` (``unknown`` when no record exists, or it expired)."""
     key = await redis.get(keys.task(msg_id))
-    idem_key = _s(key) if key else msg_id
+    idem_key = as_text(key) if key else msg_id
     h = await redis.hgetall(keys.idem(idem_key))
     if not h:
         return TaskStatus(msg_id=msg_id, status="unknown")
-    d = {_s(k): v for k, v in h.items()}
+    d = {as_text(k): v for k, v in h.items()}
     reply = decode_reply(d["reply"]) if d.get("reply") else None
     return TaskStatus(
         msg_id=msg_id,
-        status=_s(d.get("status", b"unknown")),
+        status=as_text(d.get("status", b"unknown")),
         idempotency_key=idem_key if key else "",
-        capability=_s(d.get("capability", b"")),
-        agent_id=_s(d.get("agent_id", b"")),
+        capability=as_text(d.get("capability", b"")),
+        agent_id=as_text(d.get("agent_id", b"")),
         attempt=int(d.get("attempt", 0)),
         runs=int(d.get("runs", 0)),
-        error=_s(d.get("error", b"")),
+        error=as_text(d.get("error", b"")),
         updated_ms=int(d.get("updated_ms", 0)),
         reply=reply,
     )
@@ -121,7 +117,7 @@ def dead_letter_op(
 
 
 def parse_dead_letter(entry_id: Any, fields: Mapping[Any, Any]) -> DeadLetter:
-    f = {_s(k): v for k, v in fields.items()}
+    f = {as_text(k): v for k, v in fields.items()}
     raw = f.get("env", b"")
     raw = raw if isinstance(raw, bytes) else str(raw).encode()
     env: Envelope | None
@@ -130,14 +126,14 @@ def parse_dead_letter(entry_id: Any, fields: Mapping[Any, Any]) -> DeadLetter:
     except Exception:  # noqa: BLE001 - an undecodable entry is still listed, as raw bytes
         env = None
     return DeadLetter(
-        id=_s(entry_id),
-        capability=_s(f.get("capability", b"")),
-        reason=_s(f.get("reason", b"")),
-        error=_s(f.get("error", b"")),
-        error_type=_s(f.get("error_type", b"")),
+        id=as_text(entry_id),
+        capability=as_text(f.get("capability", b"")),
+        reason=as_text(f.get("reason", b"")),
+        error=as_text(f.get("error", b"")),
+        error_type=as_text(f.get("error_type", b"")),
         attempts=int(f.get("attempts", 0)),
-        agent_id=_s(f.get("agent_id", b"")),
-        msg_id=_s(f.get("msg_id", b"")),
+        agent_id=as_text(f.get("agent_id", b"")),
+        msg_id=as_text(f.get("msg_id", b"")),
         ts=int(f.get("ts", 0)),
         envelope=env,
         raw=b"" if env else raw,

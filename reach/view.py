@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import anyio
 from redis import exceptions as rexc
 
-from .connection import AnyRedis
+from .connection import AnyRedis, as_text
 from .registry import AgentInfo, Registry
 
 log = logging.getLogger("reach.view")
@@ -44,8 +45,12 @@ class RegistryView:
         *,
         refresh_s: float = 2.0,
         max_staleness_s: float = 5.0,
+        on_gone: Callable[[str], None] | None = None,
     ) -> None:
+        """``on_gone(agent_id)`` is called when an agent's record left the registry
+        (deregistered, or its shadow expired), so per-agent state elsewhere can go too."""
         self.registry = registry
+        self.on_gone = on_gone
         self.refresh_s = refresh_s
         self.max_staleness_s = max_staleness_s
         self.version = 0
@@ -66,8 +71,11 @@ class RegistryView:
 
     async def candidates(self, capability: str) -> tuple[list[AgentInfo], int]:
         """Agents declaring ``capability`` (any state) and the view's version."""
-        if self.age_s > (self.max_staleness_s if self._running else self.refresh_s):
-            await self.refresh()
+        limit = self.max_staleness_s if self._running else self.refresh_s
+        if self.age_s > limit:
+            async with self._lock:
+                if self.age_s > limit:  # callers that waited on the lock find it fresh
+                    await self._reload()
         return self._by_cap.get(capability, []), self.version
 
     def invalidate(self) -> None:
@@ -77,10 +85,13 @@ class RegistryView:
     async def refresh(self) -> None:
         """Re-read every agent of the namespace."""
         async with self._lock:
-            ids = await self.registry.agent_ids()
-            agents = await self._read(ids)
-            self._apply({a.agent_id: a for a in agents}, replace=True)
-            self._loaded_at = time.monotonic()
+            await self._reload()
+
+    async def _reload(self) -> None:
+        ids = await self.registry.agent_ids()
+        agents = await self._read(ids)
+        self._apply({a.agent_id: a for a in agents}, replace=True)
+        self._loaded_at = time.monotonic()
 
     async def recheck(self, agent_id: str) -> None:
         """Re-read one agent now (after a failed delivery to it)."""
@@ -108,7 +119,8 @@ class RegistryView:
             if prev is None or _static(prev) != _static(a):
                 changed = True
             merged[agent_id] = a
-        if replace and set(old) - set(merged):
+        gone = set(old) - set(merged)
+        if gone:
             changed = True
         self._agents = merged
         if changed:
@@ -119,6 +131,9 @@ class RegistryView:
             for c in a.capabilities:
                 by_cap.setdefault(c, []).append(a)
         self._by_cap = by_cap
+        if self.on_gone is not None:
+            for agent_id in gone:
+                self.on_gone(agent_id)
 
     async def run(self) -> None:
         """Keep the view fresh until cancelled (events, plus a periodic full refresh)."""
@@ -161,7 +176,7 @@ class RegistryView:
                     self._last_event = entry_id
                     a = fields.get(b"agent_id") or fields.get("agent_id")
                     if a:
-                        ids.add(a.decode() if isinstance(a, bytes) else a)
+                        ids.add(as_text(a))
             try:
                 found = {a.agent_id: a for a in await self._read(sorted(ids))}
                 self._apply({i: found.get(i) for i in ids}, replace=False)

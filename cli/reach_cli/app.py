@@ -23,7 +23,7 @@ import typer
 
 import reach
 from reach.client import Client
-from reach.connection import redact
+from reach.connection import as_text, redact
 from reach.embedded import RedisServer, free_port, port_free
 from reach.envelope import decode_payload, now_ms
 from reach.errors import ConfigError, ReachError, UnknownAgent
@@ -573,7 +573,7 @@ async def queues(
     rows: dict[str, dict[str, Any]] = {}
     try:
         async for key in r.scan_iter(match=keys.inbox_pattern, count=1000):
-            k = key.decode() if isinstance(key, bytes) else key
+            k = as_text(key)
             agent_id = keys.agent_id_of_inbox(k)
             prio = k.rsplit(":", 1)[1]
             row = rows.setdefault(agent_id, {"agent_id": agent_id, **{p: 0 for p in PRIORITIES},
@@ -586,7 +586,7 @@ async def queues(
             row["pending"] += int(summary.get("pending", 0))
             low = summary.get("min")
             if low:
-                ms = int((low.decode() if isinstance(low, bytes) else low).split("-")[0])
+                ms = int(as_text(low).split("-")[0])
                 old = row["oldest_pending_ms"]
                 row["oldest_pending_ms"] = ms if old is None else min(old, ms)
     finally:
@@ -610,7 +610,7 @@ async def _dlq_keys(r: Any, keys: Keys, cap: str | None) -> list[str]:
         return [keys.dlq(reach.normalize_capability(cap) if cap != "_malformed" else cap)]
     out = []
     async for key in r.scan_iter(match=keys.dlq_pattern, count=1000):
-        out.append(key.decode() if isinstance(key, bytes) else key)
+        out.append(as_text(key))
     return sorted(out)
 
 

@@ -40,7 +40,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from reach.connection import AnyRedis, redact
+from reach.connection import AnyRedis, as_text, redact
 from reach.envelope import now_ms
 from reach.errors import ReachError
 from reach.keys import GROUP, PRIORITIES, Keys
@@ -66,10 +66,6 @@ class Sample:
     read: dict[str, int] = field(default_factory=dict)  # inbox key -> group entries-read
     dlq: dict[str, int] = field(default_factory=dict)  # capability -> dead letters now
     dlq_added: dict[str, int] = field(default_factory=dict)  # capability -> entries-added
-
-
-def _s(x: Any) -> str:
-    return x.decode() if isinstance(x, bytes) else str(x)
 
 
 def _field(d: Any, name: str) -> Any:
@@ -105,15 +101,15 @@ async def collect(r: AnyRedis, namespace: str) -> Sample:
             if added is not None:
                 s.added[k] = int(added)
             for g in groups if isinstance(groups, list) else []:
-                if _s(_field(g, "name")) != GROUP:
+                if as_text(_field(g, "name")) != GROUP:
                     continue
                 s.pending[agent_id] += int(_field(g, "pending") or 0)
                 read = _field(g, "entries-read")
-                if read is None and _s(_field(g, "last-delivered-id")) == "0-0":
+                if read is None and as_text(_field(g, "last-delivered-id")) == "0-0":
                     read = 0  # nothing read yet (Redis reports nil then)
                 if read is not None:
                     s.read[k] = int(read)
-    dlq_keys = sorted([_s(k) async for k in r.scan_iter(match=keys.dlq_pattern, count=1000)])
+    dlq_keys = sorted([as_text(k) async for k in r.scan_iter(match=keys.dlq_pattern, count=1000)])
     if dlq_keys:
         pipe = r.pipeline(transaction=False)
         for k in dlq_keys:
