@@ -7,17 +7,17 @@ cluster is ready when every node reports ``cluster_state:ok`` and knows every ot
 from __future__ import annotations
 
 import time
-from types import TracebackType
 from typing import Self
 
 import redis
 
 from reach.embedded import RedisServer, ServerBinary
+from tests.server_group import ServerGroup
 
 SLOTS = 16384
 
 
-class RedisTestCluster:
+class RedisTestCluster(ServerGroup):
     def __init__(self, *, binary: ServerBinary, masters: int = 3) -> None:
         self.nodes = [RedisServer(binary=binary, cluster=True) for _ in range(masters)]
 
@@ -55,18 +55,3 @@ class RedisTestCluster:
     def stop(self) -> None:
         for n in self.nodes:
             n.stop()
-
-    def __enter__(self) -> Self:
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -20,6 +21,12 @@ from reach.connection import AnyRedis, connect
 from reach.embedded import RedisServer, find_server_binary
 from tests.cluster import RedisTestCluster
 from tests.sentinel import RedisTestSentinel
+
+# Started as a background job of a non-interactive shell, the suite would inherit SIGINT
+# ignored and pass that on to every process it starts: the Ctrl-C tests would then test
+# nothing but the runner. A handler (not "ignore") is reset to the default on exec.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")

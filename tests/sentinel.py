@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from types import TracebackType
 from typing import Self
 
 import redis
 
 from reach.embedded import RedisServer, ServerBinary
+from tests.server_group import ServerGroup
 
 SERVICE = "mymaster"
 
@@ -52,7 +52,7 @@ class SentinelServer(RedisServer):
         return [self.binary.path, str(path), "--sentinel"]
 
 
-class RedisTestSentinel:
+class RedisTestSentinel(ServerGroup):
     """1 master + 1 replica + 3 sentinels; ``url`` is the ``redis+sentinel://`` URL."""
 
     def __init__(
@@ -156,21 +156,6 @@ class RedisTestSentinel:
     def stop(self) -> None:
         for s in [*self.sentinels, self.replica, self.master]:
             s.stop()
-
-    def __enter__(self) -> Self:
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def _replication(port: int) -> dict[str, str]:

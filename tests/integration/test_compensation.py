@@ -76,7 +76,8 @@ async def test_no_live_agent_parks_then_releases(workers: Workers, redis_url: st
         await ready(c, {"rec-1"})
         keep = await c.send("rec.work", {"sleep_s": 5})
         later = await c.send("rec.work", {"sleep_s": 0})
-        short = await c.send("rec.work", {"sleep_s": 0}, timeout_s=1.5)
+        # Its deadline leaves time to be parked (eviction takes < 1 s here), then passes.
+        short = await c.send("rec.work", {"sleep_s": 0}, timeout_s=3.0)
         with anyio.fail_after(20):
             while (await c.task(keep)).status != "running":
                 await anyio.sleep(0.02)
@@ -84,7 +85,7 @@ async def test_no_live_agent_parks_then_releases(workers: Workers, redis_url: st
         reg = Registry(c.redis, ns)
         keys = Keys(ns)
         with anyio.fail_after(20):  # nobody sweeps but us: no worker is left
-            while await c.redis.xlen(keys.parked("rec.work")) < 2:
+            while await c.redis.xlen(keys.parked("rec.work")) < 3:
                 await reg.sweep(owner="test")
                 from reach.sweeper import release_parked, reroute_evicted
 
@@ -95,6 +96,7 @@ async def test_no_live_agent_parks_then_releases(workers: Workers, redis_url: st
             while (await c.task(short)).status != "expired":
                 await release_parked(c.redis, keys, c)
                 await anyio.sleep(0.1)
+        assert (await c.task(short)).error == "deadline passed while parked (no agent)"
         dead = await c.redis.xrange(keys.dlq("rec.work"))
         assert [f[b"reason"] for _, f in dead] == [b"expired"]
         workers.start("w2")  # its sweeper releases the parked ones

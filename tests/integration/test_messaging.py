@@ -294,8 +294,9 @@ async def test_running_past_the_deadline_is_cancelled(redis_url: str, ns: str, r
         return "woke up"
 
     async with serving(redis_url, ns, app) as client:
-        env = client.build("test.sleepy", {"sleep_s": 2.0}, timeout_s=0.4)
-        with anyio.fail_after(5):
+        # 1 s: time enough to be picked up and started even on a loaded CI machine
+        env = client.build("test.sleepy", {"sleep_s": 5.0}, timeout_s=1.0)
+        with anyio.fail_after(10):
             with pytest.raises(reach.DeadlineExceeded):
                 await client.call(env)
         # status 'expired' is written only after the handler was cancelled and returned
