@@ -6,16 +6,74 @@
 -- KEYS[1] inbox stream, priority high
 -- KEYS[2] inbox stream, priority normal
 -- KEYS[3] inbox stream, priority low
--- ARGV[1] consumer group
--- ARGV[2] consumer name (the agent_id, so a restarted agent finds its pending entries)
--- ARGV[3] n: entries wanted in all
--- ARGV[4] slots kept for normal (when it has entries)
--- ARGV[5] slots kept for low (when it has entries)
+-- ARGV[1] consumer group: 1..1024 bytes
+-- ARGV[2] consumer name (the agent_id, so a restarted agent finds its pending entries):
+--         1..1024 bytes
+-- ARGV[3] n: entries wanted in all, integer 1..10000
+-- ARGV[4] slots kept for normal (when it has entries): integer 0..n
+-- ARGV[5] slots kept for low (when it has entries): integer 0..n
+-- Integers are plain decimal digits without sign or leading zero.
+--
+-- Every argument is checked, and the group looked up on the three streams, before the
+-- first read (XREADGROUP writes: it moves entries into the pending list): a refused call
+-- reads and writes nothing.
 --
 -- Returns {high_entries, normal_entries, low_entries, normal_waiting, low_waiting}:
 --   the entries of each priority, each a list of {id, {field, value...}}, and 1 for a lower
 --   priority that got nothing although it has unread entries (it was passed over), else 0
--- Errors: NOGROUP when the group is missing (the runtime recreates it and calls again)
+-- Errors  NOGROUP (as Redis words it) when a stream or its group is missing: the runtime
+--         recreates the groups and calls again;
+--         'reach: bad <argument>: <why>' (an error reply 'ERR reach: ...'; redis-py raises
+--         ResponseError) when the number of KEYS or ARGV, an argument, or a key's type is
+--         out of contract. Only a bug or a hostile caller gets one.
+local MAX_N = 10000
+
+local function show(v)
+  return (string.gsub(string.sub(tostring(v), 1, 40), '[^%w%.%+%-_ ]', '?'))
+end
+
+-- A plain decimal integer as the runtime sends it ('0' or digits without a leading zero),
+-- in lo..hi; nil for anything else.
+local function int(v, lo, hi)
+  if type(v) ~= 'string' or #v > 16 or not (v == '0' or string.find(v, '^[1-9]%d*$')) then
+    return nil
+  end
+  local n = tonumber(v)
+  if n < lo or n > hi then return nil end
+  return n
+end
+
+local function check()
+  if #KEYS ~= 3 or #ARGV ~= 5 then
+    return 'arguments: want 3 KEYS and 5 ARGV, got ' .. #KEYS .. ' and ' .. #ARGV
+  end
+  if #ARGV[1] < 1 or #ARGV[1] > 1024 then return 'group (ARGV[1]): want 1..1024 bytes' end
+  if #ARGV[2] < 1 or #ARGV[2] > 1024 then return 'consumer (ARGV[2]): want 1..1024 bytes' end
+  local n = int(ARGV[3], 1, MAX_N)
+  if not n then return 'n (ARGV[3]) ' .. show(ARGV[3]) .. ': want an integer 1..' .. MAX_N end
+  if not int(ARGV[4], 0, n) then
+    return 'slots kept for normal (ARGV[4]) ' .. show(ARGV[4]) .. ': want an integer 0..' .. n
+  end
+  if not int(ARGV[5], 0, n) then
+    return 'slots kept for low (ARGV[5]) ' .. show(ARGV[5]) .. ': want an integer 0..' .. n
+  end
+  return nil
+end
+
+local err = check()
+if err then return redis.error_reply('ERR reach: bad ' .. err) end
+-- A missing group (or stream) on the second or third stream must not fail the call after
+-- the first read moved entries into the pending list: look all three up first.
+for i = 1, 3 do
+  local r = redis.pcall('XPENDING', KEYS[i], ARGV[1])
+  if type(r) == 'table' and r['err'] then
+    if string.find(r['err'], '^WRONGTYPE') then
+      return redis.error_reply('ERR reach: bad KEYS[' .. i .. ']: not a stream, want an inbox stream')
+    end
+    return r
+  end
+end
+
 local n = tonumber(ARGV[3])
 local function read(key, count)
   if count <= 0 then return {} end

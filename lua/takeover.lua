@@ -4,11 +4,23 @@
 -- claim must stand, else both would run the handler (a read-then-HSET from the client
 -- is that race). After a 1 the runtime claims the key again with claim.lua.
 --
--- KEYS[1] idempotency record (hash)
--- ARGV[1] the owner judged gone: "<agent_id>/<instance_id>" as read from the record
+-- KEYS[1] idempotency record (a hash, or absent)
+-- ARGV[1] the owner judged gone: "<agent_id>/<instance_id>" as read from the record (any
+--         bytes, '' included: the runtime passes what it read, or '' when there was none)
 --
 -- Returns 1: that owner's claim was ended (lease_until = 0); 0: the owner changed (or
 -- the record is gone): the key is someone else's now, do not take it over
+-- Errors  'reach: bad <argument>: <why>' (an error reply 'ERR reach: ...'; redis-py raises
+--         ResponseError) when the number of KEYS or ARGV, or the key's type, is out of
+--         contract; nothing is written then.
+if #KEYS ~= 1 or #ARGV ~= 1 then
+  return redis.error_reply('ERR reach: bad arguments: want 1 KEYS and 1 ARGV, got '
+    .. #KEYS .. ' and ' .. #ARGV)
+end
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind ~= 'hash' and kind ~= 'none' then
+  return redis.error_reply('ERR reach: bad KEYS[1]: holds a ' .. kind .. ', want an idempotency record (a hash)')
+end
 if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
   redis.call('HSET', KEYS[1], 'lease_until', 0)
   return 1

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pytest
+import redis.exceptions as rexc
 
 from reach import scripts
 from reach.connection import AnyRedis
 from reach.keys import Keys
+from tests.lua.snapshot import assert_unchanged, snapshot
 
 pytestmark = pytest.mark.anyio
 
@@ -70,3 +72,79 @@ async def test_a_batch_answers_each_key_in_order(r: AnyRedis, ns: str) -> None:
     # Each key's own lease and msg_id were written, not its neighbour's.
     assert await r.hget(fresh, "msg_id") == b"m1"
     assert await r.hget(held, "msg_id") == b"x"
+
+
+# Numbers the runtime never sends: not plain digits, not finite, or out of range.
+BAD_INTS = ["", "abc", "nan", "inf", "-inf", "1e309", "1e3", "-5", "0", "1.5", " 5", "0x10",
+            "007", str(10**16)]  # fmt: skip
+
+
+def _mutated(args: list[object], at: int, value: object) -> list[object]:
+    out = list(args)
+    out[at] = value
+    return out
+
+
+def _bad_calls() -> list[tuple[str, int | None, object]]:
+    # (what, ARGV index (0-based) to replace, value); index None: the count is wrong
+    calls: list[tuple[str, int | None, object]] = []
+    calls += [("ttl_ms", 1, v) for v in BAD_INTS]
+    calls += [("lease_ms", 7, v) for v in [*BAD_INTS, str(8 * 86_400_000)]]  # the 3rd key's
+    calls += [("owner", 0, ""), ("agent_id", 2, ""), ("arguments", None, "drop"),
+              ("arguments", None, "extra")]  # fmt: skip
+    return calls
+
+
+@pytest.mark.parametrize(("what", "at", "value"), _bad_calls())
+async def test_bad_arguments_are_refused_before_any_write(
+    r: AnyRedis, ns: str, what: str, at: int | None, value: object
+) -> None:
+    k = Keys(ns)
+    free, held, done = k.idem("f"), k.idem("h"), k.idem("d")
+    await scripts.call(r, "claim", [held], _args(OWNER_B, (60_000, "x")))
+    await r.hset(done, mapping={"done": "1", "reply": b"R", "fence": 2})
+    args = _args(OWNER_A, (1_000, "m1"), (1_000, "m2"), (1_000, "m3"))
+    if at is not None:
+        args = _mutated(args, at, value)
+    elif value == "drop":
+        args = args[:-1]
+    else:
+        args = [*args, "1000"]
+    before = await snapshot(r, ns)
+    with pytest.raises(rexc.ResponseError, match=f"^reach: bad {what}"):
+        await scripts.call(r, "claim", [free, held, done], args)
+    assert_unchanged(before, await snapshot(r, ns))
+
+
+async def test_a_key_that_is_not_a_hash_is_refused_before_any_write(r: AnyRedis, ns: str) -> None:
+    k = Keys(ns)
+    free, wrong = k.idem("f"), k.idem("w")
+    await r.set(wrong, "not a record")
+    before = await snapshot(r, ns)
+    with pytest.raises(rexc.ResponseError, match=r"^reach: bad KEYS\[2\]: holds a string"):
+        await scripts.call(r, "claim", [free, wrong], _args(OWNER_A, (1_000, "m1"), (1_000, "m2")))
+    assert_unchanged(before, await snapshot(r, ns))
+
+
+async def test_a_record_with_unreadable_numbers_is_claimed_with_a_fresh_fence(
+    r: AnyRedis, ns: str
+) -> None:
+    # Written behind the scripts' back: HINCRBY cannot count on these, nor compare a lease.
+    k = Keys(ns)
+    recs = [k.idem(f"u{i}") for i in range(4)]
+    bad = [("fence", "abc"), ("fence", "-3"), ("runs", "1.5"), ("lease_until", "soon")]
+    for rec, (field, value) in zip(recs, bad, strict=True):
+        await r.hset(rec, mapping={"owner": OWNER_B, "fence": 4, "runs": 1, field: value})
+    got = await scripts.call(
+        r, "claim", recs, _args(OWNER_A, *[(1_000, f"m{i}") for i in range(4)])
+    )
+    assert [code for code, _ in got] == [1, 1, 1, 1]
+    secs, _ = await r.time()
+    # An unreadable fence restarts from the server time in ms: above any fence handed out.
+    for (_, fence), (field, _) in zip(got, bad, strict=True):
+        if field == "fence":
+            assert int(fence) > (secs - 60) * 1000
+        else:
+            assert int(fence) == 5
+    assert await r.hget(recs[2], "runs") == b"1"
+    assert [await r.hget(rec, "owner") for rec in recs] == [OWNER_A.encode()] * 4

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pytest
+import redis.exceptions as rexc
 
 from reach import scripts
 from reach.connection import AnyRedis
 from reach.keys import Keys
+from tests.lua.snapshot import assert_unchanged, snapshot
 
 pytestmark = pytest.mark.anyio
 
@@ -89,3 +91,50 @@ async def test_a_batch_settles_each_key_on_its_own(r: AnyRedis, ns: str) -> None
     assert await scripts.call(r, "complete", [a, b], args) == [1, 0]
     assert await r.hget(a, "reply") == b"A"
     assert await r.hget(b, "reply") is None
+
+
+# Numbers the runtime never sends: not plain digits, not finite, or out of range.
+BAD_INTS = ["", "abc", "nan", "inf", "1e309", "1e3", "-5", "0", "1.5", " 5", "007", str(10**16)]
+
+
+def _bad_calls() -> list[tuple[str, int | None, object]]:
+    # (what, ARGV index (0-based) to replace, value); the second key's item is ARGV[6..10]
+    calls: list[tuple[str, int | None, object]] = [("ttl_ms", 0, v) for v in BAD_INTS]
+    calls += [("fence", 6, v) for v in BAD_INTS]
+    calls += [("status", 7, v) for v in ["", "running", "pending", "SUCCEEDED", "ok"]]
+    calls += [("mode", 9, v) for v in ["", "Done", "keep", "done "]]
+    calls += [("arguments", None, "drop"), ("arguments", None, "extra")]
+    return calls
+
+
+@pytest.mark.parametrize(("what", "at", "value"), _bad_calls())
+async def test_bad_arguments_are_refused_before_any_write(
+    r: AnyRedis, ns: str, what: str, at: int | None, value: object
+) -> None:
+    k = Keys(ns)
+    a, b = k.idem("a"), k.idem("b")
+    fa, fb = await _claim(r, a, "w-1/i1"), await _claim(r, b, "w-1/i1")
+    args = [TTL_MS, *_item(fa, "succeeded", b"A", "done"), *_item(fb, "dead", b"B", "release")]
+    if at is not None:
+        args[at] = value
+    elif value == "drop":
+        args = args[:-1]
+    else:
+        args = [*args, ""]
+    before = await snapshot(r, ns)
+    with pytest.raises(rexc.ResponseError, match=f"^reach: bad {what}"):
+        await scripts.call(r, "complete", [a, b], args)
+    assert_unchanged(before, await snapshot(r, ns))
+
+
+async def test_a_key_that_is_not_a_hash_is_refused_before_any_write(r: AnyRedis, ns: str) -> None:
+    k = Keys(ns)
+    a, wrong = k.idem("a"), k.idem("w")
+    fa = await _claim(r, a, "w-1/i1")
+    await r.rpush(wrong, "x")
+    before = await snapshot(r, ns)
+    with pytest.raises(rexc.ResponseError, match=r"^reach: bad KEYS\[2\]: holds a list"):
+        await scripts.call(r, "complete", [a, wrong],
+                           [TTL_MS, *_item(fa, "succeeded", b"A", "done"),
+                            *_item(1, "succeeded", b"B", "done")])  # fmt: skip
+    assert_unchanged(before, await snapshot(r, ns))

@@ -8,6 +8,7 @@ import redis.exceptions as rexc
 from reach import scripts
 from reach.connection import AnyRedis
 from reach.keys import GROUP, Keys
+from tests.lua.snapshot import assert_unchanged, snapshot
 
 pytestmark = pytest.mark.anyio
 
@@ -72,3 +73,63 @@ async def test_a_missing_group_is_a_nogroup_error(r: AnyRedis, ns: str) -> None:
     await r.xadd(keys[0], {"e": "x"})
     with pytest.raises(rexc.ResponseError, match="NOGROUP"):
         await scripts.call(r, "fetch", keys, [GROUP, AGENT, 10, 0, 0])
+
+
+def _bad_calls() -> list[tuple[str, int | None, object]]:
+    # (what the error names, ARGV index (0-based) to replace, value); None: see the test
+    calls: list[tuple[str, int | None, object]] = [("group", 0, ""), ("consumer", 1, "")]
+    calls += [("n", 2, v) for v in ["0", "", "abc", "nan", "inf", "1e309", "-1", "1.5", "007",
+                                    "10001", str(10**16)]]  # fmt: skip
+    calls += [("slots kept for normal", 3, v) for v in ["x", "-1", "11", "", "1e1"]]
+    calls += [("slots kept for low", 4, v) for v in ["x", "-1", "11", "nan"]]
+    calls += [("arguments", None, "drop"), ("arguments", None, "extra"), ("arguments", None, "key")]
+    return calls
+
+
+@pytest.mark.parametrize(("what", "at", "value"), _bad_calls())
+async def test_bad_arguments_are_refused_before_any_read(
+    r: AnyRedis, ns: str, what: str, at: int | None, value: object
+) -> None:
+    keys = await _inboxes(r, ns, high=3, normal=3, low=3)
+    args: list[object] = [GROUP, AGENT, 10, 1, 1]
+    call_keys = list(keys)
+    if at is not None:
+        args[at] = value
+    elif value == "drop":
+        args = args[:-1]
+    elif value == "extra":
+        args = [*args, 1]
+    else:
+        call_keys = [*keys, keys[0]]
+    before = await snapshot(r, ns)
+    with pytest.raises(rexc.ResponseError, match=f"^reach: bad {what}"):
+        await scripts.call(r, "fetch", call_keys, args)
+    # Nothing was read: no entry moved into the pending list, no consumer created.
+    assert_unchanged(before, await snapshot(r, ns))
+
+
+async def test_a_missing_group_on_a_lower_priority_reads_nothing(r: AnyRedis, ns: str) -> None:
+    keys = await _inboxes(r, ns, high=3, normal=3, low=0)
+    await r.xgroup_destroy(keys[2], GROUP)
+    before = await snapshot(r, ns)
+    with pytest.raises(rexc.ResponseError, match="NOGROUP"):
+        await scripts.call(r, "fetch", keys, [GROUP, AGENT, 10, 0, 0])
+    assert_unchanged(before, await snapshot(r, ns))  # high's entries are not left pending
+
+
+async def test_a_key_that_is_not_a_stream_is_refused_before_any_read(r: AnyRedis, ns: str) -> None:
+    keys = await _inboxes(r, ns, high=3, normal=0, low=0)
+    await r.delete(keys[1])
+    await r.set(keys[1], "x")
+    before = await snapshot(r, ns)
+    with pytest.raises(rexc.ResponseError, match=r"^reach: bad KEYS\[2\]: not a stream"):
+        await scripts.call(r, "fetch", keys, [GROUP, AGENT, 10, 0, 0])
+    assert_unchanged(before, await snapshot(r, ns))
+
+
+async def test_kept_slots_larger_than_n_are_taken_as_they_come(r: AnyRedis, ns: str) -> None:
+    # The runtime keeps one slot each for normal and low even when it asks for one entry
+    # (a small batch whose lower priorities were passed over): high gets nothing then.
+    keys = await _inboxes(r, ns, high=2, normal=2, low=2)
+    res = await scripts.call(r, "fetch", keys, [GROUP, AGENT, 1, 1, 1])
+    assert _counts(res) == [0, 0, 1]

@@ -3,6 +3,7 @@ and ack + delete the entry; a fenced item writes nothing at all."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,6 +13,7 @@ import redis.exceptions as rexc
 from reach import scripts
 from reach.connection import AnyRedis
 from reach.keys import GROUP, Keys
+from tests.lua.snapshot import assert_unchanged, snapshot
 
 pytestmark = pytest.mark.anyio
 
@@ -129,8 +131,100 @@ async def test_a_disallowed_command_fails_the_batch_before_any_write(r: AnyRedis
           reply_key=replies, inbox=inbox, entry=first)  # fmt: skip
     b.add(idem=None, fence="", status="", reply=b"", mode="", reply_key=None, inbox=inbox,
           entry=second, ops=[("DEL", k.agents)])  # fmt: skip
-    with pytest.raises(rexc.ResponseError, match="command not allowed: DEL"):
+    with pytest.raises(
+        rexc.ResponseError, match=r"^reach: bad extra command 1 of item 2 .* DEL: want XADD or ZADD"
+    ):
         await b.run(r)
     assert await r.hget(rec, "done") is None and await r.exists(replies) == 0
     assert (await r.xpending(inbox, GROUP))["pending"] == 2
     assert await r.smembers(k.agents) == {b"w-1"}
+
+
+BAD_INTS = ["", "abc", "nan", "inf", "1e309", "1e3", "-5", "0", "1.5", " 5", "007", str(10**16)]
+
+
+def _bad_calls() -> list[tuple[str, int | None, object]]:
+    # (what the error names, ARGV index (0-based) to replace, value); None: see the test.
+    # The layout of the good batch is in the test below.
+    it1, it2 = "of item 1", "of item 2"
+    cmd1, cmd2 = f"extra command 1 {it1}", f"extra command 1 {it2}"
+    calls: list[tuple[str, int | None, object]] = [("ttl_ms", 0, v) for v in BAD_INTS]
+    calls += [("group", 1, "")]
+    calls += [("number of items", 2, v) for v in ["4", "x", "", "-1", "1e3", "02"]]
+    calls += [("arguments", 2, "1"), ("arguments", 2, "3"), ("arguments", None, "extra")]
+    calls += [(f"idem key index {it2}", 24, v) for v in ["6", "-1", "x", "1.0", ""]]
+    calls += [(f"fence {it1}", 4, v) for v in ["abc", "0", "", "-1", "1e3"]]
+    calls += [(f"status {it1}", 5, v) for v in ["x", "", "running"]]
+    calls += [(f"mode {it1}", 7, v) for v in ["x", ""]]
+    calls += [(f"reply stream index {it2}", 30, v) for v in ["6", "x"]]
+    calls += [(f"inbox index {it2}", 31, v) for v in ["6", "-1"]]
+    calls += [(f"entry id {it2}", 32, v) for v in [
+        "abc", "", "1-", "-1", "1-2-3", " 1-0", "18446744073709551616-0", "1-18446744073709551616",
+        "123456789012345678901-0"]]  # fmt: skip
+    calls += [(f"number of extra commands {it2}", 33, v) for v in ["2", "x", "100", ""]]
+    calls += [(cmd2, 34, v) for v in ["DEL", "zadd", "EVAL", "", "XACK"]]
+    calls += [(f"key index of {cmd2}", 35, v) for v in ["0", "6", "x"]]
+    calls += [(f"number of arguments of {cmd2}", 36, v) for v in ["3", "1001", "x", ""]]
+    calls += [(f"number of arguments of {cmd2}", None, "drop"), (cmd2, 36, "1"), (cmd2, 36, "0")]
+    calls += [(cmd2, 37, v) for v in ["nan", "inf", "-inf", "1e309", "", "abc", " 1", "1e3",
+                                      "1" * 30]]  # fmt: skip
+    calls += [(cmd1, 16, v) for v in ["MINID", "NOMKSTREAM"]]  # for MAXLEN
+    calls += [(cmd1, 18, v) for v in ["x", "-1", "", "1e3"]]  # the MAXLEN count
+    calls += [(cmd1, 19, v) for v in ["1-1", "0-1", "$"]]  # for '*'
+    calls += [(cmd1, 15, "7"), (cmd1, 15, "5")]  # no value for the last field
+    # One key used as two types: ZADD on the inbox; XADD on the idempotency record.
+    calls += [(f"key index of {cmd2}", 35, "3"), (f"key index of {cmd1}", 14, "1")]
+    return calls
+
+
+@pytest.mark.parametrize(("what", "at", "value"), _bad_calls())
+async def test_a_batch_out_of_contract_is_refused_before_any_write(
+    r: AnyRedis, ns: str, what: str, at: int | None, value: object
+) -> None:
+    k = Keys(ns)
+    inbox, rec, replies, dlq = k.inbox("w-1", "normal"), k.idem("k"), k.replies("c"), k.dlq("cap")
+    e1, e2 = await _delivered(r, inbox, 2)
+    fence = await _claim(r, rec)
+    await r.zadd(k.delayed, {b"OLD": 1})
+    b = Batch()
+    # KEYS: rec 1, replies 2, inbox 3, dlq 4, delayed 5. ARGV (0-based): ttl 0, group 1,
+    # n 2; item 1 at 3..12, its XADD at 13..23 (name, key index, 8 args: MAXLEN ~ 1000 *
+    # and two pairs); item 2 at 24..33, its ZADD at 34..38.
+    b.add(idem=rec, fence=fence, status="succeeded", reply=b"R", mode="done", reply_key=replies,
+          inbox=inbox, entry=e1,
+          ops=[("XADD", dlq, "MAXLEN", "~", 1000, "*", "reason", "x", "env", b"E")])  # fmt: skip
+    b.add(idem=None, fence="", status="", reply=b"", mode="", reply_key=None, inbox=inbox,
+          entry=e2, ops=[("ZADD", k.delayed, 12345, b"ENV")])  # fmt: skip
+    args: list[Any] = [TTL_MS, GROUP, b.n, *b.items]
+    assert len(args) == 39 and args[34] == "ZADD" and args[19] == "*"
+    if at is not None:
+        args[at] = value
+    elif value == "drop":
+        args = args[:-1]
+    else:
+        args = [*args, "x"]
+    before = await snapshot(r, ns)
+    with pytest.raises(rexc.ResponseError, match=f"^reach: bad {re.escape(what)}"):
+        await scripts.call(r, "settle", b.keys, args)
+    assert_unchanged(before, await snapshot(r, ns))
+    # The same batch, as the runtime builds it, settles.
+    assert await b.run(r) == [1, 1]
+    assert await r.xlen(inbox) == 0 and await r.xlen(dlq) == 1
+
+
+async def test_a_key_of_another_type_is_refused_before_any_write(r: AnyRedis, ns: str) -> None:
+    k = Keys(ns)
+    inbox, rec, replies, dlq = k.inbox("w-1", "low"), k.idem("k"), k.replies("c"), k.dlq("cap")
+    [e1] = await _delivered(r, inbox, 1)
+    fence = await _claim(r, rec)
+    await r.set(dlq, "not a stream")
+    b = Batch()
+    b.add(idem=rec, fence=fence, status="dead", reply=b"R", mode="release", reply_key=replies,
+          inbox=inbox, entry=e1, ops=[("XADD", dlq, "*", "reason", "x")])  # fmt: skip
+    before = await snapshot(r, ns)
+    with pytest.raises(
+        rexc.ResponseError,
+        match=r"^reach: bad KEYS\[4\]: holds a string, key index of extra command",
+    ):
+        await b.run(r)
+    assert_unchanged(before, await snapshot(r, ns))
