@@ -1,17 +1,93 @@
--- send.lua: add a message to an agent's inbox and mark it pending, in one step
--- (standalone Redis; on a Cluster the client pipelines the same commands per slot).
+-- send.lua: add a message to an agent's inbox and mark it pending, in one step, unless
+-- the agent's inbox is at its bound (standalone Redis; on a Cluster the client runs
+-- enqueue.lua on the inbox's slot, then writes the pending record).
 --
 -- KEYS[1] the inbox stream of the chosen agent and priority
 -- KEYS[2] the message's idempotency record (hash; also its task status)
 -- KEYS[3] the msg_id -> idempotency key pointer (written only when ARGV[5] ~= '')
+-- KEYS[4..6] the agent's three inbox streams (high, normal, low; KEYS[1] is one of them):
+--            given when ARGV[7] > 0, left out otherwise
 -- ARGV[1] envelope bytes (msgpack)
 -- ARGV[2] capability
--- ARGV[3] attempt
+-- ARGV[3] attempt, integer 0..999999999999999
 -- ARGV[4] msg_id
 -- ARGV[5] caller-chosen idempotency key, or '' (the key is then the msg_id)
--- ARGV[6] ttl_ms of the record and the pointer
+-- ARGV[6] ttl_ms of the record and the pointer, integer 1..31536000000 (365 days)
+-- ARGV[7] max_queue: the agent's bound on queued + in-flight messages, integer
+--         0..999999999999999; 0 (or absent) = unbounded
+-- Integers are plain decimal digits without sign or leading zero.
 --
--- Returns the inbox entry id.
+-- The bound counts the entries of the three inbox streams (XLEN: the runtime deletes an
+-- entry once it is settled, so this is queued + being handled), at the moment of the add:
+-- concurrent senders can never push an inbox past it.
+--
+-- Returns the inbox entry id (a string), or, when the inbox holds max_queue entries or
+-- more, that number of entries (an integer) and nothing is written.
+-- Errors  'ERR reach: bad <argument>: <why>' when an argument or a key's type is out of
+--         contract; nothing is written then.
+local MAX_TTL, MAX_INT = 31536000000, 999999999999999
+
+local function show(v)
+  return (string.gsub(string.sub(tostring(v), 1, 40), '[^%w%.%+%-_ ]', '?'))
+end
+
+local function int(v, lo, hi)
+  if type(v) ~= 'string' or #v > 16 or not (v == '0' or string.find(v, '^[1-9]%d*$')) then
+    return nil
+  end
+  local n = tonumber(v)
+  if n < lo or n > hi then return nil end
+  return n
+end
+
+local function kind_ok(key, want)
+  local kind = redis.call('TYPE', key)['ok']
+  return kind == want or kind == 'none', kind
+end
+
+local function check()
+  if #ARGV < 6 or #ARGV > 7 then return 'arguments: want 6 or 7 ARGV, got ' .. #ARGV end
+  if not int(ARGV[3], 0, MAX_INT) then
+    return 'attempt (ARGV[3]) ' .. show(ARGV[3]) .. ': want an integer 0..' .. MAX_INT
+  end
+  if not int(ARGV[6], 1, MAX_TTL) then
+    return 'ttl_ms (ARGV[6]) ' .. show(ARGV[6]) .. ': want an integer 1..' .. MAX_TTL
+  end
+  local max = 0
+  if ARGV[7] then
+    max = int(ARGV[7], 0, MAX_INT)
+    if not max then
+      return 'max_queue (ARGV[7]) ' .. show(ARGV[7]) .. ': want an integer 0..' .. MAX_INT
+    end
+  end
+  if max > 0 and #KEYS ~= 6 then
+    return 'keys: want 6 KEYS (the three inboxes too) with a max_queue, got ' .. #KEYS
+  elseif max == 0 and #KEYS ~= 3 and #KEYS ~= 6 then
+    return 'keys: want 3 KEYS (or 6), got ' .. #KEYS
+  end
+  for i, want in ipairs({'stream', 'hash', 'string'}) do
+    local ok, kind = kind_ok(KEYS[i], want)
+    if not ok then return 'KEYS[' .. i .. ']: holds a ' .. kind .. ', want a ' .. want end
+  end
+  return nil, max
+end
+
+local err, max = check()
+if err then return redis.error_reply('ERR reach: bad ' .. err) end
+
+if max > 0 then
+  local depth = 0
+  for i = 4, 6 do
+    local ok, kind = kind_ok(KEYS[i], 'stream')
+    if not ok then
+      return redis.error_reply('ERR reach: bad KEYS[' .. i .. ']: holds a ' .. kind
+        .. ', want a stream')
+    end
+    depth = depth + redis.call('XLEN', KEYS[i])
+  end
+  if depth >= max then return depth end
+end
+
 local id = redis.call('XADD', KEYS[1], '*', 'e', ARGV[1])
 redis.call('HSETNX', KEYS[2], 'status', 'pending')
 redis.call('HSET', KEYS[2], 'capability', ARGV[2], 'attempt', ARGV[3], 'sent_msg_id', ARGV[4])

@@ -21,7 +21,7 @@ from redis import exceptions as rexc
 
 from . import logs, metrics, scripts
 from .breaker import Breakers
-from .connection import AnyRedis, connect, is_cluster, unreachable
+from .connection import DEFAULT_MAX_CONNECTIONS, AnyRedis, connect, is_cluster, unreachable
 from .envelope import (
     Envelope,
     Reply,
@@ -36,6 +36,7 @@ from .errors import (
     ConfigError,
     DeadlineExceeded,
     NoAgentAvailable,
+    Overloaded,
     PayloadTooLarge,
     Rejected,
     RemoteError,
@@ -48,13 +49,29 @@ from .view import RegistryView
 
 log = logging.getLogger("reach.client")
 
+_RETRY_MIN_S, _RETRY_MAX_S = 0.1, 1.0  # the reply reader's pause after a failed read
+_DROP_LOG_EVERY_S = 60.0
+_MAX_BOUND = 999_999_999_999_999  # the largest max_queue send.lua takes (beyond: unbounded)
+
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
+# Replies no call waits for (yet): kept for result() -- e.g. a client restarted with the
+# same client_id reads the replies sent while it was away -- but only this many, this long.
+DEFAULT_MAX_UNCLAIMED = 10_000
+DEFAULT_UNCLAIMED_TTL_S = 600.0
 # Dead-letter reasons that refuse the message itself: the caller gets reach.Rejected.
 REJECTIONS = frozenset({"rejected", "invalid_payload", "no_handler", "too_large", "malformed",
                         "version", "target_gone", "bad_result"})  # fmt: skip
 # Dead-letter reasons that say nothing about the agent's health (the breaker ignores them).
 BLAMELESS = frozenset({"rejected", "invalid_payload", "expired", "no_handler", "too_large"})
+
+
+class _Refused(Exception):
+    """The agent's inbox is at its bound (``depth`` entries): the message was not added."""
+
+    def __init__(self, depth: int) -> None:
+        super().__init__(depth)
+        self.depth = depth
 
 
 class Client:
@@ -64,6 +81,17 @@ class Client:
     ``client_id`` names the reply stream: a client restarted with the same id still gets
     the replies sent to it while it was away (for 24 h: the worker that publishes a reply
     gives the reply stream the task-record TTL).
+
+    Any number of calls may run at once: they share at most ``max_connections`` Redis
+    connections (64 by default; per node on a Cluster), waiting for a free one when all
+    are busy. The client's own blocking reads (reply stream, registry events) hold two of
+    them. With ``redis=`` the client uses that connection as it is (the setting is unused).
+
+    A reply that no call waits for (a call of an earlier run of this ``client_id``; see
+    :meth:`result`) is kept in memory for :meth:`result` for ``unclaimed_reply_ttl_s``
+    (600 s) and at most ``max_unclaimed_replies`` (10,000) of them, oldest dropped first;
+    a dropped one is deleted from the reply stream, and :meth:`result` still finds the
+    outcome in the message's task record.
     """
 
     def __init__(
@@ -84,11 +112,18 @@ class Client:
         view_refresh_s: float = 2.0,
         max_staleness_s: float = 5.0,
         rng: random.Random | None = None,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        max_unclaimed_replies: int = DEFAULT_MAX_UNCLAIMED,
+        unclaimed_reply_ttl_s: float = DEFAULT_UNCLAIMED_TTL_S,
     ) -> None:
         if default_policy not in POLICIES:
             raise ConfigError(
                 f"Unknown default_policy {default_policy!r}: use one of {', '.join(POLICIES)}."
             )
+        if max_connections < 1:
+            raise ConfigError(f"max_connections must be >= 1 (got {max_connections}).")
+        if max_unclaimed_replies < 0 or unclaimed_reply_ttl_s < 0:
+            raise ConfigError("max_unclaimed_replies and unclaimed_reply_ttl_s must be >= 0.")
         if redis is None and not redis_url:
             import os
 
@@ -120,6 +155,15 @@ class Client:
         self._events: dict[str, anyio.Event] = {}
         self._answered: list[Any] = []  # reply entries read and answered, to delete
         self._replies: dict[str, Reply] = {}
+        # msg_id -> (when read, entry id) of the replies in _replies that no call waited
+        # for, oldest first: bounded by max_unclaimed_replies and unclaimed_reply_ttl_s.
+        self._unclaimed: OrderedDict[str, tuple[float, Any]] = OrderedDict()
+        self.max_unclaimed_replies = max_unclaimed_replies
+        self.unclaimed_reply_ttl_s = unclaimed_reply_ttl_s
+        self._dropped = 0  # unclaimed replies dropped since the last line about it
+        self._dropped_logged = 0.0
+        self.max_connections = max_connections
+        self._outage = logs.OutageLog(log, f"client {self.client_id}: reading its replies")
         self._done: OrderedDict[str, None] = OrderedDict()
         self._tg: anyio.abc.TaskGroup | None = None
         self._reader_started = False
@@ -149,7 +193,10 @@ class Client:
 
     async def __aenter__(self) -> Self:
         if self._redis is None:
-            self._redis = await connect(self.redis_url)
+            self._redis = await connect(
+                self.redis_url, max_connections=self.max_connections,
+                client_name=f"reach:{self.namespace}:{self.client_id}",
+            )  # fmt: skip
         self._cluster = is_cluster(self._redis)
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
@@ -176,50 +223,91 @@ class Client:
             self._tg.start_soon(self._read_replies)
 
     async def _read_replies(self) -> None:
-        """Read this client's reply stream and wake the waiting calls.
+        """Read this client's reply stream and wake the waiting calls, until cancelled.
 
-        Answered replies are deleted in batches (every 64, or when the stream is idle), not
-        one round trip per reply.
+        Never stops on an error: Redis away, a reply stream that is not a stream, an entry
+        that does not decode -- each is logged (an outage as a few lines, see
+        :class:`reach.logs.OutageLog`) and the reader goes on. Answered replies are deleted
+        in batches (every 64, or when the stream is idle), not one round trip per reply.
         """
-        delete = self._answered
+        delay = _RETRY_MIN_S
         while True:
-            if delete and (len(delete) >= 64 or not self._events):
-                await self._delete_answered()
             try:
-                res = await self.redis.xread(
-                    {self._reply_key: self._last_reply_id}, block=1000, count=500
-                )
-            except (rexc.ConnectionError, rexc.TimeoutError) as e:
-                log.warning("reply stream read failed, retrying: %s", e)
-                await anyio.sleep(0.1)
-                continue
-            if not res:
-                continue
-            for _, entries in res:
-                for entry_id, fields in entries:
-                    self._last_reply_id = entry_id
-                    data = fields.get(b"r") or fields.get("r")
-                    try:
-                        reply = decode_reply(data)
-                    except Exception:  # noqa: BLE001 - any unreadable entry is dropped
-                        log.warning("unreadable reply entry %r dropped", entry_id)
-                        delete.append(entry_id)
-                        continue
-                    if reply.msg_id in self._done:
-                        delete.append(entry_id)  # a duplicate of an answered call
-                        continue
-                    ev = self._events.get(reply.msg_id)
-                    self._replies[reply.msg_id] = reply
-                    if ev is not None:
-                        ev.set()
-                        delete.append(entry_id)
+                await self._read_batch()
+            except Exception as e:  # noqa: BLE001 - the reader must outlive any error
+                self._outage.failed(e)
+                await anyio.sleep(delay)
+                delay = min(delay * 2, _RETRY_MAX_S)
+            else:
+                delay = _RETRY_MIN_S
+
+    async def _read_batch(self) -> None:
+        delete = self._answered
+        if delete and (len(delete) >= 64 or not self._events):
+            await self._delete_answered()
+        res = await self.redis.xread({self._reply_key: self._last_reply_id}, block=1000,
+                                     count=500)  # fmt: skip
+        self._outage.ok()
+        now = time.monotonic()
+        for _, entries in res or ():
+            for entry_id, fields in entries:
+                self._last_reply_id = entry_id
+                try:
+                    self._on_reply(entry_id, fields, now)
+                except Exception as e:  # noqa: BLE001 - one bad entry is dropped alone
+                    log.warning("unreadable reply entry %r dropped: %s", entry_id, e)
+                    delete.append(entry_id)
+        self._expire_unclaimed(now)
+
+    def _on_reply(self, entry_id: Any, fields: Any, now: float) -> None:
+        data = fields.get(b"r") or fields.get("r")
+        reply = decode_reply(data)
+        msg_id = reply.msg_id
+        if msg_id in self._done:
+            self._answered.append(entry_id)  # a duplicate of an answered call
+            return
+        ev = self._events.get(msg_id)
+        self._replies[msg_id] = reply
+        if ev is not None:
+            ev.set()
+            self._answered.append(entry_id)
+            return
+        old = self._unclaimed.pop(msg_id, None)
+        if old is not None:
+            self._answered.append(old[1])  # a duplicate: the latest copy is kept
+        self._unclaimed[msg_id] = (now, entry_id)
+
+    def _expire_unclaimed(self, now: float) -> None:
+        """Drop (and delete from the stream) unclaimed replies past the count or age bound."""
+        unclaimed, cutoff = self._unclaimed, now - self.unclaimed_reply_ttl_s
+        dropped = 0
+        while unclaimed:
+            msg_id, (seen, entry_id) = next(iter(unclaimed.items()))
+            if len(unclaimed) <= self.max_unclaimed_replies and seen > cutoff:
+                break
+            del unclaimed[msg_id]
+            self._replies.pop(msg_id, None)
+            self._answered.append(entry_id)
+            dropped += 1
+        if not dropped:
+            return
+        self._dropped += dropped
+        if now - self._dropped_logged >= _DROP_LOG_EVERY_S:
+            log.warning(
+                "client %s: dropped %d replies no call waited for (kept: at most %d, for "
+                "%.0f s; `reach task <msg_id>` still has their outcome)", self.client_id,
+                self._dropped, self.max_unclaimed_replies, self.unclaimed_reply_ttl_s,
+            )  # fmt: skip
+            self._dropped, self._dropped_logged = 0, now
 
     async def _delete_answered(self) -> None:
         ids, self._answered[:] = list(self._answered), []
-        try:  # answered replies: if Redis is away, the stream's TTL removes them
-            await self.redis.xdel(self._reply_key, *ids)
-        except (rexc.ConnectionError, rexc.TimeoutError) as e:
-            log.warning("reply stream cleanup failed: %s", e)
+        for i in range(0, len(ids), 1000):
+            try:  # answered replies: if Redis is away, the stream's TTL removes them
+                await self.redis.xdel(self._reply_key, *ids[i : i + 1000])
+            except (rexc.RedisError, OSError) as e:
+                self._outage.failed(e)
+                return
 
     # -- routing ----------------------------------------------------------------------
     def invalidate(self) -> None:
@@ -251,9 +339,13 @@ class Client:
             return "weighted_rr"
         return self.default_policy
 
-    async def _pick(self, env: Envelope, where: Mapping[str, Any] | None) -> AgentInfo:
+    async def _pick(
+        self, env: Envelope, where: Mapping[str, Any] | None, refused: Mapping[str, Any]
+    ) -> AgentInfo:
         candidates, version = await self.view.candidates(env.capability)
-        avoid = env.headers.get("avoid", "")
+        avoid: Any = env.headers.get("avoid", "")
+        if refused:
+            avoid = {*refused, avoid} - {""}
         return self.router.pick(
             env.capability, candidates, policy=self._policy_for(env, candidates),
             session_id=env.session_id or None, target=env.target or None, where=where,
@@ -327,47 +419,95 @@ class Client:
         ``track=True`` counts it as in flight to that agent (the caller calls
         ``router.inflight.done`` when the reply arrives): counted at the pick itself, so
         concurrent picks see it (least-connections, queue bounds).
+
+        An agent with a ``max_queue`` bound refuses the message, atomically where it is
+        added, when its inbox already holds that many (queued + being handled); the
+        message then goes to another eligible agent, and when every one refused,
+        :class:`~reach.errors.Overloaded` is raised (nothing was sent).
         """
         if env.deadline_ms and env.deadline_ms <= now_ms():
             raise DeadlineExceeded(f"Deadline of {env.capability!r} passed before sending.")
-        try:  # a stale registry view is re-read here, from Redis
-            with logs.span("reach.route", attributes={"reach.capability": env.capability}):
-                agent = await self._pick(env, where)
-        except (rexc.ConnectionError, rexc.TimeoutError) as e:
-            raise unreachable(self.redis_url, e) from e
-        if track:
-            self.router.inflight.add(agent.agent_id)
-        inbox = self.keys.inbox(agent.agent_id, env.priority)
-        with logs.span("reach.deliver", kind="producer"):
-            logs.inject(env.headers)
-            data = encode(env)
-            await self._add(env, agent.agent_id, inbox, data, track=track)
+        refused: dict[str, tuple[int, int]] = {}  # agent id -> (inbox depth, its bound)
+        while True:
+            try:  # a stale registry view is re-read here, from Redis
+                with logs.span("reach.route", attributes={"reach.capability": env.capability}):
+                    agent = await self._pick(env, where, refused)
+            except (rexc.ConnectionError, rexc.TimeoutError) as e:
+                raise unreachable(self.redis_url, e) from e
+            except NoAgentAvailable as e:
+                if refused:
+                    raise self._overloaded(env, refused, e) from e
+                raise
+            if agent.agent_id in refused:  # only refusing agents are left
+                raise self._overloaded(env, refused, None)
+            if track:
+                self.router.inflight.add(agent.agent_id)
+            inbox = self.keys.inbox(agent.agent_id, env.priority)
+            with logs.span("reach.deliver", kind="producer"):
+                logs.inject(env.headers)
+                data = encode(env)
+                depth = await self._add(env, agent, inbox, data, track=track)
+            if depth is None:
+                break
+            refused[agent.agent_id] = (depth, agent.max_queue)
         metrics.message_sent(env.capability, env.priority)
         return agent.agent_id
 
-    async def _add(self, env: Envelope, agent_id: str, inbox: str, data: bytes, *,
-                   track: bool) -> None:  # fmt: skip
+    @staticmethod
+    def _overloaded(
+        env: Envelope, refused: Mapping[str, tuple[int, int]], cause: NoAgentAvailable | None
+    ) -> Overloaded:
+        shown = ", ".join(f"{a} {d}/{m}" for a, (d, m) in list(refused.items())[:5])
+        more = f" and {len(refused) - 5} more" if len(refused) > 5 else ""
+        rest = f" No other agent could take it: {cause}" if cause is not None else ""
+        return Overloaded(
+            f"{env.capability!r} was not sent: the inbox of {len(refused)} agent(s) is at its "
+            f"bound (queued + being handled / max_queue: {shown}{more}).{rest} Back off "
+            "and retry later.", capability=env.capability, reason="overloaded",
+        )  # fmt: skip
+
+    async def _add(self, env: Envelope, agent: AgentInfo, inbox: str, data: bytes, *,
+                   track: bool) -> int | None:  # fmt: skip
+        """Add the entry (and its pending record); None when added, else the depth of the
+        agent's inbox that refused it (at its bound)."""
+        agent_id = agent.agent_id
+        bound = min(max(0, agent.max_queue), _MAX_BOUND)
+        k = self.keys
         try:
             if self._cluster:
-                ops = [("XADD", inbox, "*", "e", data), *pending_ops(self.keys, env)]
-                res = await scripts.run_pipeline(self.redis, ops)
-                if isinstance(res[0], Exception):
-                    raise res[0]
+                if bound:  # the bound and the add in one step on the inbox's slot
+                    res = await scripts.call(self.redis, "enqueue",
+                                             [inbox, *k.inboxes(agent_id)], [data, bound])
+                    if isinstance(res, int):
+                        raise _Refused(res)
+                    await scripts.run_pipeline(self.redis, pending_ops(k, env))
+                else:
+                    ops = [("XADD", inbox, "*", "e", data), *pending_ops(k, env)]
+                    out = await scripts.run_pipeline(self.redis, ops)
+                    if isinstance(out[0], Exception):
+                        raise out[0]
             else:
-                k = self.keys
-                await scripts.call(
-                    self.redis, "send", [inbox, k.idem(env.key), k.task(env.msg_id)],
+                keys = [inbox, k.idem(env.key), k.task(env.msg_id)]
+                if bound:
+                    keys += k.inboxes(agent_id)
+                res = await scripts.call(
+                    self.redis, "send", keys,
                     [data, env.capability, env.attempt, env.msg_id, env.idempotency_key,
-                     TASK_TTL_MS],
+                     TASK_TTL_MS, bound],
                 )  # fmt: skip
+                if isinstance(res, int):
+                    raise _Refused(res)
         except BaseException as e:
             if track:
                 self.router.inflight.done(agent_id)
+            if isinstance(e, _Refused):
+                return e.depth
             if isinstance(e, (rexc.ConnectionError, rexc.TimeoutError)):
                 raise unreachable(self.redis_url, e) from e
             if isinstance(e, rexc.ResponseError):
                 await self.view.recheck(agent_id)
             raise
+        return None
 
     async def send(self, capability: str, payload: Any, **kw: Any) -> str:
         """Send without waiting; returns the msg_id (see :meth:`task` for its outcome)."""
@@ -470,6 +610,9 @@ class Client:
 
     def _take(self, msg_id: str) -> Reply:
         reply = self._replies.pop(msg_id)
+        unclaimed = self._unclaimed.pop(msg_id, None)
+        if unclaimed is not None:
+            self._answered.append(unclaimed[1])  # answered now: delete it from the stream
         self._mark_done(msg_id)
         return reply
 
@@ -541,6 +684,7 @@ class Client:
         """
         self._ensure_reader()
         ev = self._events.setdefault(msg_id, anyio.Event())
+        capability = "message"  # named in errors; known once the task record was read
         try:
             with anyio.move_on_after(timeout_s):
                 while True:
@@ -548,6 +692,7 @@ class Client:
                         reply = self._take(msg_id)
                         break
                     st = await self.task(msg_id)
+                    capability = st.capability or capability
                     if st.reply is not None and st.status == "succeeded":
                         reply = msgspec.structs.replace(st.reply, msg_id=msg_id)
                         break
@@ -557,7 +702,7 @@ class Client:
                         break
                     with anyio.move_on_after(0.5):  # a reply, or look at the record again
                         await ev.wait()
-                return self._outcome_of(st.capability or "message", msg_id, reply)
+                return self._outcome_of(capability, msg_id, reply)
         finally:
             self._events.pop(msg_id, None)
         raise DeadlineExceeded(f"No result for msg {msg_id} within {timeout_s}s; see "

@@ -46,6 +46,7 @@ The sync client (``connect_sync``, used by the heartbeat thread) behaves the sam
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import threading
 import time
@@ -56,7 +57,9 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 import redis
 import redis.asyncio as aredis
 from redis import exceptions as rexc
+from redis.asyncio.cluster import ClusterPipeline as AsyncClusterPipeline
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.asyncio.connection import BlockingConnectionPool
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
@@ -82,8 +85,40 @@ def as_text(value: Any) -> str:
 DEFAULT_URL = "redis://localhost:6379/0"
 
 
+class ConnectionsExhausted(RedisUnavailable):
+    """Every connection of this process's pool stayed busy for ``POOL_WAIT_S`` seconds.
+
+    Redis itself may be fine: the commands holding the connections are slow (a stalled or
+    overloaded server, huge replies) or the bound is too small for the blocking reads this
+    process keeps open. A subclass of :class:`~reach.errors.RedisUnavailable`, so code
+    that retries on an unavailable Redis retries on this too.
+    """
+
+
+def is_pool_exhausted(exc: BaseException) -> bool:
+    """True when ``exc`` says a connection pool had no free connection (not a network error)."""
+    return isinstance(exc, rexc.MaxConnectionsError) or (
+        isinstance(exc, rexc.ConnectionError) and str(exc) == _POOL_EMPTY
+    )
+
+
+# What redis-py's BlockingConnectionPool raises when its wait for a connection timed out.
+_POOL_EMPTY = "No connection available."
+
+
 def unreachable(url: str, exc: BaseException) -> RedisUnavailable:
-    """The error for a Redis that cannot be reached, with what to do about it."""
+    """The error for a Redis that cannot be reached, with what to do about it.
+
+    A pool that ran out of connections is not an unreachable Redis: that gets
+    :class:`ConnectionsExhausted`, which says so.
+    """
+    if is_pool_exhausted(exc):
+        return ConnectionsExhausted(
+            f"All connections to {redact(url)} stayed busy for {POOL_WAIT_S:.0f} s ({exc}). "
+            "Redis answers too slowly for the work in flight (check its latency and "
+            "`INFO commandstats`), or raise max_connections (connect(), "
+            "Client(max_connections=...), ?max_connections= in the URL)."
+        )
     if is_sentinel_url(url):
         return RedisUnavailable(
             f"Cannot reach the Redis master through the sentinels of {redact(url)} ({exc}). "
@@ -312,8 +347,9 @@ class _SyncSentinelConnection(SentinelManagedConnection):
         )
 
 
-class _SentinelPool(AsyncSentinelPool):
-    """Also asks the sentinels who the master is at most once per ``recheck_s`` while the
+class _SentinelPool(AsyncSentinelPool, BlockingConnectionPool):
+    """A bounded pool whose callers wait for a free connection (see :func:`connect`) that
+    also asks the sentinels who the master is at most once per ``recheck_s`` while the
     client is in use (in the background, never delaying a command).
 
     redis-py asks only when it opens a connection. After a failover whose old master is
@@ -419,7 +455,9 @@ class SyncSentinelRedis(redis.Redis):
                     s.close()
 
 
-async def _connect_sentinel(url: str, decode_responses: bool) -> SentinelRedis:
+async def _connect_sentinel(
+    url: str, decode_responses: bool, max_connections: int, client_name: str | None
+) -> SentinelRedis:
     su = parse_sentinel_url(url)
     no_retry = AsyncRetry(NoBackoff(), 0)
     sentinel = AsyncSentinel(  # type: ignore[no-untyped-call]
@@ -429,6 +467,7 @@ async def _connect_sentinel(url: str, decode_responses: bool) -> SentinelRedis:
         su.service, redis_class=SentinelRedis, connection_pool_class=_SentinelPool,
         connection_class=_SentinelConnection,
         retry=AsyncRetry(ExponentialWithJitterBackoff(**_BACKOFF), _RETRIES),
+        max_connections=max_connections, timeout=POOL_WAIT_S, client_name=client_name,
         **_master_kw(su, decode_responses),
     )  # fmt: skip
     client.sentinel_manager = sentinel
@@ -503,15 +542,101 @@ class _HiredisPackConnection(aredis.Connection):
             self.socket_timeout = timeout
 
 
-async def connect(url: str, *, decode_responses: bool = False) -> AnyRedis:
-    """Return a connected asyncio client for ``url`` (Cluster- and Sentinel-aware)."""
+# -- bounded pools ---------------------------------------------------------------------------
+DEFAULT_MAX_CONNECTIONS = 64
+"""Connections one :func:`connect` client opens at most (per node on a Cluster)."""
+
+POOL_WAIT_S = 60.0
+"""How long a command waits for a free connection before :class:`ConnectionsExhausted`.
+Generous on purpose: waiting is normal under load (thousands of calls share the pool);
+running out of it means the commands holding connections are stuck."""
+
+# Set while a task runs a command under a cluster client's gate: redis-py may issue
+# commands from inside a pipeline (redirections), and those must not wait for a second slot.
+_in_gate: contextvars.ContextVar[bool] = contextvars.ContextVar("reach_in_gate", default=False)
+
+
+class _GatedCluster(AsyncRedisCluster):
+    """A :class:`redis.asyncio.RedisCluster` whose callers wait when ``max_connections``
+    commands (or pipelines) are in flight, instead of failing with ``MaxConnectionsError``.
+
+    Each node's connection list is bounded by ``max_connections`` too; one command or
+    pipeline holds at most one connection per node, so a node can never run out.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._gate = asyncio.Semaphore(int(self.connection_kwargs["max_connections"]))
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        if _in_gate.get():
+            return await super().execute_command(*args, **kwargs)
+        async with self._gate:
+            token = _in_gate.set(True)
+            try:
+                return await super().execute_command(*args, **kwargs)
+            finally:
+                _in_gate.reset(token)
+
+    def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> AsyncClusterPipeline:
+        if shard_hint:
+            return super().pipeline(transaction, shard_hint)  # redis-py's own error
+        return _GatedPipeline(self, transaction)  # type: ignore[abstract]
+
+
+class _GatedPipeline(AsyncClusterPipeline):
+    async def execute(
+        self, raise_on_error: bool = True, allow_redirections: bool = True
+    ) -> list[Any]:
+        gate = cast(_GatedCluster, self.cluster_client)._gate
+        if _in_gate.get():
+            return await super().execute(raise_on_error, allow_redirections)
+        async with gate:
+            token = _in_gate.set(True)
+            try:
+                return await super().execute(raise_on_error, allow_redirections)
+            finally:
+                _in_gate.reset(token)
+
+
+async def connect(
+    url: str,
+    *,
+    decode_responses: bool = False,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    client_name: str | None = None,
+) -> AnyRedis:
+    """Return a connected asyncio client for ``url`` (Cluster- and Sentinel-aware).
+
+    The client opens at most ``max_connections`` connections (default 64; on a Cluster,
+    that many per node) and any number of concurrent callers share them: a caller that
+    finds them all busy waits for one (up to :data:`POOL_WAIT_S`, then
+    :class:`ConnectionsExhausted`). Each blocking read in flight (a Client's reply reader
+    and registry tail, a worker's inbox read) holds one connection for up to its block
+    time (1 s), so keep the bound well above the number of those (a handful per process).
+    A ``?max_connections=`` in a ``redis://`` URL wins over the argument.
+    ``client_name`` names the connections in ``CLIENT LIST`` (no spaces).
+    """
     _check_scheme(url)
+    if max_connections < 1:
+        raise ConfigError(f"max_connections must be >= 1 (got {max_connections}).")
+    if client_name is not None:
+        client_name = _safe_name(client_name)
     if is_sentinel_url(url):
-        return await _connect_sentinel(url, decode_responses)
+        return await _connect_sentinel(url, decode_responses, max_connections, client_name)
     extra: dict[str, Any] = {}
     if url.startswith("redis://"):  # plain TCP; TLS and unix sockets keep their own classes
         extra["connection_class"] = _HiredisPackConnection
-    client: AnyRedis = aredis.Redis.from_url(url, decode_responses=decode_responses, **_KW, **extra)
+    if client_name:
+        extra["client_name"] = client_name
+    try:
+        pool = BlockingConnectionPool.from_url(
+            url, decode_responses=decode_responses, max_connections=max_connections,
+            timeout=POOL_WAIT_S, **_KW, **extra,
+        )  # fmt: skip
+    except ValueError as e:  # a bad query-string option
+        raise ConfigError(f"Bad Redis URL {redact(url)!r}: {e}") from e
+    client: AnyRedis = aredis.Redis.from_pool(pool)
     try:
         info = await client.info("cluster")
     except (rexc.ConnectionError, rexc.TimeoutError, OSError) as e:
@@ -521,13 +646,29 @@ async def connect(url: str, *, decode_responses: bool = False) -> AnyRedis:
         await client.aclose()
         # redis.asyncio.RedisCluster takes no retry_on_timeout (it retries by its own policy)
         ckw = {k: v for k, v in _KW.items() if k != "retry_on_timeout"}
-        client = AsyncRedisCluster.from_url(url, decode_responses=decode_responses, **ckw)
+        if client_name:
+            ckw["client_name"] = client_name
+        client = _GatedCluster.from_url(url, decode_responses=decode_responses,
+                                        max_connections=max_connections, **ckw)  # fmt: skip
         try:
             await client.initialize()
         except (rexc.RedisError, OSError) as e:
             await client.aclose()
             raise unreachable(url, e) from e
     return client
+
+
+def _safe_name(name: str) -> str:
+    # CLIENT SETNAME refuses spaces and newlines: a bad name must not break connecting.
+    return "".join(c if c.isprintable() and not c.isspace() else "_" for c in name)[:128]
+
+
+def pool_connections(client: AnyRedis) -> int:
+    """How many connections ``client`` has open now (pooled, busy or idle; all nodes)."""
+    if isinstance(client, AsyncRedisCluster):
+        return sum(len(n._connections) for n in client.get_nodes())
+    pool = client.connection_pool
+    return len(pool._available_connections) + len(pool._in_use_connections)
 
 
 def connect_sync(url: str, *, decode_responses: bool = False) -> Any:

@@ -26,7 +26,9 @@ import importlib
 import json
 import logging
 import sys
-from collections.abc import Iterator, Mapping, MutableMapping
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from contextvars import ContextVar, Token
 from datetime import UTC, datetime
@@ -58,6 +60,7 @@ __all__ = [
     "ContextFilter",
     "JsonFormatter",
     "MessageIds",
+    "OutageLog",
     "TextFormatter",
     "bind",
     "current",
@@ -260,3 +263,99 @@ def note_outcome(status: str, error_type: str = "") -> None:
         s.set_status(_otel_trace.Status(_otel_trace.StatusCode.ERROR, error_type or status))
         if error_type:
             s.set_attribute("error.type", error_type)
+
+
+# -- outages ---------------------------------------------------------------------------
+class OutageLog:
+    """Log a failure that repeats (Redis down, a key of the wrong type) as a few lines, not
+    one per retry.
+
+    Call :meth:`failed` after each failed attempt and :meth:`ok` after each success. The
+    log gets one line when the failure starts, a reminder every ``remind_s`` seconds while
+    it lasts (how long, how many attempts, the last error), and one line when an attempt
+    succeeds again. All three at ``level`` (WARNING), so whoever sees the first line sees
+    the last. For a one-minute Redis outage with ``remind_s=30``: three or four lines.
+
+    ``what`` names the operation, e.g. ``"client c-42: reply stream read"``. ``clock``
+    (seconds, monotonic) is for tests. :meth:`ok` on a healthy path costs an attribute
+    read, so hot loops may call it on every success. Safe to share between threads.
+
+    Example::
+
+        outage = OutageLog(log, "registry refresh")
+        while True:
+            try:
+                await refresh()
+            except RedisError as e:
+                outage.failed(e)
+            else:
+                outage.ok()
+    """
+
+    def __init__(
+        self,
+        logger: logging.Logger | str,
+        what: str,
+        *,
+        remind_s: float = 30.0,
+        level: int = logging.WARNING,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.log = logging.getLogger(logger) if isinstance(logger, str) else logger
+        self.what = what
+        self.remind_s = remind_s
+        self.level = level
+        self.clock = clock
+        self.since: float | None = None  # clock() of the first failure of the outage
+        self.attempts = 0  # failed attempts in the current outage
+        self._reminded = 0.0
+        self._lock = threading.Lock()
+
+    @property
+    def down(self) -> bool:
+        """True between a failure and the next success."""
+        return self.since is not None
+
+    @property
+    def down_for_s(self) -> float:
+        """Seconds since the outage started (0 when not down)."""
+        since = self.since
+        return 0.0 if since is None else self.clock() - since
+
+    def failed(self, exc: BaseException | str) -> bool:
+        """Note a failed attempt; returns True when it wrote a line."""
+        with self._lock:
+            now = self.clock()
+            self.attempts += 1
+            if self.since is None:
+                self.since = self._reminded = now
+                self.log.log(self.level, "%s failed: %s; retrying (reminder every %.0f s, "
+                             "one line when it works again)", self.what, _why(exc),
+                             self.remind_s)  # fmt: skip
+                return True
+            if now - self._reminded < self.remind_s:
+                return False
+            self._reminded = now
+            self.log.log(self.level, "%s still failing after %.0f s (%d attempts): %s",
+                         self.what, now - self.since, self.attempts, _why(exc))  # fmt: skip
+            return True
+
+    def ok(self) -> bool:
+        """Note a successful attempt; returns True when it ended an outage (and said so)."""
+        if self.since is None:
+            return False
+        with self._lock:
+            if self.since is None:
+                return False
+            took, n = self.clock() - self.since, self.attempts
+            self.since, self.attempts = None, 0
+            self.log.log(self.level, "%s works again after %.1f s (%d failed attempts)",
+                         self.what, took, n)  # fmt: skip
+            return True
+
+
+def _why(exc: BaseException | str) -> str:
+    if isinstance(exc, str):
+        return exc
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -1,11 +1,17 @@
-"""send.lua: the inbox entry and the pending record are written together."""
+"""send.lua: the inbox entry and the pending record are written together, unless the
+agent's inbox is at its bound (and enqueue.lua, the bound on a Cluster)."""
 
 from __future__ import annotations
 
+import uuid
+from typing import Any
+
+import anyio
 import pytest
+from redis.exceptions import ResponseError
 
 from reach import scripts
-from reach.connection import AnyRedis
+from reach.connection import AnyRedis, connect
 from reach.keys import Keys
 
 pytestmark = pytest.mark.anyio
@@ -46,3 +52,132 @@ async def test_resending_under_a_finished_key_keeps_its_status(r: AnyRedis, ns: 
     h = await r.hgetall(rec)
     assert h[b"status"] == b"succeeded" and h[b"reply"] == b"R" and h[b"attempt"] == b"2"
     assert await r.xlen(inbox) == 1
+
+
+# -- the queue bound (issue 9, item 6) ------------------------------------------------
+def bounded(k: Keys, agent: str, msg: str, priority: str = "normal") -> list[str]:
+    return [k.inbox(agent, priority), k.idem(msg), k.task(msg), *k.inboxes(agent)]
+
+
+async def test_a_full_inbox_refuses_and_writes_nothing(r: AnyRedis, ns: str) -> None:
+    k = Keys(ns)
+    await r.xadd(k.inbox("w-1", "high"), {"e": b"A"})
+    await r.xadd(k.inbox("w-1", "low"), {"e": b"B"})
+    keys = bounded(k, "w-1", "m4")
+    depth = await scripts.call(r, "send", keys, [b"ENV", "cap", 1, "m4", "order-9", TTL_MS, 2])
+    assert depth == 2  # an integer: the inbox's depth, at the bound
+    assert await r.xlen(k.inbox("w-1", "normal")) == 0
+    assert await r.exists(k.idem("order-9"), k.task("m4")) == 0  # no pending record
+
+
+async def test_under_the_bound_it_adds_and_counts_all_three_priorities(
+    r: AnyRedis, ns: str
+) -> None:
+    k = Keys(ns)
+    await r.xadd(k.inbox("w-1", "high"), {"e": b"A"})
+    got = await scripts.call(r, "send", bounded(k, "w-1", "m5", "low"),
+                             [b"ENV", "cap", 1, "m5", "", TTL_MS, 3])  # fmt: skip
+    assert isinstance(got, bytes)  # an entry id
+    got = await scripts.call(r, "send", bounded(k, "w-1", "m6"),
+                             [b"ENV", "cap", 1, "m6", "", TTL_MS, 3])  # fmt: skip
+    assert isinstance(got, bytes)
+    assert await scripts.call(r, "send", bounded(k, "w-1", "m7"),
+                              [b"ENV", "cap", 1, "m7", "", TTL_MS, 3]) == 3  # fmt: skip
+    assert (await r.hgetall(k.idem("m6")))[b"status"] == b"pending"
+    assert await r.exists(k.idem("m7")) == 0
+
+
+async def test_a_bound_of_zero_means_unbounded(r: AnyRedis, ns: str) -> None:
+    k = Keys(ns)
+    inbox = k.inbox("w-1", "normal")
+    for i in range(3):
+        await scripts.call(r, "send", [inbox, k.idem(f"z{i}"), k.task(f"z{i}")],
+                           [b"ENV", "cap", 1, f"z{i}", "", TTL_MS, 0])  # fmt: skip
+    assert await r.xlen(inbox) == 3
+
+
+async def test_concurrent_senders_never_pass_the_bound(r: AnyRedis, ns: str) -> None:
+    k = Keys(ns)
+
+    async def one(i: int) -> Any:
+        return await scripts.call(r, "send", bounded(k, "w-2", f"c{i}", ("high", "low")[i % 2]),
+                                  [b"ENV", "cap", 1, f"c{i}", "", TTL_MS, 25])  # fmt: skip
+
+    results: list[Any] = []
+
+    async def run(i: int) -> None:
+        results.append(await one(i))
+
+    async with anyio.create_task_group() as tg:
+        for i in range(200):
+            tg.start_soon(run, i)
+    accepted = [x for x in results if isinstance(x, bytes)]
+    assert len(accepted) == 25
+    assert sorted({x for x in results if isinstance(x, int)}) == [25]
+    assert sum([await r.xlen(s) for s in k.inboxes("w-2")]) == 25
+
+
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        ([b"ENV", "cap", "x", "m", "", TTL_MS], "attempt"),
+        ([b"ENV", "cap", 1, "m", "", ""], "ttl_ms"),
+        ([b"ENV", "cap", 1, "m", "", "1e9"], "ttl_ms"),
+        ([b"ENV", "cap", 1, "m", "", 0], "ttl_ms"),
+        ([b"ENV", "cap", 1, "m", "", TTL_MS, "-1"], "max_queue"),
+        ([b"ENV", "cap", 1, "m", "", TTL_MS, "nan"], "max_queue"),
+        ([b"ENV", "cap", 1, "m", ""], "arguments"),
+    ],
+)
+async def test_bad_arguments_are_refused_before_any_write(
+    r: AnyRedis, ns: str, args: list[Any], why: str
+) -> None:
+    k = Keys(ns)
+    keys = bounded(k, "w-3", "m")
+    with pytest.raises(ResponseError, match=f"reach: bad {why}"):
+        await scripts.call(r, "send", keys, args)
+    assert await r.exists(*keys) == 0
+
+
+async def test_a_bound_without_the_inbox_keys_is_refused(r: AnyRedis, ns: str) -> None:
+    k = Keys(ns)
+    keys = [k.inbox("w-3", "normal"), k.idem("m"), k.task("m")]
+    with pytest.raises(ResponseError, match="reach: bad keys"):
+        await scripts.call(r, "send", keys, [b"ENV", "cap", 1, "m", "", TTL_MS, 5])
+    assert await r.exists(*keys) == 0
+
+
+async def test_a_record_of_the_wrong_type_is_refused_before_the_add(r: AnyRedis, ns: str) -> None:
+    k = Keys(ns)
+    await r.set(k.idem("m8"), "not a hash")
+    inbox = k.inbox("w-4", "normal")
+    with pytest.raises(ResponseError, match=r"reach: bad KEYS\[2\]: holds a string"):
+        await scripts.call(r, "send", [inbox, k.idem("m8"), k.task("m8")],
+                           [b"ENV", "cap", 1, "m8", "", TTL_MS])  # fmt: skip
+    assert await r.exists(inbox) == 0  # no entry whose record could not be written
+
+
+# -- enqueue.lua: the Cluster form of the bound ------------------------------------------
+async def test_enqueue_adds_under_the_bound_and_refuses_at_it(r: AnyRedis, ns: str) -> None:
+    k = Keys(ns)
+    keys = [k.inbox("w-5", "normal"), *k.inboxes("w-5")]
+    first = await scripts.call(r, "enqueue", keys, [b"ENV", 2])
+    await r.xadd(k.inbox("w-5", "high"), {"e": b"A"})
+    assert isinstance(first, bytes)
+    assert await scripts.call(r, "enqueue", keys, [b"ENV", 2]) == 2
+    assert [f for _, f in await r.xrange(keys[0])] == [{b"e": b"ENV"}]
+    for bad in (0, "", "abc", "1e3"):
+        with pytest.raises(ResponseError, match="reach: bad call"):
+            await scripts.call(r, "enqueue", keys, [b"ENV", bad])
+    assert await r.xlen(keys[0]) == 1
+
+
+async def test_enqueue_on_a_cluster_keeps_to_the_inbox_slot(redis_cluster: Any) -> None:
+    rc = await connect(redis_cluster.url)
+    try:
+        k = Keys("tcl" + uuid.uuid4().hex[:8])
+        keys = [k.inbox("w-6", "low"), *k.inboxes("w-6")]
+        assert isinstance(await scripts.call(rc, "enqueue", keys, [b"E", 1]), bytes)
+        assert await scripts.call(rc, "enqueue", keys, [b"E", 1]) == 1
+    finally:
+        await rc.aclose()
