@@ -1,0 +1,112 @@
+"""One Client, 5,000 concurrent requests and 5,000 concurrent sends, two worker processes
+(issue 9, item 4): every call is answered, every message handled exactly once, and the
+client keeps to its documented bound on Redis connections (``Client(max_connections=...)``,
+64 by default).
+
+The connections are counted by Redis: the client names its connections
+``reach:<namespace>:<client_id>`` and ``CLIENT LIST`` is sampled while the calls run.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import pytest
+
+from reach.client import Client
+from reach.connection import DEFAULT_MAX_CONNECTIONS, AnyRedis, pool_connections
+from tests.agents_messaging import REPO, effects, wait_eligible, worker_cmd
+
+pytestmark = pytest.mark.anyio
+
+N = 5_000
+AGENTS = ("echo-c1", "echo-c2")
+
+
+@pytest.fixture
+def two_workers(redis_url: str, ns: str) -> Iterator[list[subprocess.Popen[bytes]]]:
+    procs = []
+    for agent_id in AGENTS:
+        cmd = worker_cmd("echo_agent", redis_url, ns, "--concurrency", "64")
+        env = {**os.environ, "REACH_TEST_AGENT_ID": agent_id}
+        procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL))
+    yield procs
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+async def test_5000_requests_and_5000_sends_at_once_on_one_client(
+    two_workers: list[subprocess.Popen[bytes]], redis_url: str, ns: str, r: AnyRedis,
+    record_property: Any,
+) -> None:  # fmt: skip
+    name = f"reach:{ns}:fan-out-1"
+    seen_ids: set[int] = set()
+    peak = 0
+    stop = anyio.Event()
+
+    async def watch() -> None:
+        nonlocal peak
+        while not stop.is_set():
+            mine = [c for c in await r.client_list() if c.get("name") == name]
+            seen_ids.update(int(c["id"]) for c in mine)
+            peak = max(peak, len(mine))
+            await anyio.sleep(0.05)
+
+    async with Client(redis_url=redis_url, namespace=ns, client_id="fan-out-1") as client:
+        await wait_eligible(client, "test.echo", AGENTS, timeout=30)
+        answers: dict[int, Any] = {}
+        sent: list[str] = []
+
+        async def ask(i: int) -> None:
+            answers[i] = await client.request("test.echo", i, timeout_s=120)
+
+        async def tell(i: int) -> None:
+            sent.append(await client.send("test.echo", -i))
+
+        t0 = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch)
+            async with anyio.create_task_group() as calls:
+                for i in range(N):
+                    calls.start_soon(ask, i)
+                    calls.start_soon(tell, i)
+            t_calls = time.perf_counter() - t0
+
+            async def all_handled() -> bool:
+                return sum((await effects(r, ns, "echo")).values()) >= 2 * N
+
+            with anyio.fail_after(120):
+                while not await all_handled():
+                    await anyio.sleep(0.05)
+            stop.set()
+        t_all = time.perf_counter() - t0
+        pooled = pool_connections(client.redis)
+
+    assert [answers[i]["echo"] for i in range(N)] == list(range(N))
+    by_agent = {a: sum(1 for x in answers.values() if x["agent"] == a) for a in AGENTS}
+    assert all(by_agent.values()), by_agent  # both workers took a share
+    assert len(sent) == N
+    done = await effects(r, ns, "echo")
+    assert len(done) == 2 * N and set(done.values()) == {1}  # each handled exactly once
+    assert set(sent) <= set(done)  # the sends are keyed by their msg_id
+    report = (f"{N} requests + {N} sends on one client: calls returned in {t_calls:.1f} s, all "
+              f"handled in {t_all:.1f} s; Redis connections of the client: at most {peak} "
+              f"open at once, {len(seen_ids)} opened in all, {pooled} pooled at the end "
+              f"(bound {DEFAULT_MAX_CONNECTIONS}); requests per agent {by_agent}")  # fmt: skip
+    print(report)
+    record_property("client_connections", report)
+    assert 1 <= peak <= DEFAULT_MAX_CONNECTIONS
+    assert len(seen_ids) <= DEFAULT_MAX_CONNECTIONS
+    assert pooled <= DEFAULT_MAX_CONNECTIONS
