@@ -9,35 +9,61 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
+from msgspec import Meta
 
 from .errors import ConfigError
 
 VERSION = 1
+
+# Bounds checked when an envelope is decoded. Whatever sits in an inbox may have been
+# written by anyone holding the namespace's keys, so every number that later feeds a
+# computation (backoff, leases, deadlines) and every string that ends up in a key name or
+# a log line has a range; an envelope outside them is dead-lettered as ``malformed``.
+MAX_ATTEMPTS = 1_000_000
+MAX_ID_CHARS = 1024  # msg_id, idempotency_key, session_id, trace_id, source, target, reply_to
+MAX_CAPABILITY_CHARS = 256
+MAX_HEADERS = 64
+MAX_HEADER_CHARS = 4096
+MAX_EPOCH_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
+CAPABILITY_PATTERN = r"^[a-z0-9_]+(\.[a-z0-9_]+)*$"
+
+Id = Annotated[str, Meta(max_length=MAX_ID_CHARS)]
+EpochMs = Annotated[int, Meta(ge=0, le=MAX_EPOCH_MS)]
+Attempts = Annotated[int, Meta(ge=1, le=MAX_ATTEMPTS)]
+HeaderText = Annotated[str, Meta(max_length=MAX_HEADER_CHARS)]
+# Patterns rather than Literal types, so code building envelopes passes plain strings.
+Priority = Annotated[str, Meta(pattern="^(high|normal|low)$")]
+# '' = the capability's advertised policy, else the client's default.
+Policy = Annotated[
+    str, Meta(pattern="^(|weighted_rr|least_conn|consistent_hash|direct|broadcast)$")
+]
 
 
 class Envelope(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=False):
     """One message. ``deadline_ms`` is absolute (epoch ms, 0 = none)."""
 
     v: int = VERSION
-    msg_id: str
-    capability: str
+    msg_id: Annotated[str, Meta(min_length=1, max_length=MAX_ID_CHARS)]
+    capability: Annotated[
+        str, Meta(max_length=MAX_CAPABILITY_CHARS, pattern=CAPABILITY_PATTERN)
+    ]
     payload: msgspec.Raw = msgspec.Raw(b"\xc0")  # msgpack nil
-    session_id: str = ""
-    trace_id: str = ""
-    source: str = ""
-    target: str = ""
-    policy: str = ""
-    priority: str = "normal"
-    deadline_ms: int = 0
-    attempt: int = 1
-    max_attempts: int = 3
-    idempotency_key: str = ""
-    reply_to: str = ""  # the caller's client id ('' = nobody waits for a reply)
-    headers: dict[str, str] = {}
-    sent_ms: int = 0
+    session_id: Id = ""
+    trace_id: Id = ""
+    source: Id = ""
+    target: Id = ""
+    policy: Policy = ""
+    priority: Priority = "normal"
+    deadline_ms: EpochMs = 0
+    attempt: Attempts = 1
+    max_attempts: Attempts = 3
+    idempotency_key: Id = ""
+    reply_to: Id = ""  # the caller's client id ('' = nobody waits for a reply)
+    headers: Annotated[dict[HeaderText, HeaderText], Meta(max_length=MAX_HEADERS)] = {}
+    sent_ms: EpochMs = 0
 
     @property
     def key(self) -> str:
@@ -55,14 +81,14 @@ class Reply(msgspec.Struct, kw_only=True, omit_defaults=True):
     ``status`` is the final task status: succeeded, failed, expired or dead.
     """
 
-    msg_id: str
-    status: str
+    msg_id: Annotated[str, Meta(max_length=MAX_ID_CHARS)]
+    status: Annotated[str, Meta(max_length=32)]
     result: msgspec.Raw = msgspec.Raw(b"\xc0")
-    error_type: str = ""
+    error_type: Annotated[str, Meta(max_length=MAX_HEADER_CHARS)] = ""
     error: str = ""
-    reason: str = ""
-    agent_id: str = ""
-    attempt: int = 1
+    reason: Annotated[str, Meta(max_length=MAX_HEADER_CHARS)] = ""
+    agent_id: Id = ""
+    attempt: Attempts = 1
 
 
 _enc = msgspec.msgpack.Encoder()
@@ -73,7 +99,8 @@ _any_dec = msgspec.msgpack.Decoder()
 
 
 class BadEnvelope(Exception):
-    """Bytes in an inbox that cannot be used; ``reason`` is ``malformed`` or ``version``."""
+    """Bytes that cannot be used as an envelope (or a reply); ``reason`` is ``malformed``
+    or ``version``, ``detail`` says what is wrong, in words for an operator."""
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
@@ -86,25 +113,48 @@ def encode(obj: Any) -> bytes:
     return _enc.encode(obj)
 
 
-def decode_envelope(data: bytes) -> Envelope:
-    """Decode inbox bytes; raises :class:`BadEnvelope` (``malformed`` / ``version``)."""
+def _decode(decoder: msgspec.msgpack.Decoder[Any], data: Any, what: str) -> Any:
+    """Decode with one outcome for every kind of bad input: :class:`BadEnvelope`.
+
+    msgspec skips over the opaque payload recursively, so a value nested thousands of
+    levels deep raises RecursionError: that is bad input like any other, not a crash.
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise BadEnvelope("malformed", f"{what} is {type(data).__name__}, not bytes")
     try:
-        env = _env_dec.decode(data)
+        return decoder.decode(data)
+    except RecursionError:
+        raise BadEnvelope("malformed", f"{what} is nested too deeply to decode") from None
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise BadEnvelope("malformed", f"not a valid reach {what} ({e})") from e
+
+
+def decode_envelope(data: bytes) -> Envelope:
+    """Decode inbox bytes into a validated envelope (every field in range).
+
+    Raises :class:`BadEnvelope` (``malformed`` / ``version``) for anything else; never
+    another exception, whatever the bytes.
+    """
+    try:
+        env: Envelope = _decode(_env_dec, data, "envelope")
+    except BadEnvelope as e:
         try:
-            v = _ver_dec.decode(data).v
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            raise BadEnvelope("malformed", f"not a reach envelope ({e})") from e
+            v = _decode(_ver_dec, data, "envelope").v
+        except BadEnvelope:
+            raise e from None
         if v is not None and v != VERSION:
-            raise BadEnvelope("version", f"unknown envelope version {v}") from e
-        raise BadEnvelope("malformed", str(e)) from e
+            raise BadEnvelope("version", f"unknown envelope version {v!r}") from None
+        raise
     if env.v != VERSION:
         raise BadEnvelope("version", f"unknown envelope version {env.v}")
     return env
 
 
 def decode_reply(data: bytes) -> Reply:
-    return _reply_dec.decode(data)
+    """Decode a reply (from a reply stream or an idempotency record); raises
+    :class:`BadEnvelope` for bytes that are not a valid reply, never anything else."""
+    reply: Reply = _decode(_reply_dec, data, "reply")
+    return reply
 
 
 def encode_payload(payload: Any) -> msgspec.Raw:
@@ -119,10 +169,17 @@ def encode_payload(payload: Any) -> msgspec.Raw:
 
 
 def decode_payload(raw: msgspec.Raw | bytes, type: Any = Any) -> Any:
-    """Decode opaque payload bytes, optionally into ``type`` (validation)."""
-    if type is Any:
-        return _any_dec.decode(raw)
-    return msgspec.msgpack.decode(raw, type=type)
+    """Decode opaque payload bytes, optionally into ``type`` (validation).
+
+    Raises :class:`msgspec.DecodeError` / :class:`msgspec.ValidationError` for bytes that
+    do not fit, including a value nested too deeply to decode.
+    """
+    try:
+        if type is Any:
+            return _any_dec.decode(raw)
+        return msgspec.msgpack.decode(raw, type=type)
+    except RecursionError:
+        raise msgspec.DecodeError("payload is nested too deeply to decode") from None
 
 
 def new_id() -> str:

@@ -63,8 +63,9 @@ from .errors import ConfigError, Reject, StaleRegistration
 from .keys import GROUP, PRIORITIES, Keys
 from .registry import Registry, normalize_capabilities, normalize_capability
 from .session import Session
-from .sweeper import move_due, release_parked, reroute_evicted
-from .tasks import MALFORMED_CAP, TASK_TTL_MS, dead_letter_op
+from .sweeper import sweep_chores
+from .tasks import DLQ_MAXLEN, MALFORMED_CAP, TASK_TTL_MS, dead_letter_op, raw_dead_letter_op
+from .untrusted import safe_int
 
 log = logging.getLogger("reach.runtime")
 
@@ -283,6 +284,7 @@ class RuntimeOptions:
     consumer_stall_s: float = 10.0
     max_envelope_bytes: int = 2 * 1024 * 1024
     pending_scan_s: float = 5.0
+    dlq_maxlen: int = DLQ_MAXLEN
     handle_signals: bool = True
     sweeper: bool = True
     ready_event: threading.Event | None = field(default=None)
@@ -309,10 +311,23 @@ class _Item:
     ack: bool = True  # XACK + XDEL the entry once settled
     # complete.lua's key and [fence, status, mode, error], if the key is to be settled
     complete: tuple[str, list[Any]] | None = None
+    queued: bool = False  # handed to the settler
+    raw: bytes = b""  # the entry's bytes as read (dead-lettered as they are if unprocessable)
     reply: bytes = b""  # the outcome: stored when complete's mode is 'done', and published
     reply_key: str = ""  # ... to this reply stream ('' = nobody waits for it)
     outcome: str = ""  # for metrics: succeeded, dead, expired, retrying, replayed, parked...
     reason: str = ""  # dead-letter reason, if any
+
+
+def _entry_data(fields: Any) -> bytes | None:
+    """The ``e`` field of an inbox entry as read (a dict from redis-py, a flat list from
+    fetch.lua); None when there is no such field or it is not bytes."""
+    if isinstance(fields, list):
+        fields = dict(zip(fields[::2], fields[1::2], strict=False))
+    if not isinstance(fields, dict):
+        return None
+    data = fields.get(b"e") or fields.get("e")
+    return data if isinstance(data, bytes) else None
 
 
 class _Runtime:
@@ -409,13 +424,23 @@ class _Runtime:
             if not self._stale:
                 with anyio.CancelScope(shield=True):
                     try:
-                        await self.registry.deregister(
+                        if await self.registry.deregister(
                             self.agent.agent_id, instance_id=self.instance_id
-                        )
+                        ) == 1:
+                            await self._leave_inbox()
                     except (rexc.RedisError, OSError) as e:
                         log.warning("deregister failed: %s", e)
             with anyio.CancelScope(shield=True):
                 await self._redis.aclose()
+
+    async def _leave_inbox(self) -> None:
+        """After a clean deregistration: drop the emptied inbox (an agent id that is not
+        coming back must not leave streams forever), or, if messages came in after the
+        drain, hand them to the sweeper, which moves them to live agents."""
+        inboxes = self.keys.inboxes(self.agent.agent_id)
+        if not int(await scripts.call(self.redis, "drop_inbox", inboxes, [])):
+            log.info("messages arrived during shutdown: the sweeper moves them on")
+            await self.redis.sadd(self.keys.reroute, self.agent.agent_id)
 
     def request_stop(self) -> None:
         self._stop_requested.set()
@@ -575,9 +600,8 @@ class _Runtime:
                 if not res.locked:
                     if res.evicted:
                         log.warning("evicted: %s", ", ".join(res.evicted))
-                    await move_due(self.redis, self.keys, self.client)
-                    await reroute_evicted(self.redis, self.keys, self.client, self.registry)
-                    await release_parked(self.redis, self.keys, self.client)
+                    await sweep_chores(self.redis, self.keys, self.client, self.registry,
+                                       dlq_maxlen=o.dlq_maxlen)  # fmt: skip
                 if time.monotonic() - counted >= max(5.0, o.sweep_interval_s):
                     counted = time.monotonic()  # registry gauges: only the lock holder's
                     if res.locked:
@@ -586,6 +610,8 @@ class _Runtime:
                         metrics.registry_counts(*await metrics.count_agents(self.redis, self.keys))
             except (rexc.RedisError, OSError) as e:
                 log.warning("sweep failed: %s", e)
+            except Exception:  # entries have their own barrier: this is a bug, not data
+                log.exception("sweep failed; the next one tries again")
 
     # -- consuming --------------------------------------------------------------------
     def _read_shares(self, n: int) -> tuple[int, int]:
@@ -647,9 +673,17 @@ class _Runtime:
         for key in keys:
             last = "0"
             while True:
-                res = await self.redis.xreadgroup(
-                    GROUP, self.agent.agent_id, {key: last}, count=self.opts.batch
-                )
+                try:
+                    res = await self.redis.xreadgroup(
+                        GROUP, self.agent.agent_id, {key: last}, count=self.opts.batch
+                    )
+                except rexc.ResponseError as e:
+                    if "NOGROUP" not in str(e):
+                        raise
+                    # Its inbox was dropped (a Redis that lost its data, or the sweeper
+                    # dropping an evicted id's emptied inbox): nothing pending there.
+                    await self._ensure_groups()
+                    break
                 entries = res[0][1] if res else []
                 if not entries:
                     break
@@ -701,6 +735,10 @@ class _Runtime:
                 log.warning("inbox read failed (%s: %s); retrying", type(e).__name__, e)
                 self._rescan = True
                 await anyio.sleep(0.2)
+            except Exception:  # a bug, not data (entries have their own barrier): go on
+                log.exception("consumer loop error; retrying")
+                self._rescan = True
+                await anyio.sleep(0.2)
 
     async def _dispatch(self, tg: anyio.abc.TaskGroup, got: list[tuple[str, list[Any]]]) -> None:
         """Decode and claim a batch, then start a handler task per claimed entry."""
@@ -714,9 +752,7 @@ class _Runtime:
                     it = _Item(stream, entry_id, None, outcome="gone")
                     self._queue_settle(it)
                     continue
-                if isinstance(fields, list):  # from Lua: flat [field, value, ...]
-                    fields = dict(zip(fields[::2], fields[1::2], strict=True))
-                data = fields.get(b"e") or fields.get("e")
+                data = _entry_data(fields)
                 try:
                     if data is None:
                         raise BadEnvelope("malformed", "entry has no 'e' field")
@@ -727,7 +763,7 @@ class _Runtime:
                 except BadEnvelope as e:
                     self._bad_entry(stream, entry_id, data or b"", e)
                     continue
-                items.append(_Item(stream, entry_id, env))
+                items.append(_Item(stream, entry_id, env, raw=data))
                 metrics.delivered(env.capability, env.priority)
         if not items:
             self._kick_settler()
@@ -746,19 +782,67 @@ class _Runtime:
                 self._release([it])
                 self._rescan = True
                 continue
-            code = int(res[0])
-            if code == 1:
-                it.fence = int(res[1])
-                self._running.add(it.env.key)
-                self._start(it)
-            elif code == 2:
-                self.stats["replayed"] += 1
-                metrics.replayed(it.env.capability)
-                self._replay(it, res[1])
-            else:
-                busy.append(it)
+            try:
+                self._claimed(it, res, busy)
+            except Exception as e:  # noqa: BLE001 - one entry's failure is that entry's
+                self._poison(it, e, "claiming it")
         for it in busy:
-            await self._busy(tg, it)
+            try:
+                await self._busy(tg, it)
+            except (rexc.ConnectionError, rexc.TimeoutError, OSError):
+                self._release([it])  # Redis away: left pending for the next scan
+                raise
+            except Exception as e:  # noqa: BLE001
+                self._poison(it, e, "checking who holds its key")
+
+    def _claimed(self, it: _Item, res: Any, busy: list[_Item]) -> None:
+        """Act on claim.lua's answer for one item: run it, replay it, or see who holds it."""
+        assert it.env is not None
+        code = int(res[0])
+        if code == 1:
+            it.fence = int(res[1])
+            self._running.add(it.env.key)
+            self._start(it)
+        elif code == 2:
+            self.stats["replayed"] += 1
+            metrics.replayed(it.env.capability)
+            self._replay(it, res[1])
+        else:
+            busy.append(it)
+
+    def _poison(self, it: _Item, exc: BaseException, doing: str) -> None:
+        """The per-entry barrier: an entry whose handling raised (data no check foresaw)
+        is dead-lettered as ``unprocessable`` with its bytes, its caller is told, and the
+        worker goes on. Never run again: a poison entry must not loop."""
+        if it.queued:  # its outcome is already on its way to Redis
+            log.exception("message %s: %s failed after it was settled", it.env and it.env.msg_id,
+                          doing)  # fmt: skip
+            return
+        self._make_poison(it, exc, doing, tell_caller=True)
+        self._queue_settle(it)
+
+    def _make_poison(self, it: _Item, exc: BaseException, doing: str, *, tell_caller: bool) -> None:
+        """Turn ``it`` into a dead letter of its raw bytes (+ ack), with the caller's reply
+        and the release of its claim when ``tell_caller``; else only the letter and the ack
+        (for an entry whose reply or completion itself cannot be written)."""
+        what = it.env.msg_id if it.env else repr(it.entry_id)
+        log.error("message %s dead-lettered: %s failed with %s: %s", what, doing,
+                  type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))  # fmt: skip
+        self.stats["dead"] += 1
+        error = f"{doing} failed: {type(exc).__name__}: {exc}"[:2000]
+        it.complete, it.reply_key, it.reply = None, "", b""
+        if it.env is not None and tell_caller:
+            env = it.env
+            if it.fence:
+                it.complete = (self.keys.idem(env.key), [it.fence, "dead", "release", error])
+            reply = Reply(msg_id=env.msg_id, status="dead", reason="unprocessable",
+                          error=error, error_type=type(exc).__name__,
+                          agent_id=self.agent.agent_id, attempt=env.attempt)  # fmt: skip
+            self._set_reply(it, env, encode(reply), publish=True)
+        it.ops = [raw_dead_letter_op(self.keys, reason="unprocessable", data=it.raw,
+                                     error=error, agent_id=self.agent.agent_id,
+                                     maxlen=self.opts.dlq_maxlen)]  # fmt: skip
+        it.outcome, it.reason = "dead", "unprocessable"
 
     async def _claim(self, items: list[_Item]) -> list[Any]:
         """Run claim.lua for the items: one call on standalone Redis, one per key
@@ -819,7 +903,7 @@ class _Runtime:
         replays the stored result (or runs, if that owner failed). It polls with a growing
         backoff, not once per claim lease, which would often outlast the caller's deadline."""
         assert it.env is not None
-        waits = int(it.env.headers.get("busy_waits", "0"))
+        waits = safe_int(it.env.headers.get("busy_waits"), lo=0, hi=64)
         delay_s = min(self.opts.retry_max_s, self.opts.retry_base_s * 2**waits)
         delay_ms = min(self._claim_lease_ms(it.env), int(delay_s * 1000))
         parked = msgspec.structs.replace(
@@ -862,10 +946,8 @@ class _Runtime:
         log.warning("dead-lettering entry %r of %s: %s", entry_id, stream, e)
         self.stats["dead"] += 1
         it = _Item(stream, entry_id, None, outcome="malformed", reason=e.reason)
-        it.ops = [
-            dead_letter_op(self.keys, capability=MALFORMED_CAP, reason=e.reason, data=data,
-                           error=e.detail, agent_id=self.agent.agent_id),
-        ]  # fmt: skip
+        it.ops = [raw_dead_letter_op(self.keys, reason=e.reason, data=data, error=e.detail,
+                                     agent_id=self.agent.agent_id, maxlen=self.opts.dlq_maxlen)]
         self._queue_settle(it)
 
     # -- handling ---------------------------------------------------------------------
@@ -876,7 +958,13 @@ class _Runtime:
 
     async def _handler_pool_member(self) -> None:
         async for it in self._work_recv:
-            await self._handle(it)
+            try:
+                await self._handle(it)
+            except Exception as e:
+                if not it.queued:
+                    self._poison(it, e, "running it")
+                else:  # its outcome is on its way: only the report of it failed
+                    log.exception("after message %s was handled", it.env and it.env.msg_id)
 
     async def _handle(self, it: _Item) -> None:
         env = it.env
@@ -992,7 +1080,8 @@ class _Runtime:
                      retry=(now_ms() + delay_ms, encode(retry)))  # fmt: skip
 
     def _backoff_ms(self, attempt: int) -> int:
-        base = self.opts.retry_base_s * (2 ** (attempt - 1))
+        # The exponent is capped: 2**1000 overflows a float, and max_attempts may be large.
+        base = self.opts.retry_base_s * (2 ** min(max(attempt - 1, 0), 60))
         return int(min(self.opts.retry_max_s, base) * random.uniform(0.5, 1.5) * 1000)
 
     def _finish(
@@ -1028,7 +1117,7 @@ class _Runtime:
             ops.append(dead_letter_op(
                 self.keys, capability=env.capability, reason=reason, data=encode(env),
                 error=error, error_type=error_type, attempts=env.attempt,
-                agent_id=self.agent.agent_id, msg_id=env.msg_id,
+                agent_id=self.agent.agent_id, msg_id=env.msg_id, maxlen=self.opts.dlq_maxlen,
             ))  # fmt: skip
         if retry is not None:
             ops.append(("ZADD", self.keys.delayed, retry[0], retry[1]))
@@ -1043,6 +1132,7 @@ class _Runtime:
 
     # -- settling (batched) ------------------------------------------------------------
     def _queue_settle(self, it: _Item) -> None:
+        it.queued = True
         self._settle_q.append(it)
         self._settle_ev.set()
 
@@ -1063,7 +1153,12 @@ class _Runtime:
             return
         self._settling += 1
         try:
-            await self._settle(batch)
+            try:
+                await self._settle(batch)
+            except rexc.ResponseError as e:
+                if self._cluster:
+                    raise
+                await self._settle_one_by_one(batch, e)
         except (rexc.RedisError, OSError) as e:
             # Entries stay pending: the next pending scan redoes them, and claim finds
             # the ones whose completion was stored (replay, not run again).
@@ -1072,6 +1167,25 @@ class _Runtime:
         finally:
             self._settling -= 1
             self._release(batch)
+
+    async def _settle_one_by_one(self, batch: list[_Item], first: Exception) -> None:
+        """settle.lua refused a batch: a key of the wrong type (someone wrote over a reply
+        stream, say) or a bug. Settle each item alone so the others go through; an item
+        refused on its own is dead-lettered as it was read, acked, and never retried."""
+        log.warning("settling a batch of %d failed (%s): settling one by one", len(batch), first)
+        for it in batch:
+            try:
+                await self._settle_atomic([it])
+                continue
+            except rexc.ResponseError as e:
+                self._make_poison(it, e, "settling it", tell_caller=False)
+            try:
+                await self._settle_atomic([it])
+            except rexc.ResponseError as e:  # not even a dead letter: drop the entry
+                log.error("entry %r of %s dropped: it cannot be settled (%s)", it.entry_id,
+                          it.stream, e)  # fmt: skip
+                await scripts.run_pipeline(self.redis, [("XACK", it.stream, GROUP, it.entry_id),
+                                                        ("XDEL", it.stream, it.entry_id)])
 
     def _release(self, items: list[_Item]) -> None:
         for it in items:
@@ -1174,7 +1288,7 @@ class _Runtime:
         assert self.registry is not None
         self.draining = True
         try:
-            await self.registry.drain(self.agent.agent_id)
+            await self.registry.drain(self.agent.agent_id, instance_id=self.instance_id)
         except Exception as e:  # noqa: BLE001 - best effort: the drain goes on without it
             log.info("drain flag not set: %s", e)
         with anyio.move_on_after(self.opts.drain_timeout_s):

@@ -12,56 +12,162 @@ this module moves work that waits in Redis back into inboxes:
 
 Every move adds the message to its new place before deleting it from the old one, so a
 crash in between delivers it twice at worst, and idempotency runs it once.
+
+Everything these chores read may have been written by anyone holding the namespace's
+keys, so each entry passes a barrier: bytes that are not an envelope are dead-lettered
+as ``malformed`` (their raw bytes kept, bounded), a message no router will ever accept
+as ``unroutable``, anything else that fails on one entry as ``unprocessable``. The entry
+leaves its place either way; only a Redis error stops a pass (the next one goes on).
 """
 
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+from redis import exceptions as rexc
 
 from . import metrics, scripts
 from .client import Client
 from .connection import AnyRedis, as_text
-from .envelope import BadEnvelope, Envelope, Reply, decode_envelope, decode_reply, encode, now_ms
-from .errors import NoAgentAvailable
-from .keys import GROUP, Keys
+from .envelope import (
+    CAPABILITY_PATTERN,
+    BadEnvelope,
+    Envelope,
+    Reply,
+    decode_envelope,
+    decode_reply,
+    encode,
+    now_ms,
+)
+from .errors import DeadlineExceeded, NoAgentAvailable, RedisUnavailable
+from .keys import GROUP, Keys, clean_id
 from .registry import Registry
-from .tasks import MALFORMED_CAP, TASK_TTL_MS, dead_letter_op
+from .tasks import DLQ_MAXLEN, MALFORMED_CAP, TASK_TTL_MS, dead_letter_op, raw_dead_letter_op
+from .untrusted import strict_text
 
 log = logging.getLogger("reach.sweeper")
+_CAP = re.compile(CAPABILITY_PATTERN)
 
 
-async def move_due(redis: AnyRedis, keys: Keys, client: Client, *, limit: int = 200) -> int:
+# Errors that say "not now" (Redis away, no agent yet): the entry stays where it is.
+_TRANSIENT = (rexc.ConnectionError, rexc.TimeoutError, OSError, RedisUnavailable)
+
+
+async def sweep_chores(
+    redis: AnyRedis, keys: Keys, client: Client, registry: Registry, *,
+    dlq_maxlen: int = DLQ_MAXLEN,
+) -> Moved:  # fmt: skip
+    """One pass of every chore, as the holder of the sweeper lock does it."""
+    out = Moved()
+    out.rerouted += await move_due(redis, keys, client, dlq_maxlen=dlq_maxlen)
+    r = await reroute_evicted(redis, keys, client, registry, dlq_maxlen=dlq_maxlen)
+    p = await release_parked(redis, keys, client, dlq_maxlen=dlq_maxlen)
+    for part in (r, p):
+        for f in ("rerouted", "parked", "released", "expired", "dead"):
+            setattr(out, f, getattr(out, f) + getattr(part, f))
+    return out
+
+
+async def _guarded(
+    redis: AnyRedis, keys: Keys, data: bytes, where: str, out: Moved, dlq_maxlen: int,
+    step: Awaitable[bool],
+) -> bool:  # fmt: skip
+    """Await ``step``, the handling of one entry (True: the entry leaves its place). An
+    error that is not Redis being away dead-letters the entry's bytes (``unprocessable``,
+    and True), so one bad entry never stops or loops a sweep."""
+    try:
+        return await step
+    except _TRANSIENT:
+        raise
+    except rexc.ResponseError:
+        raise  # a refused command: Redis state, not this entry's data; the pass stops
+    except Exception as e:  # noqa: BLE001 - the per-entry barrier
+        log.error("entry of %s dead-lettered as unprocessable: %s: %s", where,
+                  type(e).__name__, e)  # fmt: skip
+        await _dead_raw(redis, keys, data, reason="unprocessable",
+                        error=f"{where}: {type(e).__name__}: {e}", maxlen=dlq_maxlen)  # fmt: skip
+        out.dead += 1
+        return True
+
+
+async def _dead_raw(
+    redis: AnyRedis, keys: Keys, data: bytes, *, reason: str, error: str, agent_id: str = "",
+    maxlen: int = DLQ_MAXLEN,
+) -> None:  # fmt: skip
+    await scripts.run_pipeline(redis, [raw_dead_letter_op(
+        keys, reason=reason, data=data, error=error, agent_id=agent_id, maxlen=maxlen)])
+    metrics.dead_lettered(MALFORMED_CAP, reason)
+
+
+async def _place(
+    redis: AnyRedis, keys: Keys, client: Client, env: Envelope, *, out: Moved,
+    dlq_maxlen: int,
+) -> bool | None:  # fmt: skip
+    """Deliver ``env`` through the router. True: delivered; None: dead-lettered because no
+    router will ever take it (``unroutable``), or expired; False: no agent now (it waits)."""
+    try:
+        await client.deliver(env)
+        return True
+    except (NoAgentAvailable, *_TRANSIENT):
+        return False
+    except DeadlineExceeded:
+        await expire(redis, keys, env, reason="expired", error="deadline passed while waiting")
+        out.expired += 1
+        return None
+    except rexc.ResponseError:
+        raise
+    except Exception as e:  # noqa: BLE001 - e.g. a policy its fields make impossible
+        await _dead(redis, keys, env, reason="unroutable", error=f"{type(e).__name__}: {e}",
+                    maxlen=dlq_maxlen)  # fmt: skip
+        out.dead += 1
+        return None
+
+
+async def move_due(
+    redis: AnyRedis, keys: Keys, client: Client, *, limit: int = 200,
+    dlq_maxlen: int = DLQ_MAXLEN,
+) -> int:  # fmt: skip
     """Route retries whose backoff is over from the delayed set to a live agent's inbox.
 
-    An entry is removed from the delayed set only after it was added to an inbox, so a
-    crash in between delivers it twice at worst (and idempotency runs it once).
-    Returns how many were moved; entries with no agent to take them wait for a later sweep.
+    An entry is removed from the delayed set only after it was added to an inbox (or
+    dead-lettered), so a crash in between delivers it twice at worst (and idempotency runs
+    it once). Returns how many were moved; entries with no agent to take them wait for a
+    later sweep.
     """
     due = await redis.zrangebyscore(keys.delayed, "-inf", now_ms(), start=0, num=limit)
-    moved = 0
+    out = Moved()
     for data in due:
-        try:
-            env = decode_envelope(data)
-        except BadEnvelope as e:
-            log.error("unreadable entry in the delayed set dropped: %s", e)
+        step = _due_one(redis, keys, client, data, out, dlq_maxlen)
+        if await _guarded(redis, keys, data, "the delayed set", out, dlq_maxlen, step):
             await redis.zrem(keys.delayed, data)
-            continue
-        if env.deadline_ms and env.deadline_ms <= now_ms():
-            await expire(redis, keys, env, reason="expired", error="deadline passed while waiting")
-            await redis.zrem(keys.delayed, data)
-            continue
-        try:
-            await client.deliver(env)
-        except Exception as e:  # noqa: BLE001 - no live agent now: it waits for a later sweep
-            log.info("retry of %s waits: %s", env.msg_id, e)
-            continue
-        await redis.zrem(keys.delayed, data)
-        moved += 1
-    return moved
+    return out.rerouted
+
+
+async def _due_one(
+    redis: AnyRedis, keys: Keys, client: Client, data: bytes, out: Moved, dlq_maxlen: int
+) -> bool:
+    try:
+        env = decode_envelope(data)
+    except BadEnvelope as e:
+        await _dead_raw(redis, keys, data, reason=e.reason, maxlen=dlq_maxlen,
+                        error=f"in the delayed set: {e.detail}")  # fmt: skip
+        out.dead += 1
+        return True
+    if env.deadline_ms and env.deadline_ms <= now_ms():
+        await expire(redis, keys, env, reason="expired", error="deadline passed while waiting")
+        out.expired += 1
+        return True
+    placed = await _place(redis, keys, client, env, out=out, dlq_maxlen=dlq_maxlen)
+    if placed is False:
+        log.info("retry of %s waits: no agent for %s", env.msg_id, env.capability)
+        return False
+    out.rerouted += bool(placed)
+    return True
 
 
 async def expire(redis: AnyRedis, keys: Keys, env: Envelope, *, reason: str, error: str) -> None:
@@ -74,15 +180,18 @@ async def expire(redis: AnyRedis, keys: Keys, env: Envelope, *, reason: str, err
         metrics.expired(env.capability, reason)
 
 
-async def _dead(redis: AnyRedis, keys: Keys, env: Envelope, *, reason: str, error: str) -> None:
+async def _dead(
+    redis: AnyRedis, keys: Keys, env: Envelope, *, reason: str, error: str,
+    maxlen: int = DLQ_MAXLEN,
+) -> None:  # fmt: skip
     if await _give_up(redis, keys, env, status="dead", reason=reason, error=error,
-                      error_type="Rejected"):  # fmt: skip
+                      error_type="Rejected", maxlen=maxlen):  # fmt: skip
         metrics.dead_lettered(env.capability, reason)
 
 
 async def _give_up(
     redis: AnyRedis, keys: Keys, env: Envelope, *, status: str, reason: str, error: str,
-    error_type: str,
+    error_type: str, maxlen: int = DLQ_MAXLEN,
 ) -> bool:  # fmt: skip
     """File a dead letter for a message no handler will run, set its status and tell its
     caller. False (and nothing written) when its key had already completed."""
@@ -94,7 +203,7 @@ async def _give_up(
     ops: list[tuple[Any, ...]] = [
         dead_letter_op(keys, capability=env.capability, reason=reason, data=encode(env),
                        error=error, error_type=error_type, attempts=env.attempt,
-                       msg_id=env.msg_id),
+                       msg_id=env.msg_id, maxlen=maxlen),
         ("HSET", rec, "status", status, "error", error, "updated_ms", now_ms()),
         ("PEXPIRE", rec, TASK_TTL_MS),
     ]  # fmt: skip
@@ -107,12 +216,17 @@ async def _give_up(
 
 async def _completed(redis: AnyRedis, keys: Keys, env: Envelope) -> bool:
     """True when the message's key already completed (this is a duplicate): its caller
-    gets the stored reply, and nothing is dead-lettered."""
+    gets the stored reply, and nothing is dead-lettered. A stored reply that cannot be
+    read counts as not completed: the message is then dead-lettered like any other."""
     done, stored = await redis.hmget(keys.idem(env.key), "done", "reply")
     if done not in (b"1", "1"):
         return False
     if env.reply_to and stored:
-        reply = msgspec.structs.replace(decode_reply(stored), msg_id=env.msg_id)
+        try:
+            reply = msgspec.structs.replace(decode_reply(stored), msg_id=env.msg_id)
+        except BadEnvelope as e:
+            log.warning("stored reply of key %r unreadable (%s)", env.key, e)
+            return False
         rk = keys.replies(env.reply_to)
         await scripts.run_pipeline(redis, [("XADD", rk, "*", "r", encode(reply)),
                                            ("PEXPIRE", rk, TASK_TTL_MS)])  # fmt: skip
@@ -130,35 +244,24 @@ class Moved:
     dead: int = 0
 
 
-async def _relocate(
-    redis: AnyRedis, keys: Keys, client: Client, env: Envelope, data: bytes, out: Moved
-) -> bool:
-    """Deliver ``env`` to a live agent, else park it. False when it could not be placed."""
-    try:
-        await client.deliver(env)
-        out.rerouted += 1
-        return True
-    except NoAgentAvailable:
-        pass
-    await scripts.run_pipeline(redis, [
-        ("XADD", keys.parked(env.capability), "*", "e", data),
-        ("SADD", keys.parked_caps, env.capability),
-    ])  # fmt: skip
-    out.parked += 1
-    return True
-
-
 async def reroute_evicted(
-    redis: AnyRedis, keys: Keys, client: Client, registry: Registry, *, batch: int = 200
-) -> Moved:
-    """Move the inboxes of evicted agents (listed by sweep.lua) to live agents."""
+    redis: AnyRedis, keys: Keys, client: Client, registry: Registry, *, batch: int = 200,
+    dlq_maxlen: int = DLQ_MAXLEN,
+) -> Moved:  # fmt: skip
+    """Move the inboxes of evicted agents (listed by sweep.lua) to live agents, then drop
+    the emptied inbox streams (an agent id that comes back creates them anew)."""
     out = Moved()
     for raw in await redis.smembers(keys.reroute):
-        agent_id = as_text(raw)
+        agent_id = strict_text(raw)
+        if agent_id is None or not agent_id or clean_id(agent_id) != agent_id:
+            log.error("reroute set member %r is no agent id: removed", raw)
+            await redis.srem(keys.reroute, raw)
+            continue
         info = await registry.get(agent_id)
         if info is not None and info.state != "evicted":
             await redis.srem(keys.reroute, agent_id)  # it came back: its inbox is its own
             continue
+        moved = Moved()
         for stream in keys.inboxes(agent_id):
             while True:
                 rows = await redis.xrange(stream, "-", "+", count=batch)
@@ -166,50 +269,72 @@ async def reroute_evicted(
                     break
                 for entry_id, fields in rows:
                     data = fields.get(b"e") or fields.get("e") or b""
-                    await _move_one(redis, keys, client, agent_id, data, out)
+                    step = _move_one(redis, keys, client, agent_id, data, moved, dlq_maxlen)
+                    await _guarded(redis, keys, data, f"the inbox of {agent_id}", moved,
+                                   dlq_maxlen, step)  # fmt: skip
                     await scripts.run_pipeline(redis, [
                         ("XACK", stream, GROUP, entry_id), ("XDEL", stream, entry_id),
                     ])  # fmt: skip
-        log.warning("inbox of evicted agent %s moved: %s", agent_id, out)
+        if await scripts.call(redis, "drop_inbox", keys.inboxes(agent_id), []):
+            log.info("inbox of %s emptied and dropped", agent_id)
+        if moved != Moved():
+            log.warning("inbox of evicted agent %s moved: %s", agent_id, moved)
+        for f in ("rerouted", "parked", "released", "expired", "dead"):
+            setattr(out, f, getattr(out, f) + getattr(moved, f))
         await redis.srem(keys.reroute, agent_id)
     return out
 
 
 async def _move_one(
-    redis: AnyRedis, keys: Keys, client: Client, agent_id: str, data: bytes, out: Moved
-) -> None:
+    redis: AnyRedis, keys: Keys, client: Client, agent_id: str, data: bytes, out: Moved,
+    dlq_maxlen: int = DLQ_MAXLEN,
+) -> bool:  # fmt: skip
+    """Place one entry of an evicted agent's inbox: rerouted, parked or dead-lettered."""
     try:
         env = decode_envelope(data)
     except BadEnvelope as e:
-        await scripts.run_pipeline(redis, [dead_letter_op(
-            keys, capability=MALFORMED_CAP, reason=e.reason, data=data, error=e.detail,
-            agent_id=agent_id,
-        )])  # fmt: skip
-        metrics.dead_lettered(MALFORMED_CAP, e.reason)
+        await _dead_raw(redis, keys, data, reason=e.reason, error=e.detail, agent_id=agent_id,
+                        maxlen=dlq_maxlen)  # fmt: skip
         out.dead += 1
-        return
+        return True
     if env.deadline_ms and env.deadline_ms <= now_ms():
         await expire(redis, keys, env, reason="expired", error="deadline passed while its agent was down")
         out.expired += 1
-        return
+        return True
     if env.policy == "broadcast":
         # A broadcast copy belongs to that one agent; the others have theirs.
-        await _dead(redis, keys, env, reason="target_gone",
+        await _dead(redis, keys, env, reason="target_gone", maxlen=dlq_maxlen,
                     error=f"agent {agent_id} was evicted before handling its broadcast copy")
         out.dead += 1
-        return
-    if env.target:
-        env = msgspec.structs.replace(env, target="")  # its agent is gone: any live one
-    await _relocate(redis, keys, client, env, encode(env), out)
+        return True
+    if env.target or env.policy == "direct":
+        # Its agent is gone for good: any live agent of the capability takes it, by the
+        # capability's own policy (a 'direct' policy without its target routes nowhere).
+        env = msgspec.structs.replace(env, target="", policy="")
+    placed = await _place(redis, keys, client, env, out=out, dlq_maxlen=dlq_maxlen)
+    if placed is not False:
+        out.rerouted += bool(placed)
+        return True
+    await scripts.run_pipeline(redis, [
+        ("XADD", keys.parked(env.capability), "*", "e", encode(env)),
+        ("SADD", keys.parked_caps, env.capability),
+    ])  # fmt: skip
+    out.parked += 1
+    return True
 
 
 async def release_parked(
-    redis: AnyRedis, keys: Keys, client: Client, *, batch: int = 200
-) -> Moved:
+    redis: AnyRedis, keys: Keys, client: Client, *, batch: int = 200,
+    dlq_maxlen: int = DLQ_MAXLEN,
+) -> Moved:  # fmt: skip
     """Send parked messages to agents that are now available; expire the overdue ones."""
     out = Moved()
     for raw in await redis.smembers(keys.parked_caps):
-        cap = as_text(raw)
+        cap = strict_text(raw)
+        if cap is None or not _CAP.fullmatch(cap):
+            log.error("parked set member %r is no capability: removed", raw)
+            await redis.srem(keys.parked_caps, raw)
+            continue
         stream = keys.parked(cap)
         blocked = False  # no agent for this capability yet: only expire overdue entries
         start = "-"
@@ -220,27 +345,40 @@ async def release_parked(
             start = f"({as_text(rows[-1][0])}"
             for entry_id, fields in rows:
                 data = fields.get(b"e") or fields.get("e") or b""
-                try:
-                    env = decode_envelope(data)
-                except BadEnvelope:
+                step = _parked_one(redis, keys, client, cap, data, blocked, out, dlq_maxlen)
+                if await _guarded(redis, keys, data, f"the parked messages of {cap}", out,
+                                  dlq_maxlen, step):  # fmt: skip
                     await redis.xdel(stream, entry_id)
-                    continue
-                if env.deadline_ms and env.deadline_ms <= now_ms():
-                    await expire(redis, keys, env, reason="expired",
-                                 error="deadline passed while parked (no agent)")  # fmt: skip
-                    out.expired += 1
-                elif blocked:
-                    continue
                 else:
-                    try:
-                        await client.deliver(env)
-                    except NoAgentAvailable:
-                        blocked = True
-                        continue
-                    out.released += 1
-                await redis.xdel(stream, entry_id)
+                    blocked = True
         if await redis.xlen(stream) == 0:
             await redis.srem(keys.parked_caps, cap)
             if await redis.xlen(stream) > 0:  # parked meanwhile: keep it listed
                 await redis.sadd(keys.parked_caps, cap)
     return out
+
+
+async def _parked_one(
+    redis: AnyRedis, keys: Keys, client: Client, cap: str, data: bytes, blocked: bool,
+    out: Moved, dlq_maxlen: int,
+) -> bool:  # fmt: skip
+    """One parked entry: released, expired or dead-lettered (True), or it waits (False)."""
+    try:
+        env = decode_envelope(data)
+    except BadEnvelope as e:
+        await _dead_raw(redis, keys, data, reason=e.reason, maxlen=dlq_maxlen,
+                        error=f"parked under {cap}: {e.detail}")  # fmt: skip
+        out.dead += 1
+        return True
+    if env.deadline_ms and env.deadline_ms <= now_ms():
+        await expire(redis, keys, env, reason="expired",
+                     error="deadline passed while parked (no agent)")  # fmt: skip
+        out.expired += 1
+        return True
+    if blocked:
+        return False
+    placed = await _place(redis, keys, client, env, out=out, dlq_maxlen=dlq_maxlen)
+    if placed is False:
+        return False
+    out.released += bool(placed)
+    return True

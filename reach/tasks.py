@@ -13,9 +13,10 @@ from typing import Any
 
 import msgspec
 
-from .connection import AnyRedis, as_text
-from .envelope import Envelope, Reply, decode_envelope, decode_reply, now_ms
+from .connection import AnyRedis
+from .envelope import BadEnvelope, Envelope, Reply, decode_envelope, decode_reply, now_ms
 from .keys import Keys
+from .untrusted import safe_int, safe_text
 
 STATUSES = ("pending", "running", "succeeded", "failed", "retrying", "expired", "dead")
 TASK_TTL_MS = 24 * 3600 * 1000
@@ -53,22 +54,26 @@ def pending_ops(keys: Keys, env: Envelope, *, ttl_ms: int = TASK_TTL_MS) -> list
 async def get_status(redis: AnyRedis, keys: Keys, msg_id: str) -> TaskStatus:
     """The status of ``msg_id`` (``unknown`` when no record exists, or it expired)."""
     key = await redis.get(keys.task(msg_id))
-    idem_key = as_text(key) if key else msg_id
+    idem_key = safe_text(key) if key else msg_id
     h = await redis.hgetall(keys.idem(idem_key))
     if not h:
         return TaskStatus(msg_id=msg_id, status="unknown")
-    d = {as_text(k): v for k, v in h.items()}
-    reply = decode_reply(d["reply"]) if d.get("reply") else None
+    d = {safe_text(k): v for k, v in h.items()}
+    try:
+        reply = decode_reply(d["reply"]) if d.get("reply") else None
+    except BadEnvelope:
+        reply = None  # a damaged stored reply: the status fields still say what happened
+    status = safe_text(d.get("status", b"unknown"))
     return TaskStatus(
         msg_id=msg_id,
-        status=as_text(d.get("status", b"unknown")),
+        status=status if status in STATUSES else "unknown",
         idempotency_key=idem_key if key else "",
-        capability=as_text(d.get("capability", b"")),
-        agent_id=as_text(d.get("agent_id", b"")),
-        attempt=int(d.get("attempt", 0)),
-        runs=int(d.get("runs", 0)),
-        error=as_text(d.get("error", b"")),
-        updated_ms=int(d.get("updated_ms", 0)),
+        capability=safe_text(d.get("capability", b"")),
+        agent_id=safe_text(d.get("agent_id", b"")),
+        attempt=safe_int(d.get("attempt")),
+        runs=safe_int(d.get("runs")),
+        error=safe_text(d.get("error", b"")),
+        updated_ms=safe_int(d.get("updated_ms")),
         reply=reply,
     )
 
@@ -93,6 +98,12 @@ class DeadLetter(msgspec.Struct, kw_only=True):
 
 
 MALFORMED_CAP = "_malformed"
+# Dead-letter streams are bounded (approximately: XADD MAXLEN ~), per capability; the
+# oldest letters go first. A Runtime's ``dlq_maxlen`` option overrides it.
+DLQ_MAXLEN = 100_000
+# Bytes that are not an envelope are kept only up to this size (with their full size
+# noted): a forged 10 MB entry must not become 10 MB in every dead-letter stream.
+DLQ_RAW_MAX_BYTES = 64 * 1024
 
 
 def dead_letter_op(
@@ -106,35 +117,58 @@ def dead_letter_op(
     attempts: int = 0,
     agent_id: str = "",
     msg_id: str = "",
+    maxlen: int = DLQ_MAXLEN,
 ) -> tuple[Any, ...]:
-    """The XADD that files a dead letter under its capability (never trimmed)."""
+    """The XADD that files a dead letter under its capability (the stream is trimmed to
+    about ``maxlen`` letters, oldest first)."""
     return (
-        "XADD", keys.dlq(capability), "*",
+        "XADD", keys.dlq(capability), "MAXLEN", "~", maxlen, "*",
         "reason", reason, "error", error[:2000], "error_type", error_type,
         "attempts", attempts, "agent_id", agent_id, "msg_id", msg_id,
         "capability", capability, "ts", now_ms(), "env", data,
     )  # fmt: skip
 
 
+def raw_dead_letter_op(
+    keys: Keys,
+    *,
+    reason: str,
+    data: bytes,
+    error: str,
+    agent_id: str = "",
+    maxlen: int = DLQ_MAXLEN,
+    raw_max_bytes: int = DLQ_RAW_MAX_BYTES,
+) -> tuple[Any, ...]:
+    """File bytes that are not a usable envelope under ``_malformed``: at most
+    ``raw_max_bytes`` of them are kept, and the error says how many there were."""
+    if len(data) > raw_max_bytes:
+        error = f"{error} [{len(data)} bytes; the first {raw_max_bytes} kept]"
+        data = data[:raw_max_bytes]
+    return dead_letter_op(keys, capability=MALFORMED_CAP, reason=reason, data=data,
+                          error=error, agent_id=agent_id, maxlen=maxlen)  # fmt: skip
+
+
 def parse_dead_letter(entry_id: Any, fields: Mapping[Any, Any]) -> DeadLetter:
-    f = {as_text(k): v for k, v in fields.items()}
+    """A dead-letter stream entry as a :class:`DeadLetter`, whatever its fields hold
+    (text is decoded with replacement characters, a bad number reads as 0)."""
+    f = {safe_text(k): v for k, v in fields.items()}
     raw = f.get("env", b"")
     raw = raw if isinstance(raw, bytes) else str(raw).encode()
     env: Envelope | None
     try:
         env = decode_envelope(raw)
-    except Exception:  # noqa: BLE001 - an undecodable entry is still listed, as raw bytes
+    except BadEnvelope:  # an undecodable entry is still listed, as raw bytes
         env = None
     return DeadLetter(
-        id=as_text(entry_id),
-        capability=as_text(f.get("capability", b"")),
-        reason=as_text(f.get("reason", b"")),
-        error=as_text(f.get("error", b"")),
-        error_type=as_text(f.get("error_type", b"")),
-        attempts=int(f.get("attempts", 0)),
-        agent_id=as_text(f.get("agent_id", b"")),
-        msg_id=as_text(f.get("msg_id", b"")),
-        ts=int(f.get("ts", 0)),
+        id=safe_text(entry_id),
+        capability=safe_text(f.get("capability", b"")),
+        reason=safe_text(f.get("reason", b"")),
+        error=safe_text(f.get("error", b"")),
+        error_type=safe_text(f.get("error_type", b"")),
+        attempts=safe_int(f.get("attempts")),
+        agent_id=safe_text(f.get("agent_id", b"")),
+        msg_id=safe_text(f.get("msg_id", b"")),
+        ts=safe_int(f.get("ts")),
         envelope=env,
         raw=b"" if env else raw,
     )

@@ -1,0 +1,265 @@
+"""Issue 9: no inbox entry, sweeper input or API call may stop a worker.
+
+Each test writes what a hostile or careless writer could put into Redis (or does what an
+ordinary caller does) next to real `reach worker` processes, then checks that every
+worker is still alive and serving, and that the bad entry went where an operator can see
+it (a dead letter with its reason) instead of staying pending.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import msgspec
+import pytest
+
+from reach.client import Client
+from reach.connection import AnyRedis
+from reach.envelope import encode, new_id, now_ms
+from reach.keys import GROUP, Keys
+from reach.registry import Registry
+from reach.tasks import DLQ_RAW_MAX_BYTES, MALFORMED_CAP
+from tests.fuzz.strategies import deep_nesting, valid_envelope
+from tests.waiting import wait_until
+from tests.workers import ROOT, Workers
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def workers(redis_url: str, ns: str) -> Iterator[Workers]:
+    w = Workers(redis_url, ns, "tests.agents_hardening")
+    yield w
+    w.stop_all()
+
+
+async def ready(c: Client, ids: set[str]) -> None:
+    async def probe() -> bool:
+        got = {a.agent_id for a in await Registry(c.redis, c.namespace).agents(
+            "hard.echo", ready=True, state="active")}  # fmt: skip
+        return ids <= got
+
+    await wait_until(probe, timeout_s=30, what=f"agents {sorted(ids)} ready")
+    c.invalidate()
+
+
+def alive(workers: Workers, *names: str) -> None:
+    for n in names:
+        p = workers.procs[n]
+        assert p.poll() is None, f"worker {n} exited with {p.returncode}"
+
+
+async def serving(c: Client, workers: Workers, *names: str) -> None:
+    """Every named worker is alive and answers a request addressed to it."""
+    alive(workers, *names)
+    for n in names:
+        out = await c.request("hard.echo", {"ping": n}, target=n, timeout_s=20)
+        assert out["agent"] == n
+
+
+async def pending(r: AnyRedis, ns: str, agent_id: str) -> int:
+    total = 0
+    for key in Keys(ns).inboxes(agent_id):
+        try:
+            total += int((await r.xpending(key, GROUP))["pending"])
+        except Exception:  # noqa: BLE001 - no stream or group (dropped): nothing pending
+            pass
+    return total
+
+
+async def inbox_len(r: AnyRedis, ns: str, agent_id: str) -> int:
+    return sum([int(await r.xlen(k)) for k in Keys(ns).inboxes(agent_id)])
+
+
+async def dead_letters(r: AnyRedis, ns: str, cap: str) -> list[dict[str, Any]]:
+    rows = await r.xrange(Keys(ns).dlq(cap))
+    return [{k.decode(): v for k, v in f.items()} for _, f in rows]
+
+
+async def settled(r: AnyRedis, ns: str, agent_id: str) -> None:
+    async def probe() -> bool:
+        return await pending(r, ns, agent_id) == 0 and await inbox_len(r, ns, agent_id) == 0
+
+    await wait_until(probe, timeout_s=30, what=f"inbox of {agent_id} settled")
+
+
+# -- item 1 ------------------------------------------------------------------------------
+async def test_a_direct_send_to_an_agent_killed_before_handling_it_moves_on(
+    workers: Workers, redis_url: str, ns: str
+) -> None:
+    for n in ("h1", "h2", "h3"):
+        workers.start(n)
+    async with Client(redis_url=redis_url, namespace=ns, slow_start_s=0) as c:
+        await ready(c, {"h1", "h2", "h3"})
+        workers.procs["h3"].send_signal(signal.SIGSTOP)  # it must not handle the message
+        msg_id = await c.send("hard.echo", {"n": 1}, policy="direct", target="h3")
+        workers.procs["h3"].send_signal(signal.SIGKILL)
+        # Evicted, its inbox goes to the sweeper: the direct message loses its target and
+        # is handled by a live agent; before the fix the router refused it and every
+        # worker holding the sweeper lock died in turn.
+        st = await wait_until(lambda: _status_in(c, msg_id, "succeeded", "dead"),
+                              timeout_s=30, what="direct message rerouted")  # fmt: skip
+        assert st.status == "succeeded" and st.agent_id in ("h1", "h2")
+        await serving(c, workers, "h1", "h2")
+        # `reach sweep` walks the same path: it must not fail either.
+        out = subprocess.run(
+            [sys.executable, "-m", "reach_cli.app", "sweep", "--redis-url", redis_url,
+             "--namespace", ns], cwd=ROOT, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+
+
+async def _status_in(c: Client, msg_id: str, *statuses: str) -> Any:
+    st = await c.task(msg_id)
+    return st if st.status in statuses else None
+
+
+# -- item 2 ------------------------------------------------------------------------------
+async def test_poison_inbox_entries_are_dead_lettered_and_the_worker_goes_on(
+    workers: Workers, redis_url: str, ns: str, r: AnyRedis
+) -> None:
+    workers.start("h1")
+    keys = Keys(ns)
+    inbox = keys.inbox("h1", "normal")
+    async with Client(redis_url=redis_url, namespace=ns, slow_start_s=0) as c:
+        await ready(c, {"h1"})
+        # attempt 5000 of 10000 on a failing handler: 2**4999 overflowed the backoff.
+        retry = valid_envelope(capability="hard.fail", attempt=5000, max_attempts=10_000,
+                               deadline_ms=0)  # fmt: skip
+        await r.xadd(inbox, {"e": encode(retry)})
+        # A payload nested 100,000 levels deep: RecursionError in decoding.
+        deep = msgspec.msgpack.decode(encode(valid_envelope(capability="hard.echo")))
+        raw = _replace_payload(deep, deep_nesting(100_000))
+        await r.xadd(inbox, {"e": raw})
+        # A second copy of a key being handled, with a busy_waits header that is no number.
+        key = new_id()
+        slow = c.build("hard.slow", {"sleep_s": 1.5}, idempotency_key=key, target="h1")
+        await c.deliver(slow)
+        await wait_until(lambda: _status_in(c, slow.msg_id, "running"), timeout_s=20,
+                         what="slow message running")  # fmt: skip
+        copy = valid_envelope(capability="hard.slow", idempotency_key=key,
+                              headers={"busy_waits": "many"}, payload=msgspec.Raw(encode({})))
+        await r.xadd(inbox, {"e": encode(copy)})
+        await serving(c, workers, "h1")
+        await settled(r, ns, "h1")
+        await serving(c, workers, "h1")
+        # The retry got its backoff (capped), the deep one its reason.
+        assert (await c.task(retry.msg_id)).status in ("retrying", "pending", "running", "dead")
+        bad = await dead_letters(r, ns, MALFORMED_CAP)
+        assert any(b"nested too deeply" in d["error"] for d in bad), bad
+
+
+def _replace_payload(env_map: dict[str, Any], payload: bytes) -> bytes:
+    """An envelope's msgpack with ``payload`` spliced in as the payload's raw bytes."""
+    rest = {k: v for k, v in env_map.items() if k != "payload"}
+    body = encode(rest)
+    n = len(rest) + 1
+    assert n < 16 and 0x80 <= body[0] <= 0x8F
+    return bytes([0x80 + n]) + body[1:] + encode("payload") + payload
+
+
+async def test_an_entry_whose_reply_cannot_be_written_does_not_block_the_others(
+    workers: Workers, redis_url: str, ns: str, r: AnyRedis
+) -> None:
+    """A reply stream overwritten with a string (WRONGTYPE): settle.lua fails for the
+    batch; the others settle, that one is dead-lettered, nothing loops."""
+    workers.start("h1", "--concurrency", "1")
+    keys = Keys(ns)
+    async with Client(redis_url=redis_url, namespace=ns, slow_start_s=0) as c:
+        await ready(c, {"h1"})
+        await r.set(keys.replies("victim"), "not a stream")
+        bad = valid_envelope(capability="hard.echo", reply_to="victim")
+        await r.xadd(keys.inbox("h1", "normal"), {"e": encode(bad)})
+        await settled(r, ns, "h1")
+        await serving(c, workers, "h1")
+        letters = await dead_letters(r, ns, MALFORMED_CAP)
+        assert any(d["reason"] == b"unprocessable" for d in letters), letters
+
+
+# -- item 7 ------------------------------------------------------------------------------
+async def test_an_oversized_entry_is_dead_lettered_with_a_bounded_copy(
+    workers: Workers, redis_url: str, ns: str, r: AnyRedis
+) -> None:
+    workers.start("h1")
+    async with Client(redis_url=redis_url, namespace=ns, slow_start_s=0) as c:
+        await ready(c, {"h1"})
+        await r.xadd(Keys(ns).inbox("h1", "low"), {"e": b"\xc1" * (10 * 1024 * 1024)})
+        await settled(r, ns, "h1")
+        [letter] = await dead_letters(r, ns, MALFORMED_CAP)
+        assert letter["reason"] == b"too_large"
+        assert len(letter["env"]) == DLQ_RAW_MAX_BYTES
+        assert b"10485760 bytes" in letter["error"]
+        await serving(c, workers, "h1")
+
+
+async def test_a_stopped_agent_leaves_no_inbox(
+    workers: Workers, redis_url: str, ns: str, r: AnyRedis
+) -> None:
+    p = workers.start("h1")
+    async with Client(redis_url=redis_url, namespace=ns, slow_start_s=0) as c:
+        await ready(c, {"h1"})
+        await c.request("hard.echo", {}, timeout_s=20)
+        assert await r.exists(*Keys(ns).inboxes("h1"))
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=30) == 0
+    assert not await r.exists(*Keys(ns).inboxes("h1"))
+
+
+async def test_an_evicted_agents_emptied_inbox_is_dropped(
+    workers: Workers, redis_url: str, ns: str, r: AnyRedis
+) -> None:
+    for n in ("h1", "h2"):
+        workers.start(n)
+    async with Client(redis_url=redis_url, namespace=ns, slow_start_s=0) as c:
+        await ready(c, {"h1", "h2"})
+        workers.procs["h2"].send_signal(signal.SIGSTOP)
+        ids = [await c.send("hard.echo", {"i": i}, target="h2") for i in range(5)]
+        workers.procs["h2"].send_signal(signal.SIGKILL)
+        for i in ids:
+            await wait_until(lambda i=i: _status_in(c, i, "succeeded"), timeout_s=30,
+                             what="moved message handled")  # fmt: skip
+
+        async def dropped() -> bool:
+            return not await r.exists(*Keys(ns).inboxes("h2"))
+
+        await wait_until(dropped, timeout_s=30, what="inbox of the evicted agent dropped")
+        await serving(c, workers, "h1")
+
+
+# -- item 11 -----------------------------------------------------------------------------
+async def test_garbage_in_the_sweepers_structures_is_dead_lettered_and_workers_live(
+    workers: Workers, redis_url: str, ns: str, r: AnyRedis
+) -> None:
+    for n in ("h1", "h2"):
+        workers.start(n)
+    keys = Keys(ns)
+    async with Client(redis_url=redis_url, namespace=ns, slow_start_s=0) as c:
+        await ready(c, {"h1", "h2"})
+        past = now_ms() - 1000
+        await r.sadd(keys.reroute, b"\xff\xfe-not-utf8", b"has{brace}")
+        await r.zadd(keys.delayed, {b"garbage in the delayed set": past,
+                                    deep_nesting(100_000, as_map=True): past,
+                                    encode(valid_envelope(capability="hard.echo",
+                                                          policy="direct")): past})  # fmt: skip
+        await r.xadd(keys.parked("hard.echo"), {"e": b"\x00garbage parked"})
+        await r.sadd(keys.parked_caps, "hard.echo", b"\xff")
+
+        async def cleaned() -> bool:
+            return (await r.scard(keys.reroute) == 0 and await r.zcard(keys.delayed) == 0
+                    and await r.scard(keys.parked_caps) == 0)  # fmt: skip
+
+        await wait_until(cleaned, timeout_s=30, what="sweeper inputs consumed")
+        letters = await dead_letters(r, ns, MALFORMED_CAP)
+        raws = {bytes(d["env"]) for d in letters}
+        assert b"garbage in the delayed set" in raws
+        assert b"\x00garbage parked" in raws
+        assert any(b"nested too deeply" in d["error"] for d in letters)
+        unroutable = await dead_letters(r, ns, "hard.echo")
+        assert [d["reason"] for d in unroutable] == [b"unroutable"]
+        await serving(c, workers, "h1", "h2")
