@@ -1,21 +1,51 @@
 -- deregister.lua: remove an agent's registration for good (clean shutdown).
 --
 -- KEYS[1] agents zset
--- KEYS[2] the agent's hash
+-- KEYS[2] the agent's hash: must be KEYS[6] .. ARGV[1]
 -- KEYS[3] caps zset (capability -> number of agents declaring it)
 -- KEYS[4] registry events stream
 -- KEYS[5] capability-set key prefix (capability names are appended; same slot)
--- ARGV[1] agent_id
--- ARGV[2] instance_id, or '' to remove whatever instance is registered
--- ARGV[3] events stream max length (approximate)
+-- KEYS[6] agent-hash key prefix
+-- ARGV[1] agent_id: 1..256 bytes, no '{' or '}'
+-- ARGV[2] instance_id, or '' to remove whatever instance is registered: 0..256 bytes
+-- ARGV[3] events stream max length (approximate): integer 1..10000000
 --
--- Returns 1: removed; 0: no such agent; -1: another instance owns the registration (kept)
-local s = redis.call('HMGET', KEYS[2], 'instance_id', 'caps')
-if not s[1] then
+-- Every argument is checked before the first write: a refused call writes nothing.
+--
+-- Returns 1: removed; 0: no such agent (a stray agents-zset entry is removed);
+--         -1: kept: another instance owns the registration (or the stored record names
+--             another agent_id: written behind the scripts' back; the sweeper evicts it)
+-- Errors  'reach: bad <argument>: <why>' (an error reply; redis-py raises ResponseError)
+--         when an argument, or the number of KEYS or ARGV, is out of contract.
+local function show(v)
+  return (string.gsub(string.sub(tostring(v), 1, 40), '[^%w%.%+%-_ ]', '?'))
+end
+
+local function check()
+  if #KEYS ~= 6 or #ARGV ~= 3 then
+    return 'arguments: want 6 KEYS and 3 ARGV, got ' .. #KEYS .. ' and ' .. #ARGV
+  end
+  if #ARGV[1] < 1 or #ARGV[1] > 256 or string.find(ARGV[1], '[{}]') then
+    return 'agent_id: want 1..256 bytes, no braces'
+  end
+  if KEYS[2] ~= KEYS[6] .. ARGV[1] then return 'agent_id: KEYS[2] is not the hash of ' .. show(ARGV[1]) end
+  if #ARGV[2] > 256 then return 'instance_id: want 0..256 bytes' end
+  local m = ARGV[3]
+  if #m > 8 or not string.find(m, '^%d+$') or tonumber(m) < 1 or tonumber(m) > 10000000 then
+    return 'events maxlen ' .. show(m) .. ': want an integer 1..10000000'
+  end
+  return nil
+end
+
+local err = check()
+if err then return redis.error_reply('ERR reach: bad ' .. err) end
+
+local s = redis.call('HMGET', KEYS[2], 'instance_id', 'caps', 'agent_id')
+if redis.call('EXISTS', KEYS[2]) == 0 then
   redis.call('ZREM', KEYS[1], ARGV[1])
   return 0
 end
-if ARGV[2] ~= '' and s[1] ~= ARGV[2] then
+if s[3] ~= ARGV[1] or (ARGV[2] ~= '' and s[1] ~= ARGV[2]) then
   return -1
 end
 local id = ARGV[1]
@@ -30,5 +60,5 @@ redis.call('ZREM', KEYS[1], id)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[3], '*',
-  'type', 'deregistered', 'agent_id', id, 'instance_id', s[1], 'ts', now)
+  'type', 'deregistered', 'agent_id', id, 'instance_id', s[1] or '', 'ts', now)
 return 1

@@ -2,14 +2,42 @@
 --
 -- KEYS[1] the agent's hash
 -- KEYS[2] registry events stream
--- ARGV[1] agent_id
--- ARGV[2] instance_id
+-- ARGV[1] agent_id: 1..256 bytes, no '{' or '}'
+-- ARGV[2] instance_id: 1..256 bytes
 -- ARGV[3] ready flag, '1' or '0'
--- ARGV[4] events stream max length (approximate)
+-- ARGV[4] events stream max length (approximate): integer 1..10000000
 --
--- Returns 1: set; 0: not registered (or evicted): register again; -1: another instance owns it
-local s = redis.call('HMGET', KEYS[1], 'instance_id', 'state', 'ready')
-if not s[1] or s[2] == 'evicted' then
+-- Every argument is checked before the first write: a refused call writes nothing.
+--
+-- Returns 1: set; 0: not registered (none, evicted, or a stored record of another
+--         agent_id): register again; -1: another instance owns it (nothing changed)
+-- Errors  'reach: bad <argument>: <why>' (an error reply; redis-py raises ResponseError)
+--         when an argument, or the number of KEYS or ARGV, is out of contract.
+local function show(v)
+  return (string.gsub(string.sub(tostring(v), 1, 40), '[^%w%.%+%-_ ]', '?'))
+end
+
+local function check()
+  if #KEYS ~= 2 or #ARGV ~= 4 then
+    return 'arguments: want 2 KEYS and 4 ARGV, got ' .. #KEYS .. ' and ' .. #ARGV
+  end
+  if #ARGV[1] < 1 or #ARGV[1] > 256 or string.find(ARGV[1], '[{}]') then
+    return 'agent_id: want 1..256 bytes, no braces'
+  end
+  if #ARGV[2] < 1 or #ARGV[2] > 256 then return 'instance_id: want 1..256 bytes' end
+  if ARGV[3] ~= '0' and ARGV[3] ~= '1' then return 'ready ' .. show(ARGV[3]) .. ": want '0' or '1'" end
+  local m = ARGV[4]
+  if #m > 8 or not string.find(m, '^%d+$') or tonumber(m) < 1 or tonumber(m) > 10000000 then
+    return 'events maxlen ' .. show(m) .. ': want an integer 1..10000000'
+  end
+  return nil
+end
+
+local err = check()
+if err then return redis.error_reply('ERR reach: bad ' .. err) end
+
+local s = redis.call('HMGET', KEYS[1], 'instance_id', 'state', 'ready', 'agent_id')
+if not s[1] or s[2] == 'evicted' or s[4] ~= ARGV[1] then
   return 0
 end
 if s[1] ~= ARGV[2] then

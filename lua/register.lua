@@ -1,26 +1,174 @@
 -- register.lua: add an agent's registration, or replace an older one (version fence).
 --
 -- KEYS[1] agents zset (agent_id -> next lease deadline, epoch ms)
--- KEYS[2] the agent's hash
+-- KEYS[2] the agent's hash: must be KEYS[6] .. ARGV[1]
 -- KEYS[3] caps zset (capability -> number of agents declaring it)
 -- KEYS[4] registry events stream
 -- KEYS[5] capability-set key prefix (capability names are appended; same slot)
--- ARGV[1] agent_id
--- ARGV[2] instance_id (new every process start)
--- ARGV[3] version: start stamp in microseconds; an older one than stored is refused
--- ARGV[4] weight
--- ARGV[5] capabilities, normalised, comma-joined
--- ARGV[6] metadata, JSON object
--- ARGV[7] lease_ms
--- ARGV[8] evict_after_ms
--- ARGV[9] events stream max length (approximate)
--- ARGV[10] A2A agent card JSON, or ''
+-- KEYS[6] agent-hash key prefix (the sweeper finds the hash as prefix .. agent_id)
+-- ARGV[1] agent_id: 1..256 bytes of UTF-8, not blank, no '{' or '}'
+-- ARGV[2] instance_id (new every process start): 1..256 bytes of UTF-8
+-- ARGV[3] version: start stamp in microseconds, integer 0..2^53-1; an older one than stored
+--         is refused
+-- ARGV[4] weight: decimal number, 0 < weight <= 1000
+-- ARGV[5] capabilities, normalised, comma-joined: 1..1000 distinct names of 1..200 bytes
+--         matching ^[a-z0-9_]+(\.[a-z0-9_]+)*$
+-- ARGV[6] metadata: a JSON object, at most 65536 bytes of UTF-8, nested at most 64 deep;
+--         numbers as JSON writes them (no nan, inf, hex, +1, 01)
+-- ARGV[7] lease_ms: integer 1..86400000 (1 day)
+-- ARGV[8] evict_after_ms: integer 1..86400000
+-- ARGV[9] events stream max length (approximate): integer 1..10000000
+-- ARGV[10] A2A agent card: '' or a JSON object as for metadata, at most 262144 bytes
 -- ARGV[11] ready flag, '0' or '1'
--- ARGV[12] max queue depth the agent accepts (0 = unbounded)
+-- ARGV[12] max queue depth the agent accepts (0 = unbounded): integer 0..1000000000
+--
+-- Every argument is checked before the first write: a refused call writes nothing.
+-- Integers are plain decimal digits (no sign, exponent, hex, inf or nan).
 --
 -- Returns {1, now_ms}: registered anew
---         {2, now_ms}: replaced a registration of the same agent_id (same or older version)
+--         {2, now_ms}: replaced a registration of the same agent_id (same or older version,
+--                      or a stored record whose version is unreadable)
 --         {-1, stored_version}: refused, a newer registration exists (stale)
+-- Errors  'reach: bad <argument>: <why>' (an error reply; redis-py raises ResponseError)
+--         when an argument, or the number of KEYS or ARGV, is out of contract.
+local DAY = 86400000
+
+local function show(v)
+  return (string.gsub(string.sub(tostring(v), 1, 40), '[^%w%.%+%-_ ]', '?'))
+end
+
+local function int(v, lo, hi)
+  if type(v) ~= 'string' or #v < 1 or #v > 16 or not string.find(v, '^%d+$') then return nil end
+  local n = tonumber(v)
+  if n < lo or n > hi then return nil end
+  return n
+end
+
+
+local function utf8_ok(v)
+  if not string.find(v, '[\128-\255]') then return true end
+  local i, n = 1, #v
+  while i <= n do
+    local c, len = string.byte(v, i), 0
+    if c < 0x80 then len = 1
+    elseif c >= 0xC2 and c <= 0xDF then len = 2
+    elseif c >= 0xE0 and c <= 0xEF then len = 3
+    elseif c >= 0xF0 and c <= 0xF4 then len = 4
+    else return false end
+    for k = i + 1, i + len - 1 do
+      local b = string.byte(v, k)
+      if not b or b < 0x80 or b > 0xBF then return false end
+    end
+    local b = string.byte(v, i + 1)
+    if (c == 0xE0 and b < 0xA0) or (c == 0xED and b > 0x9F)  -- overlong, surrogate
+      or (c == 0xF0 and b < 0x90) or (c == 0xF4 and b > 0x8F) then return false end
+    i = i + len
+  end
+  return true
+end
+
+local function json_number_ok(t)
+  local s = string.gsub(t, '^%-', '', 1)
+  local whole = string.match(s, '^%d+')
+  if not whole or (#whole > 1 and string.sub(whole, 1, 1) == '0') then return false end
+  s = string.sub(s, #whole + 1)
+  if string.sub(s, 1, 1) == '.' then
+    local frac = string.match(s, '^%.(%d+)')
+    if not frac then return false end
+    s = string.sub(s, #frac + 2)
+  end
+  return s == '' or string.find(s, '^[eE][+-]?%d+$') ~= nil
+end
+
+-- A JSON object that every reader parses the same way. cjson alone is laxer than JSON
+-- (it takes nan, inf, hex, +1, 01, 1.): after it, every bare token must be a JSON number
+-- or true/false/null, and nesting stays shallow enough for any recursive decoder.
+local function json_object_ok(v, max)
+  if #v > max or not string.find(v, '^%s*{') or not utf8_ok(v) then return false end
+  local ok, t = pcall(cjson.decode, v)
+  if not ok or type(t) ~= 'table' then return false end
+  local bare = string.gsub(string.gsub(string.gsub(v, '\\\\', ''), '\\"', ''), '"[^"]*"', '""')
+  if string.find(bare, '[^ \t\r\n%w%.%+%-{}%[%]:,"]') then return false end
+  for tok in string.gmatch(bare, '[%w%.%+%-]+') do
+    if tok ~= 'true' and tok ~= 'false' and tok ~= 'null' and not json_number_ok(tok) then
+      return false
+    end
+  end
+  local depth = 0
+  for c in string.gmatch(bare, '[%[%]{}]') do
+    if c == '{' or c == '[' then
+      depth = depth + 1
+      if depth > 64 then return false end
+    else
+      depth = depth - 1
+    end
+  end
+  return true
+end
+
+local function id_ok(v)
+  return #v >= 1 and #v <= 256 and string.find(v, '%S') ~= nil and not string.find(v, '[{}]')
+    and utf8_ok(v)
+end
+
+local function cap_ok(c)
+  return #c >= 1 and #c <= 200 and string.find(c, '^[a-z0-9_.]+$') ~= nil
+    and not string.find(c, '^%.') and not string.find(c, '%.$') and not string.find(c, '%.%.')
+end
+
+local function split(s)
+  local out, i = {}, 1
+  while true do
+    local j = string.find(s, ',', i, true)
+    if not j then
+      out[#out + 1] = string.sub(s, i)
+      return out
+    end
+    out[#out + 1] = string.sub(s, i, j - 1)
+    i = j + 1
+  end
+end
+
+local function check()
+  if #KEYS ~= 6 or #ARGV ~= 12 then
+    return 'arguments: want 6 KEYS and 12 ARGV, got ' .. #KEYS .. ' and ' .. #ARGV
+  end
+  if not id_ok(ARGV[1]) then return 'agent_id: want 1..256 bytes of UTF-8, not blank, no braces' end
+  if KEYS[2] ~= KEYS[6] .. ARGV[1] then return 'agent_id: KEYS[2] is not the hash of ' .. show(ARGV[1]) end
+  if #ARGV[2] < 1 or #ARGV[2] > 256 or not utf8_ok(ARGV[2]) then
+    return 'instance_id: want 1..256 bytes of UTF-8'
+  end
+  if not int(ARGV[3], 0, 9007199254740991) then return 'version ' .. show(ARGV[3]) .. ': want an integer 0..2^53-1' end
+  local w = ARGV[4]
+  local wn = #w <= 32 and string.find(w, '^[0-9.eE+%-]+$') and tonumber(w)
+  if not wn or wn ~= wn or wn <= 0 or wn > 1000 then
+    return 'weight ' .. show(w) .. ': want a number, 0 < weight <= 1000'
+  end
+  if #ARGV[5] > 201000 then return 'capabilities: too long' end
+  local caps, seen = split(ARGV[5]), {}
+  if #caps > 1000 then return 'capabilities: want 1..1000' end
+  for _, cap in ipairs(caps) do
+    if not cap_ok(cap) then return 'capability ' .. show(cap) .. ': want ^[a-z0-9_]+(\\.[a-z0-9_]+)*$, 1..200 bytes' end
+    if seen[cap] then return 'capability ' .. show(cap) .. ': listed twice' end
+    seen[cap] = true
+  end
+  if not json_object_ok(ARGV[6], 65536) then
+    return 'metadata: want a JSON object (UTF-8, nesting <= 64) of at most 65536 bytes'
+  end
+  if not int(ARGV[7], 1, DAY) then return 'lease_ms ' .. show(ARGV[7]) .. ': want an integer 1..86400000' end
+  if not int(ARGV[8], 1, DAY) then return 'evict_after_ms ' .. show(ARGV[8]) .. ': want an integer 1..86400000' end
+  if not int(ARGV[9], 1, 10000000) then return 'events maxlen ' .. show(ARGV[9]) .. ': want an integer 1..10000000' end
+  if ARGV[10] ~= '' and not json_object_ok(ARGV[10], 262144) then
+    return 'card: want a JSON object (UTF-8, nesting <= 64) of at most 262144 bytes, or empty'
+  end
+  if ARGV[11] ~= '0' and ARGV[11] ~= '1' then return 'ready ' .. show(ARGV[11]) .. ": want '0' or '1'" end
+  if not int(ARGV[12], 0, 1000000000) then return 'max_queue ' .. show(ARGV[12]) .. ': want an integer 0..1000000000' end
+  return nil
+end
+
+local err = check()
+if err then return redis.error_reply('ERR reach: bad ' .. err) end
+
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local id = ARGV[1]
@@ -28,8 +176,11 @@ local version = tonumber(ARGV[3])
 
 local stored = redis.call('HMGET', KEYS[2], 'version', 'caps', 'state')
 local code = 1
-if stored[1] then
-  if tonumber(stored[1]) > version then
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  -- A stored version that is not a number (a record written behind the scripts' back)
+  -- cannot fence anyone: the new registration replaces it.
+  local sv = tonumber(stored[1])
+  if sv and sv == sv and sv > version then
     return {-1, stored[1]}
   end
   code = 2
@@ -37,8 +188,8 @@ if stored[1] then
     for cap in string.gmatch(stored[2], '[^,]+') do
       local set = KEYS[5] .. cap
       redis.call('SREM', set, id)
-      local n = redis.call('SCARD', set)
-      if n == 0 then redis.call('ZREM', KEYS[3], cap) else redis.call('ZADD', KEYS[3], n, cap) end
+      local c = redis.call('SCARD', set)
+      if c == 0 then redis.call('ZREM', KEYS[3], cap) else redis.call('ZADD', KEYS[3], c, cap) end
     end
   end
   redis.call('DEL', KEYS[2])

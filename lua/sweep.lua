@@ -14,15 +14,57 @@
 -- KEYS[6] agent-hash key prefix (agent ids are appended; same slot)
 -- KEYS[7] reroute set: evicted agents are added, so their inboxes get moved to live agents
 --         even if the runtime that swept crashes before moving them
--- ARGV[1] sweeper owner id (any runtime; the lock keeps the others idle)
--- ARGV[2] lock ttl ms (0 = sweep without taking the lock)
--- ARGV[3] shadow_ttl_ms
--- ARGV[4] max agents to look at in this call
--- ARGV[5] events stream max length (approximate)
+-- ARGV[1] sweeper owner id (any runtime; the lock keeps the others idle): 1..256 bytes
+-- ARGV[2] lock ttl ms (0 = sweep without taking the lock): integer 0..3600000 (1 hour)
+-- ARGV[3] shadow_ttl_ms: integer 1..2592000000 (30 days)
+-- ARGV[4] max agents to look at in this call: integer 1..100000
+-- ARGV[5] events stream max length (approximate): integer 1..10000000
+--
+-- Every argument is checked before the first write: a refused call writes nothing.
+-- Integers are plain decimal digits (no sign, exponent, hex, inf or nan).
+-- A record whose timing fields are not finite numbers (written behind the scripts' back) is
+-- evicted when due, and no record's deadline is put further than 2 days ahead, so one
+-- bad record neither stops the sweep nor stays registered for ever.
 --
 -- Returns {-1}: another runtime holds the sweeper lock
 --         {n_due, n_probation, n_evicted, n_deleted, evicted_id...}
 --         (n_due == ARGV[4] means more may be due: call again)
+-- Errors  'reach: bad <argument>: <why>' (an error reply; redis-py raises ResponseError)
+--         when an argument, or the number of KEYS or ARGV, is out of contract.
+local DAY = 86400000
+
+local function show(v)
+  return (string.gsub(string.sub(tostring(v), 1, 40), '[^%w%.%+%-_ ]', '?'))
+end
+
+local function int(v, lo, hi)
+  if type(v) ~= 'string' or #v < 1 or #v > 16 or not string.find(v, '^%d+$') then return nil end
+  local n = tonumber(v)
+  if n < lo or n > hi then return nil end
+  return n
+end
+
+local function finite(x)
+  return x ~= nil and x == x and x > -math.huge and x < math.huge
+end
+
+local function check()
+  if #KEYS ~= 7 or #ARGV ~= 5 then
+    return 'arguments: want 7 KEYS and 5 ARGV, got ' .. #KEYS .. ' and ' .. #ARGV
+  end
+  if #ARGV[1] < 1 or #ARGV[1] > 256 then return 'owner: want 1..256 bytes' end
+  if not int(ARGV[2], 0, 3600000) then return 'lock_ms ' .. show(ARGV[2]) .. ': want an integer 0..3600000' end
+  if not int(ARGV[3], 1, 30 * DAY) then
+    return 'shadow_ttl_ms ' .. show(ARGV[3]) .. ': want an integer 1..2592000000'
+  end
+  if not int(ARGV[4], 1, 100000) then return 'batch ' .. show(ARGV[4]) .. ': want an integer 1..100000' end
+  if not int(ARGV[5], 1, 10000000) then return 'events maxlen ' .. show(ARGV[5]) .. ': want an integer 1..10000000' end
+  return nil
+end
+
+local err = check()
+if err then return redis.error_reply('ERR reach: bad ' .. err) end
+
 if tonumber(ARGV[2]) > 0 then
   local holder = redis.call('GET', KEYS[4])
   if holder and holder ~= ARGV[1] then
@@ -45,7 +87,7 @@ end
 for _, id in ipairs(due) do
   local h = KEYS[6] .. id
   local s = redis.call('HMGET', h, 'state', 'last_heartbeat_ms', 'evict_after_ms', 'caps', 'instance_id')
-  if not s[1] then
+  if not s[1] and redis.call('EXISTS', h) == 0 then
     redis.call('ZREM', KEYS[1], id)
     n_del = n_del + 1
   elseif s[1] == 'evicted' then
@@ -53,7 +95,11 @@ for _, id in ipairs(due) do
     redis.call('ZREM', KEYS[1], id)
     n_del = n_del + 1
   else
-    local evict_at = tonumber(s[2]) + tonumber(s[3])
+    local hb, ev = tonumber(s[2]), tonumber(s[3])
+    local evict_at = now  -- unreadable timing: evict now
+    if finite(hb) and finite(ev) then
+      evict_at = math.min(math.max(hb + ev, 0), now + 2 * DAY)
+    end
     if evict_at <= now then
       for cap in string.gmatch(s[4] or '', '[^,]+') do
         local set = KEYS[5] .. cap

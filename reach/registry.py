@@ -2,25 +2,69 @@
 
 Every change is one Lua script (``lua/register.lua`` ...), atomic in the namespace's hash
 slot. Reads are plain commands on the same slot. Times are the Redis server's clock.
+
+Limits. The scripts refuse (and :class:`Registry` raises :class:`~reach.ConfigError` for)
+arguments outside these bounds, so every stored record is one any reader can use:
+agent and instance ids 1..256 bytes of UTF-8 (no ``{``/``}``); versions 0..2^53-1;
+``0 < weight <= 1000``; ``lease_ms`` and ``evict_after_ms`` 1 ms..1 day; ``max_queue``
+0..10^9; 1..1000 capabilities of at most 200 bytes; metadata a JSON object of at most
+64 KiB, the card one of at most 256 KiB (both nested at most 64 deep); sweeper
+``lock_ms`` 0..1 hour, ``shadow_ttl_ms`` 1 ms..30 days.
+
+Untrusted records. Anyone holding the namespace's keys can write a record behind the
+scripts' back. Readers never fail on one: a record that cannot be read (a field that is
+not a number, metadata that is not a JSON object, bytes that are not UTF-8...) is left
+out (so never routed to) and logged once (:func:`parse_agent`); an unreadable event is
+read with replacement characters (:class:`Event`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
 import re
-from collections.abc import Iterable, Mapping
+import time
+from collections import OrderedDict
+from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
 import msgspec
+from redis import exceptions as rexc
 
 from . import scripts
 from .connection import AnyRedis, as_text
-from .errors import ConfigError, InvalidCapability, StaleRegistration, UnknownAgent
+from .errors import ConfigError, InvalidCapability, ReachError, StaleRegistration, UnknownAgent
 from .keys import Keys, clean_id
+
+log = logging.getLogger("reach.registry")
 
 CAPABILITY_RE = re.compile(r"^[a-z0-9_]+(\.[a-z0-9_]+)*$")
 STATES = ("active", "probation", "evicted")
 EVENTS_MAXLEN = 10_000
+
+MAX_ID_BYTES = 256
+MAX_VERSION = 2**53 - 1
+MAX_WEIGHT = 1000.0
+MAX_LEASE_MS = 86_400_000  # lease_ms and evict_after_ms
+MAX_QUEUE = 1_000_000_000
+MAX_CAPABILITY_BYTES = 200
+MAX_CAPABILITIES = 1000
+MAX_METADATA_BYTES = 65_536
+MAX_CARD_BYTES = 262_144
+MAX_LOCK_MS = 3_600_000
+MAX_SHADOW_TTL_MS = 30 * 86_400_000
+MAX_BATCH = 100_000
+MAX_EVENTS_MAXLEN = 10_000_000
+MAX_LOAD = 2**53 - 1  # queue_depth and inflight reported by heartbeats
+_MAX_MS = 2**63 - 1
+
+
+class BadRecord(ReachError, ValueError):
+    """A registry record that cannot be read (a field written behind the scripts' back).
+
+    Raised by :meth:`AgentInfo.from_hash`; readers of the registry skip such a record.
+    """
 
 
 def normalize_capability(name: str) -> str:
@@ -32,10 +76,11 @@ def normalize_capability(name: str) -> str:
     if not isinstance(name, str):
         raise InvalidCapability(f"A capability name must be a string, not {type(name).__name__}.")
     norm = name.strip().lower()
-    if not CAPABILITY_RE.match(norm):
+    if not CAPABILITY_RE.match(norm) or len(norm) > MAX_CAPABILITY_BYTES:
         raise InvalidCapability(
             f"Invalid capability name {name!r}: use lower-case words of letters, digits and "
-            "'_' joined by dots, e.g. 'text.summarize' or 'code.review_python'."
+            f"'_' joined by dots, at most {MAX_CAPABILITY_BYTES} characters, e.g. "
+            "'text.summarize' or 'code.review_python'."
         )
     return norm
 
@@ -53,6 +98,10 @@ def normalize_capabilities(names: Iterable[str]) -> list[str]:
         raise InvalidCapability(
             "An agent must declare at least one capability, e.g. capabilities=['text.summarize']."
         )
+    if len(out) > MAX_CAPABILITIES:
+        raise InvalidCapability(
+            f"An agent may declare at most {MAX_CAPABILITIES} capabilities, not {len(out)}."
+        )
     return out
 
 
@@ -64,7 +113,16 @@ def agent_key_id(agent_id: str) -> str:
     """
     if not isinstance(agent_id, str) or not clean_id(agent_id).strip():
         raise ConfigError(f"Invalid agent_id {agent_id!r}: use a non-empty string.")
-    return clean_id(agent_id)
+    cleaned = clean_id(agent_id)
+    try:
+        size = len(cleaned.encode())
+    except UnicodeEncodeError:
+        raise ConfigError(f"Invalid agent_id {agent_id[:40]!r}: not encodable as UTF-8.") from None
+    if size > MAX_ID_BYTES:
+        raise ConfigError(
+            f"Invalid agent_id {agent_id[:40]!r}...: at most {MAX_ID_BYTES} bytes (UTF-8)."
+        )
+    return cleaned
 
 
 class AgentInfo(msgspec.Struct, kw_only=True):
@@ -91,31 +149,53 @@ class AgentInfo(msgspec.Struct, kw_only=True):
     max_queue: int = 0
 
     @classmethod
-    def from_hash(cls, h: Mapping[bytes | str, bytes | str]) -> AgentInfo:
-        d = {as_text(k): as_text(v)
-             for k, v in h.items()}  # fmt: skip
-        card = d.get("card") or ""
-        caps = d.get("caps", "")
+    def from_hash(
+        cls, h: Mapping[bytes | str, bytes | str], *, agent_id: str | None = None
+    ) -> AgentInfo:
+        """Read a record (``HGETALL`` of an agent hash), checking every field.
+
+        ``agent_id``: the id the record was looked up by; a record naming another id is
+        refused. Raises :class:`BadRecord` (saying which field) when any field is not what
+        the scripts write; fields reach does not know are ignored.
+        """
+        d = _known_fields(h)
+        aid = _text(d, "agent_id", "")
+        if not aid:
+            raise BadRecord("agent_id: missing")
+        if agent_id is not None and aid != agent_id:
+            raise BadRecord(f"agent_id: {_show(aid)} stored under the key of {_show(agent_id)}")
+        caps = [c for c in _text(d, "caps", "").split(",") if c]
+        for c in caps:
+            if not CAPABILITY_RE.match(c):
+                raise BadRecord(f"caps: {_show(c)} is not a capability name")
+        weight = _number(d, "weight", 1.0)
+        if not 0.0 <= weight <= MAX_WEIGHT:
+            raise BadRecord(f"weight: {weight!r} is not within 0..{MAX_WEIGHT:g}")
+        metadata = _json_object(d, "metadata")
+        card_text = _text(d, "card", "")
+        state = _text(d, "state", "active")
+        if state not in STATES:
+            raise BadRecord(f"state: {_show(state)} is not one of {', '.join(STATES)}")
         return cls(
-            agent_id=d["agent_id"],
-            instance_id=d.get("instance_id", ""),
-            version=int(d.get("version", 0)),
-            weight=float(d.get("weight", 1)),
-            capabilities=[c for c in caps.split(",") if c],
-            metadata=json.loads(d.get("metadata") or "{}"),
-            card=json.loads(card) if card else None,
-            state=d.get("state", "active"),
-            ready=d.get("ready") == "1",
-            draining=d.get("draining") == "1",
-            registered_ms=int(d.get("registered_ms", 0)),
-            last_heartbeat_ms=int(d.get("last_heartbeat_ms", 0)),
-            state_ms=int(d.get("state_ms", 0)),
-            ready_ms=int(d.get("ready_ms", 0)),
-            lease_ms=int(d.get("lease_ms", 0)),
-            evict_after_ms=int(d.get("evict_after_ms", 0)),
-            queue_depth=int(d.get("queue_depth", 0)),
-            inflight=int(d.get("inflight", 0)),
-            max_queue=int(d.get("max_queue", 0)),
+            agent_id=aid,
+            instance_id=_text(d, "instance_id", ""),
+            version=_int(d, "version", MAX_VERSION),
+            weight=weight,
+            capabilities=caps,
+            metadata=metadata if metadata is not None else {},
+            card=_json_object(d, "card") if card_text else None,
+            state=state,
+            ready=_flag(d, "ready"),
+            draining=_flag(d, "draining"),
+            registered_ms=_int(d, "registered_ms"),
+            last_heartbeat_ms=_int(d, "last_heartbeat_ms"),
+            state_ms=_int(d, "state_ms"),
+            ready_ms=_int(d, "ready_ms"),
+            lease_ms=_int(d, "lease_ms"),
+            evict_after_ms=_int(d, "evict_after_ms"),
+            queue_depth=_int(d, "queue_depth"),
+            inflight=_int(d, "inflight"),
+            max_queue=_int(d, "max_queue"),
         )
 
     def matches(self, where: Mapping[str, Any] | None) -> bool:
@@ -130,6 +210,149 @@ class AgentInfo(msgspec.Struct, kw_only=True):
         return self.state == "active" and self.ready and not self.draining
 
 
+_FIELDS = frozenset(AgentInfo.__struct_fields__) | {"caps"}
+
+
+def _known_fields(h: Mapping[bytes | str, bytes | str]) -> dict[str, bytes | str]:
+    out: dict[str, bytes | str] = {}
+    for k, v in h.items():
+        if isinstance(k, bytes):
+            try:
+                k = k.decode()
+            except UnicodeDecodeError:
+                continue  # not a field reach writes
+        if k in _FIELDS:
+            out[k] = v
+    return out
+
+
+def _show(value: object, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _text(d: Mapping[str, bytes | str], name: str, default: str) -> str:
+    v = d.get(name)
+    if v is None:
+        return default
+    if isinstance(v, bytes):
+        try:
+            return v.decode()
+        except UnicodeDecodeError:
+            raise BadRecord(f"{name}: not UTF-8 ({_show(v)})") from None
+    return str(v)
+
+
+def _int(d: Mapping[str, bytes | str], name: str, hi: int = _MAX_MS) -> int:
+    v = _text(d, name, "0")
+    if not (v.isascii() and v.isdigit() and len(v) <= 19) or int(v) > hi:
+        raise BadRecord(f"{name}: {_show(v)} is not an integer within 0..{hi}")
+    return int(v)
+
+
+def _number(d: Mapping[str, bytes | str], name: str, default: float) -> float:
+    v = _text(d, name, "")
+    if not v:
+        return default
+    try:
+        x = float(v) if len(v) <= 64 else math.nan
+    except ValueError:
+        x = math.nan
+    if not math.isfinite(x):
+        raise BadRecord(f"{name}: {_show(v)} is not a finite number")
+    return x
+
+
+def _flag(d: Mapping[str, bytes | str], name: str) -> bool:
+    v = _text(d, name, "0")
+    if v not in ("0", "1"):
+        raise BadRecord(f"{name}: {_show(v)} is not '0' or '1'")
+    return v == "1"
+
+
+def _json_object(d: Mapping[str, bytes | str], name: str) -> dict[str, Any] | None:
+    v = _text(d, name, "")
+    if not v:
+        return None
+    try:
+        obj = json.loads(v, strict=False)
+    except (ValueError, RecursionError):
+        obj = None
+    if not isinstance(obj, dict):
+        raise BadRecord(f"{name}: not a JSON object ({_show(v)})")
+    return obj
+
+
+class _Reporter:
+    """Logs each distinct problem once (remembering the last ``keep``), and at most
+    ``per_minute`` lines a minute, so a bad record read on every reload, or a stream
+    flooded with bad events, costs a few lines rather than one per read."""
+
+    def __init__(self, *, keep: int = 4096, per_minute: int = 20) -> None:
+        self.keep, self.per_minute = keep, per_minute
+        self._seen: OrderedDict[Hashable, None] = OrderedDict()
+        self._window = 0.0
+        self._lines = 0
+        self._suppressed = 0
+
+    def report(self, key: Hashable, msg: str, *args: object) -> None:
+        if key in self._seen:
+            self._seen.move_to_end(key)
+            return
+        self._seen[key] = None
+        if len(self._seen) > self.keep:
+            self._seen.popitem(last=False)
+        now = time.monotonic()
+        if now - self._window >= 60.0:
+            if self._suppressed:
+                log.warning("%d more unreadable registry records or events were not logged",
+                            self._suppressed)  # fmt: skip
+            self._window, self._lines, self._suppressed = now, 0, 0
+        if self._lines < self.per_minute:
+            self._lines += 1
+            log.warning(msg, *args)
+        else:
+            self._suppressed += 1
+
+
+_reporter = _Reporter()
+
+
+def parse_agent(
+    h: Mapping[bytes | str, bytes | str], *, agent_id: str | None = None, namespace: str = ""
+) -> AgentInfo | None:
+    """:meth:`AgentInfo.from_hash`, or None (and one log line per distinct problem) when
+    the record cannot be read: the agent is left out, never routed to, and nothing fails."""
+    try:
+        return AgentInfo.from_hash(h, agent_id=agent_id)
+    except BadRecord as e:
+        reason = str(e)
+    except Exception as e:  # noqa: BLE001 - whatever the bytes are, the reader goes on
+        reason = f"{type(e).__name__}: {e}"
+    _reporter.report(
+        (namespace, agent_id, reason),
+        "registry %s: agent record %s cannot be read and is ignored (not routed to): %s. "
+        "Something wrote it behind reach's scripts; it goes when the sweeper evicts it or "
+        "a new registration of that id replaces it.",
+        namespace, _show(agent_id), reason,
+    )  # fmt: skip
+    return None
+
+
+def decode_id(raw: bytes | str, *, namespace: str = "", where: str = "registry") -> str | None:
+    """An id read from Redis as text, or None (reported once) when it is not UTF-8: no
+    agent reach registered has such an id, so nothing can be looked up by it."""
+    if isinstance(raw, str):
+        return raw
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        _reporter.report((namespace, where, raw[:64]),
+                         "registry %s: %s holds an id that is not UTF-8 (%s): ignored",
+                         namespace, where, _show(raw))  # fmt: skip
+        return None
+
+
 class SweepResult(msgspec.Struct):
     """What one sweep did; ``locked`` means another runtime holds the sweeper lock."""
 
@@ -141,7 +364,11 @@ class SweepResult(msgspec.Struct):
 
 
 class Event(msgspec.Struct):
-    """One registry event (``type`` is registered, ready, draining, unstable, ...)."""
+    """One registry event (``type`` is registered, ready, draining, unstable, ...).
+
+    Events are read as they are: bytes that are not UTF-8 come out with replacement
+    characters, a ``ts`` that is not a number as 0 (both logged once).
+    """
 
     id: str
     type: str
@@ -150,13 +377,76 @@ class Event(msgspec.Struct):
     ts: int
 
 
+def _int_arg(name: str, value: Any, lo: int, hi: int) -> int:
+    """``value`` as an int within ``lo..hi`` (an integral float is taken), else ConfigError."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ConfigError(f"{name} must be an integer within {lo}..{hi}, got {value!r}.")
+    return value
+
+
+def _text_arg(name: str, value: Any, lo: int = 1, hi: int = MAX_ID_BYTES) -> str:
+    try:
+        size = len(value.encode()) if isinstance(value, str) else -1
+    except UnicodeEncodeError:
+        size = -1
+    if not lo <= size <= hi:
+        raise ConfigError(
+            f"{name} must be a string of {lo}..{hi} bytes (UTF-8), got {_show(value)}."
+        )
+    return str(value)
+
+
+def _json_arg(name: str, value: Mapping[str, Any], limit: int) -> str:
+    try:
+        text = json.dumps(dict(value), separators=(",", ":"), default=str, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as e:
+        raise ConfigError(f"{name} must be JSON-serialisable without nan or inf: {e}") from None
+    if len(text.encode()) > limit:
+        raise ConfigError(f"{name} is {len(text.encode())} bytes as JSON: at most {limit}.")
+    return text
+
+
+def refusal(script: str, exc: BaseException) -> ConfigError | None:
+    """The :class:`ConfigError` for a script's ``reach: bad ...`` error reply, else None.
+
+    Every registry script checks all its arguments before its first write and answers
+    ``ERR reach: bad <argument>: <why>`` when one is out of contract (nothing written).
+    """
+    text = str(exc)
+    if isinstance(exc, rexc.ResponseError) and text.startswith("reach: bad "):
+        return ConfigError(
+            f"{script}.lua refused its arguments, nothing was written: {text[len('reach: ') :]}. "
+            "See the script's header (or docs/protocol.md) for the allowed values."
+        )
+    return None
+
+
 class Registry:
-    """Registry operations for one namespace on one Redis (standalone or Cluster)."""
+    """Registry operations for one namespace on one Redis (standalone or Cluster).
+
+    Writes raise :class:`~reach.ConfigError` for arguments outside the limits of this
+    module's docstring. Reads skip records that cannot be read (:func:`parse_agent`).
+    """
 
     def __init__(self, redis: AnyRedis, namespace: str, *, events_maxlen: int = EVENTS_MAXLEN):
         self.redis = redis
         self.keys = Keys(namespace)
-        self.events_maxlen = events_maxlen
+        self.events_maxlen = _int_arg("events_maxlen", events_maxlen, 1, MAX_EVENTS_MAXLEN)
+
+    @property
+    def namespace(self) -> str:
+        return self.keys.namespace
+
+    async def _call(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        try:
+            return await scripts.call(self.redis, name, keys, args)
+        except rexc.ResponseError as e:
+            err = refusal(name, e)
+            if err is not None:
+                raise err from e
+            raise
 
     # -- writes -----------------------------------------------------------------------
     def register_args(
@@ -174,17 +464,30 @@ class Registry:
         ready: bool = False,
         max_queue: int = 0,
     ) -> tuple[list[str], list[Any]]:
-        """The KEYS and ARGV of ``register.lua`` (shared by the async and sync paths)."""
+        """The KEYS and ARGV of ``register.lua`` (shared by the async and sync paths).
+
+        Raises :class:`ConfigError` for an argument outside the limits (module docstring).
+        """
         k = self.keys
         agent_id = agent_key_id(agent_id)
         caps = normalize_capabilities(capabilities)
-        keys = [k.agents, k.agent(agent_id), k.caps, k.events, k.cap_prefix]
+        if (
+            isinstance(weight, bool)
+            or not isinstance(weight, int | float)
+            or not (math.isfinite(weight) and 0 < weight <= MAX_WEIGHT)
+        ):
+            raise ConfigError(
+                f"weight must be a number, 0 < weight <= {MAX_WEIGHT:g}, got {weight!r}."
+            )
+        keys = [k.agents, k.agent(agent_id), k.caps, k.events, k.cap_prefix, k.agent_prefix]
         args = [
-            agent_id, instance_id, version, weight, ",".join(caps),
-            json.dumps(dict(metadata or {}), separators=(",", ":"), default=str),
-            lease_ms, evict_after_ms, self.events_maxlen,
-            json.dumps(dict(card), separators=(",", ":")) if card else "",
-            "1" if ready else "0", max_queue,
+            agent_id, _text_arg("instance_id", instance_id),
+            _int_arg("version", version, 0, MAX_VERSION), repr(float(weight)), ",".join(caps),
+            _json_arg("metadata", metadata or {}, MAX_METADATA_BYTES),
+            _int_arg("lease_ms", lease_ms, 1, MAX_LEASE_MS),
+            _int_arg("evict_after_ms", evict_after_ms, 1, MAX_LEASE_MS), self.events_maxlen,
+            _json_arg("card", card, MAX_CARD_BYTES) if card else "",
+            "1" if ready else "0", _int_arg("max_queue", max_queue, 0, MAX_QUEUE),
         ]  # fmt: skip
         return keys, args
 
@@ -202,21 +505,27 @@ class Registry:
     async def register(self, agent_id: str, **kw: Any) -> int:
         """Register (or re-register) an agent; returns 1 new, 2 replaced.
 
-        Raises :class:`StaleRegistration` when a newer version is stored.
+        Raises :class:`StaleRegistration` when a newer version is stored, and
+        :class:`ConfigError` for an argument outside the limits (nothing is written).
         """
         keys, args = self.register_args(agent_id, **kw)
-        reply = await scripts.call(self.redis, "register", keys, args)
+        reply = await self._call("register", keys, args)
         return self.check_register_reply(agent_id, kw["version"], reply)
 
     def heartbeat_args(
         self, agent_id: str, *, instance_id: str, version: int, queue_depth: int, inflight: int
     ) -> tuple[list[str], list[Any]]:
+        """The KEYS and ARGV of ``heartbeat.lua``. Load figures are clamped to 0..2^53-1 (a
+        heartbeat must not fail over a counter)."""
         k = self.keys
         agent_id = agent_key_id(agent_id)
         return (
             [k.agents, k.agent(agent_id), k.events],
-            [agent_id, instance_id, version, queue_depth, inflight, self.events_maxlen],
-        )
+            [agent_id, _text_arg("instance_id", instance_id),
+             _int_arg("version", version, 0, MAX_VERSION),
+             min(max(int(queue_depth), 0), MAX_LOAD), min(max(int(inflight), 0), MAX_LOAD),
+             self.events_maxlen],
+        )  # fmt: skip
 
     async def heartbeat(
         self,
@@ -227,45 +536,60 @@ class Registry:
         queue_depth: int = 0,
         inflight: int = 0,
     ) -> tuple[int, bool]:
-        """Renew the lease. Returns ``(code, draining)``; code as in ``heartbeat.lua``."""
+        """Renew the lease. Returns ``(code, draining)``; code as in ``heartbeat.lua``:
+        1 renewed, 2 renewed after probation, 0 not registered (register again), -1 stale
+        (a newer registration of this agent_id exists: stop)."""
         keys, args = self.heartbeat_args(
             agent_id, instance_id=instance_id, version=version,
             queue_depth=queue_depth, inflight=inflight,
         )  # fmt: skip
-        reply = await scripts.call(self.redis, "heartbeat", keys, args)
+        reply = await self._call("heartbeat", keys, args)
         return int(reply[0]), bool(int(reply[1]))
 
     async def deregister(self, agent_id: str, *, instance_id: str = "") -> int:
-        """Remove an agent (only ``instance_id``'s registration, when given)."""
+        """Remove an agent (only ``instance_id``'s registration, when given).
+
+        Returns 1 removed, 0 no such agent, -1 kept (another instance owns it).
+        """
         k = self.keys
         agent_id = agent_key_id(agent_id)
         return int(
-            await scripts.call(
-                self.redis, "deregister",
-                [k.agents, k.agent(agent_id), k.caps, k.events, k.cap_prefix],
-                [agent_id, instance_id, self.events_maxlen],
+            await self._call(
+                "deregister",
+                [k.agents, k.agent(agent_id), k.caps, k.events, k.cap_prefix, k.agent_prefix],
+                [agent_id, _text_arg("instance_id", instance_id, 0), self.events_maxlen],
             )
-        )  # fmt: skip
+        )
 
     async def mark_ready(self, agent_id: str, *, instance_id: str, ready: bool = True) -> int:
         """Set readiness; returns 1 set, 0 not registered, -1 owned by another instance."""
         k = self.keys
         agent_id = agent_key_id(agent_id)
         return int(
-            await scripts.call(
-                self.redis, "mark_ready", [k.agent(agent_id), k.events],
-                [agent_id, instance_id, "1" if ready else "0", self.events_maxlen],
+            await self._call(
+                "mark_ready", [k.agent(agent_id), k.events],
+                [agent_id, _text_arg("instance_id", instance_id), "1" if ready else "0",
+                 self.events_maxlen],
             )
         )  # fmt: skip
 
-    async def drain(self, agent_id: str) -> int:
-        """Ask an agent to drain. Raises :class:`UnknownAgent` when it is not live."""
+    async def drain(self, agent_id: str, *, instance_id: str = "") -> int:
+        """Ask an agent to drain: routing stops sending it work, it finishes and leaves.
+
+        ``instance_id`` empty: an operator's drain of whatever instance is registered.
+        Given: only that instance's registration (a process draining itself), so a stale
+        process that stops never drains the newer one that replaced it.
+
+        Returns 1 now draining, 2 already draining, -1 another instance owns the
+        registration (only with ``instance_id``; nothing changed). Raises
+        :class:`UnknownAgent` when no live agent has that id.
+        """
         k = self.keys
         agent_id = agent_key_id(agent_id)
         code = int(
-            await scripts.call(
-                self.redis, "drain", [k.agent(agent_id), k.events],
-                [agent_id, self.events_maxlen],
+            await self._call(
+                "drain", [k.agent(agent_id), k.events],
+                [agent_id, self.events_maxlen, _text_arg("instance_id", instance_id, 0)],
             )
         )  # fmt: skip
         if code == 0:
@@ -285,17 +609,22 @@ class Registry:
     ) -> SweepResult:
         """Advance every due lease (probation, eviction, shadow deletion).
 
-        With ``lock_ms > 0`` only the holder of the sweeper lock sweeps; others get
-        ``locked=True``. Loops over batches until nothing due is left.
+        With ``lock_ms > 0`` (at most 1 hour) only the holder of the sweeper lock sweeps;
+        others get ``locked=True``. Loops over batches until nothing due is left.
         """
         k = self.keys
+        args = [
+            _text_arg("owner", owner), _int_arg("lock_ms", lock_ms, 0, MAX_LOCK_MS),
+            _int_arg("shadow_ttl_ms", shadow_ttl_ms, 1, MAX_SHADOW_TTL_MS),
+            _int_arg("batch", batch, 1, MAX_BATCH), self.events_maxlen,
+        ]  # fmt: skip
         total = SweepResult()
         while True:
-            reply = await scripts.call(
-                self.redis, "sweep",
+            reply = await self._call(
+                "sweep",
                 [k.agents, k.caps, k.events, k.sweeper_lock, k.cap_prefix, k.agent_prefix,
                  k.reroute],
-                [owner, lock_ms, shadow_ttl_ms, batch, self.events_maxlen],
+                args,
             )  # fmt: skip
             if int(reply[0]) < 0:
                 total.locked = True
@@ -304,23 +633,47 @@ class Registry:
             total.due += due
             total.probation += prob
             total.deleted += dele
-            total.evicted += [as_text(x) for x in reply[4:]]
+            total.evicted += [x for x in (decode_id(i, namespace=self.namespace,
+                                                    where="sweep") for i in reply[4:]) if x]  # fmt: skip
             if due < batch:
                 return total
 
     # -- reads ------------------------------------------------------------------------
     async def get(self, agent_id: str) -> AgentInfo | None:
-        """The agent's record (live or shadow), or None."""
+        """The agent's record (live or shadow); None when there is none, or when it cannot
+        be read (logged once, see :func:`parse_agent`)."""
         h = await self.redis.hgetall(self.keys.agent(agent_id))
-        return AgentInfo.from_hash(h) if h else None
+        if not h:
+            return None
+        return parse_agent(h, agent_id=clean_id(agent_id), namespace=self.namespace)
 
     async def agent_ids(self, capability: str | None = None) -> list[str]:
-        """Ids of the live agents of ``capability``, or of every known agent (shadows too)."""
+        """Ids of the live agents of ``capability``, or of every known agent (shadows too).
+
+        Ids that are not UTF-8 (no agent reach registered has one) are left out.
+        """
         if capability is None:
             ids = await self.redis.zrange(self.keys.agents, 0, -1)
+            where = "agents zset"
         else:
-            ids = await self.redis.smembers(self.keys.cap(normalize_capability(capability)))
-        return sorted(as_text(i) for i in ids)
+            cap = normalize_capability(capability)
+            ids = await self.redis.smembers(self.keys.cap(cap))
+            where = f"capability set {cap}"
+        decoded = (decode_id(i, namespace=self.namespace, where=where) for i in ids)
+        return sorted(i for i in decoded if i)
+
+    async def read_agents(self, ids: Iterable[str]) -> dict[str, AgentInfo | None]:
+        """The records of ``ids`` in one pipeline: None for an id without a readable one."""
+        ids = list(ids)
+        if not ids:
+            return {}
+        pipe = self.redis.pipeline(transaction=False)
+        for i in ids:
+            pipe.hgetall(self.keys.agent(i))
+        out: dict[str, AgentInfo | None] = {}
+        for i, h in zip(ids, await pipe.execute(), strict=True):
+            out[i] = parse_agent(h, agent_id=clean_id(i), namespace=self.namespace) if h else None
+        return out
 
     async def agents(
         self,
@@ -330,20 +683,15 @@ class Registry:
         ready: bool | None = None,
         where: Mapping[str, Any] | None = None,
     ) -> list[AgentInfo]:
-        """Agents, optionally of one capability, filtered by state, readiness and metadata."""
+        """Agents, optionally of one capability, filtered by state, readiness and metadata.
+
+        Records that cannot be read are left out (logged once)."""
         if state is not None and state not in STATES:
             raise ValueError(f"Unknown state {state!r}: use one of {', '.join(STATES)}.")
-        ids = await self.agent_ids(capability)
-        if not ids:
-            return []
-        pipe = self.redis.pipeline(transaction=False)
-        for i in ids:
-            pipe.hgetall(self.keys.agent(i))
         out = []
-        for h in await pipe.execute():
-            if not h:
+        for a in (await self.read_agents(await self.agent_ids(capability))).values():
+            if a is None:
                 continue
-            a = AgentInfo.from_hash(h)
             if state is not None and a.state != state:
                 continue
             if ready is not None and a.ready != ready:
@@ -355,31 +703,67 @@ class Registry:
     async def capabilities(self) -> list[tuple[str, int]]:
         """Every capability with at least one live agent, with how many declare it."""
         rows = await self.redis.zrange(self.keys.caps, 0, -1, withscores=True)
-        return [(as_text(c), int(n)) for c, n in rows]
+        out = []
+        for c, n in rows:
+            cap = decode_id(c, namespace=self.namespace, where="caps zset")
+            if cap is not None and math.isfinite(n):
+                out.append((cap, int(n)))
+        return out
 
     async def events(self, *, after: str = "-", count: int = 100) -> list[Event]:
         """Registry events after id ``after`` (exclusive), oldest first."""
         start = "-" if after in ("-", "0", "") else f"({after}"
         rows = await self.redis.xrange(self.keys.events, start, "+", count=count)
-        return [_event(i, f) for i, f in rows]
+        return [self.event(i, f) for i, f in rows]
 
     async def recent_events(self, count: int = 50) -> list[Event]:
         """The last ``count`` registry events, oldest first."""
         rows = await self.redis.xrevrange(self.keys.events, "+", "-", count=count)
-        return [_event(i, f) for i, f in reversed(rows)]
+        return [self.event(i, f) for i, f in reversed(rows)]
 
     async def tail_events(self, *, last_id: str = "$", block_ms: int = 1000) -> list[Event]:
         """Wait up to ``block_ms`` for events newer than ``last_id``."""
         res = await self.redis.xread({self.keys.events: last_id}, block=block_ms, count=100)
-        return [_event(i, f) for _, rows in res for i, f in rows] if res else []
+        return [self.event(i, f) for _, rows in res for i, f in rows] if res else []
+
+    def event(self, entry_id: bytes | str, fields: Mapping[bytes | str, bytes | str]) -> Event:
+        """One events-stream entry as an :class:`Event`; never fails (see :class:`Event`)."""
+        return _event(entry_id, fields, namespace=self.namespace)
 
 
-def _event(entry_id: bytes | str, fields: Mapping[bytes | str, bytes | str]) -> Event:
-    f = {as_text(k): as_text(v) for k, v in fields.items()}
+def _event(
+    entry_id: bytes | str, fields: Mapping[bytes | str, bytes | str], *, namespace: str = ""
+) -> Event:
+    eid = as_text(entry_id)
+    f: dict[str, str] = {}
+    bad = ""
+    for k, v in fields.items():
+        key = k.decode(errors="replace") if isinstance(k, bytes) else str(k)
+        if isinstance(v, bytes):
+            try:
+                f[key] = v.decode()
+            except UnicodeDecodeError:
+                f[key] = v.decode(errors="replace")
+                bad = f"{key} is not UTF-8"
+        else:
+            f[key] = str(v)
+    ts_text = f.get("ts", "0")
+    ts = int(ts_text) if ts_text.isascii() and ts_text.isdigit() and len(ts_text) <= 19 else -1
+    if ts < 0:
+        bad = bad or f"ts {_show(ts_text)} is not a number"
+        ts = 0
+    if bad:
+        _reporter.report(
+            (namespace, "event", eid),
+            "registry %s: event %s read with replacements: %s",
+            namespace,
+            eid,
+            bad,
+        )
     return Event(
-        id=as_text(entry_id),
+        id=eid,
         type=f.get("type", ""),
         agent_id=f.get("agent_id", ""),
         instance_id=f.get("instance_id", ""),
-        ts=int(f.get("ts", 0)),
+        ts=ts,
     )

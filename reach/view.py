@@ -10,7 +10,11 @@ The view holds every agent of the namespace. It is kept fresh three ways:
 * a caller that suspects an agent (a failed delivery) asks for :meth:`RegistryView.recheck`.
 
 When the view is older than ``max_staleness_s`` (the event tail is broken, Redis was
-away) the next read refreshes it first. ``version`` counts changes that matter to routing
+away) the next read refreshes it first.
+
+Whatever the registry holds, the view keeps going: a record that cannot be read is left
+out (never routed to) and logged once, an unreadable event is skipped, and the background
+tasks survive any error (logged, rate-limited) rather than take the process down. ``version`` counts changes that matter to routing
 (membership, state, readiness, draining, weight, capabilities, metadata) and not load
 figures, so the router's cached structures stay valid across heartbeats.
 """
@@ -25,10 +29,12 @@ from typing import Any
 import anyio
 from redis import exceptions as rexc
 
-from .connection import AnyRedis, as_text
-from .registry import AgentInfo, Registry
+from .connection import AnyRedis
+from .registry import AgentInfo, Registry, decode_id
 
 log = logging.getLogger("reach.view")
+
+_EVENTS_PER_READ = 200
 
 
 def _static(a: AgentInfo) -> tuple[Any, ...]:
@@ -60,6 +66,7 @@ class RegistryView:
         self._last_event = "$"
         self._lock = anyio.Lock()
         self._running = False
+        self._last_unexpected = -1e9
 
     @property
     def redis(self) -> AnyRedis:
@@ -89,22 +96,13 @@ class RegistryView:
 
     async def _reload(self) -> None:
         ids = await self.registry.agent_ids()
-        agents = await self._read(ids)
-        self._apply({a.agent_id: a for a in agents}, replace=True)
+        found = await self.registry.read_agents(ids)
+        self._apply({a.agent_id: a for a in found.values() if a is not None}, replace=True)
         self._loaded_at = time.monotonic()
 
     async def recheck(self, agent_id: str) -> None:
         """Re-read one agent now (after a failed delivery to it)."""
-        found = await self._read([agent_id])
-        self._apply({agent_id: found[0] if found else None}, replace=False)
-
-    async def _read(self, ids: list[str]) -> list[AgentInfo]:
-        if not ids:
-            return []
-        pipe = self.redis.pipeline(transaction=False)
-        for i in ids:
-            pipe.hgetall(self.registry.keys.agent(i))
-        return [AgentInfo.from_hash(h) for h in await pipe.execute() if h]
+        self._apply(await self.registry.read_agents([agent_id]), replace=False)
 
     def _apply(self, new: dict[str, AgentInfo | None], *, replace: bool) -> None:
         changed = False
@@ -145,6 +143,8 @@ class RegistryView:
                 await self.refresh()
             except (rexc.RedisError, OSError) as e:
                 log.warning("registry view: initial load failed (%s)", e)
+            except Exception:  # noqa: BLE001 - the periodic refresh tries again
+                self._unexpected("initial load")
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._tail)
                 tg.start_soon(self._periodic)
@@ -158,27 +158,50 @@ class RegistryView:
                 await self.refresh()
             except (rexc.RedisError, OSError) as e:
                 log.warning("registry view refresh failed: %s", e)
+            except Exception:  # noqa: BLE001 - a bug or bad data must not stop the process
+                self._unexpected("refresh")
 
     async def _tail(self) -> None:
         key = self.registry.keys.events
         while True:
             try:
-                res = await self.redis.xread({key: self._last_event}, block=1000, count=200)
+                res = await self.redis.xread(
+                    {key: self._last_event}, block=1000, count=_EVENTS_PER_READ
+                )
             except (rexc.RedisError, OSError) as e:
                 log.warning("registry events read failed (%s); retrying", e)
                 await anyio.sleep(0.2)
                 continue
+            except Exception:  # noqa: BLE001 - e.g. a reply redis-py cannot parse
+                self._unexpected("events read")
+                await anyio.sleep(0.2)
+                continue
             if not res:
                 continue
-            ids: set[str] = set()
-            for _, entries in res:
-                for entry_id, fields in entries:
-                    self._last_event = entry_id
-                    a = fields.get(b"agent_id") or fields.get("agent_id")
-                    if a:
-                        ids.add(as_text(a))
             try:
-                found = {a.agent_id: a for a in await self._read(sorted(ids))}
-                self._apply({i: found.get(i) for i in ids}, replace=False)
+                ids = self._named(res)
+                self._apply(await self.registry.read_agents(sorted(ids)), replace=False)
             except (rexc.RedisError, OSError) as e:
                 log.warning("registry view update failed: %s", e)
+            except Exception:  # noqa: BLE001 - a bug or bad data must not stop the process
+                self._unexpected("update")
+
+    def _named(self, res: Any) -> set[str]:
+        """Agent ids the events name (the last id read is kept even when the entry is bad:
+        a bad entry is passed over, never read again)."""
+        ids: set[str] = set()
+        for _, entries in res:
+            for entry_id, fields in entries:
+                self._last_event = entry_id
+                raw = fields.get(b"agent_id") or fields.get("agent_id")
+                if isinstance(raw, bytes | str) and raw:
+                    a = decode_id(raw, namespace=self.registry.namespace, where="events stream")
+                    if a:
+                        ids.add(a)
+        return ids
+
+    def _unexpected(self, what: str) -> None:
+        now = time.monotonic()
+        if now - self._last_unexpected >= 10.0:  # one traceback per 10 s at most
+            self._last_unexpected = now
+            log.exception("registry view %s failed unexpectedly; going on", what)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
+import redis
 
+from reach import scripts
 from reach.connection import AnyRedis
 from reach.registry import Registry
 from tests.registry_helpers import assert_consistent, register, wait_until
@@ -89,3 +91,49 @@ async def test_expired_shadow_returns_0_and_clears_the_deadline(reg: Registry, r
     assert await r.zscore(reg.keys.agents, "a1") is not None
     assert await reg.deregister("a1") == 0
     assert await r.zscore(reg.keys.agents, "a1") is None
+
+
+# -- arguments and stored records out of contract (issue 9, item 10) ---------------------
+
+
+def _keys(reg: Registry, agent_id: str) -> list[str]:
+    k = reg.keys
+    return [k.agents, k.agent(agent_id), k.caps, k.events, k.cap_prefix, k.agent_prefix]
+
+
+@pytest.mark.parametrize(
+    ("args", "name"),
+    [(["", "", 100], "agent_id"), (["a{1}", "", 100], "agent_id"),
+     (["a1", "i" * 257, 100], "instance_id"), (["a1", "", "abc"], "events maxlen"),
+     (["a1", "", "0"], "events maxlen"), (["a1", ""], "arguments"),
+     (["a1", "", 100, "x"], "arguments"), (["b2", "", 100], "agent_id")],
+)  # fmt: skip
+async def test_bad_arguments_are_refused_and_nothing_moves(
+    reg: Registry, r: AnyRedis, args: list[object], name: str
+) -> None:
+    await register(reg, "a1", ["a"])
+    await register(reg, "b2", ["a"])
+    with pytest.raises(redis.ResponseError, match=f"^reach: bad {name}"):
+        await scripts.call(r, "deregister", _keys(reg, "a1"), args)
+    assert await reg.agent_ids() == ["a1", "b2"]
+    assert await reg.agent_ids("a") == ["a1", "b2"]
+    await assert_consistent(reg)
+
+
+async def test_missing_hash_of_another_id_keeps_that_ids_deadline(
+    reg: Registry, r: AnyRedis
+) -> None:
+    """KEYS[2] must be ARGV[1]'s hash: a call naming one agent's key and another's id would
+    drop a live agent's deadline, leaving a record no sweep ever sees."""
+    await register(reg, "b2", ["a"])
+    with pytest.raises(redis.ResponseError, match="^reach: bad agent_id"):
+        await scripts.call(r, "deregister", _keys(reg, "ghost"), ["b2", "", 100])
+    assert await r.zscore(reg.keys.agents, "b2") is not None
+    await assert_consistent(reg)
+
+
+async def test_record_naming_another_id_is_kept(reg: Registry, r: AnyRedis) -> None:
+    await register(reg, "a1", ["a"])
+    await r.hset(reg.keys.agent("a1"), "agent_id", "someone-else")
+    assert await reg.deregister("a1") == -1
+    assert await r.exists(reg.keys.agent("a1")) == 1

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
+import redis
 
+from reach import scripts
 from reach.connection import AnyRedis
 from reach.registry import Registry
 from tests.registry_helpers import (
@@ -137,3 +139,90 @@ async def test_heartbeat_after_shadow_deleted_returns_0(reg: Registry) -> None:
     await wait_until(gone, what="shadow deletion")
     assert await reg.heartbeat("a1", instance_id=inst, version=version) == (0, False)
     assert await reg.get("a1") is None
+
+
+# -- arguments and stored records out of contract (issue 9, items 3 and 10) ---------------
+
+
+@pytest.mark.parametrize(
+    ("index", "name", "value"),
+    [(3, "queue_depth", v) for v in ["abc", "", "nan", "inf", "-1", "1e309", "1.5", "9" * 17]]
+    + [(4, "inflight", v) for v in ["abc", "", "nan", "-inf", "-1", "1e3"]]
+    + [(2, "version", v) for v in ["abc", "", "nan", "1e309", "-1"]]
+    + [(0, "agent_id", v) for v in ["", "a{b}", "x" * 257]]
+    + [(1, "instance_id", v) for v in ["", "i" * 257]]
+    + [(5, "events maxlen", v) for v in ["0", "abc", ""]],
+)  # fmt: skip
+async def test_bad_argument_is_refused_and_the_record_is_untouched(
+    reg: Registry, r: AnyRedis, index: int, name: str, value: str
+) -> None:
+    _, inst, version = await register(reg, "a1", ["c"])
+    before = await r.hgetall(reg.keys.agent("a1"))
+    keys, args = reg.heartbeat_args("a1", instance_id=inst, version=version,
+                                    queue_depth=1, inflight=1)  # fmt: skip
+    args[index] = value
+    with pytest.raises(redis.ResponseError, match=f"^reach: bad {name}"):
+        await scripts.call(r, "heartbeat", keys, args)
+    assert await r.hgetall(reg.keys.agent("a1")) == before
+    assert await reg.get("a1") is not None
+
+
+@pytest.mark.parametrize("shape", ["argv-1", "argv+1", "keys-1"])
+async def test_wrong_shape_is_refused(reg: Registry, r: AnyRedis, shape: str) -> None:
+    _, inst, version = await register(reg, "a1", ["c"])
+    keys, args = reg.heartbeat_args("a1", instance_id=inst, version=version,
+                                    queue_depth=1, inflight=1)  # fmt: skip
+    if shape == "argv-1":
+        args = args[:-1]
+    elif shape == "argv+1":
+        args = [*args, "x"]
+    else:
+        keys = keys[:-1]
+    with pytest.raises(redis.ResponseError, match="^reach: bad arguments"):
+        await scripts.call(r, "heartbeat", keys, args)
+
+
+async def test_load_figures_are_clamped_not_refused(reg: Registry) -> None:
+    """A heartbeat must never fail over a counter: out-of-range load figures are clamped."""
+    _, inst, version = await register(reg, "a1")
+    assert await reg.heartbeat(
+        "a1", instance_id=inst, version=version, queue_depth=-5, inflight=2**70
+    ) == (1, False)
+    a = await reg.get("a1")
+    assert a is not None and (a.queue_depth, a.inflight) == (0, 2**53 - 1)
+
+
+async def test_same_version_of_another_instance_is_stale(reg: Registry, r: AnyRedis) -> None:
+    """Two starts with the same stamp: the later registration replaced the earlier, whose
+    heartbeats must not renew the newer one's lease (it is stale)."""
+    version = new_version()
+    _, first, _ = await register(reg, "a1", instance_id="first", version=version)
+    await register(reg, "a1", instance_id="second", version=version)
+    before = await r.zscore(reg.keys.agents, "a1")
+    assert await reg.heartbeat("a1", instance_id=first, version=version) == (-1, False)
+    a = await reg.get("a1")
+    assert a is not None and a.instance_id == "second"
+    assert await r.zscore(reg.keys.agents, "a1") == before
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("lease_ms", "abc"), ("lease_ms", ""), ("lease_ms", "nan"), ("lease_ms", "1e400"),
+     ("version", "abc"), ("agent_id", "someone-else"), ("state", "weird")],
+)  # fmt: skip
+async def test_unreadable_stored_record_asks_to_register_again(
+    reg: Registry, r: AnyRedis, field: str, value: str
+) -> None:
+    """A record written behind the scripts' back: the heartbeat writes nothing and answers
+    0 (register again), and registering again heals it."""
+    _, inst, version = await register(reg, "a1", ["c"])
+    await r.hset(reg.keys.agent("a1"), field, value)
+    before = await r.hgetall(reg.keys.agent("a1"))
+    zscore = await r.zscore(reg.keys.agents, "a1")
+    assert await reg.heartbeat("a1", instance_id=inst, version=version, queue_depth=3) == (0, False)
+    assert await r.hgetall(reg.keys.agent("a1")) == before
+    assert await r.zscore(reg.keys.agents, "a1") == zscore
+    code, _, _ = await register(reg, "a1", ["c"], instance_id=inst, version=version)
+    assert code == 2
+    assert await reg.heartbeat("a1", instance_id=inst, version=version) == (1, False)
+    await assert_consistent(reg)

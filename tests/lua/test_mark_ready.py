@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
+import redis
 
+from reach import scripts
 from reach.connection import AnyRedis
 from reach.registry import Registry
 from tests.registry_helpers import register, wait_until
@@ -63,3 +65,43 @@ async def test_evicted_agent_returns_0(reg: Registry) -> None:
     assert await reg.mark_ready("a1", instance_id=inst) == 0
     a = await reg.get("a1")
     assert a is not None and a.state == "evicted" and not a.ready
+
+
+# -- arguments out of contract (issue 9, item 10) ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("index", "value", "name"),
+    [(2, "2", "ready"), (2, "", "ready"), (2, "yes", "ready"), (2, "true", "ready"),
+     (0, "", "agent_id"), (0, "a{b}", "agent_id"), (1, "", "instance_id"),
+     (1, "i" * 257, "instance_id"), (3, "abc", "events maxlen"), (3, "0", "events maxlen")],
+)  # fmt: skip
+async def test_bad_argument_is_refused_and_the_record_is_untouched(
+    reg: Registry, r: AnyRedis, index: int, value: str, name: str
+) -> None:
+    _, inst, _ = await register(reg, "a1")
+    before = await r.hgetall(reg.keys.agent("a1"))
+    args: list[object] = ["a1", inst, "1", 100]
+    args[index] = value
+    with pytest.raises(redis.ResponseError, match=f"^reach: bad {name}"):
+        await scripts.call(r, "mark_ready", [reg.keys.agent("a1"), reg.keys.events], args)
+    assert await r.hgetall(reg.keys.agent("a1")) == before
+    assert await reg.get("a1") is not None
+
+
+async def test_wrong_argument_count_is_refused(reg: Registry, r: AnyRedis) -> None:
+    _, inst, _ = await register(reg, "a1")
+    k = reg.keys
+    for args in (["a1", inst, "1"], ["a1", inst, "1", 100, "x"]):
+        with pytest.raises(redis.ResponseError, match="^reach: bad arguments"):
+            await scripts.call(r, "mark_ready", [k.agent("a1"), k.events], args)
+
+
+async def test_record_of_another_id_is_not_touched(reg: Registry, r: AnyRedis) -> None:
+    _, inst, _ = await register(reg, "a1")
+    k = reg.keys
+    assert (
+        await scripts.call(r, "mark_ready", [k.agent("a1"), k.events], ["b2", inst, "1", 100]) == 0
+    )
+    a = await reg.get("a1")
+    assert a is not None and not a.ready

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import redis
 
 import reach
+from reach import scripts
 from reach.connection import AnyRedis
 from reach.registry import Registry, normalize_capabilities, normalize_capability
 from tests.registry_helpers import (
@@ -258,3 +260,171 @@ async def test_empty_agent_id_refused(reg: Registry, r: AnyRedis, bad: str) -> N
     with pytest.raises(reach.ConfigError, match="agent_id"):
         await register(reg, bad, ["c"])
     assert await r.exists(reg.keys.agents, reg.keys.caps) == 0
+
+
+# -- arguments out of contract: refused before the first write (issue 9, item 10) -----------
+
+_ARGV = {  # ARGV index -> (name in the error, bad values)
+    0: ("agent_id", ["", " ", "x" * 257, "a{b}", b"\xff", b"a\xed\xa0\x80"]),
+    1: ("instance_id", ["", "i" * 257, b"\xc0\x80"]),
+    2: ("version", ["abc", "", "nan", "inf", "1e309", "-1", "1.5", "0x10", "9" * 17, str(2**53)]),
+    3: (
+        "weight",
+        ["abc", "", "nan", "inf", "-inf", "1e309", "0", "-1", "1001", "0x10", " 1", "1" * 40],
+    ),
+    4: ("capabilit", ["", "a,,b", "Bad", "a,a", "x" * 201, ",a", "a.", "caf\u00e9"]),
+    5: (
+        "metadata",
+        [
+            "not json",
+            "",
+            "[]",
+            "1",
+            '{"a":nan}',
+            '{"a":0x10}',
+            '{"a":01}',
+            '{"a":1.}',
+            '{"a":+1}',
+            "{",
+            '{"a":1} x',
+            "[" * 70 + "]" * 70,
+            '{"a":' + "[" * 70 + "]" * 70 + "}",
+            b'{"a":"\xff"}',
+            "{" + " " * 65536 + "}",
+        ],
+    ),
+    6: (
+        "lease_ms",
+        [
+            "",
+            "abc",
+            "nan",
+            "inf",
+            "1e309",
+            "0",
+            "-1",
+            "86400001",
+            "1e3",
+            "1.0",
+            str(32 * 365 * 86_400_000),
+        ],
+    ),
+    7: ("evict_after_ms", ["", "abc", "nan", "0", "86400001", "1e3"]),
+    8: ("events maxlen", ["", "0", "abc", "-5", "10000001"]),
+    9: ("card", ["not json", "[1]", '{"a":inf}']),
+    10: ("ready", ["", "2", "yes", "true"]),
+    11: ("max_queue", ["", "-1", "abc", "nan", "1e309", "1000000001", "2.5"]),
+}
+_BAD_ARGV = [(i, name, v) for i, (name, values) in _ARGV.items() for v in values]
+
+
+async def _namespace_keys(reg: Registry) -> list[bytes]:
+    return [k async for k in reg.redis.scan_iter(match=f"reach:{{{reg.keys.namespace}}}*")]
+
+
+def _good_args(reg: Registry, agent_id: str = "a1") -> tuple[list[str], list[object]]:
+    return reg.register_args(
+        agent_id, instance_id="inst-1", version=new_version(), capabilities=["c", "d.e"],
+        metadata={"region": "eu"}, lease_ms=LONG_LEASE_MS, evict_after_ms=LONG_EVICT_MS,
+        card={"name": "A1"},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(("index", "name", "value"), _BAD_ARGV)
+async def test_bad_argument_is_refused_and_nothing_is_written(
+    reg: Registry, index: int, name: str, value: str | bytes
+) -> None:
+    keys, args = _good_args(reg)
+    args[index] = value
+    if index == 0:  # the hash key follows the id, as it must
+        keys[1] = reg.keys.agent_prefix.encode() + (
+            value if isinstance(value, bytes) else value.encode()
+        )  # type: ignore[assignment]
+    with pytest.raises(redis.ResponseError, match=f"^reach: bad {name}"):
+        await scripts.call(reg.redis, "register", keys, args)
+    assert await _namespace_keys(reg) == []
+
+
+@pytest.mark.parametrize("shape", ["argv-1", "argv+1", "keys-1", "hash-of-another-id"])
+async def test_wrong_shape_is_refused(reg: Registry, shape: str) -> None:
+    keys, args = _good_args(reg)
+    if shape == "argv-1":
+        args = args[:-1]
+    elif shape == "argv+1":
+        args = [*args, "x"]
+    elif shape == "keys-1":
+        keys = keys[:-1]
+    else:
+        keys[1] = reg.keys.agent("someone-else")
+    with pytest.raises(redis.ResponseError, match="^reach: bad (arguments|agent_id)"):
+        await scripts.call(reg.redis, "register", keys, args)
+    assert await _namespace_keys(reg) == []
+
+
+async def test_good_arguments_at_the_limits_are_taken(reg: Registry) -> None:
+    keys, args = _good_args(reg, "a" * 256)
+    args[3] = "1000"
+    args[5] = '{"n":-0.5e+3,"t":true,"f":false,"z":null,"s":"a\\"b\\\\","u":"\\u00e9\xe9",' \
+              '"l":[1,{"x":[]}]}'  # fmt: skip
+    args[6] = args[7] = "86400000"
+    args[11] = "1000000000"
+    assert (await scripts.call(reg.redis, "register", keys, args))[0] == 1
+    a = await reg.get("a" * 256)
+    assert a is not None and (a.weight, a.lease_ms, a.max_queue) == (1000.0, 86_400_000, 10**9)
+    assert a.metadata["s"] == 'a"b\\' and a.metadata["u"] == "\u00e9\u00e9"
+    await assert_consistent(reg)
+
+
+@pytest.mark.parametrize(
+    ("kw", "what"),
+    [
+        ({"weight": float("nan")}, "weight"), ({"weight": float("inf")}, "weight"),
+        ({"weight": 0}, "weight"), ({"weight": -1}, "weight"), ({"weight": 1001}, "weight"),
+        ({"weight": "2"}, "weight"), ({"lease_ms": 0}, "lease_ms"),
+        ({"lease_ms": 2 * 86_400_000}, "lease_ms"), ({"lease_ms": 1.5}, "lease_ms"),
+        ({"evict_after_ms": -1}, "evict_after_ms"), ({"version": -1}, "version"),
+        ({"version": 2**63}, "version"), ({"max_queue": -1}, "max_queue"),
+        ({"max_queue": True}, "max_queue"), ({"metadata": {"x": float("nan")}}, "metadata"),
+        ({"metadata": {"x": "y" * 70_000}}, "metadata"), ({"card": {"x": float("inf")}}, "card"),
+        ({"instance_id": "i" * 257}, "instance_id"), ({"instance_id": "\udcff"}, "instance_id"),
+    ],
+)  # fmt: skip
+async def test_registry_refuses_out_of_range_arguments(
+    reg: Registry, kw: dict[str, object], what: str
+) -> None:
+    with pytest.raises(reach.ConfigError, match=what):
+        await register(reg, "a1", ["c"], **kw)  # type: ignore[arg-type]
+    assert await _namespace_keys(reg) == []
+
+
+@pytest.mark.parametrize("bad", ["x" * 257, "\udcff"])
+async def test_registry_refuses_bad_agent_ids(reg: Registry, bad: str) -> None:
+    with pytest.raises(reach.ConfigError, match="agent_id"):
+        await register(reg, bad, ["c"])
+
+
+async def test_registry_refuses_long_capability_names(reg: Registry) -> None:
+    with pytest.raises(reach.InvalidCapability, match="200"):
+        await register(reg, "a1", ["x" * 201])
+
+
+async def test_script_refusal_becomes_a_config_error(reg: Registry) -> None:
+    keys, args = _good_args(reg)
+    args[6] = "nan"
+    with pytest.raises(reach.ConfigError, match=r"register\.lua refused.*lease_ms") as exc:
+        await reg._call("register", keys, args)
+    assert isinstance(exc.value.__cause__, redis.ResponseError)
+    assert await _namespace_keys(reg) == []
+
+
+async def test_unreadable_stored_version_is_replaced(reg: Registry, r: AnyRedis) -> None:
+    """A record written behind the scripts' back (version not a number) cannot fence a
+    registration: registering replaces it instead of failing for ever."""
+    await r.hset(reg.keys.agent("a1"), mapping={"version": "abc", "caps": "old", "junk": "x"})
+    await r.sadd(reg.keys.cap("old"), "a1")
+    code, _, _ = await register(reg, "a1", ["c"])
+    assert code == 2
+    a = await reg.get("a1")
+    assert a is not None and a.capabilities == ["c"]
+    assert await r.hget(reg.keys.agent("a1"), "junk") is None
+    await assert_consistent(reg)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import redis
 
+import reach
+from reach import scripts
 from reach.connection import AnyRedis
 from reach.registry import Registry
 from tests.registry_helpers import (
@@ -211,3 +214,105 @@ async def test_events_stream_stays_bounded(r: AnyRedis, ns: str) -> None:
         assert await reg.deregister(f"a{i}") == 1
     assert 0 < await length() <= bound
     assert (await reg.events(count=1000))[-1].type == "deregistered"
+
+
+# -- arguments and stored records out of contract (issue 9, item 10) ---------------------
+
+THIRTY_TWO_YEARS_MS = 32 * 365 * 86_400_000
+
+
+def _sweep_keys(reg: Registry) -> list[str]:
+    k = reg.keys
+    return [k.agents, k.caps, k.events, k.sweeper_lock, k.cap_prefix, k.agent_prefix, k.reroute]
+
+
+@pytest.mark.parametrize(
+    ("index", "value", "name"),
+    [(1, str(THIRTY_TWO_YEARS_MS), "lock_ms"), (1, "3600001", "lock_ms"), (1, "-1", "lock_ms"),
+     (1, "abc", "lock_ms"), (1, "nan", "lock_ms"), (1, "", "lock_ms"), (0, "", "owner"),
+     (2, "0", "shadow_ttl_ms"), (2, "inf", "shadow_ttl_ms"), (2, "2592000001", "shadow_ttl_ms"),
+     (3, "0", "batch"), (3, "1e309", "batch"), (3, "100001", "batch"),
+     (4, "0", "events maxlen"), (4, "x", "events maxlen")],
+)  # fmt: skip
+async def test_bad_argument_is_refused_before_taking_the_lock(
+    reg: Registry, r: AnyRedis, index: int, value: str, name: str
+) -> None:
+    await register(reg, "a1", lease_ms=1, evict_after_ms=LONG_EVICT_MS)
+    args: list[object] = ["owner", 1000, 60_000, 100, 100]
+    args[index] = value
+    with pytest.raises(redis.ResponseError, match=f"^reach: bad {name}"):
+        await scripts.call(r, "sweep", _sweep_keys(reg), args)
+    assert await r.exists(reg.keys.sweeper_lock) == 0
+    assert await _state(reg, "a1") == "active"
+
+
+async def test_registry_refuses_a_32_year_lock(reg: Registry, r: AnyRedis) -> None:
+    with pytest.raises(reach.ConfigError, match="lock_ms"):
+        await reg.sweep(owner="x", lock_ms=THIRTY_TWO_YEARS_MS)
+    with pytest.raises(reach.ConfigError, match="shadow_ttl_ms"):
+        await reg.sweep(shadow_ttl_ms=0)
+    with pytest.raises(reach.ConfigError, match="batch"):
+        await reg.sweep(batch=0)
+    assert await r.exists(reg.keys.sweeper_lock) == 0
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"last_heartbeat_ms": "abc"}, {"evict_after_ms": "nan"}, {"evict_after_ms": ""},
+     {"last_heartbeat_ms": "inf"}, {"state": "weird", "last_heartbeat_ms": "x"}],
+)  # fmt: skip
+async def test_unreadable_timing_is_evicted_and_the_sweep_goes_on(
+    reg: Registry, r: AnyRedis, fields: dict[str, str]
+) -> None:
+    """One record with timing fields that are not numbers must not stop every sweep of the
+    namespace (the script used to fail on it, for ever): it is evicted when due."""
+    await register(reg, "bad", ["c"], lease_ms=1, evict_after_ms=LONG_EVICT_MS)
+    await register(reg, "slow", ["c"], lease_ms=1, evict_after_ms=LONG_EVICT_MS)
+    await register(reg, "live", ["c"])
+    await r.hset(reg.keys.agent("bad"), mapping=fields)
+
+    async def swept() -> bool:
+        res = await reg.sweep(shadow_ttl_ms=60_000)
+        return "bad" in res.evicted or await _state(reg, "bad") == "evicted"
+
+    await wait_until(swept, what="eviction of the bad record")
+
+    async def slow_in_probation() -> bool:
+        await reg.sweep(shadow_ttl_ms=60_000)
+        return await _state(reg, "slow") == "probation"
+
+    await wait_until(slow_in_probation, what="probation")
+    assert await reg.agent_ids("c") == ["live", "slow"]
+    assert await r.sismember(reg.keys.reroute, "bad")
+
+
+async def test_far_future_heartbeat_cannot_keep_a_record_for_ever(
+    reg: Registry, r: AnyRedis
+) -> None:
+    await register(reg, "a1", ["c"], lease_ms=1, evict_after_ms=1)
+    await r.hset(reg.keys.agent("a1"), mapping={"last_heartbeat_ms": "1e300", "state": "probation"})
+
+    async def due_again() -> bool:
+        await reg.sweep()
+        t = await r.time()
+        score = await r.zscore(reg.keys.agents, "a1")
+        return score is not None and score > t[0] * 1000
+
+    await wait_until(due_again, what="a new deadline")
+    t = await r.time()
+    assert await r.zscore(reg.keys.agents, "a1") <= t[0] * 1000 + 2 * 86_400_000 + 1000
+
+
+async def test_record_without_state_is_not_orphaned(reg: Registry, r: AnyRedis) -> None:
+    """A hash missing its state field still gets evicted and deleted, not dropped from the
+    agents zset while the hash stays (no sweep would ever see it again)."""
+    await register(reg, "a1", ["c"], lease_ms=1, evict_after_ms=1)
+    await r.hdel(reg.keys.agent("a1"), "state")
+
+    async def evicted() -> bool:
+        await reg.sweep(shadow_ttl_ms=60_000)
+        return await r.hget(reg.keys.agent("a1"), "state") == b"evicted"
+
+    await wait_until(evicted, what="eviction")
+    assert await r.zscore(reg.keys.agents, "a1") is not None
+    assert await reg.agent_ids("c") == []
