@@ -31,7 +31,9 @@ async def state_of(reg: Registry, agent_id: str) -> str:
     return "gone" if a is None else ("ready" if a.state == "active" and a.ready else a.state)
 
 
-async def test_sigkill_goes_probation_then_evicted(workers: Workers, redis_url: str, ns: str) -> None:
+async def test_sigkill_goes_probation_then_evicted(
+    workers: Workers, redis_url: str, ns: str
+) -> None:
     r = await connect(redis_url)
     reg = Registry(r, ns)
     p = workers.start("plain")
@@ -134,7 +136,9 @@ async def test_sigterm_drains_and_deregisters(workers: Workers, redis_url: str, 
     await r.aclose()
 
 
-async def test_operator_drain_makes_the_worker_leave(workers: Workers, redis_url: str, ns: str) -> None:
+async def test_operator_drain_makes_the_worker_leave(
+    workers: Workers, redis_url: str, ns: str
+) -> None:
     r = await connect(redis_url)
     reg = Registry(r, ns)
     p = workers.start("plain")
@@ -155,6 +159,7 @@ async def test_stopped_past_eviction_re_registers_on_resume(
     before = await reg.get("plain-1")
     os.kill(p.pid, signal.SIGSTOP)
     try:
+
         async def evicted() -> bool:
             await reg.sweep(owner="test")
             return await state_of(reg, "plain-1") == "evicted"
@@ -193,4 +198,43 @@ async def test_restart_with_same_id_replaces_and_old_version_is_stale(
     assert first.wait(timeout=20) == 0
     a = await reg.get("plain-1")
     assert a is not None and a.version > v1 and a.state == "active"
+    await r.aclose()
+
+
+async def test_same_agent_id_started_twice_keeps_the_newer(
+    workers: Workers, redis_url: str, ns: str
+) -> None:
+    """A rolling restart with overlap: the older process is fenced as stale and stops; its
+    shutdown drain must not mark the newer registration as draining (issue 9, item 3: it
+    did, and both processes stopped, leaving no worker)."""
+    r = await connect(redis_url)
+    reg = Registry(r, ns)
+    older = workers.start("plain")
+    await wait_until(lambda: _is(reg, "plain-1", "ready"))
+    first = await reg.get("plain-1")
+    assert first is not None
+    newer = workers.start("plain")  # same agent_id, newer version
+
+    async def replaced() -> bool:
+        a = await reg.get("plain-1")
+        return bool(a and a.instance_id != first.instance_id and a.ready)
+
+    await wait_until(replaced)
+    second = await reg.get("plain-1")
+    assert second is not None and second.version > first.version
+    # The older learns from its next heartbeat that it is stale, drains itself and stops.
+    assert older.wait(timeout=20) == 0
+    # Its drain ran before it exited: had it touched the newer record, the flag is set now.
+    a = await reg.get("plain-1")
+    assert a is not None
+    assert (a.instance_id, a.state, a.ready, a.draining) == (second.instance_id, "active", True,
+                                                             False)  # fmt: skip
+    drained = [e for e in await reg.recent_events(50) if e.type == "draining"]
+    assert drained == [], drained
+    async with Client(redis_url=redis_url, namespace=ns) as c:
+        for i in range(5):
+            assert await c.request("test.plain", {"n": i}, timeout_s=20) == {"n": i}
+    assert newer.poll() is None, "the newer process still runs"
+    a = await reg.get("plain-1")
+    assert a is not None and a.instance_id == second.instance_id and a.routable
     await r.aclose()
