@@ -7,7 +7,9 @@ Order of preference (see :func:`find_server_binary`):
 3. a :class:`~reach.errors.RedisUnavailable` error that says how to get one.
 
 A :class:`RedisServer` is started on a free port in its own directory, polled with PING
-until it answers, and stopped by PID. On Linux the child is also told to die with its
+until it answers, and stopped by PID. A persistent server holds a lock on its data
+directory (``reach-redis.lock``, ``flock``) for as long as it runs, so a second server on
+the same directory is refused with :class:`DataDirInUse` instead of writing the same AOF. On Linux the child is also told to die with its
 parent (``PR_SET_PDEATHSIG``), so a crashed or SIGKILLed Python process leaves no orphan.
 The server runs in its own process group, so a terminal's Ctrl-C reaches only the Python
 process, which can still use Redis while it cleans up and then stops the server itself.
@@ -16,7 +18,10 @@ process, which can still use Redis while it cleans up and then stops the server 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
+import fcntl
+import json
 import os
 import queue
 import re
@@ -34,7 +39,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from .errors import RedisUnavailable
+from .errors import ReachError, RedisUnavailable
 
 MIN_VERSION = (7, 0)
 _VERSION_RE = re.compile(r"v=(\d+)\.(\d+)\.(\d+)")
@@ -129,15 +134,45 @@ def free_port(*, also_free: tuple[int, ...] = ()) -> int:
 
 
 def port_free(port: int) -> bool:
-    """True when nothing listens on 127.0.0.1:``port`` (it can be bound now)."""
-    if port > 65535:
+    """True when nothing listens on 127.0.0.1:``port`` (a server can bind it now).
+
+    Tested with ``SO_REUSEADDR``, as redis-server binds: connections of a server that just
+    stopped linger in TIME-WAIT for a minute and block a plain ``bind()``, but not a
+    server's, so a restarted server keeps its port.
+    """
+    if not 0 < port <= 65535:
         return False
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
             return False
     return True
+
+
+LOCK_FILE = "reach-redis.lock"
+
+
+class DataDirInUse(ReachError):
+    """Another server runs on this data directory (two would write the same AOF).
+
+    ``url`` and ``pid`` name the running server when its lock file says so (else empty/0).
+    """
+
+    def __init__(self, message: str, *, url: str = "", pid: int = 0) -> None:
+        super().__init__(message)
+        self.url = url
+        self.pid = pid
+
+
+def _lock_info(fd: int) -> dict[str, Any]:
+    """What the holder of a data directory's lock wrote in it (empty if unreadable)."""
+    try:
+        info = json.loads(os.pread(fd, 4096, 0) or b"{}")
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
 
 
 _PR_SET_PDEATHSIG = 1
@@ -251,6 +286,7 @@ class RedisServer:
         self.extra_args = extra_args
         self.die_with_parent = die_with_parent
         self.proc: subprocess.Popen[bytes] | None = None
+        self._lock_fd: int | None = None
 
     @property
     def url(self) -> str:
@@ -283,13 +319,64 @@ class RedisServer:
             ]  # fmt: skip
         return args + list(self.extra_args)
 
+    def claim_data_dir(self) -> None:
+        """Take the lock of a persistent server's data directory (``start`` does it too).
+
+        Raises :class:`DataDirInUse`, naming the running server, when another process
+        holds it. The lock is held until :meth:`stop`, and also by the server process
+        itself: a server that outlives its owner still keeps others off its directory.
+        A server in a temporary directory takes no lock.
+        """
+        if self._tmp or not self.persistent or self._lock_fd is not None:
+            return
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        path = self.data_dir / LOCK_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            info = _lock_info(fd)
+            os.close(fd)
+            url, pid, owner = info.get("url", ""), info.get("pid", 0), info.get("owner_pid", 0)
+            who = f" at {url} (server pid {pid}, started by pid {owner})" if url else ""
+            raise DataDirInUse(
+                f"Another Redis server already runs on {self.data_dir}{who}. Use it "
+                f"(export REACH_REDIS_URL={url or '<its url>'}), stop it first, or give this "
+                "one another data directory (reach redis --dir ...).",
+                url=str(url), pid=pid if isinstance(pid, int) else 0,
+            ) from e
+        self._lock_fd = fd
+
+    def _note_lock_holder(self) -> None:
+        """Write who holds the data directory's lock, for the error a second server gets."""
+        if self._lock_fd is None or self.proc is None:
+            return
+        info = {"url": self.url, "pid": self.proc.pid, "owner_pid": os.getpid()}
+        with contextlib.suppress(OSError):
+            os.ftruncate(self._lock_fd, 0)
+            os.pwrite(self._lock_fd, json.dumps(info).encode() + b"\n", 0)
+
+    def _release_data_dir(self) -> None:
+        # The file stays: deleting it would let two processes lock two different files.
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+            os.close(fd)
+
     def start(self, *, timeout_s: float = 15.0) -> Self:
-        """Start the server and wait until it answers PING."""
+        """Start the server and wait until it answers PING.
+
+        A persistent server first takes its data directory's lock (see
+        :meth:`claim_data_dir`); :class:`DataDirInUse` if another server holds it.
+        """
         if self.proc and self.proc.poll() is None:
             return self
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.claim_data_dir()
         preexec = _die_with_parent_hook() if self.die_with_parent else None
         args = self._args()
+        keep = (self._lock_fd,) if self._lock_fd is not None else ()
         # A bad option is reported on stderr, before the log file is opened.
         stderr = (self.data_dir / "server.stderr").open("wb")
         try:
@@ -303,6 +390,7 @@ class RedisServer:
                     # Own process group: Ctrl-C in a terminal must not stop Redis under
                     # the Python process's feet; the owner stops it by PID.
                     process_group=0,
+                    pass_fds=keep,  # the server holds the data directory's lock too
                 )
             )
         except OSError as e:
@@ -311,6 +399,7 @@ class RedisServer:
         finally:
             stderr.close()
         _LIVE.add(self)
+        self._note_lock_holder()
         self._wait_ready(timeout_s)
         return self
 
@@ -371,6 +460,7 @@ class RedisServer:
                 proc.kill()
                 proc.wait(timeout=10)
         _LIVE.discard(self)
+        self._release_data_dir()
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
 

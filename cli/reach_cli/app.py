@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import gc
 import importlib
+import inspect
 import json
 import logging
+import math
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any, Optional, TypedDict
+from typing import Annotated, Any, Literal, Optional, TypedDict
 
 import anyio
 import typer
@@ -39,13 +42,18 @@ from .common import (
     Namespace,
     RedisUrl,
     age,
+    cli_errors,
     command,
     err_console,
+    fail,
+    json_line,
     open_redis,
     print_json,
     progress,
     run,
+    safe_text,
     table,
+    warn,
 )
 from .top import top as top_cmd
 
@@ -120,7 +128,7 @@ def _agent_row(a: reach.AgentInfo, now: int) -> dict[str, Any]:
         "capabilities": a.capabilities,
         "metadata": a.metadata,
         "last_heartbeat_ms": a.last_heartbeat_ms,
-        "lease_age_ms": max(0, now - a.last_heartbeat_ms) if a.last_heartbeat_ms else None,
+        "lease_age_ms": _lease_age(a.last_heartbeat_ms, now),
         "queue_depth": a.queue_depth,
         "inflight": a.inflight,
         "registered_ms": a.registered_ms,
@@ -148,13 +156,11 @@ def agents_list(
     if ctx.invoked_subcommand is not None:
         return
     if state is not None and state not in STATES:
-        err_console.print(f"[red]error:[/red] unknown state {state!r}: use {', '.join(STATES)}")
-        raise typer.Exit(2)
+        fail(f"unknown state {state!r}: use {', '.join(STATES)}")
     filt: dict[str, str] = {}
     for w in where or []:
         if "=" not in w:
-            err_console.print(f"[red]error:[/red] --where takes KEY=VALUE, got {w!r}")
-            raise typer.Exit(2)
+            fail(f"--where takes KEY=VALUE, got {w!r}")
         k, v = w.split("=", 1)
         filt[k] = v
 
@@ -165,20 +171,37 @@ def agents_list(
         finally:
             await r.aclose()
 
-    agents = run(body)
+    agents = run(body, url=redis_url)
     now = now_ms()
     if json_:
         print_json([_agent_row(a, now) for a in agents])
         return
     rows = [
         (a.agent_id, a.state, "yes" if a.ready else "no", "yes" if a.draining else "",
-         f"{a.weight:g}", ",".join(a.capabilities), age(a.last_heartbeat_ms, now),
-         a.queue_depth, a.inflight,
-         " ".join(f"{k}={v}" for k, v in a.metadata.items()))
+         _number(a.weight), ",".join(map(safe_text, a.capabilities)),
+         age(a.last_heartbeat_ms, now), a.queue_depth, a.inflight,
+         " ".join(f"{safe_text(k)}={safe_text(v)}" for k, v in _items(a.metadata)))
         for a in agents
     ]  # fmt: skip
     table(f"agents in {namespace!r}", ["agent", "state", "ready", "draining", "weight",
           "capabilities", "lease age", "queue", "in-flight", "metadata"], rows)  # fmt: skip
+
+
+def _lease_age(last_heartbeat_ms: Any, now: int) -> int | None:
+    if isinstance(last_heartbeat_ms, int) and last_heartbeat_ms:
+        return max(0, now - last_heartbeat_ms)
+    return None
+
+
+def _number(v: Any) -> str:
+    """A number from a record for a table: compact, or as stored when it is not one."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return f"{v:g}"
+    return safe_text(v)
+
+
+def _items(d: Any) -> list[tuple[Any, Any]]:
+    return list(d.items()) if isinstance(d, dict) else []
 
 
 async def _get_agent(redis_url: str, namespace: str, agent_id: str) -> reach.AgentInfo:
@@ -232,7 +255,7 @@ async def agents_card(
     a = await _get_agent(redis_url, namespace, agent_id)
     card = agent_card(a, namespace=namespace)
     for problem in card_problems(card):  # only a card the agent registered with can cause these
-        err_console.print(f"[yellow]warning:[/yellow] {problem}", highlight=False)
+        warn(problem)
     if json_:
         print_json(card)
         return
@@ -274,7 +297,9 @@ async def agents_drain(
 @command
 async def events(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new events.")] = False,
-    count: Annotated[int, typer.Option("--count", help="How many past events to show.")] = 50,
+    count: Annotated[
+        int, typer.Option("--count", min=0, help="How many past events to show (0: none).")
+    ] = 50,
     redis_url: RedisUrl = DEFAULT_REDIS,
     namespace: Namespace = DEFAULT_NS,
     json_: Json = False,
@@ -286,7 +311,7 @@ async def events(
     r = await open_redis(redis_url)
     reg = Registry(r, namespace)
     try:
-        evs = await reg.recent_events(count)
+        evs = await reg.recent_events(count) if count else []  # XREVRANGE refuses COUNT 0
         last = evs[-1].id if evs else "$"
         if json_ and not follow:
             print_json(evs)
@@ -304,12 +329,28 @@ async def events(
 
 
 def _print_event(e: Any, as_json: bool) -> None:
+    """One event, one line. Anyone holding the namespace's keys can write the events
+    stream: whatever a field holds is printed safely (bytes that are not UTF-8 replaced,
+    control characters escaped, a time that is not one shown as it is)."""
+    fields = {f: getattr(e, f, None) for f in ("id", "type", "agent_id", "instance_id", "ts")}
     if as_json:
-        print(json.dumps({"id": e.id, "type": e.type, "agent_id": e.agent_id,
-                          "instance_id": e.instance_id, "ts": e.ts}))  # fmt: skip
+        print(json_line(fields))
     else:
-        ts = time.strftime("%H:%M:%S", time.localtime(e.ts / 1000)) + f".{e.ts % 1000:03d}"
-        print(f"{ts}  {e.type:<13} {e.agent_id}")
+        text = {k: safe_text(v, oneline=True) for k, v in fields.items()}
+        print(f"{_event_time(fields['ts'])}  {text['type']:<13} {text['agent_id']}")
+
+
+def _event_time(ts: Any) -> str:
+    """``HH:MM:SS.mmm`` of an epoch-ms time; '?' for none (0, what the reader makes of a
+    time that is not a number) and anything else as it is."""
+    if isinstance(ts, int) and not isinstance(ts, bool) and ts > 0:
+        try:
+            return time.strftime("%H:%M:%S", time.localtime(ts / 1000)) + f".{ts % 1000:03d}"
+        except (OverflowError, OSError, ValueError):
+            pass
+    if isinstance(ts, int) or not ts:
+        return "?"
+    return safe_text(ts, oneline=True)
 
 
 # -- sweep --------------------------------------------------------------------------------
@@ -350,67 +391,138 @@ async def sweep(
 # -- redis --------------------------------------------------------------------------------
 @app.command("redis")
 def redis_cmd(
-    port: Annotated[int, typer.Option("--port", help="TCP port (0 = any free port).")] = 6390,
+    port: Annotated[
+        int, typer.Option("--port", min=0, max=65535, help="TCP port (0 = any free port).")
+    ] = 6390,
     data_dir: Annotated[Path, typer.Option("--dir", help="Where data is kept (AOF).")] = Path(".reach/redis"),
 ) -> None:
     """Run a persistent local Redis for development (AOF everysec, data in .reach/).
 
-    Prints the URL to export as REACH_REDIS_URL; stops on Ctrl-C.
+    Prints the URL to export as REACH_REDIS_URL; stops on Ctrl-C. One server per data
+    directory: a second one on the same --dir is refused.
     """
-    try:
-        if port == 0 or not port_free(port):
-            chosen = free_port()
-            if port:
-                err_console.print(f"port {port} is busy; using {chosen}")
-            port = chosen
-        server = RedisServer(port=port, data_dir=data_dir.resolve(), persistent=True,
+    with cli_errors():
+        server = RedisServer(port=port or None, data_dir=data_dir.resolve(), persistent=True,
                              die_with_parent=True)  # fmt: skip
-        server.start()
-    except ReachError as e:
-        err_console.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(2) from None
-    try:
-        (data_dir / "url").write_text(server.url + "\n")
-        print(server.url, flush=True)
-        err_console.print(
-            f"{server.binary.origin} server {server.binary.version_str} ({server.binary.path}), "
-            f"data in {data_dir}/. export REACH_REDIS_URL={server.url}  — Ctrl-C to stop."
-        )
-        assert server.proc is not None
-        # Wait in short steps, not one blocking waitpid(): a Ctrl-C that lands just before
-        # the call would otherwise only be seen when Redis exits, i.e. never.
-        while True:
+        server.claim_data_dir()  # first: this directory may be served already
+        interrupted, exited = False, 0
+        try:
+            if not port_free(server.port):
+                chosen = free_port()
+                err_console.print(f"port {server.port} is busy; using {chosen}")
+                server.port = chosen
+            server.start()
+            (data_dir / "url").write_text(server.url + "\n")
+            print(server.url, flush=True)
+            err_console.print(
+                f"{server.binary.origin} server {server.binary.version_str} "
+                f"({server.binary.path}), data in {data_dir}/. "
+                f"export REACH_REDIS_URL={server.url}  — Ctrl-C to stop.",
+                highlight=False, markup=False,
+            )  # fmt: skip
+            assert server.proc is not None
+            # Wait in short steps, not one blocking waitpid(): a Ctrl-C that lands just
+            # before the call would otherwise only be seen when Redis exits, i.e. never.
+            while True:
+                try:
+                    exited = server.proc.wait(timeout=0.5)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
             try:
-                server.proc.wait(timeout=0.5)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.stop()
+                server.stop()  # also gives the data directory back
+            except KeyboardInterrupt:  # a second Ctrl-C: Redis has its SIGTERM, ends alone
+                interrupted = True
+        if interrupted:
+            raise typer.Exit(130)
+        if exited:
+            fail(f"Redis exited with code {exited}; see {data_dir / 'server.log'}")
 
 
 # -- worker -------------------------------------------------------------------------------
 def load_agent(target: str) -> reach.Agent:
-    """Import ``module:attr`` (``module.path:app``) and return the reach.Agent there."""
+    """Import ``module:attr`` (``module.path:app``) and return the reach.Agent there.
+
+    ``attr`` may also be a function without arguments that returns one. Anything else
+    (a missing attribute, a handler function, a value of another type) is a
+    :class:`ConfigError` that says what was found.
+    """
     from reach.runtime import Agent
 
     if ":" not in target:
         raise ConfigError(f"Expected MODULE:ATTR (e.g. myagents.summarizer:app), got {target!r}.")
     mod_name, attr = target.split(":", 1)
+    if not mod_name or not attr:
+        raise ConfigError(f"Expected MODULE:ATTR (e.g. myagents.summarizer:app), got {target!r}.")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
         mod = importlib.import_module(mod_name)
     except ImportError as e:
         raise ConfigError(f"Cannot import {mod_name!r}: {e}") from e
-    obj = getattr(mod, attr, None)
-    if callable(obj) and not isinstance(obj, Agent):
-        obj = obj()
-    if not isinstance(obj, Agent):
-        raise ConfigError(f"{target} is {type(obj).__name__}, not a reach.Agent.")
-    return obj
+    except (TypeError, ValueError) as e:  # a name import_module refuses, e.g. '.x' or 'a\0'
+        raise ConfigError(f"Cannot import {mod_name!r}: {e}") from e
+    want = "a reach.Agent (or a function without arguments that returns one)"
+    if not hasattr(mod, attr):
+        agents = sorted(k for k, v in vars(mod).items() if isinstance(v, Agent))
+        found = f" (its reach.Agent objects: {', '.join(agents)})" if agents else ""
+        raise ConfigError(f"Module {mod_name!r} has no attribute {attr!r}{found}.")
+    obj = getattr(mod, attr)
+    if isinstance(obj, Agent):
+        return obj
+    if inspect.iscoroutinefunction(obj):
+        raise ConfigError(f"{target} is an async function (a handler?), not {want}.")
+    if callable(obj):
+        try:
+            inspect.signature(obj).bind()
+        except TypeError:
+            raise ConfigError(
+                f"{target} is a callable that takes arguments (a handler?), not {want}."
+            ) from None
+        except ValueError:  # no signature to look at (some builtins): try it
+            pass
+        made = obj()
+        if not isinstance(made, Agent):
+            raise ConfigError(f"{target}() returned {type(made).__name__}, not {want}.")
+        return made
+    raise ConfigError(f"{target} is {type(obj).__name__}, not {want}.")
+
+
+LogLevel = Literal["debug", "info", "warning", "error"]
+LogFormat = Literal["text", "json"]
+
+
+async def _serve(agent: reach.Agent, opts: dict[str, Any]) -> int:
+    """Run ``agent`` until it stops; return the signal that stopped it (0: none).
+
+    The signals are handled here rather than by the runtime, which does the same (first
+    signal: drain, second: stop at once) but cannot tell which one it got: a Ctrl-C'd
+    worker exits 130, like any interrupted command, and a SIGTERM'd one 0, the normal end
+    of a worker under a supervisor.
+    """
+    got: list[int] = []
+    wlog = logging.getLogger("reach.worker")
+
+    async def signals(scope: anyio.CancelScope) -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as sigs:
+            async for sig in sigs:
+                got.append(int(sig))
+                if len(got) == 1:
+                    wlog.info("signal %s: draining (again to stop at once)", sig)
+                    agent.stop()
+                else:
+                    wlog.warning("second signal: stopping without draining")
+                    scope.cancel()
+                    return
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(signals, tg.cancel_scope)
+        await agent.run(**opts, handle_signals=False)
+        tg.cancel_scope.cancel()
+    return got[0] if got else 0
 
 
 @app.command()
@@ -418,7 +530,7 @@ def worker(
     target: Annotated[str, typer.Argument(help="MODULE:ATTR of a reach.Agent, e.g. agents.echo:app")],
     redis_url: RedisUrl = DEFAULT_REDIS,
     namespace: Namespace = DEFAULT_NS,
-    concurrency: Annotated[int, typer.Option(help="Handlers running at once.")] = 16,
+    concurrency: Annotated[int, typer.Option(min=1, help="Handlers running at once.")] = 16,
     heartbeat_s: Annotated[float, typer.Option(help="Seconds between heartbeats.")] = 3.0,
     lease_s: Annotated[float, typer.Option(help="Without a heartbeat this long: probation.")] = 9.0,
     evict_after_s: Annotated[float, typer.Option(help="Without a heartbeat this long: evicted.")] = 18.0,
@@ -427,31 +539,37 @@ def worker(
     sweep_interval_s: Annotated[float, typer.Option(help="Seconds between sweeps.")] = 1.0,
     claim_lease_s: Annotated[float, typer.Option(help="Claim lease of messages without deadline.")] = 60.0,
     retry_base_s: Annotated[float, typer.Option(help="First retry backoff.")] = 0.2,
-    log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
+    log_level: Annotated[
+        LogLevel, typer.Option(case_sensitive=False, help="debug, info, warning, error.")
+    ] = "info",
     log_format: Annotated[
-        str, typer.Option(help="text, or json (one object per line, with the message ids).")
+        LogFormat, typer.Option(help="text, or json (one object per line, with the message ids).")
     ] = "text",
     metrics_port: Annotated[
-        Optional[int], typer.Option(help="Serve Prometheus /metrics on this port.")  # noqa: UP045
+        Optional[int], typer.Option(min=0, max=65535, help="Serve Prometheus /metrics on this port.")  # noqa: UP045
     ] = None,
     metrics_addr: Annotated[str, typer.Option(help="Address /metrics listens on.")] = "0.0.0.0",
 ) -> None:
     """Run the reach.Agent found at MODULE:ATTR until SIGTERM/SIGINT (then drain).
 
+    Exit code 0 after SIGTERM, 130 after Ctrl-C (SIGINT), 2 on an error (bad target or
+    option, Redis unreachable or refusing, a newer instance of the same agent).
+
     Example: reach worker examples.summarizer:app --concurrency 32 --lease-s 2 --evict-after-s 4
     """
     from reach import logs, metrics
 
-    if log_format not in ("text", "json"):
-        err_console.print(f"[red]error:[/red] --log-format takes text or json, not {log_format!r}")
-        raise typer.Exit(2)
-    logs.setup_logging(log_level, log_format)
-    wlog = logging.getLogger("reach.worker")
-    try:
+    with cli_errors(redis_url):
+        _check_times(heartbeat_s=heartbeat_s, lease_s=lease_s, evict_after_s=evict_after_s,
+                     stall_s=stall_s, drain_timeout_s=drain_timeout_s,
+                     sweep_interval_s=sweep_interval_s, claim_lease_s=claim_lease_s,
+                     retry_base_s=retry_base_s)  # fmt: skip
+        logs.setup_logging(log_level.lower(), log_format)
+        wlog = logging.getLogger("reach.worker")
         if metrics_port is not None:
             try:
                 srv = metrics.serve(metrics_port, metrics_addr)
-            except OSError as e:
+            except (OSError, ValueError, OverflowError) as e:
                 raise ConfigError(
                     f"Cannot serve /metrics on {metrics_addr}:{metrics_port}: {e}"
                 ) from e
@@ -466,17 +584,26 @@ def worker(
             wlog.info("reach worker: %s on %s ns=%s", agent.agent_id, redact(redis_url), namespace)
         else:
             err_console.print(
-                f"reach worker: {agent.agent_id} on {redact(redis_url)} ns={namespace}"
-            )
+                f"reach worker: {agent.agent_id} on {redact(redis_url)} ns={namespace}",
+                highlight=False, markup=False,
+            )  # fmt: skip
         # Everything imported so far lives as long as the process: keep it out of the
         # collector's generations, so collections stay short on the message path.
         gc.freeze()
-        anyio.run(lambda: agent.run(**opts))
-    except ReachError as e:
-        err_console.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(2) from None
-    except KeyboardInterrupt:
-        raise typer.Exit(130) from None
+        sig = anyio.run(_serve, agent, opts)
+    if sig == signal.SIGINT:
+        raise typer.Exit(130)
+
+
+def _check_times(**seconds: float) -> None:
+    """Durations must be finite and positive (NaN slips through every comparison); a
+    drain timeout and a retry backoff may be 0."""
+    for name, v in seconds.items():
+        low_ok = name in ("drain_timeout_s", "retry_base_s") and v == 0
+        if not (math.isfinite(v) and (v > 0 or low_ok)):
+            raise ConfigError(
+                f"--{name.replace('_', '-')} must be a number of seconds > 0, not {v}."
+            )
 
 
 # -- messaging ----------------------------------------------------------------------------
@@ -549,7 +676,10 @@ async def task(
         await r.aclose()
     result: Any = None
     if st.reply is not None and st.reply.status == "succeeded":
-        result = decode_payload(st.reply.result)
+        try:
+            result = decode_payload(st.reply.result)
+        except Exception:  # noqa: BLE001 - whatever the stored bytes are, the rest is shown
+            result = "<undecodable>"
     row = {"msg_id": st.msg_id, "status": st.status, "capability": st.capability,
            "agent_id": st.agent_id, "attempt": st.attempt, "runs": st.runs, "error": st.error,
            "updated_ms": st.updated_ms, "idempotency_key": st.idempotency_key or st.msg_id,
@@ -573,7 +703,7 @@ async def queues(
     rows: dict[str, dict[str, Any]] = {}
     try:
         async for key in r.scan_iter(match=keys.inbox_pattern, count=1000):
-            k = as_text(key)
+            k = safe_text(key)  # a key name is whatever someone wrote: maybe not UTF-8
             agent_id = keys.agent_id_of_inbox(k)
             prio = k.rsplit(":", 1)[1]
             row = rows.setdefault(agent_id, {"agent_id": agent_id, **{p: 0 for p in PRIORITIES},
@@ -605,12 +735,13 @@ async def queues(
 
 
 # -- dead letters ---------------------------------------------------------------------------
-async def _dlq_keys(r: Any, keys: Keys, cap: str | None) -> list[str]:
+async def _dlq_keys(r: Any, keys: Keys, cap: str | None) -> list[str | bytes]:
+    """The dead-letter streams to look at (key names as Redis has them: maybe not UTF-8)."""
     if cap:
         return [keys.dlq(reach.normalize_capability(cap) if cap != "_malformed" else cap)]
-    out = []
+    out: list[str | bytes] = []
     async for key in r.scan_iter(match=keys.dlq_pattern, count=1000):
-        out.append(as_text(key))
+        out.append(key)
     return sorted(out)
 
 
@@ -621,7 +752,7 @@ CapOpt = Annotated[Optional[str], typer.Option("--cap", help="Only this capabili
 @command
 async def dlq_list(
     cap: CapOpt = None,
-    limit: Annotated[int, typer.Option(help="At most this many per capability.")] = 100,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many per capability.")] = 100,
     redis_url: RedisUrl = DEFAULT_REDIS,
     namespace: Namespace = DEFAULT_NS,
     json_: Json = False,
@@ -641,8 +772,8 @@ async def dlq_list(
         return
     table(f"dead letters in {namespace!r}", ["id", "capability", "reason", "attempts", "agent",
           "msg_id", "error"],
-          [(d.id, d.capability, d.reason, d.attempts, d.agent_id, d.msg_id, d.error[:80])
-           for d in letters])  # fmt: skip
+          [(d.id, d.capability, d.reason, d.attempts, d.agent_id, d.msg_id,
+            safe_text(d.error)[:80]) for d in letters])  # fmt: skip
 
 
 def _dl_row(d: Any) -> dict[str, Any]:
@@ -683,7 +814,7 @@ async def dlq_show(
         table(f"dead letter {entry_id}", ["field", "value"], [(k, v) for k, v in row.items()])
 
 
-async def _find_dl(r: Any, keys: Keys, entry_id: str, cap: str | None) -> tuple[str, Any]:
+async def _find_dl(r: Any, keys: Keys, entry_id: str, cap: str | None) -> tuple[str | bytes, Any]:
     for k in await _dlq_keys(r, keys, cap):
         rows = await r.xrange(k, entry_id, entry_id)
         if rows:
@@ -782,11 +913,8 @@ def demo(
     """A guided tour on an embedded Redis: agents register, talk, fail, get evicted."""
     from .demo import run_demo
 
-    try:
+    with cli_errors():
         run_demo(fast=fast)
-    except ReachError as e:
-        err_console.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(2) from None
 
 
 # -- bench --------------------------------------------------------------------------------
@@ -819,11 +947,12 @@ def bench(
         counts[phase] = done
 
     try:
-        out = run_bench(messages=messages, requests=requests, concurrency=concurrency,
-                        progress=on_progress)  # fmt: skip
-    except (ReachError, ValueError) as e:
-        err_console.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(2) from None
+        with cli_errors():
+            try:
+                out = run_bench(messages=messages, requests=requests, concurrency=concurrency,
+                                progress=on_progress)  # fmt: skip
+            except ValueError as e:  # out-of-range figures
+                fail(e)
     finally:
         for b in bars.values():
             b.__exit__(None, None, None)

@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import math
+import re
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Annotated, Any, TypeVar
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import anyio
 import msgspec
 import typer
+from redis import exceptions as rexc
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
-from reach.connection import DEFAULT_URL, AnyRedis, connect
+from reach.connection import DEFAULT_URL, AnyRedis, connect, redact, unreachable
 from reach.errors import ReachError
 
 RedisUrl = Annotated[
@@ -45,23 +51,112 @@ err_console = Console(stderr=True)
 T = TypeVar("T")
 
 
-def run(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-    """Run an async command body; a ReachError becomes one red line and exit code 2."""
+def fail(message: object) -> NoReturn:
+    """Print one ``error:`` line on stderr and exit with code 2."""
+    err_console.print(f"[red]error:[/red] {escape(safe_text(message))}", highlight=False,
+                      soft_wrap=True)  # fmt: skip
+    raise typer.Exit(2)
+
+
+def warn(message: object) -> None:
+    err_console.print(f"[yellow]warning:[/yellow] {escape(safe_text(message))}", highlight=False,
+                      soft_wrap=True)  # fmt: skip
+
+
+ACL_HINT = "grant it to the user in --redis-url (docs/operations.md shows an ACL for reach)"
+
+
+def explain(exc: BaseException, url: str | None = None) -> str | None:
+    """The one-line message for an error the user or the environment caused, or None.
+
+    Covered: every :class:`ReachError`; every error from Redis or redis-py (refused
+    credentials, a missing ACL permission, a DB index out of range, a server that does not
+    speak the Redis protocol, an unreachable server, an error reply, a bad value for a
+    command); OS errors (a file or port that cannot be used). Anything else is a bug in
+    reach and keeps its traceback (None). An exception group is explained when every
+    exception in it is.
+    """
+    if isinstance(exc, BaseExceptionGroup):
+        parts = [explain(e, url) for e in exc.exceptions]
+        if parts and all(parts):
+            return "; ".join(dict.fromkeys(p for p in parts if p))
+        return None
+    at = f" at {redact(url)}" if url else ""
+    if isinstance(exc, ReachError):
+        if isinstance(exc.__cause__, rexc.AuthenticationError):
+            return _bad_credentials(exc.__cause__, at)
+        return str(exc)
+    if isinstance(exc, (rexc.AuthenticationError, rexc.AuthenticationWrongNumberOfArgsError)):
+        return _bad_credentials(exc, at)
+    if isinstance(exc, rexc.NoPermissionError):
+        return f"Redis{at} refused a command: {exc}. The Redis user lacks an ACL permission reach needs: {ACL_HINT}."
+    if isinstance(exc, rexc.ResponseError) and "DB index is out of range" in str(exc):
+        db = url.rsplit("/", 1)[-1] if url and url.count("/") >= 3 else "?"
+        return (f"Redis{at} says: DB index is out of range (/{db}). The number at the end of "
+                "--redis-url must be below the server's `databases` setting (16 by default); "
+                "most setups use /0.")  # fmt: skip
+    if isinstance(exc, rexc.InvalidResponse):
+        return (f"The server{at} does not answer like a Redis server ({exc}). Check the host "
+                "and port in --redis-url (Redis listens on 6379 by default; `reach redis` "
+                "on 6390).")  # fmt: skip
+    if isinstance(exc, rexc.ReadOnlyError):
+        return f"Redis{at} is a read-only replica ({exc}): point --redis-url at the master."
+    if isinstance(exc, (rexc.ConnectionError, rexc.TimeoutError)):
+        return str(unreachable(url, exc)) if url else f"Redis stopped answering: {exc}"
+    if isinstance(exc, rexc.ResponseError):
+        return f"Redis{at} answered with an error: {exc}"
+    if isinstance(exc, rexc.DataError):
+        return f"A value Redis cannot take: {exc}"
+    if isinstance(exc, (rexc.RedisError, rexc.RedisClusterException)):
+        return f"Redis{at}: {type(exc).__name__}: {exc}"
+    if isinstance(exc, OSError):
+        return str(exc) or type(exc).__name__
+    return None
+
+
+def _bad_credentials(exc: BaseException, at: str) -> str:
+    return (f"Redis{at} refused the credentials ({exc}). Check the user and password in "
+            "--redis-url (redis://user:password@host:port/db).")  # fmt: skip
+
+
+def _interrupted(exc: BaseException) -> bool:
+    if isinstance(exc, KeyboardInterrupt):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.subgroup(KeyboardInterrupt) is not None
+    return False
+
+
+@contextlib.contextmanager
+def cli_errors(url: str | None = None) -> Iterator[None]:
+    """Turn what :func:`explain` covers into one ``error:`` line and exit code 2, and
+    Ctrl-C into exit code 130 (128 + SIGINT, as shells report it). Typer's own exits and
+    usage errors pass through; any other exception is a bug and keeps its traceback."""
     try:
+        yield
+    except (typer.Exit, typer.Abort, typer.TyperException):  # exits and usage errors
+        raise
+    except BaseException as e:
+        if _interrupted(e):
+            raise typer.Exit(130) from None
+        msg = explain(e, url) if isinstance(e, Exception) else None
+        if msg is None:
+            raise
+        fail(msg)
+
+
+def run(fn: Callable[..., Awaitable[T]], *args: Any, url: str | None = None) -> T:
+    """Run an async command body under :func:`cli_errors` (``url`` for the messages)."""
+    with cli_errors(url):
         return anyio.run(fn, *args)
-    except ReachError as e:
-        err_console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
-    except KeyboardInterrupt:
-        raise typer.Exit(130) from None
 
 
 def command(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
-    """Decorator: a typer command written as an async function."""
+    """Decorator: a typer command written as an async function (errors as in :func:`run`)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return run(functools.partial(fn, *args, **kwargs))
+        return run(functools.partial(fn, *args, **kwargs), url=kwargs.get("redis_url"))
 
     return wrapper
 
@@ -70,30 +165,98 @@ async def open_redis(url: str) -> AnyRedis:
     return await connect(url)
 
 
+# C0 and C1 control characters (escape sequences a terminal would act on) but newline and tab.
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_CONTROLS_ONELINE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def safe_text(value: Any, *, oneline: bool = False) -> str:
+    """``value`` as text that is safe to print whatever it holds: undecodable bytes and
+    lone surrogates become U+FFFD, control characters (terminal escapes) become ``\\xNN``
+    (``oneline``: newlines and tabs too). Values come from Redis, written by anyone."""
+    if value is None:
+        return ""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        s = bytes(value).decode("utf-8", "replace")
+    else:
+        try:
+            s = value if isinstance(value, str) else str(value)
+        except Exception:  # noqa: BLE001 - a value whose __str__ fails is still shown
+            s = f"<{type(value).__name__}>"
+    s = _unsurrogate(s)
+    pattern = _CONTROLS_ONELINE if oneline else _CONTROLS
+    return pattern.sub(lambda m: f"\\x{ord(m.group()):02x}", s)
+
+
+def _unsurrogate(s: str) -> str:
+    """``s`` with lone surrogates (bytes decoded with ``surrogateescape``, or garbage)
+    replaced by U+FFFD, so it can be encoded as UTF-8."""
+    try:
+        s.encode("utf-8")
+        return s
+    except UnicodeEncodeError:
+        pass
+    try:
+        raw = s.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        raw = s.encode("utf-8", "surrogatepass")
+    return raw.decode("utf-8", "replace")
+
+
 def to_jsonable(obj: Any) -> Any:
-    return msgspec.to_builtins(obj, enc_hook=repr)
+    return _clean_json(msgspec.to_builtins(obj, enc_hook=repr))
+
+
+def _clean_json(obj: Any) -> Any:
+    """Text that JSON can carry: lone surrogates replaced (``json.dumps`` would write them
+    as ``\\udcxx`` escapes, which strict JSON readers refuse); non-finite floats as text."""
+    if isinstance(obj, str):
+        return _unsurrogate(obj)
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else repr(obj)
+    if isinstance(obj, dict):
+        return {_clean_json(k): _clean_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean_json(v) for v in obj]
+    return obj
+
+
+def json_line(obj: Any, *, indent: int | None = None) -> str:
+    """``obj`` as JSON text, whatever values it holds."""
+    return json.dumps(to_jsonable(obj), indent=indent, default=safe_text)
 
 
 def print_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(to_jsonable(obj), indent=2, default=str) + "\n")
+    sys.stdout.write(json_line(obj, indent=2) + "\n")
+
+
+def cell(value: Any) -> Text:
+    """A table cell: plain text (never rich markup: values come from Redis), safe to print."""
+    return Text(safe_text(value))
 
 
 def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     """The one table helper every listing uses."""
-    t = Table(title=title, header_style="bold", title_justify="left")
+    t = Table(title=None if title is None else cell(title), header_style="bold",
+              title_justify="left")  # fmt: skip
     for c in columns:
         t.add_column(c, overflow="fold")
     for row in rows:
-        t.add_row(*("" if v is None else str(v) for v in row))
+        t.add_row(*(cell(v) for v in row))
     console.print(t)
 
 
-def age(ms: int, now_ms: int | None = None) -> str:
-    """A short human age of an epoch-ms timestamp: '850ms', '12.3s', '4m', '2h'."""
+def age(ms: Any, now_ms: int | None = None) -> str:
+    """A short human age of an epoch-ms timestamp: '850ms', '12.3s', '4m', '2h'; '-' for
+    none, '?' for a value that is not a timestamp (records are read from Redis)."""
     if not ms:
         return "-"
+    if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not math.isfinite(ms):
+        return "?"
+    if abs(ms) > 2**62:
+        return "?"
     now = now_ms if now_ms is not None else time.time_ns() // 1_000_000
-    d = max(0, now - ms)
+    d = max(0, now - int(ms))
     if d < 1000:
         return f"{d}ms"
     if d < 60_000:

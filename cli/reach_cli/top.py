@@ -24,7 +24,7 @@ exits; ``--json`` prints the frame's data as JSON instead (one line per refresh 
 from __future__ import annotations
 
 import contextlib
-import json
+import math
 import os
 import select
 import sys
@@ -40,13 +40,26 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from reach.connection import AnyRedis, as_text, redact
+from reach.connection import AnyRedis, redact
 from reach.envelope import now_ms
 from reach.errors import ReachError
 from reach.keys import GROUP, PRIORITIES, Keys
 from reach.registry import AgentInfo, Registry
 
-from .common import DEFAULT_NS, DEFAULT_REDIS, Json, Namespace, RedisUrl, age, console, err_console
+from .common import (
+    DEFAULT_NS,
+    DEFAULT_REDIS,
+    Json,
+    Namespace,
+    RedisUrl,
+    age,
+    cell,
+    cli_errors,
+    console,
+    fail,
+    json_line,
+    safe_text,
+)
 from .common import open_redis as _open_redis
 
 SORTS = ("id", "queue", "inflight", "rate")
@@ -101,15 +114,16 @@ async def collect(r: AnyRedis, namespace: str) -> Sample:
             if added is not None:
                 s.added[k] = int(added)
             for g in groups if isinstance(groups, list) else []:
-                if as_text(_field(g, "name")) != GROUP:
+                if safe_text(_field(g, "name")) != GROUP:
                     continue
                 s.pending[agent_id] += int(_field(g, "pending") or 0)
                 read = _field(g, "entries-read")
-                if read is None and as_text(_field(g, "last-delivered-id")) == "0-0":
+                if read is None and safe_text(_field(g, "last-delivered-id")) == "0-0":
                     read = 0  # nothing read yet (Redis reports nil then)
                 if read is not None:
                     s.read[k] = int(read)
-    dlq_keys = sorted([as_text(k) async for k in r.scan_iter(match=keys.dlq_pattern, count=1000)])
+    # Key names are kept as Redis has them (anyone may have written one that is not UTF-8).
+    dlq_keys = sorted([k async for k in r.scan_iter(match=keys.dlq_pattern, count=1000)])
     if dlq_keys:
         pipe = r.pipeline(transaction=False)
         for k in dlq_keys:
@@ -117,7 +131,7 @@ async def collect(r: AnyRedis, namespace: str) -> Sample:
         for k, info in zip(dlq_keys, await pipe.execute(raise_on_error=False), strict=True):
             if isinstance(info, Exception):
                 continue
-            cap = keys.capability_of_dlq(k)
+            cap = keys.capability_of_dlq(safe_text(k))
             s.dlq[cap] = int(_field(info, "length") or 0)
             added = _field(info, "entries-added")
             if added is not None:
@@ -226,6 +240,12 @@ def _sort_key(sort: str) -> Any:
     return lambda x: x["agent_id"]
 
 
+def _number(v: Any) -> str:
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return f"{v:g}"
+    return safe_text(v)
+
+
 def render(data: dict[str, Any], *, url: str = "", limit: int = 50, sort: str = "id",
            live: bool = False, error: str = "") -> Group:  # fmt: skip
     """One frame: a header line, capabilities, agents."""
@@ -233,7 +253,7 @@ def render(data: dict[str, Any], *, url: str = "", limit: int = 50, sort: str = 
     when = time.strftime("%H:%M:%S", time.localtime(data["ts_ms"] / 1000))
     states = "  ".join(f"{n} {s}" for s, n in sorted(t["agents"].items())) or "no agents"
     head = Text.assemble(
-        ("reach top", "bold"), f"  ns={data['namespace']}",
+        ("reach top", "bold"), f"  ns={safe_text(data['namespace'], oneline=True)}",
         f"  {redact(url)}" if url else "", f"  {when}\n",
         f"agents: {states}   in {_fmt_rate(t['in_per_s'])}/s   "
         f"taken {_fmt_rate(t['taken_per_s'])}/s   queued {t['queued']}   "
@@ -243,12 +263,13 @@ def render(data: dict[str, Any], *, url: str = "", limit: int = 50, sort: str = 
     if error:
         parts.append(Text(f"refresh failed: {error}", style="red"))
 
+    # Every cell is a Text (never rich markup): names and ids come from Redis.
     ct = Table(title="capabilities", title_justify="left", header_style="bold", expand=False)
     for c in ("capability", "agents", "ready", "queued", "in-flight", "dead letters", "dead/s"):
         ct.add_column(c, justify="left" if c == "capability" else "right")
     for c in data["capabilities"]:
-        ct.add_row(c["capability"], str(c["agents"]), str(c["ready"]), str(c["queued"]),
-                   str(c["inflight"]),
+        ct.add_row(cell(c["capability"]), cell(c["agents"]), cell(c["ready"]), cell(c["queued"]),
+                   cell(c["inflight"]),
                    Text(str(c["dead_letters"]), style="red" if c["dead_letters"] else ""),
                    _fmt_rate(c["dead_per_s"]))  # fmt: skip
     parts.append(ct)
@@ -263,11 +284,12 @@ def render(data: dict[str, Any], *, url: str = "", limit: int = 50, sort: str = 
     for x in rows[:limit]:
         lease = "-" if x["lease_age_ms"] is None else age(data["ts_ms"] - x["lease_age_ms"],
                                                             data["ts_ms"])  # fmt: skip
-        at.add_row(x["agent_id"], Text(x["state"], style=_STATE_STYLE.get(x["state"], "")),
-                   f"{x['weight']:g}", str(x["inflight"]),
-                   *(str(x["queue"].get(p, 0)) for p in PRIORITIES), str(x["pending"]),
+        at.add_row(cell(x["agent_id"]),
+                   Text(safe_text(x["state"]), style=_STATE_STYLE.get(x["state"], "")),
+                   _number(x["weight"]), cell(x["inflight"]),
+                   *(cell(x["queue"].get(p, 0)) for p in PRIORITIES), cell(x["pending"]),
                    _fmt_rate(x["in_per_s"]), _fmt_rate(x["taken_per_s"]), lease,
-                   ",".join(x["capabilities"]))  # fmt: skip
+                   cell(",".join(map(safe_text, x["capabilities"]))))  # fmt: skip
     parts.append(at)
     if len(rows) > limit:
         parts.append(
@@ -332,7 +354,7 @@ async def _once(url: str, namespace: str, interval: float, as_json: bool, limit:
         await r.aclose()
     data = frame_data(cur, prev, namespace)
     if as_json:
-        sys.stdout.write(json.dumps(data, default=str) + "\n")
+        sys.stdout.write(json_line(data) + "\n")
     else:
         console.print(render(data, url=url, limit=limit, sort=sort))
 
@@ -360,7 +382,7 @@ async def _loop(url: str, namespace: str, interval: float, as_json: bool, limit:
                     error = str(e) or type(e).__name__
                 if as_json:
                     if last is not None and not error:
-                        sys.stdout.write(json.dumps(last, default=str) + "\n")
+                        sys.stdout.write(json_line(last) + "\n")
                         sys.stdout.flush()
                 elif last is not None or error:
                     frame = render(last or frame_data(_empty(), None, namespace), url=url,
@@ -401,17 +423,12 @@ def top(
     Examples: reach top;  reach top --once;  reach top --once --json --interval 0
     """
     if sort not in SORTS:
-        err_console.print(f"[red]error:[/red] --sort takes one of {', '.join(SORTS)}, not {sort!r}")
-        raise typer.Exit(2)
+        fail(f"--sort takes one of {', '.join(SORTS)}, not {sort!r}")
     if not once and interval <= 0:
-        err_console.print("[red]error:[/red] --interval must be > 0 for the live view")
-        raise typer.Exit(2)
+        fail("--interval must be > 0 for the live view")
+    if not math.isfinite(interval) or interval > 86_400:
+        fail(f"--interval must be a number of seconds up to 86400, not {interval}")
     fn = _once if once else _loop
-    try:
+    # Ctrl-C ends the live view, as it interrupts any command: exit code 130.
+    with cli_errors(redis_url):
         anyio.run(fn, redis_url, namespace, interval, json_, limit, sort)
-    except ReachError as e:
-        err_console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
-    except KeyboardInterrupt:  # Ctrl-C is how a live view ends: not an error
-        if once:
-            raise typer.Exit(130) from None

@@ -3,9 +3,11 @@ and no orphan redis-server whatever happens to the Python process that started i
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -20,11 +22,13 @@ import redis
 from reach import embedded
 from reach.embedded import (
     MIN_VERSION,
+    DataDirInUse,
     RedisServer,
     ServerBinary,
     binary_version,
     find_server_binary,
     free_port,
+    port_free,
     resolve_url,
 )
 from reach.errors import RedisUnavailable
@@ -381,3 +385,101 @@ def test_resolve_url_starts_an_embedded_server(
             client.close()
     finally:
         server.stop()
+
+
+# --- the port of a restarted server, one server per data directory ------------------------
+
+
+def _plain_bind_fails(port: int) -> bool:
+    """True when a bind() without SO_REUSEADDR fails: the port's sockets are in TIME-WAIT."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as e:
+            return e.errno == errno.EADDRINUSE
+    return False
+
+
+def test_port_is_free_again_while_old_connections_are_in_time_wait(
+    server_binary: ServerBinary,
+) -> None:
+    server = RedisServer(binary=server_binary).start()
+    port = server.port
+    assert not port_free(port)  # listening
+    clients = [redis.Redis(port=port) for _ in range(5)]
+    for c in clients:
+        assert c.ping()
+    server.stop()  # the server closes the connections first: its side waits in TIME-WAIT
+    for c in clients:
+        c.close()
+    assert _plain_bind_fails(port), "no TIME-WAIT left behind: this test would prove nothing"
+    assert port_free(port)
+    with RedisServer(binary=server_binary, port=port) as again:  # and Redis can bind it
+        assert again.ping()
+
+
+def test_port_free_refuses_ports_out_of_range() -> None:
+    assert not port_free(0) and not port_free(-1) and not port_free(65536)
+
+
+def test_a_second_server_on_one_data_dir_is_refused(
+    server_binary: ServerBinary, tmp_path: Path
+) -> None:
+    data_dir = tmp_path / "state"
+    first = RedisServer(binary=server_binary, data_dir=data_dir, persistent=True).start()
+    try:
+        second = RedisServer(binary=server_binary, data_dir=data_dir, persistent=True)
+        with pytest.raises(DataDirInUse) as err:
+            second.start()
+        assert err.value.url == first.url and err.value.pid == first.pid
+        assert first.url in str(err.value) and str(data_dir) in str(err.value)
+        assert second.proc is None
+        first.restart()  # SIGKILL and start again: the directory stays this server's
+        with pytest.raises(DataDirInUse):
+            second.start()
+        assert first.ping()
+    finally:
+        first.stop()
+    second.start()  # once the first stopped, the directory is free again
+    try:
+        assert second.ping()
+    finally:
+        second.stop()
+    # servers of their own temp dirs, and non-persistent ones, take no lock
+    with RedisServer(binary=server_binary) as a, RedisServer(binary=server_binary) as b:
+        assert a.ping() and b.ping()
+
+
+@linux_only
+def test_a_server_that_outlived_its_owner_still_holds_its_data_dir(
+    server_binary: ServerBinary, tmp_path: Path
+) -> None:
+    data_dir = tmp_path / "state"
+    code = textwrap.dedent(
+        """
+        import sys, time
+        from reach.embedded import RedisServer, ServerBinary
+        s = RedisServer(binary=ServerBinary(sys.argv[1], (7, 0, 0), "path"),
+                        data_dir=sys.argv[2], persistent=True, die_with_parent=False).start()
+        print(s.pid, s.port, flush=True)
+        time.sleep(60)
+        """
+    )
+    owner = subprocess.Popen([sys.executable, "-c", code, server_binary.path, str(data_dir)],
+                             stdout=subprocess.PIPE, text=True, cwd=REPO,
+                             env=dict(os.environ, PYTHONPATH=str(REPO)))  # fmt: skip
+    assert owner.stdout is not None
+    pid, port = map(int, owner.stdout.readline().split())
+    try:
+        owner.kill()  # no cleanup at all: the server is orphaned, still running
+        owner.wait(timeout=10)
+        assert _running(pid, port)
+        with pytest.raises(DataDirInUse) as err:
+            RedisServer(binary=server_binary, data_dir=data_dir, persistent=True).start()
+        assert err.value.pid == pid and f":{port}/" in err.value.url
+    finally:
+        if _running(pid, port):
+            os.kill(pid, signal.SIGKILL)
+        assert _wait_gone(pid, port)
+    with RedisServer(binary=server_binary, data_dir=data_dir, persistent=True) as s:
+        assert s.ping()
