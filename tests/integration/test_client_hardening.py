@@ -36,6 +36,7 @@ from reach.runtime import Agent, Context
 from tests.agents_messaging import serving, wait_eligible
 from tests.cluster import RedisTestCluster
 from tests.registry_helpers import register
+from tests.sentinel import RedisTestSentinel
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.anyio
@@ -96,6 +97,35 @@ async def test_hundreds_of_requests_at_once_share_a_bounded_pool(
             assert pool_connections(client.redis) <= 8
 
 
+async def test_callers_cancelled_while_waiting_for_a_connection_lose_no_turn(
+    redis_url: str, ns: str
+) -> None:
+    r = await connect(redis_url, max_connections=2)
+    key = Keys(ns).effects("waiting")
+    try:
+        done = 0
+
+        async def one(i: int) -> None:
+            nonlocal done
+            # two in three give up after a few ms, most of them while queued
+            with anyio.move_on_after(None if i % 3 == 0 else (i % 7) * 0.001):
+                await r.incr(key)
+                done += 1
+
+        async with anyio.create_task_group() as tg:
+            for i in range(2_000):
+                tg.start_soon(one, i)
+        assert 0 < done < 2_000 and int(await r.get(key) or 0) >= done  # some were cancelled
+        with anyio.fail_after(10):  # nobody is left waiting for a turn that never comes
+            async with anyio.create_task_group() as tg:
+                for _ in range(200):
+                    tg.start_soon(r.incr, key)
+        assert pool_connections(r) <= 2
+        assert not r.connection_pool._waiters
+    finally:
+        await r.aclose()
+
+
 async def test_a_pool_that_stays_busy_is_not_reported_as_an_unreachable_redis(
     redis_url: str, ns: str
 ) -> None:
@@ -140,6 +170,26 @@ async def test_a_cluster_client_waits_for_a_connection_instead_of_failing(
             assert len(node._connections) <= 4
     finally:
         await rc.aclose()
+
+
+async def test_a_sentinel_client_waits_for_a_connection_instead_of_failing(
+    redis_sentinel: RedisTestSentinel,
+) -> None:
+    rs = await connect(redis_sentinel.url, max_connections=3, client_name="sentinel-pool")
+    try:
+        k = Keys("ts" + uuid.uuid4().hex[:8])
+
+        async def one(i: int) -> None:
+            await rs.incr(k.effects("n"))
+
+        async with anyio.create_task_group() as tg:
+            for i in range(300):
+                tg.start_soon(one, i)
+        assert int(await rs.get(k.effects("n"))) == 300
+        assert pool_connections(rs) <= 3
+        assert await named_connections(rs, "sentinel-pool") <= 3
+    finally:
+        await rs.aclose()
 
 
 # -- item 5: result() of a reply the reader already holds ----------------------------------
