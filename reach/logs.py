@@ -357,5 +357,5 @@ class OutageLog:
 def _why(exc: BaseException | str) -> str:
     if isinstance(exc, str):
         return exc
-    text = str(exc)
+    text = str(exc).rstrip(". ")  # the line goes on after it
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
