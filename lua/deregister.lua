@@ -16,9 +16,26 @@
 --         -1: kept: another instance owns the registration (or the stored record names
 --             another agent_id: written behind the scripts' back; the sweeper evicts it)
 -- Errors  'reach: bad <argument>: <why>' (an error reply; redis-py raises ResponseError)
---         when an argument, or the number of KEYS or ARGV, is out of contract.
+--         when an argument, or the number of KEYS or ARGV, is out of contract, or one of
+--         KEYS[1..4] holds another type than the one above.
 local function show(v)
   return (string.gsub(string.sub(tostring(v), 1, 40), '[^%w%.%+%-_ ]', '?'))
+end
+
+-- A key of another type (written behind the scripts' back) would fail a command half-way
+-- through the writes: refuse before the first one.
+local function key_type(key, want)
+  local t = redis.call('TYPE', key)['ok']
+  if t ~= 'none' and t ~= want then return 'holds a ' .. t .. ', want a ' .. want end
+  return nil
+end
+
+local function keys_typed(wanted)
+  for i, want in pairs(wanted) do
+    local bad = key_type(KEYS[i], want)
+    if bad then return 'KEYS[' .. i .. ']: ' .. bad end
+  end
+  return nil
 end
 
 local function check()
@@ -34,7 +51,7 @@ local function check()
   if #m > 8 or not string.find(m, '^%d+$') or tonumber(m) < 1 or tonumber(m) > 10000000 then
     return 'events maxlen ' .. show(m) .. ': want an integer 1..10000000'
   end
-  return nil
+  return keys_typed({[1] = 'zset', [2] = 'hash', [3] = 'zset', [4] = 'stream'})
 end
 
 local err = check()
@@ -51,9 +68,11 @@ end
 local id = ARGV[1]
 for cap in string.gmatch(s[2] or '', '[^,]+') do
   local set = KEYS[5] .. cap
-  redis.call('SREM', set, id)
-  local n = redis.call('SCARD', set)
-  if n == 0 then redis.call('ZREM', KEYS[3], cap) else redis.call('ZADD', KEYS[3], n, cap) end
+  if not key_type(set, 'set') then  -- a key of another type cannot hold this agent
+    redis.call('SREM', set, id)
+    local n = redis.call('SCARD', set)
+    if n == 0 then redis.call('ZREM', KEYS[3], cap) else redis.call('ZADD', KEYS[3], n, cap) end
+  end
 end
 redis.call('DEL', KEYS[2])
 redis.call('ZREM', KEYS[1], id)

@@ -21,7 +21,8 @@
 --         {-1, 0}: this process is stale: a newer registration of this agent_id exists
 --                  (a higher version, or the same version under another instance_id)
 -- Errors  'reach: bad <argument>: <why>' (an error reply; redis-py raises ResponseError)
---         when an argument, or the number of KEYS or ARGV, is out of contract.
+--         when an argument, or the number of KEYS or ARGV, is out of contract, or a key
+--         holds another type than the one above.
 local DAY = 86400000
 local MAX = 9007199254740991
 
@@ -36,6 +37,22 @@ local function int(v, lo, hi)
   return n
 end
 
+-- A key of another type (written behind the scripts' back) would fail a command half-way
+-- through the writes: refuse before the first one.
+local function key_type(key, want)
+  local t = redis.call('TYPE', key)['ok']
+  if t ~= 'none' and t ~= want then return 'holds a ' .. t .. ', want a ' .. want end
+  return nil
+end
+
+local function keys_typed(wanted)
+  for i, want in pairs(wanted) do
+    local bad = key_type(KEYS[i], want)
+    if bad then return 'KEYS[' .. i .. ']: ' .. bad end
+  end
+  return nil
+end
+
 local function check()
   if #KEYS ~= 3 or #ARGV ~= 6 then
     return 'arguments: want 3 KEYS and 6 ARGV, got ' .. #KEYS .. ' and ' .. #ARGV
@@ -48,7 +65,7 @@ local function check()
   if not int(ARGV[4], 0, MAX) then return 'queue_depth ' .. show(ARGV[4]) .. ': want an integer 0..2^53-1' end
   if not int(ARGV[5], 0, MAX) then return 'inflight ' .. show(ARGV[5]) .. ': want an integer 0..2^53-1' end
   if not int(ARGV[6], 1, 10000000) then return 'events maxlen ' .. show(ARGV[6]) .. ': want an integer 1..10000000' end
-  return nil
+  return keys_typed({[1] = 'zset', [2] = 'hash', [3] = 'stream'})
 end
 
 local err = check()

@@ -12,9 +12,26 @@
 -- Returns 1: set; 0: not registered (none, evicted, or a stored record of another
 --         agent_id): register again; -1: another instance owns it (nothing changed)
 -- Errors  'reach: bad <argument>: <why>' (an error reply; redis-py raises ResponseError)
---         when an argument, or the number of KEYS or ARGV, is out of contract.
+--         when an argument, or the number of KEYS or ARGV, is out of contract, or a key
+--         holds another type than the one above.
 local function show(v)
   return (string.gsub(string.sub(tostring(v), 1, 40), '[^%w%.%+%-_ ]', '?'))
+end
+
+-- A key of another type (written behind the scripts' back) would fail a command half-way
+-- through the writes: refuse before the first one.
+local function key_type(key, want)
+  local t = redis.call('TYPE', key)['ok']
+  if t ~= 'none' and t ~= want then return 'holds a ' .. t .. ', want a ' .. want end
+  return nil
+end
+
+local function keys_typed(wanted)
+  for i, want in pairs(wanted) do
+    local bad = key_type(KEYS[i], want)
+    if bad then return 'KEYS[' .. i .. ']: ' .. bad end
+  end
+  return nil
 end
 
 local function check()
@@ -30,7 +47,7 @@ local function check()
   if #m > 8 or not string.find(m, '^%d+$') or tonumber(m) < 1 or tonumber(m) > 10000000 then
     return 'events maxlen ' .. show(m) .. ': want an integer 1..10000000'
   end
-  return nil
+  return keys_typed({[1] = 'hash', [2] = 'stream'})
 end
 
 local err = check()

@@ -30,7 +30,8 @@
 --                      or a stored record whose version is unreadable)
 --         {-1, stored_version}: refused, a newer registration exists (stale)
 -- Errors  'reach: bad <argument>: <why>' (an error reply; redis-py raises ResponseError)
---         when an argument, or the number of KEYS or ARGV, is out of contract.
+--         when an argument, or the number of KEYS or ARGV, is out of contract, or a key
+--         (KEYS[1..4], a capability set to join) holds another type than the one above.
 local DAY = 86400000
 
 local function show(v)
@@ -129,6 +130,22 @@ local function split(s)
   end
 end
 
+-- A key of another type (written behind the scripts' back) would fail a command half-way
+-- through the writes: refuse before the first one.
+local function key_type(key, want)
+  local t = redis.call('TYPE', key)['ok']
+  if t ~= 'none' and t ~= want then return 'holds a ' .. t .. ', want a ' .. want end
+  return nil
+end
+
+local function keys_typed(wanted)
+  for i, want in pairs(wanted) do
+    local bad = key_type(KEYS[i], want)
+    if bad then return 'KEYS[' .. i .. ']: ' .. bad end
+  end
+  return nil
+end
+
 local function check()
   if #KEYS ~= 6 or #ARGV ~= 12 then
     return 'arguments: want 6 KEYS and 12 ARGV, got ' .. #KEYS .. ' and ' .. #ARGV
@@ -151,6 +168,8 @@ local function check()
     if not cap_ok(cap) then return 'capability ' .. show(cap) .. ': want ^[a-z0-9_]+(\\.[a-z0-9_]+)*$, 1..200 bytes' end
     if seen[cap] then return 'capability ' .. show(cap) .. ': listed twice' end
     seen[cap] = true
+    local bad = key_type(KEYS[5] .. cap, 'set')
+    if bad then return 'capability set of ' .. show(cap) .. ': ' .. bad end
   end
   if not json_object_ok(ARGV[6], 65536) then
     return 'metadata: want a JSON object (UTF-8, nesting <= 64) of at most 65536 bytes'
@@ -163,7 +182,7 @@ local function check()
   end
   if ARGV[11] ~= '0' and ARGV[11] ~= '1' then return 'ready ' .. show(ARGV[11]) .. ": want '0' or '1'" end
   if not int(ARGV[12], 0, 1000000000) then return 'max_queue ' .. show(ARGV[12]) .. ': want an integer 0..1000000000' end
-  return nil
+  return keys_typed({[1] = 'zset', [2] = 'hash', [3] = 'zset', [4] = 'stream'})
 end
 
 local err = check()
@@ -187,9 +206,11 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
   if stored[2] and stored[2] ~= '' then
     for cap in string.gmatch(stored[2], '[^,]+') do
       local set = KEYS[5] .. cap
-      redis.call('SREM', set, id)
-      local c = redis.call('SCARD', set)
-      if c == 0 then redis.call('ZREM', KEYS[3], cap) else redis.call('ZADD', KEYS[3], c, cap) end
+      if not key_type(set, 'set') then  -- a key of another type cannot hold this agent
+        redis.call('SREM', set, id)
+        local c = redis.call('SCARD', set)
+        if c == 0 then redis.call('ZREM', KEYS[3], cap) else redis.call('ZADD', KEYS[3], c, cap) end
+      end
     end
   end
   redis.call('DEL', KEYS[2])

@@ -29,8 +29,11 @@
 -- Returns {-1}: another runtime holds the sweeper lock
 --         {n_due, n_probation, n_evicted, n_deleted, evicted_id...}
 --         (n_due == ARGV[4] means more may be due: call again)
+-- A due id whose key is not a hash is dropped from the agents zset; a capability set of
+-- another type is passed over.
 -- Errors  'reach: bad <argument>: <why>' (an error reply; redis-py raises ResponseError)
---         when an argument, or the number of KEYS or ARGV, is out of contract.
+--         when an argument, or the number of KEYS or ARGV, is out of contract, or one of
+--         KEYS[1..4] and KEYS[7] holds another type than the one above.
 local DAY = 86400000
 
 local function show(v)
@@ -48,6 +51,22 @@ local function finite(x)
   return x ~= nil and x == x and x > -math.huge and x < math.huge
 end
 
+-- A key of another type (written behind the scripts' back) would fail a command half-way
+-- through the writes: refuse before the first one.
+local function key_type(key, want)
+  local t = redis.call('TYPE', key)['ok']
+  if t ~= 'none' and t ~= want then return 'holds a ' .. t .. ', want a ' .. want end
+  return nil
+end
+
+local function keys_typed(wanted)
+  for i, want in pairs(wanted) do
+    local bad = key_type(KEYS[i], want)
+    if bad then return 'KEYS[' .. i .. ']: ' .. bad end
+  end
+  return nil
+end
+
 local function check()
   if #KEYS ~= 7 or #ARGV ~= 5 then
     return 'arguments: want 7 KEYS and 5 ARGV, got ' .. #KEYS .. ' and ' .. #ARGV
@@ -59,7 +78,7 @@ local function check()
   end
   if not int(ARGV[4], 1, 100000) then return 'batch ' .. show(ARGV[4]) .. ': want an integer 1..100000' end
   if not int(ARGV[5], 1, 10000000) then return 'events maxlen ' .. show(ARGV[5]) .. ': want an integer 1..10000000' end
-  return nil
+  return keys_typed({[1] = 'zset', [2] = 'zset', [3] = 'stream', [4] = 'string', [7] = 'set'})
 end
 
 local err = check()
@@ -86,8 +105,12 @@ end
 
 for _, id in ipairs(due) do
   local h = KEYS[6] .. id
-  local s = redis.call('HMGET', h, 'state', 'last_heartbeat_ms', 'evict_after_ms', 'caps', 'instance_id')
-  if not s[1] and redis.call('EXISTS', h) == 0 then
+  local s = {}
+  local not_a_record = key_type(h, 'hash')  -- e.g. a string written under a record's name
+  if not not_a_record then
+    s = redis.call('HMGET', h, 'state', 'last_heartbeat_ms', 'evict_after_ms', 'caps', 'instance_id')
+  end
+  if not_a_record or (not s[1] and redis.call('EXISTS', h) == 0) then
     redis.call('ZREM', KEYS[1], id)
     n_del = n_del + 1
   elseif s[1] == 'evicted' then
@@ -103,9 +126,11 @@ for _, id in ipairs(due) do
     if evict_at <= now then
       for cap in string.gmatch(s[4] or '', '[^,]+') do
         local set = KEYS[5] .. cap
-        redis.call('SREM', set, id)
-        local n = redis.call('SCARD', set)
-        if n == 0 then redis.call('ZREM', KEYS[2], cap) else redis.call('ZADD', KEYS[2], n, cap) end
+        if not key_type(set, 'set') then  -- a key of another type cannot hold this agent
+          redis.call('SREM', set, id)
+          local n = redis.call('SCARD', set)
+          if n == 0 then redis.call('ZREM', KEYS[2], cap) else redis.call('ZADD', KEYS[2], n, cap) end
+        end
       end
       redis.call('HSET', h, 'state', 'evicted', 'ready', '0', 'state_ms', now)
       redis.call('PEXPIRE', h, shadow_ttl)

@@ -428,3 +428,19 @@ async def test_unreadable_stored_version_is_replaced(reg: Registry, r: AnyRedis)
     assert a is not None and a.capabilities == ["c"]
     assert await r.hget(reg.keys.agent("a1"), "junk") is None
     await assert_consistent(reg)
+
+
+@pytest.mark.parametrize("which", ["agents", "events", "caps", "hash", "cap set"])
+async def test_key_of_another_type_is_refused_before_any_write(
+    reg: Registry, r: AnyRedis, which: str
+) -> None:
+    """A registry key holding another type (written behind the scripts' back) used to fail
+    a command half-way through, leaving a half-written registration."""
+    k = reg.keys
+    key = {"agents": k.agents, "events": k.events, "caps": k.caps, "hash": k.agent("a1"),
+           "cap set": k.cap("d.e")}[which]  # fmt: skip
+    await r.set(key, "x")
+    with pytest.raises(reach.ConfigError, match="holds a string"):
+        await reg.register("a1", instance_id="i", version=new_version(), capabilities=["c", "d.e"],
+                           lease_ms=LONG_LEASE_MS, evict_after_ms=LONG_EVICT_MS)  # fmt: skip
+    assert await _namespace_keys(reg) == [key.encode()]

@@ -316,3 +316,26 @@ async def test_record_without_state_is_not_orphaned(reg: Registry, r: AnyRedis) 
     await wait_until(evicted, what="eviction")
     assert await r.zscore(reg.keys.agents, "a1") is not None
     assert await reg.agent_ids("c") == []
+
+
+async def test_keys_of_another_type_do_not_stop_the_sweep(reg: Registry, r: AnyRedis) -> None:
+    """A capability set or an agent key of another type is passed over, not a failure of
+    every sweep of the namespace."""
+    await register(reg, "a1", ["c", "d"], lease_ms=1, evict_after_ms=1)
+    await register(reg, "live", ["c"])
+    await r.delete(reg.keys.cap("d"))
+    await r.set(reg.keys.cap("d"), "not a set")
+    await r.zadd(reg.keys.agents, {"strange": 1})
+    await r.set(reg.keys.agent("strange"), "not a hash")
+
+    async def evicted() -> bool:
+        return "a1" in (await reg.sweep(shadow_ttl_ms=60_000)).evicted
+
+    await wait_until(evicted, what="eviction")
+    assert await r.zscore(reg.keys.agents, "strange") is None
+    assert await r.get(reg.keys.agent("strange")) == b"not a hash"  # not the sweeper's to delete
+    assert await reg.agent_ids("c") == ["live"]
+    with pytest.raises(reach.ConfigError, match=r"KEYS\[4\]: holds a hash"):
+        await r.delete(reg.keys.sweeper_lock)
+        await r.hset(reg.keys.sweeper_lock, "x", "y")
+        await reg.sweep(owner="o", lock_ms=1000)
