@@ -146,7 +146,8 @@ class Client:
         self.breakers.listeners.append(self._on_breaker_change)
         self.router = Router(slow_start_s=slow_start_s, hash_load_factor=hash_load_factor,
                              breakers=self.breakers, rng=rng)  # fmt: skip
-        self._view_opts = {"refresh_s": view_refresh_s, "max_staleness_s": max_staleness_s}
+        self._view_opts: dict[str, Any] = {"refresh_s": view_refresh_s,
+                                           "max_staleness_s": max_staleness_s}
         self._view: RegistryView | None = None
         self._redis = redis
         self._cluster = False
