@@ -158,44 +158,41 @@ class AgentInfo(msgspec.Struct, kw_only=True):
         refused. Raises :class:`BadRecord` (saying which field) when any field is not what
         the scripts write; fields reach does not know are ignored.
         """
-        d = _known_fields(h)
-        aid = _text(d, "agent_id", "")
+        d = _decode_known(h)
+        aid = d.get("agent_id", "")
         if not aid:
             raise BadRecord("agent_id: missing")
         if agent_id is not None and aid != agent_id:
             raise BadRecord(f"agent_id: {_show(aid)} stored under the key of {_show(agent_id)}")
-        caps = [c for c in _text(d, "caps", "").split(",") if c]
+        caps = [c for c in d.get("caps", "").split(",") if c]
         for c in caps:
             if not CAPABILITY_RE.match(c):
                 raise BadRecord(f"caps: {_show(c)} is not a capability name")
         weight = _number(d, "weight", 1.0)
         if not 0.0 <= weight <= MAX_WEIGHT:
             raise BadRecord(f"weight: {weight!r} is not within 0..{MAX_WEIGHT:g}")
-        metadata = _json_object(d, "metadata")
-        card_text = _text(d, "card", "")
-        state = _text(d, "state", "active")
+        state = d.get("state", "active")
         if state not in STATES:
             raise BadRecord(f"state: {_show(state)} is not one of {', '.join(STATES)}")
+        ints: dict[str, int] = {}
+        for name, hi in _INT_FIELDS:
+            v = d.get(name)
+            if v is None:
+                continue
+            if not (v.isdigit() and v.isascii() and len(v) <= 19) or int(v) > hi:
+                raise BadRecord(f"{name}: {_show(v)} is not an integer within 0..{hi}")
+            ints[name] = int(v)
         return cls(
             agent_id=aid,
-            instance_id=_text(d, "instance_id", ""),
-            version=_int(d, "version", MAX_VERSION),
+            instance_id=d.get("instance_id", ""),
             weight=weight,
             capabilities=caps,
-            metadata=metadata if metadata is not None else {},
-            card=_json_object(d, "card") if card_text else None,
+            metadata=_json_object(d, "metadata") or {},
+            card=_json_object(d, "card"),
             state=state,
             ready=_flag(d, "ready"),
             draining=_flag(d, "draining"),
-            registered_ms=_int(d, "registered_ms"),
-            last_heartbeat_ms=_int(d, "last_heartbeat_ms"),
-            state_ms=_int(d, "state_ms"),
-            ready_ms=_int(d, "ready_ms"),
-            lease_ms=_int(d, "lease_ms"),
-            evict_after_ms=_int(d, "evict_after_ms"),
-            queue_depth=_int(d, "queue_depth"),
-            inflight=_int(d, "inflight"),
-            max_queue=_int(d, "max_queue"),
+            **ints,
         )
 
     def matches(self, where: Mapping[str, Any] | None) -> bool:
@@ -210,19 +207,36 @@ class AgentInfo(msgspec.Struct, kw_only=True):
         return self.state == "active" and self.ready and not self.draining
 
 
-_FIELDS = frozenset(AgentInfo.__struct_fields__) | {"caps"}
+_INT_FIELDS: tuple[tuple[str, int], ...] = (
+    ("version", MAX_VERSION), ("registered_ms", _MAX_MS), ("last_heartbeat_ms", _MAX_MS),
+    ("state_ms", _MAX_MS), ("ready_ms", _MAX_MS), ("lease_ms", _MAX_MS),
+    ("evict_after_ms", _MAX_MS), ("queue_depth", _MAX_MS), ("inflight", _MAX_MS),
+    ("max_queue", _MAX_MS),
+)  # fmt: skip
+_TEXT_FIELDS = ("agent_id", "instance_id", "weight", "caps", "metadata", "card", "state",
+                "ready", "draining", *(name for name, _ in _INT_FIELDS))  # fmt: skip
+# A record's field names as Redis returns them (bytes) or as text, to the name: the one
+# lookup per field a reload of every agent pays.
+_FIELD_NAMES: dict[bytes | str, str] = {
+    **{n: n for n in _TEXT_FIELDS},
+    **{n.encode(): n for n in _TEXT_FIELDS},
+}
 
 
-def _known_fields(h: Mapping[bytes | str, bytes | str]) -> dict[str, bytes | str]:
-    out: dict[str, bytes | str] = {}
+def _decode_known(h: Mapping[bytes | str, bytes | str]) -> dict[str, str]:
+    """The fields reach writes, as text; others (any name, any bytes) are ignored."""
+    out: dict[str, str] = {}
     for k, v in h.items():
-        if isinstance(k, bytes):
+        name = _FIELD_NAMES.get(k)
+        if name is None:
+            continue
+        if isinstance(v, bytes):
             try:
-                k = k.decode()
+                out[name] = v.decode()
             except UnicodeDecodeError:
-                continue  # not a field reach writes
-        if k in _FIELDS:
-            out[k] = v
+                raise BadRecord(f"{name}: not UTF-8 ({_show(v)})") from None
+        else:
+            out[name] = str(v)
     return out
 
 
@@ -231,27 +245,8 @@ def _show(value: object, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _text(d: Mapping[str, bytes | str], name: str, default: str) -> str:
-    v = d.get(name)
-    if v is None:
-        return default
-    if isinstance(v, bytes):
-        try:
-            return v.decode()
-        except UnicodeDecodeError:
-            raise BadRecord(f"{name}: not UTF-8 ({_show(v)})") from None
-    return str(v)
-
-
-def _int(d: Mapping[str, bytes | str], name: str, hi: int = _MAX_MS) -> int:
-    v = _text(d, name, "0")
-    if not (v.isascii() and v.isdigit() and len(v) <= 19) or int(v) > hi:
-        raise BadRecord(f"{name}: {_show(v)} is not an integer within 0..{hi}")
-    return int(v)
-
-
-def _number(d: Mapping[str, bytes | str], name: str, default: float) -> float:
-    v = _text(d, name, "")
+def _number(d: Mapping[str, str], name: str, default: float) -> float:
+    v = d.get(name, "")
     if not v:
         return default
     try:
@@ -263,19 +258,22 @@ def _number(d: Mapping[str, bytes | str], name: str, default: float) -> float:
     return x
 
 
-def _flag(d: Mapping[str, bytes | str], name: str) -> bool:
-    v = _text(d, name, "0")
+def _flag(d: Mapping[str, str], name: str) -> bool:
+    v = d.get(name, "0")
     if v not in ("0", "1"):
         raise BadRecord(f"{name}: {_show(v)} is not '0' or '1'")
     return v == "1"
 
 
-def _json_object(d: Mapping[str, bytes | str], name: str) -> dict[str, Any] | None:
-    v = _text(d, name, "")
+_JSON = json.JSONDecoder(strict=False)  # control characters in strings, as cjson takes them
+
+
+def _json_object(d: Mapping[str, str], name: str) -> dict[str, Any] | None:
+    v = d.get(name, "")
     if not v:
         return None
     try:
-        obj = json.loads(v, strict=False)
+        obj = _JSON.decode(v)
     except (ValueError, RecursionError):
         obj = None
     if not isinstance(obj, dict):
