@@ -22,15 +22,15 @@
 --
 -- Every argument is checked before the first write: a refused call writes nothing.
 -- Integers are plain decimal digits (no sign, exponent, hex, inf or nan).
--- A record whose timing fields are not finite numbers (written behind the scripts' back) is
--- evicted when due, and no record's deadline is put further than 2 days ahead, so one
--- bad record neither stops the sweep nor stays registered for ever.
+-- A record whose timing fields are not finite numbers (written behind the scripts' back)
+-- is evicted when due, and no record's deadline is put further than 2 days ahead, so one
+-- bad record neither stops the sweep nor stays registered for ever. A due id whose key is
+-- not a hash is dropped from the agents zset; a capability set of another type is passed
+-- over.
 --
 -- Returns {-1}: another runtime holds the sweeper lock
 --         {n_due, n_probation, n_evicted, n_deleted, evicted_id...}
 --         (n_due == ARGV[4] means more may be due: call again)
--- A due id whose key is not a hash is dropped from the agents zset; a capability set of
--- another type is passed over.
 -- Errors  'reach: bad <argument>: <why>' (an error reply; redis-py raises ResponseError)
 --         when an argument, or the number of KEYS or ARGV, is out of contract, or one of
 --         KEYS[1..4] and KEYS[7] holds another type than the one above.
