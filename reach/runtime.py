@@ -365,6 +365,10 @@ class _Runtime:
             "round_trips": 0,
         }  # fmt: skip
         self._loop_token: Any = None
+        # Redis away: one line when it goes, a reminder every 30 s, one when it is back,
+        # for all the loops of this runtime together (not a warning per retry per loop).
+        self._redis_down = logs.OutageLog(log, f"agent {agent.agent_id}: Redis")
+        self._refusals: dict[str, logs.OutageLog] = {}
 
     @property
     def redis(self) -> AnyRedis:
@@ -442,6 +446,15 @@ class _Runtime:
             log.info("messages arrived during shutdown: the sweeper moves them on")
             await self.redis.sadd(self.keys.reroute, self.agent.agent_id)
 
+    def _redis_failed(self, what: str, e: BaseException) -> None:
+        """A Redis call of one of the runtime's loops failed (the loop retries)."""
+        if isinstance(e, (rexc.ConnectionError, rexc.TimeoutError, OSError)):
+            self._redis_down.failed(f"{what}: {type(e).__name__}: {e}")
+        else:  # a refusal, not an outage: say which call, at most once per 30 s per kind
+            self._refusals.setdefault(what.split(" ")[0], logs.OutageLog(
+                log, f"agent {self.agent.agent_id}: {what.split(' ')[0]}"
+            )).failed(f"{type(e).__name__}: {e}")  # fmt: skip
+
     def request_stop(self) -> None:
         self._stop_requested.set()
 
@@ -510,7 +523,7 @@ class _Runtime:
                     await self._set_ready(True)
                     unready_by_us = False
             except (rexc.RedisError, OSError) as e:
-                log.warning("readiness update failed: %s", e)
+                self._redis_failed("readiness update", e)
 
     async def _ticker(self) -> None:
         """Proof of event-loop progress, read by the heartbeat thread."""
@@ -559,13 +572,14 @@ class _Runtime:
                 elif int(draining) and not self._stop_requested.is_set():
                     log.info("drain requested by an operator")
                     self.request_stop()
+                self._redis_down.ok()
             except StaleRegistration as e:
                 log.error("stopping: %s", e)
                 self._stale = True
                 self.request_stop()
                 return
             except (rexc.RedisError, OSError) as e:
-                log.warning("heartbeat failed: %s", e)
+                self._redis_failed("heartbeat", e)
                 if r is not None:
                     try:
                         r.close()
@@ -609,7 +623,7 @@ class _Runtime:
                     else:
                         metrics.registry_counts(*await metrics.count_agents(self.redis, self.keys))
             except (rexc.RedisError, OSError) as e:
-                log.warning("sweep failed: %s", e)
+                self._redis_failed("sweep", e)
             except Exception:  # entries have their own barrier: this is a bug, not data
                 log.exception("sweep failed; the next one tries again")
 
@@ -726,13 +740,14 @@ class _Runtime:
                 got = await self._fetch(n) if backlog else []
                 if not got:
                     got = await self._block(n)
+                self._redis_down.ok()
                 backlog = sum(len(e) for _, e in got) >= n
                 if got:
                     await self._dispatch(tg, got)
             except (rexc.RedisError, OSError) as e:
                 # Never let the consumer die: Redis away, restarted, failing over, or a
                 # reply we did not expect. Log, back off, pick up what was left pending.
-                log.warning("inbox read failed (%s: %s); retrying", type(e).__name__, e)
+                self._redis_failed("inbox read", e)
                 self._rescan = True
                 await anyio.sleep(0.2)
             except Exception:  # a bug, not data (entries have their own barrier): go on
@@ -1162,7 +1177,7 @@ class _Runtime:
         except (rexc.RedisError, OSError) as e:
             # Entries stay pending: the next pending scan redoes them, and claim finds
             # the ones whose completion was stored (replay, not run again).
-            log.warning("settling %d entries failed: %s", len(batch), e)
+            self._redis_failed(f"settling {len(batch)} entries", e)
             self._rescan = True
         finally:
             self._settling -= 1

@@ -263,3 +263,27 @@ async def test_garbage_in_the_sweepers_structures_is_dead_lettered_and_workers_l
         unroutable = await dead_letters(r, ns, "hard.echo")
         assert [d["reason"] for d in unroutable] == [b"unroutable"]
         await serving(c, workers, "h1", "h2")
+
+
+# -- item 12 -----------------------------------------------------------------------------
+async def test_a_redis_outage_is_a_few_lines_in_a_workers_log(
+    fresh_redis: Any, ns: str, tmp_path: Any
+) -> None:
+    """Before: ~13 warnings a second per worker while Redis was down."""
+    log = tmp_path / "h1.log"
+    w = Workers(fresh_redis.url, ns, "tests.agents_hardening")
+    try:
+        w.start("h1", log=log)
+        async with Client(redis_url=fresh_redis.url, namespace=ns, slow_start_s=0) as c:
+            await ready(c, {"h1"})
+        fresh_redis.kill()
+        await anyio.sleep(3.0)  # the outage itself
+        await anyio.to_thread.run_sync(fresh_redis.start)
+        async with Client(redis_url=fresh_redis.url, namespace=ns, slow_start_s=0) as c:
+            await ready(c, {"h1"})
+            await serving(c, w, "h1")
+            lines = [x for x in log.read_text().splitlines() if " reach.runtime: " in x]
+            assert 1 <= len(lines) <= 4, lines
+            assert "works again" in lines[-1], lines
+    finally:
+        w.stop_all()
