@@ -5,6 +5,7 @@ from .client import Client
 from .envelope import Envelope, Reply
 from .errors import (
     ConfigError,
+    ConnectionsExhausted,
     DeadlineExceeded,
     FencedOut,
     InvalidCapability,
@@ -31,6 +32,7 @@ __all__ = [
     "AgentInfo",
     "Client",
     "ConfigError",
+    "ConnectionsExhausted",
     "Context",
     "DeadLetter",
     "DeadlineExceeded",

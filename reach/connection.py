@@ -72,7 +72,7 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 from redis.utils import HIREDIS_AVAILABLE
 
-from .errors import ConfigError, RedisUnavailable
+from .errors import ConfigError, ConnectionsExhausted, RedisUnavailable
 
 log = logging.getLogger("reach.connection")
 
@@ -84,16 +84,6 @@ def as_text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 DEFAULT_URL = "redis://localhost:6379/0"
-
-
-class ConnectionsExhausted(RedisUnavailable):
-    """Every connection of this process's pool stayed busy for ``POOL_WAIT_S`` seconds.
-
-    Redis itself may be fine: the commands holding the connections are slow (a stalled or
-    overloaded server, huge replies) or the bound is too small for the blocking reads this
-    process keeps open. A subclass of :class:`~reach.errors.RedisUnavailable`, so code
-    that retries on an unavailable Redis retries on this too.
-    """
 
 
 def is_pool_exhausted(exc: BaseException) -> bool:

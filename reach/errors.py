@@ -22,6 +22,16 @@ class RedisUnavailable(ReachError, ConnectionError):
     """Redis could not be reached, or no Redis server binary could be found or started."""
 
 
+class ConnectionsExhausted(RedisUnavailable):
+    """Every connection of this process's pool stayed busy for ``POOL_WAIT_S`` seconds.
+
+    Redis itself may be fine: the commands holding the connections are slow (a stalled or
+    overloaded server, huge replies) or the bound is too small for the blocking reads this
+    process keeps open. A subclass of :class:`RedisUnavailable`, so code that retries on
+    an unavailable Redis retries on this too.
+    """
+
+
 class StaleRegistration(ReachError):
     """A registration carries a version older than the one stored for that agent.
 
