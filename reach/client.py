@@ -61,9 +61,12 @@ DEFAULT_MAX_UNCLAIMED = 10_000
 DEFAULT_UNCLAIMED_TTL_S = 600.0
 # Dead-letter reasons that refuse the message itself: the caller gets reach.Rejected.
 REJECTIONS = frozenset({"rejected", "invalid_payload", "no_handler", "too_large", "malformed",
-                        "version", "target_gone", "bad_result"})  # fmt: skip
-# Dead-letter reasons that say nothing about the agent's health (the breaker ignores them).
-BLAMELESS = frozenset({"rejected", "invalid_payload", "expired", "no_handler", "too_large"})
+                        "version", "target_gone", "bad_result", "unroutable",
+                        "unprocessable"})  # fmt: skip
+# Dead-letter reasons that say nothing about the agent's health (the breaker ignores them):
+# the message itself (or data next to it in Redis) was the problem.
+BLAMELESS = frozenset({"rejected", "invalid_payload", "expired", "no_handler", "too_large",
+                       "unroutable", "unprocessable"})  # fmt: skip
 
 
 class _Refused(Exception):
