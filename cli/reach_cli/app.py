@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -28,7 +29,7 @@ import reach
 from reach.client import Client
 from reach.connection import as_text, redact
 from reach.embedded import RedisServer, free_port, port_free
-from reach.envelope import decode_payload, now_ms
+from reach.envelope import decode_payload, encode_payload, now_ms
 from reach.errors import ConfigError, ReachError, UnknownAgent
 from reach.keys import GROUP, PRIORITIES, Keys
 from reach.registry import STATES, Registry
@@ -50,6 +51,7 @@ from .common import (
     open_redis,
     print_json,
     progress,
+    require_text,
     run,
     safe_text,
     table,
@@ -155,6 +157,8 @@ def agents_list(
     """
     if ctx.invoked_subcommand is not None:
         return
+    require_text({"cap": cap, "state": state, "where": where, "redis_url": redis_url,
+                  "namespace": namespace})  # fmt: skip
     if state is not None and state not in STATES:
         fail(f"unknown state {state!r}: use {', '.join(STATES)}")
     filt: dict[str, str] = {}
@@ -559,6 +563,8 @@ def worker(
     """
     from reach import logs, metrics
 
+    require_text({"target": target, "redis_url": redis_url, "namespace": namespace,
+                  "metrics_addr": metrics_addr})  # fmt: skip
     with cli_errors(redis_url):
         _check_times(heartbeat_s=heartbeat_s, lease_s=lease_s, evict_after_s=evict_after_s,
                      stall_s=stall_s, drain_timeout_s=drain_timeout_s,
@@ -636,10 +642,21 @@ async def send(
 
     Example: reach send text.summarize '{"text": "long text"}' --wait --timeout-s 10
     """
+    if timeout_s is not None and not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise ConfigError(f"--timeout-s must be a number of seconds > 0, not {timeout_s}.")
     try:
         body = json.loads(payload)
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, RecursionError) as e:
         raise ConfigError(f"PAYLOAD is not valid JSON ({e}); quote it, e.g. '{{\"a\": 1}}'.") from e
+    try:  # what JSON has and msgpack has not: integers beyond 64 bits, lone surrogates
+        encode_payload(body)
+    except ReachError:
+        raise
+    except (OverflowError, ValueError, RecursionError) as e:
+        raise ConfigError(
+            f"PAYLOAD cannot be sent ({e}): integers must fit in 64 bits and text must be "
+            "valid Unicode."
+        ) from e
     async with Client(redis_url=redis_url, namespace=namespace) as client:
         kw: _SendOptions = {"session_id": session, "priority": priority, "timeout_s": timeout_s,
                             "idempotency_key": idempotency_key, "target": target}  # fmt: skip
@@ -814,7 +831,15 @@ async def dlq_show(
         table(f"dead letter {entry_id}", ["field", "value"], [(k, v) for k, v in row.items()])
 
 
+_STREAM_ID = re.compile(r"\d{1,20}(-\d{1,20})?")
+
+
 async def _find_dl(r: Any, keys: Keys, entry_id: str, cap: str | None) -> tuple[str | bytes, Any]:
+    if not _STREAM_ID.fullmatch(entry_id):
+        raise ConfigError(
+            f"{entry_id!r} is not a dead letter id: they look like 1717171717171-0 "
+            "(see `reach dlq list`)."
+        )
     for k in await _dlq_keys(r, keys, cap):
         rows = await r.xrange(k, entry_id, entry_id)
         if rows:

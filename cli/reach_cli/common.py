@@ -152,13 +152,26 @@ def run(fn: Callable[..., Awaitable[T]], *args: Any, url: str | None = None) -> 
 
 
 def command(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
-    """Decorator: a typer command written as an async function (errors as in :func:`run`)."""
+    """Decorator: a typer command written as an async function (errors as in :func:`run`;
+    arguments checked by :func:`require_text`)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        require_text(kwargs)
         return run(functools.partial(fn, *args, **kwargs), url=kwargs.get("redis_url"))
 
     return wrapper
+
+
+def require_text(params: dict[str, Any]) -> None:
+    """Refuse (one ``error:`` line, exit 2) an argument that is not text: a command line
+    can carry bytes that are not UTF-8 (Python keeps them as lone surrogates), which
+    cannot go into a Redis key or a message."""
+    for name, value in params.items():
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(v, str) and _unsurrogate(v) != v:
+                flag = "--" + name.rstrip("_").replace("_", "-")
+                fail(f"{flag} {safe_text(v)!r} is not valid UTF-8 text.")
 
 
 async def open_redis(url: str) -> AnyRedis:

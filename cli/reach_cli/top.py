@@ -58,6 +58,7 @@ from .common import (
     console,
     fail,
     json_line,
+    require_text,
     safe_text,
 )
 from .common import open_redis as _open_redis
@@ -422,6 +423,7 @@ def top(
 
     Examples: reach top;  reach top --once;  reach top --once --json --interval 0
     """
+    require_text({"sort": sort, "redis_url": redis_url, "namespace": namespace})
     if sort not in SORTS:
         fail(f"--sort takes one of {', '.join(SORTS)}, not {sort!r}")
     if not once and interval <= 0:
