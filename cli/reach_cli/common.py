@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import json
 import math
+import os
 import re
 import sys
 import time
@@ -136,6 +138,11 @@ def cli_errors(url: str | None = None) -> Iterator[None]:
         yield
     except (typer.Exit, typer.Abort, typer.TyperException):  # exits and usage errors
         raise
+    except BrokenPipeError:
+        # The reader went away (`reach events | head -1`): it has what it wanted. Later
+        # writes (the interpreter's last flush) go nowhere instead of failing again.
+        _quiet_stdout()
+        raise typer.Exit(0) from None
     except BaseException as e:
         if _interrupted(e):
             raise typer.Exit(130) from None
@@ -143,6 +150,15 @@ def cli_errors(url: str | None = None) -> Iterator[None]:
         if msg is None:
             raise
         fail(msg)
+
+
+def _quiet_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, io.UnsupportedOperation):  # no real stdout (tests)
+        pass
 
 
 def run(fn: Callable[..., Awaitable[T]], *args: Any, url: str | None = None) -> T:

@@ -21,6 +21,7 @@ from reach_cli.app import app
 from typer.testing import CliRunner
 
 from reach.connection import connect
+from reach.keys import Keys
 from reach.registry import Registry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -259,3 +260,30 @@ def test_ctrl_c_on_a_worker_drains_and_exits_130(redis_url: str, ns: str) -> Non
             await r.aclose()
 
     assert anyio.run(gone), "a Ctrl-C'd worker drains and deregisters"
+
+
+def test_a_reader_that_goes_away_ends_the_listing_quietly(
+    sync_r: redis.Redis, redis_url: str, ns: str
+) -> None:
+    """`reach events | head -1`: no error, no traceback, exit code 0."""
+    pipe = sync_r.pipeline(transaction=False)
+    for i in range(3000):  # well over a pipe's buffer
+        pipe.xadd(Keys(ns).events, {"type": "registered", "agent_id": f"a-{i}",
+                                    "ts": "1700000000000"})  # fmt: skip
+    pipe.execute()
+    for extra in ([], ["--json"], ["--follow"]):
+        p = subprocess.Popen([sys.executable, "-m", "reach_cli.app", "events", "--count", "3000",
+                              *extra, "--redis-url", redis_url, "-n", ns], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        assert p.stdout is not None and p.stderr is not None
+        assert p.stdout.readline()
+        p.stdout.close()
+        try:
+            err = p.stderr.read()
+            p.wait(timeout=30)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        assert p.returncode == 0, (extra, err)
+        assert err == b"", (extra, err)
