@@ -91,7 +91,8 @@ def explain(exc: BaseException, url: str | None = None) -> str | None:
     if isinstance(exc, (rexc.AuthenticationError, rexc.AuthenticationWrongNumberOfArgsError)):
         return _bad_credentials(exc, at)
     if isinstance(exc, rexc.NoPermissionError):
-        return f"Redis{at} refused a command: {exc}. The Redis user lacks an ACL permission reach needs: {ACL_HINT}."
+        return (f"Redis{at} refused a command: {exc}. The Redis user lacks an ACL permission "
+                f"reach needs: {ACL_HINT}.")  # fmt: skip
     if isinstance(exc, rexc.ResponseError) and "DB index is out of range" in str(exc):
         db = url.rsplit("/", 1)[-1] if url and url.count("/") >= 3 else "?"
         return (f"Redis{at} says: DB index is out of range (/{db}). The number at the end of "
@@ -232,8 +233,23 @@ def _unsurrogate(s: str) -> str:
     return raw.decode("utf-8", "replace")
 
 
+MAX_JSON_DEPTH = 100  # deeper lists and maps are elided: every step below is recursive
+
+
 def to_jsonable(obj: Any) -> Any:
-    return _clean_json(msgspec.to_builtins(obj, enc_hook=repr))
+    return _clean_json(msgspec.to_builtins(_cap_depth(obj), enc_hook=repr))
+
+
+def _cap_depth(obj: Any, depth: int = 0) -> Any:
+    """``obj`` with lists and maps nested deeper than :data:`MAX_JSON_DEPTH` replaced by a
+    note (a stored result may be nested as deep as msgpack allows)."""
+    if isinstance(obj, (list, tuple, dict)):
+        if depth >= MAX_JSON_DEPTH:
+            return f"<nested deeper than {MAX_JSON_DEPTH} levels: not shown>"
+        if isinstance(obj, dict):
+            return {k: _cap_depth(v, depth + 1) for k, v in obj.items()}
+        return [_cap_depth(v, depth + 1) for v in obj]
+    return obj
 
 
 def _clean_json(obj: Any) -> Any:

@@ -62,6 +62,18 @@ def test_table_cells_and_titles_are_plain_text(
     json.loads(json_line({"v": value}))
 
 
+def test_json_of_a_deeply_nested_value_is_cut_not_a_crash() -> None:
+    deep: Any = None
+    for _ in range(990):  # as deep as a stored result decodes
+        deep = [deep]
+    out = json.loads(json_line({"result": deep}))
+    depth = 0
+    node = out["result"]
+    while isinstance(node, list):
+        node, depth = node[0], depth + 1
+    assert 50 < depth < 990 and "nested deeper" in node
+
+
 def _xadd_raw(sync_r: redis.Redis, key: str, fields: dict[bytes, bytes]) -> None:
     sync_r.execute_command("XADD", key, "*", *[x for kv in fields.items() for x in kv])
 
