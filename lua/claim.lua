@@ -36,13 +36,16 @@ local function show(v)
 end
 
 -- A plain decimal integer as the runtime sends it ('0' or digits without a leading zero),
--- in lo..hi; nil for anything else.
+-- in lo..hi; nil for anything else. Parsed once per distinct string (a batch repeats them).
+local parsed = {}
 local function int(v, lo, hi)
-  if type(v) ~= 'string' or #v > 16 or not (v == '0' or string.find(v, '^[1-9]%d*$')) then
-    return nil
+  local n = parsed[v]
+  if n == nil then
+    n = false
+    if #v <= 16 and (v == '0' or string.find(v, '^[1-9]%d*$')) then n = tonumber(v) end
+    parsed[v] = n
   end
-  local n = tonumber(v)
-  if n < lo or n > hi then return nil end
+  if not n or n < lo or n > hi then return nil end
   return n
 end
 
@@ -50,6 +53,8 @@ end
 local function counter_ok(v)
   return not v or v == '0' or (#v <= 15 and string.find(v, '^[1-9]%d*$') ~= nil)
 end
+
+local reads = {}
 
 local function check()
   if #ARGV ~= 3 + 2 * #KEYS then
@@ -67,10 +72,13 @@ local function check()
       return 'lease_ms of KEYS[' .. i .. '] (ARGV[' .. a .. ']) ' .. show(ARGV[a])
         .. ': want an integer 1..' .. MAX_LEASE
     end
-    local kind = redis.call('TYPE', KEYS[i])['ok']
-    if kind ~= 'hash' and kind ~= 'none' then
-      return 'KEYS[' .. i .. ']: holds a ' .. kind .. ', want an idempotency record (a hash)'
+    -- Read each record now, so a key of another type is refused before any write.
+    local s = redis.pcall('HMGET', KEYS[i], 'done', 'reply', 'owner', 'lease_until', 'fence', 'runs')
+    if s['err'] then
+      return 'KEYS[' .. i .. ']: holds a ' .. redis.call('TYPE', KEYS[i])['ok']
+        .. ', want an idempotency record (a hash)'
     end
+    reads[i] = s
   end
   return nil
 end
@@ -80,9 +88,13 @@ if err then return redis.error_reply('ERR reach: bad ' .. err) end
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local out = {}
+local out, seen = {}, {}
 for i, key in ipairs(KEYS) do
-  local s = redis.call('HMGET', key, 'done', 'reply', 'owner', 'lease_until', 'fence', 'runs')
+  local s = reads[i]
+  if seen[key] then  -- a second copy of a key in this batch: read what the first one wrote
+    s = redis.call('HMGET', key, 'done', 'reply', 'owner', 'lease_until', 'fence', 'runs')
+  end
+  seen[key] = true
   if s[1] == '1' then
     out[i] = {2, s[2] or ''}
   elseif s[3] and s[3] ~= '' and (tonumber(s[4]) or 0) > now then

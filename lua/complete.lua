@@ -32,15 +32,20 @@ local function show(v)
 end
 
 -- A plain decimal integer as the runtime sends it ('0' or digits without a leading zero),
--- in lo..hi; nil for anything else.
+-- in lo..hi; nil for anything else. Parsed once per distinct string (a batch repeats them).
+local parsed = {}
 local function int(v, lo, hi)
-  if type(v) ~= 'string' or #v > 16 or not (v == '0' or string.find(v, '^[1-9]%d*$')) then
-    return nil
+  local n = parsed[v]
+  if n == nil then
+    n = false
+    if #v <= 16 and (v == '0' or string.find(v, '^[1-9]%d*$')) then n = tonumber(v) end
+    parsed[v] = n
   end
-  local n = tonumber(v)
-  if n < lo or n > hi then return nil end
+  if not n or n < lo or n > hi then return nil end
   return n
 end
+
+local reads = {}
 
 local function check()
   if #ARGV ~= 1 + 5 * #KEYS then
@@ -63,10 +68,13 @@ local function check()
     if not MODES[ARGV[j + 4]] then
       return 'mode' .. of .. (j + 4) .. ']) ' .. show(ARGV[j + 4]) .. ": want 'done' or 'release'"
     end
-    local kind = redis.call('TYPE', KEYS[i])['ok']
-    if kind ~= 'hash' and kind ~= 'none' then
-      return 'KEYS[' .. i .. ']: holds a ' .. kind .. ', want an idempotency record (a hash)'
+    -- Read each record now, so a key of another type is refused before any write.
+    local s = redis.pcall('HMGET', KEYS[i], 'fence', 'done')
+    if s['err'] then
+      return 'KEYS[' .. i .. ']: holds a ' .. redis.call('TYPE', KEYS[i])['ok']
+        .. ', want an idempotency record (a hash)'
     end
+    reads[i] = s
   end
   return nil
 end
@@ -76,10 +84,14 @@ if err then return redis.error_reply('ERR reach: bad ' .. err) end
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local out = {}
+local out, seen = {}, {}
 for i, key in ipairs(KEYS) do
   local j = 1 + 5 * (i - 1)
-  local s = redis.call('HMGET', key, 'fence', 'done')
+  local s = reads[i]
+  if seen[key] then  -- a second copy of a key in this batch: read what the first one wrote
+    s = redis.call('HMGET', key, 'fence', 'done')
+  end
+  seen[key] = true
   if not s[1] or s[1] ~= ARGV[j + 1] or s[2] == '1' then
     out[i] = 0
   else

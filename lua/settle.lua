@@ -45,27 +45,32 @@ local function show(v)
 end
 
 -- A plain decimal integer as the runtime sends it ('0' or digits without a leading zero),
--- in lo..hi; nil for anything else.
+-- in lo..hi; nil for anything else. Parsed once per distinct string: the same small
+-- numbers (indexes, counts) come back in every item of a batch.
+local parsed = {}
 local function int(v, lo, hi)
-  if type(v) ~= 'string' or #v > 16 or not (v == '0' or string.find(v, '^[1-9]%d*$')) then
-    return nil
+  local n = parsed[v]
+  if n == nil then
+    n = false
+    if #v <= 16 and (v == '0' or string.find(v, '^[1-9]%d*$')) then n = tonumber(v) end
+    parsed[v] = n
   end
-  local n = tonumber(v)
-  if n < lo or n > hi then return nil end
+  if not n or n < lo or n > hi then return nil end
   return n
 end
 
-local function u64(s)
-  return #s >= 1 and (#s < 20 or (#s == 20 and s <= U64))
-end
-
--- A stream entry id XACK and XDEL accept: 'ms-seq' or 'ms', each part 0..2^64-1.
+-- A stream entry id XACK and XDEL accept: 'ms-seq' or 'ms', each part 0..2^64-1 (a part
+-- of 20 digits is compared with 2^64-1 as a string).
 local function stream_id_ok(v)
-  local ms, seq = string.match(v, '^(%d+)%-(%d+)$')
-  if not ms then
-    ms, seq = string.match(v, '^(%d+)$'), '0'
+  local dash = string.find(v, '-', 1, true)
+  if not dash then
+    return #v >= 1 and string.find(v, '^%d+$') ~= nil and (#v < 20 or (#v == 20 and v <= U64))
   end
-  return ms ~= nil and u64(ms) and u64(seq)
+  local ms, seq = dash - 1, #v - dash
+  if ms < 1 or seq < 1 or ms > 20 or seq > 20 or not string.find(v, '^%d+%-%d+$') then
+    return false
+  end
+  return (ms < 20 or string.sub(v, 1, 20) <= U64) and (seq < 20 or string.sub(v, dash + 1) <= U64)
 end
 
 -- A finite score ZADD parses as Redis does and Lua agrees with.
@@ -100,112 +105,114 @@ end
 
 local COMMANDS = {XADD = {'stream', xadd_args}, ZADD = {'zset', zadd_args}}
 
+-- ' of item 2', ' of extra command 1 of item 2': built only for an error message.
+local function where(item, c)
+  if c then return ' of extra command ' .. c .. ' of item ' .. item end
+  return ' of item ' .. item
+end
+
+local function bad(what, p, want)
+  return what .. ' (ARGV[' .. p .. ']) ' .. show(ARGV[p]) .. ': ' .. want
+end
+
 local function check()
-  if #ARGV < 3 then return 'arguments: want at least 3 ARGV, got ' .. #ARGV end
-  if not int(ARGV[1], 1, MAX_TTL) then
-    return 'ttl_ms (ARGV[1]) ' .. show(ARGV[1]) .. ': want an integer 1..' .. MAX_TTL
-  end
+  local na, nk = #ARGV, #KEYS
+  if na < 3 then return 'arguments: want at least 3 ARGV, got ' .. na end
+  if not int(ARGV[1], 1, MAX_TTL) then return bad('ttl_ms', 1, 'want an integer 1..' .. MAX_TTL) end
   if #ARGV[2] < 1 or #ARGV[2] > 1024 then return 'group (ARGV[2]): want 1..1024 bytes' end
-  local n = int(ARGV[3], 0, math.floor((#ARGV - 3) / 10))
+  local most = math.floor((na - 3) / 10)
+  local n = int(ARGV[3], 0, most)
   if not n then
-    return 'number of items (ARGV[3]) ' .. show(ARGV[3]) .. ': want an integer 0..'
-      .. math.floor((#ARGV - 3) / 10) .. ' (10 ARGV per item at least)'
+    return bad('number of items', 3, 'want an integer 0..' .. most .. ' (10 ARGV per item at least)')
   end
-  local nk = #KEYS
-  local need, used_by = {}, {}
-  -- Record that argument `what` uses key index i as a key of type kind.
-  local function use(i, kind, what)
-    if need[i] and need[i] ~= kind then
-      return what .. ': KEYS[' .. i .. '] is used as a ' .. need[i] .. ' by ' .. used_by[i]
-        .. ', here as a ' .. kind
+  -- The type each key index is used as, and its first use (for the error message).
+  local need, u_label, u_item, u_cmd = {}, {}, {}, {}
+  local function use(i, kind, label, item, c)
+    local had = need[i]
+    if not had then
+      need[i], u_label[i], u_item[i], u_cmd[i] = kind, label, item, c
+    elseif had ~= kind then
+      return label .. where(item, c) .. ': KEYS[' .. i .. '] is used as a ' .. had .. ' by '
+        .. u_label[i] .. where(u_item[i], u_cmd[i]) .. ', here as a ' .. kind
     end
-    need[i], used_by[i] = kind, what
     return nil
   end
-  local function index(p, what, lo)
-    local i = int(ARGV[p], lo, nk)
-    if not i then
-      return nil, what .. ' (ARGV[' .. p .. ']) ' .. show(ARGV[p]) .. ': want a key index '
-        .. lo .. '..' .. nk
-    end
-    return i, nil
-  end
-  local p = 4
+  local p, e = 4, nil
   for item = 1, n do
-    local of = ' of item ' .. item
-    if p + 9 > #ARGV then
-      return 'arguments: item ' .. item .. ' starts at ARGV[' .. p .. '], needs 10 ARGV, ' .. #ARGV .. ' in all'
+    if p + 9 > na then
+      return 'arguments: item ' .. item .. ' starts at ARGV[' .. p .. '], needs 10 ARGV, ' .. na .. ' in all'
     end
-    local ki, ri, ii, e
-    ki, e = index(p, 'idem key index' .. of, 0)
-    if e then return e end
+    local ki = int(ARGV[p], 0, nk)
+    if not ki then return bad('idem key index' .. where(item), p, 'want a key index 0..' .. nk) end
     if ki > 0 then
       if not int(ARGV[p + 1], 1, MAX_INT) then
-        return 'fence' .. of .. ' (ARGV[' .. (p + 1) .. ']) ' .. show(ARGV[p + 1]) .. ': want an integer 1..2^53'
+        return bad('fence' .. where(item), p + 1, 'want an integer 1..2^53')
       end
       if not STATUSES[ARGV[p + 2]] then
-        return 'status' .. of .. ' (ARGV[' .. (p + 2) .. ']) ' .. show(ARGV[p + 2])
-          .. ': want succeeded, failed, retrying, expired or dead'
+        return bad('status' .. where(item), p + 2, 'want succeeded, failed, retrying, expired or dead')
       end
       if not MODES[ARGV[p + 4]] then
-        return 'mode' .. of .. ' (ARGV[' .. (p + 4) .. ']) ' .. show(ARGV[p + 4]) .. ": want 'done' or 'release'"
+        return bad('mode' .. where(item), p + 4, "want 'done' or 'release'")
       end
-      e = use(ki, 'hash', 'idem key index' .. of)
+      e = use(ki, 'hash', 'idem key index', item)
       if e then return e end
     end
-    ri, e = index(p + 6, 'reply stream index' .. of, 0)
-    if e then return e end
+    local ri = int(ARGV[p + 6], 0, nk)
+    if not ri then return bad('reply stream index' .. where(item), p + 6, 'want a key index 0..' .. nk) end
     if ri > 0 then
-      e = use(ri, 'stream', 'reply stream index' .. of)
+      e = use(ri, 'stream', 'reply stream index', item)
       if e then return e end
     end
-    ii, e = index(p + 7, 'inbox index' .. of, 0)
-    if e then return e end
+    local ii = int(ARGV[p + 7], 0, nk)
+    if not ii then return bad('inbox index' .. where(item), p + 7, 'want a key index 0..' .. nk) end
     if ii > 0 then
       if not stream_id_ok(ARGV[p + 8]) then
-        return 'entry id' .. of .. ' (ARGV[' .. (p + 8) .. ']) ' .. show(ARGV[p + 8]) .. ": want a stream id 'ms-seq'"
+        return bad('entry id' .. where(item), p + 8, "want a stream id 'ms-seq'")
       end
-      e = use(ii, 'stream', 'inbox index' .. of)
+      e = use(ii, 'stream', 'inbox index', item)
       if e then return e end
     end
-    local ncmd = int(ARGV[p + 9], 0, math.floor((#ARGV - p - 9) / 3))
+    most = math.floor((na - p - 9) / 3)
+    local ncmd = int(ARGV[p + 9], 0, most)
     if not ncmd then
-      return 'number of extra commands' .. of .. ' (ARGV[' .. (p + 9) .. ']) ' .. show(ARGV[p + 9])
-        .. ': want an integer 0..' .. math.floor((#ARGV - p - 9) / 3) .. ' (3 ARGV per command at least)'
+      return bad('number of extra commands' .. where(item), p + 9,
+        'want an integer 0..' .. most .. ' (3 ARGV per command at least)')
     end
     p = p + 10
     for c = 1, ncmd do
-      local cmd = 'extra command ' .. c .. of
-      if p + 2 > #ARGV then
-        return 'arguments: ' .. cmd .. ' starts at ARGV[' .. p .. '], needs 3 ARGV, ' .. #ARGV .. ' in all'
+      if p + 2 > na then
+        return 'arguments: extra command ' .. c .. where(item) .. ' starts at ARGV[' .. p
+          .. '], needs 3 ARGV, ' .. na .. ' in all'
       end
       local spec = COMMANDS[ARGV[p]]
       if not spec then
-        return cmd .. ' (ARGV[' .. p .. ']) ' .. show(ARGV[p]) .. ': want XADD or ZADD'
+        return bad('extra command ' .. c .. where(item), p, 'want XADD or ZADD')
       end
-      local kidx
-      kidx, e = index(p + 1, 'key index of ' .. cmd, 1)
-      if e then return e end
-      local nargs = int(ARGV[p + 2], 0, math.min(MAX_CMD_ARGS, #ARGV - p - 2))
+      local kidx = int(ARGV[p + 1], 1, nk)
+      if not kidx then
+        return bad('key index' .. where(item, c), p + 1, 'want a key index 1..' .. nk)
+      end
+      most = math.min(MAX_CMD_ARGS, na - p - 2)
+      local nargs = int(ARGV[p + 2], 0, most)
       if not nargs then
-        return 'number of arguments of ' .. cmd .. ' (ARGV[' .. (p + 2) .. ']) ' .. show(ARGV[p + 2])
-          .. ': want an integer 0..' .. math.min(MAX_CMD_ARGS, #ARGV - p - 2)
+        return bad('number of arguments' .. where(item, c), p + 2, 'want an integer 0..' .. most)
       end
       e = spec[2](p + 3, p + 2 + nargs)
-      if e then return cmd .. ' (ARGV[' .. p .. ']): ' .. e end
-      e = use(kidx, spec[1], 'key index of ' .. cmd)
+      if e then return 'extra command ' .. c .. where(item) .. ' (ARGV[' .. p .. ']): ' .. e end
+      e = use(kidx, spec[1], 'key index', item, c)
       if e then return e end
       p = p + 3 + nargs
     end
   end
-  if p ~= #ARGV + 1 then
-    return 'arguments: the ' .. n .. ' items end at ARGV[' .. (p - 1) .. '], got ' .. #ARGV .. ' ARGV'
+  if p ~= na + 1 then
+    return 'arguments: the ' .. n .. ' items end at ARGV[' .. (p - 1) .. '], got ' .. na .. ' ARGV'
   end
   for i = 1, nk do
     if need[i] then
       local kind = redis.call('TYPE', KEYS[i])['ok']
       if kind ~= need[i] and kind ~= 'none' then
-        return 'KEYS[' .. i .. ']: holds a ' .. kind .. ', ' .. used_by[i] .. ' wants a ' .. need[i]
+        return 'KEYS[' .. i .. ']: holds a ' .. kind .. ', ' .. u_label[i] .. where(u_item[i], u_cmd[i])
+          .. ' wants a ' .. need[i]
       end
     end
   end
