@@ -297,6 +297,14 @@ class RuntimeOptions:
             )
         if self.concurrency < 1:
             raise ConfigError("concurrency must be >= 1.")
+        # The delivery scripts refuse values outside these ranges: catch them here, with
+        # words, rather than as every claim or fetch refused while messages stay pending.
+        for name, lo, hi in (("claim_lease_s", 0.001, 604_800.0), ("batch", 1, 10_000),
+                             ("dlq_maxlen", 1, 10**9), ("block_ms", 1, 3_600_000),
+                             ("max_envelope_bytes", 1, 512 * 1024 * 1024)):  # fmt: skip
+            value = getattr(self, name)
+            if not (lo <= value <= hi):
+                raise ConfigError(f"{name} must be between {lo} and {hi}, got {value}.")
 
 
 @dataclass
@@ -317,6 +325,16 @@ class _Item:
     reply_key: str = ""  # ... to this reply stream ('' = nobody waits for it)
     outcome: str = ""  # for metrics: succeeded, dead, expired, retrying, replayed, parked...
     reason: str = ""  # dead-letter reason, if any
+
+
+def _data_error(e: Any) -> bool:
+    """True for a refusal caused by what is stored in Redis or passed in (a script's
+    ``reach: bad ...``, a key of the wrong type): retrying the same call cannot succeed.
+    Not for a busy, loading, read-only or out-of-memory server, which passes."""
+    if not isinstance(e, rexc.ResponseError):
+        return False
+    text = str(e)
+    return text.startswith(("reach: ", "WRONGTYPE")) or " reach: " in text
 
 
 def _entry_data(fields: Any) -> bytes | None:
@@ -792,6 +810,9 @@ class _Runtime:
         busy: list[_Item] = []
         for it, res in zip(items, results, strict=True):
             assert it.env is not None
+            if _data_error(res):
+                self._poison(it, res, "claiming it")
+                continue
             if isinstance(res, BaseException):
                 log.warning("claim of %s failed (%s); it stays pending", it.env.msg_id, res)
                 self._release([it])
@@ -868,8 +889,14 @@ class _Runtime:
             assert it.env is not None
             return [self._claim_lease_ms(it.env), it.env.msg_id]
 
-        return await self._batched("claim", [self.keys.idem(it.env.key) for it in items if it.env],
-                                   head, [tail(it) for it in items])  # fmt: skip
+        keys = [self.keys.idem(it.env.key) for it in items if it.env]
+        res = await self._batched("claim", keys, head, [tail(it) for it in items])
+        if len(items) > 1 and any(_data_error(r) for r in res):
+            # One key of the wrong type refuses the whole batch: claim each alone, so only
+            # that entry fails (and is dead-lettered), not its neighbours on every scan.
+            res = [(await self._batched("claim", [k], head, [tail(it)]))[0]
+                   for k, it in zip(keys, items, strict=True)]  # fmt: skip
+        return res
 
     async def _batched(
         self, script: str, keys: list[str], head: list[Any], tails: list[list[Any]]
@@ -1171,7 +1198,7 @@ class _Runtime:
             try:
                 await self._settle(batch)
             except rexc.ResponseError as e:
-                if self._cluster:
+                if self._cluster or not _data_error(e):
                     raise
                 await self._settle_one_by_one(batch, e)
         except (rexc.RedisError, OSError) as e:
@@ -1193,10 +1220,14 @@ class _Runtime:
                 await self._settle_atomic([it])
                 continue
             except rexc.ResponseError as e:
+                if not _data_error(e):
+                    raise
                 self._make_poison(it, e, "settling it", tell_caller=False)
             try:
                 await self._settle_atomic([it])
             except rexc.ResponseError as e:  # not even a dead letter: drop the entry
+                if not _data_error(e):
+                    raise
                 log.error("entry %r of %s dropped: it cannot be settled (%s)", it.entry_id,
                           it.stream, e)  # fmt: skip
                 await scripts.run_pipeline(self.redis, [("XACK", it.stream, GROUP, it.entry_id),
@@ -1269,7 +1300,10 @@ class _Runtime:
                  for f, st, mode, err in [it.complete[1]]],
             )  # fmt: skip
             for it, r in zip(with_complete, res, strict=True):
-                if isinstance(r, BaseException):
+                if _data_error(r):  # its record is of the wrong type: dead letter and ack
+                    self._make_poison(it, r, "settling it", tell_caller=False)
+                    ok.add(id(it))
+                elif isinstance(r, BaseException):
                     log.warning("complete failed for %s: %s", it.env and it.env.msg_id, r)
                 elif int(r) == 1:
                     ok.add(id(it))

@@ -182,6 +182,33 @@ async def test_an_entry_whose_reply_cannot_be_written_does_not_block_the_others(
         assert any(d["reason"] == b"unprocessable" for d in letters), letters
 
 
+async def test_a_planted_key_of_the_wrong_type_fails_only_its_own_entry(
+    workers: Workers, redis_url: str, ns: str, r: AnyRedis
+) -> None:
+    """An idempotency record overwritten with a string: claim.lua refuses the batch it is
+    in; the others are claimed one by one and handled, that one is dead-lettered."""
+    p = workers.start("h1")
+    keys = Keys(ns)
+    async with Client(redis_url=redis_url, namespace=ns, slow_start_s=0) as c:
+        await ready(c, {"h1"})
+        await r.set(keys.idem("planted"), "not a hash")
+        p.send_signal(signal.SIGSTOP)  # so the six entries arrive in one read
+        try:
+            good = [c.build("hard.echo", {"i": i}, target="h1") for i in range(5)]
+            bad = c.build("hard.echo", {"i": "bad"}, target="h1", idempotency_key="planted")
+            for env in [*good[:2], bad, *good[2:]]:
+                await r.xadd(keys.inbox("h1", "normal"), {"e": encode(env)})
+        finally:
+            p.send_signal(signal.SIGCONT)
+        await settled(r, ns, "h1")
+        for env in good:
+            assert (await c.task(env.msg_id)).status == "succeeded"
+        letters = await dead_letters(r, ns, MALFORMED_CAP)
+        assert [d["reason"] for d in letters] == [b"unprocessable"]
+        assert bad.msg_id.encode() in letters[0]["env"]
+        await serving(c, workers, "h1")
+
+
 # -- item 7 ------------------------------------------------------------------------------
 async def test_an_oversized_entry_is_dead_lettered_with_a_bounded_copy(
     workers: Workers, redis_url: str, ns: str, r: AnyRedis
