@@ -72,7 +72,7 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 from redis.utils import HIREDIS_AVAILABLE
 
-from .errors import ConfigError, ConnectionsExhausted, RedisUnavailable
+from .errors import ConfigError, ConnectionsExhausted, ReachError, RedisUnavailable
 
 log = logging.getLogger("reach.connection")
 
@@ -121,6 +121,38 @@ def unreachable(url: str, exc: BaseException) -> RedisUnavailable:
         f"Cannot reach Redis at {redact(url)} ({exc}). Start one with `reach redis`, "
         "or set --redis-url / REACH_REDIS_URL to a running Redis >= 7."
     )
+
+
+def probe_failed(url: str, exc: BaseException) -> ReachError:
+    """The error for a first command (``INFO``) that failed: what is wrong and what to do,
+    never a raw redis-py error (wrong password, missing ACL permission, a DB index out of
+    range, a server that is not Redis)."""
+    at = redact(url)
+    if isinstance(exc, (rexc.AuthenticationError, rexc.AuthenticationWrongNumberOfArgsError)):
+        return RedisUnavailable(
+            f"Redis at {at} refused the credentials ({exc}). Check the user and password in "
+            "the URL (redis://user:password@host:port/db)."
+        )
+    if isinstance(exc, rexc.NoPermissionError):
+        return RedisUnavailable(
+            f"Redis at {at} refused a command reach needs ({exc}). Give the Redis user the "
+            "permissions docs/operations.md lists (at least +@read +@write +@stream "
+            "+@scripting +info +ping on the namespace's keys)."
+        )
+    if isinstance(exc, rexc.ResponseError) and "DB index is out of range" in str(exc):
+        return ConfigError(
+            f"Redis at {at} says the DB index is out of range: the number at the end of the "
+            "URL must be below the server's `databases` setting (16 by default); most "
+            "setups use /0."
+        )
+    if isinstance(exc, rexc.InvalidResponse):
+        return RedisUnavailable(
+            f"The server at {at} does not answer like a Redis server ({exc}). Check the host "
+            "and port of the URL."
+        )
+    if isinstance(exc, (rexc.ConnectionError, rexc.TimeoutError, OSError)):
+        return unreachable(url, exc)
+    return RedisUnavailable(f"Redis at {at} refused reach's first command (INFO): {exc}")
 
 
 def redact(url: str) -> str:
@@ -701,9 +733,9 @@ async def connect(
     client: AnyRedis = aredis.Redis.from_pool(pool)
     try:
         info = await client.info("cluster")
-    except (rexc.ConnectionError, rexc.TimeoutError, OSError) as e:
+    except (rexc.RedisError, OSError) as e:
         await client.aclose()
-        raise unreachable(url, e) from e
+        raise probe_failed(url, e) from e
     if info.get("cluster_enabled") in (1, "1"):
         await client.aclose()
         # redis.asyncio.RedisCluster takes no retry_on_timeout (it retries by its own policy)
@@ -741,9 +773,9 @@ def connect_sync(url: str, *, decode_responses: bool = False) -> Any:
     client: Any = redis.Redis.from_url(url, decode_responses=decode_responses, **_KW)
     try:
         info = client.info("cluster")
-    except (rexc.ConnectionError, rexc.TimeoutError, OSError) as e:
+    except (rexc.RedisError, OSError) as e:
         client.close()
-        raise unreachable(url, e) from e
+        raise probe_failed(url, e) from e
     if info.get("cluster_enabled") in (1, "1"):
         client.close()
         try:

@@ -161,7 +161,9 @@ def encode_payload(payload: Any) -> msgspec.Raw:
     """Encode a payload or result to opaque msgpack bytes."""
     try:
         return msgspec.Raw(_enc.encode(payload))
-    except (TypeError, msgspec.EncodeError) as e:
+    except RecursionError as e:
+        raise ConfigError("Payload is nested too deeply to send: flatten it.") from e
+    except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as e:
         raise ConfigError(
             f"Payload of type {type(payload).__name__} cannot be sent: use JSON-like values "
             f"(dict, list, str, int, float, bool, None, bytes) or msgspec Structs ({e})."

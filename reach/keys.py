@@ -34,6 +34,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .errors import ConfigError
+
 PREFIX = "reach"
 PRIORITIES: tuple[str, ...] = ("high", "normal", "low")
 GROUP = "reach"  # the one consumer group on every inbox stream
@@ -51,7 +53,15 @@ class Keys:
     namespace: str
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "namespace", clean_id(self.namespace))
+        ns = clean_id(self.namespace)
+        # A namespace goes into SCAN patterns (queues, dead letters): a glob character in
+        # it would reach other namespaces' keys ('*' would purge every namespace's).
+        if not ns or any(c in ns for c in "*?[]\\") or not ns.isprintable():
+            raise ConfigError(
+                f"Invalid namespace {self.namespace!r}: use a non-empty name without "
+                "'*', '?', '[', ']', '\\' or control characters, e.g. 'prod' or 'team-a'."
+            )
+        object.__setattr__(self, "namespace", ns)
 
     # -- registry slot: reach:{ns}:... -------------------------------------------------
     @property
