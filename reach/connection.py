@@ -123,6 +123,9 @@ def unreachable(url: str, exc: BaseException) -> RedisUnavailable:
     )
 
 
+ACL_HINT = "grant it to the user in the Redis URL (docs/operations.md shows an ACL for reach)"
+
+
 def probe_failed(url: str, exc: BaseException) -> ReachError:
     """The error for a first command (``INFO``) that failed: what is wrong and what to do,
     never a raw redis-py error (wrong password, missing ACL permission, a DB index out of
@@ -135,9 +138,8 @@ def probe_failed(url: str, exc: BaseException) -> ReachError:
         )
     if isinstance(exc, rexc.NoPermissionError):
         return RedisUnavailable(
-            f"Redis at {at} refused a command reach needs ({exc}). Give the Redis user the "
-            "permissions docs/operations.md lists (at least +@read +@write +@stream "
-            "+@scripting +info +ping on the namespace's keys)."
+            f"Redis at {at} refused a command reach needs ({exc}). The Redis user lacks an "
+            f"ACL permission: {ACL_HINT}."
         )
     if isinstance(exc, rexc.ResponseError) and "DB index is out of range" in str(exc):
         return ConfigError(

@@ -166,6 +166,39 @@ class DataDirInUse(ReachError):
         self.pid = pid
 
 
+def _lock_soon(fd: int, *, grace_s: float = 5.0) -> None:
+    """Take the data directory's lock. When the server that held it is dead, wait up to
+    ``grace_s`` for the lock: a child it forked (an AOF rewrite) inherited the lock and
+    ends shortly after it. A live holder fails at once (OSError)."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except OSError:
+            pid = _lock_info(fd).get("pid", 0)
+            if (isinstance(pid, int) and pid > 0 and _pid_alive(pid)) or (
+                time.monotonic() > deadline
+            ):
+                raise
+            time.sleep(0.05)
+
+
+def _pid_alive(pid: int) -> bool:
+    """True when ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True  # no /proc (macOS): kill(0) is all we know
+
+
 def _lock_info(fd: int) -> dict[str, Any]:
     """What the holder of a data directory's lock wrote in it (empty if unreadable)."""
     try:
@@ -333,7 +366,7 @@ class RedisServer:
         path = self.data_dir / LOCK_FILE
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _lock_soon(fd)
         except OSError as e:
             info = _lock_info(fd)
             os.close(fd)

@@ -23,7 +23,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from reach.connection import DEFAULT_URL, AnyRedis, connect, redact, unreachable
+from reach.connection import ACL_HINT, DEFAULT_URL, AnyRedis, connect, redact, unreachable
 from reach.errors import ReachError
 
 RedisUrl = Annotated[
@@ -65,7 +65,6 @@ def warn(message: object) -> None:
                       soft_wrap=True)  # fmt: skip
 
 
-ACL_HINT = "grant it to the user in --redis-url (docs/operations.md shows an ACL for reach)"
 
 
 def explain(exc: BaseException, url: str | None = None) -> str | None:
