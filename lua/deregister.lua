@@ -11,6 +11,7 @@
 -- ARGV[3] events stream max length (approximate): integer 1..10000000
 --
 -- Every argument is checked before the first write: a refused call writes nothing.
+-- Integers are plain decimal digits (no sign, leading zero, exponent, hex, inf or nan).
 --
 -- Returns 1: removed; 0: no such agent (a stray agents-zset entry is removed);
 --         -1: kept: another instance owns the registration (or the stored record names
@@ -48,7 +49,7 @@ local function check()
   if KEYS[2] ~= KEYS[6] .. ARGV[1] then return 'agent_id: KEYS[2] is not the hash of ' .. show(ARGV[1]) end
   if #ARGV[2] > 256 then return 'instance_id: want 0..256 bytes' end
   local m = ARGV[3]
-  if #m > 8 or not string.find(m, '^%d+$') or tonumber(m) < 1 or tonumber(m) > 10000000 then
+  if #m > 8 or not string.find(m, '^[1-9]%d*$') or tonumber(m) < 1 or tonumber(m) > 10000000 then
     return 'events maxlen ' .. show(m) .. ': want an integer 1..10000000'
   end
   return keys_typed({[1] = 'zset', [2] = 'hash', [3] = 'zset', [4] = 'stream'})

@@ -9,6 +9,7 @@
 --         whatever instance is registered (an operator's drain). 0..256 bytes
 --
 -- Every argument is checked before the first write: a refused call writes nothing.
+-- Integers are plain decimal digits (no sign, leading zero, exponent, hex, inf or nan).
 --
 -- Returns 1: now draining; 2: was already draining;
 --         0: no such live agent (none, evicted, or a stored record of another agent_id);
@@ -45,7 +46,7 @@ local function check()
     return 'agent_id: want 1..256 bytes, no braces'
   end
   local m = ARGV[2]
-  if #m > 8 or not string.find(m, '^%d+$') or tonumber(m) < 1 or tonumber(m) > 10000000 then
+  if #m > 8 or not string.find(m, '^[1-9]%d*$') or tonumber(m) < 1 or tonumber(m) > 10000000 then
     return 'events maxlen ' .. show(m) .. ': want an integer 1..10000000'
   end
   if ARGV[3] and #ARGV[3] > 256 then return 'instance_id: want 0..256 bytes' end

@@ -11,7 +11,7 @@
 -- ARGV[6] events stream max length (approximate): integer 1..10000000
 --
 -- Every argument is checked before the first write: a refused call writes nothing.
--- Integers are plain decimal digits (no sign, exponent, hex, inf or nan).
+-- Integers are plain decimal digits (no sign, leading zero, exponent, hex, inf or nan).
 --
 -- Returns {1, draining}: lease renewed
 --         {2, draining}: lease renewed and the agent came back from probation ('recovered')
@@ -31,7 +31,9 @@ local function show(v)
 end
 
 local function int(v, lo, hi)
-  if type(v) ~= 'string' or #v < 1 or #v > 16 or not string.find(v, '^%d+$') then return nil end
+  if type(v) ~= 'string' or #v > 16 or not (v == '0' or string.find(v, '^[1-9]%d*$')) then
+    return nil  -- Redis itself refuses leading zeros (e.g. in MAXLEN and PX)
+  end
   local n = tonumber(v)
   if n < lo or n > hi then return nil end
   return n

@@ -8,6 +8,7 @@
 -- ARGV[4] events stream max length (approximate): integer 1..10000000
 --
 -- Every argument is checked before the first write: a refused call writes nothing.
+-- Integers are plain decimal digits (no sign, leading zero, exponent, hex, inf or nan).
 --
 -- Returns 1: set; 0: not registered (none, evicted, or a stored record of another
 --         agent_id): register again; -1: another instance owns it (nothing changed)
@@ -44,7 +45,7 @@ local function check()
   if #ARGV[2] < 1 or #ARGV[2] > 256 then return 'instance_id: want 1..256 bytes' end
   if ARGV[3] ~= '0' and ARGV[3] ~= '1' then return 'ready ' .. show(ARGV[3]) .. ": want '0' or '1'" end
   local m = ARGV[4]
-  if #m > 8 or not string.find(m, '^%d+$') or tonumber(m) < 1 or tonumber(m) > 10000000 then
+  if #m > 8 or not string.find(m, '^[1-9]%d*$') or tonumber(m) < 1 or tonumber(m) > 10000000 then
     return 'events maxlen ' .. show(m) .. ': want an integer 1..10000000'
   end
   return keys_typed({[1] = 'hash', [2] = 'stream'})

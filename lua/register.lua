@@ -23,7 +23,7 @@
 -- ARGV[12] max queue depth the agent accepts (0 = unbounded): integer 0..1000000000
 --
 -- Every argument is checked before the first write: a refused call writes nothing.
--- Integers are plain decimal digits (no sign, exponent, hex, inf or nan).
+-- Integers are plain decimal digits (no sign, leading zero, exponent, hex, inf or nan).
 --
 -- Returns {1, now_ms}: registered anew
 --         {2, now_ms}: replaced a registration of the same agent_id (same or older version,
@@ -39,7 +39,9 @@ local function show(v)
 end
 
 local function int(v, lo, hi)
-  if type(v) ~= 'string' or #v < 1 or #v > 16 or not string.find(v, '^%d+$') then return nil end
+  if type(v) ~= 'string' or #v > 16 or not (v == '0' or string.find(v, '^[1-9]%d*$')) then
+    return nil  -- Redis itself refuses leading zeros (e.g. in MAXLEN and PX)
+  end
   local n = tonumber(v)
   if n < lo or n > hi then return nil end
   return n

@@ -21,7 +21,7 @@
 -- ARGV[5] events stream max length (approximate): integer 1..10000000
 --
 -- Every argument is checked before the first write: a refused call writes nothing.
--- Integers are plain decimal digits (no sign, exponent, hex, inf or nan).
+-- Integers are plain decimal digits (no sign, leading zero, exponent, hex, inf or nan).
 -- A record whose timing fields are not finite numbers (written behind the scripts' back)
 -- is evicted when due, and no record's deadline is put further than 2 days ahead, so one
 -- bad record neither stops the sweep nor stays registered for ever. A due id whose key is
@@ -41,7 +41,9 @@ local function show(v)
 end
 
 local function int(v, lo, hi)
-  if type(v) ~= 'string' or #v < 1 or #v > 16 or not string.find(v, '^%d+$') then return nil end
+  if type(v) ~= 'string' or #v > 16 or not (v == '0' or string.find(v, '^[1-9]%d*$')) then
+    return nil  -- Redis itself refuses leading zeros (e.g. in MAXLEN and PX)
+  end
   local n = tonumber(v)
   if n < lo or n > hi then return nil end
   return n

@@ -105,7 +105,7 @@ def _keys(reg: Registry, agent_id: str) -> list[str]:
     ("args", "name"),
     [(["", "", 100], "agent_id"), (["a{1}", "", 100], "agent_id"),
      (["a1", "i" * 257, 100], "instance_id"), (["a1", "", "abc"], "events maxlen"),
-     (["a1", "", "0"], "events maxlen"), (["a1", ""], "arguments"),
+     (["a1", "", "0"], "events maxlen"), (["a1", "", "007"], "events maxlen"), (["a1", ""], "arguments"),
      (["a1", "", 100, "x"], "arguments"), (["b2", "", 100], "agent_id")],
 )  # fmt: skip
 async def test_bad_arguments_are_refused_and_nothing_moves(

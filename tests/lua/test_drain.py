@@ -109,7 +109,7 @@ async def test_two_argument_call_still_drains_whatever_is_live(reg: Registry, r:
 @pytest.mark.parametrize(
     ("args", "name"),
     [(["", 100], "agent_id"), (["a{1}", 100], "agent_id"), (["a1", "abc"], "events maxlen"),
-     (["a1", "0"], "events maxlen"), (["a1", "nan"], "events maxlen"),
+     (["a1", "0"], "events maxlen"), (["a1", "007"], "events maxlen"), (["a1", "nan"], "events maxlen"),
      (["a1", 100, "i" * 257], "instance_id"), (["a1"], "arguments"),
      (["a1", 100, "i", "x"], "arguments")],
 )  # fmt: skip

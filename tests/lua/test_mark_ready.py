@@ -74,7 +74,8 @@ async def test_evicted_agent_returns_0(reg: Registry) -> None:
     ("index", "value", "name"),
     [(2, "2", "ready"), (2, "", "ready"), (2, "yes", "ready"), (2, "true", "ready"),
      (0, "", "agent_id"), (0, "a{b}", "agent_id"), (1, "", "instance_id"),
-     (1, "i" * 257, "instance_id"), (3, "abc", "events maxlen"), (3, "0", "events maxlen")],
+     (1, "i" * 257, "instance_id"), (3, "abc", "events maxlen"), (3, "0", "events maxlen"),
+     (3, "007", "events maxlen")],
 )  # fmt: skip
 async def test_bad_argument_is_refused_and_the_record_is_untouched(
     reg: Registry, r: AnyRedis, index: int, value: str, name: str

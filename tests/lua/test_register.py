@@ -310,7 +310,7 @@ _ARGV = {  # ARGV index -> (name in the error, bad values)
         ],
     ),
     7: ("evict_after_ms", ["", "abc", "nan", "0", "86400001", "1e3"]),
-    8: ("events maxlen", ["", "0", "abc", "-5", "10000001"]),
+    8: ("events maxlen", ["", "0", "abc", "-5", "10000001", "007"]),
     9: ("card", ["not json", "[1]", '{"a":inf}']),
     10: ("ready", ["", "2", "yes", "true"]),
     11: ("max_queue", ["", "-1", "abc", "nan", "1e309", "1000000001", "2.5"]),

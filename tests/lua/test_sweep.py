@@ -229,10 +229,11 @@ def _sweep_keys(reg: Registry) -> list[str]:
 @pytest.mark.parametrize(
     ("index", "value", "name"),
     [(1, str(THIRTY_TWO_YEARS_MS), "lock_ms"), (1, "3600001", "lock_ms"), (1, "-1", "lock_ms"),
-     (1, "abc", "lock_ms"), (1, "nan", "lock_ms"), (1, "", "lock_ms"), (0, "", "owner"),
+     (1, "abc", "lock_ms"), (1, "0100", "lock_ms"), (1, "nan", "lock_ms"), (1, "", "lock_ms"), (0, "", "owner"),
      (2, "0", "shadow_ttl_ms"), (2, "inf", "shadow_ttl_ms"), (2, "2592000001", "shadow_ttl_ms"),
      (3, "0", "batch"), (3, "1e309", "batch"), (3, "100001", "batch"),
-     (4, "0", "events maxlen"), (4, "x", "events maxlen")],
+     (4, "0", "events maxlen"), (4, "x", "events maxlen"),
+     (4, "007", "events maxlen")],
 )  # fmt: skip
 async def test_bad_argument_is_refused_before_taking_the_lock(
     reg: Registry, r: AnyRedis, index: int, value: str, name: str
