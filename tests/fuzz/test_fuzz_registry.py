@@ -5,7 +5,7 @@ called through ``reach.scripts.call`` with a valid call, as :class:`reach.Regist
 it, mutated a few times (an argument replaced by a hostile value, removed, inserted; the
 list cut short; a key dropped, added or replaced by a key of another type), or with
 arguments drawn at random. Prefix KEYS and the role of each key are the caller's contract
-and are not fuzzed. Whatever the call:
+and are not fuzzed (at most one KEYS edit per call). Whatever the call:
 
 * the script succeeds with a well-formed answer, or refuses with its documented error
   (``ERR reach: bad ...``) and changed nothing (every key of the namespace, DUMPed before
@@ -180,9 +180,15 @@ REAL_KEYS = {"register": [0, 1, 2, 3], "heartbeat": [0, 1, 2], "deregister": [0,
 def mutate(
     data: st.DataObject, name: str, w: World, keys: list[Any], args: list[Any]
 ) -> tuple[list[Any], list[Any], int]:
-    """Apply 0..3 random edits to a call; returns the call and the number of edits."""
+    """Apply 0..3 random edits to a call; returns the call and the number of edits.
+
+    At most one edit touches KEYS: a key dropped or added changes their number (refused),
+    a swap puts a key of the wrong type at a real key's place. Two edits could restore the
+    number with a prefix replaced, which no script can tell from a real prefix: that is
+    the caller's contract, not fuzzed.
+    """
     keys, args = list(keys), list(args)
-    n_keys = len(keys)
+    keys_edited = False
     n = data.draw(st.integers(0, 3), label="edits")
     for _ in range(n):
         op = data.draw(st.sampled_from(["replace", "replace", "replace", "replace", "delete",
@@ -197,7 +203,8 @@ def mutate(
             args.insert(data.draw(st.integers(0, len(args))), data.draw(FUZZ_ARG))
         elif op == "truncate":
             args = args[: data.draw(st.integers(0, len(args)))]
-        else:
+        elif not keys_edited:
+            keys_edited = True
             how = data.draw(st.sampled_from(["drop", "add", "wrong"]))
             if how == "drop" and keys:
                 del keys[data.draw(st.integers(0, len(keys) - 1))]
@@ -205,7 +212,7 @@ def mutate(
                 keys.insert(
                     data.draw(st.integers(0, len(keys))), data.draw(st.sampled_from(w.wrong))
                 )
-            elif len(keys) == n_keys:
+            elif how == "wrong":
                 keys[data.draw(st.sampled_from(REAL_KEYS[name]))] = data.draw(
                     st.sampled_from(w.wrong)
                 )
@@ -285,8 +292,11 @@ def _script_example(
         w = await build_world(r)
         try:
             if random:
-                pool = [*VALID[name](data, w)[0], *w.wrong]
+                valid = VALID[name](data, w)[0]
+                pool = [valid[i] for i in REAL_KEYS[name]] + w.wrong
                 keys = data.draw(st.lists(st.sampled_from(pool), max_size=8), label="keys")
+                if len(keys) == len(valid):  # prefixes are the caller's contract: kept
+                    keys = [k if i in REAL_KEYS[name] else valid[i] for i, k in enumerate(keys)]
                 args = data.draw(st.lists(FUZZ_ARG, max_size=14), label="args")
                 await run_call(r, name, w, keys, args, must_succeed=False)
             else:
