@@ -822,13 +822,13 @@ class _Runtime:
                 self._claimed(it, res, busy)
             except Exception as e:  # noqa: BLE001 - one entry's failure is that entry's
                 self._poison(it, e, "claiming it")
-        for it in busy:
+        for i, it in enumerate(busy):
             try:
                 await self._busy(tg, it)
-            except (rexc.ConnectionError, rexc.TimeoutError, OSError):
-                self._release([it])  # Redis away: left pending for the next scan
-                raise
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:  # the per-entry barrier
+                if isinstance(e, (rexc.RedisError, OSError)) and not _data_error(e):
+                    self._release(busy[i:])  # Redis away or busy: pending, for the next scan
+                    raise
                 self._poison(it, e, "checking who holds its key")
 
     def _claimed(self, it: _Item, res: Any, busy: list[_Item]) -> None:
