@@ -54,6 +54,9 @@ _DROP_LOG_EVERY_S = 60.0
 _MAX_BOUND = 999_999_999_999_999  # the largest max_queue send.lua takes (beyond: unbounded)
 
 DEFAULT_TIMEOUT_S = 30.0
+# Policies an agent may advertise for its capability (``metadata={"policies": {cap: p}}``):
+# 'direct' and 'broadcast' need a target or many agents, and anything else is unknown.
+ADVERTISABLE = frozenset({"weighted_rr", "least_conn", "consistent_hash"})
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
 # Replies no call waits for (yet): kept for result() -- e.g. a client restarted with the
 # same client_id reads the replies sent while it was away -- but only this many, this long.
@@ -335,10 +338,13 @@ class Client:
         for a in candidates:
             adv = a.metadata.get("policies")
             if isinstance(adv, dict) and env.capability in adv:
-                policy = str(adv[env.capability])
+                policy = adv[env.capability]
+                if policy not in ADVERTISABLE:
+                    # One agent's metadata must not make every send of the capability fail.
+                    continue
                 if policy == "consistent_hash" and not env.session_id:
                     break  # no session to hash: the client default applies
-                return policy
+                return str(policy)
         if self.default_policy == "consistent_hash" and not env.session_id:
             return "weighted_rr"
         return self.default_policy

@@ -51,8 +51,9 @@ from typing import Any
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 from . import errors
-from .connection import as_text
 from .keys import PRIORITIES
+from .registry import decode_id
+from .untrusted import safe_text
 
 __all__ = [
     "MAX_CAPABILITIES",
@@ -290,12 +291,14 @@ async def count_agents(redis: Any, keys: Any) -> tuple[dict[str, int], int]:
     if not ids:
         return counts, 0
     pipe = redis.pipeline(transaction=False)
-    for i in ids:
-        pipe.hmget(keys.agent(as_text(i)), "state", "ready", "draining")
+    for raw in ids:
+        agent_id = decode_id(raw, where="agents zset")
+        if agent_id is not None:  # an id that is not text: left out (and logged once)
+            pipe.hmget(keys.agent(agent_id), "state", "ready", "draining")
     for state, ready, draining in await pipe.execute():
         if state is None:
             continue
-        s = as_text(state)
+        s = safe_text(state)
         counts[s] = counts.get(s, 0) + 1
         if s == "active" and ready in (b"1", "1") and draining not in (b"1", "1"):
             routable += 1

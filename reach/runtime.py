@@ -61,7 +61,14 @@ from .envelope import (
 )
 from .errors import ConfigError, Reject, StaleRegistration
 from .keys import GROUP, PRIORITIES, Keys
-from .registry import Registry, normalize_capabilities, normalize_capability
+from .registry import (
+    MAX_LOCK_MS,
+    MAX_WEIGHT,
+    Registry,
+    agent_key_id,
+    normalize_capabilities,
+    normalize_capability,
+)
 from .session import Session
 from .sweeper import sweep_chores
 from .tasks import DLQ_MAXLEN, MALFORMED_CAP, TASK_TTL_MS, dead_letter_op, raw_dead_letter_op
@@ -198,8 +205,9 @@ class Agent:
                 f"Invalid agent_id {agent_id!r}: use a non-empty name without spaces, "
                 "commas or braces, e.g. 'summarizer-1'."
             )
-        if weight <= 0:
-            raise ConfigError(f"weight must be > 0, got {weight}.")
+        if not (0 < weight <= MAX_WEIGHT):  # also refuses nan
+            raise ConfigError(f"weight must be > 0 and <= {MAX_WEIGHT:g}, got {weight}.")
+        agent_key_id(agent_id)  # its length and characters, as the registry will check them
         self.agent_id = agent_id
         self.capabilities = normalize_capabilities(capabilities)
         if not self.capabilities:
@@ -297,6 +305,12 @@ class RuntimeOptions:
             )
         if self.concurrency < 1:
             raise ConfigError("concurrency must be >= 1.")
+        if self.evict_after_s > 86_400:
+            raise ConfigError(f"lease_s and evict_after_s must be <= 86400 (a day), got "
+                              f"{self.lease_s} and {self.evict_after_s}.")  # fmt: skip
+        if not (0.001 <= self.shadow_ttl_s <= 30 * 86_400):
+            raise ConfigError(f"shadow_ttl_s must be between 0.001 and 2592000 (30 days), "
+                              f"got {self.shadow_ttl_s}.")  # fmt: skip
         # The delivery scripts refuse values outside these ranges: catch them here, with
         # words, rather than as every claim or fetch refused while messages stay pending.
         for name, lo, hi in (("claim_lease_s", 0.001, 604_800.0), ("batch", 1, 10_000),
@@ -620,7 +634,7 @@ class _Runtime:
         """Cluster-wide chores, done by whichever runtime holds the sweeper lock."""
         assert self.registry is not None
         o = self.opts
-        lock_ms = int(max(o.sweep_interval_s * 3, 1.0) * 1000)
+        lock_ms = min(int(max(o.sweep_interval_s * 3, 1.0) * 1000), MAX_LOCK_MS)
         counted = 0.0
         while True:
             await anyio.sleep(o.sweep_interval_s * (0.8 + 0.4 * random.random()))
