@@ -195,6 +195,7 @@ class Client:
         """The local registry view routing reads (kept fresh in the background)."""
         if self._view is None:
             self._view = RegistryView(self.registry, on_gone=self.breakers.forget,
+                                      name=f"client {self.client_id}: registry view",
                                       **self._view_opts)  # fmt: skip
         return self._view
 

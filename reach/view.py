@@ -30,6 +30,7 @@ import anyio
 from redis import exceptions as rexc
 
 from .connection import AnyRedis
+from .logs import OutageLog
 from .registry import AgentInfo, Registry, decode_id
 
 log = logging.getLogger("reach.view")
@@ -52,9 +53,12 @@ class RegistryView:
         refresh_s: float = 2.0,
         max_staleness_s: float = 5.0,
         on_gone: Callable[[str], None] | None = None,
+        name: str = "registry view",
     ) -> None:
         """``on_gone(agent_id)`` is called when an agent's record left the registry
-        (deregistered, or its shadow expired), so per-agent state elsewhere can go too."""
+        (deregistered, or its shadow expired), so per-agent state elsewhere can go too.
+        ``name`` starts its log lines about Redis outages (e.g. ``"client c-42: registry
+        view"``)."""
         self.registry = registry
         self.on_gone = on_gone
         self.refresh_s = refresh_s
@@ -67,6 +71,9 @@ class RegistryView:
         self._lock = anyio.Lock()
         self._running = False
         self._last_unexpected = -1e9
+        # Redis away: a few lines per outage (start, reminders, end), not one per retry.
+        self._tail_outage = OutageLog(log, f"{name}: reading registry events")
+        self._refresh_outage = OutageLog(log, f"{name}: periodic refresh")
 
     @property
     def redis(self) -> AnyRedis:
@@ -157,9 +164,11 @@ class RegistryView:
             try:
                 await self.refresh()
             except (rexc.RedisError, OSError) as e:
-                log.warning("registry view refresh failed: %s", e)
+                self._refresh_outage.failed(e)
             except Exception:  # noqa: BLE001 - a bug or bad data must not stop the process
                 self._unexpected("refresh")
+            else:
+                self._refresh_outage.ok()
 
     async def _tail(self) -> None:
         key = self.registry.keys.events
@@ -169,7 +178,7 @@ class RegistryView:
                     {key: self._last_event}, block=1000, count=_EVENTS_PER_READ
                 )
             except (rexc.RedisError, OSError) as e:
-                log.warning("registry events read failed (%s); retrying", e)
+                self._tail_outage.failed(e)
                 await anyio.sleep(0.2)
                 continue
             except Exception:  # noqa: BLE001 - e.g. a reply redis-py cannot parse
@@ -177,14 +186,17 @@ class RegistryView:
                 await anyio.sleep(0.2)
                 continue
             if not res:
+                self._tail_outage.ok()
                 continue
             try:
                 ids = self._named(res)
                 self._apply(await self.registry.read_agents(sorted(ids)), replace=False)
             except (rexc.RedisError, OSError) as e:
-                log.warning("registry view update failed: %s", e)
+                self._tail_outage.failed(e)
+                continue
             except Exception:  # noqa: BLE001 - a bug or bad data must not stop the process
                 self._unexpected("update")
+            self._tail_outage.ok()
 
     def _named(self, res: Any) -> set[str]:
         """Agent ids the events name (the last id read is kept even when the entry is bad:
