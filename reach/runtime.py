@@ -341,16 +341,6 @@ class _Item:
     reason: str = ""  # dead-letter reason, if any
 
 
-def _data_error(e: Any) -> bool:
-    """True for a refusal caused by what is stored in Redis or passed in (a script's
-    ``reach: bad ...``, a key of the wrong type): retrying the same call cannot succeed.
-    Not for a busy, loading, read-only or out-of-memory server, which passes."""
-    if not isinstance(e, rexc.ResponseError):
-        return False
-    text = str(e)
-    return text.startswith(("reach: ", "WRONGTYPE")) or " reach: " in text
-
-
 def _entry_data(fields: Any) -> bytes | None:
     """The ``e`` field of an inbox entry as read (a dict from redis-py, a flat list from
     fetch.lua); None when there is no such field or it is not bytes."""
@@ -824,7 +814,7 @@ class _Runtime:
         busy: list[_Item] = []
         for it, res in zip(items, results, strict=True):
             assert it.env is not None
-            if _data_error(res):
+            if scripts.is_data_error(res):
                 self._poison(it, res, "claiming it")
                 continue
             if isinstance(res, BaseException):
@@ -840,7 +830,7 @@ class _Runtime:
             try:
                 await self._busy(tg, it)
             except Exception as e:  # the per-entry barrier
-                if isinstance(e, (rexc.RedisError, OSError)) and not _data_error(e):
+                if isinstance(e, (rexc.RedisError, OSError)) and not scripts.is_data_error(e):
                     self._release(busy[i:])  # Redis away or busy: pending, for the next scan
                     raise
                 self._poison(it, e, "checking who holds its key")
@@ -905,7 +895,7 @@ class _Runtime:
 
         keys = [self.keys.idem(it.env.key) for it in items if it.env]
         res = await self._batched("claim", keys, head, [tail(it) for it in items])
-        if len(items) > 1 and any(_data_error(r) for r in res):
+        if len(items) > 1 and any(scripts.is_data_error(r) for r in res):
             # One key of the wrong type refuses the whole batch: claim each alone, so only
             # that entry fails (and is dead-lettered), not its neighbours on every scan.
             res = [(await self._batched("claim", [k], head, [tail(it)]))[0]
@@ -1212,7 +1202,7 @@ class _Runtime:
             try:
                 await self._settle(batch)
             except rexc.ResponseError as e:
-                if self._cluster or not _data_error(e):
+                if self._cluster or not scripts.is_data_error(e):
                     raise
                 await self._settle_one_by_one(batch, e)
         except (rexc.RedisError, OSError) as e:
@@ -1234,13 +1224,13 @@ class _Runtime:
                 await self._settle_atomic([it])
                 continue
             except rexc.ResponseError as e:
-                if not _data_error(e):
+                if not scripts.is_data_error(e):
                     raise
                 self._make_poison(it, e, "settling it", tell_caller=False)
             try:
                 await self._settle_atomic([it])
             except rexc.ResponseError as e:  # not even a dead letter: drop the entry
-                if not _data_error(e):
+                if not scripts.is_data_error(e):
                     raise
                 log.error("entry %r of %s dropped: it cannot be settled (%s)", it.entry_id,
                           it.stream, e)  # fmt: skip
@@ -1314,7 +1304,7 @@ class _Runtime:
                  for f, st, mode, err in [it.complete[1]]],
             )  # fmt: skip
             for it, r in zip(with_complete, res, strict=True):
-                if _data_error(r):  # its record is of the wrong type: dead letter and ack
+                if scripts.is_data_error(r):  # its record is of the wrong type: dead letter and ack
                     self._make_poison(it, r, "settling it", tell_caller=False)
                     ok.add(id(it))
                 elif isinstance(r, BaseException):

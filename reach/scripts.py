@@ -45,6 +45,17 @@ def all_scripts() -> list[Script]:
     return [script(n) for n in sorted(p.stem for p in _lua_dir().glob("*.lua"))]
 
 
+def is_data_error(exc: Any) -> bool:
+    """True for a refusal caused by what is stored in Redis or passed in: a script's
+    ``reach: bad ...`` or a key of the wrong type (WRONGTYPE). Retrying the same call
+    cannot succeed. False for everything that passes (a busy, loading, read-only or
+    out-of-memory server, a lost connection) and for anything that is not a refusal."""
+    if not isinstance(exc, rexc.ResponseError):
+        return False
+    text = str(exc)
+    return text.startswith(("reach: ", "WRONGTYPE")) or " reach: " in text
+
+
 def _is_noscript(exc: BaseException) -> bool:
     return isinstance(exc, rexc.NoScriptError) or (
         isinstance(exc, rexc.ResponseError) and str(exc).startswith("NOSCRIPT")

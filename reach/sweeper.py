@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -46,6 +47,7 @@ from .envelope import (
 )
 from .errors import DeadlineExceeded, NoAgentAvailable, RedisUnavailable
 from .keys import GROUP, Keys, clean_id
+from .logs import OutageLog
 from .registry import Registry
 from .tasks import DLQ_MAXLEN, MALFORMED_CAP, TASK_TTL_MS, dead_letter_op, raw_dead_letter_op
 from .untrusted import strict_text
@@ -62,15 +64,37 @@ async def sweep_chores(
     redis: AnyRedis, keys: Keys, client: Client, registry: Registry, *,
     dlq_maxlen: int = DLQ_MAXLEN,
 ) -> Moved:  # fmt: skip
-    """One pass of every chore, as the holder of the sweeper lock does it."""
+    """One pass of every chore, as the holder of the sweeper lock does it.
+
+    The chores are independent: one refused by Redis (a key of the wrong type where the
+    delayed set should be, say) is logged, at most every 30 s, and the others still run.
+    """
     out = Moved()
-    out.rerouted += await move_due(redis, keys, client, dlq_maxlen=dlq_maxlen)
-    r = await reroute_evicted(redis, keys, client, registry, dlq_maxlen=dlq_maxlen)
-    p = await release_parked(redis, keys, client, dlq_maxlen=dlq_maxlen)
-    for part in (r, p):
+    chores: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
+        ("retries", partial(move_due, redis, keys, client, dlq_maxlen=dlq_maxlen)),
+        ("evicted inboxes", partial(reroute_evicted, redis, keys, client, registry,
+                                    dlq_maxlen=dlq_maxlen)),
+        ("parked messages", partial(release_parked, redis, keys, client,
+                                    dlq_maxlen=dlq_maxlen)),
+    ]  # fmt: skip
+    for name, chore in chores:
+        try:
+            part = await chore()
+        except rexc.ResponseError as e:
+            if not scripts.is_data_error(e):
+                raise
+            _REFUSED.setdefault(name, OutageLog(log, f"sweeper: {name}")).failed(e)
+            continue
+        _REFUSED.pop(name, None)
+        if isinstance(part, int):
+            out.rerouted += part
+            continue
         for f in ("rerouted", "parked", "released", "expired", "dead"):
             setattr(out, f, getattr(out, f) + getattr(part, f))
     return out
+
+
+_REFUSED: dict[str, OutageLog] = {}  # chores Redis refuses, each logged as one outage
 
 
 async def _guarded(
@@ -84,9 +108,9 @@ async def _guarded(
         return await step
     except _TRANSIENT:
         raise
-    except rexc.ResponseError:
-        raise  # a refused command: Redis state, not this entry's data; the pass stops
-    except Exception as e:  # noqa: BLE001 - the per-entry barrier
+    except Exception as e:
+        if isinstance(e, rexc.ResponseError) and not scripts.is_data_error(e):
+            raise  # the server refuses for now (OOM, READONLY...): the pass stops
         log.error("entry of %s dead-lettered as unprocessable: %s: %s", where,
                   type(e).__name__, e)  # fmt: skip
         await _dead_raw(redis, keys, data, reason="unprocessable",
@@ -119,7 +143,12 @@ async def _place(
         await expire(redis, keys, env, reason="expired", error="deadline passed while waiting")
         out.expired += 1
         return None
-    except rexc.ResponseError:
+    except rexc.ResponseError as e:
+        if scripts.is_data_error(e):
+            # The chosen agent's inbox refused it (a key of the wrong type there): not this
+            # message's fault; it waits, and the next pass may pick another agent.
+            log.warning("%s not placed now: %s", env.msg_id, e)
+            return False
         raise
     except Exception as e:  # noqa: BLE001 - e.g. a policy its fields make impossible
         await _dead(redis, keys, env, reason="unroutable", error=f"{type(e).__name__}: {e}",
@@ -257,32 +286,51 @@ async def reroute_evicted(
             log.error("reroute set member %r is no agent id: removed", raw)
             await redis.srem(keys.reroute, raw)
             continue
-        info = await registry.get(agent_id)
-        if info is not None and info.state != "evicted":
-            await redis.srem(keys.reroute, agent_id)  # it came back: its inbox is its own
+        try:
+            moved = await _reroute_one(redis, keys, client, registry, agent_id, batch,
+                                       dlq_maxlen)  # fmt: skip
+        except rexc.ResponseError as e:
+            if not scripts.is_data_error(e):
+                raise
+            # Its record or an inbox stream is of another type: nothing reach can move.
+            log.error("inbox of %s cannot be moved (%s): removed from the reroute set",
+                      agent_id, e)  # fmt: skip
+            await redis.srem(keys.reroute, agent_id)
             continue
-        moved = Moved()
-        for stream in keys.inboxes(agent_id):
-            while True:
-                rows = await redis.xrange(stream, "-", "+", count=batch)
-                if not rows:
-                    break
-                for entry_id, fields in rows:
-                    data = fields.get(b"e") or fields.get("e") or b""
-                    step = _move_one(redis, keys, client, agent_id, data, moved, dlq_maxlen)
-                    await _guarded(redis, keys, data, f"the inbox of {agent_id}", moved,
-                                   dlq_maxlen, step)  # fmt: skip
-                    await scripts.run_pipeline(redis, [
-                        ("XACK", stream, GROUP, entry_id), ("XDEL", stream, entry_id),
-                    ])  # fmt: skip
-        if await scripts.call(redis, "drop_inbox", keys.inboxes(agent_id), []):
-            log.info("inbox of %s emptied and dropped", agent_id)
-        if moved != Moved():
-            log.warning("inbox of evicted agent %s moved: %s", agent_id, moved)
         for f in ("rerouted", "parked", "released", "expired", "dead"):
             setattr(out, f, getattr(out, f) + getattr(moved, f))
-        await redis.srem(keys.reroute, agent_id)
     return out
+
+
+async def _reroute_one(
+    redis: AnyRedis, keys: Keys, client: Client, registry: Registry, agent_id: str,
+    batch: int, dlq_maxlen: int,
+) -> Moved:  # fmt: skip
+    """Move one evicted agent's inbox (unless it came back), then drop it when empty."""
+    moved = Moved()
+    info = await registry.get(agent_id)
+    if info is not None and info.state != "evicted":
+        await redis.srem(keys.reroute, agent_id)  # it came back: its inbox is its own
+        return moved
+    for stream in keys.inboxes(agent_id):
+        while True:
+            rows = await redis.xrange(stream, "-", "+", count=batch)
+            if not rows:
+                break
+            for entry_id, fields in rows:
+                data = fields.get(b"e") or fields.get("e") or b""
+                step = _move_one(redis, keys, client, agent_id, data, moved, dlq_maxlen)
+                await _guarded(redis, keys, data, f"the inbox of {agent_id}", moved,
+                               dlq_maxlen, step)  # fmt: skip
+                await scripts.run_pipeline(redis, [
+                    ("XACK", stream, GROUP, entry_id), ("XDEL", stream, entry_id),
+                ])  # fmt: skip
+    if await scripts.call(redis, "drop_inbox", keys.inboxes(agent_id), []):
+        log.info("inbox of %s emptied and dropped", agent_id)
+    if moved != Moved():
+        log.warning("inbox of evicted agent %s moved: %s", agent_id, moved)
+    await redis.srem(keys.reroute, agent_id)
+    return moved
 
 
 async def _move_one(
@@ -335,27 +383,41 @@ async def release_parked(
             log.error("parked set member %r is no capability: removed", raw)
             await redis.srem(keys.parked_caps, raw)
             continue
-        stream = keys.parked(cap)
-        blocked = False  # no agent for this capability yet: only expire overdue entries
-        start = "-"
-        while True:
-            rows = await redis.xrange(stream, start, "+", count=batch)
-            if not rows:
-                break
-            start = f"({as_text(rows[-1][0])}"
-            for entry_id, fields in rows:
-                data = fields.get(b"e") or fields.get("e") or b""
-                step = _parked_one(redis, keys, client, cap, data, blocked, out, dlq_maxlen)
-                if await _guarded(redis, keys, data, f"the parked messages of {cap}", out,
-                                  dlq_maxlen, step):  # fmt: skip
-                    await redis.xdel(stream, entry_id)
-                else:
-                    blocked = True
-        if await redis.xlen(stream) == 0:
+        try:
+            await _release_cap(redis, keys, client, cap, batch, out, dlq_maxlen)
+        except rexc.ResponseError as e:
+            if not scripts.is_data_error(e):
+                raise
+            log.error("parked messages of %s cannot be read (%s): removed from the parked set",
+                      cap, e)  # fmt: skip
             await redis.srem(keys.parked_caps, cap)
-            if await redis.xlen(stream) > 0:  # parked meanwhile: keep it listed
-                await redis.sadd(keys.parked_caps, cap)
     return out
+
+
+async def _release_cap(
+    redis: AnyRedis, keys: Keys, client: Client, cap: str, batch: int, out: Moved,
+    dlq_maxlen: int,
+) -> None:  # fmt: skip
+    stream = keys.parked(cap)
+    blocked = False  # no agent for this capability yet: only expire overdue entries
+    start = "-"
+    while True:
+        rows = await redis.xrange(stream, start, "+", count=batch)
+        if not rows:
+            break
+        start = f"({as_text(rows[-1][0])}"
+        for entry_id, fields in rows:
+            data = fields.get(b"e") or fields.get("e") or b""
+            step = _parked_one(redis, keys, client, cap, data, blocked, out, dlq_maxlen)
+            if await _guarded(redis, keys, data, f"the parked messages of {cap}", out,
+                              dlq_maxlen, step):  # fmt: skip
+                await redis.xdel(stream, entry_id)
+            else:
+                blocked = True
+    if await redis.xlen(stream) == 0:
+        await redis.srem(keys.parked_caps, cap)
+        if await redis.xlen(stream) > 0:  # parked meanwhile: keep it listed
+            await redis.sadd(keys.parked_caps, cap)
 
 
 async def _parked_one(

@@ -299,6 +299,38 @@ async def test_garbage_in_the_sweepers_structures_is_dead_lettered_and_workers_l
         await serving(c, workers, "h1", "h2")
 
 
+async def test_keys_of_the_wrong_type_stop_no_sweeper_chore(
+    workers: Workers, redis_url: str, ns: str, r: AnyRedis
+) -> None:
+    """The delayed set, an evicted agent's inbox and a parked stream overwritten with other
+    types: each refusal stays with its own chore or member, and a good parked message is
+    still released (before, the first refusal ended every sweep pass)."""
+    for n in ("h1", "h2"):
+        workers.start(n)
+    keys = Keys(ns)
+    async with Client(redis_url=redis_url, namespace=ns, slow_start_s=0) as c:
+        await ready(c, {"h1", "h2"})
+        await r.set(keys.delayed, "not a zset")
+        await r.set(keys.inbox("ghost", "normal"), "not a stream")
+        await r.sadd(keys.reroute, "ghost")
+        await r.hset(keys.parked("wrong.type"), "a", "b")
+        good = c.build("hard.echo", {"parked": True})
+        await r.xadd(keys.parked("hard.echo"), {"e": encode(good)})
+        await r.sadd(keys.parked_caps, "wrong.type", "hard.echo")
+
+        async def released() -> Any:
+            return await _status_in(c, good.msg_id, "succeeded")
+
+        await wait_until(released, timeout_s=30, what="the good parked message released")
+
+        async def members_gone() -> bool:
+            return await r.scard(keys.reroute) == 0 and await r.scard(keys.parked_caps) == 0
+
+        await wait_until(members_gone, timeout_s=30, what="unreadable members removed")
+        await r.delete(keys.delayed)  # retries need it to serve
+        await serving(c, workers, "h1", "h2")
+
+
 # -- item 12 -----------------------------------------------------------------------------
 async def test_a_redis_outage_is_a_few_lines_in_a_workers_log(
     fresh_redis: Any, ns: str, tmp_path: Any
