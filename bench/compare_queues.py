@@ -199,14 +199,22 @@ class Driver(Protocol):
 
 class ArqDriver:
     def worker_cmd(self, s: Settings) -> tuple[list[str], dict[str, str]]:
-        cmd = [sys.executable, "-m", "arq", "bench.compare_queues.ArqWorker",
-               "--custom-log-dict", "bench.compare_queues.ARQ_LOG_CONFIG"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "arq",
+            "bench.compare_queues.ArqWorker",
+            "--custom-log-dict",
+            "bench.compare_queues.ARQ_LOG_CONFIG",
+        ]
         env = {ARQ_MAX_JOBS_ENV: str(s.arq_max_jobs), ARQ_POLL_ENV: str(s.arq_poll_delay_s)}
         return cmd, env
 
     def describe(self, s: Settings) -> str:
-        return (f"`arq` CLI, max_jobs={s.arq_max_jobs}, poll_delay={s.arq_poll_delay_s}s, "
-                f"job.result(poll_delay={s.arq_result_poll_s}s), log level WARNING")  # fmt: skip
+        return (
+            f"`arq` CLI, max_jobs={s.arq_max_jobs}, poll_delay={s.arq_poll_delay_s}s, "
+            f"job.result(poll_delay={s.arq_result_poll_s}s), log level WARNING"
+        )
 
     async def open(self, url: str, s: Settings) -> None:
         from arq import create_pool
@@ -235,16 +243,26 @@ class DramatiqDriver:
     # dramatiq's client API is synchronous; nothing else runs on the event loop, so calling
     # it inline costs no more than it would in a plain thread.
     def worker_cmd(self, s: Settings) -> tuple[list[str], dict[str, str]]:
-        cmd = [sys.executable, "-m", "dramatiq", "bench.compare_queues:dramatiq_setup",
-               "--processes", "1", "--threads", str(s.dramatiq_threads)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "dramatiq",
+            "bench.compare_queues:dramatiq_setup",
+            "--processes",
+            "1",
+            "--threads",
+            str(s.dramatiq_threads),
+        ]
         # The idle consumer backs off from 5 ms up to this many ms (default 1000) between
         # fetches: the documented env var, and what bounds an idle worker's pickup delay.
         return cmd, {"dramatiq_worker_timeout": str(s.dramatiq_worker_timeout_ms)}
 
     def describe(self, s: Settings) -> str:
-        return (f"`dramatiq` CLI, --processes 1 --threads {s.dramatiq_threads}, "
-                f"dramatiq_worker_timeout={s.dramatiq_worker_timeout_ms} ms, Results middleware "
-                "+ RedisBackend (store_results=True), get_result(block=True)")  # fmt: skip
+        return (
+            f"`dramatiq` CLI, --processes 1 --threads {s.dramatiq_threads}, "
+            f"dramatiq_worker_timeout={s.dramatiq_worker_timeout_ms} ms, Results middleware "
+            "+ RedisBackend (store_results=True), get_result(block=True)"
+        )
 
     async def open(self, url: str, s: Settings) -> None:
         self.broker, self.actor = _dramatiq_app(url)
@@ -265,15 +283,27 @@ class DramatiqDriver:
 
 class TaskiqDriver:
     def worker_cmd(self, s: Settings) -> tuple[list[str], dict[str, str]]:
-        cmd = [sys.executable, "-m", "taskiq", "worker", "bench.compare_queues:taskiq_broker",
-               "--workers", "1", "--max-async-tasks", str(s.taskiq_max_async_tasks),
-               "--log-level", "WARNING"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "taskiq",
+            "worker",
+            "bench.compare_queues:taskiq_broker",
+            "--workers",
+            "1",
+            "--max-async-tasks",
+            str(s.taskiq_max_async_tasks),
+            "--log-level",
+            "WARNING",
+        ]
         return cmd, {}
 
     def describe(self, s: Settings) -> str:
-        return (f"`taskiq worker` CLI, --workers 1 --max-async-tasks {s.taskiq_max_async_tasks}, "
-                "RedisStreamBroker + RedisAsyncResultBackend, ack when saved, "
-                f"wait_result(check_interval={s.taskiq_check_interval_s}s)")  # fmt: skip
+        return (
+            f"`taskiq worker` CLI, --workers 1 --max-async-tasks {s.taskiq_max_async_tasks}, "
+            "RedisStreamBroker + RedisAsyncResultBackend, ack when saved, "
+            f"wait_result(check_interval={s.taskiq_check_interval_s}s)"
+        )
 
     async def open(self, url: str, s: Settings) -> None:
         self.s = s
@@ -286,8 +316,7 @@ class TaskiqDriver:
 
     async def call(self, payload: Any, timeout_s: float) -> Any:
         t = await self.task.kiq(payload)
-        res = await t.wait_result(check_interval=self.s.taskiq_check_interval_s,
-                                  timeout=timeout_s)  # fmt: skip
+        res = await t.wait_result(check_interval=self.s.taskiq_check_interval_s, timeout=timeout_s)
         if res.is_err:
             raise RuntimeError(f"taskiq task failed: {res.error}")
         return res.return_value
@@ -303,8 +332,10 @@ class TaskiqDriver:
 
 
 DRIVERS: dict[str, Callable[[], Driver]] = {
-    "arq": ArqDriver, "dramatiq": DramatiqDriver, "taskiq": TaskiqDriver,
-}  # fmt: skip
+    "arq": ArqDriver,
+    "dramatiq": DramatiqDriver,
+    "taskiq": TaskiqDriver,
+}
 
 
 # -- running one system once -------------------------------------------------------------
@@ -335,9 +366,16 @@ def _start_worker(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.
         # Own session: dramatiq and taskiq fork their worker process from a supervisor, so
         # SIGSTOP/SIGCONT/SIGTERM go to the whole group. The hook SIGTERMs the supervisor if
         # this process dies without cleaning up.
-        return subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=out, start_new_session=True,
-                                preexec_fn=_die_with_parent_hook())  # noqa: PLW1509  # fmt: skip
+        return subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env=full_env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            start_new_session=True,
+            preexec_fn=_die_with_parent_hook(),  # noqa: PLW1509
+        )
 
 
 def _stop_worker(proc: subprocess.Popen[bytes]) -> None:
@@ -393,8 +431,12 @@ async def _measure(
     finally:
         await d.close()
         await r.aclose()
-    return {"msgs_per_s": n / seconds, "seconds": seconds, "load_seconds": load_s,
-            **_latency_figures(samples)}  # fmt: skip
+    return {
+        "msgs_per_s": n / seconds,
+        "seconds": seconds,
+        "load_seconds": load_s,
+        **_latency_figures(samples),
+    }
 
 
 def run_other(name: str, s: Settings, n: int, reqs: int) -> dict[str, Any]:
@@ -417,9 +459,14 @@ def run_reach(s: Settings, n: int, reqs: int) -> dict[str, Any]:
     """One run of reach: reach.bench itself (its own Redis and `reach worker` process)."""
     out = reach_bench.run_bench(messages=n, requests=reqs, concurrency=s.reach_concurrency)
     tp, lat = out["throughput"], out["latency"]
-    return {"msgs_per_s": tp["msgs_per_s"], "seconds": tp["seconds"],
-            "load_seconds": tp["load_seconds"], "p50_ms": lat["p50_ms"],
-            "p99_ms": lat["p99_ms"], "mean_ms": lat["mean_ms"]}  # fmt: skip
+    return {
+        "msgs_per_s": tp["msgs_per_s"],
+        "seconds": tp["seconds"],
+        "load_seconds": tp["load_seconds"],
+        "p50_ms": lat["p50_ms"],
+        "p99_ms": lat["p99_ms"],
+        "mean_ms": lat["mean_ms"],
+    }
 
 
 # -- the whole comparison ----------------------------------------------------------------
@@ -449,9 +496,13 @@ def describe(name: str, s: Settings) -> str:
 
 
 def compare(
-    systems: Sequence[str], s: Settings, n: int, reqs: int, repeat: int,
+    systems: Sequence[str],
+    s: Settings,
+    n: int,
+    reqs: int,
+    repeat: int,
     log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True),
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Run the systems round-robin ``repeat`` times; medians and ratios to reach."""
     runs: dict[str, list[dict[str, Any]]] = {}
     skipped: dict[str, str] = {}
@@ -474,12 +525,15 @@ def compare(
                 log(f"[{rep + 1}/{repeat}] {name}: FAILED: {e}")
                 continue
             results.append(res)
-            log(f"[{rep + 1}/{repeat}] {name}: {res['msgs_per_s']:,.0f} msgs/s, "
-                f"p50 {res['p50_ms']:.3f} ms, p99 {res['p99_ms']:.3f} ms")  # fmt: skip
+            log(
+                f"[{rep + 1}/{repeat}] {name}: {res['msgs_per_s']:,.0f} msgs/s, "
+                f"p50 {res['p50_ms']:.3f} ms, p99 {res['p99_ms']:.3f} ms"
+            )
     median = {
         name: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
-        for name, rs in runs.items() if rs
-    }  # fmt: skip
+        for name, rs in runs.items()
+        if rs
+    }
     ratios: dict[str, dict[str, float]] = {}
     if "reach" in median:
         base = median["reach"]
@@ -492,38 +546,59 @@ def compare(
             }
     binary = RedisServer().binary  # the same lookup every run above used
     return {
-        "messages": n, "requests": reqs, "warmup": WARMUP, "repeat": repeat,
-        "redis": f"{binary.origin} {binary.version_str}", "cpus": os.cpu_count(),
+        "messages": n,
+        "requests": reqs,
+        "warmup": WARMUP,
+        "repeat": repeat,
+        "redis": f"{binary.origin} {binary.version_str}",
+        "cpus": os.cpu_count(),
         "python": sys.version.split()[0],
         "versions": {d: _version(d) for d in DISTS},
         "settings": {name: describe(name, s) for name in runs},
         "settings_raw": asdict(s),
         "done_when": {name: DONE_WHEN[name] for name in runs},
-        "median": median, "ratios": ratios, "runs": runs,
-        "skipped": skipped, "errors": errors,
-    }  # fmt: skip
+        "median": median,
+        "ratios": ratios,
+        "runs": runs,
+        "skipped": skipped,
+        "errors": errors,
+    }
 
 
 def format_report(out: dict[str, Any]) -> str:
     v = out["versions"]
     lines = [
-        (f"redis {out['redis']}, {out['cpus']} cpus, python {out['python']}, redis-py "
-         f"{v['redis']}, hiredis {v['hiredis']}; one worker process per system"),
-        (f"throughput: backlog of {out['messages']} msgs; request/reply: 1 sequential caller, "
-         f"{out['requests']} requests after {out['warmup']} warm-up; "
-         f"median of {out['repeat']} run(s)"),
+        (
+            f"redis {out['redis']}, {out['cpus']} cpus, python {out['python']}, redis-py "
+            f"{v['redis']}, hiredis {v['hiredis']}; one worker process per system"
+        ),
+        (
+            f"throughput: backlog of {out['messages']} msgs; request/reply: 1 sequential caller, "
+            f"{out['requests']} requests after {out['warmup']} warm-up; "
+            f"median of {out['repeat']} run(s)"
+        ),
         "",
-        (f"{'system':<10}{'version':<10}{'msgs/s':>9}{'p50 ms':>9}{'p99 ms':>9}"
-         f"{'reach/x msgs/s':>16}{'x/reach p50':>13}{'x/reach p99':>13}"),
-    ]  # fmt: skip
+        (
+            f"{'system':<10}{'version':<10}{'msgs/s':>9}{'p50 ms':>9}{'p99 ms':>9}"
+            f"{'reach/x msgs/s':>16}{'x/reach p50':>13}{'x/reach p99':>13}"
+        ),
+    ]
     for name in SYSTEMS:
         if name in out["median"]:
             m, rt = out["median"][name], out["ratios"].get(name)
             ver = v["taskiq"] if name == "taskiq" else v[name]
-            r = (f"{rt['throughput_reach_over_x']:>16.2f}{rt['p50_x_over_reach']:>13.2f}"
-                 f"{rt['p99_x_over_reach']:>13.2f}") if rt else ""  # fmt: skip
-            lines.append(f"{name:<10}{ver or '?':<10}{m['msgs_per_s']:>9,.0f}"
-                         f"{m['p50_ms']:>9.3f}{m['p99_ms']:>9.3f}{r}")  # fmt: skip
+            r = (
+                (
+                    f"{rt['throughput_reach_over_x']:>16.2f}{rt['p50_x_over_reach']:>13.2f}"
+                    f"{rt['p99_x_over_reach']:>13.2f}"
+                )
+                if rt
+                else ""
+            )
+            lines.append(
+                f"{name:<10}{ver or '?':<10}{m['msgs_per_s']:>9,.0f}"
+                f"{m['p50_ms']:>9.3f}{m['p99_ms']:>9.3f}{r}"
+            )
     lines += ["", "ratios > 1 = reach better by that factor", "", "settings:"]
     lines += [f"  {k}: {d}" for k, d in out["settings"].items()]
     if "taskiq" in out["settings"]:
@@ -545,13 +620,19 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="compare_queues", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="compare_queues",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     d = Settings()
     ap.add_argument("--messages", type=int, default=5000, help="throughput backlog size")
     ap.add_argument("--requests", type=int, default=500, help="measured request/reply calls")
-    ap.add_argument("--systems", default=",".join(SYSTEMS),
-                    help=f"comma-separated subset of {','.join(SYSTEMS)}")  # fmt: skip
+    ap.add_argument(
+        "--systems",
+        default=",".join(SYSTEMS),
+        help=f"comma-separated subset of {','.join(SYSTEMS)}",
+    )
     ap.add_argument("--repeat", type=int, default=1, help="runs per system; medians reported")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--reach-concurrency", type=int, default=d.reach_concurrency)
@@ -559,11 +640,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--arq-poll-delay-s", type=float, default=d.arq_poll_delay_s)
     ap.add_argument("--arq-result-poll-s", type=float, default=d.arq_result_poll_s)
     ap.add_argument("--dramatiq-threads", type=int, default=d.dramatiq_threads)
-    ap.add_argument("--dramatiq-worker-timeout-ms", type=int,
-                    default=d.dramatiq_worker_timeout_ms)  # fmt: skip
+    ap.add_argument("--dramatiq-worker-timeout-ms", type=int, default=d.dramatiq_worker_timeout_ms)
     ap.add_argument("--taskiq-max-async-tasks", type=int, default=d.taskiq_max_async_tasks)
-    ap.add_argument("--taskiq-check-interval-s", type=float,
-                    default=d.taskiq_check_interval_s)  # fmt: skip
+    ap.add_argument("--taskiq-check-interval-s", type=float, default=d.taskiq_check_interval_s)
     a = ap.parse_args(argv)
     systems = [x.strip() for x in a.systems.split(",") if x.strip()]
     bad = [x for x in systems if x not in SYSTEMS]

@@ -133,10 +133,18 @@ def bench(picks: int, repeats: int, seed: int) -> dict[str, dict[int, float]]:
         for name, us in bench_size(n, picks, repeats, seed).items():
             rows.setdefault(name, {})[n] = us
     order = [
-        "weighted_rr", "least_conn", "consistent_hash", "direct", "consistent_hash c=1.25",
-        "pick_many (broadcast)", "weighted_rr (no version)", "least_conn (no version)",
-        "consistent_hash (no version)", "direct (no version)", "eligible()",
-    ]  # fmt: skip
+        "weighted_rr",
+        "least_conn",
+        "consistent_hash",
+        "direct",
+        "consistent_hash c=1.25",
+        "pick_many (broadcast)",
+        "weighted_rr (no version)",
+        "least_conn (no version)",
+        "consistent_hash (no version)",
+        "direct (no version)",
+        "eligible()",
+    ]
     return {k: rows[k] for k in order}
 
 
@@ -163,8 +171,10 @@ def main() -> int:
         print(json.dumps(out, indent=2))
     else:
         w = max(map(len, rows)) + 2
-        print(f"µs per pick (median of {args.repeats} runs of <= {args.picks} picks), "
-              f"Python {platform.python_version()}")  # fmt: skip
+        print(
+            f"µs per pick (median of {args.repeats} runs of <= {args.picks} picks), "
+            f"Python {platform.python_version()}"
+        )
         print("policy".ljust(w) + "".join(f"{n:>10}" for n in SIZES))
         for name, r in rows.items():
             print(name.ljust(w) + "".join(f"{r[n]:>10.2f}" for n in SIZES))

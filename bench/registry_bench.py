@@ -79,20 +79,31 @@ class Bench:
 
     # -- setup ------------------------------------------------------------------------
     async def register_many(
-        self, r: AnyRedis, reg: Registry, n: int, *, prefix: str, lease_ms: int,
-        evict_after_ms: int, batch: int = 500,
-    ) -> list[tuple[str, str, int]]:  # fmt: skip
+        self,
+        r: AnyRedis,
+        reg: Registry,
+        n: int,
+        *,
+        prefix: str,
+        lease_ms: int,
+        evict_after_ms: int,
+        batch: int = 500,
+    ) -> list[tuple[str, str, int]]:
         out = []
         for start in range(0, n, batch):
             ops = []
             for i in range(start, min(n, start + batch)):
                 aid, inst, ver = f"{prefix}{i:05}", uuid.uuid4().hex[:12], now_us()
                 keys, argv = reg.register_args(
-                    aid, instance_id=inst, version=ver,
+                    aid,
+                    instance_id=inst,
+                    version=ver,
                     capabilities=self.rnd.sample(self.caps, self.a.caps_per_agent),
                     metadata={"region": self.rnd.choice(["eu", "us", "ap"]), "model": "m"},
-                    lease_ms=lease_ms, evict_after_ms=evict_after_ms, ready=True,
-                )  # fmt: skip
+                    lease_ms=lease_ms,
+                    evict_after_ms=evict_after_ms,
+                    ready=True,
+                )
                 ops.append(scripts.op("register", keys, argv))
                 out.append((aid, inst, ver))
             for res in await scripts.run_pipeline(r, ops):
@@ -162,10 +173,15 @@ class Bench:
                 tg.start_soon(poll, "agents")
                 tg.start_soon(poll, "set")
                 await writer.register(
-                    aid, instance_id="p", version=now_us(), capabilities=[cap],
-                    metadata={"region": "eu"}, lease_ms=int(self.a.lease_s * 1000),
-                    evict_after_ms=int(self.a.evict_after_s * 1000), ready=True,
-                )  # fmt: skip
+                    aid,
+                    instance_id="p",
+                    version=now_us(),
+                    capabilities=[cap],
+                    metadata={"region": "eu"},
+                    lease_ms=int(self.a.lease_s * 1000),
+                    evict_after_ms=int(self.a.evict_after_s * 1000),
+                    ready=True,
+                )
                 self.register_ms.append((time.perf_counter() - t) * 1000)
             self.visible_ms.append((seen["agents"] - t) * 1000)
             self.visible_set_ms.append((seen["set"] - t) * 1000)
@@ -178,10 +194,12 @@ class Bench:
         ns = f"{self.ns}-{'evict' if evict else 'due'}"
         reg = Registry(r, ns)
         n, due = self.a.agents, self.a.due
-        await self.register_many(r, reg, n - due, prefix="ok", lease_ms=600_000,
-                                 evict_after_ms=1_200_000)  # fmt: skip
-        await self.register_many(r, reg, due, prefix="due", lease_ms=1,
-                                 evict_after_ms=1 if evict else 1_200_000)  # fmt: skip
+        await self.register_many(
+            r, reg, n - due, prefix="ok", lease_ms=600_000, evict_after_ms=1_200_000
+        )
+        await self.register_many(
+            r, reg, due, prefix="due", lease_ms=1, evict_after_ms=1 if evict else 1_200_000
+        )
         await anyio.sleep(0.01)  # let the 1 ms leases run out
         await r.slowlog_reset()
         t = time.perf_counter()
@@ -229,17 +247,26 @@ class Bench:
                     await c.aclose()
 
     async def _run(
-        self, server: RedisServer, admin: AnyRedis, conns: list[AnyRedis],
-        probe_w: AnyRedis, probe_r: AnyRedis, sweep_c: AnyRedis,
-    ) -> dict[str, Any]:  # fmt: skip
+        self,
+        server: RedisServer,
+        admin: AnyRedis,
+        conns: list[AnyRedis],
+        probe_w: AnyRedis,
+        probe_r: AnyRedis,
+        sweep_c: AnyRedis,
+    ) -> dict[str, Any]:
         a = self.a
         reg = Registry(admin, self.ns)
         await scripts.load_all(admin)
         t = time.perf_counter()
         self.agents = await self.register_many(
-            admin, reg, a.agents, prefix="agent", lease_ms=int(a.lease_s * 1000),
+            admin,
+            reg,
+            a.agents,
+            prefix="agent",
+            lease_ms=int(a.lease_s * 1000),
             evict_after_ms=int(a.evict_after_s * 1000),
-        )  # fmt: skip
+        )
         register_all_s = time.perf_counter() - t
 
         # spread the agents evenly over the period, round-robin over the connections
@@ -357,8 +384,11 @@ def table(res: dict[str, Any]) -> str:
     )
     n = c["agents"]
     rows = [
-        ("agents / period / lease / evict_after",
-         f"{n} / {c['period_s']} s / {c['lease_s']} s / {c['evict_after_s']} s", ""),
+        (
+            "agents / period / lease / evict_after",
+            f"{n} / {c['period_s']} s / {c['lease_s']} s / {c['evict_after_s']} s",
+            "",
+        ),
         ("run", f"{c['duration_s']} s, {c['conns']} heartbeat conns, aof={c['aof']}", ""),
         ("server", c["server"], ""),
         ("register all agents (pipelined)", f"{res['register_all_s'] * 1000:.0f} ms", ""),
@@ -366,22 +396,32 @@ def table(res: dict[str, Any]) -> str:
         ("heartbeats sent", f"{res['heartbeats']} ({res['heartbeats_per_s']:.0f}/s)", ""),
         ("heartbeat RTT p50 / p99 / max", hb, ""),
         ("bench schedule lag p99 / max", lag, ""),
-        ("register-to-visible p50 / p95 / max", vis,
-         f"< 50 ms: {mark(ok['register_to_visible_p95_ms'])}"),
+        (
+            "register-to-visible p50 / p95 / max",
+            vis,
+            f"< 50 ms: {mark(ok['register_to_visible_p95_ms'])}",
+        ),
         ("  (capability set only) p95", f"{res['register_to_visible_set_p95_ms']:.2f} ms", ""),
         (f"sweep over {n}, nothing due p50/p99/max", idle, ""),
         ("  same, inside Redis (SLOWLOG) p50/max", idle_server, ""),
-        (f"sweep over {n}, {res['sweep_due_n']} due -> probation",
-         f"{res['sweep_due_ms']:.2f} ms (in Redis {res['sweep_due_server_ms']:.2f} ms)", ""),
-        (f"sweep over {n}, {res['sweep_evict_n']} due -> evicted",
-         f"{res['sweep_evict_ms']:.2f} ms (in Redis {res['sweep_evict_server_ms']:.2f} ms)",
-         f"< 50 ms: {mark(ok['sweep'])}"),
-        ("false probations / false evictions",
-         f"{res['false_probations']} / {res['false_evictions']}",
-         f"0 evictions: {mark(ok['false_evictions'])}"),
+        (
+            f"sweep over {n}, {res['sweep_due_n']} due -> probation",
+            f"{res['sweep_due_ms']:.2f} ms (in Redis {res['sweep_due_server_ms']:.2f} ms)",
+            "",
+        ),
+        (
+            f"sweep over {n}, {res['sweep_evict_n']} due -> evicted",
+            f"{res['sweep_evict_ms']:.2f} ms (in Redis {res['sweep_evict_server_ms']:.2f} ms)",
+            f"< 50 ms: {mark(ok['sweep'])}",
+        ),
+        (
+            "false probations / false evictions",
+            f"{res['false_probations']} / {res['false_evictions']}",
+            f"0 evictions: {mark(ok['false_evictions'])}",
+        ),
         ("states after the run", json.dumps(res["states_after"]), ""),
         ("heartbeat replies (code: n)", json.dumps(res["heartbeat_codes"]), ""),
-    ]  # fmt: skip
+    ]
     w0 = max(len(r[0]) for r in rows)
     w1 = max(len(r[1]) for r in rows)
     lines = [f"{'metric'.ljust(w0)}  {'value'.ljust(w1)}  target"]

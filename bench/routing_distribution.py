@@ -86,8 +86,10 @@ def consistent_hash(n: int = 10, sessions: int = 10_000) -> dict[str, Any]:
 
     def owners(ags: list[AgentInfo], version: int) -> dict[str, str]:
         r = Router(slow_start_s=0)
-        return {k: r.pick(CAP, ags, policy="consistent_hash", session_id=k, version=version).agent_id
-                for k in keys}  # fmt: skip
+        return {
+            k: r.pick(CAP, ags, policy="consistent_hash", session_id=k, version=version).agent_id
+            for k in keys
+        }
 
     base = owners(agents, 1)
     load = Counter(base.values())
@@ -132,17 +134,23 @@ def main() -> None:
         return
     for name in ("weighted_rr_4_1", "weighted_rr_3_2_1"):
         w = out[name]
-        shares = ", ".join(f"{k} {v:.2%} (ideal {w['ideal'][k]:.2%})" for k, v in w["share"].items())
+        shares = ", ".join(
+            f"{k} {v:.2%} (ideal {w['ideal'][k]:.2%})" for k, v in w["share"].items()
+        )
         print(f"{name}: {shares}; longest run of one agent: {w['longest_run']}")
     lc = out["least_conn"]
-    print(f"least_conn, fast 1 ms vs slow 5 ms, {lc['callers']} callers: "
-          + ", ".join(f"{k} {v:.1%}" for k, v in sorted(lc["share"].items())))
+    print(
+        f"least_conn, fast 1 ms vs slow 5 ms, {lc['callers']} callers: "
+        + ", ".join(f"{k} {v:.1%}" for k, v in sorted(lc["share"].items()))
+    )
     ch = out["consistent_hash"]
-    print(f"consistent_hash, {ch['agents']} agents, {ch['sessions']} sessions: load max/mean "
-          f"{ch['max_over_mean']:.2f}, min/mean {ch['min_over_mean']:.2f}; moved when one leaves "
-          f"{ch['moved_when_one_leaves']:.2%} (ideal {ch['ideal_leave']:.2%}), when one joins "
-          f"{ch['moved_when_one_joins']:.2%} (ideal {ch['ideal_join']:.2%}); bounded load "
-          f"c={ch['bounded_c']}: max/mean {ch['bounded_max_over_mean']:.2f}")
+    print(
+        f"consistent_hash, {ch['agents']} agents, {ch['sessions']} sessions: load max/mean "
+        f"{ch['max_over_mean']:.2f}, min/mean {ch['min_over_mean']:.2f}; moved when one leaves "
+        f"{ch['moved_when_one_leaves']:.2%} (ideal {ch['ideal_leave']:.2%}), when one joins "
+        f"{ch['moved_when_one_joins']:.2%} (ideal {ch['ideal_join']:.2%}); bounded load "
+        f"c={ch['bounded_c']}: max/mean {ch['bounded_max_over_mean']:.2f}"
+    )
 
 
 if __name__ == "__main__":

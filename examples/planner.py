@@ -83,7 +83,12 @@ async def chat(payload: dict, ctx: reach.Context) -> dict:
         "agents": [ctx.agent_id, summary["by"], review["by"]],
     }
     await ctx.session.append(
-        {"key": ctx.idempotency_key, "request": payload, "document": text,
-         "max_words": max_words, "answer": answer}
-    )  # fmt: skip
+        {
+            "key": ctx.idempotency_key,
+            "request": payload,
+            "document": text,
+            "max_words": max_words,
+            "answer": answer,
+        }
+    )
     return answer

@@ -43,8 +43,19 @@ DOCUMENT = (
 def start_workers(url: str) -> list[subprocess.Popen[bytes]]:
     procs = []
     for module in AGENTS.values():
-        cmd = [sys.executable, "-m", "reach_cli.app", "worker", f"examples.{module}:app",
-               "--redis-url", url, "--namespace", NAMESPACE, "--log-level", "warning"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "reach_cli.app",
+            "worker",
+            f"examples.{module}:app",
+            "--redis-url",
+            url,
+            "--namespace",
+            NAMESPACE,
+            "--log-level",
+            "warning",
+        ]
         procs.append(subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.DEVNULL))
     return procs
 

@@ -17,11 +17,43 @@ import msgspec
 
 import reach
 
-STOPWORDS = frozenset({
-    "a", "an", "and", "are", "as", "at", "be", "but", "by", "can", "for", "from", "has",
-    "have", "in", "is", "it", "its", "not", "of", "on", "or", "that", "the", "their", "this",
-    "to", "was", "were", "which", "who", "will", "with",
-})  # fmt: skip
+STOPWORDS = frozenset(
+    {
+        "a",
+        "an",
+        "and",
+        "are",
+        "as",
+        "at",
+        "be",
+        "but",
+        "by",
+        "can",
+        "for",
+        "from",
+        "has",
+        "have",
+        "in",
+        "is",
+        "it",
+        "its",
+        "not",
+        "of",
+        "on",
+        "or",
+        "that",
+        "the",
+        "their",
+        "this",
+        "to",
+        "was",
+        "were",
+        "which",
+        "who",
+        "will",
+        "with",
+    }
+)
 
 app = reach.Agent(
     "summarizer-1",

@@ -59,9 +59,21 @@ def bench_agent() -> Agent:
 
 
 def _start_worker(url: str, concurrency: int, log: Path) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "reach_cli.app", "worker", "reach.bench:bench_agent",
-           "--redis-url", url, "--namespace", NS, "--concurrency", str(concurrency),
-           "--log-level", "info"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "reach_cli.app",
+        "worker",
+        "reach.bench:bench_agent",
+        "--redis-url",
+        url,
+        "--namespace",
+        NS,
+        "--concurrency",
+        str(concurrency),
+        "--log-level",
+        "info",
+    ]
     with open(log, "wb") as err:
         return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stderr=err)
 
@@ -180,10 +192,15 @@ async def _latency(
 
 
 def _phase(
-    url: str, concurrency: int, log: Path,
-    measure: Callable[[str, int, subprocess.Popen[bytes], Progress | None], Awaitable[dict[str, Any]]],
-    n: int, progress: Progress | None,
-) -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip
+    url: str,
+    concurrency: int,
+    log: Path,
+    measure: Callable[
+        [str, int, subprocess.Popen[bytes], Progress | None], Awaitable[dict[str, Any]]
+    ],
+    n: int,
+    progress: Progress | None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """One phase with a worker process of its own: (figures, the worker's own stats)."""
     w = _start_worker(url, concurrency, log)
     try:
@@ -202,17 +219,27 @@ def _phase(
 
 
 def run_bench(
-    *, messages: int = 30_000, requests: int = 3_000, concurrency: int = 64,
+    *,
+    messages: int = 30_000,
+    requests: int = 3_000,
+    concurrency: int = 64,
     progress: Progress | None = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Run the whole benchmark on an embedded Redis; returns the figures."""
     if messages < 1 or requests < 1:
         raise ValueError("messages and requests must be >= 1")
     with RedisServer() as server, tempfile.TemporaryDirectory(prefix="reach-bench-") as tmp:
-        tp, tp_stats = _phase(server.url, concurrency, Path(tmp) / "worker-backlog.log",
-                              _throughput, messages, progress)  # fmt: skip
-        lat, lat_stats = _phase(server.url, concurrency, Path(tmp) / "worker-requests.log",
-                                _latency, requests, progress)  # fmt: skip
+        tp, tp_stats = _phase(
+            server.url,
+            concurrency,
+            Path(tmp) / "worker-backlog.log",
+            _throughput,
+            messages,
+            progress,
+        )
+        lat, lat_stats = _phase(
+            server.url, concurrency, Path(tmp) / "worker-requests.log", _latency, requests, progress
+        )
     if "round_trips" in tp_stats:
         tp["worker_own_round_trips_per_msg"] = tp_stats["round_trips"] / messages
     if "round_trips" in lat_stats:
@@ -229,23 +256,34 @@ def run_bench(
 
 def format_report(out: dict[str, Any]) -> str:
     tp, lat = out["throughput"], out["latency"]
-    return "\n".join([
-        f"redis {out['redis']}, {out['cpus']} cpus, worker concurrency {out['concurrency']}",
-        (f"fire-and-forget backlog of {tp['messages']} msgs processed in {tp['seconds']:.2f}s"
-         f" = {tp['msgs_per_s']:,.0f} msgs/s (loading it took {tp['load_seconds']:.2f}s)"),
-        (f"  per msg, worker: {tp['redis_commands_per_msg_worker']:.2f} Redis commands, "
-         f"{tp['round_trips_per_msg_worker']:.3f} round trips"),
-        (f"request/reply, 1 sequential caller, {lat['requests']} requests: p50 "
-         f"{lat['p50_ms']:.3f} ms, p99 {lat['p99_ms']:.3f} ms, mean {lat['mean_ms']:.3f} ms"),
-        (f"  per request, caller and worker: {lat['redis_commands_per_request']:.2f} Redis "
-         f"commands, {lat['round_trips_per_request']:.2f} round trips"),
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            f"redis {out['redis']}, {out['cpus']} cpus, worker concurrency {out['concurrency']}",
+            (
+                f"fire-and-forget backlog of {tp['messages']} msgs processed in {tp['seconds']:.2f}s"
+                f" = {tp['msgs_per_s']:,.0f} msgs/s (loading it took {tp['load_seconds']:.2f}s)"
+            ),
+            (
+                f"  per msg, worker: {tp['redis_commands_per_msg_worker']:.2f} Redis commands, "
+                f"{tp['round_trips_per_msg_worker']:.3f} round trips"
+            ),
+            (
+                f"request/reply, 1 sequential caller, {lat['requests']} requests: p50 "
+                f"{lat['p50_ms']:.3f} ms, p99 {lat['p99_ms']:.3f} ms, mean {lat['mean_ms']:.3f} ms"
+            ),
+            (
+                f"  per request, caller and worker: {lat['redis_commands_per_request']:.2f} Redis "
+                f"commands, {lat['round_trips_per_request']:.2f} round trips"
+            ),
+        ]
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`python bench/messaging_bench.py` (plain progress lines on stderr)."""
-    ap = argparse.ArgumentParser(prog="messaging_bench", description=__doc__,
-                                 formatter_class=argparse.RawTextHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="messaging_bench", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     ap.add_argument("--messages", type=int, default=30_000)
     ap.add_argument("--requests", type=int, default=3_000)
     ap.add_argument("--concurrency", type=int, default=64)

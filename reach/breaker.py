@@ -80,7 +80,7 @@ class _Breaker:
         "successes",
         "total",
         "window",
-    )  # fmt: skip
+    )
 
     def __init__(self) -> None:
         self.state: BreakerState = CLOSED

@@ -114,8 +114,14 @@ def agent_card(info: AgentInfo, *, namespace: str) -> dict[str, Any]:
         dict(i) for i in _list(given.get("supportedInterfaces")) if isinstance(i, Mapping)
     ]
     if not any(i.get("url") == url for i in interfaces):
-        interfaces.append({"url": url, "protocolBinding": PROTOCOL_BINDING, "tenant": namespace,
-                           "protocolVersion": A2A_PROTOCOL_VERSION})  # fmt: skip
+        interfaces.append(
+            {
+                "url": url,
+                "protocolBinding": PROTOCOL_BINDING,
+                "tenant": namespace,
+                "protocolVersion": A2A_PROTOCOL_VERSION,
+            }
+        )
 
     capabilities: dict[str, Any] = {"streaming": False, "pushNotifications": False}
     if isinstance(given.get("capabilities"), Mapping):
@@ -125,13 +131,21 @@ def agent_card(info: AgentInfo, *, namespace: str) -> dict[str, Any]:
         "description": "This agent's reach registration (docs/a2a.md).",
         "required": False,
         "params": {
-            "namespace": namespace, "agentId": info.agent_id, "state": info.state,
-            "ready": info.ready, "draining": info.draining, "weight": info.weight,
-            "capabilities": list(info.capabilities), "metadata": dict(meta),
+            "namespace": namespace,
+            "agentId": info.agent_id,
+            "state": info.state,
+            "ready": info.ready,
+            "draining": info.draining,
+            "weight": info.weight,
+            "capabilities": list(info.capabilities),
+            "metadata": dict(meta),
         },
-    }  # fmt: skip
-    extensions = [e for e in _list(capabilities.get("extensions"))
-                  if not (isinstance(e, Mapping) and e.get("uri") == REACH_EXTENSION_URI)]  # fmt: skip
+    }
+    extensions = [
+        e
+        for e in _list(capabilities.get("extensions"))
+        if not (isinstance(e, Mapping) and e.get("uri") == REACH_EXTENSION_URI)
+    ]
     capabilities["extensions"] = [*extensions, registration]
 
     card: dict[str, Any] = {
@@ -154,10 +168,15 @@ def agent_card(info: AgentInfo, *, namespace: str) -> dict[str, Any]:
 # -- checking ------------------------------------------------------------------------------
 # The fields A2A 1.0 marks REQUIRED, with their JSON types (list[str]: array of strings).
 CARD_REQUIRED: dict[str, Any] = {
-    "name": str, "description": str, "supportedInterfaces": list, "version": str,
-    "capabilities": dict, "defaultInputModes": list[str], "defaultOutputModes": list[str],
+    "name": str,
+    "description": str,
+    "supportedInterfaces": list,
+    "version": str,
+    "capabilities": dict,
+    "defaultInputModes": list[str],
+    "defaultOutputModes": list[str],
     "skills": list,
-}  # fmt: skip
+}
 INTERFACE_REQUIRED: dict[str, Any] = {"url": str, "protocolBinding": str, "protocolVersion": str}
 SKILL_REQUIRED: dict[str, Any] = {"id": str, "name": str, "description": str, "tags": list[str]}
 PROVIDER_REQUIRED: dict[str, Any] = {"url": str, "organization": str}

@@ -302,8 +302,11 @@ def plan_events(cfg: ChaosConfig, rng: random.Random, send_s: float) -> list[_Ev
     kinds = ["kill"] * k + ["stop"] * cfg.stops + ["redis"] * cfg.redis_restarts
     rng.shuffle(kinds)
     n = len(kinds)
-    delays = {"never": (0.5, 2.0), "restart_after_eviction": (1.2, 2.5),
-              "restart_quick": (0.0, 0.4)}  # fmt: skip
+    delays = {
+        "never": (0.5, 2.0),
+        "restart_after_eviction": (1.2, 2.5),
+        "restart_quick": (0.0, 0.4),
+    }
     out = []
     for j, kind in enumerate(kinds):
         ev = _Event(round(send_s * (j + rng.uniform(0.25, 0.75)) / n, 3), kind)
@@ -375,19 +378,39 @@ class _Run:
     def start_worker(self, agent_id: str) -> _Worker:
         c = self.cfg
         cmd = [
-            sys.executable, "-m", "reach_cli.app", "worker", c.agent,
-            "--redis-url", self.url, "--namespace", c.namespace,
-            "--concurrency", str(c.concurrency), "--heartbeat-s", str(c.heartbeat_s),
-            "--lease-s", str(c.lease_s), "--evict-after-s", str(c.evict_after_s),
-            "--sweep-interval-s", str(c.sweep_interval_s), "--log-level", "warning",
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "reach_cli.app",
+            "worker",
+            c.agent,
+            "--redis-url",
+            self.url,
+            "--namespace",
+            c.namespace,
+            "--concurrency",
+            str(c.concurrency),
+            "--heartbeat-s",
+            str(c.heartbeat_s),
+            "--lease-s",
+            str(c.lease_s),
+            "--evict-after-s",
+            str(c.evict_after_s),
+            "--sweep-interval-s",
+            str(c.sweep_interval_s),
+            "--log-level",
+            "warning",
+        ]
         self.logs.mkdir(parents=True, exist_ok=True)
         with open(self.logs / f"{agent_id}.log", "ab") as err:
             proc = subprocess.Popen(
-                cmd, cwd=c.cwd or os.getcwd(), stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, AGENT_ENV: agent_id},
+                cmd,
+                cwd=c.cwd or os.getcwd(),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                env={**os.environ, AGENT_ENV: agent_id},
                 preexec_fn=_die_with_parent_hook(),  # noqa: PLW1509 - prctl only
-            )  # fmt: skip
+            )
         self.procs.append(proc)
         w = _Worker(agent_id, proc, now_ms())
         self.workers[agent_id] = w
@@ -477,8 +500,9 @@ class _Run:
         w.proc.send_signal(signal.SIGKILL)
         w.proc.wait()
         keys = await self.inbox_keys(w.agent_id)
-        self.kill_log.append(KillRecord(w.agent_id, round(at, 3), kill_ms, mid, len(keys),
-                                        ev.fate, ev.delay))  # fmt: skip
+        self.kill_log.append(
+            KillRecord(w.agent_id, round(at, 3), kill_ms, mid, len(keys), ev.fate, ev.delay)
+        )
         self.kill_keys.append(keys)
         tg.start_soon(self._come_back, w.agent_id, ev.fate, ev.delay)
 
@@ -537,12 +561,15 @@ class _Run:
         try:
             while True:
                 env = c.build(
-                    CAPABILITY, {"n": s.n, "s": s.sleep_ms}, idempotency_key=s.key,
-                    priority=s.priority, session_id=s.session or None,
+                    CAPABILITY,
+                    {"n": s.n, "s": s.sleep_ms},
+                    idempotency_key=s.key,
+                    priority=s.priority,
+                    session_id=s.session or None,
                     policy="consistent_hash" if s.session else None,
                     timeout_s=s.deadline_s if s.kind == "request" else None,
                     reply=s.kind == "request",
-                )  # fmt: skip
+                )
                 out.msg_ids.append(env.msg_id)
                 try:
                     if s.kind == "request":
@@ -584,10 +611,12 @@ class _Run:
             parked += int(await self.r.xlen(self.keys.parked(as_text(cap))))
         parked += int(await self.r.xlen(self.keys.parked(CAPABILITY)))
         return {
-            "pending": pending, "entries": entries, "parked": parked,
+            "pending": pending,
+            "entries": entries,
+            "parked": parked,
             "delayed": int(await self.r.zcard(self.keys.delayed)),
             "reroute": int(await self.r.scard(self.keys.reroute)),
-        }  # fmt: skip
+        }
 
     async def records(self, keys: Sequence[str]) -> dict[str, _Rec]:
         """What each key's idempotency record says (done, status, completion time...)."""
@@ -599,8 +628,13 @@ class _Run:
             for k in chunk:
                 pipe.hmget(self.keys.idem(k), "done", "status", "updated_ms", "runs", "agent_id")
             for k, (d, st, up, runs, agent) in zip(chunk, await pipe.execute(), strict=True):
-                out[k] = _Rec(d == b"1", as_text(st or b""), int(up or 0), int(runs or 0),
-                              as_text(agent or b""))  # fmt: skip
+                out[k] = _Rec(
+                    d == b"1",
+                    as_text(st or b""),
+                    int(up or 0),
+                    int(runs or 0),
+                    as_text(agent or b""),
+                )
         return out
 
     async def quiet(self) -> float:
@@ -625,7 +659,7 @@ class _Run:
             "inbox_moved": b"inbox of evicted agent ",
             "re_registered": b"registration lost",
             "read_failed": b"inbox read failed",
-        }  # fmt: skip
+        }
         out = dict.fromkeys(marks, 0)
         for p in self.logs.glob("*.log"):
             data = p.read_bytes()
@@ -637,10 +671,16 @@ class _Run:
         c = self.cfg
         keys = sorted({s.key for s in self.specs})
         recs = await self.records(keys)
-        fx = {as_text(k): as_text(v) for k, v in (await self.r.hgetall(self.keys.effects(EFFECTS))).items()}
+        fx = {
+            as_text(k): as_text(v)
+            for k, v in (await self.r.hgetall(self.keys.effects(EFFECTS))).items()
+        }
         effects = int(fx.get("effects", 0))
-        lost = [k for k in keys if not recs[k].done or recs[k].status != "succeeded"
-                or f"done:{k}" not in fx]  # fmt: skip
+        lost = [
+            k
+            for k in keys
+            if not recs[k].done or recs[k].status != "succeeded" or f"done:{k}" not in fx
+        ]
         dup = sum(max(0, int(fx.get(f"applied:{k}", 0)) - 1) for k in keys)
         dup += sum(1 for f in fx if f.startswith("done:") and f[5:] not in recs)
         runs_by_key: dict[str, list[tuple[str, int, int, int, int]]] = {}
@@ -657,7 +697,7 @@ class _Run:
             (as_text(f.get(b"agent_id", b"")), int(f.get(b"ts", 0)))
             for _, f in await self.r.xrange(self.keys.events)
             if f.get(b"type") == b"evicted"
-        ]  # fmt: skip
+        ]
         overlapping = zombie = 0
         overlaps: list[str] = []
         for k, rs in runs_by_key.items():
@@ -724,11 +764,13 @@ class _Run:
         rec_all = [k.recovery_s for k in self.kill_log if k.recovery_s is not None and k.inbox]
         by_fate: dict[str, dict[str, float]] = {}
         for fate in ("restart_quick", "restart_after_eviction", "never"):
-            xs = [k.recovery_s for k in self.kill_log
-                  if k.fate == fate and k.recovery_s is not None and k.inbox]  # fmt: skip
+            xs = [
+                k.recovery_s
+                for k in self.kill_log
+                if k.fate == fate and k.recovery_s is not None and k.inbox
+            ]
             if xs:
-                by_fate[fate] = {"n": len(xs), "p50": _pct(xs, 50) or 0.0,
-                                 "max": max(xs)}  # fmt: skip
+                by_fate[fate] = {"n": len(xs), "p50": _pct(xs, 50) or 0.0, "max": max(xs)}
         bad: list[str] = []
         if lost:
             bad.append(f"{len(lost)} keys lost (not succeeded or no side effect), e.g. {lost[:5]}")
@@ -758,32 +800,60 @@ class _Run:
             bad.append("a killed worker's messages never completed")
         markers = self.log_markers()
         return ChaosReport(
-            ok=not bad, violations=bad, config={k: val for k, val in asdict(c).items()},
-            messages=len(self.specs), requests=sum(s.kind == "request" for s in self.specs),
-            sends=sum(s.kind == "send" for s in self.specs), keys=len(keys),
-            sent_twice=sum(s.dup for s in self.specs), deliveries=deliveries,
-            kills=len(self.kill_log), kills_mid_handler=sum(k.mid_handler for k in self.kill_log),
-            restarts=self.restarts, never_back=self.never, replacements=self.replacements,
-            stops=self.stops_done, redis_restarts=self.redis_done,
-            redis_outage_s=self.redis_outages, redis_restart_at_s=self.redis_at,
-            lost=len(lost), duplicate_side_effects=dup,
-            effects=effects, re_executions=re_exec, handler_restarts=restarted,
-            runs=sum(len(rs) for rs in runs_by_key.values()), overlapping_runs=overlapping,
-            zombie_runs=zombie, evictions=len(self.evictions),
+            ok=not bad,
+            violations=bad,
+            config={k: val for k, val in asdict(c).items()},
+            messages=len(self.specs),
+            requests=sum(s.kind == "request" for s in self.specs),
+            sends=sum(s.kind == "send" for s in self.specs),
+            keys=len(keys),
+            sent_twice=sum(s.dup for s in self.specs),
+            deliveries=deliveries,
+            kills=len(self.kill_log),
+            kills_mid_handler=sum(k.mid_handler for k in self.kill_log),
+            restarts=self.restarts,
+            never_back=self.never,
+            replacements=self.replacements,
+            stops=self.stops_done,
+            redis_restarts=self.redis_done,
+            redis_outage_s=self.redis_outages,
+            redis_restart_at_s=self.redis_at,
+            lost=len(lost),
+            duplicate_side_effects=dup,
+            effects=effects,
+            re_executions=re_exec,
+            handler_restarts=restarted,
+            runs=sum(len(rs) for rs in runs_by_key.values()),
+            overlapping_runs=overlapping,
+            zombie_runs=zombie,
+            evictions=len(self.evictions),
             fenced_late_completions=markers["fenced"],
-            caller_errors=dict(errors), untyped_errors=dict(untyped), wrong_results=wrong,
-            callers_gave_up=gave_up, not_succeeded=dict(not_ok), pending_left=left["pending"],
-            inbox_entries_left=left["entries"], parked_left=left["parked"],
-            delayed_left=left["delayed"], reroute_left=left["reroute"], dead_letters=dead,
+            caller_errors=dict(errors),
+            untyped_errors=dict(untyped),
+            wrong_results=wrong,
+            callers_gave_up=gave_up,
+            not_succeeded=dict(not_ok),
+            pending_left=left["pending"],
+            inbox_entries_left=left["entries"],
+            parked_left=left["parked"],
+            delayed_left=left["delayed"],
+            reroute_left=left["reroute"],
+            dead_letters=dead,
             dead_letters_unaccounted=len(dead_unaccounted),
-            recovery_p50_s=_pct(rec_all, 50), recovery_p99_s=_pct(rec_all, 99),
-            recovery_max_s=max(rec_all) if rec_all else None, recovery_target_s=3.0,
+            recovery_p50_s=_pct(rec_all, 50),
+            recovery_p99_s=_pct(rec_all, 99),
+            recovery_max_s=max(rec_all) if rec_all else None,
+            recovery_target_s=3.0,
             recovery_bound_s=round(c.lease_s + c.evict_after_s + c.sweep_interval_s, 3),
-            recovery_by_fate=by_fate, stop_recovery_s=stop_rec,
-            send_phase_s=round(self.send_s, 1), quiet_s=round(quiet_s, 2),
-            wall_s=round(time.monotonic() - self.t_start, 1), data_dir=str(self.dir),
-            kill_log=[asdict(k) for k in self.kill_log], log_markers=markers,
-        )  # fmt: skip
+            recovery_by_fate=by_fate,
+            stop_recovery_s=stop_rec,
+            send_phase_s=round(self.send_s, 1),
+            quiet_s=round(quiet_s, 2),
+            wall_s=round(time.monotonic() - self.t_start, 1),
+            data_dir=str(self.dir),
+            kill_log=[asdict(k) for k in self.kill_log],
+            log_markers=markers,
+        )
 
     def _in_stop(self, run: tuple[str, int, int, int, int]) -> bool:
         """The run's worker was paused, or evicted (presumed dead), while it ran."""
@@ -795,12 +865,17 @@ class _Run:
     # -- progress ----------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
         return {
-            "phase": self.phase, "elapsed_s": round(time.monotonic() - self.t_start, 1),
-            "messages": len(self.specs), "started": self.started, "answered": self.finished,
-            "kills": len(self.kill_log), "kills_planned": self.cfg.kills,
-            "stops": self.stops_done, "redis_restarts": self.redis_done,
+            "phase": self.phase,
+            "elapsed_s": round(time.monotonic() - self.t_start, 1),
+            "messages": len(self.specs),
+            "started": self.started,
+            "answered": self.finished,
+            "kills": len(self.kill_log),
+            "kills_planned": self.cfg.kills,
+            "stops": self.stops_done,
+            "redis_restarts": self.redis_done,
             "alive": len(self.alive()),
-        }  # fmt: skip
+        }
 
     async def progress(self) -> None:
         while not self.done.is_set():
@@ -838,8 +913,12 @@ class _Run:
                     await self.wait_ready({f"w-{i}" for i in range(c.workers)})
                     clients: list[Client] = []
                     for i in range(c.callers):
-                        client = Client(redis_url=self.url, namespace=c.namespace,
-                                        client_id=f"chaos-{i}", slow_start_s=0)  # fmt: skip
+                        client = Client(
+                            redis_url=self.url,
+                            namespace=c.namespace,
+                            client_id=f"chaos-{i}",
+                            slow_start_s=0,
+                        )
                         clients.append(await stack.enter_async_context(client))
                     self.phase = "sending"
                     self.t0 = time.monotonic()
@@ -900,32 +979,66 @@ def format_report(r: ChaosReport) -> str:
     inboxes = [k["inbox"] for k in r.kill_log]
     med = statistics.median(inboxes) if inboxes else 0
     errs = ", ".join(f"{k} {v}" for k, v in sorted(r.caller_errors.items())) or "none"
-    by_fate = "; ".join(f"{f}: n={d['n']:.0f} p50 {d['p50']:.2f} s max {d['max']:.2f} s"
-                        for f, d in r.recovery_by_fate.items())  # fmt: skip
+    by_fate = "; ".join(
+        f"{f}: n={d['n']:.0f} p50 {d['p50']:.2f} s max {d['max']:.2f} s"
+        for f, d in r.recovery_by_fate.items()
+    )
     rows = [
         ("result", "PASS" if r.ok else "FAIL"),
-        ("messages", (f"{r.messages} ({r.requests} requests, {r.sends} sends; {r.keys} keys, "
-                     f"{r.sent_twice} sent twice under one key)")),
+        (
+            "messages",
+            (
+                f"{r.messages} ({r.requests} requests, {r.sends} sends; {r.keys} keys, "
+                f"{r.sent_twice} sent twice under one key)"
+            ),
+        ),
         ("deliveries", f"{r.deliveries} msg_ids reached an inbox (caller retries included)"),
-        ("worker SIGKILLs", (f"{r.kills} ({r.kills_mid_handler} mid-handler; "
-                            f"{fates['restart_quick']} restarted at once, "
-                            f"{fates['restart_after_eviction']} restarted after eviction, "
-                            f"{fates['never']} never back)")),
+        (
+            "worker SIGKILLs",
+            (
+                f"{r.kills} ({r.kills_mid_handler} mid-handler; "
+                f"{fates['restart_quick']} restarted at once, "
+                f"{fates['restart_after_eviction']} restarted after eviction, "
+                f"{fates['never']} never back)"
+            ),
+        ),
         ("messages in its inbox", f"at each kill: median {med:g}, max {max(inboxes, default=0)}"),
         ("restarts (same id)", str(r.restarts)),
         ("replacements", f"{r.replacements} (new agent ids for the ones never back)"),
-        ("SIGSTOP/SIGCONT", (f"{r.stops} (stop recovery: "
-                            f"{', '.join(f'{x:.2f} s' for x in r.stop_recovery_s) or '-'})")),
-        ("Redis restarts", (f"{r.redis_restarts} (SIGKILL + AOF restart, outage "
-                           f"{', '.join(f'{x:.2f} s' for x in r.redis_outage_s) or '-'})")),
+        (
+            "SIGSTOP/SIGCONT",
+            (
+                f"{r.stops} (stop recovery: "
+                f"{', '.join(f'{x:.2f} s' for x in r.stop_recovery_s) or '-'})"
+            ),
+        ),
+        (
+            "Redis restarts",
+            (
+                f"{r.redis_restarts} (SIGKILL + AOF restart, outage "
+                f"{', '.join(f'{x:.2f} s' for x in r.redis_outage_s) or '-'})"
+            ),
+        ),
         ("lost", str(r.lost)),
-        ("duplicate side effects", (f"{r.duplicate_side_effects} ({r.effects} effects "
-                                   f"for {r.keys} keys)")),
-        ("re-executions", (f"{r.re_executions} keys ran to their side effect more than once "
-                          f"({r.runs} runs in all); {r.handler_restarts} keys' handlers started "
-                          "more than once (killed mid-run, run again)")),
-        ("overlapping runs", (f"{r.overlapping_runs} by live workers; {r.zombie_runs} with a "
-                             "paused or evicted worker (its completion fenced)")),
+        (
+            "duplicate side effects",
+            (f"{r.duplicate_side_effects} ({r.effects} effects for {r.keys} keys)"),
+        ),
+        (
+            "re-executions",
+            (
+                f"{r.re_executions} keys ran to their side effect more than once "
+                f"({r.runs} runs in all); {r.handler_restarts} keys' handlers started "
+                "more than once (killed mid-run, run again)"
+            ),
+        ),
+        (
+            "overlapping runs",
+            (
+                f"{r.overlapping_runs} by live workers; {r.zombie_runs} with a "
+                "paused or evicted worker (its completion fenced)"
+            ),
+        ),
         ("evictions", f"{r.evictions} (killed workers, the paused one, Redis outages)"),
         ("fenced late completions", str(r.fenced_late_completions)),
         ("caller errors (typed)", f"{errs} — each retried under its key until answered"),
@@ -934,20 +1047,37 @@ def format_report(r: ChaosReport) -> str:
         ("callers without result", str(r.callers_gave_up)),
         ("pending left", str(r.pending_left)),
         ("inbox/parked/delayed left", f"{r.inbox_entries_left}/{r.parked_left}/{r.delayed_left}"),
-        ("dead letters", (f"{sum(r.dead_letters.values())} ("
-                          + "".join(f"{k} {v}, " for k, v in sorted(r.dead_letters.items()))
-                          + f"{r.dead_letters_unaccounted} whose caller was not told)")),
-        ("recovery after a kill", (f"p50 {sec(r.recovery_p50_s)}, p99 {sec(r.recovery_p99_s)}, "
-                                  f"max {sec(r.recovery_max_s)} (target <= "
-                                  f"{r.recovery_target_s:.1f} s; lease + evict_after + sweep = "
-                                  f"{r.recovery_bound_s:.1f} s)")),
+        (
+            "dead letters",
+            (
+                f"{sum(r.dead_letters.values())} ("
+                + "".join(f"{k} {v}, " for k, v in sorted(r.dead_letters.items()))
+                + f"{r.dead_letters_unaccounted} whose caller was not told)"
+            ),
+        ),
+        (
+            "recovery after a kill",
+            (
+                f"p50 {sec(r.recovery_p50_s)}, p99 {sec(r.recovery_p99_s)}, "
+                f"max {sec(r.recovery_max_s)} (target <= "
+                f"{r.recovery_target_s:.1f} s; lease + evict_after + sweep = "
+                f"{r.recovery_bound_s:.1f} s)"
+            ),
+        ),
         ("  by fate", by_fate or "-"),
-        ("  completed by", (f"{sum(k['completed_by_same_id'] for k in r.kill_log)} messages by "
-                           f"the restarted agent (same id), "
-                           f"{sum(k['completed_by_others'] for k in r.kill_log)} by other agents")),
-        ("wall time", (f"{r.wall_s:.1f} s (sending {r.send_phase_s:.0f} s, quiet "
-                      f"{r.quiet_s:.2f} s)")),
-    ]  # fmt: skip
+        (
+            "  completed by",
+            (
+                f"{sum(k['completed_by_same_id'] for k in r.kill_log)} messages by "
+                f"the restarted agent (same id), "
+                f"{sum(k['completed_by_others'] for k in r.kill_log)} by other agents"
+            ),
+        ),
+        (
+            "wall time",
+            (f"{r.wall_s:.1f} s (sending {r.send_phase_s:.0f} s, quiet {r.quiet_s:.2f} s)"),
+        ),
+    ]
     w = max(len(a) for a, _ in rows)
     lines = [f"{a:<{w}}  {b}" for a, b in rows]
     lines += [f"VIOLATION: {x}" for x in r.violations]
@@ -959,7 +1089,8 @@ def format_report(r: ChaosReport) -> str:
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     d = ChaosConfig()
     p = argparse.ArgumentParser(
-        prog=prog, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog=prog,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Kill workers and Redis mid-stream, then check that no message was lost "
         "and no side effect ran twice.",
     )
@@ -973,15 +1104,25 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     a("--rate", type=float, default=0.0, help="messages/s (0: spread over the chaos events)")
     a("--max-rate", type=float, default=d.max_rate)
     a("--event-gap-s", type=float, default=d.event_gap_s, help="mean gap between chaos events")
-    a("--permanent-share", type=float, default=d.permanent_share,
-      help="share of killed workers that never come back")  # fmt: skip
+    a(
+        "--permanent-share",
+        type=float,
+        default=d.permanent_share,
+        help="share of killed workers that never come back",
+    )
     a("--request-share", type=float, default=d.request_share)
     a("--concurrency", type=int, default=d.concurrency, help="handlers per worker")
     a("--callers", type=int, default=d.callers, help="caller clients")
     a("--inflight", type=int, default=d.inflight, help="caller calls at once")
     a("--max-sleep-ms", type=int, default=d.max_sleep_ms, help="longest handler sleep")
-    a("--deadline-s", type=float, nargs=2, default=d.deadline_s, metavar=("MIN", "MAX"),
-      help="request deadlines, uniform in [MIN, MAX] seconds")  # fmt: skip
+    a(
+        "--deadline-s",
+        type=float,
+        nargs=2,
+        default=d.deadline_s,
+        metavar=("MIN", "MAX"),
+        help="request deadlines, uniform in [MIN, MAX] seconds",
+    )
     a("--heartbeat-s", type=float, default=d.heartbeat_s)
     a("--lease-s", type=float, default=d.lease_s)
     a("--evict-after-s", type=float, default=d.evict_after_s)
@@ -996,16 +1137,31 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
 
 def config_from_args(ns: argparse.Namespace) -> ChaosConfig:
     return ChaosConfig(
-        messages=ns.messages, workers=ns.workers, kills=ns.kills, stops=ns.stops,
-        redis_restarts=ns.redis_restarts, seed=ns.seed, rate=ns.rate, max_rate=ns.max_rate,
-        event_gap_s=ns.event_gap_s, permanent_share=ns.permanent_share,
-        request_share=ns.request_share, concurrency=ns.concurrency, callers=ns.callers,
-        inflight=ns.inflight, max_sleep_ms=ns.max_sleep_ms, deadline_s=tuple(ns.deadline_s),
+        messages=ns.messages,
+        workers=ns.workers,
+        kills=ns.kills,
+        stops=ns.stops,
+        redis_restarts=ns.redis_restarts,
+        seed=ns.seed,
+        rate=ns.rate,
+        max_rate=ns.max_rate,
+        event_gap_s=ns.event_gap_s,
+        permanent_share=ns.permanent_share,
+        request_share=ns.request_share,
+        concurrency=ns.concurrency,
+        callers=ns.callers,
+        inflight=ns.inflight,
+        max_sleep_ms=ns.max_sleep_ms,
+        deadline_s=tuple(ns.deadline_s),
         heartbeat_s=ns.heartbeat_s,
-        lease_s=ns.lease_s, evict_after_s=ns.evict_after_s,
-        sweep_interval_s=ns.sweep_interval_s, quiet_timeout_s=ns.quiet_timeout_s,
-        agent=ns.agent, dir=ns.dir, keep=ns.keep,
-    )  # fmt: skip
+        lease_s=ns.lease_s,
+        evict_after_s=ns.evict_after_s,
+        sweep_interval_s=ns.sweep_interval_s,
+        quiet_timeout_s=ns.quiet_timeout_s,
+        agent=ns.agent,
+        dir=ns.dir,
+        keep=ns.keep,
+    )
 
 
 def _progress_printer() -> Callable[[dict[str, Any]], None]:
@@ -1013,10 +1169,12 @@ def _progress_printer() -> Callable[[dict[str, Any]], None]:
     last = [0.0]
 
     def show(s: dict[str, Any]) -> None:
-        line = (f"chaos [{s['phase']}] {s['elapsed_s']:.0f}s  sent {s['started']}/{s['messages']}"
-                f"  answered {s['answered']}  kills {s['kills']}/{s['kills_planned']}"
-                f"  stops {s['stops']}  redis restarts {s['redis_restarts']}"
-                f"  workers up {s['alive']}")  # fmt: skip
+        line = (
+            f"chaos [{s['phase']}] {s['elapsed_s']:.0f}s  sent {s['started']}/{s['messages']}"
+            f"  answered {s['answered']}  kills {s['kills']}/{s['kills_planned']}"
+            f"  stops {s['stops']}  redis restarts {s['redis_restarts']}"
+            f"  workers up {s['alive']}"
+        )
         if tty:
             sys.stderr.write("\r\x1b[2K" + line)
             sys.stderr.flush()

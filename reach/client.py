@@ -63,13 +63,33 @@ DEFAULT_MAX_PAYLOAD = 1024 * 1024
 DEFAULT_MAX_UNCLAIMED = 10_000
 DEFAULT_UNCLAIMED_TTL_S = 600.0
 # Dead-letter reasons that refuse the message itself: the caller gets reach.Rejected.
-REJECTIONS = frozenset({"rejected", "invalid_payload", "no_handler", "too_large", "malformed",
-                        "version", "target_gone", "bad_result", "unroutable",
-                        "unprocessable"})  # fmt: skip
+REJECTIONS = frozenset(
+    {
+        "rejected",
+        "invalid_payload",
+        "no_handler",
+        "too_large",
+        "malformed",
+        "version",
+        "target_gone",
+        "bad_result",
+        "unroutable",
+        "unprocessable",
+    }
+)
 # Dead-letter reasons that say nothing about the agent's health (the breaker ignores them):
 # the message itself (or data next to it in Redis) was the problem.
-BLAMELESS = frozenset({"rejected", "invalid_payload", "expired", "no_handler", "too_large",
-                       "unroutable", "unprocessable"})  # fmt: skip
+BLAMELESS = frozenset(
+    {
+        "rejected",
+        "invalid_payload",
+        "expired",
+        "no_handler",
+        "too_large",
+        "unroutable",
+        "unprocessable",
+    }
+)
 
 
 class _Refused(Exception):
@@ -150,10 +170,16 @@ class Client:
         self.fallback = fallback
         self.breakers = breakers if breakers is not None else Breakers()
         self.breakers.listeners.append(self._on_breaker_change)
-        self.router = Router(slow_start_s=slow_start_s, hash_load_factor=hash_load_factor,
-                             breakers=self.breakers, rng=rng)  # fmt: skip
-        self._view_opts: dict[str, Any] = {"refresh_s": view_refresh_s,
-                                           "max_staleness_s": max_staleness_s}
+        self.router = Router(
+            slow_start_s=slow_start_s,
+            hash_load_factor=hash_load_factor,
+            breakers=self.breakers,
+            rng=rng,
+        )
+        self._view_opts: dict[str, Any] = {
+            "refresh_s": view_refresh_s,
+            "max_staleness_s": max_staleness_s,
+        }
         self._view: RegistryView | None = None
         self._redis = redis
         self._cluster = False
@@ -194,17 +220,21 @@ class Client:
     def view(self) -> RegistryView:
         """The local registry view routing reads (kept fresh in the background)."""
         if self._view is None:
-            self._view = RegistryView(self.registry, on_gone=self.breakers.forget,
-                                      name=f"client {self.client_id}: registry view",
-                                      **self._view_opts)  # fmt: skip
+            self._view = RegistryView(
+                self.registry,
+                on_gone=self.breakers.forget,
+                name=f"client {self.client_id}: registry view",
+                **self._view_opts,
+            )
         return self._view
 
     async def __aenter__(self) -> Self:
         if self._redis is None:
             self._redis = await connect(
-                self.redis_url, max_connections=self.max_connections,
+                self.redis_url,
+                max_connections=self.max_connections,
                 client_name=f"reach:{self.namespace}:{self.client_id}",
-            )  # fmt: skip
+            )
         self._cluster = is_cluster(self._redis)
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
@@ -253,8 +283,7 @@ class Client:
         delete = self._answered
         if delete and (len(delete) >= 64 or not self._events):
             await self._delete_answered()
-        res = await self.redis.xread({self._reply_key: self._last_reply_id}, block=1000,
-                                     count=500)  # fmt: skip
+        res = await self.redis.xread({self._reply_key: self._last_reply_id}, block=1000, count=500)
         self._outage.ok()
         now = time.monotonic()
         for _, entries in res or ():
@@ -303,9 +332,12 @@ class Client:
         if now - self._dropped_logged >= _DROP_LOG_EVERY_S:
             log.warning(
                 "client %s: dropped %d replies no call waited for (kept: at most %d, for "
-                "%.0f s; `reach task <msg_id>` still has their outcome)", self.client_id,
-                self._dropped, self.max_unclaimed_replies, self.unclaimed_reply_ttl_s,
-            )  # fmt: skip
+                "%.0f s; `reach task <msg_id>` still has their outcome)",
+                self.client_id,
+                self._dropped,
+                self.max_unclaimed_replies,
+                self.unclaimed_reply_ttl_s,
+            )
             self._dropped, self._dropped_logged = 0, now
 
     async def _delete_answered(self) -> None:
@@ -358,15 +390,26 @@ class Client:
         if refused:
             avoid = {*refused, avoid} - {""}
         return self.router.pick(
-            env.capability, candidates, policy=self._policy_for(env, candidates),
-            session_id=env.session_id or None, target=env.target or None, where=where,
-            version=version, avoid=avoid,
-        )  # fmt: skip
+            env.capability,
+            candidates,
+            policy=self._policy_for(env, candidates),
+            session_id=env.session_id or None,
+            target=env.target or None,
+            where=where,
+            version=version,
+            avoid=avoid,
+        )
 
     def _on_breaker_change(self, change: Any) -> None:
         metrics.breaker_transition(change.agent_id, change.old, change.new)
-        log.warning("circuit breaker for %s: %s -> %s (%d of %d failed)", change.agent_id,
-                    change.old, change.new, change.failures, change.requests)  # fmt: skip
+        log.warning(
+            "circuit breaker for %s: %s -> %s (%d of %d failed)",
+            change.agent_id,
+            change.old,
+            change.new,
+            change.failures,
+            change.requests,
+        )
 
     # -- sending ----------------------------------------------------------------------
     def build(
@@ -474,11 +517,14 @@ class Client:
         return Overloaded(
             f"{env.capability!r} was not sent: the inbox of {len(refused)} agent(s) is at its "
             f"bound (queued + being handled / max_queue: {shown}{more}).{rest} Back off "
-            "and retry later.", capability=env.capability, reason="overloaded",
-        )  # fmt: skip
+            "and retry later.",
+            capability=env.capability,
+            reason="overloaded",
+        )
 
-    async def _add(self, env: Envelope, agent: AgentInfo, inbox: str, data: bytes, *,
-                   track: bool) -> int | None:  # fmt: skip
+    async def _add(
+        self, env: Envelope, agent: AgentInfo, inbox: str, data: bytes, *, track: bool
+    ) -> int | None:
         """Add the entry (and its pending record); None when added, else the depth of the
         agent's inbox that refused it (at its bound)."""
         agent_id = agent.agent_id
@@ -487,8 +533,9 @@ class Client:
         try:
             if self._cluster:
                 if bound:  # the bound and the add in one step on the inbox's slot
-                    res = await scripts.call(self.redis, "enqueue",
-                                             [inbox, *k.inboxes(agent_id)], [data, bound])
+                    res = await scripts.call(
+                        self.redis, "enqueue", [inbox, *k.inboxes(agent_id)], [data, bound]
+                    )
                     if isinstance(res, int):
                         raise _Refused(res)
                     await scripts.run_pipeline(self.redis, pending_ops(k, env))
@@ -502,10 +549,19 @@ class Client:
                 if bound:
                     keys += k.inboxes(agent_id)
                 res = await scripts.call(
-                    self.redis, "send", keys,
-                    [data, env.capability, env.attempt, env.msg_id, env.idempotency_key,
-                     TASK_TTL_MS, bound],
-                )  # fmt: skip
+                    self.redis,
+                    "send",
+                    keys,
+                    [
+                        data,
+                        env.capability,
+                        env.attempt,
+                        env.msg_id,
+                        env.idempotency_key,
+                        TASK_TTL_MS,
+                        bound,
+                    ],
+                )
                 if isinstance(res, int):
                     raise _Refused(res)
         except BaseException as e:
@@ -550,10 +606,17 @@ class Client:
         if timeout_s is None and deadline_ms is None:
             timeout_s = self.default_timeout_s
         env = self.build(
-            capability, payload, session_id=session_id, priority=priority, timeout_s=timeout_s,
-            deadline_ms=deadline_ms, idempotency_key=idempotency_key, target=target,
-            policy=policy, **kw,
-        )  # fmt: skip
+            capability,
+            payload,
+            session_id=session_id,
+            priority=priority,
+            timeout_s=timeout_s,
+            deadline_ms=deadline_ms,
+            idempotency_key=idempotency_key,
+            target=target,
+            policy=policy,
+            **kw,
+        )
         return await self.call(env, where=where)
 
     async def call(self, env: Envelope, *, where: Mapping[str, Any] | None = None) -> Any:
@@ -562,7 +625,9 @@ class Client:
         try:
             res = await self._call(env, where)
         except BaseException as e:
-            metrics.client_reply(env.capability, metrics.client_outcome(e), time.perf_counter() - t0)
+            metrics.client_reply(
+                env.capability, metrics.client_outcome(e), time.perf_counter() - t0
+            )
             raise
         metrics.client_reply(env.capability, "succeeded", time.perf_counter() - t0)
         return res
@@ -647,9 +712,10 @@ class Client:
         if reply.status == "dead" and reply.reason in REJECTIONS:
             raise Rejected(f"{capability!r} was rejected: {reply.error}", reason=reply.reason)
         raise RemoteError(
-            reply.error or "handler failed", type=reply.error_type or "Error",
+            reply.error or "handler failed",
+            type=reply.error_type or "Error",
             retryable=reply.reason in ("max_attempts", "timeout"),
-        )  # fmt: skip
+        )
 
     async def broadcast(
         self,
@@ -668,9 +734,14 @@ class Client:
 
         async def one(agent_id: str) -> None:
             env = self.build(
-                capability, payload, target=agent_id, timeout_s=timeout_s or self.default_timeout_s,
-                idempotency_key=f"{base}:{agent_id}", policy="broadcast", **kw,
-            )  # fmt: skip
+                capability,
+                payload,
+                target=agent_id,
+                timeout_s=timeout_s or self.default_timeout_s,
+                idempotency_key=f"{base}:{agent_id}",
+                policy="broadcast",
+                **kw,
+            )
             try:
                 out[agent_id] = await self.call(env, where=where)
             except Exception as e:  # noqa: BLE001 - each agent's result or error is reported
@@ -708,13 +779,18 @@ class Client:
                         reply = msgspec.structs.replace(st.reply, msg_id=msg_id)
                         break
                     if st.status in ("expired", "dead"):
-                        reply = Reply(msg_id=msg_id, status=st.status, error=st.error,
-                                      reason="expired" if st.status == "expired" else "dead")
+                        reply = Reply(
+                            msg_id=msg_id,
+                            status=st.status,
+                            error=st.error,
+                            reason="expired" if st.status == "expired" else "dead",
+                        )
                         break
                     with anyio.move_on_after(0.5):  # a reply, or look at the record again
                         await ev.wait()
                 return self._outcome_of(capability, msg_id, reply)
         finally:
             self._events.pop(msg_id, None)
-        raise DeadlineExceeded(f"No result for msg {msg_id} within {timeout_s}s; see "
-                               f"`reach task {msg_id}`.")  # fmt: skip
+        raise DeadlineExceeded(
+            f"No result for msg {msg_id} within {timeout_s}s; see `reach task {msg_id}`."
+        )

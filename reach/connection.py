@@ -83,6 +83,7 @@ def as_text(value: Any) -> str:
     """A Redis reply value as text: bytes decoded as UTF-8, anything else through str()."""
     return value.decode() if isinstance(value, bytes) else str(value)
 
+
 DEFAULT_URL = "redis://localhost:6379/0"
 
 
@@ -196,8 +197,13 @@ def _check_scheme(url: str) -> None:
 
 # -- Sentinel ------------------------------------------------------------------------------
 SENTINEL_PORT = 26379
-_SENTINEL_OPTS = {"sentinel_username", "sentinel_password", "socket_timeout",
-                  "socket_connect_timeout", "master_wait_s"}  # fmt: skip
+_SENTINEL_OPTS = {
+    "sentinel_username",
+    "sentinel_password",
+    "socket_timeout",
+    "socket_connect_timeout",
+    "master_wait_s",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,19 +290,25 @@ MASTER_WAIT_S = 10.0
 
 def _master_kw(su: SentinelURL, decode_responses: bool) -> dict[str, Any]:
     return {
-        "db": su.db, "username": su.username, "password": su.password,
-        "decode_responses": decode_responses, "socket_timeout": su.socket_timeout,
-        "socket_connect_timeout": su.socket_connect_timeout, "socket_keepalive": True,
+        "db": su.db,
+        "username": su.username,
+        "password": su.password,
+        "decode_responses": decode_responses,
+        "socket_timeout": su.socket_timeout,
+        "socket_connect_timeout": su.socket_connect_timeout,
+        "socket_keepalive": True,
         "health_check_interval": _KW["health_check_interval"],
-    }  # fmt: skip
+    }
 
 
 def _sentinel_kw(su: SentinelURL) -> dict[str, Any]:
     # Sentinels are asked one after the other: one that is down must cost little (no retry).
     return {
-        "username": su.sentinel_username, "password": su.sentinel_password,
-        "socket_timeout": 2.0, "socket_connect_timeout": 1.0,
-    }  # fmt: skip
+        "username": su.sentinel_username,
+        "password": su.sentinel_password,
+        "socket_timeout": 2.0,
+        "socket_connect_timeout": 1.0,
+    }
 
 
 # How a connection to the master is (re)opened. redis-py asks the sentinels only when the
@@ -475,8 +487,12 @@ class _SentinelPool(AsyncSentinelPool, _WaitingPool):
             return  # no answer now: connection errors lead to a rediscovery anyway
         old = self.master_address
         if old is not None and address != old:
-            log.warning("Sentinel %s: the master moved from %s:%s to %s:%s; reconnecting",
-                        self.service_name, *old, *address)  # fmt: skip
+            log.warning(
+                "Sentinel %s: the master moved from %s:%s to %s:%s; reconnecting",
+                self.service_name,
+                *old,
+                *address,
+            )
             self.master_address = address
             await self.disconnect(inuse_connections=True)
 
@@ -505,8 +521,12 @@ class _SyncSentinelPool(SentinelConnectionPool):
             address = self.sentinel_manager.discover_master(self.service_name)
             old = self.master_address
             if old is not None and address != old:
-                log.warning("Sentinel %s: the master moved from %s:%s to %s:%s; reconnecting",
-                            self.service_name, *old, *address)  # fmt: skip
+                log.warning(
+                    "Sentinel %s: the master moved from %s:%s to %s:%s; reconnecting",
+                    self.service_name,
+                    *old,
+                    *address,
+                )
                 # redis-py keeps the address on a proxy object (a property of the pool)
                 holder: Any = getattr(self, "proxy", self)
                 holder.master_address = address
@@ -560,12 +580,16 @@ async def _connect_sentinel(
         list(su.sentinels), sentinel_kwargs={**_sentinel_kw(su), "retry": no_retry}
     )
     client: SentinelRedis = sentinel.master_for(
-        su.service, redis_class=SentinelRedis, connection_pool_class=_SentinelPool,
+        su.service,
+        redis_class=SentinelRedis,
+        connection_pool_class=_SentinelPool,
         connection_class=_SentinelConnection,
         retry=AsyncRetry(ExponentialWithJitterBackoff(**_BACKOFF), _RETRIES),
-        max_connections=max_connections, timeout=POOL_WAIT_S, client_name=client_name,
+        max_connections=max_connections,
+        timeout=POOL_WAIT_S,
+        client_name=client_name,
         **_master_kw(su, decode_responses),
-    )  # fmt: skip
+    )
     client.sentinel_manager = sentinel
     cast(_SentinelPool, client.connection_pool).master_wait_s = su.master_wait_s
     try:
@@ -586,11 +610,13 @@ def _connect_sentinel_sync(url: str, decode_responses: bool) -> SyncSentinelRedi
         list(su.sentinels), sentinel_kwargs={**_sentinel_kw(su), "retry": no_retry}
     )
     client: SyncSentinelRedis = sentinel.master_for(  # type: ignore[no-untyped-call]
-        su.service, redis_class=SyncSentinelRedis, connection_pool_class=_SyncSentinelPool,
+        su.service,
+        redis_class=SyncSentinelRedis,
+        connection_pool_class=_SyncSentinelPool,
         connection_class=_SyncSentinelConnection,
         retry=Retry(ExponentialWithJitterBackoff(**_BACKOFF), _RETRIES),
         **_master_kw(su, decode_responses),
-    )  # fmt: skip
+    )
     client.sentinel_manager = sentinel
     # The connections see the pool through a proxy object in redis-py >= 5.1.
     seen_by_connections: Any = getattr(client.connection_pool, "proxy", client.connection_pool)
@@ -727,9 +753,13 @@ async def connect(
         extra["client_name"] = client_name
     try:
         pool = _WaitingPool.from_url(
-            url, decode_responses=decode_responses, max_connections=max_connections,
-            timeout=POOL_WAIT_S, **_KW, **extra,
-        )  # fmt: skip
+            url,
+            decode_responses=decode_responses,
+            max_connections=max_connections,
+            timeout=POOL_WAIT_S,
+            **_KW,
+            **extra,
+        )
     except ValueError as e:  # a bad query-string option
         raise ConfigError(f"Bad Redis URL {redact(url)!r}: {e}") from e
     client: AnyRedis = aredis.Redis.from_pool(pool)
@@ -744,8 +774,9 @@ async def connect(
         ckw = {k: v for k, v in _KW.items() if k != "retry_on_timeout"}
         if client_name:
             ckw["client_name"] = client_name
-        client = _GatedCluster.from_url(url, decode_responses=decode_responses,
-                                        max_connections=max_connections, **ckw)  # fmt: skip
+        client = _GatedCluster.from_url(
+            url, decode_responses=decode_responses, max_connections=max_connections, **ckw
+        )
         try:
             await client.initialize()
         except (rexc.RedisError, OSError) as e:

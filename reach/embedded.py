@@ -332,24 +332,34 @@ class RedisServer:
     def _args(self) -> list[str]:
         args = [
             self.binary.path,
-            "--port", str(self.port),
-            "--bind", "127.0.0.1",
-            "--dir", str(self.data_dir),
-            "--save", "",
-            "--daemonize", "no",
-            "--protected-mode", "no",
-            "--logfile", "server.log",
-        ]  # fmt: skip
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.data_dir),
+            "--save",
+            "",
+            "--daemonize",
+            "no",
+            "--protected-mode",
+            "no",
+            "--logfile",
+            "server.log",
+        ]
         if self.persistent:
             args += ["--appendonly", "yes", "--appendfsync", "everysec"]
         else:
             args += ["--appendonly", "no"]
         if self.cluster:
             args += [
-                "--cluster-enabled", "yes",
-                "--cluster-config-file", f"nodes-{self.port}.conf",
-                "--cluster-node-timeout", "2000",
-            ]  # fmt: skip
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                f"nodes-{self.port}.conf",
+                "--cluster-node-timeout",
+                "2000",
+            ]
         return args + list(self.extra_args)
 
     def claim_data_dir(self) -> None:
@@ -376,7 +386,8 @@ class RedisServer:
                 f"Another Redis server already runs on {self.data_dir}{who}. Use it "
                 f"(export REACH_REDIS_URL={url or '<its url>'}), stop it first, or give this "
                 "one another data directory (reach redis --dir ...).",
-                url=str(url), pid=pid if isinstance(pid, int) else 0,
+                url=str(url),
+                pid=pid if isinstance(pid, int) else 0,
             ) from e
         self._lock_fd = fd
 

@@ -47,9 +47,7 @@ class Envelope(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_
 
     v: int = VERSION
     msg_id: Annotated[str, Meta(min_length=1, max_length=MAX_ID_CHARS)]
-    capability: Annotated[
-        str, Meta(max_length=MAX_CAPABILITY_CHARS, pattern=CAPABILITY_PATTERN)
-    ]
+    capability: Annotated[str, Meta(max_length=MAX_CAPABILITY_CHARS, pattern=CAPABILITY_PATTERN)]
     payload: msgspec.Raw = msgspec.Raw(b"\xc0")  # msgpack nil
     session_id: Id = ""
     trace_id: Id = ""

@@ -54,6 +54,7 @@ def tracing() -> bool:
     provider = _otel_trace.get_tracer_provider()
     return type(provider).__name__ not in ("ProxyTracerProvider", "NoOpTracerProvider")
 
+
 __all__ = [
     "FIELDS",
     "OTEL",
@@ -111,12 +112,18 @@ def enter_message(env: Any, agent_id: str) -> Any:
     token = _current.set(MessageIds(env.trace_id, env.session_id, agent_id, env.msg_id))
     if not tracing():
         return token
-    attrs = {"messaging.system": "reach", "messaging.destination.name": env.capability,
-             "messaging.message.id": env.msg_id, "reach.agent_id": agent_id,
-             "reach.trace_id": env.trace_id, "reach.attempt": env.attempt,
-             "reach.priority": env.priority}  # fmt: skip
-    cm = span(f"reach.handle {env.capability}", headers=env.headers, kind="consumer",
-              attributes=attrs)  # fmt: skip
+    attrs = {
+        "messaging.system": "reach",
+        "messaging.destination.name": env.capability,
+        "messaging.message.id": env.msg_id,
+        "reach.agent_id": agent_id,
+        "reach.trace_id": env.trace_id,
+        "reach.attempt": env.attempt,
+        "reach.priority": env.priority,
+    }
+    cm = span(
+        f"reach.handle {env.capability}", headers=env.headers, kind="consumer", attributes=attrs
+    )
     cm.__enter__()
     return (token, cm)
 
@@ -188,10 +195,16 @@ class TextFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         s = super().format(record)
-        parts = [f"{short}={v}" for short, name in
-                 (("agent", "agent_id"), ("msg", "msg_id"), ("trace", "trace_id"),
-                  ("session", "session_id"))
-                 if (v := getattr(record, name, ""))]  # fmt: skip
+        parts = [
+            f"{short}={v}"
+            for short, name in (
+                ("agent", "agent_id"),
+                ("msg", "msg_id"),
+                ("trace", "trace_id"),
+                ("session", "session_id"),
+            )
+            if (v := getattr(record, name, ""))
+        ]
         if not parts:
             return s
         head, nl, tail = s.partition("\n")  # ids on the first line, before a traceback
@@ -215,8 +228,13 @@ def setup_logging(
 
 
 # -- OpenTelemetry (optional) ------------------------------------------------------------
-_KINDS = {"internal": "INTERNAL", "producer": "PRODUCER", "consumer": "CONSUMER",
-          "client": "CLIENT", "server": "SERVER"}  # fmt: skip
+_KINDS = {
+    "internal": "INTERNAL",
+    "producer": "PRODUCER",
+    "consumer": "CONSUMER",
+    "client": "CLIENT",
+    "server": "SERVER",
+}
 
 
 def inject(headers: MutableMapping[str, str]) -> None:
@@ -245,9 +263,11 @@ def span(
     ctx = _otel_propagate.extract(headers) if headers else None
     tracer = _otel_trace.get_tracer("reach")
     with tracer.start_as_current_span(
-        name, context=ctx, kind=getattr(_otel_trace.SpanKind, _KINDS.get(kind, "INTERNAL")),
+        name,
+        context=ctx,
+        kind=getattr(_otel_trace.SpanKind, _KINDS.get(kind, "INTERNAL")),
         attributes=dict(attributes or {}),
-    ) as s:  # fmt: skip
+    ) as s:
         yield s
 
 
@@ -329,15 +349,25 @@ class OutageLog:
             self.attempts += 1
             if self.since is None:
                 self.since = self._reminded = now
-                self.log.log(self.level, "%s failed: %s; retrying (reminder every %.0f s, "
-                             "one line when it works again)", self.what, _why(exc),
-                             self.remind_s)  # fmt: skip
+                self.log.log(
+                    self.level,
+                    "%s failed: %s; retrying (reminder every %.0f s, one line when it works again)",
+                    self.what,
+                    _why(exc),
+                    self.remind_s,
+                )
                 return True
             if now - self._reminded < self.remind_s:
                 return False
             self._reminded = now
-            self.log.log(self.level, "%s still failing after %.0f s (%d attempts): %s",
-                         self.what, now - self.since, self.attempts, _why(exc))  # fmt: skip
+            self.log.log(
+                self.level,
+                "%s still failing after %.0f s (%d attempts): %s",
+                self.what,
+                now - self.since,
+                self.attempts,
+                _why(exc),
+            )
             return True
 
     def ok(self) -> bool:
@@ -349,8 +379,9 @@ class OutageLog:
                 return False
             took, n = self.clock() - self.since, self.attempts
             self.since, self.attempts = None, 0
-            self.log.log(self.level, "%s works again after %.1f s (%d failed attempts)",
-                         self.what, took, n)  # fmt: skip
+            self.log.log(
+                self.level, "%s works again after %.1f s (%d failed attempts)", self.what, took, n
+            )
             return True
 
 

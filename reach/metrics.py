@@ -82,50 +82,97 @@ MAX_CAPABILITIES = 500
 """Distinct capability label values kept per process; more are counted as ``_other``."""
 
 # Agents' handlers range from microseconds (tools) to minutes (LLM calls).
-DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-                    30.0, 60.0, 120.0, 300.0)  # fmt: skip
+DURATION_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+)
 
-SENT = Counter("reach_messages_sent", "Messages added to an agent's inbox.",
-               ["capability", "priority"])  # fmt: skip
-DELIVERED = Counter("reach_messages_delivered", "Inbox entries read by an agent.",
-                    ["capability", "priority"])  # fmt: skip
-ACKED = Counter("reach_messages_acked", "Inbox entries settled and acked, by outcome.",
-                ["capability", "outcome"])  # fmt: skip
-RETRIED = Counter("reach_messages_retried", "Messages scheduled for another attempt.",
-                  ["capability"])  # fmt: skip
-DEAD = Counter("reach_messages_dead_lettered", "Messages moved to a dead-letter stream.",
-               ["capability", "reason"])  # fmt: skip
-EXPIRED = Counter("reach_messages_expired", "Messages whose deadline passed.",
-                  ["capability", "reason"])  # fmt: skip
-FENCED = Counter("reach_messages_fenced",
-                 "Late completions refused because another owner took the message over.",
-                 ["capability"])  # fmt: skip
-REPLAYS = Counter("reach_idempotent_replays",
-                  "Deliveries answered with the stored result of their idempotency key.",
-                  ["capability"])  # fmt: skip
-HANDLER = Histogram("reach_handler_duration_seconds", "Time a handler ran.",
-                    ["capability", "outcome"], buckets=DURATION_BUCKETS)  # fmt: skip
-QUEUE_WAIT = Histogram("reach_queue_wait_seconds",
-                       "From the envelope's sent_ms to its handler's start.",
-                       ["priority"], buckets=DURATION_BUCKETS)  # fmt: skip
+SENT = Counter(
+    "reach_messages_sent", "Messages added to an agent's inbox.", ["capability", "priority"]
+)
+DELIVERED = Counter(
+    "reach_messages_delivered", "Inbox entries read by an agent.", ["capability", "priority"]
+)
+ACKED = Counter(
+    "reach_messages_acked",
+    "Inbox entries settled and acked, by outcome.",
+    ["capability", "outcome"],
+)
+RETRIED = Counter(
+    "reach_messages_retried", "Messages scheduled for another attempt.", ["capability"]
+)
+DEAD = Counter(
+    "reach_messages_dead_lettered",
+    "Messages moved to a dead-letter stream.",
+    ["capability", "reason"],
+)
+EXPIRED = Counter(
+    "reach_messages_expired", "Messages whose deadline passed.", ["capability", "reason"]
+)
+FENCED = Counter(
+    "reach_messages_fenced",
+    "Late completions refused because another owner took the message over.",
+    ["capability"],
+)
+REPLAYS = Counter(
+    "reach_idempotent_replays",
+    "Deliveries answered with the stored result of their idempotency key.",
+    ["capability"],
+)
+HANDLER = Histogram(
+    "reach_handler_duration_seconds",
+    "Time a handler ran.",
+    ["capability", "outcome"],
+    buckets=DURATION_BUCKETS,
+)
+QUEUE_WAIT = Histogram(
+    "reach_queue_wait_seconds",
+    "From the envelope's sent_ms to its handler's start.",
+    ["priority"],
+    buckets=DURATION_BUCKETS,
+)
 INFLIGHT = Gauge("reach_inflight_messages", "Handlers running now.", ["agent_id"])
-INBOX = Gauge("reach_inbox_depth", "Entries in an agent's inbox stream (at its heartbeat).",
-              ["agent_id", "priority"])  # fmt: skip
-AGENTS = Gauge("reach_registry_agents",
-               "Registered agents by state (exported by the sweeper lock holder).",
-               ["state"])  # fmt: skip
+INBOX = Gauge(
+    "reach_inbox_depth",
+    "Entries in an agent's inbox stream (at its heartbeat).",
+    ["agent_id", "priority"],
+)
+AGENTS = Gauge(
+    "reach_registry_agents",
+    "Registered agents by state (exported by the sweeper lock holder).",
+    ["state"],
+)
 ROUTABLE = Gauge(
     "reach_registry_agents_routable",
     "Agents active, ready and not draining (exported by the sweeper lock holder).",
 )
-BREAKER = Counter("reach_breaker_transitions", "Circuit breaker state changes.",
-                  ["from_state", "to_state"])  # fmt: skip
+BREAKER = Counter(
+    "reach_breaker_transitions", "Circuit breaker state changes.", ["from_state", "to_state"]
+)
 BREAKERS_OPEN = Gauge("reach_breakers_open", "Circuit breakers open in this process.")
-CLIENT = Counter("reach_client_requests", "Request outcomes seen by callers.",
-                 ["capability", "outcome"])  # fmt: skip
-CLIENT_S = Histogram("reach_client_request_duration_seconds",
-                     "From request() to its outcome, as the caller saw it.",
-                     ["capability", "outcome"], buckets=DURATION_BUCKETS)  # fmt: skip
+CLIENT = Counter(
+    "reach_client_requests", "Request outcomes seen by callers.", ["capability", "outcome"]
+)
+CLIENT_S = Histogram(
+    "reach_client_request_duration_seconds",
+    "From request() to its outcome, as the caller saw it.",
+    ["capability", "outcome"],
+    buckets=DURATION_BUCKETS,
+)
 
 REGISTRY_STATES = ("active", "probation", "evicted")
 

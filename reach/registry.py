@@ -208,13 +208,29 @@ class AgentInfo(msgspec.Struct, kw_only=True):
 
 
 _INT_FIELDS: tuple[tuple[str, int], ...] = (
-    ("version", MAX_VERSION), ("registered_ms", _MAX_MS), ("last_heartbeat_ms", _MAX_MS),
-    ("state_ms", _MAX_MS), ("ready_ms", _MAX_MS), ("lease_ms", _MAX_MS),
-    ("evict_after_ms", _MAX_MS), ("queue_depth", _MAX_MS), ("inflight", _MAX_MS),
+    ("version", MAX_VERSION),
+    ("registered_ms", _MAX_MS),
+    ("last_heartbeat_ms", _MAX_MS),
+    ("state_ms", _MAX_MS),
+    ("ready_ms", _MAX_MS),
+    ("lease_ms", _MAX_MS),
+    ("evict_after_ms", _MAX_MS),
+    ("queue_depth", _MAX_MS),
+    ("inflight", _MAX_MS),
     ("max_queue", _MAX_MS),
-)  # fmt: skip
-_TEXT_FIELDS = ("agent_id", "instance_id", "weight", "caps", "metadata", "card", "state",
-                "ready", "draining", *(name for name, _ in _INT_FIELDS))  # fmt: skip
+)
+_TEXT_FIELDS = (
+    "agent_id",
+    "instance_id",
+    "weight",
+    "caps",
+    "metadata",
+    "card",
+    "state",
+    "ready",
+    "draining",
+    *(name for name, _ in _INT_FIELDS),
+)
 # A record's field names as Redis returns them (bytes) or as text, to the name: the one
 # lookup per field a reload of every agent pays.
 _FIELD_NAMES: dict[bytes | str, str] = {
@@ -303,8 +319,10 @@ class _Reporter:
         now = time.monotonic()
         if now - self._window >= 60.0:
             if self._suppressed:
-                log.warning("%d more unreadable registry records or events were not logged",
-                            self._suppressed)  # fmt: skip
+                log.warning(
+                    "%d more unreadable registry records or events were not logged",
+                    self._suppressed,
+                )
             self._window, self._lines, self._suppressed = now, 0, 0
         if self._lines < self.per_minute:
             self._lines += 1
@@ -332,8 +350,10 @@ def parse_agent(
         "registry %s: agent record %s cannot be read and is ignored (not routed to): %s. "
         "Something wrote it behind reach's scripts; it goes when the sweeper evicts it or "
         "a new registration of that id replaces it.",
-        namespace, _show(agent_id), reason,
-    )  # fmt: skip
+        namespace,
+        _show(agent_id),
+        reason,
+    )
     return None
 
 
@@ -345,9 +365,13 @@ def decode_id(raw: bytes | str, *, namespace: str = "", where: str = "registry")
     try:
         return raw.decode()
     except UnicodeDecodeError:
-        _reporter.report((namespace, where, raw[:64]),
-                         "registry %s: %s holds an id that is not UTF-8 (%s): ignored",
-                         namespace, where, _show(raw))  # fmt: skip
+        _reporter.report(
+            (namespace, where, raw[:64]),
+            "registry %s: %s holds an id that is not UTF-8 (%s): ignored",
+            namespace,
+            where,
+            _show(raw),
+        )
         return None
 
 
@@ -479,14 +503,19 @@ class Registry:
             )
         keys = [k.agents, k.agent(agent_id), k.caps, k.events, k.cap_prefix, k.agent_prefix]
         args = [
-            agent_id, _text_arg("instance_id", instance_id),
-            _int_arg("version", version, 0, MAX_VERSION), repr(float(weight)), ",".join(caps),
+            agent_id,
+            _text_arg("instance_id", instance_id),
+            _int_arg("version", version, 0, MAX_VERSION),
+            repr(float(weight)),
+            ",".join(caps),
             _json_arg("metadata", metadata or {}, MAX_METADATA_BYTES),
             _int_arg("lease_ms", lease_ms, 1, MAX_LEASE_MS),
-            _int_arg("evict_after_ms", evict_after_ms, 1, MAX_LEASE_MS), self.events_maxlen,
+            _int_arg("evict_after_ms", evict_after_ms, 1, MAX_LEASE_MS),
+            self.events_maxlen,
             _json_arg("card", card, MAX_CARD_BYTES) if card else "",
-            "1" if ready else "0", _int_arg("max_queue", max_queue, 0, MAX_QUEUE),
-        ]  # fmt: skip
+            "1" if ready else "0",
+            _int_arg("max_queue", max_queue, 0, MAX_QUEUE),
+        ]
         return keys, args
 
     @staticmethod
@@ -519,11 +548,15 @@ class Registry:
         agent_id = agent_key_id(agent_id)
         return (
             [k.agents, k.agent(agent_id), k.events],
-            [agent_id, _text_arg("instance_id", instance_id),
-             _int_arg("version", version, 0, MAX_VERSION),
-             min(max(int(queue_depth), 0), MAX_LOAD), min(max(int(inflight), 0), MAX_LOAD),
-             self.events_maxlen],
-        )  # fmt: skip
+            [
+                agent_id,
+                _text_arg("instance_id", instance_id),
+                _int_arg("version", version, 0, MAX_VERSION),
+                min(max(int(queue_depth), 0), MAX_LOAD),
+                min(max(int(inflight), 0), MAX_LOAD),
+                self.events_maxlen,
+            ],
+        )
 
     async def heartbeat(
         self,
@@ -538,9 +571,12 @@ class Registry:
         1 renewed, 2 renewed after probation, 0 not registered (register again), -1 stale
         (a newer registration of this agent_id exists: stop)."""
         keys, args = self.heartbeat_args(
-            agent_id, instance_id=instance_id, version=version,
-            queue_depth=queue_depth, inflight=inflight,
-        )  # fmt: skip
+            agent_id,
+            instance_id=instance_id,
+            version=version,
+            queue_depth=queue_depth,
+            inflight=inflight,
+        )
         reply = await self._call("heartbeat", keys, args)
         return int(reply[0]), bool(int(reply[1]))
 
@@ -565,11 +601,16 @@ class Registry:
         agent_id = agent_key_id(agent_id)
         return int(
             await self._call(
-                "mark_ready", [k.agent(agent_id), k.events],
-                [agent_id, _text_arg("instance_id", instance_id), "1" if ready else "0",
-                 self.events_maxlen],
+                "mark_ready",
+                [k.agent(agent_id), k.events],
+                [
+                    agent_id,
+                    _text_arg("instance_id", instance_id),
+                    "1" if ready else "0",
+                    self.events_maxlen,
+                ],
             )
-        )  # fmt: skip
+        )
 
     async def drain(self, agent_id: str, *, instance_id: str = "") -> int:
         """Ask an agent to drain: routing stops sending it work, it finishes and leaves.
@@ -586,10 +627,11 @@ class Registry:
         agent_id = agent_key_id(agent_id)
         code = int(
             await self._call(
-                "drain", [k.agent(agent_id), k.events],
+                "drain",
+                [k.agent(agent_id), k.events],
                 [agent_id, self.events_maxlen, _text_arg("instance_id", instance_id, 0)],
             )
-        )  # fmt: skip
+        )
         if code == 0:
             raise UnknownAgent(
                 f"No live agent {agent_id!r} in namespace {self.keys.namespace!r}; "
@@ -612,18 +654,27 @@ class Registry:
         """
         k = self.keys
         args = [
-            _text_arg("owner", owner), _int_arg("lock_ms", lock_ms, 0, MAX_LOCK_MS),
+            _text_arg("owner", owner),
+            _int_arg("lock_ms", lock_ms, 0, MAX_LOCK_MS),
             _int_arg("shadow_ttl_ms", shadow_ttl_ms, 1, MAX_SHADOW_TTL_MS),
-            _int_arg("batch", batch, 1, MAX_BATCH), self.events_maxlen,
-        ]  # fmt: skip
+            _int_arg("batch", batch, 1, MAX_BATCH),
+            self.events_maxlen,
+        ]
         total = SweepResult()
         while True:
             reply = await self._call(
                 "sweep",
-                [k.agents, k.caps, k.events, k.sweeper_lock, k.cap_prefix, k.agent_prefix,
-                 k.reroute],
+                [
+                    k.agents,
+                    k.caps,
+                    k.events,
+                    k.sweeper_lock,
+                    k.cap_prefix,
+                    k.agent_prefix,
+                    k.reroute,
+                ],
                 args,
-            )  # fmt: skip
+            )
             if int(reply[0]) < 0:
                 total.locked = True
                 return total
@@ -631,8 +682,11 @@ class Registry:
             total.due += due
             total.probation += prob
             total.deleted += dele
-            total.evicted += [x for x in (decode_id(i, namespace=self.namespace,
-                                                    where="sweep") for i in reply[4:]) if x]  # fmt: skip
+            total.evicted += [
+                x
+                for x in (decode_id(i, namespace=self.namespace, where="sweep") for i in reply[4:])
+                if x
+            ]
             if due < batch:
                 return total
 

@@ -209,23 +209,26 @@ def eligible(
             f"No live agent has capability {capability!r}: {len(have)} declare it but "
             f"{_fmt_counts(states)} (lease missed). Start an agent or wait for it to "
             "heartbeat again.",
-            capability=capability, reason="no_agent",
-        )  # fmt: skip
+            capability=capability,
+            reason="no_agent",
+        )
     matched = [a for a in live if a.matches(where)] if where else live
     if not matched:
         raise NoAgentAvailable(
             f"No agent of {capability!r} matches where={dict(where or {})!r}: "
             f"{len(live)} live agent(s) have {_seen_values(live, where or {})}.",
-            capability=capability, reason="filter",
-        )  # fmt: skip
+            capability=capability,
+            reason="filter",
+        )
     scope = f"of {capability!r}" + (f" matching where={dict(where or {})!r}" if where else "")
     serving = [a for a in matched if not a.draining]
     if not serving:
         raise NoAgentAvailable(
             f"All {len(matched)} agent(s) {scope} are draining (shutting down): "
             f"{_ids(matched)}. Start another agent.",
-            capability=capability, reason="draining",
-        )  # fmt: skip
+            capability=capability,
+            reason="draining",
+        )
     ready = [a for a in serving if a.ready]
     if not ready:
         draining = len(matched) - len(serving)
@@ -233,16 +236,18 @@ def eligible(
         raise NoAgentAvailable(
             f"No agent {scope} is ready yet: {len(serving)} registered but not ready "
             f"{_ids(serving)}{extra}. Retry shortly (agents call mark_ready() after startup).",
-            capability=capability, reason="not_ready",
-        )  # fmt: skip
+            capability=capability,
+            reason="not_ready",
+        )
     closed = ready if is_open is None else [a for a in ready if not is_open(a.agent_id)]
     if not closed:
         raise NoAgentAvailable(
             f"The circuit breaker of this client is open for all {len(ready)} ready agent(s) "
             f"{scope}: {_ids(ready)}; they failed too often recently. A probe is let through "
             "after the cool-down.",
-            capability=capability, reason="breaker_open",
-        )  # fmt: skip
+            capability=capability,
+            reason="breaker_open",
+        )
     room = [a for a in closed if not over_bound(a, inflight)]
     if not room:
         detail = ", ".join(
@@ -253,8 +258,9 @@ def eligible(
         raise Overloaded(
             f"All {len(closed)} usable agent(s) {scope} are at their queue bound "
             f"(queued+in-flight/max: {detail}{more}). Back off and retry later.",
-            capability=capability, reason="overloaded",
-        )  # fmt: skip
+            capability=capability,
+            reason="overloaded",
+        )
     return room
 
 
@@ -265,8 +271,9 @@ def _no_agent(agents: Sequence[AgentInfo], capability: str) -> NoAgentAvailable:
     return NoAgentAvailable(
         f"No agent has capability {capability!r} ({len(agents)} agent(s) known, "
         f"{len(known)} capabilities).{hint} See `reach caps`.",
-        capability=capability, reason="no_agent",
-    )  # fmt: skip
+        capability=capability,
+        reason="no_agent",
+    )
 
 
 def _count(items: Any) -> dict[str, int]:
@@ -466,7 +473,7 @@ class _State:
         "weights",
         "wrr",
         "wrr_ok",
-    )  # fmt: skip
+    )
 
     def __init__(self) -> None:
         self.version: object = None
@@ -745,10 +752,12 @@ class Router:
     ) -> list[AgentInfo]:
         """Full eligibility check: raises with the reason, or returns what is usable."""
         return eligible(
-            candidates, capability=capability, where=where,
+            candidates,
+            capability=capability,
+            where=where,
             is_open=self.breakers.is_open if self.breakers is not None else None,
             local_inflight=self.inflight,
-        )  # fmt: skip
+        )
 
     def _usable(self, a: AgentInfo, avoid: Collection[str]) -> bool:
         """Dynamic checks of a proposed agent; takes the breaker probe slot when it passes."""
@@ -990,8 +999,9 @@ class Router:
             return Overloaded(
                 msg + f"it is at its queue bound ({a.queue_depth} queued + "
                 f"{self.inflight.get(target, 0)} in flight / {a.max_queue}). Back off and retry.",
-                capability=capability, reason="overloaded",
-            )  # fmt: skip
+                capability=capability,
+                reason="overloaded",
+            )
         else:
             why = "its half-open breaker probe is already in flight."
         return NoAgentAvailable(msg + why, capability=capability, reason="target_unavailable")

@@ -218,7 +218,9 @@ class Agent:
         self.max_queue = max_queue
         self.handlers: dict[str, _HandlerSpec] = {}
         self.before_handler: list[Callable[[Context], Awaitable[None] | None]] = []
-        self.after_handler: list[Callable[[Context, BaseException | None], Awaitable[None] | None]] = []
+        self.after_handler: list[
+            Callable[[Context, BaseException | None], Awaitable[None] | None]
+        ] = []
         self._runtime: _Runtime | None = None
 
     def handler(self, capability: str) -> Callable[[Handler], Handler]:
@@ -306,16 +308,24 @@ class RuntimeOptions:
         if self.concurrency < 1:
             raise ConfigError("concurrency must be >= 1.")
         if self.evict_after_s > 86_400:
-            raise ConfigError(f"lease_s and evict_after_s must be <= 86400 (a day), got "
-                              f"{self.lease_s} and {self.evict_after_s}.")  # fmt: skip
+            raise ConfigError(
+                f"lease_s and evict_after_s must be <= 86400 (a day), got "
+                f"{self.lease_s} and {self.evict_after_s}."
+            )
         if not (0.001 <= self.shadow_ttl_s <= 30 * 86_400):
-            raise ConfigError(f"shadow_ttl_s must be between 0.001 and 2592000 (30 days), "
-                              f"got {self.shadow_ttl_s}.")  # fmt: skip
+            raise ConfigError(
+                f"shadow_ttl_s must be between 0.001 and 2592000 (30 days), "
+                f"got {self.shadow_ttl_s}."
+            )
         # The delivery scripts refuse values outside these ranges: catch them here, with
         # words, rather than as every claim or fetch refused while messages stay pending.
-        for name, lo, hi in (("claim_lease_s", 0.001, 604_800.0), ("batch", 1, 10_000),
-                             ("dlq_maxlen", 1, 10**9), ("block_ms", 1, 3_600_000),
-                             ("max_envelope_bytes", 1, 512 * 1024 * 1024)):  # fmt: skip
+        for name, lo, hi in (
+            ("claim_lease_s", 0.001, 604_800.0),
+            ("batch", 1, 10_000),
+            ("dlq_maxlen", 1, 10**9),
+            ("block_ms", 1, 3_600_000),
+            ("max_envelope_bytes", 1, 512 * 1024 * 1024),
+        ):
             value = getattr(self, name)
             if not (lo <= value <= hi):
                 raise ConfigError(f"{name} must be between {lo} and {hi}, got {value}.")
@@ -383,9 +393,14 @@ class _Runtime:
         self._running: set[str] = set()  # idempotency keys claimed here and not yet settled
         self._consumer_tick = time.monotonic()
         self.stats: dict[str, int] = {
-            "handled": 0, "replayed": 0, "fenced": 0, "dead": 0, "retried": 0, "expired": 0,
+            "handled": 0,
+            "replayed": 0,
+            "fenced": 0,
+            "dead": 0,
+            "retried": 0,
+            "expired": 0,
             "round_trips": 0,
-        }  # fmt: skip
+        }
         self._loop_token: Any = None
         # Redis away: one line when it goes, a reminder every 30 s, one when it is back,
         # for all the loops of this runtime together (not a warning per retry per loop).
@@ -437,7 +452,9 @@ class _Runtime:
                 await self._set_ready(True)
                 if o.ready_event is not None:
                     o.ready_event.set()
-                log.info("agent %s ready (%s)", self.agent.agent_id, ", ".join(self.agent.capabilities))
+                log.info(
+                    "agent %s ready (%s)", self.agent.agent_id, ", ".join(self.agent.capabilities)
+                )
                 await self._consume(tg)
                 await self._drain()
                 tg.cancel_scope.cancel()
@@ -450,9 +467,12 @@ class _Runtime:
             if not self._stale:
                 with anyio.CancelScope(shield=True):
                     try:
-                        if await self.registry.deregister(
-                            self.agent.agent_id, instance_id=self.instance_id
-                        ) == 1:
+                        if (
+                            await self.registry.deregister(
+                                self.agent.agent_id, instance_id=self.instance_id
+                            )
+                            == 1
+                        ):
                             await self._leave_inbox()
                     except (rexc.RedisError, OSError) as e:
                         log.warning("deregister failed: %s", e)
@@ -473,9 +493,10 @@ class _Runtime:
         if isinstance(e, (rexc.ConnectionError, rexc.TimeoutError, OSError)):
             self._redis_down.failed(f"{what}: {type(e).__name__}: {e}")
         else:  # a refusal, not an outage: say which call, at most once per 30 s per kind
-            self._refusals.setdefault(what.split(" ")[0], logs.OutageLog(
-                log, f"agent {self.agent.agent_id}: {what.split(' ')[0]}"
-            )).failed(f"{type(e).__name__}: {e}")  # fmt: skip
+            self._refusals.setdefault(
+                what.split(" ")[0],
+                logs.OutageLog(log, f"agent {self.agent.agent_id}: {what.split(' ')[0]}"),
+            ).failed(f"{type(e).__name__}: {e}")
 
     def request_stop(self) -> None:
         self._stop_requested.set()
@@ -501,11 +522,17 @@ class _Runtime:
     def _register_kw(self) -> dict[str, Any]:
         a, o = self.agent, self.opts
         return {
-            "instance_id": self.instance_id, "version": self.version,
-            "capabilities": a.capabilities, "weight": a.weight, "metadata": a.metadata,
-            "lease_ms": int(o.lease_s * 1000), "evict_after_ms": int(o.evict_after_s * 1000),
-            "card": a.card, "ready": self.ready, "max_queue": a.max_queue,
-        }  # fmt: skip
+            "instance_id": self.instance_id,
+            "version": self.version,
+            "capabilities": a.capabilities,
+            "weight": a.weight,
+            "metadata": a.metadata,
+            "lease_ms": int(o.lease_s * 1000),
+            "evict_after_ms": int(o.evict_after_s * 1000),
+            "card": a.card,
+            "ready": self.ready,
+            "max_queue": a.max_queue,
+        }
 
     async def _register(self) -> None:
         assert self.registry is not None
@@ -578,9 +605,12 @@ class _Runtime:
                 depth = sum(depths)
                 metrics.inbox_depth(self.agent.agent_id, zip(PRIORITIES, depths, strict=True))
                 keys, args = reg.heartbeat_args(
-                    self.agent.agent_id, instance_id=self.instance_id, version=self.version,
-                    queue_depth=depth, inflight=self.inflight,
-                )  # fmt: skip
+                    self.agent.agent_id,
+                    instance_id=self.instance_id,
+                    version=self.version,
+                    queue_depth=depth,
+                    inflight=self.inflight,
+                )
                 code, draining = scripts.call_sync(r, "heartbeat", keys, args)
                 code = int(code)
                 if code == 0:
@@ -630,14 +660,16 @@ class _Runtime:
             await anyio.sleep(o.sweep_interval_s * (0.8 + 0.4 * random.random()))
             try:
                 res = await self.registry.sweep(
-                    owner=self.instance_id, lock_ms=lock_ms,
+                    owner=self.instance_id,
+                    lock_ms=lock_ms,
                     shadow_ttl_ms=int(o.shadow_ttl_s * 1000),
-                )  # fmt: skip
+                )
                 if not res.locked:
                     if res.evicted:
                         log.warning("evicted: %s", ", ".join(res.evicted))
-                    await sweep_chores(self.redis, self.keys, self.client, self.registry,
-                                       dlq_maxlen=o.dlq_maxlen)  # fmt: skip
+                    await sweep_chores(
+                        self.redis, self.keys, self.client, self.registry, dlq_maxlen=o.dlq_maxlen
+                    )
                 if time.monotonic() - counted >= max(5.0, o.sweep_interval_s):
                     counted = time.monotonic()  # registry gauges: only the lock holder's
                     if res.locked:
@@ -690,9 +722,12 @@ class _Runtime:
         self.stats["round_trips"] += 1
         try:
             res = await self.redis.xreadgroup(
-                GROUP, self.agent.agent_id, {k: ">" for k in keys}, count=n,
+                GROUP,
+                self.agent.agent_id,
+                {k: ">" for k in keys},
+                count=n,
                 block=self.opts.block_ms,
-            )  # fmt: skip
+            )
         except rexc.ResponseError as e:
             # NOGROUP: the group is gone (a Redis that lost its data); UNBLOCKED: the stream
             # was deleted while we waited on it. Either way: recreate and read again.
@@ -794,8 +829,11 @@ class _Runtime:
                     if data is None:
                         raise BadEnvelope("malformed", "entry has no 'e' field")
                     if len(data) > self.opts.max_envelope_bytes:
-                        raise BadEnvelope("too_large", f"{len(data)} bytes, over this agent's "
-                                          f"limit of {self.opts.max_envelope_bytes}")  # fmt: skip
+                        raise BadEnvelope(
+                            "too_large",
+                            f"{len(data)} bytes, over this agent's "
+                            f"limit of {self.opts.max_envelope_bytes}",
+                        )
                     env = decode_envelope(data)
                 except BadEnvelope as e:
                     self._bad_entry(stream, entry_id, data or b"", e)
@@ -855,8 +893,9 @@ class _Runtime:
         is dead-lettered as ``unprocessable`` with its bytes, its caller is told, and the
         worker goes on. Never run again: a poison entry must not loop."""
         if it.queued:  # its outcome is already on its way to Redis
-            log.exception("message %s: %s failed after it was settled", it.env and it.env.msg_id,
-                          doing)  # fmt: skip
+            log.exception(
+                "message %s: %s failed after it was settled", it.env and it.env.msg_id, doing
+            )
             return
         self._make_poison(it, exc, doing, tell_caller=True)
         self._queue_settle(it)
@@ -866,8 +905,14 @@ class _Runtime:
         and the release of its claim when ``tell_caller``; else only the letter and the ack
         (for an entry whose reply or completion itself cannot be written)."""
         what = it.env.msg_id if it.env else repr(it.entry_id)
-        log.error("message %s dead-lettered: %s failed with %s: %s", what, doing,
-                  type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))  # fmt: skip
+        log.error(
+            "message %s dead-lettered: %s failed with %s: %s",
+            what,
+            doing,
+            type(exc).__name__,
+            exc,
+            exc_info=log.isEnabledFor(logging.DEBUG),
+        )
         self.stats["dead"] += 1
         error = f"{doing} failed: {type(exc).__name__}: {exc}"[:2000]
         it.complete, it.reply_key, it.reply = None, "", b""
@@ -875,13 +920,26 @@ class _Runtime:
             env = it.env
             if it.fence:
                 it.complete = (self.keys.idem(env.key), [it.fence, "dead", "release", error])
-            reply = Reply(msg_id=env.msg_id, status="dead", reason="unprocessable",
-                          error=error, error_type=type(exc).__name__,
-                          agent_id=self.agent.agent_id, attempt=env.attempt)  # fmt: skip
+            reply = Reply(
+                msg_id=env.msg_id,
+                status="dead",
+                reason="unprocessable",
+                error=error,
+                error_type=type(exc).__name__,
+                agent_id=self.agent.agent_id,
+                attempt=env.attempt,
+            )
             self._set_reply(it, env, encode(reply), publish=True)
-        it.ops = [raw_dead_letter_op(self.keys, reason="unprocessable", data=it.raw,
-                                     error=error, agent_id=self.agent.agent_id,
-                                     maxlen=self.opts.dlq_maxlen)]  # fmt: skip
+        it.ops = [
+            raw_dead_letter_op(
+                self.keys,
+                reason="unprocessable",
+                data=it.raw,
+                error=error,
+                agent_id=self.agent.agent_id,
+                maxlen=self.opts.dlq_maxlen,
+            )
+        ]
         it.outcome, it.reason = "dead", "unprocessable"
 
     async def _claim(self, items: list[_Item]) -> list[Any]:
@@ -898,8 +956,10 @@ class _Runtime:
         if len(items) > 1 and any(scripts.is_data_error(r) for r in res):
             # One key of the wrong type refuses the whole batch: claim each alone, so only
             # that entry fails (and is dead-lettered), not its neighbours on every scan.
-            res = [(await self._batched("claim", [k], head, [tail(it)]))[0]
-                   for k, it in zip(keys, items, strict=True)]  # fmt: skip
+            res = [
+                (await self._batched("claim", [k], head, [tail(it)]))[0]
+                for k, it in zip(keys, items, strict=True)
+            ]
         return res
 
     async def _batched(
@@ -992,8 +1052,16 @@ class _Runtime:
         log.warning("dead-lettering entry %r of %s: %s", entry_id, stream, e)
         self.stats["dead"] += 1
         it = _Item(stream, entry_id, None, outcome="malformed", reason=e.reason)
-        it.ops = [raw_dead_letter_op(self.keys, reason=e.reason, data=data, error=e.detail,
-                                     agent_id=self.agent.agent_id, maxlen=self.opts.dlq_maxlen)]
+        it.ops = [
+            raw_dead_letter_op(
+                self.keys,
+                reason=e.reason,
+                data=data,
+                error=e.detail,
+                agent_id=self.agent.agent_id,
+                maxlen=self.opts.dlq_maxlen,
+            )
+        ]
         self._queue_settle(it)
 
     # -- handling ---------------------------------------------------------------------
@@ -1033,19 +1101,37 @@ class _Runtime:
             metrics.queue_wait(env.priority, (start_ms - env.sent_ms) / 1000)
         if env.deadline_ms and env.deadline_ms <= start_ms:
             self.stats["expired"] += 1
-            self._finish(it, "expired", reason="expired", error="deadline passed before start",
-                         error_type="DeadlineExceeded", dead=True)  # fmt: skip
+            self._finish(
+                it,
+                "expired",
+                reason="expired",
+                error="deadline passed before start",
+                error_type="DeadlineExceeded",
+                dead=True,
+            )
             return
         spec = self.agent.handlers.get(env.capability)
         if spec is None:
-            self._finish(it, "dead", reason="no_handler", error_type="Reject", dead=True,
-                         error=f"agent {self.agent.agent_id} has no handler for {env.capability}")
+            self._finish(
+                it,
+                "dead",
+                reason="no_handler",
+                error_type="Reject",
+                dead=True,
+                error=f"agent {self.agent.agent_id} has no handler for {env.capability}",
+            )
             return
         try:
             payload = decode_payload(env.payload, spec.payload_type)
         except (msgspec.ValidationError, msgspec.DecodeError) as e:
-            self._finish(it, "dead", reason="invalid_payload", error=str(e),
-                         error_type="ValidationError", dead=True)  # fmt: skip
+            self._finish(
+                it,
+                "dead",
+                reason="invalid_payload",
+                error=str(e),
+                error_type="ValidationError",
+                dead=True,
+            )
             return
         ctx = Context(self, env, it.fence)
         timeout = (env.deadline_ms - now_ms()) / 1000 if env.deadline_ms else None
@@ -1083,16 +1169,27 @@ class _Runtime:
                     log.exception("after_handler hook failed")
         metrics.handler_done(
             env.capability,
-            "succeeded" if err is None else "timeout" if timed_out
-            else "rejected" if isinstance(err, Reject) else "error",
+            "succeeded"
+            if err is None
+            else "timeout"
+            if timed_out
+            else "rejected"
+            if isinstance(err, Reject)
+            else "error",
             time.perf_counter() - t0,
-        )  # fmt: skip
+        )
         if err is None:
             try:
                 raw = encode_payload(result)
             except ConfigError as e:
-                self._finish(it, "dead", reason="bad_result", error=str(e),
-                             error_type="EncodeError", dead=True)  # fmt: skip
+                self._finish(
+                    it,
+                    "dead",
+                    reason="bad_result",
+                    error=str(e),
+                    error_type="EncodeError",
+                    dead=True,
+                )
                 return
             self.stats["handled"] += 1
             self._finish(it, "succeeded", result=raw)
@@ -1100,30 +1197,60 @@ class _Runtime:
         etype = type(err).__name__
         if timed_out:
             self.stats["expired"] += 1
-            self._finish(it, "expired", reason="timeout", error_type="DeadlineExceeded",
-                         error="handler ran past the deadline", dead=True)  # fmt: skip
+            self._finish(
+                it,
+                "expired",
+                reason="timeout",
+                error_type="DeadlineExceeded",
+                error="handler ran past the deadline",
+                dead=True,
+            )
             return
         if isinstance(err, Reject):
-            self._finish(it, "dead", reason="rejected", error=str(err) or "rejected",
-                         error_type=etype, dead=True)  # fmt: skip
+            self._finish(
+                it,
+                "dead",
+                reason="rejected",
+                error=str(err) or "rejected",
+                error_type=etype,
+                dead=True,
+            )
             return
-        log.info("handler %s failed on attempt %d/%d: %s: %s", env.capability, env.attempt,
-                 env.max_attempts, etype, err)  # fmt: skip
+        log.info(
+            "handler %s failed on attempt %d/%d: %s: %s",
+            env.capability,
+            env.attempt,
+            env.max_attempts,
+            etype,
+            err,
+        )
         if env.attempt >= env.max_attempts:
-            self._finish(it, "dead", reason="max_attempts", error=str(err), error_type=etype,
-                         dead=True)  # fmt: skip
+            self._finish(
+                it, "dead", reason="max_attempts", error=str(err), error_type=etype, dead=True
+            )
             return
         delay_ms = self._backoff_ms(env.attempt)
         if env.deadline_ms and now_ms() + delay_ms >= env.deadline_ms:
-            self._finish(it, "expired", reason="expired", error_type=etype, dead=True,
-                         error=f"no time left for a retry after: {err}")  # fmt: skip
+            self._finish(
+                it,
+                "expired",
+                reason="expired",
+                error_type=etype,
+                dead=True,
+                error=f"no time left for a retry after: {err}",
+            )
             return
         self.stats["retried"] += 1
         retry = msgspec.structs.replace(
             env, attempt=env.attempt + 1, headers={**env.headers, "avoid": self.agent.agent_id}
         )
-        self._finish(it, "retrying", error=str(err), error_type=etype,
-                     retry=(now_ms() + delay_ms, encode(retry)))  # fmt: skip
+        self._finish(
+            it,
+            "retrying",
+            error=str(err),
+            error_type=etype,
+            retry=(now_ms() + delay_ms, encode(retry)),
+        )
 
     def _backoff_ms(self, attempt: int) -> int:
         # The exponent is capped: 2**1000 overflows a float, and max_attempts may be large.
@@ -1147,11 +1274,15 @@ class _Runtime:
         assert env is not None
         final = retry is None
         reply = Reply(
-            msg_id=env.msg_id, status="dead" if (dead and status == "dead") else status,
-            result=result if result is not None else msgspec.Raw(b"\xc0"), error=error,
-            error_type=error_type, reason=reason, agent_id=self.agent.agent_id,
+            msg_id=env.msg_id,
+            status="dead" if (dead and status == "dead") else status,
+            result=result if result is not None else msgspec.Raw(b"\xc0"),
+            error=error,
+            error_type=error_type,
+            reason=reason,
+            agent_id=self.agent.agent_id,
             attempt=env.attempt,
-        )  # fmt: skip
+        )
         data = encode(reply)
         mode = "done" if status == "succeeded" else "release"
         status_ = "dead" if (dead and status == "dead") else status
@@ -1160,11 +1291,20 @@ class _Runtime:
         ops: list[tuple[Any, ...]] = []
         if dead:
             self.stats["dead"] += 1
-            ops.append(dead_letter_op(
-                self.keys, capability=env.capability, reason=reason, data=encode(env),
-                error=error, error_type=error_type, attempts=env.attempt,
-                agent_id=self.agent.agent_id, msg_id=env.msg_id, maxlen=self.opts.dlq_maxlen,
-            ))  # fmt: skip
+            ops.append(
+                dead_letter_op(
+                    self.keys,
+                    capability=env.capability,
+                    reason=reason,
+                    data=encode(env),
+                    error=error,
+                    error_type=error_type,
+                    attempts=env.attempt,
+                    agent_id=self.agent.agent_id,
+                    msg_id=env.msg_id,
+                    maxlen=self.opts.dlq_maxlen,
+                )
+            )
         if retry is not None:
             ops.append(("ZADD", self.keys.delayed, retry[0], retry[1]))
         it.ops = ops
@@ -1172,8 +1312,13 @@ class _Runtime:
         it.reason = reason
         logs.note_outcome(it.outcome, error_type)
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("%s attempt %d: %s%s", env.capability, env.attempt, it.outcome,
-                      f" ({reason})" if reason else "")  # fmt: skip
+            log.debug(
+                "%s attempt %d: %s%s",
+                env.capability,
+                env.attempt,
+                it.outcome,
+                f" ({reason})" if reason else "",
+            )
         self._queue_settle(it)
 
     # -- settling (batched) ------------------------------------------------------------
@@ -1232,10 +1377,13 @@ class _Runtime:
             except rexc.ResponseError as e:  # not even a dead letter: drop the entry
                 if not scripts.is_data_error(e):
                     raise
-                log.error("entry %r of %s dropped: it cannot be settled (%s)", it.entry_id,
-                          it.stream, e)  # fmt: skip
-                await scripts.run_pipeline(self.redis, [("XACK", it.stream, GROUP, it.entry_id),
-                                                        ("XDEL", it.stream, it.entry_id)])
+                log.error(
+                    "entry %r of %s dropped: it cannot be settled (%s)", it.entry_id, it.stream, e
+                )
+                await scripts.run_pipeline(
+                    self.redis,
+                    [("XACK", it.stream, GROUP, it.entry_id), ("XDEL", it.stream, it.entry_id)],
+                )
 
     def _release(self, items: list[_Item]) -> None:
         for it in items:
@@ -1251,14 +1399,16 @@ class _Runtime:
 
     @staticmethod
     def _settled(it: _Item) -> None:
-        metrics.settled(it.env.capability if it.env else MALFORMED_CAP, it.outcome or "acked",
-                        it.reason)  # fmt: skip
+        metrics.settled(
+            it.env.capability if it.env else MALFORMED_CAP, it.outcome or "acked", it.reason
+        )
 
     def _fenced(self, it: _Item) -> None:
         self.stats["fenced"] += 1
         metrics.fenced(it.env.capability if it.env else MALFORMED_CAP)
-        log.warning("late completion of %s refused: another owner took it over",
-                    it.env and it.env.msg_id)  # fmt: skip
+        log.warning(
+            "late completion of %s refused: another owner took it over", it.env and it.env.msg_id
+        )
 
     async def _settle_atomic(self, batch: list[_Item]) -> None:
         """Standalone Redis: the whole batch in one settle.lua call (one round trip)."""
@@ -1279,8 +1429,12 @@ class _Runtime:
                 args += [ki(it.complete[0]), fence, status, it.reply, mode, error]
             else:
                 args += [0, "", "", it.reply, "", ""]
-            args += [ki(it.reply_key) if it.reply_key else 0,
-                     ki(it.stream) if it.ack else 0, it.entry_id, len(it.ops)]  # fmt: skip
+            args += [
+                ki(it.reply_key) if it.reply_key else 0,
+                ki(it.stream) if it.ack else 0,
+                it.entry_id,
+                len(it.ops),
+            ]
             for name, key, *rest in it.ops:
                 args += [name, ki(key), len(rest), *rest]
         self.stats["round_trips"] += 1
@@ -1298,11 +1452,16 @@ class _Runtime:
         if with_complete:
             self.stats["round_trips"] += 1
             res = await self._batched(
-                "complete", [it.complete[0] for it in with_complete if it.complete], [TASK_TTL_MS],
-                [[f, st, it.reply if mode == "done" else "", mode, err]
-                 for it in with_complete if it.complete
-                 for f, st, mode, err in [it.complete[1]]],
-            )  # fmt: skip
+                "complete",
+                [it.complete[0] for it in with_complete if it.complete],
+                [TASK_TTL_MS],
+                [
+                    [f, st, it.reply if mode == "done" else "", mode, err]
+                    for it in with_complete
+                    if it.complete
+                    for f, st, mode, err in [it.complete[1]]
+                ],
+            )
             for it, r in zip(with_complete, res, strict=True):
                 if scripts.is_data_error(r):  # its record is of the wrong type: dead letter and ack
                     self._make_poison(it, r, "settling it", tell_caller=False)
@@ -1317,8 +1476,10 @@ class _Runtime:
         for it in batch:
             if id(it) in ok:
                 if it.reply_key:
-                    ops += [("XADD", it.reply_key, "*", "r", it.reply),
-                            ("PEXPIRE", it.reply_key, TASK_TTL_MS)]  # fmt: skip
+                    ops += [
+                        ("XADD", it.reply_key, "*", "r", it.reply),
+                        ("PEXPIRE", it.reply_key, TASK_TTL_MS),
+                    ]
                 ops += it.ops
         acks: dict[str, list[Any]] = {}
         for it in batch:

@@ -59,8 +59,7 @@ class Session:
         """Every stored value."""
         self._check()
         raw = await self.redis.hgetall(self._values)
-        return {as_text(k): decode_payload(v)
-                for k, v in raw.items()}  # fmt: skip
+        return {as_text(k): decode_payload(v) for k, v in raw.items()}
 
     async def append(self, item: Any, *, max_len: int = 0) -> int:
         """Append ``item`` to the history; keep the last ``max_len`` (0 = all). Returns length."""

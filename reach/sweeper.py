@@ -61,9 +61,13 @@ _TRANSIENT = (rexc.ConnectionError, rexc.TimeoutError, OSError, RedisUnavailable
 
 
 async def sweep_chores(
-    redis: AnyRedis, keys: Keys, client: Client, registry: Registry, *,
+    redis: AnyRedis,
+    keys: Keys,
+    client: Client,
+    registry: Registry,
+    *,
     dlq_maxlen: int = DLQ_MAXLEN,
-) -> Moved:  # fmt: skip
+) -> Moved:
     """One pass of every chore, as the holder of the sweeper lock does it.
 
     The chores are independent: one refused by Redis (a key of the wrong type where the
@@ -72,11 +76,12 @@ async def sweep_chores(
     out = Moved()
     chores: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
         ("retries", partial(move_due, redis, keys, client, dlq_maxlen=dlq_maxlen)),
-        ("evicted inboxes", partial(reroute_evicted, redis, keys, client, registry,
-                                    dlq_maxlen=dlq_maxlen)),
-        ("parked messages", partial(release_parked, redis, keys, client,
-                                    dlq_maxlen=dlq_maxlen)),
-    ]  # fmt: skip
+        (
+            "evicted inboxes",
+            partial(reroute_evicted, redis, keys, client, registry, dlq_maxlen=dlq_maxlen),
+        ),
+        ("parked messages", partial(release_parked, redis, keys, client, dlq_maxlen=dlq_maxlen)),
+    ]
     for name, chore in chores:
         try:
             part = await chore()
@@ -98,9 +103,14 @@ _REFUSED: dict[str, OutageLog] = {}  # chores Redis refuses, each logged as one 
 
 
 async def _guarded(
-    redis: AnyRedis, keys: Keys, data: bytes, where: str, out: Moved, dlq_maxlen: int,
+    redis: AnyRedis,
+    keys: Keys,
+    data: bytes,
+    where: str,
+    out: Moved,
+    dlq_maxlen: int,
     step: Awaitable[bool],
-) -> bool:  # fmt: skip
+) -> bool:
     """Await ``step``, the handling of one entry (True: the entry leaves its place). An
     error that is not Redis being away dead-letters the entry's bytes (``unprocessable``,
     and True), so one bad entry never stops or loops a sweep."""
@@ -111,27 +121,49 @@ async def _guarded(
     except Exception as e:
         if isinstance(e, rexc.ResponseError) and not scripts.is_data_error(e):
             raise  # the server refuses for now (OOM, READONLY...): the pass stops
-        log.error("entry of %s dead-lettered as unprocessable: %s: %s", where,
-                  type(e).__name__, e)  # fmt: skip
-        await _dead_raw(redis, keys, data, reason="unprocessable",
-                        error=f"{where}: {type(e).__name__}: {e}", maxlen=dlq_maxlen)  # fmt: skip
+        log.error("entry of %s dead-lettered as unprocessable: %s: %s", where, type(e).__name__, e)
+        await _dead_raw(
+            redis,
+            keys,
+            data,
+            reason="unprocessable",
+            error=f"{where}: {type(e).__name__}: {e}",
+            maxlen=dlq_maxlen,
+        )
         out.dead += 1
         return True
 
 
 async def _dead_raw(
-    redis: AnyRedis, keys: Keys, data: bytes, *, reason: str, error: str, agent_id: str = "",
+    redis: AnyRedis,
+    keys: Keys,
+    data: bytes,
+    *,
+    reason: str,
+    error: str,
+    agent_id: str = "",
     maxlen: int = DLQ_MAXLEN,
-) -> None:  # fmt: skip
-    await scripts.run_pipeline(redis, [raw_dead_letter_op(
-        keys, reason=reason, data=data, error=error, agent_id=agent_id, maxlen=maxlen)])
+) -> None:
+    await scripts.run_pipeline(
+        redis,
+        [
+            raw_dead_letter_op(
+                keys, reason=reason, data=data, error=error, agent_id=agent_id, maxlen=maxlen
+            )
+        ],
+    )
     metrics.dead_lettered(MALFORMED_CAP, reason)
 
 
 async def _place(
-    redis: AnyRedis, keys: Keys, client: Client, env: Envelope, *, out: Moved,
+    redis: AnyRedis,
+    keys: Keys,
+    client: Client,
+    env: Envelope,
+    *,
+    out: Moved,
     dlq_maxlen: int,
-) -> bool | None:  # fmt: skip
+) -> bool | None:
     """Deliver ``env`` through the router. True: delivered; None: dead-lettered because no
     router will ever take it (``unroutable``), or expired; False: no agent now (it waits)."""
     try:
@@ -151,16 +183,26 @@ async def _place(
             return False
         raise
     except Exception as e:  # noqa: BLE001 - e.g. a policy its fields make impossible
-        await _dead(redis, keys, env, reason="unroutable", error=f"{type(e).__name__}: {e}",
-                    maxlen=dlq_maxlen)  # fmt: skip
+        await _dead(
+            redis,
+            keys,
+            env,
+            reason="unroutable",
+            error=f"{type(e).__name__}: {e}",
+            maxlen=dlq_maxlen,
+        )
         out.dead += 1
         return None
 
 
 async def move_due(
-    redis: AnyRedis, keys: Keys, client: Client, *, limit: int = 200,
+    redis: AnyRedis,
+    keys: Keys,
+    client: Client,
+    *,
+    limit: int = 200,
     dlq_maxlen: int = DLQ_MAXLEN,
-) -> int:  # fmt: skip
+) -> int:
     """Route retries whose backoff is over from the delayed set to a live agent's inbox.
 
     An entry is removed from the delayed set only after it was added to an inbox (or
@@ -183,8 +225,14 @@ async def _due_one(
     try:
         env = decode_envelope(data)
     except BadEnvelope as e:
-        await _dead_raw(redis, keys, data, reason=e.reason, maxlen=dlq_maxlen,
-                        error=f"in the delayed set: {e.detail}")  # fmt: skip
+        await _dead_raw(
+            redis,
+            keys,
+            data,
+            reason=e.reason,
+            maxlen=dlq_maxlen,
+            error=f"in the delayed set: {e.detail}",
+        )
         out.dead += 1
         return True
     if env.deadline_ms and env.deadline_ms <= now_ms():
@@ -204,38 +252,79 @@ async def expire(redis: AnyRedis, keys: Keys, env: Envelope, *, reason: str, err
 
     A record already completed (a duplicate of a message that succeeded) keeps its status.
     """
-    if await _give_up(redis, keys, env, status="expired", reason=reason, error=error,
-                      error_type="DeadlineExceeded"):  # fmt: skip
+    if await _give_up(
+        redis,
+        keys,
+        env,
+        status="expired",
+        reason=reason,
+        error=error,
+        error_type="DeadlineExceeded",
+    ):
         metrics.expired(env.capability, reason)
 
 
 async def _dead(
-    redis: AnyRedis, keys: Keys, env: Envelope, *, reason: str, error: str,
+    redis: AnyRedis,
+    keys: Keys,
+    env: Envelope,
+    *,
+    reason: str,
+    error: str,
     maxlen: int = DLQ_MAXLEN,
-) -> None:  # fmt: skip
-    if await _give_up(redis, keys, env, status="dead", reason=reason, error=error,
-                      error_type="Rejected", maxlen=maxlen):  # fmt: skip
+) -> None:
+    if await _give_up(
+        redis,
+        keys,
+        env,
+        status="dead",
+        reason=reason,
+        error=error,
+        error_type="Rejected",
+        maxlen=maxlen,
+    ):
         metrics.dead_lettered(env.capability, reason)
 
 
 async def _give_up(
-    redis: AnyRedis, keys: Keys, env: Envelope, *, status: str, reason: str, error: str,
-    error_type: str, maxlen: int = DLQ_MAXLEN,
-) -> bool:  # fmt: skip
+    redis: AnyRedis,
+    keys: Keys,
+    env: Envelope,
+    *,
+    status: str,
+    reason: str,
+    error: str,
+    error_type: str,
+    maxlen: int = DLQ_MAXLEN,
+) -> bool:
     """File a dead letter for a message no handler will run, set its status and tell its
     caller. False (and nothing written) when its key had already completed."""
     if await _completed(redis, keys, env):
         return False
-    reply = Reply(msg_id=env.msg_id, status=status, reason=reason, error=error,
-                  error_type=error_type, attempt=env.attempt)  # fmt: skip
+    reply = Reply(
+        msg_id=env.msg_id,
+        status=status,
+        reason=reason,
+        error=error,
+        error_type=error_type,
+        attempt=env.attempt,
+    )
     rec = keys.idem(env.key)
     ops: list[tuple[Any, ...]] = [
-        dead_letter_op(keys, capability=env.capability, reason=reason, data=encode(env),
-                       error=error, error_type=error_type, attempts=env.attempt,
-                       msg_id=env.msg_id, maxlen=maxlen),
+        dead_letter_op(
+            keys,
+            capability=env.capability,
+            reason=reason,
+            data=encode(env),
+            error=error,
+            error_type=error_type,
+            attempts=env.attempt,
+            msg_id=env.msg_id,
+            maxlen=maxlen,
+        ),
         ("HSET", rec, "status", status, "error", error, "updated_ms", now_ms()),
         ("PEXPIRE", rec, TASK_TTL_MS),
-    ]  # fmt: skip
+    ]
     if env.reply_to:
         rk = keys.replies(env.reply_to)
         ops += [("XADD", rk, "*", "r", encode(reply)), ("PEXPIRE", rk, TASK_TTL_MS)]
@@ -257,8 +346,9 @@ async def _completed(redis: AnyRedis, keys: Keys, env: Envelope) -> bool:
             log.warning("stored reply of key %r unreadable (%s)", env.key, e)
             return False
         rk = keys.replies(env.reply_to)
-        await scripts.run_pipeline(redis, [("XADD", rk, "*", "r", encode(reply)),
-                                           ("PEXPIRE", rk, TASK_TTL_MS)])  # fmt: skip
+        await scripts.run_pipeline(
+            redis, [("XADD", rk, "*", "r", encode(reply)), ("PEXPIRE", rk, TASK_TTL_MS)]
+        )
     return True
 
 
@@ -274,9 +364,14 @@ class Moved:
 
 
 async def reroute_evicted(
-    redis: AnyRedis, keys: Keys, client: Client, registry: Registry, *, batch: int = 200,
+    redis: AnyRedis,
+    keys: Keys,
+    client: Client,
+    registry: Registry,
+    *,
+    batch: int = 200,
     dlq_maxlen: int = DLQ_MAXLEN,
-) -> Moved:  # fmt: skip
+) -> Moved:
     """Move the inboxes of evicted agents (listed by sweep.lua) to live agents, then drop
     the emptied inbox streams (an agent id that comes back creates them anew)."""
     out = Moved()
@@ -287,14 +382,12 @@ async def reroute_evicted(
             await redis.srem(keys.reroute, raw)
             continue
         try:
-            moved = await _reroute_one(redis, keys, client, registry, agent_id, batch,
-                                       dlq_maxlen)  # fmt: skip
+            moved = await _reroute_one(redis, keys, client, registry, agent_id, batch, dlq_maxlen)
         except rexc.ResponseError as e:
             if not scripts.is_data_error(e):
                 raise
             # Its record or an inbox stream is of another type: nothing reach can move.
-            log.error("inbox of %s cannot be moved (%s): removed from the reroute set",
-                      agent_id, e)  # fmt: skip
+            log.error("inbox of %s cannot be moved (%s): removed from the reroute set", agent_id, e)
             await redis.srem(keys.reroute, agent_id)
             continue
         for f in ("rerouted", "parked", "released", "expired", "dead"):
@@ -303,9 +396,14 @@ async def reroute_evicted(
 
 
 async def _reroute_one(
-    redis: AnyRedis, keys: Keys, client: Client, registry: Registry, agent_id: str,
-    batch: int, dlq_maxlen: int,
-) -> Moved:  # fmt: skip
+    redis: AnyRedis,
+    keys: Keys,
+    client: Client,
+    registry: Registry,
+    agent_id: str,
+    batch: int,
+    dlq_maxlen: int,
+) -> Moved:
     """Move one evicted agent's inbox (unless it came back), then drop it when empty."""
     moved = Moved()
     info = await registry.get(agent_id)
@@ -320,11 +418,16 @@ async def _reroute_one(
             for entry_id, fields in rows:
                 data = fields.get(b"e") or fields.get("e") or b""
                 step = _move_one(redis, keys, client, agent_id, data, moved, dlq_maxlen)
-                await _guarded(redis, keys, data, f"the inbox of {agent_id}", moved,
-                               dlq_maxlen, step)  # fmt: skip
-                await scripts.run_pipeline(redis, [
-                    ("XACK", stream, GROUP, entry_id), ("XDEL", stream, entry_id),
-                ])  # fmt: skip
+                await _guarded(
+                    redis, keys, data, f"the inbox of {agent_id}", moved, dlq_maxlen, step
+                )
+                await scripts.run_pipeline(
+                    redis,
+                    [
+                        ("XACK", stream, GROUP, entry_id),
+                        ("XDEL", stream, entry_id),
+                    ],
+                )
     if await scripts.call(redis, "drop_inbox", keys.inboxes(agent_id), []):
         log.info("inbox of %s emptied and dropped", agent_id)
     if moved != Moved():
@@ -334,25 +437,39 @@ async def _reroute_one(
 
 
 async def _move_one(
-    redis: AnyRedis, keys: Keys, client: Client, agent_id: str, data: bytes, out: Moved,
+    redis: AnyRedis,
+    keys: Keys,
+    client: Client,
+    agent_id: str,
+    data: bytes,
+    out: Moved,
     dlq_maxlen: int = DLQ_MAXLEN,
-) -> bool:  # fmt: skip
+) -> bool:
     """Place one entry of an evicted agent's inbox: rerouted, parked or dead-lettered."""
     try:
         env = decode_envelope(data)
     except BadEnvelope as e:
-        await _dead_raw(redis, keys, data, reason=e.reason, error=e.detail, agent_id=agent_id,
-                        maxlen=dlq_maxlen)  # fmt: skip
+        await _dead_raw(
+            redis, keys, data, reason=e.reason, error=e.detail, agent_id=agent_id, maxlen=dlq_maxlen
+        )
         out.dead += 1
         return True
     if env.deadline_ms and env.deadline_ms <= now_ms():
-        await expire(redis, keys, env, reason="expired", error="deadline passed while its agent was down")
+        await expire(
+            redis, keys, env, reason="expired", error="deadline passed while its agent was down"
+        )
         out.expired += 1
         return True
     if env.policy == "broadcast":
         # A broadcast copy belongs to that one agent; the others have theirs.
-        await _dead(redis, keys, env, reason="target_gone", maxlen=dlq_maxlen,
-                    error=f"agent {agent_id} was evicted before handling its broadcast copy")
+        await _dead(
+            redis,
+            keys,
+            env,
+            reason="target_gone",
+            maxlen=dlq_maxlen,
+            error=f"agent {agent_id} was evicted before handling its broadcast copy",
+        )
         out.dead += 1
         return True
     if env.target or env.policy == "direct":
@@ -363,18 +480,25 @@ async def _move_one(
     if placed is not False:
         out.rerouted += bool(placed)
         return True
-    await scripts.run_pipeline(redis, [
-        ("XADD", keys.parked(env.capability), "*", "e", encode(env)),
-        ("SADD", keys.parked_caps, env.capability),
-    ])  # fmt: skip
+    await scripts.run_pipeline(
+        redis,
+        [
+            ("XADD", keys.parked(env.capability), "*", "e", encode(env)),
+            ("SADD", keys.parked_caps, env.capability),
+        ],
+    )
     out.parked += 1
     return True
 
 
 async def release_parked(
-    redis: AnyRedis, keys: Keys, client: Client, *, batch: int = 200,
+    redis: AnyRedis,
+    keys: Keys,
+    client: Client,
+    *,
+    batch: int = 200,
     dlq_maxlen: int = DLQ_MAXLEN,
-) -> Moved:  # fmt: skip
+) -> Moved:
     """Send parked messages to agents that are now available; expire the overdue ones."""
     out = Moved()
     for raw in await redis.smembers(keys.parked_caps):
@@ -388,16 +512,22 @@ async def release_parked(
         except rexc.ResponseError as e:
             if not scripts.is_data_error(e):
                 raise
-            log.error("parked messages of %s cannot be read (%s): removed from the parked set",
-                      cap, e)  # fmt: skip
+            log.error(
+                "parked messages of %s cannot be read (%s): removed from the parked set", cap, e
+            )
             await redis.srem(keys.parked_caps, cap)
     return out
 
 
 async def _release_cap(
-    redis: AnyRedis, keys: Keys, client: Client, cap: str, batch: int, out: Moved,
+    redis: AnyRedis,
+    keys: Keys,
+    client: Client,
+    cap: str,
+    batch: int,
+    out: Moved,
     dlq_maxlen: int,
-) -> None:  # fmt: skip
+) -> None:
     stream = keys.parked(cap)
     blocked = False  # no agent for this capability yet: only expire overdue entries
     start = "-"
@@ -409,8 +539,9 @@ async def _release_cap(
         for entry_id, fields in rows:
             data = fields.get(b"e") or fields.get("e") or b""
             step = _parked_one(redis, keys, client, cap, data, blocked, out, dlq_maxlen)
-            if await _guarded(redis, keys, data, f"the parked messages of {cap}", out,
-                              dlq_maxlen, step):  # fmt: skip
+            if await _guarded(
+                redis, keys, data, f"the parked messages of {cap}", out, dlq_maxlen, step
+            ):
                 await redis.xdel(stream, entry_id)
             else:
                 blocked = True
@@ -421,20 +552,33 @@ async def _release_cap(
 
 
 async def _parked_one(
-    redis: AnyRedis, keys: Keys, client: Client, cap: str, data: bytes, blocked: bool,
-    out: Moved, dlq_maxlen: int,
-) -> bool:  # fmt: skip
+    redis: AnyRedis,
+    keys: Keys,
+    client: Client,
+    cap: str,
+    data: bytes,
+    blocked: bool,
+    out: Moved,
+    dlq_maxlen: int,
+) -> bool:
     """One parked entry: released, expired or dead-lettered (True), or it waits (False)."""
     try:
         env = decode_envelope(data)
     except BadEnvelope as e:
-        await _dead_raw(redis, keys, data, reason=e.reason, maxlen=dlq_maxlen,
-                        error=f"parked under {cap}: {e.detail}")  # fmt: skip
+        await _dead_raw(
+            redis,
+            keys,
+            data,
+            reason=e.reason,
+            maxlen=dlq_maxlen,
+            error=f"parked under {cap}: {e.detail}",
+        )
         out.dead += 1
         return True
     if env.deadline_ms and env.deadline_ms <= now_ms():
-        await expire(redis, keys, env, reason="expired",
-                     error="deadline passed while parked (no agent)")  # fmt: skip
+        await expire(
+            redis, keys, env, reason="expired", error="deadline passed while parked (no agent)"
+        )
         out.expired += 1
         return True
     if blocked:

@@ -42,10 +42,18 @@ def pending_ops(keys: Keys, env: Envelope, *, ttl_ms: int = TASK_TTL_MS) -> list
     rec = keys.idem(env.key)
     ops: list[tuple[Any, ...]] = [
         ("HSETNX", rec, "status", "pending"),
-        ("HSET", rec, "capability", env.capability, "attempt", env.attempt,
-         "sent_msg_id", env.msg_id),
+        (
+            "HSET",
+            rec,
+            "capability",
+            env.capability,
+            "attempt",
+            env.attempt,
+            "sent_msg_id",
+            env.msg_id,
+        ),
         ("PEXPIRE", rec, ttl_ms),
-    ]  # fmt: skip
+    ]
     if env.idempotency_key:
         ops.append(("SET", keys.task(env.msg_id), env.idempotency_key, "PX", ttl_ms))
     return ops
@@ -122,11 +130,31 @@ def dead_letter_op(
     """The XADD that files a dead letter under its capability (the stream is trimmed to
     about ``maxlen`` letters, oldest first)."""
     return (
-        "XADD", keys.dlq(capability), "MAXLEN", "~", maxlen, "*",
-        "reason", reason, "error", error[:2000], "error_type", error_type,
-        "attempts", attempts, "agent_id", agent_id, "msg_id", msg_id,
-        "capability", capability, "ts", now_ms(), "env", data,
-    )  # fmt: skip
+        "XADD",
+        keys.dlq(capability),
+        "MAXLEN",
+        "~",
+        maxlen,
+        "*",
+        "reason",
+        reason,
+        "error",
+        error[:2000],
+        "error_type",
+        error_type,
+        "attempts",
+        attempts,
+        "agent_id",
+        agent_id,
+        "msg_id",
+        msg_id,
+        "capability",
+        capability,
+        "ts",
+        now_ms(),
+        "env",
+        data,
+    )
 
 
 def raw_dead_letter_op(
@@ -144,8 +172,15 @@ def raw_dead_letter_op(
     if len(data) > raw_max_bytes:
         error = f"{error} [{len(data)} bytes; the first {raw_max_bytes} kept]"
         data = data[:raw_max_bytes]
-    return dead_letter_op(keys, capability=MALFORMED_CAP, reason=reason, data=data,
-                          error=error, agent_id=agent_id, maxlen=maxlen)  # fmt: skip
+    return dead_letter_op(
+        keys,
+        capability=MALFORMED_CAP,
+        reason=reason,
+        data=data,
+        error=error,
+        agent_id=agent_id,
+        maxlen=maxlen,
+    )
 
 
 def parse_dead_letter(entry_id: Any, fields: Mapping[Any, Any]) -> DeadLetter:
@@ -172,4 +207,3 @@ def parse_dead_letter(entry_id: Any, fields: Mapping[Any, Any]) -> DeadLetter:
         envelope=env,
         raw=b"" if env else raw,
     )
-

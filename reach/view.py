@@ -39,8 +39,16 @@ _EVENTS_PER_READ = 200
 
 
 def _static(a: AgentInfo) -> tuple[Any, ...]:
-    return (a.state, a.ready, a.draining, a.weight, a.ready_ms, tuple(a.capabilities),
-            repr(sorted(a.metadata.items())), a.instance_id)  # fmt: skip
+    return (
+        a.state,
+        a.ready,
+        a.draining,
+        a.weight,
+        a.ready_ms,
+        tuple(a.capabilities),
+        repr(sorted(a.metadata.items())),
+        a.instance_id,
+    )
 
 
 class RegistryView:

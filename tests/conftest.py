@@ -19,8 +19,8 @@ import redis
 
 from reach.connection import AnyRedis, connect
 from reach.embedded import RedisServer, find_server_binary
-from tests.cluster import RedisTestCluster
-from tests.sentinel import RedisTestSentinel
+from tests.support.cluster import RedisTestCluster
+from tests.support.sentinel import RedisTestSentinel
 
 # Started as a background job of a non-interactive shell, the suite would inherit SIGINT
 # ignored and pass that on to every process it starts: the Ctrl-C tests would then test

@@ -113,8 +113,11 @@ async def caps(
     if json_:
         print_json([{"capability": c, "agents": n, "ready": ready[c]} for c, n in rows])
         return
-    table(f"capabilities in {namespace!r}", ["capability", "agents", "ready"],
-          [(c, n, ready[c]) for c, n in rows])  # fmt: skip
+    table(
+        f"capabilities in {namespace!r}",
+        ["capability", "agents", "ready"],
+        [(c, n, ready[c]) for c, n in rows],
+    )
 
 
 # -- agents -------------------------------------------------------------------------------
@@ -140,9 +143,13 @@ def _agent_row(a: reach.AgentInfo, now: int) -> dict[str, Any]:
 @agents_app.callback()
 def agents_list(
     ctx: typer.Context,
-    cap: Annotated[Optional[str], typer.Option("--cap", help="Only agents of this capability.")] = None,  # noqa: UP045
+    cap: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option("--cap", help="Only agents of this capability."),
+    ] = None,
     state: Annotated[
-        Optional[str], typer.Option("--state", help=f"Only agents in this state: {', '.join(STATES)}.")  # noqa: UP045
+        Optional[str],  # noqa: UP045
+        typer.Option("--state", help=f"Only agents in this state: {', '.join(STATES)}."),
     ] = None,
     where: Annotated[
         Optional[list[str]], typer.Option("--where", help="Metadata filter KEY=VALUE (repeatable).")  # noqa: UP045
@@ -157,8 +164,9 @@ def agents_list(
     """
     if ctx.invoked_subcommand is not None:
         return
-    require_text({"cap": cap, "state": state, "where": where, "redis_url": redis_url,
-                  "namespace": namespace})  # fmt: skip
+    require_text(
+        {"cap": cap, "state": state, "where": where, "redis_url": redis_url, "namespace": namespace}
+    )
     if state is not None and state not in STATES:
         fail(f"unknown state {state!r}: use {', '.join(STATES)}")
     filt: dict[str, str] = {}
@@ -181,14 +189,36 @@ def agents_list(
         print_json([_agent_row(a, now) for a in agents])
         return
     rows = [
-        (a.agent_id, a.state, "yes" if a.ready else "no", "yes" if a.draining else "",
-         _number(a.weight), ",".join(map(safe_text, a.capabilities)),
-         age(a.last_heartbeat_ms, now), a.queue_depth, a.inflight,
-         " ".join(f"{safe_text(k)}={safe_text(v)}" for k, v in _items(a.metadata)))
+        (
+            a.agent_id,
+            a.state,
+            "yes" if a.ready else "no",
+            "yes" if a.draining else "",
+            _number(a.weight),
+            ",".join(map(safe_text, a.capabilities)),
+            age(a.last_heartbeat_ms, now),
+            a.queue_depth,
+            a.inflight,
+            " ".join(f"{safe_text(k)}={safe_text(v)}" for k, v in _items(a.metadata)),
+        )
         for a in agents
-    ]  # fmt: skip
-    table(f"agents in {namespace!r}", ["agent", "state", "ready", "draining", "weight",
-          "capabilities", "lease age", "queue", "in-flight", "metadata"], rows)  # fmt: skip
+    ]
+    table(
+        f"agents in {namespace!r}",
+        [
+            "agent",
+            "state",
+            "ready",
+            "draining",
+            "weight",
+            "capabilities",
+            "lease age",
+            "queue",
+            "in-flight",
+            "metadata",
+        ],
+        rows,
+    )
 
 
 def _lease_age(last_heartbeat_ms: Any, now: int) -> int | None:
@@ -216,7 +246,9 @@ async def _get_agent(redis_url: str, namespace: str, agent_id: str) -> reach.Age
     finally:
         await r.aclose()
     if a is None:
-        raise UnknownAgent(f"No agent {agent_id!r} in namespace {namespace!r} (see `reach agents`).")
+        raise UnknownAgent(
+            f"No agent {agent_id!r} in namespace {namespace!r} (see `reach agents`)."
+        )
     return a
 
 
@@ -234,8 +266,14 @@ async def agents_show(
     """
     a = await _get_agent(redis_url, namespace, agent_id)
     row = _agent_row(a, now_ms())
-    row.update(lease_ms=a.lease_ms, evict_after_ms=a.evict_after_ms, state_ms=a.state_ms,
-               ready_ms=a.ready_ms, max_queue=a.max_queue, card=a.card)  # fmt: skip
+    row.update(
+        lease_ms=a.lease_ms,
+        evict_after_ms=a.evict_after_ms,
+        state_ms=a.state_ms,
+        ready_ms=a.ready_ms,
+        max_queue=a.max_queue,
+        card=a.card,
+    )
     if json_:
         print_json(row)
         return
@@ -263,18 +301,28 @@ async def agents_card(
     if json_:
         print_json(card)
         return
-    iface = "\n".join(f"{i.get('url')} ({i.get('protocolBinding')})"
-                      for i in card["supportedInterfaces"])  # fmt: skip
-    rows = [("name", card["name"]), ("description", card["description"]),
-            ("version", card["version"]), ("interfaces", iface),
-            ("input modes", ", ".join(card["defaultInputModes"])),
-            ("output modes", ", ".join(card["defaultOutputModes"]))]  # fmt: skip
+    iface = "\n".join(
+        f"{i.get('url')} ({i.get('protocolBinding')})" for i in card["supportedInterfaces"]
+    )
+    rows = [
+        ("name", card["name"]),
+        ("description", card["description"]),
+        ("version", card["version"]),
+        ("interfaces", iface),
+        ("input modes", ", ".join(card["defaultInputModes"])),
+        ("output modes", ", ".join(card["defaultOutputModes"])),
+    ]
     if isinstance(card.get("provider"), dict):
         rows.append(("provider", card["provider"].get("organization", "")))
     table(f"A2A Agent Card of {agent_id}", ["field", "value"], rows)
-    table("skills", ["id", "name", "description", "tags"],
-          [(s.get("id"), s.get("name"), s.get("description"), ", ".join(s.get("tags") or []))
-           for s in card["skills"]])  # fmt: skip
+    table(
+        "skills",
+        ["id", "name", "description", "tags"],
+        [
+            (s.get("id"), s.get("name"), s.get("description"), ", ".join(s.get("tags") or []))
+            for s in card["skills"]
+        ],
+    )
 
 
 @agents_app.command("drain")
@@ -300,7 +348,9 @@ async def agents_drain(
 @app.command()
 @command
 async def events(
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new events.")] = False,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new events.")
+    ] = False,
     count: Annotated[
         int, typer.Option("--count", min=0, help="How many past events to show (0: none).")
     ] = 50,
@@ -379,17 +429,26 @@ async def sweep(
             rel = await release_parked(r, reg.keys, client)
     finally:
         await r.aclose()
-    out = {"probation": res.probation, "evicted": res.evicted, "deleted": res.deleted,
-           "retries_moved": moved, "rerouted": rer.rerouted, "parked": rer.parked,
-           "released": rel.released, "expired": rer.expired + rel.expired,
-           "dead_lettered": rer.dead}  # fmt: skip
+    out = {
+        "probation": res.probation,
+        "evicted": res.evicted,
+        "deleted": res.deleted,
+        "retries_moved": moved,
+        "rerouted": rer.rerouted,
+        "parked": rer.parked,
+        "released": rel.released,
+        "expired": rer.expired + rel.expired,
+        "dead_lettered": rer.dead,
+    }
     if json_:
         print_json(out)
     else:
-        print(f"probation: {res.probation}  evicted: {len(res.evicted)} "
-              f"{' '.join(res.evicted)}  shadows deleted: {res.deleted}  retries moved: {moved}  "
-              f"rerouted: {rer.rerouted}  parked: {rer.parked}  released: {rel.released}  "
-              f"expired: {out['expired']}")
+        print(
+            f"probation: {res.probation}  evicted: {len(res.evicted)} "
+            f"{' '.join(res.evicted)}  shadows deleted: {res.deleted}  retries moved: {moved}  "
+            f"rerouted: {rer.rerouted}  parked: {rer.parked}  released: {rel.released}  "
+            f"expired: {out['expired']}"
+        )
 
 
 # -- redis --------------------------------------------------------------------------------
@@ -398,7 +457,9 @@ def redis_cmd(
     port: Annotated[
         int, typer.Option("--port", min=0, max=65535, help="TCP port (0 = any free port).")
     ] = 6390,
-    data_dir: Annotated[Path, typer.Option("--dir", help="Where data is kept (AOF).")] = Path(".reach/redis"),
+    data_dir: Annotated[Path, typer.Option("--dir", help="Where data is kept (AOF).")] = Path(
+        ".reach/redis"
+    ),
 ) -> None:
     """Run a persistent local Redis for development (AOF everysec, data in .reach/).
 
@@ -406,8 +467,9 @@ def redis_cmd(
     directory: a second one on the same --dir is refused.
     """
     with cli_errors():
-        server = RedisServer(port=port or None, data_dir=data_dir.resolve(), persistent=True,
-                             die_with_parent=True)  # fmt: skip
+        server = RedisServer(
+            port=port or None, data_dir=data_dir.resolve(), persistent=True, die_with_parent=True
+        )
         server.claim_data_dir()  # first: this directory may be served already
         interrupted, exited = False, 0
         try:
@@ -422,8 +484,9 @@ def redis_cmd(
                 f"{server.binary.origin} server {server.binary.version_str} "
                 f"({server.binary.path}), data in {data_dir}/. "
                 f"export REACH_REDIS_URL={server.url}  — Ctrl-C to stop.",
-                highlight=False, markup=False,
-            )  # fmt: skip
+                highlight=False,
+                markup=False,
+            )
             assert server.proc is not None
             # Wait in short steps, not one blocking waitpid(): a Ctrl-C that lands just
             # before the call would otherwise only be seen when Redis exits, i.e. never.
@@ -531,17 +594,27 @@ async def _serve(agent: reach.Agent, opts: dict[str, Any]) -> int:
 
 @app.command()
 def worker(
-    target: Annotated[str, typer.Argument(help="MODULE:ATTR of a reach.Agent, e.g. agents.echo:app")],
+    target: Annotated[
+        str, typer.Argument(help="MODULE:ATTR of a reach.Agent, e.g. agents.echo:app")
+    ],
     redis_url: RedisUrl = DEFAULT_REDIS,
     namespace: Namespace = DEFAULT_NS,
     concurrency: Annotated[int, typer.Option(min=1, help="Handlers running at once.")] = 16,
     heartbeat_s: Annotated[float, typer.Option(help="Seconds between heartbeats.")] = 3.0,
     lease_s: Annotated[float, typer.Option(help="Without a heartbeat this long: probation.")] = 9.0,
-    evict_after_s: Annotated[float, typer.Option(help="Without a heartbeat this long: evicted.")] = 18.0,
-    stall_s: Annotated[float, typer.Option(help="Event loop stuck this long: stop heartbeats.")] = 30.0,
-    drain_timeout_s: Annotated[float, typer.Option(help="Time in-flight work gets on SIGTERM.")] = 30.0,
+    evict_after_s: Annotated[
+        float, typer.Option(help="Without a heartbeat this long: evicted.")
+    ] = 18.0,
+    stall_s: Annotated[
+        float, typer.Option(help="Event loop stuck this long: stop heartbeats.")
+    ] = 30.0,
+    drain_timeout_s: Annotated[
+        float, typer.Option(help="Time in-flight work gets on SIGTERM.")
+    ] = 30.0,
     sweep_interval_s: Annotated[float, typer.Option(help="Seconds between sweeps.")] = 1.0,
-    claim_lease_s: Annotated[float, typer.Option(help="Claim lease of messages without deadline.")] = 60.0,
+    claim_lease_s: Annotated[
+        float, typer.Option(help="Claim lease of messages without deadline.")
+    ] = 60.0,
     retry_base_s: Annotated[float, typer.Option(help="First retry backoff.")] = 0.2,
     log_level: Annotated[
         LogLevel, typer.Option(case_sensitive=False, help="debug, info, warning, error.")
@@ -550,7 +623,8 @@ def worker(
         LogFormat, typer.Option(help="text, or json (one object per line, with the message ids).")
     ] = "text",
     metrics_port: Annotated[
-        Optional[int], typer.Option(min=0, max=65535, help="Serve Prometheus /metrics on this port.")  # noqa: UP045
+        Optional[int],  # noqa: UP045
+        typer.Option(min=0, max=65535, help="Serve Prometheus /metrics on this port."),
     ] = None,
     metrics_addr: Annotated[str, typer.Option(help="Address /metrics listens on.")] = "0.0.0.0",
 ) -> None:
@@ -563,13 +637,25 @@ def worker(
     """
     from reach import logs, metrics
 
-    require_text({"target": target, "redis_url": redis_url, "namespace": namespace,
-                  "metrics_addr": metrics_addr})  # fmt: skip
+    require_text(
+        {
+            "target": target,
+            "redis_url": redis_url,
+            "namespace": namespace,
+            "metrics_addr": metrics_addr,
+        }
+    )
     with cli_errors(redis_url):
-        _check_times(heartbeat_s=heartbeat_s, lease_s=lease_s, evict_after_s=evict_after_s,
-                     stall_s=stall_s, drain_timeout_s=drain_timeout_s,
-                     sweep_interval_s=sweep_interval_s, claim_lease_s=claim_lease_s,
-                     retry_base_s=retry_base_s)  # fmt: skip
+        _check_times(
+            heartbeat_s=heartbeat_s,
+            lease_s=lease_s,
+            evict_after_s=evict_after_s,
+            stall_s=stall_s,
+            drain_timeout_s=drain_timeout_s,
+            sweep_interval_s=sweep_interval_s,
+            claim_lease_s=claim_lease_s,
+            retry_base_s=retry_base_s,
+        )
         logs.setup_logging(log_level.lower(), log_format)
         wlog = logging.getLogger("reach.worker")
         if metrics_port is not None:
@@ -581,18 +667,27 @@ def worker(
                 ) from e
             wlog.info("metrics on http://%s:%d/metrics", metrics_addr, srv.server_port)
         agent = load_agent(target)
-        opts = {"redis_url": redis_url, "namespace": namespace, "concurrency": concurrency,
-                "heartbeat_s": heartbeat_s, "lease_s": lease_s, "evict_after_s": evict_after_s,
-                "stall_s": stall_s, "drain_timeout_s": drain_timeout_s,
-                "sweep_interval_s": sweep_interval_s, "claim_lease_s": claim_lease_s,
-                "retry_base_s": retry_base_s}  # fmt: skip
+        opts = {
+            "redis_url": redis_url,
+            "namespace": namespace,
+            "concurrency": concurrency,
+            "heartbeat_s": heartbeat_s,
+            "lease_s": lease_s,
+            "evict_after_s": evict_after_s,
+            "stall_s": stall_s,
+            "drain_timeout_s": drain_timeout_s,
+            "sweep_interval_s": sweep_interval_s,
+            "claim_lease_s": claim_lease_s,
+            "retry_base_s": retry_base_s,
+        }
         if log_format == "json":  # stderr stays one JSON object per line
             wlog.info("reach worker: %s on %s ns=%s", agent.agent_id, redact(redis_url), namespace)
         else:
             err_console.print(
                 f"reach worker: {agent.agent_id} on {redact(redis_url)} ns={namespace}",
-                highlight=False, markup=False,
-            )  # fmt: skip
+                highlight=False,
+                markup=False,
+            )
         # Everything imported so far lives as long as the process: keep it out of the
         # collector's generations, so collections stay short on the message path.
         gc.freeze()
@@ -627,7 +722,7 @@ class _SendOptions(TypedDict):
 @command
 async def send(
     capability: Annotated[str, typer.Argument(help="Capability to reach, e.g. text.summarize.")],
-    payload: Annotated[str, typer.Argument(help="The payload as JSON, e.g. '{\"text\": \"hi\"}'.")],
+    payload: Annotated[str, typer.Argument(help='The payload as JSON, e.g. \'{"text": "hi"}\'.')],
     wait: Annotated[bool, typer.Option("--wait", help="Wait for the result and print it.")] = False,
     priority: Annotated[str, typer.Option(help="high, normal or low.")] = "normal",
     session: Annotated[Optional[str], typer.Option(help="Session id (sticky state).")] = None,  # noqa: UP045
@@ -658,8 +753,13 @@ async def send(
             "valid Unicode."
         ) from e
     async with Client(redis_url=redis_url, namespace=namespace) as client:
-        kw: _SendOptions = {"session_id": session, "priority": priority, "timeout_s": timeout_s,
-                            "idempotency_key": idempotency_key, "target": target}  # fmt: skip
+        kw: _SendOptions = {
+            "session_id": session,
+            "priority": priority,
+            "timeout_s": timeout_s,
+            "idempotency_key": idempotency_key,
+            "target": target,
+        }
         if wait:
             result = await client.request(capability, body, **kw)
             if json_:
@@ -697,10 +797,18 @@ async def task(
             result = decode_payload(st.reply.result)
         except Exception:  # noqa: BLE001 - whatever the stored bytes are, the rest is shown
             result = "<undecodable>"
-    row = {"msg_id": st.msg_id, "status": st.status, "capability": st.capability,
-           "agent_id": st.agent_id, "attempt": st.attempt, "runs": st.runs, "error": st.error,
-           "updated_ms": st.updated_ms, "idempotency_key": st.idempotency_key or st.msg_id,
-           "result": result}  # fmt: skip
+    row = {
+        "msg_id": st.msg_id,
+        "status": st.status,
+        "capability": st.capability,
+        "agent_id": st.agent_id,
+        "attempt": st.attempt,
+        "runs": st.runs,
+        "error": st.error,
+        "updated_ms": st.updated_ms,
+        "idempotency_key": st.idempotency_key or st.msg_id,
+        "result": result,
+    }
     if json_:
         print_json(row)
     else:
@@ -723,8 +831,15 @@ async def queues(
             k = safe_text(key)  # a key name is whatever someone wrote: maybe not UTF-8
             agent_id = keys.agent_id_of_inbox(k)
             prio = k.rsplit(":", 1)[1]
-            row = rows.setdefault(agent_id, {"agent_id": agent_id, **{p: 0 for p in PRIORITIES},
-                                             "pending": 0, "oldest_pending_ms": None})  # fmt: skip
+            row = rows.setdefault(
+                agent_id,
+                {
+                    "agent_id": agent_id,
+                    **{p: 0 for p in PRIORITIES},
+                    "pending": 0,
+                    "oldest_pending_ms": None,
+                },
+            )
             row[prio] = int(await r.xlen(k))
             try:
                 summary = await r.xpending(k, GROUP)
@@ -746,9 +861,19 @@ async def queues(
     if json_:
         print_json(out)
         return
-    table(f"inboxes in {namespace!r}", ["agent", *PRIORITIES, "pending", "oldest pending"],
-          [(x["agent_id"], *(x[p] for p in PRIORITIES), x["pending"],
-            age(x["oldest_pending_ms"] or 0, now)) for x in out])  # fmt: skip
+    table(
+        f"inboxes in {namespace!r}",
+        ["agent", *PRIORITIES, "pending", "oldest pending"],
+        [
+            (
+                x["agent_id"],
+                *(x[p] for p in PRIORITIES),
+                x["pending"],
+                age(x["oldest_pending_ms"] or 0, now),
+            )
+            for x in out
+        ],
+    )
 
 
 # -- dead letters ---------------------------------------------------------------------------
@@ -787,16 +912,36 @@ async def dlq_list(
     if json_:
         print_json([{k: v for k, v in _dl_row(d).items()} for d in letters])
         return
-    table(f"dead letters in {namespace!r}", ["id", "capability", "reason", "attempts", "agent",
-          "msg_id", "error"],
-          [(d.id, d.capability, d.reason, d.attempts, d.agent_id, d.msg_id,
-            safe_text(d.error)[:80]) for d in letters])  # fmt: skip
+    table(
+        f"dead letters in {namespace!r}",
+        ["id", "capability", "reason", "attempts", "agent", "msg_id", "error"],
+        [
+            (
+                d.id,
+                d.capability,
+                d.reason,
+                d.attempts,
+                d.agent_id,
+                d.msg_id,
+                safe_text(d.error)[:80],
+            )
+            for d in letters
+        ],
+    )
 
 
 def _dl_row(d: Any) -> dict[str, Any]:
-    return {"id": d.id, "capability": d.capability, "reason": d.reason, "attempts": d.attempts,
-            "agent_id": d.agent_id, "msg_id": d.msg_id, "error": d.error,
-            "error_type": d.error_type, "ts": d.ts}  # fmt: skip
+    return {
+        "id": d.id,
+        "capability": d.capability,
+        "reason": d.reason,
+        "attempts": d.attempts,
+        "agent_id": d.agent_id,
+        "msg_id": d.msg_id,
+        "error": d.error,
+        "error_type": d.error_type,
+        "ts": d.ts,
+    }
 
 
 @dlq_app.command("show")
@@ -851,7 +996,9 @@ async def _find_dl(r: Any, keys: Keys, entry_id: str, cap: str | None) -> tuple[
 @command
 async def dlq_replay(
     entry_id: Annotated[Optional[str], typer.Argument(help="Dead letter id to replay.")] = None,  # noqa: UP045
-    all_: Annotated[bool, typer.Option("--all", help="Replay every dead letter (of --cap).")] = False,
+    all_: Annotated[
+        bool, typer.Option("--all", help="Replay every dead letter (of --cap).")
+    ] = False,
     cap: CapOpt = None,
     redis_url: RedisUrl = DEFAULT_REDIS,
     namespace: Namespace = DEFAULT_NS,
@@ -974,8 +1121,12 @@ def bench(
     try:
         with cli_errors():
             try:
-                out = run_bench(messages=messages, requests=requests, concurrency=concurrency,
-                                progress=on_progress)  # fmt: skip
+                out = run_bench(
+                    messages=messages,
+                    requests=requests,
+                    concurrency=concurrency,
+                    progress=on_progress,
+                )
             except ValueError as e:  # out-of-range figures
                 fail(e)
     finally:

@@ -29,18 +29,23 @@ from reach.errors import ReachError
 RedisUrl = Annotated[
     str,
     typer.Option(
-        "--redis-url", envvar="REACH_REDIS_URL", show_envvar=True,
+        "--redis-url",
+        envvar="REACH_REDIS_URL",
+        show_envvar=True,
         help="Redis to use: redis://host:port/db, rediss://... (TLS), unix:///path, or "
         "redis+sentinel://host:port,host:port/service (Sentinel).",
     ),
-]  # fmt: skip
+]
 Namespace = Annotated[
     str,
     typer.Option(
-        "--namespace", "-n", envvar="REACH_NAMESPACE", show_envvar=True,
+        "--namespace",
+        "-n",
+        envvar="REACH_NAMESPACE",
+        show_envvar=True,
         help="Namespace (tenant/environment) to look at.",
     ),
-]  # fmt: skip
+]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 DEFAULT_NS = "default"
@@ -55,16 +60,16 @@ T = TypeVar("T")
 
 def fail(message: object) -> NoReturn:
     """Print one ``error:`` line on stderr and exit with code 2."""
-    err_console.print(f"[red]error:[/red] {escape(safe_text(message))}", highlight=False,
-                      soft_wrap=True)  # fmt: skip
+    err_console.print(
+        f"[red]error:[/red] {escape(safe_text(message))}", highlight=False, soft_wrap=True
+    )
     raise typer.Exit(2)
 
 
 def warn(message: object) -> None:
-    err_console.print(f"[yellow]warning:[/yellow] {escape(safe_text(message))}", highlight=False,
-                      soft_wrap=True)  # fmt: skip
-
-
+    err_console.print(
+        f"[yellow]warning:[/yellow] {escape(safe_text(message))}", highlight=False, soft_wrap=True
+    )
 
 
 def explain(exc: BaseException, url: str | None = None) -> str | None:
@@ -90,17 +95,23 @@ def explain(exc: BaseException, url: str | None = None) -> str | None:
     if isinstance(exc, (rexc.AuthenticationError, rexc.AuthenticationWrongNumberOfArgsError)):
         return _bad_credentials(exc, at)
     if isinstance(exc, rexc.NoPermissionError):
-        return (f"Redis{at} refused a command: {exc}. The Redis user lacks an ACL permission "
-                f"reach needs: {ACL_HINT}.")  # fmt: skip
+        return (
+            f"Redis{at} refused a command: {exc}. The Redis user lacks an ACL permission "
+            f"reach needs: {ACL_HINT}."
+        )
     if isinstance(exc, rexc.ResponseError) and "DB index is out of range" in str(exc):
         db = url.rsplit("/", 1)[-1] if url and url.count("/") >= 3 else "?"
-        return (f"Redis{at} says: DB index is out of range (/{db}). The number at the end of "
-                "--redis-url must be below the server's `databases` setting (16 by default); "
-                "most setups use /0.")  # fmt: skip
+        return (
+            f"Redis{at} says: DB index is out of range (/{db}). The number at the end of "
+            "--redis-url must be below the server's `databases` setting (16 by default); "
+            "most setups use /0."
+        )
     if isinstance(exc, rexc.InvalidResponse):
-        return (f"The server{at} does not answer like a Redis server ({exc}). Check the host "
-                "and port in --redis-url (Redis listens on 6379 by default; `reach redis` "
-                "on 6390).")  # fmt: skip
+        return (
+            f"The server{at} does not answer like a Redis server ({exc}). Check the host "
+            "and port in --redis-url (Redis listens on 6379 by default; `reach redis` "
+            "on 6390)."
+        )
     if isinstance(exc, rexc.ReadOnlyError):
         return f"Redis{at} is a read-only replica ({exc}): point --redis-url at the master."
     if isinstance(exc, (rexc.ConnectionError, rexc.TimeoutError)):
@@ -117,8 +128,10 @@ def explain(exc: BaseException, url: str | None = None) -> str | None:
 
 
 def _bad_credentials(exc: BaseException, at: str) -> str:
-    return (f"Redis{at} refused the credentials ({exc}). Check the user and password in "
-            "--redis-url (redis://user:password@host:port/db).")  # fmt: skip
+    return (
+        f"Redis{at} refused the credentials ({exc}). Check the user and password in "
+        "--redis-url (redis://user:password@host:port/db)."
+    )
 
 
 def _interrupted(exc: BaseException) -> bool:
@@ -281,8 +294,9 @@ def cell(value: Any) -> Text:
 
 def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     """The one table helper every listing uses."""
-    t = Table(title=None if title is None else cell(title), header_style="bold",
-              title_justify="left")  # fmt: skip
+    t = Table(
+        title=None if title is None else cell(title), header_style="bold", title_justify="left"
+    )
     for c in columns:
         t.add_column(c, overflow="fold")
     for row in rows:
@@ -333,9 +347,13 @@ class progress:  # used like a function: `with progress(n, "replayed") as step:`
             )
 
             self._bar = Progress(
-                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TimeElapsedColumn(), TimeRemainingColumn(), console=err_console,
-            )  # fmt: skip
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                console=err_console,
+            )
             self._bar.__enter__()
             self._task = self._bar.add_task(self.label, total=self.total)
         return self.step

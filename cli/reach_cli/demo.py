@@ -25,8 +25,18 @@ from reach.registry import Registry
 from .common import console
 
 NS = "demo"
-TIMING = ["--heartbeat-s", "0.2", "--lease-s", "0.6", "--evict-after-s", "1.2",
-          "--sweep-interval-s", "0.2", "--retry-base-s", "0.05"]  # fmt: skip
+TIMING = [
+    "--heartbeat-s",
+    "0.2",
+    "--lease-s",
+    "0.6",
+    "--evict-after-s",
+    "1.2",
+    "--sweep-interval-s",
+    "0.2",
+    "--retry-base-s",
+    "0.05",
+]
 
 
 def _step(title: str) -> None:
@@ -45,9 +55,22 @@ def _cli(*args: str, url: str) -> None:
 
 
 def _worker(target: str, url: str, concurrency: int) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "reach_cli.app", "worker", target, "--redis-url", url,
-           "--namespace", NS, "--log-level", "warning", "--concurrency", str(concurrency),
-           *TIMING]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "reach_cli.app",
+        "worker",
+        target,
+        "--redis-url",
+        url,
+        "--namespace",
+        NS,
+        "--log-level",
+        "warning",
+        "--concurrency",
+        str(concurrency),
+        *TIMING,
+    ]
     return subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
 
 
@@ -57,12 +80,16 @@ def run_demo(*, fast: bool = False) -> None:
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
         if server is not None:
-            console.print(f"embedded {server.binary.origin} server {server.binary.version_str} "
-                          f"at {url} (stopped when the demo ends)")  # fmt: skip
+            console.print(
+                f"embedded {server.binary.origin} server {server.binary.version_str} "
+                f"at {url} (stopped when the demo ends)"
+            )
         _step("1. three agents start as separate `reach worker` processes")
-        for name, target, conc in [("summarizer-1", "reach_cli.demo_agents:summarizer_1", 1),
-                                   ("summarizer-2", "reach_cli.demo_agents:summarizer_2", 4),
-                                   ("reviewer-1", "reach_cli.demo_agents:reviewer", 4)]:  # fmt: skip
+        for name, target, conc in [
+            ("summarizer-1", "reach_cli.demo_agents:summarizer_1", 1),
+            ("summarizer-2", "reach_cli.demo_agents:summarizer_2", 4),
+            ("reviewer-1", "reach_cli.demo_agents:reviewer", 4),
+        ]:
             procs[name] = _worker(target, url, conc)
         anyio.run(_wait_ready, url, 3)
         _cli("caps", url=url)
@@ -113,8 +140,10 @@ def _examples(url: str) -> None:
     try:
         from examples import run_all
     except ImportError:
-        console.print("[dim](examples/ is not importable from here: run the demo from the "
-                      "repository root to see the example agents)[/dim]")  # fmt: skip
+        console.print(
+            "[dim](examples/ is not importable from here: run the demo from the "
+            "repository root to see the example agents)[/dim]"
+        )
         return
     _step("10. examples/: a planner calls a summariser and a reviewer, keeping a session")
     procs = run_all.start_workers(url)
@@ -180,8 +209,9 @@ async def _messaging(url: str, pause: float) -> dict[str, str]:
 
         async def lc_caller() -> None:
             for i in range(5):
-                r = await c.request("text.summarize", {"text": "x", "work_s": 0.02},
-                                    policy="least_conn")  # fmt: skip
+                r = await c.request(
+                    "text.summarize", {"text": "x", "work_s": 0.02}, policy="least_conn"
+                )
                 lc[r["by"]] += 1
 
         async with anyio.create_task_group() as tg:
@@ -191,33 +221,56 @@ async def _messaging(url: str, pause: float) -> dict[str, str]:
         owners: dict[str, str] = {}
         sticky = True
         for s in SESSIONS:
-            seen = {(await c.request("text.summarize", {"text": "turn"}, session_id=s,
-                                     policy="consistent_hash"))["by"] for _ in range(3)}  # fmt: skip
+            seen = {
+                (
+                    await c.request(
+                        "text.summarize", {"text": "turn"}, session_id=s, policy="consistent_hash"
+                    )
+                )["by"]
+                for _ in range(3)
+            }
             sticky = sticky and len(seen) == 1
             owners[s] = seen.pop()
-        rows.append(("consistent_hash (by session)", f"{len(SESSIONS)} sessions x 3",
-                     Counter(owners.values())))  # fmt: skip
+        rows.append(
+            (
+                "consistent_hash (by session)",
+                f"{len(SESSIONS)} sessions x 3",
+                Counter(owners.values()),
+            )
+        )
         t = Table(title="which agent answered", title_justify="left", header_style="bold")
         for col in ("policy", "traffic", "summarizer-1", "summarizer-2"):
             t.add_column(col)
         for name, traffic, cnt in rows:
             t.add_row(name, traffic, str(cnt["summarizer-1"]), str(cnt["summarizer-2"]))
         console.print(t)
-        console.print(f"  every session stayed on one agent: {sticky}; "
-                      f"user-0 -> {owners['user-0']}, user-1 -> {owners['user-1']}")  # fmt: skip
+        console.print(
+            f"  every session stayed on one agent: {sticky}; "
+            f"user-0 -> {owners['user-0']}, user-1 -> {owners['user-1']}"
+        )
         await anyio.sleep(pause)
 
         _step("3. priorities: a busy agent (concurrency 1) serves high, then normal, then low")
         order: list[str] = []
 
         async def one(prio: str) -> None:
-            r = await c.request("text.summarize", {"text": prio, "work_s": 0.05},
-                                priority=prio, target="summarizer-1")  # fmt: skip
+            r = await c.request(
+                "text.summarize",
+                {"text": prio, "work_s": 0.05},
+                priority=prio,
+                target="summarizer-1",
+            )
             order.append(r["priority"])
 
         async with anyio.create_task_group() as tg:
-            tg.start_soon(partial(c.request, "text.summarize", {"text": "busy", "work_s": 0.3},
-                                  target="summarizer-1"))  # fmt: skip
+            tg.start_soon(
+                partial(
+                    c.request,
+                    "text.summarize",
+                    {"text": "busy", "work_s": 0.3},
+                    target="summarizer-1",
+                )
+            )
             await anyio.sleep(0.1)  # the agent is now busy: the next ones queue up
             for prio in ["low"] * 6 + ["normal"] * 3 + ["high"] * 3:
                 tg.start_soon(one, prio)
@@ -240,17 +293,22 @@ async def _messaging(url: str, pause: float) -> dict[str, str]:
 
 async def _breaker(url: str) -> None:
     breakers = Breakers(min_requests=3, error_rate=0.5, cooldown_s=30)
-    async with Client(redis_url=url, namespace=NS, default_timeout_s=10, slow_start_s=0,
-                      breakers=breakers) as c:  # fmt: skip
+    async with Client(
+        redis_url=url, namespace=NS, default_timeout_s=10, slow_start_s=0, breakers=breakers
+    ) as c:
         by: Counter[str] = Counter()
         for i in range(24):
             try:
-                by[(await c.request("text.summarize", {"text": f"m{i}"}, max_attempts=1))["by"]] += 1
+                by[
+                    (await c.request("text.summarize", {"text": f"m{i}"}, max_attempts=1))["by"]
+                ] += 1
             except ReachError:
                 by["error (summarizer-3)"] += 1
         console.print(f"  24 requests: {dict(by)}")
-        console.print(f"  breaker of summarizer-3: {breakers.state('summarizer-3')} "
-                      "(skipped until a half-open probe after the cool-down)")  # fmt: skip
+        console.print(
+            f"  breaker of summarizer-3: {breakers.state('summarizer-3')} "
+            "(skipped until a half-open probe after the cool-down)"
+        )
 
 
 async def _repair(url: str) -> None:
@@ -273,12 +331,20 @@ async def _wait_dlq_empty(url: str, timeout_s: float = 30.0) -> None:
 
 async def _after_kill(url: str, owners: dict[str, str]) -> None:
     async with Client(redis_url=url, namespace=NS, default_timeout_s=10, slow_start_s=0) as c:
-        now = {s: (await c.request("text.summarize", {"text": "again"}, session_id=s,
-                                   policy="consistent_hash"))["by"] for s in SESSIONS}  # fmt: skip
+        now = {
+            s: (
+                await c.request(
+                    "text.summarize", {"text": "again"}, session_id=s, policy="consistent_hash"
+                )
+            )["by"]
+            for s in SESSIONS
+        }
     moved = [s for s in SESSIONS if now[s] != owners[s]]
     stayed = [s for s in SESSIONS if now[s] == owners[s]]
-    console.print(f"  sessions that were on summarizer-2 moved: {len(moved)} "
-                  f"({', '.join(moved) or '-'}); the other {len(stayed)} stayed where they were")
+    console.print(
+        f"  sessions that were on summarizer-2 moved: {len(moved)} "
+        f"({', '.join(moved) or '-'}); the other {len(stayed)} stayed where they were"
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -10,15 +10,22 @@ from reach.runtime import Agent, Context
 
 
 def summarizer(agent_id: str = "summarizer-1", region: str = "eu", weight: float = 1) -> Agent:
-    app = Agent(agent_id, capabilities=["text.summarize", "text.flaky"], weight=weight,
-                metadata={"region": region, "model": "tiny"})  # fmt: skip
+    app = Agent(
+        agent_id,
+        capabilities=["text.summarize", "text.flaky"],
+        weight=weight,
+        metadata={"region": region, "model": "tiny"},
+    )
 
     @app.handler("text.summarize")
     async def summarize(payload: dict[str, Any], ctx: Context) -> dict[str, Any]:
         words = str(payload.get("text", "")).split()
         await anyio.sleep(float(payload.get("work_s", 0)))
-        return {"summary": " ".join(words[:5]) + (" ..." if len(words) > 5 else ""),
-                "by": ctx.agent_id, "priority": ctx.priority}  # fmt: skip
+        return {
+            "summary": " ".join(words[:5]) + (" ..." if len(words) > 5 else ""),
+            "by": ctx.agent_id,
+            "priority": ctx.priority,
+        }
 
     @app.handler("text.flaky")
     async def flaky(payload: dict[str, Any], ctx: Context) -> str:

@@ -178,34 +178,41 @@ def frame_data(cur: Sample, prev: Sample | None, namespace: str) -> dict[str, An
     for a in cur.agents:
         ks = [keys.inbox(a.agent_id, p) for p in PRIORITIES]
         depth = cur.depth.get(a.agent_id, {p: 0 for p in PRIORITIES})
-        agents.append({
-            "agent_id": a.agent_id,
-            "state": agent_state(a),
-            "weight": a.weight,
-            "inflight": a.inflight,
-            "queue": dict(depth),
-            "pending": cur.pending.get(a.agent_id, 0),
-            "in_per_s": _rate(cur.added, pa, ks, dt),
-            "taken_per_s": _rate(cur.read, pr, ks, dt),
-            "lease_age_ms": max(0, cur.ts_ms - a.last_heartbeat_ms) if a.last_heartbeat_ms else None,
-            "capabilities": a.capabilities,
-        })  # fmt: skip
+        agents.append(
+            {
+                "agent_id": a.agent_id,
+                "state": agent_state(a),
+                "weight": a.weight,
+                "inflight": a.inflight,
+                "queue": dict(depth),
+                "pending": cur.pending.get(a.agent_id, 0),
+                "in_per_s": _rate(cur.added, pa, ks, dt),
+                "taken_per_s": _rate(cur.read, pr, ks, dt),
+                "lease_age_ms": max(0, cur.ts_ms - a.last_heartbeat_ms)
+                if a.last_heartbeat_ms
+                else None,
+                "capabilities": a.capabilities,
+            }
+        )
     by_id = {x["agent_id"]: x for x in agents}
     live_caps = dict(cur.capabilities)
     caps: list[dict[str, Any]] = []
     for cap in sorted(set(live_caps) | set(cur.dlq)):
-        mine = [by_id[a.agent_id] for a in cur.agents if cap in a.capabilities
-                and a.state != "evicted"]  # fmt: skip
+        mine = [
+            by_id[a.agent_id] for a in cur.agents if cap in a.capabilities and a.state != "evicted"
+        ]
         dl_rate = _rate(cur.dlq_added, prev.dlq_added if prev else None, [cap], dt)
-        caps.append({
-            "capability": cap,
-            "agents": live_caps.get(cap, 0),
-            "ready": sum(1 for x in mine if x["state"] == "ready"),
-            "queued": sum(sum(x["queue"].values()) for x in mine),
-            "inflight": sum(x["inflight"] for x in mine),
-            "dead_letters": cur.dlq.get(cap, 0),
-            "dead_per_s": dl_rate,
-        })  # fmt: skip
+        caps.append(
+            {
+                "capability": cap,
+                "agents": live_caps.get(cap, 0),
+                "ready": sum(1 for x in mine if x["state"] == "ready"),
+                "queued": sum(sum(x["queue"].values()) for x in mine),
+                "inflight": sum(x["inflight"] for x in mine),
+                "dead_letters": cur.dlq.get(cap, 0),
+                "dead_per_s": dl_rate,
+            }
+        )
     states: dict[str, int] = {}
     for x in agents:
         states[x["state"]] = states.get(x["state"], 0) + 1
@@ -227,8 +234,13 @@ def frame_data(cur: Sample, prev: Sample | None, namespace: str) -> dict[str, An
     }
 
 
-_STATE_STYLE = {"ready": "green", "starting": "cyan", "draining": "yellow",
-                "probation": "yellow", "evicted": "red"}  # fmt: skip
+_STATE_STYLE = {
+    "ready": "green",
+    "starting": "cyan",
+    "draining": "yellow",
+    "probation": "yellow",
+    "evicted": "red",
+}
 
 
 def _sort_key(sort: str) -> Any:
@@ -247,19 +259,28 @@ def _number(v: Any) -> str:
     return safe_text(v)
 
 
-def render(data: dict[str, Any], *, url: str = "", limit: int = 50, sort: str = "id",
-           live: bool = False, error: str = "") -> Group:  # fmt: skip
+def render(
+    data: dict[str, Any],
+    *,
+    url: str = "",
+    limit: int = 50,
+    sort: str = "id",
+    live: bool = False,
+    error: str = "",
+) -> Group:
     """One frame: a header line, capabilities, agents."""
     t = data["totals"]
     when = time.strftime("%H:%M:%S", time.localtime(data["ts_ms"] / 1000))
     states = "  ".join(f"{n} {s}" for s, n in sorted(t["agents"].items())) or "no agents"
     head = Text.assemble(
-        ("reach top", "bold"), f"  ns={safe_text(data['namespace'], oneline=True)}",
-        f"  {redact(url)}" if url else "", f"  {when}\n",
+        ("reach top", "bold"),
+        f"  ns={safe_text(data['namespace'], oneline=True)}",
+        f"  {redact(url)}" if url else "",
+        f"  {when}\n",
         f"agents: {states}   in {_fmt_rate(t['in_per_s'])}/s   "
         f"taken {_fmt_rate(t['taken_per_s'])}/s   queued {t['queued']}   "
         f"in-flight {t['inflight']}   dead letters {t['dead_letters']}",
-    )  # fmt: skip
+    )
     parts: list[Any] = [head]
     if error:
         parts.append(Text(f"refresh failed: {error}", style="red"))
@@ -269,28 +290,55 @@ def render(data: dict[str, Any], *, url: str = "", limit: int = 50, sort: str = 
     for c in ("capability", "agents", "ready", "queued", "in-flight", "dead letters", "dead/s"):
         ct.add_column(c, justify="left" if c == "capability" else "right")
     for c in data["capabilities"]:
-        ct.add_row(cell(c["capability"]), cell(c["agents"]), cell(c["ready"]), cell(c["queued"]),
-                   cell(c["inflight"]),
-                   Text(str(c["dead_letters"]), style="red" if c["dead_letters"] else ""),
-                   _fmt_rate(c["dead_per_s"]))  # fmt: skip
+        ct.add_row(
+            cell(c["capability"]),
+            cell(c["agents"]),
+            cell(c["ready"]),
+            cell(c["queued"]),
+            cell(c["inflight"]),
+            Text(str(c["dead_letters"]), style="red" if c["dead_letters"] else ""),
+            _fmt_rate(c["dead_per_s"]),
+        )
     parts.append(ct)
 
     at = Table(title="agents", title_justify="left", header_style="bold", expand=False)
-    cols = ("agent", "state", "weight", "in-flight", *PRIORITIES, "pending", "in/s", "taken/s",
-            "lease age", "capabilities")  # fmt: skip
+    cols = (
+        "agent",
+        "state",
+        "weight",
+        "in-flight",
+        *PRIORITIES,
+        "pending",
+        "in/s",
+        "taken/s",
+        "lease age",
+        "capabilities",
+    )
     for c in cols:
-        at.add_column(c, justify="left" if c in ("agent", "state", "capabilities") else "right",
-                      overflow="fold")  # fmt: skip
+        at.add_column(
+            c,
+            justify="left" if c in ("agent", "state", "capabilities") else "right",
+            overflow="fold",
+        )
     rows = sorted(data["agents"], key=_sort_key(sort))
     for x in rows[:limit]:
-        lease = "-" if x["lease_age_ms"] is None else age(data["ts_ms"] - x["lease_age_ms"],
-                                                            data["ts_ms"])  # fmt: skip
-        at.add_row(cell(x["agent_id"]),
-                   Text(safe_text(x["state"]), style=_STATE_STYLE.get(x["state"], "")),
-                   _number(x["weight"]), cell(x["inflight"]),
-                   *(cell(x["queue"].get(p, 0)) for p in PRIORITIES), cell(x["pending"]),
-                   _fmt_rate(x["in_per_s"]), _fmt_rate(x["taken_per_s"]), lease,
-                   cell(",".join(map(safe_text, x["capabilities"]))))  # fmt: skip
+        lease = (
+            "-"
+            if x["lease_age_ms"] is None
+            else age(data["ts_ms"] - x["lease_age_ms"], data["ts_ms"])
+        )
+        at.add_row(
+            cell(x["agent_id"]),
+            Text(safe_text(x["state"]), style=_STATE_STYLE.get(x["state"], "")),
+            _number(x["weight"]),
+            cell(x["inflight"]),
+            *(cell(x["queue"].get(p, 0)) for p in PRIORITIES),
+            cell(x["pending"]),
+            _fmt_rate(x["in_per_s"]),
+            _fmt_rate(x["taken_per_s"]),
+            lease,
+            cell(",".join(map(safe_text, x["capabilities"]))),
+        )
     parts.append(at)
     if len(rows) > limit:
         parts.append(
@@ -342,8 +390,9 @@ async def _sample(r: AnyRedis, namespace: str) -> Sample:
         raise ReachError(f"Redis stopped answering: {e}") from e
 
 
-async def _once(url: str, namespace: str, interval: float, as_json: bool, limit: int,
-                sort: str) -> None:  # fmt: skip
+async def _once(
+    url: str, namespace: str, interval: float, as_json: bool, limit: int, sort: str
+) -> None:
     r = await _open_redis(url)
     try:
         prev = None
@@ -360,8 +409,9 @@ async def _once(url: str, namespace: str, interval: float, as_json: bool, limit:
         console.print(render(data, url=url, limit=limit, sort=sort))
 
 
-async def _loop(url: str, namespace: str, interval: float, as_json: bool, limit: int,
-                sort: str) -> None:  # fmt: skip
+async def _loop(
+    url: str, namespace: str, interval: float, as_json: bool, limit: int, sort: str
+) -> None:
     r = await _open_redis(url)
     prev: Sample | None = None
     batch = as_json or not console.is_terminal  # piped: frames one after another (like top -b)
@@ -386,8 +436,14 @@ async def _loop(url: str, namespace: str, interval: float, as_json: bool, limit:
                         sys.stdout.write(json_line(last) + "\n")
                         sys.stdout.flush()
                 elif last is not None or error:
-                    frame = render(last or frame_data(_empty(), None, namespace), url=url,
-                                   limit=limit, sort=sort, live=live is not None, error=error)  # fmt: skip
+                    frame = render(
+                        last or frame_data(_empty(), None, namespace),
+                        url=url,
+                        limit=limit,
+                        sort=sort,
+                        live=live is not None,
+                        error=error,
+                    )
                     if live is not None:
                         live.update(frame, refresh=True)
                     else:

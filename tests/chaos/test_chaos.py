@@ -3,7 +3,7 @@ their agent_id, some never back), one SIGSTOP/SIGCONT past the lease, one Redis 
 restart from its AOF, while callers send requests (with deadlines) and fire-and-forget
 messages. Afterwards: nothing lost, one side effect per key, every caller answered, no
 pending entries, inbox memory back to zero. The engine is reach.chaos (also `reach chaos`
-and bench/chaos.py for long runs); the workers run tests.agents_chaos:agent.
+and bench/chaos.py for long runs); the workers run tests.support.agents_chaos:agent.
 """
 
 from __future__ import annotations
@@ -25,11 +25,19 @@ pytestmark = pytest.mark.anyio
 @pytest.mark.timeout(300)
 async def test_kill_stop_and_restart_redis_mid_stream(tmp_path: Path) -> None:
     cfg = ChaosConfig(
-        messages=600, workers=3, kills=4, stops=1, redis_restarts=1, seed=7,
+        messages=600,
+        workers=3,
+        kills=4,
+        stops=1,
+        redis_restarts=1,
+        seed=7,
         deadline_s=(0.5, 20.0),  # a few short ones expire around a kill: told, then retried
-        agent="tests.agents_chaos:agent", cwd=str(ROOT), dir=str(tmp_path / "chaos"),
-        quiet_timeout_s=60, caller_give_up_s=120,
-    )  # fmt: skip
+        agent="tests.support.agents_chaos:agent",
+        cwd=str(ROOT),
+        dir=str(tmp_path / "chaos"),
+        quiet_timeout_s=60,
+        caller_give_up_s=120,
+    )
     r = await run_chaos(cfg)
     text = format_report(r)
     print(text)  # shown with -s, or on failure
@@ -81,9 +89,27 @@ def test_plan_is_deterministic() -> None:
 @pytest.mark.timeout(120)
 def test_reach_chaos_command(tmp_path: Path) -> None:
     """`reach chaos` runs the same engine and prints the report (here as JSON)."""
-    cmd = [sys.executable, "-m", "reach_cli.app", "chaos", "--messages", "80", "--workers", "2",
-           "--kills", "1", "--stops", "0", "--redis-restarts", "0", "--event-gap-s", "2",
-           "--dir", str(tmp_path / "run"), "--json"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "reach_cli.app",
+        "chaos",
+        "--messages",
+        "80",
+        "--workers",
+        "2",
+        "--kills",
+        "1",
+        "--stops",
+        "0",
+        "--redis-restarts",
+        "0",
+        "--event-gap-s",
+        "2",
+        "--dir",
+        str(tmp_path / "run"),
+        "--json",
+    ]
     p = subprocess.run(cmd, check=False, cwd=ROOT, capture_output=True, text=True, timeout=110)
     assert p.returncode == 0, p.stdout + p.stderr
     r = json.loads(p.stdout)

@@ -12,10 +12,25 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_reach_bench_reports_throughput_latency_and_round_trips() -> None:
     res = subprocess.run(
-        [sys.executable, "-m", "reach_cli.app", "bench", "--messages", "500",
-         "--requests", "50", "--concurrency", "8", "--json"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "reach_cli.app",
+            "bench",
+            "--messages",
+            "500",
+            "--requests",
+            "50",
+            "--concurrency",
+            "8",
+            "--json",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     tp, lat = out["throughput"], out["latency"]

@@ -32,14 +32,23 @@ def invoke(*args: str) -> tuple[int, str, str]:
     res = runner.invoke(app, list(args))
     # An exception typer did not turn into an exit code is a traceback for a user.
     assert res.exception is None or isinstance(res.exception, SystemExit), (
-        args, repr(res.exception), res.output)  # fmt: skip
+        args,
+        repr(res.exception),
+        res.output,
+    )
     return res.exit_code, res.stdout, res.stderr
 
 
 def reach(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """The real command in a process of its own: what a user sees, exit code included."""
-    return subprocess.run([sys.executable, "-m", "reach_cli.app", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout, check=False)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "reach_cli.app", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def assert_one_error_line(out: str, err: str, *needles: str) -> None:
@@ -89,16 +98,31 @@ def not_redis() -> Iterator[str]:
 def no_info_url(sync_r: redis.Redis, redis_server) -> Iterator[str]:  # type: ignore[no-untyped-def]
     """An ACL user of the test's own Redis allowed everything but INFO."""
     user = f"noinfo-{uuid.uuid4().hex[:8]}"
-    sync_r.acl_setuser(user, enabled=True, passwords=["+pw"], keys=["*"], channels=["*"],
-                       commands=["+@all", "-info"])  # fmt: skip
+    sync_r.acl_setuser(
+        user,
+        enabled=True,
+        passwords=["+pw"],
+        keys=["*"],
+        channels=["*"],
+        commands=["+@all", "-info"],
+    )
     try:
         yield f"redis://{user}:pw@127.0.0.1:{redis_server.port}/0"
     finally:
         sync_r.acl_deluser(user)
 
 
-LISTINGS = (["caps"], ["agents"], ["events"], ["queues"], ["dlq", "list"], ["sweep"],
-            ["task", "x"], ["send", "a.b", "1"], ["top", "--once", "--interval", "0"])  # fmt: skip
+LISTINGS = (
+    ["caps"],
+    ["agents"],
+    ["events"],
+    ["queues"],
+    ["dlq", "list"],
+    ["sweep"],
+    ["task", "x"],
+    ["send", "a.b", "1"],
+    ["top", "--once", "--interval", "0"],
+)
 
 
 def test_db_index_out_of_range_is_one_error_line(redis_server, ns: str) -> None:  # type: ignore[no-untyped-def]
@@ -136,9 +160,12 @@ def test_wrong_password_says_so(redis_server, ns: str) -> None:  # type: ignore[
 def test_worker_against_a_bad_redis_is_one_error_line(  # type: ignore[no-untyped-def]
     bad: str, redis_server, not_redis: str, no_info_url: str, ns: str
 ) -> None:
-    url = {"db": f"redis://127.0.0.1:{redis_server.port}/99999", "not_redis": not_redis,
-           "acl": no_info_url}[bad]  # fmt: skip
-    p = reach("worker", "tests.agents_lifecycle:plain", "--redis-url", url, "-n", ns)
+    url = {
+        "db": f"redis://127.0.0.1:{redis_server.port}/99999",
+        "not_redis": not_redis,
+        "acl": no_info_url,
+    }[bad]
+    p = reach("worker", "tests.support.agents_lifecycle:plain", "--redis-url", url, "-n", ns)
     assert p.returncode == 2, p.stderr
     assert_one_error_line(p.stdout, p.stderr)
 
@@ -154,17 +181,37 @@ def test_events_count_zero_and_negative(redis_url: str, ns: str) -> None:
 def test_events_follow_count_zero_prints_only_new_events(redis_url: str, ns: str) -> None:
     async def register(agent_id: str) -> None:
         r = await connect(redis_url)
-        await Registry(r, ns).register(agent_id, instance_id="i", version=1, ready=False,
-                                       capabilities=["x.y"], lease_ms=60_000,
-                                       evict_after_ms=120_000)  # fmt: skip
+        await Registry(r, ns).register(
+            agent_id,
+            instance_id="i",
+            version=1,
+            ready=False,
+            capabilities=["x.y"],
+            lease_ms=60_000,
+            evict_after_ms=120_000,
+        )
         await r.aclose()
 
     anyio.run(register, "old-1")  # a past event: --count 0 must not print it
     p = subprocess.Popen(
-        [sys.executable, "-m", "reach_cli.app", "events", "--follow", "--count", "0",
-         "--redis-url", redis_url, "--namespace", ns],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "reach_cli.app",
+            "events",
+            "--follow",
+            "--count",
+            "0",
+            "--redis-url",
+            redis_url,
+            "--namespace",
+            ns,
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     # It starts following at some point after the process starts: keep registering new
     # agents until it prints one (each registration is an event after the one before).
     done = threading.Event()
@@ -195,14 +242,16 @@ def test_events_follow_count_zero_prints_only_new_events(redis_url: str, ns: str
     ("target", "needles"),
     [
         ("tests.cli.worker_targets:nope", ["has no attribute 'nope'", "app"]),
-        ("tests.cli.worker_targets:handler_function", ["handler_function", "argument",
-                                                         "reach.Agent"]),
+        (
+            "tests.cli.worker_targets:handler_function",
+            ["handler_function", "argument", "reach.Agent"],
+        ),
         ("tests.cli.worker_targets:async_handler", ["async_handler", "reach.Agent"]),
         ("tests.cli.worker_targets:factory_of_a_string", ["returned str", "reach.Agent"]),
         ("tests.cli.worker_targets:NOT_AN_AGENT", ["is int", "reach.Agent"]),
         ("json:nope", ["has no attribute 'nope'"]),
     ],
-)  # fmt: skip
+)
 def test_worker_targets_that_are_not_agents(target: str, needles: list[str], ns: str) -> None:
     code, out, err = invoke("worker", target, "--redis-url", "redis://127.0.0.1:1/0", "-n", ns)
     assert code == 2, (out, err)
@@ -211,8 +260,16 @@ def test_worker_targets_that_are_not_agents(target: str, needles: list[str], ns:
 
 
 def test_worker_log_level_is_checked(ns: str) -> None:
-    code, _, err = invoke("worker", "tests.cli.worker_targets:app", "--log-level", "loud",
-                            "--redis-url", "redis://127.0.0.1:1/0", "-n", ns)  # fmt: skip
+    code, _, err = invoke(
+        "worker",
+        "tests.cli.worker_targets:app",
+        "--log-level",
+        "loud",
+        "--redis-url",
+        "redis://127.0.0.1:1/0",
+        "-n",
+        ns,
+    )
     assert code == 2
     for level in ("loud", "debug", "info", "warning", "error"):
         assert level in err, err
@@ -221,12 +278,29 @@ def test_worker_log_level_is_checked(ns: str) -> None:
 # -- Ctrl-C ----------------------------------------------------------------------------------
 def test_ctrl_c_on_a_worker_drains_and_exits_130(redis_url: str, ns: str) -> None:
     p = subprocess.Popen(
-        [sys.executable, "-m", "reach_cli.app", "worker", "tests.agents_lifecycle:plain",
-         "--redis-url", redis_url, "-n", ns, "--heartbeat-s", "0.1", "--lease-s", "0.3",
-         "--evict-after-s", "0.6"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "reach_cli.app",
+            "worker",
+            "tests.support.agents_lifecycle:plain",
+            "--redis-url",
+            redis_url,
+            "-n",
+            ns,
+            "--heartbeat-s",
+            "0.1",
+            "--lease-s",
+            "0.3",
+            "--evict-after-s",
+            "0.6",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
+    )
 
     async def ready() -> bool:
         r = await connect(redis_url)
@@ -237,7 +311,7 @@ def test_ctrl_c_on_a_worker_drains_and_exits_130(redis_url: str, ns: str) -> Non
             await r.aclose()
 
     async def wait_ready() -> None:
-        from tests.waiting import wait_until
+        from tests.support.waiting import wait_until
 
         await wait_until(ready, what="worker ready")
 
@@ -268,13 +342,29 @@ def test_a_reader_that_goes_away_ends_the_listing_quietly(
     """`reach events | head -1`: no error, no traceback, exit code 0."""
     pipe = sync_r.pipeline(transaction=False)
     for i in range(3000):  # well over a pipe's buffer
-        pipe.xadd(Keys(ns).events, {"type": "registered", "agent_id": f"a-{i}",
-                                    "ts": "1700000000000"})  # fmt: skip
+        pipe.xadd(
+            Keys(ns).events, {"type": "registered", "agent_id": f"a-{i}", "ts": "1700000000000"}
+        )
     pipe.execute()
     for extra in ([], ["--json"], ["--follow"]):
-        p = subprocess.Popen([sys.executable, "-m", "reach_cli.app", "events", "--count", "3000",
-                              *extra, "--redis-url", redis_url, "-n", ns], cwd=ROOT,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        p = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "reach_cli.app",
+                "events",
+                "--count",
+                "3000",
+                *extra,
+                "--redis-url",
+                redis_url,
+                "-n",
+                ns,
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         assert p.stdout is not None and p.stderr is not None
         assert p.stdout.readline()
         p.stdout.close()

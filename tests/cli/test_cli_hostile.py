@@ -25,11 +25,31 @@ runner = CliRunner()
 
 # Values a field may hold once read: what a tolerant reader makes of bytes, or worse.
 HOSTILE_VALUES: list[Any] = [
-    "abc", "", None, -1, 0, 10**30, 2**63, 1.5, float("nan"), float("inf"), True,
-    b"\xff\xfe", "\udcff\udcfe", "\ud800", "\x1b[31mred\x1b[0m", "\x1b]0;owned\x07", "a\nb\tc",
-    "[/red]", "[bold]x[/bold]", "[link=file:///etc/passwd]x[/link]", "é🤖", "x" * 5000,
-    ["a", 1], {"k": b"\xff"},
-]  # fmt: skip
+    "abc",
+    "",
+    None,
+    -1,
+    0,
+    10**30,
+    2**63,
+    1.5,
+    float("nan"),
+    float("inf"),
+    True,
+    b"\xff\xfe",
+    "\udcff\udcfe",
+    "\ud800",
+    "\x1b[31mred\x1b[0m",
+    "\x1b]0;owned\x07",
+    "a\nb\tc",
+    "[/red]",
+    "[bold]x[/bold]",
+    "[link=file:///etc/passwd]x[/link]",
+    "é🤖",
+    "x" * 5000,
+    ["a", 1],
+    {"k": b"\xff"},
+]
 
 
 @pytest.mark.parametrize("value", HOSTILE_VALUES, ids=repr)
@@ -81,13 +101,28 @@ def _xadd_raw(sync_r: redis.Redis, key: str, fields: dict[bytes, bytes]) -> None
 @pytest.fixture
 def hostile_events(sync_r: redis.Redis, ns: str) -> str:
     key = Keys(ns).events
-    _xadd_raw(sync_r, key, {b"type": b"registered", b"agent_id": b"good-1", b"instance_id": b"i",
-                            b"ts": b"1700000000000"})  # fmt: skip
+    _xadd_raw(
+        sync_r,
+        key,
+        {
+            b"type": b"registered",
+            b"agent_id": b"good-1",
+            b"instance_id": b"i",
+            b"ts": b"1700000000000",
+        },
+    )
     _xadd_raw(sync_r, key, {b"type": b"registered", b"agent_id": b"bad-ts", b"ts": b"abc"})
-    _xadd_raw(sync_r, key, {b"type": b"registered", b"agent_id": b"huge-ts",
-                            b"ts": b"9" * 40})  # fmt: skip
-    _xadd_raw(sync_r, key, {b"type": b"\x1b[31m[/red]", b"agent_id": b"\xff\xfe-bytes",
-                            b"instance_id": b"\xc1", b"ts": b"-5"})  # fmt: skip
+    _xadd_raw(sync_r, key, {b"type": b"registered", b"agent_id": b"huge-ts", b"ts": b"9" * 40})
+    _xadd_raw(
+        sync_r,
+        key,
+        {
+            b"type": b"\x1b[31m[/red]",
+            b"agent_id": b"\xff\xfe-bytes",
+            b"instance_id": b"\xc1",
+            b"ts": b"-5",
+        },
+    )
     _xadd_raw(sync_r, key, {b"junk": b"\x00"})  # no field it expects at all
     _xadd_raw(sync_r, key, {b"type": b"ready", b"agent_id": b"good-2", b"ts": b"1700000000001"})
     return key
@@ -116,9 +151,23 @@ def test_events_follow_prints_hostile_entries_safely(
     # --follow prints the past ones first, one line each (with --json one object each),
     # then waits: a process of its own, stopped once the last past entry is out.
     for extra in ([], ["--json"]):
-        p = subprocess.Popen([sys.executable, "-m", "reach_cli.app", "events", "--follow",
-                              *extra, "--redis-url", redis_url, "-n", ns], cwd=ROOT,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        p = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "reach_cli.app",
+                "events",
+                "--follow",
+                *extra,
+                "--redis-url",
+                redis_url,
+                "-n",
+                ns,
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         try:
             assert p.stdout is not None
             lines = [p.stdout.readline() for _ in range(6)]
@@ -138,10 +187,17 @@ def test_listings_survive_hostile_key_names(sync_r: redis.Redis, redis_url: str,
     keys = Keys(ns)
     sync_r.xadd(keys.inbox("ok-1", "high"), {"x": "1"})
     sync_r.execute_command("XADD", keys.dlq("cap").encode() + b"\xff", "*", "reason", "x")
-    sync_r.execute_command("XADD", f"reach:{ns}:{{a:".encode() + b"\xff\xfe}:in:high", "*",
-                           "x", "1")  # fmt: skip
-    for args in (["queues"], ["queues", "--json"], ["dlq", "list"], ["dlq", "list", "--json"],
-                 ["top", "--once", "--interval", "0"], ["top", "--once", "--json", "--interval", "0"]):  # fmt: skip
+    sync_r.execute_command(
+        "XADD", f"reach:{ns}:{{a:".encode() + b"\xff\xfe}:in:high", "*", "x", "1"
+    )
+    for args in (
+        ["queues"],
+        ["queues", "--json"],
+        ["dlq", "list"],
+        ["dlq", "list", "--json"],
+        ["top", "--once", "--interval", "0"],
+        ["top", "--once", "--json", "--interval", "0"],
+    ):
         res = runner.invoke(app, [*args, "--redis-url", redis_url, "-n", ns])
         assert res.exception is None, (args, repr(res.exception))
         assert res.exit_code == 0, (args, res.output)

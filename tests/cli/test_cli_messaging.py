@@ -17,7 +17,7 @@ import reach
 from reach.connection import AnyRedis
 from reach.keys import Keys
 from reach.runtime import Agent, Context
-from tests.agents_messaging import Gate, serving, wait_status, wait_until
+from tests.support.agents_messaging import Gate, serving, wait_status, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -64,8 +64,18 @@ async def test_send_task_queues_and_dead_letters_from_the_cli(
     cli = Cli(redis_url, ns)
     async with serving(redis_url, ns, make_agent(gate), concurrency=1) as client:
         # send --wait --json: the handler's result
-        out = await cli.json("send", "test.echo", '{"a": 1}', "--wait", "--priority", "high",
-                             "--session", "s-9", "--timeout-s", "10")  # fmt: skip
+        out = await cli.json(
+            "send",
+            "test.echo",
+            '{"a": 1}',
+            "--wait",
+            "--priority",
+            "high",
+            "--session",
+            "s-9",
+            "--timeout-s",
+            "10",
+        )
         assert out == {"result": {"echo": {"a": 1}, "priority": "high", "session": "s-9"}}
         res = await cli("send", "test.echo", "[1, 2]", "--wait")
         assert json.loads(res.stdout) == {"echo": [1, 2], "priority": "normal", "session": ""}
@@ -75,8 +85,11 @@ async def test_send_task_queues_and_dead_letters_from_the_cli(
         assert len(msg_id) == 32
         await wait_status(client, msg_id, "succeeded")
         t = await cli.json("task", msg_id)
-        assert (t["msg_id"], t["status"], t["result"]) == (msg_id, "succeeded", {
-            "echo": "ping", "priority": "normal", "session": ""})  # fmt: skip
+        assert (t["msg_id"], t["status"], t["result"]) == (
+            msg_id,
+            "succeeded",
+            {"echo": "ping", "priority": "normal", "session": ""},
+        )
         assert t["agent_id"] == "cli-agent-1" and t["runs"] == 1
         res = await cli("task", "no-such-message", ok=False)
         assert res.exit_code == 1

@@ -23,9 +23,13 @@ class ReachRedis:
     """One `reach redis` process; ``url`` is the line it printed."""
 
     def __init__(self, *args: str) -> None:
-        self.p = subprocess.Popen([sys.executable, "-m", "reach_cli.app", "redis", *args],
-                                  cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True)  # fmt: skip
+        self.p = subprocess.Popen(
+            [sys.executable, "-m", "reach_cli.app", "redis", *args],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         assert self.p.stdout is not None
         self.url = self.p.stdout.readline().strip()
         if not self.url:
@@ -101,9 +105,13 @@ def test_a_second_server_on_the_same_directory_is_refused(
     c.set("k", "v")
     c.close()
 
-    p = subprocess.Popen([sys.executable, "-m", "reach_cli.app", "redis", "--port", "0", "--dir",
-                          str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)  # fmt: skip
+    p = subprocess.Popen(
+        [sys.executable, "-m", "reach_cli.app", "redis", "--port", "0", "--dir", str(tmp_path)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         out, err = p.communicate(timeout=30)
     except subprocess.TimeoutExpired:

@@ -33,13 +33,34 @@ def populated(redis_url: str, ns: str) -> Iterator[None]:
         r = await connect(redis_url)
         reg = Registry(r, ns)
         common = {"lease_ms": 60_000, "evict_after_ms": 120_000}
-        await reg.register("sum-1", instance_id="i1", version=1, ready=True, weight=2,
-                           capabilities=["text.summarize"], metadata={"region": "eu"}, **common)
-        await reg.register("sum-2", instance_id="i2", version=1, ready=False,
-                           capabilities=["text.summarize", "text.translate"],
-                           metadata={"region": "us"}, **common)  # fmt: skip
-        await reg.register("gone-1", instance_id="i3", version=1, ready=True,
-                           capabilities=["code.review"], lease_ms=1, evict_after_ms=1)
+        await reg.register(
+            "sum-1",
+            instance_id="i1",
+            version=1,
+            ready=True,
+            weight=2,
+            capabilities=["text.summarize"],
+            metadata={"region": "eu"},
+            **common,
+        )
+        await reg.register(
+            "sum-2",
+            instance_id="i2",
+            version=1,
+            ready=False,
+            capabilities=["text.summarize", "text.translate"],
+            metadata={"region": "us"},
+            **common,
+        )
+        await reg.register(
+            "gone-1",
+            instance_id="i3",
+            version=1,
+            ready=True,
+            capabilities=["code.review"],
+            lease_ms=1,
+            evict_after_ms=1,
+        )
         await anyio.sleep(0.01)
         await reg.sweep(owner="t")
         await r.aclose()
@@ -66,8 +87,17 @@ def test_agents_json_has_the_documented_fields(populated: None, redis_url: str, 
     rows = {r["agent_id"]: r for r in json.loads(out)}
     assert set(rows) == {"sum-1", "sum-2", "gone-1"}
     for r in rows.values():
-        for f in ("agent_id", "state", "ready", "draining", "weight", "version",
-                  "capabilities", "metadata", "last_heartbeat_ms"):  # fmt: skip
+        for f in (
+            "agent_id",
+            "state",
+            "ready",
+            "draining",
+            "weight",
+            "version",
+            "capabilities",
+            "metadata",
+            "last_heartbeat_ms",
+        ):
             assert f in r
     assert rows["sum-1"]["weight"] == 2 and rows["sum-1"]["ready"] is True
     assert rows["sum-2"]["capabilities"] == ["text.summarize", "text.translate"]
@@ -140,8 +170,11 @@ def test_version_and_help() -> None:
 def test_reach_redis_runs_a_persistent_server(tmp_path: Path) -> None:
     p = subprocess.Popen(
         [sys.executable, "-m", "reach_cli.app", "redis", "--port", "0", "--dir", str(tmp_path)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert p.stdout is not None
         url = p.stdout.readline().strip()
@@ -170,16 +203,35 @@ def test_reach_redis_runs_a_persistent_server(tmp_path: Path) -> None:
 
 def test_events_follow_prints_new_events_as_they_happen(redis_url: str, ns: str) -> None:
     p = subprocess.Popen(
-        [sys.executable, "-m", "reach_cli.app", "events", "--follow", "--redis-url", redis_url,
-         "--namespace", ns],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "reach_cli.app",
+            "events",
+            "--follow",
+            "--redis-url",
+            redis_url,
+            "--namespace",
+            ns,
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
+
         async def register() -> None:
             r = await connect(redis_url)
-            await Registry(r, ns).register("late-1", instance_id="i", version=1, ready=False,
-                                           capabilities=["x.y"], lease_ms=60_000,
-                                           evict_after_ms=120_000)  # fmt: skip
+            await Registry(r, ns).register(
+                "late-1",
+                instance_id="i",
+                version=1,
+                ready=False,
+                capabilities=["x.y"],
+                lease_ms=60_000,
+                evict_after_ms=120_000,
+            )
             await r.aclose()
 
         # It prints past events first (none here), then follows; registering after it

@@ -27,7 +27,10 @@ def test_plain_lines_when_piped(capsys: pytest.CaptureFixture[str]) -> None:
         for _ in range(250):
             step()
     assert capsys.readouterr().err.splitlines() == [
-        "replayed 100/250", "replayed 200/250", "replayed 250/250"]  # fmt: skip
+        "replayed 100/250",
+        "replayed 200/250",
+        "replayed 250/250",
+    ]
     with common.progress(1, "replayed") as step:  # one item: no progress at all
         step()
     assert capsys.readouterr().err == ""
@@ -50,20 +53,33 @@ def test_dlq_replay_all_reports_progress(redis_url: str, ns: str) -> None:
     async def setup() -> None:
         r = await connect(redis_url)
         await Registry(r, ns).register(
-            "rp-1", instance_id="i", version=1, capabilities=["t.replay"], ready=True,
-            lease_ms=60_000, evict_after_ms=120_000,
-        )  # fmt: skip
+            "rp-1",
+            instance_id="i",
+            version=1,
+            capabilities=["t.replay"],
+            ready=True,
+            lease_ms=60_000,
+            evict_after_ms=120_000,
+        )
         ops = []
         for _ in range(3):
             env = Envelope(msg_id=new_id(), capability="t.replay")
-            ops.append(dead_letter_op(keys, capability="t.replay", reason="rejected",
-                                      data=encode(env), msg_id=env.msg_id))  # fmt: skip
+            ops.append(
+                dead_letter_op(
+                    keys,
+                    capability="t.replay",
+                    reason="rejected",
+                    data=encode(env),
+                    msg_id=env.msg_id,
+                )
+            )
         await scripts.run_pipeline(r, ops)
         await r.aclose()
 
     anyio.run(setup)
-    res = runner.invoke(app, ["dlq", "replay", "--all", "--redis-url", redis_url,
-                              "--namespace", ns])  # fmt: skip
+    res = runner.invoke(
+        app, ["dlq", "replay", "--all", "--redis-url", redis_url, "--namespace", ns]
+    )
     assert res.exit_code == 0, res.stderr
     assert res.stdout.strip() == "replayed 3, failed 0"
     assert res.stderr.splitlines()[-1] == "replayed 3/3"  # piped: plain lines

@@ -26,8 +26,16 @@ from reach.keys import GROUP, Keys
 from reach.registry import Registry
 
 ROOT = Path(__file__).resolve().parents[2]
-FAST = ["--heartbeat-s", "0.1", "--lease-s", "0.3", "--evict-after-s", "0.6",
-        "--sweep-interval-s", "0.1"]  # fmt: skip
+FAST = [
+    "--heartbeat-s",
+    "0.1",
+    "--lease-s",
+    "0.3",
+    "--evict-after-s",
+    "0.6",
+    "--sweep-interval-s",
+    "0.1",
+]
 runner = CliRunner()
 
 
@@ -40,8 +48,20 @@ def cli(url: str, ns: str, *args: str) -> tuple[int, str, str]:
 def plain_worker(redis_url: str, ns: str) -> Iterator[None]:
     """plain-1 (test.plain echoes; test.other has no handler: its messages dead-letter),
     after 3 echoes and 1 dead letter."""
-    cmd = [sys.executable, "-m", "reach_cli.app", "worker", "tests.agents_lifecycle:plain",
-           "--redis-url", redis_url, "--namespace", ns, "--log-level", "warning", *FAST]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "reach_cli.app",
+        "worker",
+        "tests.support.agents_lifecycle:plain",
+        "--redis-url",
+        redis_url,
+        "--namespace",
+        ns,
+        "--log-level",
+        "warning",
+        *FAST,
+    ]
     p = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.DEVNULL)
 
     async def setup() -> None:
@@ -71,8 +91,16 @@ def test_once_renders_one_frame(plain_worker: None, redis_url: str, ns: str) -> 
     code, out, err = cli(redis_url, ns, "--once", "--interval", "0.2")
     assert code == 0, err
     assert out.count("reach top") == 1  # one frame
-    for word in ("capabilities", "agents", "plain-1", "test.plain", "test.other", "ready",
-                 f"ns={ns}", "dead letters 1"):  # fmt: skip
+    for word in (
+        "capabilities",
+        "agents",
+        "plain-1",
+        "test.plain",
+        "test.other",
+        "ready",
+        f"ns={ns}",
+        "dead letters 1",
+    ):
         assert word in out, (word, out)
     assert "q or Ctrl-C" not in out
 
@@ -90,9 +118,15 @@ def test_once_json(plain_worker: None, redis_url: str, ns: str) -> None:
     assert a["in_per_s"] is not None  # Redis >= 7: counters known
     caps = {c["capability"]: c for c in data["capabilities"]}
     assert caps["test.other"]["dead_letters"] == 1
-    assert caps["test.plain"] == {"capability": "test.plain", "agents": 1, "ready": 1,
-                                  "queued": 0, "inflight": 0, "dead_letters": 0,
-                                  "dead_per_s": None}  # fmt: skip
+    assert caps["test.plain"] == {
+        "capability": "test.plain",
+        "agents": 1,
+        "ready": 1,
+        "queued": 0,
+        "inflight": 0,
+        "dead_letters": 0,
+        "dead_per_s": None,
+    }
     assert data["totals"]["agents"] == {"ready": 1}
     assert data["totals"]["dead_letters"] == 1
 
@@ -112,8 +146,15 @@ async def test_rates_are_deltas_of_the_stream_counters(redis_url: str, ns: str) 
     r = await connect(redis_url)
     keys = Keys(ns)
     reg = Registry(r, ns)
-    await reg.register("rate-1", instance_id="i", version=1, capabilities=["t.rate"], ready=True,
-                       lease_ms=60_000, evict_after_ms=120_000)  # fmt: skip
+    await reg.register(
+        "rate-1",
+        instance_id="i",
+        version=1,
+        capabilities=["t.rate"],
+        ready=True,
+        lease_ms=60_000,
+        evict_after_ms=120_000,
+    )
     inbox = keys.inbox("rate-1", "normal")
     await r.xgroup_create(inbox, GROUP, id="0", mkstream=True)
 
@@ -151,8 +192,19 @@ async def test_rates_are_deltas_of_the_stream_counters(redis_url: str, ns: str) 
 
 
 def _top_cmd(url: str, ns: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "reach_cli.app", "top", "--redis-url", url, "--namespace", ns,
-            "--interval", "0.1", *extra]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "reach_cli.app",
+        "top",
+        "--redis-url",
+        url,
+        "--namespace",
+        ns,
+        "--interval",
+        "0.1",
+        *extra,
+    ]
 
 
 def _read_until(fd: int, needle: bytes, timeout_s: float = 20.0) -> bytes:
@@ -179,8 +231,9 @@ def test_live_view_quits_on_q_and_restores_the_terminal(redis_url: str, ns: str)
     master, slave = pty.openpty()
     before = termios.tcgetattr(slave)
     env = {**os.environ, "TERM": "xterm", "COLUMNS": "160", "LINES": "50"}
-    p = subprocess.Popen(_top_cmd(redis_url, ns), cwd=ROOT, stdin=slave, stdout=slave,
-                         stderr=slave, env=env)  # fmt: skip
+    p = subprocess.Popen(
+        _top_cmd(redis_url, ns), cwd=ROOT, stdin=slave, stdout=slave, stderr=slave, env=env
+    )
     try:
         out = _read_until(master, b"q or Ctrl-C to quit")
         out += _read_until(master, b"q or Ctrl-C to quit")  # it refreshes
@@ -199,8 +252,13 @@ def test_live_view_quits_on_q_and_restores_the_terminal(redis_url: str, ns: str)
 def test_piped_live_view_prints_frames_and_ends_on_ctrl_c_with_130(
     redis_url: str, ns: str, sync_r: redis.Redis
 ) -> None:
-    p = subprocess.Popen(_top_cmd(redis_url, ns, "--json"), cwd=ROOT, stdin=subprocess.DEVNULL,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    p = subprocess.Popen(
+        _top_cmd(redis_url, ns, "--json"),
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         assert p.stdout is not None
         lines = [p.stdout.readline(), p.stdout.readline()]  # one JSON object per refresh

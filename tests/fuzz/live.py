@@ -13,7 +13,7 @@ import redis
 from reach.client import Client
 from reach.errors import NoAgentAvailable
 from reach.keys import GROUP, Keys
-from tests.workers import Workers
+from tests.support.workers import Workers
 
 
 def poll(probe: Callable[[], Any], *, timeout_s: float = 30.0, what: str = "condition") -> Any:
@@ -42,8 +42,10 @@ def inbox_len(r: redis.Redis, ns: str, agent_id: str) -> int:
 
 def wait_settled(r: redis.Redis, ns: str, agent_id: str) -> None:
     """Every entry of the agent's inbox is gone: handled, dead-lettered or moved."""
-    poll(lambda: inbox_len(r, ns, agent_id) == 0 and pending(r, ns, agent_id) == 0,
-         what=f"inbox of {agent_id} settled")  # fmt: skip
+    poll(
+        lambda: inbox_len(r, ns, agent_id) == 0 and pending(r, ns, agent_id) == 0,
+        what=f"inbox of {agent_id} settled",
+    )
 
 
 def assert_serving(workers: Workers, url: str, ns: str, *names: str) -> None:
@@ -58,8 +60,7 @@ def assert_serving(workers: Workers, url: str, ns: str, *names: str) -> None:
                 with anyio.fail_after(30):
                     while True:
                         try:
-                            out = await c.request("hard.echo", {"ping": n}, target=n,
-                                                  timeout_s=20)  # fmt: skip
+                            out = await c.request("hard.echo", {"ping": n}, target=n, timeout_s=20)
                             break
                         except NoAgentAvailable:  # not (yet) in this fresh client's view
                             c.invalidate()

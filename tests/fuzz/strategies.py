@@ -16,19 +16,52 @@ from hypothesis import strategies as st
 from reach.envelope import Envelope, encode, new_id, now_ms
 
 # Integers at and beyond every width a decoder or a computation may choke on.
-EDGE_INTS = st.sampled_from([
-    0, -1, 1, 2**31 - 1, 2**31, -(2**31), 2**53, 2**63 - 1, -(2**63), 2**64 - 1,
-    10**6, 5000, 10**12, 10**18,
-])  # fmt: skip
-EDGE_FLOATS = st.sampled_from([0.0, -0.0, 1e308, -1e308, float("inf"), float("-inf"),
-                               float("nan"), 1e-308, 3.5])  # fmt: skip
+EDGE_INTS = st.sampled_from(
+    [
+        0,
+        -1,
+        1,
+        2**31 - 1,
+        2**31,
+        -(2**31),
+        2**53,
+        2**63 - 1,
+        -(2**63),
+        2**64 - 1,
+        10**6,
+        5000,
+        10**12,
+        10**18,
+    ]
+)
+EDGE_FLOATS = st.sampled_from(
+    [0.0, -0.0, 1e308, -1e308, float("inf"), float("-inf"), float("nan"), 1e-308, 3.5]
+)
 ANY_INT = st.one_of(EDGE_INTS, st.integers(min_value=-(2**63), max_value=2**64 - 1))
 ANY_FLOAT = st.one_of(EDGE_FLOATS, st.floats(allow_nan=True, allow_infinity=True))
 TEXT = st.one_of(
     st.text(max_size=40),
-    st.sampled_from(["", " ", "{", "}", "{a:b}", "\x00", "é", "🤖", "a" * 5000, "direct",
-                     "broadcast", "weighted_rr", "high", "urgent", "../", "%s%n"]),
-)  # fmt: skip
+    st.sampled_from(
+        [
+            "",
+            " ",
+            "{",
+            "}",
+            "{a:b}",
+            "\x00",
+            "é",
+            "🤖",
+            "a" * 5000,
+            "direct",
+            "broadcast",
+            "weighted_rr",
+            "high",
+            "urgent",
+            "../",
+            "%s%n",
+        ]
+    ),
+)
 BYTES = st.one_of(st.binary(max_size=64), st.sampled_from([b"\xff\xfe", b"\xc1", b"\x80"]))
 
 # Scalars msgpack can carry (msgspec encodes all of these).
@@ -57,10 +90,15 @@ def deep_nesting(depth: int, *, as_map: bool = False) -> bytes:
 
 def valid_envelope(**over: Any) -> Envelope:
     fields: dict[str, Any] = {
-        "msg_id": new_id(), "capability": "fuzz.echo", "payload": msgspec.Raw(encode({"n": 1})),
-        "trace_id": "t", "priority": "normal", "deadline_ms": now_ms() + 60_000,
-        "max_attempts": 2, "sent_ms": now_ms(),
-    }  # fmt: skip
+        "msg_id": new_id(),
+        "capability": "fuzz.echo",
+        "payload": msgspec.Raw(encode({"n": 1})),
+        "trace_id": "t",
+        "priority": "normal",
+        "deadline_ms": now_ms() + 60_000,
+        "max_attempts": 2,
+        "sent_ms": now_ms(),
+    }
     fields.update(over)
     return Envelope(**fields)
 

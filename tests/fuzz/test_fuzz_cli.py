@@ -68,29 +68,105 @@ COMMAND_NAMES = {name for path in COMMANDS for name in path}
 
 # -- values ------------------------------------------------------------------------------
 # argv can carry any bytes but NUL; Python decodes what is not UTF-8 to lone surrogates.
-HOSTILE = st.sampled_from([
-    "", " ", "-", "--", "-x", "--nope", "[/red]", "[bold]x", "*", "?", "[a-z]", "{a}", "{",
-    "}", "a:b", "\udcff\udcfe", "é🤖", "\x1b[31m", "\n", "a" * 3000, "../..", "%s%n", "nan",
-    "-1", "0", "1e309", "0-0", "1-1", "9" * 30, "text.summarize", "_malformed", "fz-1",
-    "fz.cap", "fz-ready", "fz.ready", "null", "{}", "[1, 2]", '{"a": 1}', "1" * 30,
-    '"\\ud800"', "[" * 5000, '{"a": NaN}', "1e400",
-])  # fmt: skip
+HOSTILE = st.sampled_from(
+    [
+        "",
+        " ",
+        "-",
+        "--",
+        "-x",
+        "--nope",
+        "[/red]",
+        "[bold]x",
+        "*",
+        "?",
+        "[a-z]",
+        "{a}",
+        "{",
+        "}",
+        "a:b",
+        "\udcff\udcfe",
+        "é🤖",
+        "\x1b[31m",
+        "\n",
+        "a" * 3000,
+        "../..",
+        "%s%n",
+        "nan",
+        "-1",
+        "0",
+        "1e309",
+        "0-0",
+        "1-1",
+        "9" * 30,
+        "text.summarize",
+        "_malformed",
+        "fz-1",
+        "fz.cap",
+        "fz-ready",
+        "fz.ready",
+        "null",
+        "{}",
+        "[1, 2]",
+        '{"a": 1}',
+        "1" * 30,
+        '"\\ud800"',
+        "[" * 5000,
+        '{"a": NaN}',
+        "1e400",
+    ]
+)
 TEXT = st.one_of(HOSTILE, st.text(st.characters(blacklist_characters="\x00"), max_size=30))
 INT = st.one_of(
-    st.sampled_from(["0", "-1", "1", "65535", "65536", str(2**31), str(2**63), str(10**30),
-                     "-" + str(10**30), "1.5", "abc", "", "0x10"]),
+    st.sampled_from(
+        [
+            "0",
+            "-1",
+            "1",
+            "65535",
+            "65536",
+            str(2**31),
+            str(2**63),
+            str(10**30),
+            "-" + str(10**30),
+            "1.5",
+            "abc",
+            "",
+            "0x10",
+        ]
+    ),
     st.integers(-(10**6), 10**6).map(str),
-)  # fmt: skip
+)
 FLOAT = st.one_of(
-    st.sampled_from(["0", "-0", "-1", "0.001", "1e-300", "1e308", "1e309", "nan", "inf",
-                     "-inf", "abc", "", "1,5"]),
+    st.sampled_from(
+        [
+            "0",
+            "-0",
+            "-1",
+            "0.001",
+            "1e-300",
+            "1e308",
+            "1e309",
+            "nan",
+            "inf",
+            "-inf",
+            "abc",
+            "",
+            "1,5",
+        ]
+    ),
     st.floats(allow_nan=False, allow_infinity=False, min_value=-1e6, max_value=1e6).map(repr),
-)  # fmt: skip
-PAYLOAD = st.one_of(TEXT, st.recursive(
-    st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=10)),
-    lambda c: st.one_of(st.lists(c, max_size=3), st.dictionaries(st.text(max_size=5), c, max_size=3)),
-    max_leaves=8,
-).map(json.dumps))  # fmt: skip
+)
+PAYLOAD = st.one_of(
+    TEXT,
+    st.recursive(
+        st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=10)),
+        lambda c: st.one_of(
+            st.lists(c, max_size=3), st.dictionaries(st.text(max_size=5), c, max_size=3)
+        ),
+        max_leaves=8,
+    ).map(json.dumps),
+)
 
 
 def _value(path: tuple[str, ...], param: Any) -> st.SearchStrategy[str]:
@@ -113,7 +189,9 @@ def _value(path: tuple[str, ...], param: Any) -> st.SearchStrategy[str]:
 
 
 @st.composite
-def argv(draw: st.DrawFn, path: tuple[str, ...], redis_url: str, namespaces: list[str]) -> list[str]:
+def argv(
+    draw: st.DrawFn, path: tuple[str, ...], redis_url: str, namespaces: list[str]
+) -> list[str]:
     """One command line for the command at ``path``."""
     cmd = COMMANDS[path]
     out: list[str] = list(path)
@@ -144,7 +222,9 @@ def argv(draw: st.DrawFn, path: tuple[str, ...], redis_url: str, namespaces: lis
         for _ in range(draw(st.integers(1, 3)) if p.multiple else 1):
             out += [name, draw(_value(path, p))]
     if draw(st.integers(0, 9)) == 0:  # something it does not know
-        out += draw(st.sampled_from([["--nope"], ["extra-arg"], ["--help"], ["-n"], ["--json", "x"]]))
+        out += draw(
+            st.sampled_from([["--nope"], ["extra-arg"], ["--help"], ["-n"], ["--json", "x"]])
+        )
     if path == () and draw(st.booleans()):  # the bare `reach` with a word that is no command
         out.append(draw(TEXT.filter(lambda w: w.strip() not in COMMAND_NAMES)))
     return out
@@ -198,9 +278,15 @@ def seeded(fuzz_redis: RedisServer) -> str:
         try:
             reg = Registry(r, ns)
             for agent_id, cap, ready in (("fz-1", "fz.cap", False), ("fz-ready", "fz.ready", True)):
-                await reg.register(agent_id, instance_id="i", version=1, ready=ready,
-                                   capabilities=[cap], lease_ms=3_600_000,
-                                   evict_after_ms=7_200_000)  # fmt: skip
+                await reg.register(
+                    agent_id,
+                    instance_id="i",
+                    version=1,
+                    ready=ready,
+                    capabilities=[cap],
+                    lease_ms=3_600_000,
+                    evict_after_ms=7_200_000,
+                )
         finally:
             await r.aclose()
 
@@ -243,17 +329,25 @@ def test_fuzzed_command_lines_end_cleanly(
 def test_numbers_out_of_range_are_usage_errors(fuzz_redis: RedisServer, seeded: str) -> None:
     """A few fixed cases the fuzzing may take long to draw."""
     url = ["--redis-url", fuzz_redis.url]
-    for args in (["events", "--count", "-1"], ["dlq", "list", "--limit", "0"],
-                 ["top", "--once", "--interval", "nan"], ["top", "--once", "--limit", "0"],
-                 ["send", "a.b", "1", "--timeout-s", "nan"],
-                 ["send", "a.b", "1", "--timeout-s", "-1"],
-                 ["send", "a.b", "1", "--priority", "urgent"],
-                 ["dlq", "show", "not-an-id"], ["events", "--count", str(10**30)],
-                 ["send", "fz.ready", "1" * 30, "-n", seeded],
-                 ["send", "fz.ready", '"\\ud800"', "-n", seeded],
-                 ["send", "fz.ready", "[" * 100_000, "-n", seeded]):  # fmt: skip
-        res = runner.invoke(app, [*args, *url], env={"REACH_REDIS_URL": fuzz_redis.url,
-                                                     "REACH_NAMESPACE": "fzfixed"})
+    for args in (
+        ["events", "--count", "-1"],
+        ["dlq", "list", "--limit", "0"],
+        ["top", "--once", "--interval", "nan"],
+        ["top", "--once", "--limit", "0"],
+        ["send", "a.b", "1", "--timeout-s", "nan"],
+        ["send", "a.b", "1", "--timeout-s", "-1"],
+        ["send", "a.b", "1", "--priority", "urgent"],
+        ["dlq", "show", "not-an-id"],
+        ["events", "--count", str(10**30)],
+        ["send", "fz.ready", "1" * 30, "-n", seeded],
+        ["send", "fz.ready", '"\\ud800"', "-n", seeded],
+        ["send", "fz.ready", "[" * 100_000, "-n", seeded],
+    ):
+        res = runner.invoke(
+            app,
+            [*args, *url],
+            env={"REACH_REDIS_URL": fuzz_redis.url, "REACH_NAMESPACE": "fzfixed"},
+        )
         assert res.exception is None or isinstance(res.exception, SystemExit), (args, res.exception)
         assert res.exit_code == 2, (args, res.output)
         assert "Traceback" not in res.output

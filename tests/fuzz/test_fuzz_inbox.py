@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from reach.keys import PRIORITIES, Keys
 from tests.fuzz.live import assert_serving, start_ready, wait_settled
 from tests.fuzz.strategies import hostile_entries
-from tests.workers import Workers
+from tests.support.workers import Workers
 
 CAPS = st.sampled_from(["hard.echo", "hard.fail", "hard.slow", "fuzz.unknown"])
 
@@ -25,7 +25,7 @@ CAPS = st.sampled_from(["hard.echo", "hard.fail", "hard.slow", "fuzz.unknown"])
 @pytest.fixture(scope="module")
 def live(redis_server):  # type: ignore[no-untyped-def]
     ns = "fuzzinbox"
-    w = Workers(redis_server.url, ns, "tests.agents_hardening")
+    w = Workers(redis_server.url, ns, "tests.support.agents_hardening")
     start_ready(w, redis_server.url, ns, "h1")
     r = redis.Redis.from_url(redis_server.url)
     yield w, redis_server.url, ns, r

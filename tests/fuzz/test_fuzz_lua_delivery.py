@@ -43,14 +43,73 @@ MODES = ["done", "release"]
 # or Redis would take, counts and key indexes just in and out of range, the words of the
 # contract (statuses, modes, commands, XADD options), stream ids and owners.
 ARG_EDGES = [
-    "", "0", "1", "2", "3", "-1", "-0", "+1", "nan", "-nan", "inf", "-inf", "+inf", "1e309",
-    "-1e309", "1e3", "1.5", "0.0", " 5", "5 ", "0x10", "007", "00", str(2**31), str(2**53),
-    str(2**53 + 1), str(2**63), str(2**64), "9" * 17, "9" * 40, "\x00", "é", "*", "$", ">",
-    "MAXLEN", "maxlen", "MINID", "~", "=", "XADD", "ZADD", "xadd", "DEL", "EVAL", "XACK",
-    *STATUSES, "running", "pending", *MODES, GROUP, OWNER, OTHER, AGENT, "0-0", "1-1", "1-",
-    "-1-1", "18446744073709551615-18446744073709551615", "18446744073709551616-0",
-    "604800000", "604800001", "31536000000", "31536000001", "10000", "10001",
-]  # fmt: skip
+    "",
+    "0",
+    "1",
+    "2",
+    "3",
+    "-1",
+    "-0",
+    "+1",
+    "nan",
+    "-nan",
+    "inf",
+    "-inf",
+    "+inf",
+    "1e309",
+    "-1e309",
+    "1e3",
+    "1.5",
+    "0.0",
+    " 5",
+    "5 ",
+    "0x10",
+    "007",
+    "00",
+    str(2**31),
+    str(2**53),
+    str(2**53 + 1),
+    str(2**63),
+    str(2**64),
+    "9" * 17,
+    "9" * 40,
+    "\x00",
+    "é",
+    "*",
+    "$",
+    ">",
+    "MAXLEN",
+    "maxlen",
+    "MINID",
+    "~",
+    "=",
+    "XADD",
+    "ZADD",
+    "xadd",
+    "DEL",
+    "EVAL",
+    "XACK",
+    *STATUSES,
+    "running",
+    "pending",
+    *MODES,
+    GROUP,
+    OWNER,
+    OTHER,
+    AGENT,
+    "0-0",
+    "1-1",
+    "1-",
+    "-1-1",
+    "18446744073709551615-18446744073709551615",
+    "18446744073709551616-0",
+    "604800000",
+    "604800001",
+    "31536000000",
+    "31536000001",
+    "10000",
+    "10001",
+]
 FUZZ_ARG = st.one_of(
     st.sampled_from(ARG_EDGES),
     st.integers(-3, 16).map(str),  # counts and key indexes, in range and just out of it
@@ -94,13 +153,31 @@ async def build_world(r: AnyRedis) -> World:
     fences = {"free": 1, "held": 1, "mine": 1, "done": 3, "released": 2, "expired": 5}
     await scripts.call(r, "claim", [rec["held"]], [OTHER, TTL_MS, "w-2", 60_000, "m-held"])
     await scripts.call(r, "claim", [rec["mine"]], [OWNER, TTL_MS, AGENT, 60_000, "m-mine"])
-    await r.hset(rec["done"], mapping={"done": "1", "reply": b"\x81\xa1r\x01", "fence": 3,
-                                       "status": "succeeded", "owner": "", "lease_until": 0})  # fmt: skip
-    await r.hset(rec["released"], mapping={"fence": 2, "status": "retrying", "owner": "",
-                                           "lease_until": 0})  # fmt: skip
+    await r.hset(
+        rec["done"],
+        mapping={
+            "done": "1",
+            "reply": b"\x81\xa1r\x01",
+            "fence": 3,
+            "status": "succeeded",
+            "owner": "",
+            "lease_until": 0,
+        },
+    )
+    await r.hset(
+        rec["released"], mapping={"fence": 2, "status": "retrying", "owner": "", "lease_until": 0}
+    )
     await r.hset(rec["expired"], mapping={"fence": 5, "owner": OTHER, "lease_until": 1})
-    await r.hset(rec["damaged"], mapping={"fence": "abc", "runs": "-", "lease_until": "soon",
-                                          "owner": OTHER, "done": "maybe"})  # fmt: skip
+    await r.hset(
+        rec["damaged"],
+        mapping={
+            "fence": "abc",
+            "runs": "-",
+            "lease_until": "soon",
+            "owner": OTHER,
+            "done": "maybe",
+        },
+    )
     for key in rec.values():
         if await r.exists(key):
             await r.pexpire(key, 600_000)
@@ -149,8 +226,13 @@ def complete_call(data: st.DataObject, w: World) -> tuple[list[str], list[Any]]:
     for s in states:
         fence = data.draw(st.sampled_from([w.fences.get(s, 1), 1, 2, 9]))
         status, mode = data.draw(st.sampled_from(STATUSES)), data.draw(st.sampled_from(MODES))
-        args += [fence, status, data.draw(st.sampled_from([b"", b"R", b"\xff" * 3])), mode,
-                 data.draw(st.sampled_from(["", "boom"]))]  # fmt: skip
+        args += [
+            fence,
+            status,
+            data.draw(st.sampled_from([b"", b"R", b"\xff" * 3])),
+            mode,
+            data.draw(st.sampled_from(["", "boom"])),
+        ]
     return [w.records[s] for s in states], args
 
 
@@ -170,12 +252,18 @@ def settle_call(data: st.DataObject, w: World) -> tuple[list[str], list[Any]]:
         state = data.draw(st.sampled_from([None, *sorted(w.records)]))
         idem = w.records[state] if state else None
         if idem is not None:
-            items += [ki(idem), data.draw(st.sampled_from([w.fences.get(state or "", 1), 1, 7])),
-                      data.draw(st.sampled_from(STATUSES))]  # fmt: skip
+            items += [
+                ki(idem),
+                data.draw(st.sampled_from([w.fences.get(state or "", 1), 1, 7])),
+                data.draw(st.sampled_from(STATUSES)),
+            ]
         else:
             items += [0, "", ""]
-        items += [data.draw(st.sampled_from([b"", b"R"])),
-                  data.draw(st.sampled_from(MODES)) if idem else "", ""]  # fmt: skip
+        items += [
+            data.draw(st.sampled_from([b"", b"R"])),
+            data.draw(st.sampled_from(MODES)) if idem else "",
+            "",
+        ]
         items += [ki(data.draw(st.sampled_from([None, w.replies])))]
         inbox = data.draw(st.sampled_from([None, w.inboxes[1]]))
         items += [ki(inbox), data.draw(st.sampled_from([*w.pending, "1-0", "99999-7"]))]
@@ -184,8 +272,15 @@ def settle_call(data: st.DataObject, w: World) -> tuple[list[str], list[Any]]:
             st.lists(st.sampled_from(["xadd", "xadd-maxlen", "zadd"]), max_size=2)
         ):
             if kind == "zadd":
-                ops.append(["ZADD", ki(w.delayed), 2, data.draw(st.sampled_from([12345, "1.5", -3])),
-                            b"ENV"])  # fmt: skip
+                ops.append(
+                    [
+                        "ZADD",
+                        ki(w.delayed),
+                        2,
+                        data.draw(st.sampled_from([12345, "1.5", -3])),
+                        b"ENV",
+                    ]
+                )
             else:
                 trim = ["MAXLEN", "~", 1000] if kind == "xadd-maxlen" else []
                 fields = ["*", "reason", "fuzz", "env", b"E"]
@@ -208,8 +303,13 @@ def takeover_call(data: st.DataObject, w: World) -> tuple[list[str], list[Any]]:
     return [w.records[state]], [data.draw(st.sampled_from([OTHER, OWNER, "", "w-3/x"]))]
 
 
-VALID = {"claim": claim_call, "complete": complete_call, "settle": settle_call,
-         "fetch": fetch_call, "takeover": takeover_call}  # fmt: skip
+VALID = {
+    "claim": claim_call,
+    "complete": complete_call,
+    "settle": settle_call,
+    "fetch": fetch_call,
+    "takeover": takeover_call,
+}
 
 
 def mutate(
@@ -219,8 +319,11 @@ def mutate(
     keys, args = list(keys), list(args)
     n = data.draw(st.integers(0, 3), label="edits")
     for _ in range(n):
-        op = data.draw(st.sampled_from(["replace", "replace", "replace", "index", "delete",
-                                        "insert", "truncate", "keys"]))  # fmt: skip
+        op = data.draw(
+            st.sampled_from(
+                ["replace", "replace", "replace", "index", "delete", "insert", "truncate", "keys"]
+            )
+        )
         if op in ("replace", "index", "delete") and args:
             i = data.draw(st.integers(0, len(args) - 1))
             if op == "delete":
@@ -314,8 +417,9 @@ def _example(
         w = await build_world(r)
         try:
             if random:
-                keys = data.draw(st.lists(st.sampled_from([*w.realistic_keys(), *w.wrong]),
-                                          max_size=4))  # fmt: skip
+                keys = data.draw(
+                    st.lists(st.sampled_from([*w.realistic_keys(), *w.wrong]), max_size=4)
+                )
                 args = data.draw(st.lists(FUZZ_ARG, max_size=30))
                 await run_example(r, name, w, keys, args, must_succeed=False)
             else:

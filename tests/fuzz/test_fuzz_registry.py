@@ -47,8 +47,8 @@ from reach.registry import AgentInfo, Registry
 from reach.view import RegistryView
 from tests.fuzz.registry_strategies import FUZZ_ARG, hostile_events, hostile_records
 from tests.lua.snapshot import assert_unchanged, snapshot
-from tests.registry_helpers import assert_consistent, new_instance, new_version
-from tests.waiting import wait_until
+from tests.support.registry_helpers import assert_consistent, new_instance, new_version
+from tests.support.waiting import wait_until
 
 CAP_A, CAP_B = "fz.a", "fz.b"
 GOOD = {"g1": [CAP_A], "g2": [CAP_A, CAP_B]}
@@ -77,12 +77,26 @@ async def build_world(r: AnyRedis) -> World:
     reg = Registry(r, ns, events_maxlen=MAXLEN)
     for agent_id, caps in GOOD.items():
         inst = new_instance()
-        await reg.register(agent_id, instance_id=inst, version=new_version(), capabilities=caps,
-                           lease_ms=LONG_MS, evict_after_ms=LONG_MS, metadata={"good": 1})  # fmt: skip
+        await reg.register(
+            agent_id,
+            instance_id=inst,
+            version=new_version(),
+            capabilities=caps,
+            lease_ms=LONG_MS,
+            evict_after_ms=LONG_MS,
+            metadata={"good": 1},
+        )
         await reg.mark_ready(agent_id, instance_id=inst)
     inst, version = new_instance(), new_version()
-    await reg.register("t1", instance_id=inst, version=version, capabilities=[CAP_A, "fz.c"],
-                       lease_ms=1, evict_after_ms=LONG_MS, ready=True)  # fmt: skip
+    await reg.register(
+        "t1",
+        instance_id=inst,
+        version=version,
+        capabilities=[CAP_A, "fz.c"],
+        lease_ms=1,
+        evict_after_ms=LONG_MS,
+        ready=True,
+    )
     k = reg.keys
     # outside the agent and capability prefixes: readers scan those for hashes and sets
     wrong = [k.idem("wrong-string"), k.idem("wrong-list")]
@@ -120,8 +134,9 @@ def register_call(data: st.DataObject, w: World) -> tuple[list[Any], list[Any]]:
         agent_id,
         instance_id=w.t1_instance if same else new_instance(),
         version=w.t1_version if same else data.draw(st.sampled_from([new_version(), 1])),
-        capabilities=data.draw(st.lists(st.sampled_from([CAP_A, CAP_B, "fz.c", "x.y_z"]),
-                                        min_size=1, max_size=3)),
+        capabilities=data.draw(
+            st.lists(st.sampled_from([CAP_A, CAP_B, "fz.c", "x.y_z"]), min_size=1, max_size=3)
+        ),
         weight=data.draw(st.sampled_from([0.001, 1, 2.5, 1000])),
         metadata=data.draw(st.sampled_from([{}, {"region": "eu"}, {"n": [1, {"x": None}]}])),
         lease_ms=data.draw(st.sampled_from([1, 1000, LONG_MS])),
@@ -129,7 +144,7 @@ def register_call(data: st.DataObject, w: World) -> tuple[list[Any], list[Any]]:
         card=data.draw(st.sampled_from([None, {"name": "T"}])),
         ready=data.draw(st.booleans()),
         max_queue=data.draw(st.sampled_from([0, 10])),
-    )  # fmt: skip
+    )
     return list(keys), list(args)
 
 
@@ -140,7 +155,7 @@ def heartbeat_call(data: st.DataObject, w: World) -> tuple[list[Any], list[Any]]
         version=data.draw(st.sampled_from([w.t1_version, w.t1_version + 1, 1])),
         queue_depth=data.draw(st.sampled_from([0, 5, 2**53 - 1])),
         inflight=data.draw(st.sampled_from([0, 3])),
-    )  # fmt: skip
+    )
     return list(keys), list(args)
 
 
@@ -165,16 +180,33 @@ def mark_ready_call(data: st.DataObject, w: World) -> tuple[list[Any], list[Any]
 def sweep_call(data: st.DataObject, w: World) -> tuple[list[Any], list[Any]]:
     k = w.k
     keys = [k.agents, k.caps, k.events, k.sweeper_lock, k.cap_prefix, k.agent_prefix, k.reroute]
-    args = [data.draw(st.sampled_from(["fz", "other"])), data.draw(st.sampled_from([0, 1000])),
-            data.draw(st.sampled_from([1, 60_000])), data.draw(st.sampled_from([1, 100])), MAXLEN]  # fmt: skip
+    args = [
+        data.draw(st.sampled_from(["fz", "other"])),
+        data.draw(st.sampled_from([0, 1000])),
+        data.draw(st.sampled_from([1, 60_000])),
+        data.draw(st.sampled_from([1, 100])),
+        MAXLEN,
+    ]
     return keys, args
 
 
-VALID = {"register": register_call, "heartbeat": heartbeat_call, "deregister": deregister_call,
-         "drain": drain_call, "mark_ready": mark_ready_call, "sweep": sweep_call}  # fmt: skip
+VALID = {
+    "register": register_call,
+    "heartbeat": heartbeat_call,
+    "deregister": deregister_call,
+    "drain": drain_call,
+    "mark_ready": mark_ready_call,
+    "sweep": sweep_call,
+}
 # KEYS positions that name a key (the others are prefixes): the ones a type swap may hit.
-REAL_KEYS = {"register": [0, 1, 2, 3], "heartbeat": [0, 1, 2], "deregister": [0, 1, 2, 3],
-             "drain": [0, 1], "mark_ready": [0, 1], "sweep": [0, 1, 2, 3, 6]}  # fmt: skip
+REAL_KEYS = {
+    "register": [0, 1, 2, 3],
+    "heartbeat": [0, 1, 2],
+    "deregister": [0, 1, 2, 3],
+    "drain": [0, 1],
+    "mark_ready": [0, 1],
+    "sweep": [0, 1, 2, 3, 6],
+}
 
 
 def mutate(
@@ -191,8 +223,11 @@ def mutate(
     keys_edited = False
     n = data.draw(st.integers(0, 3), label="edits")
     for _ in range(n):
-        op = data.draw(st.sampled_from(["replace", "replace", "replace", "replace", "delete",
-                                        "insert", "truncate", "keys"]))  # fmt: skip
+        op = data.draw(
+            st.sampled_from(
+                ["replace", "replace", "replace", "replace", "delete", "insert", "truncate", "keys"]
+            )
+        )
         if op in ("replace", "delete") and args:
             i = data.draw(st.integers(0, len(args) - 1))
             if op == "delete":
@@ -363,9 +398,15 @@ def test_hostile_records_and_events_never_stop_readers(
                 await wait_until(loaded, what="the view's first load")
                 for i, fields in enumerate(hostile["records"]):
                     agent_id, inst, version = f"h{i}", new_instance(), new_version()
-                    await reg.register(agent_id, instance_id=inst, version=version,
-                                       capabilities=[CAP_A], lease_ms=LONG_MS,
-                                       evict_after_ms=LONG_MS, ready=True)  # fmt: skip
+                    await reg.register(
+                        agent_id,
+                        instance_id=inst,
+                        version=version,
+                        capabilities=[CAP_A],
+                        lease_ms=LONG_MS,
+                        evict_after_ms=LONG_MS,
+                        ready=True,
+                    )
                     await r.hset(k.agent(agent_id), mapping=fields)
                     hostile_ids.append((agent_id, inst, version))
                 for i, fields in enumerate(hostile["raw"]):
@@ -380,13 +421,20 @@ def test_hostile_records_and_events_never_stop_readers(
                     await r.xadd(k.events, fields)
                 # a registration the view can only learn of through the tail, past the bad events
                 inst = new_instance()
-                await reg.register("late", instance_id=inst, version=new_version(),
-                                   capabilities=[CAP_A], lease_ms=LONG_MS, evict_after_ms=LONG_MS)  # fmt: skip
+                await reg.register(
+                    "late",
+                    instance_id=inst,
+                    version=new_version(),
+                    capabilities=[CAP_A],
+                    lease_ms=LONG_MS,
+                    evict_after_ms=LONG_MS,
+                )
                 await reg.mark_ready("late", instance_id=inst)
 
                 async def late_seen() -> bool:
-                    return any(a.agent_id == "late" and a.ready
-                               for a in (await view.candidates(CAP_A))[0])  # fmt: skip
+                    return any(
+                        a.agent_id == "late" and a.ready for a in (await view.candidates(CAP_A))[0]
+                    )
 
                 await wait_until(late_seen, what="the event tail past the hostile events")
                 await view.refresh()
@@ -411,9 +459,15 @@ def test_hostile_records_and_events_never_stop_readers(
             for agent_id, inst, version in hostile_ids:
                 try:
                     await reg.heartbeat(agent_id, instance_id=inst, version=version)
-                    await reg.register(agent_id, instance_id=inst, version=version,
-                                       capabilities=[CAP_A], lease_ms=LONG_MS,
-                                       evict_after_ms=LONG_MS, ready=True)  # fmt: skip
+                    await reg.register(
+                        agent_id,
+                        instance_id=inst,
+                        version=version,
+                        capabilities=[CAP_A],
+                        lease_ms=LONG_MS,
+                        evict_after_ms=LONG_MS,
+                        ready=True,
+                    )
                 except reach.StaleRegistration:
                     continue  # a hostile version above this one fences it, as it should
                 except reach.ConfigError as e:

@@ -20,7 +20,7 @@ from reach.envelope import CAPABILITY_PATTERN, BadEnvelope, decode_envelope, now
 from reach.keys import Keys
 from tests.fuzz.live import assert_serving, poll, start_ready
 from tests.fuzz.strategies import hostile_entries
-from tests.workers import Workers
+from tests.support.workers import Workers
 
 SERVED = {"hard.echo", "hard.fail", "hard.slow"}
 LIVE = {"h1", "h2"}
@@ -32,7 +32,7 @@ _ghosts = itertools.count()
 @pytest.fixture(scope="module")
 def live(redis_server):  # type: ignore[no-untyped-def]
     ns = "fuzzsweep"
-    w = Workers(redis_server.url, ns, "tests.agents_hardening")
+    w = Workers(redis_server.url, ns, "tests.support.agents_hardening")
     start_ready(w, redis_server.url, ns, "h1", "h2")
     r = redis.Redis.from_url(redis_server.url)
     yield w, redis_server.url, ns, r
@@ -63,9 +63,12 @@ def members(r: redis.Redis, key: str) -> set[Any]:
     junk_members=st.lists(st.binary(min_size=1, max_size=12), max_size=2),
 )
 def test_any_sweeper_input_is_consumed_and_workers_serve(
-    live: tuple[Workers, str, str, redis.Redis], delayed: list[bytes],
-    parked: list[tuple[str, bytes]], ghost_inbox: list[bytes], junk_members: list[bytes],
-) -> None:  # fmt: skip
+    live: tuple[Workers, str, str, redis.Redis],
+    delayed: list[bytes],
+    parked: list[tuple[str, bytes]],
+    ghost_inbox: list[bytes],
+    junk_members: list[bytes],
+) -> None:
     workers, url, ns, r = live
     keys = Keys(ns)
     past = now_ms() - 1
@@ -83,8 +86,11 @@ def test_any_sweeper_input_is_consumed_and_workers_serve(
 
     def leftovers() -> list[str]:
         """What the sweeper has not consumed (and may not keep waiting)."""
-        left = [f"delayed {d[:60]!r}" for d in r.zrange(keys.delayed, 0, -1)
-                if not waits_legitimately(d)]  # fmt: skip
+        left = [
+            f"delayed {d[:60]!r}"
+            for d in r.zrange(keys.delayed, 0, -1)
+            if not waits_legitimately(d)
+        ]
         left += [f"reroute member {m!r}" for m in members(r, keys.reroute)]
         left += [f"inbox {k}" for k in keys.inboxes(ghost) if r.exists(k)]
         for cap in members(r, keys.parked_caps):
@@ -92,8 +98,11 @@ def test_any_sweeper_input_is_consumed_and_workers_serve(
                 left.append(f"parked member {cap!r}")  # junk: the sweeper removes it
                 continue
             rows = r.xrange(keys.parked(cap.decode()))
-            left += [f"parked {cap!r} {f.get(b'e', b'')[:60]!r}" for _, f in rows
-                     if not waits_legitimately(f.get(b"e", b""))]  # fmt: skip
+            left += [
+                f"parked {cap!r} {f.get(b'e', b'')[:60]!r}"
+                for _, f in rows
+                if not waits_legitimately(f.get(b"e", b""))
+            ]
         return left
 
     try:

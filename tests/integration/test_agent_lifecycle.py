@@ -13,15 +13,15 @@ import pytest
 from reach.client import Client
 from reach.connection import connect
 from reach.registry import Registry
-from tests.waiting import wait_until
-from tests.workers import Workers
+from tests.support.waiting import wait_until
+from tests.support.workers import Workers
 
 pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
 def workers(redis_url: str, ns: str) -> Iterator[Workers]:
-    w = Workers(redis_url, ns, "tests.agents_lifecycle")
+    w = Workers(redis_url, ns, "tests.support.agents_lifecycle")
     yield w
     w.stop_all()
 
@@ -227,8 +227,12 @@ async def test_same_agent_id_started_twice_keeps_the_newer(
     # Its drain ran before it exited: had it touched the newer record, the flag is set now.
     a = await reg.get("plain-1")
     assert a is not None
-    assert (a.instance_id, a.state, a.ready, a.draining) == (second.instance_id, "active", True,
-                                                             False)  # fmt: skip
+    assert (a.instance_id, a.state, a.ready, a.draining) == (
+        second.instance_id,
+        "active",
+        True,
+        False,
+    )
     drained = [e for e in await reg.recent_events(50) if e.type == "draining"]
     assert drained == [], drained
     async with Client(redis_url=redis_url, namespace=ns) as c:

@@ -20,7 +20,7 @@ import pytest
 
 from reach.client import Client
 from reach.connection import DEFAULT_MAX_CONNECTIONS, AnyRedis, pool_connections
-from tests.agents_messaging import REPO, effects, wait_eligible, worker_cmd
+from tests.support.agents_messaging import REPO, effects, wait_eligible, worker_cmd
 
 pytestmark = pytest.mark.anyio
 
@@ -48,9 +48,12 @@ def two_workers(redis_url: str, ns: str) -> Iterator[list[subprocess.Popen[bytes
 
 
 async def test_5000_requests_and_5000_sends_at_once_on_one_client(
-    two_workers: list[subprocess.Popen[bytes]], redis_url: str, ns: str, r: AnyRedis,
+    two_workers: list[subprocess.Popen[bytes]],
+    redis_url: str,
+    ns: str,
+    r: AnyRedis,
     record_property: Any,
-) -> None:  # fmt: skip
+) -> None:
     name = f"reach:{ns}:fan-out-1"
     seen_ids: set[int] = set()
     peak = 0
@@ -101,10 +104,12 @@ async def test_5000_requests_and_5000_sends_at_once_on_one_client(
     done = await effects(r, ns, "echo")
     assert len(done) == 2 * N and set(done.values()) == {1}  # each handled exactly once
     assert set(sent) <= set(done)  # the sends are keyed by their msg_id
-    report = (f"{N} requests + {N} sends on one client: calls returned in {t_calls:.1f} s, all "
-              f"handled in {t_all:.1f} s; Redis connections of the client: at most {peak} "
-              f"open at once, {len(seen_ids)} opened in all, {pooled} pooled at the end "
-              f"(bound {DEFAULT_MAX_CONNECTIONS}); requests per agent {by_agent}")  # fmt: skip
+    report = (
+        f"{N} requests + {N} sends on one client: calls returned in {t_calls:.1f} s, all "
+        f"handled in {t_all:.1f} s; Redis connections of the client: at most {peak} "
+        f"open at once, {len(seen_ids)} opened in all, {pooled} pooled at the end "
+        f"(bound {DEFAULT_MAX_CONNECTIONS}); requests per agent {by_agent}"
+    )
     print(report)
     record_property("client_connections", report)
     assert 1 <= peak <= DEFAULT_MAX_CONNECTIONS

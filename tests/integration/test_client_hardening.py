@@ -33,11 +33,11 @@ from reach.errors import Overloaded, RedisUnavailable
 from reach.keys import Keys
 from reach.registry import Registry
 from reach.runtime import Agent, Context
-from tests.agents_messaging import serving, wait_eligible
-from tests.cluster import RedisTestCluster
-from tests.registry_helpers import register
-from tests.sentinel import RedisTestSentinel
-from tests.waiting import wait_until
+from tests.support.agents_messaging import serving, wait_eligible
+from tests.support.cluster import RedisTestCluster
+from tests.support.registry_helpers import register
+from tests.support.sentinel import RedisTestSentinel
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -67,8 +67,9 @@ async def test_hundreds_of_requests_at_once_share_a_bounded_pool(
 ) -> None:
     async with serving(redis_url, ns, echo_agent(), concurrency=64) as warm:
         assert warm is not None
-        async with Client(redis_url=redis_url, namespace=ns, max_connections=8,
-                          client_id="many-1") as client:  # fmt: skip
+        async with Client(
+            redis_url=redis_url, namespace=ns, max_connections=8, client_id="many-1"
+        ) as client:
             await wait_eligible(client, "test.echo", ["echo-h1"])
             peak = 0
             done = anyio.Event()
@@ -200,8 +201,10 @@ async def test_result_of_a_reply_already_read(redis_url: str, ns: str, r: AnyRed
         await wait_until(lambda: _has(client, "m-early"), what="the reply read")
         assert await client.result("m-early", timeout_s=5) == {"x": 1}
         # answered: deleted from the stream with the next batch
-        await wait_until(lambda: _stream_lacks(r, Keys(ns).replies("res-1"), "m-early"),
-                         what="the answered reply deleted")  # fmt: skip
+        await wait_until(
+            lambda: _stream_lacks(r, Keys(ns).replies("res-1"), "m-early"),
+            what="the answered reply deleted",
+        )
 
 
 async def _has(client: Client, msg_id: str) -> bool:
@@ -287,9 +290,12 @@ async def test_max_queue_is_exact_on_a_cluster(redis_cluster: RedisTestCluster) 
 # -- item 7: unsolicited replies are bounded; no entry stops the reader --------------------
 async def test_unsolicited_replies_are_bounded(redis_url: str, ns: str, r: AnyRedis) -> None:
     key = Keys(ns).replies("flood-1")
-    async with serving(redis_url, ns, echo_agent()) as _, Client(
-        redis_url=redis_url, namespace=ns, client_id="flood-1", max_unclaimed_replies=500
-    ) as client:
+    async with (
+        serving(redis_url, ns, echo_agent()) as _,
+        Client(
+            redis_url=redis_url, namespace=ns, client_id="flood-1", max_unclaimed_replies=500
+        ) as client,
+    ):
         assert await client.request("test.echo", "warm") == "warm"
         last = None
         for start in range(0, 30_000, 2_000):
@@ -301,17 +307,21 @@ async def test_unsolicited_replies_are_bounded(redis_url: str, ns: str, r: AnyRe
         assert len(client._replies) <= 500 and len(client._unclaimed) <= 500
         # the newest are kept (for result()), the dropped ones deleted from the stream
         assert "stray-29999" in client._replies and "stray-0" not in client._replies
-        await wait_until(lambda: _xlen_at_most(r, key, 600), timeout_s=30,
-                         what="dropped replies deleted")  # fmt: skip
+        await wait_until(
+            lambda: _xlen_at_most(r, key, 600), timeout_s=30, what="dropped replies deleted"
+        )
         assert await client.result("stray-29999", timeout_s=5) == "ok"
         assert await client.request("test.echo", "still") == "still"
 
 
 async def test_unsolicited_replies_expire(redis_url: str, ns: str, r: AnyRedis) -> None:
     key = Keys(ns).replies("stale-1")
-    async with serving(redis_url, ns, echo_agent()) as _, Client(
-        redis_url=redis_url, namespace=ns, client_id="stale-1", unclaimed_reply_ttl_s=0.3
-    ) as client:
+    async with (
+        serving(redis_url, ns, echo_agent()) as _,
+        Client(
+            redis_url=redis_url, namespace=ns, client_id="stale-1", unclaimed_reply_ttl_s=0.3
+        ) as client,
+    ):
         assert await client.request("test.echo", 1) == 1
         for i in range(10):
             await r.xadd(key, reply_entry(f"old-{i}"))

@@ -13,14 +13,14 @@ import pytest
 from reach.client import Client
 from reach.keys import Keys
 from reach.registry import Registry
-from tests.workers import Workers
+from tests.support.workers import Workers
 
 pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
 def workers(redis_url: str, ns: str) -> Iterator[Workers]:
-    w = Workers(redis_url, ns, "tests.agents_recovery")
+    w = Workers(redis_url, ns, "tests.support.agents_recovery")
     yield w
     w.stop_all()
 
@@ -28,8 +28,12 @@ def workers(redis_url: str, ns: str) -> Iterator[Workers]:
 async def ready(c: Client, ids: set[str], timeout_s: float = 30.0) -> None:
     with anyio.fail_after(timeout_s):
         while True:
-            got = {a.agent_id for a in await Registry(c.redis, c.namespace).agents(
-                "rec.work", ready=True, state="active")}  # fmt: skip
+            got = {
+                a.agent_id
+                for a in await Registry(c.redis, c.namespace).agents(
+                    "rec.work", ready=True, state="active"
+                )
+            }
             if ids <= got:
                 c.invalidate()
                 return
@@ -48,8 +52,10 @@ async def test_inbox_of_a_killed_agent_moves_to_a_live_one(
     async with Client(redis_url=redis_url, namespace=ns, slow_start_s=0) as c:
         await ready(c, {"rec-1"})
         # Two in flight (pending) and the rest unread, across priorities.
-        ids = [await c.send("rec.work", {"sleep_s": 5}, priority=p)
-               for p in ["normal", "normal", "high", "low", "normal", "low"]]  # fmt: skip
+        ids = [
+            await c.send("rec.work", {"sleep_s": 5}, priority=p)
+            for p in ["normal", "normal", "high", "low", "normal", "low"]
+        ]
         with anyio.fail_after(20):
             while sum([(await c.task(i)).status == "running" for i in ids]) < 2:
                 await anyio.sleep(0.02)

@@ -36,8 +36,7 @@ async def test_a_missing_acl_permission(no_info_url: str) -> None:  # noqa: F811
 
 
 async def test_wrong_password(redis_server, sync_r: redis.Redis) -> None:  # type: ignore[no-untyped-def]
-    sync_r.acl_setuser("pwuser", enabled=True, passwords=["+right"], keys=["*"],
-                       commands=["+@all"])  # fmt: skip
+    sync_r.acl_setuser("pwuser", enabled=True, passwords=["+right"], keys=["*"], commands=["+@all"])
     try:
         with pytest.raises(RedisUnavailable, match="refused the credentials"):
             await connect(f"redis://pwuser:wrong@127.0.0.1:{redis_server.port}/0")

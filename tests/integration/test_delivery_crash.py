@@ -18,7 +18,14 @@ import pytest
 from reach.client import Client
 from reach.connection import AnyRedis
 from reach.keys import GROUP, Keys
-from tests.agents_messaging import REPO, effects, wait_eligible, wait_status, wait_until, worker_cmd
+from tests.support.agents_messaging import (
+    REPO,
+    effects,
+    wait_eligible,
+    wait_status,
+    wait_until,
+    worker_cmd,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -26,7 +33,7 @@ AGENT = "crash-1"
 
 
 class Workers:
-    """Start `reach worker tests.agents_messaging:crash_agent` processes; kill them all at the end."""
+    """Start `reach worker tests.support.agents_messaging:crash_agent` processes; kill them all at the end."""
 
     def __init__(self, redis_url: str, ns: str, logs: Path) -> None:
         self.cmd = worker_cmd("crash_agent", redis_url, ns, "--concurrency", "4")
@@ -36,8 +43,14 @@ class Workers:
 
     def start(self) -> subprocess.Popen[bytes]:
         log = (self.logs / f"worker-{len(self.procs)}.log").open("wb")
-        p = subprocess.Popen(self.cmd, cwd=REPO, env=self.env, stdin=subprocess.DEVNULL,
-                             stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        p = subprocess.Popen(
+            self.cmd,
+            cwd=REPO,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         log.close()
         self.procs.append(p)
         return p

@@ -26,23 +26,27 @@ from reach.keys import GROUP, Keys
 from reach.registry import Registry
 from reach.tasks import DLQ_RAW_MAX_BYTES, MALFORMED_CAP
 from tests.fuzz.strategies import deep_nesting, valid_envelope
-from tests.waiting import wait_until
-from tests.workers import ROOT, Workers
+from tests.support.waiting import wait_until
+from tests.support.workers import ROOT, Workers
 
 pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
 def workers(redis_url: str, ns: str) -> Iterator[Workers]:
-    w = Workers(redis_url, ns, "tests.agents_hardening")
+    w = Workers(redis_url, ns, "tests.support.agents_hardening")
     yield w
     w.stop_all()
 
 
 async def ready(c: Client, ids: set[str]) -> None:
     async def probe() -> bool:
-        got = {a.agent_id for a in await Registry(c.redis, c.namespace).agents(
-            "hard.echo", ready=True, state="active")}  # fmt: skip
+        got = {
+            a.agent_id
+            for a in await Registry(c.redis, c.namespace).agents(
+                "hard.echo", ready=True, state="active"
+            )
+        }
         return ids <= got
 
     await wait_until(probe, timeout_s=30, what=f"agents {sorted(ids)} ready")
@@ -109,16 +113,29 @@ async def test_a_direct_send_to_an_agent_killed_before_handling_it_moves_on(
         # Evicted, its inbox goes to the sweeper: the direct message loses its target and
         # is handled by a live agent; before the fix the router refused it and every
         # worker holding the sweeper lock died in turn.
-        st = await wait_until(lambda: _status_in(c, msg_id, "succeeded", "dead"),
-                              timeout_s=30, what="direct message rerouted")  # fmt: skip
+        st = await wait_until(
+            lambda: _status_in(c, msg_id, "succeeded", "dead"),
+            timeout_s=30,
+            what="direct message rerouted",
+        )
         assert st.status == "succeeded" and st.agent_id in ("h1", "h2")
         await serving(c, workers, "h1", "h2")
         # `reach sweep` walks the same path: it must not fail either.
         with anyio.fail_after(60):
             out = await anyio.run_process(
-                [sys.executable, "-m", "reach_cli.app", "sweep", "--redis-url", redis_url,
-                 "--namespace", ns], cwd=ROOT, check=False,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "reach_cli.app",
+                    "sweep",
+                    "--redis-url",
+                    redis_url,
+                    "--namespace",
+                    ns,
+                ],
+                cwd=ROOT,
+                check=False,
+            )
         assert out.returncode == 0, out.stderr.decode()
 
 
@@ -137,8 +154,9 @@ async def test_poison_inbox_entries_are_dead_lettered_and_the_worker_goes_on(
     async with Client(redis_url=redis_url, namespace=ns, slow_start_s=0) as c:
         await ready(c, {"h1"})
         # attempt 5000 of 10000 on a failing handler: 2**4999 overflowed the backoff.
-        retry = valid_envelope(capability="hard.fail", attempt=5000, max_attempts=10_000,
-                               deadline_ms=0)  # fmt: skip
+        retry = valid_envelope(
+            capability="hard.fail", attempt=5000, max_attempts=10_000, deadline_ms=0
+        )
         await r.xadd(inbox, {"e": encode(retry)})
         # A payload nested 100,000 levels deep: RecursionError in decoding.
         deep = msgspec.msgpack.decode(encode(valid_envelope(capability="hard.echo")))
@@ -148,10 +166,15 @@ async def test_poison_inbox_entries_are_dead_lettered_and_the_worker_goes_on(
         key = new_id()
         slow = c.build("hard.slow", {"sleep_s": 1.5}, idempotency_key=key, target="h1")
         await c.deliver(slow)
-        await wait_until(lambda: _status_in(c, slow.msg_id, "running"), timeout_s=20,
-                         what="slow message running")  # fmt: skip
-        copy = valid_envelope(capability="hard.slow", idempotency_key=key,
-                              headers={"busy_waits": "many"}, payload=msgspec.Raw(encode({})))
+        await wait_until(
+            lambda: _status_in(c, slow.msg_id, "running"), timeout_s=20, what="slow message running"
+        )
+        copy = valid_envelope(
+            capability="hard.slow",
+            idempotency_key=key,
+            headers={"busy_waits": "many"},
+            payload=msgspec.Raw(encode({})),
+        )
         await r.xadd(inbox, {"e": encode(copy)})
         await serving(c, workers, "h1")
         await settled(r, ns, "h1")
@@ -256,8 +279,11 @@ async def test_an_evicted_agents_emptied_inbox_is_dropped(
         ids = [await c.send("hard.echo", {"i": i}, target="h2") for i in range(5)]
         workers.procs["h2"].send_signal(signal.SIGKILL)
         for i in ids:
-            await wait_until(lambda i=i: _status_in(c, i, "succeeded"), timeout_s=30,
-                             what="moved message handled")  # fmt: skip
+            await wait_until(
+                lambda i=i: _status_in(c, i, "succeeded"),
+                timeout_s=30,
+                what="moved message handled",
+            )
 
         async def dropped() -> bool:
             return not await r.exists(*Keys(ns).inboxes("h2"))
@@ -277,16 +303,23 @@ async def test_garbage_in_the_sweepers_structures_is_dead_lettered_and_workers_l
         await ready(c, {"h1", "h2"})
         past = now_ms() - 1000
         await r.sadd(keys.reroute, b"\xff\xfe-not-utf8", b"has{brace}")
-        await r.zadd(keys.delayed, {b"garbage in the delayed set": past,
-                                    deep_nesting(100_000, as_map=True): past,
-                                    encode(valid_envelope(capability="hard.echo",
-                                                          policy="direct")): past})  # fmt: skip
+        await r.zadd(
+            keys.delayed,
+            {
+                b"garbage in the delayed set": past,
+                deep_nesting(100_000, as_map=True): past,
+                encode(valid_envelope(capability="hard.echo", policy="direct")): past,
+            },
+        )
         await r.xadd(keys.parked("hard.echo"), {"e": b"\x00garbage parked"})
         await r.sadd(keys.parked_caps, "hard.echo", b"\xff")
 
         async def cleaned() -> bool:
-            return (await r.scard(keys.reroute) == 0 and await r.zcard(keys.delayed) == 0
-                    and await r.scard(keys.parked_caps) == 0)  # fmt: skip
+            return (
+                await r.scard(keys.reroute) == 0
+                and await r.zcard(keys.delayed) == 0
+                and await r.scard(keys.parked_caps) == 0
+            )
 
         await wait_until(cleaned, timeout_s=30, what="sweeper inputs consumed")
         letters = await dead_letters(r, ns, MALFORMED_CAP)
@@ -337,7 +370,7 @@ async def test_a_redis_outage_is_a_few_lines_in_a_workers_log(
 ) -> None:
     """Before: ~13 warnings a second per worker while Redis was down."""
     log = tmp_path / "h1.log"
-    w = Workers(fresh_redis.url, ns, "tests.agents_hardening")
+    w = Workers(fresh_redis.url, ns, "tests.support.agents_hardening")
     try:
         w.start("h1", log=log)
         async with Client(redis_url=fresh_redis.url, namespace=ns, slow_start_s=0) as c:
@@ -362,7 +395,7 @@ async def test_a_redis_outage_is_a_few_lines_in_a_workers_log(
 async def test_dead_letter_streams_are_bounded(redis_url: str, ns: str, r: AnyRedis) -> None:
     """Item 7: dead letters never expired; now each stream is trimmed near dlq_maxlen."""
     from reach.runtime import Agent
-    from tests.agents_messaging import serving
+    from tests.support.agents_messaging import serving
 
     app = Agent("bounded", capabilities=["hard.echo"])
 

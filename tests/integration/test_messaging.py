@@ -1,9 +1,9 @@
 """Messaging core (issue 3) on a real Redis: ack after completion, idempotency, replies,
 deadlines, retries and dead letters, priorities, bad input, bounded inboxes, sessions.
 
-Agents run in the test's event loop (``tests.agents_messaging.serving``); the crash tests
+Agents run in the test's event loop (``tests.support.agents_messaging.serving``); the crash tests
 with real worker processes are in ``test_delivery_crash.py``. Side effects are counted in
-Redis per idempotency key (``tests.agents_messaging.bump``), so "ran once" is measured, not
+Redis per idempotency key (``tests.support.agents_messaging.bump``), so "ran once" is measured, not
 assumed.
 """
 
@@ -27,7 +27,7 @@ from reach.envelope import Envelope, decode_payload, decode_reply, encode
 from reach.keys import GROUP, Keys
 from reach.runtime import Agent, Context
 from reach.tasks import MALFORMED_CAP, parse_dead_letter
-from tests.agents_messaging import Gate, bump, effects, serving, wait_status, wait_until
+from tests.support.agents_messaging import Gate, bump, effects, serving, wait_status, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -319,8 +319,12 @@ async def test_nested_calls_inherit_deadline_session_and_trace(
     inner = Agent("inner-1", capabilities=["test.inner"])
 
     def seen(ctx: Context) -> dict[str, Any]:
-        return {"msg_id": ctx.msg_id, "session_id": ctx.session_id, "trace_id": ctx.trace_id,
-                "deadline_ms": ctx.deadline_ms}  # fmt: skip
+        return {
+            "msg_id": ctx.msg_id,
+            "session_id": ctx.session_id,
+            "trace_id": ctx.trace_id,
+            "deadline_ms": ctx.deadline_ms,
+        }
 
     @inner.handler("test.inner")
     async def inner_h(payload: Any, ctx: Context) -> dict[str, Any]:
@@ -335,9 +339,12 @@ async def test_nested_calls_inherit_deadline_session_and_trace(
     async with serving(redis_url, ns, outer, inner) as client:
         # the parent's deadline (5 s) is the nearer one: the child gets it
         res = await client.request(
-            "test.outer", {"inner_timeout_s": 60}, timeout_s=5, session_id="sess-1",
+            "test.outer",
+            {"inner_timeout_s": 60},
+            timeout_s=5,
+            session_id="sess-1",
             trace_id="trace-1",
-        )  # fmt: skip
+        )
         o, i = res["outer"], res["inner"]
         assert o["session_id"] == i["session_id"] == "sess-1"
         assert o["trace_id"] == i["trace_id"] == "trace-1"
@@ -535,8 +542,9 @@ async def test_malformed_entries_are_dead_lettered_and_the_worker_goes_on(
             "no_e": {"x": b"no envelope field"},
             "v99": {"e": v99},
         }
-        for prio, entry in zip(["high", "normal", "low", "high", "normal", "low"], bad.values(),
-                               strict=True):  # fmt: skip
+        for prio, entry in zip(
+            ["high", "normal", "low", "high", "normal", "low"], bad.values(), strict=True
+        ):
             await r.xadd(keys.inbox("robust-1", prio), entry)
         assert await client.request("test.echo", "after", timeout_s=10) == "after"
 
@@ -572,8 +580,9 @@ async def test_acked_entries_are_deleted_so_inboxes_stay_empty(
             await client.send("test.count", i, priority=prios[i % 3])
         async with anyio.create_task_group() as tg:
             for i in range(n - 30, n):
-                tg.start_soon(partial(client.request, "test.count", i, priority=prios[i % 3],
-                                      timeout_s=10))  # fmt: skip
+                tg.start_soon(
+                    partial(client.request, "test.count", i, priority=prios[i % 3], timeout_s=10)
+                )
 
         async def all_done() -> bool:
             return len(await effects(r, ns, "count")) == n
@@ -602,8 +611,12 @@ async def test_session_store_spans_messages_of_one_session(
         await ctx.session.set("turns", turns)
         await ctx.session.set("last", payload)
         length = await ctx.session.append({"said": payload, "msg_id": ctx.msg_id})
-        return {"turns": turns, "length": length, "history": await ctx.session.history(),
-                "all": await ctx.session.all()}  # fmt: skip
+        return {
+            "turns": turns,
+            "length": length,
+            "history": await ctx.session.history(),
+            "all": await ctx.session.all(),
+        }
 
     async with serving(redis_url, ns, app) as client:
         a = await client.request("test.chat", "hello", session_id="s-1", timeout_s=10)

@@ -14,8 +14,8 @@ from reach.connection import AnyRedis, connect
 from reach.embedded import RedisServer
 from reach.keys import GROUP, Keys
 from reach.runtime import Agent, Context
-from tests.agents_messaging import Gate, bump, effects, serving, wait_status, wait_until
-from tests.cluster import RedisTestCluster
+from tests.support.agents_messaging import Gate, bump, effects, serving, wait_status, wait_until
+from tests.support.cluster import RedisTestCluster
 
 pytestmark = pytest.mark.anyio
 
@@ -66,8 +66,11 @@ async def test_send_consume_ack_reply_on_a_cluster(
             async with anyio.create_task_group() as tg:
 
                 async def one(i: int) -> None:
-                    results.append(await client.request("test.echo", i, timeout_s=15,
-                                                        priority=("high", "normal", "low")[i % 3]))  # fmt: skip
+                    results.append(
+                        await client.request(
+                            "test.echo", i, timeout_s=15, priority=("high", "normal", "low")[i % 3]
+                        )
+                    )
 
                 for i in range(30):
                     tg.start_soon(one, i)
@@ -83,8 +86,9 @@ async def test_send_consume_ack_reply_on_a_cluster(
             assert a == b
             with pytest.raises(reach.NoAgentAvailable):
                 await client.request("test.nobody", None, timeout_s=2)
-            await wait_until(lambda: inbox_settled(r, ns, ["c-agent-1", "c-agent-2"]),
-                             what="inboxes empty")  # fmt: skip
+            await wait_until(
+                lambda: inbox_settled(r, ns, ["c-agent-1", "c-agent-2"]), what="inboxes empty"
+            )
         counts = await effects(r, ns, "echo")
         assert len(counts) == 32 and set(counts.values()) == {1}
         assert counts["c-key"] == 1
@@ -112,8 +116,10 @@ async def test_messages_survive_a_redis_restart_with_aof(fresh_redis: RedisServe
 
             await anyio.to_thread.run_sync(fresh_redis.restart)  # SIGKILL, start again (AOF)
             gate.open()
-        assert out == {"held": "held",
-                       "queued": {"echo": "sent before the restart", "agent": "aof-1"}}  # fmt: skip
+        assert out == {
+            "held": "held",
+            "queued": {"echo": "sent before the restart", "agent": "aof-1"},
+        }
 
         # new traffic flows after the restart
         assert (await client.request("test.echo", "after", timeout_s=20))["echo"] == "after"

@@ -14,7 +14,7 @@ from reach.envelope import encode
 from reach.keys import Keys
 from reach.runtime import Agent, Context
 from reach.sweeper import expire
-from tests.agents_messaging import serving, wait_until
+from tests.support.agents_messaging import serving, wait_until
 
 pytestmark = pytest.mark.anyio
 

@@ -11,7 +11,7 @@ from reach import scripts
 from reach.connection import AnyRedis, connect
 from reach.embedded import RedisServer
 from reach.registry import Registry
-from tests.registry_helpers import assert_consistent, new_version, register, wait_until
+from tests.support.registry_helpers import assert_consistent, new_version, register, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -107,15 +107,21 @@ async def test_run_pipeline_recovers_noscript(
 
     def ops(depth: int) -> list[scripts.Op]:
         out = [
-            scripts.op("heartbeat", *reg.heartbeat_args(
-                a, instance_id=i, version=v, queue_depth=depth, inflight=0))
+            scripts.op(
+                "heartbeat",
+                *reg.heartbeat_args(a, instance_id=i, version=v, queue_depth=depth, inflight=0),
+            )
             for a, (i, v) in creds.items()
-        ]  # fmt: skip
+        ]
         out.insert(1, ("INCR", counter))  # a plain command must not run twice
         out.append(
-            scripts.op("heartbeat", *reg.heartbeat_args(
-                "ghost", instance_id="x", version=new_version(), queue_depth=0, inflight=0))
-        )  # fmt: skip
+            scripts.op(
+                "heartbeat",
+                *reg.heartbeat_args(
+                    "ghost", instance_id="x", version=new_version(), queue_depth=0, inflight=0
+                ),
+            )
+        )
         return out
 
     await fr.script_flush()
@@ -160,9 +166,13 @@ def test_sync_call_recovers_after_flush_and_restart(fresh_redis: RedisServer, ns
         reg = Registry(r, ns)
         version = new_version()
         keys, args = reg.register_args(
-            "s1", instance_id="i", version=version, capabilities=["c"],
-            lease_ms=60_000, evict_after_ms=120_000,
-        )  # fmt: skip
+            "s1",
+            instance_id="i",
+            version=version,
+            capabilities=["c"],
+            lease_ms=60_000,
+            evict_after_ms=120_000,
+        )
         assert scripts.call_sync(r, "register", keys, args)[0] == 1
         hb_keys, hb_args = reg.heartbeat_args(
             "s1", instance_id="i", version=version, queue_depth=0, inflight=0

@@ -23,11 +23,19 @@ from reach.embedded import free_port
 from reach.errors import Rejected
 from reach.registry import Registry
 from reach.runtime import Agent, Context
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
-FAST = ["--heartbeat-s", "0.1", "--lease-s", "0.3", "--evict-after-s", "0.6",
-        "--sweep-interval-s", "0.1"]  # fmt: skip
+FAST = [
+    "--heartbeat-s",
+    "0.1",
+    "--lease-s",
+    "0.3",
+    "--evict-after-s",
+    "0.6",
+    "--sweep-interval-s",
+    "0.1",
+]
 SECRET = "s3cr3t-payload-text"
 
 pytestmark = pytest.mark.anyio
@@ -57,11 +65,26 @@ class Worker:
     def __init__(self, url: str, ns: str, log_path: Path) -> None:
         self.port = free_port()
         self.log_path = log_path
-        cmd = [sys.executable, "-m", "reach_cli.app", "worker",
-               "tests.integration.test_observability:obs_agent", "--redis-url", url,
-               "--namespace", ns, *FAST, "--metrics-port", str(self.port),
-               "--metrics-addr", "127.0.0.1", "--log-format", "json",
-               "--log-level", "debug"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "reach_cli.app",
+            "worker",
+            "tests.integration.test_observability:obs_agent",
+            "--redis-url",
+            url,
+            "--namespace",
+            ns,
+            *FAST,
+            "--metrics-port",
+            str(self.port),
+            "--metrics-addr",
+            "127.0.0.1",
+            "--log-format",
+            "json",
+            "--log-level",
+            "debug",
+        ]
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.DEVNULL, stderr=self._log)
 
@@ -85,8 +108,11 @@ class Worker:
                 return f.read().decode()
 
         text = await anyio.to_thread.run_sync(get)
-        return {(s.name, tuple(sorted(s.labels.items()))): s.value
-                for fam in text_string_to_metric_families(text) for s in fam.samples}  # fmt: skip
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text)
+            for s in fam.samples
+        }
 
 
 def m(samples: dict[Any, float], name: str, **labels: str) -> float:
@@ -138,17 +164,30 @@ async def test_metrics_scraped_from_a_worker_change_as_messages_flow(
     after = await wait_until(settled)
     assert m(after, "reach_messages_delivered_total", capability="obs.echo", priority="normal") == n
     assert m(after, "reach_messages_delivered_total", capability="obs.echo", priority="high") == 1
-    assert m(after, "reach_handler_duration_seconds_count", capability="obs.echo",
-             outcome="succeeded") == n + 1  # fmt: skip
-    assert m(after, "reach_handler_duration_seconds_count", capability="obs.reject",
-             outcome="rejected") == 1  # fmt: skip
-    assert m(after, "reach_messages_dead_lettered_total", capability="obs.reject",
-             reason="rejected") == 1  # fmt: skip
+    assert (
+        m(after, "reach_handler_duration_seconds_count", capability="obs.echo", outcome="succeeded")
+        == n + 1
+    )
+    assert (
+        m(
+            after,
+            "reach_handler_duration_seconds_count",
+            capability="obs.reject",
+            outcome="rejected",
+        )
+        == 1
+    )
+    assert (
+        m(after, "reach_messages_dead_lettered_total", capability="obs.reject", reason="rejected")
+        == 1
+    )
     assert m(after, "reach_queue_wait_seconds_count", priority="normal") >= n + 1
     assert m(after, "reach_queue_wait_seconds_count", priority="high") >= 1
     assert m(after, "reach_inflight_messages", agent_id="obs-1") == 0
     # the heartbeat's XLEN per priority, and the registry seen by the sweeper lock holder
-    s = await wait_until(lambda: _has(worker, "reach_inbox_depth", agent_id="obs-1", priority="low"))
+    s = await wait_until(
+        lambda: _has(worker, "reach_inbox_depth", agent_id="obs-1", priority="low")
+    )
     assert m(s, "reach_inbox_depth", agent_id="obs-1", priority="high") == 0
     s = await wait_until(lambda: _has(worker, "reach_registry_agents", state="active"))
     assert m(s, "reach_registry_agents", state="active") == 1
@@ -187,10 +226,16 @@ async def test_log_lines_of_a_handled_message_carry_its_ids(
     assert line["message"] == "echoing a payload of 1 keys"
     assert line["level"] == "INFO" and line["ts"]
     assert (line["trace_id"], line["session_id"], line["agent_id"]) == (
-        env.trace_id, "sess-42", "obs-1")  # fmt: skip
+        env.trace_id,
+        "sess-42",
+        "obs-1",
+    )
     # the runtime's own line about the outcome carries them too
-    assert any("succeeded" in x["message"] for x in mine(recs, env.msg_id)
-               if x["logger"] == "reach.runtime")  # fmt: skip
+    assert any(
+        "succeeded" in x["message"]
+        for x in mine(recs, env.msg_id)
+        if x["logger"] == "reach.runtime"
+    )
     # a sync handler (worker thread) logs with its message's ids
     rej = mine(recs, bad.msg_id)
     assert any(x["logger"] == "obs.handler" and x["message"] == "rejecting" for x in rej)

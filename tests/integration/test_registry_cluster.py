@@ -13,8 +13,8 @@ from reach import scripts
 from reach.connection import AnyRedis, connect, is_cluster
 from reach.keys import Keys
 from reach.registry import Registry
-from tests.cluster import SLOTS, RedisTestCluster
-from tests.registry_helpers import (
+from tests.support.cluster import SLOTS, RedisTestCluster
+from tests.support.registry_helpers import (
     LONG_EVICT_MS,
     assert_consistent,
     new_version,
@@ -70,8 +70,9 @@ async def test_registry_lifecycle_on_cluster(rc: AnyRedis, master: int) -> None:
     reg = Registry(rc, ns, events_maxlen=50)
 
     # register + query
-    code, i1, v1 = await register(reg, "a1", ["Text.Summarize", "code.review"],
-                                  metadata={"region": "eu"})  # fmt: skip
+    code, i1, v1 = await register(
+        reg, "a1", ["Text.Summarize", "code.review"], metadata={"region": "eu"}
+    )
     assert code == 1
     _, i2, v2 = await register(reg, "a2", ["text.summarize"], metadata={"region": "us"})
     assert await reg.capabilities() == [("code.review", 1), ("text.summarize", 2)]
@@ -150,14 +151,22 @@ async def test_pipelined_heartbeats_on_cluster(rc: AnyRedis) -> None:
             )
             ops.append(scripts.op("heartbeat", keys, args))
             expected.append([1, 0])
-    ops.append(scripts.op("heartbeat", *regs[0].heartbeat_args(
-        "ghost", instance_id="i", version=new_version(), queue_depth=0, inflight=0)))  # fmt: skip
+    ops.append(
+        scripts.op(
+            "heartbeat",
+            *regs[0].heartbeat_args(
+                "ghost", instance_id="i", version=new_version(), queue_depth=0, inflight=0
+            ),
+        )
+    )
     expected.append([0, 0])
     assert await scripts.run_pipeline(rc, ops) == expected
     for reg in regs:
         assert [a.queue_depth for a in sorted(await reg.agents("c"), key=lambda a: a.agent_id)] == [
-            0, 1, 2,
-        ]  # fmt: skip
+            0,
+            1,
+            2,
+        ]
 
 
 async def test_script_flush_on_every_master_recovers(rc: AnyRedis) -> None:
@@ -171,10 +180,12 @@ async def test_script_flush_on_every_master_recovers(rc: AnyRedis) -> None:
         assert await reg.heartbeat("a", instance_id=inst, version=version) == (1, False)
     await rc.script_flush()
     ops = [
-        scripts.op("heartbeat", *reg.heartbeat_args(
-            "a", instance_id=inst, version=version, queue_depth=0, inflight=0))
+        scripts.op(
+            "heartbeat",
+            *reg.heartbeat_args("a", instance_id=inst, version=version, queue_depth=0, inflight=0),
+        )
         for reg, (inst, version) in zip(regs, creds, strict=True)
-    ]  # fmt: skip
+    ]
     assert await scripts.run_pipeline(rc, ops) == [[1, 0]] * MASTERS
     await rc.script_flush()
     for reg in regs:

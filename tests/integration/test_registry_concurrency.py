@@ -16,7 +16,7 @@ import pytest
 import reach
 from reach.connection import connect
 from reach.registry import Registry
-from tests.registry_helpers import assert_consistent, new_instance, new_version
+from tests.support.registry_helpers import assert_consistent, new_instance, new_version
 
 PROCESSES = 4
 OPS_PER_PROCESS = 50  # 200 in all
@@ -170,10 +170,14 @@ async def test_concurrent_reregistration_of_one_agent_in_one_process(
             try:
                 outcomes.append(
                     await reg.register(
-                        "contested", instance_id=f"i{v}", version=v, capabilities=caps,
-                        lease_ms=60_000, evict_after_ms=120_000,
+                        "contested",
+                        instance_id=f"i{v}",
+                        version=v,
+                        capabilities=caps,
+                        lease_ms=60_000,
+                        evict_after_ms=120_000,
                     )
-                )  # fmt: skip
+                )
             except reach.StaleRegistration:
                 outcomes.append("stale")
 

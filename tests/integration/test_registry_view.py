@@ -15,8 +15,8 @@ from reach.client import Client
 from reach.connection import AnyRedis
 from reach.registry import Registry, _Reporter
 from reach.view import RegistryView
-from tests.registry_helpers import register
-from tests.waiting import wait_until
+from tests.support.registry_helpers import register
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -68,15 +68,33 @@ async def test_a_deregistered_agent_loses_its_breaker(r: AnyRedis, ns: str) -> N
 # -- records and events written behind the scripts' back (issue 9, items 10 and 11) --------
 
 HOSTILE_FIELDS: list[dict[str | bytes, str | bytes]] = [
-    {"weight": "abc"}, {"weight": "nan"}, {"weight": "inf"}, {"weight": "-1"}, {"weight": "1e9"},
-    {"metadata": "not json"}, {"metadata": "[1, 2]"}, {"metadata": "[" * 100_000},
-    {"metadata": b"{\"a\": \"\xff\"}"}, {"card": "{"}, {"card": "[]"},
-    {"last_heartbeat_ms": "abc"}, {"last_heartbeat_ms": "1.5"}, {"last_heartbeat_ms": "-1"},
-    {"version": "1e309"}, {"queue_depth": "nan"}, {"inflight": ""}, {"max_queue": "x"},
-    {"ready_ms": "9" * 40}, {"ready": "yes"}, {"draining": "2"}, {"state": "zombie"},
-    {"caps": "Bad Name"}, {"agent_id": "someone-else"}, {"agent_id": b"\xff"},
+    {"weight": "abc"},
+    {"weight": "nan"},
+    {"weight": "inf"},
+    {"weight": "-1"},
+    {"weight": "1e9"},
+    {"metadata": "not json"},
+    {"metadata": "[1, 2]"},
+    {"metadata": "[" * 100_000},
+    {"metadata": b'{"a": "\xff"}'},
+    {"card": "{"},
+    {"card": "[]"},
+    {"last_heartbeat_ms": "abc"},
+    {"last_heartbeat_ms": "1.5"},
+    {"last_heartbeat_ms": "-1"},
+    {"version": "1e309"},
+    {"queue_depth": "nan"},
+    {"inflight": ""},
+    {"max_queue": "x"},
+    {"ready_ms": "9" * 40},
+    {"ready": "yes"},
+    {"draining": "2"},
+    {"state": "zombie"},
+    {"caps": "Bad Name"},
+    {"agent_id": "someone-else"},
+    {"agent_id": b"\xff"},
     {"instance_id": b"\xc3\x28"},
-]  # fmt: skip
+]
 
 
 def _hostile_id(i: int) -> str:
@@ -161,9 +179,12 @@ async def test_a_bad_record_is_routable_again_once_re_registered(r: AnyRedis, ns
 HOSTILE_EVENTS: list[dict[str | bytes, str | bytes]] = [
     {"type": "registered", "agent_id": b"\xff\xfe", "ts": "1"},
     {"type": b"\xff", "agent_id": "x", "instance_id": b"\x80", "ts": "abc"},
-    {"agent_id": "nobody", "ts": "1e309"}, {"junk": b"\xc1"}, {b"\xff": b"\xff"},
-    {"type": "registered", "agent_id": "", "ts": "-5"}, {"agent_id": "bad0", "ts": "9" * 30},
-]  # fmt: skip
+    {"agent_id": "nobody", "ts": "1e309"},
+    {"junk": b"\xc1"},
+    {b"\xff": b"\xff"},
+    {"type": "registered", "agent_id": "", "ts": "-5"},
+    {"agent_id": "bad0", "ts": "9" * 30},
+]
 
 
 async def test_event_tail_survives_bad_events(r: AnyRedis, ns: str) -> None:

@@ -13,14 +13,14 @@ import reach
 from reach.breaker import Breakers
 from reach.client import Client
 from reach.registry import Registry
-from tests.workers import Workers
+from tests.support.workers import Workers
 
 pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
 def workers(redis_url: str, ns: str) -> Iterator[Workers]:
-    w = Workers(redis_url, ns, "tests.agents_routing")
+    w = Workers(redis_url, ns, "tests.support.agents_routing")
     yield w
     w.stop_all()
 
@@ -51,12 +51,15 @@ async def test_weighted_rr_splits_by_weight(workers: Workers, redis_url: str, ns
         assert got["heavy"] + got["light"] == 200
         assert 155 <= got["heavy"] <= 165, got  # 4:1 -> 160 / 40
         # where= narrows eligibility before the policy
-        only_us = Counter([await c.request("route.echo", i, where={"region": "us"})
-                           for i in range(10)])  # fmt: skip
+        only_us = Counter(
+            [await c.request("route.echo", i, where={"region": "us"}) for i in range(10)]
+        )
         assert only_us == {"light": 10}
 
 
-async def test_least_conn_gives_a_slow_agent_fewer(workers: Workers, redis_url: str, ns: str) -> None:
+async def test_least_conn_gives_a_slow_agent_fewer(
+    workers: Workers, redis_url: str, ns: str
+) -> None:
     workers.start("fast", "--concurrency", "32")
     workers.start("slow", "--concurrency", "32")
     async with client(redis_url, ns, default_policy="least_conn") as c:
@@ -101,7 +104,9 @@ async def test_consistent_hash_sticks_and_remaps_only_the_dead_agents_sessions(
     assert "ring-b" not in after.values()
 
 
-async def test_broadcast_reaches_every_eligible_agent(workers: Workers, redis_url: str, ns: str) -> None:
+async def test_broadcast_reaches_every_eligible_agent(
+    workers: Workers, redis_url: str, ns: str
+) -> None:
     workers.start("heavy")
     workers.start("light")
     workers.start("broken")
@@ -162,7 +167,9 @@ async def test_no_agent_reasons_and_fallback(workers: Workers, redis_url: str, n
         assert e.value.reason in ("draining", "no_agent")  # it may already have left
 
 
-async def test_back_pressure_fails_fast_with_overloaded(workers: Workers, redis_url: str, ns: str) -> None:
+async def test_back_pressure_fails_fast_with_overloaded(
+    workers: Workers, redis_url: str, ns: str
+) -> None:
     workers.start("bounded", "--concurrency", "1")
     async with client(redis_url, ns) as c:
         await ready(c, "bounded")

@@ -16,15 +16,35 @@ from reach.embedded import RedisServer
 from reach.registry import Registry
 
 ROOT = Path(__file__).resolve().parents[2]
-FAST = ["--heartbeat-s", "0.1", "--lease-s", "0.5", "--evict-after-s", "1.0",
-        "--sweep-interval-s", "0.1"]  # fmt: skip
+FAST = [
+    "--heartbeat-s",
+    "0.1",
+    "--lease-s",
+    "0.5",
+    "--evict-after-s",
+    "1.0",
+    "--sweep-interval-s",
+    "0.1",
+]
 pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
 def worker(fresh_redis: RedisServer, ns: str) -> Iterator[subprocess.Popen[bytes]]:
-    cmd = [sys.executable, "-m", "reach_cli.app", "worker", "tests.agents_recovery:w1",
-           "--redis-url", fresh_redis.url, "--namespace", ns, "--log-level", "error", *FAST]
+    cmd = [
+        sys.executable,
+        "-m",
+        "reach_cli.app",
+        "worker",
+        "tests.support.agents_recovery:w1",
+        "--redis-url",
+        fresh_redis.url,
+        "--namespace",
+        ns,
+        "--log-level",
+        "error",
+        *FAST,
+    ]
     p = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.DEVNULL)
     yield p
     p.kill()

@@ -34,10 +34,10 @@ from reach.errors import ConfigError, RedisUnavailable
 from reach.keys import GROUP, Keys
 from reach.registry import Registry
 from reach.runtime import Agent, Context
-from tests.agents_messaging import serving, wait_status
-from tests.sentinel import RedisTestSentinel
+from tests.support.agents_messaging import serving, wait_status
+from tests.support.sentinel import RedisTestSentinel
 
-log = logging.getLogger("tests.sentinel")  # untyped errors, with their tracebacks
+log = logging.getLogger("tests.support.sentinel")  # untyped errors, with their tracebacks
 
 # Sub-second leases; evict_after outlasts a failover (~2.5 s here) so the agent is in
 # probation, not evicted, while the master is away.
@@ -67,8 +67,13 @@ def test_sentinel_url_format() -> None:
     assert (su.sentinel_password, su.socket_timeout) == ("sp", 2.5)
     su = parse_sentinel_url("redis+sentinel://:pw@h:1/svc")
     assert (su.username, su.password, su.db, su.sentinel_password) == (None, "pw", 0, None)
-    for bad in ("redis+sentinel://h:1", "redis+sentinel://h:x/svc", "redis+sentinel:///svc",
-                "redis+sentinel://h/svc/zero", "redis+sentinel://h/svc?bogus=1"):  # fmt: skip
+    for bad in (
+        "redis+sentinel://h:1",
+        "redis+sentinel://h:x/svc",
+        "redis+sentinel:///svc",
+        "redis+sentinel://h/svc/zero",
+        "redis+sentinel://h/svc?bogus=1",
+    ):
         with pytest.raises(ConfigError):
             parse_sentinel_url(bad)
 
@@ -105,7 +110,9 @@ async def test_registry_and_messaging_through_sentinel(
         info = await client.registry.get("sentinel-echo-1")
         assert info is not None and info.state == "active" and info.ready
         assert await client.request("test.echo", {"a": 1}, timeout_s=10) == {
-            "echo": {"a": 1}, "agent": "sentinel-echo-1"}  # fmt: skip
+            "echo": {"a": 1},
+            "agent": "sentinel-echo-1",
+        }
         msg_id = await client.send("test.echo", "fire")
         await wait_status(client, msg_id, "succeeded")
         # What the agent wrote went to the master and reached the replica.
@@ -196,14 +203,22 @@ async def test_graceful_failover_clients_leave_the_old_master(
                             stale[kind] += 1
                     await anyio.sleep(0.05)
             moved_s = time.monotonic() - t_switched
-            print(f"\ngraceful failover: writes to the old master after the switch {stale}, "
-                  f"clients moved within {moved_s:.2f}s")  # fmt: skip
+            print(
+                f"\ngraceful failover: writes to the old master after the switch {stale}, "
+                f"clients moved within {moved_s:.2f}s"
+            )
             assert moved_s < 5
             # From now on everything lands on the new master, Lua writes included (the
             # script cache is not replicated: NOSCRIPT, then a reload).
             reg = Registry(r, ns)
-            await reg.register("ro-1", instance_id="i1", version=1, capabilities=["test.ro"],
-                               lease_ms=5000, evict_after_ms=10000)  # fmt: skip
+            await reg.register(
+                "ro-1",
+                instance_id="i1",
+                version=1,
+                capabilities=["test.ro"],
+                lease_ms=5000,
+                evict_after_ms=10000,
+            )
             assert await newc.exists(Keys(ns).agent("ro-1"))
             for j in range(20):
                 await r.set(f"{ns}:after{j}", 1)
@@ -291,8 +306,9 @@ async def test_master_killed_mid_stream_traffic_resumes_and_nothing_is_lost_sile
                 t_promoted = time.monotonic()
                 # Traffic resumed: requests started after the kill got their results.
                 await wait_for(lambda: ok_since(t_kill) >= 1, RESUME_BOUND_S, "first result")
-                t_resumed = min(finished[k] for k, o in outcome.items()
-                                if o == "ok" and started[k] >= t_kill)  # fmt: skip
+                t_resumed = min(
+                    finished[k] for k, o in outcome.items() if o == "ok" and started[k] >= t_kill
+                )
                 await wait_for(lambda: ok_since(t_resumed) >= 50, 15, "steady traffic after")
                 stop.set()  # the senders finish their in-flight calls (bounded by deadlines)
             # Entries the agent read but never settled (they wait for a restart of the agent).
@@ -303,16 +319,20 @@ async def test_master_killed_mid_stream_traffic_resumes_and_nothing_is_lost_sile
     counts = Counter(outcome.values())
     across = [k for k in outcome if started[k] < t_kill < finished[k]]
     report = {
-        "requests": len(outcome), "outcomes": dict(counts),
+        "requests": len(outcome),
+        "outcomes": dict(counts),
         "in_flight_at_kill": len(across),
         "in_flight_at_kill_ok": sum(1 for k in across if outcome[k] == "ok"),
-        "failover_s": round(t_promoted - t_kill, 2), "resume_s": round(t_resumed - t_kill, 2),
+        "failover_s": round(t_promoted - t_kill, 2),
+        "resume_s": round(t_resumed - t_kill, 2),
         "longest_call_s": round(max(finished[k] - started[k] for k in outcome), 2),
         "handler_runs": sum(runs.values()),
         "keys_run_twice": sum(1 for c in runs.values() if c > 1),
         "errors_never_run": sum(1 for k, o in outcome.items() if o != "ok" and not runs[k]),
-        "stuck_pending": stuck, "old_master": old_port, "new_master": new_port,
-    }  # fmt: skip
+        "stuck_pending": stuck,
+        "old_master": old_port,
+        "new_master": new_port,
+    }
     print(f"\nsentinel failover: {json.dumps(report)}")
 
     # Every request got exactly one answer: its result or a typed ReachError.

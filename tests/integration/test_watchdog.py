@@ -33,9 +33,19 @@ async def test_stuck_consumer_is_marked_not_ready_and_back(redis_url: str, ns: s
         return a is not None and a.ready is v
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(lambda: app.run(
-            redis_url=redis_url, namespace=ns, heartbeat_s=0.05, lease_s=0.5, evict_after_s=1,
-            consumer_stall_s=0.3, block_ms=100, handle_signals=False, sweeper=False))
+        tg.start_soon(
+            lambda: app.run(
+                redis_url=redis_url,
+                namespace=ns,
+                heartbeat_s=0.05,
+                lease_s=0.5,
+                evict_after_s=1,
+                consumer_stall_s=0.3,
+                block_ms=100,
+                handle_signals=False,
+                sweeper=False,
+            )
+        )
         await wait(lambda: ready_is(True))
         rt = app.runtime
         assert rt is not None

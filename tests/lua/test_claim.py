@@ -75,8 +75,22 @@ async def test_a_batch_answers_each_key_in_order(r: AnyRedis, ns: str) -> None:
 
 
 # Numbers the runtime never sends: not plain digits, not finite, or out of range.
-BAD_INTS = ["", "abc", "nan", "inf", "-inf", "1e309", "1e3", "-5", "0", "1.5", " 5", "0x10",
-            "007", str(10**16)]  # fmt: skip
+BAD_INTS = [
+    "",
+    "abc",
+    "nan",
+    "inf",
+    "-inf",
+    "1e309",
+    "1e3",
+    "-5",
+    "0",
+    "1.5",
+    " 5",
+    "0x10",
+    "007",
+    str(10**16),
+]
 
 
 def _mutated(args: list[object], at: int, value: object) -> list[object]:
@@ -90,8 +104,12 @@ def _bad_calls() -> list[tuple[str, int | None, object]]:
     calls: list[tuple[str, int | None, object]] = []
     calls += [("ttl_ms", 1, v) for v in BAD_INTS]
     calls += [("lease_ms", 7, v) for v in [*BAD_INTS, str(8 * 86_400_000)]]  # the 3rd key's
-    calls += [("owner", 0, ""), ("agent_id", 2, ""), ("arguments", None, "drop"),
-              ("arguments", None, "extra")]  # fmt: skip
+    calls += [
+        ("owner", 0, ""),
+        ("agent_id", 2, ""),
+        ("arguments", None, "drop"),
+        ("arguments", None, "extra"),
+    ]
     return calls
 
 

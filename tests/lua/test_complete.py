@@ -134,7 +134,10 @@ async def test_a_key_that_is_not_a_hash_is_refused_before_any_write(r: AnyRedis,
     await r.rpush(wrong, "x")
     before = await snapshot(r, ns)
     with pytest.raises(rexc.ResponseError, match=r"^reach: bad KEYS\[2\]: holds a list"):
-        await scripts.call(r, "complete", [a, wrong],
-                           [TTL_MS, *_item(fa, "succeeded", b"A", "done"),
-                            *_item(1, "succeeded", b"B", "done")])  # fmt: skip
+        await scripts.call(
+            r,
+            "complete",
+            [a, wrong],
+            [TTL_MS, *_item(fa, "succeeded", b"A", "done"), *_item(1, "succeeded", b"B", "done")],
+        )
     assert_unchanged(before, await snapshot(r, ns))

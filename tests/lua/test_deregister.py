@@ -8,7 +8,7 @@ import redis
 from reach import scripts
 from reach.connection import AnyRedis
 from reach.registry import Registry
-from tests.registry_helpers import assert_consistent, register, wait_until
+from tests.support.registry_helpers import assert_consistent, register, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -103,11 +103,18 @@ def _keys(reg: Registry, agent_id: str) -> list[str]:
 
 @pytest.mark.parametrize(
     ("args", "name"),
-    [(["", "", 100], "agent_id"), (["a{1}", "", 100], "agent_id"),
-     (["a1", "i" * 257, 100], "instance_id"), (["a1", "", "abc"], "events maxlen"),
-     (["a1", "", "0"], "events maxlen"), (["a1", "", "007"], "events maxlen"), (["a1", ""], "arguments"),
-     (["a1", "", 100, "x"], "arguments"), (["b2", "", 100], "agent_id")],
-)  # fmt: skip
+    [
+        (["", "", 100], "agent_id"),
+        (["a{1}", "", 100], "agent_id"),
+        (["a1", "i" * 257, 100], "instance_id"),
+        (["a1", "", "abc"], "events maxlen"),
+        (["a1", "", "0"], "events maxlen"),
+        (["a1", "", "007"], "events maxlen"),
+        (["a1", ""], "arguments"),
+        (["a1", "", 100, "x"], "arguments"),
+        (["b2", "", 100], "agent_id"),
+    ],
+)
 async def test_bad_arguments_are_refused_and_nothing_moves(
     reg: Registry, r: AnyRedis, args: list[object], name: str
 ) -> None:

@@ -10,7 +10,7 @@ import reach
 from reach import scripts
 from reach.connection import AnyRedis
 from reach.registry import Registry
-from tests.registry_helpers import LONG_EVICT_MS, register, wait_until
+from tests.support.registry_helpers import LONG_EVICT_MS, register, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -108,11 +108,18 @@ async def test_two_argument_call_still_drains_whatever_is_live(reg: Registry, r:
 
 @pytest.mark.parametrize(
     ("args", "name"),
-    [(["", 100], "agent_id"), (["a{1}", 100], "agent_id"), (["a1", "abc"], "events maxlen"),
-     (["a1", "0"], "events maxlen"), (["a1", "007"], "events maxlen"), (["a1", "nan"], "events maxlen"),
-     (["a1", 100, "i" * 257], "instance_id"), (["a1"], "arguments"),
-     (["a1", 100, "i", "x"], "arguments")],
-)  # fmt: skip
+    [
+        (["", 100], "agent_id"),
+        (["a{1}", 100], "agent_id"),
+        (["a1", "abc"], "events maxlen"),
+        (["a1", "0"], "events maxlen"),
+        (["a1", "007"], "events maxlen"),
+        (["a1", "nan"], "events maxlen"),
+        (["a1", 100, "i" * 257], "instance_id"),
+        (["a1"], "arguments"),
+        (["a1", 100, "i", "x"], "arguments"),
+    ],
+)
 async def test_bad_arguments_are_refused(
     reg: Registry, r: AnyRedis, args: list[object], name: str
 ) -> None:

@@ -78,8 +78,10 @@ async def test_a_missing_group_is_a_nogroup_error(r: AnyRedis, ns: str) -> None:
 def _bad_calls() -> list[tuple[str, int | None, object]]:
     # (what the error names, ARGV index (0-based) to replace, value); None: see the test
     calls: list[tuple[str, int | None, object]] = [("group", 0, ""), ("consumer", 1, "")]
-    calls += [("n", 2, v) for v in ["0", "", "abc", "nan", "inf", "1e309", "-1", "1.5", "007",
-                                    "10001", str(10**16)]]  # fmt: skip
+    calls += [
+        ("n", 2, v)
+        for v in ["0", "", "abc", "nan", "inf", "1e309", "-1", "1.5", "007", "10001", str(10**16)]
+    ]
     calls += [("slots kept for normal", 3, v) for v in ["x", "-1", "11", "", "1e1"]]
     calls += [("slots kept for low", 4, v) for v in ["x", "-1", "11", "nan"]]
     calls += [("arguments", None, "drop"), ("arguments", None, "extra"), ("arguments", None, "key")]

@@ -8,7 +8,7 @@ import redis
 from reach import scripts
 from reach.connection import AnyRedis
 from reach.registry import Registry
-from tests.registry_helpers import (
+from tests.support.registry_helpers import (
     LONG_EVICT_MS,
     assert_consistent,
     new_version,
@@ -152,14 +152,15 @@ async def test_heartbeat_after_shadow_deleted_returns_0(reg: Registry) -> None:
     + [(0, "agent_id", v) for v in ["", "a{b}", "x" * 257]]
     + [(1, "instance_id", v) for v in ["", "i" * 257]]
     + [(5, "events maxlen", v) for v in ["0", "abc", "", "007"]],
-)  # fmt: skip
+)
 async def test_bad_argument_is_refused_and_the_record_is_untouched(
     reg: Registry, r: AnyRedis, index: int, name: str, value: str
 ) -> None:
     _, inst, version = await register(reg, "a1", ["c"])
     before = await r.hgetall(reg.keys.agent("a1"))
-    keys, args = reg.heartbeat_args("a1", instance_id=inst, version=version,
-                                    queue_depth=1, inflight=1)  # fmt: skip
+    keys, args = reg.heartbeat_args(
+        "a1", instance_id=inst, version=version, queue_depth=1, inflight=1
+    )
     args[index] = value
     with pytest.raises(redis.ResponseError, match=f"^reach: bad {name}"):
         await scripts.call(r, "heartbeat", keys, args)
@@ -170,8 +171,9 @@ async def test_bad_argument_is_refused_and_the_record_is_untouched(
 @pytest.mark.parametrize("shape", ["argv-1", "argv+1", "keys-1"])
 async def test_wrong_shape_is_refused(reg: Registry, r: AnyRedis, shape: str) -> None:
     _, inst, version = await register(reg, "a1", ["c"])
-    keys, args = reg.heartbeat_args("a1", instance_id=inst, version=version,
-                                    queue_depth=1, inflight=1)  # fmt: skip
+    keys, args = reg.heartbeat_args(
+        "a1", instance_id=inst, version=version, queue_depth=1, inflight=1
+    )
     if shape == "argv-1":
         args = args[:-1]
     elif shape == "argv+1":
@@ -207,9 +209,16 @@ async def test_same_version_of_another_instance_is_stale(reg: Registry, r: AnyRe
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("lease_ms", "abc"), ("lease_ms", ""), ("lease_ms", "nan"), ("lease_ms", "1e400"),
-     ("version", "abc"), ("agent_id", "someone-else"), ("state", "weird")],
-)  # fmt: skip
+    [
+        ("lease_ms", "abc"),
+        ("lease_ms", ""),
+        ("lease_ms", "nan"),
+        ("lease_ms", "1e400"),
+        ("version", "abc"),
+        ("agent_id", "someone-else"),
+        ("state", "weird"),
+    ],
+)
 async def test_unreadable_stored_record_asks_to_register_again(
     reg: Registry, r: AnyRedis, field: str, value: str
 ) -> None:

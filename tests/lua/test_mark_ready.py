@@ -8,7 +8,7 @@ import redis
 from reach import scripts
 from reach.connection import AnyRedis
 from reach.registry import Registry
-from tests.registry_helpers import register, wait_until
+from tests.support.registry_helpers import register, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -72,11 +72,20 @@ async def test_evicted_agent_returns_0(reg: Registry) -> None:
 
 @pytest.mark.parametrize(
     ("index", "value", "name"),
-    [(2, "2", "ready"), (2, "", "ready"), (2, "yes", "ready"), (2, "true", "ready"),
-     (0, "", "agent_id"), (0, "a{b}", "agent_id"), (1, "", "instance_id"),
-     (1, "i" * 257, "instance_id"), (3, "abc", "events maxlen"), (3, "0", "events maxlen"),
-     (3, "007", "events maxlen")],
-)  # fmt: skip
+    [
+        (2, "2", "ready"),
+        (2, "", "ready"),
+        (2, "yes", "ready"),
+        (2, "true", "ready"),
+        (0, "", "agent_id"),
+        (0, "a{b}", "agent_id"),
+        (1, "", "instance_id"),
+        (1, "i" * 257, "instance_id"),
+        (3, "abc", "events maxlen"),
+        (3, "0", "events maxlen"),
+        (3, "007", "events maxlen"),
+    ],
+)
 async def test_bad_argument_is_refused_and_the_record_is_untouched(
     reg: Registry, r: AnyRedis, index: int, value: str, name: str
 ) -> None:

@@ -9,7 +9,7 @@ import reach
 from reach import scripts
 from reach.connection import AnyRedis
 from reach.registry import Registry, normalize_capabilities, normalize_capability
-from tests.registry_helpers import (
+from tests.support.registry_helpers import (
     LONG_EVICT_MS,
     LONG_LEASE_MS,
     assert_consistent,
@@ -201,8 +201,9 @@ async def test_register_after_eviction_keeps_shadow_ttl_off(reg: Registry, r: An
 
 async def test_query_by_capability_state_ready_and_metadata(reg: Registry) -> None:
     _, i1, _ = await register(reg, "eu1", ["text.summarize"], metadata={"region": "eu", "gpu": 1})
-    _, i2, _ = await register(reg, "eu2", ["text.summarize", "code.review"],
-                              metadata={"region": "eu", "env": "prod"})  # fmt: skip
+    _, i2, _ = await register(
+        reg, "eu2", ["text.summarize", "code.review"], metadata={"region": "eu", "env": "prod"}
+    )
     await register(reg, "us1", ["text.summarize"], metadata={"region": "us", "env": "prod"})
     await register(reg, "gone", ["text.summarize"], lease_ms=1, evict_after_ms=1)
     await register(reg, "slow", ["code.review"], lease_ms=1, evict_after_ms=LONG_EVICT_MS)
@@ -245,8 +246,9 @@ async def test_query_by_capability_state_ready_and_metadata(reg: Registry) -> No
     assert await ids("text.summarize", where={}) == ["eu1", "eu2", "us1"]
     # all filters together
     assert await ids("text.summarize", state="active", ready=True, where={"region": "eu"}) == [
-        "eu1", "eu2",
-    ]  # fmt: skip
+        "eu1",
+        "eu2",
+    ]
     # routable = active, ready, not draining
     await reg.drain("eu2")
     assert sorted(a.agent_id for a in await reg.agents("text.summarize") if a.routable) == ["eu1"]
@@ -324,10 +326,15 @@ async def _namespace_keys(reg: Registry) -> list[bytes]:
 
 def _good_args(reg: Registry, agent_id: str = "a1") -> tuple[list[str], list[object]]:
     return reg.register_args(
-        agent_id, instance_id="inst-1", version=new_version(), capabilities=["c", "d.e"],
-        metadata={"region": "eu"}, lease_ms=LONG_LEASE_MS, evict_after_ms=LONG_EVICT_MS,
+        agent_id,
+        instance_id="inst-1",
+        version=new_version(),
+        capabilities=["c", "d.e"],
+        metadata={"region": "eu"},
+        lease_ms=LONG_LEASE_MS,
+        evict_after_ms=LONG_EVICT_MS,
         card={"name": "A1"},
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize(("index", "name", "value"), _BAD_ARGV)
@@ -364,8 +371,10 @@ async def test_wrong_shape_is_refused(reg: Registry, shape: str) -> None:
 async def test_good_arguments_at_the_limits_are_taken(reg: Registry) -> None:
     keys, args = _good_args(reg, "a" * 256)
     args[3] = "1000"
-    args[5] = '{"n":-0.5e+3,"t":true,"f":false,"z":null,"s":"a\\"b\\\\","u":"\\u00e9\xe9",' \
-              '"l":[1,{"x":[]}]}'  # fmt: skip
+    args[5] = (
+        '{"n":-0.5e+3,"t":true,"f":false,"z":null,"s":"a\\"b\\\\","u":"\\u00e9\xe9",'
+        '"l":[1,{"x":[]}]}'
+    )
     args[6] = args[7] = "86400000"
     args[11] = "1000000000"
     assert (await scripts.call(reg.redis, "register", keys, args))[0] == 1
@@ -378,17 +387,27 @@ async def test_good_arguments_at_the_limits_are_taken(reg: Registry) -> None:
 @pytest.mark.parametrize(
     ("kw", "what"),
     [
-        ({"weight": float("nan")}, "weight"), ({"weight": float("inf")}, "weight"),
-        ({"weight": 0}, "weight"), ({"weight": -1}, "weight"), ({"weight": 1001}, "weight"),
-        ({"weight": "2"}, "weight"), ({"lease_ms": 0}, "lease_ms"),
-        ({"lease_ms": 2 * 86_400_000}, "lease_ms"), ({"lease_ms": 1.5}, "lease_ms"),
-        ({"evict_after_ms": -1}, "evict_after_ms"), ({"version": -1}, "version"),
-        ({"version": 2**63}, "version"), ({"max_queue": -1}, "max_queue"),
-        ({"max_queue": True}, "max_queue"), ({"metadata": {"x": float("nan")}}, "metadata"),
-        ({"metadata": {"x": "y" * 70_000}}, "metadata"), ({"card": {"x": float("inf")}}, "card"),
-        ({"instance_id": "i" * 257}, "instance_id"), ({"instance_id": "\udcff"}, "instance_id"),
+        ({"weight": float("nan")}, "weight"),
+        ({"weight": float("inf")}, "weight"),
+        ({"weight": 0}, "weight"),
+        ({"weight": -1}, "weight"),
+        ({"weight": 1001}, "weight"),
+        ({"weight": "2"}, "weight"),
+        ({"lease_ms": 0}, "lease_ms"),
+        ({"lease_ms": 2 * 86_400_000}, "lease_ms"),
+        ({"lease_ms": 1.5}, "lease_ms"),
+        ({"evict_after_ms": -1}, "evict_after_ms"),
+        ({"version": -1}, "version"),
+        ({"version": 2**63}, "version"),
+        ({"max_queue": -1}, "max_queue"),
+        ({"max_queue": True}, "max_queue"),
+        ({"metadata": {"x": float("nan")}}, "metadata"),
+        ({"metadata": {"x": "y" * 70_000}}, "metadata"),
+        ({"card": {"x": float("inf")}}, "card"),
+        ({"instance_id": "i" * 257}, "instance_id"),
+        ({"instance_id": "\udcff"}, "instance_id"),
     ],
-)  # fmt: skip
+)
 async def test_registry_refuses_out_of_range_arguments(
     reg: Registry, kw: dict[str, object], what: str
 ) -> None:
@@ -437,10 +456,21 @@ async def test_key_of_another_type_is_refused_before_any_write(
     """A registry key holding another type (written behind the scripts' back) used to fail
     a command half-way through, leaving a half-written registration."""
     k = reg.keys
-    key = {"agents": k.agents, "events": k.events, "caps": k.caps, "hash": k.agent("a1"),
-           "cap set": k.cap("d.e")}[which]  # fmt: skip
+    key = {
+        "agents": k.agents,
+        "events": k.events,
+        "caps": k.caps,
+        "hash": k.agent("a1"),
+        "cap set": k.cap("d.e"),
+    }[which]
     await r.set(key, "x")
     with pytest.raises(reach.ConfigError, match="holds a string"):
-        await reg.register("a1", instance_id="i", version=new_version(), capabilities=["c", "d.e"],
-                           lease_ms=LONG_LEASE_MS, evict_after_ms=LONG_EVICT_MS)  # fmt: skip
+        await reg.register(
+            "a1",
+            instance_id="i",
+            version=new_version(),
+            capabilities=["c", "d.e"],
+            lease_ms=LONG_LEASE_MS,
+            evict_after_ms=LONG_EVICT_MS,
+        )
     assert await _namespace_keys(reg) == [key.encode()]

@@ -75,14 +75,20 @@ async def test_under_the_bound_it_adds_and_counts_all_three_priorities(
 ) -> None:
     k = Keys(ns)
     await r.xadd(k.inbox("w-1", "high"), {"e": b"A"})
-    got = await scripts.call(r, "send", bounded(k, "w-1", "m5", "low"),
-                             [b"ENV", "cap", 1, "m5", "", TTL_MS, 3])  # fmt: skip
+    got = await scripts.call(
+        r, "send", bounded(k, "w-1", "m5", "low"), [b"ENV", "cap", 1, "m5", "", TTL_MS, 3]
+    )
     assert isinstance(got, bytes)  # an entry id
-    got = await scripts.call(r, "send", bounded(k, "w-1", "m6"),
-                             [b"ENV", "cap", 1, "m6", "", TTL_MS, 3])  # fmt: skip
+    got = await scripts.call(
+        r, "send", bounded(k, "w-1", "m6"), [b"ENV", "cap", 1, "m6", "", TTL_MS, 3]
+    )
     assert isinstance(got, bytes)
-    assert await scripts.call(r, "send", bounded(k, "w-1", "m7"),
-                              [b"ENV", "cap", 1, "m7", "", TTL_MS, 3]) == 3  # fmt: skip
+    assert (
+        await scripts.call(
+            r, "send", bounded(k, "w-1", "m7"), [b"ENV", "cap", 1, "m7", "", TTL_MS, 3]
+        )
+        == 3
+    )
     assert (await r.hgetall(k.idem("m6")))[b"status"] == b"pending"
     assert await r.exists(k.idem("m7")) == 0
 
@@ -91,8 +97,12 @@ async def test_a_bound_of_zero_means_unbounded(r: AnyRedis, ns: str) -> None:
     k = Keys(ns)
     inbox = k.inbox("w-1", "normal")
     for i in range(3):
-        await scripts.call(r, "send", [inbox, k.idem(f"z{i}"), k.task(f"z{i}")],
-                           [b"ENV", "cap", 1, f"z{i}", "", TTL_MS, 0])  # fmt: skip
+        await scripts.call(
+            r,
+            "send",
+            [inbox, k.idem(f"z{i}"), k.task(f"z{i}")],
+            [b"ENV", "cap", 1, f"z{i}", "", TTL_MS, 0],
+        )
     assert await r.xlen(inbox) == 3
 
 
@@ -100,8 +110,12 @@ async def test_concurrent_senders_never_pass_the_bound(r: AnyRedis, ns: str) -> 
     k = Keys(ns)
 
     async def one(i: int) -> Any:
-        return await scripts.call(r, "send", bounded(k, "w-2", f"c{i}", ("high", "low")[i % 2]),
-                                  [b"ENV", "cap", 1, f"c{i}", "", TTL_MS, 25])  # fmt: skip
+        return await scripts.call(
+            r,
+            "send",
+            bounded(k, "w-2", f"c{i}", ("high", "low")[i % 2]),
+            [b"ENV", "cap", 1, f"c{i}", "", TTL_MS, 25],
+        )
 
     results: list[Any] = []
 
@@ -152,8 +166,9 @@ async def test_a_record_of_the_wrong_type_is_refused_before_the_add(r: AnyRedis,
     await r.set(k.idem("m8"), "not a hash")
     inbox = k.inbox("w-4", "normal")
     with pytest.raises(ResponseError, match=r"reach: bad KEYS\[2\]: holds a string"):
-        await scripts.call(r, "send", [inbox, k.idem("m8"), k.task("m8")],
-                           [b"ENV", "cap", 1, "m8", "", TTL_MS])  # fmt: skip
+        await scripts.call(
+            r, "send", [inbox, k.idem("m8"), k.task("m8")], [b"ENV", "cap", 1, "m8", "", TTL_MS]
+        )
     assert await r.exists(inbox) == 0  # no entry whose record could not be written
 
 

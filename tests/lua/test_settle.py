@@ -35,12 +35,32 @@ class Batch:
             self.keys.append(key)
         return self.keys.index(key) + 1
 
-    def add(self, *, idem: str | None, fence: Any, status: str, reply: bytes, mode: str,
-            reply_key: str | None, inbox: str | None, entry: str,
-            ops: Sequence[tuple[Any, ...]] = ()) -> None:  # fmt: skip
+    def add(
+        self,
+        *,
+        idem: str | None,
+        fence: Any,
+        status: str,
+        reply: bytes,
+        mode: str,
+        reply_key: str | None,
+        inbox: str | None,
+        entry: str,
+        ops: Sequence[tuple[Any, ...]] = (),
+    ) -> None:
         self.n += 1
-        self.items += [self.ki(idem), fence, status, reply, mode, "", self.ki(reply_key),
-                       self.ki(inbox), entry, len(ops)]  # fmt: skip
+        self.items += [
+            self.ki(idem),
+            fence,
+            status,
+            reply,
+            mode,
+            "",
+            self.ki(reply_key),
+            self.ki(inbox),
+            entry,
+            len(ops),
+        ]
         for name, key, *rest in ops:
             self.items += [name, self.ki(key), len(rest), *rest]
 
@@ -68,8 +88,16 @@ async def test_a_settled_item_is_stored_replied_acked_and_deleted(r: AnyRedis, n
     [entry] = await _delivered(r, inbox, 1)
     fence = await _claim(r, rec)
     b = Batch()
-    b.add(idem=rec, fence=fence, status="succeeded", reply=b"R", mode="done",
-          reply_key=replies, inbox=inbox, entry=entry)  # fmt: skip
+    b.add(
+        idem=rec,
+        fence=fence,
+        status="succeeded",
+        reply=b"R",
+        mode="done",
+        reply_key=replies,
+        inbox=inbox,
+        entry=entry,
+    )
     assert await b.run(r) == [1]
     assert await r.hget(rec, "reply") == b"R" and await r.hget(rec, "done") == b"1"
     [(_, fields)] = await r.xrange(replies)
@@ -87,8 +115,17 @@ async def test_a_fenced_item_writes_nothing_and_leaves_its_entry(r: AnyRedis, ns
     fence = await _claim(r, rec)
     await r.hincrby(rec, "fence", 1)  # another owner claimed the key since
     b = Batch()
-    b.add(idem=rec, fence=fence, status="dead", reply=b"E", mode="done", reply_key=replies,
-          inbox=inbox, entry=entry, ops=[("XADD", dlq, "*", "reason", "max_attempts")])  # fmt: skip
+    b.add(
+        idem=rec,
+        fence=fence,
+        status="dead",
+        reply=b"E",
+        mode="done",
+        reply_key=replies,
+        inbox=inbox,
+        entry=entry,
+        ops=[("XADD", dlq, "*", "reason", "max_attempts")],
+    )
     assert await b.run(r) == [0]
     assert await r.hget(rec, "done") is None
     assert await r.exists(replies, dlq) == 0
@@ -104,10 +141,27 @@ async def test_follow_up_commands_run_and_items_settle_independently(r: AnyRedis
     await _claim(r, stale_rec)
     b = Batch()
     # A retry: release the key, park the envelope in the delayed set, ack this copy.
-    b.add(idem=retry_rec, fence=f_retry, status="retrying", reply=b"", mode="release",
-          reply_key=None, inbox=inbox, entry=e1, ops=[("ZADD", k.delayed, 12345, b"ENV")])  # fmt: skip
-    b.add(idem=stale_rec, fence=999, status="succeeded", reply=b"X", mode="done",
-          reply_key=None, inbox=inbox, entry=e2)  # fmt: skip
+    b.add(
+        idem=retry_rec,
+        fence=f_retry,
+        status="retrying",
+        reply=b"",
+        mode="release",
+        reply_key=None,
+        inbox=inbox,
+        entry=e1,
+        ops=[("ZADD", k.delayed, 12345, b"ENV")],
+    )
+    b.add(
+        idem=stale_rec,
+        fence=999,
+        status="succeeded",
+        reply=b"X",
+        mode="done",
+        reply_key=None,
+        inbox=inbox,
+        entry=e2,
+    )
     # No idempotency record (a malformed entry): ack only.
     b.add(idem=None, fence="", status="", reply=b"", mode="", reply_key=None, inbox=inbox, entry=e3)
     assert await b.run(r) == [1, 0, 1]
@@ -127,10 +181,27 @@ async def test_a_disallowed_command_fails_the_batch_before_any_write(r: AnyRedis
     await r.sadd(k.agents, "w-1")
     b = Batch()
     # A good item first: it must not be half-settled when the second one is refused.
-    b.add(idem=rec, fence=fence, status="succeeded", reply=b"R", mode="done",
-          reply_key=replies, inbox=inbox, entry=first)  # fmt: skip
-    b.add(idem=None, fence="", status="", reply=b"", mode="", reply_key=None, inbox=inbox,
-          entry=second, ops=[("DEL", k.agents)])  # fmt: skip
+    b.add(
+        idem=rec,
+        fence=fence,
+        status="succeeded",
+        reply=b"R",
+        mode="done",
+        reply_key=replies,
+        inbox=inbox,
+        entry=first,
+    )
+    b.add(
+        idem=None,
+        fence="",
+        status="",
+        reply=b"",
+        mode="",
+        reply_key=None,
+        inbox=inbox,
+        entry=second,
+        ops=[("DEL", k.agents)],
+    )
     with pytest.raises(
         rexc.ResponseError, match=r"^reach: bad extra command 1 of item 2 .* DEL: want XADD or ZADD"
     ):
@@ -158,16 +229,28 @@ def _bad_calls() -> list[tuple[str, int | None, object]]:
     calls += [(f"mode {it1}", 7, v) for v in ["x", ""]]
     calls += [(f"reply stream index {it2}", 30, v) for v in ["6", "x"]]
     calls += [(f"inbox index {it2}", 31, v) for v in ["6", "-1"]]
-    calls += [(f"entry id {it2}", 32, v) for v in [
-        "abc", "", "1-", "-1", "1-2-3", " 1-0", "18446744073709551616-0", "1-18446744073709551616",
-        "123456789012345678901-0"]]  # fmt: skip
+    calls += [
+        (f"entry id {it2}", 32, v)
+        for v in [
+            "abc",
+            "",
+            "1-",
+            "-1",
+            "1-2-3",
+            " 1-0",
+            "18446744073709551616-0",
+            "1-18446744073709551616",
+            "123456789012345678901-0",
+        ]
+    ]
     calls += [(f"number of extra commands {it2}", 33, v) for v in ["2", "x", "100", ""]]
     calls += [(cmd2, 34, v) for v in ["DEL", "zadd", "EVAL", "", "XACK"]]
     calls += [(f"key index of {cmd2}", 35, v) for v in ["0", "6", "x"]]
     calls += [(f"number of arguments of {cmd2}", 36, v) for v in ["3", "1001", "x", ""]]
     calls += [(f"number of arguments of {cmd2}", None, "drop"), (cmd2, 36, "1"), (cmd2, 36, "0")]
-    calls += [(cmd2, 37, v) for v in ["nan", "inf", "-inf", "1e309", "", "abc", " 1", "1e3",
-                                      "1" * 30]]  # fmt: skip
+    calls += [
+        (cmd2, 37, v) for v in ["nan", "inf", "-inf", "1e309", "", "abc", " 1", "1e3", "1" * 30]
+    ]
     calls += [(cmd1, 16, v) for v in ["MINID", "NOMKSTREAM"]]  # for MAXLEN
     calls += [(cmd1, 18, v) for v in ["x", "-1", "", "1e3"]]  # the MAXLEN count
     calls += [(cmd1, 19, v) for v in ["1-1", "0-1", "$"]]  # for '*'
@@ -190,11 +273,28 @@ async def test_a_batch_out_of_contract_is_refused_before_any_write(
     # KEYS: rec 1, replies 2, inbox 3, dlq 4, delayed 5. ARGV (0-based): ttl 0, group 1,
     # n 2; item 1 at 3..12, its XADD at 13..23 (name, key index, 8 args: MAXLEN ~ 1000 *
     # and two pairs); item 2 at 24..33, its ZADD at 34..38.
-    b.add(idem=rec, fence=fence, status="succeeded", reply=b"R", mode="done", reply_key=replies,
-          inbox=inbox, entry=e1,
-          ops=[("XADD", dlq, "MAXLEN", "~", 1000, "*", "reason", "x", "env", b"E")])  # fmt: skip
-    b.add(idem=None, fence="", status="", reply=b"", mode="", reply_key=None, inbox=inbox,
-          entry=e2, ops=[("ZADD", k.delayed, 12345, b"ENV")])  # fmt: skip
+    b.add(
+        idem=rec,
+        fence=fence,
+        status="succeeded",
+        reply=b"R",
+        mode="done",
+        reply_key=replies,
+        inbox=inbox,
+        entry=e1,
+        ops=[("XADD", dlq, "MAXLEN", "~", 1000, "*", "reason", "x", "env", b"E")],
+    )
+    b.add(
+        idem=None,
+        fence="",
+        status="",
+        reply=b"",
+        mode="",
+        reply_key=None,
+        inbox=inbox,
+        entry=e2,
+        ops=[("ZADD", k.delayed, 12345, b"ENV")],
+    )
     args: list[Any] = [TTL_MS, GROUP, b.n, *b.items]
     assert len(args) == 39 and args[34] == "ZADD" and args[19] == "*"
     if at is not None:
@@ -219,8 +319,17 @@ async def test_a_key_of_another_type_is_refused_before_any_write(r: AnyRedis, ns
     fence = await _claim(r, rec)
     await r.set(dlq, "not a stream")
     b = Batch()
-    b.add(idem=rec, fence=fence, status="dead", reply=b"R", mode="release", reply_key=replies,
-          inbox=inbox, entry=e1, ops=[("XADD", dlq, "*", "reason", "x")])  # fmt: skip
+    b.add(
+        idem=rec,
+        fence=fence,
+        status="dead",
+        reply=b"R",
+        mode="release",
+        reply_key=replies,
+        inbox=inbox,
+        entry=e1,
+        ops=[("XADD", dlq, "*", "reason", "x")],
+    )
     before = await snapshot(r, ns)
     with pytest.raises(
         rexc.ResponseError,

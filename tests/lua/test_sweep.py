@@ -9,7 +9,7 @@ import reach
 from reach import scripts
 from reach.connection import AnyRedis
 from reach.registry import Registry
-from tests.registry_helpers import (
+from tests.support.registry_helpers import (
     LONG_EVICT_MS,
     assert_consistent,
     register,
@@ -43,9 +43,13 @@ async def test_empty_namespace(reg: Registry) -> None:
 async def test_lease_transitions_at_sub_second_settings(reg: Registry, r: AnyRedis) -> None:
     """active -> probation -> (heartbeat) active -> probation -> evicted -> shadow deleted."""
     _, inst, version = await register(
-        reg, "a1", ["solo", "shared"], lease_ms=LEASE_MS, evict_after_ms=EVICT_AFTER_MS,
+        reg,
+        "a1",
+        ["solo", "shared"],
+        lease_ms=LEASE_MS,
+        evict_after_ms=EVICT_AFTER_MS,
         ready=True,
-    )  # fmt: skip
+    )
     await register(reg, "keeper", ["shared"])  # long lease: stays
 
     async def sweep_until(state: str | None) -> list[str | None]:
@@ -228,13 +232,26 @@ def _sweep_keys(reg: Registry) -> list[str]:
 
 @pytest.mark.parametrize(
     ("index", "value", "name"),
-    [(1, str(THIRTY_TWO_YEARS_MS), "lock_ms"), (1, "3600001", "lock_ms"), (1, "-1", "lock_ms"),
-     (1, "abc", "lock_ms"), (1, "0100", "lock_ms"), (1, "nan", "lock_ms"), (1, "", "lock_ms"), (0, "", "owner"),
-     (2, "0", "shadow_ttl_ms"), (2, "inf", "shadow_ttl_ms"), (2, "2592000001", "shadow_ttl_ms"),
-     (3, "0", "batch"), (3, "1e309", "batch"), (3, "100001", "batch"),
-     (4, "0", "events maxlen"), (4, "x", "events maxlen"),
-     (4, "007", "events maxlen")],
-)  # fmt: skip
+    [
+        (1, str(THIRTY_TWO_YEARS_MS), "lock_ms"),
+        (1, "3600001", "lock_ms"),
+        (1, "-1", "lock_ms"),
+        (1, "abc", "lock_ms"),
+        (1, "0100", "lock_ms"),
+        (1, "nan", "lock_ms"),
+        (1, "", "lock_ms"),
+        (0, "", "owner"),
+        (2, "0", "shadow_ttl_ms"),
+        (2, "inf", "shadow_ttl_ms"),
+        (2, "2592000001", "shadow_ttl_ms"),
+        (3, "0", "batch"),
+        (3, "1e309", "batch"),
+        (3, "100001", "batch"),
+        (4, "0", "events maxlen"),
+        (4, "x", "events maxlen"),
+        (4, "007", "events maxlen"),
+    ],
+)
 async def test_bad_argument_is_refused_before_taking_the_lock(
     reg: Registry, r: AnyRedis, index: int, value: str, name: str
 ) -> None:
@@ -259,9 +276,14 @@ async def test_registry_refuses_a_32_year_lock(reg: Registry, r: AnyRedis) -> No
 
 @pytest.mark.parametrize(
     "fields",
-    [{"last_heartbeat_ms": "abc"}, {"evict_after_ms": "nan"}, {"evict_after_ms": ""},
-     {"last_heartbeat_ms": "inf"}, {"state": "weird", "last_heartbeat_ms": "x"}],
-)  # fmt: skip
+    [
+        {"last_heartbeat_ms": "abc"},
+        {"evict_after_ms": "nan"},
+        {"evict_after_ms": ""},
+        {"last_heartbeat_ms": "inf"},
+        {"state": "weird", "last_heartbeat_ms": "x"},
+    ],
+)
 async def test_unreadable_timing_is_evicted_and_the_sweep_goes_on(
     reg: Registry, r: AnyRedis, fields: dict[str, str]
 ) -> None:

@@ -26,8 +26,9 @@ async def test_takeover_only_from_the_owner_judged_gone(r: AnyRedis, ns: str) ->
     assert await scripts.call(r, "takeover", [Keys(ns).idem("none")], ["w-2/i2"]) == 0
 
 
-@pytest.mark.parametrize(("keys", "args"), [(1, []), (1, ["w-1/old", "x"]), (2, ["w-1/old"]),
-                                            (0, ["w-1/old"])])  # fmt: skip
+@pytest.mark.parametrize(
+    ("keys", "args"), [(1, []), (1, ["w-1/old", "x"]), (2, ["w-1/old"]), (0, ["w-1/old"])]
+)
 async def test_wrong_counts_are_refused_before_any_write(
     r: AnyRedis, ns: str, keys: int, args: list[str]
 ) -> None:

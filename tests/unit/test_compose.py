@@ -29,8 +29,11 @@ COMPOSE_FILE = COMPOSE_DIR / "docker-compose.yml"
 REDIS_CONF = COMPOSE_DIR / "redis.conf"
 SENTINEL_CONFS = [COMPOSE_DIR / f"sentinel-{i}.conf" for i in (1, 2, 3)]
 PROMETHEUS_CONF = COMPOSE_DIR / "prometheus.yml"
-EXAMPLE_AGENTS = {"agent-planner": "planner", "agent-summarizer": "summarizer",
-                  "agent-reviewer": "reviewer"}  # fmt: skip
+EXAMPLE_AGENTS = {
+    "agent-planner": "planner",
+    "agent-summarizer": "summarizer",
+    "agent-reviewer": "reviewer",
+}
 
 
 @pytest.fixture(scope="module")
@@ -333,9 +336,12 @@ def test_sentinel_conf_is_accepted_by_the_real_server(
 def _worker_options() -> set[str]:
     """The options `reach worker` accepts, from its own --help."""
     res = subprocess.run(
-        [sys.executable, "-m", "reach_cli.app", "worker", "--help"], check=True,
-        capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"},
-    )  # fmt: skip
+        [sys.executable, "-m", "reach_cli.app", "worker", "--help"],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     return set(re.findall(r"(--[a-z][a-z0-9-]*)", res.stdout))
 
 
@@ -408,8 +414,12 @@ def test_example_agent_commands_run_and_serve_metrics(
             cmd = _command(services[name])
             port = free_port()
             cmd[cmd.index("--metrics-port") + 1] = str(port)
-            env = {**os.environ, **services[name]["environment"],
-                   "REACH_REDIS_URL": redis_url, "REACH_NAMESPACE": ns}  # fmt: skip
+            env = {
+                **os.environ,
+                **services[name]["environment"],
+                "REACH_REDIS_URL": redis_url,
+                "REACH_NAMESPACE": ns,
+            }
             argv = [sys.executable, "-m", "reach_cli.app", *cmd[1:], "--log-level", "warning"]
             p = subprocess.Popen(argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL)
             procs.append((name, port, p))

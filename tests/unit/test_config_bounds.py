@@ -23,10 +23,18 @@ def test_agent_id_too_long() -> None:
         Agent("a" * 300, capabilities=["x.y"])
 
 
-@pytest.mark.parametrize("kw", [
-    {"lease_s": 9, "evict_after_s": 100_000}, {"shadow_ttl_s": 0}, {"shadow_ttl_s": 1e9},
-    {"claim_lease_s": 0}, {"batch": 0}, {"batch": 20_000}, {"dlq_maxlen": 0},
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"lease_s": 9, "evict_after_s": 100_000},
+        {"shadow_ttl_s": 0},
+        {"shadow_ttl_s": 1e9},
+        {"claim_lease_s": 0},
+        {"batch": 0},
+        {"batch": 20_000},
+        {"dlq_maxlen": 0},
+    ],
+)
 def test_runtime_options_the_scripts_would_refuse(kw: dict[str, Any]) -> None:
     with pytest.raises(ConfigError):
         RuntimeOptions(**kw)

@@ -58,8 +58,11 @@ def test_cli_md_documents_no_command_that_does_not_exist() -> None:
 
 
 def test_readme_and_docs_links_resolve() -> None:
-    for md in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
-               ROOT / "examples" / "README.md"]:  # fmt: skip
+    for md in [
+        ROOT / "README.md",
+        *sorted((ROOT / "docs").glob("*.md")),
+        ROOT / "examples" / "README.md",
+    ]:
         for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", md.read_text()):
             if "://" in target:
                 continue

@@ -465,9 +465,13 @@ def test_a_server_that_outlived_its_owner_still_holds_its_data_dir(
         time.sleep(60)
         """
     )
-    owner = subprocess.Popen([sys.executable, "-c", code, server_binary.path, str(data_dir)],
-                             stdout=subprocess.PIPE, text=True, cwd=REPO,
-                             env=dict(os.environ, PYTHONPATH=str(REPO)))  # fmt: skip
+    owner = subprocess.Popen(
+        [sys.executable, "-c", code, server_binary.path, str(data_dir)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
     assert owner.stdout is not None
     pid, port = map(int, owner.stdout.readline().split())
     try:

@@ -34,8 +34,12 @@ def lines(buf: io.StringIO) -> list[dict[str, str]]:
 
 
 def env(**kw: str) -> Envelope:
-    return Envelope(msg_id=kw.get("msg_id", "m-1"), capability="text.echo",
-                    trace_id=kw.get("trace_id", "t-1"), session_id=kw.get("session_id", "s-1"))  # fmt: skip
+    return Envelope(
+        msg_id=kw.get("msg_id", "m-1"),
+        capability="text.echo",
+        trace_id=kw.get("trace_id", "t-1"),
+        session_id=kw.get("session_id", "s-1"),
+    )
 
 
 def test_ids_on_records_only_inside_the_scope(capture) -> None:  # type: ignore[no-untyped-def]
@@ -44,15 +48,23 @@ def test_ids_on_records_only_inside_the_scope(capture) -> None:  # type: ignore[
     lg.info("before")
     with logs.message_scope(env(), "agent-1"):
         lg.info("inside %s", "x")
-        assert logs.current() == {"trace_id": "t-1", "session_id": "s-1", "agent_id": "agent-1",
-                                  "msg_id": "m-1"}  # fmt: skip
+        assert logs.current() == {
+            "trace_id": "t-1",
+            "session_id": "s-1",
+            "agent_id": "agent-1",
+            "msg_id": "m-1",
+        }
     lg.info("after")
     before, inside, after = lines(buf)
     assert set(before) == {"ts", "level", "logger", "message"}
     assert inside["message"] == "inside x" and inside["level"] == "INFO"
     assert inside["logger"] == "reach.test_logs"
     assert (inside["msg_id"], inside["trace_id"], inside["session_id"], inside["agent_id"]) == (
-        "m-1", "t-1", "s-1", "agent-1")  # fmt: skip
+        "m-1",
+        "t-1",
+        "s-1",
+        "agent-1",
+    )
     assert "msg_id" not in after
 
 
@@ -136,9 +148,10 @@ def test_without_opentelemetry_tracing_is_a_no_op(monkeypatch: pytest.MonkeyPatc
 
 def test_opentelemetry_spans_and_traceparent() -> None:
     pytest.importorskip(
-        "opentelemetry.sdk", reason="opentelemetry-sdk is not installed: the optional "
+        "opentelemetry.sdk",
+        reason="opentelemetry-sdk is not installed: the optional "
         "OpenTelemetry spans are tested only where it is (pip install opentelemetry-sdk)",
-    )  # fmt: skip
+    )
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor

@@ -68,8 +68,9 @@ def test_histograms_and_replays_and_fences() -> None:
     metrics.fenced(c)
     assert val("reach_handler_duration_seconds_count", capability=c, outcome="succeeded") == 1
     assert val("reach_handler_duration_seconds_sum", capability=c, outcome="error") == 1.5
-    assert val("reach_handler_duration_seconds_bucket", capability=c, outcome="error",
-               le="2.5") == 1  # fmt: skip
+    assert (
+        val("reach_handler_duration_seconds_bucket", capability=c, outcome="error", le="2.5") == 1
+    )
     assert val("reach_queue_wait_seconds_count", priority="low") == before + 2
     assert val("reach_idempotent_replays_total", capability=c) == 1
     assert val("reach_messages_fenced_total", capability=c) == 1
@@ -82,8 +83,7 @@ def test_client_reply_and_outcome_names() -> None:
     metrics.client_reply(c, metrics.client_outcome(None), 0.1)
     metrics.client_reply(c, metrics.client_outcome(DeadlineExceeded("x")), 2.0)
     assert val("reach_client_requests_total", capability=c, outcome="succeeded") == 1
-    assert val("reach_client_request_duration_seconds_count", capability=c,
-               outcome="deadline") == 1  # fmt: skip
+    assert val("reach_client_request_duration_seconds_count", capability=c, outcome="deadline") == 1
     assert metrics.client_outcome(RemoteError("x", type="E")) == "remote_error"
     assert metrics.client_outcome(Rejected("x", reason="rejected")) == "rejected"
     assert metrics.client_outcome(NoAgentAvailable("x")) == "no_agent"
@@ -127,14 +127,21 @@ def test_breaker_transitions_from_a_real_breaker() -> None:
     assert br.allow("a-1")  # half-open probe
     br.record("a-1", True)
     assert br.state("a-1") == "closed"
-    assert val("reach_breaker_transitions_total", from_state="open",
-               to_state="half_open") == half + 1  # fmt: skip
-    assert val("reach_breaker_transitions_total", from_state="half_open",
-               to_state="closed") == closed + 1  # fmt: skip
+    assert (
+        val("reach_breaker_transitions_total", from_state="open", to_state="half_open") == half + 1
+    )
+    assert (
+        val("reach_breaker_transitions_total", from_state="half_open", to_state="closed")
+        == closed + 1
+    )
     assert val("reach_breakers_open") == open_now
     # agent ids are no label: the series do not grow with agents
-    names = {s.labels.get("agent_id") for m in REGISTRY.collect() if m.name.startswith(
-        "reach_breaker") for s in m.samples}  # fmt: skip
+    names = {
+        s.labels.get("agent_id")
+        for m in REGISTRY.collect()
+        if m.name.startswith("reach_breaker")
+        for s in m.samples
+    }
     assert names == {None}
 
 
@@ -149,8 +156,10 @@ def test_agent_gauges_and_forget() -> None:
     assert val("reach_inbox_depth", agent_id=agent, priority="normal") == 5
     metrics.forget_agent(agent)
     assert REGISTRY.get_sample_value("reach_inflight_messages", {"agent_id": agent}) is None
-    assert REGISTRY.get_sample_value("reach_inbox_depth",
-                                     {"agent_id": agent, "priority": "normal"}) is None  # fmt: skip
+    assert (
+        REGISTRY.get_sample_value("reach_inbox_depth", {"agent_id": agent, "priority": "normal"})
+        is None
+    )
     metrics.forget_agent(agent)  # twice is fine
 
 
@@ -176,12 +185,23 @@ def test_serve_exposes_metrics_over_http() -> None:
         srv.server_close()
     fams = {m.name: m for m in text_string_to_metric_families(text)}
     assert "reach_messages_sent" in fams
-    got = [s.value for s in fams["reach_messages_sent"].samples
-           if s.name == "reach_messages_sent_total" and s.labels.get("capability") == c]  # fmt: skip
+    got = [
+        s.value
+        for s in fams["reach_messages_sent"].samples
+        if s.name == "reach_messages_sent_total" and s.labels.get("capability") == c
+    ]
     assert got == [1.0]
     # every reach series is declared, even before it has samples
-    for name in ("reach_messages_acked", "reach_messages_dead_lettered", "reach_messages_expired",
-                 "reach_handler_duration_seconds", "reach_queue_wait_seconds",
-                 "reach_inflight_messages", "reach_inbox_depth", "reach_registry_agents",
-                 "reach_breaker_transitions", "reach_idempotent_replays"):  # fmt: skip
+    for name in (
+        "reach_messages_acked",
+        "reach_messages_dead_lettered",
+        "reach_messages_expired",
+        "reach_handler_duration_seconds",
+        "reach_queue_wait_seconds",
+        "reach_inflight_messages",
+        "reach_inbox_depth",
+        "reach_registry_agents",
+        "reach_breaker_transitions",
+        "reach_idempotent_replays",
+    ):
         assert name in fams, name

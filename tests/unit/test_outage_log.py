@@ -44,17 +44,19 @@ def test_a_minute_of_failures_eight_a_second_is_four_lines(
     assert not out.down and out.attempts == 0
     got = lines(caplog)
     assert logged == 3 and len(got) == 4, got
-    assert got[0] == ("reply stream read failed: ConnectionError: Connection refused; retrying "
-                      "(reminder every 30 s, one line when it works again)")  # fmt: skip
-    assert got[1] == ("reply stream read still failing after 30 s (241 attempts): "
-                      "ConnectionError: Connection refused")  # fmt: skip
+    assert got[0] == (
+        "reply stream read failed: ConnectionError: Connection refused; retrying "
+        "(reminder every 30 s, one line when it works again)"
+    )
+    assert got[1] == (
+        "reply stream read still failing after 30 s (241 attempts): "
+        "ConnectionError: Connection refused"
+    )
     assert got[2].startswith("reply stream read still failing after 60 s (481 attempts)")
     assert got[3] == "reply stream read works again after 60.1 s (481 failed attempts)"
 
 
-def test_ok_without_an_outage_says_nothing(
-    clock: Clock, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_ok_without_an_outage_says_nothing(clock: Clock, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="reach.test_outage")
     out = OutageLog(logging.getLogger("reach.test_outage"), "refresh", clock=clock)
     for _ in range(100):
@@ -79,9 +81,7 @@ def test_each_outage_starts_with_its_own_first_line(
     assert got[1] == got[3] == "refresh works again after 1.0 s (2 failed attempts)"
 
 
-def test_level_and_exceptions_without_text(
-    clock: Clock, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_level_and_exceptions_without_text(clock: Clock, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="reach.test_outage")
     out = OutageLog("reach.test_outage", "tick", level=logging.ERROR, clock=clock)
     out.failed(TimeoutError())

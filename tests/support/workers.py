@@ -10,8 +10,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # Sub-second leases and sweeps: what the process tests run with.
-FAST = ["--heartbeat-s", "0.1", "--lease-s", "0.3", "--evict-after-s", "0.6",
-        "--sweep-interval-s", "0.1", "--retry-base-s", "0.02"]  # fmt: skip
+FAST = [
+    "--heartbeat-s",
+    "0.1",
+    "--lease-s",
+    "0.3",
+    "--evict-after-s",
+    "0.6",
+    "--sweep-interval-s",
+    "0.1",
+    "--retry-base-s",
+    "0.02",
+]
 
 
 class Workers:
@@ -24,9 +34,21 @@ class Workers:
 
     def start(self, name: str, *extra: str, log: Path | None = None) -> subprocess.Popen[bytes]:
         """Start factory ``name``; its stderr goes to ``log`` when given (log level warning)."""
-        cmd = [sys.executable, "-m", "reach_cli.app", "worker", f"{self.module}:{name}",
-               "--redis-url", self.url, "--namespace", self.ns,
-               "--log-level", "warning" if log else self.log_level, *FAST, *extra]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "reach_cli.app",
+            "worker",
+            f"{self.module}:{name}",
+            "--redis-url",
+            self.url,
+            "--namespace",
+            self.ns,
+            "--log-level",
+            "warning" if log else self.log_level,
+            *FAST,
+            *extra,
+        ]
         err = open(log, "wb") if log else None  # noqa: SIM115 - the child owns it
         p = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.DEVNULL, stderr=err)
         if err is not None:

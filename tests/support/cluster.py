@@ -12,7 +12,7 @@ from typing import Self
 import redis
 
 from reach.embedded import RedisServer, ServerBinary
-from tests.server_group import ServerGroup
+from tests.support.server_group import ServerGroup
 
 SLOTS = 16384
 

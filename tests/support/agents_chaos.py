@@ -1,4 +1,4 @@
-"""The chaos suite's agent, run as real `reach worker tests.agents_chaos:agent` processes.
+"""The chaos suite's agent, run as real `reach worker tests.support.agents_chaos:agent` processes.
 
 A zero-arg factory: each process reads its agent id from REACH_CHAOS_AGENT_ID (set per
 process by the chaos engine), so a worker restarted after a SIGKILL takes the same id and

@@ -9,10 +9,22 @@ import anyio
 from reach.runtime import Agent, Context
 
 
-def _echo(agent_id: str, *, weight: float = 1, delay_s: float = 0.0, fail: bool = False,
-          region: str = "eu", max_queue: int = 0) -> Agent:  # fmt: skip
-    app = Agent(agent_id, capabilities=["route.echo"], weight=weight,
-                metadata={"region": region}, max_queue=max_queue)  # fmt: skip
+def _echo(
+    agent_id: str,
+    *,
+    weight: float = 1,
+    delay_s: float = 0.0,
+    fail: bool = False,
+    region: str = "eu",
+    max_queue: int = 0,
+) -> Agent:
+    app = Agent(
+        agent_id,
+        capabilities=["route.echo"],
+        weight=weight,
+        metadata={"region": region},
+        max_queue=max_queue,
+    )
 
     @app.handler("route.echo")
     async def echo(payload: Any, ctx: Context) -> str:

@@ -17,7 +17,7 @@ from typing import Self
 import redis
 
 from reach.embedded import RedisServer, ServerBinary
-from tests.server_group import ServerGroup
+from tests.support.server_group import ServerGroup
 
 SERVICE = "mymaster"
 
@@ -27,23 +27,31 @@ class SentinelServer(RedisServer):
     can rewrite); started, polled and stopped like any :class:`RedisServer`."""
 
     def __init__(
-        self, *, binary: ServerBinary, master_port: int, service: str = SERVICE,
-        quorum: int = 2, down_after_ms: int = 1000, failover_timeout_ms: int = 2000,
-    ) -> None:  # fmt: skip
+        self,
+        *,
+        binary: ServerBinary,
+        master_port: int,
+        service: str = SERVICE,
+        quorum: int = 2,
+        down_after_ms: int = 1000,
+        failover_timeout_ms: int = 2000,
+    ) -> None:
         super().__init__(binary=binary)
-        self.conf = "\n".join([
-            f"port {self.port}",
-            "bind 127.0.0.1",
-            "protected-mode no",
-            "daemonize no",
-            f'dir "{self.data_dir}"',
-            "logfile server.log",
-            f"sentinel monitor {service} 127.0.0.1 {master_port} {quorum}",
-            f"sentinel down-after-milliseconds {service} {down_after_ms}",
-            f"sentinel failover-timeout {service} {failover_timeout_ms}",
-            f"sentinel parallel-syncs {service} 1",
-            "",
-        ])  # fmt: skip
+        self.conf = "\n".join(
+            [
+                f"port {self.port}",
+                "bind 127.0.0.1",
+                "protected-mode no",
+                "daemonize no",
+                f'dir "{self.data_dir}"',
+                "logfile server.log",
+                f"sentinel monitor {service} 127.0.0.1 {master_port} {quorum}",
+                f"sentinel down-after-milliseconds {service} {down_after_ms}",
+                f"sentinel failover-timeout {service} {failover_timeout_ms}",
+                f"sentinel parallel-syncs {service} 1",
+                "",
+            ]
+        )
 
     def _args(self) -> list[str]:
         path = Path(self.data_dir) / "sentinel.conf"
@@ -56,9 +64,14 @@ class RedisTestSentinel(ServerGroup):
     """1 master + 1 replica + 3 sentinels; ``url`` is the ``redis+sentinel://`` URL."""
 
     def __init__(
-        self, *, binary: ServerBinary, service: str = SERVICE, sentinels: int = 3,
-        down_after_ms: int = 1000, failover_timeout_ms: int = 2000,
-    ) -> None:  # fmt: skip
+        self,
+        *,
+        binary: ServerBinary,
+        service: str = SERVICE,
+        sentinels: int = 3,
+        down_after_ms: int = 1000,
+        failover_timeout_ms: int = 2000,
+    ) -> None:
         self.binary = binary
         self.service = service
         # No 5 s wait before a full sync (the diskless default): the replica is up at once.
@@ -68,10 +81,15 @@ class RedisTestSentinel(ServerGroup):
             binary=binary, extra_args=(*fast, "--replicaof", "127.0.0.1", str(self.master.port))
         )
         self.sentinels = [
-            SentinelServer(binary=binary, master_port=self.master.port, service=service,
-                           down_after_ms=down_after_ms, failover_timeout_ms=failover_timeout_ms)
+            SentinelServer(
+                binary=binary,
+                master_port=self.master.port,
+                service=service,
+                down_after_ms=down_after_ms,
+                failover_timeout_ms=failover_timeout_ms,
+            )
             for _ in range(sentinels)
-        ]  # fmt: skip
+        ]
 
     @property
     def url(self) -> str:
@@ -86,8 +104,11 @@ class RedisTestSentinel(ServerGroup):
         self.master.start()
         self.replica.start()
         deadline = time.monotonic() + timeout_s
-        self._wait(lambda: _replication(self.replica.port).get("master_link_status") == "up",
-                   deadline, "replica link up")  # fmt: skip
+        self._wait(
+            lambda: _replication(self.replica.port).get("master_link_status") == "up",
+            deadline,
+            "replica link up",
+        )
         for s in self.sentinels:
             s.start()
         self._wait(self._sentinels_ready, deadline, "sentinels to know each other")

@@ -1,7 +1,7 @@
 """Agents and helpers for the messaging tests (issue 3).
 
 The factories (``crash_agent``, ``echo_agent``) are what ``reach worker
-tests.agents_messaging:NAME`` runs in a child process; they take no arguments and read
+tests.support.agents_messaging:NAME`` runs in a child process; they take no arguments and read
 ``REACH_TEST_*`` environment variables instead. The helpers serve in-process agents
 (:func:`serving`), wait for readiness by polling the registry, and count side effects in
 Redis: every handler that "does something" increments ``Keys(ns).effects(name)`` with the
@@ -24,22 +24,39 @@ from reach.connection import AnyRedis
 from reach.errors import NoAgentAvailable
 from reach.keys import Keys
 from reach.runtime import Agent, Context
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 T = TypeVar("T")
 
 # Sub-second leases, fast sweeps and retries: what every in-process agent of these tests uses.
 FAST: dict[str, Any] = {
-    "heartbeat_s": 0.1, "lease_s": 0.3, "evict_after_s": 0.6, "sweep_interval_s": 0.1,
-    "handle_signals": False, "retry_base_s": 0.05, "block_ms": 200, "drain_timeout_s": 2.0,
-}  # fmt: skip
+    "heartbeat_s": 0.1,
+    "lease_s": 0.3,
+    "evict_after_s": 0.6,
+    "sweep_interval_s": 0.1,
+    "handle_signals": False,
+    "retry_base_s": 0.05,
+    "block_ms": 200,
+    "drain_timeout_s": 2.0,
+}
 
 # The same settings on the `reach worker` command line.
 FAST_CLI = [
-    "--heartbeat-s", "0.1", "--lease-s", "0.3", "--evict-after-s", "0.6",
-    "--sweep-interval-s", "0.1", "--retry-base-s", "0.05", "--drain-timeout-s", "2",
-    "--log-level", "warning",
-]  # fmt: skip
+    "--heartbeat-s",
+    "0.1",
+    "--lease-s",
+    "0.3",
+    "--evict-after-s",
+    "0.6",
+    "--sweep-interval-s",
+    "0.1",
+    "--retry-base-s",
+    "0.05",
+    "--drain-timeout-s",
+    "2",
+    "--log-level",
+    "warning",
+]
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -58,9 +75,13 @@ async def effects(r: AnyRedis, ns: str, name: str) -> dict[str, int]:
 
 # -- waiting -------------------------------------------------------------------------------
 async def wait_eligible(
-    client: Client, capability: str, agent_ids: Iterable[str], *, timeout: float = 20.0,
+    client: Client,
+    capability: str,
+    agent_ids: Iterable[str],
+    *,
+    timeout: float = 20.0,
     instance_of: dict[str, str] | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """Wait until every one of ``agent_ids`` is eligible for ``capability``.
 
     ``instance_of`` (agent_id -> instance id to avoid) waits for a *new* instance, e.g. a
@@ -163,8 +184,17 @@ def echo_agent() -> Agent:
 
 
 def worker_cmd(target: str, redis_url: str, ns: str, *extra: str) -> list[str]:
-    """The command line of a real ``reach worker`` process for ``tests.agents_messaging:target``."""
+    """The command line of a real ``reach worker`` process for ``tests.support.agents_messaging:target``."""
     return [
-        sys.executable, "-m", "reach_cli.app", "worker", f"tests.agents_messaging:{target}",
-        "--redis-url", redis_url, "--namespace", ns, *FAST_CLI, *extra,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "reach_cli.app",
+        "worker",
+        f"tests.support.agents_messaging:{target}",
+        "--redis-url",
+        redis_url,
+        "--namespace",
+        ns,
+        *FAST_CLI,
+        *extra,
+    ]
