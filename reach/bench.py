@@ -32,13 +32,14 @@ from typing import Any
 
 import anyio
 
+from reach import Agent, Context
+
 from .client import Client
 from .connection import AnyRedis, connect
 from .embedded import RedisServer
 from .envelope import encode
 from .keys import Keys
 from .registry import Registry
-from .runtime import Agent, Context
 from .tasks import pending_ops
 
 NS = "bench"

@@ -55,6 +55,8 @@ from typing import Any
 import anyio
 from redis import exceptions as rexc
 
+from reach import Agent, Context
+
 from .client import Client
 from .connection import AnyRedis, as_text, connect
 from .embedded import RedisServer, _die_with_parent_hook
@@ -62,7 +64,6 @@ from .envelope import BadEnvelope, decode_envelope, now_ms
 from .errors import ConfigError, ReachError
 from .keys import GROUP, Keys
 from .registry import Registry
-from .runtime import Agent, Context
 from .tasks import get_status
 
 CAPABILITY = "chaos.work"

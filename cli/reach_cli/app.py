@@ -517,7 +517,7 @@ def load_agent(target: str) -> reach.Agent:
     (a missing attribute, a handler function, a value of another type) is a
     :class:`ConfigError` that says what was found.
     """
-    from reach.runtime import Agent
+    from reach import Agent
 
     if ":" not in target:
         raise ConfigError(f"Expected MODULE:ATTR (e.g. myagents.summarizer:app), got {target!r}.")

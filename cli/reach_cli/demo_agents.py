@@ -6,7 +6,7 @@ from typing import Any
 
 import anyio
 
-from reach.runtime import Agent, Context
+from reach import Agent, Context
 
 
 def summarizer(agent_id: str = "summarizer-1", region: str = "eu", weight: float = 1) -> Agent:

@@ -14,9 +14,9 @@ from reach_cli.app import app as cli_app
 from typer.testing import CliRunner
 
 import reach
+from reach import Agent, Context
 from reach.connection import AnyRedis
 from reach.keys import Keys
-from reach.runtime import Agent, Context
 from tests.support.agents_messaging import Gate, serving, wait_status, wait_until
 
 pytestmark = pytest.mark.anyio

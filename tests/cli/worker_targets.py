@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reach.runtime import Agent, Context
+from reach import Agent, Context
 
 app = Agent("targets-1", capabilities=["test.targets"])
 NOT_AN_AGENT = 42

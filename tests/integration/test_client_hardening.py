@@ -19,6 +19,7 @@ import anyio
 import pytest
 from redis import exceptions as rexc
 
+from reach import Agent, Context
 from reach.client import Client
 from reach.connection import (
     AnyRedis,
@@ -32,7 +33,6 @@ from reach.envelope import Reply, encode, encode_payload
 from reach.errors import Overloaded, RedisUnavailable
 from reach.keys import Keys
 from reach.registry import Registry
-from reach.runtime import Agent, Context
 from tests.support.agents_messaging import serving, wait_eligible
 from tests.support.cluster import RedisTestCluster
 from tests.support.registry_helpers import register

@@ -394,7 +394,7 @@ async def test_a_redis_outage_is_a_few_lines_in_a_workers_log(
 
 async def test_dead_letter_streams_are_bounded(redis_url: str, ns: str, r: AnyRedis) -> None:
     """Item 7: dead letters never expired; now each stream is trimmed near dlq_maxlen."""
-    from reach.runtime import Agent
+    from reach import Agent
     from tests.support.agents_messaging import serving
 
     app = Agent("bounded", capabilities=["hard.echo"])

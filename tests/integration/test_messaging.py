@@ -21,11 +21,11 @@ from reach_cli.app import app as cli_app
 from typer.testing import CliRunner
 
 import reach
+from reach import Agent, Context
 from reach.client import Client
 from reach.connection import AnyRedis
 from reach.envelope import Envelope, decode_payload, decode_reply, encode
 from reach.keys import GROUP, Keys
-from reach.runtime import Agent, Context
 from reach.tasks import MALFORMED_CAP, parse_dead_letter
 from tests.support.agents_messaging import Gate, bump, effects, serving, wait_status, wait_until
 

@@ -10,10 +10,10 @@ import anyio
 import pytest
 
 import reach
+from reach import Agent, Context
 from reach.connection import AnyRedis, connect
 from reach.embedded import RedisServer
 from reach.keys import GROUP, Keys
-from reach.runtime import Agent, Context
 from tests.support.agents_messaging import Gate, bump, effects, serving, wait_status, wait_until
 from tests.support.cluster import RedisTestCluster
 

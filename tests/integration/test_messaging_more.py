@@ -9,10 +9,10 @@ import anyio
 import pytest
 
 import reach
+from reach import Agent, Context
 from reach.client import Client
 from reach.envelope import encode
 from reach.keys import Keys
-from reach.runtime import Agent, Context
 from reach.sweeper import expire
 from tests.support.agents_messaging import serving, wait_until
 

@@ -17,12 +17,12 @@ import anyio
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from reach import Agent, Context
 from reach.client import Client
 from reach.connection import connect
 from reach.embedded import free_port
 from reach.errors import Rejected
 from reach.registry import Registry
-from reach.runtime import Agent, Context
 from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]

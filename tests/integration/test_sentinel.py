@@ -22,6 +22,7 @@ from reach_cli.app import app as cli_app
 from typer.testing import CliRunner
 
 import reach
+from reach import Agent, Context
 from reach.connection import (
     SentinelRedis,
     connect,
@@ -33,7 +34,6 @@ from reach.connection import (
 from reach.errors import ConfigError, RedisUnavailable
 from reach.keys import GROUP, Keys
 from reach.registry import Registry
-from reach.runtime import Agent, Context
 from tests.support.agents_messaging import serving, wait_status
 from tests.support.sentinel import RedisTestSentinel
 

@@ -7,8 +7,8 @@ from typing import Any
 import anyio
 import pytest
 
+from reach import Agent
 from reach.registry import Registry
-from reach.runtime import Agent
 
 pytestmark = pytest.mark.anyio
 

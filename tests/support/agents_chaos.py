@@ -8,8 +8,8 @@ its side effect once per idempotency key with an idempotent Lua write and logs t
 
 from __future__ import annotations
 
+from reach import Agent
 from reach.chaos import chaos_agent
-from reach.runtime import Agent
 
 
 def agent() -> Agent:

@@ -11,7 +11,7 @@ from typing import Any
 
 import anyio
 
-from reach.runtime import Agent, Context
+from reach import Agent, Context
 
 CAPS = ["hard.echo", "hard.fail", "hard.slow"]
 

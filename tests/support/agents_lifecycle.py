@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from reach.runtime import Agent, Context
+from reach import Agent, Context
 
 
 def blocker() -> Agent:

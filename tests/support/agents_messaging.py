@@ -19,11 +19,11 @@ from typing import Any, TypeVar
 
 import anyio
 
+from reach import Agent, Context
 from reach.client import Client
 from reach.connection import AnyRedis
 from reach.errors import NoAgentAvailable
 from reach.keys import Keys
-from reach.runtime import Agent, Context
 from tests.support.waiting import wait_until
 
 T = TypeVar("T")

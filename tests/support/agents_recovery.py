@@ -6,7 +6,7 @@ from typing import Any
 
 import anyio
 
-from reach.runtime import Agent, Context
+from reach import Agent, Context
 
 EFFECT = """
 if redis.call('HSETNX', KEYS[1], 'done:' .. ARGV[1], ARGV[2]) == 1 then

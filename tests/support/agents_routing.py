@@ -6,7 +6,7 @@ from typing import Any
 
 import anyio
 
-from reach.runtime import Agent, Context
+from reach import Agent, Context
 
 
 def _echo(
