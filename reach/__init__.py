@@ -1,7 +1,9 @@
 """reach: a messaging fabric that lets AI agents reach each other by capability."""
 
 from ._version import __version__
+from .agent import Agent, RuntimeOptions
 from .client import Client
+from .context import Context
 from .envelope import Envelope, Reply
 from .errors import (
     ConfigError,
@@ -23,7 +25,6 @@ from .errors import (
     UnknownAgent,
 )
 from .registry import AgentInfo, Registry, normalize_capability
-from .runtime import Agent, Context
 from .session import Session
 from .tasks import DeadLetter, TaskStatus
 
@@ -51,6 +52,7 @@ __all__ = [
     "RemoteError",
     "Reply",
     "Retry",
+    "RuntimeOptions",
     "Session",
     "StaleRegistration",
     "TaskStatus",

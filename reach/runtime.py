@@ -36,7 +36,6 @@ import signal
 import threading
 import time
 import typing
-from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +46,7 @@ from redis import exceptions as rexc
 from . import logs, metrics, scripts
 from .client import Client
 from .connection import AnyRedis, as_text, connect, connect_sync, is_cluster
+from .context import Context
 from .envelope import (
     BadEnvelope,
     Envelope,
@@ -61,274 +61,17 @@ from .envelope import (
 )
 from .errors import ConfigError, Reject, StaleRegistration
 from .keys import GROUP, PRIORITIES, Keys
-from .registry import (
-    MAX_LOCK_MS,
-    MAX_WEIGHT,
-    Registry,
-    agent_key_id,
-    normalize_capabilities,
-    normalize_capability,
-)
-from .session import Session
+from .registry import MAX_LOCK_MS, Registry
 from .sweeper import sweep_chores
-from .tasks import DLQ_MAXLEN, MALFORMED_CAP, TASK_TTL_MS, dead_letter_op, raw_dead_letter_op
+from .tasks import MALFORMED_CAP, TASK_TTL_MS, dead_letter_op, raw_dead_letter_op
 from .untrusted import safe_int
+
+if typing.TYPE_CHECKING:
+    from .agent import Agent, RuntimeOptions
 
 log = logging.getLogger("reach.runtime")
 
-Handler = Callable[[Any, "Context"], Any]
-
-
 STARVE_AFTER = 8  # small-batch fetches serving higher priorities before one slot is kept
-
-
-class Context:
-    """What a handler knows about the message it is handling.
-
-    ``session`` is the per-session store, ``client`` calls other capabilities with this
-    message's deadline, session and trace propagated, ``fence`` is the idempotency fence
-    token (pass it to external writes so a late duplicate can be refused).
-    """
-
-    def __init__(self, runtime: _Runtime, env: Envelope, fence: int) -> None:
-        self._rt = runtime
-        self.envelope = env
-        self.fence = fence
-
-    msg_id = property(lambda self: self.envelope.msg_id)
-    session_id = property(lambda self: self.envelope.session_id)
-    trace_id = property(lambda self: self.envelope.trace_id)
-    attempt = property(lambda self: self.envelope.attempt)
-    priority = property(lambda self: self.envelope.priority)
-    deadline_ms = property(lambda self: self.envelope.deadline_ms)
-    capability = property(lambda self: self.envelope.capability)
-    headers = property(lambda self: self.envelope.headers)
-    idempotency_key = property(lambda self: self.envelope.key)
-
-    @property
-    def agent_id(self) -> str:
-        return self._rt.agent.agent_id
-
-    @property
-    def remaining_s(self) -> float | None:
-        """Seconds left before the deadline (None when the message has none)."""
-        if not self.envelope.deadline_ms:
-            return None
-        return max(0.0, (self.envelope.deadline_ms - now_ms()) / 1000)
-
-    @property
-    def session(self) -> Session:
-        return Session(self._rt.redis, self._rt.keys, self.envelope.session_id)
-
-    @property
-    def client(self) -> ChildClient:
-        return ChildClient(self._rt.client, self.envelope)
-
-    @property
-    def redis(self) -> AnyRedis:
-        """The runtime's Redis connection (for handlers that keep state next to reach's)."""
-        return self._rt.redis
-
-    @property
-    def keys(self) -> Keys:
-        """The key builder of this agent's namespace."""
-        return self._rt.keys
-
-
-class ChildClient:
-    """``ctx.client``: calls made inside a handler inherit its deadline, session and trace."""
-
-    def __init__(self, client: Client, parent: Envelope) -> None:
-        self._client = client
-        self._parent = parent
-
-    def _inherit(self, kw: dict[str, Any]) -> dict[str, Any]:
-        p = self._parent
-        kw.setdefault("session_id", p.session_id or None)
-        kw.setdefault("trace_id", p.trace_id)
-        own = kw.pop("deadline_ms", None)
-        timeout_s = kw.pop("timeout_s", None)
-        if timeout_s is not None:
-            t = now_ms() + int(timeout_s * 1000)
-            own = min(own, t) if own else t
-        deadlines = [d for d in (own, p.deadline_ms) if d]
-        if deadlines:
-            kw["deadline_ms"] = min(deadlines)
-        return kw
-
-    async def request(self, capability: str, payload: Any, **kw: Any) -> Any:
-        return await self._client.request(capability, payload, **self._inherit(kw))
-
-    async def send(self, capability: str, payload: Any, **kw: Any) -> str:
-        return await self._client.send(capability, payload, **self._inherit(kw))
-
-
-@dataclass
-class _HandlerSpec:
-    fn: Handler
-    is_async: bool
-    payload_type: Any
-
-
-def _payload_type(fn: Handler) -> Any:
-    try:
-        hints = typing.get_type_hints(fn)
-    except Exception:  # noqa: BLE001 - unresolvable hints: the payload stays untyped
-        return Any
-    params = list(inspect.signature(fn).parameters)
-    if not params:
-        return Any
-    t = hints.get(params[0], Any)
-    return Any if t in (dict, typing.Any, object) else t
-
-
-class Agent:
-    """A registered agent: an id, what it can do, and the handlers that do it.
-
-    ``agent_id`` is stable across restarts (a restarted agent resumes its own pending
-    messages). ``weight`` scales its share of weighted routing; ``metadata`` is matched by
-    callers' ``where=`` filters; ``max_queue`` bounds its inbox (0 = unbounded).
-    """
-
-    def __init__(
-        self,
-        agent_id: str,
-        *,
-        capabilities: Iterable[str],
-        weight: float = 1.0,
-        metadata: Mapping[str, Any] | None = None,
-        card: Mapping[str, Any] | None = None,
-        max_queue: int = 0,
-    ) -> None:
-        if not agent_id or not isinstance(agent_id, str) or any(c in agent_id for c in "{}, "):
-            raise ConfigError(
-                f"Invalid agent_id {agent_id!r}: use a non-empty name without spaces, "
-                "commas or braces, e.g. 'summarizer-1'."
-            )
-        if not (0 < weight <= MAX_WEIGHT):  # also refuses nan
-            raise ConfigError(f"weight must be > 0 and <= {MAX_WEIGHT:g}, got {weight}.")
-        agent_key_id(agent_id)  # its length and characters, as the registry will check them
-        self.agent_id = agent_id
-        self.capabilities = normalize_capabilities(capabilities)
-        if not self.capabilities:
-            raise ConfigError("An agent needs at least one capability.")
-        self.weight = float(weight)
-        self.metadata = dict(metadata or {})
-        self.card = dict(card) if card else None
-        self.max_queue = max_queue
-        self.handlers: dict[str, _HandlerSpec] = {}
-        self.before_handler: list[Callable[[Context], Awaitable[None] | None]] = []
-        self.after_handler: list[
-            Callable[[Context, BaseException | None], Awaitable[None] | None]
-        ] = []
-        self._runtime: _Runtime | None = None
-
-    def handler(self, capability: str) -> Callable[[Handler], Handler]:
-        """Decorator: ``fn(payload, ctx)`` answers messages of ``capability``.
-
-        Async functions run on the event loop; plain functions in a worker thread. When
-        the first parameter is annotated with a type (a msgspec Struct, ``list[int]``...),
-        payloads are validated into it and a payload that does not fit is dead-lettered.
-        """
-        cap = normalize_capability(capability)
-        if cap not in self.capabilities:
-            raise ConfigError(
-                f"Agent {self.agent_id!r} does not declare capability {cap!r}; add it to "
-                f"capabilities=[...] (now {self.capabilities})."
-            )
-
-        def deco(fn: Handler) -> Handler:
-            self.handlers[cap] = _HandlerSpec(
-                fn, inspect.iscoroutinefunction(fn), _payload_type(fn)
-            )
-            return fn
-
-        return deco
-
-    async def run(self, **options: Any) -> None:
-        """Serve until stopped (SIGTERM/SIGINT, :meth:`stop`, or a stale registration).
-
-        Options (all keyword): ``redis_url``, ``namespace``, ``heartbeat_s`` (3),
-        ``lease_s`` (9), ``evict_after_s`` (18), ``stall_s`` (event loop without progress
-        before heartbeats stop; 30), ``concurrency`` (16), ``drain_timeout_s`` (30),
-        ``shadow_ttl_s`` (3600), ``sweep_interval_s`` (1), ``claim_lease_s`` (60),
-        ``retry_base_s`` (0.2), ``retry_max_s`` (30), ``batch`` (64, entries per read),
-        ``block_ms`` (1000, longest blocking read), ``pending_scan_s`` (5, how often its
-        own unsettled entries are looked for), ``consumer_stall_s`` (10, consumer without
-        progress before it is marked not ready), ``handle_signals`` (True).
-        """
-        rt = _Runtime(self, RuntimeOptions(**options))
-        self._runtime = rt
-        try:
-            await rt.run()
-        finally:
-            self._runtime = None
-
-    def stop(self) -> None:
-        """Ask a running agent to drain and stop (thread-safe)."""
-        if self._runtime is not None:
-            self._runtime.request_stop()
-
-    @property
-    def runtime(self) -> _Runtime | None:
-        return self._runtime
-
-
-@dataclass
-class RuntimeOptions:
-    redis_url: str | None = None
-    namespace: str = "default"
-    heartbeat_s: float = 3.0
-    lease_s: float = 9.0
-    evict_after_s: float = 18.0
-    stall_s: float = 30.0
-    concurrency: int = 16
-    batch: int = 64
-    drain_timeout_s: float = 30.0
-    shadow_ttl_s: float = 3600.0
-    sweep_interval_s: float = 1.0
-    claim_lease_s: float = 60.0
-    retry_base_s: float = 0.2
-    retry_max_s: float = 30.0
-    block_ms: int = 1000
-    consumer_stall_s: float = 10.0
-    max_envelope_bytes: int = 2 * 1024 * 1024
-    pending_scan_s: float = 5.0
-    dlq_maxlen: int = DLQ_MAXLEN
-    handle_signals: bool = True
-    sweeper: bool = True
-    ready_event: threading.Event | None = field(default=None)
-
-    def __post_init__(self) -> None:
-        if not (0 < self.heartbeat_s < self.lease_s <= self.evict_after_s):
-            raise ConfigError(
-                "Need 0 < heartbeat_s < lease_s <= evict_after_s (got "
-                f"{self.heartbeat_s}, {self.lease_s}, {self.evict_after_s})."
-            )
-        if self.concurrency < 1:
-            raise ConfigError("concurrency must be >= 1.")
-        if self.evict_after_s > 86_400:
-            raise ConfigError(
-                f"lease_s and evict_after_s must be <= 86400 (a day), got "
-                f"{self.lease_s} and {self.evict_after_s}."
-            )
-        if not (0.001 <= self.shadow_ttl_s <= 30 * 86_400):
-            raise ConfigError(
-                f"shadow_ttl_s must be between 0.001 and 2592000 (30 days), "
-                f"got {self.shadow_ttl_s}."
-            )
-        # The delivery scripts refuse values outside these ranges: catch them here, with
-        # words, rather than as every claim or fetch refused while messages stay pending.
-        for name, lo, hi in (
-            ("claim_lease_s", 0.001, 604_800.0),
-            ("batch", 1, 10_000),
-            ("dlq_maxlen", 1, 10**9),
-            ("block_ms", 1, 3_600_000),
-            ("max_envelope_bytes", 1, 512 * 1024 * 1024),
-        ):
-            value = getattr(self, name)
-            if not (lo <= value <= hi):
-                raise ConfigError(f"{name} must be between {lo} and {hi}, got {value}.")
 
 
 @dataclass
@@ -1133,7 +876,14 @@ class _Runtime:
                 dead=True,
             )
             return
-        ctx = Context(self, env, it.fence)
+        ctx = Context(
+            env,
+            it.fence,
+            agent_id=self.agent.agent_id,
+            redis=self.redis,
+            keys=self.keys,
+            client=self.client,
+        )
         timeout = (env.deadline_ms - now_ms()) / 1000 if env.deadline_ms else None
         err: BaseException | None = None
         result: Any = None

@@ -7,9 +7,8 @@ from typing import Any
 
 import pytest
 
-from reach import Agent, Client, ConfigError
+from reach import Agent, Client, ConfigError, RuntimeOptions
 from reach.registry import AgentInfo
-from reach.runtime import RuntimeOptions
 
 
 @pytest.mark.parametrize("weight", [0, -1, 1001, float("nan"), float("inf")])

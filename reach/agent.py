@@ -1,0 +1,269 @@
+"""The agent side of reach: what an agent author writes against.
+
+``reach.Agent`` names an agent, declares what it can do and holds its handlers::
+
+    app = reach.Agent("summarizer-1", capabilities=["text.summarize"])
+
+    @app.handler("text.summarize")
+    async def summarize(payload: dict, ctx: reach.Context) -> dict: ...
+
+``await app.run(redis_url=...)`` (or ``reach worker module:app``) then registers (not
+ready), creates the inbox consumer group, resumes its own pending entries, marks itself
+ready, and serves until SIGTERM/SIGINT, when it drains and deregisters. How it serves is
+the private package ``reach._worker`` (its ``__init__`` maps the parts);
+:class:`RuntimeOptions` lists the settings of a run.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import typing
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, TypedDict, Unpack
+
+from .errors import ConfigError
+from .registry import MAX_WEIGHT, agent_key_id, normalize_capabilities, normalize_capability
+from .runtime import _Runtime as Runtime
+from .tasks import DLQ_MAXLEN
+
+if typing.TYPE_CHECKING:
+    from .context import Context
+
+Handler = Callable[[Any, "Context"], Any]
+"""``fn(payload, ctx)``: async (runs on the event loop) or plain (runs in a worker thread)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerSpec:
+    """A registered handler and what the worker needs to know to call it."""
+
+    fn: Handler
+    is_async: bool
+    payload_type: Any  # what payloads are validated into (Any: only decoded)
+
+
+def _payload_type(fn: Handler) -> Any:
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # noqa: BLE001 - unresolvable hints: the payload stays untyped
+        return Any
+    params = list(inspect.signature(fn).parameters)
+    if not params:
+        return Any
+    t = hints.get(params[0], Any)
+    return Any if t in (dict, typing.Any, object) else t
+
+
+@dataclass
+class RuntimeOptions:
+    """How an agent runs: pass one to :meth:`Agent.run`, or its fields as keywords.
+
+    Every setting has a default; out-of-range values raise :class:`reach.ConfigError`
+    when the options are built, before anything connects.
+    """
+
+    redis_url: str | None = None
+    """Redis to serve on; default: the ``REACH_REDIS_URL`` environment variable."""
+    namespace: str = "default"
+    heartbeat_s: float = 3.0
+    """How often the lease is renewed (from a thread of its own)."""
+    lease_s: float = 9.0
+    """Without a heartbeat for this long the agent is in probation (not routed to)."""
+    evict_after_s: float = 18.0
+    """Without a heartbeat for this long the agent is evicted and its inbox moved on."""
+    stall_s: float = 30.0
+    """An event loop without progress for this long stops the heartbeats."""
+    concurrency: int = 16
+    """Handlers running at once."""
+    batch: int = 64
+    """Most inbox entries read at once."""
+    drain_timeout_s: float = 30.0
+    """On stop, how long running handlers may take to finish."""
+    shadow_ttl_s: float = 3600.0
+    """How long an evicted agent's record is kept (its id is recognised when it returns)."""
+    sweep_interval_s: float = 1.0
+    """How often the cluster-wide chores run (by whichever agent holds the sweeper lock)."""
+    claim_lease_s: float = 60.0
+    """How long a claim of a message without a deadline holds before another may take it."""
+    retry_base_s: float = 0.2
+    """First retry backoff (doubled per attempt, times a random factor in [0.5, 1.5])."""
+    retry_max_s: float = 30.0
+    """Longest retry backoff."""
+    block_ms: int = 1000
+    """Longest blocking read of an idle inbox."""
+    consumer_stall_s: float = 10.0
+    """A consumer without progress for this long is marked not ready (routing avoids it)."""
+    max_envelope_bytes: int = 2 * 1024 * 1024
+    """Inbox entries larger than this are dead-lettered unread (``too_large``)."""
+    pending_scan_s: float = 5.0
+    """How often this agent's own read-but-unsettled entries are looked for."""
+    dlq_maxlen: int = DLQ_MAXLEN
+    """Dead-letter streams are trimmed to about this many entries."""
+    handle_signals: bool = True
+    """SIGTERM/SIGINT drain the agent (a second one stops it at once); main thread only."""
+    sweeper: bool = True
+    """Take part in the cluster-wide chores (delayed retries, evicted inboxes...)."""
+    ready_event: threading.Event | None = field(default=None)
+    """Set once the agent is registered, ready and serving (for embedding and tests)."""
+
+    def __post_init__(self) -> None:
+        if not (0 < self.heartbeat_s < self.lease_s <= self.evict_after_s):
+            raise ConfigError(
+                "Need 0 < heartbeat_s < lease_s <= evict_after_s (got "
+                f"{self.heartbeat_s}, {self.lease_s}, {self.evict_after_s})."
+            )
+        if self.concurrency < 1:
+            raise ConfigError("concurrency must be >= 1.")
+        if self.evict_after_s > 86_400:
+            raise ConfigError(
+                f"lease_s and evict_after_s must be <= 86400 (a day), got "
+                f"{self.lease_s} and {self.evict_after_s}."
+            )
+        if not (0.001 <= self.shadow_ttl_s <= 30 * 86_400):
+            raise ConfigError(
+                f"shadow_ttl_s must be between 0.001 and 2592000 (30 days), "
+                f"got {self.shadow_ttl_s}."
+            )
+        # The delivery scripts refuse values outside these ranges: catch them here, with
+        # words, rather than as every claim or fetch refused while messages stay pending.
+        for name, lo, hi in (
+            ("claim_lease_s", 0.001, 604_800.0),
+            ("batch", 1, 10_000),
+            ("dlq_maxlen", 1, 10**9),
+            ("block_ms", 1, 3_600_000),
+            ("max_envelope_bytes", 1, 512 * 1024 * 1024),
+        ):
+            value = getattr(self, name)
+            if not (lo <= value <= hi):
+                raise ConfigError(f"{name} must be between {lo} and {hi}, got {value}.")
+
+    def replace(self, **changes: Any) -> RuntimeOptions:
+        """A copy with ``changes`` (checked again)."""
+        unknown = set(changes) - {f.name for f in fields(self)}
+        if unknown:
+            raise ConfigError(
+                f"Unknown runtime option(s) {', '.join(sorted(unknown))}: the options are "
+                f"the fields of reach.RuntimeOptions."
+            )
+        return RuntimeOptions(
+            **{**{f.name: getattr(self, f.name) for f in fields(self)}, **changes}
+        )
+
+
+class RunOptions(TypedDict, total=False):
+    """The keywords :meth:`Agent.run` takes: the fields of :class:`RuntimeOptions`."""
+
+    redis_url: str | None
+    namespace: str
+    heartbeat_s: float
+    lease_s: float
+    evict_after_s: float
+    stall_s: float
+    concurrency: int
+    batch: int
+    drain_timeout_s: float
+    shadow_ttl_s: float
+    sweep_interval_s: float
+    claim_lease_s: float
+    retry_base_s: float
+    retry_max_s: float
+    block_ms: int
+    consumer_stall_s: float
+    max_envelope_bytes: int
+    pending_scan_s: float
+    dlq_maxlen: int
+    handle_signals: bool
+    sweeper: bool
+    ready_event: threading.Event | None
+
+
+class Agent:
+    """A registered agent: an id, what it can do, and the handlers that do it.
+
+    ``agent_id`` is stable across restarts (a restarted agent resumes its own pending
+    messages). ``weight`` scales its share of weighted routing; ``metadata`` is matched by
+    callers' ``where=`` filters; ``max_queue`` bounds its inbox (0 = unbounded).
+    """
+
+    def __init__(
+        self,
+        agent_id: str,
+        *,
+        capabilities: Iterable[str],
+        weight: float = 1.0,
+        metadata: Mapping[str, Any] | None = None,
+        card: Mapping[str, Any] | None = None,
+        max_queue: int = 0,
+    ) -> None:
+        if not agent_id or not isinstance(agent_id, str) or any(c in agent_id for c in "{}, "):
+            raise ConfigError(
+                f"Invalid agent_id {agent_id!r}: use a non-empty name without spaces, "
+                "commas or braces, e.g. 'summarizer-1'."
+            )
+        if not (0 < weight <= MAX_WEIGHT):  # also refuses nan
+            raise ConfigError(f"weight must be > 0 and <= {MAX_WEIGHT:g}, got {weight}.")
+        agent_key_id(agent_id)  # its length and characters, as the registry will check them
+        self.agent_id = agent_id
+        self.capabilities = normalize_capabilities(capabilities)
+        if not self.capabilities:
+            raise ConfigError("An agent needs at least one capability.")
+        self.weight = float(weight)
+        self.metadata = dict(metadata or {})
+        self.card = dict(card) if card else None
+        self.max_queue = max_queue
+        self.handlers: dict[str, HandlerSpec] = {}
+        self.before_handler: list[Callable[[Context], Awaitable[None] | None]] = []
+        self.after_handler: list[
+            Callable[[Context, BaseException | None], Awaitable[None] | None]
+        ] = []
+        self._runtime: Runtime | None = None
+
+    def handler(self, capability: str) -> Callable[[Handler], Handler]:
+        """Decorator: ``fn(payload, ctx)`` answers messages of ``capability``.
+
+        Async functions run on the event loop; plain functions in a worker thread. When
+        the first parameter is annotated with a type (a msgspec Struct, ``list[int]``...),
+        payloads are validated into it and a payload that does not fit is dead-lettered.
+        """
+        cap = normalize_capability(capability)
+        if cap not in self.capabilities:
+            raise ConfigError(
+                f"Agent {self.agent_id!r} does not declare capability {cap!r}; add it to "
+                f"capabilities=[...] (now {self.capabilities})."
+            )
+
+        def deco(fn: Handler) -> Handler:
+            self.handlers[cap] = HandlerSpec(fn, inspect.iscoroutinefunction(fn), _payload_type(fn))
+            return fn
+
+        return deco
+
+    async def run(
+        self, options: RuntimeOptions | None = None, /, **overrides: Unpack[RunOptions]
+    ) -> None:
+        """Serve until stopped (SIGTERM/SIGINT, :meth:`stop`, or a stale registration).
+
+        Settings come from ``options`` (a :class:`RuntimeOptions`), the keywords (its field
+        names: ``redis_url=``, ``concurrency=``...), or both (keywords win)::
+
+            await app.run(redis_url="redis://localhost:6379/0", concurrency=32)
+        """
+        opts = (options or RuntimeOptions()).replace(**overrides)
+        rt = Runtime(self, opts)
+        self._runtime = rt
+        try:
+            await rt.run()
+        finally:
+            self._runtime = None
+
+    def stop(self) -> None:
+        """Ask a running agent to drain and stop (thread-safe)."""
+        if self._runtime is not None:
+            self._runtime.request_stop()
+
+    @property
+    def runtime(self) -> Runtime | None:
+        """The running worker (None when not running); its parts are private."""
+        return self._runtime

@@ -1,0 +1,110 @@
+"""What a handler gets besides its payload: ``ctx``, a :class:`Context`.
+
+The context tells the handler which message it is handling (ids, attempt, deadline,
+headers, the fence token of this run) and gives it the worker's services: the session
+store of the message's session, a client whose calls inherit the message's deadline,
+session and trace (:class:`ChildClient`), and the worker's Redis connection.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .client import Client
+from .connection import AnyRedis
+from .envelope import Envelope, now_ms
+from .keys import Keys
+from .session import Session
+
+
+class Context:
+    """What a handler knows about the message it is handling.
+
+    ``session`` is the per-session store, ``client`` calls other capabilities with this
+    message's deadline, session and trace propagated, ``fence`` is the idempotency fence
+    token (pass it to external writes so a late duplicate can be refused).
+    """
+
+    def __init__(
+        self,
+        env: Envelope,
+        fence: int,
+        *,
+        agent_id: str,
+        redis: AnyRedis,
+        keys: Keys,
+        client: Client,
+    ) -> None:
+        self.envelope = env
+        self.fence = fence
+        self.agent_id = agent_id
+        self._redis = redis
+        self._keys = keys
+        self._client = client
+
+    msg_id = property(lambda self: self.envelope.msg_id)
+    session_id = property(lambda self: self.envelope.session_id)
+    trace_id = property(lambda self: self.envelope.trace_id)
+    attempt = property(lambda self: self.envelope.attempt)
+    priority = property(lambda self: self.envelope.priority)
+    deadline_ms = property(lambda self: self.envelope.deadline_ms)
+    capability = property(lambda self: self.envelope.capability)
+    headers = property(lambda self: self.envelope.headers)
+    idempotency_key = property(lambda self: self.envelope.key)
+
+    @property
+    def remaining_s(self) -> float | None:
+        """Seconds left before the deadline (None when the message has none)."""
+        if not self.envelope.deadline_ms:
+            return None
+        return max(0.0, (self.envelope.deadline_ms - now_ms()) / 1000)
+
+    @property
+    def session(self) -> Session:
+        """The store of this message's session (raises ConfigError when it has none)."""
+        return Session(self._redis, self._keys, self.envelope.session_id)
+
+    @property
+    def client(self) -> ChildClient:
+        """A client whose calls inherit this message's deadline, session and trace."""
+        return ChildClient(self._client, self.envelope)
+
+    @property
+    def redis(self) -> AnyRedis:
+        """The runtime's Redis connection (for handlers that keep state next to reach's)."""
+        return self._redis
+
+    @property
+    def keys(self) -> Keys:
+        """The key builder of this agent's namespace."""
+        return self._keys
+
+
+class ChildClient:
+    """``ctx.client``: calls made inside a handler inherit its deadline, session and trace."""
+
+    def __init__(self, client: Client, parent: Envelope) -> None:
+        self._client = client
+        self._parent = parent
+
+    def _inherit(self, kw: dict[str, Any]) -> dict[str, Any]:
+        p = self._parent
+        kw.setdefault("session_id", p.session_id or None)
+        kw.setdefault("trace_id", p.trace_id)
+        own = kw.pop("deadline_ms", None)
+        timeout_s = kw.pop("timeout_s", None)
+        if timeout_s is not None:
+            t = now_ms() + int(timeout_s * 1000)
+            own = min(own, t) if own else t
+        deadlines = [d for d in (own, p.deadline_ms) if d]
+        if deadlines:
+            kw["deadline_ms"] = min(deadlines)
+        return kw
+
+    async def request(self, capability: str, payload: Any, **kw: Any) -> Any:
+        """``Client.request`` with the parent message's deadline, session and trace."""
+        return await self._client.request(capability, payload, **self._inherit(kw))
+
+    async def send(self, capability: str, payload: Any, **kw: Any) -> str:
+        """``Client.send`` with the parent message's deadline, session and trace."""
+        return await self._client.send(capability, payload, **self._inherit(kw))
