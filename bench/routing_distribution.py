@@ -59,24 +59,21 @@ def least_conn(requests: int = 20_000, callers: int = 16) -> dict[str, Any]:
     busy_until = {"fast": 0.0, "slow": 0.0}
     events: list[tuple[float, int, str]] = []  # (done at, caller, agent)
     got: Counter[str] = Counter()
-    now = 0.0
-    sent = 0
-    for caller in range(callers):
+
+    def send(caller: int, now: float) -> None:
         a = r.pick(CAP, agents, policy="least_conn", version=1).agent_id
         r.inflight.add(a)
         busy_until[a] = max(busy_until[a], now) + service[a]
         heapq.heappush(events, (busy_until[a], caller, a))
         got[a] += 1
-        sent += 1
-    while events and sent < requests:
+
+    for caller in range(callers):
+        send(caller, 0.0)
+    while events and got.total() < requests:
         now, caller, done = heapq.heappop(events)
         r.inflight.done(done)
-        a = r.pick(CAP, agents, policy="least_conn", version=1).agent_id
-        r.inflight.add(a)
-        busy_until[a] = max(busy_until[a], now) + service[a]
-        heapq.heappush(events, (busy_until[a], caller, a))
-        got[a] += 1
-        sent += 1
+        send(caller, now)
+    sent = got.total()
     return {"service_ms": service, "callers": callers, "share": {k: got[k] / sent for k in got}}
 
 
