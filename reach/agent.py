@@ -23,9 +23,9 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypedDict, Unpack
 
+from ._worker.runtime import Runtime
 from .errors import ConfigError
 from .registry import MAX_WEIGHT, agent_key_id, normalize_capabilities, normalize_capability
-from .runtime import _Runtime as Runtime
 from .tasks import DLQ_MAXLEN
 
 if typing.TYPE_CHECKING:

@@ -36,8 +36,9 @@ into ``_other``):
 malformed. ``outcome`` of handlers: succeeded, error, timeout, rejected. ``outcome`` of
 client requests: succeeded, remote_error, rejected, deadline, no_agent, error.
 
-The agent runtime calls these functions itself; the client calls :func:`message_sent`,
-:func:`client_reply` and :func:`breaker_transition` (see ``reach/client.py``).
+An agent reports through :class:`MetricsHooks`, one of its built-in hooks (reach.hooks);
+the client calls :func:`message_sent`, :func:`client_reply` and :func:`breaker_transition`
+(see ``reach/client.py``).
 The ``reach_inflight_messages`` and ``reach_inbox_depth`` series of an agent are removed
 when it stops (:func:`forget_agent`).
 """
@@ -46,17 +47,24 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 from . import errors
+from .envelope import Envelope, now_ms
+from .hooks import Hooks, Outcome, WorkerInfo
 from .keys import PRIORITIES
 from .registry import decode_id
+from .tasks import MALFORMED_CAP
 from .untrusted import safe_text
+
+if TYPE_CHECKING:
+    from .context import Context
 
 __all__ = [
     "MAX_CAPABILITIES",
+    "MetricsHooks",
     "breaker_transition",
     "client_outcome",
     "client_reply",
@@ -67,6 +75,7 @@ __all__ = [
     "fenced",
     "forget_agent",
     "handler_done",
+    "handler_outcome",
     "inbox_depth",
     "message_sent",
     "on_breaker_change",
@@ -350,6 +359,53 @@ async def count_agents(redis: Any, keys: Any) -> tuple[dict[str, int], int]:
         if s == "active" and ready in (b"1", "1") and draining not in (b"1", "1"):
             routable += 1
     return counts, routable
+
+
+# -- the agent's hook -----------------------------------------------------------------
+def handler_outcome(outcome: Outcome) -> str:
+    """The ``outcome`` label of a handler run that ended in ``outcome``."""
+    if outcome.status == "succeeded" or outcome.reason == "bad_result":
+        return "succeeded"  # it returned (a result that could not be encoded is not its error)
+    if outcome.reason in ("timeout", "rejected"):
+        return outcome.reason
+    return "error"
+
+
+class MetricsHooks(Hooks):
+    """The agent side of the series above, fed by the worker's hook calls."""
+
+    def on_start(self, worker: WorkerInfo) -> None:
+        track_inflight(worker.agent_id, lambda: worker.inflight)
+
+    def on_stop(self, worker: WorkerInfo) -> None:
+        forget_agent(worker.agent_id)
+
+    def on_heartbeat(self, worker: WorkerInfo, depths: Mapping[str, int]) -> None:
+        inbox_depth(worker.agent_id, depths)
+
+    def on_registry_counts(self, counts: Mapping[str, int] | None, routable: int) -> None:
+        registry_counts(counts, routable)
+
+    def on_delivered(self, env: Envelope) -> None:
+        delivered(env.capability, env.priority)
+
+    def on_replay(self, env: Envelope) -> None:
+        replayed(env.capability)
+
+    def before_handle(self, ctx: Context) -> None:
+        env = ctx.envelope
+        if env.sent_ms:
+            queue_wait(env.priority, (now_ms() - env.sent_ms) / 1000)
+
+    def after_handle(self, ctx: Context, outcome: Outcome, duration_s: float | None) -> None:
+        if duration_s is not None:
+            handler_done(ctx.envelope.capability, handler_outcome(outcome), duration_s)
+
+    def on_fenced(self, env: Envelope) -> None:
+        fenced(env.capability)
+
+    def after_settle(self, env: Envelope | None, outcome: str, reason: str) -> None:
+        settled(env.capability if env is not None else MALFORMED_CAP, outcome, reason)
 
 
 # -- serving --------------------------------------------------------------------------

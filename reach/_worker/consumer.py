@@ -1,0 +1,256 @@
+"""The consumer: reads the agent's inbox and hands each entry on.
+
+Each turn it reads at most as many entries as there are free handler slots: after a
+read that drained the inbox, a blocking ``XREADGROUP`` (one round trip per message for
+an idle agent); while there is a backlog, ``fetch.lua``, which reads highest priority
+first and keeps a few slots for lower priorities so they do not starve. Every
+``pending_scan_s`` (and after a failed Redis call) it looks for entries this agent_id
+read but never settled - after a crash, say - and redoes them.
+
+Entries are decoded here: a message goes to execution.py, an entry that is no message
+is dead-lettered and acked through settlement.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from redis import exceptions as rexc
+
+from .. import scripts
+from ..connection import AnyRedis, as_text
+from ..envelope import BadEnvelope, decode_envelope
+from ..keys import GROUP, Keys
+from .execution import Execution
+from .hookchain import HookChain
+from .items import AckOnly, Delivery
+from .letters import DeadLetters
+from .settlement import Settlement
+from .state import Outages, WorkerState
+
+if TYPE_CHECKING:
+    from ..agent import RuntimeOptions
+
+log = logging.getLogger("reach.runtime")
+
+STARVE_AFTER = 8  # small-batch fetches serving higher priorities before one slot is kept
+
+
+async def create_groups(redis: AnyRedis, inboxes: list[str]) -> None:
+    """Create the consumer group on each inbox stream (and the stream), if missing."""
+    for key in inboxes:
+        try:
+            await redis.xgroup_create(key, GROUP, id="0", mkstream=True)
+        except rexc.ResponseError as e:
+            if "BUSYGROUP" not in str(e):
+                raise
+
+
+def create_groups_sync(r: Any, inboxes: list[str]) -> None:
+    """:func:`create_groups` on a synchronous client (the heartbeat thread's)."""
+    for key in inboxes:
+        try:
+            r.xgroup_create(key, GROUP, id="0", mkstream=True)
+        except rexc.ResponseError as e:
+            if "BUSYGROUP" not in str(e):
+                raise
+
+
+def entry_data(fields: Any) -> bytes | None:
+    """The ``e`` field of an inbox entry as read (a dict from redis-py, a flat list from
+    fetch.lua); None when there is no such field or it is not bytes."""
+    if isinstance(fields, list):
+        fields = dict(zip(fields[::2], fields[1::2], strict=False))
+    if not isinstance(fields, dict):
+        return None
+    data = fields.get(b"e") or fields.get("e")
+    return data if isinstance(data, bytes) else None
+
+
+class Consumer:
+    """Reads the inbox of one agent_id (its consumer name in the group) until stopped."""
+
+    def __init__(
+        self,
+        *,
+        opts: RuntimeOptions,
+        state: WorkerState,
+        keys: Keys,
+        redis: AnyRedis,
+        execution: Execution,
+        settlement: Settlement,
+        letters: DeadLetters,
+        hooks: HookChain,
+        outages: Outages,
+    ) -> None:
+        self.opts = opts
+        self.state = state
+        self.name = state.agent_id
+        self.inboxes = keys.inboxes(state.agent_id)
+        self.redis = redis
+        self.execution = execution
+        self.settlement = settlement
+        self.letters = letters
+        self.hooks = hooks
+        self.outages = outages
+        self._passed_over = {"normal": 0, "low": 0}
+
+    async def run(self) -> None:
+        """Read and dispatch until the worker is stopping. Never dies: Redis errors and
+        bugs are logged, and what was left pending is picked up again."""
+        o, st = self.opts, self.state
+        next_scan = time.monotonic() + o.pending_scan_s
+        backlog = True
+        while not st.stopping.is_set():
+            st.consumer_tick = time.monotonic()
+            free = o.concurrency - st.inflight
+            if free <= 0:
+                await st.wait_slot()
+                continue
+            n = min(free, o.batch)
+            try:
+                if st.rescan or time.monotonic() >= next_scan:
+                    st.rescan = False
+                    next_scan = time.monotonic() + o.pending_scan_s
+                    await self.resume_pending()
+                # After a read that drained the inbox, go straight to the blocking read
+                # (it returns at once when something came meanwhile): an idle agent pays
+                # one round trip per message, not two. A full read means a backlog: then
+                # the priority-ordered fetch.lua with its starvation guard.
+                got = await self._fetch(n) if backlog else []
+                if not got:
+                    got = await self._block(n)
+                self.outages.ok()
+                backlog = sum(len(e) for _, e in got) >= n
+                if got:
+                    await self._dispatch(got)
+            except (rexc.RedisError, OSError) as e:
+                # Never let the consumer die: Redis away, restarted, failing over, or a
+                # reply we did not expect. Log, back off, pick up what was left pending.
+                self.outages.failed("inbox read", e)
+                st.rescan = True
+                await anyio.sleep(0.2)
+            except Exception:  # a bug, not data (entries have their own barrier): go on
+                log.exception("consumer loop error; retrying")
+                st.rescan = True
+                await anyio.sleep(0.2)
+
+    def _read_shares(self, n: int) -> tuple[int, int]:
+        """Slots kept for normal and low in this fetch: the starvation guard.
+
+        Large batches always keep a tenth for normal and a twentieth for low. Small ones
+        (concurrency under 10) keep one slot for a priority once it had unread entries and
+        was passed over by ``STARVE_AFTER`` fetches in a row.
+        """
+        if n >= 10:
+            return max(1, n // 10), max(1, n // 20)
+        return (
+            1 if self._passed_over["normal"] >= STARVE_AFTER else 0,
+            1 if self._passed_over["low"] >= STARVE_AFTER else 0,
+        )
+
+    async def _fetch(self, n: int) -> list[tuple[str, list[Any]]]:
+        keys = self.inboxes
+        keep_n, keep_l = self._read_shares(n)
+        args = [GROUP, self.name, n, keep_n, keep_l]
+        try:
+            self.hooks.on_round_trip("fetch")
+            res = await scripts.call(self.redis, "fetch", keys, args)
+        except rexc.ResponseError as e:
+            if "NOGROUP" not in str(e):
+                raise
+            await create_groups(self.redis, self.inboxes)
+            res = await scripts.call(self.redis, "fetch", keys, args)
+        got = [(k, entries) for k, entries in zip(keys, res[:3], strict=True) if entries]
+        served = {k.rsplit(":", 1)[1] for k, _ in got}
+        for prio, was_waiting in (("normal", res[3]), ("low", res[4])):
+            if prio in served:
+                self._passed_over[prio] = 0
+            elif int(was_waiting):
+                self._passed_over[prio] += 1
+        return got
+
+    async def _block(self, n: int) -> list[tuple[str, list[Any]]]:
+        self.hooks.on_round_trip("block")
+        try:
+            res = await self.redis.xreadgroup(
+                GROUP,
+                self.name,
+                {k: ">" for k in self.inboxes},
+                count=n,
+                block=self.opts.block_ms,
+            )
+        except rexc.ResponseError as e:
+            # NOGROUP: the group is gone (a Redis that lost its data); UNBLOCKED: the stream
+            # was deleted while we waited on it. Either way: recreate and read again.
+            if "NOGROUP" not in str(e) and "UNBLOCKED" not in str(e):
+                raise
+            await create_groups(self.redis, self.inboxes)
+            return []
+        return [(as_text(k), entries) for k, entries in res or []]
+
+    async def resume_pending(self) -> None:
+        """Entries this agent_id read but never settled: after a restart (a crash), and
+        every ``pending_scan_s`` or after a failed Redis call while it runs."""
+        for key in self.inboxes:
+            last = "0"
+            while True:
+                try:
+                    res = await self.redis.xreadgroup(
+                        GROUP, self.name, {key: last}, count=self.opts.batch
+                    )
+                except rexc.ResponseError as e:
+                    if "NOGROUP" not in str(e):
+                        raise
+                    # Its inbox was dropped (a Redis that lost its data, or the sweeper
+                    # dropping an evicted id's emptied inbox): nothing pending there.
+                    await create_groups(self.redis, self.inboxes)
+                    break
+                entries = res[0][1] if res else []
+                if not entries:
+                    break
+                last = entries[-1][0]
+                # Entries this runtime holds right now are on their way; the others were
+                # read and then lost (a crash, or a claim/settle that failed): redo them.
+                lost = [e for e in entries if (key, as_text(e[0])) not in self.state.held]
+                if not lost:
+                    continue
+                while self.state.inflight >= self.opts.concurrency:
+                    await self.state.wait_slot()
+                log.info("resuming %d pending entries of %s", len(lost), key)
+                await self._dispatch([(key, lost)])
+
+    async def _dispatch(self, got: list[tuple[str, list[Any]]]) -> None:
+        """Decode a batch: messages go to execution, entries that are none to settlement."""
+        items: list[Delivery] = []
+        max_bytes = self.opts.max_envelope_bytes
+        for stream, entries in got:
+            for entry_id, fields in entries:
+                self.state.held.add((stream, as_text(entry_id)))
+                if not fields:
+                    # Pending but deleted (the sweeper moved it while we held it): only the
+                    # pending reference is left to clear.
+                    self.settlement.queue(AckOnly(stream=stream, entry_id=entry_id, outcome="gone"))
+                    continue
+                data = entry_data(fields)
+                try:
+                    if data is None:
+                        raise BadEnvelope("malformed", "entry has no 'e' field")
+                    if len(data) > max_bytes:
+                        raise BadEnvelope(
+                            "too_large",
+                            f"{len(data)} bytes, over this agent's limit of {max_bytes}",
+                        )
+                    env = decode_envelope(data)
+                except BadEnvelope as e:
+                    self.settlement.queue(self.letters.malformed(stream, entry_id, data or b"", e))
+                    continue
+                items.append(Delivery(stream=stream, entry_id=entry_id, env=env, raw=data))
+                self.hooks.on_delivered(env)
+        if not items:
+            self.settlement.kick()
+            return
+        await self.execution.take(items)

@@ -1,0 +1,348 @@
+"""Execution: claim each message's idempotency key, then run its handler, replay the
+stored result, or let the copy wait for the worker that runs it.
+
+``claim.lua`` answers for each key (pipelined for a batch): *run* (claimed, with a
+fence token), *replay* (the key is done: its stored reply is sent again) or *busy*
+(another claim holds it). A busy key's owner is looked up: if that owner is gone, the key
+is taken over (compare-and-set) and claimed again; if it lives, this copy is parked in
+the delayed set and asks again later. A claimed message runs in the handler pool under
+its deadline; outcome.py decides what its result or exception means, settlement.py
+writes it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import random
+import time
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import msgspec
+from redis import exceptions as rexc
+
+from .. import logs, scripts
+from ..client import Client
+from ..connection import AnyRedis
+from ..context import Context
+from ..envelope import Envelope, decode_payload, decode_reply, encode, now_ms
+from ..errors import Reject
+from ..keys import Keys
+from ..registry import Registry
+from ..tasks import TASK_TTL_MS
+from ..untrusted import safe_int
+from . import outcome as oc
+from .batching import per_key
+from .hookchain import HookChain
+from .items import Delivery
+from .letters import DeadLetters
+from .settlement import Settlement
+from .state import WorkerState
+
+if TYPE_CHECKING:
+    from ..agent import Agent, HandlerSpec, RuntimeOptions
+
+log = logging.getLogger("reach.runtime")
+
+
+class Execution:
+    """Claims deliveries and runs them in a pool of ``concurrency`` handler tasks."""
+
+    def __init__(
+        self,
+        *,
+        agent: Agent,
+        opts: RuntimeOptions,
+        state: WorkerState,
+        keys: Keys,
+        redis: AnyRedis,
+        registry: Registry,
+        client: Client,
+        owner: str,
+        cluster: bool,
+        settlement: Settlement,
+        letters: DeadLetters,
+        hooks: HookChain,
+    ) -> None:
+        self.agent = agent
+        self.agent_id = agent.agent_id
+        self.opts = opts
+        self.state = state
+        self.keys = keys
+        self.redis = redis
+        self.registry = registry
+        self.client = client
+        self.owner = owner  # "agent_id/instance_id": who holds the claims made here
+        self.cluster = cluster
+        self.settlement = settlement
+        self.letters = letters
+        self.hooks = hooks
+        self._work_send, self._work_recv = anyio.create_memory_object_stream[Delivery](math.inf)
+
+    # -- claiming -----------------------------------------------------------------------
+    async def take(self, items: list[Delivery]) -> None:
+        """Claim a batch (one round trip) and act on each answer; an entry whose claim
+        fails for a passing reason stays pending for the consumer's next scan."""
+        self.hooks.on_round_trip("claim")
+        try:
+            results = await self._claim(items)
+        except BaseException:
+            self.state.release(items)  # left pending: the next pending scan takes them up
+            raise
+        busy: list[Delivery] = []
+        for it, res in zip(items, results, strict=True):
+            if scripts.is_data_error(res):
+                self._poison(it, res, "claiming it")
+                continue
+            if isinstance(res, BaseException):
+                log.warning("claim of %s failed (%s); it stays pending", it.env.msg_id, res)
+                self.state.release([it])
+                self.state.rescan = True
+                continue
+            try:
+                if not self._on_claim(it, res):
+                    busy.append(it)
+            except Exception as e:  # noqa: BLE001 - one entry's failure is that entry's
+                self._poison(it, e, "claiming it")
+        for i, it in enumerate(busy):
+            try:
+                await self._busy(it)
+            except Exception as e:  # the per-entry barrier
+                if isinstance(e, (rexc.RedisError, OSError)) and not scripts.is_data_error(e):
+                    self.state.release(busy[i:])  # Redis away or busy: pending, for the next scan
+                    raise
+                self._poison(it, e, "checking who holds its key")
+
+    async def _claim(self, items: list[Delivery]) -> list[Any]:
+        """Run claim.lua for the items: one reply (or exception) per item."""
+        head = [self.owner, TASK_TTL_MS, self.agent_id]
+        keys = [self.keys.idem(it.env.key) for it in items]
+        tails = [[self._claim_lease_ms(it.env), it.env.msg_id] for it in items]
+        res = await per_key(self.redis, self.cluster, "claim", keys, head, tails)
+        if len(items) > 1 and any(scripts.is_data_error(r) for r in res):
+            # One key of the wrong type refuses the whole batch: claim each alone, so only
+            # that entry fails (and is dead-lettered), not its neighbours on every scan.
+            res = [
+                (await per_key(self.redis, self.cluster, "claim", [k], head, [t]))[0]
+                for k, t in zip(keys, tails, strict=True)
+            ]
+        return res
+
+    def _claim_lease_ms(self, env: Envelope) -> int:
+        lease = int(self.opts.claim_lease_s * 1000)
+        if env.deadline_ms:
+            lease = max(1000, min(lease, env.deadline_ms - now_ms() + 1000))
+        return lease
+
+    def _on_claim(self, it: Delivery, res: Any) -> bool:
+        """Act on claim.lua's answer for one item: run it (1) or replay its key's stored
+        reply (2). False when the key is busy (0): held by another claim."""
+        code = int(res[0])
+        if code == 1:
+            it.fence = int(res[1])
+            self.state.running.add(it.env.key)
+            self._start(it)
+        elif code == 2:
+            self.hooks.on_replay(it.env)
+            self._replay(it, res[1])
+        else:
+            return False
+        return True
+
+    async def _busy(self, it: Delivery) -> None:
+        """The key is claimed by another owner: take it over if that owner is gone,
+        else let this copy wait (the live owner will answer; a later retry replays)."""
+        idem = self.keys.idem(it.env.key)
+        rec = await self.redis.hget(idem, "owner")
+        owner = rec.decode() if isinstance(rec, bytes) else (rec or "")
+        if owner == self.owner:
+            # Claimed by this very runtime: a duplicate while its handler runs waits; but
+            # if nothing here runs it (its claim or settle failed), take it up again.
+            alive = it.env.key in self.state.running
+        else:
+            agent_id, _, instance = owner.partition("/")
+            info = await self.registry.get(agent_id) if agent_id else None
+            alive = info is not None and info.instance_id == instance and info.state != "evicted"
+        # Take over only from the owner judged gone (compare-and-set): another runtime may
+        # have taken the key over since it was read, and its fresh claim must stand.
+        if not alive and int(await scripts.call(self.redis, "takeover", [idem], [owner])):
+            res = (await self._claim([it]))[0]
+            if isinstance(res, BaseException):
+                raise res
+            if self._on_claim(it, res):
+                return
+        self._park(it)
+
+    def _park(self, it: Delivery) -> None:
+        """A live owner runs this key: this copy waits as a delayed retry, which later
+        replays the stored result (or runs, if that owner failed). It polls with a growing
+        backoff, not once per claim lease, which would often outlast the caller's deadline."""
+        waits = safe_int(it.env.headers.get("busy_waits"), lo=0, hi=64)
+        delay_s = min(self.opts.retry_max_s, self.opts.retry_base_s * 2**waits)
+        delay_ms = min(self._claim_lease_ms(it.env), int(delay_s * 1000))
+        parked = msgspec.structs.replace(
+            it.env, headers={**it.env.headers, "busy_waits": str(waits + 1)}
+        )
+        it.outcome = "parked"
+        it.ops = [("ZADD", self.keys.delayed, now_ms() + delay_ms, encode(parked))]
+        self.settlement.queue(it)
+
+    def _replay(self, it: Delivery, stored: bytes) -> None:
+        reply = decode_reply(stored)
+        if reply.msg_id != it.env.msg_id:
+            # Same idempotency key, another message: its caller waits for its own msg_id.
+            stored = encode(msgspec.structs.replace(reply, msg_id=it.env.msg_id))
+        it.answer(self.keys, stored, publish=True)
+        it.outcome = "replayed"
+        self.settlement.queue(it)
+
+    def _poison(self, it: Delivery, exc: BaseException, doing: str) -> None:
+        """The per-entry barrier: an entry whose handling raised (data no check foresaw)
+        is dead-lettered as ``unprocessable`` with its bytes, its caller is told, and the
+        worker goes on. Never run again: a poison entry must not loop."""
+        if it.queued:  # its outcome is already on its way to Redis
+            log.exception("message %s: %s failed after it was settled", it.env.msg_id, doing)
+            return
+        self.letters.poison(it, exc, doing, tell_caller=True)
+        self.settlement.queue(it)
+
+    # -- handling -----------------------------------------------------------------------
+    def _start(self, it: Delivery) -> None:
+        """Hand a claimed item to the handler pool (long-lived tasks: no spawn per message)."""
+        self.state.inflight += 1
+        self._work_send.send_nowait(it)
+
+    async def pool_member(self) -> None:
+        """One task of the handler pool."""
+        async for it in self._work_recv:
+            try:
+                await self._handle(it)
+            except Exception as e:
+                if not it.queued:
+                    self._poison(it, e, "running it")
+                else:  # its outcome is on its way: only the report of it failed
+                    log.exception("after message %s was handled", it.env.msg_id)
+
+    async def _handle(self, it: Delivery) -> None:
+        scope = logs.enter_message(it.env, self.agent_id)  # ids on log records, OTel span
+        try:
+            await self._run(it)
+        finally:
+            logs.exit_message(scope)
+            self.state.inflight -= 1
+            self.state.slot_freed()
+        await self.settlement.flush_if_alone()
+
+    async def _run(self, it: Delivery) -> None:
+        env = it.env
+        ctx = Context(
+            env,
+            it.fence,
+            agent_id=self.agent_id,
+            redis=self.redis,
+            keys=self.keys,
+            client=self.client,
+        )
+        self.hooks.before_handle(ctx)
+        outcome = oc.expired_before_start(env, now_ms())
+        duration_s: float | None = None
+        if outcome is None:
+            spec = self.agent.handlers.get(env.capability)
+            if spec is None:
+                outcome = oc.no_handler(env, self.agent_id)
+            else:
+                try:
+                    payload = decode_payload(env.payload, spec.payload_type)
+                except (msgspec.ValidationError, msgspec.DecodeError) as e:
+                    outcome = oc.invalid_payload(e)
+                else:
+                    outcome, duration_s = await self._call(spec, payload, ctx)
+        self.hooks.after_handle(ctx, outcome, duration_s)
+        self._finish(it, outcome)
+
+    async def _call(
+        self, spec: HandlerSpec, payload: Any, ctx: Context
+    ) -> tuple[oc.Outcome, float]:
+        """Run the handler under the message's deadline: its outcome, and how long it ran."""
+        env = ctx.envelope
+        timeout = (env.deadline_ms - now_ms()) / 1000 if env.deadline_ms else None
+        err: BaseException | None = None
+        result: Any = None
+        timed_out = False
+        t0 = time.perf_counter()
+        try:
+            for hook in self.agent.before_handler:
+                r = hook(ctx)
+                if inspect.isawaitable(r):
+                    await r
+            if timeout is None and spec.is_async:
+                result = await spec.fn(payload, ctx)  # no deadline: no cancel scope to pay for
+            else:
+                with anyio.fail_after(timeout):
+                    if spec.is_async:
+                        result = await spec.fn(payload, ctx)
+                    else:
+                        result = await anyio.to_thread.run_sync(
+                            spec.fn, payload, ctx, abandon_on_cancel=True
+                        )
+        except TimeoutError as e:
+            timed_out = True
+            err = e
+        except Exception as e:  # noqa: BLE001 - a handler's error becomes the caller's RemoteError
+            err = e
+        finally:
+            for ahook in self.agent.after_handler:
+                try:
+                    r = ahook(ctx, err)
+                    if inspect.isawaitable(r):
+                        await r
+                except Exception:
+                    log.exception("after_handler hook failed")
+        duration_s = time.perf_counter() - t0
+        if err is None:
+            return oc.returned(result), duration_s
+        if not timed_out and not isinstance(err, Reject):
+            log.info(
+                "handler %s failed on attempt %d/%d: %s: %s",
+                env.capability,
+                env.attempt,
+                env.max_attempts,
+                type(err).__name__,
+                err,
+            )
+        backoff = oc.backoff_ms(
+            env.attempt,
+            base_s=self.opts.retry_base_s,
+            max_s=self.opts.retry_max_s,
+            jitter=random.uniform(0.5, 1.5),
+        )
+        outcome = oc.raised(env, err, timed_out=timed_out, now_ms=now_ms(), backoff_ms=backoff)
+        return outcome, duration_s
+
+    def _finish(self, it: Delivery, outcome: oc.Outcome) -> None:
+        """Queue the fenced completion and what follows it (reply, dead letter, retry, ack)."""
+        env = it.env
+        oc.apply(
+            it,
+            outcome,
+            keys=self.keys,
+            agent_id=self.agent_id,
+            dlq_maxlen=self.opts.dlq_maxlen,
+            now_ms=now_ms(),
+        )
+        if outcome.dead_letter:
+            self.hooks.on_dead_letter(env, outcome.reason, outcome.error)
+        elif outcome.status == "retrying":
+            self.hooks.on_retry(env, outcome.retry_delay_ms / 1000, outcome.error)
+        logs.note_outcome(it.outcome, outcome.error_type)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "%s attempt %d: %s%s",
+                env.capability,
+                env.attempt,
+                it.outcome,
+                f" ({outcome.reason})" if outcome.reason else "",
+            )
+        self.settlement.queue(it)

@@ -1,0 +1,140 @@
+"""Calls the hooks (reach.hooks) of a worker: built-in ones first, then the user's.
+
+For each hook method it keeps only the hooks that override it, so an event nobody
+watches costs one attribute read. A hook that raises is logged (rate-limited per hook
+method) and skipped: it never stops the worker nor changes a message's outcome.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..envelope import Envelope
+from ..hooks import HOOK_METHODS, Hooks, WorkerInfo
+from .outcome import Outcome
+
+if TYPE_CHECKING:
+    from ..context import Context
+
+log = logging.getLogger("reach.hooks")
+
+REMIND_S = 60.0  # after its first failure, a failing hook method is logged at most this often
+
+
+class HookChain:
+    """The hooks of one worker, called in order, each failure contained."""
+
+    def __init__(self, hooks: Sequence[Hooks]) -> None:
+        self.hooks = tuple(hooks)
+        self._failures: dict[str, tuple[float, int]] = {}  # hook method -> (last logged, since)
+        self._lock = threading.Lock()  # on_heartbeat runs in another thread
+        calls: dict[str, tuple[Callable[..., None], ...]] = {}
+        for name in HOOK_METHODS:
+            base = getattr(Hooks, name)
+            calls[name] = tuple(
+                getattr(h, name) for h in self.hooks if getattr(type(h), name, base) is not base
+            )
+        self._on_start = calls["on_start"]
+        self._on_stop = calls["on_stop"]
+        self._on_heartbeat = calls["on_heartbeat"]
+        self._on_registry_counts = calls["on_registry_counts"]
+        self._on_round_trip = calls["on_round_trip"]
+        self._on_delivered = calls["on_delivered"]
+        self._on_replay = calls["on_replay"]
+        self._before_handle = calls["before_handle"]
+        self._after_handle = calls["after_handle"]
+        self._on_retry = calls["on_retry"]
+        self._on_dead_letter = calls["on_dead_letter"]
+        self._on_fenced = calls["on_fenced"]
+        self._after_settle = calls["after_settle"]
+
+    def _call(self, fns: tuple[Callable[..., None], ...], *args: Any) -> None:
+        for fn in fns:
+            try:
+                fn(*args)
+            except Exception as e:  # noqa: BLE001 - a hook's bug is the hook's, not the message's
+                self._failed(fn, e)
+
+    def _failed(self, fn: Callable[..., None], exc: Exception) -> None:
+        owner = getattr(fn, "__self__", None)
+        name = f"{type(owner).__qualname__}.{getattr(fn, '__name__', '?')}"
+        now = time.monotonic()
+        with self._lock:
+            last, since = self._failures.get(name, (0.0, 0))
+            if last and now - last < REMIND_S:
+                self._failures[name] = (last, since + 1)
+                return
+            self._failures[name] = (now, 0)
+        if not last:
+            log.error(
+                "hook %s failed (the worker goes on; later failures of this hook are "
+                "logged at most once a minute): %s: %s",
+                name,
+                type(exc).__name__,
+                exc,
+                exc_info=exc,
+            )
+        else:
+            log.error(
+                "hook %s still failing (%d more times since the last line): %s: %s",
+                name,
+                since + 1,
+                type(exc).__name__,
+                exc,
+            )
+
+    def on_start(self, worker: WorkerInfo) -> None:
+        if self._on_start:
+            self._call(self._on_start, worker)
+
+    def on_stop(self, worker: WorkerInfo) -> None:
+        if self._on_stop:
+            self._call(self._on_stop, worker)
+
+    def on_heartbeat(self, worker: WorkerInfo, depths: Mapping[str, int]) -> None:
+        if self._on_heartbeat:
+            self._call(self._on_heartbeat, worker, depths)
+
+    def on_registry_counts(self, counts: Mapping[str, int] | None, routable: int) -> None:
+        if self._on_registry_counts:
+            self._call(self._on_registry_counts, counts, routable)
+
+    def on_round_trip(self, op: str) -> None:
+        if self._on_round_trip:
+            self._call(self._on_round_trip, op)
+
+    def on_delivered(self, env: Envelope) -> None:
+        if self._on_delivered:
+            self._call(self._on_delivered, env)
+
+    def on_replay(self, env: Envelope) -> None:
+        if self._on_replay:
+            self._call(self._on_replay, env)
+
+    def before_handle(self, ctx: Context) -> None:
+        if self._before_handle:
+            self._call(self._before_handle, ctx)
+
+    def after_handle(self, ctx: Context, outcome: Outcome, duration_s: float | None) -> None:
+        if self._after_handle:
+            self._call(self._after_handle, ctx, outcome, duration_s)
+
+    def on_retry(self, env: Envelope, delay_s: float, error: str) -> None:
+        if self._on_retry:
+            self._call(self._on_retry, env, delay_s, error)
+
+    def on_dead_letter(self, env: Envelope | None, reason: str, error: str) -> None:
+        if self._on_dead_letter:
+            self._call(self._on_dead_letter, env, reason, error)
+
+    def on_fenced(self, env: Envelope) -> None:
+        if self._on_fenced:
+            self._call(self._on_fenced, env)
+
+    def after_settle(self, env: Envelope | None, outcome: str, reason: str) -> None:
+        if self._after_settle:
+            self._call(self._after_settle, env, outcome, reason)

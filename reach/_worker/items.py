@@ -1,0 +1,70 @@
+"""What travels through the worker: one inbox entry, from read to settled.
+
+Two kinds, settled alike (settlement.py):
+
+* :class:`Delivery` - an entry decoded into an envelope. It is claimed, then handled,
+  replayed or parked, and settled with its fenced completion, its reply and the commands
+  that follow (dead letter, retry) before its ack;
+* :class:`AckOnly` - an entry with no message to handle: bytes that are not an envelope
+  (dead-lettered as they were read) or an entry deleted while this worker held it. It is
+  settled by its dead letter, if any, and its ack.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..envelope import Envelope
+from ..keys import Keys
+
+Op = tuple[Any, ...]
+"""One Redis command, as its words (``("ZADD", key, score, member)``)."""
+
+
+@dataclass(slots=True)
+class Completion:
+    """complete.lua's part of a settle: store ``status`` in the idempotency record at
+    ``key`` if ``fence`` still holds it; mode ``done`` finishes the key (later copies
+    replay the reply), ``release`` lets another attempt claim it."""
+
+    key: str
+    fence: int
+    status: str
+    mode: str
+    error: str
+
+
+@dataclass(slots=True, eq=False, kw_only=True)
+class _Entry:
+    stream: str  # the inbox stream it was read from
+    entry_id: Any  # its id there, as read
+    raw: bytes = b""  # its bytes as read (dead-lettered as they are if unprocessable)
+    ops: list[Op] = field(default_factory=list)  # written before the ack
+    outcome: str = ""  # succeeded, dead, expired, retrying, replayed, parked, malformed, gone
+    reason: str = ""  # the dead-letter reason, if any
+    queued: bool = False  # handed to settlement: its outcome is on its way to Redis
+
+
+@dataclass(slots=True, eq=False, kw_only=True)
+class AckOnly(_Entry):
+    """An inbox entry without a message to handle: settled by its ops and its ack."""
+
+
+@dataclass(slots=True, eq=False, kw_only=True)
+class Delivery(_Entry):
+    """An inbox entry decoded into an envelope, on its way through claim -> handle -> settle."""
+
+    env: Envelope
+    fence: int = 0  # the claim's fence token (0: not claimed by this worker)
+    complete: Completion | None = None  # set when its idempotency key is to be settled
+    reply: bytes = b""  # the reply: stored by a 'done' completion, and published...
+    reply_key: str = ""  # ... to this reply stream ('' = nobody waits for it)
+
+    def answer(self, keys: Keys, reply: bytes, *, publish: bool) -> None:
+        """Set the reply, published to the caller's reply stream when ``publish``."""
+        self.reply = reply
+        self.reply_key = keys.replies(self.env.reply_to) if (publish and self.env.reply_to) else ""
+
+
+Settleable = Delivery | AckOnly

@@ -1,0 +1,88 @@
+"""Dead letters of entries that cannot be handled: the per-entry barrier.
+
+Bytes that are not an envelope, and an entry whose claim, handling or settling raised
+anyway (data no check foresaw), are filed under the ``_malformed`` dead-letter stream as
+they were read, and acked: the worker goes on, and a poison entry never loops.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..envelope import BadEnvelope, Reply, encode
+from ..keys import Keys
+from ..tasks import raw_dead_letter_op
+from .hookchain import HookChain
+from .items import AckOnly, Completion, Delivery, Settleable
+
+log = logging.getLogger("reach.runtime")
+
+
+class DeadLetters:
+    """Turns unusable entries into dead letters of their bytes."""
+
+    def __init__(self, *, keys: Keys, agent_id: str, dlq_maxlen: int, hooks: HookChain) -> None:
+        self.keys = keys
+        self.agent_id = agent_id
+        self.dlq_maxlen = dlq_maxlen
+        self.hooks = hooks
+
+    def _letter(self, reason: str, data: bytes, error: str) -> tuple[Any, ...]:
+        return raw_dead_letter_op(
+            self.keys,
+            reason=reason,
+            data=data,
+            error=error,
+            agent_id=self.agent_id,
+            maxlen=self.dlq_maxlen,
+        )
+
+    def malformed(self, stream: str, entry_id: Any, data: bytes, e: BadEnvelope) -> AckOnly:
+        """An entry that is not an envelope (or too large to read): its letter and ack."""
+        log.warning("dead-lettering entry %r of %s: %s", entry_id, stream, e)
+        self.hooks.on_dead_letter(None, e.reason, e.detail)
+        return AckOnly(
+            stream=stream,
+            entry_id=entry_id,
+            raw=data,
+            ops=[self._letter(e.reason, data, e.detail)],
+            outcome="malformed",
+            reason=e.reason,
+        )
+
+    def poison(self, it: Settleable, exc: BaseException, doing: str, *, tell_caller: bool) -> None:
+        """Make ``it`` a dead letter ``unprocessable`` of its bytes (+ ack). With
+        ``tell_caller``, also the caller's reply and the release of its claim; without,
+        only the letter and the ack (for an entry whose reply or completion itself
+        cannot be written)."""
+        env = it.env if isinstance(it, Delivery) else None
+        log.error(
+            "message %s dead-lettered: %s failed with %s: %s",
+            env.msg_id if env is not None else repr(it.entry_id),
+            doing,
+            type(exc).__name__,
+            exc,
+            exc_info=log.isEnabledFor(logging.DEBUG),
+        )
+        error = f"{doing} failed: {type(exc).__name__}: {exc}"[:2000]
+        self.hooks.on_dead_letter(env, "unprocessable", error)
+        if isinstance(it, Delivery):
+            it.complete, it.reply_key, it.reply = None, "", b""
+            if tell_caller:
+                if it.fence:
+                    it.complete = Completion(
+                        self.keys.idem(it.env.key), it.fence, "dead", "release", error
+                    )
+                reply = Reply(
+                    msg_id=it.env.msg_id,
+                    status="dead",
+                    reason="unprocessable",
+                    error=error,
+                    error_type=type(exc).__name__,
+                    agent_id=self.agent_id,
+                    attempt=it.env.attempt,
+                )
+                it.answer(self.keys, encode(reply), publish=True)
+        it.ops = [self._letter("unprocessable", it.raw, error)]
+        it.outcome, it.reason = "dead", "unprocessable"

@@ -1,0 +1,156 @@
+"""How one handling of a message ends, decided without Redis.
+
+Pure functions: from the envelope, what the handler did (returned, raised, ran out of
+time) and the time now, they decide the :class:`Outcome`; :func:`apply` turns it into
+what settlement writes. Nothing here does I/O (tests/unit/test_outcome.py checks every
+branch with plain values).
+
+``Outcome.status``:
+
+* ``succeeded`` - the handler returned a value that could be encoded;
+* ``retrying`` - it raised and an attempt and time remain: the message waits in the
+  delayed set for a backoff, then goes to an inbox again (another agent preferred);
+* ``dead`` - dead-lettered: ``rejected`` (``reach.Reject``), ``max_attempts`` (it raised
+  on its last attempt), ``invalid_payload``, ``no_handler``, ``bad_result`` (a result
+  that cannot be encoded);
+* ``expired`` - dead-lettered because of the deadline: ``expired`` (passed before the
+  start, or no time left for a retry) or ``timeout`` (the handler ran past it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from ..envelope import Envelope, Reply, encode, encode_payload
+from ..errors import ConfigError, Reject
+from ..keys import Keys
+from ..tasks import dead_letter_op
+from .items import Completion, Delivery
+
+NIL = msgspec.Raw(b"\xc0")  # msgpack nil: the result of an outcome without one
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How one handling of a message ended (see the module docstring for the values)."""
+
+    status: str  # succeeded, retrying, dead, expired
+    reason: str = ""  # the dead-letter reason ('' when nothing is dead-lettered)
+    error: str = ""  # what went wrong, for the caller and the dead letter
+    error_type: str = ""  # the exception's type name (or DeadlineExceeded, Reject...)
+    result: msgspec.Raw | None = None  # the encoded result, when succeeded
+    retry_delay_ms: int = 0  # retrying: how long the message waits before its next attempt
+
+    @property
+    def dead_letter(self) -> bool:
+        """True when the message is dead-lettered (dead or expired)."""
+        return self.status in ("dead", "expired")
+
+
+def expired_before_start(env: Envelope, now_ms: int) -> Outcome | None:
+    """The message's deadline passed before its handler could start (None: it did not)."""
+    if env.deadline_ms and env.deadline_ms <= now_ms:
+        return Outcome("expired", "expired", "deadline passed before start", "DeadlineExceeded")
+    return None
+
+
+def no_handler(env: Envelope, agent_id: str) -> Outcome:
+    """No handler for the message's capability on this agent."""
+    return Outcome(
+        "dead", "no_handler", f"agent {agent_id} has no handler for {env.capability}", "Reject"
+    )
+
+
+def invalid_payload(exc: Exception) -> Outcome:
+    """The payload does not fit the type the handler's first parameter is annotated with."""
+    return Outcome("dead", "invalid_payload", str(exc), "ValidationError")
+
+
+def returned(result: Any) -> Outcome:
+    """The handler returned ``result``: succeeded, unless it cannot be encoded."""
+    try:
+        raw = encode_payload(result)
+    except ConfigError as e:
+        return Outcome("dead", "bad_result", str(e), "EncodeError")
+    return Outcome("succeeded", result=raw)
+
+
+def raised(
+    env: Envelope, exc: BaseException, *, timed_out: bool, now_ms: int, backoff_ms: int
+) -> Outcome:
+    """The handler raised ``exc`` (``timed_out``: it ran past the deadline).
+
+    ``reach.Reject`` is dead-lettered at once; any other exception is retried after
+    ``backoff_ms`` while attempts remain (then dead-lettered ``max_attempts``), unless the
+    deadline would pass before the retry (then it expires).
+    """
+    etype = type(exc).__name__
+    if timed_out:
+        return Outcome("expired", "timeout", "handler ran past the deadline", "DeadlineExceeded")
+    if isinstance(exc, Reject):
+        return Outcome("dead", "rejected", str(exc) or "rejected", etype)
+    if env.attempt >= env.max_attempts:
+        return Outcome("dead", "max_attempts", str(exc), etype)
+    if env.deadline_ms and now_ms + backoff_ms >= env.deadline_ms:
+        return Outcome("expired", "expired", f"no time left for a retry after: {exc}", etype)
+    return Outcome("retrying", error=str(exc), error_type=etype, retry_delay_ms=backoff_ms)
+
+
+def backoff_ms(attempt: int, *, base_s: float, max_s: float, jitter: float = 1.0) -> int:
+    """The wait before the attempt after ``attempt``: ``base_s`` doubled per attempt, at
+    most ``max_s``, times ``jitter`` (the runtime draws it from [0.5, 1.5])."""
+    # The exponent is capped: 2**1000 overflows a float, and max_attempts may be large.
+    base = base_s * (2 ** min(max(attempt - 1, 0), 60))
+    return int(min(max_s, base) * jitter * 1000)
+
+
+def apply(
+    it: Delivery, outcome: Outcome, *, keys: Keys, agent_id: str, dlq_maxlen: int, now_ms: int
+) -> None:
+    """Make ``it`` settle as ``outcome``: the fenced completion of its idempotency key, the
+    reply (published when final: a retry's caller waits for the last attempt), and the
+    dead letter or the delayed retry that follows."""
+    env = it.env
+    reply = Reply(
+        msg_id=env.msg_id,
+        status=outcome.status,
+        result=outcome.result if outcome.result is not None else NIL,
+        error=outcome.error,
+        error_type=outcome.error_type,
+        reason=outcome.reason,
+        agent_id=agent_id,
+        attempt=env.attempt,
+    )
+    mode = "done" if outcome.status == "succeeded" else "release"
+    it.complete = Completion(
+        keys.idem(env.key), it.fence, outcome.status, mode, outcome.error[:2000]
+    )
+    it.answer(keys, encode(reply), publish=outcome.status != "retrying")
+    ops: list[tuple[Any, ...]] = []
+    if outcome.dead_letter:
+        ops.append(
+            dead_letter_op(
+                keys,
+                capability=env.capability,
+                reason=outcome.reason,
+                data=encode(env),
+                error=outcome.error,
+                error_type=outcome.error_type,
+                attempts=env.attempt,
+                agent_id=agent_id,
+                msg_id=env.msg_id,
+                maxlen=dlq_maxlen,
+            )
+        )
+    if outcome.status == "retrying":
+        # The next attempt prefers another agent than the one it failed on.
+        retry = msgspec.structs.replace(
+            env, attempt=env.attempt + 1, headers={**env.headers, "avoid": agent_id}
+        )
+        ops.append(("ZADD", keys.delayed, now_ms + outcome.retry_delay_ms, encode(retry)))
+    it.ops = ops
+    it.outcome = outcome.status
+    it.reason = outcome.reason

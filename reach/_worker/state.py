@@ -1,0 +1,83 @@
+"""What the worker's parts share: counters, flags and the outage log. Bookkeeping only."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable
+
+import anyio
+from redis import exceptions as rexc
+
+from .. import logs
+from ..connection import as_text
+from .items import Delivery, Settleable
+
+log = logging.getLogger("reach.runtime")
+
+
+class WorkerState:
+    """The running worker's shared state (also what hooks see as ``WorkerInfo``)."""
+
+    def __init__(self, agent_id: str, instance_id: str, namespace: str) -> None:
+        self.agent_id = agent_id
+        self.instance_id = instance_id
+        self.namespace = namespace
+        self.inflight = 0  # handlers running
+        self.ready = False  # as last set in the registry
+        self.draining = False
+        self.stale = False  # a newer registration of this agent_id exists: do not deregister
+        self.stopping = anyio.Event()  # the consumer stops reading
+        self.stop_requested = threading.Event()  # from any thread: stop() or a signal
+        self.held: set[tuple[str, str]] = set()  # (stream, entry id) dispatched, not settled
+        self.running: set[str] = set()  # idempotency keys claimed here and not yet settled
+        self.rescan = False  # look for this agent's pending entries at the next turn
+        self.consumer_tick = time.monotonic()  # the consumer came round its loop
+        self.loop_tick = time.monotonic()  # the event loop made progress
+        self._slot_free = anyio.Event()
+
+    def request_stop(self) -> None:
+        self.stop_requested.set()
+
+    def slot_freed(self) -> None:
+        """A handler finished: wake whoever waits for a free slot."""
+        self._slot_free.set()
+
+    async def wait_slot(self) -> None:
+        """Wait (at most a second) for a handler to finish."""
+        self._slot_free = anyio.Event()
+        with anyio.move_on_after(1.0):
+            await self._slot_free.wait()
+
+    def release(self, items: Iterable[Settleable]) -> None:
+        """The items are settled (or left pending for the next scan): no longer held."""
+        for it in items:
+            self.held.discard((it.stream, as_text(it.entry_id)))
+            if isinstance(it, Delivery) and it.fence:
+                self.running.discard(it.env.key)
+
+
+class Outages:
+    """How the worker's loops log Redis failures: an outage (Redis away) is one line when
+    it starts, a reminder every 30 s and one line when it ends, for all loops together;
+    a refusal is one line per kind of call at most every 30 s."""
+
+    def __init__(self, agent_id: str) -> None:
+        self.agent_id = agent_id
+        self._redis_down = logs.OutageLog(log, f"agent {agent_id}: Redis")
+        self._refusals: dict[str, logs.OutageLog] = {}
+
+    def failed(self, what: str, e: BaseException) -> None:
+        """A Redis call of one of the loops failed (the loop retries)."""
+        if isinstance(e, (rexc.ConnectionError, rexc.TimeoutError, OSError)):
+            self._redis_down.failed(f"{what}: {type(e).__name__}: {e}")
+        else:  # a refusal, not an outage: say which call, at most once per 30 s per kind
+            kind = what.split(" ")[0]
+            self._refusals.setdefault(
+                kind, logs.OutageLog(log, f"agent {self.agent_id}: {kind}")
+            ).failed(f"{type(e).__name__}: {e}")
+
+    def ok(self) -> None:
+        """A Redis call succeeded (ends an outage, if there was one)."""
+        self._redis_down.ok()

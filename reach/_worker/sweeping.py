@@ -1,0 +1,67 @@
+"""The sweeper task: cluster-wide chores, done by whichever agent holds the sweeper lock.
+
+Each pass (every ``sweep_interval_s``, jittered) runs sweep.lua (leases, evictions, the
+lock) and, for the lock holder, the chores of reach.sweeper (due retries, evicted
+inboxes, parked messages...). Every few seconds the registry is counted for the
+``on_registry_counts`` hook (the lock holder's counts; the others report none).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from typing import TYPE_CHECKING
+
+import anyio
+from redis import exceptions as rexc
+
+from .. import metrics
+from ..client import Client
+from ..connection import AnyRedis
+from ..keys import Keys
+from ..registry import MAX_LOCK_MS, Registry
+from ..sweeper import sweep_chores
+from .hookchain import HookChain
+from .state import Outages
+
+if TYPE_CHECKING:
+    from ..agent import RuntimeOptions
+
+log = logging.getLogger("reach.runtime")
+
+
+async def sweep_forever(
+    *,
+    opts: RuntimeOptions,
+    redis: AnyRedis,
+    keys: Keys,
+    client: Client,
+    registry: Registry,
+    instance_id: str,
+    hooks: HookChain,
+    outages: Outages,
+) -> None:
+    """Sweep until cancelled; failures are logged and the next pass tries again."""
+    lock_ms = min(int(max(opts.sweep_interval_s * 3, 1.0) * 1000), MAX_LOCK_MS)
+    counted = 0.0
+    while True:
+        await anyio.sleep(opts.sweep_interval_s * (0.8 + 0.4 * random.random()))
+        try:
+            res = await registry.sweep(
+                owner=instance_id, lock_ms=lock_ms, shadow_ttl_ms=int(opts.shadow_ttl_s * 1000)
+            )
+            if not res.locked:
+                if res.evicted:
+                    log.warning("evicted: %s", ", ".join(res.evicted))
+                await sweep_chores(redis, keys, client, registry, dlq_maxlen=opts.dlq_maxlen)
+            if time.monotonic() - counted >= max(5.0, opts.sweep_interval_s):
+                counted = time.monotonic()  # registry gauges: only the lock holder's
+                if res.locked:
+                    hooks.on_registry_counts(None, 0)
+                else:
+                    hooks.on_registry_counts(*await metrics.count_agents(redis, keys))
+        except (rexc.RedisError, OSError) as e:
+            outages.failed("sweep", e)
+        except Exception:  # entries have their own barrier: this is a bug, not data
+            log.exception("sweep failed; the next one tries again")
