@@ -1,14 +1,15 @@
 """reach next to the established Python Redis job queues (arq, dramatiq, taskiq), on this machine.
 
-Every system gets the workload of ``reach bench`` (``reach.bench``, which runs the reach
-rows itself): its own Redis (``reach.embedded.RedisServer`` on a free port), ONE worker
+Every system gets the workload of ``reach bench`` (``reach_cli.tools.bench``, which runs the
+reach rows itself): its own Redis (``reach.embedded.RedisServer`` on a free port), ONE worker
 process started with the library's own worker CLI, and a handler that returns its input.
 
 * throughput: the worker is started and proven to consume (one round trip), then SIGSTOPped;
   a backlog of ``--messages`` jobs is enqueued with the library's client API; the clock runs
   from SIGCONT until the library's own ack/completion state in Redis says all are done
-  (polled every 5 ms as reach.bench does; see ``DONE_WHEN``). No handler-side counter: the
-  reach rows come from reach.bench unchanged and their handler only returns its input;
+  (polled every 5 ms as reach_cli.tools.bench does; see ``DONE_WHEN``). No handler-side
+  counter: the reach rows come from reach_cli.tools.bench unchanged and their handler only
+  returns its input;
 * request/reply: one sequential caller, 200 warm-up requests, then ``--requests`` requests,
   each enqueue + wait for the result with the library's documented API; p50 / p99 (ms).
 
@@ -49,8 +50,9 @@ from typing import Any, ClassVar, Protocol
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from reach_cli.tools import bench as reach_bench
+
 from reach import __version__ as reach_version
-from reach import bench as reach_bench
 from reach.embedded import RedisServer, _die_with_parent_hook
 
 SYSTEMS = ("reach", "arq", "dramatiq", "taskiq")
@@ -67,8 +69,8 @@ DONE_WHEN = {
     "dramatiq": "HLEN dramatiq:default.msgs 0 (the ack script deletes the message)",
     "taskiq": "consumer group pending 0 and lag 0 (XACK after the result is saved)",
 }
-WARMUP = 200  # requests before the measured ones, as in reach.bench
-POLL_S = 0.005  # completion polling interval, as in reach.bench
+WARMUP = 200  # requests before the measured ones, as in reach_cli.tools.bench
+POLL_S = 0.005  # completion polling interval, as in reach_cli.tools.bench
 READY_TIMEOUT_S = 120.0
 DRAIN_TIMEOUT_S = 600.0
 CALL_TIMEOUT_S = 60.0
@@ -100,7 +102,7 @@ class Settings:
     slower. Their defaults (0.5 s, 0.5 s, up to 1 s, 0.2 s) would make latency a strawman.
     """
 
-    reach_concurrency: int = 64  # reach.bench's default
+    reach_concurrency: int = 64  # reach_cli.tools.bench's default
     arq_max_jobs: int = 64  # 10 (default), 64 and 200 measured the same
     arq_poll_delay_s: float = 0.001
     arq_result_poll_s: float = 0.001
@@ -342,7 +344,7 @@ DRIVERS: dict[str, Callable[[], Driver]] = {
 
 
 def _latency_figures(samples: list[float]) -> dict[str, float]:
-    # The same definitions as reach.bench: median, nearest-rank p99.
+    # The same definitions as reach_cli.tools.bench: median, nearest-rank p99.
     samples = sorted(samples)
     return {
         "p50_ms": statistics.median(samples),
@@ -456,7 +458,7 @@ def run_other(name: str, s: Settings, n: int, reqs: int) -> dict[str, Any]:
 
 
 def run_reach(s: Settings, n: int, reqs: int) -> dict[str, Any]:
-    """One run of reach: reach.bench itself (its own Redis and `reach worker` process)."""
+    """One run of reach: reach_cli.tools.bench itself (its own Redis and `reach worker`)."""
     out = reach_bench.run_bench(messages=n, requests=reqs, concurrency=s.reach_concurrency)
     tp, lat = out["throughput"], out["latency"]
     return {
@@ -491,7 +493,7 @@ def available(name: str) -> tuple[bool, str]:
 
 def describe(name: str, s: Settings) -> str:
     if name == "reach":
-        return f"`reach worker` (reach.bench), concurrency {s.reach_concurrency}"
+        return f"`reach worker` (reach_cli.tools.bench), concurrency {s.reach_concurrency}"
     return DRIVERS[name]().describe(s)
 
 

@@ -1103,7 +1103,7 @@ def bench(
     request/reply latency p50/p99 with one sequential caller, Redis commands and round
     trips per message. Example: reach bench --messages 30000 --requests 3000
     """
-    from reach.bench import format_report, run_bench
+    from .tools.bench import format_report, run_bench
 
     bars: dict[str, Any] = {}
     counts: dict[str, int] = {}
@@ -1145,7 +1145,7 @@ def bench(
 )
 def chaos(ctx: typer.Context) -> None:
     """Kill workers and Redis mid-stream, check nothing is lost or run twice (--help: options)."""
-    from reach.chaos import main as chaos_main
+    from .tools.chaos import main as chaos_main
 
     raise typer.Exit(chaos_main(ctx.args, prog="reach chaos"))
 

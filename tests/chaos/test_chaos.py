@@ -2,8 +2,8 @@
 their agent_id, some never back), one SIGSTOP/SIGCONT past the lease, one Redis SIGKILL +
 restart from its AOF, while callers send requests (with deadlines) and fire-and-forget
 messages. Afterwards: nothing lost, one side effect per key, every caller answered, no
-pending entries, inbox memory back to zero. The engine is reach.chaos (also `reach chaos`
-and bench/chaos.py for long runs); the workers run tests.support.agents_chaos:agent.
+pending entries, inbox memory back to zero. The engine is reach_cli.tools.chaos (also
+`reach chaos` and bench/chaos.py for long runs); the workers run its chaos_agent.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from reach.chaos import ChaosConfig, format_report, plan_events, plan_messages, run_chaos
+from reach_cli.tools.chaos import ChaosConfig, format_report, plan_events, plan_messages, run_chaos
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.anyio
@@ -32,7 +31,6 @@ async def test_kill_stop_and_restart_redis_mid_stream(tmp_path: Path) -> None:
         redis_restarts=1,
         seed=7,
         deadline_s=(0.5, 20.0),  # a few short ones expire around a kill: told, then retried
-        agent="tests.support.agents_chaos:agent",
         cwd=str(ROOT),
         dir=str(tmp_path / "chaos"),
         quiet_timeout_s=60,

@@ -1,5 +1,5 @@
 """The messaging benchmark: one Redis, one `reach worker` process (`reach bench`,
-`bench/messaging_bench.py`).
+`bench/messaging_bench.py`). A tool shipped with the CLI, not part of the library.
 
 It measures
 * fire-and-forget throughput: a backlog of N messages is loaded into the inbox of the
@@ -32,15 +32,13 @@ from typing import Any
 
 import anyio
 
-from reach import Agent, Context
-
-from .client import Client
-from .connection import AnyRedis, connect
-from .embedded import RedisServer
-from .envelope import encode
-from .keys import Keys
-from .registry import Registry
-from .tasks import pending_ops
+from reach import Agent, Client, Context
+from reach.connection import AnyRedis, connect
+from reach.embedded import RedisServer
+from reach.envelope import encode
+from reach.keys import Keys
+from reach.registry import Registry
+from reach.tasks import pending_ops
 
 NS = "bench"
 CAP = "bench.noop"
@@ -65,7 +63,7 @@ def _start_worker(url: str, concurrency: int, log: Path) -> subprocess.Popen[byt
         "-m",
         "reach_cli.app",
         "worker",
-        "reach.bench:bench_agent",
+        "reach_cli.tools.bench:bench_agent",
         "--redis-url",
         url,
         "--namespace",
@@ -261,8 +259,9 @@ def format_report(out: dict[str, Any]) -> str:
         [
             f"redis {out['redis']}, {out['cpus']} cpus, worker concurrency {out['concurrency']}",
             (
-                f"fire-and-forget backlog of {tp['messages']} msgs processed in {tp['seconds']:.2f}s"
-                f" = {tp['msgs_per_s']:,.0f} msgs/s (loading it took {tp['load_seconds']:.2f}s)"
+                f"fire-and-forget backlog of {tp['messages']} msgs processed in "
+                f"{tp['seconds']:.2f}s = {tp['msgs_per_s']:,.0f} msgs/s "
+                f"(loading it took {tp['load_seconds']:.2f}s)"
             ),
             (
                 f"  per msg, worker: {tp['redis_commands_per_msg_worker']:.2f} Redis commands, "

@@ -1,14 +1,16 @@
-"""Chaos runs: kill workers and Redis mid-stream, then prove nothing was lost or run twice.
+"""The chaos harness: kill workers and Redis mid-stream, then prove nothing was lost or
+run twice.
 
-``reach chaos`` and ``bench/chaos.py`` are thin wrappers of :func:`main`; the CI suite
-(``tests/chaos/``) calls :func:`run_chaos` with a short :class:`ChaosConfig`.
+``reach chaos`` and ``bench/chaos.py`` are thin wrappers of
+:func:`reach_cli.tools.chaos.cli.main`; the CI suite (``tests/chaos/``) calls
+:func:`run_chaos` with a short :class:`~reach_cli.tools.chaos.plan.ChaosConfig`.
 
 What one run does
 -----------------
 * starts a Redis of its own (AOF, ``appendfsync everysec``) in a temp dir, and N
-  ``reach worker`` processes of :func:`chaos_agent` (agent ids ``w-0`` ... ``w-<N-1>``,
-  read from ``REACH_CHAOS_AGENT_ID``) with sub-second leases (heartbeat 0.1 s, lease
-  0.3 s, evict after 0.6 s, sweep every 0.1 s);
+  ``reach worker`` processes of :func:`~reach_cli.tools.chaos.agent.chaos_agent` (agent
+  ids ``w-0`` ... ``w-<N-1>``, read from ``REACH_CHAOS_AGENT_ID``) with sub-second leases
+  (heartbeat 0.1 s, lease 0.3 s, evict after 0.6 s, sweep every 0.1 s);
 * sends M messages from caller clients, at a steady rate: requests with deadlines and
   fire-and-forget sends, mixed priorities, some sessions (consistent hashing), and a few
   sent twice under one idempotency key (a caller's own retry). Every message carries a
@@ -32,15 +34,12 @@ What one run does
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import math
 import os
 import random
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -55,199 +54,24 @@ from typing import Any
 import anyio
 from redis import exceptions as rexc
 
-from reach import Agent, Context
+from reach import Client
+from reach.connection import AnyRedis, as_text, connect
+from reach.embedded import RedisServer, _die_with_parent_hook
+from reach.envelope import BadEnvelope, decode_envelope, now_ms
+from reach.errors import ConfigError, ReachError
+from reach.keys import GROUP, Keys
+from reach.registry import Registry
+from reach.tasks import get_status
 
-from .client import Client
-from .connection import AnyRedis, as_text, connect
-from .embedded import RedisServer, _die_with_parent_hook
-from .envelope import BadEnvelope, decode_envelope, now_ms
-from .errors import ConfigError, ReachError
-from .keys import GROUP, Keys
-from .registry import Registry
-from .tasks import get_status
-
-CAPABILITY = "chaos.work"
-AGENT_ENV = "REACH_CHAOS_AGENT_ID"
-EFFECTS = "chaos"  # Keys.effects(EFFECTS): the hash the handlers count side effects in
-DEFAULT_AGENT = "reach.chaos:chaos_agent"
-
-# The side effect: applied once per idempotency key, every run logged.
-# KEYS[1] effects hash; ARGV[1] idempotency key, ARGV[2] fence, ARGV[3] run record
-# ("agent|pid|fence|start_ms|end_ms"). Fields: effects (total applied), done:<key> (fence
-# of the run that applied it), applied:<key> (times applied: must be 1), runs:<key> (runs
-# that reached the effect), run:<key>:<n> (the n-th run's record).
-EFFECT_LUA = """
-if redis.call('HSETNX', KEYS[1], 'done:' .. ARGV[1], ARGV[2]) == 1 then
-  redis.call('HINCRBY', KEYS[1], 'effects', 1)
-  redis.call('HINCRBY', KEYS[1], 'applied:' .. ARGV[1], 1)
-end
-local n = redis.call('HINCRBY', KEYS[1], 'runs:' .. ARGV[1], 1)
-redis.call('HSET', KEYS[1], 'run:' .. ARGV[1] .. ':' .. n, ARGV[3])
-return n
-"""
-
-
-# -- the agent the workers run ----------------------------------------------------------------
-async def _work(payload: dict[str, Any], ctx: Context) -> dict[str, Any]:
-    start = now_ms()
-    await anyio.sleep(int(payload.get("s", 0)) / 1000)
-    key = ctx.idempotency_key
-    fx = ctx.keys.effects(EFFECTS)
-    give_up = time.monotonic() + 10
-    while True:  # an external write retried while Redis restarts (it is idempotent)
-        try:
-            record = f"{ctx.agent_id}|{os.getpid()}|{ctx.fence}|{start}|{now_ms()}"
-            await ctx.redis.eval(EFFECT_LUA, 1, fx, key, ctx.fence, record)
-            break
-        except (rexc.ConnectionError, rexc.TimeoutError):
-            if time.monotonic() > give_up:
-                raise
-            await anyio.sleep(0.05)
-    return {"k": key, "n": payload.get("n")}
-
-
-def chaos_agent() -> Agent:
-    """The chaos worker (``reach worker reach.chaos:chaos_agent``); its agent id comes from
-    ``REACH_CHAOS_AGENT_ID`` so a restarted process takes the same one."""
-    agent_id = os.environ.get(AGENT_ENV) or f"w-{os.getpid()}"
-    app = Agent(agent_id, capabilities=[CAPABILITY])
-    app.handler(CAPABILITY)(_work)
-    return app
-
-
-# -- configuration and report ------------------------------------------------------------------
-@dataclass
-class ChaosConfig:
-    """One run. Defaults are the short CI run; the long run raises messages and kills."""
-
-    messages: int = 600
-    workers: int = 3
-    kills: int = 4
-    stops: int = 1
-    redis_restarts: int = 1
-    seed: int = 1
-    rate: float = 0.0  # messages/s; 0 = as fast as max_rate allows with event_gap_s
-    max_rate: float = 150.0
-    event_gap_s: float = 3.0  # mean time between chaos events
-    permanent_share: float = 0.3  # kills whose worker never comes back (a new id replaces it)
-    slow_restart_share: float = 0.4  # restarted ones that come back only after eviction
-    request_share: float = 0.6  # the rest are fire-and-forget sends
-    session_share: float = 0.2
-    dup_share: float = 0.02  # messages that reuse an earlier message's idempotency key
-    sessions: int = 40
-    min_sleep_ms: int = 2
-    max_sleep_ms: int = 100
-    deadline_s: tuple[float, float] = (10.0, 30.0)  # request deadlines, uniform in range
-    callers: int = 2  # Client instances
-    inflight: int = 64  # caller tasks at once
-    concurrency: int = 16  # handlers per worker
-    heartbeat_s: float = 0.1
-    lease_s: float = 0.3
-    evict_after_s: float = 0.6
-    sweep_interval_s: float = 0.1
-    stop_s: float = 0.0  # SIGSTOP length; 0 = 2 * (lease + evict_after) + 0.3
-    kill_wait_s: float = 3.0  # how long to wait for a victim with messages in flight
-    quiet_timeout_s: float = 120.0
-    caller_give_up_s: float = 180.0
-    startup_timeout_s: float = 60.0
-    agent: str = DEFAULT_AGENT
-    namespace: str = "chaos"
-    dir: str | None = None  # data dir (Redis AOF, worker logs); None = a temp dir
-    keep: bool = False  # keep the dir (it is always kept when the run fails)
-    cwd: str | None = None  # workers' working directory (to import the agent module)
-
-
-@dataclass
-class KillRecord:
-    agent_id: str
-    at_s: float  # since the start of sending
-    kill_ms: int
-    mid_handler: bool  # it had unsettled (pending) entries when killed
-    inbox: int  # messages in its inbox at the kill (pending + unread)
-    fate: str  # restart_quick | restart_after_eviction | never (replaced)
-    back_after_s: float | None  # restart / replacement delay
-    recovery_s: float | None = None  # kill -> last of those messages completed
-    completed_by_same_id: int = 0  # of those, finished by its restarted self (resumed)
-    completed_by_others: int = 0  # ... by other agents (the sweeper moved them)
-    slowest_key: str = ""  # the last of them to complete (see `reach task`, the AOF...)
-
-
-@dataclass
-class ChaosReport:
-    ok: bool
-    violations: list[str]
-    config: dict[str, Any]
-    messages: int
-    requests: int
-    sends: int
-    keys: int
-    sent_twice: int
-    deliveries: int  # msg_ids that reached an inbox (first sends and caller retries)
-    kills: int
-    kills_mid_handler: int
-    restarts: int  # same agent_id
-    never_back: int
-    replacements: int
-    stops: int
-    redis_restarts: int
-    redis_outage_s: list[float]
-    redis_restart_at_s: list[float]  # since sending started
-    lost: int
-    duplicate_side_effects: int
-    effects: int
-    re_executions: int  # keys whose handler ran to its side effect more than once
-    handler_restarts: int  # keys whose handler was started more than once (claims > 1)
-    runs: int
-    overlapping_runs: int  # two live workers in one key at once (a violation)
-    zombie_runs: int  # overlaps where one run's worker was paused or evicted (fenced)
-    evictions: int  # registry evictions (killed workers, the paused one, Redis outages)
-    fenced_late_completions: int
-    caller_errors: dict[str, int]
-    untyped_errors: dict[str, int]
-    wrong_results: int
-    callers_gave_up: int
-    not_succeeded: dict[str, int]  # task status of delivered msg_ids other than succeeded
-    pending_left: int
-    inbox_entries_left: int
-    parked_left: int
-    delayed_left: int
-    reroute_left: int
-    dead_letters: dict[str, int]  # by reason: attempts whose caller got a typed error
-    dead_letters_unaccounted: int  # ... and any whose caller was never told (a violation)
-    recovery_p50_s: float | None
-    recovery_p99_s: float | None
-    recovery_max_s: float | None
-    recovery_target_s: float  # the issue's target at test settings
-    recovery_bound_s: float  # lease + evict_after + one sweep interval, as configured
-    recovery_by_fate: dict[str, dict[str, float]]
-    stop_recovery_s: list[float]
-    send_phase_s: float
-    quiet_s: float
-    wall_s: float
-    data_dir: str | None
-    kill_log: list[dict[str, Any]] = field(default_factory=list)
-    log_markers: dict[str, int] = field(default_factory=dict)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2)
-
-
-# -- the plan -----------------------------------------------------------------------------------
-@dataclass
-class _Spec:
-    i: int
-    key: str
-    kind: str  # request | send
-    priority: str
-    session: str
-    sleep_ms: int
-    n: int
-    deadline_s: float
-    dup: bool
+from .agent import AGENT_ENV, CAPABILITY, EFFECTS
+from .plan import ChaosConfig, ChaosEvent, MessageSpec, plan_events, plan_messages
+from .report import ChaosReport, KillRecord
 
 
 @dataclass
 class _Rec:
+    """What a key's idempotency record says once the run is quiet."""
+
     done: bool
     status: str
     updated_ms: int
@@ -257,65 +81,14 @@ class _Rec:
 
 @dataclass
 class _Outcome:
+    """What the callers of one planned message saw, over all their attempts."""
+
     msg_ids: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)  # msg_id -> error the caller got
     done: bool = False
     wrong: bool = False
     gave_up: bool = False
-
-
-def plan_messages(cfg: ChaosConfig, rng: random.Random) -> list[_Spec]:
-    specs: list[_Spec] = []
-    for i in range(cfg.messages):
-        kind = "request" if rng.random() < cfg.request_share else "send"
-        prio = rng.choices(("high", "normal", "low"), weights=(2, 6, 2))[0]
-        dl = rng.uniform(*cfg.deadline_s)
-        if i > 20 and rng.random() < cfg.dup_share:
-            o = specs[rng.randrange(len(specs))]
-            specs.append(_Spec(i, o.key, kind, prio, o.session, o.sleep_ms, o.n, dl, True))
-            continue
-        session = f"s{rng.randrange(cfg.sessions)}" if rng.random() < cfg.session_share else ""
-        sleep_ms = rng.randint(cfg.min_sleep_ms, cfg.max_sleep_ms)
-        specs.append(_Spec(i, f"k{i}", kind, prio, session, sleep_ms, i, dl, False))
-    return specs
-
-
-@dataclass
-class _Event:
-    at: float  # seconds after sending started
-    kind: str  # kill | stop | redis
-    fate: str = ""  # kills: restart_quick | restart_after_eviction | never
-    delay: float = 0.0  # kills: seconds until it (or its replacement) starts
-
-
-def plan_events(cfg: ChaosConfig, rng: random.Random, send_s: float) -> list[_Event]:
-    """The chaos schedule: when, what, and what becomes of each killed worker. With two
-    kills or more, at least one worker comes back with its id and one never does."""
-    k = cfg.kills
-    never = round(k * cfg.permanent_share)
-    if k >= 2:
-        never = min(max(never, 1), k - 1)
-    slow = round((k - never) * cfg.slow_restart_share)
-    fates = ["never"] * never + ["restart_after_eviction"] * slow
-    fates += ["restart_quick"] * (k - len(fates))
-    rng.shuffle(fates)
-    kinds = ["kill"] * k + ["stop"] * cfg.stops + ["redis"] * cfg.redis_restarts
-    rng.shuffle(kinds)
-    n = len(kinds)
-    delays = {
-        "never": (0.5, 2.0),
-        "restart_after_eviction": (1.2, 2.5),
-        "restart_quick": (0.0, 0.4),
-    }
-    out = []
-    for j, kind in enumerate(kinds):
-        ev = _Event(round(send_s * (j + rng.uniform(0.25, 0.75)) / n, 3), kind)
-        if kind == "kill":
-            ev.fate = fates.pop()
-            ev.delay = round(rng.uniform(*delays[ev.fate]), 3)
-        out.append(ev)
-    return out
 
 
 def _pct(xs: Sequence[float], p: float) -> float | None:
@@ -492,7 +265,7 @@ class _Run:
                         raise
                     await anyio.sleep(0.5)
 
-    async def kill(self, tg: anyio.abc.TaskGroup, ev: _Event) -> None:
+    async def kill(self, tg: anyio.abc.TaskGroup, ev: ChaosEvent) -> None:
         w, mid = await self.pick_victim(1)
         if w is None:
             return
@@ -555,7 +328,7 @@ class _Run:
             await limiter.acquire()
             tg.start_soon(self.one, clients[s.i % len(clients)], s, limiter)
 
-    async def one(self, c: Client, s: _Spec, limiter: anyio.Semaphore) -> None:
+    async def one(self, c: Client, s: MessageSpec, limiter: anyio.Semaphore) -> None:
         out = self.outcomes[s.i]
         self.started += 1
         give_up = time.monotonic() + self.cfg.caller_give_up_s
@@ -969,238 +742,3 @@ async def run_chaos(
 ) -> ChaosReport:
     """Run one chaos scenario end to end and return what was measured and checked."""
     return await _Run(cfg, on_progress).run()
-
-
-# -- command line (bench/chaos.py and `reach chaos`) --------------------------------------------
-def format_report(r: ChaosReport) -> str:
-    def sec(x: float | None) -> str:
-        return "-" if x is None else f"{x:.2f} s"
-
-    fates = Counter(k["fate"] for k in r.kill_log)
-    inboxes = [k["inbox"] for k in r.kill_log]
-    med = statistics.median(inboxes) if inboxes else 0
-    errs = ", ".join(f"{k} {v}" for k, v in sorted(r.caller_errors.items())) or "none"
-    by_fate = "; ".join(
-        f"{f}: n={d['n']:.0f} p50 {d['p50']:.2f} s max {d['max']:.2f} s"
-        for f, d in r.recovery_by_fate.items()
-    )
-    rows = [
-        ("result", "PASS" if r.ok else "FAIL"),
-        (
-            "messages",
-            (
-                f"{r.messages} ({r.requests} requests, {r.sends} sends; {r.keys} keys, "
-                f"{r.sent_twice} sent twice under one key)"
-            ),
-        ),
-        ("deliveries", f"{r.deliveries} msg_ids reached an inbox (caller retries included)"),
-        (
-            "worker SIGKILLs",
-            (
-                f"{r.kills} ({r.kills_mid_handler} mid-handler; "
-                f"{fates['restart_quick']} restarted at once, "
-                f"{fates['restart_after_eviction']} restarted after eviction, "
-                f"{fates['never']} never back)"
-            ),
-        ),
-        ("messages in its inbox", f"at each kill: median {med:g}, max {max(inboxes, default=0)}"),
-        ("restarts (same id)", str(r.restarts)),
-        ("replacements", f"{r.replacements} (new agent ids for the ones never back)"),
-        (
-            "SIGSTOP/SIGCONT",
-            (
-                f"{r.stops} (stop recovery: "
-                f"{', '.join(f'{x:.2f} s' for x in r.stop_recovery_s) or '-'})"
-            ),
-        ),
-        (
-            "Redis restarts",
-            (
-                f"{r.redis_restarts} (SIGKILL + AOF restart, outage "
-                f"{', '.join(f'{x:.2f} s' for x in r.redis_outage_s) or '-'})"
-            ),
-        ),
-        ("lost", str(r.lost)),
-        (
-            "duplicate side effects",
-            (f"{r.duplicate_side_effects} ({r.effects} effects for {r.keys} keys)"),
-        ),
-        (
-            "re-executions",
-            (
-                f"{r.re_executions} keys ran to their side effect more than once "
-                f"({r.runs} runs in all); {r.handler_restarts} keys' handlers started "
-                "more than once (killed mid-run, run again)"
-            ),
-        ),
-        (
-            "overlapping runs",
-            (
-                f"{r.overlapping_runs} by live workers; {r.zombie_runs} with a "
-                "paused or evicted worker (its completion fenced)"
-            ),
-        ),
-        ("evictions", f"{r.evictions} (killed workers, the paused one, Redis outages)"),
-        ("fenced late completions", str(r.fenced_late_completions)),
-        ("caller errors (typed)", f"{errs} — each retried under its key until answered"),
-        ("untyped errors", str(sum(r.untyped_errors.values()))),
-        ("wrong results", str(r.wrong_results)),
-        ("callers without result", str(r.callers_gave_up)),
-        ("pending left", str(r.pending_left)),
-        ("inbox/parked/delayed left", f"{r.inbox_entries_left}/{r.parked_left}/{r.delayed_left}"),
-        (
-            "dead letters",
-            (
-                f"{sum(r.dead_letters.values())} ("
-                + "".join(f"{k} {v}, " for k, v in sorted(r.dead_letters.items()))
-                + f"{r.dead_letters_unaccounted} whose caller was not told)"
-            ),
-        ),
-        (
-            "recovery after a kill",
-            (
-                f"p50 {sec(r.recovery_p50_s)}, p99 {sec(r.recovery_p99_s)}, "
-                f"max {sec(r.recovery_max_s)} (target <= "
-                f"{r.recovery_target_s:.1f} s; lease + evict_after + sweep = "
-                f"{r.recovery_bound_s:.1f} s)"
-            ),
-        ),
-        ("  by fate", by_fate or "-"),
-        (
-            "  completed by",
-            (
-                f"{sum(k['completed_by_same_id'] for k in r.kill_log)} messages by "
-                f"the restarted agent (same id), "
-                f"{sum(k['completed_by_others'] for k in r.kill_log)} by other agents"
-            ),
-        ),
-        (
-            "wall time",
-            (f"{r.wall_s:.1f} s (sending {r.send_phase_s:.0f} s, quiet {r.quiet_s:.2f} s)"),
-        ),
-    ]
-    w = max(len(a) for a, _ in rows)
-    lines = [f"{a:<{w}}  {b}" for a, b in rows]
-    lines += [f"VIOLATION: {x}" for x in r.violations]
-    if not r.ok:
-        lines.append(f"data and worker logs kept in {r.data_dir}")
-    return "\n".join(lines)
-
-
-def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
-    d = ChaosConfig()
-    p = argparse.ArgumentParser(
-        prog=prog,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        description="Kill workers and Redis mid-stream, then check that no message was lost "
-        "and no side effect ran twice.",
-    )
-    a = p.add_argument
-    a("--messages", type=int, default=2000, help="messages to send")
-    a("--workers", type=int, default=4, help="worker processes")
-    a("--kills", type=int, default=6, help="worker SIGKILLs")
-    a("--stops", type=int, default=d.stops, help="SIGSTOP/SIGCONT of a worker past its lease")
-    a("--redis-restarts", type=int, default=d.redis_restarts, help="Redis SIGKILL + restarts")
-    a("--seed", type=int, default=d.seed)
-    a("--rate", type=float, default=0.0, help="messages/s (0: spread over the chaos events)")
-    a("--max-rate", type=float, default=d.max_rate)
-    a("--event-gap-s", type=float, default=d.event_gap_s, help="mean gap between chaos events")
-    a(
-        "--permanent-share",
-        type=float,
-        default=d.permanent_share,
-        help="share of killed workers that never come back",
-    )
-    a("--request-share", type=float, default=d.request_share)
-    a("--concurrency", type=int, default=d.concurrency, help="handlers per worker")
-    a("--callers", type=int, default=d.callers, help="caller clients")
-    a("--inflight", type=int, default=d.inflight, help="caller calls at once")
-    a("--max-sleep-ms", type=int, default=d.max_sleep_ms, help="longest handler sleep")
-    a(
-        "--deadline-s",
-        type=float,
-        nargs=2,
-        default=d.deadline_s,
-        metavar=("MIN", "MAX"),
-        help="request deadlines, uniform in [MIN, MAX] seconds",
-    )
-    a("--heartbeat-s", type=float, default=d.heartbeat_s)
-    a("--lease-s", type=float, default=d.lease_s)
-    a("--evict-after-s", type=float, default=d.evict_after_s)
-    a("--sweep-interval-s", type=float, default=d.sweep_interval_s)
-    a("--quiet-timeout-s", type=float, default=d.quiet_timeout_s)
-    a("--agent", default=DEFAULT_AGENT, help="MODULE:FACTORY of the worker agent")
-    a("--dir", default=None, help="data dir (Redis AOF, worker logs); default a temp dir")
-    a("--keep", action="store_true", help="keep the data dir after a passing run")
-    a("--json", action="store_true", help="print the report as JSON")
-    return p
-
-
-def config_from_args(ns: argparse.Namespace) -> ChaosConfig:
-    return ChaosConfig(
-        messages=ns.messages,
-        workers=ns.workers,
-        kills=ns.kills,
-        stops=ns.stops,
-        redis_restarts=ns.redis_restarts,
-        seed=ns.seed,
-        rate=ns.rate,
-        max_rate=ns.max_rate,
-        event_gap_s=ns.event_gap_s,
-        permanent_share=ns.permanent_share,
-        request_share=ns.request_share,
-        concurrency=ns.concurrency,
-        callers=ns.callers,
-        inflight=ns.inflight,
-        max_sleep_ms=ns.max_sleep_ms,
-        deadline_s=tuple(ns.deadline_s),
-        heartbeat_s=ns.heartbeat_s,
-        lease_s=ns.lease_s,
-        evict_after_s=ns.evict_after_s,
-        sweep_interval_s=ns.sweep_interval_s,
-        quiet_timeout_s=ns.quiet_timeout_s,
-        agent=ns.agent,
-        dir=ns.dir,
-        keep=ns.keep,
-    )
-
-
-def _progress_printer() -> Callable[[dict[str, Any]], None]:
-    tty = sys.stderr.isatty()
-    last = [0.0]
-
-    def show(s: dict[str, Any]) -> None:
-        line = (
-            f"chaos [{s['phase']}] {s['elapsed_s']:.0f}s  sent {s['started']}/{s['messages']}"
-            f"  answered {s['answered']}  kills {s['kills']}/{s['kills_planned']}"
-            f"  stops {s['stops']}  redis restarts {s['redis_restarts']}"
-            f"  workers up {s['alive']}"
-        )
-        if tty:
-            sys.stderr.write("\r\x1b[2K" + line)
-            sys.stderr.flush()
-        elif time.monotonic() - last[0] >= 10:  # piped: a plain line now and then
-            last[0] = time.monotonic()
-            sys.stderr.write(line + "\n")
-            sys.stderr.flush()
-
-    return show
-
-
-def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
-    """Command line entry: returns 0 when every invariant held, 1 otherwise."""
-    ns = build_parser(prog).parse_args(argv)
-    cfg = config_from_args(ns)
-    show = _progress_printer()
-    try:
-        report = anyio.run(run_chaos, cfg, show)
-    except KeyboardInterrupt:
-        return 130
-    finally:
-        if sys.stderr.isatty():
-            sys.stderr.write("\r\x1b[2K")
-            sys.stderr.flush()
-    if report.data_dir and Path(report.data_dir).is_dir():  # kept: the report goes with it
-        (Path(report.data_dir) / "report.json").write_text(report.to_json())
-    print(report.to_json() if ns.json else format_report(report))
-    return 0 if report.ok else 1
