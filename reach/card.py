@@ -14,7 +14,9 @@ JSON field names in lowerCamelCase). Its required fields are ``name``, ``descrip
   (``REACH``: the envelope on Redis Streams of docs/protocol.md). A client that only
   speaks ``JSONRPC``, ``GRPC`` or ``HTTP+JSON`` finds no interface it can use here,
   unless the given card lists one (e.g. of a gateway run next to the agent).
-* :data:`A2A_TASK_STATES` maps reach task statuses to A2A task states.
+* :data:`A2A_TASK_STATES` maps reach task statuses to A2A task states; a ``dead`` message
+  is ``rejected`` when its reason is a refusal (:func:`reach.outcomes.is_refusal`: the agent
+  refused it for what it is), else ``failed``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
+from .outcomes import Status, is_refusal
 from .registry import AgentInfo
 
 A2A_PROTOCOL_VERSION = "1.0"
@@ -30,25 +33,20 @@ PROTOCOL_BINDING = "REACH"
 REACH_EXTENSION_URI = "urn:reach:registration:v1"
 DEFAULT_MODES = ["application/json"]
 
-# reach task status (reach.tasks.STATUSES, plus "unknown") -> A2A TaskState, short form.
+# reach task status (every reach.outcomes.Status) -> A2A TaskState, short form.
 # The A2A 1.0 JSON wire form is "TASK_STATE_" + upper-case (see a2a_state_wire); A2A 0.3
 # used the short form itself. "canceled", "input-required" and "auth-required" have no
 # reach counterpart (reach has no cancel operation and no mid-task questions).
 A2A_TASK_STATES: dict[str, str] = {
-    "pending": "submitted",  # in an inbox (or re-sent), no handler has it yet
-    "running": "working",  # claimed by a worker, the handler runs
-    "retrying": "working",  # an attempt failed; it waits for its backoff, then runs again
-    "succeeded": "completed",
-    "failed": "failed",
-    "expired": "failed",  # the deadline passed (before start, or while running)
-    "dead": "failed",  # dead-lettered; "rejected" when the reason says so (below)
-    "unknown": "unspecified",  # no record (never sent, or its record expired)
+    Status.PENDING: "submitted",  # in an inbox (or re-sent), no handler has it yet
+    Status.RUNNING: "working",  # claimed by a worker, the handler runs
+    Status.RETRYING: "working",  # an attempt failed; it waits for its backoff, then runs again
+    Status.SUCCEEDED: "completed",
+    Status.FAILED: "failed",
+    Status.EXPIRED: "failed",  # the deadline passed (before start, or while running)
+    Status.DEAD: "failed",  # dead-lettered; "rejected" when the reason is a refusal (below)
+    Status.UNKNOWN: "unspecified",  # no record (never sent, or its record expired)
 }
-
-# Dead-letter reasons meaning "the agent will not do this" rather than "it tried and failed".
-REJECTED_REASONS = frozenset(
-    {"rejected", "invalid_payload", "no_handler", "malformed", "version", "too_large"}
-)
 
 
 def a2a_task_state(status: str, reason: str = "") -> str:
@@ -57,7 +55,7 @@ def a2a_task_state(status: str, reason: str = "") -> str:
     >>> a2a_task_state("dead", "rejected"), a2a_task_state("dead", "max_attempts")
     ('rejected', 'failed')
     """
-    if status == "dead" and reason in REJECTED_REASONS:
+    if status == Status.DEAD and is_refusal(reason):
         return "rejected"
     return A2A_TASK_STATES.get(status, "unspecified")
 

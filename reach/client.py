@@ -42,6 +42,7 @@ from .errors import (
     RemoteError,
 )
 from .keys import PRIORITIES, Keys
+from .outcomes import DeadReason, Status, Unavailable, blames_agent, is_rejection, is_retryable
 from .registry import AgentInfo, Registry, normalize_capability
 from .routing import POLICIES, Router
 from .tasks import TASK_TTL_MS, TaskStatus, get_status, pending_ops
@@ -62,34 +63,6 @@ DEFAULT_MAX_PAYLOAD = 1024 * 1024
 # same client_id reads the replies sent while it was away -- but only this many, this long.
 DEFAULT_MAX_UNCLAIMED = 10_000
 DEFAULT_UNCLAIMED_TTL_S = 600.0
-# Dead-letter reasons that refuse the message itself: the caller gets reach.Rejected.
-REJECTIONS = frozenset(
-    {
-        "rejected",
-        "invalid_payload",
-        "no_handler",
-        "too_large",
-        "malformed",
-        "version",
-        "target_gone",
-        "bad_result",
-        "unroutable",
-        "unprocessable",
-    }
-)
-# Dead-letter reasons that say nothing about the agent's health (the breaker ignores them):
-# the message itself (or data next to it in Redis) was the problem.
-BLAMELESS = frozenset(
-    {
-        "rejected",
-        "invalid_payload",
-        "expired",
-        "no_handler",
-        "too_large",
-        "unroutable",
-        "unprocessable",
-    }
-)
 
 
 class _Refused(Exception):
@@ -519,7 +492,7 @@ class Client:
             f"bound (queued + being handled / max_queue: {shown}{more}).{rest} Back off "
             "and retry later.",
             capability=env.capability,
-            reason="overloaded",
+            reason=Unavailable.OVERLOADED,
         )
 
     async def _add(
@@ -651,7 +624,7 @@ class Client:
             except DeadlineExceeded:
                 ok = False
                 raise
-            ok = reply.status == "succeeded" or reply.reason in BLAMELESS
+            ok = reply.status == Status.SUCCEEDED or not blames_agent(reply.reason)
         finally:
             self._events.pop(env.msg_id, None)
             if agent_id:
@@ -703,18 +676,18 @@ class Client:
 
     @staticmethod
     def _outcome_of(capability: str, msg_id: str, reply: Reply) -> Any:
-        if reply.status == "succeeded":
+        if reply.status == Status.SUCCEEDED:
             return decode_payload(reply.result)
-        if reply.status == "expired":
+        if reply.status == Status.EXPIRED:
             raise DeadlineExceeded(
                 f"{capability!r} (msg {msg_id}) passed its deadline: {reply.error}"
             )
-        if reply.status == "dead" and reply.reason in REJECTIONS:
+        if reply.status == Status.DEAD and is_rejection(reply.reason):
             raise Rejected(f"{capability!r} was rejected: {reply.error}", reason=reply.reason)
         raise RemoteError(
             reply.error or "handler failed",
             type=reply.error_type or "Error",
-            retryable=reply.reason in ("max_attempts", "timeout"),
+            retryable=is_retryable(reply.reason),
         )
 
     async def broadcast(
@@ -775,15 +748,15 @@ class Client:
                         break
                     st = await self.task(msg_id)
                     capability = st.capability or capability
-                    if st.reply is not None and st.status == "succeeded":
+                    if st.reply is not None and st.status == Status.SUCCEEDED:
                         reply = msgspec.structs.replace(st.reply, msg_id=msg_id)
                         break
-                    if st.status in ("expired", "dead"):
+                    if st.status in (Status.EXPIRED, Status.DEAD):
+                        # The record keeps no dead-letter reason: a dead one reads as a
+                        # RemoteError that is not retryable.
+                        reason = DeadReason.EXPIRED if st.status == Status.EXPIRED else ""
                         reply = Reply(
-                            msg_id=msg_id,
-                            status=st.status,
-                            error=st.error,
-                            reason="expired" if st.status == "expired" else "dead",
+                            msg_id=msg_id, status=st.status, error=st.error, reason=reason
                         )
                         break
                     with anyio.move_on_after(0.5):  # a reply, or look at the record again

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ..errors import NoAgentAvailable, Overloaded
+from ..outcomes import Unavailable
 from ..registry import AgentInfo
 
 __all__ = ["Inflight", "eligible", "over_bound", "target_refusal"]
@@ -74,7 +75,7 @@ def eligible(
         states = _count(a.state for a in have)
         raise _unavailable(
             capability,
-            "no_agent",
+            Unavailable.NO_AGENT,
             f"No live agent has capability {capability!r}: {len(have)} declare it but "
             f"{_fmt_counts(states)} (lease missed). Start an agent or wait for it to "
             "heartbeat again.",
@@ -83,7 +84,7 @@ def eligible(
     if not matched:
         raise _unavailable(
             capability,
-            "filter",
+            Unavailable.FILTER,
             f"No agent of {capability!r} matches where={dict(where or {})!r}: "
             f"{len(live)} live agent(s) have {_seen_values(live, where or {})}.",
         )
@@ -92,7 +93,7 @@ def eligible(
     if not serving:
         raise _unavailable(
             capability,
-            "draining",
+            Unavailable.DRAINING,
             f"All {len(matched)} agent(s) {scope} are draining (shutting down): "
             f"{_ids(matched)}. Start another agent.",
         )
@@ -102,7 +103,7 @@ def eligible(
         extra = f" ({draining} other(s) draining)" if draining else ""
         raise _unavailable(
             capability,
-            "not_ready",
+            Unavailable.NOT_READY,
             f"No agent {scope} is ready yet: {len(serving)} registered but not ready "
             f"{_ids(serving)}{extra}. Retry shortly (agents call mark_ready() after startup).",
         )
@@ -110,7 +111,7 @@ def eligible(
     if not closed:
         raise _unavailable(
             capability,
-            "breaker_open",
+            Unavailable.BREAKER_OPEN,
             f"The circuit breaker of this client is open for all {len(ready)} ready agent(s) "
             f"{scope}: {_ids(ready)}; they failed too often recently. A probe is let through "
             "after the cool-down.",
@@ -124,7 +125,7 @@ def eligible(
         more = f" and {len(closed) - 5} more" if len(closed) > 5 else ""
         raise _unavailable(
             capability,
-            "overloaded",
+            Unavailable.OVERLOADED,
             f"All {len(closed)} usable agent(s) {scope} are at their queue bound "
             f"(queued+in-flight/max: {detail}{more}). Back off and retry later.",
             Overloaded,
@@ -167,14 +168,14 @@ def target_refusal(
     elif over_bound(a, local_inflight):
         return _unavailable(
             capability,
-            "overloaded",
+            Unavailable.OVERLOADED,
             msg + f"it is at its queue bound ({a.queue_depth} queued + "
             f"{local_inflight.get(target, 0)} in flight / {a.max_queue}). Back off and retry.",
             Overloaded,
         )
     else:
         why = "its half-open breaker probe is already in flight."
-    return _unavailable(capability, "target_unavailable", msg + why)
+    return _unavailable(capability, Unavailable.TARGET_UNAVAILABLE, msg + why)
 
 
 def _no_agent(agents: Sequence[AgentInfo], capability: str) -> NoAgentAvailable:
@@ -183,14 +184,17 @@ def _no_agent(agents: Sequence[AgentInfo], capability: str) -> NoAgentAvailable:
     hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
     return _unavailable(
         capability,
-        "no_agent",
+        Unavailable.NO_AGENT,
         f"No agent has capability {capability!r} ({len(agents)} agent(s) known, "
         f"{len(known)} capabilities).{hint} See `reach caps`.",
     )
 
 
 def _unavailable(
-    capability: str, reason: str, message: str, kind: type[NoAgentAvailable] = NoAgentAvailable
+    capability: str,
+    reason: Unavailable,
+    message: str,
+    kind: type[NoAgentAvailable] = NoAgentAvailable,
 ) -> NoAgentAvailable:
     return kind(message, capability=capability, reason=reason)
 

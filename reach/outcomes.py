@@ -1,0 +1,213 @@
+"""One outcome vocabulary: task statuses, dead-letter reasons, routing refusals, and what
+each one means for a caller, a circuit breaker and an A2A client.
+
+The values are the strings reach has always written (task records, replies, dead-letter
+entries, ``NoAgentAvailable.reason``); each enum is a :class:`~enum.StrEnum`, so a member *is*
+its string: it compares equal to it, hashes alike and encodes to the same bytes (msgpack,
+JSON), and agents in other languages and records already stored keep working. A value read
+back from Redis is a plain ``str``; every predicate here takes one, and a string that is no
+member gets the conservative answer (not a rejection, not retryable, blames the agent).
+
+Dead-letter reasons (docs/operations.md lists them for operators; a reply carries all but
+the three raw ones)
+
+===================  =========  =========  ======  =======  ====================================
+reason               rejection  retryable  blames  refusal  written when
+===================  =========  =========  ======  =======  ====================================
+``rejected``         yes        no         no      yes      the handler raised ``reach.Reject``
+``invalid_payload``  yes        no         no      yes      the payload does not fit the handler
+``no_handler``       yes        no         no      yes      the agent has no handler for it
+``malformed``        yes        no         no      yes      raw: bytes that are no envelope
+``version``          yes        no         no      yes      raw: an unknown envelope version
+``too_large``        yes        no         no      yes      raw: over ``max_envelope_bytes``
+``bad_result``       yes        no         yes     no       the result cannot be encoded
+``target_gone``      yes        no         yes     no       a broadcast copy's agent was evicted
+``unroutable``       yes        no         no      no       no policy can place a moved message
+``unprocessable``    yes        no         no      no       handling failed on data next to it
+``max_attempts``     no         yes        yes     no       the handler failed every attempt
+``timeout``          no         yes        yes     no       the handler ran past the deadline
+``expired``          no         no         no      no       no time left to run it (again)
+===================  =========  =========  ======  =======  ====================================
+
+* **rejection** (:func:`is_rejection`): the message was refused for good; a ``dead`` reply with
+  this reason raises :class:`reach.Rejected` in the caller. Sending the same message again
+  would meet the same end (docs/protocol.md, *Reply*; docs/concepts.md; docs/reliability.md).
+* **retryable** (:func:`is_retryable`): the handler failed; the caller gets
+  :class:`reach.RemoteError` with ``retryable=True`` (a later send may succeed). A ``dead``
+  reply with any other reason that is not a rejection gives ``retryable=False``.
+* **blames** (:func:`blames_agent`): the outcome says something about the agent's health, so
+  it counts as a failure in the caller's circuit breaker (docs/routing.md: "a handler error,
+  a timeout, not a rejected payload").
+* **refusal** (:func:`is_refusal`): the agent refused the message for what it is, before any
+  handler produced a result: the A2A task state is ``rejected`` rather than ``failed``
+  (docs/a2a.md: "the agent refused the task and will not do it" vs "it tried and failed").
+
+Rejection and refusal are two questions, not one list written twice. Until this module,
+``reach.client.REJECTIONS`` answered the first and ``reach.card.REJECTED_REASONS`` the
+second, both called "rejected", and they disagreed on ``bad_result``, ``target_gone``,
+``unroutable`` and ``unprocessable``. The docs decide each one: the Python caller gets
+``Rejected`` for all four (docs/concepts.md names ``bad_result``, docs/reliability.md
+``unprocessable`` and ``unroutable``, docs/protocol.md every ``dead`` but ``max_attempts`` and
+``timeout``), while A2A says ``failed``: the handler ran (``bad_result``, "it tried and
+failed" in docs/a2a.md), the agent vanished (``target_gone``), or reach gave up on delivering
+or handling it (``unroutable``, ``unprocessable``) -- no agent decided not to do the task.
+So both lists were right for their own question; they now live side by side here, each
+named for what it answers.
+
+The raw reasons (``malformed``, ``version``, ``too_large``) are filed under the ``_malformed``
+stream with the bytes found and no reply (there is no readable caller to answer): the
+columns above only matter for a reply written by another implementation.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Final
+
+__all__ = [
+    "BLAMELESS",
+    "COMPLETION_STATUSES",
+    "FINAL_STATUSES",
+    "RAW_REASONS",
+    "REFUSALS",
+    "REJECTIONS",
+    "RETRYABLE",
+    "STORED_STATUSES",
+    "DeadReason",
+    "Status",
+    "Unavailable",
+    "blames_agent",
+    "is_refusal",
+    "is_rejection",
+    "is_retryable",
+]
+
+
+class Status(StrEnum):
+    """The task status of a message, kept in its idempotency record (docs/protocol.md,
+    *Task status*)."""
+
+    PENDING = "pending"
+    """Sent: in an inbox, no handler has it yet (``send.lua``, the client's pipeline)."""
+    RUNNING = "running"
+    """Claimed by a worker; the handler runs (``claim.lua``)."""
+    RETRYING = "retrying"
+    """An attempt failed; a retry waits in the delayed set."""
+    SUCCEEDED = "succeeded"
+    """The handler's result is stored and replied."""
+    FAILED = "failed"
+    """Reserved: the scripts accept it, the current runtime does not write it (a final
+    failure is ``dead``, reason ``max_attempts``)."""
+    EXPIRED = "expired"
+    """The deadline passed, before or while it ran."""
+    DEAD = "dead"
+    """Dead-lettered; the :class:`DeadReason` says why."""
+    UNKNOWN = "unknown"
+    """Never stored: what a read returns when no record exists (never sent, or expired)."""
+
+
+STORED_STATUSES: Final[tuple[Status, ...]] = (
+    Status.PENDING,
+    Status.RUNNING,
+    Status.SUCCEEDED,
+    Status.FAILED,
+    Status.RETRYING,
+    Status.EXPIRED,
+    Status.DEAD,
+)
+"""Every status a record may hold (all but ``unknown``)."""
+
+COMPLETION_STATUSES: Final = frozenset(
+    {Status.SUCCEEDED, Status.FAILED, Status.RETRYING, Status.EXPIRED, Status.DEAD}
+)
+"""The statuses ``complete.lua`` and ``settle.lua`` accept for a completion."""
+
+FINAL_STATUSES: Final = frozenset({Status.SUCCEEDED, Status.EXPIRED, Status.DEAD})
+"""The statuses a reply carries: the message is over."""
+
+
+class DeadReason(StrEnum):
+    """Why a message was dead-lettered (or expired): the ``reason`` of a dead-letter entry
+    and of a reply. See the module docstring for what each one means."""
+
+    MAX_ATTEMPTS = "max_attempts"
+    REJECTED = "rejected"
+    INVALID_PAYLOAD = "invalid_payload"
+    NO_HANDLER = "no_handler"
+    BAD_RESULT = "bad_result"
+    EXPIRED = "expired"
+    TIMEOUT = "timeout"
+    TARGET_GONE = "target_gone"
+    MALFORMED = "malformed"
+    VERSION = "version"
+    TOO_LARGE = "too_large"
+    UNROUTABLE = "unroutable"
+    UNPROCESSABLE = "unprocessable"
+
+
+RAW_REASONS: Final = frozenset({DeadReason.MALFORMED, DeadReason.VERSION, DeadReason.TOO_LARGE})
+"""Bytes that are no usable envelope: filed under ``_malformed``, answered by no reply."""
+
+RETRYABLE: Final = frozenset({DeadReason.MAX_ATTEMPTS, DeadReason.TIMEOUT})
+"""The handler failed: a later send may succeed (``RemoteError.retryable``)."""
+
+REJECTIONS: Final = frozenset(DeadReason) - RETRYABLE - {DeadReason.EXPIRED}
+"""Refused for good: the caller gets ``reach.Rejected``."""
+
+REFUSALS: Final = RAW_REASONS | {
+    DeadReason.REJECTED,
+    DeadReason.INVALID_PAYLOAD,
+    DeadReason.NO_HANDLER,
+}
+"""The agent refused the message for what it is: A2A ``rejected`` (else ``failed``)."""
+
+BLAMELESS: Final = REFUSALS | {
+    DeadReason.EXPIRED,
+    DeadReason.UNROUTABLE,
+    DeadReason.UNPROCESSABLE,
+}
+"""Outcomes that say nothing about the agent's health: the message itself (or data next to
+it in Redis, or the clock) was the problem; a circuit breaker counts them as successes."""
+
+
+def is_rejection(reason: str) -> bool:
+    """True when a ``dead`` message with ``reason`` was refused for good (the caller gets
+    :class:`reach.Rejected`): sending it again as it is would meet the same end."""
+    return reason in REJECTIONS
+
+
+def is_retryable(reason: str) -> bool:
+    """True when ``reason`` says the handler failed (every attempt, or past its deadline),
+    so a later send may succeed: the caller's ``RemoteError.retryable``."""
+    return reason in RETRYABLE
+
+
+def is_refusal(reason: str) -> bool:
+    """True when the agent refused the message for what it is, before any handler produced
+    a result (A2A task state ``rejected``; else ``failed``)."""
+    return reason in REFUSALS
+
+
+def blames_agent(reason: str) -> bool:
+    """True when a final outcome with ``reason`` counts against the agent's health (its
+    circuit breaker records a failure). A reason reach does not know blames the agent."""
+    return reason not in BLAMELESS
+
+
+class Unavailable(StrEnum):
+    """Why no agent could take a message: ``NoAgentAvailable.reason`` (docs/routing.md)."""
+
+    NO_AGENT = "no_agent"
+    """No live agent declares the capability."""
+    FILTER = "filter"
+    """None of them matches the call's ``where`` filter."""
+    DRAINING = "draining"
+    """All of them are draining (shutting down)."""
+    NOT_READY = "not_ready"
+    """None of them is ready yet: retry shortly."""
+    BREAKER_OPEN = "breaker_open"
+    """This client's circuit breaker is open for all of them."""
+    OVERLOADED = "overloaded"
+    """All of them are at their queue bound (``reach.Overloaded``): back off."""
+    TARGET_UNAVAILABLE = "target_unavailable"
+    """The ``direct`` target cannot take it (the message says why)."""
