@@ -24,6 +24,7 @@ from .errors import (
     StaleRegistration,
     UnknownAgent,
 )
+from .hooks import Hooks
 from .registry import AgentInfo, Registry, normalize_capability
 from .session import Session
 from .tasks import DeadLetter, TaskStatus
@@ -39,6 +40,7 @@ __all__ = [
     "DeadlineExceeded",
     "Envelope",
     "FencedOut",
+    "Hooks",
     "InvalidCapability",
     "NoAgentAvailable",
     "NotRegistered",

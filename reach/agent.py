@@ -19,12 +19,13 @@ from __future__ import annotations
 import inspect
 import threading
 import typing
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypedDict, Unpack
 
 from ._worker.runtime import Runtime
 from .errors import ConfigError
+from .hooks import Hooks
 from .registry import MAX_WEIGHT, agent_key_id, normalize_capabilities, normalize_capability
 from .tasks import DLQ_MAXLEN
 
@@ -185,6 +186,7 @@ class Agent:
     ``agent_id`` is stable across restarts (a restarted agent resumes its own pending
     messages). ``weight`` scales its share of weighted routing; ``metadata`` is matched by
     callers' ``where=`` filters; ``max_queue`` bounds its inbox (0 = unbounded).
+    ``hooks`` watch it at work (:mod:`reach.hooks`): metrics, tracing, your own.
     """
 
     def __init__(
@@ -196,6 +198,7 @@ class Agent:
         metadata: Mapping[str, Any] | None = None,
         card: Mapping[str, Any] | None = None,
         max_queue: int = 0,
+        hooks: Iterable[Hooks] = (),
     ) -> None:
         if not agent_id or not isinstance(agent_id, str) or any(c in agent_id for c in "{}, "):
             raise ConfigError(
@@ -214,11 +217,20 @@ class Agent:
         self.card = dict(card) if card else None
         self.max_queue = max_queue
         self.handlers: dict[str, HandlerSpec] = {}
-        self.before_handler: list[Callable[[Context], Awaitable[None] | None]] = []
-        self.after_handler: list[
-            Callable[[Context, BaseException | None], Awaitable[None] | None]
-        ] = []
+        self.hooks: list[Hooks] = []
+        self.add_hooks(*hooks)
         self._runtime: Runtime | None = None
+
+    def add_hooks(self, *hooks: Hooks) -> None:
+        """Add hooks (subclasses of :class:`reach.Hooks`), called after the built-in ones
+        and those added before, in order. They take effect at the next :meth:`run`."""
+        for h in hooks:
+            if not isinstance(h, Hooks):
+                raise ConfigError(
+                    f"Hooks must be instances of a reach.Hooks subclass, got {h!r}: subclass "
+                    "reach.Hooks and override the methods you need."
+                )
+        self.hooks.extend(hooks)
 
     def handler(self, capability: str) -> Callable[[Handler], Handler]:
         """Decorator: ``fn(payload, ctx)`` answers messages of ``capability``.
@@ -251,7 +263,7 @@ class Agent:
             await app.run(redis_url="redis://localhost:6379/0", concurrency=32)
         """
         opts = (options or RuntimeOptions()).replace(**overrides)
-        rt = Runtime(self, opts)
+        rt = Runtime(self, opts, self.hooks)
         self._runtime = rt
         try:
             await rt.run()

@@ -12,7 +12,6 @@ writes it.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 import random
@@ -273,10 +272,6 @@ class Execution:
         timed_out = False
         t0 = time.perf_counter()
         try:
-            for hook in self.agent.before_handler:
-                r = hook(ctx)
-                if inspect.isawaitable(r):
-                    await r
             if timeout is None and spec.is_async:
                 result = await spec.fn(payload, ctx)  # no deadline: no cancel scope to pay for
             else:
@@ -292,14 +287,6 @@ class Execution:
             err = e
         except Exception as e:  # noqa: BLE001 - a handler's error becomes the caller's RemoteError
             err = e
-        finally:
-            for ahook in self.agent.after_handler:
-                try:
-                    r = ahook(ctx, err)
-                    if inspect.isawaitable(r):
-                        await r
-                except Exception:
-                    log.exception("after_handler hook failed")
         duration_s = time.perf_counter() - t0
         if err is None:
             return oc.returned(result), duration_s
