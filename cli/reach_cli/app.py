@@ -14,7 +14,6 @@ import json
 import logging
 import math
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -26,15 +25,15 @@ import anyio
 import typer
 
 import reach
+from reach import admin
 from reach.client import Client
-from reach.connection import as_text, redact
+from reach.connection import redact
 from reach.embedded import RedisServer, free_port, port_free
 from reach.envelope import decode_payload, encode_payload, now_ms
 from reach.errors import ConfigError, ReachError, UnknownAgent
-from reach.keys import GROUP, PRIORITIES, Keys
+from reach.keys import PRIORITIES, Keys
 from reach.registry import STATES, Registry
-from reach.sweeper import move_due, release_parked, reroute_evicted
-from reach.tasks import get_status, parse_dead_letter
+from reach.tasks import get_status
 
 from .common import (
     DEFAULT_NS,
@@ -421,33 +420,28 @@ async def sweep(
     """
     r = await open_redis(redis_url)
     try:
-        reg = Registry(r, namespace)
-        res = await reg.sweep(owner="cli", lock_ms=0)
-        async with Client(redis=r, namespace=namespace) as client:
-            moved = await move_due(r, reg.keys, client)
-            rer = await reroute_evicted(r, reg.keys, client, reg)
-            rel = await release_parked(r, reg.keys, client)
+        res = await admin.sweep_once(r, Keys(namespace), owner="cli", lock_ms=0)
     finally:
         await r.aclose()
     out = {
         "probation": res.probation,
         "evicted": res.evicted,
         "deleted": res.deleted,
-        "retries_moved": moved,
-        "rerouted": rer.rerouted,
-        "parked": rer.parked,
-        "released": rel.released,
-        "expired": rer.expired + rel.expired,
-        "dead_lettered": rer.dead,
+        "retries_moved": res.retries_moved,
+        "rerouted": res.rerouted,
+        "parked": res.parked,
+        "released": res.released,
+        "expired": res.expired,
+        "dead_lettered": res.dead_lettered,
     }
     if json_:
         print_json(out)
     else:
         print(
             f"probation: {res.probation}  evicted: {len(res.evicted)} "
-            f"{' '.join(res.evicted)}  shadows deleted: {res.deleted}  retries moved: {moved}  "
-            f"rerouted: {rer.rerouted}  parked: {rer.parked}  released: {rel.released}  "
-            f"expired: {out['expired']}"
+            f"{' '.join(res.evicted)}  shadows deleted: {res.deleted}  "
+            f"retries moved: {res.retries_moved}  rerouted: {res.rerouted}  "
+            f"parked: {res.parked}  released: {res.released}  expired: {res.expired}"
         )
 
 
@@ -825,39 +819,21 @@ async def queues(
     """Per agent inbox: depth per priority, pending (delivered, not acked), oldest pending age."""
     r = await open_redis(redis_url)
     keys = Keys(namespace)
-    rows: dict[str, dict[str, Any]] = {}
     try:
-        async for key in r.scan_iter(match=keys.inbox_pattern, count=1000):
-            k = safe_text(key)  # a key name is whatever someone wrote: maybe not UTF-8
-            agent_id = keys.agent_id_of_inbox(k)
-            prio = k.rsplit(":", 1)[1]
-            row = rows.setdefault(
-                agent_id,
-                {
-                    "agent_id": agent_id,
-                    **{p: 0 for p in PRIORITIES},
-                    "pending": 0,
-                    "oldest_pending_ms": None,
-                },
-            )
-            row[prio] = int(await r.xlen(k))
-            try:
-                summary = await r.xpending(k, GROUP)
-            except Exception:  # noqa: BLE001, S112 - no group (yet) or no answer: lengths only
-                continue
-            row["pending"] += int(summary.get("pending", 0))
-            low = summary.get("min")
-            if low:
-                ms = int(as_text(low).split("-")[0])
-                old = row["oldest_pending_ms"]
-                row["oldest_pending_ms"] = ms if old is None else min(old, ms)
+        stats = await admin.inbox_stats(r, keys, await admin.inbox_agents(r, keys))
     finally:
         await r.aclose()
     now = now_ms()
-    out = sorted(rows.values(), key=lambda x: x["agent_id"])
-    for row in out:
-        o = row["oldest_pending_ms"]
-        row["oldest_pending_age_ms"] = now - o if o else None
+    out = [
+        {
+            "agent_id": x.agent_id,
+            **x.depth,
+            "pending": x.pending,
+            "oldest_pending_ms": x.oldest_pending_ms,
+            "oldest_pending_age_ms": now - x.oldest_pending_ms if x.oldest_pending_ms else None,
+        }
+        for x in stats
+    ]
     if json_:
         print_json(out)
         return
@@ -877,16 +853,6 @@ async def queues(
 
 
 # -- dead letters ---------------------------------------------------------------------------
-async def _dlq_keys(r: Any, keys: Keys, cap: str | None) -> list[str | bytes]:
-    """The dead-letter streams to look at (key names as Redis has them: maybe not UTF-8)."""
-    if cap:
-        return [keys.dlq(reach.normalize_capability(cap) if cap != "_malformed" else cap)]
-    out: list[str | bytes] = []
-    async for key in r.scan_iter(match=keys.dlq_pattern, count=1000):
-        out.append(key)
-    return sorted(out)
-
-
 CapOpt = Annotated[Optional[str], typer.Option("--cap", help="Only this capability.")]  # noqa: UP045
 
 
@@ -901,14 +867,11 @@ async def dlq_list(
 ) -> None:
     """List dead letters (newest last) with reason, attempts and last error."""
     r = await open_redis(redis_url)
-    keys = Keys(namespace)
-    letters = []
     try:
-        for k in await _dlq_keys(r, keys, cap):
-            for i, f in await r.xrange(k, "-", "+", count=limit):
-                letters.append(parse_dead_letter(i, f))
+        found = await admin.list_dead_letters(r, Keys(namespace), capability=cap, limit=limit)
     finally:
         await r.aclose()
+    letters = [e.letter for e in found]
     if json_:
         print_json([{k: v for k, v in _dl_row(d).items()} for d in letters])
         return
@@ -956,10 +919,10 @@ async def dlq_show(
     """Show one dead letter with its original envelope."""
     r = await open_redis(redis_url)
     try:
-        found = await _find_dl(r, Keys(namespace), entry_id, cap)
+        found = await admin.find_dead_letter(r, Keys(namespace), entry_id, capability=cap)
     finally:
         await r.aclose()
-    d = found[1]
+    d = found.letter
     row = _dl_row(d)
     env = d.envelope
     if env is not None:
@@ -974,22 +937,6 @@ async def dlq_show(
         print_json(row)
     else:
         table(f"dead letter {entry_id}", ["field", "value"], [(k, v) for k, v in row.items()])
-
-
-_STREAM_ID = re.compile(r"\d{1,20}(-\d{1,20})?")
-
-
-async def _find_dl(r: Any, keys: Keys, entry_id: str, cap: str | None) -> tuple[str | bytes, Any]:
-    if not _STREAM_ID.fullmatch(entry_id):
-        raise ConfigError(
-            f"{entry_id!r} is not a dead letter id: they look like 1717171717171-0 "
-            "(see `reach dlq list`)."
-        )
-    for k in await _dlq_keys(r, keys, cap):
-        rows = await r.xrange(k, entry_id, entry_id)
-        if rows:
-            return k, parse_dead_letter(*rows[0])
-    raise ReachError(f"No dead letter {entry_id!r} (see `reach dlq list`).")
 
 
 @dlq_app.command("replay")
@@ -1010,44 +957,29 @@ async def dlq_replay(
     """
     if bool(entry_id) == bool(all_):
         raise ConfigError("Give either a dead letter ID or --all.")
-    import msgspec
-
     r = await open_redis(redis_url)
     keys = Keys(namespace)
-    done, failed = 0, []
     try:
         if entry_id:
-            targets = [await _find_dl(r, keys, entry_id, cap)]
+            targets = [await admin.find_dead_letter(r, keys, entry_id, capability=cap)]
         else:
-            targets = []
-            for k in await _dlq_keys(r, keys, cap):
-                targets += [(k, parse_dead_letter(i, f)) for i, f in await r.xrange(k, "-", "+")]
-        async with Client(redis=r, namespace=namespace) as client:
-            with progress(len(targets), "replayed") as step:  # a bar on a tty, else lines
-                for k, d in targets:
-                    if d.envelope is None:
-                        failed.append((d.id, "not a valid envelope; cannot be replayed"))
-                        step()
-                        continue
-                    env = msgspec.structs.replace(d.envelope, attempt=1, deadline_ms=0)
-                    try:
-                        await client.deliver(env)
-                    except ReachError as e:
-                        failed.append((d.id, str(e)))
-                        step()
-                        continue
-                    await r.xdel(k, d.id)
-                    done += 1
-                    step()
+            targets = await admin.list_dead_letters(r, keys, capability=cap, limit=None)
+        with progress(len(targets), "replayed") as step:  # a bar on a tty, else lines
+            res = await admin.replay_dead_letters(r, keys, targets, on_each=step)
     finally:
         await r.aclose()
     if json_:
-        print_json({"replayed": done, "failed": [{"id": i, "error": e} for i, e in failed]})
+        print_json(
+            {
+                "replayed": res.replayed,
+                "failed": [{"id": f.id, "error": f.error} for f in res.failed],
+            }
+        )
     else:
-        print(f"replayed {done}, failed {len(failed)}")
-        for i, why in failed:
-            print(f"  {i}: {why}")
-    if failed:
+        print(f"replayed {res.replayed}, failed {len(res.failed)}")
+        for f in res.failed:
+            print(f"  {f.id}: {f.error}")
+    if res.failed:
         raise typer.Exit(1)
 
 
@@ -1064,10 +996,7 @@ async def dlq_purge(
         raise ConfigError("This deletes dead letters for good: add --yes to confirm.")
     r = await open_redis(redis_url)
     try:
-        n = 0
-        for k in await _dlq_keys(r, Keys(namespace), cap):
-            n += int(await r.xlen(k))
-            await r.delete(k)
+        n = await admin.purge_dead_letters(r, Keys(namespace), capability=cap)
     finally:
         await r.aclose()
     print(f"purged {n} dead letters")

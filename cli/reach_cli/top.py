@@ -3,18 +3,20 @@
 Everything shown is read from Redis; nothing is added to the message path for it:
 
 * agents, states, weights, in-flight counts and lease ages: the registry hashes;
-* queue depth per priority: ``XINFO STREAM`` of each inbox (``length``);
+* queue depth per priority and pending entries: :func:`reach.admin.inbox_stats` (the
+  entries of each inbox stream, and its consumer group's pending entries);
 * message rates: deltas between two refreshes of counters that Redis keeps itself, per
   inbox stream: ``entries-added`` (``XINFO STREAM``, messages sent to the agent, kept
   exact although the runtime deletes entries once acked) and the consumer group's
   ``entries-read`` (``XINFO GROUPS``, messages the agent took). Redis maintains both on
   every XADD/XREADGROUP at no extra cost, so the runtime needs no counter of its own,
   and agents written in other languages are counted the same way. The price is two
-  XINFO calls per inbox per refresh (pipelined), paid by the viewer only; counters of a
-  stream that was deleted and re-created restart at 0 (such a delta is not counted).
+  XINFO calls per inbox per refresh (pipelined with the depth and pending reads), paid
+  by the viewer only; counters of a stream that was deleted and re-created restart at 0
+  (such a delta is not counted).
   Needs Redis >= 7 (older servers lack the two fields: rates show ``-``);
-* dead letters per capability: ``XINFO STREAM`` of each dead-letter stream (length, and
-  ``entries-added`` for the rate of new dead letters).
+* dead letters per capability: :func:`reach.admin.dead_letter_counts` (the length of each
+  dead-letter stream, and its ``entries-added`` for the rate of new dead letters).
 
 ``reach top`` refreshes in place until ``q`` or Ctrl-C; ``--once`` prints one frame (two
 samples ``--interval`` apart, for the rates; ``--interval 0`` for a single sample) and
@@ -40,10 +42,11 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from reach import admin
 from reach.connection import AnyRedis, redact
 from reach.envelope import now_ms
 from reach.errors import ReachError
-from reach.keys import GROUP, PRIORITIES, Keys
+from reach.keys import PRIORITIES, Keys
 from reach.registry import AgentInfo, Registry
 
 from .common import (
@@ -82,13 +85,6 @@ class Sample:
     dlq_added: dict[str, int] = field(default_factory=dict)  # capability -> entries-added
 
 
-def _field(d: Any, name: str) -> Any:
-    if not isinstance(d, dict):
-        return None
-    v = d.get(name)
-    return d.get(name.encode()) if v is None else v
-
-
 async def collect(r: AnyRedis, namespace: str) -> Sample:
     """Read everything one frame shows (a few pipelined round trips)."""
     keys = Keys(namespace)
@@ -97,46 +93,16 @@ async def collect(r: AnyRedis, namespace: str) -> Sample:
     agents = await reg.agents()
     caps = await reg.capabilities()
     s = Sample(mono=mono, ts_ms=now_ms(), agents=agents, capabilities=caps)
-    inboxes = [(a.agent_id, p, keys.inbox(a.agent_id, p)) for a in agents for p in PRIORITIES]
-    if inboxes:
-        pipe = r.pipeline(transaction=False)
-        for _, _, k in inboxes:
-            pipe.xinfo_stream(k)
-            pipe.xinfo_groups(k)
-        res = await pipe.execute(raise_on_error=False)
-        for i, (agent_id, prio, k) in enumerate(inboxes):
-            info, groups = res[2 * i], res[2 * i + 1]
-            d = s.depth.setdefault(agent_id, {p: 0 for p in PRIORITIES})
-            s.pending.setdefault(agent_id, 0)
-            if isinstance(info, Exception):  # no such stream (yet)
-                continue
-            d[prio] = int(_field(info, "length") or 0)
-            added = _field(info, "entries-added")
-            if added is not None:
-                s.added[k] = int(added)
-            for g in groups if isinstance(groups, list) else []:
-                if safe_text(_field(g, "name")) != GROUP:
-                    continue
-                s.pending[agent_id] += int(_field(g, "pending") or 0)
-                read = _field(g, "entries-read")
-                if read is None and safe_text(_field(g, "last-delivered-id")) == "0-0":
-                    read = 0  # nothing read yet (Redis reports nil then)
-                if read is not None:
-                    s.read[k] = int(read)
-    # Key names are kept as Redis has them (anyone may have written one that is not UTF-8).
-    dlq_keys = sorted([k async for k in r.scan_iter(match=keys.dlq_pattern, count=1000)])
-    if dlq_keys:
-        pipe = r.pipeline(transaction=False)
-        for k in dlq_keys:
-            pipe.xinfo_stream(k)
-        for k, info in zip(dlq_keys, await pipe.execute(raise_on_error=False), strict=True):
-            if isinstance(info, Exception):
-                continue
-            cap = keys.capability_of_dlq(safe_text(k))
-            s.dlq[cap] = int(_field(info, "length") or 0)
-            added = _field(info, "entries-added")
-            if added is not None:
-                s.dlq_added[cap] = int(added)
+    ids = [a.agent_id for a in agents]
+    for st in await admin.inbox_stats(r, keys, ids, counters=True):
+        s.depth[st.agent_id] = st.depth
+        s.pending[st.agent_id] = st.pending
+        s.added.update({keys.inbox(st.agent_id, p): n for p, n in st.added.items()})
+        s.read.update({keys.inbox(st.agent_id, p): n for p, n in st.read.items()})
+    for dl in await admin.dead_letter_counts(r, keys):
+        s.dlq[dl.capability] = dl.count
+        if dl.added is not None:
+            s.dlq_added[dl.capability] = dl.added
     return s
 
 
