@@ -97,5 +97,25 @@ class Reject(Exception):
     """Raise inside a handler to refuse a message for good: no retry, dead letter at once."""
 
 
+MAX_RETRY_DELAY_S = 7 * 86_400.0
+
+
 class Retry(Exception):
-    """Raise inside a handler to ask for another attempt (with backoff), up to max_attempts."""
+    """Raise inside a handler to ask for another attempt, after ``delay_s`` seconds::
+
+        raise reach.Retry("rate limited upstream", delay_s=2.5)
+
+    Without ``delay_s`` the usual backoff applies (as for any other exception). It counts
+    as an attempt: raised on the message's last attempt, the message is dead-lettered
+    ``max_attempts``; a retry that would come after the message's deadline expires it
+    instead. The message is delayed, not held: the handler's slot is free meanwhile.
+    """
+
+    def __init__(self, message: str = "", *, delay_s: float | None = None) -> None:
+        if delay_s is not None and not (0 <= delay_s <= MAX_RETRY_DELAY_S):  # refuses nan
+            raise ConfigError(
+                f"Retry delay_s must be between 0 and {MAX_RETRY_DELAY_S:g} (a week), "
+                f"got {delay_s}."
+            )
+        super().__init__(message or "the handler asked for a retry")
+        self.delay_s = delay_s

@@ -27,7 +27,7 @@ from ..client import Client
 from ..connection import AnyRedis
 from ..context import Context
 from ..envelope import Envelope, decode_payload, decode_reply, encode, now_ms
-from ..errors import Reject
+from ..errors import Reject, Retry
 from ..keys import Keys
 from ..registry import Registry
 from ..tasks import TASK_TTL_MS
@@ -290,7 +290,15 @@ class Execution:
         duration_s = time.perf_counter() - t0
         if err is None:
             return oc.returned(result), duration_s
-        if not timed_out and not isinstance(err, Reject):
+        if isinstance(err, Retry):
+            log.info(
+                "handler %s asked for a retry on attempt %d/%d: %s",
+                env.capability,
+                env.attempt,
+                env.max_attempts,
+                err,
+            )
+        elif not timed_out and not isinstance(err, Reject):
             log.info(
                 "handler %s failed on attempt %d/%d: %s: %s",
                 env.capability,

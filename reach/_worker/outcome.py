@@ -9,7 +9,8 @@ branch with plain values).
 
 * ``succeeded`` - the handler returned a value that could be encoded;
 * ``retrying`` - it raised and an attempt and time remain: the message waits in the
-  delayed set for a backoff, then goes to an inbox again (another agent preferred);
+  delayed set for a backoff (or the ``delay_s`` of a ``reach.Retry``), then goes to an
+  inbox again (another agent preferred);
 * ``dead`` - dead-lettered: ``rejected`` (``reach.Reject``), ``max_attempts`` (it raised
   on its last attempt), ``invalid_payload``, ``no_handler``, ``bad_result`` (a result
   that cannot be encoded);
@@ -25,7 +26,7 @@ from typing import Any
 import msgspec
 
 from ..envelope import Envelope, Reply, encode, encode_payload
-from ..errors import ConfigError, Reject
+from ..errors import ConfigError, Reject, Retry
 from ..keys import Keys
 from ..tasks import dead_letter_op
 from .items import Completion, Delivery
@@ -83,9 +84,10 @@ def raised(
 ) -> Outcome:
     """The handler raised ``exc`` (``timed_out``: it ran past the deadline).
 
-    ``reach.Reject`` is dead-lettered at once; any other exception is retried after
-    ``backoff_ms`` while attempts remain (then dead-lettered ``max_attempts``), unless the
-    deadline would pass before the retry (then it expires).
+    ``reach.Reject`` is dead-lettered at once; any other exception is retried while
+    attempts remain (then dead-lettered ``max_attempts``), after ``backoff_ms`` or the
+    ``delay_s`` of a ``reach.Retry``, unless the deadline would pass before the retry
+    (then it expires).
     """
     etype = type(exc).__name__
     if timed_out:
@@ -94,9 +96,12 @@ def raised(
         return Outcome("dead", "rejected", str(exc) or "rejected", etype)
     if env.attempt >= env.max_attempts:
         return Outcome("dead", "max_attempts", str(exc), etype)
-    if env.deadline_ms and now_ms + backoff_ms >= env.deadline_ms:
+    delay_ms = backoff_ms
+    if isinstance(exc, Retry) and exc.delay_s is not None:
+        delay_ms = int(exc.delay_s * 1000)
+    if env.deadline_ms and now_ms + delay_ms >= env.deadline_ms:
         return Outcome("expired", "expired", f"no time left for a retry after: {exc}", etype)
-    return Outcome("retrying", error=str(exc), error_type=etype, retry_delay_ms=backoff_ms)
+    return Outcome("retrying", error=str(exc), error_type=etype, retry_delay_ms=delay_ms)
 
 
 def backoff_ms(attempt: int, *, base_s: float, max_s: float, jitter: float = 1.0) -> int:

@@ -178,3 +178,34 @@ def test_nobody_waiting_means_no_reply_stream() -> None:
     it = delivery(env())
     apply(it, oc.returned(None))
     assert it.reply_key == "" and it.reply  # still stored for replays
+
+
+# -- reach.Retry --------------------------------------------------------------------------
+def test_retry_with_a_delay_waits_that_long_instead_of_the_backoff() -> None:
+    o = raised(env(attempt=1), reach.Retry("rate limited", delay_s=2.5), backoff_ms=100)
+    assert (o.status, o.retry_delay_ms, o.error, o.error_type) == (
+        "retrying",
+        2500,
+        "rate limited",
+        "Retry",
+    )
+    o = raised(env(attempt=1), reach.Retry(), backoff_ms=100)  # no delay: the usual backoff
+    assert (o.status, o.retry_delay_ms, o.error) == (
+        "retrying",
+        100,
+        "the handler asked for a retry",
+    )
+
+
+def test_retry_counts_as_an_attempt_and_respects_the_deadline() -> None:
+    o = raised(env(attempt=3, max_attempts=3), reach.Retry(delay_s=1))
+    assert (o.status, o.reason, o.error_type) == ("dead", "max_attempts", "Retry")
+    o = raised(env(deadline_ms=NOW + 2000), reach.Retry(delay_s=2), backoff_ms=1)
+    assert (o.status, o.reason) == ("expired", "expired")
+    assert raised(env(deadline_ms=NOW + 2001), reach.Retry(delay_s=2)).status == "retrying"
+
+
+@pytest.mark.parametrize("delay_s", [-1.0, float("nan"), float("inf"), 8 * 86_400.0])
+def test_a_retry_delay_out_of_range_is_refused(delay_s: float) -> None:
+    with pytest.raises(reach.ConfigError, match="delay_s"):
+        reach.Retry(delay_s=delay_s)
