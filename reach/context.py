@@ -61,7 +61,8 @@ class Context:
 
     @property
     def session(self) -> Session:
-        """The store of this message's session (raises ConfigError when it has none)."""
+        """The store of this message's session (its calls raise ConfigError when the
+        message has no session_id)."""
         return Session(self._redis, self._keys, self.envelope.session_id)
 
     @property

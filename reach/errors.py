@@ -43,10 +43,6 @@ class UnknownAgent(ReachError, LookupError):
     """No agent with that id is registered in the namespace."""
 
 
-class NotRegistered(ReachError):
-    """The agent's registration is gone (evicted or deleted); it must register again."""
-
-
 class NoAgentAvailable(ReachError):
     """No live agent can take the message; ``reason`` says why."""
 
@@ -87,10 +83,6 @@ class PayloadTooLarge(Rejected, ConfigError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, reason="too_large")
-
-
-class FencedOut(ReachError):
-    """A worker tried to complete a message it no longer owns (its lease passed)."""
 
 
 class Reject(Exception):

@@ -34,6 +34,8 @@ from contextvars import ContextVar, Token
 from datetime import UTC, datetime
 from typing import IO, Any, NamedTuple
 
+from .errors import ConfigError
+
 try:  # optional; imported by name so that type checkers need no stubs for it
     _otel_propagate: Any = importlib.import_module("opentelemetry.propagate")
     _otel_trace: Any = importlib.import_module("opentelemetry.trace")
@@ -217,7 +219,7 @@ def setup_logging(
     """Configure the root logger: one handler on ``stream`` (stderr) with the ids filter,
     ``fmt`` ``text`` or ``json``. Replaces handlers configured before. Returns the handler."""
     if fmt not in ("text", "json"):
-        raise ValueError(f"Unknown log format {fmt!r}: use text or json.")
+        raise ConfigError(f"Unknown log format {fmt!r}: use text or json.")
     if isinstance(level, str):
         level = getattr(logging, level.upper(), logging.INFO)
     handler = logging.StreamHandler(stream or sys.stderr)

@@ -10,6 +10,7 @@ from typing import Any
 
 from .connection import AnyRedis, as_text
 from .envelope import decode_payload, encode
+from .errors import ConfigError
 from .keys import Keys
 
 DEFAULT_TTL_S = 24 * 3600.0
@@ -32,7 +33,7 @@ class Session:
 
     def _check(self) -> None:
         if not self.session_id:
-            raise ValueError(
+            raise ConfigError(
                 "This message has no session_id, so it has no session store: send it with "
                 "session_id=... to keep state across messages."
             )
