@@ -25,89 +25,52 @@
 --               not run again
 --   {3, owner}: an unexpired claim holds the key (another runtime's, or this runtime's own
 --               for another copy of the message still running); do not run this copy now
+--         (the codes: ClaimCode of lua/includes/codes.lua)
 -- Errors  'reach: bad <argument>: <why>' (an error reply 'ERR reach: ...'; redis-py raises
 --         ResponseError) when the number of ARGV, an argument, or a key's type is out of
 --         contract. Only a bug or a hostile caller gets one: the runtime never sends such
 --         a call.
 local MAX_TTL, MAX_LEASE = 31536000000, 604800000
 
-local function show(v)
-  return (string.gsub(string.sub(tostring(v), 1, 40), '[^%w%.%+%-_ ]', '?'))
-end
-
--- A plain decimal integer as the runtime sends it ('0' or digits without a leading zero),
--- in lo..hi; nil for anything else. Parsed once per distinct string (a batch repeats them).
-local parsed = {}
-local function int(v, lo, hi)
-  local n = parsed[v]
-  if n == nil then
-    n = false
-    if #v <= 16 and (v == '0' or string.find(v, '^[1-9]%d*$')) then n = tonumber(v) end
-    parsed[v] = n
-  end
-  if not n or n < lo or n > hi then return nil end
-  return n
-end
+--!include args
+--!include record
+--!include codes
 
 -- A stored counter HINCRBY can take (and whose increment stays exact in Lua).
 local function counter_ok(v)
   return not v or v == '0' or (#v <= 15 and string.find(v, '^[1-9]%d*$') ~= nil)
 end
 
-local reads = {}
-
 local function check()
-  if #ARGV ~= 3 + 2 * #KEYS then
-    return 'arguments: want 3 + 2 ARGV per key (' .. (3 + 2 * #KEYS) .. ' for ' .. #KEYS
-      .. ' KEYS), got ' .. #ARGV
-  end
-  if #ARGV[1] < 1 or #ARGV[1] > 1024 then return 'owner (ARGV[1]): want 1..1024 bytes' end
-  if not int(ARGV[2], 1, MAX_TTL) then
-    return 'ttl_ms (ARGV[2]) ' .. show(ARGV[2]) .. ': want an integer 1..' .. MAX_TTL
-  end
-  if #ARGV[3] < 1 or #ARGV[3] > 1024 then return 'agent_id (ARGV[3]): want 1..1024 bytes' end
+  local e = batch_arity(3, 2) or bytes_bad('owner', 1, 1, 1024)
+    or int_bad('ttl_ms', 2, 1, MAX_TTL) or bytes_bad('agent_id', 3, 1, 1024)
+  if e then return e end
   for i = 1, #KEYS do
     local a = 2 + 2 * i
-    if not int(ARGV[a], 1, MAX_LEASE) then
-      return 'lease_ms of KEYS[' .. i .. '] (ARGV[' .. a .. ']) ' .. show(ARGV[a])
-        .. ': want an integer 1..' .. MAX_LEASE
+    if not int_memo(ARGV[a], 1, MAX_LEASE) then
+      return bad('lease_ms of KEYS[' .. i .. ']', a, 'want an integer 1..' .. MAX_LEASE)
     end
-    -- Read each record now, so a key of another type is refused before any write.
-    local s = redis.pcall('HMGET', KEYS[i], 'done', 'reply', 'owner', 'lease_until', 'fence', 'runs')
-    if s['err'] then
-      return 'KEYS[' .. i .. ']: holds a ' .. redis.call('TYPE', KEYS[i])['ok']
-        .. ', want an idempotency record (a hash)'
-    end
-    reads[i] = s
+    e = read_record(i, 'done', 'reply', 'owner', 'lease_until', 'fence', 'runs')
+    if e then return e end
   end
-  return nil
 end
 
-local err = check()
-if err then return redis.error_reply('ERR reach: bad ' .. err) end
-
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local out, seen = {}, {}
-for i, key in ipairs(KEYS) do
-  local s = reads[i]
-  if seen[key] then  -- a second copy of a key in this batch: read what the first one wrote
-    s = redis.call('HMGET', key, 'done', 'reply', 'owner', 'lease_until', 'fence', 'runs')
-  end
-  seen[key] = true
+-- The answer for KEYS[i] (key), claimed at server time now if no one holds it.
+local function claim(i, key, now)
+  local s = record(i, 'done', 'reply', 'owner', 'lease_until', 'fence', 'runs')
   if s[1] == '1' then
-    out[i] = {2, s[2] or ''}
+    return {ClaimCode_REPLAY, s[2] or ''}
   elseif s[3] and s[3] ~= '' and (tonumber(s[4]) or 0) > now then
-    out[i] = {3, s[3]}
-  else
-    if not counter_ok(s[5]) then redis.call('HSET', key, 'fence', now) end
-    if not counter_ok(s[6]) then redis.call('HSET', key, 'runs', 0) end
-    local fence = redis.call('HINCRBY', key, 'fence', 1)
-    redis.call('HINCRBY', key, 'runs', 1)
-    redis.call('HSET', key, 'owner', ARGV[1], 'lease_until', now + tonumber(ARGV[2 + 2 * i]),
-      'status', 'running', 'msg_id', ARGV[3 + 2 * i], 'agent_id', ARGV[3], 'updated_ms', now)
-    redis.call('PEXPIRE', key, ARGV[2])
-    out[i] = {1, fence}
+    return {ClaimCode_BUSY, s[3]}
   end
+  if not counter_ok(s[5]) then redis.call('HSET', key, 'fence', now) end
+  if not counter_ok(s[6]) then redis.call('HSET', key, 'runs', 0) end
+  local fence = redis.call('HINCRBY', key, 'fence', 1)
+  redis.call('HINCRBY', key, 'runs', 1)
+  redis.call('HSET', key, 'owner', ARGV[1], 'lease_until', now + tonumber(ARGV[2 + 2 * i]),
+    'status', 'running', 'msg_id', ARGV[3 + 2 * i], 'agent_id', ARGV[3], 'updated_ms', now)
+  redis.call('PEXPIRE', key, ARGV[2])
+  return {ClaimCode_RUN, fence}
 end
-return out
+
+return batch(check, claim)

@@ -9,11 +9,14 @@
 -- (no ARGV)
 --
 -- Returns 1: dropped (or there was nothing to drop); 0: kept, an inbox holds entries
+--         (the codes: DropInboxCode of lua/includes/codes.lua)
+--!include codes
+
 for i = 1, 3 do
   local t = redis.call('TYPE', KEYS[i])['ok']
   if t ~= 'none' and (t ~= 'stream' or redis.call('XLEN', KEYS[i]) > 0) then
-    return 0
+    return DropInboxCode_KEPT
   end
 end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
-return 1
+return DropInboxCode_DROPPED

@@ -17,9 +17,8 @@
 --         contract; nothing is written then.
 local MAX_INT = 999999999999999
 
-local function show(v)
-  return (string.gsub(string.sub(tostring(v), 1, 40), '[^%w%.%+%-_ ]', '?'))
-end
+--!include args
+--!include key_types
 
 local v = ARGV[2]
 local max = nil
@@ -28,17 +27,14 @@ if #KEYS == 4 and #ARGV == 2 and type(v) == 'string' and #v <= 16
   max = tonumber(v)
 end
 if not max or max > MAX_INT then
-  return redis.error_reply('ERR reach: bad call: want 4 KEYS and 2 ARGV, max_queue (ARGV[2]) '
-    .. show(v) .. ' an integer 1..' .. MAX_INT)
+  return refuse('call: want 4 KEYS and 2 ARGV, max_queue (ARGV[2]) ' .. show(v) .. ' an integer 1..'
+    .. MAX_INT)
 end
 
 local depth = 0
 for i = 1, 4 do
-  local kind = redis.call('TYPE', KEYS[i])['ok']
-  if kind ~= 'stream' and kind ~= 'none' then
-    return redis.error_reply('ERR reach: bad KEYS[' .. i .. ']: holds a ' .. kind
-      .. ', want a stream')
-  end
+  local why = key_type(KEYS[i], 'stream')
+  if why then return refuse('KEYS[' .. i .. ']: ' .. why) end
   if i > 1 then depth = depth + redis.call('XLEN', KEYS[i]) end
 end
 if depth >= max then return depth end

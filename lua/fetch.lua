@@ -28,47 +28,25 @@
 --         out of contract. Only a bug or a hostile caller gets one.
 local MAX_N = 10000
 
-local function show(v)
-  return (string.gsub(string.sub(tostring(v), 1, 40), '[^%w%.%+%-_ ]', '?'))
-end
-
--- A plain decimal integer as the runtime sends it ('0' or digits without a leading zero),
--- in lo..hi; nil for anything else.
-local function int(v, lo, hi)
-  if type(v) ~= 'string' or #v > 16 or not (v == '0' or string.find(v, '^[1-9]%d*$')) then
-    return nil
-  end
-  local n = tonumber(v)
-  if n < lo or n > hi then return nil end
-  return n
-end
+--!include args
 
 local function check()
-  if #KEYS ~= 3 or #ARGV ~= 5 then
-    return 'arguments: want 3 KEYS and 5 ARGV, got ' .. #KEYS .. ' and ' .. #ARGV
-  end
-  if #ARGV[1] < 1 or #ARGV[1] > 1024 then return 'group (ARGV[1]): want 1..1024 bytes' end
-  if #ARGV[2] < 1 or #ARGV[2] > 1024 then return 'consumer (ARGV[2]): want 1..1024 bytes' end
-  local n = int(ARGV[3], 1, MAX_N)
-  if not n then return 'n (ARGV[3]) ' .. show(ARGV[3]) .. ': want an integer 1..' .. MAX_N end
-  if not int(ARGV[4], 0, n) then
-    return 'slots kept for normal (ARGV[4]) ' .. show(ARGV[4]) .. ': want an integer 0..' .. n
-  end
-  if not int(ARGV[5], 0, n) then
-    return 'slots kept for low (ARGV[5]) ' .. show(ARGV[5]) .. ': want an integer 0..' .. n
-  end
-  return nil
+  local e = arity(3, 5) or bytes_bad('group', 1, 1, 1024) or bytes_bad('consumer', 2, 1, 1024)
+    or int_bad('n', 3, 1, MAX_N)
+  if e then return e end
+  local n = tonumber(ARGV[3])
+  return int_bad('slots kept for normal', 4, 0, n) or int_bad('slots kept for low', 5, 0, n)
 end
 
 local err = check()
-if err then return redis.error_reply('ERR reach: bad ' .. err) end
+if err then return refuse(err) end
 -- A missing group (or stream) on the second or third stream must not fail the call after
 -- the first read moved entries into the pending list: look all three up first.
 for i = 1, 3 do
   local r = redis.pcall('XPENDING', KEYS[i], ARGV[1])
   if type(r) == 'table' and r['err'] then
     if string.find(r['err'], '^WRONGTYPE') then
-      return redis.error_reply('ERR reach: bad KEYS[' .. i .. ']: not a stream, want an inbox stream')
+      return refuse('KEYS[' .. i .. ']: not a stream, want an inbox stream')
     end
     return r
   end

@@ -20,93 +20,60 @@
 --                 lease that is not a number): register again, which replaces it
 --         {-1, 0}: this process is stale: a newer registration of this agent_id exists
 --                  (a higher version, or the same version under another instance_id)
+--         (the codes: HeartbeatCode of lua/includes/codes.lua)
 -- Errors  'reach: bad <argument>: <why>' (an error reply; redis-py raises ResponseError)
 --         when an argument, or the number of KEYS or ARGV, is out of contract, or a key
 --         holds another type than the one above.
-local DAY = 86400000
+--!include registry
+--!include now
+--!include codes
 local MAX = 9007199254740991
 
-local function show(v)
-  return (string.gsub(string.sub(tostring(v), 1, 40), '[^%w%.%+%-_ ]', '?'))
-end
-
-local function int(v, lo, hi)
-  if type(v) ~= 'string' or #v > 16 or not (v == '0' or string.find(v, '^[1-9]%d*$')) then
-    return nil  -- Redis itself refuses leading zeros (e.g. in MAXLEN and PX)
-  end
-  local n = tonumber(v)
-  if n < lo or n > hi then return nil end
-  return n
-end
-
--- A key of another type (written behind the scripts' back) would fail a command half-way
--- through the writes: refuse before the first one.
-local function key_type(key, want)
-  local t = redis.call('TYPE', key)['ok']
-  if t ~= 'none' and t ~= want then return 'holds a ' .. t .. ', want a ' .. want end
-  return nil
-end
-
-local function keys_typed(wanted)
-  for i, want in pairs(wanted) do
-    local bad = key_type(KEYS[i], want)
-    if bad then return 'KEYS[' .. i .. ']: ' .. bad end
-  end
-  return nil
-end
-
 local function check()
-  if #KEYS ~= 3 or #ARGV ~= 6 then
-    return 'arguments: want 3 KEYS and 6 ARGV, got ' .. #KEYS .. ' and ' .. #ARGV
-  end
-  if #ARGV[1] < 1 or #ARGV[1] > 256 or string.find(ARGV[1], '[{}]') then
-    return 'agent_id: want 1..256 bytes, no braces'
-  end
+  local e = arity(3, 6) or agent_id_bad(ARGV[1])
+  if e then return e end
   if #ARGV[2] < 1 or #ARGV[2] > 256 then return 'instance_id: want 1..256 bytes' end
   if not int(ARGV[3], 0, MAX) then return 'version ' .. show(ARGV[3]) .. ': want an integer 0..2^53-1' end
   if not int(ARGV[4], 0, MAX) then return 'queue_depth ' .. show(ARGV[4]) .. ': want an integer 0..2^53-1' end
   if not int(ARGV[5], 0, MAX) then return 'inflight ' .. show(ARGV[5]) .. ': want an integer 0..2^53-1' end
-  if not int(ARGV[6], 1, 10000000) then return 'events maxlen ' .. show(ARGV[6]) .. ': want an integer 1..10000000' end
-  return keys_typed({[1] = 'zset', [2] = 'hash', [3] = 'stream'})
+  return maxlen_bad(ARGV[6]) or keys_typed({[1] = 'zset', [2] = 'hash', [3] = 'stream'})
 end
 
 local err = check()
-if err then return redis.error_reply('ERR reach: bad ' .. err) end
+if err then return refuse(err) end
 
 local s = redis.call('HMGET', KEYS[2], 'version', 'state', 'lease_ms', 'draining', 'instance_id',
   'agent_id')
 if not s[1] then
-  return {0, 0}
+  return {HeartbeatCode_NOT_REGISTERED, 0}
 end
 local version = tonumber(ARGV[3])
 local stored = int(s[1], 0, MAX)
 -- A record this script cannot read is not a registration: re-registering replaces it.
 if not stored or s[6] ~= ARGV[1] then
-  return {0, 0}
+  return {HeartbeatCode_NOT_REGISTERED, 0}
 end
 if stored > version then
-  return {-1, 0}
+  return {HeartbeatCode_STALE, 0}
 end
 if stored < version or s[2] == 'evicted' then
-  return {0, 0}
+  return {HeartbeatCode_NOT_REGISTERED, 0}
 end
 if s[5] ~= ARGV[2] then
   -- Same start stamp, another instance: it registered after this one and replaced it.
-  return {-1, 0}
+  return {HeartbeatCode_STALE, 0}
 end
 local lease = int(s[3], 1, DAY)
 if not lease or (s[2] ~= 'active' and s[2] ~= 'probation') then
-  return {0, 0}
+  return {HeartbeatCode_NOT_REGISTERED, 0}
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 redis.call('HSET', KEYS[2], 'last_heartbeat_ms', now, 'queue_depth', ARGV[4], 'inflight', ARGV[5])
 redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
 local draining = (s[4] == '1') and 1 or 0
 if s[2] == 'probation' then
   redis.call('HSET', KEYS[2], 'state', 'active', 'state_ms', now)
-  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[6], '*',
-    'type', 'recovered', 'agent_id', ARGV[1], 'instance_id', ARGV[2], 'ts', now)
-  return {2, draining}
+  event(KEYS[3], ARGV[6], 'recovered', ARGV[1], ARGV[2], now)
+  return {HeartbeatCode_RECOVERED, draining}
 end
-return {1, draining}
+return {HeartbeatCode_RENEWED, draining}

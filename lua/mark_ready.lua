@@ -12,61 +12,36 @@
 --
 -- Returns 1: set; 0: not registered (none, evicted, or a stored record of another
 --         agent_id): register again; -1: another instance owns it (nothing changed)
+--         (the codes: MarkReadyCode of lua/includes/codes.lua)
 -- Errors  'reach: bad <argument>: <why>' (an error reply; redis-py raises ResponseError)
 --         when an argument, or the number of KEYS or ARGV, is out of contract, or a key
 --         holds another type than the one above.
-local function show(v)
-  return (string.gsub(string.sub(tostring(v), 1, 40), '[^%w%.%+%-_ ]', '?'))
-end
-
--- A key of another type (written behind the scripts' back) would fail a command half-way
--- through the writes: refuse before the first one.
-local function key_type(key, want)
-  local t = redis.call('TYPE', key)['ok']
-  if t ~= 'none' and t ~= want then return 'holds a ' .. t .. ', want a ' .. want end
-  return nil
-end
-
-local function keys_typed(wanted)
-  for i, want in pairs(wanted) do
-    local bad = key_type(KEYS[i], want)
-    if bad then return 'KEYS[' .. i .. ']: ' .. bad end
-  end
-  return nil
-end
+--!include registry
+--!include now
+--!include codes
 
 local function check()
-  if #KEYS ~= 2 or #ARGV ~= 4 then
-    return 'arguments: want 2 KEYS and 4 ARGV, got ' .. #KEYS .. ' and ' .. #ARGV
-  end
-  if #ARGV[1] < 1 or #ARGV[1] > 256 or string.find(ARGV[1], '[{}]') then
-    return 'agent_id: want 1..256 bytes, no braces'
-  end
+  local e = arity(2, 4) or agent_id_bad(ARGV[1])
+  if e then return e end
   if #ARGV[2] < 1 or #ARGV[2] > 256 then return 'instance_id: want 1..256 bytes' end
   if ARGV[3] ~= '0' and ARGV[3] ~= '1' then return 'ready ' .. show(ARGV[3]) .. ": want '0' or '1'" end
-  local m = ARGV[4]
-  if #m > 8 or not string.find(m, '^[1-9]%d*$') or tonumber(m) < 1 or tonumber(m) > 10000000 then
-    return 'events maxlen ' .. show(m) .. ': want an integer 1..10000000'
-  end
-  return keys_typed({[1] = 'hash', [2] = 'stream'})
+  return maxlen_bad(ARGV[4]) or keys_typed({[1] = 'hash', [2] = 'stream'})
 end
 
 local err = check()
-if err then return redis.error_reply('ERR reach: bad ' .. err) end
+if err then return refuse(err) end
 
-local s = redis.call('HMGET', KEYS[1], 'instance_id', 'state', 'ready', 'agent_id')
-if not s[1] or s[2] == 'evicted' or s[4] ~= ARGV[1] then
-  return 0
+local s = registration(KEYS[1], ARGV[1], 'instance_id', 'ready')
+if not s or not s[3] then
+  return MarkReadyCode_NOT_REGISTERED
 end
-if s[1] ~= ARGV[2] then
-  return -1
+if s[3] ~= ARGV[2] then
+  return MarkReadyCode_OTHER_INSTANCE
 end
-if s[3] == ARGV[3] then
-  return 1
+if s[4] == ARGV[3] then
+  return MarkReadyCode_SET
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 redis.call('HSET', KEYS[1], 'ready', ARGV[3], 'ready_ms', (ARGV[3] == '1') and now or 0)
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*',
-  'type', (ARGV[3] == '1') and 'ready' or 'unready', 'agent_id', ARGV[1], 'instance_id', s[1], 'ts', now)
-return 1
+event(KEYS[2], ARGV[4], (ARGV[3] == '1') and 'ready' or 'unready', ARGV[1], s[3], now)
+return MarkReadyCode_SET

@@ -29,24 +29,14 @@
 --         {2, now_ms}: replaced a registration of the same agent_id (same or older version,
 --                      or a stored record whose version is unreadable)
 --         {-1, stored_version}: refused, a newer registration exists (stale)
+--         (the codes: RegisterCode of lua/includes/codes.lua)
 -- Errors  'reach: bad <argument>: <why>' (an error reply; redis-py raises ResponseError)
 --         when an argument, or the number of KEYS or ARGV, is out of contract, or a key
 --         (KEYS[1..4], a capability set to join) holds another type than the one above.
-local DAY = 86400000
-
-local function show(v)
-  return (string.gsub(string.sub(tostring(v), 1, 40), '[^%w%.%+%-_ ]', '?'))
-end
-
-local function int(v, lo, hi)
-  if type(v) ~= 'string' or #v > 16 or not (v == '0' or string.find(v, '^[1-9]%d*$')) then
-    return nil  -- Redis itself refuses leading zeros (e.g. in MAXLEN and PX)
-  end
-  local n = tonumber(v)
-  if n < lo or n > hi then return nil end
-  return n
-end
-
+--!include registry
+--!include caps
+--!include now
+--!include codes
 
 local function utf8_ok(v)
   if not string.find(v, '[\128-\255]') then return true end
@@ -132,26 +122,9 @@ local function split(s)
   end
 end
 
--- A key of another type (written behind the scripts' back) would fail a command half-way
--- through the writes: refuse before the first one.
-local function key_type(key, want)
-  local t = redis.call('TYPE', key)['ok']
-  if t ~= 'none' and t ~= want then return 'holds a ' .. t .. ', want a ' .. want end
-  return nil
-end
-
-local function keys_typed(wanted)
-  for i, want in pairs(wanted) do
-    local bad = key_type(KEYS[i], want)
-    if bad then return 'KEYS[' .. i .. ']: ' .. bad end
-  end
-  return nil
-end
-
 local function check()
-  if #KEYS ~= 6 or #ARGV ~= 12 then
-    return 'arguments: want 6 KEYS and 12 ARGV, got ' .. #KEYS .. ' and ' .. #ARGV
-  end
+  local e = arity(6, 12)
+  if e then return e end
   if not id_ok(ARGV[1]) then return 'agent_id: want 1..256 bytes of UTF-8, not blank, no braces' end
   if KEYS[2] ~= KEYS[6] .. ARGV[1] then return 'agent_id: KEYS[2] is not the hash of ' .. show(ARGV[1]) end
   if #ARGV[2] < 1 or #ARGV[2] > 256 or not utf8_ok(ARGV[2]) then
@@ -178,7 +151,8 @@ local function check()
   end
   if not int(ARGV[7], 1, DAY) then return 'lease_ms ' .. show(ARGV[7]) .. ': want an integer 1..86400000' end
   if not int(ARGV[8], 1, DAY) then return 'evict_after_ms ' .. show(ARGV[8]) .. ': want an integer 1..86400000' end
-  if not int(ARGV[9], 1, 10000000) then return 'events maxlen ' .. show(ARGV[9]) .. ': want an integer 1..10000000' end
+  e = maxlen_bad(ARGV[9])
+  if e then return e end
   if ARGV[10] ~= '' and not json_object_ok(ARGV[10], 262144) then
     return 'card: want a JSON object (UTF-8, nesting <= 64) of at most 262144 bytes, or empty'
   end
@@ -188,33 +162,23 @@ local function check()
 end
 
 local err = check()
-if err then return redis.error_reply('ERR reach: bad ' .. err) end
+if err then return refuse(err) end
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local id = ARGV[1]
 local version = tonumber(ARGV[3])
 
 local stored = redis.call('HMGET', KEYS[2], 'version', 'caps', 'state')
-local code = 1
+local code = RegisterCode_NEW
 if redis.call('EXISTS', KEYS[2]) == 1 then
   -- A stored version that is not a number (a record written behind the scripts' back)
   -- cannot fence anyone: the new registration replaces it.
   local sv = tonumber(stored[1])
   if sv and sv == sv and sv > version then
-    return {-1, stored[1]}
+    return {RegisterCode_STALE, stored[1]}
   end
-  code = 2
-  if stored[2] and stored[2] ~= '' then
-    for cap in string.gmatch(stored[2], '[^,]+') do
-      local set = KEYS[5] .. cap
-      if not key_type(set, 'set') then  -- a key of another type cannot hold this agent
-        redis.call('SREM', set, id)
-        local c = redis.call('SCARD', set)
-        if c == 0 then redis.call('ZREM', KEYS[3], cap) else redis.call('ZADD', KEYS[3], c, cap) end
-      end
-    end
-  end
+  code = RegisterCode_REPLACED
+  leave_caps(stored[2], id, KEYS[5], KEYS[3])
   redis.call('DEL', KEYS[2])
 end
 
@@ -232,6 +196,5 @@ redis.call('HSET', KEYS[2],
   'ready_ms', (ARGV[11] == '1') and now or 0, 'queue_depth', 0, 'inflight', 0,
   'max_queue', ARGV[12])
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[7]), id)
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[9], '*',
-  'type', 'registered', 'agent_id', id, 'instance_id', ARGV[2], 'ts', now)
+event(KEYS[4], ARGV[9], 'registered', id, ARGV[2], now)
 return {code, now}

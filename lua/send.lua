@@ -27,62 +27,31 @@
 --         contract; nothing is written then.
 local MAX_TTL, MAX_INT = 31536000000, 999999999999999
 
-local function show(v)
-  return (string.gsub(string.sub(tostring(v), 1, 40), '[^%w%.%+%-_ ]', '?'))
-end
-
-local function int(v, lo, hi)
-  if type(v) ~= 'string' or #v > 16 or not (v == '0' or string.find(v, '^[1-9]%d*$')) then
-    return nil
-  end
-  local n = tonumber(v)
-  if n < lo or n > hi then return nil end
-  return n
-end
-
-local function kind_ok(key, want)
-  local kind = redis.call('TYPE', key)['ok']
-  return kind == want or kind == 'none', kind
-end
+--!include args
+--!include key_types
 
 local function check()
   if #ARGV < 6 or #ARGV > 7 then return 'arguments: want 6 or 7 ARGV, got ' .. #ARGV end
-  if not int(ARGV[3], 0, MAX_INT) then
-    return 'attempt (ARGV[3]) ' .. show(ARGV[3]) .. ': want an integer 0..' .. MAX_INT
-  end
-  if not int(ARGV[6], 1, MAX_TTL) then
-    return 'ttl_ms (ARGV[6]) ' .. show(ARGV[6]) .. ': want an integer 1..' .. MAX_TTL
-  end
-  local max = 0
-  if ARGV[7] then
-    max = int(ARGV[7], 0, MAX_INT)
-    if not max then
-      return 'max_queue (ARGV[7]) ' .. show(ARGV[7]) .. ': want an integer 0..' .. MAX_INT
-    end
-  end
+  local e = int_bad('attempt', 3, 0, MAX_INT) or int_bad('ttl_ms', 6, 1, MAX_TTL)
+    or (ARGV[7] and int_bad('max_queue', 7, 0, MAX_INT))
+  if e then return e end
+  local max = tonumber(ARGV[7] or '0')
   if max > 0 and #KEYS ~= 6 then
     return 'keys: want 6 KEYS (the three inboxes too) with a max_queue, got ' .. #KEYS
   elseif max == 0 and #KEYS ~= 3 and #KEYS ~= 6 then
     return 'keys: want 3 KEYS (or 6), got ' .. #KEYS
   end
-  for i, want in ipairs({'stream', 'hash', 'string'}) do
-    local ok, kind = kind_ok(KEYS[i], want)
-    if not ok then return 'KEYS[' .. i .. ']: holds a ' .. kind .. ', want a ' .. want end
-  end
-  return nil, max
+  return keys_typed({'stream', 'hash', 'string'}), max
 end
 
 local err, max = check()
-if err then return redis.error_reply('ERR reach: bad ' .. err) end
+if err then return refuse(err) end
 
 if max > 0 then
   local depth = 0
   for i = 4, 6 do
-    local ok, kind = kind_ok(KEYS[i], 'stream')
-    if not ok then
-      return redis.error_reply('ERR reach: bad KEYS[' .. i .. ']: holds a ' .. kind
-        .. ', want a stream')
-    end
+    local why = key_type(KEYS[i], 'stream')
+    if why then return refuse('KEYS[' .. i .. ']: ' .. why) end
     depth = depth + redis.call('XLEN', KEYS[i])
   end
   if depth >= max then return depth end

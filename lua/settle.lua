@@ -31,33 +31,15 @@
 -- Returns one code per item: 1 settled (reply published, extra commands run, entry
 -- acked and deleted); 0 fenced: another owner claimed the key since, nothing was written
 -- for this item
+--         (the codes: SettleCode of lua/includes/codes.lua)
 -- Errors  'reach: bad <argument>: <why>' (an error reply 'ERR reach: ...'; redis-py raises
 --         ResponseError), e.g. 'reach: bad extra command 1 of item 2 (ARGV[14]) DEL: want
 --         XADD or ZADD'. Only a bug or a hostile caller gets one: the runtime never sends
 --         such a call.
+--!include fence
+--!include now
 local MAX_TTL, MAX_INT, MAX_CMD_ARGS = 31536000000, 9007199254740992, 1000
-local STATUSES = {succeeded = true, failed = true, retrying = true, expired = true, dead = true}
-local MODES = {done = true, release = true}
 local U64 = '18446744073709551615'
-
-local function show(v)
-  return (string.gsub(string.sub(tostring(v), 1, 40), '[^%w%.%+%-_ ]', '?'))
-end
-
--- A plain decimal integer as the runtime sends it ('0' or digits without a leading zero),
--- in lo..hi; nil for anything else. Parsed once per distinct string: the same small
--- numbers (indexes, counts) come back in every item of a batch.
-local parsed = {}
-local function int(v, lo, hi)
-  local n = parsed[v]
-  if n == nil then
-    n = false
-    if #v <= 16 and (v == '0' or string.find(v, '^[1-9]%d*$')) then n = tonumber(v) end
-    parsed[v] = n
-  end
-  if not n or n < lo or n > hi then return nil end
-  return n
-end
 
 -- A stream entry id XACK and XDEL accept: 'ms-seq' or 'ms', each part 0..2^64-1 (a part
 -- of 20 digits is compared with 2^64-1 as a string).
@@ -83,7 +65,7 @@ local function xadd_args(a, last)
   if a <= last and string.upper(ARGV[a]) == 'MAXLEN' then
     a = a + 1
     if a <= last and (ARGV[a] == '~' or ARGV[a] == '=') then a = a + 1 end
-    if a > last or not int(ARGV[a], 0, MAX_INT) then
+    if a > last or not int_memo(ARGV[a], 0, MAX_INT) then
       return 'XADD MAXLEN: want an integer 0..2^53'
     end
     a = a + 1
@@ -111,17 +93,13 @@ local function where(item, c)
   return ' of item ' .. item
 end
 
-local function bad(what, p, want)
-  return what .. ' (ARGV[' .. p .. ']) ' .. show(ARGV[p]) .. ': ' .. want
-end
-
 local function check()
   local na, nk = #ARGV, #KEYS
   if na < 3 then return 'arguments: want at least 3 ARGV, got ' .. na end
-  if not int(ARGV[1], 1, MAX_TTL) then return bad('ttl_ms', 1, 'want an integer 1..' .. MAX_TTL) end
-  if #ARGV[2] < 1 or #ARGV[2] > 1024 then return 'group (ARGV[2]): want 1..1024 bytes' end
+  local e = int_bad('ttl_ms', 1, 1, MAX_TTL) or bytes_bad('group', 2, 1, 1024)
+  if e then return e end
   local most = math.floor((na - 3) / 10)
-  local n = int(ARGV[3], 0, most)
+  local n = int_memo(ARGV[3], 0, most)
   if not n then
     return bad('number of items', 3, 'want an integer 0..' .. most .. ' (10 ARGV per item at least)')
   end
@@ -137,43 +115,32 @@ local function check()
     end
     return nil
   end
-  local p, e = 4, nil
+  -- Why ARGV[p], a key index 0..#KEYS (0: none) used as a `kind`, is refused, or nil.
+  -- more(p, item): what else to check, before the use, when it names a key.
+  local function key_index(p, label, kind, item, more)
+    local i = int_memo(ARGV[p], 0, nk)
+    if not i then return bad(label .. where(item), p, 'want a key index 0..' .. nk) end
+    if i == 0 then return nil end
+    return (more and more(p, item)) or use(i, kind, label, item)
+  end
+  local function completion(p, item)
+    return completion_bad(p + 1, where, item)
+  end
+  local function entry(p, item)
+    if stream_id_ok(ARGV[p + 1]) then return nil end
+    return bad('entry id' .. where(item), p + 1, "want a stream id 'ms-seq'")
+  end
+  local p = 4
   for item = 1, n do
     if p + 9 > na then
       return 'arguments: item ' .. item .. ' starts at ARGV[' .. p .. '], needs 10 ARGV, ' .. na .. ' in all'
     end
-    local ki = int(ARGV[p], 0, nk)
-    if not ki then return bad('idem key index' .. where(item), p, 'want a key index 0..' .. nk) end
-    if ki > 0 then
-      if not int(ARGV[p + 1], 1, MAX_INT) then
-        return bad('fence' .. where(item), p + 1, 'want an integer 1..2^53')
-      end
-      if not STATUSES[ARGV[p + 2]] then
-        return bad('status' .. where(item), p + 2, 'want succeeded, failed, retrying, expired or dead')
-      end
-      if not MODES[ARGV[p + 4]] then
-        return bad('mode' .. where(item), p + 4, "want 'done' or 'release'")
-      end
-      e = use(ki, 'hash', 'idem key index', item)
-      if e then return e end
-    end
-    local ri = int(ARGV[p + 6], 0, nk)
-    if not ri then return bad('reply stream index' .. where(item), p + 6, 'want a key index 0..' .. nk) end
-    if ri > 0 then
-      e = use(ri, 'stream', 'reply stream index', item)
-      if e then return e end
-    end
-    local ii = int(ARGV[p + 7], 0, nk)
-    if not ii then return bad('inbox index' .. where(item), p + 7, 'want a key index 0..' .. nk) end
-    if ii > 0 then
-      if not stream_id_ok(ARGV[p + 8]) then
-        return bad('entry id' .. where(item), p + 8, "want a stream id 'ms-seq'")
-      end
-      e = use(ii, 'stream', 'inbox index', item)
-      if e then return e end
-    end
+    e = key_index(p, 'idem key index', 'hash', item, completion)
+      or key_index(p + 6, 'reply stream index', 'stream', item)
+      or key_index(p + 7, 'inbox index', 'stream', item, entry)
+    if e then return e end
     most = math.floor((na - p - 9) / 3)
-    local ncmd = int(ARGV[p + 9], 0, most)
+    local ncmd = int_memo(ARGV[p + 9], 0, most)
     if not ncmd then
       return bad('number of extra commands' .. where(item), p + 9,
         'want an integer 0..' .. most .. ' (3 ARGV per command at least)')
@@ -188,12 +155,12 @@ local function check()
       if not spec then
         return bad('extra command ' .. c .. where(item), p, 'want XADD or ZADD')
       end
-      local kidx = int(ARGV[p + 1], 1, nk)
+      local kidx = int_memo(ARGV[p + 1], 1, nk)
       if not kidx then
         return bad('key index' .. where(item, c), p + 1, 'want a key index 1..' .. nk)
       end
       most = math.min(MAX_CMD_ARGS, na - p - 2)
-      local nargs = int(ARGV[p + 2], 0, most)
+      local nargs = int_memo(ARGV[p + 2], 0, most)
       if not nargs then
         return bad('number of arguments' .. where(item, c), p + 2, 'want an integer 0..' .. most)
       end
@@ -216,37 +183,25 @@ local function check()
       end
     end
   end
-  return nil
 end
 
 local err = check()
-if err then return redis.error_reply('ERR reach: bad ' .. err) end
+if err then return refuse(err) end
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local ttl, group = ARGV[1], ARGV[2]
 local p = 4
 local out = {}
 for item = 1, tonumber(ARGV[3]) do
-  local ki = tonumber(ARGV[p])
-  local fence, status, reply, mode, err = ARGV[p + 1], ARGV[p + 2], ARGV[p + 3], ARGV[p + 4], ARGV[p + 5]
-  local ri, ii, entry, ncmd = tonumber(ARGV[p + 6]), tonumber(ARGV[p + 7]), ARGV[p + 8], tonumber(ARGV[p + 9])
-  p = p + 10
-  local ok = true
+  local ki, ri, ii = tonumber(ARGV[p]), tonumber(ARGV[p + 6]), tonumber(ARGV[p + 7])
+  local reply, entry, ncmd = ARGV[p + 3], ARGV[p + 8], tonumber(ARGV[p + 9])
+  local code = SettleCode_SETTLED
   if ki > 0 then
     local key = KEYS[ki]
-    local s = redis.call('HMGET', key, 'fence', 'done')
-    if not s[1] or s[1] ~= fence or s[2] == '1' then
-      ok = false
-    else
-      redis.call('HSET', key, 'status', status, 'updated_ms', now, 'error', err,
-        'owner', '', 'lease_until', 0)
-      if mode == 'done' then
-        redis.call('HSET', key, 'done', '1', 'reply', reply)
-      end
-      redis.call('PEXPIRE', key, ttl)
-    end
+    code = complete_record(key, redis.call('HMGET', key, 'fence', 'done'), p + 1, ttl, now)
   end
+  p = p + 10
+  local ok = code == SettleCode_SETTLED
   if ok and ri > 0 then
     redis.call('XADD', KEYS[ri], '*', 'r', reply)
     redis.call('PEXPIRE', KEYS[ri], ttl)
@@ -262,6 +217,6 @@ for item = 1, tonumber(ARGV[3]) do
     redis.call('XACK', KEYS[ii], group, entry)
     redis.call('XDEL', KEYS[ii], entry)
   end
-  out[item] = ok and 1 or 0
+  out[item] = code
 end
 return out

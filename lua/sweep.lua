@@ -31,79 +31,47 @@
 -- Returns {-1}: another runtime holds the sweeper lock
 --         {n_due, n_probation, n_evicted, n_deleted, evicted_id...}
 --         (n_due == ARGV[4] means more may be due: call again)
+--         (the codes: SweepCode of lua/includes/codes.lua)
 -- Errors  'reach: bad <argument>: <why>' (an error reply; redis-py raises ResponseError)
 --         when an argument, or the number of KEYS or ARGV, is out of contract, or one of
 --         KEYS[1..4] and KEYS[7] holds another type than the one above.
-local DAY = 86400000
-
-local function show(v)
-  return (string.gsub(string.sub(tostring(v), 1, 40), '[^%w%.%+%-_ ]', '?'))
-end
-
-local function int(v, lo, hi)
-  if type(v) ~= 'string' or #v > 16 or not (v == '0' or string.find(v, '^[1-9]%d*$')) then
-    return nil  -- Redis itself refuses leading zeros (e.g. in MAXLEN and PX)
-  end
-  local n = tonumber(v)
-  if n < lo or n > hi then return nil end
-  return n
-end
+--!include registry
+--!include caps
+--!include now
+--!include codes
 
 local function finite(x)
   return x ~= nil and x == x and x > -math.huge and x < math.huge
 end
 
--- A key of another type (written behind the scripts' back) would fail a command half-way
--- through the writes: refuse before the first one.
-local function key_type(key, want)
-  local t = redis.call('TYPE', key)['ok']
-  if t ~= 'none' and t ~= want then return 'holds a ' .. t .. ', want a ' .. want end
-  return nil
-end
-
-local function keys_typed(wanted)
-  for i, want in pairs(wanted) do
-    local bad = key_type(KEYS[i], want)
-    if bad then return 'KEYS[' .. i .. ']: ' .. bad end
-  end
-  return nil
-end
-
 local function check()
-  if #KEYS ~= 7 or #ARGV ~= 5 then
-    return 'arguments: want 7 KEYS and 5 ARGV, got ' .. #KEYS .. ' and ' .. #ARGV
-  end
+  local e = arity(7, 5)
+  if e then return e end
   if #ARGV[1] < 1 or #ARGV[1] > 256 then return 'owner: want 1..256 bytes' end
   if not int(ARGV[2], 0, 3600000) then return 'lock_ms ' .. show(ARGV[2]) .. ': want an integer 0..3600000' end
   if not int(ARGV[3], 1, 30 * DAY) then
     return 'shadow_ttl_ms ' .. show(ARGV[3]) .. ': want an integer 1..2592000000'
   end
   if not int(ARGV[4], 1, 100000) then return 'batch ' .. show(ARGV[4]) .. ': want an integer 1..100000' end
-  if not int(ARGV[5], 1, 10000000) then return 'events maxlen ' .. show(ARGV[5]) .. ': want an integer 1..10000000' end
-  return keys_typed({[1] = 'zset', [2] = 'zset', [3] = 'stream', [4] = 'string', [7] = 'set'})
+  return maxlen_bad(ARGV[5])
+    or keys_typed({[1] = 'zset', [2] = 'zset', [3] = 'stream', [4] = 'string', [7] = 'set'})
 end
 
 local err = check()
-if err then return redis.error_reply('ERR reach: bad ' .. err) end
+if err then return refuse(err) end
 
 if tonumber(ARGV[2]) > 0 then
   local holder = redis.call('GET', KEYS[4])
   if holder and holder ~= ARGV[1] then
-    return {-1}
+    return {SweepCode_LOCKED}
   end
   redis.call('SET', KEYS[4], ARGV[1], 'PX', ARGV[2])
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local shadow_ttl = tonumber(ARGV[3])
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[4]))
 local n_prob, n_evict, n_del = 0, 0, 0
 local evicted = {}
-
-local function event(kind, id, instance)
-  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*',
-    'type', kind, 'agent_id', id, 'instance_id', instance or '', 'ts', now)
-end
 
 for _, id in ipairs(due) do
   local h = KEYS[6] .. id
@@ -126,25 +94,18 @@ for _, id in ipairs(due) do
       evict_at = math.min(math.max(hb + ev, 0), now + 2 * DAY)
     end
     if evict_at <= now then
-      for cap in string.gmatch(s[4] or '', '[^,]+') do
-        local set = KEYS[5] .. cap
-        if not key_type(set, 'set') then  -- a key of another type cannot hold this agent
-          redis.call('SREM', set, id)
-          local n = redis.call('SCARD', set)
-          if n == 0 then redis.call('ZREM', KEYS[2], cap) else redis.call('ZADD', KEYS[2], n, cap) end
-        end
-      end
+      leave_caps(s[4], id, KEYS[5], KEYS[2])
       redis.call('HSET', h, 'state', 'evicted', 'ready', '0', 'state_ms', now)
       redis.call('PEXPIRE', h, shadow_ttl)
       redis.call('ZADD', KEYS[1], now + shadow_ttl, id)
       redis.call('SADD', KEYS[7], id)
-      event('evicted', id, s[5])
+      event(KEYS[3], ARGV[5], 'evicted', id, s[5], now)
       n_evict = n_evict + 1
       evicted[#evicted + 1] = id
     elseif s[1] == 'active' then
       redis.call('HSET', h, 'state', 'probation', 'state_ms', now)
       redis.call('ZADD', KEYS[1], evict_at, id)
-      event('unstable', id, s[5])
+      event(KEYS[3], ARGV[5], 'unstable', id, s[5], now)
       n_prob = n_prob + 1
     else
       redis.call('ZADD', KEYS[1], evict_at, id)

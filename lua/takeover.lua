@@ -10,19 +10,18 @@
 --
 -- Returns 1: that owner's claim was ended (lease_until = 0); 0: the owner changed (or
 -- the record is gone): the key is someone else's now, do not take it over
+--         (the codes: TakeoverCode of lua/includes/codes.lua)
 -- Errors  'reach: bad <argument>: <why>' (an error reply 'ERR reach: ...'; redis-py raises
 --         ResponseError) when the number of KEYS or ARGV, or the key's type, is out of
 --         contract; nothing is written then.
-if #KEYS ~= 1 or #ARGV ~= 1 then
-  return redis.error_reply('ERR reach: bad arguments: want 1 KEYS and 1 ARGV, got '
-    .. #KEYS .. ' and ' .. #ARGV)
-end
-local kind = redis.call('TYPE', KEYS[1])['ok']
-if kind ~= 'hash' and kind ~= 'none' then
-  return redis.error_reply('ERR reach: bad KEYS[1]: holds a ' .. kind .. ', want an idempotency record (a hash)')
-end
-if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
+--!include args
+--!include record
+--!include codes
+
+local err = arity(1, 1) or read_record(1, 'owner')
+if err then return refuse(err) end
+if record(1, 'owner')[1] == ARGV[1] then
   redis.call('HSET', KEYS[1], 'lease_until', 0)
-  return 1
+  return TakeoverCode_ENDED
 end
-return 0
+return TakeoverCode_OWNER_CHANGED

@@ -1,0 +1,14 @@
+-- codes.lua: the codes the scripts answer with (ClaimCode_RUN is ClaimCode.RUN).
+-- GENERATED from the IntEnums of reach/scripts/codes.py, where they are written once:
+-- do not edit (tests/lua/test_includes.py checks this file). Regenerate with
+--   .venv/bin/python -c 'from reach.scripts import codes; codes.write_lua()'
+local RegisterCode_NEW, RegisterCode_REPLACED, RegisterCode_STALE = 1, 2, -1
+local HeartbeatCode_RENEWED, HeartbeatCode_RECOVERED, HeartbeatCode_NOT_REGISTERED, HeartbeatCode_STALE = 1, 2, 0, -1
+local DeregisterCode_REMOVED, DeregisterCode_NOT_FOUND, DeregisterCode_OTHER_INSTANCE = 1, 0, -1
+local MarkReadyCode_SET, MarkReadyCode_NOT_REGISTERED, MarkReadyCode_OTHER_INSTANCE = 1, 0, -1
+local DrainCode_DRAINING, DrainCode_ALREADY_DRAINING, DrainCode_NOT_FOUND, DrainCode_OTHER_INSTANCE = 1, 2, 0, -1
+local SweepCode_LOCKED = -1
+local ClaimCode_RUN, ClaimCode_REPLAY, ClaimCode_BUSY = 1, 2, 3
+local SettleCode_SETTLED, SettleCode_FENCED = 1, 0
+local TakeoverCode_ENDED, TakeoverCode_OWNER_CHANGED = 1, 0
+local DropInboxCode_DROPPED, DropInboxCode_KEPT = 1, 0

@@ -1,0 +1,39 @@
+-- fence.lua: completing a claimed idempotency record, only while the caller still holds
+-- its claim (the fence token claim.lua gave it). complete.lua and settle.lua describe a
+-- completion by five ARGV from index f on: fence, status, reply bytes, mode, error text.
+--!include args
+--!include codes
+local MAX_FENCE = 9007199254740992
+local STATUSES = {succeeded = true, failed = true, retrying = true, expired = true, dead = true}
+local MODES = {done = true, release = true}
+
+-- Why the completion at ARGV[f..f+4] is refused, or nil. where(n) names its item in the
+-- message (' of KEYS[2]'); called only on refusal.
+local function completion_bad(f, where, n)
+  if not int_memo(ARGV[f], 1, MAX_FENCE) then
+    return bad('fence' .. where(n), f, 'want an integer 1..2^53')
+  end
+  if not STATUSES[ARGV[f + 1]] then
+    return bad('status' .. where(n), f + 1, 'want succeeded, failed, retrying, expired or dead')
+  end
+  if not MODES[ARGV[f + 3]] then
+    return bad('mode' .. where(n), f + 3, "want 'done' or 'release'")
+  end
+  return nil
+end
+
+-- Store the completion at ARGV[f..f+4] in record `key`, whose fence and done fields are
+-- rec (HMGET key fence done), if the fence still matches and it is not done yet: its
+-- status and error; for mode 'done' also done = 1 and the reply later deliveries replay.
+-- The record then lives ttl ms. Returns SettleCode_SETTLED, or FENCED (nothing written):
+-- another owner claimed the key since.
+local function complete_record(key, rec, f, ttl, now)
+  if not rec[1] or rec[1] ~= ARGV[f] or rec[2] == '1' then return SettleCode_FENCED end
+  redis.call('HSET', key, 'status', ARGV[f + 1], 'updated_ms', now, 'error', ARGV[f + 4],
+    'owner', '', 'lease_until', 0)
+  if ARGV[f + 3] == 'done' then
+    redis.call('HSET', key, 'done', '1', 'reply', ARGV[f + 2])
+  end
+  redis.call('PEXPIRE', key, ttl)
+  return SettleCode_SETTLED
+end

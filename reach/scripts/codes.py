@@ -1,0 +1,127 @@
+"""The codes the Lua scripts answer with, written once.
+
+Each script's codes are an :class:`~enum.IntEnum` here. The scripts do not write the numbers
+either: ``--!include codes`` gives them ``lua/includes/codes.lua``, which is rendered from
+these enums (:func:`render_lua`) when a script is loaded, ``ClaimCode.RUN`` as the Lua
+local ``ClaimCode_RUN``. The file itself is kept in the tree for loaders in other
+languages; a test checks it is the rendering of these enums.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from pathlib import Path
+
+
+class RegisterCode(IntEnum):
+    """``register.lua``, the first item of its reply: NEW, REPLACED (a registration of the
+    same agent_id, of the same or an older version, was replaced), both followed by the
+    server time; or STALE (refused: a newer registration is stored), followed by its
+    version."""
+
+    NEW, REPLACED, STALE = 1, 2, -1
+
+
+class HeartbeatCode(IntEnum):
+    """``heartbeat.lua``, the first item of its reply (then the draining flag): RENEWED,
+    RECOVERED (renewed, back from probation), NOT_REGISTERED (unknown, evicted, or a record
+    it cannot read: register again), or STALE (a newer registration of this agent_id
+    exists: this process must stop)."""
+
+    RENEWED, RECOVERED, NOT_REGISTERED, STALE = 1, 2, 0, -1
+
+
+class DeregisterCode(IntEnum):
+    """``deregister.lua``: REMOVED, NOT_FOUND (a stray agents-zset entry is removed), or
+    OTHER_INSTANCE (kept: another instance owns the registration)."""
+
+    REMOVED, NOT_FOUND, OTHER_INSTANCE = 1, 0, -1
+
+
+class MarkReadyCode(IntEnum):
+    """``mark_ready.lua``: SET, NOT_REGISTERED (register again), or OTHER_INSTANCE (another
+    instance owns the registration: nothing changed)."""
+
+    SET, NOT_REGISTERED, OTHER_INSTANCE = 1, 0, -1
+
+
+class DrainCode(IntEnum):
+    """``drain.lua``: DRAINING (now), ALREADY_DRAINING, NOT_FOUND (no live agent of that
+    id), or OTHER_INSTANCE (only when an instance is named: nothing changed)."""
+
+    DRAINING, ALREADY_DRAINING, NOT_FOUND, OTHER_INSTANCE = 1, 2, 0, -1
+
+
+class SweepCode(IntEnum):
+    """``sweep.lua`` answers ``{LOCKED}`` when another runtime holds the sweeper lock, else
+    the counts of what it did."""
+
+    LOCKED = -1
+
+
+class ClaimCode(IntEnum):
+    """``claim.lua``, the first item of each key's answer: RUN (claimed: run the handler,
+    then complete with the fence token, the second item), REPLAY (already done: reply with
+    the stored bytes, the second item; do not run again), or BUSY (an unexpired claim of
+    the owner in the second item holds the key: do not run this copy now)."""
+
+    RUN, REPLAY, BUSY = 1, 2, 3
+
+
+class SettleCode(IntEnum):
+    """``complete.lua`` and ``settle.lua``, one per key (item): SETTLED, or FENCED (another
+    owner claimed the key since: nothing was written for it)."""
+
+    SETTLED, FENCED = 1, 0
+
+
+class TakeoverCode(IntEnum):
+    """``takeover.lua``: ENDED (the gone owner's claim was ended: claim the key again) or
+    OWNER_CHANGED (someone else holds the key now: do not take it over)."""
+
+    ENDED, OWNER_CHANGED = 1, 0
+
+
+class DropInboxCode(IntEnum):
+    """``drop_inbox.lua``: DROPPED (or nothing to drop), or KEPT (an inbox holds entries)."""
+
+    DROPPED, KEPT = 1, 0
+
+
+CODES: tuple[type[IntEnum], ...] = (
+    RegisterCode,
+    HeartbeatCode,
+    DeregisterCode,
+    MarkReadyCode,
+    DrainCode,
+    SweepCode,
+    ClaimCode,
+    SettleCode,
+    TakeoverCode,
+    DropInboxCode,
+)
+
+REGENERATE = ".venv/bin/python -c 'from reach.scripts import codes; codes.write_lua()'"
+
+
+def render_lua() -> str:
+    """The text of ``lua/includes/codes.lua``: each member of each enum of :data:`CODES` as a
+    Lua local, ``ClaimCode.RUN`` as ``ClaimCode_RUN`` (plain locals: a script's body runs on
+    every call, and a table per enum would be built again each time)."""
+    lines = [
+        "-- codes.lua: the codes the scripts answer with (ClaimCode_RUN is ClaimCode.RUN).",
+        "-- GENERATED from the IntEnums of reach/scripts/codes.py, where they are written once:",
+        "-- do not edit (tests/lua/test_includes.py checks this file). Regenerate with",
+        f"--   {REGENERATE}",
+    ]
+    for enum in CODES:
+        names = ", ".join(f"{enum.__name__}_{m.name}" for m in enum)
+        lines.append(f"local {names} = {', '.join(str(int(m)) for m in enum)}")
+    return "\n".join(lines) + "\n"
+
+
+def write_lua(path: Path | None = None) -> Path:
+    """Write :func:`render_lua` to ``lua/includes/codes.lua`` (of the source tree)."""
+    target = path or Path(__file__).resolve().parents[2] / "lua" / "includes" / "codes.lua"
+    target.write_text(render_lua(), encoding="utf-8")
+    return target
