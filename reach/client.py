@@ -13,7 +13,7 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from typing import Any, Self
+from typing import Any, Self, TypedDict, Unpack
 
 import anyio
 import msgspec
@@ -63,6 +63,23 @@ DEFAULT_MAX_PAYLOAD = 1024 * 1024
 # same client_id reads the replies sent while it was away -- but only this many, this long.
 DEFAULT_MAX_UNCLAIMED = 10_000
 DEFAULT_UNCLAIMED_TTL_S = 600.0
+
+
+class MessageOptions(TypedDict, total=False):
+    """The options of one message, as :meth:`Client.build` takes them (and
+    :meth:`Client.request` and :meth:`Client.send` pass them on)."""
+
+    session_id: str | None
+    trace_id: str | None
+    priority: str
+    timeout_s: float | None
+    deadline_ms: int | None
+    idempotency_key: str | None
+    target: str | None
+    policy: str | None
+    max_attempts: int | None
+    headers: Mapping[str, str] | None
+    source: str
 
 
 class _Refused(Exception):
@@ -549,10 +566,17 @@ class Client:
             raise
         return None
 
-    async def send(self, capability: str, payload: Any, **kw: Any) -> str:
-        """Send without waiting; returns the msg_id (see :meth:`task` for its outcome)."""
-        where = kw.pop("where", None)
-        env = self.build(capability, payload, reply=False, **kw)
+    async def send(
+        self,
+        capability: str,
+        payload: Any,
+        *,
+        where: Mapping[str, Any] | None = None,
+        **opts: Unpack[MessageOptions],
+    ) -> str:
+        """Send without waiting; returns the msg_id (see :meth:`task` for its outcome).
+        ``opts`` as for :meth:`build`."""
+        env = self.build(capability, payload, reply=False, **opts)
         await self.deliver(env, where=where)
         return env.msg_id
 
@@ -561,35 +585,21 @@ class Client:
         capability: str,
         payload: Any,
         *,
-        session_id: str | None = None,
-        priority: str = "normal",
-        timeout_s: float | None = None,
-        deadline_ms: int | None = None,
-        idempotency_key: str | None = None,
-        target: str | None = None,
-        policy: str | None = None,
         where: Mapping[str, Any] | None = None,
-        **kw: Any,
+        **opts: Unpack[MessageOptions],
     ) -> Any:
         """Send and wait for the handler's result.
 
-        Raises :class:`RemoteError` (the handler raised), :class:`DeadlineExceeded`,
-        :class:`NoAgentAvailable`, or :class:`Rejected` (dead-lettered without retry).
+        ``opts`` are the message's options, as for :meth:`build` (``session_id``,
+        ``priority``, ``timeout_s``, ``deadline_ms``, ``idempotency_key``, ``target``,
+        ``policy``, ...); with neither ``timeout_s`` nor ``deadline_ms``, the client's
+        ``default_timeout_s`` applies. Raises :class:`RemoteError` (the handler raised),
+        :class:`DeadlineExceeded`, :class:`NoAgentAvailable`, or :class:`Rejected`
+        (dead-lettered without retry).
         """
-        if timeout_s is None and deadline_ms is None:
-            timeout_s = self.default_timeout_s
-        env = self.build(
-            capability,
-            payload,
-            session_id=session_id,
-            priority=priority,
-            timeout_s=timeout_s,
-            deadline_ms=deadline_ms,
-            idempotency_key=idempotency_key,
-            target=target,
-            policy=policy,
-            **kw,
-        )
+        if opts.get("timeout_s") is None and opts.get("deadline_ms") is None:
+            opts["timeout_s"] = self.default_timeout_s
+        env = self.build(capability, payload, **opts)
         return await self.call(env, where=where)
 
     async def call(self, env: Envelope, *, where: Mapping[str, Any] | None = None) -> Any:
