@@ -27,17 +27,26 @@ import re
 import time
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from redis import exceptions as rexc
 
-from . import scripts
 from .connection import AnyRedis, as_text
 from .errors import ConfigError, InvalidCapability, ReachError, StaleRegistration, UnknownAgent
 from .keys import Keys, clean_id
+from .scripts import (
+    Call,
+    DeregisterCode,
+    DrainCode,
+    HeartbeatCode,
+    MarkReadyCode,
+    RegisterCode,
+    agents,
+)
 
 log = logging.getLogger("reach.registry")
+T = TypeVar("T")
 
 CAPABILITY_RE = re.compile(r"^[a-z0-9_]+(\.[a-z0-9_]+)*$")
 STATES = ("active", "probation", "evicted")
@@ -456,22 +465,24 @@ class Registry:
         self.redis = redis
         self.keys = Keys(namespace)
         self.events_maxlen = _int_arg("events_maxlen", events_maxlen, 1, MAX_EVENTS_MAXLEN)
+        self.scripts = agents.RegistryScripts(self.keys, self.events_maxlen)
 
     @property
     def namespace(self) -> str:
         return self.keys.namespace
 
-    async def _call(self, name: str, keys: list[str], args: list[Any]) -> Any:
+    async def _run(self, call: Call[T]) -> T:
+        """Run a registry script; its refusal (``reach: bad ...``) raises ConfigError."""
         try:
-            return await scripts.call(self.redis, name, keys, args)
+            return await call.run(self.redis)
         except rexc.ResponseError as e:
-            err = refusal(name, e)
+            err = refusal(call.script, e)
             if err is not None:
                 raise err from e
             raise
 
     # -- writes -----------------------------------------------------------------------
-    def register_args(
+    def register_call(
         self,
         agent_id: str,
         *,
@@ -485,12 +496,11 @@ class Registry:
         card: Mapping[str, Any] | None = None,
         ready: bool = False,
         max_queue: int = 0,
-    ) -> tuple[list[str], list[Any]]:
-        """The KEYS and ARGV of ``register.lua`` (shared by the async and sync paths).
+    ) -> Call[agents.Registration]:
+        """The ``register.lua`` call (run it, or its synchronous or pipelined form).
 
         Raises :class:`ConfigError` for an argument outside the limits (module docstring).
         """
-        k = self.keys
         agent_id = agent_key_id(agent_id)
         caps = normalize_capabilities(capabilities)
         if (
@@ -501,62 +511,69 @@ class Registry:
             raise ConfigError(
                 f"weight must be a number, 0 < weight <= {MAX_WEIGHT:g}, got {weight!r}."
             )
-        keys = [k.agents, k.agent(agent_id), k.caps, k.events, k.cap_prefix, k.agent_prefix]
-        args = [
+        return self.scripts.register(
             agent_id,
-            _text_arg("instance_id", instance_id),
-            _int_arg("version", version, 0, MAX_VERSION),
-            repr(float(weight)),
-            ",".join(caps),
-            _json_arg("metadata", metadata or {}, MAX_METADATA_BYTES),
-            _int_arg("lease_ms", lease_ms, 1, MAX_LEASE_MS),
-            _int_arg("evict_after_ms", evict_after_ms, 1, MAX_LEASE_MS),
-            self.events_maxlen,
-            _json_arg("card", card, MAX_CARD_BYTES) if card else "",
-            "1" if ready else "0",
-            _int_arg("max_queue", max_queue, 0, MAX_QUEUE),
-        ]
-        return keys, args
+            instance_id=_text_arg("instance_id", instance_id),
+            version=_int_arg("version", version, 0, MAX_VERSION),
+            weight=weight,
+            capabilities=caps,
+            metadata_json=_json_arg("metadata", metadata or {}, MAX_METADATA_BYTES),
+            lease_ms=_int_arg("lease_ms", lease_ms, 1, MAX_LEASE_MS),
+            evict_after_ms=_int_arg("evict_after_ms", evict_after_ms, 1, MAX_LEASE_MS),
+            card_json=_json_arg("card", card, MAX_CARD_BYTES) if card else "",
+            ready=ready,
+            max_queue=_int_arg("max_queue", max_queue, 0, MAX_QUEUE),
+        )
+
+    def register_args(self, agent_id: str, **kw: Any) -> tuple[list[str], list[Any]]:
+        """The KEYS and ARGV of :meth:`register_call` (for callers of ``scripts.call``)."""
+        c = self.register_call(agent_id, **kw)
+        return list(c.keys), list(c.args)
 
     @staticmethod
-    def check_register_reply(agent_id: str, version: int, reply: list[Any]) -> int:
-        code = int(reply[0])
-        if code < 0:
+    def check_registration(
+        agent_id: str, version: int, registration: agents.Registration
+    ) -> RegisterCode:
+        """NEW or REPLACED; raises :class:`StaleRegistration` when a newer version is stored."""
+        if registration.code is RegisterCode.STALE:
             raise StaleRegistration(
-                f"Agent {agent_id!r} is registered with a newer version ({as_text(reply[1])}) than "
-                f"this process ({version}): another process took over this agent_id. Stop "
-                "this one, or give it another agent_id."
+                f"Agent {agent_id!r} is registered with a newer version "
+                f"({registration.stored_version}) than this process ({version}): another "
+                "process took over this agent_id. Stop this one, or give it another agent_id."
             )
-        return code
+        return registration.code
 
-    async def register(self, agent_id: str, **kw: Any) -> int:
-        """Register (or re-register) an agent; returns 1 new, 2 replaced.
+    @classmethod
+    def check_register_reply(cls, agent_id: str, version: int, reply: list[Any]) -> RegisterCode:
+        """:meth:`check_registration` of a raw ``register.lua`` reply."""
+        return cls.check_registration(agent_id, version, agents.decode_registration(reply))
+
+    async def register(self, agent_id: str, **kw: Any) -> RegisterCode:
+        """Register (or re-register) an agent; returns NEW (1) or REPLACED (2).
 
         Raises :class:`StaleRegistration` when a newer version is stored, and
         :class:`ConfigError` for an argument outside the limits (nothing is written).
         """
-        keys, args = self.register_args(agent_id, **kw)
-        reply = await self._call("register", keys, args)
-        return self.check_register_reply(agent_id, kw["version"], reply)
+        registration = await self._run(self.register_call(agent_id, **kw))
+        return self.check_registration(agent_id, kw["version"], registration)
 
-    def heartbeat_args(
+    def heartbeat_call(
         self, agent_id: str, *, instance_id: str, version: int, queue_depth: int, inflight: int
-    ) -> tuple[list[str], list[Any]]:
-        """The KEYS and ARGV of ``heartbeat.lua``. Load figures are clamped to 0..2^53-1 (a
-        heartbeat must not fail over a counter)."""
-        k = self.keys
-        agent_id = agent_key_id(agent_id)
-        return (
-            [k.agents, k.agent(agent_id), k.events],
-            [
-                agent_id,
-                _text_arg("instance_id", instance_id),
-                _int_arg("version", version, 0, MAX_VERSION),
-                min(max(int(queue_depth), 0), MAX_LOAD),
-                min(max(int(inflight), 0), MAX_LOAD),
-                self.events_maxlen,
-            ],
+    ) -> Call[agents.Heartbeat]:
+        """The ``heartbeat.lua`` call. Load figures are clamped to 0..2^53-1 (a heartbeat
+        must not fail over a counter)."""
+        return self.scripts.heartbeat(
+            agent_key_id(agent_id),
+            instance_id=_text_arg("instance_id", instance_id),
+            version=_int_arg("version", version, 0, MAX_VERSION),
+            queue_depth=min(max(int(queue_depth), 0), MAX_LOAD),
+            inflight=min(max(int(inflight), 0), MAX_LOAD),
         )
+
+    def heartbeat_args(self, agent_id: str, **kw: Any) -> tuple[list[str], list[Any]]:
+        """The KEYS and ARGV of :meth:`heartbeat_call` (for callers of ``scripts.call``)."""
+        c = self.heartbeat_call(agent_id, **kw)
+        return list(c.keys), list(c.args)
 
     async def heartbeat(
         self,
@@ -566,73 +583,61 @@ class Registry:
         version: int,
         queue_depth: int = 0,
         inflight: int = 0,
-    ) -> tuple[int, bool]:
-        """Renew the lease. Returns ``(code, draining)``; code as in ``heartbeat.lua``:
-        1 renewed, 2 renewed after probation, 0 not registered (register again), -1 stale
-        (a newer registration of this agent_id exists: stop)."""
-        keys, args = self.heartbeat_args(
-            agent_id,
-            instance_id=instance_id,
-            version=version,
-            queue_depth=queue_depth,
-            inflight=inflight,
+    ) -> tuple[HeartbeatCode, bool]:
+        """Renew the lease. Returns ``(code, draining)``: RENEWED (1), RECOVERED (2, after
+        probation), NOT_REGISTERED (0: register again), STALE (-1: a newer registration of
+        this agent_id exists: stop)."""
+        hb = await self._run(
+            self.heartbeat_call(
+                agent_id,
+                instance_id=instance_id,
+                version=version,
+                queue_depth=queue_depth,
+                inflight=inflight,
+            )
         )
-        reply = await self._call("heartbeat", keys, args)
-        return int(reply[0]), bool(int(reply[1]))
+        return hb.code, hb.draining
 
-    async def deregister(self, agent_id: str, *, instance_id: str = "") -> int:
+    async def deregister(self, agent_id: str, *, instance_id: str = "") -> DeregisterCode:
         """Remove an agent (only ``instance_id``'s registration, when given).
 
-        Returns 1 removed, 0 no such agent, -1 kept (another instance owns it).
+        Returns REMOVED (1), NOT_FOUND (0), OTHER_INSTANCE (-1: kept, another instance
+        owns it).
         """
-        k = self.keys
-        agent_id = agent_key_id(agent_id)
-        return int(
-            await self._call(
-                "deregister",
-                [k.agents, k.agent(agent_id), k.caps, k.events, k.cap_prefix, k.agent_prefix],
-                [agent_id, _text_arg("instance_id", instance_id, 0), self.events_maxlen],
+        return await self._run(
+            self.scripts.deregister(
+                agent_key_id(agent_id), instance_id=_text_arg("instance_id", instance_id, 0)
             )
         )
 
-    async def mark_ready(self, agent_id: str, *, instance_id: str, ready: bool = True) -> int:
-        """Set readiness; returns 1 set, 0 not registered, -1 owned by another instance."""
-        k = self.keys
-        agent_id = agent_key_id(agent_id)
-        return int(
-            await self._call(
-                "mark_ready",
-                [k.agent(agent_id), k.events],
-                [
-                    agent_id,
-                    _text_arg("instance_id", instance_id),
-                    "1" if ready else "0",
-                    self.events_maxlen,
-                ],
+    async def mark_ready(
+        self, agent_id: str, *, instance_id: str, ready: bool = True
+    ) -> MarkReadyCode:
+        """Set readiness; returns SET (1), NOT_REGISTERED (0), OTHER_INSTANCE (-1)."""
+        return await self._run(
+            self.scripts.mark_ready(
+                agent_key_id(agent_id),
+                instance_id=_text_arg("instance_id", instance_id),
+                ready=ready,
             )
         )
 
-    async def drain(self, agent_id: str, *, instance_id: str = "") -> int:
+    async def drain(self, agent_id: str, *, instance_id: str = "") -> DrainCode:
         """Ask an agent to drain: routing stops sending it work, it finishes and leaves.
 
         ``instance_id`` empty: an operator's drain of whatever instance is registered.
         Given: only that instance's registration (a process draining itself), so a stale
         process that stops never drains the newer one that replaced it.
 
-        Returns 1 now draining, 2 already draining, -1 another instance owns the
-        registration (only with ``instance_id``; nothing changed). Raises
+        Returns DRAINING (1), ALREADY_DRAINING (2), OTHER_INSTANCE (-1: another instance
+        owns the registration; only with ``instance_id``, nothing changed). Raises
         :class:`UnknownAgent` when no live agent has that id.
         """
-        k = self.keys
         agent_id = agent_key_id(agent_id)
-        code = int(
-            await self._call(
-                "drain",
-                [k.agent(agent_id), k.events],
-                [agent_id, self.events_maxlen, _text_arg("instance_id", instance_id, 0)],
-            )
+        code = await self._run(
+            self.scripts.drain(agent_id, instance_id=_text_arg("instance_id", instance_id, 0))
         )
-        if code == 0:
+        if code is DrainCode.NOT_FOUND:
             raise UnknownAgent(
                 f"No live agent {agent_id!r} in namespace {self.keys.namespace!r}; "
                 "see `reach agents` for the registered ones."
@@ -652,42 +657,29 @@ class Registry:
         With ``lock_ms > 0`` (at most 1 hour) only the holder of the sweeper lock sweeps;
         others get ``locked=True``. Loops over batches until nothing due is left.
         """
-        k = self.keys
-        args = [
-            _text_arg("owner", owner),
-            _int_arg("lock_ms", lock_ms, 0, MAX_LOCK_MS),
-            _int_arg("shadow_ttl_ms", shadow_ttl_ms, 1, MAX_SHADOW_TTL_MS),
-            _int_arg("batch", batch, 1, MAX_BATCH),
-            self.events_maxlen,
-        ]
+        call = self.scripts.sweep(
+            owner=_text_arg("owner", owner),
+            lock_ms=_int_arg("lock_ms", lock_ms, 0, MAX_LOCK_MS),
+            shadow_ttl_ms=_int_arg("shadow_ttl_ms", shadow_ttl_ms, 1, MAX_SHADOW_TTL_MS),
+            batch=_int_arg("batch", batch, 1, MAX_BATCH),
+        )
         total = SweepResult()
         while True:
-            reply = await self._call(
-                "sweep",
-                [
-                    k.agents,
-                    k.caps,
-                    k.events,
-                    k.sweeper_lock,
-                    k.cap_prefix,
-                    k.agent_prefix,
-                    k.reroute,
-                ],
-                args,
-            )
-            if int(reply[0]) < 0:
+            swept = await self._run(call)
+            if swept.locked:
                 total.locked = True
                 return total
-            due, prob, _n_evicted, dele = (int(x) for x in reply[:4])
-            total.due += due
-            total.probation += prob
-            total.deleted += dele
+            total.due += swept.due
+            total.probation += swept.probation
+            total.deleted += swept.deleted
             total.evicted += [
                 x
-                for x in (decode_id(i, namespace=self.namespace, where="sweep") for i in reply[4:])
+                for x in (
+                    decode_id(i, namespace=self.namespace, where="sweep") for i in swept.evicted
+                )
                 if x
             ]
-            if due < batch:
+            if swept.due < batch:
                 return total
 
     # -- reads ------------------------------------------------------------------------

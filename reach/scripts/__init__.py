@@ -1,9 +1,21 @@
-"""The script layer: the Lua scripts of ``lua/``, loaded with their includes and called by
-SHA (:mod:`reach.scripts._loader`), and the codes they answer with
-(:mod:`reach.scripts.codes`)."""
+"""The script layer: the Lua scripts of ``lua/`` and their typed calls.
+
+* :mod:`reach.scripts._loader` - loads each script with its includes expanded and calls it
+  by SHA, recovering from NOSCRIPT (:func:`call`, :func:`call_sync`, :func:`op`,
+  :func:`run_pipeline`);
+* :mod:`reach.scripts.codes` - the codes the scripts answer with, as IntEnums (the Lua side
+  is rendered from them);
+* one typed call per script: :mod:`reach.scripts.agents` (the registry),
+  :mod:`reach.scripts.delivery` (fetch, claim, takeover, complete, settle) and
+  :mod:`reach.scripts.inbox` (send, enqueue, drop_inbox). Each encodes keyword arguments
+  into KEYS and ARGV and decodes the reply into a typed result; the batched ones take
+  ``cluster`` and choose between one call and a pipeline of per-slot calls.
+"""
 
 from __future__ import annotations
 
+from . import agents, delivery, inbox
+from ._call import Call, run_calls
 from ._loader import (
     Op,
     Script,
@@ -33,6 +45,7 @@ from .codes import (
 )
 
 __all__ = [
+    "Call",
     "ClaimCode",
     "DeregisterCode",
     "DrainCode",
@@ -46,14 +59,18 @@ __all__ = [
     "SettleCode",
     "SweepCode",
     "TakeoverCode",
+    "agents",
     "all_scripts",
     "call",
     "call_sync",
+    "delivery",
     "expand",
+    "inbox",
     "is_data_error",
     "load_all",
     "names",
     "op",
+    "run_calls",
     "run_pipeline",
     "script",
 ]

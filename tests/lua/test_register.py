@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import redis
 
@@ -428,10 +430,17 @@ async def test_registry_refuses_long_capability_names(reg: Registry) -> None:
 
 
 async def test_script_refusal_becomes_a_config_error(reg: Registry) -> None:
-    keys, args = _good_args(reg)
-    args[6] = "nan"
+    good = reg.register_call(
+        "a1",
+        instance_id="i1",
+        version=new_version(),
+        capabilities=["c"],
+        lease_ms=1,
+        evict_after_ms=1,
+    )
+    bad = dataclasses.replace(good, args=(*good.args[:6], "nan", *good.args[7:]))
     with pytest.raises(reach.ConfigError, match=r"register\.lua refused.*lease_ms") as exc:
-        await reg._call("register", keys, args)
+        await reg._run(bad)
     assert isinstance(exc.value.__cause__, redis.ResponseError)
     assert await _namespace_keys(reg) == []
 

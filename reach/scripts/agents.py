@@ -1,0 +1,163 @@
+"""Typed calls of the registry scripts: register, heartbeat, mark_ready, drain, deregister,
+sweep (``lua/<name>.lua``; each header is the contract).
+
+Each method of :class:`RegistryScripts` encodes its arguments into KEYS and ARGV and
+returns a :class:`~reach.scripts.Call` whose reply decodes into the script's code (an
+IntEnum of :mod:`reach.scripts.codes`) or a small frozen result. The registry lives in one hash slot
+per namespace, so these are the same on standalone Redis and on a Cluster.
+
+The values are encoded, not judged: :class:`reach.Registry` checks them against the limits
+of its module (and raises ``ConfigError``); a value out of contract is refused by the
+script itself (``reach: bad ...``) with nothing written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..keys import Keys
+from ._call import Call, as_int, as_text, code_of
+from .codes import (
+    DeregisterCode,
+    DrainCode,
+    HeartbeatCode,
+    MarkReadyCode,
+    RegisterCode,
+    SweepCode,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """``register.lua``'s answer. ``now_ms``: the server time of the registration (NEW,
+    REPLACED); ``stored_version``: the newer version that refused it (STALE)."""
+
+    code: RegisterCode
+    now_ms: int = 0
+    stored_version: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """``heartbeat.lua``'s answer; ``draining``: an operator asked the agent to drain."""
+
+    code: HeartbeatCode
+    draining: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Swept:
+    """What one ``sweep.lua`` call did (``locked``: another runtime holds the sweeper
+    lock, nothing was done). ``evicted`` holds the evicted ids as Redis gave them (bytes:
+    an id is untrusted until decoded). ``due == batch`` means more may be due."""
+
+    locked: bool = False
+    due: int = 0
+    probation: int = 0
+    deleted: int = 0
+    evicted: tuple[Any, ...] = ()
+
+
+def decode_registration(reply: Any) -> Registration:
+    """``register.lua``'s raw reply as a :class:`Registration`."""
+    code = RegisterCode(as_int(reply[0]))
+    if code is RegisterCode.STALE:
+        return Registration(code, stored_version=as_text(reply[1]))
+    return Registration(code, now_ms=as_int(reply[1]))
+
+
+def _heartbeat(reply: Any) -> Heartbeat:
+    return Heartbeat(HeartbeatCode(as_int(reply[0])), bool(as_int(reply[1])))
+
+
+def _swept(reply: Any) -> Swept:
+    if as_int(reply[0]) == SweepCode.LOCKED:
+        return Swept(locked=True)
+    due, probation, _n_evicted, deleted = (as_int(x) for x in reply[:4])
+    return Swept(due=due, probation=probation, deleted=deleted, evicted=tuple(reply[4:]))
+
+
+_deregistered = code_of(DeregisterCode)
+_marked = code_of(MarkReadyCode)
+_drained = code_of(DrainCode)
+
+
+@dataclass(frozen=True, slots=True)
+class RegistryScripts:
+    """The registry scripts of one namespace (``keys``), whose events stream is trimmed to
+    about ``events_maxlen`` entries. ``agent_id`` is always the id the agent's keys are
+    named by (braces removed)."""
+
+    keys: Keys
+    events_maxlen: int
+
+    def _hash_and_prefixes(self, agent_id: str) -> tuple[str, ...]:
+        k = self.keys
+        return (k.agents, k.agent(agent_id), k.caps, k.events, k.cap_prefix, k.agent_prefix)
+
+    def register(
+        self,
+        agent_id: str,
+        *,
+        instance_id: str,
+        version: int,
+        weight: float,
+        capabilities: Sequence[str],
+        metadata_json: str,
+        lease_ms: int,
+        evict_after_ms: int,
+        card_json: str = "",
+        ready: bool = False,
+        max_queue: int = 0,
+    ) -> Call[Registration]:
+        """Register ``agent_id``, or replace an older registration of it.
+        ``capabilities``: normalised names; ``metadata_json`` and ``card_json`` (``''``:
+        none): JSON objects as text."""
+        args = (
+            agent_id,
+            instance_id,
+            version,
+            repr(float(weight)),
+            ",".join(capabilities),
+            metadata_json,
+            lease_ms,
+            evict_after_ms,
+            self.events_maxlen,
+            card_json,
+            "1" if ready else "0",
+            max_queue,
+        )
+        return Call("register", self._hash_and_prefixes(agent_id), args, decode_registration)
+
+    def heartbeat(
+        self, agent_id: str, *, instance_id: str, version: int, queue_depth: int, inflight: int
+    ) -> Call[Heartbeat]:
+        """Renew the lease of ``instance_id``'s registration and report its load."""
+        keys = (self.keys.agents, self.keys.agent(agent_id), self.keys.events)
+        args = (agent_id, instance_id, version, queue_depth, inflight, self.events_maxlen)
+        return Call("heartbeat", keys, args, _heartbeat)
+
+    def deregister(self, agent_id: str, *, instance_id: str = "") -> Call[DeregisterCode]:
+        """Remove the registration (only ``instance_id``'s, when given)."""
+        args = (agent_id, instance_id, self.events_maxlen)
+        return Call("deregister", self._hash_and_prefixes(agent_id), args, _deregistered)
+
+    def mark_ready(self, agent_id: str, *, instance_id: str, ready: bool) -> Call[MarkReadyCode]:
+        """Set the readiness of ``instance_id``'s registration."""
+        args = (agent_id, instance_id, "1" if ready else "0", self.events_maxlen)
+        return Call("mark_ready", (self.keys.agent(agent_id), self.keys.events), args, _marked)
+
+    def drain(self, agent_id: str, *, instance_id: str = "") -> Call[DrainCode]:
+        """Mark the agent draining; only ``instance_id``'s registration when given
+        (``''``: whatever instance is registered, an operator's drain)."""
+        args = (agent_id, self.events_maxlen, instance_id)
+        return Call("drain", (self.keys.agent(agent_id), self.keys.events), args, _drained)
+
+    def sweep(self, *, owner: str, lock_ms: int, shadow_ttl_ms: int, batch: int) -> Call[Swept]:
+        """One sweep of at most ``batch`` due agents (``lock_ms`` 0: without the lock)."""
+        k = self.keys
+        keys = (k.agents, k.caps, k.events, k.sweeper_lock, k.cap_prefix, k.agent_prefix)
+        args = (owner, lock_ms, shadow_ttl_ms, batch, self.events_maxlen)
+        return Call("sweep", (*keys, k.reroute), args, _swept)

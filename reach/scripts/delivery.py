@@ -1,0 +1,393 @@
+"""Typed calls of the delivery scripts: fetch, claim, takeover, complete, settle
+(``lua/<name>.lua``; each header is the contract).
+
+Idempotency records live in a slot each. On standalone Redis one call serves a whole batch;
+on a Cluster each record needs its own call (pipelined), and ``settle.lua``, whose batch
+spans inboxes, records and reply streams, becomes ``complete.lua`` per record and then a
+pipeline of the rest. :func:`claim`, :func:`complete` and :func:`settle` take ``cluster``
+and make that choice, so a caller writes one code path.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from redis import exceptions as rexc
+
+from ..connection import AnyRedis
+from ..keys import GROUP, Keys
+from ._call import Call, as_bytes, as_int, as_text, code_of, run_calls
+from ._loader import Op, is_data_error, run_pipeline
+from .codes import ClaimCode, SettleCode, TakeoverCode
+
+log = logging.getLogger("reach.scripts")
+
+
+class Mode(StrEnum):
+    """What a completion does with the idempotency key."""
+
+    DONE = "done"
+    """Final: the reply is stored, later deliveries of the key replay it."""
+    RELEASE = "release"
+    """The key may be claimed and run again (a retry, a dead letter that may be replayed)."""
+
+
+# -- fetch ---------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    """What ``fetch.lua`` read. ``inboxes``: (stream key, entries) of each priority, high
+    first, entries as Redis gives them (``[id, [field, value, ...]]``, untrusted);
+    ``*_waiting``: that priority got nothing although it has unread entries."""
+
+    inboxes: tuple[tuple[str, list[Any]], ...]
+    normal_waiting: bool
+    low_waiting: bool
+
+    @property
+    def got(self) -> list[tuple[str, list[Any]]]:
+        """The (stream key, entries) of the priorities that gave entries."""
+        return [(k, entries) for k, entries in self.inboxes if entries]
+
+
+def fetch(
+    keys: Keys, *, agent_id: str, n: int, keep_normal: int, keep_low: int, group: str = GROUP
+) -> Call[Fetched]:
+    """Read up to ``n`` new entries of ``agent_id``'s inbox, high priority first, keeping
+    ``keep_normal`` and ``keep_low`` slots for the lower priorities while they have work.
+    Raises ``ResponseError`` NOGROUP when a stream or its group is missing (nothing read)."""
+    inboxes = tuple(keys.inboxes(agent_id))
+
+    def decode(reply: Any) -> Fetched:
+        return Fetched(
+            tuple(zip(inboxes, (list(e) for e in reply[:3]), strict=True)),
+            bool(as_int(reply[3])),
+            bool(as_int(reply[4])),
+        )
+
+    return Call("fetch", inboxes, (group, agent_id, n, keep_normal, keep_low), decode)
+
+
+# -- claim ---------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ClaimItem:
+    """One key to claim: its idempotency record, the lease of the claim, the delivery."""
+
+    key: str
+    lease_ms: int
+    msg_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """One key's answer: RUN with ``fence`` (complete with it), REPLAY with the stored
+    ``reply``, or BUSY with the ``owner`` of the claim that holds it."""
+
+    code: ClaimCode
+    fence: int = 0
+    reply: bytes = b""
+    owner: str = ""
+
+
+def decode_claimed(answer: Any) -> Claimed:
+    """One key's answer of ``claim.lua`` (``{code, value}``)."""
+    code = ClaimCode(as_int(answer[0]))
+    if code is ClaimCode.RUN:
+        return Claimed(code, fence=as_int(answer[1]))
+    if code is ClaimCode.REPLAY:
+        return Claimed(code, reply=as_bytes(answer[1]))
+    return Claimed(code, owner=as_text(answer[1]))
+
+
+def _claims(reply: Any) -> list[Claimed]:
+    return [decode_claimed(a) for a in reply]
+
+
+def claim_call(
+    items: Sequence[ClaimItem], *, owner: str, ttl_ms: int, agent_id: str
+) -> Call[list[Claimed]]:
+    """One ``claim.lua`` call for ``items`` (their keys in one slot: one key, or standalone
+    Redis). ``owner``: ``"<agent_id>/<instance_id>"``; ``ttl_ms``: how long records live."""
+    args: list[Any] = [owner, ttl_ms, agent_id]
+    for it in items:
+        args += [it.lease_ms, it.msg_id]
+    return Call("claim", tuple(it.key for it in items), tuple(args), _claims)
+
+
+async def claim(
+    r: AnyRedis,
+    items: Sequence[ClaimItem],
+    *,
+    cluster: bool,
+    owner: str,
+    ttl_ms: int,
+    agent_id: str,
+) -> list[Claimed | Exception]:
+    """Claim ``items``: one answer, or the error that refused it, per item.
+
+    Standalone: one call for the batch. A refusal refuses the whole batch (nothing is
+    written); when it is for the data (a record of the wrong type), each item is claimed
+    alone, so only the culprit gets the refusal. Cluster: one call per key, pipelined,
+    each with its own answer or error. Errors other than a refusal on standalone Redis
+    (connection, timeout) raise."""
+    if not items:
+        return []
+    if cluster:
+        calls = [claim_call([it], owner=owner, ttl_ms=ttl_ms, agent_id=agent_id) for it in items]
+        return [x if isinstance(x, Exception) else x[0] for x in await run_calls(r, calls)]
+    try:
+        return list(await claim_call(items, owner=owner, ttl_ms=ttl_ms, agent_id=agent_id).run(r))
+    except rexc.ResponseError as e:
+        if len(items) == 1 or not is_data_error(e):
+            return [e] * len(items)
+    out: list[Claimed | Exception] = []
+    for it in items:
+        try:
+            out += await claim_call([it], owner=owner, ttl_ms=ttl_ms, agent_id=agent_id).run(r)
+        except rexc.ResponseError as e:
+            out.append(e)
+    return out
+
+
+def takeover(key: str, *, owner: str) -> Call[TakeoverCode]:
+    """End the claim of record ``key`` if ``owner`` (judged gone; ``''`` when none was
+    read) still holds it: ENDED (claim it again) or OWNER_CHANGED (leave it)."""
+    return Call("takeover", (key,), (owner,), code_of(TakeoverCode))
+
+
+# -- complete and settle -------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """What to store in a claimed idempotency record ``key``, if ``fence`` still holds it:
+    the task ``status`` (one of ``reach.outcomes.COMPLETION_STATUSES``) and ``error``; the
+    reply too when ``mode`` is DONE."""
+
+    key: str
+    fence: int
+    status: str
+    mode: Mode | str
+    error: str = ""
+
+
+def _codes(reply: Any) -> list[SettleCode]:
+    return [SettleCode(as_int(c)) for c in reply]
+
+
+def complete_call(
+    items: Sequence[tuple[Completion, bytes]], *, ttl_ms: int
+) -> Call[list[SettleCode]]:
+    """One ``complete.lua`` call for (completion, reply) pairs (their records in one slot).
+    The reply is sent only for DONE: only then is it stored."""
+    args: list[Any] = [ttl_ms]
+    for c, reply in items:
+        args += [c.fence, c.status, reply if c.mode == Mode.DONE else "", c.mode, c.error]
+    return Call("complete", tuple(c.key for c, _ in items), tuple(args), _codes)
+
+
+async def complete(
+    r: AnyRedis, items: Sequence[tuple[Completion, bytes]], *, cluster: bool, ttl_ms: int
+) -> list[SettleCode | Exception]:
+    """Store each completion: SETTLED, FENCED, or the error that refused it, per item.
+    Standalone: one call (a refusal answers for every item); Cluster: one per key,
+    pipelined. Errors other than a refusal on standalone Redis raise."""
+    if not items:
+        return []
+    if cluster:
+        calls = [complete_call([it], ttl_ms=ttl_ms) for it in items]
+        return [x if isinstance(x, Exception) else x[0] for x in await run_calls(r, calls)]
+    try:
+        return list(await complete_call(items, ttl_ms=ttl_ms).run(r))
+    except rexc.ResponseError as e:
+        return [e] * len(items)
+
+
+@dataclass(frozen=True, slots=True)
+class SettleItem:
+    """One handled inbox entry to settle, in this order: its ``completion`` (if any; when
+    fenced, nothing else is done for it), its ``reply`` published to ``reply_stream``
+    (``''``: nobody waits), its follow-up ``ops``, then the ack and delete of ``entry_id``
+    in ``inbox`` (``''``: no ack).
+
+    ``ops`` may only be ``("XADD", key, [MAXLEN, [~|=], n,] "*", field, value, ...)`` and
+    ``("ZADD", key, score, member, ...)``: what settle.lua accepts.
+    """
+
+    inbox: str
+    entry_id: Any
+    completion: Completion | None = None
+    reply: bytes = b""
+    reply_stream: str = ""
+    ops: tuple[Op, ...] = ()
+
+
+def settle_call(
+    items: Sequence[SettleItem], *, ttl_ms: int, group: str = GROUP
+) -> Call[list[SettleCode]]:
+    """One ``settle.lua`` call for ``items`` (standalone Redis: any keys). ``ttl_ms``: how
+    long records and reply streams live."""
+    keys: list[str] = []
+    index: dict[str, int] = {}
+
+    def ki(key: str) -> int:
+        i = index.get(key)
+        if i is None:
+            keys.append(key)
+            i = index[key] = len(keys)
+        return i
+
+    args: list[Any] = [ttl_ms, group, len(items)]
+    for it in items:
+        c = it.completion
+        if c is not None:
+            args += [ki(c.key), c.fence, c.status, it.reply, c.mode, c.error]
+        else:
+            args += [0, "", "", it.reply, "", ""]
+        args += [
+            ki(it.reply_stream) if it.reply_stream else 0,
+            ki(it.inbox) if it.inbox else 0,
+            it.entry_id,
+            len(it.ops),
+        ]
+        for name, key, *rest in it.ops:
+            args += [name, ki(key), len(rest), *rest]
+    return Call("settle", tuple(keys), tuple(args), _codes)
+
+
+Refused = Callable[[int, SettleItem, Exception], SettleItem | None]
+"""``on_refused(index, item, refusal)``: what to settle instead of item ``index``, whose
+completion (or settle) was refused for the data (e.g. its record is not a hash), or None
+to only ack it. The replacement must carry no completion."""
+
+
+async def settle(
+    r: AnyRedis,
+    items: Sequence[SettleItem],
+    *,
+    cluster: bool,
+    ttl_ms: int,
+    group: str = GROUP,
+    on_refused: Refused | None = None,
+    on_round_trip: Callable[[str], None] | None = None,
+) -> list[SettleCode | Exception]:
+    """Settle ``items``: per item SETTLED (everything written, acked last), FENCED (its
+    record was claimed by another owner since: nothing written, not acked), or an error:
+    it was not settled (Cluster: its completion failed and the entry stays pending;
+    standalone: it was refused even as ``on_refused``'s replacement, and only acked and
+    deleted).
+
+    Standalone Redis: one ``settle.lua`` call, atomic. When refused for the data, each item
+    is settled alone, and one refused alone is replaced by ``on_refused``. Other errors
+    raise (nothing written). Cluster: ``complete.lua`` per record (a refused one replaced
+    by ``on_refused``), then one pipeline: replies, ops, and the acks last; a command of
+    it that fails is logged. ``on_round_trip(script)`` is called before each round trip.
+    """
+    trip = on_round_trip or (lambda _name: None)
+    if cluster:
+        return await _settle_pipelined(r, list(items), ttl_ms, group, on_refused, trip)
+    trip("settle")
+    try:
+        return list(await settle_call(items, ttl_ms=ttl_ms, group=group).run(r))
+    except rexc.ResponseError as e:
+        if not is_data_error(e):
+            raise
+        log.warning("settling a batch of %d failed (%s): settling one by one", len(items), e)
+    return [
+        await _settle_alone(r, i, it, ttl_ms, group, on_refused, trip) for i, it in enumerate(items)
+    ]
+
+
+async def _settle_alone(
+    r: AnyRedis,
+    i: int,
+    item: SettleItem,
+    ttl_ms: int,
+    group: str,
+    on_refused: Refused | None,
+    trip: Callable[[str], None],
+) -> SettleCode | Exception:
+    """Standalone: settle one item; if refused, its replacement; if that is refused too
+    (or there is none), ack and delete its entry: it can never be settled."""
+
+    async def attempt(it: SettleItem) -> SettleCode | Exception:
+        trip("settle")
+        try:
+            return (await settle_call([it], ttl_ms=ttl_ms, group=group).run(r))[0]
+        except rexc.ResponseError as e:
+            if not is_data_error(e):
+                raise
+            return e
+
+    res = await attempt(item)
+    if isinstance(res, Exception):
+        replacement = on_refused(i, item, res) if on_refused else None
+        if replacement is not None:
+            res = await attempt(replacement)
+    if isinstance(res, Exception):
+        log.error(
+            "entry %r of %s dropped: it cannot be settled (%s)", item.entry_id, item.inbox, res
+        )
+        if item.inbox:
+            await run_pipeline(
+                r, [("XACK", item.inbox, group, item.entry_id), ("XDEL", item.inbox, item.entry_id)]
+            )
+    return res
+
+
+async def _settle_pipelined(
+    r: AnyRedis,
+    items: list[SettleItem],
+    ttl_ms: int,
+    group: str,
+    on_refused: Refused | None,
+    trip: Callable[[str], None],
+) -> list[SettleCode | Exception]:
+    out: list[SettleCode | Exception | None] = [None] * len(items)
+    completing = [(i, it, it.completion) for i, it in enumerate(items) if it.completion]
+    ok = {i for i, it in enumerate(items) if it.completion is None}
+    if completing:
+        trip("complete")
+        res = await complete(
+            r, [(c, it.reply) for _, it, c in completing], cluster=True, ttl_ms=ttl_ms
+        )
+        for (i, it, _), x in zip(completing, res, strict=True):
+            if is_data_error(x):  # its record is of the wrong type: what replaces it, and ack
+                assert isinstance(x, Exception)
+                rep = on_refused(i, it, x) if on_refused else None
+                if rep is not None and rep.completion is not None:
+                    raise ValueError("settle: a replacement item must carry no completion")
+                items[i] = rep or SettleItem(inbox=it.inbox, entry_id=it.entry_id)
+                ok.add(i)
+            elif isinstance(x, Exception):
+                out[i] = x
+            elif x is SettleCode.SETTLED:
+                ok.add(i)
+            else:
+                out[i] = SettleCode.FENCED
+    done = [it for i, it in enumerate(items) if i in ok]
+    ops: list[Op] = []
+    for it in done:
+        if it.reply_stream:
+            ops += [
+                ("XADD", it.reply_stream, "*", "r", it.reply),
+                ("PEXPIRE", it.reply_stream, ttl_ms),
+            ]
+        ops += it.ops
+    acks: dict[str, list[Any]] = {}
+    for it in done:
+        if it.inbox:
+            acks.setdefault(it.inbox, []).append(it.entry_id)
+    for stream, ids in acks.items():  # acks last: after replies, dead letters, retries
+        ops += [("XACK", stream, group, *ids), ("XDEL", stream, *ids)]
+    if ops:
+        trip("settle")
+        errs = [x for x in await run_pipeline(r, ops) if isinstance(x, Exception)]
+        if errs:
+            log.warning("%d settle commands failed, first: %s", len(errs), errs[0])
+    result: list[SettleCode | Exception] = []
+    for i, got in enumerate(out):
+        assert got is not None or i in ok
+        result.append(SettleCode.SETTLED if got is None else got)
+    return result

@@ -1,0 +1,137 @@
+"""Typed calls of the inbox scripts: send, enqueue, drop_inbox (``lua/<name>.lua``; each
+header is the contract).
+
+Sending adds the message to the agent's inbox (unless it is at the agent's bound) and
+marks its idempotency record pending. On standalone Redis ``send.lua`` does both in one
+step. On a Cluster the inbox and the record are in different slots: ``enqueue.lua`` adds
+to the inbox within its bound (or a plain XADD when unbounded), then :func:`pending_ops`
+write the record. :func:`send` takes ``cluster`` and makes that choice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..connection import AnyRedis
+from ..keys import Keys
+from ._call import Call, as_text, code_of
+from ._loader import Op, run_pipeline
+from .codes import DropInboxCode
+
+MAX_BOUND = 999_999_999_999_999
+"""The largest max_queue send.lua and enqueue.lua take; a larger bound is sent as this."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """The inbox entry id of the added message, or (``refused``) the depth of the inbox
+    (queued + being handled) that was at or over its bound: nothing was written."""
+
+    entry_id: str = ""
+    depth: int = 0
+
+    @property
+    def refused(self) -> bool:
+        return not self.entry_id
+
+
+def _sent(reply: Any) -> Sent:
+    # An integer reply is the depth of a full inbox; anything else the new entry's id.
+    return Sent(depth=reply) if isinstance(reply, int) else Sent(entry_id=as_text(reply))
+
+
+def _bound(max_queue: int) -> int:
+    return min(max(0, max_queue), MAX_BOUND)
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A message to add to an agent's inbox: its encoded envelope ``data`` and what its
+    idempotency record keeps. ``key``: the record's key (the caller's idempotency key, or
+    the msg_id); ``idempotency_key``: the caller's, or ``''``."""
+
+    data: bytes
+    capability: str
+    attempt: int
+    msg_id: str
+    key: str
+    idempotency_key: str = ""
+
+
+def send_call(
+    keys: Keys, m: Message, *, agent_id: str, priority: str, ttl_ms: int, max_queue: int = 0
+) -> Call[Sent]:
+    """One ``send.lua`` call (standalone Redis): add ``m`` to the inbox of ``agent_id`` at
+    ``priority`` unless it holds ``max_queue`` entries (0: unbounded), and mark its record
+    pending; record and pointer live ``ttl_ms``."""
+    bound = _bound(max_queue)
+    k = [keys.inbox(agent_id, priority), keys.idem(m.key), keys.task(m.msg_id)]
+    if bound:
+        k += keys.inboxes(agent_id)
+    args = (m.data, m.capability, m.attempt, m.msg_id, m.idempotency_key, ttl_ms, bound)
+    return Call("send", tuple(k), args, _sent)
+
+
+def enqueue_call(
+    keys: Keys, data: bytes, *, agent_id: str, priority: str, max_queue: int
+) -> Call[Sent]:
+    """One ``enqueue.lua`` call: add ``data`` to the inbox of ``agent_id`` at ``priority``
+    unless it holds ``max_queue`` (at least 1) entries. The record is not written."""
+    inbox = keys.inbox(agent_id, priority)
+    return Call("enqueue", (inbox, *keys.inboxes(agent_id)), (data, _bound(max_queue)), _sent)
+
+
+def pending_ops(keys: Keys, m: Message, *, ttl_ms: int) -> list[Op]:
+    """The commands that mark ``m``'s record pending (kept if a record exists), as
+    ``send.lua`` does: for a Cluster, where the record is in its own slot."""
+    rec = keys.idem(m.key)
+    ops: list[Op] = [
+        ("HSETNX", rec, "status", "pending"),
+        ("HSET", rec, "capability", m.capability, "attempt", m.attempt, "sent_msg_id", m.msg_id),
+        ("PEXPIRE", rec, ttl_ms),
+    ]
+    if m.idempotency_key:
+        ops.append(("SET", keys.task(m.msg_id), m.idempotency_key, "PX", ttl_ms))
+    return ops
+
+
+async def send(
+    r: AnyRedis,
+    keys: Keys,
+    m: Message,
+    *,
+    cluster: bool,
+    agent_id: str,
+    priority: str,
+    ttl_ms: int,
+    max_queue: int = 0,
+) -> Sent:
+    """Add ``m`` to the inbox of ``agent_id`` (refused at ``max_queue``; 0: unbounded) and
+    mark its record pending. Standalone: one ``send.lua`` step. Cluster: ``enqueue.lua``
+    (bounded) or an XADD, then the record's commands (their errors are not raised: the
+    message is sent, its record is a status only). Errors raise; nothing is sent then."""
+    if not cluster:
+        return await send_call(
+            keys, m, agent_id=agent_id, priority=priority, ttl_ms=ttl_ms, max_queue=max_queue
+        ).run(r)
+    record = pending_ops(keys, m, ttl_ms=ttl_ms)
+    if _bound(max_queue):
+        sent = await enqueue_call(
+            keys, m.data, agent_id=agent_id, priority=priority, max_queue=max_queue
+        ).run(r)
+        if not sent.refused:
+            await run_pipeline(r, record)
+        return sent
+    out = await run_pipeline(
+        r, [("XADD", keys.inbox(agent_id, priority), "*", "e", m.data), *record]
+    )
+    if isinstance(out[0], Exception):
+        raise out[0]
+    return Sent(entry_id=as_text(out[0]))
+
+
+def drop_inbox(keys: Keys, *, agent_id: str) -> Call[DropInboxCode]:
+    """Delete ``agent_id``'s three inbox streams (and their group) if all are empty:
+    DROPPED (or nothing to drop), or KEPT."""
+    return Call("drop_inbox", tuple(keys.inboxes(agent_id)), (), code_of(DropInboxCode))

@@ -1,0 +1,239 @@
+"""The typed script calls: what each encodes into KEYS and ARGV, and how each reads its
+reply (no Redis here: tests/lua/test_typed_calls.py runs them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from reach import scripts
+from reach.keys import Keys
+from reach.scripts import agents, codes, delivery, inbox
+from reach.scripts.delivery import ClaimItem, Completion, Mode, SettleItem
+
+K = Keys("ns")
+
+
+R = agents.RegistryScripts(K, events_maxlen=1000)
+
+
+def test_every_script_has_a_typed_call() -> None:
+    made = {
+        R.register(
+            "a",
+            instance_id="i",
+            version=1,
+            weight=1,
+            capabilities=["c"],
+            metadata_json="{}",
+            lease_ms=1,
+            evict_after_ms=1,
+        ).script,
+        R.heartbeat("a", instance_id="i", version=1, queue_depth=0, inflight=0).script,
+        R.deregister("a").script,
+        R.mark_ready("a", instance_id="i", ready=True).script,
+        R.drain("a").script,
+        R.sweep(owner="o", lock_ms=0, shadow_ttl_ms=1, batch=1).script,
+        delivery.fetch(K, agent_id="a", n=1, keep_normal=0, keep_low=0).script,
+        delivery.claim_call([], owner="o", ttl_ms=1, agent_id="a").script,
+        delivery.takeover("k", owner="o").script,
+        delivery.complete_call([], ttl_ms=1).script,
+        delivery.settle_call([], ttl_ms=1).script,
+        inbox.send_call(K, _msg(), agent_id="a", priority="high", ttl_ms=1).script,
+        inbox.enqueue_call(K, b"", agent_id="a", priority="high", max_queue=1).script,
+        inbox.drop_inbox(K, agent_id="a").script,
+    }
+    assert made | {"give_up"} >= set(scripts.names())
+
+
+# -- registry -------------------------------------------------------------------------------
+def test_register_encodes_the_header_layout() -> None:
+    c = R.register(
+        "a1",
+        instance_id="i1",
+        version=7,
+        weight=2,
+        capabilities=["c", "d.e"],
+        metadata_json='{"x":1}',
+        lease_ms=100,
+        evict_after_ms=200,
+        card_json="",
+        ready=True,
+        max_queue=5,
+    )
+    assert c.keys == (K.agents, K.agent("a1"), K.caps, K.events, K.cap_prefix, K.agent_prefix)
+    assert c.args == ("a1", "i1", 7, "2.0", "c,d.e", '{"x":1}', 100, 200, 1000, "", "1", 5)
+    assert c.op() == ("EVALSHA", scripts.script("register").sha, 6, *c.keys, *c.args)
+
+
+@pytest.mark.parametrize(
+    ("reply", "want"),
+    [
+        ([1, 1700000000000], agents.Registration(codes.RegisterCode.NEW, now_ms=1700000000000)),
+        ([2, b"5"], agents.Registration(codes.RegisterCode.REPLACED, now_ms=5)),
+        (
+            [-1, b"1700000000000001"],
+            agents.Registration(codes.RegisterCode.STALE, 0, "1700000000000001"),
+        ),
+    ],
+)
+def test_register_reply(reply: list[Any], want: agents.Registration) -> None:
+    assert agents.decode_registration(reply) == want
+
+
+def test_heartbeat_and_the_single_code_replies() -> None:
+    hb = R.heartbeat("a", instance_id="i", version=3, queue_depth=4, inflight=5)
+    assert hb.keys == (K.agents, K.agent("a"), K.events)
+    assert hb.args == ("a", "i", 3, 4, 5, 1000)
+    assert hb.decode([2, 1]) == agents.Heartbeat(codes.HeartbeatCode.RECOVERED, draining=True)
+    assert hb.decode([-1, 0]) == agents.Heartbeat(codes.HeartbeatCode.STALE, draining=False)
+    d = R.drain("a")
+    assert (d.keys, d.args) == ((K.agent("a"), K.events), ("a", 1000, ""))
+    assert (
+        d.decode(0) is codes.DrainCode.NOT_FOUND and d.decode(2) is codes.DrainCode.ALREADY_DRAINING
+    )
+    dr = R.deregister("a", instance_id="i")
+    assert (
+        dr.keys
+        == R.register(
+            "a",
+            instance_id="i",
+            version=1,
+            weight=1,
+            capabilities=["c"],
+            metadata_json="{}",
+            lease_ms=1,
+            evict_after_ms=1,
+        ).keys
+    )
+    assert dr.args == ("a", "i", 1000) and dr.decode(-1) is codes.DeregisterCode.OTHER_INSTANCE
+    m = R.mark_ready("a", instance_id="i", ready=False)
+    assert m.args == ("a", "i", "0", 1000) and m.decode(1) is codes.MarkReadyCode.SET
+    with pytest.raises(ValueError):
+        m.decode(7)  # not a code of mark_ready.lua
+
+
+def test_sweep_reply() -> None:
+    c = R.sweep(owner="o", lock_ms=10, shadow_ttl_ms=20, batch=30)
+    assert c.keys[3] == K.sweeper_lock and c.keys[6] == K.reroute
+    assert c.args == ("o", 10, 20, 30, 1000)
+    assert c.decode([-1]) == agents.Swept(locked=True)
+    assert c.decode([5, 1, 2, 3, b"a", b"b"]) == agents.Swept(
+        due=5, probation=1, deleted=3, evicted=(b"a", b"b")
+    )
+
+
+# -- delivery -------------------------------------------------------------------------------
+def test_fetch_pairs_entries_with_their_stream() -> None:
+    c = delivery.fetch(K, agent_id="a", n=10, keep_normal=1, keep_low=1)
+    assert c.keys == tuple(K.inboxes("a"))
+    assert c.args == ("reach", "a", 10, 1, 1)
+    entry = [b"1-0", [b"e", b"x"]]
+    got = c.decode([[], [entry], [], 0, 1])
+    assert got.normal_waiting is False and got.low_waiting is True
+    assert got.got == [(K.inbox("a", "normal"), [entry])]
+    assert [k for k, _ in got.inboxes] == K.inboxes("a")
+
+
+def test_claim_encodes_a_head_and_two_argv_per_key() -> None:
+    items = [ClaimItem("k1", 1000, "m1"), ClaimItem("k2", 2000, "m2")]
+    c = delivery.claim_call(items, owner="a/i", ttl_ms=99, agent_id="a")
+    assert c.keys == ("k1", "k2")
+    assert c.args == ("a/i", 99, "a", 1000, "m1", 2000, "m2")
+    assert c.decode([[1, 7], [2, b"r"], [3, b"b/j"]]) == [
+        delivery.Claimed(codes.ClaimCode.RUN, fence=7),
+        delivery.Claimed(codes.ClaimCode.REPLAY, reply=b"r"),
+        delivery.Claimed(codes.ClaimCode.BUSY, owner="b/j"),
+    ]
+    assert delivery.decode_claimed([2, b""]).reply == b""
+    assert delivery.decode_claimed([3, b"\xff/x"]).owner == "\ufffd/x"  # untrusted bytes
+
+
+def test_takeover() -> None:
+    c = delivery.takeover("k", owner="")
+    assert (c.keys, c.args) == (("k",), ("",))
+    assert (
+        c.decode(1) is codes.TakeoverCode.ENDED and c.decode(0) is codes.TakeoverCode.OWNER_CHANGED
+    )
+
+
+def test_complete_sends_the_reply_only_when_it_is_stored() -> None:
+    done = Completion("k1", 3, "succeeded", Mode.DONE)
+    again = Completion("k2", 4, "retrying", "release", "boom")
+    c = delivery.complete_call([(done, b"r1"), (again, b"r2")], ttl_ms=50)
+    assert c.keys == ("k1", "k2")
+    assert c.args == (50, 3, "succeeded", b"r1", "done", "", 4, "retrying", "", "release", "boom")
+    assert c.decode([1, 0]) == [codes.SettleCode.SETTLED, codes.SettleCode.FENCED]
+
+
+def test_settle_indexes_each_key_once_in_order_of_first_use() -> None:
+    items = [
+        SettleItem(
+            "in:1",
+            b"1-0",
+            Completion("rec", 2, "succeeded", Mode.DONE),
+            reply=b"R",
+            reply_stream="rep",
+            ops=(("XADD", "dlq", "MAXLEN", "~", 10, "*", "f", "v"),),
+        ),
+        SettleItem("in:1", b"2-0", ops=(("ZADD", "delayed", 12, b"env"),)),
+        SettleItem("", "3-0", reply=b"", reply_stream="rep"),
+    ]
+    c = delivery.settle_call(items, ttl_ms=60, group="g")
+    assert c.keys == ("rec", "rep", "in:1", "dlq", "delayed")
+    assert c.args == (
+        *(60, "g", 3),
+        *(1, 2, "succeeded", b"R", "done", "", 2, 3, b"1-0", 1),
+        *("XADD", 4, 6, "MAXLEN", "~", 10, "*", "f", "v"),
+        *(0, "", "", b"", "", "", 0, 3, b"2-0", 1),
+        *("ZADD", 5, 2, 12, b"env"),
+        *(0, "", "", b"", "", "", 2, 0, "3-0", 0),
+    )
+    assert c.decode([1, 0, 1]) == [
+        codes.SettleCode.SETTLED,
+        codes.SettleCode.FENCED,
+        codes.SettleCode.SETTLED,
+    ]
+
+
+# -- inbox ----------------------------------------------------------------------------------
+def _msg(idempotency_key: str = "") -> inbox.Message:
+    return inbox.Message(
+        data=b"env",
+        capability="cap",
+        attempt=2,
+        msg_id="m1",
+        key=idempotency_key or "m1",
+        idempotency_key=idempotency_key,
+    )
+
+
+def test_send_takes_the_three_inboxes_only_with_a_bound() -> None:
+    c = inbox.send_call(K, _msg("ik"), agent_id="a", priority="low", ttl_ms=70)
+    assert c.keys == (K.inbox("a", "low"), K.idem("ik"), K.task("m1"))
+    assert c.args == (b"env", "cap", 2, "m1", "ik", 70, 0)
+    bounded = inbox.send_call(K, _msg(), agent_id="a", priority="low", ttl_ms=70, max_queue=10**20)
+    assert bounded.keys[3:] == tuple(K.inboxes("a"))
+    assert bounded.args[-1] == inbox.MAX_BOUND
+    assert c.decode(b"1-0") == inbox.Sent(entry_id="1-0")
+    refused = c.decode(12)
+    assert refused.refused and refused.depth == 12
+
+
+def test_enqueue_and_the_pending_record_commands() -> None:
+    c = inbox.enqueue_call(K, b"env", agent_id="a", priority="high", max_queue=3)
+    assert c.keys == (K.inbox("a", "high"), *K.inboxes("a"))
+    assert c.args == (b"env", 3)
+    assert inbox.pending_ops(K, _msg(), ttl_ms=5) == [
+        ("HSETNX", K.idem("m1"), "status", "pending"),
+        ("HSET", K.idem("m1"), "capability", "cap", "attempt", 2, "sent_msg_id", "m1"),
+        ("PEXPIRE", K.idem("m1"), 5),
+    ]
+    assert inbox.pending_ops(K, _msg("ik"), ttl_ms=5)[-1] == ("SET", K.task("m1"), "ik", "PX", 5)
+
+
+def test_drop_inbox() -> None:
+    c = inbox.drop_inbox(K, agent_id="a")
+    assert (c.keys, c.args) == (tuple(K.inboxes("a")), ())
+    assert c.decode(0) is codes.DropInboxCode.KEPT
