@@ -158,6 +158,25 @@ def takeover(key: str, *, owner: str) -> Call[TakeoverCode]:
     return Call("takeover", (key,), (owner,), code_of(TakeoverCode))
 
 
+@dataclass(frozen=True, slots=True)
+class GivenUp:
+    """``give_up.lua``'s answer: ``done`` when the key had completed meanwhile (nothing
+    was written; ``reply`` is its stored reply), else the status was written."""
+
+    done: bool
+    reply: bytes = b""
+
+
+def _given_up(reply: Any) -> GivenUp:
+    return GivenUp(False) if reply is None else GivenUp(True, as_bytes(reply))
+
+
+def give_up(key: str, *, status: str, error: str, ttl_ms: int) -> Call[GivenUp]:
+    """Record in idempotency record ``key`` that no handler will run its message
+    (``status`` expired or dead, with ``error``), unless the key completed meanwhile."""
+    return Call("give_up", (key,), (status, error, ttl_ms), _given_up)
+
+
 # -- complete and settle -------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Completion:

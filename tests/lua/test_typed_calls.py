@@ -266,3 +266,15 @@ def test_the_heartbeat_thread_runs_the_same_calls_synchronously(
         "s1", instance_id="i", version=version - 1, queue_depth=0, inflight=0
     )
     assert stale.run_sync(sync_r).code is scripts.HeartbeatCode.STALE
+
+
+async def test_give_up_unless_done(r: AnyRedis, ns: str) -> None:
+    k = Keys(ns)
+    await r.hset(k.idem("done"), mapping={"done": "1", "reply": "R"})
+    gone = await delivery.give_up(
+        k.idem("gone"), status="expired", error="late", ttl_ms=TTL_MS
+    ).run(r)
+    assert gone == delivery.GivenUp(done=False)
+    assert await r.hmget(k.idem("gone"), "status", "error") == [b"expired", b"late"]
+    done = await delivery.give_up(k.idem("done"), status="dead", error="x", ttl_ms=TTL_MS).run(r)
+    assert done == delivery.GivenUp(done=True, reply=b"R")

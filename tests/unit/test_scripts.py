@@ -44,7 +44,8 @@ def test_every_script_has_a_typed_call() -> None:
         inbox.enqueue_call(K, b"", agent_id="a", priority="high", max_queue=1).script,
         inbox.drop_inbox(K, agent_id="a").script,
     }
-    assert made | {"give_up"} >= set(scripts.names())
+    made.add(delivery.give_up("k", status="dead", error="", ttl_ms=1).script)
+    assert made == set(scripts.names())
 
 
 # -- registry -------------------------------------------------------------------------------
@@ -156,6 +157,14 @@ def test_takeover() -> None:
     assert (
         c.decode(1) is codes.TakeoverCode.ENDED and c.decode(0) is codes.TakeoverCode.OWNER_CHANGED
     )
+
+
+def test_give_up() -> None:
+    c = delivery.give_up("k", status="expired", error="late", ttl_ms=9)
+    assert (c.keys, c.args) == (("k",), ("expired", "late", 9))
+    assert c.decode(None) == delivery.GivenUp(done=False)
+    assert c.decode(b"R") == delivery.GivenUp(done=True, reply=b"R")
+    assert c.decode(b"") == delivery.GivenUp(done=True, reply=b"")
 
 
 def test_complete_sends_the_reply_only_when_it_is_stored() -> None:
