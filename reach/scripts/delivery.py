@@ -303,6 +303,8 @@ async def settle(
     by ``on_refused``), then one pipeline: replies, ops, and the acks last; a command of
     it that fails is logged. ``on_round_trip(script)`` is called before each round trip.
     """
+    if not items:
+        return []
     trip = on_round_trip or (lambda _name: None)
     if cluster:
         return await _settle_pipelined(r, list(items), ttl_ms, group, on_refused, trip)

@@ -128,6 +128,7 @@ async def test_settle_writes_replies_and_ops_then_acks_except_fenced(
     # acked and deleted, but the fenced entry stays pending for its owner's next scan
     assert [e for e, _ in await rr.xrange(stream)] == [ids[1]]
     assert (await rr.xpending(stream, GROUP))["pending"] == 1
+    assert await delivery.settle(rr, [], cluster=cluster, ttl_ms=TTL_MS) == []
 
 
 async def test_settle_replaces_an_item_whose_record_is_refused(
