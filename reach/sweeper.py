@@ -51,6 +51,7 @@ from .envelope import (
 from .errors import DeadlineExceeded, NoAgentAvailable, RedisUnavailable
 from .keys import GROUP, Keys, clean_id
 from .logs import OutageLog
+from .outcomes import DeadReason, Status
 from .registry import Registry
 from .tasks import DLQ_MAXLEN, MALFORMED_CAP, TASK_TTL_MS, dead_letter_op, raw_dead_letter_op
 from .untrusted import strict_text
@@ -142,28 +143,31 @@ class _Letters:
         metrics.dead_lettered(MALFORMED_CAP, reason)
 
     async def give_up(self, env: Envelope, *, status: str, reason: str, error: str) -> None:
-        """File a dead letter for a message no handler will run, set its status (``expired``
-        or ``dead``) and tell its caller. Nothing is filed when its key had already
-        completed (a duplicate): its caller gets the stored reply instead."""
-        if await self._completed(env):
-            return
-        error_type = "DeadlineExceeded" if status == "expired" else "Rejected"
+        """Give up on a message no handler will run: set its status (``expired`` or
+        ``dead``), file a dead letter and tell its caller.
+
+        ``lua/give_up.lua`` checks and writes the record in one step, so a key that
+        completed meanwhile (a duplicate of a message that succeeded) keeps its status,
+        nothing is filed and its caller gets the stored reply. A stored reply that cannot
+        be read is not forwarded: the message is then dead-lettered and its caller told
+        like any other (the record still keeps its status).
+        """
         rec = self.keys.idem(env.key)
-        ops: list[tuple[Any, ...]] = [
-            dead_letter_op(
-                self.keys,
-                capability=env.capability,
-                reason=reason,
-                data=encode(env),
-                error=error,
-                error_type=error_type,
-                attempts=env.attempt,
-                msg_id=env.msg_id,
-                maxlen=self.dlq_maxlen,
-            ),
-            ("HSET", rec, "status", status, "error", error, "updated_ms", now_ms()),
-            ("PEXPIRE", rec, TASK_TTL_MS),
-        ]
+        stored = await scripts.call(self.redis, "give_up", [rec], [status, error, TASK_TTL_MS])
+        if stored is not None and await self._forward_stored(env, stored):
+            return
+        error_type = "DeadlineExceeded" if status == Status.EXPIRED else "Rejected"
+        letter = dead_letter_op(
+            self.keys,
+            capability=env.capability,
+            reason=reason,
+            data=encode(env),
+            error=error,
+            error_type=error_type,
+            attempts=env.attempt,
+            msg_id=env.msg_id,
+            maxlen=self.dlq_maxlen,
+        )
         reply = Reply(
             msg_id=env.msg_id,
             status=status,
@@ -172,8 +176,8 @@ class _Letters:
             error_type=error_type,
             attempt=env.attempt,
         )
-        await scripts.run_pipeline(self.redis, ops + self._reply_ops(env, reply))
-        if status == "expired":
+        await scripts.run_pipeline(self.redis, [letter, *self._reply_ops(env, reply)])
+        if status == Status.EXPIRED:
             metrics.expired(env.capability, reason)
         else:
             metrics.dead_lettered(env.capability, reason)
@@ -185,13 +189,9 @@ class _Letters:
         rk = self.keys.replies(env.reply_to)
         return [("XADD", rk, "*", "r", encode(reply)), ("PEXPIRE", rk, TASK_TTL_MS)]
 
-    async def _completed(self, env: Envelope) -> bool:
-        """True when the message's key already completed (this is a duplicate): its caller
-        gets the stored reply, and nothing is dead-lettered. A stored reply that cannot be
-        read counts as not completed: the message is then dead-lettered like any other."""
-        done, stored = await self.redis.hmget(self.keys.idem(env.key), "done", "reply")
-        if done not in (b"1", "1"):
-            return False
+    async def _forward_stored(self, env: Envelope, stored: bytes) -> bool:
+        """Hand the stored reply of a key that completed to the caller of ``env`` (a
+        duplicate). False when the reply cannot be read."""
         if env.reply_to and stored:
             try:
                 reply = msgspec.structs.replace(decode_reply(stored), msg_id=env.msg_id)
@@ -215,7 +215,9 @@ async def expire(
 
     A record already completed (a duplicate of a message that succeeded) keeps its status.
     """
-    await _Letters(redis, keys, maxlen).give_up(env, status="expired", reason=reason, error=error)
+    await _Letters(redis, keys, maxlen).give_up(
+        env, status=Status.EXPIRED, reason=reason, error=error
+    )
 
 
 # -- the chores -------------------------------------------------------------------------
@@ -257,7 +259,7 @@ class _Chores(_Letters):
                 raise  # the server refuses for now (OOM, READONLY...): the pass stops
             name = type(e).__name__
             log.error("entry of %s dead-lettered as unprocessable: %s: %s", where, name, e)
-            await self.raw(data, reason="unprocessable", error=f"{where}: {name}: {e}")
+            await self.raw(data, reason=DeadReason.UNPROCESSABLE, error=f"{where}: {name}: {e}")
             self.out.dead += 1
             return True
 
@@ -278,11 +280,11 @@ class _Chores(_Letters):
         return env
 
     async def expire(self, env: Envelope, error: str) -> None:
-        await self.give_up(env, status="expired", reason="expired", error=error)
+        await self.give_up(env, status=Status.EXPIRED, reason=DeadReason.EXPIRED, error=error)
         self.out.expired += 1
 
     async def dead(self, env: Envelope, reason: str, error: str) -> None:
-        await self.give_up(env, status="dead", reason=reason, error=error)
+        await self.give_up(env, status=Status.DEAD, reason=reason, error=error)
         self.out.dead += 1
 
     async def place(self, env: Envelope) -> bool | None:
@@ -305,7 +307,7 @@ class _Chores(_Letters):
                 return False
             raise
         except Exception as e:  # noqa: BLE001 - e.g. a policy its fields make impossible
-            await self.dead(env, "unroutable", f"{type(e).__name__}: {e}")
+            await self.dead(env, DeadReason.UNROUTABLE, f"{type(e).__name__}: {e}")
             return None
 
     async def each_member(
@@ -405,7 +407,7 @@ class _Chores(_Letters):
         if env.policy == "broadcast":
             # A broadcast copy belongs to that one agent; the others have theirs.
             error = f"agent {place.agent_id} was evicted before handling its broadcast copy"
-            await self.dead(env, "target_gone", error)
+            await self.dead(env, DeadReason.TARGET_GONE, error)
             return True
         if env.target or env.policy == "direct":
             # Its agent is gone for good: any live agent of the capability takes it, by the

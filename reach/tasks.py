@@ -16,9 +16,10 @@ import msgspec
 from .connection import AnyRedis
 from .envelope import BadEnvelope, Envelope, Reply, decode_envelope, decode_reply, now_ms
 from .keys import Keys
+from .outcomes import STORED_STATUSES, Status
 from .untrusted import safe_int, safe_text
 
-STATUSES = ("pending", "running", "succeeded", "failed", "retrying", "expired", "dead")
+STATUSES = STORED_STATUSES  # every status a record may hold
 TASK_TTL_MS = 24 * 3600 * 1000
 
 
@@ -41,7 +42,7 @@ def pending_ops(keys: Keys, env: Envelope, *, ttl_ms: int = TASK_TTL_MS) -> list
     """Commands that record a sent message as ``pending`` (kept if a record exists)."""
     rec = keys.idem(env.key)
     ops: list[tuple[Any, ...]] = [
-        ("HSETNX", rec, "status", "pending"),
+        ("HSETNX", rec, "status", Status.PENDING),
         (
             "HSET",
             rec,
@@ -65,7 +66,7 @@ async def get_status(redis: AnyRedis, keys: Keys, msg_id: str) -> TaskStatus:
     idem_key = safe_text(key) if key else msg_id
     h = await redis.hgetall(keys.idem(idem_key))
     if not h:
-        return TaskStatus(msg_id=msg_id, status="unknown")
+        return TaskStatus(msg_id=msg_id, status=Status.UNKNOWN)
     d = {safe_text(k): v for k, v in h.items()}
     try:
         reply = decode_reply(d["reply"]) if d.get("reply") else None
@@ -74,7 +75,7 @@ async def get_status(redis: AnyRedis, keys: Keys, msg_id: str) -> TaskStatus:
     status = safe_text(d.get("status", b"unknown"))
     return TaskStatus(
         msg_id=msg_id,
-        status=status if status in STATUSES else "unknown",
+        status=status if status in STATUSES else Status.UNKNOWN,
         idempotency_key=idem_key if key else "",
         capability=safe_text(d.get("capability", b"")),
         agent_id=safe_text(d.get("agent_id", b"")),

@@ -32,6 +32,7 @@ from reach.embedded import RedisServer, free_port, port_free
 from reach.envelope import decode_payload, encode_payload, now_ms
 from reach.errors import ConfigError, ReachError, UnknownAgent
 from reach.keys import PRIORITIES, Keys
+from reach.outcomes import Status
 from reach.registry import STATES, Registry
 from reach.tasks import get_status
 
@@ -786,7 +787,7 @@ async def task(
     finally:
         await r.aclose()
     result: Any = None
-    if st.reply is not None and st.reply.status == "succeeded":
+    if st.reply is not None and st.reply.status == Status.SUCCEEDED:
         try:
             result = decode_payload(st.reply.result)
         except Exception:  # noqa: BLE001 - whatever the stored bytes are, the rest is shown
@@ -807,7 +808,7 @@ async def task(
         print_json(row)
     else:
         table(f"task {msg_id}", ["field", "value"], [(k, v) for k, v in row.items()])
-    if st.status == "unknown":
+    if st.status == Status.UNKNOWN:
         raise typer.Exit(1)
 
 

@@ -11,10 +11,19 @@ import redis
 from reach import admin, scripts
 from reach.client import Client
 from reach.connection import AnyRedis
-from reach.envelope import Envelope, decode_envelope, encode, now_ms
+from reach.envelope import (
+    Envelope,
+    Reply,
+    decode_envelope,
+    decode_reply,
+    encode,
+    encode_payload,
+    now_ms,
+)
 from reach.errors import InvalidCapability, ReachError
 from reach.keys import GROUP, Keys
 from reach.registry import Registry
+from reach.sweeper import expire
 from reach.tasks import dead_letter_op, get_status, raw_dead_letter_op
 
 pytestmark = pytest.mark.anyio
@@ -227,3 +236,36 @@ async def test_sweep_once_evicts_moves_retries_and_expires(r: AnyRedis, ns: str)
     assert (letter.letter.msg_id, letter.letter.reason) == (late.msg_id, "expired")
     again = await admin.sweep_once(r, keys)
     assert again == admin.SweepReport()
+
+
+# -- giving up on a message (the sweeper's path, through lua/give_up.lua) ------------------
+async def test_giving_up_tells_the_caller_and_spares_completed_keys(r: AnyRedis, ns: str) -> None:
+    keys = Keys(ns)
+    async with Client(redis=r, namespace=ns, client_id="adm-caller") as c:
+        late = c.build(CAP, 1, idempotency_key="k-late", timeout_s=5)
+        dup = c.build(CAP, 2, idempotency_key="k-done", timeout_s=5)
+        damaged = c.build(CAP, 3, idempotency_key="k-damaged", timeout_s=5)
+    replies = keys.replies("adm-caller")
+    stored = Reply(msg_id="first", status="succeeded", result=encode_payload("ok"))
+    await r.hset(keys.idem("k-done"), mapping={"done": "1", "status": "succeeded"})
+    await r.hset(keys.idem("k-done"), "reply", encode(stored))
+    await r.hset(keys.idem("k-damaged"), mapping={"done": "1", "status": "succeeded"})
+    await r.hset(keys.idem("k-damaged"), "reply", b"\xc1 no reply")
+
+    await expire(r, keys, late, reason="expired", error="deadline passed while parked")
+    await expire(r, keys, dup, reason="expired", error="deadline passed while parked")
+    await expire(r, keys, damaged, reason="expired", error="deadline passed while parked")
+
+    got = {(rep := decode_reply(f[b"r"])).msg_id: rep for _, f in await r.xrange(replies)}
+    # Not completed: expired in its record, a dead letter, the caller told.
+    assert got[late.msg_id].status == "expired" and got[late.msg_id].reason == "expired"
+    assert await r.hget(keys.idem("k-late"), "status") == b"expired"
+    # Completed: the stored reply, under this message's id; nothing filed or changed.
+    assert got[dup.msg_id].status == "succeeded" and got[dup.msg_id].result == stored.result
+    assert await r.hget(keys.idem("k-done"), "status") == b"succeeded"
+    # Completed, but its stored reply cannot be read: the caller is told it expired (a
+    # dead letter too), and the record keeps its status.
+    assert got[damaged.msg_id].status == "expired"
+    assert await r.hget(keys.idem("k-damaged"), "status") == b"succeeded"
+    letters = {e.letter.msg_id for e in await admin.list_dead_letters(r, keys)}
+    assert letters == {late.msg_id, damaged.msg_id}
