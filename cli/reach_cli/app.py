@@ -1049,16 +1049,13 @@ def bench(
         counts[phase] = done
 
     try:
-        with cli_errors():
-            try:
-                out = run_bench(
-                    messages=messages,
-                    requests=requests,
-                    concurrency=concurrency,
-                    progress=on_progress,
-                )
-            except ValueError as e:  # out-of-range figures
-                fail(e)
+        with cli_errors():  # out-of-range figures: ConfigError, one error line
+            out = run_bench(
+                messages=messages,
+                requests=requests,
+                concurrency=concurrency,
+                progress=on_progress,
+            )
     finally:
         for b in bars.values():
             b.__exit__(None, None, None)

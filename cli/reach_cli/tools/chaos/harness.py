@@ -54,7 +54,7 @@ from typing import Any
 import anyio
 from redis import exceptions as rexc
 
-from reach import Client
+from reach import Client, admin
 from reach.connection import AnyRedis, as_text, connect
 from reach.embedded import RedisServer, _die_with_parent_hook
 from reach.envelope import BadEnvelope, decode_envelope, now_ms
@@ -373,13 +373,11 @@ class _Run:
         return sorted({as_text(k) async for k in self.r.scan_iter(match=match, count=1000)})
 
     async def leftovers(self) -> dict[str, int]:
-        pending = entries = 0
-        for k in await self.scan(self.keys.inbox_pattern):
-            entries += int(await self.r.xlen(k))
-            try:
-                pending += int((await self.r.xpending(k, GROUP))["pending"])
-            except rexc.ResponseError:
-                pass
+        inboxes = await admin.inbox_stats(
+            self.r, self.keys, await admin.inbox_agents(self.r, self.keys)
+        )
+        pending = sum(s.pending for s in inboxes)
+        entries = sum(s.queued for s in inboxes)
         parked = 0
         for cap in await self.r.smembers(self.keys.parked_caps):
             parked += int(await self.r.xlen(self.keys.parked(as_text(cap))))
