@@ -1,4 +1,4 @@
-"""Typed calls of the delivery scripts: fetch, claim, takeover, complete, settle
+"""Typed calls of the delivery scripts: fetch, claim, takeover, give_up, complete, settle
 (``lua/<name>.lua``; each header is the contract).
 
 Idempotency records live in a slot each. On standalone Redis one call serves a whole batch;
