@@ -53,6 +53,7 @@ from .keys import GROUP, Keys, clean_id
 from .logs import OutageLog
 from .outcomes import DeadReason, Status
 from .registry import Registry
+from .scripts import delivery
 from .tasks import DLQ_MAXLEN, MALFORMED_CAP, TASK_TTL_MS, dead_letter_op, raw_dead_letter_op
 from .untrusted import strict_text
 
@@ -152,9 +153,11 @@ class _Letters:
         be read is not forwarded: the message is then dead-lettered and its caller told
         like any other (the record still keeps its status).
         """
-        rec = self.keys.idem(env.key)
-        stored = await scripts.call(self.redis, "give_up", [rec], [status, error, TASK_TTL_MS])
-        if stored is not None and await self._forward_stored(env, stored):
+        call = delivery.give_up(
+            self.keys.idem(env.key), status=status, error=error, ttl_ms=TASK_TTL_MS
+        )
+        given = await call.run(self.redis)
+        if given.done and await self._forward_stored(env, given.reply):
             return
         error_type = "DeadlineExceeded" if status == Status.EXPIRED else "Rejected"
         letter = dead_letter_op(
