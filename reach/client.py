@@ -376,9 +376,9 @@ class Client:
         self, env: Envelope, where: Mapping[str, Any] | None, refused: Mapping[str, Any]
     ) -> AgentInfo:
         candidates, version = await self.view.candidates(env.capability)
-        avoid: Any = env.headers.get("avoid", "")
+        avoid: str | set[str] = env.avoid
         if refused:
-            avoid = {*refused, avoid} - {""}
+            avoid = {*refused, env.avoid} - {""}
         return self.router.pick(
             env.capability,
             candidates,

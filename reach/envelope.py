@@ -62,6 +62,13 @@ class Envelope(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_
     reply_to: Id = ""  # the caller's client id ('' = nobody waits for a reply)
     headers: Annotated[dict[HeaderText, HeaderText], Meta(max_length=MAX_HEADERS)] = {}
     sent_ms: EpochMs = 0
+    # Routing hints the runtime writes on the copies it schedules itself. They are fields,
+    # not headers, so a user's headers never collide with them and their types are checked
+    # when the envelope is decoded.
+    avoid: Id = ""
+    """The agent this message failed on (set on a retry): routing prefers another one."""
+    busy_waits: Annotated[int, Meta(ge=0, le=MAX_ATTEMPTS)] = 0
+    """How often this copy waited for another live worker holding its key (its backoff)."""
 
     @property
     def key(self) -> str:

@@ -31,7 +31,6 @@ from ..errors import Reject, Retry
 from ..keys import Keys
 from ..registry import Registry
 from ..tasks import TASK_TTL_MS
-from ..untrusted import safe_int
 from . import outcome as oc
 from .batching import per_key
 from .hookchain import HookChain
@@ -178,12 +177,10 @@ class Execution:
         """A live owner runs this key: this copy waits as a delayed retry, which later
         replays the stored result (or runs, if that owner failed). It polls with a growing
         backoff, not once per claim lease, which would often outlast the caller's deadline."""
-        waits = safe_int(it.env.headers.get("busy_waits"), lo=0, hi=64)
+        waits = min(it.env.busy_waits, 64)
         delay_s = min(self.opts.retry_max_s, self.opts.retry_base_s * 2**waits)
         delay_ms = min(self._claim_lease_ms(it.env), int(delay_s * 1000))
-        parked = msgspec.structs.replace(
-            it.env, headers={**it.env.headers, "busy_waits": str(waits + 1)}
-        )
+        parked = msgspec.structs.replace(it.env, busy_waits=waits + 1)
         it.outcome = "parked"
         it.ops = [("ZADD", self.keys.delayed, now_ms() + delay_ms, encode(parked))]
         self.settlement.queue(it)

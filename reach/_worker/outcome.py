@@ -152,9 +152,7 @@ def apply(
         )
     if outcome.status == "retrying":
         # The next attempt prefers another agent than the one it failed on.
-        retry = msgspec.structs.replace(
-            env, attempt=env.attempt + 1, headers={**env.headers, "avoid": agent_id}
-        )
+        retry = msgspec.structs.replace(env, attempt=env.attempt + 1, avoid=agent_id)
         ops.append(("ZADD", keys.delayed, now_ms + outcome.retry_delay_ms, encode(retry)))
     it.ops = ops
     it.outcome = outcome.status

@@ -162,7 +162,8 @@ async def test_poison_inbox_entries_are_dead_lettered_and_the_worker_goes_on(
         deep = msgspec.msgpack.decode(encode(valid_envelope(capability="hard.echo")))
         raw = _replace_payload(deep, deep_nesting(100_000))
         await r.xadd(inbox, {"e": raw})
-        # A second copy of a key being handled, with a busy_waits header that is no number.
+        # A second copy of a key being handled, claiming it waited a million times already:
+        # its backoff is capped, not 2**1_000_000.
         key = new_id()
         slow = c.build("hard.slow", {"sleep_s": 1.5}, idempotency_key=key, target="h1")
         await c.deliver(slow)
@@ -172,7 +173,7 @@ async def test_poison_inbox_entries_are_dead_lettered_and_the_worker_goes_on(
         copy = valid_envelope(
             capability="hard.slow",
             idempotency_key=key,
-            headers={"busy_waits": "many"},
+            busy_waits=1_000_000,
             payload=msgspec.Raw(encode({})),
         )
         await r.xadd(inbox, {"e": encode(copy)})

@@ -149,7 +149,7 @@ def test_a_retry_releases_the_key_keeps_the_caller_waiting_and_schedules_the_nex
     [(cmd, key, due, data)] = it.ops
     assert (cmd, key, due) == ("ZADD", KEYS.delayed, NOW + 250)
     nxt = decode_envelope(data)
-    assert (nxt.msg_id, nxt.attempt, nxt.headers["avoid"]) == ("m-1", 2, "w-1")
+    assert (nxt.msg_id, nxt.attempt, nxt.avoid) == ("m-1", 2, "w-1")
     assert it.outcome == "retrying"
 
 
