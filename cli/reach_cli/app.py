@@ -7,35 +7,28 @@ listing ``--json``.
 
 from __future__ import annotations
 
-import gc
-import importlib
-import inspect
 import json
-import logging
 import math
-import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional, TypedDict
+from typing import Annotated, Any, Optional, TypedDict
 
-import anyio
 import typer
 
 import reach
 from reach import admin
 from reach.client import Client
-from reach.connection import redact
 from reach.embedded import RedisServer, free_port, port_free
 from reach.envelope import decode_payload, encode_payload, now_ms
-from reach.errors import ConfigError, ReachError, UnknownAgent
+from reach.errors import ConfigError, ReachError
 from reach.keys import PRIORITIES, Keys
 from reach.outcomes import Status
-from reach.registry import STATES, Registry
+from reach.registry import Registry
 from reach.tasks import get_status
 
+from .agents_cmd import agents_app
 from .common import (
     DEFAULT_NS,
     DEFAULT_REDIS,
@@ -51,13 +44,12 @@ from .common import (
     open_redis,
     print_json,
     progress,
-    require_text,
-    run,
     safe_text,
     table,
-    warn,
 )
+from .dlq_cmd import dlq_app
 from .top import top as top_cmd
+from .worker_cmd import worker
 
 app = typer.Typer(
     name="reach",
@@ -68,10 +60,6 @@ app = typer.Typer(
     add_completion=False,
     rich_markup_mode="markdown",
 )
-agents_app = typer.Typer(
-    help="List, inspect and drain agents.", invoke_without_command=True, no_args_is_help=False
-)
-dlq_app = typer.Typer(help="Dead letters: list, show, replay, purge.", no_args_is_help=True)
 app.add_typer(agents_app, name="agents")
 app.add_typer(dlq_app, name="dlq")
 
@@ -118,230 +106,6 @@ async def caps(
         ["capability", "agents", "ready"],
         [(c, n, ready[c]) for c, n in rows],
     )
-
-
-# -- agents -------------------------------------------------------------------------------
-def _agent_row(a: reach.AgentInfo, now: int) -> dict[str, Any]:
-    return {
-        "agent_id": a.agent_id,
-        "state": a.state,
-        "ready": a.ready,
-        "draining": a.draining,
-        "weight": a.weight,
-        "version": a.version,
-        "instance_id": a.instance_id,
-        "capabilities": a.capabilities,
-        "metadata": a.metadata,
-        "last_heartbeat_ms": a.last_heartbeat_ms,
-        "lease_age_ms": _lease_age(a.last_heartbeat_ms, now),
-        "queue_depth": a.queue_depth,
-        "inflight": a.inflight,
-        "registered_ms": a.registered_ms,
-    }
-
-
-@agents_app.callback()
-def agents_list(
-    ctx: typer.Context,
-    cap: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option("--cap", help="Only agents of this capability."),
-    ] = None,
-    state: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option("--state", help=f"Only agents in this state: {', '.join(STATES)}."),
-    ] = None,
-    where: Annotated[
-        Optional[list[str]], typer.Option("--where", help="Metadata filter KEY=VALUE (repeatable).")  # noqa: UP045
-    ] = None,
-    redis_url: RedisUrl = DEFAULT_REDIS,
-    namespace: Namespace = DEFAULT_NS,
-    json_: Json = False,
-) -> None:
-    """List agents with state, readiness, weight and lease age.
-
-    Examples: reach agents --cap text.summarize --state active;  reach agents --json
-    """
-    if ctx.invoked_subcommand is not None:
-        return
-    require_text(
-        {"cap": cap, "state": state, "where": where, "redis_url": redis_url, "namespace": namespace}
-    )
-    if state is not None and state not in STATES:
-        fail(f"unknown state {state!r}: use {', '.join(STATES)}")
-    filt: dict[str, str] = {}
-    for w in where or []:
-        if "=" not in w:
-            fail(f"--where takes KEY=VALUE, got {w!r}")
-        k, v = w.split("=", 1)
-        filt[k] = v
-
-    async def body() -> list[reach.AgentInfo]:
-        r = await open_redis(redis_url)
-        try:
-            return await Registry(r, namespace).agents(cap, state=state, where=filt or None)
-        finally:
-            await r.aclose()
-
-    agents = run(body, url=redis_url)
-    now = now_ms()
-    if json_:
-        print_json([_agent_row(a, now) for a in agents])
-        return
-    rows = [
-        (
-            a.agent_id,
-            a.state,
-            "yes" if a.ready else "no",
-            "yes" if a.draining else "",
-            _number(a.weight),
-            ",".join(map(safe_text, a.capabilities)),
-            age(a.last_heartbeat_ms, now),
-            a.queue_depth,
-            a.inflight,
-            " ".join(f"{safe_text(k)}={safe_text(v)}" for k, v in _items(a.metadata)),
-        )
-        for a in agents
-    ]
-    table(
-        f"agents in {namespace!r}",
-        [
-            "agent",
-            "state",
-            "ready",
-            "draining",
-            "weight",
-            "capabilities",
-            "lease age",
-            "queue",
-            "in-flight",
-            "metadata",
-        ],
-        rows,
-    )
-
-
-def _lease_age(last_heartbeat_ms: Any, now: int) -> int | None:
-    if isinstance(last_heartbeat_ms, int) and last_heartbeat_ms:
-        return max(0, now - last_heartbeat_ms)
-    return None
-
-
-def _number(v: Any) -> str:
-    """A number from a record for a table: compact, or as stored when it is not one."""
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        return f"{v:g}"
-    return safe_text(v)
-
-
-def _items(d: Any) -> list[tuple[Any, Any]]:
-    return list(d.items()) if isinstance(d, dict) else []
-
-
-async def _get_agent(redis_url: str, namespace: str, agent_id: str) -> reach.AgentInfo:
-    """One agent's record (live or shadow), or UnknownAgent that says where to look."""
-    r = await open_redis(redis_url)
-    try:
-        a = await Registry(r, namespace).get(agent_id)
-    finally:
-        await r.aclose()
-    if a is None:
-        raise UnknownAgent(
-            f"No agent {agent_id!r} in namespace {namespace!r} (see `reach agents`)."
-        )
-    return a
-
-
-@agents_app.command("show")
-@command
-async def agents_show(
-    agent_id: Annotated[str, typer.Argument(help="The agent's id.")],
-    redis_url: RedisUrl = DEFAULT_REDIS,
-    namespace: Namespace = DEFAULT_NS,
-    json_: Json = False,
-) -> None:
-    """Show one agent's whole record (also shadows of evicted agents).
-
-    Example: reach agents show summarizer-1
-    """
-    a = await _get_agent(redis_url, namespace, agent_id)
-    row = _agent_row(a, now_ms())
-    row.update(
-        lease_ms=a.lease_ms,
-        evict_after_ms=a.evict_after_ms,
-        state_ms=a.state_ms,
-        ready_ms=a.ready_ms,
-        max_queue=a.max_queue,
-        card=a.card,
-    )
-    if json_:
-        print_json(row)
-        return
-    table(f"agent {agent_id}", ["field", "value"], [(k, v) for k, v in row.items()])
-
-
-@agents_app.command("card")
-@command
-async def agents_card(
-    agent_id: Annotated[str, typer.Argument(help="The agent's id.")],
-    redis_url: RedisUrl = DEFAULT_REDIS,
-    namespace: Namespace = DEFAULT_NS,
-    json_: Json = False,
-) -> None:
-    """Show an agent as an A2A Agent Card (the card JSON with --json; see docs/a2a.md).
-
-    Example: reach agents card summarizer-1 --json > summarizer-1.agent-card.json
-    """
-    from reach.card import agent_card, card_problems
-
-    a = await _get_agent(redis_url, namespace, agent_id)
-    card = agent_card(a, namespace=namespace)
-    for problem in card_problems(card):  # only a card the agent registered with can cause these
-        warn(problem)
-    if json_:
-        print_json(card)
-        return
-    iface = "\n".join(
-        f"{i.get('url')} ({i.get('protocolBinding')})" for i in card["supportedInterfaces"]
-    )
-    rows = [
-        ("name", card["name"]),
-        ("description", card["description"]),
-        ("version", card["version"]),
-        ("interfaces", iface),
-        ("input modes", ", ".join(card["defaultInputModes"])),
-        ("output modes", ", ".join(card["defaultOutputModes"])),
-    ]
-    if isinstance(card.get("provider"), dict):
-        rows.append(("provider", card["provider"].get("organization", "")))
-    table(f"A2A Agent Card of {agent_id}", ["field", "value"], rows)
-    table(
-        "skills",
-        ["id", "name", "description", "tags"],
-        [
-            (s.get("id"), s.get("name"), s.get("description"), ", ".join(s.get("tags") or []))
-            for s in card["skills"]
-        ],
-    )
-
-
-@agents_app.command("drain")
-@command
-async def agents_drain(
-    agent_id: Annotated[str, typer.Argument(help="The agent to drain.")],
-    redis_url: RedisUrl = DEFAULT_REDIS,
-    namespace: Namespace = DEFAULT_NS,
-) -> None:
-    """Stop routing new work to an agent; it finishes what it holds, then deregisters.
-
-    Example: reach agents drain summarizer-1
-    """
-    r = await open_redis(redis_url)
-    try:
-        code = await Registry(r, namespace).drain(agent_id)
-    finally:
-        await r.aclose()
-    print(f"{agent_id}: {'already draining' if code == 2 else 'draining'}")
 
 
 # -- events -------------------------------------------------------------------------------
@@ -505,201 +269,7 @@ def redis_cmd(
 
 
 # -- worker -------------------------------------------------------------------------------
-def load_agent(target: str) -> reach.Agent:
-    """Import ``module:attr`` (``module.path:app``) and return the reach.Agent there.
-
-    ``attr`` may also be a function without arguments that returns one. Anything else
-    (a missing attribute, a handler function, a value of another type) is a
-    :class:`ConfigError` that says what was found.
-    """
-    from reach import Agent
-
-    if ":" not in target:
-        raise ConfigError(f"Expected MODULE:ATTR (e.g. myagents.summarizer:app), got {target!r}.")
-    mod_name, attr = target.split(":", 1)
-    if not mod_name or not attr:
-        raise ConfigError(f"Expected MODULE:ATTR (e.g. myagents.summarizer:app), got {target!r}.")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        mod = importlib.import_module(mod_name)
-    except ImportError as e:
-        raise ConfigError(f"Cannot import {mod_name!r}: {e}") from e
-    except (TypeError, ValueError) as e:  # a name import_module refuses, e.g. '.x' or 'a\0'
-        raise ConfigError(f"Cannot import {mod_name!r}: {e}") from e
-    want = "a reach.Agent (or a function without arguments that returns one)"
-    if not hasattr(mod, attr):
-        agents = sorted(k for k, v in vars(mod).items() if isinstance(v, Agent))
-        found = f" (its reach.Agent objects: {', '.join(agents)})" if agents else ""
-        raise ConfigError(f"Module {mod_name!r} has no attribute {attr!r}{found}.")
-    obj = getattr(mod, attr)
-    if isinstance(obj, Agent):
-        return obj
-    if inspect.iscoroutinefunction(obj):
-        raise ConfigError(f"{target} is an async function (a handler?), not {want}.")
-    if callable(obj):
-        try:
-            inspect.signature(obj).bind()
-        except TypeError:
-            raise ConfigError(
-                f"{target} is a callable that takes arguments (a handler?), not {want}."
-            ) from None
-        except ValueError:  # no signature to look at (some builtins): try it
-            pass
-        made = obj()
-        if not isinstance(made, Agent):
-            raise ConfigError(f"{target}() returned {type(made).__name__}, not {want}.")
-        return made
-    raise ConfigError(f"{target} is {type(obj).__name__}, not {want}.")
-
-
-LogLevel = Literal["debug", "info", "warning", "error"]
-LogFormat = Literal["text", "json"]
-
-
-async def _serve(agent: reach.Agent, opts: dict[str, Any]) -> int:
-    """Run ``agent`` until it stops; return the signal that stopped it (0: none).
-
-    The signals are handled here rather than by the runtime, which does the same (first
-    signal: drain, second: stop at once) but cannot tell which one it got: a Ctrl-C'd
-    worker exits 130, like any interrupted command, and a SIGTERM'd one 0, the normal end
-    of a worker under a supervisor.
-    """
-    got: list[int] = []
-    wlog = logging.getLogger("reach.worker")
-
-    async def signals(scope: anyio.CancelScope) -> None:
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as sigs:
-            async for sig in sigs:
-                got.append(int(sig))
-                if len(got) == 1:
-                    wlog.info("signal %s: draining (again to stop at once)", sig)
-                    agent.stop()
-                else:
-                    wlog.warning("second signal: stopping without draining")
-                    scope.cancel()
-                    return
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(signals, tg.cancel_scope)
-        await agent.run(**opts, handle_signals=False)
-        tg.cancel_scope.cancel()
-    return got[0] if got else 0
-
-
-@app.command()
-def worker(
-    target: Annotated[
-        str, typer.Argument(help="MODULE:ATTR of a reach.Agent, e.g. agents.echo:app")
-    ],
-    redis_url: RedisUrl = DEFAULT_REDIS,
-    namespace: Namespace = DEFAULT_NS,
-    concurrency: Annotated[int, typer.Option(min=1, help="Handlers running at once.")] = 16,
-    heartbeat_s: Annotated[float, typer.Option(help="Seconds between heartbeats.")] = 3.0,
-    lease_s: Annotated[float, typer.Option(help="Without a heartbeat this long: probation.")] = 9.0,
-    evict_after_s: Annotated[
-        float, typer.Option(help="Without a heartbeat this long: evicted.")
-    ] = 18.0,
-    stall_s: Annotated[
-        float, typer.Option(help="Event loop stuck this long: stop heartbeats.")
-    ] = 30.0,
-    drain_timeout_s: Annotated[
-        float, typer.Option(help="Time in-flight work gets on SIGTERM.")
-    ] = 30.0,
-    sweep_interval_s: Annotated[float, typer.Option(help="Seconds between sweeps.")] = 1.0,
-    claim_lease_s: Annotated[
-        float, typer.Option(help="Claim lease of messages without deadline.")
-    ] = 60.0,
-    retry_base_s: Annotated[float, typer.Option(help="First retry backoff.")] = 0.2,
-    log_level: Annotated[
-        LogLevel, typer.Option(case_sensitive=False, help="debug, info, warning, error.")
-    ] = "info",
-    log_format: Annotated[
-        LogFormat, typer.Option(help="text, or json (one object per line, with the message ids).")
-    ] = "text",
-    metrics_port: Annotated[
-        Optional[int],  # noqa: UP045
-        typer.Option(min=0, max=65535, help="Serve Prometheus /metrics on this port."),
-    ] = None,
-    metrics_addr: Annotated[str, typer.Option(help="Address /metrics listens on.")] = "0.0.0.0",
-) -> None:
-    """Run the reach.Agent found at MODULE:ATTR until SIGTERM/SIGINT (then drain).
-
-    Exit code 0 after SIGTERM, 130 after Ctrl-C (SIGINT), 2 on an error (bad target or
-    option, Redis unreachable or refusing, a newer instance of the same agent).
-
-    Example: reach worker examples.summarizer:app --concurrency 32 --lease-s 2 --evict-after-s 4
-    """
-    from reach import logs, metrics
-
-    require_text(
-        {
-            "target": target,
-            "redis_url": redis_url,
-            "namespace": namespace,
-            "metrics_addr": metrics_addr,
-        }
-    )
-    with cli_errors(redis_url):
-        _check_times(
-            heartbeat_s=heartbeat_s,
-            lease_s=lease_s,
-            evict_after_s=evict_after_s,
-            stall_s=stall_s,
-            drain_timeout_s=drain_timeout_s,
-            sweep_interval_s=sweep_interval_s,
-            claim_lease_s=claim_lease_s,
-            retry_base_s=retry_base_s,
-        )
-        logs.setup_logging(log_level.lower(), log_format)
-        wlog = logging.getLogger("reach.worker")
-        if metrics_port is not None:
-            try:
-                srv = metrics.serve(metrics_port, metrics_addr)
-            except (OSError, ValueError, OverflowError) as e:
-                raise ConfigError(
-                    f"Cannot serve /metrics on {metrics_addr}:{metrics_port}: {e}"
-                ) from e
-            wlog.info("metrics on http://%s:%d/metrics", metrics_addr, srv.server_port)
-        agent = load_agent(target)
-        opts = {
-            "redis_url": redis_url,
-            "namespace": namespace,
-            "concurrency": concurrency,
-            "heartbeat_s": heartbeat_s,
-            "lease_s": lease_s,
-            "evict_after_s": evict_after_s,
-            "stall_s": stall_s,
-            "drain_timeout_s": drain_timeout_s,
-            "sweep_interval_s": sweep_interval_s,
-            "claim_lease_s": claim_lease_s,
-            "retry_base_s": retry_base_s,
-        }
-        if log_format == "json":  # stderr stays one JSON object per line
-            wlog.info("reach worker: %s on %s ns=%s", agent.agent_id, redact(redis_url), namespace)
-        else:
-            err_console.print(
-                f"reach worker: {agent.agent_id} on {redact(redis_url)} ns={namespace}",
-                highlight=False,
-                markup=False,
-            )
-        # Everything imported so far lives as long as the process: keep it out of the
-        # collector's generations, so collections stay short on the message path.
-        gc.freeze()
-        sig = anyio.run(_serve, agent, opts)
-    if sig == signal.SIGINT:
-        raise typer.Exit(130)
-
-
-def _check_times(**seconds: float) -> None:
-    """Durations must be finite and positive (NaN slips through every comparison); a
-    drain timeout and a retry backoff may be 0."""
-    for name, v in seconds.items():
-        low_ok = name in ("drain_timeout_s", "retry_base_s") and v == 0
-        if not (math.isfinite(v) and (v > 0 or low_ok)):
-            raise ConfigError(
-                f"--{name.replace('_', '-')} must be a number of seconds > 0, not {v}."
-            )
+app.command()(worker)
 
 
 # -- messaging ----------------------------------------------------------------------------
@@ -851,156 +421,6 @@ async def queues(
             for x in out
         ],
     )
-
-
-# -- dead letters ---------------------------------------------------------------------------
-CapOpt = Annotated[Optional[str], typer.Option("--cap", help="Only this capability.")]  # noqa: UP045
-
-
-@dlq_app.command("list")
-@command
-async def dlq_list(
-    cap: CapOpt = None,
-    limit: Annotated[int, typer.Option(min=1, help="At most this many per capability.")] = 100,
-    redis_url: RedisUrl = DEFAULT_REDIS,
-    namespace: Namespace = DEFAULT_NS,
-    json_: Json = False,
-) -> None:
-    """List dead letters (newest last) with reason, attempts and last error."""
-    r = await open_redis(redis_url)
-    try:
-        found = await admin.list_dead_letters(r, Keys(namespace), capability=cap, limit=limit)
-    finally:
-        await r.aclose()
-    letters = [e.letter for e in found]
-    if json_:
-        print_json([{k: v for k, v in _dl_row(d).items()} for d in letters])
-        return
-    table(
-        f"dead letters in {namespace!r}",
-        ["id", "capability", "reason", "attempts", "agent", "msg_id", "error"],
-        [
-            (
-                d.id,
-                d.capability,
-                d.reason,
-                d.attempts,
-                d.agent_id,
-                d.msg_id,
-                safe_text(d.error)[:80],
-            )
-            for d in letters
-        ],
-    )
-
-
-def _dl_row(d: Any) -> dict[str, Any]:
-    return {
-        "id": d.id,
-        "capability": d.capability,
-        "reason": d.reason,
-        "attempts": d.attempts,
-        "agent_id": d.agent_id,
-        "msg_id": d.msg_id,
-        "error": d.error,
-        "error_type": d.error_type,
-        "ts": d.ts,
-    }
-
-
-@dlq_app.command("show")
-@command
-async def dlq_show(
-    entry_id: Annotated[str, typer.Argument(help="Dead letter id (from `reach dlq list`).")],
-    cap: CapOpt = None,
-    redis_url: RedisUrl = DEFAULT_REDIS,
-    namespace: Namespace = DEFAULT_NS,
-    json_: Json = False,
-) -> None:
-    """Show one dead letter with its original envelope."""
-    r = await open_redis(redis_url)
-    try:
-        found = await admin.find_dead_letter(r, Keys(namespace), entry_id, capability=cap)
-    finally:
-        await r.aclose()
-    d = found.letter
-    row = _dl_row(d)
-    env = d.envelope
-    if env is not None:
-        row["envelope"] = {f: getattr(env, f) for f in env.__struct_fields__ if f != "payload"}
-        try:
-            row["payload"] = decode_payload(env.payload)
-        except Exception:  # noqa: BLE001 - whatever the failure, the rest is still shown
-            row["payload"] = "<undecodable>"
-    else:
-        row["raw"] = d.raw[:200].hex()
-    if json_:
-        print_json(row)
-    else:
-        table(f"dead letter {entry_id}", ["field", "value"], [(k, v) for k, v in row.items()])
-
-
-@dlq_app.command("replay")
-@command
-async def dlq_replay(
-    entry_id: Annotated[Optional[str], typer.Argument(help="Dead letter id to replay.")] = None,  # noqa: UP045
-    all_: Annotated[
-        bool, typer.Option("--all", help="Replay every dead letter (of --cap).")
-    ] = False,
-    cap: CapOpt = None,
-    redis_url: RedisUrl = DEFAULT_REDIS,
-    namespace: Namespace = DEFAULT_NS,
-    json_: Json = False,
-) -> None:
-    """Send dead letters again (same msg_id and idempotency key, attempts from 1).
-
-    Examples: reach dlq replay 1717171717171-0;  reach dlq replay --all --cap text.summarize
-    """
-    if bool(entry_id) == bool(all_):
-        raise ConfigError("Give either a dead letter ID or --all.")
-    r = await open_redis(redis_url)
-    keys = Keys(namespace)
-    try:
-        if entry_id:
-            targets = [await admin.find_dead_letter(r, keys, entry_id, capability=cap)]
-        else:
-            targets = await admin.list_dead_letters(r, keys, capability=cap, limit=None)
-        with progress(len(targets), "replayed") as step:  # a bar on a tty, else lines
-            res = await admin.replay_dead_letters(r, keys, targets, on_each=step)
-    finally:
-        await r.aclose()
-    if json_:
-        print_json(
-            {
-                "replayed": res.replayed,
-                "failed": [{"id": f.id, "error": f.error} for f in res.failed],
-            }
-        )
-    else:
-        print(f"replayed {res.replayed}, failed {len(res.failed)}")
-        for f in res.failed:
-            print(f"  {f.id}: {f.error}")
-    if res.failed:
-        raise typer.Exit(1)
-
-
-@dlq_app.command("purge")
-@command
-async def dlq_purge(
-    cap: CapOpt = None,
-    yes: Annotated[bool, typer.Option("--yes", help="Really delete them.")] = False,
-    redis_url: RedisUrl = DEFAULT_REDIS,
-    namespace: Namespace = DEFAULT_NS,
-) -> None:
-    """Delete dead letters for good (all, or one capability's). Needs --yes."""
-    if not yes:
-        raise ConfigError("This deletes dead letters for good: add --yes to confirm.")
-    r = await open_redis(redis_url)
-    try:
-        n = await admin.purge_dead_letters(r, Keys(namespace), capability=cap)
-    finally:
-        await r.aclose()
-    print(f"purged {n} dead letters")
 
 
 # -- top ----------------------------------------------------------------------------------

@@ -1,0 +1,227 @@
+"""``reach worker MODULE:APP``: run an agent defined in your code, as a process (and ``load_agent``, which finds it)."""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import inspect
+import logging
+import math
+import os
+import signal
+import sys
+from typing import Annotated, Any, Literal, Optional
+
+import anyio
+import typer
+
+import reach
+from reach.connection import redact
+from reach.errors import ConfigError
+
+from .common import (
+    DEFAULT_NS,
+    DEFAULT_REDIS,
+    Namespace,
+    RedisUrl,
+    cli_errors,
+    err_console,
+    require_text,
+)
+
+
+# -- worker -------------------------------------------------------------------------------
+def load_agent(target: str) -> reach.Agent:
+    """Import ``module:attr`` (``module.path:app``) and return the reach.Agent there.
+
+    ``attr`` may also be a function without arguments that returns one. Anything else
+    (a missing attribute, a handler function, a value of another type) is a
+    :class:`ConfigError` that says what was found.
+    """
+    from reach import Agent
+
+    if ":" not in target:
+        raise ConfigError(f"Expected MODULE:ATTR (e.g. myagents.summarizer:app), got {target!r}.")
+    mod_name, attr = target.split(":", 1)
+    if not mod_name or not attr:
+        raise ConfigError(f"Expected MODULE:ATTR (e.g. myagents.summarizer:app), got {target!r}.")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        mod = importlib.import_module(mod_name)
+    except ImportError as e:
+        raise ConfigError(f"Cannot import {mod_name!r}: {e}") from e
+    except (TypeError, ValueError) as e:  # a name import_module refuses, e.g. '.x' or 'a\0'
+        raise ConfigError(f"Cannot import {mod_name!r}: {e}") from e
+    want = "a reach.Agent (or a function without arguments that returns one)"
+    if not hasattr(mod, attr):
+        agents = sorted(k for k, v in vars(mod).items() if isinstance(v, Agent))
+        found = f" (its reach.Agent objects: {', '.join(agents)})" if agents else ""
+        raise ConfigError(f"Module {mod_name!r} has no attribute {attr!r}{found}.")
+    obj = getattr(mod, attr)
+    if isinstance(obj, Agent):
+        return obj
+    if inspect.iscoroutinefunction(obj):
+        raise ConfigError(f"{target} is an async function (a handler?), not {want}.")
+    if callable(obj):
+        try:
+            inspect.signature(obj).bind()
+        except TypeError:
+            raise ConfigError(
+                f"{target} is a callable that takes arguments (a handler?), not {want}."
+            ) from None
+        except ValueError:  # no signature to look at (some builtins): try it
+            pass
+        made = obj()
+        if not isinstance(made, Agent):
+            raise ConfigError(f"{target}() returned {type(made).__name__}, not {want}.")
+        return made
+    raise ConfigError(f"{target} is {type(obj).__name__}, not {want}.")
+
+
+LogLevel = Literal["debug", "info", "warning", "error"]
+LogFormat = Literal["text", "json"]
+
+
+async def _serve(agent: reach.Agent, opts: dict[str, Any]) -> int:
+    """Run ``agent`` until it stops; return the signal that stopped it (0: none).
+
+    The signals are handled here rather than by the runtime, which does the same (first
+    signal: drain, second: stop at once) but cannot tell which one it got: a Ctrl-C'd
+    worker exits 130, like any interrupted command, and a SIGTERM'd one 0, the normal end
+    of a worker under a supervisor.
+    """
+    got: list[int] = []
+    wlog = logging.getLogger("reach.worker")
+
+    async def signals(scope: anyio.CancelScope) -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as sigs:
+            async for sig in sigs:
+                got.append(int(sig))
+                if len(got) == 1:
+                    wlog.info("signal %s: draining (again to stop at once)", sig)
+                    agent.stop()
+                else:
+                    wlog.warning("second signal: stopping without draining")
+                    scope.cancel()
+                    return
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(signals, tg.cancel_scope)
+        await agent.run(**opts, handle_signals=False)
+        tg.cancel_scope.cancel()
+    return got[0] if got else 0
+
+
+def worker(
+    target: Annotated[
+        str, typer.Argument(help="MODULE:ATTR of a reach.Agent, e.g. agents.echo:app")
+    ],
+    redis_url: RedisUrl = DEFAULT_REDIS,
+    namespace: Namespace = DEFAULT_NS,
+    concurrency: Annotated[int, typer.Option(min=1, help="Handlers running at once.")] = 16,
+    heartbeat_s: Annotated[float, typer.Option(help="Seconds between heartbeats.")] = 3.0,
+    lease_s: Annotated[float, typer.Option(help="Without a heartbeat this long: probation.")] = 9.0,
+    evict_after_s: Annotated[
+        float, typer.Option(help="Without a heartbeat this long: evicted.")
+    ] = 18.0,
+    stall_s: Annotated[
+        float, typer.Option(help="Event loop stuck this long: stop heartbeats.")
+    ] = 30.0,
+    drain_timeout_s: Annotated[
+        float, typer.Option(help="Time in-flight work gets on SIGTERM.")
+    ] = 30.0,
+    sweep_interval_s: Annotated[float, typer.Option(help="Seconds between sweeps.")] = 1.0,
+    claim_lease_s: Annotated[
+        float, typer.Option(help="Claim lease of messages without deadline.")
+    ] = 60.0,
+    retry_base_s: Annotated[float, typer.Option(help="First retry backoff.")] = 0.2,
+    log_level: Annotated[
+        LogLevel, typer.Option(case_sensitive=False, help="debug, info, warning, error.")
+    ] = "info",
+    log_format: Annotated[
+        LogFormat, typer.Option(help="text, or json (one object per line, with the message ids).")
+    ] = "text",
+    metrics_port: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(min=0, max=65535, help="Serve Prometheus /metrics on this port."),
+    ] = None,
+    metrics_addr: Annotated[str, typer.Option(help="Address /metrics listens on.")] = "0.0.0.0",
+) -> None:
+    """Run the reach.Agent found at MODULE:ATTR until SIGTERM/SIGINT (then drain).
+
+    Exit code 0 after SIGTERM, 130 after Ctrl-C (SIGINT), 2 on an error (bad target or
+    option, Redis unreachable or refusing, a newer instance of the same agent).
+
+    Example: reach worker examples.summarizer:app --concurrency 32 --lease-s 2 --evict-after-s 4
+    """
+    from reach import logs, metrics
+
+    require_text(
+        {
+            "target": target,
+            "redis_url": redis_url,
+            "namespace": namespace,
+            "metrics_addr": metrics_addr,
+        }
+    )
+    with cli_errors(redis_url):
+        _check_times(
+            heartbeat_s=heartbeat_s,
+            lease_s=lease_s,
+            evict_after_s=evict_after_s,
+            stall_s=stall_s,
+            drain_timeout_s=drain_timeout_s,
+            sweep_interval_s=sweep_interval_s,
+            claim_lease_s=claim_lease_s,
+            retry_base_s=retry_base_s,
+        )
+        logs.setup_logging(log_level.lower(), log_format)
+        wlog = logging.getLogger("reach.worker")
+        if metrics_port is not None:
+            try:
+                srv = metrics.serve(metrics_port, metrics_addr)
+            except (OSError, ValueError, OverflowError) as e:
+                raise ConfigError(
+                    f"Cannot serve /metrics on {metrics_addr}:{metrics_port}: {e}"
+                ) from e
+            wlog.info("metrics on http://%s:%d/metrics", metrics_addr, srv.server_port)
+        agent = load_agent(target)
+        opts = {
+            "redis_url": redis_url,
+            "namespace": namespace,
+            "concurrency": concurrency,
+            "heartbeat_s": heartbeat_s,
+            "lease_s": lease_s,
+            "evict_after_s": evict_after_s,
+            "stall_s": stall_s,
+            "drain_timeout_s": drain_timeout_s,
+            "sweep_interval_s": sweep_interval_s,
+            "claim_lease_s": claim_lease_s,
+            "retry_base_s": retry_base_s,
+        }
+        if log_format == "json":  # stderr stays one JSON object per line
+            wlog.info("reach worker: %s on %s ns=%s", agent.agent_id, redact(redis_url), namespace)
+        else:
+            err_console.print(
+                f"reach worker: {agent.agent_id} on {redact(redis_url)} ns={namespace}",
+                highlight=False,
+                markup=False,
+            )
+        # Everything imported so far lives as long as the process: keep it out of the
+        # collector's generations, so collections stay short on the message path.
+        gc.freeze()
+        sig = anyio.run(_serve, agent, opts)
+    if sig == signal.SIGINT:
+        raise typer.Exit(130)
+
+
+def _check_times(**seconds: float) -> None:
+    """Durations must be finite and positive (NaN slips through every comparison); a
+    drain timeout and a retry backoff may be 0."""
+    for name, v in seconds.items():
+        low_ok = name in ("drain_timeout_s", "retry_base_s") and v == 0
+        if not (math.isfinite(v) and (v > 0 or low_ok)):
+            raise ConfigError(
+                f"--{name.replace('_', '-')} must be a number of seconds > 0, not {v}."
+            )
