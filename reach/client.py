@@ -19,7 +19,7 @@ import anyio
 import msgspec
 from redis import exceptions as rexc
 
-from . import logs, metrics, scripts
+from . import logs, metrics
 from .breaker import Breakers
 from .connection import DEFAULT_MAX_CONNECTIONS, AnyRedis, connect, is_cluster, unreachable
 from .envelope import (
@@ -45,14 +45,14 @@ from .keys import PRIORITIES, Keys
 from .outcomes import DeadReason, Status, Unavailable, blames_agent, is_rejection, is_retryable
 from .registry import AgentInfo, Registry, normalize_capability
 from .routing import POLICIES, Router
-from .tasks import TASK_TTL_MS, TaskStatus, get_status, pending_ops
+from .scripts import inbox
+from .tasks import TASK_TTL_MS, TaskStatus, get_status
 from .view import RegistryView
 
 log = logging.getLogger("reach.client")
 
 _RETRY_MIN_S, _RETRY_MAX_S = 0.1, 1.0  # the reply reader's pause after a failed read
 _DROP_LOG_EVERY_S = 60.0
-_MAX_BOUND = 999_999_999_999_999  # the largest max_queue send.lua takes (beyond: unbounded)
 
 DEFAULT_TIMEOUT_S = 30.0
 # Policies an agent may advertise for its capability (``metadata={"policies": {cap: p}}``):
@@ -80,14 +80,6 @@ class MessageOptions(TypedDict, total=False):
     max_attempts: int | None
     headers: Mapping[str, str] | None
     source: str
-
-
-class _Refused(Exception):
-    """The agent's inbox is at its bound (``depth`` entries): the message was not added."""
-
-    def __init__(self, depth: int) -> None:
-        super().__init__(depth)
-        self.depth = depth
 
 
 class Client:
@@ -486,11 +478,10 @@ class Client:
                 raise self._overloaded(env, refused, None)
             if track:
                 self.router.inflight.add(agent.agent_id)
-            inbox = self.keys.inbox(agent.agent_id, env.priority)
             with logs.span("reach.deliver", kind="producer"):
                 logs.inject(env.headers)
                 data = encode(env)
-                depth = await self._add(env, agent, inbox, data, track=track)
+                depth = await self._add(env, agent, data, track=track)
             if depth is None:
                 break
             refused[agent.agent_id] = (depth, agent.max_queue)
@@ -513,57 +504,43 @@ class Client:
         )
 
     async def _add(
-        self, env: Envelope, agent: AgentInfo, inbox: str, data: bytes, *, track: bool
+        self, env: Envelope, agent: AgentInfo, data: bytes, *, track: bool
     ) -> int | None:
         """Add the entry (and its pending record); None when added, else the depth of the
-        agent's inbox that refused it (at its bound)."""
+        agent's inbox that refused it (at its bound). The script layer
+        (:func:`reach.scripts.inbox.send`) chooses the standalone or Cluster form."""
         agent_id = agent.agent_id
-        bound = min(max(0, agent.max_queue), _MAX_BOUND)
-        k = self.keys
+        message = inbox.Message(
+            data=data,
+            capability=env.capability,
+            attempt=env.attempt,
+            msg_id=env.msg_id,
+            key=env.key,
+            idempotency_key=env.idempotency_key,
+        )
         try:
-            if self._cluster:
-                if bound:  # the bound and the add in one step on the inbox's slot
-                    res = await scripts.call(
-                        self.redis, "enqueue", [inbox, *k.inboxes(agent_id)], [data, bound]
-                    )
-                    if isinstance(res, int):
-                        raise _Refused(res)
-                    await scripts.run_pipeline(self.redis, pending_ops(k, env))
-                else:
-                    ops = [("XADD", inbox, "*", "e", data), *pending_ops(k, env)]
-                    out = await scripts.run_pipeline(self.redis, ops)
-                    if isinstance(out[0], Exception):
-                        raise out[0]
-            else:
-                keys = [inbox, k.idem(env.key), k.task(env.msg_id)]
-                if bound:
-                    keys += k.inboxes(agent_id)
-                res = await scripts.call(
-                    self.redis,
-                    "send",
-                    keys,
-                    [
-                        data,
-                        env.capability,
-                        env.attempt,
-                        env.msg_id,
-                        env.idempotency_key,
-                        TASK_TTL_MS,
-                        bound,
-                    ],
-                )
-                if isinstance(res, int):
-                    raise _Refused(res)
+            sent = await inbox.send(
+                self.redis,
+                self.keys,
+                message,
+                cluster=self._cluster,
+                agent_id=agent_id,
+                priority=env.priority,
+                ttl_ms=TASK_TTL_MS,
+                max_queue=agent.max_queue,
+            )
         except BaseException as e:
             if track:
                 self.router.inflight.done(agent_id)
-            if isinstance(e, _Refused):
-                return e.depth
             if isinstance(e, (rexc.ConnectionError, rexc.TimeoutError)):
                 raise unreachable(self.redis_url, e) from e
             if isinstance(e, rexc.ResponseError):
                 await self.view.recheck(agent_id)
             raise
+        if sent.refused:
+            if track:
+                self.router.inflight.done(agent_id)
+            return sent.depth
         return None
 
     async def send(
