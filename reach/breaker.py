@@ -38,6 +38,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Final, Literal, NamedTuple
 
+from .errors import ConfigError
+
 __all__ = [
     "CLOSED",
     "HALF_OPEN",
@@ -96,6 +98,10 @@ class _Breaker:
         self.successes = 0  # probe successes (half-open)
 
 
+def _bad(name: str, value: object, wanted: str) -> ConfigError:
+    return ConfigError(f"Breakers({name}={value!r}): {name} must be {wanted}.")
+
+
 class Breakers:
     """A circuit breaker per target agent, created on first use.
 
@@ -110,6 +116,7 @@ class Breakers:
     :param clock: monotonic seconds; inject a fake one in tests.
     :param on_change: called with a :class:`BreakerChange` on every state change
         (also reachable as ``listeners``, a list the caller may append to).
+    :raises reach.ConfigError: a setting out of its range (the message says which and why).
     """
 
     def __init__(
@@ -125,16 +132,24 @@ class Breakers:
         clock: Callable[[], float] = time.monotonic,
         on_change: Callable[[BreakerChange], None] | None = None,
     ) -> None:
-        if window_s <= 0 or buckets < 1:
-            raise ValueError("window_s must be > 0 and buckets >= 1.")
-        if min_requests < 1:
-            raise ValueError("min_requests must be >= 1.")
+        # Written as "not (valid)" so that NaN, which no comparison accepts, is refused too.
+        if not window_s > 0:
+            raise _bad("window_s", window_s, "a number of seconds > 0 (default 30)")
+        if not buckets >= 1:
+            raise _bad("buckets", buckets, "a whole number >= 1 (default 10)")
+        if not min_requests >= 1:
+            raise _bad("min_requests", min_requests, "a whole number >= 1 (default 10)")
         if not 0.0 < error_rate <= 1.0:
-            raise ValueError(f"error_rate must be in (0, 1], got {error_rate!r}.")
-        if cooldown_s < 0:
-            raise ValueError("cooldown_s must be >= 0.")
-        if half_open_probes < 1:
-            raise ValueError("half_open_probes must be >= 1.")
+            raise _bad(
+                "error_rate",
+                error_rate,
+                "a failure fraction above 0 and at most 1 (default 0.5: the breaker "
+                "opens once half the calls in the window failed)",
+            )
+        if not cooldown_s >= 0:
+            raise _bad("cooldown_s", cooldown_s, "a number of seconds >= 0 (default 5)")
+        if not half_open_probes >= 1:
+            raise _bad("half_open_probes", half_open_probes, "a whole number >= 1 (default 1)")
         self.window_s = float(window_s)
         self.buckets = int(buckets)
         self.bucket_s = self.window_s / self.buckets
@@ -142,8 +157,13 @@ class Breakers:
         self.error_rate = float(error_rate)
         self.cooldown_s = float(cooldown_s)
         self.max_cooldown_s = float(cooldown_s if max_cooldown_s is None else max_cooldown_s)
-        if self.max_cooldown_s < self.cooldown_s:
-            raise ValueError("max_cooldown_s must be >= cooldown_s.")
+        if not self.max_cooldown_s >= self.cooldown_s:
+            raise _bad(
+                "max_cooldown_s",
+                max_cooldown_s,
+                f"a number of seconds >= cooldown_s ({cooldown_s:g}), or None to keep the "
+                "cool-down at cooldown_s",
+            )
         self.half_open_probes = int(half_open_probes)
         self.clock = clock
         self.listeners: list[Callable[[BreakerChange], None]] = []

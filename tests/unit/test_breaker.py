@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from reach.breaker import CLOSED, HALF_OPEN, OPEN, BreakerChange, Breakers
+from reach.errors import ConfigError
 
 
 class FakeClock:
@@ -228,8 +231,11 @@ def test_a_failing_listener_does_not_break_the_breaker(caplog: pytest.LogCapture
         {"cooldown_s": -1},
         {"half_open_probes": 0},
         {"cooldown_s": 5, "max_cooldown_s": 1},
+        {"window_s": math.nan},
+        {"cooldown_s": math.nan},
     ],
 )
 def test_bad_settings(kw: dict[str, float]) -> None:
-    with pytest.raises(ValueError):
+    # A ConfigError (a ReachError, still a ValueError) naming the setting.
+    with pytest.raises(ConfigError, match=next(iter(kw))):
         Breakers(**kw)  # type: ignore[arg-type]
