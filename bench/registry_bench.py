@@ -94,7 +94,7 @@ class Bench:
             ops = []
             for i in range(start, min(n, start + batch)):
                 aid, inst, ver = f"{prefix}{i:05}", uuid.uuid4().hex[:12], now_us()
-                keys, argv = reg.register_args(
+                call = reg.register_call(
                     aid,
                     instance_id=inst,
                     version=ver,
@@ -104,7 +104,7 @@ class Bench:
                     evict_after_ms=evict_after_ms,
                     ready=True,
                 )
-                ops.append(scripts.op("register", keys, argv))
+                ops.append(call.op())
                 out.append((aid, inst, ver))
             for res in await scripts.run_pipeline(r, ops):
                 if isinstance(res, Exception) or int(res[0]) not in (1, 2):

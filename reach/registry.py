@@ -525,11 +525,6 @@ class Registry:
             max_queue=_int_arg("max_queue", max_queue, 0, MAX_QUEUE),
         )
 
-    def register_args(self, agent_id: str, **kw: Any) -> tuple[list[str], list[Any]]:
-        """The KEYS and ARGV of :meth:`register_call` (for callers of ``scripts.call``)."""
-        c = self.register_call(agent_id, **kw)
-        return list(c.keys), list(c.args)
-
     @staticmethod
     def check_registration(
         agent_id: str, version: int, registration: agents.Registration
@@ -542,11 +537,6 @@ class Registry:
                 "process took over this agent_id. Stop this one, or give it another agent_id."
             )
         return registration.code
-
-    @classmethod
-    def check_register_reply(cls, agent_id: str, version: int, reply: list[Any]) -> RegisterCode:
-        """:meth:`check_registration` of a raw ``register.lua`` reply."""
-        return cls.check_registration(agent_id, version, agents.decode_registration(reply))
 
     async def register(self, agent_id: str, **kw: Any) -> RegisterCode:
         """Register (or re-register) an agent; returns NEW (1) or REPLACED (2).
@@ -569,11 +559,6 @@ class Registry:
             queue_depth=min(max(int(queue_depth), 0), MAX_LOAD),
             inflight=min(max(int(inflight), 0), MAX_LOAD),
         )
-
-    def heartbeat_args(self, agent_id: str, **kw: Any) -> tuple[list[str], list[Any]]:
-        """The KEYS and ARGV of :meth:`heartbeat_call` (for callers of ``scripts.call``)."""
-        c = self.heartbeat_call(agent_id, **kw)
-        return list(c.keys), list(c.args)
 
     async def heartbeat(
         self,

@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from redis import exceptions as rexc
 
-from .. import scripts
 from ..connection import AnyRedis, connect_sync
 from ..errors import StaleRegistration
 from ..keys import PRIORITIES, Keys
 from ..registry import Registry
+from ..scripts import inbox
+from ..scripts.codes import DeregisterCode, DropInboxCode, HeartbeatCode
 from .consumer import create_groups_sync
 from .hookchain import HookChain
 from .state import Outages, WorkerState
@@ -109,7 +110,7 @@ class Liveness:
                 deregistered = await self.registry.deregister(
                     self.agent_id, instance_id=self.state.instance_id
                 )
-                if deregistered == 1:
+                if deregistered is DeregisterCode.REMOVED:
                     await self._leave_inbox()
             except (rexc.RedisError, OSError) as e:
                 log.warning("deregister failed: %s", e)
@@ -118,8 +119,8 @@ class Liveness:
         """After a clean deregistration: drop the emptied inbox (an agent id that is not
         coming back must not leave streams forever), or, if messages came in after the
         drain, hand them to the sweeper, which moves them to live agents."""
-        inboxes = self.keys.inboxes(self.agent_id)
-        if not int(await scripts.call(self.redis, "drop_inbox", inboxes, [])):
+        dropped = await inbox.drop_inbox(self.keys, agent_id=self.agent_id).run(self.redis)
+        if dropped is DropInboxCode.KEPT:
             log.info("messages arrived during shutdown: the sweeper moves them on")
             await self.redis.sadd(self.keys.reroute, self.agent_id)
 
@@ -180,24 +181,21 @@ class Liveness:
                     r = connect_sync(self.url)
                 depths = [int(r.xlen(k)) for k in inboxes]
                 self.hooks.on_heartbeat(st, dict(zip(PRIORITIES, depths, strict=True)))
-                keys, args = reg.heartbeat_args(
+                hb = reg.heartbeat_call(
                     self.agent_id,
                     instance_id=st.instance_id,
                     version=self.version,
                     queue_depth=sum(depths),
                     inflight=st.inflight,
-                )
-                code, draining = scripts.call_sync(r, "heartbeat", keys, args)
-                code = int(code)
-                if code == 0:
+                ).run_sync(r)
+                if hb.code is HeartbeatCode.NOT_REGISTERED:
                     log.warning("registration lost (evicted or flushed): registering again")
-                    rkeys, rargs = reg.register_args(self.agent_id, **self._register_kw())
-                    reply = scripts.call_sync(r, "register", rkeys, rargs)
-                    reg.check_register_reply(self.agent_id, self.version, reply)
+                    call = reg.register_call(self.agent_id, **self._register_kw())
+                    reg.check_registration(self.agent_id, self.version, call.run_sync(r))
                     create_groups_sync(r, inboxes)
-                elif code < 0:
+                elif hb.code is HeartbeatCode.STALE:
                     raise StaleRegistration("a newer registration of this agent_id exists")
-                elif int(draining) and not st.stop_requested.is_set():
+                elif hb.draining and not st.stop_requested.is_set():
                     log.info("drain requested by an operator")
                     st.request_stop()
                 self.outages.ok()

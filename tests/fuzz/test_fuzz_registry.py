@@ -130,7 +130,7 @@ def _target(data: st.DataObject) -> str:
 def register_call(data: st.DataObject, w: World) -> tuple[list[Any], list[Any]]:
     agent_id = _target(data)
     same = agent_id == "t1" and data.draw(st.booleans(), label="same process")
-    keys, args = w.reg.register_args(
+    c = w.reg.register_call(
         agent_id,
         instance_id=w.t1_instance if same else new_instance(),
         version=w.t1_version if same else data.draw(st.sampled_from([new_version(), 1])),
@@ -145,18 +145,18 @@ def register_call(data: st.DataObject, w: World) -> tuple[list[Any], list[Any]]:
         ready=data.draw(st.booleans()),
         max_queue=data.draw(st.sampled_from([0, 10])),
     )
-    return list(keys), list(args)
+    return list(c.keys), list(c.args)
 
 
 def heartbeat_call(data: st.DataObject, w: World) -> tuple[list[Any], list[Any]]:
-    keys, args = w.reg.heartbeat_args(
+    c = w.reg.heartbeat_call(
         _target(data),
         instance_id=data.draw(st.sampled_from([w.t1_instance, "other"])),
         version=data.draw(st.sampled_from([w.t1_version, w.t1_version + 1, 1])),
         queue_depth=data.draw(st.sampled_from([0, 5, 2**53 - 1])),
         inflight=data.draw(st.sampled_from([0, 3])),
     )
-    return list(keys), list(args)
+    return list(c.keys), list(c.args)
 
 
 def deregister_call(data: st.DataObject, w: World) -> tuple[list[Any], list[Any]]:

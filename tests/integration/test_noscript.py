@@ -11,6 +11,8 @@ from reach import scripts
 from reach.connection import AnyRedis, connect
 from reach.embedded import RedisServer
 from reach.registry import Registry
+from reach.scripts.agents import Heartbeat
+from reach.scripts.codes import HeartbeatCode, RegisterCode
 from tests.support.registry_helpers import assert_consistent, new_version, register, wait_until
 
 pytestmark = pytest.mark.anyio
@@ -107,20 +109,14 @@ async def test_run_pipeline_recovers_noscript(
 
     def ops(depth: int) -> list[scripts.Op]:
         out = [
-            scripts.op(
-                "heartbeat",
-                *reg.heartbeat_args(a, instance_id=i, version=v, queue_depth=depth, inflight=0),
-            )
+            reg.heartbeat_call(a, instance_id=i, version=v, queue_depth=depth, inflight=0).op()
             for a, (i, v) in creds.items()
         ]
         out.insert(1, ("INCR", counter))  # a plain command must not run twice
         out.append(
-            scripts.op(
-                "heartbeat",
-                *reg.heartbeat_args(
-                    "ghost", instance_id="x", version=new_version(), queue_depth=0, inflight=0
-                ),
-            )
+            reg.heartbeat_call(
+                "ghost", instance_id="x", version=new_version(), queue_depth=0, inflight=0
+            ).op()
         )
         return out
 
@@ -148,15 +144,10 @@ async def test_run_pipeline_recovers_noscript(
     # errors other than NOSCRIPT come back in place, not raised, and are not retried
     await fr.script_flush()
     res = await scripts.run_pipeline(
-        fr, [("INCR", counter), ("HGET", counter, "x"), scripts.op("drain", *_drain(reg, "a1"))]
+        fr, [("INCR", counter), ("HGET", counter, "x"), reg.scripts.drain("a1").op()]
     )
     assert res[0] == 3 and isinstance(res[1], redis.ResponseError) and res[2] == 1
     assert int(await fr.get(counter)) == 3
-
-
-def _drain(reg: Registry, agent_id: str) -> tuple[list[str], list[object]]:
-    k = reg.keys
-    return [k.agent(agent_id), k.events], [agent_id, reg.events_maxlen]
 
 
 def test_sync_call_recovers_after_flush_and_restart(fresh_redis: RedisServer, ns: str) -> None:
@@ -165,7 +156,7 @@ def test_sync_call_recovers_after_flush_and_restart(fresh_redis: RedisServer, ns
     try:
         reg = Registry(r, ns)
         version = new_version()
-        keys, args = reg.register_args(
+        registration = reg.register_call(
             "s1",
             instance_id="i",
             version=version,
@@ -173,12 +164,10 @@ def test_sync_call_recovers_after_flush_and_restart(fresh_redis: RedisServer, ns
             lease_ms=60_000,
             evict_after_ms=120_000,
         )
-        assert scripts.call_sync(r, "register", keys, args)[0] == 1
-        hb_keys, hb_args = reg.heartbeat_args(
-            "s1", instance_id="i", version=version, queue_depth=0, inflight=0
-        )
+        assert registration.run_sync(r).code is RegisterCode.NEW
+        hb = reg.heartbeat_call("s1", instance_id="i", version=version, queue_depth=0, inflight=0)
         r.script_flush()
-        assert scripts.call_sync(r, "heartbeat", hb_keys, hb_args) == [1, 0]
+        assert hb.run_sync(r) == Heartbeat(HeartbeatCode.RENEWED)
         fresh_redis.restart()
         for _ in range(50):  # reconnect
             try:
@@ -186,6 +175,6 @@ def test_sync_call_recovers_after_flush_and_restart(fresh_redis: RedisServer, ns
                 break
             except redis.ConnectionError:
                 continue
-        assert scripts.call_sync(r, "heartbeat", hb_keys, hb_args) == [1, 0]
+        assert hb.run_sync(r) == Heartbeat(HeartbeatCode.RENEWED)
     finally:
         r.close()

@@ -146,18 +146,15 @@ async def test_pipelined_heartbeats_on_cluster(rc: AnyRedis) -> None:
     for reg in regs:
         for j in range(3):
             _, inst, version = await register(reg, f"p{j}", ["c"])
-            keys, args = reg.heartbeat_args(
+            call = reg.heartbeat_call(
                 f"p{j}", instance_id=inst, version=version, queue_depth=j, inflight=0
             )
-            ops.append(scripts.op("heartbeat", keys, args))
+            ops.append(call.op())
             expected.append([1, 0])
     ops.append(
-        scripts.op(
-            "heartbeat",
-            *regs[0].heartbeat_args(
-                "ghost", instance_id="i", version=new_version(), queue_depth=0, inflight=0
-            ),
-        )
+        regs[0]
+        .heartbeat_call("ghost", instance_id="i", version=new_version(), queue_depth=0, inflight=0)
+        .op()
     )
     expected.append([0, 0])
     assert await scripts.run_pipeline(rc, ops) == expected
@@ -180,10 +177,7 @@ async def test_script_flush_on_every_master_recovers(rc: AnyRedis) -> None:
         assert await reg.heartbeat("a", instance_id=inst, version=version) == (1, False)
     await rc.script_flush()
     ops = [
-        scripts.op(
-            "heartbeat",
-            *reg.heartbeat_args("a", instance_id=inst, version=version, queue_depth=0, inflight=0),
-        )
+        reg.heartbeat_call("a", instance_id=inst, version=version, queue_depth=0, inflight=0).op()
         for reg, (inst, version) in zip(regs, creds, strict=True)
     ]
     assert await scripts.run_pipeline(rc, ops) == [[1, 0]] * MASTERS

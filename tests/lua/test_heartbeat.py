@@ -158,9 +158,8 @@ async def test_bad_argument_is_refused_and_the_record_is_untouched(
 ) -> None:
     _, inst, version = await register(reg, "a1", ["c"])
     before = await r.hgetall(reg.keys.agent("a1"))
-    keys, args = reg.heartbeat_args(
-        "a1", instance_id=inst, version=version, queue_depth=1, inflight=1
-    )
+    c = reg.heartbeat_call("a1", instance_id=inst, version=version, queue_depth=1, inflight=1)
+    keys, args = list(c.keys), list(c.args)
     args[index] = value
     with pytest.raises(redis.ResponseError, match=f"^reach: bad {name}"):
         await scripts.call(r, "heartbeat", keys, args)
@@ -171,9 +170,8 @@ async def test_bad_argument_is_refused_and_the_record_is_untouched(
 @pytest.mark.parametrize("shape", ["argv-1", "argv+1", "keys-1"])
 async def test_wrong_shape_is_refused(reg: Registry, r: AnyRedis, shape: str) -> None:
     _, inst, version = await register(reg, "a1", ["c"])
-    keys, args = reg.heartbeat_args(
-        "a1", instance_id=inst, version=version, queue_depth=1, inflight=1
-    )
+    c = reg.heartbeat_call("a1", instance_id=inst, version=version, queue_depth=1, inflight=1)
+    keys, args = list(c.keys), list(c.args)
     if shape == "argv-1":
         args = args[:-1]
     elif shape == "argv+1":

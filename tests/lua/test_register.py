@@ -327,7 +327,8 @@ async def _namespace_keys(reg: Registry) -> list[bytes]:
 
 
 def _good_args(reg: Registry, agent_id: str = "a1") -> tuple[list[str], list[object]]:
-    return reg.register_args(
+    """The KEYS and ARGV the typed call encodes, to be spoiled one at a time."""
+    c = reg.register_call(
         agent_id,
         instance_id="inst-1",
         version=new_version(),
@@ -337,6 +338,7 @@ def _good_args(reg: Registry, agent_id: str = "a1") -> tuple[list[str], list[obj
         evict_after_ms=LONG_EVICT_MS,
         card={"name": "A1"},
     )
+    return list(c.keys), list(c.args)
 
 
 @pytest.mark.parametrize(("index", "name", "value"), _BAD_ARGV)
