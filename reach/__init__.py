@@ -6,8 +6,10 @@ from .client import Client
 from .context import Context
 from .envelope import Envelope, Reply
 from .errors import (
+    BadDeadLetterId,
     ConfigError,
     ConnectionsExhausted,
+    DeadLetterNotFound,
     DeadlineExceeded,
     InvalidCapability,
     NoAgentAvailable,
@@ -23,6 +25,7 @@ from .errors import (
     UnknownAgent,
 )
 from .hooks import Hooks
+from .outcomes import DeadReason, Status, Unavailable
 from .registry import AgentInfo, Registry, normalize_capability
 from .session import Session
 from .tasks import DeadLetter, TaskStatus
@@ -30,11 +33,14 @@ from .tasks import DeadLetter, TaskStatus
 __all__ = [
     "Agent",
     "AgentInfo",
+    "BadDeadLetterId",
     "Client",
     "ConfigError",
     "ConnectionsExhausted",
     "Context",
     "DeadLetter",
+    "DeadLetterNotFound",
+    "DeadReason",
     "DeadlineExceeded",
     "Envelope",
     "Hooks",
@@ -53,7 +59,9 @@ __all__ = [
     "RuntimeOptions",
     "Session",
     "StaleRegistration",
+    "Status",
     "TaskStatus",
+    "Unavailable",
     "UnknownAgent",
     "__version__",
     "normalize_capability",

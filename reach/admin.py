@@ -33,7 +33,7 @@ import msgspec
 
 from .client import Client
 from .connection import AnyRedis, as_text
-from .errors import ConfigError, ReachError
+from .errors import BadDeadLetterId, DeadLetterNotFound, ReachError
 from .keys import GROUP, PRIORITIES, Keys
 from .registry import Registry, normalize_capability
 from .sweeper import sweep_chores
@@ -61,15 +61,6 @@ __all__ = [
     "replay_dead_letters",
     "sweep_once",
 ]
-
-
-# -- errors -------------------------------------------------------------------------------
-class BadDeadLetterId(ConfigError):
-    """The text given as a dead letter id is not a stream entry id (``1717171717171-0``)."""
-
-
-class DeadLetterNotFound(ReachError, LookupError):
-    """No dead letter has that id (in the capability asked for, or in any)."""
 
 
 # -- dead letters -------------------------------------------------------------------------

@@ -85,6 +85,18 @@ class PayloadTooLarge(Rejected, ConfigError):
         super().__init__(message, reason="too_large")
 
 
+# -- operator operations (reach.admin) -----------------------------------------------------
+class BadDeadLetterId(ConfigError):
+    """The text given as a dead letter id is not a stream entry id (``1717171717171-0``);
+    ``reach dlq list`` shows the ids (:mod:`reach.admin`)."""
+
+
+class DeadLetterNotFound(ReachError, LookupError):
+    """No dead letter has that id (in the capability asked for, or in any): it was replayed
+    or purged meanwhile, or the id is from another namespace (:mod:`reach.admin`)."""
+
+
+# -- raised by handlers, not by reach ---------------------------------------------------------
 class Reject(Exception):
     """Raise inside a handler to refuse a message for good: no retry, dead letter at once."""
 
