@@ -2,16 +2,33 @@
 `bench/messaging_bench.py`). A tool shipped with the CLI, not part of the library.
 
 It measures
-* fire-and-forget throughput: a backlog of N messages is loaded into the inbox of the
-  worker while it is stopped (SIGSTOP); after SIGCONT it processes them (batch reads,
-  claim, handler, fenced completion, ack + delete): messages/s until the inbox is empty;
-* request/reply latency with one sequential caller: p50 / p99;
+* fire-and-forget throughput on a backlog: N messages are sent to the inbox of the worker
+  while it is stopped (SIGSTOP; loading is not timed); after SIGCONT it processes them
+  (batch reads, claim, handler, fenced completion, ack + delete): messages/s until the
+  inbox is empty;
+* request/reply latency with one sequential caller (``Client.request``): p50 / p99;
 * Redis commands and round trips per message, for each phase: commands from INFO
   commandstats (those inside scripts included), round trips as the reads Redis processed
   (INFO stats ``total_reads_processed``: one per request or pipeline a client sends), with
   the benchmark's own polling taken out; and the worker's own count of its round trips
-  (logged by the runtime when it stops). Each phase has a worker process of its own, so
-  its figures are its own.
+  (logged by the runtime when it stops);
+* streaming throughput (``stream_messages`` > 0): the worker runs while one caller sends
+  with ``Client.send``, ``STREAM_INFLIGHT`` sends in flight; the clock runs from the first
+  send until every message is processed (see "processed" below);
+* with ``floor=True``, the floor (:mod:`reach_cli.tools.floor`): the bare redis-py loop on
+  Redis Streams, no guarantees, measured in the same run on the same Redis with the same
+  two workloads (streaming throughput: XADD pipelined ``FLOOR_BATCH`` per batch; sequential
+  request/reply latency), and reach's figures as ratios to it.
+
+"Processed", for both systems in the streaming workload: the stream's consumer group has
+read every entry added and has none pending (XINFO STREAM / XINFO GROUPS, polled every
+5 ms once the caller has sent all): reach acknowledges an entry after its fenced
+completion (and then deletes it), the floor after its reply.
+
+Each phase has a worker process of its own (started fresh, waited for until it is ready),
+so its figures are its own. ``repeat`` runs every phase that many times, the systems
+alternating which goes first; the figures are medians of the rounds and each ratio is the
+median of the rounds' ratios (a ratio only ever compares two runs of the same round).
 """
 
 from __future__ import annotations
@@ -31,25 +48,36 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import redis.asyncio as aredis
 
 from reach import Agent, Client, Context, admin
 from reach.connection import AnyRedis, connect
 from reach.embedded import RedisServer
 from reach.envelope import encode
 from reach.errors import ConfigError
-from reach.keys import Keys
+from reach.keys import GROUP, Keys
 from reach.registry import Registry
-from reach.tasks import pending_ops
+from reach.scripts import inbox
+from reach.scripts._call import run_calls
+from reach.tasks import TASK_TTL_MS
+
+from . import floor
 
 NS = "bench"
 CAP = "bench.noop"
+AGENT_ID = "bench-1"
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 WARM_UP = 200  # requests before the latency samples
+STREAM_INFLIGHT = 50  # reach's streaming caller: Client.send calls in flight
+FLOOR_BATCH = 500  # the floor's streaming caller: XADDs per pipeline
+POLL_S = 0.005  # completion polling interval
+LOAD_BATCH = 1000  # backlog messages per loading pipeline
+Measure = Callable[[str, int, subprocess.Popen[bytes], Progress | None], Awaitable[dict[str, Any]]]
 
 
 def bench_agent() -> Agent:
     """The benchmark's agent: answers with its payload (the cost is reach's, not the handler's)."""
-    app = Agent("bench-1", capabilities=[CAP])
+    app = Agent(AGENT_ID, capabilities=[CAP])
 
     @app.handler(CAP)
     async def handle(payload: Any, ctx: Context) -> Any:
@@ -58,8 +86,13 @@ def bench_agent() -> Agent:
     return app
 
 
-def _start_worker(url: str, concurrency: int, log: Path) -> subprocess.Popen[bytes]:
-    cmd = [
+def _popen(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as err:
+        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stderr=err)
+
+
+def _reach_worker_cmd(url: str, concurrency: int) -> list[str]:
+    return [
         sys.executable,
         "-m",
         "reach_cli.app",
@@ -74,8 +107,19 @@ def _start_worker(url: str, concurrency: int, log: Path) -> subprocess.Popen[byt
         "--log-level",
         "info",
     ]
-    with open(log, "wb") as err:
-        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stderr=err)
+
+
+def _floor_worker_cmd(url: str, stream: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "reach_cli.tools.floor",
+        "worker",
+        "--redis-url",
+        url,
+        "--stream",
+        stream,
+    ]
 
 
 async def _wait_ready(url: str) -> None:
@@ -84,6 +128,16 @@ async def _wait_ready(url: str) -> None:
         reg = Registry(r, NS)
         with anyio.fail_after(30):
             while not await reg.agents(CAP, ready=True):
+                await anyio.sleep(0.02)
+    finally:
+        await r.aclose()
+
+
+async def _wait_floor_ready(url: str, stream: str) -> None:
+    r: Any = aredis.Redis.from_url(url)
+    try:
+        with anyio.fail_after(30):
+            while not await r.get(floor.ready_key(stream)):
                 await anyio.sleep(0.02)
     finally:
         await r.aclose()
@@ -99,6 +153,30 @@ async def _reads(r: AnyRedis) -> int:
     return int((await r.info("stats"))["total_reads_processed"])
 
 
+async def _entries_added(r: Any, stream: str) -> int:
+    """Entries ever added to ``stream`` (0 before it exists)."""
+    if not await r.exists(stream):
+        return 0
+    return int((await r.xinfo_stream(stream))["entries-added"])
+
+
+async def _until_processed(
+    r: Any, stream: str, group: str, n: int, phase: str, progress: Progress | None
+) -> None:
+    """Poll until ``group`` has read and acknowledged every entry of ``stream``."""
+    with anyio.fail_after(600):
+        while True:
+            left = await floor.remaining(r, stream, group)
+            if progress:
+                progress(phase, max(0, n - left), n)
+            if left == 0:
+                return
+            await anyio.sleep(POLL_S)
+
+
+# -- reach: backlog, streaming, latency ----------------------------------------------------
+
+
 async def _throughput(
     url: str, n: int, worker: subprocess.Popen[bytes], progress: Progress | None
 ) -> dict[str, Any]:
@@ -107,18 +185,34 @@ async def _throughput(
     try:
         async with Client(redis=r, namespace=NS) as c:
             envs = [c.build(CAP, {"i": i}, reply=False) for i in range(n)]
-            inbox = keys.inbox("bench-1", "normal")
             worker.send_signal(signal.SIGSTOP)  # load the backlog while it cannot read
             t_load = time.perf_counter()
-            for i in range(0, n, 1000):
-                pipe = r.pipeline(transaction=False)
-                for env in envs[i : i + 1000]:
-                    pipe.execute_command("XADD", inbox, "*", "e", encode(env))
-                    for op in pending_ops(keys, env):
-                        pipe.execute_command(*op)
-                await pipe.execute()
+            # What Client.send does on a standalone Redis (send.lua: the inbox entry and
+            # the pending record in one step), pipelined so that loading is quick; the
+            # Redis state is the same as N sends leave.
+            for i in range(0, n, LOAD_BATCH):
+                calls = [
+                    inbox.send_call(
+                        keys,
+                        inbox.Message(
+                            data=encode(env),
+                            capability=env.capability,
+                            attempt=env.attempt,
+                            msg_id=env.msg_id,
+                            key=env.key,
+                            idempotency_key=env.idempotency_key,
+                        ),
+                        agent_id=AGENT_ID,
+                        priority=env.priority,
+                        ttl_ms=TASK_TTL_MS,
+                    )
+                    for env in envs[i : i + LOAD_BATCH]
+                ]
+                for sent in await run_calls(r, calls):
+                    if isinstance(sent, Exception):
+                        raise sent
                 if progress:
-                    progress("loading", min(i + 1000, n), n)
+                    progress("loading", min(i + LOAD_BATCH, n), n)
             t_loaded = time.perf_counter()
             before = await _commandstats(r)
             reads_before = await _reads(r)
@@ -127,15 +221,13 @@ async def _throughput(
             worker.send_signal(signal.SIGCONT)
             with anyio.fail_after(600):
                 while True:  # one pipeline of XLEN a poll (left out of the counts below)
-                    depth = sum(
-                        (await admin.queue_depths(r, keys, ["bench-1"]))["bench-1"].values()
-                    )
+                    depth = sum((await admin.queue_depths(r, keys, [AGENT_ID]))[AGENT_ID].values())
                     own_reads += 1
                     if progress:
                         progress("processing", n - depth, n)
                     if depth == 0:
                         break
-                    await anyio.sleep(0.005)
+                    await anyio.sleep(POLL_S)
             t1 = time.perf_counter()
             after = await _commandstats(r)
             reads = await _reads(r) - reads_before - own_reads - 1  # the INFO before it
@@ -154,6 +246,54 @@ async def _throughput(
         "redis_commands_per_msg_worker": worker_cmds / n,
         "round_trips_per_msg_worker": max(0, reads) / n,
         "last_status": last,
+    }
+
+
+async def _streaming(
+    url: str, n: int, worker: subprocess.Popen[bytes], progress: Progress | None
+) -> dict[str, Any]:
+    """reach, streaming: Client.send with STREAM_INFLIGHT in flight while the worker runs."""
+    stream = Keys(NS).inbox(AGENT_ID, "normal")
+    r = await connect(url)  # the bench's own connection, for polling
+    try:
+        async with Client(redis_url=url, namespace=NS) as c:
+            await c.eligible(CAP)  # the routing view is loaded before the clock starts
+            added_before = await _entries_added(r, stream)
+            sent = 0
+            every = max(1, n // 20)
+
+            async def sender() -> None:
+                nonlocal sent
+                while sent < n:
+                    i = sent
+                    sent += 1
+                    await c.send(CAP, {"i": i})
+                    if progress and (i + 1) % every == 0:
+                        progress("streaming reach: sent", i + 1, n)
+
+            t0 = time.perf_counter()
+            async with anyio.create_task_group() as tg:
+                for _ in range(min(STREAM_INFLIGHT, n)):
+                    tg.start_soon(sender)
+            t_sent = time.perf_counter()
+            await _until_processed(r, stream, GROUP, n, "streaming reach: processed", progress)
+            t1 = time.perf_counter()
+            processed = await _entries_added(r, stream) - added_before
+    finally:
+        await r.aclose()
+    return _stream_figures(n, t0, t_sent, t1, processed, inflight=STREAM_INFLIGHT)
+
+
+def _stream_figures(
+    n: int, t0: float, t_sent: float, t1: float, processed: int, **extra: int
+) -> dict[str, Any]:
+    return {
+        "messages": n,
+        **extra,
+        "seconds": t1 - t0,
+        "send_seconds": t_sent - t0,
+        "msgs_per_s": n / (t1 - t0),
+        "processed": processed,
     }
 
 
@@ -178,32 +318,97 @@ async def _latency(
     finally:
         await r.aclose()
     cmds = sum(v - before.get(k, 0) for k, v in after.items() if k != "info")
-    samples.sort()
     return {
         "requests": n,
-        "p50_ms": statistics.median(samples),
-        "p99_ms": samples[max(0, int(len(samples) * 0.99) - 1)],
-        "mean_ms": statistics.fmean(samples),
+        **_latency_figures(samples),
         # Caller and worker together (heartbeats and the like included).
         "redis_commands_per_request": cmds / n,
         "round_trips_per_request": max(0, reads) / n,
     }
 
 
+def _latency_figures(samples: list[float]) -> dict[str, float]:
+    samples = sorted(samples)
+    return {
+        "p50_ms": statistics.median(samples),
+        "p99_ms": samples[max(0, int(len(samples) * 0.99) - 1)],
+        "mean_ms": statistics.fmean(samples),
+    }
+
+
+# -- the floor: the same workloads on the bare loop ---------------------------------------
+
+
+def _floor_streaming(stream: str) -> Measure:
+    async def measure(
+        url: str, n: int, worker: subprocess.Popen[bytes], progress: Progress | None
+    ) -> dict[str, Any]:
+        r: Any = aredis.Redis.from_url(url)
+        try:
+            every = max(1, n // 20)
+
+            def on_sent(done: int) -> None:
+                if progress and (done % every < FLOOR_BATCH or done == n):
+                    progress("streaming floor: sent", done, n)
+
+            t0 = time.perf_counter()
+            await floor.stream(r, stream, n, batch=FLOOR_BATCH, on_sent=on_sent)
+            t_sent = time.perf_counter()
+            await _until_processed(
+                r, stream, floor.GROUP, n, "streaming floor: processed", progress
+            )
+            t1 = time.perf_counter()
+            processed = await _entries_added(r, stream)
+        finally:
+            await r.aclose()
+        return _stream_figures(n, t0, t_sent, t1, processed, batch=FLOOR_BATCH)
+
+    return measure
+
+
+def _floor_latency(stream: str) -> Measure:
+    async def measure(
+        url: str, n: int, worker: subprocess.Popen[bytes], progress: Progress | None
+    ) -> dict[str, Any]:
+        r: Any = aredis.Redis.from_url(url)
+        reply = f"{stream}:reply"
+        last = b"0-0"
+        try:
+            for i in range(WARM_UP):
+                last = await floor.request(r, stream, reply, last, i)
+            samples = []
+            every = max(1, n // 20)
+            for i in range(n):
+                t = time.perf_counter()
+                last = await floor.request(r, stream, reply, last, i)
+                samples.append((time.perf_counter() - t) * 1000)
+                if progress and ((i + 1) % every == 0 or i + 1 == n):
+                    progress("floor requests", i + 1, n)
+        finally:
+            await r.aclose()
+        return {"requests": n, **_latency_figures(samples)}
+
+    return measure
+
+
+# -- phases and rounds -------------------------------------------------------------------
+
+
 def _phase(
     url: str,
-    concurrency: int,
+    cmd: list[str],
+    ready: Callable[[], Awaitable[None]],
     log: Path,
-    measure: Callable[
-        [str, int, subprocess.Popen[bytes], Progress | None], Awaitable[dict[str, Any]]
-    ],
+    measure: Measure,
     n: int,
     progress: Progress | None,
+    stats_prefix: str = "stats: ",
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """One phase with a worker process of its own: (figures, the worker's own stats)."""
-    w = _start_worker(url, concurrency, log)
+    """One phase with a worker process of its own: (figures, the worker's own stats, from
+    the ``<stats_prefix>{...}`` line it logs when it stops)."""
+    w = _popen(cmd, log)
     try:
-        anyio.run(_wait_ready, url)
+        anyio.run(ready)
         out = anyio.run(measure, url, n, w, progress)
     finally:
         w.send_signal(signal.SIGCONT)
@@ -213,8 +418,94 @@ def _phase(
         except subprocess.TimeoutExpired:
             w.kill()
             w.wait()
-    m = re.search(r"stats: (\{.*\})", log.read_text(errors="replace"))
+    m = re.search(re.escape(stats_prefix) + r"(\{.*\})", log.read_text(errors="replace"))
     return out, (json.loads(m.group(1)) if m else {})
+
+
+def _round(
+    url: str,
+    tmp: Path,
+    k: int,
+    *,
+    messages: int,
+    requests: int,
+    stream_messages: int,
+    concurrency: int,
+    with_floor: bool,
+    progress: Progress | None,
+) -> dict[str, Any]:
+    """Round ``k`` (0-based) of every phase. Reach and the floor alternate which goes first."""
+    reach_cmd = _reach_worker_cmd(url, concurrency)
+
+    def ready() -> Awaitable[None]:
+        return _wait_ready(url)
+
+    def reach_phase(name: str, measure: Measure, n: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        log = tmp / f"worker-{name}-{k}.log"
+        return _phase(url, reach_cmd, ready, log, measure, n, progress)
+
+    def floor_phase(name: str, make: Callable[[str], Measure], n: int) -> dict[str, Any]:
+        stream = f"floor:{name}:{k}"  # a fresh stream (and group) for each run
+
+        def floor_ready() -> Awaitable[None]:
+            return _wait_floor_ready(url, stream)
+
+        out, stats = _phase(
+            url,
+            _floor_worker_cmd(url, stream),
+            floor_ready,
+            tmp / f"floor-{name}-{k}.log",
+            make(stream),
+            n,
+            progress,
+            stats_prefix="floor stats: ",
+        )
+        return {**out, "worker_stats": stats}
+
+    res: dict[str, Any] = {}
+    res["throughput"], res["backlog_stats"] = reach_phase("backlog", _throughput, messages)
+    floor_first = k % 2 == 1
+    if stream_messages:
+        if with_floor and floor_first:
+            res["floor_streaming"] = floor_phase("streaming", _floor_streaming, stream_messages)
+        st, st_stats = reach_phase("streaming", _streaming, stream_messages)
+        res["streaming"] = {**st, "worker_stats": st_stats}
+        if with_floor and not floor_first:
+            res["floor_streaming"] = floor_phase("streaming", _floor_streaming, stream_messages)
+    if with_floor and floor_first:
+        res["floor_latency"] = floor_phase("requests", _floor_latency, requests)
+    res["latency"], res["requests_stats"] = reach_phase("requests", _latency, requests)
+    if with_floor and not floor_first:
+        res["floor_latency"] = floor_phase("requests", _floor_latency, requests)
+    if with_floor:
+        res["ratios"] = _ratios(res)
+    return res
+
+
+def _ratios(res: dict[str, Any]) -> dict[str, float]:
+    """reach / floor for one round: throughput (higher is better for reach, 1.0 = the
+    floor's), p50 and p99 (lower is better, 1.0 = the floor's)."""
+    lat, flat = res["latency"], res["floor_latency"]
+    out = {
+        "p50": lat["p50_ms"] / flat["p50_ms"],
+        "p99": lat["p99_ms"] / flat["p99_ms"],
+    }
+    if "streaming" in res:
+        out["throughput"] = res["streaming"]["msgs_per_s"] / res["floor_streaming"]["msgs_per_s"]
+    return out
+
+
+def _medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per key: the median of the runs' numbers; anything else (and ints that are counts
+    the same in every run) as in the last run."""
+    out: dict[str, Any] = {}
+    for key, last in runs[-1].items():
+        values = [r[key] for r in runs if key in r]
+        if isinstance(last, float):
+            out[key] = statistics.median(values)
+        else:
+            out[key] = last
+    return out
 
 
 def run_bench(
@@ -222,73 +513,200 @@ def run_bench(
     messages: int = 30_000,
     requests: int = 3_000,
     concurrency: int = 64,
+    stream_messages: int = 0,
+    floor: bool = False,
+    repeat: int = 1,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Run the whole benchmark on an embedded Redis; returns the figures."""
+    """Run the whole benchmark on an embedded Redis; returns the figures.
+
+    ``stream_messages``: the streaming workload's size (0: not run; needed by ``floor``,
+    whose throughput ratio it is). ``floor``: the same workloads on the bare loop, and the
+    ratios. ``repeat``: rounds; figures are medians of the rounds."""
     if messages < 1 or requests < 1:
         raise ConfigError("messages and requests must be >= 1")
+    if stream_messages < 0:
+        raise ConfigError("stream_messages must be >= 0 (0: no streaming workload)")
+    if floor and stream_messages < 1:
+        raise ConfigError("floor needs the streaming workload: stream_messages >= 1")
+    if repeat < 1:
+        raise ConfigError("repeat must be >= 1")
+    load_before = os.getloadavg()
+    rounds: list[dict[str, Any]] = []
     with RedisServer() as server, tempfile.TemporaryDirectory(prefix="reach-bench-") as tmp:
-        tp, tp_stats = _phase(
-            server.url,
-            concurrency,
-            Path(tmp) / "worker-backlog.log",
-            _throughput,
-            messages,
-            progress,
-        )
-        lat, lat_stats = _phase(
-            server.url, concurrency, Path(tmp) / "worker-requests.log", _latency, requests, progress
-        )
+        for k in range(repeat):
+
+            def tagged(phase: str, done: int, total: int, k: int = k) -> None:
+                assert progress is not None
+                progress(f"[{k + 1}/{repeat}] {phase}" if repeat > 1 else phase, done, total)
+
+            rounds.append(
+                _round(
+                    server.url,
+                    Path(tmp),
+                    k,
+                    messages=messages,
+                    requests=requests,
+                    stream_messages=stream_messages,
+                    concurrency=concurrency,
+                    with_floor=floor,
+                    progress=tagged if progress else None,
+                )
+            )
+    last = rounds[-1]
+    tp = _medians([r["throughput"] for r in rounds])
+    lat = _medians([r["latency"] for r in rounds])
+    tp_stats, lat_stats = last["backlog_stats"], last["requests_stats"]
     if "round_trips" in tp_stats:
         tp["worker_own_round_trips_per_msg"] = tp_stats["round_trips"] / messages
     if "round_trips" in lat_stats:
         lat["worker_own_round_trips_per_request"] = lat_stats["round_trips"] / (requests + WARM_UP)
-    return {
+    out: dict[str, Any] = {
         "throughput": tp,
         "latency": lat,
         "worker_stats": {"backlog": tp_stats, "requests": lat_stats},
         "redis": f"{server.binary.origin} {server.binary.version_str}",
         "cpus": os.cpu_count(),
         "concurrency": concurrency,
+        "repeat": repeat,
+        # The 1-minute load average before and after: a loaded machine shows here.
+        "load_avg_1m": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
     }
+    if stream_messages:
+        out["streaming"] = _medians([r["streaming"] for r in rounds])
+    if floor:
+        ratios = [r["ratios"] for r in rounds]
+        out["floor"] = {
+            "streaming": _medians([r["floor_streaming"] for r in rounds]),
+            "latency": _medians([r["floor_latency"] for r in rounds]),
+        }
+        out["ratios"] = {
+            **{key: statistics.median(x[key] for x in ratios) for key in ratios[-1]},
+            "rounds": ratios,
+        }
+    if repeat > 1:
+        out["rounds"] = [
+            {
+                key: {f: v for f, v in fig.items() if f != "worker_stats"}
+                for key, fig in r.items()
+                if key in ("throughput", "latency", "streaming", "floor_streaming", "floor_latency")
+            }
+            for r in rounds
+        ]
+    return out
 
 
 def format_report(out: dict[str, Any]) -> str:
     tp, lat = out["throughput"], out["latency"]
-    return "\n".join(
-        [
-            f"redis {out['redis']}, {out['cpus']} cpus, worker concurrency {out['concurrency']}",
+    rounds = out.get("repeat", 1)
+    med = f" (medians of {rounds} rounds)" if rounds > 1 else ""
+    load = out.get("load_avg_1m")
+    lines = [
+        f"redis {out['redis']}, {out['cpus']} cpus, worker concurrency {out['concurrency']}"
+        + (f", load average {load[0]} -> {load[1]}" if load else "")
+        + med,
+        (
+            f"fire-and-forget backlog of {tp['messages']} msgs processed in "
+            f"{tp['seconds']:.2f}s = {tp['msgs_per_s']:,.0f} msgs/s "
+            f"(loading it took {tp['load_seconds']:.2f}s)"
+        ),
+        (
+            f"  per msg, worker: {tp['redis_commands_per_msg_worker']:.2f} Redis commands, "
+            f"{tp['round_trips_per_msg_worker']:.3f} round trips"
+        ),
+        (
+            f"request/reply, 1 sequential caller, {lat['requests']} requests: p50 "
+            f"{lat['p50_ms']:.3f} ms, p99 {lat['p99_ms']:.3f} ms, mean {lat['mean_ms']:.3f} ms"
+        ),
+        (
+            f"  per request, caller and worker: {lat['redis_commands_per_request']:.2f} Redis "
+            f"commands, {lat['round_trips_per_request']:.2f} round trips"
+        ),
+    ]
+    st = out.get("streaming")
+    if st:
+        lines.append(
+            f"streaming, 1 caller (Client.send, {st['inflight']} in flight) and the worker at "
+            f"once, {st['messages']} msgs: {st['msgs_per_s']:,.0f} msgs/s processed "
+            f"({st['seconds']:.2f}s; sent in {st['send_seconds']:.2f}s)"
+        )
+    fl = out.get("floor")
+    if fl:
+        fs, flat, ra = fl["streaming"], fl["latency"], out["ratios"]
+        lines += [
+            "floor (bare redis-py on Streams, no guarantees; same Redis, same run):",
             (
-                f"fire-and-forget backlog of {tp['messages']} msgs processed in "
-                f"{tp['seconds']:.2f}s = {tp['msgs_per_s']:,.0f} msgs/s "
-                f"(loading it took {tp['load_seconds']:.2f}s)"
+                f"  streaming, XADD pipelined {fs['batch']} per batch, {fs['messages']} msgs: "
+                f"{fs['msgs_per_s']:,.0f} msgs/s processed ({fs['seconds']:.2f}s)"
             ),
             (
-                f"  per msg, worker: {tp['redis_commands_per_msg_worker']:.2f} Redis commands, "
-                f"{tp['round_trips_per_msg_worker']:.3f} round trips"
+                f"  request/reply, {flat['requests']} requests: p50 {flat['p50_ms']:.3f} ms, "
+                f"p99 {flat['p99_ms']:.3f} ms"
             ),
             (
-                f"request/reply, 1 sequential caller, {lat['requests']} requests: p50 "
-                f"{lat['p50_ms']:.3f} ms, p99 {lat['p99_ms']:.3f} ms, mean {lat['mean_ms']:.3f} ms"
-            ),
-            (
-                f"  per request, caller and worker: {lat['redis_commands_per_request']:.2f} Redis "
-                f"commands, {lat['round_trips_per_request']:.2f} round trips"
+                f"reach / floor: throughput {ra['throughput']:.2f}x (goal >= 0.90), p50 "
+                f"{ra['p50']:.2f}x (goal <= 1.5), p99 {ra['p99']:.2f}x (goal <= 2)"
+                + (" (medians of the rounds' ratios)" if rounds > 1 else "")
             ),
         ]
-    )
+    return "\n".join(lines)
+
+
+HELP_EPILOG = """\
+The floor (--floor): the same workloads on the bare redis-py loop on Redis Streams, with
+none of reach's guarantees (reach_cli.tools.floor): the caller pipelines XADD 500 per
+batch; its worker process reads XREADGROUP COUNT 100 and answers each batch with one
+pipeline (reply XADD for requests, one XACK). Both run in the same invocation on the same
+Redis, each phase with a fresh worker process, and reach's figures are printed as ratios
+to the floor's: throughput = reach msgs/s / floor msgs/s (streaming workload), p50 and
+p99 = reach's latency / the floor's. Numbers from separate runs are never compared.
+"""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`python bench/messaging_bench.py` (plain progress lines on stderr)."""
     ap = argparse.ArgumentParser(
-        prog="messaging_bench", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+        prog="messaging_bench",
+        description=__doc__,
+        epilog=HELP_EPILOG,
+        formatter_class=argparse.RawTextHelpFormatter,
     )
-    ap.add_argument("--messages", type=int, default=30_000)
-    ap.add_argument("--requests", type=int, default=3_000)
-    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--messages", type=int, default=30_000, help="backlog messages")
+    ap.add_argument("--requests", type=int, default=3_000, help="sequential request/replies")
+    ap.add_argument(
+        "--stream-messages",
+        type=int,
+        default=20_000,
+        help="messages of the streaming workload (0: skip it; not with --floor)",
+    )
+    ap.add_argument("--concurrency", type=int, default=64, help="the reach worker's handlers")
+    ap.add_argument("--floor", action="store_true", help="also measure the bare-Streams floor")
+    ap.add_argument("--repeat", type=int, default=1, help="rounds; figures are medians")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    out = run_bench(messages=a.messages, requests=a.requests, concurrency=a.concurrency)
+
+    shown: dict[str, int] = {}  # phase -> the last count printed
+
+    def progress(phase: str, done: int, total: int) -> None:
+        # A line at every tenth and at the end (phases that poll report the same count often).
+        before = shown.get(phase, -1)
+        step = max(1, total // 10)
+        if done != before and (done == total or done // step > max(before, 0) // step):
+            shown[phase] = done
+            print(f"{phase} {done}/{total}", file=sys.stderr, flush=True)
+
+    try:
+        out = run_bench(
+            messages=a.messages,
+            requests=a.requests,
+            stream_messages=a.stream_messages,
+            concurrency=a.concurrency,
+            floor=a.floor,
+            repeat=a.repeat,
+            progress=progress,
+        )
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(json.dumps(out, indent=2) if a.json else format_report(out))
     return 0
