@@ -53,7 +53,8 @@ from .keys import GROUP, Keys, clean_id
 from .logs import OutageLog
 from .outcomes import DeadReason, Status
 from .registry import Registry
-from .scripts import delivery
+from .scripts import delivery, inbox
+from .scripts.codes import DropInboxCode
 from .tasks import DLQ_MAXLEN, MALFORMED_CAP, TASK_TTL_MS, dead_letter_op, raw_dead_letter_op
 from .untrusted import strict_text
 
@@ -396,7 +397,7 @@ class _Chores(_Letters):
                     await scripts.run_pipeline(
                         redis, [("XACK", stream, GROUP, entry_id), ("XDEL", stream, entry_id)]
                     )
-        if await scripts.call(redis, "drop_inbox", keys.inboxes(agent_id), []):
+        if await inbox.drop_inbox(keys, agent_id=agent_id).run(redis) is DropInboxCode.DROPPED:
             log.info("inbox of %s emptied and dropped", agent_id)
         if self.out != Moved():
             log.warning("inbox of evicted agent %s moved: %s", agent_id, self.out)
