@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from redis import exceptions as rexc
 
-from .. import scripts
 from ..connection import AnyRedis, as_text
 from ..envelope import BadEnvelope, decode_envelope
 from ..keys import GROUP, Keys
+from ..scripts import delivery
 from .execution import Execution
 from .hookchain import HookChain
 from .items import AckOnly, Delivery
@@ -89,6 +89,7 @@ class Consumer:
         self.opts = opts
         self.state = state
         self.name = state.agent_id
+        self.keys = keys
         self.inboxes = keys.inboxes(state.agent_id)
         self.redis = redis
         self.execution = execution
@@ -153,23 +154,24 @@ class Consumer:
         )
 
     async def _fetch(self, n: int) -> list[tuple[str, list[Any]]]:
-        keys = self.inboxes
         keep_n, keep_l = self._read_shares(n)
-        args = [GROUP, self.name, n, keep_n, keep_l]
+        call = delivery.fetch(
+            self.keys, agent_id=self.name, n=n, keep_normal=keep_n, keep_low=keep_l
+        )
         try:
             self.hooks.on_round_trip("fetch")
-            res = await scripts.call(self.redis, "fetch", keys, args)
+            res = await call.run(self.redis)
         except rexc.ResponseError as e:
             if "NOGROUP" not in str(e):
                 raise
             await create_groups(self.redis, self.inboxes)
-            res = await scripts.call(self.redis, "fetch", keys, args)
-        got = [(k, entries) for k, entries in zip(keys, res[:3], strict=True) if entries]
+            res = await call.run(self.redis)
+        got = res.got
         served = {k.rsplit(":", 1)[1] for k, _ in got}
-        for prio, was_waiting in (("normal", res[3]), ("low", res[4])):
+        for prio, was_waiting in (("normal", res.normal_waiting), ("low", res.low_waiting)):
             if prio in served:
                 self._passed_over[prio] = 0
-            elif int(was_waiting):
+            elif was_waiting:
                 self._passed_over[prio] += 1
         return got
 

@@ -29,10 +29,12 @@ from ..context import Context
 from ..envelope import Envelope, decode_payload, decode_reply, encode, now_ms
 from ..errors import Reject, Retry
 from ..keys import Keys
+from ..outcomes import Status
 from ..registry import Registry
+from ..scripts import ClaimCode, TakeoverCode, delivery
+from ..scripts.delivery import Claimed, ClaimItem
 from ..tasks import TASK_TTL_MS
 from . import outcome as oc
-from .batching import per_key
 from .hookchain import HookChain
 from .items import Delivery
 from .letters import DeadLetters
@@ -91,10 +93,10 @@ class Execution:
             raise
         busy: list[Delivery] = []
         for it, res in zip(items, results, strict=True):
-            if scripts.is_data_error(res):
+            if isinstance(res, Exception) and scripts.is_data_error(res):
                 self._poison(it, res, "claiming it")
                 continue
-            if isinstance(res, BaseException):
+            if isinstance(res, Exception):
                 log.warning("claim of %s failed (%s); it stays pending", it.env.msg_id, res)
                 self.state.release([it])
                 self.state.rescan = True
@@ -113,20 +115,19 @@ class Execution:
                     raise
                 self._poison(it, e, "checking who holds its key")
 
-    async def _claim(self, items: list[Delivery]) -> list[Any]:
-        """Run claim.lua for the items: one reply (or exception) per item."""
-        head = [self.owner, TASK_TTL_MS, self.agent_id]
-        keys = [self.keys.idem(it.env.key) for it in items]
-        tails = [[self._claim_lease_ms(it.env), it.env.msg_id] for it in items]
-        res = await per_key(self.redis, self.cluster, "claim", keys, head, tails)
-        if len(items) > 1 and any(scripts.is_data_error(r) for r in res):
-            # One key of the wrong type refuses the whole batch: claim each alone, so only
-            # that entry fails (and is dead-lettered), not its neighbours on every scan.
-            res = [
-                (await per_key(self.redis, self.cluster, "claim", [k], head, [t]))[0]
-                for k, t in zip(keys, tails, strict=True)
-            ]
-        return res
+    async def _claim(self, items: list[Delivery]) -> list[Claimed | Exception]:
+        """Run claim.lua for the items: one answer (or the error that refused it) per item."""
+        return await delivery.claim(
+            self.redis,
+            [
+                ClaimItem(self.keys.idem(it.env.key), self._claim_lease_ms(it.env), it.env.msg_id)
+                for it in items
+            ],
+            cluster=self.cluster,
+            owner=self.owner,
+            ttl_ms=TASK_TTL_MS,
+            agent_id=self.agent_id,
+        )
 
     def _claim_lease_ms(self, env: Envelope) -> int:
         lease = int(self.opts.claim_lease_s * 1000)
@@ -134,17 +135,16 @@ class Execution:
             lease = max(1000, min(lease, env.deadline_ms - now_ms() + 1000))
         return lease
 
-    def _on_claim(self, it: Delivery, res: Any) -> bool:
-        """Act on claim.lua's answer for one item: run it (1) or replay its key's stored
-        reply (2). False when the key is busy (0): held by another claim."""
-        code = int(res[0])
-        if code == 1:
-            it.fence = int(res[1])
+    def _on_claim(self, it: Delivery, res: Claimed) -> bool:
+        """Act on claim.lua's answer for one item: run it (RUN) or replay its key's stored
+        reply (REPLAY). False when the key is BUSY: held by another claim."""
+        if res.code is ClaimCode.RUN:
+            it.fence = res.fence
             self.state.running.add(it.env.key)
             self._start(it)
-        elif code == 2:
+        elif res.code is ClaimCode.REPLAY:
             self.hooks.on_replay(it.env)
-            self._replay(it, res[1])
+            self._replay(it, res.reply)
         else:
             return False
         return True
@@ -165,9 +165,12 @@ class Execution:
             alive = info is not None and info.instance_id == instance and info.state != "evicted"
         # Take over only from the owner judged gone (compare-and-set): another runtime may
         # have taken the key over since it was read, and its fresh claim must stand.
-        if not alive and int(await scripts.call(self.redis, "takeover", [idem], [owner])):
+        ended = not alive and (
+            await delivery.takeover(idem, owner=owner).run(self.redis) is TakeoverCode.ENDED
+        )
+        if ended:
             res = (await self._claim([it]))[0]
-            if isinstance(res, BaseException):
+            if isinstance(res, Exception):
                 raise res
             if self._on_claim(it, res):
                 return
@@ -326,7 +329,7 @@ class Execution:
         )
         if outcome.dead_letter:
             self.hooks.on_dead_letter(env, outcome.reason, outcome.error)
-        elif outcome.status == "retrying":
+        elif outcome.status == Status.RETRYING:
             self.hooks.on_retry(env, outcome.retry_delay_ms / 1000, outcome.error)
         logs.note_outcome(it.outcome, outcome.error_type)
         if log.isEnabledFor(logging.DEBUG):

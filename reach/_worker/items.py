@@ -17,22 +17,11 @@ from typing import Any
 
 from ..envelope import Envelope
 from ..keys import Keys
+from ..scripts.delivery import Completion
 
 Op = tuple[Any, ...]
-"""One Redis command, as its words (``("ZADD", key, score, member)``)."""
-
-
-@dataclass(slots=True)
-class Completion:
-    """complete.lua's part of a settle: store ``status`` in the idempotency record at
-    ``key`` if ``fence`` still holds it; mode ``done`` finishes the key (later copies
-    replay the reply), ``release`` lets another attempt claim it."""
-
-    key: str
-    fence: int
-    status: str
-    mode: str
-    error: str
+"""One Redis command, as its words (``("ZADD", key, score, member)``): what
+:class:`reach.scripts.delivery.SettleItem` takes as a follow-up."""
 
 
 @dataclass(slots=True, eq=False, kw_only=True)

@@ -12,9 +12,11 @@ from typing import Any
 
 from ..envelope import BadEnvelope, Reply, encode
 from ..keys import Keys
+from ..outcomes import DeadReason, Status
+from ..scripts.delivery import Completion, Mode
 from ..tasks import raw_dead_letter_op
 from .hookchain import HookChain
-from .items import AckOnly, Completion, Delivery, Settleable
+from .items import AckOnly, Delivery, Settleable
 
 log = logging.getLogger("reach.runtime")
 
@@ -47,7 +49,7 @@ class DeadLetters:
             entry_id=entry_id,
             raw=data,
             ops=[self._letter(e.reason, data, e.detail)],
-            outcome="malformed",
+            outcome=DeadReason.MALFORMED,
             reason=e.reason,
         )
 
@@ -66,23 +68,23 @@ class DeadLetters:
             exc_info=log.isEnabledFor(logging.DEBUG),
         )
         error = f"{doing} failed: {type(exc).__name__}: {exc}"[:2000]
-        self.hooks.on_dead_letter(env, "unprocessable", error)
+        self.hooks.on_dead_letter(env, DeadReason.UNPROCESSABLE, error)
         if isinstance(it, Delivery):
             it.complete, it.reply_key, it.reply = None, "", b""
             if tell_caller:
                 if it.fence:
                     it.complete = Completion(
-                        self.keys.idem(it.env.key), it.fence, "dead", "release", error
+                        self.keys.idem(it.env.key), it.fence, Status.DEAD, Mode.RELEASE, error
                     )
                 reply = Reply(
                     msg_id=it.env.msg_id,
-                    status="dead",
-                    reason="unprocessable",
+                    status=Status.DEAD,
+                    reason=DeadReason.UNPROCESSABLE,
                     error=error,
                     error_type=type(exc).__name__,
                     agent_id=self.agent_id,
                     attempt=it.env.attempt,
                 )
                 it.answer(self.keys, encode(reply), publish=True)
-        it.ops = [self._letter("unprocessable", it.raw, error)]
-        it.outcome, it.reason = "dead", "unprocessable"
+        it.ops = [self._letter(DeadReason.UNPROCESSABLE, it.raw, error)]
+        it.outcome, it.reason = Status.DEAD, DeadReason.UNPROCESSABLE

@@ -28,8 +28,10 @@ import msgspec
 from ..envelope import Envelope, Reply, encode, encode_payload
 from ..errors import ConfigError, Reject, Retry
 from ..keys import Keys
+from ..outcomes import DeadReason, Status
+from ..scripts.delivery import Completion, Mode
 from ..tasks import dead_letter_op
-from .items import Completion, Delivery
+from .items import Delivery
 
 NIL = msgspec.Raw(b"\xc0")  # msgpack nil: the result of an outcome without one
 
@@ -38,8 +40,8 @@ NIL = msgspec.Raw(b"\xc0")  # msgpack nil: the result of an outcome without one
 class Outcome:
     """How one handling of a message ended (see the module docstring for the values)."""
 
-    status: str  # succeeded, retrying, dead, expired
-    reason: str = ""  # the dead-letter reason ('' when nothing is dead-lettered)
+    status: Status  # SUCCEEDED, RETRYING, DEAD, EXPIRED
+    reason: DeadReason | str = ""  # the dead-letter reason ('' when nothing is dead-lettered)
     error: str = ""  # what went wrong, for the caller and the dead letter
     error_type: str = ""  # the exception's type name (or DeadlineExceeded, Reject...)
     result: msgspec.Raw | None = None  # the encoded result, when succeeded
@@ -48,26 +50,31 @@ class Outcome:
     @property
     def dead_letter(self) -> bool:
         """True when the message is dead-lettered (dead or expired)."""
-        return self.status in ("dead", "expired")
+        return self.status in (Status.DEAD, Status.EXPIRED)
 
 
 def expired_before_start(env: Envelope, now_ms: int) -> Outcome | None:
     """The message's deadline passed before its handler could start (None: it did not)."""
     if env.deadline_ms and env.deadline_ms <= now_ms:
-        return Outcome("expired", "expired", "deadline passed before start", "DeadlineExceeded")
+        return Outcome(
+            Status.EXPIRED, DeadReason.EXPIRED, "deadline passed before start", "DeadlineExceeded"
+        )
     return None
 
 
 def no_handler(env: Envelope, agent_id: str) -> Outcome:
     """No handler for the message's capability on this agent."""
     return Outcome(
-        "dead", "no_handler", f"agent {agent_id} has no handler for {env.capability}", "Reject"
+        Status.DEAD,
+        DeadReason.NO_HANDLER,
+        f"agent {agent_id} has no handler for {env.capability}",
+        "Reject",
     )
 
 
 def invalid_payload(exc: Exception) -> Outcome:
     """The payload does not fit the type the handler's first parameter is annotated with."""
-    return Outcome("dead", "invalid_payload", str(exc), "ValidationError")
+    return Outcome(Status.DEAD, DeadReason.INVALID_PAYLOAD, str(exc), "ValidationError")
 
 
 def returned(result: Any) -> Outcome:
@@ -75,8 +82,8 @@ def returned(result: Any) -> Outcome:
     try:
         raw = encode_payload(result)
     except ConfigError as e:
-        return Outcome("dead", "bad_result", str(e), "EncodeError")
-    return Outcome("succeeded", result=raw)
+        return Outcome(Status.DEAD, DeadReason.BAD_RESULT, str(e), "EncodeError")
+    return Outcome(Status.SUCCEEDED, result=raw)
 
 
 def raised(
@@ -91,17 +98,21 @@ def raised(
     """
     etype = type(exc).__name__
     if timed_out:
-        return Outcome("expired", "timeout", "handler ran past the deadline", "DeadlineExceeded")
+        return Outcome(
+            Status.EXPIRED, DeadReason.TIMEOUT, "handler ran past the deadline", "DeadlineExceeded"
+        )
     if isinstance(exc, Reject):
-        return Outcome("dead", "rejected", str(exc) or "rejected", etype)
+        return Outcome(Status.DEAD, DeadReason.REJECTED, str(exc) or "rejected", etype)
     if env.attempt >= env.max_attempts:
-        return Outcome("dead", "max_attempts", str(exc), etype)
+        return Outcome(Status.DEAD, DeadReason.MAX_ATTEMPTS, str(exc), etype)
     delay_ms = backoff_ms
     if isinstance(exc, Retry) and exc.delay_s is not None:
         delay_ms = int(exc.delay_s * 1000)
     if env.deadline_ms and now_ms + delay_ms >= env.deadline_ms:
-        return Outcome("expired", "expired", f"no time left for a retry after: {exc}", etype)
-    return Outcome("retrying", error=str(exc), error_type=etype, retry_delay_ms=delay_ms)
+        return Outcome(
+            Status.EXPIRED, DeadReason.EXPIRED, f"no time left for a retry after: {exc}", etype
+        )
+    return Outcome(Status.RETRYING, error=str(exc), error_type=etype, retry_delay_ms=delay_ms)
 
 
 def backoff_ms(attempt: int, *, base_s: float, max_s: float, jitter: float = 1.0) -> int:
@@ -129,11 +140,11 @@ def apply(
         agent_id=agent_id,
         attempt=env.attempt,
     )
-    mode = "done" if outcome.status == "succeeded" else "release"
+    mode = Mode.DONE if outcome.status == Status.SUCCEEDED else Mode.RELEASE
     it.complete = Completion(
         keys.idem(env.key), it.fence, outcome.status, mode, outcome.error[:2000]
     )
-    it.answer(keys, encode(reply), publish=outcome.status != "retrying")
+    it.answer(keys, encode(reply), publish=outcome.status != Status.RETRYING)
     ops: list[tuple[Any, ...]] = []
     if outcome.dead_letter:
         ops.append(
@@ -150,7 +161,7 @@ def apply(
                 maxlen=dlq_maxlen,
             )
         )
-    if outcome.status == "retrying":
+    if outcome.status == Status.RETRYING:
         # The next attempt prefers another agent than the one it failed on.
         retry = msgspec.structs.replace(env, attempt=env.attempt + 1, avoid=agent_id)
         ops.append(("ZADD", keys.delayed, now_ms + outcome.retry_delay_ms, encode(retry)))

@@ -14,8 +14,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import anyio
 
@@ -64,18 +64,6 @@ class Runtime:
     def request_stop(self) -> None:
         """Drain and stop (thread-safe)."""
         self.state.request_stop()
-
-    # tests/integration/test_watchdog.py hangs the consumer's blocking read through the
-    # runtime; the read belongs to the consumer, this only forwards to it.
-    @property
-    def _block(self) -> Callable[[int], Any]:
-        assert self.consumer is not None
-        return self.consumer._block
-
-    @_block.setter
-    def _block(self, fn: Callable[[int], Any]) -> None:
-        assert self.consumer is not None
-        setattr(self.consumer, "_block", fn)  # noqa: B010 - replacing a method on the instance
 
     async def run(self) -> None:
         o, st, keys = self.opts, self.state, self.keys

@@ -48,14 +48,15 @@ async def test_stuck_consumer_is_marked_not_ready_and_back(redis_url: str, ns: s
         )
         await wait(lambda: ready_is(True))
         rt = app.runtime
-        assert rt is not None
-        real_block = rt._block
+        assert rt is not None and rt.consumer is not None
+        consumer = rt.consumer
+        real_block = consumer._block
 
         async def hung_read(n: int) -> Any:  # a read whose connection hangs
             await release.wait()
             return await real_block(n)
 
-        rt._block = hung_read  # type: ignore[method-assign]
+        consumer._block = hung_read  # type: ignore[method-assign]
         await wait(lambda: ready_is(False))
         a = await reg.get("stuck-1")
         assert a is not None and a.state == "active"  # alive (heartbeats go on), not routable
