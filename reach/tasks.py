@@ -1,8 +1,9 @@
 """Task status and dead letters: read and written around the idempotency record.
 
-The idempotency record of a message (``Keys.idem(key)``, a hash written by
-``lua/claim.lua`` and ``lua/complete.lua``) carries its task status, so the hot path keeps
-one record per message. When the caller chose its own idempotency key, a small pointer
+The idempotency record of a message (``Keys.idem(key)``, a hash) carries its task status,
+so the hot path keeps one record per message. Every status is written by a Lua script:
+``send.lua`` (or on a Cluster ``mark_pending.lua``) marks it pending, ``claim.lua``,
+``settle.lua`` and ``complete.lua`` follow the runs, ``give_up.lua`` the sweeper's end. When the caller chose its own idempotency key, a small pointer
 ``Keys.task(msg_id) -> key`` lets the status be found by msg_id.
 """
 
@@ -36,28 +37,6 @@ class TaskStatus(msgspec.Struct, kw_only=True):
     error: str = ""
     updated_ms: int = 0
     reply: Reply | None = None
-
-
-def pending_ops(keys: Keys, env: Envelope, *, ttl_ms: int = TASK_TTL_MS) -> list[tuple[Any, ...]]:
-    """Commands that record a sent message as ``pending`` (kept if a record exists)."""
-    rec = keys.idem(env.key)
-    ops: list[tuple[Any, ...]] = [
-        ("HSETNX", rec, "status", Status.PENDING),
-        (
-            "HSET",
-            rec,
-            "capability",
-            env.capability,
-            "attempt",
-            env.attempt,
-            "sent_msg_id",
-            env.msg_id,
-        ),
-        ("PEXPIRE", rec, ttl_ms),
-    ]
-    if env.idempotency_key:
-        ops.append(("SET", keys.task(env.msg_id), env.idempotency_key, "PX", ttl_ms))
-    return ops
 
 
 async def get_status(redis: AnyRedis, keys: Keys, msg_id: str) -> TaskStatus:

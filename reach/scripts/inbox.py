@@ -1,11 +1,13 @@
-"""Typed calls of the inbox scripts: send, enqueue, drop_inbox (``lua/<name>.lua``; each
-header is the contract).
+"""Typed calls of the inbox scripts: send, enqueue, mark_pending, drop_inbox
+(``lua/<name>.lua``; each header is the contract).
 
 Sending adds the message to the agent's inbox (unless it is at the agent's bound) and
 marks its idempotency record pending. On standalone Redis ``send.lua`` does both in one
 step. On a Cluster the inbox and the record are in different slots: ``enqueue.lua`` adds
-to the inbox within its bound (or a plain XADD when unbounded), then :func:`pending_ops`
-write the record. :func:`send` takes ``cluster`` and makes that choice.
+to the inbox within its bound (or a plain XADD when unbounded), then ``mark_pending.lua``
+writes the record on its own slot (and a plain SET the msg_id pointer, in a third slot).
+:func:`send` takes ``cluster`` and makes that choice; either way the task status is
+written by a script.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 from ..connection import AnyRedis
 from ..keys import Keys
-from ._call import Call, as_text, code_of
+from ._call import Call, as_int, as_text, code_of
 from ._loader import Op, run_pipeline
 from .codes import DropInboxCode
 
@@ -82,15 +84,23 @@ def enqueue_call(
     return Call("enqueue", (inbox, *keys.inboxes(agent_id)), (data, _bound(max_queue)), _sent)
 
 
-def pending_ops(keys: Keys, m: Message, *, ttl_ms: int) -> list[Op]:
-    """The commands that mark ``m``'s record pending (kept if a record exists), as
-    ``send.lua`` does: for a Cluster, where the record is in its own slot."""
-    rec = keys.idem(m.key)
-    ops: list[Op] = [
-        ("HSETNX", rec, "status", "pending"),
-        ("HSET", rec, "capability", m.capability, "attempt", m.attempt, "sent_msg_id", m.msg_id),
-        ("PEXPIRE", rec, ttl_ms),
-    ]
+def mark_pending_call(keys: Keys, m: Message, *, ttl_ms: int) -> Call[bool]:
+    """One ``mark_pending.lua`` call (a Cluster's record step of a send): mark ``m``'s record
+    pending unless it holds a status already (True: marked; False: kept), write its
+    capability, attempt and msg_id, and let it live ``ttl_ms``."""
+    args = (m.capability, m.attempt, m.msg_id, ttl_ms)
+    return Call("mark_pending", (keys.idem(m.key),), args, _marked)
+
+
+def _marked(reply: Any) -> bool:
+    return bool(as_int(reply))
+
+
+def _record_ops(keys: Keys, m: Message, *, ttl_ms: int) -> list[Op]:
+    """A Cluster's record step of a send: ``mark_pending.lua`` on the record's slot and,
+    with a caller's idempotency key, the msg_id -> key pointer (no status: a plain SET on
+    its own slot), as ``send.lua`` writes them on standalone Redis."""
+    ops = [mark_pending_call(keys, m, ttl_ms=ttl_ms).op()]
     if m.idempotency_key:
         ops.append(("SET", keys.task(m.msg_id), m.idempotency_key, "PX", ttl_ms))
     return ops
@@ -109,13 +119,14 @@ async def send(
 ) -> Sent:
     """Add ``m`` to the inbox of ``agent_id`` (refused at ``max_queue``; 0: unbounded) and
     mark its record pending. Standalone: one ``send.lua`` step. Cluster: ``enqueue.lua``
-    (bounded) or an XADD, then the record's commands (their errors are not raised: the
-    message is sent, its record is a status only). Errors raise; nothing is sent then."""
+    (bounded) or an XADD, then ``mark_pending.lua`` and the pointer, in the same pipeline as
+    the XADD when unbounded (their errors are not raised: the message is sent, its record is
+    a status only). Errors raise; nothing is sent then."""
     if not cluster:
         return await send_call(
             keys, m, agent_id=agent_id, priority=priority, ttl_ms=ttl_ms, max_queue=max_queue
         ).run(r)
-    record = pending_ops(keys, m, ttl_ms=ttl_ms)
+    record = _record_ops(keys, m, ttl_ms=ttl_ms)
     if _bound(max_queue):
         sent = await enqueue_call(
             keys, m.data, agent_id=agent_id, priority=priority, max_queue=max_queue

@@ -1,0 +1,33 @@
+-- mark_pending.lua: mark a sent message pending in its idempotency record (Redis Cluster:
+-- send.lua's record part, run on the record's own slot once enqueue.lua or an XADD has
+-- added the message to the inbox, which lives in another slot).
+--
+-- KEYS[1] the message's idempotency record (hash; also its task status)
+-- ARGV[1] capability
+-- ARGV[2] attempt, integer 0..999999999999999
+-- ARGV[3] msg_id
+-- ARGV[4] ttl_ms of the record, integer 1..31536000000 (365 days)
+-- Integers are plain decimal digits without sign or leading zero.
+--
+-- As send.lua: a status already in the record is kept (a duplicate send under a finished
+-- key must not turn 'succeeded' back into 'pending'); capability, attempt and sent_msg_id
+-- are written and the record lives ttl_ms from now. The msg_id -> idempotency key pointer
+-- (send.lua's KEYS[3]) is in a third slot and holds no status: the client writes it with a
+-- plain SET.
+--
+-- Returns 1: the status is now 'pending'; 0: the record had a status, kept.
+-- Errors  'ERR reach: bad <argument>: <why>' when an argument or the key's type is out of
+--         contract; nothing is written then.
+local MAX_TTL, MAX_INT = 31536000000, 999999999999999
+
+--!include args
+--!include key_types
+
+local err = arity(1, 4) or int_bad('attempt', 2, 0, MAX_INT) or int_bad('ttl_ms', 4, 1, MAX_TTL)
+  or keys_typed({'hash'})
+if err then return refuse(err) end
+
+local marked = redis.call('HSETNX', KEYS[1], 'status', 'pending')
+redis.call('HSET', KEYS[1], 'capability', ARGV[1], 'attempt', ARGV[2], 'sent_msg_id', ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+return marked
