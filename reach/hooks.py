@@ -111,8 +111,9 @@ class Hooks:
         ids bound for logging: a context variable set here is seen by the handler."""
 
     def after_handle(self, ctx: Context, outcome: Outcome, duration_s: float | None) -> None:
-        """The message's outcome is decided (:class:`reach.hooks.Outcome`: ``status``
-        succeeded, retrying, dead or expired, with ``reason`` and ``error``).
+        """The message's outcome is decided (:class:`reach.hooks.Outcome`: ``status`` a
+        :class:`reach.Status`, succeeded, retrying, dead or expired, with ``reason`` a
+        :class:`reach.DeadReason` or ``""``, and ``error``).
         ``duration_s`` is how long the handler ran; ``None`` when it did not run (the
         deadline had passed, no handler, a payload that does not fit)."""
 
@@ -120,16 +121,18 @@ class Hooks:
         """The message failed and will be tried again after ``delay_s``."""
 
     def on_dead_letter(self, env: Envelope | None, reason: str, error: str) -> None:
-        """The message (or an unreadable entry) is being dead-lettered with ``reason``."""
+        """The message (or an unreadable entry) is being dead-lettered with ``reason`` (a
+        :class:`reach.DeadReason` value)."""
 
     def on_fenced(self, env: Envelope) -> None:
         """This worker's outcome was refused: another worker took the message over
         (its claim had expired). Nothing was written, replied or acked for it."""
 
     def after_settle(self, env: Envelope | None, outcome: str, reason: str) -> None:
-        """The entry's outcome was written to Redis and the entry acked. ``outcome``:
-        succeeded, retrying, dead, expired, replayed, parked (a copy of a message another
-        worker runs, waiting for its result), malformed or gone (deleted meanwhile)."""
+        """The entry's outcome was written to Redis and the entry acked. ``outcome`` is a
+        :class:`reach.outcomes.Settled` value: succeeded, retrying, dead, expired, replayed,
+        parked (a copy of a message another worker runs, waiting for its result), malformed
+        or gone (deleted meanwhile); ``reason`` the dead-letter reason, if any."""
 
 
 HOOK_METHODS: tuple[str, ...] = tuple(

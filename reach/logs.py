@@ -35,6 +35,7 @@ from datetime import UTC, datetime
 from typing import IO, Any, NamedTuple
 
 from .errors import ConfigError
+from .outcomes import Status
 
 try:  # optional; imported by name so that type checkers need no stubs for it
     _otel_propagate: Any = importlib.import_module("opentelemetry.propagate")
@@ -281,7 +282,7 @@ def note_outcome(status: str, error_type: str = "") -> None:
     if not s.is_recording():
         return
     s.set_attribute("reach.outcome", status)
-    if status != "succeeded":
+    if status != Status.SUCCEEDED:
         s.set_status(_otel_trace.Status(_otel_trace.StatusCode.ERROR, error_type or status))
         if error_type:
             s.set_attribute("error.type", error_type)

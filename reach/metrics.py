@@ -55,6 +55,7 @@ from . import errors
 from .envelope import Envelope, now_ms
 from .hooks import Hooks, Outcome, WorkerInfo
 from .keys import PRIORITIES
+from .outcomes import DEAD_LETTERED, DeadReason, HandlerResult, RequestOutcome, Settled, Status
 from .registry import decode_id
 from .tasks import MALFORMED_CAP
 from .untrusted import safe_text
@@ -216,28 +217,30 @@ def message_sent(capability: str, priority: str) -> None:
 
 
 def client_reply(capability: str, outcome: str, seconds: float) -> None:
-    """A request() ended: succeeded, remote_error, rejected, deadline, no_agent, cancelled
-    or error (:func:`client_outcome` names the outcome of an exception)."""
+    """A request() ended with ``outcome``, a :class:`reach.outcomes.RequestOutcome`
+    (:func:`client_outcome` names the outcome of an exception)."""
     cap = _cap(capability)
     _child(CLIENT, cap, outcome).inc()
     _child(CLIENT_S, cap, outcome).observe(max(0.0, seconds))
 
 
-def client_outcome(exc: BaseException | None) -> str:
+def client_outcome(exc: BaseException | None) -> RequestOutcome:
     """The ``outcome`` label of a request that ended with ``exc`` (None: succeeded)."""
     if exc is None:
-        return "succeeded"
+        return RequestOutcome.SUCCEEDED
     for types, outcome in _OUTCOMES:
         if isinstance(exc, types):
             return outcome
-    return "cancelled" if type(exc).__name__ in ("CancelledError", "Cancelled") else "error"
+    if type(exc).__name__ in ("CancelledError", "Cancelled"):
+        return RequestOutcome.CANCELLED
+    return RequestOutcome.ERROR
 
 
-_OUTCOMES: tuple[tuple[Any, str], ...] = (
-    (errors.RemoteError, "remote_error"),
-    (errors.Rejected, "rejected"),
-    (errors.NoAgentAvailable, "no_agent"),  # Overloaded too
-    ((errors.DeadlineExceeded, TimeoutError), "deadline"),
+_OUTCOMES: tuple[tuple[Any, RequestOutcome], ...] = (
+    (errors.RemoteError, RequestOutcome.REMOTE_ERROR),
+    (errors.Rejected, RequestOutcome.REJECTED),
+    (errors.NoAgentAvailable, RequestOutcome.NO_AGENT),  # Overloaded too
+    ((errors.DeadlineExceeded, TimeoutError), RequestOutcome.DEADLINE),
 )
 
 
@@ -271,7 +274,7 @@ def queue_wait(priority: str, seconds: float) -> None:
 
 
 def handler_done(capability: str, outcome: str, seconds: float) -> None:
-    """A handler returned (succeeded) or raised (error, timeout, rejected)."""
+    """A handler returned or raised: ``outcome`` is a :class:`reach.outcomes.HandlerResult`."""
     _child(HANDLER, _cap(capability), outcome).observe(max(0.0, seconds))
 
 
@@ -279,7 +282,7 @@ def dead_lettered(capability: str, reason: str) -> None:
     _child(DEAD, _cap(capability), reason).inc()
 
 
-def expired(capability: str, reason: str = "expired") -> None:
+def expired(capability: str, reason: str = DeadReason.EXPIRED) -> None:
     """A message's deadline passed outside any handler (e.g. while waiting for a retry in
     the delayed set) and it was dead-lettered: counts the expiry and the dead letter."""
     cap = _cap(capability)
@@ -294,16 +297,16 @@ def fenced(capability: str) -> None:
 def settled(capability: str, outcome: str, reason: str = "") -> None:
     """An inbox entry was settled (its completion accepted) and acked.
 
-    ``outcome`` dead and expired also count a dead letter (and expired an expiry),
-    retrying counts a retry.
+    ``outcome`` (a :class:`reach.outcomes.Settled`) dead, expired and malformed also count
+    a dead letter (and expired an expiry), retrying counts a retry.
     """
     cap = _cap(capability)
     _child(ACKED, cap, outcome).inc()
-    if outcome in ("dead", "expired", "malformed"):
+    if outcome in DEAD_LETTERED:
         _child(DEAD, cap, reason or outcome).inc()
-    if outcome == "expired":
-        _child(EXPIRED, cap, reason or "expired").inc()
-    elif outcome == "retrying":
+    if outcome == Settled.EXPIRED:
+        _child(EXPIRED, cap, reason or DeadReason.EXPIRED).inc()
+    elif outcome == Settled.RETRYING:
         _child(RETRIED, cap).inc()
 
 
@@ -362,13 +365,16 @@ async def count_agents(redis: Any, keys: Any) -> tuple[dict[str, int], int]:
 
 
 # -- the agent's hook -----------------------------------------------------------------
-def handler_outcome(outcome: Outcome) -> str:
+def handler_outcome(outcome: Outcome) -> HandlerResult:
     """The ``outcome`` label of a handler run that ended in ``outcome``."""
-    if outcome.status == "succeeded" or outcome.reason == "bad_result":
-        return "succeeded"  # it returned (a result that could not be encoded is not its error)
-    if outcome.reason in ("timeout", "rejected"):
-        return outcome.reason
-    return "error"
+    if outcome.status == Status.SUCCEEDED or outcome.reason == DeadReason.BAD_RESULT:
+        # it returned (a result that cannot be encoded is not the handler's error)
+        return HandlerResult.SUCCEEDED
+    if outcome.reason == DeadReason.TIMEOUT:
+        return HandlerResult.TIMEOUT
+    if outcome.reason == DeadReason.REJECTED:
+        return HandlerResult.REJECTED
+    return HandlerResult.ERROR
 
 
 class MetricsHooks(Hooks):

@@ -67,6 +67,7 @@ from typing import Final
 __all__ = [
     "BLAMELESS",
     "COMPLETION_STATUSES",
+    "DEAD_LETTERED",
     "FINAL_STATUSES",
     "RAW_REASONS",
     "REFUSALS",
@@ -74,6 +75,9 @@ __all__ = [
     "RETRYABLE",
     "STORED_STATUSES",
     "DeadReason",
+    "HandlerResult",
+    "RequestOutcome",
+    "Settled",
     "Status",
     "Unavailable",
     "blames_agent",
@@ -211,3 +215,64 @@ class Unavailable(StrEnum):
     """All of them are at their queue bound (``reach.Overloaded``): back off."""
     TARGET_UNAVAILABLE = "target_unavailable"
     """The ``direct`` target cannot take it (the message says why)."""
+
+
+class Settled(StrEnum):
+    """How an inbox entry was settled (written to Redis and acked): the ``outcome`` of
+    :meth:`reach.Hooks.after_settle` and the label of ``reach_messages_acked_total``.
+
+    The first four are the message's :class:`Status` (equal to those members); the others
+    say why an entry was acked without a handler's outcome."""
+
+    SUCCEEDED = Status.SUCCEEDED.value
+    RETRYING = Status.RETRYING.value
+    DEAD = Status.DEAD.value
+    EXPIRED = Status.EXPIRED.value
+    REPLAYED = "replayed"
+    """Its idempotency key was already done: the stored reply was sent again."""
+    PARKED = "parked"
+    """A copy of a message another worker runs: it waits for that one's result."""
+    MALFORMED = DeadReason.MALFORMED.value
+    """Bytes that are no envelope: filed under ``_malformed`` (the reason says why)."""
+    GONE = "gone"
+    """The entry was deleted meanwhile (nothing to handle)."""
+    ACKED = "acked"
+    """The fallback label of an entry settled with no outcome recorded."""
+
+
+DEAD_LETTERED: Final = frozenset({Settled.DEAD, Settled.EXPIRED, Settled.MALFORMED})
+"""Settle outcomes that filed a dead letter (counted in ``reach_messages_dead_lettered``)."""
+
+
+class HandlerResult(StrEnum):
+    """How a handler run ended, as a metric sees it: the ``outcome`` label of
+    ``reach_handler_duration_seconds`` (:func:`reach.metrics.handler_outcome`)."""
+
+    SUCCEEDED = Status.SUCCEEDED.value
+    """It returned (a result that could not be encoded included: not the handler's error)."""
+    TIMEOUT = DeadReason.TIMEOUT.value
+    """It ran past the message's deadline."""
+    REJECTED = DeadReason.REJECTED.value
+    """It raised ``reach.Reject``."""
+    ERROR = "error"
+    """It raised anything else."""
+
+
+class RequestOutcome(StrEnum):
+    """How a client's ``request()`` ended, as the caller saw it: the ``outcome`` label of
+    ``reach_client_requests_total`` and ``reach_client_request_duration_seconds``
+    (:func:`reach.metrics.client_outcome` names the one of an exception)."""
+
+    SUCCEEDED = Status.SUCCEEDED.value
+    REMOTE_ERROR = "remote_error"
+    """``reach.RemoteError``: the handler raised."""
+    REJECTED = DeadReason.REJECTED.value
+    """``reach.Rejected``: refused for good (any rejection reason, too large included)."""
+    NO_AGENT = Unavailable.NO_AGENT.value
+    """``reach.NoAgentAvailable`` (``Overloaded`` included), whatever its reason."""
+    DEADLINE = "deadline"
+    """``reach.DeadlineExceeded`` (or another ``TimeoutError``)."""
+    CANCELLED = "cancelled"
+    """The caller's task was cancelled while it waited."""
+    ERROR = "error"
+    """Any other exception."""

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from ..envelope import Envelope
 from ..hooks import Hooks, WorkerInfo
+from ..outcomes import Status
 from .outcome import Outcome
 
 if TYPE_CHECKING:
@@ -42,9 +43,9 @@ class Stats(Hooks):
         self.counts["replayed"] += 1
 
     def after_handle(self, ctx: Context, outcome: Outcome, duration_s: float | None) -> None:
-        if outcome.status == "succeeded":
+        if outcome.status == Status.SUCCEEDED:
             self.counts["handled"] += 1
-        elif outcome.status == "expired":
+        elif outcome.status == Status.EXPIRED:
             self.counts["expired"] += 1
 
     def on_retry(self, env: Envelope, delay_s: float, error: str) -> None:
