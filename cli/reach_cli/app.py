@@ -442,16 +442,51 @@ def demo(
 # -- bench --------------------------------------------------------------------------------
 @app.command()
 def bench(
-    messages: Annotated[int, typer.Option(help="Backlog of fire-and-forget messages.")] = 30_000,
-    requests: Annotated[int, typer.Option(help="Sequential request/reply calls.")] = 3_000,
+    messages: Annotated[
+        int, typer.Option(help="Backlog of fire-and-forget messages (throughput phase).")
+    ] = 30_000,
+    requests: Annotated[
+        int, typer.Option(help="Sequential request/reply calls (latency phase).")
+    ] = 3_000,
+    stream_messages: Annotated[
+        int,
+        typer.Option(
+            help="Messages of the streaming workload: sent with Client.send, 50 in flight, "
+            "while the worker runs (0 skips it; --floor needs it)."
+        ),
+    ] = 20_000,
     concurrency: Annotated[int, typer.Option(help="The worker's handlers at once.")] = 64,
+    floor: Annotated[
+        bool,
+        typer.Option(
+            "--floor",
+            help="Also run the streaming and latency workloads on the bare redis-py Streams "
+            "loop (no guarantees), same Redis, same run, and print reach's figures as ratios "
+            "to it.",
+        ),
+    ] = False,
+    repeat: Annotated[
+        int,
+        typer.Option(
+            help="Rounds of every phase (reach and the floor alternating which goes first); "
+            "figures are medians, each ratio the median of the rounds' ratios."
+        ),
+    ] = 1,
     json_: Json = False,
 ) -> None:
     """Measure messaging on an embedded Redis with one `reach worker` process.
 
-    Throughput of a fire-and-forget backlog (claim, handler, fenced completion, ack),
-    request/reply latency p50/p99 with one sequential caller, Redis commands and round
-    trips per message. Example: reach bench --messages 30000 --requests 3000
+    Phases, each with a fresh worker process (`--concurrency` handlers): throughput of a
+    fire-and-forget backlog loaded while the worker is stopped (claim, handler, fenced
+    completion, ack); streaming throughput, one caller sending while the worker runs
+    (processed = the inbox's consumer group has read and acked every entry); request/reply
+    latency p50/p99 with one sequential caller; Redis commands and round trips per message.
+
+    --floor adds the bare floor (reach_cli.tools.floor): a caller pipelining XADD 500 per
+    batch and a worker process doing XREADGROUP COUNT 100 and one pipeline of reply XADDs
+    and an XACK per batch. Ratios: throughput = reach msgs/s / floor msgs/s (goal >= 0.9);
+    p50, p99 = reach's / the floor's (goals <= 1.5, <= 2). Only figures of the same run
+    are compared. Example: reach bench --floor --repeat 3
     """
     from .tools.bench import format_report, run_bench
 
@@ -473,7 +508,10 @@ def bench(
             out = run_bench(
                 messages=messages,
                 requests=requests,
+                stream_messages=stream_messages,
                 concurrency=concurrency,
+                floor=floor,
+                repeat=repeat,
                 progress=on_progress,
             )
     finally:

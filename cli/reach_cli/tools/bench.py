@@ -526,11 +526,13 @@ def run_bench(
     if messages < 1 or requests < 1:
         raise ConfigError("messages and requests must be >= 1")
     if stream_messages < 0:
-        raise ConfigError("stream_messages must be >= 0 (0: no streaming workload)")
+        raise ConfigError("--stream-messages (stream_messages) must be >= 0 (0: no streaming).")
     if floor and stream_messages < 1:
-        raise ConfigError("floor needs the streaming workload: stream_messages >= 1")
+        raise ConfigError(
+            "The floor needs the streaming workload: --stream-messages (stream_messages) >= 1."
+        )
     if repeat < 1:
-        raise ConfigError("repeat must be >= 1")
+        raise ConfigError("--repeat must be >= 1.")
     load_before = os.getloadavg()
     rounds: list[dict[str, Any]] = []
     with RedisServer() as server, tempfile.TemporaryDirectory(prefix="reach-bench-") as tmp:
