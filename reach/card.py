@@ -22,6 +22,7 @@ JSON field names in lowerCamelCase). Its required fields are ``name``, ``descrip
 from __future__ import annotations
 
 from collections.abc import Mapping
+from enum import StrEnum
 from typing import Any
 from urllib.parse import quote
 
@@ -33,31 +34,47 @@ PROTOCOL_BINDING = "REACH"
 REACH_EXTENSION_URI = "urn:reach:registration:v1"
 DEFAULT_MODES = ["application/json"]
 
-# reach task status (every reach.outcomes.Status) -> A2A TaskState, short form.
-# The A2A 1.0 JSON wire form is "TASK_STATE_" + upper-case (see a2a_state_wire); A2A 0.3
-# used the short form itself. "canceled", "input-required" and "auth-required" have no
-# reach counterpart (reach has no cancel operation and no mid-task questions).
+
+class A2ATaskState(StrEnum):
+    """The A2A ``TaskState`` values, in the short form (A2A 0.3 wrote them so; the 1.0 JSON
+    wire form is ``TASK_STATE_`` + upper case, see :func:`a2a_state_wire`)."""
+
+    UNSPECIFIED = "unspecified"
+    SUBMITTED = "submitted"
+    WORKING = "working"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELED = "canceled"
+    INPUT_REQUIRED = "input-required"
+    REJECTED = "rejected"
+    AUTH_REQUIRED = "auth-required"
+
+
+# reach task status (every reach.outcomes.Status) -> A2A TaskState.
+# CANCELED, INPUT_REQUIRED and AUTH_REQUIRED have no reach counterpart (reach has no
+# cancel operation and no mid-task questions).
 A2A_TASK_STATES: dict[str, str] = {
-    Status.PENDING: "submitted",  # in an inbox (or re-sent), no handler has it yet
-    Status.RUNNING: "working",  # claimed by a worker, the handler runs
-    Status.RETRYING: "working",  # an attempt failed; it waits for its backoff, then runs again
-    Status.SUCCEEDED: "completed",
-    Status.FAILED: "failed",
-    Status.EXPIRED: "failed",  # the deadline passed (before start, or while running)
-    Status.DEAD: "failed",  # dead-lettered; "rejected" when the reason is a refusal (below)
-    Status.UNKNOWN: "unspecified",  # no record (never sent, or its record expired)
+    Status.PENDING: A2ATaskState.SUBMITTED,  # in an inbox (or re-sent), no handler has it yet
+    Status.RUNNING: A2ATaskState.WORKING,  # claimed by a worker, the handler runs
+    # an attempt failed; it waits for its backoff, then runs again
+    Status.RETRYING: A2ATaskState.WORKING,
+    Status.SUCCEEDED: A2ATaskState.COMPLETED,
+    Status.FAILED: A2ATaskState.FAILED,
+    Status.EXPIRED: A2ATaskState.FAILED,  # the deadline passed (before start, or while running)
+    Status.DEAD: A2ATaskState.FAILED,  # dead-lettered; REJECTED when the reason is a refusal
+    Status.UNKNOWN: A2ATaskState.UNSPECIFIED,  # no record (never sent, or its record expired)
 }
 
 
 def a2a_task_state(status: str, reason: str = "") -> str:
     """The A2A task state (short form) of a reach task ``status`` and dead-letter ``reason``.
 
-    >>> a2a_task_state("dead", "rejected"), a2a_task_state("dead", "max_attempts")
-    ('rejected', 'failed')
+    >>> print(a2a_task_state("dead", "rejected"), a2a_task_state("dead", "max_attempts"))
+    rejected failed
     """
     if status == Status.DEAD and is_refusal(reason):
-        return "rejected"
-    return A2A_TASK_STATES.get(status, "unspecified")
+        return A2ATaskState.REJECTED
+    return A2A_TASK_STATES.get(status, A2ATaskState.UNSPECIFIED)
 
 
 def a2a_state_wire(state: str) -> str:

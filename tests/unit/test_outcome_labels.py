@@ -5,11 +5,13 @@ change when code compares with enum members instead of literals."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from reach import metrics
 from reach._worker.outcome import Outcome
+from reach.card import A2ATaskState, a2a_state_wire, a2a_task_state
 from reach.errors import DeadlineExceeded, NoAgentAvailable, Overloaded, Rejected, RemoteError
 from reach.outcomes import (
     DEAD_LETTERED,
@@ -87,3 +89,21 @@ def test_enum_labels_export_as_their_strings() -> None:
     assert 'probe_outcomes_total{outcome="dead"} 2.0' in text
     assert 'probe_outcomes_total{outcome="error"} 1.0' in text
     assert "Settled" not in text and "HandlerResult" not in text
+
+
+def test_a2a_task_states_are_the_spec_s() -> None:
+    # The short forms of A2A 1.0's TaskState (TASK_STATE_<NAME> on the JSON wire).
+    assert {s.value for s in A2ATaskState} == {
+        "unspecified",
+        "submitted",
+        "working",
+        "completed",
+        "failed",
+        "canceled",
+        "input-required",
+        "rejected",
+        "auth-required",
+    }
+    assert a2a_state_wire(A2ATaskState.INPUT_REQUIRED) == "TASK_STATE_INPUT_REQUIRED"
+    assert a2a_task_state(Status.DEAD, DeadReason.TOO_LARGE) == "rejected"
+    assert json.dumps(a2a_task_state("dead", "max_attempts")) == '"failed"'
