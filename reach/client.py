@@ -38,11 +38,20 @@ from .errors import (
     NoAgentAvailable,
     Overloaded,
     PayloadTooLarge,
+    ReachError,
     Rejected,
     RemoteError,
 )
 from .keys import PRIORITIES, Keys
-from .outcomes import DeadReason, Status, Unavailable, blames_agent, is_rejection, is_retryable
+from .outcomes import (
+    DeadReason,
+    RequestOutcome,
+    Status,
+    Unavailable,
+    blames_agent,
+    is_rejection,
+    is_retryable,
+)
 from .registry import AgentInfo, Registry, normalize_capability
 from .routing import POLICIES, Router
 from .scripts import inbox
@@ -80,6 +89,12 @@ class MessageOptions(TypedDict, total=False):
     max_attempts: int | None
     headers: Mapping[str, str] | None
     source: str
+
+
+class NotStarted(ReachError, RuntimeError):
+    """A :class:`Client` was used before ``async with`` started it (or after it closed):
+    use it inside ``async with reach.Client(...) as client:``. Still a RuntimeError, as it
+    was before it had a class of its own."""
 
 
 class Client:
@@ -189,7 +204,7 @@ class Client:
     @property
     def redis(self) -> AnyRedis:
         if self._redis is None:
-            raise RuntimeError("Client is not started: use `async with reach.Client(...)`.")
+            raise NotStarted("Client is not started: use `async with reach.Client(...)`.")
         return self._redis
 
     @property
@@ -238,7 +253,7 @@ class Client:
     def _ensure_reader(self) -> None:
         if not self._reader_started:
             if self._tg is None:
-                raise RuntimeError("Client is not started: use `async with reach.Client(...)`.")
+                raise NotStarted("Client is not started: use `async with reach.Client(...)`.")
             self._reader_started = True
             self._tg.start_soon(self._read_replies)
 
@@ -589,7 +604,7 @@ class Client:
                 env.capability, metrics.client_outcome(e), time.perf_counter() - t0
             )
             raise
-        metrics.client_reply(env.capability, "succeeded", time.perf_counter() - t0)
+        metrics.client_reply(env.capability, RequestOutcome.SUCCEEDED, time.perf_counter() - t0)
         return res
 
     async def _call(self, env: Envelope, where: Mapping[str, Any] | None) -> Any:

@@ -716,7 +716,7 @@ class Registry:
 
         Records that cannot be read are left out (logged once)."""
         if state is not None and state not in STATES:
-            raise ValueError(f"Unknown state {state!r}: use one of {', '.join(STATES)}.")
+            raise ConfigError(f"Unknown state {state!r}: use one of {', '.join(STATES)}.")
         out = []
         for a in (await self.read_agents(await self.agent_ids(capability))).values():
             if a is None:

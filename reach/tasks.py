@@ -51,7 +51,7 @@ async def get_status(redis: AnyRedis, keys: Keys, msg_id: str) -> TaskStatus:
         reply = decode_reply(d["reply"]) if d.get("reply") else None
     except BadEnvelope:
         reply = None  # a damaged stored reply: the status fields still say what happened
-    status = safe_text(d.get("status", b"unknown"))
+    status = safe_text(d.get("status", b""))  # none stored, or not ours: unknown
     return TaskStatus(
         msg_id=msg_id,
         status=status if status in STATUSES else Status.UNKNOWN,

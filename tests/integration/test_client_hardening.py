@@ -20,7 +20,7 @@ import pytest
 from redis import exceptions as rexc
 
 from reach import Agent, Context
-from reach.client import Client
+from reach.client import Client, NotStarted
 from reach.connection import (
     AnyRedis,
     ConnectionsExhausted,
@@ -30,7 +30,7 @@ from reach.connection import (
 )
 from reach.embedded import RedisServer
 from reach.envelope import Reply, encode, encode_payload
-from reach.errors import Overloaded, RedisUnavailable
+from reach.errors import Overloaded, ReachError, RedisUnavailable
 from reach.keys import Keys
 from reach.registry import Registry
 from tests.support.agents_messaging import serving, wait_eligible
@@ -416,3 +416,12 @@ async def _down(client: Client) -> bool:
 
 async def _up(client: Client) -> bool:
     return not client._outage.down
+
+
+async def test_a_client_used_before_it_starts_says_how_to_start_it() -> None:
+    c = Client(redis_url="redis://127.0.0.1:1", namespace="unstarted")
+    with pytest.raises(NotStarted, match="async with reach.Client") as ei:
+        await c.send("text.summarize", {})
+    assert isinstance(ei.value, ReachError) and isinstance(ei.value, RuntimeError)
+    with pytest.raises(NotStarted):
+        c._ensure_reader()

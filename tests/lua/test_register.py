@@ -254,7 +254,7 @@ async def test_query_by_capability_state_ready_and_metadata(reg: Registry) -> No
     # routable = active, ready, not draining
     await reg.drain("eu2")
     assert sorted(a.agent_id for a in await reg.agents("text.summarize") if a.routable) == ["eu1"]
-    with pytest.raises(ValueError, match="Unknown state"):
+    with pytest.raises(reach.ConfigError, match="Unknown state"):
         await reg.agents(state="dead")
     assert await reg.capabilities() == [("code.review", 2), ("text.summarize", 3)]
 
