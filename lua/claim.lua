@@ -1,4 +1,5 @@
--- claim.lua: take the idempotency keys of delivered messages before running their handlers.
+-- claim.lua: take the idempotency keys of delivered messages before running their handlers,
+-- or take one over from an owner judged gone.
 -- Each record is a hash (one per key) that also carries the task status of its message.
 -- Standalone Redis gets a whole batch in one call; on a Cluster the runtime sends one key
 -- per call (pipelined), since the records live in different slots.
@@ -7,11 +8,25 @@
 -- ARGV[1] owner: "<agent_id>/<instance_id>" of the claiming runtime, 1..1024 bytes
 -- ARGV[2] ttl_ms: how long a record lives, integer 1..31536000000 (365 days)
 -- ARGV[3] agent_id of the claiming agent, 1..1024 bytes
--- ARGV[2+2i] lease_ms for KEYS[i]: how long the claim holds without being completed,
---            integer 1..604800000 (7 days)
--- ARGV[3+2i] msg_id of the delivery that claims KEYS[i] (any bytes: stored as they are)
--- So #ARGV = 3 + 2 * #KEYS. Integers are plain decimal digits without sign or leading zero
+-- then 3 ARGV per key; for KEYS[i], j = 3 * i:
+--   ARGV[j+1] lease_ms: how long the claim holds without being completed, integer
+--             1..604800000 (7 days)
+--   ARGV[j+2] msg_id of the delivery that claims KEYS[i] (any bytes: stored as they are)
+--   ARGV[j+3] takeover_from: '' for a plain claim; else the owner "<agent_id>/<instance_id>"
+--             the caller read from the record and judged gone (dead, restarted, evicted;
+--             any bytes): a claim of exactly that owner does not hold the key, even with
+--             its lease unexpired
+-- So #ARGV = 3 + 3 * #KEYS. Integers are plain decimal digits without sign or leading zero
 -- (no '', spaces, exponent, hex, inf or nan).
+--
+-- A key is claimed unless it is done (REPLAY) or an unexpired claim of another owner
+-- holds it (BUSY). With takeover_from, a claim of that owner is ended and the key claimed
+-- in the same call (one round trip: before this option, a separate takeover script ended
+-- the claim and claim.lua was called again). The comparison is with the record's owner
+-- at the time of the call, so another runtime that took the key over after the caller
+-- read the owner keeps its fresh claim: the answer is BUSY with that runtime as owner (a
+-- read-then-write from the client would be that race). Taking over never skips a done
+-- key, and the new claim's fence is higher, so the old owner's late completion is fenced.
 --
 -- Every argument, and the type of every key, is checked before the first write: a refused
 -- call writes nothing. A record whose fence, runs or lease_until field is not a number
@@ -24,7 +39,8 @@
 --   {2, reply}: already done; reply with the stored bytes ('' if none was stored), do
 --               not run again
 --   {3, owner}: an unexpired claim holds the key (another runtime's, or this runtime's own
---               for another copy of the message still running); do not run this copy now
+--               for another copy of the message still running), and its owner is not
+--               takeover_from; do not run this copy now
 --         (the codes: ClaimCode of lua/includes/codes.lua)
 -- Errors  'reach: bad <argument>: <why>' (an error reply 'ERR reach: ...'; redis-py raises
 --         ResponseError) when the number of ARGV, an argument, or a key's type is out of
@@ -42,11 +58,11 @@ local function counter_ok(v)
 end
 
 local function check()
-  local e = batch_arity(3, 2) or bytes_bad('owner', 1, 1, 1024)
+  local e = batch_arity(3, 3) or bytes_bad('owner', 1, 1, 1024)
     or int_bad('ttl_ms', 2, 1, MAX_TTL) or bytes_bad('agent_id', 3, 1, 1024)
   if e then return e end
   for i = 1, #KEYS do
-    local a = 2 + 2 * i
+    local a = 1 + 3 * i
     if not int_memo(ARGV[a], 1, MAX_LEASE) then
       return bad('lease_ms of KEYS[' .. i .. ']', a, 'want an integer 1..' .. MAX_LEASE)
     end
@@ -60,15 +76,17 @@ local function claim(i, key, now)
   local s = record(i, 'done', 'reply', 'owner', 'lease_until', 'fence', 'runs')
   if s[1] == '1' then
     return {ClaimCode_REPLAY, s[2] or ''}
-  elseif s[3] and s[3] ~= '' and (tonumber(s[4]) or 0) > now then
-    return {ClaimCode_BUSY, s[3]}
+  end
+  local owner, from = s[3], ARGV[3 + 3 * i]
+  if owner and owner ~= '' and (tonumber(s[4]) or 0) > now and (from == '' or owner ~= from) then
+    return {ClaimCode_BUSY, owner}
   end
   if not counter_ok(s[5]) then redis.call('HSET', key, 'fence', now) end
   if not counter_ok(s[6]) then redis.call('HSET', key, 'runs', 0) end
   local fence = redis.call('HINCRBY', key, 'fence', 1)
   redis.call('HINCRBY', key, 'runs', 1)
-  redis.call('HSET', key, 'owner', ARGV[1], 'lease_until', now + tonumber(ARGV[2 + 2 * i]),
-    'status', 'running', 'msg_id', ARGV[3 + 2 * i], 'agent_id', ARGV[3], 'updated_ms', now)
+  redis.call('HSET', key, 'owner', ARGV[1], 'lease_until', now + tonumber(ARGV[1 + 3 * i]),
+    'status', 'running', 'msg_id', ARGV[2 + 3 * i], 'agent_id', ARGV[3], 'updated_ms', now)
   redis.call('PEXPIRE', key, ARGV[2])
   return {ClaimCode_RUN, fence}
 end

@@ -10,5 +10,4 @@ local DrainCode_DRAINING, DrainCode_ALREADY_DRAINING, DrainCode_NOT_FOUND, Drain
 local SweepCode_LOCKED = -1
 local ClaimCode_RUN, ClaimCode_REPLAY, ClaimCode_BUSY = 1, 2, 3
 local SettleCode_SETTLED, SettleCode_FENCED = 1, 0
-local TakeoverCode_ENDED, TakeoverCode_OWNER_CHANGED = 1, 0
 local DropInboxCode_DROPPED, DropInboxCode_KEPT = 1, 0

@@ -4,8 +4,9 @@ stored result, or let the copy wait for the worker that runs it.
 ``claim.lua`` answers for each key (pipelined for a batch): *run* (claimed, with a
 fence token), *replay* (the key is done: its stored reply is sent again) or *busy*
 (another claim holds it). A busy key's owner is looked up: if that owner is gone, the key
-is taken over (compare-and-set) and claimed again; if it lives, this copy is parked in
-the delayed set and asks again later. A claimed message runs in the handler pool under
+is claimed again with that owner as ``takeover_from`` (a compare-and-set on the owner,
+in the claim itself); if it lives, or another owner claimed it meanwhile, this copy is
+parked in the delayed set and asks again later. A claimed message runs in the handler pool under
 its deadline; outcome.py decides what its result or exception means, settlement.py
 writes it.
 """
@@ -31,7 +32,7 @@ from ..errors import Reject, Retry
 from ..keys import Keys
 from ..outcomes import Status
 from ..registry import Registry
-from ..scripts import ClaimCode, TakeoverCode, delivery
+from ..scripts import ClaimCode, delivery
 from ..scripts.delivery import Claimed, ClaimItem
 from ..tasks import TASK_TTL_MS
 from . import outcome as oc
@@ -115,12 +116,20 @@ class Execution:
                     raise
                 self._poison(it, e, "checking who holds its key")
 
-    async def _claim(self, items: list[Delivery]) -> list[Claimed | Exception]:
-        """Run claim.lua for the items: one answer (or the error that refused it) per item."""
+    async def _claim(
+        self, items: list[Delivery], *, takeover_from: str = ""
+    ) -> list[Claimed | Exception]:
+        """Run claim.lua for the items: one answer (or the error that refused it) per item.
+        ``takeover_from``: the owner judged gone whose claim is ended (``''``: none)."""
         return await delivery.claim(
             self.redis,
             [
-                ClaimItem(self.keys.idem(it.env.key), self._claim_lease_ms(it.env), it.env.msg_id)
+                ClaimItem(
+                    self.keys.idem(it.env.key),
+                    self._claim_lease_ms(it.env),
+                    it.env.msg_id,
+                    takeover_from,
+                )
                 for it in items
             ],
             cluster=self.cluster,
@@ -163,18 +172,17 @@ class Execution:
             agent_id, _, instance = owner.partition("/")
             info = await self.registry.get(agent_id) if agent_id else None
             alive = info is not None and info.instance_id == instance and info.state != "evicted"
-        # Take over only from the owner judged gone (compare-and-set): another runtime may
-        # have taken the key over since it was read, and its fresh claim must stand.
-        ended = not alive and (
-            await delivery.takeover(idem, owner=owner).run(self.redis) is TakeoverCode.ENDED
-        )
-        if ended:
-            res = (await self._claim([it]))[0]
-            if isinstance(res, Exception):
-                raise res
-            if self._on_claim(it, res):
-                return
-        self._park(it)
+        if alive:
+            self._park(it)
+            return
+        # Take it over, in the claim itself, only from the owner judged gone: another
+        # runtime may have taken the key over since it was read, and its fresh claim
+        # stands (BUSY, and this copy waits).
+        res = (await self._claim([it], takeover_from=owner))[0]
+        if isinstance(res, Exception):
+            raise res
+        if not self._on_claim(it, res):
+            self._park(it)
 
     def _park(self, it: Delivery) -> None:
         """A live owner runs this key: this copy waits as a delayed retry, which later

@@ -75,13 +75,6 @@ class SettleCode(IntEnum):
     SETTLED, FENCED = 1, 0
 
 
-class TakeoverCode(IntEnum):
-    """``takeover.lua``: ENDED (the gone owner's claim was ended: claim the key again) or
-    OWNER_CHANGED (someone else holds the key now: do not take it over)."""
-
-    ENDED, OWNER_CHANGED = 1, 0
-
-
 class DropInboxCode(IntEnum):
     """``drop_inbox.lua``: DROPPED (or nothing to drop), or KEPT (an inbox holds entries)."""
 
@@ -97,7 +90,6 @@ CODES: tuple[type[IntEnum], ...] = (
     SweepCode,
     ClaimCode,
     SettleCode,
-    TakeoverCode,
     DropInboxCode,
 )
 
@@ -125,3 +117,11 @@ def write_lua(path: Path | None = None) -> Path:
     target = path or Path(__file__).resolve().parents[2] / "lua" / "includes" / "codes.lua"
     target.write_text(render_lua(), encoding="utf-8")
     return target
+
+
+class TakeoverCode(IntEnum):
+    """No script answers with these any more: takeover.lua was folded into ``claim.lua``
+    (its ``takeover_from`` argument). Not in :data:`CODES` (nor in codes.lua); kept only
+    while ``reach/scripts/__init__.py`` re-exports the name: delete both together."""
+
+    ENDED, OWNER_CHANGED = 1, 0

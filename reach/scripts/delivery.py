@@ -1,5 +1,6 @@
-"""Typed calls of the delivery scripts: fetch, claim, takeover, give_up, complete, settle
-(``lua/<name>.lua``; each header is the contract).
+"""Typed calls of the delivery scripts: fetch, claim (which also takes a key over from an
+owner judged gone), give_up, complete, settle (``lua/<name>.lua``; each header is the
+contract).
 
 Idempotency records live in a slot each. On standalone Redis one call serves a whole batch;
 on a Cluster each record needs its own call (pipelined), and ``settle.lua``, whose batch
@@ -20,9 +21,9 @@ from redis import exceptions as rexc
 
 from ..connection import AnyRedis
 from ..keys import GROUP, Keys
-from ._call import Call, as_bytes, as_int, as_text, code_of, run_calls
+from ._call import Call, as_bytes, as_int, as_text, run_calls
 from ._loader import Op, is_data_error, run_pipeline
-from .codes import ClaimCode, SettleCode, TakeoverCode
+from .codes import ClaimCode, SettleCode
 
 log = logging.getLogger("reach.scripts")
 
@@ -74,11 +75,15 @@ def fetch(
 # -- claim ---------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class ClaimItem:
-    """One key to claim: its idempotency record, the lease of the claim, the delivery."""
+    """One key to claim: its idempotency record, the lease of the claim, the delivery;
+    ``takeover_from``: the owner read from the record and judged gone (``''``: a plain
+    claim). A claim of exactly that owner does not hold the key: it is ended and the key
+    claimed in the same call; a claim of anyone else still makes the key BUSY."""
 
     key: str
     lease_ms: int
     msg_id: str
+    takeover_from: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +118,7 @@ def claim_call(
     Redis). ``owner``: ``"<agent_id>/<instance_id>"``; ``ttl_ms``: how long records live."""
     args: list[Any] = [owner, ttl_ms, agent_id]
     for it in items:
-        args += [it.lease_ms, it.msg_id]
+        args += [it.lease_ms, it.msg_id, it.takeover_from]
     return Call("claim", tuple(it.key for it in items), tuple(args), _claims)
 
 
@@ -150,12 +155,6 @@ async def claim(
         except rexc.ResponseError as e:
             out.append(e)
     return out
-
-
-def takeover(key: str, *, owner: str) -> Call[TakeoverCode]:
-    """End the claim of record ``key`` if ``owner`` (judged gone; ``''`` when none was
-    read) still holds it: ENDED (claim it again) or OWNER_CHANGED (leave it)."""
-    return Call("takeover", (key,), (owner,), code_of(TakeoverCode))
 
 
 @dataclass(frozen=True, slots=True)

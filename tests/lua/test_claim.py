@@ -1,4 +1,5 @@
-"""claim.lua: one runtime at a time runs a key; a finished key is answered from its record."""
+"""claim.lua: one runtime at a time runs a key; a finished key is answered from its record;
+a key is taken over only from the owner judged gone (``takeover_from``)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ OWNER_A, OWNER_B = "w-1/i1", "w-2/i2"
 TTL_MS = 60_000
 
 
-def _args(owner: str, *items: tuple[int, str]) -> list[object]:
+def _args(owner: str, *items: tuple[int, str] | tuple[int, str, str]) -> list[object]:
+    """ARGV of a claim by ``owner`` of keys given as (lease_ms, msg_id[, takeover_from])."""
     args: list[object] = [owner, TTL_MS, owner.split("/")[0]]
-    for lease_ms, msg_id in items:
-        args += [lease_ms, msg_id]
+    for lease_ms, msg_id, *takeover_from in items:
+        args += [lease_ms, msg_id, takeover_from[0] if takeover_from else ""]
     return args
 
 
@@ -45,7 +47,7 @@ async def test_a_held_claim_turns_away_other_copies(r: AnyRedis, ns: str) -> Non
 async def test_an_expired_lease_is_claimed_again_with_a_higher_fence(r: AnyRedis, ns: str) -> None:
     rec = Keys(ns).idem("k3")
     await scripts.call(r, "claim", [rec], _args(OWNER_A, (60_000, "m1")))
-    await r.hset(rec, "lease_until", 0)  # as if the lease ran out (or takeover.lua ended it)
+    await r.hset(rec, "lease_until", 0)  # as if the lease ran out
     got = await scripts.call(r, "claim", [rec], _args(OWNER_B, (60_000, "m1")))
     assert got == [[1, 2]]
     assert await r.hget(rec, "owner") == OWNER_B.encode()
@@ -103,7 +105,7 @@ def _bad_calls() -> list[tuple[str, int | None, object]]:
     # (what, ARGV index (0-based) to replace, value); index None: the count is wrong
     calls: list[tuple[str, int | None, object]] = []
     calls += [("ttl_ms", 1, v) for v in BAD_INTS]
-    calls += [("lease_ms", 7, v) for v in [*BAD_INTS, str(8 * 86_400_000)]]  # the 3rd key's
+    calls += [("lease_ms", 9, v) for v in [*BAD_INTS, str(8 * 86_400_000)]]  # the 3rd key's
     calls += [
         ("owner", 0, ""),
         ("agent_id", 2, ""),
@@ -166,3 +168,79 @@ async def test_a_record_with_unreadable_numbers_is_claimed_with_a_fresh_fence(
             assert int(fence) == 5
     assert await r.hget(recs[2], "runs") == b"1"
     assert [await r.hget(rec, "owner") for rec in recs] == [OWNER_A.encode()] * 4
+
+
+# -- takeover_from: ending the claim of an owner judged gone, in the claim itself ---------
+
+
+async def test_a_takeover_ends_the_gone_owners_claim_and_claims(r: AnyRedis, ns: str) -> None:
+    rec = Keys(ns).idem("t1")
+    await scripts.call(r, "claim", [rec], _args(OWNER_B, (600_000, "m1")))
+    got = await scripts.call(r, "claim", [rec], _args(OWNER_A, (60_000, "m1", OWNER_B)))
+    assert got == [[1, 2]]  # claimed in the same call, with a higher fence
+    h = await r.hgetall(rec)
+    assert h[b"owner"] == OWNER_A.encode() and h[b"runs"] == b"2"
+    # The gone owner's late completion is fenced: its fence (1) no longer matches.
+    done = [1, "succeeded", b"R", "done", ""]
+    assert await scripts.call(r, "complete", [rec], [TTL_MS, *done]) == [0]
+
+
+async def test_a_fresh_claim_by_a_third_owner_stands(r: AnyRedis, ns: str) -> None:
+    # The runtime read "w-1/old" as the owner and judged it gone; meanwhile a third owner
+    # took the key over. Its fresh claim must stand: BUSY with that owner, nothing written.
+    rec = Keys(ns).idem("t2")
+    await r.hset(rec, mapping={"owner": "w-1/old", "lease_until": 10**13, "fence": 1, "runs": 1})
+    await r.hset(rec, mapping={"owner": "w-3/i3", "fence": 2, "runs": 2})  # the race
+    before = await snapshot(r, ns)
+    got = await scripts.call(r, "claim", [rec], _args(OWNER_A, (60_000, "m1", "w-1/old")))
+    assert got == [[3, b"w-3/i3"]]
+    assert_unchanged(before, await snapshot(r, ns))
+
+
+async def test_a_takeover_never_skips_a_done_key(r: AnyRedis, ns: str) -> None:
+    rec = Keys(ns).idem("t3")
+    await r.hset(
+        rec, mapping={"owner": "", "lease_until": 0, "fence": 3, "done": "1", "reply": b"R"}
+    )
+    got = await scripts.call(r, "claim", [rec], _args(OWNER_A, (60_000, "m1", "w-1/old")))
+    assert got == [[2, b"R"]]
+    assert await r.hget(rec, "fence") == b"3"
+
+
+async def test_a_takeover_of_a_free_or_absent_key_is_a_plain_claim(r: AnyRedis, ns: str) -> None:
+    # The owner completed (or its lease ran out) since it was read, or the record expired:
+    # nobody holds the key, so it is claimed as without takeover_from.
+    k = Keys(ns)
+    released, expired, absent = k.idem("t4"), k.idem("t5"), k.idem("t6")
+    await r.hset(released, mapping={"owner": "", "lease_until": 0, "fence": 2})
+    await r.hset(expired, mapping={"owner": "w-3/i3", "lease_until": 1, "fence": 5})
+    got = await scripts.call(
+        r,
+        "claim",
+        [released, expired, absent],
+        _args(OWNER_A, (1_000, "m1", "w-1/old"), (1_000, "m2", "w-1/old"), (1_000, "m3", "")),
+    )
+    assert got == [[1, 3], [1, 6], [1, 1]]
+
+
+async def test_a_takeover_from_oneself_reclaims_a_key_nothing_runs(r: AnyRedis, ns: str) -> None:
+    # This runtime's own claim, whose handler is not running here (its claim or settle
+    # failed): the runtime passes its own owner and runs the key again.
+    rec = Keys(ns).idem("t7")
+    await scripts.call(r, "claim", [rec], _args(OWNER_A, (600_000, "m1")))
+    assert await scripts.call(r, "claim", [rec], _args(OWNER_A, (60_000, "m1"))) == [
+        [3, OWNER_A.encode()]
+    ]
+    got = await scripts.call(r, "claim", [rec], _args(OWNER_A, (60_000, "m1", OWNER_A)))
+    assert got == [[1, 2]]
+
+
+async def test_takeover_from_is_per_key(r: AnyRedis, ns: str) -> None:
+    k = Keys(ns)
+    a, b = k.idem("t8"), k.idem("t9")
+    for rec in (a, b):
+        await scripts.call(r, "claim", [rec], _args(OWNER_B, (600_000, "x")))
+    got = await scripts.call(
+        r, "claim", [a, b], _args(OWNER_A, (1_000, "m1", OWNER_B), (1_000, "m2"))
+    )
+    assert got == [[1, 2], [3, OWNER_B.encode()]]

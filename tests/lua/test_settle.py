@@ -77,7 +77,9 @@ async def _delivered(r: AnyRedis, inbox: str, n: int) -> list[str]:
 
 
 async def _claim(r: AnyRedis, rec: str) -> int:
-    [[code, fence]] = await scripts.call(r, "claim", [rec], ["w-1/i1", TTL_MS, "w-1", 60_000, "m"])
+    [[code, fence]] = await scripts.call(
+        r, "claim", [rec], ["w-1/i1", TTL_MS, "w-1", 60_000, "m", ""]
+    )
     assert code == 1
     return int(fence)
 

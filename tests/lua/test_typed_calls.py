@@ -13,7 +13,7 @@ from reach import scripts
 from reach.connection import AnyRedis, connect
 from reach.keys import GROUP, Keys
 from reach.registry import Registry
-from reach.scripts import ClaimCode, DropInboxCode, SettleCode, TakeoverCode, delivery, inbox
+from reach.scripts import ClaimCode, DropInboxCode, SettleCode, delivery, inbox
 from reach.scripts.delivery import ClaimItem, Completion, Mode, SettleItem
 from tests.support.cluster import RedisTestCluster
 from tests.support.registry_helpers import new_version
@@ -61,17 +61,18 @@ async def test_claim_answers_each_key_and_refuses_only_the_bad_record(
     assert await _claim(db, []) == []
 
 
-async def test_takeover_then_claim_again(db: tuple[AnyRedis, bool], ns: str) -> None:
-    rr, _ = db
+async def test_takeover_from_the_gone_owner_claims_in_the_same_call(
+    db: tuple[AnyRedis, bool], ns: str
+) -> None:
     key = Keys(ns).idem("k")
     assert (await _claim(db, [ClaimItem(key, 30_000, "m")]))[0] == delivery.Claimed(
         ClaimCode.RUN, fence=1
     )
-    assert await delivery.takeover(key, owner="gone/0").run(rr) is TakeoverCode.OWNER_CHANGED
-    assert await delivery.takeover(key, owner=OWNER).run(rr) is TakeoverCode.ENDED
-    assert (await _claim(db, [ClaimItem(key, 30_000, "m")]))[0] == delivery.Claimed(
-        ClaimCode.RUN, fence=2
-    )
+    # Judged gone: someone else than the owner that holds it. Its claim stands.
+    got = await _claim(db, [ClaimItem(key, 30_000, "m", takeover_from="gone/0")])
+    assert got[0] == delivery.Claimed(ClaimCode.BUSY, owner=OWNER)
+    got = await _claim(db, [ClaimItem(key, 30_000, "m", takeover_from=OWNER)])
+    assert got[0] == delivery.Claimed(ClaimCode.RUN, fence=2)
 
 
 async def test_complete_is_fenced_for_a_stale_owner(db: tuple[AnyRedis, bool], ns: str) -> None:
@@ -239,11 +240,11 @@ async def test_run_calls_decodes_each_and_leaves_errors_in_place(r: AnyRedis, ns
     k = Keys(ns)
     await r.set(k.idem("bad"), "x")
     calls = [
-        delivery.takeover(k.idem("none"), owner=""),
-        delivery.takeover(k.idem("bad"), owner=""),
+        delivery.give_up(k.idem("none"), status="dead", error="", ttl_ms=TTL_MS),
+        delivery.give_up(k.idem("bad"), status="dead", error="", ttl_ms=TTL_MS),
     ]
     got = await scripts.run_calls(r, calls)
-    assert got[0] is TakeoverCode.OWNER_CHANGED
+    assert got[0] == delivery.GivenUp(done=False)
     assert isinstance(got[1], rexc.ResponseError)
 
 

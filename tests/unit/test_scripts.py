@@ -37,12 +37,12 @@ def test_every_script_has_a_typed_call() -> None:
         R.sweep(owner="o", lock_ms=0, shadow_ttl_ms=1, batch=1).script,
         delivery.fetch(K, agent_id="a", n=1, keep_normal=0, keep_low=0).script,
         delivery.claim_call([], owner="o", ttl_ms=1, agent_id="a").script,
-        delivery.takeover("k", owner="o").script,
         delivery.complete_call([], ttl_ms=1).script,
         delivery.settle_call([], ttl_ms=1).script,
         inbox.send_call(K, _msg(), agent_id="a", priority="high", ttl_ms=1).script,
         inbox.enqueue_call(K, b"", agent_id="a", priority="high", max_queue=1).script,
         inbox.drop_inbox(K, agent_id="a").script,
+        inbox.mark_pending_call(K, _msg(), ttl_ms=1).script,
     }
     made.add(delivery.give_up("k", status="dead", error="", ttl_ms=1).script)
     assert made == set(scripts.names())
@@ -137,11 +137,11 @@ def test_fetch_pairs_entries_with_their_stream() -> None:
     assert [k for k, _ in got.inboxes] == K.inboxes("a")
 
 
-def test_claim_encodes_a_head_and_two_argv_per_key() -> None:
-    items = [ClaimItem("k1", 1000, "m1"), ClaimItem("k2", 2000, "m2")]
+def test_claim_encodes_a_head_and_three_argv_per_key() -> None:
+    items = [ClaimItem("k1", 1000, "m1"), ClaimItem("k2", 2000, "m2", takeover_from="b/j")]
     c = delivery.claim_call(items, owner="a/i", ttl_ms=99, agent_id="a")
     assert c.keys == ("k1", "k2")
-    assert c.args == ("a/i", 99, "a", 1000, "m1", 2000, "m2")
+    assert c.args == ("a/i", 99, "a", 1000, "m1", "", 2000, "m2", "b/j")
     assert c.decode([[1, 7], [2, b"r"], [3, b"b/j"]]) == [
         delivery.Claimed(codes.ClaimCode.RUN, fence=7),
         delivery.Claimed(codes.ClaimCode.REPLAY, reply=b"r"),
@@ -149,14 +149,6 @@ def test_claim_encodes_a_head_and_two_argv_per_key() -> None:
     ]
     assert delivery.decode_claimed([2, b""]).reply == b""
     assert delivery.decode_claimed([3, b"\xff/x"]).owner == "\ufffd/x"  # untrusted bytes
-
-
-def test_takeover() -> None:
-    c = delivery.takeover("k", owner="")
-    assert (c.keys, c.args) == (("k",), ("",))
-    assert (
-        c.decode(1) is codes.TakeoverCode.ENDED and c.decode(0) is codes.TakeoverCode.OWNER_CHANGED
-    )
 
 
 def test_give_up() -> None:
@@ -234,12 +226,9 @@ def test_enqueue_and_the_pending_record_commands() -> None:
     c = inbox.enqueue_call(K, b"env", agent_id="a", priority="high", max_queue=3)
     assert c.keys == (K.inbox("a", "high"), *K.inboxes("a"))
     assert c.args == (b"env", 3)
-    assert inbox.pending_ops(K, _msg(), ttl_ms=5) == [
-        ("HSETNX", K.idem("m1"), "status", "pending"),
-        ("HSET", K.idem("m1"), "capability", "cap", "attempt", 2, "sent_msg_id", "m1"),
-        ("PEXPIRE", K.idem("m1"), 5),
-    ]
-    assert inbox.pending_ops(K, _msg("ik"), ttl_ms=5)[-1] == ("SET", K.task("m1"), "ik", "PX", 5)
+    mark = inbox.mark_pending_call(K, _msg(), ttl_ms=5)
+    assert (mark.keys, mark.args) == ((K.idem("m1"),), ("cap", 2, "m1", 5))
+    assert mark.decode(1) is True and mark.decode(0) is False
 
 
 def test_drop_inbox() -> None:
