@@ -17,7 +17,8 @@ It measures
   send until every message is processed (see "processed" below);
 * with ``floor=True``, the floor (:mod:`reach_cli.tools.floor`): the bare redis-py loop on
   Redis Streams, no guarantees, measured in the same run on the same Redis with the same
-  two workloads (streaming throughput: XADD pipelined ``FLOOR_BATCH`` per batch; sequential
+  two workloads (streaming throughput: XADD pipelined ``FLOOR_BATCH`` per batch, the
+  worker replying to each message in one pipeline with the batch's XACK; sequential
   request/reply latency), and reach's figures as ratios to it.
 
 "Processed", for both systems in the streaming workload: the stream's consumer group has
@@ -352,7 +353,9 @@ def _floor_streaming(stream: str) -> Measure:
                     progress("streaming floor: sent", done, n)
 
             t0 = time.perf_counter()
-            await floor.stream(r, stream, n, batch=FLOOR_BATCH, on_sent=on_sent)
+            await floor.stream(
+                r, stream, n, batch=FLOOR_BATCH, reply_key=f"{stream}:replies", on_sent=on_sent
+            )
             t_sent = time.perf_counter()
             await _until_processed(
                 r, stream, floor.GROUP, n, "streaming floor: processed", progress
@@ -638,7 +641,8 @@ def format_report(out: dict[str, Any]) -> str:
         lines += [
             "floor (bare redis-py on Streams, no guarantees; same Redis, same run):",
             (
-                f"  streaming, XADD pipelined {fs['batch']} per batch, {fs['messages']} msgs: "
+                f"  streaming, XADD pipelined {fs['batch']} per batch, a reply XADD + XACK per "
+                f"message, {fs['messages']} msgs: "
                 f"{fs['msgs_per_s']:,.0f} msgs/s processed ({fs['seconds']:.2f}s)"
             ),
             (
@@ -658,7 +662,7 @@ HELP_EPILOG = """\
 The floor (--floor): the same workloads on the bare redis-py loop on Redis Streams, with
 none of reach's guarantees (reach_cli.tools.floor): the caller pipelines XADD 500 per
 batch; its worker process reads XREADGROUP COUNT 100 and answers each batch with one
-pipeline (reply XADD for requests, one XACK). Both run in the same invocation on the same
+pipeline (a reply XADD per message, one XACK). Both run in the same invocation on the same
 Redis, each phase with a fresh worker process, and reach's figures are printed as ratios
 to the floor's: throughput = reach msgs/s / floor msgs/s (streaming workload), p50 and
 p99 = reach's latency / the floor's. Numbers from separate runs are never compared.

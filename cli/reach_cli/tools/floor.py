@@ -5,8 +5,10 @@ No routing, no idempotency record, no claim or fence, no retries, no dead letter
 deadline: a stream, one consumer group, and
 
 * the caller (:func:`stream`): pipelines ``XADD`` of ``batch`` entries at a time (one
-  pipeline in flight) for the throughput workload; :func:`requests` sends one request at a
-  time (``XADD`` with a reply stream) and waits for its reply with ``XREAD BLOCK``;
+  pipeline in flight) for the throughput workload, each naming a reply stream that
+  nobody reads during the run (the floor's counterpart of reach recording every outcome
+  in the message's record); :func:`request` sends one request at a time (``XADD`` with a
+  reply stream) and waits for its reply with ``XREAD BLOCK``;
 * the worker (``python -m reach_cli.tools.floor worker --redis-url ... --stream ...``, a
   process of its own as ``reach worker`` is): ``XREADGROUP COUNT 100 BLOCK``, then one
   pipeline per batch: a reply ``XADD`` for each entry that names a reply stream (the
@@ -97,14 +99,17 @@ async def stream(
     n: int,
     *,
     batch: int,
+    reply_key: str = "",
     on_sent: Callable[[int], None] | None = None,
 ) -> None:
-    """Add ``n`` fire-and-forget entries to ``stream_key``, ``batch`` per pipeline, one
-    pipeline at a time (``on_sent(total so far)`` after each)."""
+    """Add ``n`` entries to ``stream_key``, ``batch`` per pipeline, one pipeline at a time
+    (``on_sent(total so far)`` after each). With ``reply_key`` each names that stream for
+    its reply (nobody waits for it); without, the worker only acknowledges it."""
+    to = (REPLY_FIELD, reply_key) if reply_key else ()
     for start in range(0, n, batch):
         pipe = r.pipeline(transaction=False)
         for i in range(start, min(start + batch, n)):
-            pipe.execute_command("XADD", stream_key, "*", PAYLOAD_FIELD, b'{"i":%d}' % i)
+            pipe.execute_command("XADD", stream_key, "*", PAYLOAD_FIELD, b'{"i":%d}' % i, *to)
         await pipe.execute()
         if on_sent:
             on_sent(min(start + batch, n))
