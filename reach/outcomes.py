@@ -1,5 +1,7 @@
 """One outcome vocabulary: task statuses, dead-letter reasons, routing refusals, and what
-each one means for a caller, a circuit breaker and an A2A client.
+each one means for a caller, a circuit breaker and an A2A client; and the words the
+watchers use for them (:class:`Settled`: how an inbox entry was settled, for hooks and
+metrics; :class:`HandlerResult` and :class:`RequestOutcome`: metric labels).
 
 The values are the strings reach has always written (task records, replies, dead-letter
 entries, ``NoAgentAvailable.reason``); each enum is a :class:`~enum.StrEnum`, so a member *is*
