@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 
 import reach
 import reach.admin
@@ -10,14 +11,19 @@ import reach.errors
 import reach.outcomes
 
 
-def test_every_error_of_the_tree_is_exported() -> None:
-    errors = {
+def _errors() -> set[str]:
+    """The exception classes defined in reach.errors (Reject and Retry included)."""
+    return {
         name
         for name, obj in vars(reach.errors).items()
         if inspect.isclass(obj)
         and issubclass(obj, BaseException)
         and obj.__module__ == "reach.errors"
     }
+
+
+def test_every_error_of_the_tree_is_exported() -> None:
+    errors = _errors()
     assert "ReachError" in errors and "DeadLetterNotFound" in errors
     assert errors <= set(reach.__all__), errors - set(reach.__all__)
     for name in errors:
@@ -44,3 +50,9 @@ def test_all_is_sorted_and_resolves() -> None:
     assert reach.__all__ == sorted(reach.__all__)
     for name in reach.__all__:
         assert hasattr(reach, name), name
+
+
+def test_docs_errors_md_lists_every_error() -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "errors.md").read_text()
+    for name in _errors():
+        assert f"`{name}`" in text or f"`reach.{name}" in text, f"docs/errors.md lacks {name}"
