@@ -413,6 +413,11 @@ def _phase(
     try:
         anyio.run(ready)
         out = anyio.run(measure, url, n, w, progress)
+    except BaseException:
+        # The worker's side of a failed phase, for the report (its log is a temporary file).
+        tail = log.read_text(errors="replace").strip().splitlines()[-20:]
+        print(f"worker log ({log.name}), last lines:", *tail, sep="\n", file=sys.stderr)
+        raise
     finally:
         w.send_signal(signal.SIGCONT)
         w.send_signal(signal.SIGTERM)
