@@ -49,7 +49,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 from redis import exceptions as rexc
@@ -143,7 +143,7 @@ class _Run:
         self.dir = Path(cfg.dir) if cfg.dir else Path(tempfile.mkdtemp(prefix="reach-chaos-"))
         self.logs = self.dir / "logs"
         self.server: RedisServer | None = None
-        self.r: AnyRedis = None
+        self.r: AnyRedis = cast(AnyRedis, None)  # connected in run(), before any use
         self.url = ""
         self.phase = "starting"
         self.done = anyio.Event()
