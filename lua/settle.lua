@@ -1,44 +1,59 @@
 -- settle.lua: complete a batch of handled messages in one atomic step (standalone Redis).
 -- For each item: store the outcome in its idempotency record if the fence still matches
--- (as complete.lua), and only then run the item's follow-up commands: publish the reply,
--- file a dead letter or a delayed retry, XACK + XDEL the inbox entry. On a Cluster the
--- keys live in different slots, so the runtime uses complete.lua and a pipeline instead.
+-- (as complete.lua), and only then publish the reply, file its dead letter or delayed
+-- retry, and XACK + XDEL the inbox entry. On a Cluster the keys live in different slots,
+-- so the runtime uses complete.lua and a pipeline of the same writes instead.
 --
 -- KEYS: every key the batch touches (idempotency records, reply streams, dead-letter
---       streams, the delayed zset, inbox streams); items refer to them by index
+--       streams, the delayed zset, inbox streams); items refer to them by index 1..#KEYS
 -- ARGV[1] ttl_ms of idempotency records and reply streams: integer 1..31536000000 (365 days)
 -- ARGV[2] the inbox consumer group: 1..1024 bytes
--- ARGV[3] number of items, then for each item:
---   idem key index (0 = nothing to complete), fence (integer 1..2^53), status (succeeded |
---   failed | retrying | expired | dead), reply bytes, mode ('done': store the reply, later
---   deliveries replay it | 'release': the key may run again), error text (fence, status
---   and mode are read only with an idem key: anything goes with index 0), reply stream
---   index (0 = publish no reply), inbox stream index (0 = no ack), entry id (a stream id
---   'ms-seq' or 'ms', read only with an inbox), number of extra commands, then each extra
---   command: name, key index (1..#KEYS), number of arguments (0..1000), arguments...
---   Extra commands allowed, in these forms only:
---     XADD [MAXLEN [~|=] <integer 0..2^53>] * field value [field value ...]
---     ZADD score member [score member ...]  (scores: finite decimal numbers, e.g. 12 or 1.5)
--- A key index is 0..#KEYS where 0 is allowed (as said), 1..#KEYS otherwise. Integers are
--- plain decimal digits without sign or leading zero. The items must use ARGV exactly:
--- #ARGV = 3 + what the items describe.
+-- ARGV[3] n: the number of items; then each item, from p = 4 on, in fixed slots:
+--   ARGV[p]   record index: the idempotency record to complete (0 = none)
+--   ARGV[p+1] fence: integer 1..2^53 (read only with a record)
+--   ARGV[p+2] status: succeeded | failed | retrying | expired | dead (only with a record)
+--   ARGV[p+3] reply bytes: stored for mode 'done', and published to the reply stream
+--   ARGV[p+4] mode: 'done' (store the reply, later deliveries replay it) | 'release' (the
+--             key may run again) (only with a record)
+--   ARGV[p+5] error text for the status (only with a record)
+--   ARGV[p+6] reply stream index (0 = publish no reply): XADD <stream> * r <reply>, then
+--             PEXPIRE <stream> ttl_ms
+--   ARGV[p+7] inbox index (0 = no ack): XACK <inbox> <group> <entry id>, XDEL <inbox> <id>
+--   ARGV[p+8] entry id: a stream id 'ms-seq' or 'ms' (read only with an inbox)
+--   ARGV[p+9] follow-up: 0 none | 1 a dead letter | 2 a retry (FollowUpKind of
+--             lua/includes/codes.lua); its slots come next:
+--   dead letter, 11 slots:
+--     ARGV[p+10] dead-letter stream index, ARGV[p+11] maxlen (integer 0..2^53), then the
+--     values of the entry's fields: ARGV[p+12] reason, [p+13] error, [p+14] error_type,
+--     [p+15] attempts (integer 0..2^53), [p+16] agent_id, [p+17] msg_id, [p+18] capability,
+--     [p+19] ts (epoch ms, integer 0..2^53), [p+20] env (the envelope's bytes)
+--     written as: XADD <stream> MAXLEN ~ <maxlen> * reason <..> error <..> error_type <..>
+--       attempts <..> agent_id <..> msg_id <..> capability <..> ts <..> env <..>
+--     (the fields and their order are those of reach.tasks.dead_letter_op: the CLI, the
+--     admin module and agents in other languages read them)
+--   retry, 3 slots:
+--     ARGV[p+10] delayed zset index, ARGV[p+11] due (epoch ms, integer 0..2^53),
+--     ARGV[p+12] the envelope's bytes; written as: ZADD <zset> <due> <envelope>
+--   The next item starts after them: p + 10, p + 21 or p + 13. The items must use ARGV
+--   exactly: #ARGV = 3 + what the items describe.
+-- Integers are plain decimal digits without sign or leading zero. Text and bytes slots take
+-- any bytes.
 --
 -- Everything is checked before the first write, so a refused batch writes nothing (Redis
--- does not roll a script back): every count, index, number and name above, and the type
--- of every key against each use of it (idem key: a hash; reply stream, inbox, XADD: a
--- stream; ZADD: a sorted set; or absent), including one key used as two types.
+-- does not roll a script back): every count, index, number and word above, and the type
+-- of every key against each use of it (record: a hash; reply stream, inbox, dead-letter
+-- stream: a stream; delayed: a sorted set; or absent), including one key used as two types.
 --
--- Returns one code per item: 1 settled (reply published, extra commands run, entry
--- acked and deleted); 0 fenced: another owner claimed the key since, nothing was written
--- for this item
+-- Returns one code per item: 1 settled (record completed, reply published, follow-up
+-- written, entry acked and deleted); 0 fenced: another owner claimed the key since, nothing
+-- was written for this item (not even the ack)
 --         (the codes: SettleCode of lua/includes/codes.lua)
 -- Errors  'reach: bad <argument>: <why>' (an error reply 'ERR reach: ...'; redis-py raises
---         ResponseError), e.g. 'reach: bad extra command 1 of item 2 (ARGV[14]) DEL: want
---         XADD or ZADD'. Only a bug or a hostile caller gets one: the runtime never sends
---         such a call.
+--         ResponseError), e.g. 'reach: bad follow-up of item 2 (ARGV[23]) 7: want 0, 1 or 2'.
+--         Only a bug or a hostile caller gets one: the runtime never sends such a call.
 --!include fence
 --!include now
-local MAX_TTL, MAX_INT, MAX_CMD_ARGS = 31536000000, 9007199254740992, 1000
+local MAX_TTL, MAX_INT = 31536000000, 9007199254740992
 local U64 = '18446744073709551615'
 
 -- A stream entry id XACK and XDEL accept: 'ms-seq' or 'ms', each part 0..2^64-1 (a part
@@ -55,41 +70,18 @@ local function stream_id_ok(v)
   return (ms < 20 or string.sub(v, 1, 20) <= U64) and (seq < 20 or string.sub(v, dash + 1) <= U64)
 end
 
--- A finite score ZADD parses as Redis does and Lua agrees with.
-local function score_ok(v)
-  return #v <= 24 and (string.find(v, '^%-?%d+$') or string.find(v, '^%-?%d+%.%d+$')) ~= nil
-end
+-- Each follow-up kind: the label of its key index (its first slot), how many slots it
+-- takes after the item's 10, the type of the key it writes, and its integer slots (offset
+-- from the first slot, label).
+local DEAD_LETTER, RETRY = FollowUpKind_DEAD_LETTER, FollowUpKind_RETRY
+local FOLLOW_UPS = {
+  [DEAD_LETTER] = {'dead-letter stream index', 11, 'stream', {{1, 'maxlen'}, {5, 'attempts'},
+    {9, 'ts'}}},
+  [RETRY] = {'delayed index', 3, 'zset', {{1, 'due'}}},
+}
 
--- The arguments of one extra command, ARGV[a..last]; nil when well formed, else why not.
-local function xadd_args(a, last)
-  if a <= last and string.upper(ARGV[a]) == 'MAXLEN' then
-    a = a + 1
-    if a <= last and (ARGV[a] == '~' or ARGV[a] == '=') then a = a + 1 end
-    if a > last or not int_memo(ARGV[a], 0, MAX_INT) then
-      return 'XADD MAXLEN: want an integer 0..2^53'
-    end
-    a = a + 1
-  end
-  if a > last or ARGV[a] ~= '*' then return "XADD: want the entry id '*' (after MAXLEN, if any)" end
-  local n = last - a
-  if n < 2 or n % 2 ~= 0 then return 'XADD: want field value pairs after *' end
-  return nil
-end
-
-local function zadd_args(a, last)
-  local n = last - a + 1
-  if n < 2 or n % 2 ~= 0 then return 'ZADD: want score member pairs (no options)' end
-  for s = a, last, 2 do
-    if not score_ok(ARGV[s]) then return 'ZADD score ' .. show(ARGV[s]) .. ': want a finite decimal number' end
-  end
-  return nil
-end
-
-local COMMANDS = {XADD = {'stream', xadd_args}, ZADD = {'zset', zadd_args}}
-
--- ' of item 2', ' of extra command 1 of item 2': built only for an error message.
-local function where(item, c)
-  if c then return ' of extra command ' .. c .. ' of item ' .. item end
+-- ' of item 2': built only for an error message.
+local function where(item)
   return ' of item ' .. item
 end
 
@@ -104,22 +96,22 @@ local function check()
     return bad('number of items', 3, 'want an integer 0..' .. most .. ' (10 ARGV per item at least)')
   end
   -- The type each key index is used as, and its first use (for the error message).
-  local need, u_label, u_item, u_cmd = {}, {}, {}, {}
-  local function use(i, kind, label, item, c)
+  local need, u_label, u_item = {}, {}, {}
+  local function use(i, kind, label, item)
     local had = need[i]
     if not had then
-      need[i], u_label[i], u_item[i], u_cmd[i] = kind, label, item, c
+      need[i], u_label[i], u_item[i] = kind, label, item
     elseif had ~= kind then
-      return label .. where(item, c) .. ': KEYS[' .. i .. '] is used as a ' .. had .. ' by '
-        .. u_label[i] .. where(u_item[i], u_cmd[i]) .. ', here as a ' .. kind
+      return label .. where(item) .. ': KEYS[' .. i .. '] is used as a ' .. had .. ' by '
+        .. u_label[i] .. where(u_item[i]) .. ', here as a ' .. kind
     end
     return nil
   end
-  -- Why ARGV[p], a key index 0..#KEYS (0: none) used as a `kind`, is refused, or nil.
-  -- more(p, item): what else to check, before the use, when it names a key.
-  local function key_index(p, label, kind, item, more)
-    local i = int_memo(ARGV[p], 0, nk)
-    if not i then return bad(label .. where(item), p, 'want a key index 0..' .. nk) end
+  -- Why ARGV[p], a key index lo..#KEYS (lo 0: none allowed) used as a `kind`, is refused,
+  -- or nil. more(p, item): what else to check, before the use, when it names a key.
+  local function key_index(p, label, kind, item, lo, more)
+    local i = int_memo(ARGV[p], lo, nk)
+    if not i then return bad(label .. where(item), p, 'want a key index ' .. lo .. '..' .. nk) end
     if i == 0 then return nil end
     return (more and more(p, item)) or use(i, kind, label, item)
   end
@@ -135,40 +127,27 @@ local function check()
     if p + 9 > na then
       return 'arguments: item ' .. item .. ' starts at ARGV[' .. p .. '], needs 10 ARGV, ' .. na .. ' in all'
     end
-    e = key_index(p, 'idem key index', 'hash', item, completion)
-      or key_index(p + 6, 'reply stream index', 'stream', item)
-      or key_index(p + 7, 'inbox index', 'stream', item, entry)
+    e = key_index(p, 'record index', 'hash', item, 0, completion)
+      or key_index(p + 6, 'reply stream index', 'stream', item, 0)
+      or key_index(p + 7, 'inbox index', 'stream', item, 0, entry)
     if e then return e end
-    most = math.floor((na - p - 9) / 3)
-    local ncmd = int_memo(ARGV[p + 9], 0, most)
-    if not ncmd then
-      return bad('number of extra commands' .. where(item), p + 9,
-        'want an integer 0..' .. most .. ' (3 ARGV per command at least)')
-    end
+    local kind = int_memo(ARGV[p + 9], FollowUpKind_NONE, RETRY)
+    if not kind then return bad('follow-up' .. where(item), p + 9, 'want 0, 1 or 2') end
     p = p + 10
-    for c = 1, ncmd do
-      if p + 2 > na then
-        return 'arguments: extra command ' .. c .. where(item) .. ' starts at ARGV[' .. p
-          .. '], needs 3 ARGV, ' .. na .. ' in all'
+    local f = FOLLOW_UPS[kind]
+    if f then
+      if p + f[2] - 1 > na then
+        return 'arguments: the follow-up' .. where(item) .. ' starts at ARGV[' .. p .. '], needs '
+          .. f[2] .. ' ARGV, ' .. na .. ' in all'
       end
-      local spec = COMMANDS[ARGV[p]]
-      if not spec then
-        return bad('extra command ' .. c .. where(item), p, 'want XADD or ZADD')
-      end
-      local kidx = int_memo(ARGV[p + 1], 1, nk)
-      if not kidx then
-        return bad('key index' .. where(item, c), p + 1, 'want a key index 1..' .. nk)
-      end
-      most = math.min(MAX_CMD_ARGS, na - p - 2)
-      local nargs = int_memo(ARGV[p + 2], 0, most)
-      if not nargs then
-        return bad('number of arguments' .. where(item, c), p + 2, 'want an integer 0..' .. most)
-      end
-      e = spec[2](p + 3, p + 2 + nargs)
-      if e then return 'extra command ' .. c .. where(item) .. ' (ARGV[' .. p .. ']): ' .. e end
-      e = use(kidx, spec[1], 'key index', item, c)
+      e = key_index(p, f[1], f[3], item, 1)
       if e then return e end
-      p = p + 3 + nargs
+      for _, slot in ipairs(f[4]) do
+        if not int_memo(ARGV[p + slot[1]], 0, MAX_INT) then
+          return bad(slot[2] .. where(item), p + slot[1], 'want an integer 0..2^53')
+        end
+      end
+      p = p + f[2]
     end
   end
   if p ~= na + 1 then
@@ -178,7 +157,7 @@ local function check()
     if need[i] then
       local kind = redis.call('TYPE', KEYS[i])['ok']
       if kind ~= need[i] and kind ~= 'none' then
-        return 'KEYS[' .. i .. ']: holds a ' .. kind .. ', ' .. u_label[i] .. where(u_item[i], u_cmd[i])
+        return 'KEYS[' .. i .. ']: holds a ' .. kind .. ', ' .. u_label[i] .. where(u_item[i])
           .. ' wants a ' .. need[i]
       end
     end
@@ -188,35 +167,47 @@ end
 local err = check()
 if err then return refuse(err) end
 
+-- The dead-letter entry's fields, in the order of reach.tasks.dead_letter_op.
+local LETTER_FIELDS = {'reason', 'error', 'error_type', 'attempts', 'agent_id', 'msg_id',
+  'capability', 'ts', 'env'}
+
+-- Write the follow-up of kind `kind` whose slots start at ARGV[f].
+local function follow_up(kind, f)
+  if kind == DEAD_LETTER then
+    local args = {'XADD', KEYS[tonumber(ARGV[f])], 'MAXLEN', '~', ARGV[f + 1], '*'}
+    for j, field in ipairs(LETTER_FIELDS) do
+      args[5 + 2 * j], args[6 + 2 * j] = field, ARGV[f + 1 + j]
+    end
+    redis.call(unpack(args))
+  elseif kind == RETRY then
+    redis.call('ZADD', KEYS[tonumber(ARGV[f])], ARGV[f + 1], ARGV[f + 2])
+  end
+end
+
 local now = now_ms()
 local ttl, group = ARGV[1], ARGV[2]
 local p = 4
 local out = {}
 for item = 1, tonumber(ARGV[3]) do
   local ki, ri, ii = tonumber(ARGV[p]), tonumber(ARGV[p + 6]), tonumber(ARGV[p + 7])
-  local reply, entry, ncmd = ARGV[p + 3], ARGV[p + 8], tonumber(ARGV[p + 9])
+  local reply, entry, kind = ARGV[p + 3], ARGV[p + 8], tonumber(ARGV[p + 9])
   local code = SettleCode_SETTLED
   if ki > 0 then
     local key = KEYS[ki]
     code = complete_record(key, redis.call('HMGET', key, 'fence', 'done'), p + 1, ttl, now)
   end
-  p = p + 10
-  local ok = code == SettleCode_SETTLED
-  if ok and ri > 0 then
-    redis.call('XADD', KEYS[ri], '*', 'r', reply)
-    redis.call('PEXPIRE', KEYS[ri], ttl)
-  end
-  for _ = 1, ncmd do
-    local name, kidx, nargs = ARGV[p], tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2])
-    if ok then
-      redis.call(name, KEYS[kidx], unpack(ARGV, p + 3, p + 2 + nargs))
+  if code == SettleCode_SETTLED then
+    if ri > 0 then
+      redis.call('XADD', KEYS[ri], '*', 'r', reply)
+      redis.call('PEXPIRE', KEYS[ri], ttl)
     end
-    p = p + 3 + nargs
+    follow_up(kind, p + 10)
+    if ii > 0 then
+      redis.call('XACK', KEYS[ii], group, entry)
+      redis.call('XDEL', KEYS[ii], entry)
+    end
   end
-  if ok and ii > 0 then
-    redis.call('XACK', KEYS[ii], group, entry)
-    redis.call('XDEL', KEYS[ii], entry)
-  end
+  p = p + 10 + (FOLLOW_UPS[kind] and FOLLOW_UPS[kind][2] or 0)
   out[item] = code
 end
 return out

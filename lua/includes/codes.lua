@@ -1,4 +1,4 @@
--- codes.lua: the codes the scripts answer with (ClaimCode_RUN is ClaimCode.RUN).
+-- codes.lua: the codes the scripts answer with or take (ClaimCode_RUN is ClaimCode.RUN).
 -- GENERATED from the IntEnums of reach/scripts/codes.py, where they are written once:
 -- do not edit (tests/lua/test_includes.py checks this file). Regenerate with
 --   .venv/bin/python -c 'from reach.scripts import codes; codes.write_lua()'
@@ -10,4 +10,5 @@ local DrainCode_DRAINING, DrainCode_ALREADY_DRAINING, DrainCode_NOT_FOUND, Drain
 local SweepCode_LOCKED = -1
 local ClaimCode_RUN, ClaimCode_REPLAY, ClaimCode_BUSY = 1, 2, 3
 local SettleCode_SETTLED, SettleCode_FENCED = 1, 0
+local FollowUpKind_NONE, FollowUpKind_DEAD_LETTER, FollowUpKind_RETRY = 0, 1, 2
 local DropInboxCode_DROPPED, DropInboxCode_KEPT = 1, 0

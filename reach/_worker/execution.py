@@ -33,7 +33,7 @@ from ..keys import Keys
 from ..outcomes import Status
 from ..registry import Registry
 from ..scripts import ClaimCode, delivery
-from ..scripts.delivery import Claimed, ClaimItem
+from ..scripts.delivery import Claimed, ClaimItem, Delayed
 from ..tasks import TASK_TTL_MS
 from . import outcome as oc
 from .hookchain import HookChain
@@ -193,7 +193,7 @@ class Execution:
         delay_ms = min(self._claim_lease_ms(it.env), int(delay_s * 1000))
         parked = msgspec.structs.replace(it.env, busy_waits=waits + 1)
         it.outcome = "parked"
-        it.ops = [("ZADD", self.keys.delayed, now_ms() + delay_ms, encode(parked))]
+        it.follow_up = Delayed(self.keys.delayed, now_ms() + delay_ms, encode(parked))
         self.settlement.queue(it)
 
     def _replay(self, it: Delivery, stored: bytes) -> None:

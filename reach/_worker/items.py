@@ -12,16 +12,12 @@ Two kinds, settled alike (settlement.py):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..envelope import Envelope
 from ..keys import Keys
-from ..scripts.delivery import Completion
-
-Op = tuple[Any, ...]
-"""One Redis command, as its words (``("ZADD", key, score, member)``): what
-:class:`reach.scripts.delivery.SettleItem` takes as a follow-up."""
+from ..scripts.delivery import Completion, FollowUp
 
 
 @dataclass(slots=True, eq=False, kw_only=True)
@@ -29,7 +25,7 @@ class _Entry:
     stream: str  # the inbox stream it was read from
     entry_id: Any  # its id there, as read
     raw: bytes = b""  # its bytes as read (dead-lettered as they are if unprocessable)
-    ops: list[Op] = field(default_factory=list)  # written before the ack
+    follow_up: FollowUp | None = None  # its dead letter or retry, written before the ack
     outcome: str = ""  # succeeded, dead, expired, retrying, replayed, parked, malformed, gone
     reason: str = ""  # the dead-letter reason, if any
     queued: bool = False  # handed to settlement: its outcome is on its way to Redis
@@ -37,7 +33,7 @@ class _Entry:
 
 @dataclass(slots=True, eq=False, kw_only=True)
 class AckOnly(_Entry):
-    """An inbox entry without a message to handle: settled by its ops and its ack."""
+    """An inbox entry without a message to handle: settled by its follow-up (a dead letter), if any, and its ack."""
 
 
 @dataclass(slots=True, eq=False, kw_only=True)

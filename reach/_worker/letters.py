@@ -13,7 +13,7 @@ from typing import Any
 from ..envelope import BadEnvelope, Reply, encode
 from ..keys import Keys
 from ..outcomes import DeadReason, Status
-from ..scripts.delivery import Completion, Mode
+from ..scripts.delivery import Completion, DeadLetter, Mode
 from ..tasks import raw_dead_letter_op
 from .hookchain import HookChain
 from .items import AckOnly, Delivery, Settleable
@@ -30,14 +30,16 @@ class DeadLetters:
         self.dlq_maxlen = dlq_maxlen
         self.hooks = hooks
 
-    def _letter(self, reason: str, data: bytes, error: str) -> tuple[Any, ...]:
-        return raw_dead_letter_op(
-            self.keys,
-            reason=reason,
-            data=data,
-            error=error,
-            agent_id=self.agent_id,
-            maxlen=self.dlq_maxlen,
+    def _letter(self, reason: str, data: bytes, error: str) -> DeadLetter:
+        return DeadLetter.of_op(
+            raw_dead_letter_op(
+                self.keys,
+                reason=reason,
+                data=data,
+                error=error,
+                agent_id=self.agent_id,
+                maxlen=self.dlq_maxlen,
+            )
         )
 
     def malformed(self, stream: str, entry_id: Any, data: bytes, e: BadEnvelope) -> AckOnly:
@@ -48,7 +50,7 @@ class DeadLetters:
             stream=stream,
             entry_id=entry_id,
             raw=data,
-            ops=[self._letter(e.reason, data, e.detail)],
+            follow_up=self._letter(e.reason, data, e.detail),
             outcome=DeadReason.MALFORMED,
             reason=e.reason,
         )
@@ -86,5 +88,5 @@ class DeadLetters:
                     attempt=it.env.attempt,
                 )
                 it.answer(self.keys, encode(reply), publish=True)
-        it.ops = [self._letter(DeadReason.UNPROCESSABLE, it.raw, error)]
+        it.follow_up = self._letter(DeadReason.UNPROCESSABLE, it.raw, error)
         it.outcome, it.reason = Status.DEAD, DeadReason.UNPROCESSABLE

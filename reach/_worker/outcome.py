@@ -29,7 +29,7 @@ from ..envelope import Envelope, Reply, encode, encode_payload
 from ..errors import ConfigError, Reject, Retry
 from ..keys import Keys
 from ..outcomes import DeadReason, Status
-from ..scripts.delivery import Completion, Mode
+from ..scripts.delivery import Completion, DeadLetter, Delayed, Mode
 from ..tasks import dead_letter_op
 from .items import Delivery
 
@@ -145,9 +145,9 @@ def apply(
         keys.idem(env.key), it.fence, outcome.status, mode, outcome.error[:2000]
     )
     it.answer(keys, encode(reply), publish=outcome.status != Status.RETRYING)
-    ops: list[tuple[Any, ...]] = []
+    it.follow_up = None
     if outcome.dead_letter:
-        ops.append(
+        it.follow_up = DeadLetter.of_op(
             dead_letter_op(
                 keys,
                 capability=env.capability,
@@ -164,7 +164,6 @@ def apply(
     if outcome.status == Status.RETRYING:
         # The next attempt prefers another agent than the one it failed on.
         retry = msgspec.structs.replace(env, attempt=env.attempt + 1, avoid=agent_id)
-        ops.append(("ZADD", keys.delayed, now_ms + outcome.retry_delay_ms, encode(retry)))
-    it.ops = ops
+        it.follow_up = Delayed(keys.delayed, now_ms + outcome.retry_delay_ms, encode(retry))
     it.outcome = outcome.status
     it.reason = outcome.reason

@@ -145,6 +145,6 @@ def settle_item(it: Settleable) -> SettleItem:
             completion=it.complete,
             reply=it.reply,
             reply_stream=it.reply_key,
-            ops=tuple(it.ops),
+            follow_up=it.follow_up,
         )
-    return SettleItem(inbox=it.stream, entry_id=it.entry_id, ops=tuple(it.ops))
+    return SettleItem(inbox=it.stream, entry_id=it.entry_id, follow_up=it.follow_up)

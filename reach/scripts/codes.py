@@ -1,4 +1,4 @@
-"""The codes the Lua scripts answer with, written once.
+"""The codes the Lua scripts answer with (and the few they take), written once.
 
 Each script's codes are an :class:`~enum.IntEnum` here. The scripts do not write the numbers
 either: ``--!include codes`` gives them ``lua/includes/codes.lua``, which is rendered from
@@ -75,6 +75,13 @@ class SettleCode(IntEnum):
     SETTLED, FENCED = 1, 0
 
 
+class FollowUpKind(IntEnum):
+    """An argument, not an answer: what ``settle.lua`` writes after an item's reply and
+    before its ack: NONE, a DEAD_LETTER (11 slots follow) or a RETRY (3 slots follow)."""
+
+    NONE, DEAD_LETTER, RETRY = 0, 1, 2
+
+
 class DropInboxCode(IntEnum):
     """``drop_inbox.lua``: DROPPED (or nothing to drop), or KEPT (an inbox holds entries)."""
 
@@ -90,6 +97,7 @@ CODES: tuple[type[IntEnum], ...] = (
     SweepCode,
     ClaimCode,
     SettleCode,
+    FollowUpKind,
     DropInboxCode,
 )
 
@@ -101,7 +109,7 @@ def render_lua() -> str:
     Lua local, ``ClaimCode.RUN`` as ``ClaimCode_RUN`` (plain locals: a script's body runs on
     every call, and a table per enum would be built again each time)."""
     lines = [
-        "-- codes.lua: the codes the scripts answer with (ClaimCode_RUN is ClaimCode.RUN).",
+        "-- codes.lua: the codes the scripts answer with or take (ClaimCode_RUN is ClaimCode.RUN).",
         "-- GENERATED from the IntEnums of reach/scripts/codes.py, where they are written once:",
         "-- do not edit (tests/lua/test_includes.py checks this file). Regenerate with",
         f"--   {REGENERATE}",

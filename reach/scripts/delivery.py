@@ -21,9 +21,9 @@ from redis import exceptions as rexc
 
 from ..connection import AnyRedis
 from ..keys import GROUP, Keys
-from ._call import Call, as_bytes, as_int, as_text, run_calls
+from ._call import Arg, Call, as_bytes, as_int, as_text, run_calls
 from ._loader import Op, is_data_error, run_pipeline
-from .codes import ClaimCode, SettleCode
+from .codes import ClaimCode, FollowUpKind, SettleCode
 
 log = logging.getLogger("reach.scripts")
 
@@ -222,30 +222,114 @@ async def complete(
         return [e] * len(items)
 
 
+DEAD_LETTER_FIELDS = (
+    "reason",
+    "error",
+    "error_type",
+    "attempts",
+    "agent_id",
+    "msg_id",
+    "capability",
+    "ts",
+    "env",
+)
+"""The fields of a dead-letter entry, in the order :func:`reach.tasks.dead_letter_op`
+writes them and ``settle.lua`` takes their values."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A dead letter to file: ``XADD stream MAXLEN ~ maxlen * reason .. env ..`` (the
+    fields of :data:`DEAD_LETTER_FIELDS`). What a dead letter holds is decided by
+    :func:`reach.tasks.dead_letter_op`; :meth:`of_op` takes its command."""
+
+    stream: str
+    maxlen: int
+    reason: str
+    error: str
+    error_type: str
+    attempts: int
+    agent_id: str
+    msg_id: str
+    capability: str
+    ts_ms: int
+    env: bytes
+
+    @classmethod
+    def of_op(cls, op: Op) -> DeadLetter:
+        """The dead letter that the XADD ``op`` of :func:`reach.tasks.dead_letter_op` (or
+        ``raw_dead_letter_op``) files. ValueError for another command: a bug."""
+        head, fields = op[:6], op[6:]
+        if (
+            head[:1] != ("XADD",)
+            or head[2:4] != ("MAXLEN", "~")
+            or head[5:] != ("*",)
+            or tuple(fields[0::2]) != DEAD_LETTER_FIELDS
+        ):
+            raise ValueError(f"not a dead letter's XADD (reach.tasks.dead_letter_op): {op[:8]!r}")
+        return cls(head[1], head[4], *fields[1::2])
+
+    @property
+    def values(self) -> tuple[Arg, ...]:
+        """The values of its fields, in the order of :data:`DEAD_LETTER_FIELDS`."""
+        return (
+            self.reason,
+            self.error,
+            self.error_type,
+            self.attempts,
+            self.agent_id,
+            self.msg_id,
+            self.capability,
+            self.ts_ms,
+            self.env,
+        )
+
+    def op(self) -> Op:
+        """Its XADD as a command (a Cluster's pipeline): the same as :meth:`of_op`'s."""
+        pairs = (x for kv in zip(DEAD_LETTER_FIELDS, self.values, strict=True) for x in kv)
+        return ("XADD", self.stream, "MAXLEN", "~", self.maxlen, "*", *pairs)
+
+
+@dataclass(frozen=True, slots=True)
+class Delayed:
+    """A message to deliver again later (a retry, or a parked copy of a busy key):
+    ``ZADD zset due_ms envelope`` (the delayed set; a sweeper moves it to an inbox when
+    due)."""
+
+    zset: str
+    due_ms: int
+    envelope: bytes
+
+    def op(self) -> Op:
+        """Its ZADD as a command (a Cluster's pipeline)."""
+        return ("ZADD", self.zset, self.due_ms, self.envelope)
+
+
+FollowUp = DeadLetter | Delayed
+"""What settling an item writes after its reply and before its ack."""
+
+
 @dataclass(frozen=True, slots=True)
 class SettleItem:
     """One handled inbox entry to settle, in this order: its ``completion`` (if any; when
     fenced, nothing else is done for it), its ``reply`` published to ``reply_stream``
-    (``''``: nobody waits), its follow-up ``ops``, then the ack and delete of ``entry_id``
-    in ``inbox`` (``''``: no ack).
-
-    ``ops`` may only be ``("XADD", key, [MAXLEN, [~|=], n,] "*", field, value, ...)`` and
-    ``("ZADD", key, score, member, ...)``: what settle.lua accepts.
-    """
+    (``''``: nobody waits), its ``follow_up`` (a dead letter or a retry), then the ack and
+    delete of ``entry_id`` in ``inbox`` (``''``: no ack)."""
 
     inbox: str
     entry_id: Any
     completion: Completion | None = None
     reply: bytes = b""
     reply_stream: str = ""
-    ops: tuple[Op, ...] = ()
+    follow_up: FollowUp | None = None
 
 
 def settle_call(
     items: Sequence[SettleItem], *, ttl_ms: int, group: str = GROUP
 ) -> Call[list[SettleCode]]:
     """One ``settle.lua`` call for ``items`` (standalone Redis: any keys). ``ttl_ms``: how
-    long records and reply streams live."""
+    long records and reply streams live. The slots of each item are fixed (the script's
+    header): 10, then 11 for a dead letter or 3 for a retry."""
     keys: list[str] = []
     index: dict[str, int] = {}
 
@@ -267,10 +351,14 @@ def settle_call(
             ki(it.reply_stream) if it.reply_stream else 0,
             ki(it.inbox) if it.inbox else 0,
             it.entry_id,
-            len(it.ops),
         ]
-        for name, key, *rest in it.ops:
-            args += [name, ki(key), len(rest), *rest]
+        f = it.follow_up  # the kind as a plain int: redis-py sends an IntEnum's repr
+        if f is None:
+            args.append(int(FollowUpKind.NONE))
+        elif isinstance(f, DeadLetter):
+            args += [int(FollowUpKind.DEAD_LETTER), ki(f.stream), f.maxlen, *f.values]
+        else:
+            args += [int(FollowUpKind.RETRY), ki(f.zset), f.due_ms, f.envelope]
     return Call("settle", tuple(keys), tuple(args), _codes)
 
 
@@ -394,7 +482,8 @@ async def _settle_pipelined(
                 ("XADD", it.reply_stream, "*", "r", it.reply),
                 ("PEXPIRE", it.reply_stream, ttl_ms),
             ]
-        ops += it.ops
+        if it.follow_up is not None:
+            ops.append(it.follow_up.op())
     acks: dict[str, list[Any]] = {}
     for it in done:
         if it.inbox:

@@ -1,10 +1,10 @@
-"""settle.lua: per item, store the outcome if the fence holds, then reply, run the follow-ups
-and ack + delete the entry; a fenced item writes nothing at all."""
+"""settle.lua: per item, store the outcome if the fence holds, then reply, file its follow-up
+(a dead letter or a delayed copy, in fixed slots) and ack + delete the entry; a fenced item
+writes nothing at all."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -13,6 +13,8 @@ import redis.exceptions as rexc
 from reach import scripts
 from reach.connection import AnyRedis
 from reach.keys import GROUP, Keys
+from reach.scripts.delivery import DeadLetter, Delayed
+from reach.tasks import dead_letter_op
 from tests.lua.snapshot import assert_unchanged, snapshot
 
 pytestmark = pytest.mark.anyio
@@ -46,7 +48,7 @@ class Batch:
         reply_key: str | None,
         inbox: str | None,
         entry: str,
-        ops: Sequence[tuple[Any, ...]] = (),
+        follow_up: DeadLetter | Delayed | None = None,
     ) -> None:
         self.n += 1
         self.items += [
@@ -59,13 +61,22 @@ class Batch:
             self.ki(reply_key),
             self.ki(inbox),
             entry,
-            len(ops),
         ]
-        for name, key, *rest in ops:
-            self.items += [name, self.ki(key), len(rest), *rest]
+        if isinstance(follow_up, DeadLetter):
+            self.items += [1, self.ki(follow_up.stream), follow_up.maxlen, *follow_up.values]
+        elif isinstance(follow_up, Delayed):
+            self.items += [2, self.ki(follow_up.zset), follow_up.due_ms, follow_up.envelope]
+        else:
+            self.items.append(0)
 
     async def run(self, r: AnyRedis) -> Any:
         return await scripts.call(r, "settle", self.keys, [TTL_MS, GROUP, self.n, *self.items])
+
+
+def _letter(stream: str) -> DeadLetter:
+    return DeadLetter(
+        stream, 1000, "max_attempts", "boom", "ValueError", 3, "w-1", "m", "cap", 1, b"E"
+    )
 
 
 async def _delivered(r: AnyRedis, inbox: str, n: int) -> list[str]:
@@ -126,7 +137,7 @@ async def test_a_fenced_item_writes_nothing_and_leaves_its_entry(r: AnyRedis, ns
         reply_key=replies,
         inbox=inbox,
         entry=entry,
-        ops=[("XADD", dlq, "*", "reason", "max_attempts")],
+        follow_up=_letter(dlq),
     )
     assert await b.run(r) == [0]
     assert await r.hget(rec, "done") is None
@@ -134,7 +145,7 @@ async def test_a_fenced_item_writes_nothing_and_leaves_its_entry(r: AnyRedis, ns
     assert (await r.xpending(inbox, GROUP))["pending"] == 1
 
 
-async def test_follow_up_commands_run_and_items_settle_independently(r: AnyRedis, ns: str) -> None:
+async def test_follow_ups_are_written_and_items_settle_independently(r: AnyRedis, ns: str) -> None:
     k = Keys(ns)
     inbox = k.inbox("w-1", "low")
     e1, e2, e3 = await _delivered(r, inbox, 3)
@@ -152,7 +163,7 @@ async def test_follow_up_commands_run_and_items_settle_independently(r: AnyRedis
         reply_key=None,
         inbox=inbox,
         entry=e1,
-        ops=[("ZADD", k.delayed, 12345, b"ENV")],
+        follow_up=Delayed(k.delayed, 12345, b"ENV"),
     )
     b.add(
         idem=stale_rec,
@@ -175,12 +186,51 @@ async def test_follow_up_commands_run_and_items_settle_independently(r: AnyRedis
     assert [p["message_id"].decode() for p in left] == [e2]
 
 
-async def test_a_disallowed_command_fails_the_batch_before_any_write(r: AnyRedis, ns: str) -> None:
+async def test_a_dead_letter_and_a_retry_are_those_reach_tasks_writes(r: AnyRedis, ns: str) -> None:
+    # The CLI, the admin module and agents in other languages read dead letters: the entry
+    # settle.lua files has the fields, order and bytes of reach.tasks.dead_letter_op's XADD.
+    k = Keys(ns)
+    inbox = k.inbox("w-1", "normal")
+    [entry] = await _delivered(r, inbox, 1)
+    op = dead_letter_op(
+        k,
+        capability="cap",
+        reason="max_attempts",
+        data=b"\x81\xa1e\xc3",
+        error="boom \u00e9",
+        error_type="ValueError",
+        attempts=3,
+        agent_id="w-1",
+        msg_id="m-1",
+        maxlen=1000,
+    )
+    b = Batch()
+    b.add(
+        idem=None,
+        fence="",
+        status="",
+        reply=b"",
+        mode="",
+        reply_key=None,
+        inbox=inbox,
+        entry=entry,
+        follow_up=DeadLetter.of_op(op),
+    )
+    assert await b.run(r) == [1]
+    await r.execute_command(*op[:1], k.dlq("direct"), *op[2:])
+    [(_, filed)] = await r.xrange(k.dlq("cap"))
+    [(_, direct)] = await r.xrange(k.dlq("direct"))
+    assert list(filed.items()) == list(direct.items())
+    assert list(filed)[:2] == [b"reason", b"error"] and filed[b"env"] == b"\x81\xa1e\xc3"
+
+
+async def test_a_follow_up_out_of_contract_fails_the_batch_before_any_write(
+    r: AnyRedis, ns: str
+) -> None:
     k = Keys(ns)
     inbox, rec, replies = k.inbox("w-1", "normal"), k.idem("k5"), k.replies("c-1")
     first, second = await _delivered(r, inbox, 2)
     fence = await _claim(r, rec)
-    await r.sadd(k.agents, "w-1")
     b = Batch()
     # A good item first: it must not be half-settled when the second one is refused.
     b.add(
@@ -202,15 +252,15 @@ async def test_a_disallowed_command_fails_the_batch_before_any_write(r: AnyRedis
         reply_key=None,
         inbox=inbox,
         entry=second,
-        ops=[("DEL", k.agents)],
     )
+    args = [TTL_MS, GROUP, b.n, *b.items[:-1], 3]  # a follow-up kind 3: there is none
     with pytest.raises(
-        rexc.ResponseError, match=r"^reach: bad extra command 1 of item 2 .* DEL: want XADD or ZADD"
+        rexc.ResponseError,
+        match=r"^reach: bad follow-up of item 2 \(ARGV\[23\]\) 3: want 0, 1 or 2",
     ):
-        await b.run(r)
+        await scripts.call(r, "settle", b.keys, args)
     assert await r.hget(rec, "done") is None and await r.exists(replies) == 0
     assert (await r.xpending(inbox, GROUP))["pending"] == 2
-    assert await r.smembers(k.agents) == {b"w-1"}
 
 
 BAD_INTS = ["", "abc", "nan", "inf", "1e309", "1e3", "-5", "0", "1.5", " 5", "007", str(10**16)]
@@ -220,12 +270,12 @@ def _bad_calls() -> list[tuple[str, int | None, object]]:
     # (what the error names, ARGV index (0-based) to replace, value); None: see the test.
     # The layout of the good batch is in the test below.
     it1, it2 = "of item 1", "of item 2"
-    cmd1, cmd2 = f"extra command 1 {it1}", f"extra command 1 {it2}"
     calls: list[tuple[str, int | None, object]] = [("ttl_ms", 0, v) for v in BAD_INTS]
     calls += [("group", 1, "")]
     calls += [("number of items", 2, v) for v in ["4", "x", "", "-1", "1e3", "02"]]
     calls += [("arguments", 2, "1"), ("arguments", 2, "3"), ("arguments", None, "extra")]
-    calls += [(f"idem key index {it2}", 24, v) for v in ["6", "-1", "x", "1.0", ""]]
+    calls += [("arguments", None, "drop"), ("arguments", 33, "1"), ("arguments", 33, "0")]
+    calls += [(f"record index {it2}", 24, v) for v in ["6", "-1", "x", "1.0", ""]]
     calls += [(f"fence {it1}", 4, v) for v in ["abc", "0", "", "-1", "1e3"]]
     calls += [(f"status {it1}", 5, v) for v in ["x", "", "running"]]
     calls += [(f"mode {it1}", 7, v) for v in ["x", ""]]
@@ -245,20 +295,19 @@ def _bad_calls() -> list[tuple[str, int | None, object]]:
             "123456789012345678901-0",
         ]
     ]
-    calls += [(f"number of extra commands {it2}", 33, v) for v in ["2", "x", "100", ""]]
-    calls += [(cmd2, 34, v) for v in ["DEL", "zadd", "EVAL", "", "XACK"]]
-    calls += [(f"key index of {cmd2}", 35, v) for v in ["0", "6", "x"]]
-    calls += [(f"number of arguments of {cmd2}", 36, v) for v in ["3", "1001", "x", ""]]
-    calls += [(f"number of arguments of {cmd2}", None, "drop"), (cmd2, 36, "1"), (cmd2, 36, "0")]
+    calls += [(f"follow-up {it1}", 12, v) for v in ["3", "x", "", "-1", "01", "1.0"]]
+    calls += [(f"dead-letter stream index {it1}", 13, v) for v in ["0", "6", "x"]]
+    calls += [(f"maxlen {it1}", 14, v) for v in ["x", "-1", "", "1e3", str(10**16)]]
+    calls += [(f"attempts {it1}", 18, v) for v in ["x", "-1", "", "1.5"]]
+    calls += [(f"ts {it1}", 22, v) for v in ["x", "1.5", "", "nan"]]
+    calls += [(f"delayed index {it2}", 34, v) for v in ["0", "6", "x"]]
     calls += [
-        (cmd2, 37, v) for v in ["nan", "inf", "-inf", "1e309", "", "abc", " 1", "1e3", "1" * 30]
+        (f"due {it2}", 35, v)
+        for v in ["nan", "inf", "-inf", "1e309", "", "abc", " 1", "1e3", "1" * 30, "1.5", "-3"]
     ]
-    calls += [(cmd1, 16, v) for v in ["MINID", "NOMKSTREAM"]]  # for MAXLEN
-    calls += [(cmd1, 18, v) for v in ["x", "-1", "", "1e3"]]  # the MAXLEN count
-    calls += [(cmd1, 19, v) for v in ["1-1", "0-1", "$"]]  # for '*'
-    calls += [(cmd1, 15, "7"), (cmd1, 15, "5")]  # no value for the last field
-    # One key used as two types: ZADD on the inbox; XADD on the idempotency record.
-    calls += [(f"key index of {cmd2}", 35, "3"), (f"key index of {cmd1}", 14, "1")]
+    # One key used as two types: the inbox as the delayed zset; the record as a dead-letter
+    # stream.
+    calls += [(f"delayed index {it2}", 34, "3"), (f"dead-letter stream index {it1}", 13, "1")]
     return calls
 
 
@@ -273,8 +322,9 @@ async def test_a_batch_out_of_contract_is_refused_before_any_write(
     await r.zadd(k.delayed, {b"OLD": 1})
     b = Batch()
     # KEYS: rec 1, replies 2, inbox 3, dlq 4, delayed 5. ARGV (0-based): ttl 0, group 1,
-    # n 2; item 1 at 3..12, its XADD at 13..23 (name, key index, 8 args: MAXLEN ~ 1000 *
-    # and two pairs); item 2 at 24..33, its ZADD at 34..38.
+    # n 2; item 1 at 3..12 (its follow-up kind at 12), its dead letter at 13..23 (stream
+    # index, maxlen, reason, error, error_type, attempts 18, agent_id, msg_id, capability,
+    # ts 22, env); item 2 at 24..33, its delayed copy at 34..36 (zset index, due, envelope).
     b.add(
         idem=rec,
         fence=fence,
@@ -284,7 +334,7 @@ async def test_a_batch_out_of_contract_is_refused_before_any_write(
         reply_key=replies,
         inbox=inbox,
         entry=e1,
-        ops=[("XADD", dlq, "MAXLEN", "~", 1000, "*", "reason", "x", "env", b"E")],
+        follow_up=_letter(dlq),
     )
     b.add(
         idem=None,
@@ -295,10 +345,10 @@ async def test_a_batch_out_of_contract_is_refused_before_any_write(
         reply_key=None,
         inbox=inbox,
         entry=e2,
-        ops=[("ZADD", k.delayed, 12345, b"ENV")],
+        follow_up=Delayed(k.delayed, 12345, b"ENV"),
     )
     args: list[Any] = [TTL_MS, GROUP, b.n, *b.items]
-    assert len(args) == 39 and args[34] == "ZADD" and args[19] == "*"
+    assert len(args) == 37 and args[12] == 1 and args[33] == 2 and args[36] == b"ENV"
     if at is not None:
         args[at] = value
     elif value == "drop":
@@ -330,12 +380,12 @@ async def test_a_key_of_another_type_is_refused_before_any_write(r: AnyRedis, ns
         reply_key=replies,
         inbox=inbox,
         entry=e1,
-        ops=[("XADD", dlq, "*", "reason", "x")],
+        follow_up=_letter(dlq),
     )
     before = await snapshot(r, ns)
     with pytest.raises(
         rexc.ResponseError,
-        match=r"^reach: bad KEYS\[4\]: holds a string, key index of extra command",
+        match=r"^reach: bad KEYS\[4\]: holds a string, dead-letter stream index of item 1 wants",
     ):
         await b.run(r)
     assert_unchanged(before, await snapshot(r, ns))

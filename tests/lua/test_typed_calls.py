@@ -14,7 +14,7 @@ from reach.connection import AnyRedis, connect
 from reach.keys import GROUP, Keys
 from reach.registry import Registry
 from reach.scripts import ClaimCode, DropInboxCode, SettleCode, delivery, inbox
-from reach.scripts.delivery import ClaimItem, Completion, Mode, SettleItem
+from reach.scripts.delivery import ClaimItem, Completion, DeadLetter, Delayed, Mode, SettleItem
 from tests.support.cluster import RedisTestCluster
 from tests.support.registry_helpers import new_version
 
@@ -36,6 +36,10 @@ async def db(request: pytest.FixtureRequest, r: AnyRedis) -> AsyncIterator[tuple
     client = await connect(cluster.url)
     yield client, True
     await client.aclose()
+
+
+def _letter(stream: str) -> DeadLetter:
+    return DeadLetter(stream, 100, "unprocessable", "e", "T", 1, "w", "m", "cap", 1, b"?")
 
 
 async def _claim(db: tuple[AnyRedis, bool], items: list[ClaimItem]) -> list[object]:
@@ -97,7 +101,7 @@ async def _pending_entries(rr: AnyRedis, stream: str, n: int) -> list[bytes]:
     return [entry_id for entry_id, _ in got[0][1]]
 
 
-async def test_settle_writes_replies_and_ops_then_acks_except_fenced(
+async def test_settle_writes_replies_and_follow_ups_then_acks_except_fenced(
     db: tuple[AnyRedis, bool], ns: str
 ) -> None:
     rr, cluster = db
@@ -113,10 +117,10 @@ async def test_settle_writes_replies_and_ops_then_acks_except_fenced(
             Completion(k.idem("a"), 1, "succeeded", Mode.DONE),
             reply=b"RA",
             reply_stream=k.replies("c1"),
-            ops=(("ZADD", k.delayed, 5, b"retry"),),
+            follow_up=Delayed(k.delayed, 5, b"retry"),
         ),
         SettleItem(stream, ids[1], Completion(k.idem("b"), 7, "dead", Mode.RELEASE)),
-        SettleItem(stream, ids[2], ops=(("XADD", k.dlq("cap"), "*", "f", "v"),)),
+        SettleItem(stream, ids[2], follow_up=_letter(k.dlq("cap"))),
     ]
     got = await delivery.settle(
         rr, items, cluster=cluster, ttl_ms=TTL_MS, on_round_trip=trips.append
@@ -146,7 +150,7 @@ async def test_settle_replaces_an_item_whose_record_is_refused(
     def instead(i: int, item: SettleItem, e: Exception) -> SettleItem:
         assert scripts.is_data_error(e)
         refused.append(i)
-        return SettleItem(item.inbox, item.entry_id, ops=(("XADD", k.dlq("x"), "*", "raw", b"?"),))
+        return SettleItem(item.inbox, item.entry_id, follow_up=_letter(k.dlq("x")))
 
     items = [
         SettleItem(stream, ids[0], Completion(k.idem("a"), 1, "succeeded", Mode.DONE), b"R"),
@@ -168,12 +172,12 @@ async def test_settle_alone_drops_an_entry_nothing_can_settle(r: AnyRedis, ns: s
     await r.set(k.dlq("x"), "not a stream")
     await r.set(k.idem("bad"), "not a hash")
     items = [
-        SettleItem(stream, ids[0], ops=(("ZADD", k.delayed, 1, b"ok"),)),
+        SettleItem(stream, ids[0], follow_up=Delayed(k.delayed, 1, b"ok")),
         SettleItem(stream, ids[1], Completion(k.idem("bad"), 1, "dead", Mode.RELEASE)),
     ]
 
     def instead(i: int, item: SettleItem, e: Exception) -> SettleItem:
-        return SettleItem(item.inbox, item.entry_id, ops=(("XADD", k.dlq("x"), "*", "f", "v"),))
+        return SettleItem(item.inbox, item.entry_id, follow_up=_letter(k.dlq("x")))
 
     got = await delivery.settle(r, items, cluster=False, ttl_ms=TTL_MS, on_refused=instead)
     assert got[0] is SettleCode.SETTLED

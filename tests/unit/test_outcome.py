@@ -14,6 +14,7 @@ from reach._worker import outcome as oc
 from reach._worker.items import Delivery
 from reach.envelope import Envelope, decode_envelope, decode_payload, decode_reply
 from reach.keys import Keys
+from reach.scripts.delivery import DeadLetter, Delayed
 
 NOW = 1_700_000_000_000
 KEYS = Keys("t")
@@ -131,7 +132,7 @@ def test_success_completes_done_and_replies() -> None:
         "succeeded",
         "done",
     )
-    assert it.reply_key == KEYS.replies("c-1") and it.ops == []
+    assert it.reply_key == KEYS.replies("c-1") and it.follow_up is None
     reply = decode_reply(it.reply)
     assert (reply.status, reply.agent_id, decode_payload(reply.result)) == ("succeeded", "w-1", 42)
     assert (it.outcome, it.reason) == ("succeeded", "")
@@ -146,9 +147,9 @@ def test_a_retry_releases_the_key_keeps_the_caller_waiting_and_schedules_the_nex
         "release",
     )
     assert it.reply_key == ""  # the caller waits for the last attempt's reply
-    [(cmd, key, due, data)] = it.ops
-    assert (cmd, key, due) == ("ZADD", KEYS.delayed, NOW + 250)
-    nxt = decode_envelope(data)
+    assert isinstance(it.follow_up, Delayed)
+    assert (it.follow_up.zset, it.follow_up.due_ms) == (KEYS.delayed, NOW + 250)
+    nxt = decode_envelope(it.follow_up.envelope)
     assert (nxt.msg_id, nxt.attempt, nxt.avoid) == ("m-1", 2, "w-1")
     assert it.outcome == "retrying"
 
@@ -166,8 +167,9 @@ def test_a_dead_letter_is_filed_and_the_caller_told(outcome: oc.Outcome, reason:
     apply(it, outcome)
     assert it.complete is not None and it.complete.mode == "release"
     assert it.reply_key == KEYS.replies("c-1")
-    [letter] = it.ops
-    assert letter[:2] == ("XADD", KEYS.dlq("x.y"))
+    assert isinstance(it.follow_up, DeadLetter)
+    letter = it.follow_up.op()
+    assert letter[:6] == ("XADD", KEYS.dlq("x.y"), "MAXLEN", "~", 100, "*")
     fields = dict(zip(letter[6::2], letter[7::2], strict=True))
     assert (fields["reason"], fields["attempts"], fields["agent_id"]) == (reason, 3, "w-1")
     assert decode_envelope(fields["env"]).msg_id == "m-1"

@@ -10,7 +10,15 @@ import pytest
 from reach import scripts
 from reach.keys import Keys
 from reach.scripts import agents, codes, delivery, inbox
-from reach.scripts.delivery import ClaimItem, Completion, Mode, SettleItem
+from reach.scripts.delivery import (
+    ClaimItem,
+    Completion,
+    DeadLetter,
+    Delayed,
+    Mode,
+    SettleItem,
+)
+from reach.tasks import MALFORMED_CAP, dead_letter_op, raw_dead_letter_op
 
 K = Keys("ns")
 
@@ -168,6 +176,33 @@ def test_complete_sends_the_reply_only_when_it_is_stored() -> None:
     assert c.decode([1, 0]) == [codes.SettleCode.SETTLED, codes.SettleCode.FENCED]
 
 
+LETTER = DeadLetter("dlq", 10, "max_attempts", "boom", "ValueError", 3, "a", "m1", "cap", 99, b"E")
+
+
+def test_a_dead_letter_is_the_xadd_of_reach_tasks() -> None:
+    op = dead_letter_op(
+        K,
+        capability="cap",
+        reason="max_attempts",
+        data=b"E",
+        error="boom",
+        error_type="ValueError",
+        attempts=3,
+        agent_id="a",
+        msg_id="m1",
+        maxlen=10,
+    )
+    letter = DeadLetter.of_op(op)
+    assert letter.op() == op  # the very command reach.tasks builds: byte for byte
+    assert (letter.stream, letter.maxlen, letter.env) == (K.dlq("cap"), 10, b"E")
+    assert DeadLetter.of_op(raw_dead_letter_op(K, reason="malformed", data=b"x", error="e")).op()[
+        :2
+    ] == ("XADD", K.dlq(MALFORMED_CAP))
+    with pytest.raises(ValueError, match="not a dead letter"):
+        DeadLetter.of_op(("ZADD", "delayed", 1, b"x"))
+    assert Delayed("delayed", 12, b"env").op() == ("ZADD", "delayed", 12, b"env")
+
+
 def test_settle_indexes_each_key_once_in_order_of_first_use() -> None:
     items = [
         SettleItem(
@@ -176,9 +211,9 @@ def test_settle_indexes_each_key_once_in_order_of_first_use() -> None:
             Completion("rec", 2, "succeeded", Mode.DONE),
             reply=b"R",
             reply_stream="rep",
-            ops=(("XADD", "dlq", "MAXLEN", "~", 10, "*", "f", "v"),),
+            follow_up=LETTER,
         ),
-        SettleItem("in:1", b"2-0", ops=(("ZADD", "delayed", 12, b"env"),)),
+        SettleItem("in:1", b"2-0", follow_up=Delayed("delayed", 12, b"env")),
         SettleItem("", "3-0", reply=b"", reply_stream="rep"),
     ]
     c = delivery.settle_call(items, ttl_ms=60, group="g")
@@ -186,9 +221,9 @@ def test_settle_indexes_each_key_once_in_order_of_first_use() -> None:
     assert c.args == (
         *(60, "g", 3),
         *(1, 2, "succeeded", b"R", "done", "", 2, 3, b"1-0", 1),
-        *("XADD", 4, 6, "MAXLEN", "~", 10, "*", "f", "v"),
-        *(0, "", "", b"", "", "", 0, 3, b"2-0", 1),
-        *("ZADD", 5, 2, 12, b"env"),
+        *(4, 10, "max_attempts", "boom", "ValueError", 3, "a", "m1", "cap", 99, b"E"),
+        *(0, "", "", b"", "", "", 0, 3, b"2-0", 2),
+        *(5, 12, b"env"),
         *(0, "", "", b"", "", "", 2, 0, "3-0", 0),
     )
     assert c.decode([1, 0, 1]) == [
