@@ -15,24 +15,20 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 from redis import exceptions as rexc
 
 from ..connection import AnyRedis, as_text
 from ..envelope import BadEnvelope, decode_envelope
-from ..keys import GROUP, Keys
+from ..keys import GROUP
 from ..scripts import delivery
 from .execution import Execution
-from .hookchain import HookChain
 from .items import AckOnly, Delivery
 from .letters import DeadLetters
 from .settlement import Settlement
-from .state import Outages, WorkerState
-
-if TYPE_CHECKING:
-    from ..agent import RuntimeOptions
+from .state import Part, Shared
 
 log = logging.getLogger("reach.runtime")
 
@@ -70,33 +66,18 @@ def entry_data(fields: Any) -> bytes | None:
     return data if isinstance(data, bytes) else None
 
 
-class Consumer:
+class Consumer(Part):
     """Reads the inbox of one agent_id (its consumer name in the group) until stopped."""
 
     def __init__(
-        self,
-        *,
-        opts: RuntimeOptions,
-        state: WorkerState,
-        keys: Keys,
-        redis: AnyRedis,
-        execution: Execution,
-        settlement: Settlement,
-        letters: DeadLetters,
-        hooks: HookChain,
-        outages: Outages,
+        self, shared: Shared, *, execution: Execution, settlement: Settlement, letters: DeadLetters
     ) -> None:
-        self.opts = opts
-        self.state = state
-        self.name = state.agent_id
-        self.keys = keys
-        self.inboxes = keys.inboxes(state.agent_id)
-        self.redis = redis
+        super().__init__(shared)
+        self.name = self.agent_id
+        self.inboxes = self.keys.inboxes(self.agent_id)
         self.execution = execution
         self.settlement = settlement
         self.letters = letters
-        self.hooks = hooks
-        self.outages = outages
         self._passed_over = {"normal": 0, "low": 0}
 
     async def run(self) -> None:

@@ -25,61 +25,45 @@ from redis import exceptions as rexc
 
 from .. import logs, scripts
 from ..client import Client
-from ..connection import AnyRedis
 from ..context import Context
 from ..envelope import Envelope, decode_payload, decode_reply, encode, now_ms
 from ..errors import Reject, Retry
-from ..keys import Keys
 from ..outcomes import Status
 from ..registry import Registry
 from ..scripts import ClaimCode, delivery
 from ..scripts.delivery import Claimed, ClaimItem, Delayed
 from ..tasks import TASK_TTL_MS
 from . import outcome as oc
-from .hookchain import HookChain
 from .items import Delivery
 from .letters import DeadLetters
 from .settlement import Settlement
-from .state import WorkerState
+from .state import Part, Shared
 
 if TYPE_CHECKING:
-    from ..agent import Agent, HandlerSpec, RuntimeOptions
+    from ..agent import HandlerSpec
 
 log = logging.getLogger("reach.runtime")
 
 
-class Execution:
+class Execution(Part):
     """Claims deliveries and runs them in a pool of ``concurrency`` handler tasks."""
 
     def __init__(
         self,
+        shared: Shared,
         *,
-        agent: Agent,
-        opts: RuntimeOptions,
-        state: WorkerState,
-        keys: Keys,
-        redis: AnyRedis,
         registry: Registry,
         client: Client,
         owner: str,
-        cluster: bool,
         settlement: Settlement,
         letters: DeadLetters,
-        hooks: HookChain,
     ) -> None:
-        self.agent = agent
-        self.agent_id = agent.agent_id
-        self.opts = opts
-        self.state = state
-        self.keys = keys
-        self.redis = redis
+        super().__init__(shared)
         self.registry = registry
         self.client = client
         self.owner = owner  # "agent_id/instance_id": who holds the claims made here
-        self.cluster = cluster
         self.settlement = settlement
         self.letters = letters
-        self.hooks = hooks
         self._work_send, self._work_recv = anyio.create_memory_object_stream[Delivery](math.inf)
 
     # -- claiming -----------------------------------------------------------------------

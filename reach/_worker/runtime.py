@@ -33,7 +33,7 @@ from .hookchain import HookChain
 from .letters import DeadLetters
 from .liveness import Liveness
 from .settlement import Settlement
-from .state import Outages, WorkerState
+from .state import Outages, Shared, WorkerState
 from .stats import Stats
 from .sweeping import sweep_forever
 
@@ -79,33 +79,18 @@ class Runtime:
         letters = DeadLetters(
             keys=keys, agent_id=self.agent.agent_id, dlq_maxlen=o.dlq_maxlen, hooks=hooks
         )
-        settlement = Settlement(
-            state=st, redis=redis, cluster=cluster, letters=letters, hooks=hooks, outages=outages
-        )
+        shared = Shared(self.agent, o, st, keys, redis, cluster, hooks, outages)
+        settlement = Settlement(shared, letters=letters)
         execution = Execution(
-            agent=self.agent,
-            opts=o,
-            state=st,
-            keys=keys,
-            redis=redis,
+            shared,
             registry=registry,
             client=client,
             owner=self.owner,
-            cluster=cluster,
             settlement=settlement,
             letters=letters,
-            hooks=hooks,
         )
         consumer = self.consumer = Consumer(
-            opts=o,
-            state=st,
-            keys=keys,
-            redis=redis,
-            execution=execution,
-            settlement=settlement,
-            letters=letters,
-            hooks=hooks,
-            outages=outages,
+            shared, execution=execution, settlement=settlement, letters=letters
         )
         liveness = Liveness(
             agent=self.agent,
@@ -131,18 +116,7 @@ class Runtime:
                 for _ in range(o.concurrency):
                     tg.start_soon(execution.pool_member)
                 if o.sweeper:
-                    tg.start_soon(
-                        lambda: sweep_forever(
-                            opts=o,
-                            redis=redis,
-                            keys=keys,
-                            client=client,
-                            registry=registry,
-                            instance_id=st.instance_id,
-                            hooks=hooks,
-                            outages=outages,
-                        )
-                    )
+                    tg.start_soon(lambda: sweep_forever(shared, client=client, registry=registry))
                 if o.handle_signals and threading.current_thread() is threading.main_thread():
                     tg.start_soon(liveness.signals, tg.cancel_scope)
                 tg.start_soon(liveness.watch_stop)

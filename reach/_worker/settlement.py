@@ -19,37 +19,22 @@ import logging
 import anyio
 from redis import exceptions as rexc
 
-from ..connection import AnyRedis
 from ..scripts import SettleCode, delivery
 from ..scripts.delivery import SettleItem
 from ..tasks import TASK_TTL_MS
-from .hookchain import HookChain
 from .items import Delivery, Settleable
 from .letters import DeadLetters
-from .state import Outages, WorkerState
+from .state import Part, Shared
 
 log = logging.getLogger("reach.runtime")
 
 
-class Settlement:
+class Settlement(Part):
     """The queue of entries waiting to be settled, and the settler that flushes it."""
 
-    def __init__(
-        self,
-        *,
-        state: WorkerState,
-        redis: AnyRedis,
-        cluster: bool,
-        letters: DeadLetters,
-        hooks: HookChain,
-        outages: Outages,
-    ) -> None:
-        self.state = state
-        self.redis = redis
-        self.cluster = cluster
+    def __init__(self, shared: Shared, *, letters: DeadLetters) -> None:
+        super().__init__(shared)
         self.letters = letters
-        self.hooks = hooks
-        self.outages = outages
         self._queue: list[Settleable] = []
         self._flushing = 0  # flushes under way
         self._wake = anyio.Event()

@@ -1,4 +1,5 @@
-"""What the worker's parts share: counters, flags and the outage log. Bookkeeping only."""
+"""What the worker's parts share: the parts' common wiring (:class:`Shared`, :class:`Part`),
+counters, flags and the outage log. Bookkeeping only."""
 
 from __future__ import annotations
 
@@ -6,13 +7,20 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import anyio
 from redis import exceptions as rexc
 
 from .. import logs
-from ..connection import as_text
+from ..connection import AnyRedis, as_text
+from ..keys import Keys
+from .hookchain import HookChain
 from .items import Delivery, Settleable
+
+if TYPE_CHECKING:
+    from ..agent import Agent, RuntimeOptions
 
 log = logging.getLogger("reach.runtime")
 
@@ -81,3 +89,35 @@ class Outages:
     def ok(self) -> None:
         """A Redis call succeeded (ends an outage, if there was one)."""
         self._redis_down.ok()
+
+
+@dataclass(frozen=True, slots=True)
+class Shared:
+    """What every part of one running worker works with: the agent and its options, the
+    shared state, its keys, the Redis client (``cluster``: a Redis Cluster), the hook chain
+    and the outage log. The runtime makes one and hands it to each part."""
+
+    agent: Agent
+    opts: RuntimeOptions
+    state: WorkerState
+    keys: Keys
+    redis: AnyRedis
+    cluster: bool
+    hooks: HookChain
+    outages: Outages
+
+
+class Part:
+    """A part of the running worker (consumer, execution, settlement): :class:`Shared`'s
+    fields as its attributes, and ``agent_id``."""
+
+    def __init__(self, shared: Shared) -> None:
+        self.agent = shared.agent
+        self.agent_id = shared.agent.agent_id
+        self.opts = shared.opts
+        self.state = shared.state
+        self.keys = shared.keys
+        self.redis = shared.redis
+        self.cluster = shared.cluster
+        self.hooks = shared.hooks
+        self.outages = shared.outages

@@ -11,45 +11,31 @@ from __future__ import annotations
 import logging
 import random
 import time
-from typing import TYPE_CHECKING
 
 import anyio
 from redis import exceptions as rexc
 
 from .. import metrics
 from ..client import Client
-from ..connection import AnyRedis
-from ..keys import Keys
 from ..registry import MAX_LOCK_MS, Registry
 from ..sweeper import sweep_chores
-from .hookchain import HookChain
-from .state import Outages
-
-if TYPE_CHECKING:
-    from ..agent import RuntimeOptions
+from .state import Shared
 
 log = logging.getLogger("reach.runtime")
 
 
-async def sweep_forever(
-    *,
-    opts: RuntimeOptions,
-    redis: AnyRedis,
-    keys: Keys,
-    client: Client,
-    registry: Registry,
-    instance_id: str,
-    hooks: HookChain,
-    outages: Outages,
-) -> None:
+async def sweep_forever(shared: Shared, *, client: Client, registry: Registry) -> None:
     """Sweep until cancelled; failures are logged and the next pass tries again."""
+    opts, redis, keys, hooks = shared.opts, shared.redis, shared.keys, shared.hooks
     lock_ms = min(int(max(opts.sweep_interval_s * 3, 1.0) * 1000), MAX_LOCK_MS)
     counted = 0.0
     while True:
         await anyio.sleep(opts.sweep_interval_s * (0.8 + 0.4 * random.random()))
         try:
             res = await registry.sweep(
-                owner=instance_id, lock_ms=lock_ms, shadow_ttl_ms=int(opts.shadow_ttl_s * 1000)
+                owner=shared.state.instance_id,
+                lock_ms=lock_ms,
+                shadow_ttl_ms=int(opts.shadow_ttl_s * 1000),
             )
             if not res.locked:
                 if res.evicted:
@@ -62,6 +48,6 @@ async def sweep_forever(
                 else:
                     hooks.on_registry_counts(*await metrics.count_agents(redis, keys))
         except (rexc.RedisError, OSError) as e:
-            outages.failed("sweep", e)
+            shared.outages.failed("sweep", e)
         except Exception:  # entries have their own barrier: this is a bug, not data
             log.exception("sweep failed; the next one tries again")

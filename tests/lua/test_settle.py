@@ -40,16 +40,17 @@ class Batch:
     def add(
         self,
         *,
-        idem: str | None,
-        fence: Any,
-        status: str,
-        reply: bytes,
-        mode: str,
-        reply_key: str | None,
         inbox: str | None,
         entry: str,
+        idem: str | None = None,
+        fence: Any = "",
+        status: str = "",
+        reply: bytes = b"",
+        mode: str = "",
+        reply_key: str | None = None,
         follow_up: DeadLetter | Delayed | None = None,
     ) -> None:
+        """One item; without ``idem``, one that completes no record (an ack only)."""
         self.n += 1
         self.items += [
             self.ki(idem),
@@ -176,7 +177,7 @@ async def test_follow_ups_are_written_and_items_settle_independently(r: AnyRedis
         entry=e2,
     )
     # No idempotency record (a malformed entry): ack only.
-    b.add(idem=None, fence="", status="", reply=b"", mode="", reply_key=None, inbox=inbox, entry=e3)
+    b.add(inbox=inbox, entry=e3)
     assert await b.run(r) == [1, 0, 1]
     assert await r.zrange(k.delayed, 0, -1, withscores=True) == [(b"ENV", 12345.0)]
     assert (
@@ -206,12 +207,6 @@ async def test_a_dead_letter_and_a_retry_are_those_reach_tasks_writes(r: AnyRedi
     )
     b = Batch()
     b.add(
-        idem=None,
-        fence="",
-        status="",
-        reply=b"",
-        mode="",
-        reply_key=None,
         inbox=inbox,
         entry=entry,
         follow_up=DeadLetter.of_op(op),
@@ -244,12 +239,6 @@ async def test_a_follow_up_out_of_contract_fails_the_batch_before_any_write(
         entry=first,
     )
     b.add(
-        idem=None,
-        fence="",
-        status="",
-        reply=b"",
-        mode="",
-        reply_key=None,
         inbox=inbox,
         entry=second,
     )
@@ -337,12 +326,6 @@ async def test_a_batch_out_of_contract_is_refused_before_any_write(
         follow_up=_letter(dlq),
     )
     b.add(
-        idem=None,
-        fence="",
-        status="",
-        reply=b"",
-        mode="",
-        reply_key=None,
         inbox=inbox,
         entry=e2,
         follow_up=Delayed(k.delayed, 12345, b"ENV"),
