@@ -23,6 +23,7 @@ from redis import exceptions as rexc
 from ..connection import AnyRedis, as_text
 from ..envelope import BadEnvelope, decode_envelope
 from ..keys import GROUP
+from ..outcomes import DeadReason, Settled
 from ..scripts import delivery
 from .execution import Execution
 from .items import AckOnly, Delivery
@@ -216,15 +217,17 @@ class Consumer(Part):
                 if not fields:
                     # Pending but deleted (the sweeper moved it while we held it): only the
                     # pending reference is left to clear.
-                    self.settlement.queue(AckOnly(stream=stream, entry_id=entry_id, outcome="gone"))
+                    self.settlement.queue(
+                        AckOnly(stream=stream, entry_id=entry_id, outcome=Settled.GONE)
+                    )
                     continue
                 data = entry_data(fields)
                 try:
                     if data is None:
-                        raise BadEnvelope("malformed", "entry has no 'e' field")
+                        raise BadEnvelope(DeadReason.MALFORMED, "entry has no 'e' field")
                     if len(data) > max_bytes:
                         raise BadEnvelope(
-                            "too_large",
+                            DeadReason.TOO_LARGE,
                             f"{len(data)} bytes, over this agent's limit of {max_bytes}",
                         )
                     env = decode_envelope(data)

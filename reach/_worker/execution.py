@@ -28,7 +28,7 @@ from ..client import Client
 from ..context import Context
 from ..envelope import Envelope, decode_payload, decode_reply, encode, now_ms
 from ..errors import Reject, Retry
-from ..outcomes import Status
+from ..outcomes import Settled, Status
 from ..registry import Registry
 from ..scripts import ClaimCode, delivery
 from ..scripts.delivery import Claimed, ClaimItem, Delayed
@@ -176,7 +176,7 @@ class Execution(Part):
         delay_s = min(self.opts.retry_max_s, self.opts.retry_base_s * 2**waits)
         delay_ms = min(self._claim_lease_ms(it.env), int(delay_s * 1000))
         parked = msgspec.structs.replace(it.env, busy_waits=waits + 1)
-        it.outcome = "parked"
+        it.outcome = Settled.PARKED
         it.follow_up = Delayed(self.keys.delayed, now_ms() + delay_ms, encode(parked))
         self.settlement.queue(it)
 
@@ -186,7 +186,7 @@ class Execution(Part):
             # Same idempotency key, another message: its caller waits for its own msg_id.
             stored = encode(msgspec.structs.replace(reply, msg_id=it.env.msg_id))
         it.answer(self.keys, stored, publish=True)
-        it.outcome = "replayed"
+        it.outcome = Settled.REPLAYED
         self.settlement.queue(it)
 
     def _poison(self, it: Delivery, exc: BaseException, doing: str) -> None:
@@ -323,13 +323,13 @@ class Execution(Part):
             self.hooks.on_dead_letter(env, outcome.reason, outcome.error)
         elif outcome.status == Status.RETRYING:
             self.hooks.on_retry(env, outcome.retry_delay_ms / 1000, outcome.error)
-        logs.note_outcome(it.outcome, outcome.error_type)
+        logs.note_outcome(outcome.status, outcome.error_type)
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "%s attempt %d: %s%s",
                 env.capability,
                 env.attempt,
-                it.outcome,
+                outcome.status,
                 f" ({outcome.reason})" if outcome.reason else "",
             )
         self.settlement.queue(it)

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..envelope import Envelope
 from ..keys import Keys
+from ..outcomes import Settled
 from ..scripts.delivery import Completion, FollowUp
 
 
@@ -26,7 +27,7 @@ class _Entry:
     entry_id: Any  # its id there, as read
     raw: bytes = b""  # its bytes as read (dead-lettered as they are if unprocessable)
     follow_up: FollowUp | None = None  # its dead letter or retry, written before the ack
-    outcome: str = ""  # succeeded, dead, expired, retrying, replayed, parked, malformed, gone
+    outcome: Settled | None = None  # how it is settled (None until decided)
     reason: str = ""  # the dead-letter reason, if any
     queued: bool = False  # handed to settlement: its outcome is on its way to Redis
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..envelope import BadEnvelope, Reply, encode
 from ..keys import Keys
-from ..outcomes import DeadReason, Status
+from ..outcomes import DeadReason, Settled, Status
 from ..scripts.delivery import Completion, DeadLetter, Mode
 from ..tasks import raw_dead_letter_op
 from .hookchain import HookChain
@@ -51,7 +51,7 @@ class DeadLetters:
             entry_id=entry_id,
             raw=data,
             follow_up=self._letter(e.reason, data, e.detail),
-            outcome=DeadReason.MALFORMED,
+            outcome=Settled.MALFORMED,
             reason=e.reason,
         )
 
@@ -89,4 +89,4 @@ class DeadLetters:
                 )
                 it.answer(self.keys, encode(reply), publish=True)
         it.follow_up = self._letter(DeadReason.UNPROCESSABLE, it.raw, error)
-        it.outcome, it.reason = Status.DEAD, DeadReason.UNPROCESSABLE
+        it.outcome, it.reason = Settled.DEAD, DeadReason.UNPROCESSABLE

@@ -28,7 +28,7 @@ import msgspec
 from ..envelope import Envelope, Reply, encode, encode_payload
 from ..errors import ConfigError, Reject, Retry
 from ..keys import Keys
-from ..outcomes import DeadReason, Status
+from ..outcomes import DeadReason, Settled, Status
 from ..scripts.delivery import Completion, DeadLetter, Delayed, Mode
 from ..tasks import dead_letter_op
 from .items import Delivery
@@ -165,5 +165,5 @@ def apply(
         # The next attempt prefers another agent than the one it failed on.
         retry = msgspec.structs.replace(env, attempt=env.attempt + 1, avoid=agent_id)
         it.follow_up = Delayed(keys.delayed, now_ms + outcome.retry_delay_ms, encode(retry))
-    it.outcome = outcome.status
+    it.outcome = Settled(outcome.status)
     it.reason = outcome.reason

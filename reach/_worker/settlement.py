@@ -19,6 +19,7 @@ import logging
 import anyio
 from redis import exceptions as rexc
 
+from ..outcomes import Settled
 from ..scripts import SettleCode, delivery
 from ..scripts.delivery import SettleItem
 from ..tasks import TASK_TTL_MS
@@ -118,7 +119,7 @@ class Settlement(Part):
 
     def _settled(self, it: Settleable) -> None:
         env = it.env if isinstance(it, Delivery) else None
-        self.hooks.after_settle(env, it.outcome or "acked", it.reason)
+        self.hooks.after_settle(env, it.outcome or Settled.ACKED, it.reason)
 
 
 def settle_item(it: Settleable) -> SettleItem:
