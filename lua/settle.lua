@@ -1,7 +1,7 @@
 -- settle.lua: complete a batch of handled messages in one atomic step (standalone Redis).
 -- For each item: store the outcome in its idempotency record if the fence still matches
 -- (as complete.lua), and only then publish the reply, file its dead letter or delayed
--- retry, and XACK + XDEL the inbox entry. On a Cluster the keys live in different slots,
+-- copy, and XACK + XDEL the inbox entry. On a Cluster the keys live in different slots,
 -- so the runtime uses complete.lua and a pipeline of the same writes instead.
 --
 -- KEYS: every key the batch touches (idempotency records, reply streams, dead-letter
@@ -20,10 +20,11 @@
 --             PEXPIRE <stream> ttl_ms
 --   ARGV[p+7] inbox index (0 = no ack): XACK <inbox> <group> <entry id>, XDEL <inbox> <id>
 --   ARGV[p+8] entry id: a stream id 'ms-seq' or 'ms' (read only with an inbox)
---   ARGV[p+9] follow-up: 0 none | 1 a dead letter | 2 a retry (FollowUpKind of
---             lua/includes/codes.lua); its slots come next:
+--   ARGV[p+9] follow-up: 0 none | 1 a dead letter | 2 a delayed copy (a retry, or a
+--             parked copy of a busy key) (FollowUpKind of lua/includes/codes.lua); its
+--             slots come next:
 --   dead letter, 11 slots:
---     ARGV[p+10] dead-letter stream index, ARGV[p+11] maxlen (integer 0..2^53), then the
+--     ARGV[p+10] dead-letter stream index (1..#KEYS), ARGV[p+11] maxlen (integer 0..2^53), then the
 --     values of the entry's fields: ARGV[p+12] reason, [p+13] error, [p+14] error_type,
 --     [p+15] attempts (integer 0..2^53), [p+16] agent_id, [p+17] msg_id, [p+18] capability,
 --     [p+19] ts (epoch ms, integer 0..2^53), [p+20] env (the envelope's bytes)
@@ -31,8 +32,8 @@
 --       attempts <..> agent_id <..> msg_id <..> capability <..> ts <..> env <..>
 --     (the fields and their order are those of reach.tasks.dead_letter_op: the CLI, the
 --     admin module and agents in other languages read them)
---   retry, 3 slots:
---     ARGV[p+10] delayed zset index, ARGV[p+11] due (epoch ms, integer 0..2^53),
+--   delayed copy, 3 slots:
+--     ARGV[p+10] delayed zset index (1..#KEYS), ARGV[p+11] due (epoch ms, integer 0..2^53),
 --     ARGV[p+12] the envelope's bytes; written as: ZADD <zset> <due> <envelope>
 --   The next item starts after them: p + 10, p + 21 or p + 13. The items must use ARGV
 --   exactly: #ARGV = 3 + what the items describe.

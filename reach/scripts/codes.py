@@ -77,7 +77,8 @@ class SettleCode(IntEnum):
 
 class FollowUpKind(IntEnum):
     """An argument, not an answer: what ``settle.lua`` writes after an item's reply and
-    before its ack: NONE, a DEAD_LETTER (11 slots follow) or a RETRY (3 slots follow)."""
+    before its ack: NONE, a DEAD_LETTER (11 slots follow) or a RETRY (a delayed copy: a
+    retry, or a parked copy of a busy key; 3 slots follow)."""
 
     NONE, DEAD_LETTER, RETRY = 0, 1, 2
 
