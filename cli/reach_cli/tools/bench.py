@@ -58,8 +58,7 @@ from reach.envelope import encode
 from reach.errors import ConfigError
 from reach.keys import GROUP, Keys
 from reach.registry import Registry
-from reach.scripts import inbox
-from reach.scripts._call import run_calls
+from reach.scripts import inbox, run_calls
 from reach.tasks import TASK_TTL_MS
 
 from . import floor
