@@ -5,6 +5,7 @@ writes nothing at all."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -70,6 +71,29 @@ class Batch:
         else:
             self.items.append(0)
 
+    def complete(
+        self,
+        s: Scene,
+        entry: str,
+        *,
+        status: str = "succeeded",
+        mode: str = "done",
+        reply: bytes = b"R",
+        follow_up: DeadLetter | Delayed | None = None,
+    ) -> None:
+        """An item that completes the scene's claimed record and replies to its stream."""
+        self.add(
+            inbox=s.inbox,
+            entry=entry,
+            idem=s.rec,
+            fence=s.fence,
+            status=status,
+            reply=reply,
+            mode=mode,
+            reply_key=s.replies,
+            follow_up=follow_up,
+        )
+
     async def run(self, r: AnyRedis) -> Any:
         return await scripts.call(r, "settle", self.keys, [TTL_MS, GROUP, self.n, *self.items])
 
@@ -96,22 +120,32 @@ async def _claim(r: AnyRedis, rec: str) -> int:
     return int(fence)
 
 
-async def test_a_settled_item_is_stored_replied_acked_and_deleted(r: AnyRedis, ns: str) -> None:
+@dataclass
+class Scene:
+    """A test's keys: an inbox with ``entries`` delivered to w-1, a record claimed with
+    ``fence``, a reply stream and a dead-letter stream."""
+
+    k: Keys
+    inbox: str
+    rec: str
+    replies: str
+    dlq: str
+    entries: list[str]
+    fence: int
+
+
+async def _scene(r: AnyRedis, ns: str, *, n: int = 1, priority: str = "normal") -> Scene:
     k = Keys(ns)
-    inbox, rec, replies = k.inbox("w-1", "normal"), k.idem("k1"), k.replies("c-1")
-    [entry] = await _delivered(r, inbox, 1)
-    fence = await _claim(r, rec)
+    inbox, rec = k.inbox("w-1", priority), k.idem("k")
+    entries = await _delivered(r, inbox, n)
+    return Scene(k, inbox, rec, k.replies("c-1"), k.dlq("cap"), entries, await _claim(r, rec))
+
+
+async def test_a_settled_item_is_stored_replied_acked_and_deleted(r: AnyRedis, ns: str) -> None:
+    s = await _scene(r, ns)
+    inbox, rec, replies = s.inbox, s.rec, s.replies
     b = Batch()
-    b.add(
-        idem=rec,
-        fence=fence,
-        status="succeeded",
-        reply=b"R",
-        mode="done",
-        reply_key=replies,
-        inbox=inbox,
-        entry=entry,
-    )
+    b.complete(s, s.entries[0])
     assert await b.run(r) == [1]
     assert await r.hget(rec, "reply") == b"R" and await r.hget(rec, "done") == b"1"
     [(_, fields)] = await r.xrange(replies)
@@ -123,23 +157,11 @@ async def test_a_settled_item_is_stored_replied_acked_and_deleted(r: AnyRedis, n
 
 
 async def test_a_fenced_item_writes_nothing_and_leaves_its_entry(r: AnyRedis, ns: str) -> None:
-    k = Keys(ns)
-    inbox, rec, replies, dlq = k.inbox("w-1", "high"), k.idem("k2"), k.replies("c-1"), k.dlq("cap")
-    [entry] = await _delivered(r, inbox, 1)
-    fence = await _claim(r, rec)
+    s = await _scene(r, ns, priority="high")
+    inbox, rec, replies, dlq = s.inbox, s.rec, s.replies, s.dlq
     await r.hincrby(rec, "fence", 1)  # another owner claimed the key since
     b = Batch()
-    b.add(
-        idem=rec,
-        fence=fence,
-        status="dead",
-        reply=b"E",
-        mode="done",
-        reply_key=replies,
-        inbox=inbox,
-        entry=entry,
-        follow_up=_letter(dlq),
-    )
+    b.complete(s, s.entries[0], status="dead", reply=b"E", follow_up=_letter(dlq))
     assert await b.run(r) == [0]
     assert await r.hget(rec, "done") is None
     assert await r.exists(replies, dlq) == 0
@@ -187,7 +209,7 @@ async def test_follow_ups_are_written_and_items_settle_independently(r: AnyRedis
     assert [p["message_id"].decode() for p in left] == [e2]
 
 
-async def test_a_dead_letter_and_a_retry_are_those_reach_tasks_writes(r: AnyRedis, ns: str) -> None:
+async def test_a_dead_letter_is_the_one_reach_tasks_writes(r: AnyRedis, ns: str) -> None:
     # The CLI, the admin module and agents in other languages read dead letters: the entry
     # settle.lua files has the fields, order and bytes of reach.tasks.dead_letter_op's XADD.
     k = Keys(ns)
@@ -206,11 +228,7 @@ async def test_a_dead_letter_and_a_retry_are_those_reach_tasks_writes(r: AnyRedi
         maxlen=1000,
     )
     b = Batch()
-    b.add(
-        inbox=inbox,
-        entry=entry,
-        follow_up=DeadLetter.of_op(op),
-    )
+    b.add(inbox=inbox, entry=entry, follow_up=DeadLetter.of_op(op))
     assert await b.run(r) == [1]
     await r.execute_command(*op[:1], k.dlq("direct"), *op[2:])
     [(_, filed)] = await r.xrange(k.dlq("cap"))
@@ -222,26 +240,12 @@ async def test_a_dead_letter_and_a_retry_are_those_reach_tasks_writes(r: AnyRedi
 async def test_a_follow_up_out_of_contract_fails_the_batch_before_any_write(
     r: AnyRedis, ns: str
 ) -> None:
-    k = Keys(ns)
-    inbox, rec, replies = k.inbox("w-1", "normal"), k.idem("k5"), k.replies("c-1")
-    first, second = await _delivered(r, inbox, 2)
-    fence = await _claim(r, rec)
+    s = await _scene(r, ns, n=2)
+    inbox, rec, replies = s.inbox, s.rec, s.replies
     b = Batch()
     # A good item first: it must not be half-settled when the second one is refused.
-    b.add(
-        idem=rec,
-        fence=fence,
-        status="succeeded",
-        reply=b"R",
-        mode="done",
-        reply_key=replies,
-        inbox=inbox,
-        entry=first,
-    )
-    b.add(
-        inbox=inbox,
-        entry=second,
-    )
+    b.complete(s, s.entries[0])
+    b.add(inbox=inbox, entry=s.entries[1])
     args = [TTL_MS, GROUP, b.n, *b.items[:-1], 3]  # a follow-up kind 3: there is none
     with pytest.raises(
         rexc.ResponseError,
@@ -304,32 +308,16 @@ def _bad_calls() -> list[tuple[str, int | None, object]]:
 async def test_a_batch_out_of_contract_is_refused_before_any_write(
     r: AnyRedis, ns: str, what: str, at: int | None, value: object
 ) -> None:
-    k = Keys(ns)
-    inbox, rec, replies, dlq = k.inbox("w-1", "normal"), k.idem("k"), k.replies("c"), k.dlq("cap")
-    e1, e2 = await _delivered(r, inbox, 2)
-    fence = await _claim(r, rec)
+    s = await _scene(r, ns, n=2)
+    k, inbox, dlq, (e1, e2) = s.k, s.inbox, s.dlq, s.entries
     await r.zadd(k.delayed, {b"OLD": 1})
     b = Batch()
     # KEYS: rec 1, replies 2, inbox 3, dlq 4, delayed 5. ARGV (0-based): ttl 0, group 1,
     # n 2; item 1 at 3..12 (its follow-up kind at 12), its dead letter at 13..23 (stream
     # index, maxlen, reason, error, error_type, attempts 18, agent_id, msg_id, capability,
     # ts 22, env); item 2 at 24..33, its delayed copy at 34..36 (zset index, due, envelope).
-    b.add(
-        idem=rec,
-        fence=fence,
-        status="succeeded",
-        reply=b"R",
-        mode="done",
-        reply_key=replies,
-        inbox=inbox,
-        entry=e1,
-        follow_up=_letter(dlq),
-    )
-    b.add(
-        inbox=inbox,
-        entry=e2,
-        follow_up=Delayed(k.delayed, 12345, b"ENV"),
-    )
+    b.complete(s, e1, follow_up=_letter(dlq))
+    b.add(inbox=inbox, entry=e2, follow_up=Delayed(k.delayed, 12345, b"ENV"))
     args: list[Any] = [TTL_MS, GROUP, b.n, *b.items]
     assert len(args) == 37 and args[12] == 1 and args[33] == 2 and args[36] == b"ENV"
     if at is not None:
@@ -348,23 +336,10 @@ async def test_a_batch_out_of_contract_is_refused_before_any_write(
 
 
 async def test_a_key_of_another_type_is_refused_before_any_write(r: AnyRedis, ns: str) -> None:
-    k = Keys(ns)
-    inbox, rec, replies, dlq = k.inbox("w-1", "low"), k.idem("k"), k.replies("c"), k.dlq("cap")
-    [e1] = await _delivered(r, inbox, 1)
-    fence = await _claim(r, rec)
-    await r.set(dlq, "not a stream")
+    s = await _scene(r, ns, priority="low")
+    await r.set(s.dlq, "not a stream")
     b = Batch()
-    b.add(
-        idem=rec,
-        fence=fence,
-        status="dead",
-        reply=b"R",
-        mode="release",
-        reply_key=replies,
-        inbox=inbox,
-        entry=e1,
-        follow_up=_letter(dlq),
-    )
+    b.complete(s, s.entries[0], status="dead", mode="release", follow_up=_letter(s.dlq))
     before = await snapshot(r, ns)
     with pytest.raises(
         rexc.ResponseError,
