@@ -39,8 +39,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol
 
-from ._worker.outcome import Outcome
 from .envelope import Envelope
+from .outcomes import Outcome
 
 if TYPE_CHECKING:
     from .context import Context

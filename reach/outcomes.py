@@ -63,8 +63,11 @@ columns above only matter for a reply written by another implementation.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
+
+import msgspec
 
 __all__ = [
     "BLAMELESS",
@@ -278,3 +281,22 @@ class RequestOutcome(StrEnum):
     """The caller's task was cancelled while it waited."""
     ERROR = "error"
     """Any other exception."""
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How one handling of a message ended, as the worker decided it (reach._worker.outcome)
+    and the hooks see it: ``status`` is SUCCEEDED, RETRYING, DEAD or EXPIRED; ``reason`` the
+    dead-letter reason of DEAD and EXPIRED."""
+
+    status: Status  # SUCCEEDED, RETRYING, DEAD, EXPIRED
+    reason: DeadReason | str = ""  # the dead-letter reason ('' when nothing is dead-lettered)
+    error: str = ""  # what went wrong, for the caller and the dead letter
+    error_type: str = ""  # the exception's type name (or DeadlineExceeded, Reject...)
+    result: msgspec.Raw | None = None  # the encoded result, when succeeded
+    retry_delay_ms: int = 0  # retrying: how long the message waits before its next attempt
+
+    @property
+    def dead_letter(self) -> bool:
+        """True when the message is dead-lettered (dead or expired)."""
+        return self.status in (Status.DEAD, Status.EXPIRED)

@@ -16,7 +16,7 @@ One inbox entry goes forward through them, never back up:
 * ``sweeping``   - the cluster-wide chores, done by whichever agent holds the lock.
 
 Beside them: ``items`` (what travels: a delivered message or an ack-only entry),
-``state`` (the counters and flags the parts share), ``letters`` (dead letters of entries
-that cannot be handled), ``batching`` (one script call per key, batched),
+``state`` (the counters and flags the parts share, and ``Shared``/``Part``: the wiring
+each part gets), ``letters`` (dead letters of entries that cannot be handled),
 ``hookchain`` (calls the hooks of reach.hooks) and ``stats`` (the built-in statistics).
 """

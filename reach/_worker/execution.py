@@ -28,7 +28,7 @@ from ..client import Client
 from ..context import Context
 from ..envelope import Envelope, decode_payload, decode_reply, encode, now_ms
 from ..errors import Reject, Retry
-from ..outcomes import Settled, Status
+from ..outcomes import Outcome, Settled, Status
 from ..registry import Registry
 from ..scripts import ClaimCode, delivery
 from ..scripts.delivery import Claimed, ClaimItem, Delayed
@@ -253,9 +253,7 @@ class Execution(Part):
         self.hooks.after_handle(ctx, outcome, duration_s)
         self._finish(it, outcome)
 
-    async def _call(
-        self, spec: HandlerSpec, payload: Any, ctx: Context
-    ) -> tuple[oc.Outcome, float]:
+    async def _call(self, spec: HandlerSpec, payload: Any, ctx: Context) -> tuple[Outcome, float]:
         """Run the handler under the message's deadline: its outcome, and how long it ran."""
         env = ctx.envelope
         timeout = (env.deadline_ms - now_ms()) / 1000 if env.deadline_ms else None
@@ -308,7 +306,7 @@ class Execution(Part):
         outcome = oc.raised(env, err, timed_out=timed_out, now_ms=now_ms(), backoff_ms=backoff)
         return outcome, duration_s
 
-    def _finish(self, it: Delivery, outcome: oc.Outcome) -> None:
+    def _finish(self, it: Delivery, outcome: Outcome) -> None:
         """Queue the fenced completion and what follows it (reply, dead letter, retry, ack)."""
         env = it.env
         oc.apply(

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..envelope import Envelope
 from ..hooks import HOOK_METHODS, Hooks, WorkerInfo
-from .outcome import Outcome
+from ..outcomes import Outcome
 
 if TYPE_CHECKING:
     from ..context import Context

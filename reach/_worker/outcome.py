@@ -20,7 +20,6 @@ branch with plain values).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -28,29 +27,12 @@ import msgspec
 from ..envelope import Envelope, Reply, encode, encode_payload
 from ..errors import ConfigError, Reject, Retry
 from ..keys import Keys
-from ..outcomes import DeadReason, Settled, Status
+from ..outcomes import DeadReason, Outcome, Settled, Status
 from ..scripts.delivery import Completion, DeadLetter, Delayed, Mode
 from ..tasks import dead_letter_op
 from .items import Delivery
 
 NIL = msgspec.Raw(b"\xc0")  # msgpack nil: the result of an outcome without one
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """How one handling of a message ended (see the module docstring for the values)."""
-
-    status: Status  # SUCCEEDED, RETRYING, DEAD, EXPIRED
-    reason: DeadReason | str = ""  # the dead-letter reason ('' when nothing is dead-lettered)
-    error: str = ""  # what went wrong, for the caller and the dead letter
-    error_type: str = ""  # the exception's type name (or DeadlineExceeded, Reject...)
-    result: msgspec.Raw | None = None  # the encoded result, when succeeded
-    retry_delay_ms: int = 0  # retrying: how long the message waits before its next attempt
-
-    @property
-    def dead_letter(self) -> bool:
-        """True when the message is dead-lettered (dead or expired)."""
-        return self.status in (Status.DEAD, Status.EXPIRED)
 
 
 def expired_before_start(env: Envelope, now_ms: int) -> Outcome | None:

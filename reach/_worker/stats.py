@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING
 
 from ..envelope import Envelope
 from ..hooks import Hooks, WorkerInfo
-from ..outcomes import Status
-from .outcome import Outcome
+from ..outcomes import Outcome, Status
 
 if TYPE_CHECKING:
     from ..context import Context

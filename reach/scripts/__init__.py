@@ -6,7 +6,7 @@
 * :mod:`reach.scripts.codes` - the codes the scripts answer with, as IntEnums (the Lua side
   is rendered from them);
 * one typed call per script: :mod:`reach.scripts.agents` (the registry),
-  :mod:`reach.scripts.delivery` (fetch, claim, takeover, give_up, complete, settle) and
+  :mod:`reach.scripts.delivery` (fetch, claim, give_up, complete, settle) and
   :mod:`reach.scripts.inbox` (send, enqueue, drop_inbox). Each encodes keyword arguments
   into KEYS and ARGV and decodes the reply into a typed result; the batched ones take
   ``cluster`` and choose between one call and a pipeline of per-slot calls.
@@ -41,7 +41,6 @@ from .codes import (
     RegisterCode,
     SettleCode,
     SweepCode,
-    TakeoverCode,
 )
 
 __all__ = [
@@ -58,7 +57,6 @@ __all__ = [
     "ScriptError",
     "SettleCode",
     "SweepCode",
-    "TakeoverCode",
     "agents",
     "all_scripts",
     "call",

@@ -126,11 +126,3 @@ def write_lua(path: Path | None = None) -> Path:
     target = path or Path(__file__).resolve().parents[2] / "lua" / "includes" / "codes.lua"
     target.write_text(render_lua(), encoding="utf-8")
     return target
-
-
-class TakeoverCode(IntEnum):
-    """No script answers with these any more: takeover.lua was folded into ``claim.lua``
-    (its ``takeover_from`` argument). Not in :data:`CODES` (nor in codes.lua); kept only
-    while ``reach/scripts/__init__.py`` re-exports the name: delete both together."""
-
-    ENDED, OWNER_CHANGED = 1, 0

@@ -1,4 +1,4 @@
-"""Fuzz the ARGV (and KEYS) of the delivery scripts: claim, complete, settle, fetch, takeover.
+"""Fuzz the ARGV (and KEYS) of the delivery scripts: claim, complete, settle, fetch.
 
 Each example builds a realistic namespace (three inbox streams with the consumer group and
 entries, some of them pending; idempotency records free, held, done, released, expired and
@@ -151,8 +151,8 @@ async def build_world(r: AnyRedis) -> World:
     pending = [eid.decode() for eid, _ in got[0][1]]
     rec = {s: k.idem(s) for s in ["free", "held", "mine", "done", "released", "expired", "damaged"]}
     fences = {"free": 1, "held": 1, "mine": 1, "done": 3, "released": 2, "expired": 5}
-    await scripts.call(r, "claim", [rec["held"]], [OTHER, TTL_MS, "w-2", 60_000, "m-held"])
-    await scripts.call(r, "claim", [rec["mine"]], [OWNER, TTL_MS, AGENT, 60_000, "m-mine"])
+    await scripts.call(r, "claim", [rec["held"]], [OTHER, TTL_MS, "w-2", 60_000, "m-held", ""])
+    await scripts.call(r, "claim", [rec["mine"]], [OWNER, TTL_MS, AGENT, 60_000, "m-mine", ""])
     await r.hset(
         rec["done"],
         mapping={
@@ -216,7 +216,11 @@ def claim_call(data: st.DataObject, w: World) -> tuple[list[str], list[Any]]:
     owner = data.draw(st.sampled_from([OWNER, OTHER]))
     args: list[Any] = [owner, TTL_MS, owner.split("/")[0]]
     for i, _ in enumerate(states):
-        args += [data.draw(st.sampled_from([1, 1000, 60_000, 604_800_000])), f"m{i}"]
+        args += [
+            data.draw(st.sampled_from([1, 1000, 60_000, 604_800_000])),
+            f"m{i}",
+            data.draw(st.sampled_from(["", OTHER, OWNER, "w-3/x"])),  # takeover_from
+        ]
     return [w.records[s] for s in states], args
 
 
@@ -267,27 +271,15 @@ def settle_call(data: st.DataObject, w: World) -> tuple[list[str], list[Any]]:
         items += [ki(data.draw(st.sampled_from([None, w.replies])))]
         inbox = data.draw(st.sampled_from([None, w.inboxes[1]]))
         items += [ki(inbox), data.draw(st.sampled_from([*w.pending, "1-0", "99999-7"]))]
-        ops: list[list[Any]] = []
-        for kind in data.draw(
-            st.lists(st.sampled_from(["xadd", "xadd-maxlen", "zadd"]), max_size=2)
-        ):
-            if kind == "zadd":
-                ops.append(
-                    [
-                        "ZADD",
-                        ki(w.delayed),
-                        2,
-                        data.draw(st.sampled_from([12345, "1.5", -3])),
-                        b"ENV",
-                    ]
-                )
-            else:
-                trim = ["MAXLEN", "~", 1000] if kind == "xadd-maxlen" else []
-                fields = ["*", "reason", "fuzz", "env", b"E"]
-                ops.append(["XADD", ki(w.dlq), len(trim) + len(fields), *trim, *fields])
-        items += [len(ops)]
-        for o in ops:
-            items += o
+        kind = data.draw(st.sampled_from(["none", "dead_letter", "retry"]))
+        if kind == "dead_letter":
+            items += [1, ki(w.dlq), data.draw(st.sampled_from([0, 1000]))]
+            items += ["fuzz", "boom", "ValueError", data.draw(st.sampled_from([0, 3]))]
+            items += [AGENT, "m-1", "fuzz.cap", data.draw(st.sampled_from([0, 12345])), b"E"]
+        elif kind == "retry":
+            items += [2, ki(w.delayed), data.draw(st.sampled_from([0, 12345])), b"ENV"]
+        else:
+            items.append(0)
     return keys, [TTL_MS, GROUP, n, *items]
 
 
@@ -298,17 +290,11 @@ def fetch_call(data: st.DataObject, w: World) -> tuple[list[str], list[Any]]:
     return list(w.inboxes), [GROUP, consumer, n, data.draw(keep), data.draw(keep)]
 
 
-def takeover_call(data: st.DataObject, w: World) -> tuple[list[str], list[Any]]:
-    state = data.draw(st.sampled_from(sorted(w.records)))
-    return [w.records[state]], [data.draw(st.sampled_from([OTHER, OWNER, "", "w-3/x"]))]
-
-
 VALID = {
     "claim": claim_call,
     "complete": complete_call,
     "settle": settle_call,
     "fetch": fetch_call,
-    "takeover": takeover_call,
 }
 
 
@@ -376,11 +362,10 @@ async def check_answer(r: AnyRedis, name: str, keys: list[str], args: list[Any],
                 assert (h.get(b"done") == b"1") == (_b(args[4 + 5 * i]) == b"done")
     elif name == "settle":
         assert isinstance(res, list) and len(res) == int(args[2]) and set(res) <= {0, 1}
-    elif name == "fetch":
+    else:
+        assert name == "fetch"
         assert isinstance(res, list) and len(res) == 5 and res[3] in (0, 1) and res[4] in (0, 1)
         assert sum(len(x) for x in res[:3]) <= int(args[2])
-    else:
-        assert res in (0, 1)
 
 
 def _b(v: Any) -> bytes:

@@ -14,6 +14,7 @@ from reach._worker import outcome as oc
 from reach._worker.items import Delivery
 from reach.envelope import Envelope, decode_envelope, decode_payload, decode_reply
 from reach.keys import Keys
+from reach.outcomes import Outcome
 from reach.scripts.delivery import DeadLetter, Delayed
 
 NOW = 1_700_000_000_000
@@ -28,7 +29,7 @@ def env(**kw: Any) -> Envelope:
 
 def raised(
     e: Envelope, exc: BaseException, *, timed_out: bool = False, backoff_ms: int = 500
-) -> oc.Outcome:
+) -> Outcome:
     return oc.raised(e, exc, timed_out=timed_out, now_ms=NOW, backoff_ms=backoff_ms)
 
 
@@ -117,7 +118,7 @@ def delivery(e: Envelope, fence: int = 7) -> Delivery:
     return Delivery(stream="s", entry_id=b"1-0", env=e, fence=fence)
 
 
-def apply(it: Delivery, o: oc.Outcome) -> None:
+def apply(it: Delivery, o: Outcome) -> None:
     oc.apply(it, o, keys=KEYS, agent_id="w-1", dlq_maxlen=100, now_ms=NOW)
 
 
@@ -157,11 +158,11 @@ def test_a_retry_releases_the_key_keeps_the_caller_waiting_and_schedules_the_nex
 @pytest.mark.parametrize(
     ("outcome", "reason"),
     [
-        (oc.Outcome("dead", "max_attempts", "down", "ValueError"), "max_attempts"),
-        (oc.Outcome("expired", "timeout", "late", "DeadlineExceeded"), "timeout"),
+        (Outcome("dead", "max_attempts", "down", "ValueError"), "max_attempts"),
+        (Outcome("expired", "timeout", "late", "DeadlineExceeded"), "timeout"),
     ],
 )
-def test_a_dead_letter_is_filed_and_the_caller_told(outcome: oc.Outcome, reason: str) -> None:
+def test_a_dead_letter_is_filed_and_the_caller_told(outcome: Outcome, reason: str) -> None:
     e = env(reply_to="c-1", attempt=3)
     it = delivery(e)
     apply(it, outcome)

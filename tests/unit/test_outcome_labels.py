@@ -10,13 +10,13 @@ import json
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from reach import metrics
-from reach._worker.outcome import Outcome
 from reach.card import A2ATaskState, a2a_state_wire, a2a_task_state
 from reach.errors import DeadlineExceeded, NoAgentAvailable, Overloaded, Rejected, RemoteError
 from reach.outcomes import (
     DEAD_LETTERED,
     DeadReason,
     HandlerResult,
+    Outcome,
     RequestOutcome,
     Settled,
     Status,

@@ -1,0 +1,167 @@
+"""The library's modules import downward only.
+
+A request's path through the code reads forward (client -> routing -> script layer ->
+inbox; consumer -> execution -> settlement -> reply) only if no module imports one above
+it. These tests read the import statements of every module of ``reach/`` (those inside
+functions included: they run too; those under ``TYPE_CHECKING`` excluded: they never run)
+and hold them to a rank per module, so a new upward import fails here with the edge named.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import reach
+
+ROOT = Path(reach.__file__).parent
+
+# Lower ranks never import higher ones. Within one rank, imports go either way but must
+# not form a cycle (checked below).
+RANKS: dict[str, int] = {
+    # foundations: no Redis logic of their own
+    "reach._version": 0,
+    "reach.errors": 0,
+    "reach.untrusted": 0,
+    "reach.outcomes": 0,
+    "reach.keys": 0,
+    "reach.envelope": 0,
+    "reach.connection": 0,
+    "reach.embedded": 0,
+    "reach.breaker": 0,
+    "reach.logs": 0,
+    # the script layer: one typed call per Lua script
+    "reach.scripts": 1,
+    # state in Redis, read and written through the script layer
+    "reach.registry": 2,
+    "reach.tasks": 2,
+    "reach.session": 2,
+    "reach.view": 2,
+    # routing: pure picks over the view
+    "reach.routing": 3,
+    # the caller side and what watches it
+    "reach.hooks": 4,
+    "reach.metrics": 4,
+    "reach.client": 4,
+    "reach.context": 4,
+    "reach.card": 4,
+    # namespace-wide chores and operator operations
+    "reach.sweeper": 5,
+    "reach.admin": 5,
+    # the worker process, and the public face of it
+    "reach._worker": 6,
+    "reach.agent": 7,
+    "reach": 8,
+}
+
+# The worker's own data path, in order: a part may call the parts after it, never before.
+WORKER_PATH = [
+    "reach._worker.runtime",
+    "reach._worker.liveness",
+    "reach._worker.consumer",
+    "reach._worker.execution",
+    "reach._worker.outcome",
+    "reach._worker.settlement",
+]
+
+
+def _modules() -> dict[str, tuple[Path, bool]]:
+    mods: dict[str, tuple[Path, bool]] = {}
+    for f in ROOT.rglob("*.py"):
+        parts = list(f.relative_to(ROOT.parent).with_suffix("").parts)
+        is_pkg = parts[-1] == "__init__"
+        if is_pkg:
+            parts = parts[:-1]
+        mods[".".join(parts)] = (f, is_pkg)
+    return mods
+
+
+MODULES = _modules()
+
+
+def _imports(name: str) -> set[str]:
+    """The reach modules ``name`` imports when it runs."""
+    path, is_pkg = MODULES[name]
+    here = name.split(".") if is_pkg else name.split(".")[:-1]
+    found: set[str] = set()
+
+    class Visitor(ast.NodeVisitor):
+        def visit_If(self, node: ast.If) -> None:
+            if "TYPE_CHECKING" in ast.unparse(node.test):
+                for stmt in node.orelse:
+                    self.visit(stmt)
+            else:
+                self.generic_visit(node)
+
+        def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+            if node.level:
+                base = here[: len(here) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            for alias in node.names:
+                full = f"{mod}.{alias.name}"
+                found.add(full if full in MODULES else mod)
+
+        def visit_Import(self, node: ast.Import) -> None:
+            found.update(alias.name for alias in node.names)
+
+    Visitor().visit(ast.parse(path.read_text()))
+    return {m for m in found if m in MODULES and m != name}
+
+
+GRAPH = {m: _imports(m) for m in MODULES}
+
+
+def _rank(module: str) -> int:
+    best = ""
+    for prefix in RANKS:
+        if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > len(best):
+            best = prefix
+    assert best, f"{module} has no rank in tests/unit/test_layers.py: give it one"
+    return RANKS[best]
+
+
+def test_every_module_has_a_rank() -> None:
+    for module in MODULES:
+        _rank(module)
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_module_imports_one_above_it(module: str) -> None:
+    upward = sorted(d for d in GRAPH[module] if _rank(d) > _rank(module))
+    assert not upward, f"{module} (rank {_rank(module)}) imports {upward}, which rank above it"
+
+
+def test_the_worker_path_reads_forward() -> None:
+    for i, module in enumerate(WORKER_PATH):
+        back = sorted(set(WORKER_PATH[:i]) & GRAPH[module])
+        assert not back, f"{module} imports {back}, which come before it on the worker's path"
+
+
+def test_no_import_cycle() -> None:
+    seen: dict[str, int] = {}  # 1 = on the current path, 2 = done
+
+    def walk(module: str, path: list[str]) -> None:
+        seen[module] = 1
+        for dep in sorted(GRAPH[module]):
+            if seen.get(dep) == 1:
+                cycle = path[path.index(dep) :] + [dep]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if dep not in seen:
+                walk(dep, [*path, dep])
+        seen[module] = 2
+
+    for module in sorted(MODULES):
+        if module not in seen:
+            walk(module, [module])
+
+
+def test_the_checker_sees_an_upward_import(tmp_path: Path) -> None:
+    """The parser above finds imports in functions and ignores TYPE_CHECKING ones: a check
+    that would pass whatever the code is would be no check."""
+    assert "reach.client" in GRAPH["reach.sweeper"]
+    assert "reach.agent" not in GRAPH["reach._worker.runtime"]  # TYPE_CHECKING only
+    assert any("reach._worker" in d for d in GRAPH["reach.agent"])
