@@ -36,9 +36,9 @@ from .errors import (
     ConfigError,
     DeadlineExceeded,
     NoAgentAvailable,
+    NotStarted,
     Overloaded,
     PayloadTooLarge,
-    ReachError,
     Rejected,
     RemoteError,
 )
@@ -89,12 +89,6 @@ class MessageOptions(TypedDict, total=False):
     max_attempts: int | None
     headers: Mapping[str, str] | None
     source: str
-
-
-class NotStarted(ReachError, RuntimeError):
-    """A :class:`Client` was used before ``async with`` started it (or after it closed):
-    use it inside ``async with reach.Client(...) as client:``. Still a RuntimeError, as it
-    was before it had a class of its own."""
 
 
 class Client:

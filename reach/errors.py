@@ -32,6 +32,12 @@ class ConnectionsExhausted(RedisUnavailable):
     """
 
 
+class NotStarted(ReachError, RuntimeError):
+    """A :class:`Client` was used before ``async with`` started it (or after it closed):
+    use it inside ``async with reach.Client(...) as client:``. Still a RuntimeError, as it
+    was before it had a class of its own."""
+
+
 class StaleRegistration(ReachError):
     """A registration carries a version older than the one stored for that agent.
 

@@ -7,7 +7,7 @@
   is rendered from them);
 * one typed call per script: :mod:`reach.scripts.agents` (the registry),
   :mod:`reach.scripts.delivery` (fetch, claim, give_up, complete, settle) and
-  :mod:`reach.scripts.inbox` (send, enqueue, drop_inbox). Each encodes keyword arguments
+  :mod:`reach.scripts.inbox` (send, enqueue, mark_pending, drop_inbox). Each encodes keyword arguments
   into KEYS and ARGV and decodes the reply into a typed result; the batched ones take
   ``cluster`` and choose between one call and a pipeline of per-slot calls.
 """
