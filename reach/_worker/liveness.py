@@ -16,55 +16,31 @@ import logging
 import signal
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 from redis import exceptions as rexc
 
-from ..connection import AnyRedis, connect_sync
+from ..connection import connect_sync
 from ..errors import StaleRegistration
-from ..keys import PRIORITIES, Keys
+from ..keys import PRIORITIES
 from ..registry import Registry
 from ..scripts import inbox
 from ..scripts.codes import DeregisterCode, DropInboxCode, HeartbeatCode
 from .consumer import create_groups_sync
-from .hookchain import HookChain
-from .state import Outages, WorkerState
-
-if TYPE_CHECKING:
-    from ..agent import Agent, RuntimeOptions
+from .state import Part, Shared
 
 log = logging.getLogger("reach.runtime")
 
 
-class Liveness:
+class Liveness(Part):
     """Registration, heartbeats, readiness and stopping, for one running agent."""
 
-    def __init__(
-        self,
-        *,
-        agent: Agent,
-        opts: RuntimeOptions,
-        state: WorkerState,
-        keys: Keys,
-        url: str,
-        redis: AnyRedis,
-        registry: Registry,
-        version: int,
-        hooks: HookChain,
-        outages: Outages,
-    ) -> None:
-        self.agent = agent
-        self.agent_id = agent.agent_id
-        self.opts = opts
-        self.state = state
-        self.keys = keys
-        self.url = url
-        self.redis = redis
+    def __init__(self, shared: Shared, *, url: str, registry: Registry, version: int) -> None:
+        super().__init__(shared)
+        self.url = url  # the heartbeat thread opens its own connection
         self.registry = registry
         self.version = version  # the process start stamp: a newer registration wins
-        self.hooks = hooks
-        self.outages = outages
         self._hb_thread: threading.Thread | None = None
         self._hb_stop = threading.Event()
 

@@ -92,18 +92,7 @@ class Runtime:
         consumer = self.consumer = Consumer(
             shared, execution=execution, settlement=settlement, letters=letters
         )
-        liveness = Liveness(
-            agent=self.agent,
-            opts=o,
-            state=st,
-            keys=keys,
-            url=url,
-            redis=redis,
-            registry=registry,
-            version=self.version,
-            hooks=hooks,
-            outages=outages,
-        )
+        liveness = Liveness(shared, url=url, registry=registry, version=self.version)
         hooks.on_start(st)
         try:
             await liveness.register()
