@@ -24,6 +24,7 @@ not UTF-8).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -414,17 +415,19 @@ async def sweep_once(
     """
     registry = Registry(redis, keys.namespace)
     res = await registry.sweep(owner=owner, lock_ms=lock_ms)
-    out = SweepReport(
+    leases = SweepReport(
         probation=res.probation, evicted=list(res.evicted), deleted=res.deleted, locked=res.locked
     )
     if res.locked:
-        return out
+        return leases
     async with Client(redis=redis, namespace=keys.namespace) as client:
         moved = await sweep_chores(redis, keys, client, registry, dlq_maxlen=dlq_maxlen)
-    out.retries_moved = moved.retried
-    out.rerouted = moved.rerouted
-    out.parked = moved.parked
-    out.released = moved.released
-    out.expired = moved.expired
-    out.dead_lettered = moved.dead
-    return out
+    return dataclasses.replace(
+        leases,
+        retries_moved=moved.retried,
+        rerouted=moved.rerouted,
+        parked=moved.parked,
+        released=moved.released,
+        expired=moved.expired,
+        dead_lettered=moved.dead,
+    )
