@@ -394,29 +394,41 @@ def _sentinel_kw(su: SentinelURL) -> dict[str, Any]:
 _NO_WAIT = (rexc.AuthenticationError, rexc.AuthorizationError)
 
 
-def _next_delay(delay: float) -> float:
-    return min(delay * 2, 0.5)
+class _MasterWait:
+    """One (re)connection's wait for a reachable master: pauses growing from 50 ms to 0.5 s
+    until the pool's ``master_wait_s`` is spent."""
+
+    def __init__(self, pool: Any) -> None:
+        self.deadline = time.monotonic() + getattr(pool, "master_wait_s", MASTER_WAIT_S)
+        self.delay = 0.05
+
+    def pause_after(self, e: Exception) -> float:
+        """The pause before the next try after ``e``; raises ``e`` again when it is not a
+        connection failure (a wrong password, a bug) or when the time is spent."""
+        waitable = isinstance(e, (rexc.ConnectionError, rexc.TimeoutError))
+        if (
+            isinstance(e, _NO_WAIT)
+            or not waitable
+            or time.monotonic() + self.delay >= self.deadline
+        ):
+            raise e
+        pause, self.delay = self.delay, min(self.delay * 2, 0.5)
+        return pause
 
 
 class _SentinelConnection(AsyncSentinelConnection):
     async def connect(self) -> None:
         if self.is_connected:
             return
-        pool = self.connection_pool
-        deadline = time.monotonic() + getattr(pool, "master_wait_s", MASTER_WAIT_S)
-        delay = 0.05
+        wait = _MasterWait(self.connection_pool)
         while True:
             try:
-                address = await pool.get_master_address()
+                address = await self.connection_pool.get_master_address()
                 await self.connect_to(address)  # type: ignore[no-untyped-call]
                 return
-            except _NO_WAIT:
-                raise
-            except (rexc.ConnectionError, rexc.TimeoutError):
-                if time.monotonic() + delay >= deadline:
-                    raise
-            await asyncio.sleep(delay)
-            delay = _next_delay(delay)
+            except (rexc.ConnectionError, rexc.TimeoutError) as e:
+                pause = wait.pause_after(e)
+            await asyncio.sleep(pause)
 
     async def connect_check_health(
         self, check_health: bool = True, retry_socket_connect: bool = True
@@ -433,20 +445,14 @@ class _SyncSentinelConnection(SentinelManagedConnection):
     def connect(self) -> None:
         if self._sock:
             return
-        pool = self.connection_pool
-        deadline = time.monotonic() + getattr(pool, "master_wait_s", MASTER_WAIT_S)
-        delay = 0.05
+        wait = _MasterWait(self.connection_pool)
         while True:
             try:
-                self.connect_to(pool.get_master_address())  # type: ignore[no-untyped-call]
+                self.connect_to(self.connection_pool.get_master_address())  # type: ignore[no-untyped-call]
                 return
-            except _NO_WAIT:
-                raise
-            except (rexc.ConnectionError, rexc.TimeoutError):
-                if time.monotonic() + delay >= deadline:
-                    raise
-            time.sleep(delay)
-            delay = _next_delay(delay)
+            except (rexc.ConnectionError, rexc.TimeoutError) as e:
+                pause = wait.pause_after(e)
+            time.sleep(pause)
 
     def connect_check_health(
         self, check_health: bool = True, retry_socket_connect: bool = True
