@@ -403,14 +403,9 @@ class _MasterWait:
         self.delay = 0.05
 
     def pause_after(self, e: Exception) -> float:
-        """The pause before the next try after ``e``; raises ``e`` again when it is not a
-        connection failure (a wrong password, a bug) or when the time is spent."""
-        waitable = isinstance(e, (rexc.ConnectionError, rexc.TimeoutError))
-        if (
-            isinstance(e, _NO_WAIT)
-            or not waitable
-            or time.monotonic() + self.delay >= self.deadline
-        ):
+        """The pause before the next try after the connection failure ``e``; raises ``e``
+        again when no wait can help (a wrong password) or when the time is spent."""
+        if isinstance(e, _NO_WAIT) or time.monotonic() + self.delay >= self.deadline:
             raise e
         pause, self.delay = self.delay, min(self.delay * 2, 0.5)
         return pause
