@@ -20,6 +20,7 @@ import msgspec
 from redis import exceptions as rexc
 
 from . import logs, metrics
+from ._autopipe import AutoPipeline
 from .breaker import Breakers
 from .connection import DEFAULT_MAX_CONNECTIONS, AnyRedis, connect, is_cluster, unreachable
 from .envelope import (
@@ -99,10 +100,14 @@ class Client:
     the replies sent to it while it was away (for 24 h: the worker that publishes a reply
     gives the reply stream the task-record TTL).
 
-    Any number of calls may run at once: they share at most ``max_connections`` Redis
-    connections (64 by default; per node on a Cluster), waiting for a free one when all
-    are busy. The client's own blocking reads (reply stream, registry events) hold two of
-    them. With ``redis=`` the client uses that connection as it is (the setting is unused).
+    Any number of calls may run at once on one client: the commands they issue in one
+    event-loop turn go to Redis as one pipeline (auto-pipelining, see
+    :mod:`reach._autopipe`), at most four pipelines in flight, so the client uses about six
+    connections (per node on a Cluster) whatever the concurrency: the pipelines' and its
+    two blocking reads' (reply stream, registry events). A lone call is sent at the end of
+    the current loop turn, never after a timer. ``max_connections`` (64 by default) bounds
+    the connection pool beyond that (commands of your own on :attr:`redis`). With
+    ``redis=`` the client uses that connection as it is (the setting is unused).
 
     A reply that no call waits for (a call of an earlier run of this ``client_id``; see
     :meth:`result`) is kept in memory for :meth:`result` for ``unclaimed_reply_ttl_s``
@@ -173,6 +178,7 @@ class Client:
         }
         self._view: RegistryView | None = None
         self._redis = redis
+        self._auto: AutoPipeline | None = None
         self._cluster = False
         self._own_redis = redis is None
         self._registry: Registry | None = None
@@ -202,9 +208,17 @@ class Client:
         return self._redis
 
     @property
+    def commands(self) -> AutoPipeline:
+        """The auto-pipelined client every command of this client goes through (the
+        blocking reads pass through it to :attr:`redis`)."""
+        if self._auto is None:
+            self._auto = AutoPipeline(self.redis)
+        return self._auto
+
+    @property
     def registry(self) -> Registry:
         if self._registry is None:
-            self._registry = Registry(self.redis, self.namespace)
+            self._registry = Registry(self.commands, self.namespace)
         return self._registry
 
     @property
@@ -240,6 +254,10 @@ class Client:
         if self._answered and self._redis is not None:
             with anyio.CancelScope(shield=True):
                 await self._delete_answered()
+        if self._auto is not None:
+            with anyio.CancelScope(shield=True):
+                await self._auto.drain()
+            self._auto = None
         if self._own_redis and self._redis is not None:
             await self._redis.aclose()
             self._redis = None
@@ -335,7 +353,7 @@ class Client:
         ids, self._answered[:] = list(self._answered), []
         for i in range(0, len(ids), 1000):
             try:  # answered replies: if Redis is away, the stream's TTL removes them
-                await self.redis.xdel(self._reply_key, *ids[i : i + 1000])
+                await self.commands.xdel(self._reply_key, *ids[i : i + 1000])
             except (rexc.RedisError, OSError) as e:
                 self._outage.failed(e)
                 return
@@ -529,7 +547,7 @@ class Client:
         )
         try:
             sent = await inbox.send(
-                self.redis,
+                self.commands,
                 self.keys,
                 message,
                 cluster=self._cluster,
@@ -723,7 +741,7 @@ class Client:
 
     async def task(self, msg_id: str) -> TaskStatus:
         """The status of a message sent earlier (``unknown`` once its record expired)."""
-        return await get_status(self.redis, self.keys, msg_id)
+        return await get_status(self.commands, self.keys, msg_id)
 
     async def result(self, msg_id: str, *, timeout_s: float | None = None) -> Any:
         """The result of a message sent earlier, waiting up to ``timeout_s`` for it.

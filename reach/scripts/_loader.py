@@ -133,7 +133,8 @@ def is_data_error(exc: Any) -> bool:
     return text.startswith(("reach: ", "WRONGTYPE")) or " reach: " in text
 
 
-def _is_noscript(exc: BaseException) -> bool:
+def is_noscript(exc: BaseException) -> bool:
+    """True for a NOSCRIPT refusal: the script is not in the server's cache (it did not run)."""
     return isinstance(exc, rexc.NoScriptError) or (
         isinstance(exc, rexc.ResponseError) and str(exc).startswith("NOSCRIPT")
     )
@@ -145,7 +146,7 @@ async def call(r: Any, name: str, keys: Sequence[str], args: Sequence[Any]) -> A
     try:
         return await r.evalsha(s.sha, len(keys), *keys, *args)
     except rexc.ResponseError as e:
-        if not _is_noscript(e):
+        if not is_noscript(e):
             raise
     await r.script_load(s.source)
     return await r.evalsha(s.sha, len(keys), *keys, *args)
@@ -157,7 +158,7 @@ def call_sync(r: Any, name: str, keys: Sequence[str], args: Sequence[Any]) -> An
     try:
         return r.evalsha(s.sha, len(keys), *keys, *args)
     except rexc.ResponseError as e:
-        if not _is_noscript(e):
+        if not is_noscript(e):
             raise
     r.script_load(s.source)
     return r.evalsha(s.sha, len(keys), *keys, *args)
@@ -185,7 +186,7 @@ async def run_pipeline(r: Any, ops: Sequence[Op]) -> list[Any]:
     for o in ops:
         pipe.execute_command(*o)
     results: list[Any] = await pipe.execute(raise_on_error=False)
-    retry = [i for i, x in enumerate(results) if isinstance(x, Exception) and _is_noscript(x)]
+    retry = [i for i, x in enumerate(results) if isinstance(x, Exception) and is_noscript(x)]
     if retry:
         await load_all(r)
         pipe = r.pipeline(transaction=False)

@@ -34,6 +34,7 @@ RANKS: dict[str, int] = {
     "reach.logs": 0,
     # the script layer: one typed call per Lua script
     "reach.scripts": 1,
+    "reach._autopipe": 1,  # auto-pipelining of the commands a Client issues (script layer)
     # state in Redis, read and written through the script layer
     "reach.registry": 2,
     "reach.tasks": 2,

@@ -1,0 +1,411 @@
+"""Auto-pipelining: the commands that concurrent tasks issue in one event-loop turn go to
+Redis as one pipeline, over a few connections whatever the concurrency.
+
+Redis serves one connection's commands in order, so one connection carrying the commands
+of many coroutines, written at once and answered in order, is both faster than a
+connection per command and bounded. :class:`AutoPipeline` wraps an asyncio client
+(standalone, Sentinel or Cluster) and is itself one (:class:`~reach.connection.RedisLike`):
+
+* a command is queued, not sent; the first command queued in a loop turn schedules a
+  flush with ``loop.call_soon``, so it runs once the tasks that are ready now have run:
+  everything they issued meanwhile goes in the same batch. A lone command therefore waits
+  for nothing but the end of the current turn (no timer);
+* a batch goes out as one pipeline (``transaction=False``): one write, one connection, and
+  on a Cluster redis-py's ``ClusterPipeline`` splits it by node (one write per node, in
+  parallel) and follows MOVED/ASK. A batch of one is sent as the plain command;
+* at most ``max_pipelines`` batches are in flight; while they are, new commands gather in
+  the next batch (at most ``max_batch`` commands each), so the connections used are
+  ``max_pipelines`` per node plus the blocking reads;
+* each caller gets its own reply or its own error: Redis's error replies come back in
+  place, so one refused command fails only its caller. A command redis-py refuses before
+  anything is written (an argument it cannot encode, keys of different Cluster slots)
+  sends its batch again one command at a time, so only that one fails. An error of the
+  connection (after redis-py's own retries) fails the whole batch: no caller can know
+  whether its command ran, exactly as for a plain command;
+* ``EVALSHA`` answered with NOSCRIPT (a restarted or failed-over server) did not run: the
+  scripts are loaded (:func:`reach.scripts.load_all`, every primary of a Cluster) and just
+  those commands are sent again, as :func:`reach.scripts.run_pipeline` does;
+* a caller cancelled before its batch was written is left out of it (nothing is sent for
+  it); once written, its command runs and the reply is dropped.
+
+Commands that wait on the server (``XREAD``/``XREADGROUP`` with ``block``) and those that
+are not one request and one reply (``scan_iter``, ``SCRIPT LOAD`` on every primary,
+``INFO``, a ``MULTI`` pipeline) pass through to the wrapped client on a connection of their
+own. ``pipeline(transaction=False)`` gives a pipeline whose commands join the current
+batch, so code written with explicit pipelines shares the connections too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Self
+
+from redis import exceptions as rexc
+
+from .connection import AnyRedis, is_cluster
+from .scripts._loader import is_noscript, load_all
+
+DEFAULT_MAX_PIPELINES = 4
+"""Batches in flight at once: the connections batched commands use (per Cluster node)."""
+
+DEFAULT_MAX_BATCH = 512
+"""Commands in one batch at most; more wait for the next write."""
+
+# redis-py refused these before writing anything: the batch may be sent again one by one.
+_BEFORE_WRITE = (rexc.DataError, rexc.RedisClusterException)
+
+# Multi-key commands a Cluster pipeline cannot route when their keys are in several slots
+# (the plain Cluster client splits them by slot): sent on their own there.
+_MULTI_KEY = frozenset({"delete", "exists"})
+
+
+# Methods queued by their command word (a Cluster pipeline blocks the script methods; the
+# words themselves go through: redis-py routes them by their keys).
+_BY_WORD = {"evalsha": "EVALSHA", "eval": "EVAL"}
+
+
+@dataclass(slots=True)
+class _Pending:
+    """One queued command: the client method, its arguments, and where its reply goes."""
+
+    method: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    fut: asyncio.Future[Any]
+    tries: int = field(default=0)
+
+
+def _batched(name: str) -> Callable[..., Awaitable[Any]]:
+    """The method ``name`` of :class:`AutoPipeline`: redis-py's, sent in the current batch."""
+
+    async def method(self: AutoPipeline, *args: Any, **kwargs: Any) -> Any:
+        return await self._enqueue(name, args, kwargs)
+
+    method.__name__ = name
+    method.__doc__ = f"``{name}`` of redis-py, sent in the current batch."
+    return method
+
+
+class AutoPipeline:
+    """An asyncio Redis client (see the module docstring) over ``redis``.
+
+    ``max_pipelines`` (default 4) batches are in flight at most, each of at most
+    ``max_batch`` (512) commands. The wrapped client stays usable on its own; closing this
+    one (:meth:`aclose`) waits for the batches in flight and closes the wrapped client;
+    :meth:`drain` only waits.
+    """
+
+    def __init__(
+        self,
+        redis: AnyRedis,
+        *,
+        max_pipelines: int = DEFAULT_MAX_PIPELINES,
+        max_batch: int = DEFAULT_MAX_BATCH,
+    ) -> None:
+        if max_pipelines < 1 or max_batch < 1:
+            raise ValueError("max_pipelines and max_batch must be >= 1")
+        self.redis = redis
+        self.max_pipelines = max_pipelines
+        self.max_batch = max_batch
+        self.cluster = is_cluster(redis)
+        self._open: list[_Pending] = []  # the batch that gathers commands now
+        self._full: collections.deque[list[_Pending]] = collections.deque()
+        self._running = 0
+        self._scheduled = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.batches = 0
+        """Batches written so far (pipelines, or plain commands for a batch of one)."""
+        self.commands = 0
+        """Commands written so far (a NOSCRIPT resend counts again)."""
+
+    # -- the queue ------------------------------------------------------------------------
+    async def _submit(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return await self._enqueue(method, args, kwargs)
+
+    def _enqueue(
+        self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> asyncio.Future[Any]:
+        """Queue ``method(*args, **kwargs)`` in the current batch; its reply's future."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        self._open.append(_Pending(method, args, kwargs, fut))
+        if len(self._open) >= self.max_batch:
+            self._full.append(self._open)
+            self._open = []
+        if not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._flush)
+        return fut
+
+    def _flush(self) -> None:
+        """Start batches while fewer than ``max_pipelines`` are in flight (the rest wait
+        for one to finish: :meth:`_run` calls this again)."""
+        self._scheduled = False
+        while self._running < self.max_pipelines:
+            if self._full:
+                batch = self._full.popleft()
+            elif self._open:
+                batch, self._open = self._open, []
+            else:
+                return
+            batch = [p for p in batch if not p.fut.done()]  # cancelled callers: not sent
+            if not batch:
+                continue
+            self._running += 1
+            task = asyncio.get_running_loop().create_task(self._run(batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, batch: list[_Pending]) -> None:
+        try:
+            await self._send(batch)
+        except BaseException as e:  # the batch's fate, whatever it is, is each caller's
+            for p in batch:
+                if not p.fut.done():
+                    p.fut.set_exception(
+                        e
+                        if isinstance(e, Exception)
+                        else rexc.ConnectionError(f"the command was interrupted ({e!r})")
+                    )
+            if not isinstance(e, Exception):
+                raise
+        finally:
+            self._running -= 1
+            if self._full or self._open:
+                self._flush()
+
+    async def _send(self, batch: list[_Pending]) -> None:
+        self.batches += 1
+        self.commands += len(batch)
+        if len(batch) == 1:
+            replies = [await self._one(batch[0])]
+        else:
+            replies = await self._pipeline(batch)
+        retry = [
+            p
+            for p, x in zip(batch, replies, strict=True)
+            if isinstance(x, Exception) and is_noscript(x) and p.tries == 0
+        ]
+        if retry:
+            # The scripts are not in the server's cache: load them and send just those
+            # commands again (they did not run).
+            await load_all(self.redis)
+            for p in retry:
+                p.tries += 1
+            again = await self._pipeline(retry) if len(retry) > 1 else [await self._one(retry[0])]
+            by_id = {id(p): x for p, x in zip(retry, again, strict=True)}
+            replies = [by_id.get(id(p), x) for p, x in zip(batch, replies, strict=True)]
+        for p, x in zip(batch, replies, strict=True):
+            if p.fut.done():
+                continue  # its caller was cancelled meanwhile
+            if isinstance(x, Exception):
+                p.fut.set_exception(x)
+            else:
+                p.fut.set_result(x)
+
+    async def _one(self, p: _Pending) -> Any:
+        """The plain command; its error (a reply or redis-py's refusal) as its reply."""
+        try:
+            return await getattr(self.redis, p.method)(*p.args, **p.kwargs)
+        except (rexc.ResponseError, *_BEFORE_WRITE) as e:
+            return e
+
+    async def _pipeline(self, batch: list[_Pending]) -> list[Any]:
+        pipe = self.redis.pipeline(transaction=False)
+        queued: list[int] = []
+        replies: list[Any] = [None] * len(batch)
+        for i, p in enumerate(batch):
+            try:
+                word = _BY_WORD.get(p.method)
+                if word is not None:  # redis-py's Cluster pipeline refuses the methods
+                    pipe.execute_command(word, *p.args, **p.kwargs)
+                else:
+                    getattr(pipe, p.method)(*p.args, **p.kwargs)
+            except Exception as e:  # noqa: BLE001 - refused as it was queued: its own error
+                replies[i] = e
+            else:
+                queued.append(i)
+        if not queued:
+            return replies
+        try:
+            got = await pipe.execute(raise_on_error=False)
+        except _BEFORE_WRITE:
+            # Nothing was written: one command is bad for the whole pipeline (an argument
+            # redis-py cannot encode, keys in different slots). Send each on its own, so
+            # only that one fails.
+            for i in queued:
+                replies[i] = await self._one(batch[i])
+            return replies
+        for i, x in zip(queued, got, strict=True):
+            replies[i] = x
+        return replies
+
+    async def drain(self) -> None:
+        """Wait until every command queued so far has been answered."""
+        while self._open or self._full or self._tasks:
+            if self._tasks:
+                await asyncio.gather(*list(self._tasks), return_exceptions=True)
+            else:
+                await asyncio.sleep(0)
+
+    # -- the client surface: batched -------------------------------------------------------
+    evalsha = _batched("evalsha")
+    eval = _batched("eval")
+    get = _batched("get")
+    set = _batched("set")
+    expire = _batched("expire")
+    pexpire = _batched("pexpire")
+    pttl = _batched("pttl")
+    hdel = _batched("hdel")
+    hget = _batched("hget")
+    hgetall = _batched("hgetall")
+    hincrby = _batched("hincrby")
+    hmget = _batched("hmget")
+    hset = _batched("hset")
+    lrange = _batched("lrange")
+    rpush = _batched("rpush")
+    sadd = _batched("sadd")
+    scard = _batched("scard")
+    smembers = _batched("smembers")
+    srem = _batched("srem")
+    zadd = _batched("zadd")
+    zcard = _batched("zcard")
+    zrange = _batched("zrange")
+    zrangebyscore = _batched("zrangebyscore")
+    zrem = _batched("zrem")
+    zscore = _batched("zscore")
+    xack = _batched("xack")
+    xadd = _batched("xadd")
+    xdel = _batched("xdel")
+    xgroup_create = _batched("xgroup_create")
+    xinfo_groups = _batched("xinfo_groups")
+    xinfo_stream = _batched("xinfo_stream")
+    xlen = _batched("xlen")
+    xpending = _batched("xpending")
+    xpending_range = _batched("xpending_range")
+    xrange = _batched("xrange")
+    xrevrange = _batched("xrevrange")
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        """A command by its words (``"XADD", key, ...``), sent in the current batch."""
+        return await self._submit("execute_command", args, options)
+
+    async def delete(self, *names: Any) -> Any:
+        return await self._keyed("delete", names)
+
+    async def exists(self, *names: Any) -> Any:
+        return await self._keyed("exists", names)
+
+    async def _keyed(self, method: str, names: tuple[Any, ...]) -> Any:
+        if self.cluster and len(names) > 1:  # the Cluster client splits them by slot
+            return await getattr(self.redis, method)(*names)
+        return await self._submit(method, names, {})
+
+    async def xread(self, *args: Any, **kwargs: Any) -> Any:
+        """``XREAD``; with ``block`` it waits on the server, on a connection of its own."""
+        if kwargs.get("block") is not None:
+            return await self.redis.xread(*args, **kwargs)
+        return await self._submit("xread", args, kwargs)
+
+    async def xreadgroup(self, *args: Any, **kwargs: Any) -> Any:
+        """``XREADGROUP``; with ``block`` it waits on the server, on a connection of its own."""
+        if kwargs.get("block") is not None:
+            return await self.redis.xreadgroup(*args, **kwargs)
+        return await self._submit("xreadgroup", args, kwargs)
+
+    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
+        """``transaction=False``: a pipeline whose commands join the current batch (see
+        :class:`BatchPipeline`); a transaction (``MULTI``) is the wrapped client's own."""
+        if transaction or shard_hint is not None:
+            return self.redis.pipeline(transaction, shard_hint)
+        return BatchPipeline(self)
+
+    # -- the client surface: passed through ------------------------------------------------
+    def info(self, *args: Any, **kwargs: Any) -> Any:
+        return self.redis.info(*args, **kwargs)
+
+    def ping(self, *args: Any, **kwargs: Any) -> Any:
+        return self.redis.ping(*args, **kwargs)
+
+    def script_load(self, *args: Any, **kwargs: Any) -> Any:
+        return self.redis.script_load(*args, **kwargs)
+
+    def scan_iter(self, *args: Any, **kwargs: Any) -> Any:
+        return self.redis.scan_iter(*args, **kwargs)
+
+    async def aclose(self, *args: Any, **kwargs: Any) -> Any:
+        """Wait for the commands queued so far, then close the wrapped client."""
+        await self.drain()
+        return await self.redis.aclose(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        # Anything else redis-py offers: the wrapped client's own, not batched.
+        return getattr(self.redis, name)
+
+
+class BatchPipeline:
+    """``AutoPipeline.pipeline(transaction=False)``: queue commands as on redis-py's
+    pipeline, then ``await execute()`` sends them in the current batch of the auto-pipeline
+    (with whatever other tasks issued in the same turn) and returns their replies in order.
+
+    ``execute(raise_on_error=True)`` raises the first error reply (after every reply came,
+    as redis-py does); ``raise_on_error=False`` returns errors in place.
+    """
+
+    def __init__(self, auto: AutoPipeline) -> None:
+        self._auto = auto
+        self._stack: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+
+    def __len__(self) -> int:
+        return len(self._stack)
+
+    def __getattr__(self, name: str) -> Callable[..., BatchPipeline]:
+        if name.startswith("_"):
+            raise AttributeError(name)
+
+        def queue(*args: Any, **kwargs: Any) -> BatchPipeline:
+            self._stack.append((name, args, kwargs))
+            return self
+
+        return queue
+
+    def execute_command(self, *args: Any, **options: Any) -> BatchPipeline:
+        self._stack.append(("execute_command", args, options))
+        return self
+
+    async def execute(self, raise_on_error: bool = True) -> list[Any]:
+        stack, self._stack = self._stack, []
+        if not stack:
+            return []
+        futs = [self._auto._enqueue(m, a, k) for m, a, k in stack]
+        replies: list[Any] = []
+        try:
+            for fut in futs:
+                try:
+                    replies.append(await fut)
+                except rexc.ResponseError as e:
+                    replies.append(e)
+        except BaseException:
+            for fut in futs:  # cancelled, or the connection failed: nobody reads the rest
+                if not fut.done():
+                    fut.cancel()
+                elif not fut.cancelled():
+                    fut.exception()  # retrieved: no "never retrieved" warning
+            raise
+        if raise_on_error:
+            for x in replies:
+                if isinstance(x, Exception):
+                    raise x
+        return replies
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._stack = []
+
+    def reset(self) -> None:
+        self._stack = []
