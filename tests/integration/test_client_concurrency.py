@@ -115,3 +115,61 @@ async def test_5000_requests_and_5000_sends_at_once_on_one_client(
     assert 1 <= peak <= DEFAULT_MAX_CONNECTIONS
     assert len(seen_ids) <= DEFAULT_MAX_CONNECTIONS
     assert pooled <= DEFAULT_MAX_CONNECTIONS
+
+
+FAN_OUT = 10_000
+FAN_OUT_CONNECTIONS = 8  # issue 11's target for one Client, whatever the concurrency
+
+
+async def test_a_10000_way_fan_out_of_requests_uses_at_most_8_connections(
+    two_workers: list[subprocess.Popen[bytes]],
+    redis_url: str,
+    ns: str,
+    r: AnyRedis,
+    record_property: Any,
+) -> None:
+    """10,000 concurrent ``request()`` calls on one Client: all answered, no
+    MaxConnectionsError, and Redis sees at most 8 connections of the client (counted with
+    CLIENT LIST while the calls run: at once and opened in all). The commands of the calls
+    are auto-pipelined over a few connections (reach._autopipe)."""
+    name = f"reach:{ns}:fan-out-10k"
+    seen_ids: set[int] = set()
+    peak = 0
+    stop = anyio.Event()
+
+    async def watch() -> None:
+        nonlocal peak
+        while not stop.is_set():
+            listed = await r.execute_command("CLIENT LIST")  # parsed by redis-py
+            mine = [c for c in listed if c.get("name") == name]
+            seen_ids.update(int(c["id"]) for c in mine)
+            peak = max(peak, len(mine))
+            await anyio.sleep(0.02)
+
+    async with Client(redis_url=redis_url, namespace=ns, client_id="fan-out-10k") as client:
+        await wait_eligible(client, "test.echo", AGENTS, timeout=30)
+        answers: dict[int, Any] = {}
+
+        async def ask(i: int) -> None:
+            answers[i] = await client.request("test.echo", i, timeout_s=120)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch)
+            async with anyio.create_task_group() as calls:
+                for i in range(FAN_OUT):
+                    calls.start_soon(ask, i)
+            stop.set()
+        pooled = pool_connections(client.redis)
+        batches, commands = client.commands.batches, client.commands.commands
+
+    assert [answers[i]["echo"] for i in range(FAN_OUT)] == list(range(FAN_OUT))
+    report = (
+        f"{FAN_OUT} concurrent requests on one client: connections at most {peak} at once, "
+        f"{len(seen_ids)} opened in all, {pooled} pooled at the end; {commands} commands "
+        f"in {batches} writes"
+    )
+    print(report)
+    record_property("fan_out_connections", report)
+    assert 1 <= peak <= FAN_OUT_CONNECTIONS
+    assert len(seen_ids) <= FAN_OUT_CONNECTIONS
+    assert pooled <= FAN_OUT_CONNECTIONS
