@@ -351,8 +351,10 @@ class BatchPipeline:
     pipeline, then ``await execute()`` sends them in the current batch of the auto-pipeline
     (with whatever other tasks issued in the same turn) and returns their replies in order.
 
-    ``execute(raise_on_error=True)`` raises the first error reply (after every reply came,
-    as redis-py does); ``raise_on_error=False`` returns errors in place.
+    ``execute(raise_on_error=True)`` raises the first error (after every reply came, as
+    redis-py does); ``raise_on_error=False`` returns every error in its command's place,
+    a failed connection's too (the commands may be in different writes: some may have run
+    when another failed, and each command's own outcome is what its caller needs).
     """
 
     def __init__(self, auto: AutoPipeline) -> None:
@@ -386,7 +388,7 @@ class BatchPipeline:
             for fut in futs:
                 try:
                     replies.append(await fut)
-                except rexc.ResponseError as e:
+                except Exception as e:  # noqa: BLE001 - each command's error in its place
                     replies.append(e)
         except BaseException:
             for fut in futs:  # cancelled, or the connection failed: nobody reads the rest

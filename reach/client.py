@@ -7,12 +7,13 @@ own reply stream, which one background task reads for every waiting call.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Self, TypedDict, Unpack
 
 import anyio
@@ -537,19 +538,11 @@ class Client:
         agent's inbox that refused it (at its bound). The script layer
         (:func:`reach.scripts.inbox.send`) chooses the standalone or Cluster form."""
         agent_id = agent.agent_id
-        message = inbox.Message(
-            data=data,
-            capability=env.capability,
-            attempt=env.attempt,
-            msg_id=env.msg_id,
-            key=env.key,
-            idempotency_key=env.idempotency_key,
-        )
         try:
             sent = await inbox.send(
                 self.commands,
                 self.keys,
-                message,
+                _message(env, data),
                 cluster=self._cluster,
                 agent_id=agent_id,
                 priority=env.priority,
@@ -606,6 +599,237 @@ class Client:
         env = self.build(capability, payload, **opts)
         return await self.call(env, where=where)
 
+    async def send_many(
+        self,
+        capability: str,
+        payloads: Iterable[Any],
+        *,
+        where: Mapping[str, Any] | None = None,
+        idempotency_keys: Sequence[str | None] | None = None,
+        **opts: Unpack[MessageOptions],
+    ) -> list[str | Exception]:
+        """Send one message per payload without waiting; the batch form of :meth:`send`.
+
+        Each message is routed on its own (its policy picks an agent per message, as
+        :meth:`send` would) and the inbox writes of the whole batch go to Redis together:
+        one ``send.lua`` call per message, all in one pipeline (on a Cluster, grouped per
+        node). ``opts`` are the options of every message, as for :meth:`build`; a
+        per-message ``idempotency_keys`` (one key or None per payload, as many as the
+        payloads) replaces the single ``idempotency_key``, which is refused here.
+
+        Returns one item per payload, in order: the message's msg_id when it was added to
+        an inbox, else the error that stopped it, as an exception *instance* (not raised):
+        :class:`PayloadTooLarge`, :class:`NoAgentAvailable`, :class:`Overloaded`,
+        :class:`DeadlineExceeded`, :class:`~reach.errors.RedisUnavailable`, or a refusal of
+        Redis. One message's error never stops the others. Raised, for the whole call:
+        :class:`ConfigError` for options that are wrong for every message (and a length of
+        ``idempotency_keys`` that does not match), :class:`NotStarted`.
+        """
+        built = self._build_many(capability, payloads, idempotency_keys, opts, reply=False)
+        envs = [b for b in built if isinstance(b, Envelope)]
+        delivered = iter(await self._deliver_many(envs, where, track=False))
+        out: list[str | Exception] = []
+        for b in built:
+            if isinstance(b, Exception):
+                out.append(b)
+                continue
+            agent = next(delivered)
+            out.append(agent if isinstance(agent, Exception) else b.msg_id)
+        return out
+
+    async def request_many(
+        self,
+        capability: str,
+        payloads: Iterable[Any],
+        *,
+        where: Mapping[str, Any] | None = None,
+        idempotency_keys: Sequence[str | None] | None = None,
+        **opts: Unpack[MessageOptions],
+    ) -> list[Any]:
+        """Send one message per payload and wait for every result; the batch form of
+        :meth:`request` (sent as :meth:`send_many` sends: routed per message, the inbox
+        writes in one pipeline).
+
+        ``opts`` as for :meth:`request` (with neither ``timeout_s`` nor ``deadline_ms``, the
+        client's ``default_timeout_s`` applies to each message); ``idempotency_keys`` as
+        for :meth:`send_many`. Returns one item per payload, in order: the handler's result,
+        or the error of that message as an exception *instance* (not raised): what
+        :meth:`request` would raise (:class:`RemoteError`, :class:`DeadlineExceeded`,
+        :class:`Rejected`, :class:`NoAgentAvailable`, ...) or :meth:`send_many` would report.
+        With a ``fallback``, a message no agent can take gets the fallback's answer. Raised
+        for the whole call: what :meth:`send_many` raises, and cancellation.
+        """
+        if opts.get("timeout_s") is None and opts.get("deadline_ms") is None:
+            opts["timeout_s"] = self.default_timeout_s
+        built = self._build_many(capability, payloads, idempotency_keys, opts, reply=True)
+        envs = [b for b in built if isinstance(b, Envelope)]
+        self._ensure_reader()
+        events = {env.msg_id: anyio.Event() for env in envs}
+        self._events.update(events)
+        t0 = time.perf_counter()
+        delivered: list[str | Exception] = []
+        over: set[str] = set()  # calls already forgotten (see _forget)
+        results: dict[str, Any] = {}
+        try:
+            delivered = await self._deliver_many(envs, where, track=True)
+            for env, agent in zip(envs, delivered, strict=True):
+                over.add(env.msg_id)  # _result_of forgets it, whatever happens
+                results[env.msg_id] = await self._result_of(env, agent, events[env.msg_id], t0)
+        finally:
+            # Stopped midway (cancelled): the calls not waited for yet are over too.
+            for k, env in enumerate(envs):
+                if env.msg_id not in over:
+                    agent = delivered[k] if k < len(delivered) else ""
+                    self._forget(env, agent if isinstance(agent, str) else "", ok=True)
+        return [b if isinstance(b, Exception) else results[b.msg_id] for b in built]
+
+    async def _result_of(
+        self, env: Envelope, agent: str | Exception, ev: anyio.Event, t0: float
+    ) -> Any:
+        """One message of :meth:`request_many`: its result, or its error as an instance
+        (counted in the metrics as :meth:`call` counts it); the call is forgotten after."""
+        try:
+            if isinstance(agent, str):
+                res = await self._answer(env, agent, ev)
+            elif isinstance(agent, NoAgentAvailable) and self.fallback is not None:
+                try:
+                    res = await self._run_fallback(env)
+                finally:
+                    self._forget(env, "", ok=True)
+            else:
+                self._forget(env, "", ok=True)
+                raise agent
+        except Exception as e:  # noqa: BLE001 - each message's error is reported in its place
+            metrics.client_reply(
+                env.capability, metrics.client_outcome(e), time.perf_counter() - t0
+            )
+            return e
+        metrics.client_reply(env.capability, RequestOutcome.SUCCEEDED, time.perf_counter() - t0)
+        return res
+
+    def _build_many(
+        self,
+        capability: str,
+        payloads: Iterable[Any],
+        idempotency_keys: Sequence[str | None] | None,
+        opts: MessageOptions,
+        *,
+        reply: bool,
+    ) -> list[Envelope | Exception]:
+        """An envelope per payload, or the error that stopped it (a payload too large...);
+        options wrong for every message raise :class:`ConfigError`."""
+        items = list(payloads)
+        if opts.pop("idempotency_key", None) is not None:
+            raise ConfigError(
+                "send_many and request_many take idempotency_keys=[...] (one key or None per "
+                "payload), not idempotency_key."
+            )
+        if idempotency_keys is not None and len(idempotency_keys) != len(items):
+            raise ConfigError(
+                f"idempotency_keys holds {len(idempotency_keys)} keys for {len(items)} "
+                "payloads: give one key (or None) per payload."
+            )
+        self.build(capability, None, reply=reply, **opts)  # options wrong for every message
+        out: list[Envelope | Exception] = []
+        for i, payload in enumerate(items):
+            opts["idempotency_key"] = idempotency_keys[i] if idempotency_keys else None
+            try:
+                out.append(self.build(capability, payload, reply=reply, **opts))
+            except Exception as e:  # noqa: BLE001 - this payload's error, in its place
+                out.append(e)
+        return out
+
+    async def _deliver_many(
+        self, envs: Sequence[Envelope], where: Mapping[str, Any] | None, *, track: bool
+    ) -> list[str | Exception]:
+        """:meth:`deliver` for each of ``envs`` (one capability), the inbox writes of all in
+        one pipeline: per envelope the agent id, or the error that stopped it. A message an
+        agent refused (its inbox at its bound) is delivered again on its own, as
+        :meth:`deliver` does, to another agent if one can take it."""
+        if not envs:
+            return []
+        cap = envs[0].capability
+        out: list[str | Exception] = [""] * len(envs)
+        try:
+            with logs.span("reach.route", attributes={"reach.capability": cap}):
+                candidates, version = await self.view.candidates(cap)
+        except (rexc.ConnectionError, rexc.TimeoutError) as e:
+            err = unreachable(self.redis_url, e)
+            return [err] * len(envs)
+        now = now_ms()
+        picked: list[tuple[int, AgentInfo]] = []
+        try:
+            for i, env in enumerate(envs):
+                if env.deadline_ms and env.deadline_ms <= now:
+                    out[i] = DeadlineExceeded(f"Deadline of {cap!r} passed before sending.")
+                    continue
+                try:
+                    agent = self.router.pick(
+                        cap,
+                        candidates,
+                        policy=self._policy_for(env, candidates),
+                        session_id=env.session_id or None,
+                        target=env.target or None,
+                        where=where,
+                        version=version,
+                        avoid=env.avoid,
+                    )
+                except NoAgentAvailable as e:
+                    out[i] = e
+                    continue
+                if track:  # counted at the pick, so the next picks see it
+                    self.router.inflight.add(agent.agent_id)
+                picked.append((i, agent))
+            with logs.span("reach.deliver", kind="producer"):
+                items: list[inbox.Delivery] = []
+                for i, agent in picked:
+                    env = envs[i]
+                    logs.inject(env.headers)
+                    message = _message(env, encode(env))
+                    items.append(
+                        inbox.Delivery(message, agent.agent_id, env.priority, agent.max_queue)
+                    )
+                sent = await inbox.send_many(
+                    self.commands, self.keys, items, cluster=self._cluster, ttl_ms=TASK_TTL_MS
+                )
+        except BaseException:
+            if track:
+                for _, agent in picked:
+                    self.router.inflight.done(agent.agent_id)
+            raise
+        again: list[int] = []
+        recheck: set[str] = set()
+        for (i, agent), x in zip(picked, sent, strict=True):
+            if isinstance(x, inbox.Sent) and not x.refused:
+                out[i] = agent.agent_id
+                metrics.message_sent(cap, envs[i].priority)
+                continue
+            if track:
+                self.router.inflight.done(agent.agent_id)
+            if isinstance(x, inbox.Sent):
+                again.append(i)  # refused at the agent's bound: another may take it
+            elif isinstance(x, (rexc.ConnectionError, rexc.TimeoutError)):
+                out[i] = unreachable(self.redis_url, x)
+            else:
+                out[i] = x
+                if isinstance(x, rexc.ResponseError):
+                    recheck.add(agent.agent_id)
+        for agent_id in sorted(recheck):
+            with contextlib.suppress(rexc.RedisError, OSError):
+                await self.view.recheck(agent_id)
+
+        async def redeliver(i: int) -> None:
+            try:
+                out[i] = await self.deliver(envs[i], where=where, track=track)
+            except Exception as e:  # noqa: BLE001 - this message's error, in its place
+                out[i] = e
+
+        if again:
+            async with anyio.create_task_group() as tg:
+                for i in again:
+                    tg.start_soon(redeliver, i)
+        return out
+
     async def call(self, env: Envelope, *, where: Mapping[str, Any] | None = None) -> Any:
         """Deliver a built envelope and wait for its reply (see :meth:`request`)."""
         t0 = time.perf_counter()
@@ -623,16 +847,27 @@ class Client:
         self._ensure_reader()
         ev = anyio.Event()
         self._events[env.msg_id] = ev
-        agent_id = ""
+        try:
+            agent_id = await self.deliver(env, where=where, track=True)
+        except NoAgentAvailable:
+            if self.fallback is None:
+                self._forget(env, "", ok=True)
+                raise
+            log.info("no agent for %s: the fallback answers", env.capability)
+            try:
+                return await self._run_fallback(env)
+            finally:
+                self._forget(env, "", ok=True)
+        except BaseException:
+            self._forget(env, "", ok=True)
+            raise
+        return await self._answer(env, agent_id, ev)
+
+    async def _answer(self, env: Envelope, agent_id: str, ev: anyio.Event) -> Any:
+        """Wait for the reply of ``env`` (delivered to ``agent_id``) and return its outcome;
+        the call is forgotten after (see :meth:`_forget`) whatever happens."""
         ok = True
         try:
-            try:
-                agent_id = await self.deliver(env, where=where, track=True)
-            except NoAgentAvailable:
-                if self.fallback is None:
-                    raise
-                log.info("no agent for %s: the fallback answers", env.capability)
-                return await self._run_fallback(env)
             try:
                 reply = await self._wait(env, ev)
             except DeadlineExceeded:
@@ -640,16 +875,21 @@ class Client:
                 raise
             ok = reply.status == Status.SUCCEEDED or not blames_agent(reply.reason)
         finally:
-            self._events.pop(env.msg_id, None)
-            if agent_id:
-                self.router.inflight.done(agent_id)
-                self.breakers.record(agent_id, ok)
-            if env.msg_id not in self._done:
-                # Gave up (deadline, cancelled, not delivered): a late reply is dropped, not
-                # kept in memory (nor in the reply stream) for a call nobody waits on.
-                self._replies.pop(env.msg_id, None)
-                self._mark_done(env.msg_id)
+            self._forget(env, agent_id, ok=ok)
         return self._outcome(env, reply)
+
+    def _forget(self, env: Envelope, agent_id: str, *, ok: bool) -> None:
+        """The call of ``env`` is over: no longer waited for, no longer in flight to
+        ``agent_id`` ('' when it was not delivered), its outcome counted by the breaker."""
+        self._events.pop(env.msg_id, None)
+        if agent_id:
+            self.router.inflight.done(agent_id)
+            self.breakers.record(agent_id, ok)
+        if env.msg_id not in self._done:
+            # Gave up (deadline, cancelled, not delivered): a late reply is dropped, not
+            # kept in memory (nor in the reply stream) for a call nobody waits on.
+            self._replies.pop(env.msg_id, None)
+            self._mark_done(env.msg_id)
 
     async def _run_fallback(self, env: Envelope) -> Any:
         assert self.fallback is not None
@@ -781,3 +1021,15 @@ class Client:
         raise DeadlineExceeded(
             f"No result for msg {msg_id} within {timeout_s}s; see `reach task {msg_id}`."
         )
+
+
+def _message(env: Envelope, data: bytes) -> inbox.Message:
+    """What the inbox scripts take of ``env`` (encoded as ``data``)."""
+    return inbox.Message(
+        data=data,
+        capability=env.capability,
+        attempt=env.attempt,
+        msg_id=env.msg_id,
+        key=env.key,
+        idempotency_key=env.idempotency_key,
+    )

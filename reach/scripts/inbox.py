@@ -1,5 +1,6 @@
 """Typed calls of the inbox scripts: send, enqueue, mark_pending, drop_inbox
-(``lua/<name>.lua``; each header is the contract).
+(``lua/<name>.lua``; each header is the contract), and :func:`send_many` (many sends in
+one pipeline).
 
 Sending adds the message to the agent's inbox (unless it is at the agent's bound) and
 marks its idempotency record pending. On standalone Redis ``send.lua`` does both in one
@@ -12,12 +13,13 @@ written by a script.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..connection import AnyRedis
 from ..keys import Keys
-from ._call import Call, as_int, as_text, code_of
+from ._call import Call, as_int, as_text, code_of, run_calls
 from ._loader import Op, run_pipeline
 from .codes import DropInboxCode
 
@@ -140,6 +142,74 @@ async def send(
     if isinstance(out[0], Exception):
         raise out[0]
     return Sent(entry_id=as_text(out[0]))
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One message of :func:`send_many` and where it goes: the inbox of ``agent_id`` at
+    ``priority``, refused at ``max_queue`` entries (0: unbounded)."""
+
+    message: Message
+    agent_id: str
+    priority: str
+    max_queue: int = 0
+
+
+async def send_many(
+    r: AnyRedis, keys: Keys, items: Sequence[Delivery], *, cluster: bool, ttl_ms: int
+) -> list[Sent | Exception]:
+    """:func:`send` for each of ``items``, in one pipeline: per item its :class:`Sent`, or
+    the error that stopped it, in its place (nothing is raised; a connection error is in
+    the place of every item it stopped).
+
+    Standalone: one ``send.lua`` call per item, all in one pipeline (one write on an
+    auto-pipelined client, see :mod:`reach._autopipe`). Cluster: the inbox step of every
+    item (``enqueue.lua`` when bounded, else an XADD together with its record step) in one
+    pipeline, which redis-py splits per node, then the record step of the bounded items
+    that were added; a record step's error is not reported (the message is sent; its
+    record is a status only), as in :func:`send`."""
+    if not items:
+        return []
+    if not cluster:
+        calls = [
+            send_call(
+                keys,
+                d.message,
+                agent_id=d.agent_id,
+                priority=d.priority,
+                ttl_ms=ttl_ms,
+                max_queue=d.max_queue,
+            )
+            for d in items
+        ]
+        return await run_calls(r, calls)
+    ops: list[Op] = []
+    first: list[int] = []  # per item: the index in ops of its inbox step
+    for d in items:
+        first.append(len(ops))
+        if _bound(d.max_queue):
+            call = enqueue_call(
+                keys,
+                d.message.data,
+                agent_id=d.agent_id,
+                priority=d.priority,
+                max_queue=d.max_queue,
+            )
+            ops.append(call.op())
+        else:
+            ops.append(("XADD", keys.inbox(d.agent_id, d.priority), "*", "e", d.message.data))
+            ops += _record_ops(keys, d.message, ttl_ms=ttl_ms)
+    replies = await run_pipeline(r, ops)
+    out: list[Sent | Exception] = []
+    records: list[Op] = []
+    for d, i in zip(items, first, strict=True):
+        x = replies[i]
+        sent = x if isinstance(x, Exception) else _sent(x)
+        out.append(sent)
+        if _bound(d.max_queue) and isinstance(sent, Sent) and not sent.refused:
+            records += _record_ops(keys, d.message, ttl_ms=ttl_ms)
+    await run_pipeline(r, records)
+    return out
 
 
 def drop_inbox(keys: Keys, *, agent_id: str) -> Call[DropInboxCode]:
