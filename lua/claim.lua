@@ -81,12 +81,14 @@ local function claim(i, key, now)
   if owner and owner ~= '' and (tonumber(s[4]) or 0) > now and (from == '' or owner ~= from) then
     return {ClaimCode_BUSY, owner}
   end
-  if not counter_ok(s[5]) then redis.call('HSET', key, 'fence', now) end
-  if not counter_ok(s[6]) then redis.call('HSET', key, 'runs', 0) end
-  local fence = redis.call('HINCRBY', key, 'fence', 1)
-  redis.call('HINCRBY', key, 'runs', 1)
-  redis.call('HSET', key, 'owner', ARGV[1], 'lease_until', now + tonumber(ARGV[1 + 3 * i]),
-    'status', 'running', 'msg_id', ARGV[2 + 3 * i], 'agent_id', ARGV[3], 'updated_ms', now)
+  -- The counters as HINCRBY would count them, in the one HSET of the claim (their values
+  -- have at most 15 digits, so the sums are exact and '%.0f' writes them as integers).
+  local fence = (counter_ok(s[5]) and (tonumber(s[5]) or 0) or now) + 1
+  local runs = (counter_ok(s[6]) and (tonumber(s[6]) or 0) or 0) + 1
+  redis.call('HSET', key, 'fence', string.format('%.0f', fence),
+    'runs', string.format('%.0f', runs), 'owner', ARGV[1],
+    'lease_until', now + tonumber(ARGV[1 + 3 * i]), 'status', 'running',
+    'msg_id', ARGV[2 + 3 * i], 'agent_id', ARGV[3], 'updated_ms', now)
   redis.call('PEXPIRE', key, ARGV[2])
   return {ClaimCode_RUN, fence}
 end

@@ -1,8 +1,9 @@
 -- settle.lua: complete a batch of handled messages in one atomic step (standalone Redis).
 -- For each item: store the outcome in its idempotency record if the fence still matches
 -- (as complete.lua), and only then publish the reply, file its dead letter or delayed
--- copy, and XACK + XDEL the inbox entry. On a Cluster the keys live in different slots,
--- so the runtime uses complete.lua and a pipeline of the same writes instead.
+-- copy, and XACK + XDEL the inbox entry (the batch's settled entries of one inbox in one
+-- XACK and one XDEL, at the end). On a Cluster the keys live in different slots, so the
+-- runtime uses complete.lua and a pipeline of the same writes instead.
 --
 -- KEYS: every key the batch touches (idempotency records, reply streams, dead-letter
 --       streams, the delayed zset, inbox streams); items refer to them by index 1..#KEYS
@@ -86,6 +87,9 @@ local function where(item)
   return ' of item ' .. item
 end
 
+-- The records' fence and done fields as the check pass read them, by key index.
+local reads = {}
+
 local function check()
   local na, nk = #ARGV, #KEYS
   if na < 3 then return 'arguments: want at least 3 ARGV, got ' .. na end
@@ -155,12 +159,19 @@ local function check()
     return 'arguments: the ' .. n .. ' items end at ARGV[' .. (p - 1) .. '], got ' .. na .. ' ARGV'
   end
   for i = 1, nk do
-    if need[i] then
-      local kind = redis.call('TYPE', KEYS[i])['ok']
-      if kind ~= need[i] and kind ~= 'none' then
-        return 'KEYS[' .. i .. ']: holds a ' .. kind .. ', ' .. u_label[i] .. where(u_item[i])
-          .. ' wants a ' .. need[i]
-      end
+    local want = need[i]
+    local kind
+    if want == 'hash' then
+      -- A record is read here (kept for the write pass) instead of asked its TYPE: one
+      -- command, and HMGET fails on exactly what is not a hash.
+      local rec = redis.pcall('HMGET', KEYS[i], 'fence', 'done')
+      if rec['err'] then kind = redis.call('TYPE', KEYS[i])['ok'] else reads[i] = rec end
+    elseif want then
+      kind = redis.call('TYPE', KEYS[i])['ok']
+    end
+    if kind and kind ~= want and kind ~= 'none' then
+      return 'KEYS[' .. i .. ']: holds a ' .. kind .. ', ' .. u_label[i] .. where(u_item[i])
+        .. ' wants a ' .. want
     end
   end
 end
@@ -185,17 +196,46 @@ local function follow_up(kind, f)
   end
 end
 
+-- The settled entries' ids, by inbox index, in item order: acked and deleted at the end,
+-- one XACK and one XDEL per inbox (the script is atomic: nobody sees the order of its
+-- writes, and an entry is still acked only if its completion was written).
+local acks, inboxes = {}, {}
+local group = ARGV[2]
+local function ack_later(ii, entry)
+  local ids = acks[ii]
+  if not ids then
+    ids = {}
+    acks[ii] = ids
+    inboxes[#inboxes + 1] = ii
+  end
+  ids[#ids + 1] = entry
+end
+
+-- XACK and XDEL of ids (in chunks: unpack has a limit on the values it returns).
+local CHUNK = 1000
+local function ack_all(key, ids)
+  for first = 1, #ids, CHUNK do
+    local last = math.min(#ids, first + CHUNK - 1)
+    redis.call('XACK', key, group, unpack(ids, first, last))
+    redis.call('XDEL', key, unpack(ids, first, last))
+  end
+end
+
 local now = now_ms()
-local ttl, group = ARGV[1], ARGV[2]
+local ttl = ARGV[1]
 local p = 4
 local out = {}
+local seen = {}  -- records completed by this call: a later item of the same one reads again
 for item = 1, tonumber(ARGV[3]) do
   local ki, ri, ii = tonumber(ARGV[p]), tonumber(ARGV[p + 6]), tonumber(ARGV[p + 7])
   local reply, entry, kind = ARGV[p + 3], ARGV[p + 8], tonumber(ARGV[p + 9])
   local code = SettleCode_SETTLED
   if ki > 0 then
     local key = KEYS[ki]
-    code = complete_record(key, redis.call('HMGET', key, 'fence', 'done'), p + 1, ttl, now)
+    local rec = reads[ki]
+    if seen[key] then rec = redis.call('HMGET', key, 'fence', 'done') end
+    seen[key] = true
+    code = complete_record(key, rec, p + 1, ttl, now)
   end
   if code == SettleCode_SETTLED then
     if ri > 0 then
@@ -203,12 +243,10 @@ for item = 1, tonumber(ARGV[3]) do
       redis.call('PEXPIRE', KEYS[ri], ttl)
     end
     follow_up(kind, p + 10)
-    if ii > 0 then
-      redis.call('XACK', KEYS[ii], group, entry)
-      redis.call('XDEL', KEYS[ii], entry)
-    end
+    if ii > 0 then ack_later(ii, entry) end
   end
   p = p + 10 + (FOLLOW_UPS[kind] and FOLLOW_UPS[kind][2] or 0)
   out[item] = code
 end
+for _, ii in ipairs(inboxes) do ack_all(KEYS[ii], acks[ii]) end
 return out

@@ -29,10 +29,12 @@ end
 -- another owner claimed the key since.
 local function complete_record(key, rec, f, ttl, now)
   if not rec[1] or rec[1] ~= ARGV[f] or rec[2] == '1' then return SettleCode_FENCED end
-  redis.call('HSET', key, 'status', ARGV[f + 1], 'updated_ms', now, 'error', ARGV[f + 4],
-    'owner', '', 'lease_until', 0)
   if ARGV[f + 3] == 'done' then
-    redis.call('HSET', key, 'done', '1', 'reply', ARGV[f + 2])
+    redis.call('HSET', key, 'status', ARGV[f + 1], 'updated_ms', now, 'error', ARGV[f + 4],
+      'owner', '', 'lease_until', 0, 'done', '1', 'reply', ARGV[f + 2])
+  else
+    redis.call('HSET', key, 'status', ARGV[f + 1], 'updated_ms', now, 'error', ARGV[f + 4],
+      'owner', '', 'lease_until', 0)
   end
   redis.call('PEXPIRE', key, ttl)
   return SettleCode_SETTLED

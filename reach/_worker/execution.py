@@ -13,10 +13,11 @@ writes it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import math
 import random
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -45,6 +46,49 @@ if TYPE_CHECKING:
 log = logging.getLogger("reach.runtime")
 
 
+class WorkQueue:
+    """The handler pool's queue: claimed deliveries in order, for the pool's tasks.
+
+    An item put wakes one idle task; a task that finishes a handler takes the next item
+    at once, without a trip through the event loop, so a batch of quick handlers runs in
+    one go (an anyio memory stream pays a checkpoint and a wake-up per item). The worker
+    runs on asyncio (redis-py's asyncio client), hence asyncio futures.
+    """
+
+    def __init__(self) -> None:
+        self._items: deque[Delivery] = deque()
+        self._idle: deque[asyncio.Future[None]] = deque()
+
+    @property
+    def waiting(self) -> int:
+        """Items put and not taken yet."""
+        return len(self._items)
+
+    def put(self, it: Delivery) -> None:
+        self._items.append(it)
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._idle:
+            fut = self._idle.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+
+    async def get(self) -> Delivery:
+        """The next item, waiting for one if none is there."""
+        while not self._items:
+            fut = asyncio.get_running_loop().create_future()
+            self._idle.append(fut)
+            try:
+                await fut
+            except BaseException:
+                if fut.done() and not fut.cancelled() and self._items:
+                    self._wake()  # woken as it was cancelled: pass the item on
+                raise
+        return self._items.popleft()
+
+
 class Execution(Part):
     """Claims deliveries and runs them in a pool of ``concurrency`` handler tasks."""
 
@@ -64,7 +108,7 @@ class Execution(Part):
         self.owner = owner  # "agent_id/instance_id": who holds the claims made here
         self.settlement = settlement
         self.letters = letters
-        self._work_send, self._work_recv = anyio.create_memory_object_stream[Delivery](math.inf)
+        self._work = WorkQueue()
 
     # -- claiming -----------------------------------------------------------------------
     async def take(self, items: list[Delivery]) -> None:
@@ -105,17 +149,16 @@ class Execution(Part):
     ) -> list[Claimed | Exception]:
         """Run claim.lua for the items: one answer (or the error that refused it) per item.
         ``takeover_from``: the owner judged gone whose claim is ended (``''``: none)."""
+        claims = []
+        for it in items:
+            if not it.idem:
+                it.idem = self.keys.idem(it.env.key)
+            claims.append(
+                ClaimItem(it.idem, self._claim_lease_ms(it.env), it.env.msg_id, takeover_from)
+            )
         return await delivery.claim(
             self.redis,
-            [
-                ClaimItem(
-                    self.keys.idem(it.env.key),
-                    self._claim_lease_ms(it.env),
-                    it.env.msg_id,
-                    takeover_from,
-                )
-                for it in items
-            ],
+            claims,
             cluster=self.cluster,
             owner=self.owner,
             ttl_ms=TASK_TTL_MS,
@@ -145,8 +188,7 @@ class Execution(Part):
     async def _busy(self, it: Delivery) -> None:
         """The key is claimed by another owner: take it over if that owner is gone,
         else let this copy wait (the live owner will answer; a later retry replays)."""
-        idem = self.keys.idem(it.env.key)
-        rec = await self.redis.hget(idem, "owner")
+        rec = await self.redis.hget(it.idem or self.keys.idem(it.env.key), "owner")
         owner = rec.decode() if isinstance(rec, bytes) else (rec or "")
         if owner == self.owner:
             # Claimed by this very runtime: a duplicate while its handler runs waits; but
@@ -203,11 +245,12 @@ class Execution(Part):
     def _start(self, it: Delivery) -> None:
         """Hand a claimed item to the handler pool (long-lived tasks: no spawn per message)."""
         self.state.inflight += 1
-        self._work_send.send_nowait(it)
+        self._work.put(it)
 
     async def pool_member(self) -> None:
         """One task of the handler pool."""
-        async for it in self._work_recv:
+        while True:
+            it = await self._work.get()
             try:
                 await self._handle(it)
             except Exception as e:
@@ -219,14 +262,17 @@ class Execution(Part):
     async def _handle(self, it: Delivery) -> None:
         scope = logs.enter_message(it.env, self.agent_id)  # ids on log records, OTel span
         try:
-            await self._run(it)
+            await self._run(it, traced=isinstance(scope, tuple))
         finally:
             logs.exit_message(scope)
             self.state.inflight -= 1
             self.state.slot_freed()
-        await self.settlement.flush_if_alone()
+        if not self._work.waiting:  # else the rest of its batch follows: settled together
+            await self.settlement.flush_if_alone()
 
-    async def _run(self, it: Delivery) -> None:
+    async def _run(self, it: Delivery, *, traced: bool = False) -> None:
+        """Handle ``it`` and queue its settling; ``traced``: it has an OpenTelemetry span
+        (logs.enter_message opened one), which gets the outcome."""
         env = it.env
         ctx = Context(
             env,
@@ -251,7 +297,7 @@ class Execution(Part):
                 else:
                     outcome, duration_s = await self._call(spec, payload, ctx)
         self.hooks.after_handle(ctx, outcome, duration_s)
-        self._finish(it, outcome)
+        self._finish(it, outcome, traced=traced)
 
     async def _call(self, spec: HandlerSpec, payload: Any, ctx: Context) -> tuple[Outcome, float]:
         """Run the handler under the message's deadline: its outcome, and how long it ran."""
@@ -306,7 +352,7 @@ class Execution(Part):
         outcome = oc.raised(env, err, timed_out=timed_out, now_ms=now_ms(), backoff_ms=backoff)
         return outcome, duration_s
 
-    def _finish(self, it: Delivery, outcome: Outcome) -> None:
+    def _finish(self, it: Delivery, outcome: Outcome, *, traced: bool = False) -> None:
         """Queue the fenced completion and what follows it (reply, dead letter, retry, ack)."""
         env = it.env
         oc.apply(
@@ -321,7 +367,8 @@ class Execution(Part):
             self.hooks.on_dead_letter(env, outcome.reason, outcome.error)
         elif outcome.status == Status.RETRYING:
             self.hooks.on_retry(env, outcome.retry_delay_ms / 1000, outcome.error)
-        logs.note_outcome(outcome.status, outcome.error_type)
+        if traced:
+            logs.note_outcome(outcome.status, outcome.error_type)
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "%s attempt %d: %s%s",

@@ -42,6 +42,7 @@ class Delivery(_Entry):
     """An inbox entry decoded into an envelope, on its way through claim -> handle -> settle."""
 
     env: Envelope
+    idem: str = ""  # its idempotency record's key (set when it is claimed)
     fence: int = 0  # the claim's fence token (0: not claimed by this worker)
     complete: Completion | None = None  # set when its idempotency key is to be settled
     reply: bytes = b""  # the reply: stored by a 'done' completion, and published...

@@ -124,7 +124,7 @@ def apply(
     )
     mode = Mode.DONE if outcome.status == Status.SUCCEEDED else Mode.RELEASE
     it.complete = Completion(
-        keys.idem(env.key), it.fence, outcome.status, mode, outcome.error[:2000]
+        it.idem or keys.idem(env.key), it.fence, outcome.status, mode, outcome.error[:2000]
     )
     it.answer(keys, encode(reply), publish=outcome.status != Status.RETRYING)
     it.follow_up = None

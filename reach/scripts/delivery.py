@@ -97,9 +97,18 @@ class Claimed:
     owner: str = ""
 
 
+# The codes by their integer: a dict lookup per answer instead of an Enum call (a batch
+# decodes one per message).
+_CLAIM_CODES = {int(c): c for c in ClaimCode}
+_SETTLE_CODES = {int(c): c for c in SettleCode}
+
+
 def decode_claimed(answer: Any) -> Claimed:
     """One key's answer of ``claim.lua`` (``{code, value}``)."""
-    code = ClaimCode(as_int(answer[0]))
+    raw = answer[0]
+    code = _CLAIM_CODES.get(raw) if type(raw) is int else None
+    if code is None:
+        code = ClaimCode(as_int(raw))
     if code is ClaimCode.RUN:
         return Claimed(code, fence=as_int(answer[1]))
     if code is ClaimCode.REPLAY:
@@ -190,8 +199,13 @@ class Completion:
     error: str = ""
 
 
+def _settle_code(raw: Any) -> SettleCode:
+    code = _SETTLE_CODES.get(raw) if type(raw) is int else None
+    return SettleCode(as_int(raw)) if code is None else code
+
+
 def _codes(reply: Any) -> list[SettleCode]:
-    return [SettleCode(as_int(c)) for c in reply]
+    return [_settle_code(c) for c in reply]
 
 
 def complete_call(

@@ -170,6 +170,23 @@ async def test_a_record_with_unreadable_numbers_is_claimed_with_a_fresh_fence(
     assert [await r.hget(rec, "owner") for rec in recs] == [OWNER_A.encode()] * 4
 
 
+async def test_the_counters_are_written_as_plain_integers(r: AnyRedis, ns: str) -> None:
+    # The claim writes fence and runs in its one HSET, counted as HINCRBY counts: plain
+    # decimal integers, exact up to the largest stored value a claim counts on (15 digits).
+    k = Keys(ns)
+    fresh, big = k.idem("fresh"), k.idem("big")
+    await r.hset(big, mapping={"fence": "999999999999999", "runs": "41"})
+    got = await scripts.call(r, "claim", [fresh, big], _args(OWNER_A, (1_000, "m1"), (1_000, "m2")))
+    assert got == [[1, 1], [1, 1_000_000_000_000_000]]
+    assert await r.hmget(fresh, "fence", "runs") == [b"1", b"1"]
+    assert await r.hmget(big, "fence", "runs") == [b"1000000000000000", b"42"]
+    # The next claim (the lease ran out: a takeover of the same owner) counts on from there.
+    [[code, fence]] = await scripts.call(
+        r, "claim", [fresh], _args(OWNER_B, (1_000, "m1", OWNER_A))
+    )
+    assert (code, fence) == (1, 2) and await r.hget(fresh, "runs") == b"2"
+
+
 # -- takeover_from: ending the claim of an owner judged gone, in the claim itself ---------
 
 

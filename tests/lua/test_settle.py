@@ -347,3 +347,59 @@ async def test_a_key_of_another_type_is_refused_before_any_write(r: AnyRedis, ns
     ):
         await b.run(r)
     assert_unchanged(before, await snapshot(r, ns))
+
+
+async def test_a_record_of_another_type_is_refused_before_any_write(r: AnyRedis, ns: str) -> None:
+    # Records are read in the check pass (HMGET) rather than asked their TYPE: what is not
+    # a hash is refused all the same, naming the key, before anything is written.
+    s = await _scene(r, ns)
+    await r.delete(s.rec)
+    await r.set(s.rec, "not a record")
+    b = Batch()
+    b.complete(s, s.entries[0])
+    before = await snapshot(r, ns)
+    with pytest.raises(
+        rexc.ResponseError,
+        match=r"^reach: bad KEYS\[1\]: holds a string, record index of item 1 wants a hash",
+    ):
+        await b.run(r)
+    assert_unchanged(before, await snapshot(r, ns))
+
+
+async def test_a_record_twice_in_a_batch_is_read_again_after_its_first_completion(
+    r: AnyRedis, ns: str
+) -> None:
+    # Two items of one record (two copies of a message): the first completes it, the second
+    # sees it done (read again, not what the check pass read) and is fenced.
+    s = await _scene(r, ns, n=2)
+    b = Batch()
+    b.complete(s, s.entries[0], reply=b"first")
+    b.complete(s, s.entries[1], reply=b"second")
+    assert await b.run(r) == [1, 0]
+    assert await r.hget(s.rec, "reply") == b"first"
+    left = await r.xpending_range(s.inbox, GROUP, min="-", max="+", count=10)
+    assert [p["message_id"].decode() for p in left] == [s.entries[1]]
+
+
+async def test_a_large_batch_acks_and_deletes_every_settled_entry(r: AnyRedis, ns: str) -> None:
+    # The settled entries of an inbox are acked and deleted together at the end, in chunks
+    # (more ids than one unpack gives); fenced entries are left pending.
+    k = Keys(ns)
+    high, low = k.inbox("w-1", "high"), k.inbox("w-1", "low")
+    entries = await _delivered(r, high, 2100)
+    kept = await _delivered(r, low, 2)
+    rec = k.idem("k")
+    fence = await _claim(r, rec)
+    b = Batch()
+    for e in entries[:1000]:
+        b.add(inbox=high, entry=e)
+    b.add(inbox=low, entry=kept[0], idem=rec, fence=fence + 1, status="succeeded", mode="done")
+    for e in entries[1000:]:
+        b.add(inbox=high, entry=e)
+    b.add(inbox=low, entry=kept[1])
+    assert await b.run(r) == [1] * 1000 + [0] + [1] * 1100 + [1]
+    assert await r.xlen(high) == 0
+    assert (await r.xpending(high, GROUP))["pending"] == 0
+    left = await r.xpending_range(low, GROUP, min="-", max="+", count=10)
+    assert [p["message_id"].decode() for p in left] == [kept[0]]
+    assert await r.xlen(low) == 1
