@@ -6,7 +6,7 @@ has an embedded Redis of its own and fresh worker processes.
 
 Run:  python bench/scaling_bench.py [--sets workers,agents,payloads,fanout]
           [--workers 1,2,4] [--agents 1,10,100] [--agent-processes 1] [--payloads 1k,64k]
-          [--messages 20000] [--payload-mb 200] [--fanout 10000] [--concurrency 64]
+          [--messages 20000] [--payload-mib 200] [--fanout 10000] [--concurrency 64]
           [--repeat 1] [--json]
 """
 

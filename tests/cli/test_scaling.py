@@ -39,6 +39,7 @@ def test_tiny_run_of_every_set_processes_every_message() -> None:
         assert fig["unacked"] == 0 and fig["send_errors"] == {} and fig["rounds_ok"] == 1
         assert fig["worker_stats"]["handled"] == n
         assert fig["msgs_per_s"] > 0
+        assert set(fig["cpu_s"]) == {"caller", "workers", "redis"}
     # Routing used every agent sharing the capability.
     assert out["workers"][1]["per_agent_min"] >= 1
     agents = out["agents"][0]

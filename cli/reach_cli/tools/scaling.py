@@ -22,7 +22,7 @@ and the Redis flushed, before the next run). The figure sets:
   would have;
 * ``payloads`` -- one ``reach worker`` process, payloads of 1 KB and 64 KB (the msgpack
   encoding of ``{"i": i, "pad": <bytes>}``, padded to the size); a run sends at most
-  ``payload_mb`` megabytes (20,000 x 1 KB, 3,200 x 64 KB by default);
+  ``payload_mib`` MiB (20,000 x 1 KB, 3,200 x 64 KB by default);
 * ``fanout`` -- one ``reach worker`` process and a caller process of its own
   (``python -m reach_cli.tools.scaling fanout``: its RSS is its own) that starts one
   :class:`reach.Client`, makes one request (the routing view and the reply reader are
@@ -45,7 +45,10 @@ acknowledges an entry after its fenced completion and then deletes it). "Process
 the number of entries added to the inboxes during the run, and the consumer groups must
 have nothing pending at the end (``unacked``). The handler returns the message's index
 (a small result whatever the payload's size, so the payload figure is the cost of
-carrying the payload in). Worker concurrency is ``concurrency`` handlers per agent.
+carrying the payload in). Worker concurrency is ``concurrency`` handlers per agent. Each
+run also reports the CPU seconds that the caller, the worker processes and Redis spent
+during it (``cpu_s``): on a machine with fewer cores than processes they say which one
+was the limit.
 
 ``repeat`` runs every figure set that many times (odd rounds in reverse order, so that a
 drift of the machine's load does not always favour one end); figures are medians of the
@@ -255,10 +258,13 @@ async def _throughput(
     n: int,
     pad: bytes,
     label: str,
+    worker_pids: list[int],
     progress: Progress | None,
 ) -> dict[str, Any]:
     """One caller sends ``n`` messages (``STREAM_INFLIGHT`` in flight) while the workers
-    run; the clock stops when the inboxes are drained."""
+    run; the clock stops when the inboxes are drained. Also the CPU seconds the caller,
+    the workers and Redis spent meanwhile (on a small machine they show which one was the
+    limit)."""
     keys = Keys(ns)
     inboxes = {a: keys.inbox(a, "normal") for a in agent_ids}
     r = await connect(url)  # the benchmark's own connection, for polling
@@ -286,6 +292,7 @@ async def _throughput(
                     if progress and (i + 1) % every == 0:
                         progress(f"{label}: sent", i + 1, n)
 
+            cpu0 = await _cpu(r, worker_pids)
             t0 = time.perf_counter()
             async with anyio.create_task_group() as tg:
                 for _ in range(min(STREAM_INFLIGHT, n)):
@@ -300,6 +307,7 @@ async def _throughput(
                         break
                     await anyio.sleep(POLL_S)
             t1 = time.perf_counter()
+            cpu1 = await _cpu(r, worker_pids)
             per_agent = [await _entries_added(r, s) - added_before[a] for a, s in inboxes.items()]
             unacked = 0
             for s in inboxes.values():
@@ -315,7 +323,38 @@ async def _throughput(
         out["first_error"] = first_error
     # How evenly routing spread the messages: the least and most any agent got.
     out["per_agent_min"], out["per_agent_max"] = min(per_agent), max(per_agent)
+    out["cpu_s"] = {k: _minus(cpu1[k], cpu0[k]) for k in cpu0}
     return out
+
+
+def _minus(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
+
+
+async def _cpu(r: Any, worker_pids: list[int]) -> dict[str, float | None]:
+    """CPU seconds (user + system) used so far by this process (the caller), the worker
+    processes (Linux ``/proc``; None elsewhere) and Redis (``INFO cpu``)."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    info = await r.info("cpu")
+    workers: float | None = 0.0
+    for pid in worker_pids:
+        t = _proc_cpu_s(pid)
+        workers = None if t is None or workers is None else workers + t
+    return {
+        "caller": me.ru_utime + me.ru_stime,
+        "workers": workers,
+        "redis": float(info["used_cpu_user"]) + float(info["used_cpu_sys"]),
+    }
+
+
+def _proc_cpu_s(pid: int) -> float | None:
+    """CPU seconds of process ``pid`` (utime + stime of ``/proc/<pid>/stat``)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _run_throughput(
@@ -323,6 +362,7 @@ def _run_throughput(
     tmp: Path,
     name: str,
     *,
+    label: str,
     processes: list[list[str]],
     n_agents: int,
     n: int,
@@ -331,7 +371,8 @@ def _run_throughput(
     agent_envs: list[dict[str, str]] | None = None,
 ) -> dict[str, Any]:
     """Start ``processes`` (with ``n_agents`` agents among them), run the throughput
-    workload, stop them; the figures plus the workers' own counts."""
+    workload, stop them; the figures plus the workers' own counts. ``name``: the run's
+    namespace and log files; ``label``: its name in progress lines."""
     ns = f"scaling-{name}"
     agent_ids = [f"scale-{i + 1}" for i in range(n_agents)]
     with _processes() as procs:
@@ -340,7 +381,8 @@ def _run_throughput(
             procs.start(cmd, tmp / f"{name}-{i}.log", env)
         try:
             anyio.run(_wait_ready, url, ns, n_agents, procs)
-            out = anyio.run(_throughput, url, ns, agent_ids, n, pad, name, progress)
+            pids = [p.pid for p, _ in procs.procs]
+            out = anyio.run(_throughput, url, ns, agent_ids, n, pad, label, pids, progress)
         except BaseException:
             print(f"{name}: worker logs, last lines:\n{procs.tails()}", file=sys.stderr)
             raise
@@ -363,8 +405,8 @@ def _workers_run(
     cmd = _worker_cmd(url, f"scaling-{ns}", concurrency)
     envs = [{**os.environ, AGENT_ENV: f"scale-{i + 1}"} for i in range(workers)]
     out = _run_throughput(
-        url, tmp, ns, processes=[cmd] * workers, n_agents=workers, n=n, pad=b"",
-        progress=progress, agent_envs=envs,
+        url, tmp, ns, label=f"{workers} worker process(es)", processes=[cmd] * workers,
+        n_agents=workers, n=n, pad=b"", progress=progress, agent_envs=envs,
     )  # fmt: skip
     return {"workers": workers, "agents": workers, **out}
 
@@ -385,8 +427,9 @@ def _agents_run(
     nproc = min(agents, agent_processes)
     cmds = [_host_cmd(url, f"scaling-{ns}", ids[p::nproc], concurrency) for p in range(nproc)]
     out = _run_throughput(
-        url, tmp, ns, processes=cmds, n_agents=agents, n=n, pad=b"", progress=progress
-    )
+        url, tmp, ns, label=f"{agents} agent(s)", processes=cmds, n_agents=agents, n=n,
+        pad=b"", progress=progress,
+    )  # fmt: skip
     return {"agents": agents, "processes": nproc, **out}
 
 
@@ -405,15 +448,15 @@ def _payload_run(
     cmd = _worker_cmd(url, f"scaling-{ns}", concurrency)
     env = {**os.environ, AGENT_ENV: "scale-1"}
     out = _run_throughput(
-        url, tmp, ns, processes=[cmd], n_agents=1, n=n, pad=pad, progress=progress,
-        agent_envs=[env],
+        url, tmp, ns, label=f"{size}-byte payloads", processes=[cmd], n_agents=1, n=n,
+        pad=pad, progress=progress, agent_envs=[env],
     )  # fmt: skip
     encoded = len(encode_payload(_payload(0, pad)))
     return {
         "payload_bytes": size,
         "encoded_payload_bytes": encoded,
         **out,
-        "payload_mb_per_s": out["msgs_per_s"] * encoded / 1e6,
+        "payload_mib_per_s": out["msgs_per_s"] * encoded / 2**20,
     }
 
 
@@ -625,7 +668,7 @@ def run_scaling(
     agents: Sequence[int] = AGENTS,
     payload_bytes: Sequence[int] = PAYLOAD_BYTES,
     messages: int = 20_000,
-    payload_mb: float = 200.0,
+    payload_mib: float = 200.0,
     fanout: int = FANOUT,
     fanout_timeout_s: float = 120.0,
     concurrency: int = 64,
@@ -647,8 +690,8 @@ def run_scaling(
             raise ConfigError(f"{name} must be >= 1, got {list(values)}.")
     if messages < 1 or fanout < 1 or concurrency < 1 or agent_processes < 1 or repeat < 1:
         raise ConfigError("messages, fanout, concurrency, agent_processes and repeat must be >= 1.")
-    if payload_mb <= 0 or fanout_timeout_s <= 0:
-        raise ConfigError("payload_mb and fanout_timeout_s must be > 0.")
+    if payload_mib <= 0 or fanout_timeout_s <= 0:
+        raise ConfigError("payload_mib and fanout_timeout_s must be > 0.")
     load_before = os.getloadavg()
     rounds: dict[str, dict[int, list[dict[str, Any]]]] = {s: {} for s in sets}
     with RedisServer() as server, tempfile.TemporaryDirectory(prefix="reach-scaling-") as t:
@@ -680,7 +723,7 @@ def run_scaling(
                     rounds["agents"].setdefault(a, []).append(fig)
             if "payloads" in sets:
                 for size in order(payload_bytes):
-                    n = max(1, min(messages, int(payload_mb * 1e6 // size)))
+                    n = max(1, min(messages, int(payload_mib * 2**20 // size)))
                     fig = _guarded(f"{size}-byte payloads", partial(
                         _payload_run, url, tmp, k, size, n=n, concurrency=concurrency,
                         progress=prog,
@@ -742,6 +785,13 @@ def _rate(fig: dict[str, Any]) -> str:
         extra += f" send errors {fig['send_errors']}"
     if fig.get("unacked"):
         extra += f" unacked {fig['unacked']}"
+    cpu = fig.get("cpu_s") or {}
+    if cpu:
+        extra += (
+            " (CPU s: "
+            + ", ".join(f"{k} {v:.1f}" if v is not None else f"{k} ?" for k, v in cpu.items())
+            + ")"
+        )
     return f"{fig['msgs_per_s']:,.0f} msgs/s{extra}"
 
 
@@ -775,7 +825,7 @@ def format_report(out: dict[str, Any]) -> str:
             f"{_rate(fig)}{spread}"
         )
     for fig in out.get("payloads", []):
-        mb = f" = {fig['payload_mb_per_s']:,.1f} MB/s" if "payload_mb_per_s" in fig else ""
+        mb = f" = {fig['payload_mib_per_s']:,.1f} MiB/s" if "payload_mib_per_s" in fig else ""
         lines.append(
             f"  {fig.get('payload_bytes', '?')}-byte payloads, 1 worker process, "
             f"{fig.get('messages', '?')} msgs: {_rate(fig)}{mb}"
@@ -851,7 +901,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--messages", type=int, default=20_000, help="messages per throughput run")
     ap.add_argument(
-        "--payload-mb", type=float, default=200.0, help="most MB of payload sent per payload run"
+        "--payload-mib", type=float, default=200.0, help="most MiB of payload sent per payload run"
     )
     ap.add_argument("--fanout", type=int, default=FANOUT, help="concurrent requests of the fan-out")
     ap.add_argument(
@@ -878,7 +928,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             agents=a.agents,
             payload_bytes=a.payloads,
             messages=a.messages,
-            payload_mb=a.payload_mb,
+            payload_mib=a.payload_mib,
             fanout=a.fanout,
             fanout_timeout_s=a.fanout_timeout_s,
             concurrency=a.concurrency,
