@@ -36,6 +36,11 @@ into ``_other``):
 malformed. ``outcome`` of handlers: succeeded, error, timeout, rejected. ``outcome`` of
 client requests: succeeded, remote_error, rejected, deadline, no_agent, error.
 
+Counters and histograms are counted as plain numbers and added to their series when the
+registry is read (a scrape): a message costs a few dict updates, not prometheus-client's
+locked increments (a ``/metrics`` reader sees everything counted until its read). A read
+of a restricted registry (``name[]`` in the scrape's URL) does not fold them: scrape all.
+
 An agent reports through :class:`MetricsHooks`, one of its built-in hooks (reach.hooks);
 the client calls :func:`message_sent`, :func:`client_reply` and :func:`breaker_transition`
 (see ``reach/client.py``).
@@ -45,6 +50,7 @@ when it stops (:func:`forget_agent`).
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -110,6 +116,88 @@ DURATION_BUCKETS = (
     120.0,
     300.0,
 )
+
+
+class _Tally:
+    """The counters and histograms of the message path, counted as plain numbers and added
+    to their prometheus series when the registry is read (a scrape, ``get_sample_value``).
+
+    A message costs a few dict updates under one lock instead of a prometheus child's
+    locked increments per series (and a Python loop over the buckets per histogram
+    observation); nothing more is done until someone reads the metrics. Memory is bounded
+    by the label sets, which are bounded already (see the module's docstring). It is
+    registered in the default registry before the series, so a read folds it first.
+
+    Histograms are folded into prometheus-client's own bucket values (its ``_buckets``
+    and ``_sum``, checked once at import: :data:`_FOLD_HISTOGRAMS`); without them,
+    observations go to ``observe()`` as they come.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[tuple[Any, tuple[str, ...]], float] = {}
+        # Per histogram child: one count per bucket (the last is +Inf), then the sum.
+        self._hists: dict[tuple[Any, tuple[str, ...]], list[float]] = {}
+
+    def count(self, metric: Any, labels: tuple[str, ...], n: float = 1) -> None:
+        key = (metric, labels)
+        with self._lock:
+            self._counts[key] = self._counts.get(key, 0) + n
+
+    def observe(self, metric: Any, labels: tuple[str, ...], value: float) -> None:
+        if not _FOLD_HISTOGRAMS:
+            _child(metric, *labels).observe(value)
+            return
+        i = bisect.bisect_left(_BOUNDS, value)  # the first bucket with value <= bound
+        key = (metric, labels)
+        with self._lock:
+            h = self._hists.get(key)
+            if h is None:
+                h = self._hists[key] = [0.0] * (len(_BOUNDS) + 1)
+            h[i] += 1
+            h[-1] += value
+
+    def fold(self) -> None:
+        """Add what was counted since the last fold to the prometheus series."""
+        with self._lock:
+            if not self._counts and not self._hists:
+                return
+            counts, self._counts = self._counts, {}
+            hists, self._hists = self._hists, {}
+        for (metric, labels), n in counts.items():
+            _child(metric, *labels).inc(n)
+        for (metric, labels), h in hists.items():
+            child = _child(metric, *labels)
+            for i, n in enumerate(h[:-1]):
+                if n:
+                    child._buckets[i].inc(n)
+            child._sum.inc(h[-1])
+
+    def collect(self) -> Iterable[Any]:
+        self.fold()
+        return ()
+
+    def describe(self) -> Iterable[Any]:
+        return ()
+
+
+def _folds_histograms() -> bool:
+    """Whether prometheus-client's histograms keep their buckets as this module expects."""
+    probe = Histogram("reach_probe", "probe", buckets=DURATION_BUCKETS, registry=None)
+    buckets, total = getattr(probe, "_buckets", None), getattr(probe, "_sum", None)
+    return (
+        isinstance(buckets, list)
+        and len(buckets) == len(_BOUNDS)
+        and all(hasattr(b, "inc") for b in buckets)
+        and hasattr(total, "inc")
+        and list(getattr(probe, "_upper_bounds", ())) == list(_BOUNDS)
+    )
+
+
+_BOUNDS = (*DURATION_BUCKETS, float("inf"))
+_FOLD_HISTOGRAMS = _folds_histograms()
+_TALLY = _Tally()
+REGISTRY.register(_TALLY)  # before the series: a read of the registry folds it first
 
 SENT = Counter(
     "reach_messages_sent", "Messages added to an agent's inbox.", ["capability", "priority"]
@@ -213,15 +301,15 @@ def _child(metric: Any, *labels: str) -> Any:
 # -- client side ----------------------------------------------------------------------
 def message_sent(capability: str, priority: str) -> None:
     """A message (or a retry) was added to an agent's inbox."""
-    _child(SENT, _cap(capability), priority).inc()
+    _TALLY.count(SENT, (_cap(capability), priority))
 
 
 def client_reply(capability: str, outcome: str, seconds: float) -> None:
     """A request() ended with ``outcome``, a :class:`reach.outcomes.RequestOutcome`
     (:func:`client_outcome` names the outcome of an exception)."""
     cap = _cap(capability)
-    _child(CLIENT, cap, outcome).inc()
-    _child(CLIENT_S, cap, outcome).observe(max(0.0, seconds))
+    _TALLY.count(CLIENT, (cap, outcome))
+    _TALLY.observe(CLIENT_S, (cap, outcome), max(0.0, seconds))
 
 
 def client_outcome(exc: BaseException | None) -> RequestOutcome:
@@ -262,36 +350,36 @@ def on_breaker_change(change: Any) -> None:
 
 # -- agent side -----------------------------------------------------------------------
 def delivered(capability: str, priority: str) -> None:
-    _child(DELIVERED, _cap(capability), priority).inc()
+    _TALLY.count(DELIVERED, (_cap(capability), priority))
 
 
 def replayed(capability: str) -> None:
-    _child(REPLAYS, _cap(capability)).inc()
+    _TALLY.count(REPLAYS, (_cap(capability),))
 
 
 def queue_wait(priority: str, seconds: float) -> None:
-    _child(QUEUE_WAIT, priority).observe(max(0.0, seconds))
+    _TALLY.observe(QUEUE_WAIT, (priority,), max(0.0, seconds))
 
 
 def handler_done(capability: str, outcome: str, seconds: float) -> None:
     """A handler returned or raised: ``outcome`` is a :class:`reach.outcomes.HandlerResult`."""
-    _child(HANDLER, _cap(capability), outcome).observe(max(0.0, seconds))
+    _TALLY.observe(HANDLER, (_cap(capability), outcome), max(0.0, seconds))
 
 
 def dead_lettered(capability: str, reason: str) -> None:
-    _child(DEAD, _cap(capability), reason).inc()
+    _TALLY.count(DEAD, (_cap(capability), reason))
 
 
 def expired(capability: str, reason: str = DeadReason.EXPIRED) -> None:
     """A message's deadline passed outside any handler (e.g. while waiting for a retry in
     the delayed set) and it was dead-lettered: counts the expiry and the dead letter."""
     cap = _cap(capability)
-    _child(EXPIRED, cap, reason).inc()
-    _child(DEAD, cap, reason).inc()
+    _TALLY.count(EXPIRED, (cap, reason))
+    _TALLY.count(DEAD, (cap, reason))
 
 
 def fenced(capability: str) -> None:
-    _child(FENCED, _cap(capability)).inc()
+    _TALLY.count(FENCED, (_cap(capability),))
 
 
 def settled(capability: str, outcome: str, reason: str = "") -> None:
@@ -301,13 +389,13 @@ def settled(capability: str, outcome: str, reason: str = "") -> None:
     a dead letter (and expired an expiry), retrying counts a retry.
     """
     cap = _cap(capability)
-    _child(ACKED, cap, outcome).inc()
+    _TALLY.count(ACKED, (cap, outcome))
     if outcome in DEAD_LETTERED:
-        _child(DEAD, cap, reason or outcome).inc()
+        _TALLY.count(DEAD, (cap, reason or outcome))
     if outcome == Settled.EXPIRED:
-        _child(EXPIRED, cap, reason or DeadReason.EXPIRED).inc()
+        _TALLY.count(EXPIRED, (cap, reason or DeadReason.EXPIRED))
     elif outcome == Settled.RETRYING:
-        _child(RETRIED, cap).inc()
+        _TALLY.count(RETRIED, (cap,))
 
 
 def track_inflight(agent_id: str, fn: Callable[[], float]) -> None:

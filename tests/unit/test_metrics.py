@@ -205,3 +205,25 @@ def test_serve_exposes_metrics_over_http() -> None:
         "reach_idempotent_replays",
     ):
         assert name in fams, name
+
+
+def test_counts_are_folded_into_the_series_when_the_registry_is_read() -> None:
+    # The message path counts plain numbers; a scrape (generate_latest) or any read of the
+    # registry adds them to the prometheus series first, histogram buckets included.
+    from prometheus_client import generate_latest
+
+    c = cap()
+    for s in (0.0005, 0.0005, 0.2, 400.0):
+        metrics.handler_done(c, "succeeded", s)
+    metrics.delivered(c, "normal")
+    text = generate_latest(REGISTRY).decode()
+    assert f'reach_messages_delivered_total{{capability="{c}",priority="normal"}} 1.0' in text
+    labels = {"capability": c, "outcome": "succeeded"}
+    assert val("reach_handler_duration_seconds_count", **labels) == 4
+    assert val("reach_handler_duration_seconds_sum", **labels) == pytest.approx(400.201)
+    assert val("reach_handler_duration_seconds_bucket", **labels, le="0.001") == 2
+    assert val("reach_handler_duration_seconds_bucket", **labels, le="0.25") == 3
+    assert val("reach_handler_duration_seconds_bucket", **labels, le="300.0") == 3
+    assert val("reach_handler_duration_seconds_bucket", **labels, le="+Inf") == 4
+    metrics.handler_done(c, "succeeded", 0.25)  # a bound itself is in its bucket (le)
+    assert val("reach_handler_duration_seconds_bucket", **labels, le="0.25") == 4
