@@ -1,12 +1,13 @@
 -- send.lua: add a message to an agent's inbox and mark it pending, in one step, unless
 -- the agent's inbox is at its bound (standalone Redis; on a Cluster the client runs
--- enqueue.lua on the inbox's slot, then writes the pending record).
+-- enqueue.lua on the inbox's slot, then writes the pending record). The batch form adds
+-- several messages to one agent's inboxes in one call.
 --
 -- KEYS[1] the inbox stream of the chosen agent and priority
 -- KEYS[2] the message's idempotency record (hash; also its task status)
 -- KEYS[3] the msg_id -> idempotency key pointer (written only when ARGV[5] ~= '')
 -- KEYS[4..6] the agent's three inbox streams (high, normal, low; KEYS[1] is one of them):
---            given when ARGV[7] > 0, left out otherwise
+--            given when ARGV[7] > 0 or in the batch form, left out otherwise
 -- ARGV[1] envelope bytes (msgpack)
 -- ARGV[2] capability
 -- ARGV[3] attempt, integer 0..999999999999999
@@ -17,21 +18,64 @@
 --         0..999999999999999; 0 (or absent) = unbounded
 -- Integers are plain decimal digits without sign or leading zero.
 --
+-- The batch form (more than 7 ARGV): messages 2..n to the same agent follow, message j
+-- (j >= 2) as KEYS[3j+1..3j+3] (its inbox, record and pointer, as KEYS[1..3]: its inbox
+-- one of KEYS[4..6]) and ARGV[5j-2..5j+2] (as ARGV[1..5]); KEYS[4..6] and ARGV[7] are
+-- always given: 3n+3 KEYS and 5n+2 ARGV for n messages. The messages are added in order,
+-- each as the one-message form would add it.
+--
 -- The bound counts the entries of the three inbox streams (XLEN: the runtime deletes an
 -- entry once it is settled, so this is queued + being handled), at the moment of the add:
 -- concurrent senders can never push an inbox past it.
 --
 -- Returns the inbox entry id (a string), or, when the inbox holds max_queue entries or
--- more, that number of entries (an integer) and nothing is written.
+-- more, that number of entries (an integer) and nothing is written. The batch form returns
+-- an array of those, one per message in order (the messages past the bound are refused,
+-- each with the depth it met).
 -- Errors  'ERR reach: bad <argument>: <why>' when an argument or a key's type is out of
---         contract; nothing is written then.
+--         contract; nothing is written then (in the batch form: for no message).
 local MAX_TTL, MAX_INT = 31536000000, 999999999999999
 
 --!include args
 --!include key_types
 
+-- The batch form: message j's KEYS and ARGV start after these indexes.
+local function kbase(j) if j == 1 then return 0 end return 3 * j end
+local function abase(j) if j == 1 then return 0 end return 5 * j - 3 end
+
 local function check()
-  if #ARGV < 6 or #ARGV > 7 then return 'arguments: want 6 or 7 ARGV, got ' .. #ARGV end
+  if #ARGV > 7 then
+    if (#ARGV - 7) % 5 ~= 0 then
+      return 'arguments: want 6 or 7 ARGV, or 7 and 5 per further message, got ' .. #ARGV
+    end
+    local n = 1 + (#ARGV - 7) / 5
+    if #KEYS ~= 3 * n + 3 then
+      return 'keys: want ' .. (3 * n + 3) .. ' KEYS for ' .. n .. ' messages, got ' .. #KEYS
+    end
+    local e = int_bad('ttl_ms', 6, 1, MAX_TTL) or int_bad('max_queue', 7, 0, MAX_INT)
+    if e then return e end
+    for j = 1, n do
+      e = int_bad('attempt', abase(j) + 3, 0, MAX_INT)
+      if e then return e end
+    end
+    for i = 4, 6 do
+      local why = key_type(KEYS[i], 'stream')
+      if why then return 'KEYS[' .. i .. ']: ' .. why end
+    end
+    for j = 1, n do
+      local k = kbase(j)
+      local inbox = KEYS[k + 1]
+      if inbox ~= KEYS[4] and inbox ~= KEYS[5] and inbox ~= KEYS[6] then
+        return 'KEYS[' .. (k + 1) .. ']: not one of the inboxes KEYS[4..6]'
+      end
+      for i, want in ipairs({'hash', 'string'}) do
+        local why = key_type(KEYS[k + 1 + i], want)
+        if why then return 'KEYS[' .. (k + 1 + i) .. ']: ' .. why end
+      end
+    end
+    return nil, tonumber(ARGV[7]), n
+  end
+  if #ARGV < 6 then return 'arguments: want 6 or 7 ARGV, got ' .. #ARGV end
   local e = int_bad('attempt', 3, 0, MAX_INT) or int_bad('ttl_ms', 6, 1, MAX_TTL)
     or (ARGV[7] and int_bad('max_queue', 7, 0, MAX_INT))
   if e then return e end
@@ -41,27 +85,48 @@ local function check()
   elseif max == 0 and #KEYS ~= 3 and #KEYS ~= 6 then
     return 'keys: want 3 KEYS (or 6), got ' .. #KEYS
   end
-  return keys_typed({'stream', 'hash', 'string'}), max
+  return keys_typed({'stream', 'hash', 'string'}), max, 0
 end
 
-local err, max = check()
+local err, max, n = check()
 if err then return refuse(err) end
 
-if max > 0 then
-  local depth = 0
-  for i = 4, 6 do
-    local why = key_type(KEYS[i], 'stream')
-    if why then return refuse('KEYS[' .. i .. ']: ' .. why) end
-    depth = depth + redis.call('XLEN', KEYS[i])
+-- Add message j (its KEYS after k, its ARGV after a) and mark it pending.
+local function add(k, a)
+  local id = redis.call('XADD', KEYS[k + 1], '*', 'e', ARGV[a + 1])
+  redis.call('HSETNX', KEYS[k + 2], 'status', 'pending')
+  redis.call('HSET', KEYS[k + 2], 'capability', ARGV[a + 2], 'attempt', ARGV[a + 3],
+    'sent_msg_id', ARGV[a + 4])
+  redis.call('PEXPIRE', KEYS[k + 2], ARGV[6])
+  if ARGV[a + 5] ~= '' then
+    redis.call('SET', KEYS[k + 3], ARGV[a + 5], 'PX', ARGV[6])
   end
-  if depth >= max then return depth end
+  return id
 end
 
-local id = redis.call('XADD', KEYS[1], '*', 'e', ARGV[1])
-redis.call('HSETNX', KEYS[2], 'status', 'pending')
-redis.call('HSET', KEYS[2], 'capability', ARGV[2], 'attempt', ARGV[3], 'sent_msg_id', ARGV[4])
-redis.call('PEXPIRE', KEYS[2], ARGV[6])
-if ARGV[5] ~= '' then
-  redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[6])
+local depth = 0
+if max > 0 then
+  for i = 4, 6 do
+    if n == 0 then  -- the batch form checked them already
+      local why = key_type(KEYS[i], 'stream')
+      if why then return refuse('KEYS[' .. i .. ']: ' .. why) end
+    end
+    depth = depth + redis.call('XLEN', KEYS[i])
+  end
 end
-return id
+
+if n == 0 then
+  if max > 0 and depth >= max then return depth end
+  return add(0, 0)
+end
+
+local out = {}
+for j = 1, n do
+  if max > 0 and depth >= max then
+    out[j] = depth
+  else
+    out[j] = add(kbase(j), abase(j))
+    depth = depth + 1
+  end
+end
+return out

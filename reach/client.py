@@ -444,12 +444,7 @@ class Client:
         cap = normalize_capability(capability)
         if priority not in PRIORITIES:
             raise ConfigError(f"Unknown priority {priority!r}: use one of {', '.join(PRIORITIES)}.")
-        raw = encode_payload(payload)
-        if len(raw) > self.max_payload_bytes:
-            raise PayloadTooLarge(
-                f"Payload is {len(raw)} bytes, over the limit of {self.max_payload_bytes}: "
-                "store large data elsewhere and send a reference."
-            )
+        raw = self._encode_payload(payload)
         now = now_ms()
         if timeout_s is not None:
             if timeout_s <= 0:
@@ -474,6 +469,15 @@ class Client:
             headers=dict(headers or {}),
             sent_ms=now,
         )
+
+    def _encode_payload(self, payload: Any) -> msgspec.Raw:
+        raw = encode_payload(payload)
+        if len(raw) > self.max_payload_bytes:
+            raise PayloadTooLarge(
+                f"Payload is {len(raw)} bytes, over the limit of {self.max_payload_bytes}: "
+                "store large data elsewhere and send a reference."
+            )
+        return raw
 
     async def deliver(
         self, env: Envelope, *, where: Mapping[str, Any] | None = None, track: bool = False
@@ -729,14 +733,29 @@ class Client:
                 f"idempotency_keys holds {len(idempotency_keys)} keys for {len(items)} "
                 "payloads: give one key (or None) per payload."
             )
-        self.build(capability, None, reply=reply, **opts)  # options wrong for every message
+        # One envelope built (options wrong for every message raise here), the others copied
+        # from it with their own msg_id, payload and key: what build() would make of each.
+        base = self.build(capability, None, reply=reply, **opts)
+        own_trace = bool(opts.get("trace_id"))
+        replace = msgspec.structs.replace
         out: list[Envelope | Exception] = []
         for i, payload in enumerate(items):
-            opts["idempotency_key"] = idempotency_keys[i] if idempotency_keys else None
             try:
-                out.append(self.build(capability, payload, reply=reply, **opts))
+                raw = self._encode_payload(payload)
             except Exception as e:  # noqa: BLE001 - this payload's error, in its place
                 out.append(e)
+                continue
+            msg_id = new_id()
+            out.append(
+                replace(
+                    base,
+                    msg_id=msg_id,
+                    payload=raw,
+                    trace_id=base.trace_id if own_trace else msg_id,
+                    idempotency_key=(idempotency_keys[i] or "") if idempotency_keys else "",
+                    headers=dict(base.headers),
+                )
+            )
         return out
 
     async def _deliver_many(
@@ -782,9 +801,11 @@ class Client:
                 picked.append((i, agent))
             with logs.span("reach.deliver", kind="producer"):
                 items: list[inbox.Delivery] = []
+                tracing = logs.tracing()  # asked once for the batch (it costs µs a call)
                 for i, agent in picked:
                     env = envs[i]
-                    logs.inject(env.headers)
+                    if tracing:
+                        logs.inject(env.headers)
                     message = _message(env, encode(env))
                     items.append(
                         inbox.Delivery(message, agent.agent_id, env.priority, agent.max_queue)

@@ -20,7 +20,7 @@ from typing import Any
 from ..connection import AnyRedis
 from ..keys import Keys
 from ._call import Call, as_int, as_text, code_of, run_calls
-from ._loader import Op, run_pipeline
+from ._loader import Op, is_data_error, run_pipeline
 from .codes import DropInboxCode
 
 MAX_BOUND = 999_999_999_999_999
@@ -75,6 +75,35 @@ def send_call(
         k += keys.inboxes(agent_id)
     args = (m.data, m.capability, m.attempt, m.msg_id, m.idempotency_key, ttl_ms, bound)
     return Call("send", tuple(k), args, _sent)
+
+
+def send_batch_call(
+    keys: Keys,
+    messages: Sequence[tuple[Message, str]],
+    *,
+    agent_id: str,
+    ttl_ms: int,
+    max_queue: int = 0,
+) -> Call[list[Sent]]:
+    """One ``send.lua`` call in its batch form (standalone Redis): add each ``(message,
+    priority)`` of ``messages`` (two at least) to the inbox of ``agent_id``, in order, as
+    :func:`send_call` would one by one (the ones past ``max_queue`` refused); one
+    :class:`Sent` per message."""
+    if len(messages) < 2:
+        raise ValueError("the batch form of send.lua takes two messages at least")
+    k: list[str] = []
+    args: list[Any] = []
+    for j, (m, priority) in enumerate(messages):
+        k += [keys.inbox(agent_id, priority), keys.idem(m.key), keys.task(m.msg_id)]
+        args += [m.data, m.capability, m.attempt, m.msg_id, m.idempotency_key]
+        if j == 0:  # the one-message layout, then the batch's own
+            k += keys.inboxes(agent_id)
+            args += [ttl_ms, _bound(max_queue)]
+    return Call("send", tuple(k), tuple(args), _sent_each)
+
+
+def _sent_each(reply: Any) -> list[Sent]:
+    return [_sent(x) for x in reply]
 
 
 def enqueue_call(
@@ -162,8 +191,11 @@ async def send_many(
     the error that stopped it, in its place (nothing is raised; a connection error is in
     the place of every item it stopped).
 
-    Standalone: one ``send.lua`` call per item, all in one pipeline (one write on an
-    auto-pipelined client, see :mod:`reach._autopipe`). Cluster: the inbox step of every
+    Standalone: the items to one agent go in ``send.lua`` calls of its batch form (at most
+    :data:`BATCH` messages each), the calls of all agents in one pipeline (one write on an
+    auto-pipelined client, see :mod:`reach._autopipe`); a call refused for a bad argument or
+    key (nothing written) is sent again as one call per message, so only the bad one
+    fails. Cluster: the inbox step of every
     item (``enqueue.lua`` when bounded, else an XADD together with its record step) in one
     pipeline, which redis-py splits per node, then the record step of the bounded items
     that were added; a record step's error is not reported (the message is sent; its
@@ -171,18 +203,7 @@ async def send_many(
     if not items:
         return []
     if not cluster:
-        calls = [
-            send_call(
-                keys,
-                d.message,
-                agent_id=d.agent_id,
-                priority=d.priority,
-                ttl_ms=ttl_ms,
-                max_queue=d.max_queue,
-            )
-            for d in items
-        ]
-        return await run_calls(r, calls)
+        return await _send_batches(r, keys, items, ttl_ms=ttl_ms)
     ops: list[Op] = []
     first: list[int] = []  # per item: the index in ops of its inbox step
     for d in items:
@@ -210,6 +231,67 @@ async def send_many(
             records += _record_ops(keys, d.message, ttl_ms=ttl_ms)
     await run_pipeline(r, records)
     return out
+
+
+BATCH = 256
+"""Messages in one batch call of ``send.lua`` at most (a script holds the server while it
+runs: ~1 ms for this many)."""
+
+
+async def _send_batches(
+    r: AnyRedis, keys: Keys, items: Sequence[Delivery], *, ttl_ms: int
+) -> list[Sent | Exception]:
+    groups: dict[tuple[str, int], list[int]] = {}
+    for i, d in enumerate(items):
+        groups.setdefault((d.agent_id, _bound(d.max_queue)), []).append(i)
+    chunks: list[list[int]] = []
+    calls: list[Call[Any]] = []
+    for idx in groups.values():
+        for start in range(0, len(idx), BATCH):
+            chunk = idx[start : start + BATCH]
+            chunks.append(chunk)
+            calls.append(_call_for(keys, [items[i] for i in chunk], ttl_ms=ttl_ms))
+    out: list[Sent | Exception] = [Sent()] * len(items)
+    alone: list[int] = []  # items of refused batch calls: sent again one by one
+    for chunk, reply in zip(chunks, await run_calls(r, calls), strict=True):
+        if isinstance(reply, Exception):
+            if len(chunk) > 1 and is_data_error(reply):
+                alone += chunk
+                continue
+            for i in chunk:
+                out[i] = reply
+        elif isinstance(reply, Sent):
+            out[chunk[0]] = reply
+        else:
+            for i, sent in zip(chunk, reply, strict=True):
+                out[i] = sent
+    if alone:
+        again = await run_calls(r, [_call_for(keys, [items[i]], ttl_ms=ttl_ms) for i in alone])
+        for i, x in zip(alone, again, strict=True):
+            out[i] = x
+    return out
+
+
+def _call_for(keys: Keys, ds: Sequence[Delivery], *, ttl_ms: int) -> Call[Any]:
+    """The ``send.lua`` call of ``ds`` (one agent, one bound): the one-message form for a
+    single item, else the batch form."""
+    d = ds[0]
+    if len(ds) == 1:
+        return send_call(
+            keys,
+            d.message,
+            agent_id=d.agent_id,
+            priority=d.priority,
+            ttl_ms=ttl_ms,
+            max_queue=d.max_queue,
+        )
+    return send_batch_call(
+        keys,
+        [(x.message, x.priority) for x in ds],
+        agent_id=d.agent_id,
+        ttl_ms=ttl_ms,
+        max_queue=d.max_queue,
+    )
 
 
 def drop_inbox(keys: Keys, *, agent_id: str) -> Call[DropInboxCode]:
