@@ -259,6 +259,7 @@ async def _throughput(
     pad: bytes,
     label: str,
     worker_pids: list[int],
+    check_alive: Callable[[], None],
     progress: Progress | None,
 ) -> dict[str, Any]:
     """One caller sends ``n`` messages (``STREAM_INFLIGHT`` in flight) while the workers
@@ -305,6 +306,7 @@ async def _throughput(
                         progress(f"{label}: processed", max(0, n - left), n)
                     if left == 0:
                         break
+                    check_alive()  # a dead worker's inbox would never drain
                     await anyio.sleep(POLL_S)
             t1 = time.perf_counter()
             cpu1 = await _cpu(r, worker_pids)
@@ -382,7 +384,9 @@ def _run_throughput(
         try:
             anyio.run(_wait_ready, url, ns, n_agents, procs)
             pids = [p.pid for p, _ in procs.procs]
-            out = anyio.run(_throughput, url, ns, agent_ids, n, pad, label, pids, progress)
+            out = anyio.run(
+                _throughput, url, ns, agent_ids, n, pad, label, pids, procs.check_alive, progress
+            )
         except BaseException:
             print(f"{name}: worker logs, last lines:\n{procs.tails()}", file=sys.stderr)
             raise
@@ -542,17 +546,18 @@ def _socket_ports(pid: int) -> set[int] | None:
 
 
 async def _sample_connections(
-    url: str, caller: subprocess.Popen[bytes], client_id: str
+    url: str, caller: subprocess.Popen[bytes], client_id: str, limit_s: float
 ) -> dict[str, Any]:
-    """Read CLIENT LIST until the caller exits: the caller's connections (by its sockets'
-    addresses, else by its client name) at each sample."""
+    """Read CLIENT LIST until the caller exits (or ``limit_s`` has passed): the caller's
+    connections (by its sockets' addresses, else by its client name) at each sample."""
     r: Any = await connect(url)
     samples: list[tuple[float, int]] = []
     ids: set[str] = set()
     by = "address"
     received0 = int((await r.info("stats"))["total_connections_received"])
     try:
-        while caller.poll() is None:
+        deadline = time.monotonic() + limit_s
+        while caller.poll() is None and time.monotonic() < deadline:
             ports = _socket_ports(caller.pid)
             clients = await r.client_list()
             if ports is None:
@@ -610,8 +615,11 @@ def _fanout_run(
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
             )  # fmt: skip
         try:
-            conns = anyio.run(_sample_connections, url, caller, client_id)
-            stdout, _ = caller.communicate(timeout=timeout_s + 120)
+            # The caller's requests time out after timeout_s: past that (and its start and
+            # stop) it is stuck, and is killed below.
+            limit_s = timeout_s + 120
+            conns = anyio.run(_sample_connections, url, caller, client_id, limit_s)
+            stdout, _ = caller.communicate(timeout=30 if caller.poll() is None else None)
         finally:
             if caller.poll() is None:
                 caller.kill()
