@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -46,13 +47,24 @@ except ImportError:  # pragma: no cover - depends on the environment
     OTEL = False
 
 
+_UNSET = object()
+# A tracer provider named by the environment (OpenTelemetry reads it when asked for the
+# provider): looked up once, for the fast path of tracing().
+_ENV_PROVIDER = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
+
+
 def tracing() -> bool:
     """True when OpenTelemetry is installed *and* a tracer provider was set up.
 
     With the API alone the spans would be no-ops that still cost ~25 µs per message
-    (context extraction, attach/detach): skip them until someone collects spans.
+    (context extraction, attach/detach): skip them until someone collects spans. The
+    runtime asks once per message: while no provider is set (OpenTelemetry's module
+    global still None, none named by the environment) the answer costs an attribute
+    read, not OpenTelemetry's lookup of the environment.
     """
     if not OTEL:
+        return False
+    if not _ENV_PROVIDER and getattr(_otel_trace, "_TRACER_PROVIDER", _UNSET) is None:
         return False
     provider = _otel_trace.get_tracer_provider()
     return type(provider).__name__ not in ("ProxyTracerProvider", "NoOpTracerProvider")
