@@ -103,7 +103,11 @@ def send_batch_call(
 
 
 def _sent_each(reply: Any) -> list[Sent]:
-    return [_sent(x) for x in reply]
+    # Entry ids are ASCII digits and '-': decoded as they are (hundreds per reply).
+    return [
+        Sent(entry_id=x.decode("ascii", "replace")) if isinstance(x, bytes) else _sent(x)
+        for x in reply
+    ]
 
 
 def enqueue_call(
