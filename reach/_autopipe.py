@@ -89,6 +89,15 @@ def _batched(name: str) -> Callable[..., Awaitable[Any]]:
     return method
 
 
+def _answer(p: _Pending, reply: Any) -> None:
+    if p.fut.done():
+        return  # its caller was cancelled meanwhile
+    if isinstance(reply, Exception):
+        p.fut.set_exception(reply)
+    else:
+        p.fut.set_result(reply)
+
+
 class AutoPipeline:
     """An asyncio Redis client (see the module docstring) over ``redis``.
 
@@ -184,11 +193,12 @@ class AutoPipeline:
             replies = [await self._one(batch[0])]
         else:
             replies = await self._pipeline(batch)
-        retry = [
-            p
-            for p, x in zip(batch, replies, strict=True)
-            if isinstance(x, Exception) and is_noscript(x) and p.tries == 0
-        ]
+        retry: list[_Pending] = []
+        for p, x in zip(batch, replies, strict=True):
+            if isinstance(x, Exception) and is_noscript(x) and p.tries == 0:
+                retry.append(p)
+            else:
+                _answer(p, x)  # answered now: a failure of the resend below is not theirs
         if retry:
             # The scripts are not in the server's cache: load them and send just those
             # commands again (they did not run).
@@ -196,15 +206,8 @@ class AutoPipeline:
             for p in retry:
                 p.tries += 1
             again = await self._pipeline(retry) if len(retry) > 1 else [await self._one(retry[0])]
-            by_id = {id(p): x for p, x in zip(retry, again, strict=True)}
-            replies = [by_id.get(id(p), x) for p, x in zip(batch, replies, strict=True)]
-        for p, x in zip(batch, replies, strict=True):
-            if p.fut.done():
-                continue  # its caller was cancelled meanwhile
-            if isinstance(x, Exception):
-                p.fut.set_exception(x)
-            else:
-                p.fut.set_result(x)
+            for p, x in zip(retry, again, strict=True):
+                _answer(p, x)
 
     async def _one(self, p: _Pending) -> Any:
         """The plain command; its error (a reply or redis-py's refusal) as its reply."""
