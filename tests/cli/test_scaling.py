@@ -4,11 +4,16 @@ every figure set, checked for the output's shape and for every message processed
 
 from __future__ import annotations
 
+import uuid
+from typing import Any
+
 import pytest
+import redis.asyncio as aredis
 from reach_cli.tools import scaling
 
 from reach.envelope import encode_payload
 from reach.errors import ConfigError
+from reach.keys import Keys
 
 
 def test_payload_pad_makes_the_encoded_payload_the_size_asked() -> None:
@@ -16,6 +21,32 @@ def test_payload_pad_makes_the_encoded_payload_the_size_asked() -> None:
         pad = scaling.payload_pad(size)
         assert len(encode_payload({"i": 0, "pad": pad})) == size
     assert scaling.payload_pad(0) == b""
+
+
+@pytest.mark.anyio
+async def test_drain_polls_the_inboxes_left_and_all_of_them_before_answering_0(
+    redis_url: str,
+) -> None:
+    keys = Keys(f"scaling-test-{uuid.uuid4().hex[:8]}")
+    a1, a2, a3 = (keys.inbox(a, "normal") for a in ("a1", "a2", "a3"))
+    r: Any = aredis.Redis.from_url(redis_url)
+    try:
+        e1 = [await r.xadd(a1, {"x": 1}) for _ in range(2)]
+        e2 = [await r.xadd(a2, {"x": 1})]
+        drain = scaling._Drain(keys, ["a1", "a2", "a3"])
+        assert await drain.entries_left(r) == 3 and drain.left == ["a1", "a2"]
+        await r.xdel(a2, *e2)
+        assert await drain.entries_left(r) == 2 and drain.left == ["a1"]
+        # An inbox seen empty gets an entry (an evicted agent's inbox moved): the final
+        # check over every inbox finds it.
+        e3 = [await r.xadd(a3, {"x": 1})]
+        await r.xdel(a1, *e1)
+        assert await drain.entries_left(r) == 1 and drain.left == ["a3"]
+        await r.xdel(a3, *e3)
+        assert await drain.entries_left(r) == 0
+    finally:
+        await r.delete(a1, a2, a3)
+        await r.aclose()
 
 
 def test_unknown_set_and_bad_sizes_are_config_errors() -> None:

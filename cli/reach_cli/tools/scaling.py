@@ -236,19 +236,27 @@ async def _flush(url: str) -> None:
 # -- throughput ---------------------------------------------------------------------------
 
 
-async def _drained(r: Any, keys: Keys, agent_ids: list[str]) -> int:
-    """Entries left in the inboxes, asking only about those not yet seen empty (so that
-    polling 100 inboxes every few ms does not load Redis), then all of them again before
-    answering 0 (an evicted agent's inbox may be moved to another)."""
-    left = list(agent_ids)
-    while True:
-        depths = await admin.queue_depths(r, keys, left)
-        left = [a for a in left if sum(depths[a].values())]
-        if left:
-            return sum(sum(depths[a].values()) for a in left)
-        if len(depths) == len(agent_ids):
-            return 0
-        left = list(agent_ids)  # the final check: every inbox
+class _Drain:
+    """Whether the inboxes of ``agent_ids`` are drained, polled: each poll asks only about
+    the inboxes not yet seen empty (so that polling 100 inboxes every few ms does not
+    load Redis), and all of them again before answering 0 (an evicted agent's inbox may
+    be moved to another)."""
+
+    def __init__(self, keys: Keys, agent_ids: list[str]) -> None:
+        self.keys = keys
+        self.all = list(agent_ids)
+        self.left = list(agent_ids)
+
+    async def entries_left(self, r: Any) -> int:
+        """Entries in the inboxes not seen empty (0: every inbox is empty)."""
+        while True:
+            depths = await admin.queue_depths(r, self.keys, self.left)
+            self.left = [a for a in self.left if sum(depths[a].values())]
+            if self.left:
+                return sum(sum(depths[a].values()) for a in self.left)
+            if len(depths) == len(self.all):
+                return 0
+            self.left = list(self.all)  # the final check: every inbox
 
 
 async def _throughput(
@@ -299,9 +307,10 @@ async def _throughput(
                 for _ in range(min(STREAM_INFLIGHT, n)):
                     tg.start_soon(sender)
             t_sent = time.perf_counter()
+            drain = _Drain(keys, agent_ids)
             with anyio.fail_after(DRAIN_TIMEOUT_S):
                 while True:
-                    left = await _drained(r, keys, agent_ids)
+                    left = await drain.entries_left(r)
                     if progress:
                         progress(f"{label}: processed", max(0, n - left), n)
                     if left == 0:
