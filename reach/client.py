@@ -777,6 +777,8 @@ class Client:
             return [err] * len(envs)
         now = now_ms()
         picked: list[tuple[int, AgentInfo]] = []
+        # The same for every message of the batch (its options and the candidates are).
+        policy = self._policy_for(envs[0], candidates)
         try:
             for i, env in enumerate(envs):
                 if env.deadline_ms and env.deadline_ms <= now:
@@ -786,7 +788,7 @@ class Client:
                     agent = self.router.pick(
                         cap,
                         candidates,
-                        policy=self._policy_for(env, candidates),
+                        policy=policy,
                         session_id=env.session_id or None,
                         target=env.target or None,
                         where=where,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..connection import AnyRedis
-from ..keys import Keys
+from ..keys import PRIORITIES, Keys
 from ._call import Call, as_int, as_text, code_of, run_calls
 from ._loader import Op, is_data_error, run_pipeline
 from .codes import DropInboxCode
@@ -93,8 +93,10 @@ def send_batch_call(
         raise ValueError("the batch form of send.lua takes two messages at least")
     k: list[str] = []
     args: list[Any] = []
+    inboxes = dict(zip(PRIORITIES, keys.inboxes(agent_id), strict=True))
     for j, (m, priority) in enumerate(messages):
-        k += [keys.inbox(agent_id, priority), keys.idem(m.key), keys.task(m.msg_id)]
+        inbox = inboxes.get(priority) or keys.inbox(agent_id, priority)
+        k += [inbox, keys.idem(m.key), keys.task(m.msg_id)]
         args += [m.data, m.capability, m.attempt, m.msg_id, m.idempotency_key]
         if j == 0:  # the one-message layout, then the batch's own
             k += keys.inboxes(agent_id)
