@@ -555,15 +555,21 @@ def _socket_ports(pid: int) -> set[int] | None:
 
 
 async def _sample_connections(
-    url: str, caller: subprocess.Popen[bytes], client_id: str, limit_s: float
+    url: str,
+    caller: subprocess.Popen[bytes],
+    client_id: str,
+    limit_s: float,
+    worker_pids: list[int],
 ) -> dict[str, Any]:
     """Read CLIENT LIST until the caller exits (or ``limit_s`` has passed): the caller's
-    connections (by its sockets' addresses, else by its client name) at each sample."""
+    connections (by its sockets' addresses, else by its client name) at each sample; and
+    the CPU seconds the workers and Redis spent meanwhile."""
     r: Any = await connect(url)
     samples: list[tuple[float, int]] = []
     ids: set[str] = set()
     by = "address"
     received0 = int((await r.info("stats"))["total_connections_received"])
+    cpu0 = await _cpu(r, worker_pids)
     try:
         deadline = time.monotonic() + limit_s
         while caller.poll() is None and time.monotonic() < deadline:
@@ -578,9 +584,16 @@ async def _sample_connections(
             ids.update(str(x["id"]) for x in mine)
             await anyio.sleep(CLIENT_LIST_EVERY_S)
         received = int((await r.info("stats"))["total_connections_received"]) - received0
+        cpu1 = await _cpu(r, worker_pids)
     finally:
         await r.aclose()
-    return {"samples": samples, "distinct": len(ids), "by": by, "received": received}
+    return {
+        "samples": samples,
+        "distinct": len(ids),
+        "by": by,
+        "received": received,
+        "cpu_s": {k: _minus(cpu1[k], cpu0[k]) for k in ("workers", "redis")},
+    }
 
 
 def _port(addr: str) -> int:
@@ -627,7 +640,8 @@ def _fanout_run(
             # The caller's requests time out after timeout_s: past that (and its start and
             # stop) it is stuck, and is killed below.
             limit_s = timeout_s + 120
-            conns = anyio.run(_sample_connections, url, caller, client_id, limit_s)
+            pids = [p.pid for p, _ in procs.procs]
+            conns = anyio.run(_sample_connections, url, caller, client_id, limit_s, pids)
             stdout, _ = caller.communicate(timeout=30 if caller.poll() is None else None)
         finally:
             if caller.poll() is None:
@@ -646,6 +660,8 @@ def _fanout_run(
     out["connections_counted_by"] = conns["by"]
     out["connections_received_all_clients"] = conns["received"]
     out["connection_samples"] = len(conns["samples"])
+    # While the caller process ran (its start and stop included).
+    out["worker_cpu_s"], out["redis_cpu_s"] = conns["cpu_s"]["workers"], conns["cpu_s"]["redis"]
     out["worker_stats"] = procs.stats()
     for key in ("t_start", "t_end"):
         out.pop(key, None)
@@ -792,6 +808,10 @@ def _drop(fig: dict[str, Any]) -> dict[str, Any]:
 # -- the report ---------------------------------------------------------------------------
 
 
+def _num(v: float | None) -> str:
+    return "?" if v is None else f"{v:.1f}"
+
+
 def _rate(fig: dict[str, Any]) -> str:
     if "msgs_per_s" not in fig:
         return "failed: " + "; ".join(fig.get("errors_of_rounds", ["no figures"]))
@@ -869,7 +889,9 @@ def format_report(out: dict[str, Any]) -> str:
                 ),
                 (
                     f"  caller max RSS {fo['rss_max_mb']:.0f} MB ({fo['rss_before_mb']:.0f} MB "
-                    f"before the fan-out); caller CPU {fo['caller_cpu_s']:.2f}s"
+                    f"before the fan-out); CPU s: caller {fo['caller_cpu_s']:.1f} (the "
+                    f"fan-out), worker {_num(fo.get('worker_cpu_s'))}, redis "
+                    f"{_num(fo.get('redis_cpu_s'))} (while the caller ran)"
                 ),
             ]
             if fo.get("first_error"):
