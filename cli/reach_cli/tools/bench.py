@@ -15,6 +15,10 @@ It measures
 * streaming throughput (``stream_messages`` > 0): the worker runs while one caller sends
   with ``Client.send``, ``STREAM_INFLIGHT`` sends in flight; the clock runs from the first
   send until every message is processed (see "processed" below);
+* ``Client.send_many`` streaming (with the streaming workload): the same messages sent
+  ``FLOOR_BATCH`` per ``send_many`` call, one call at a time, while the worker runs; its
+  enqueue rate (messages sent per second of sending) is compared with the floor's
+  pipelined XADDs (goal: >= 80 %);
 * with ``floor=True``, the floor (:mod:`reach_cli.tools.floor`): the bare redis-py loop on
   Redis Streams, no guarantees, measured in the same run on the same Redis with the same
   two workloads (streaming throughput: XADD pipelined ``FLOOR_BATCH`` per batch, the
@@ -284,6 +288,38 @@ async def _streaming(
     return _stream_figures(n, t0, t_sent, t1, processed, inflight=STREAM_INFLIGHT)
 
 
+async def _streaming_many(
+    url: str, n: int, worker: subprocess.Popen[bytes], progress: Progress | None
+) -> dict[str, Any]:
+    """reach, streaming with Client.send_many: ``FLOOR_BATCH`` messages per call, one call
+    at a time (as the floor pipelines its XADDs), while the worker runs."""
+    stream = Keys(NS).inbox(AGENT_ID, "normal")
+    r = await connect(url)  # the bench's own connection, for polling
+    try:
+        async with Client(redis_url=url, namespace=NS) as c:
+            await c.eligible(CAP)  # the routing view is loaded before the clock starts
+            added_before = await _entries_added(r, stream)
+            t0 = time.perf_counter()
+            for start in range(0, n, FLOOR_BATCH):
+                out = await c.send_many(
+                    CAP, [{"i": i} for i in range(start, min(start + FLOOR_BATCH, n))]
+                )
+                failed = [x for x in out if isinstance(x, Exception)]
+                if failed:
+                    raise RuntimeError(f"send_many: {len(failed)} not sent, e.g. {failed[0]!r}")
+                if progress:
+                    progress("streaming reach send_many: sent", min(start + FLOOR_BATCH, n), n)
+            t_sent = time.perf_counter()
+            await _until_processed(
+                r, stream, GROUP, n, "streaming reach send_many: processed", progress
+            )
+            t1 = time.perf_counter()
+            processed = await _entries_added(r, stream) - added_before
+    finally:
+        await r.aclose()
+    return _stream_figures(n, t0, t_sent, t1, processed, batch=FLOOR_BATCH)
+
+
 def _stream_figures(
     n: int, t0: float, t_sent: float, t1: float, processed: int, **extra: int
 ) -> dict[str, Any]:
@@ -293,6 +329,7 @@ def _stream_figures(
         "seconds": t1 - t0,
         "send_seconds": t_sent - t0,
         "msgs_per_s": n / (t1 - t0),
+        "sent_per_s": n / (t_sent - t0),  # the caller's enqueue rate
         "processed": processed,
     }
 
@@ -477,6 +514,8 @@ def _round(
             res["floor_streaming"] = floor_phase("streaming", _floor_streaming, stream_messages)
         st, st_stats = reach_phase("streaming", _streaming, stream_messages)
         res["streaming"] = {**st, "worker_stats": st_stats}
+        many, many_stats = reach_phase("streaming_many", _streaming_many, stream_messages)
+        res["streaming_many"] = {**many, "worker_stats": many_stats}
         if with_floor and not floor_first:
             res["floor_streaming"] = floor_phase("streaming", _floor_streaming, stream_messages)
     if with_floor and floor_first:
@@ -486,7 +525,19 @@ def _round(
         res["floor_latency"] = floor_phase("requests", _floor_latency, requests)
     if with_floor:
         res["ratios"] = _ratios(res)
+        if stream_messages:
+            res["send_many_ratios"] = _send_many_ratios(res)
     return res
+
+
+def _send_many_ratios(res: dict[str, Any]) -> dict[str, float]:
+    """Client.send_many / floor for one round: ``enqueue`` = the callers' enqueue rates
+    (messages sent per second of sending; goal >= 0.80), ``throughput`` = processed msgs/s."""
+    many, fs = res["streaming_many"], res["floor_streaming"]
+    return {
+        "enqueue": many["sent_per_s"] / fs["sent_per_s"],
+        "throughput": many["msgs_per_s"] / fs["msgs_per_s"],
+    }
 
 
 def _ratios(res: dict[str, Any]) -> dict[str, float]:
@@ -583,6 +634,12 @@ def run_bench(
     }
     if stream_messages:
         out["streaming"] = _medians([r["streaming"] for r in rounds])
+        out["send_many"] = _medians([r["streaming_many"] for r in rounds])
+        if floor:
+            many_ratios = [r["send_many_ratios"] for r in rounds]
+            out["send_many"]["ratios"] = {
+                key: statistics.median(x[key] for x in many_ratios) for key in many_ratios[-1]
+            }
     if floor:
         ratios = [r["ratios"] for r in rounds]
         out["floor"] = {
@@ -598,7 +655,15 @@ def run_bench(
             {
                 key: {f: v for f, v in fig.items() if f != "worker_stats"}
                 for key, fig in r.items()
-                if key in ("throughput", "latency", "streaming", "floor_streaming", "floor_latency")
+                if key
+                in (
+                    "throughput",
+                    "latency",
+                    "streaming",
+                    "streaming_many",
+                    "floor_streaming",
+                    "floor_latency",
+                )
             }
             for r in rounds
         ]
@@ -639,6 +704,14 @@ def format_report(out: dict[str, Any]) -> str:
             f"once, {st['messages']} msgs: {st['msgs_per_s']:,.0f} msgs/s processed "
             f"({st['seconds']:.2f}s; sent in {st['send_seconds']:.2f}s)"
         )
+    many = out.get("send_many")
+    if many:
+        lines.append(
+            f"streaming, 1 caller (Client.send_many, {many['batch']} per call) and the worker "
+            f"at once, {many['messages']} msgs: {many['msgs_per_s']:,.0f} msgs/s processed "
+            f"({many['seconds']:.2f}s; sent in {many['send_seconds']:.2f}s = "
+            f"{many['sent_per_s']:,.0f} msgs/s enqueued)"
+        )
     fl = out.get("floor")
     if fl:
         fs, flat, ra = fl["streaming"], fl["latency"], out["ratios"]
@@ -659,6 +732,12 @@ def format_report(out: dict[str, Any]) -> str:
                 + (" (medians of the rounds' ratios)" if rounds > 1 else "")
             ),
         ]
+        mr = (many or {}).get("ratios")
+        if mr:
+            lines.append(
+                f"send_many / floor: enqueue rate {mr['enqueue']:.2f}x (goal >= 0.80; floor "
+                f"{fs['sent_per_s']:,.0f} msgs/s enqueued), throughput {mr['throughput']:.2f}x"
+            )
     return "\n".join(lines)
 
 
