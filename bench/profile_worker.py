@@ -78,6 +78,9 @@ async def _stats(url: str) -> tuple[dict[str, int], int]:
     try:
         info = await r.info("commandstats")
         cmds = {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in info.items()}
+        # The Redis server's CPU time so far (µs), as the pseudo-command "µs".
+        cpu = await r.info("cpu")
+        cmds["µs"] = int(1e6 * (float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"])))
         reads = int((await r.info("stats"))["total_reads_processed"])
         return cmds, reads
     finally:
@@ -130,6 +133,7 @@ async def _drain(
     cmds1, reads1 = await _stats(url)
     seconds = t["t1"] - t["t0"]
     # The polling (a pipeline of XLEN) and INFO are the profiler's, not the worker's.
+    redis_us = (cmds1.pop("µs") - cmds0.pop("µs")) / n
     per_cmd = {
         k: (v - cmds0.get(k, 0)) / n
         for k, v in cmds1.items()
@@ -144,6 +148,7 @@ async def _drain(
         "redis_commands_per_msg": sum(per_cmd.values()),
         "round_trips_per_msg": (reads1 - reads0 - polls) / n,
         "worker_round_trips_per_msg": rt / n,
+        "redis_cpu_us_per_msg": redis_us,
         **{f"  {k}": v for k, v in sorted(per_cmd.items(), key=lambda kv: -kv[1])},
     }
 

@@ -110,6 +110,11 @@ class Consumer(Part):
                 backlog = sum(len(e) for _, e in got) >= n
                 if got:
                     await self._dispatch(got)
+                    if not backlog:
+                        # The inbox is drained: the handlers just started run (and their
+                        # settles go out) before the next blocking read is sent, which
+                        # would otherwise come first (a lone request's latency).
+                        await anyio.lowlevel.checkpoint()
             except (rexc.RedisError, OSError) as e:
                 # Never let the consumer die: Redis away, restarted, failing over, or a
                 # reply we did not expect. Log, back off, pick up what was left pending.
