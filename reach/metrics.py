@@ -36,8 +36,8 @@ into ``_other``):
 malformed. ``outcome`` of handlers: succeeded, error, timeout, rejected. ``outcome`` of
 client requests: succeeded, remote_error, rejected, deadline, no_agent, error.
 
-Counters and histograms are counted as plain numbers and added to their series when the
-registry is read (a scrape): a message costs a few dict updates, not prometheus-client's
+Counters and histograms are noted as they happen and added to their series when the
+registry is read (a scrape): a message costs an append per series, not prometheus-client's
 locked increments (a ``/metrics`` reader sees everything counted until its read). A read
 of a restricted registry (``name[]`` in the scrape's URL) does not fold them: scrape all.
 
@@ -51,6 +51,7 @@ when it stops (:func:`forget_agent`).
 from __future__ import annotations
 
 import bisect
+import collections
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -119,59 +120,80 @@ DURATION_BUCKETS = (
 
 
 class _Tally:
-    """The counters and histograms of the message path, counted as plain numbers and added
-    to their prometheus series when the registry is read (a scrape, ``get_sample_value``).
+    """The counters and histograms of the message path, noted as they happen and added to
+    their prometheus series when the registry is read (a scrape, ``get_sample_value``).
 
-    A message costs a few dict updates under one lock instead of a prometheus child's
-    locked increments per series (and a Python loop over the buckets per histogram
-    observation); nothing more is done until someone reads the metrics. Memory is bounded
-    by the label sets, which are bounded already (see the module's docstring). It is
-    registered in the default registry before the series, so a read folds it first.
+    A message's counts cost an append each (a deque: appends and pops are thread-safe
+    without a lock) instead of a prometheus child's locked increments per series and a
+    Python loop over the buckets per histogram observation. A read folds what was noted:
+    summed per series, then one increment per series and bucket. Unread, the notes are
+    folded every :data:`FOLD_AT` by whoever notes one (memory stays bounded; a fold costs
+    a dict update per note). It is registered in the default registry before the series,
+    so a read folds it first.
 
     Histograms are folded into prometheus-client's own bucket values (its ``_buckets``
     and ``_sum``, checked once at import: :data:`_FOLD_HISTOGRAMS`); without them,
     observations go to ``observe()`` as they come.
     """
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counts: dict[tuple[Any, tuple[str, ...]], float] = {}
-        # Per histogram child: one count per bucket (the last is +Inf), then the sum.
-        self._hists: dict[tuple[Any, tuple[str, ...]], list[float]] = {}
+    FOLD_AT = 16_384
 
-    def count(self, metric: Any, labels: tuple[str, ...], n: float = 1) -> None:
-        key = (metric, labels)
-        with self._lock:
-            self._counts[key] = self._counts.get(key, 0) + n
+    def __init__(self) -> None:
+        # (metric, labels, None) for a count, (metric, labels, value) for an observation
+        self._notes: collections.deque[tuple[Any, tuple[str, ...], float | None]] = (
+            collections.deque()
+        )
+        self._folding = threading.Lock()  # one fold at a time
+
+    def count(self, metric: Any, labels: tuple[str, ...]) -> None:
+        notes = self._notes
+        notes.append((metric, labels, None))
+        if len(notes) >= self.FOLD_AT:
+            self.fold(wait=False)
 
     def observe(self, metric: Any, labels: tuple[str, ...], value: float) -> None:
         if not _FOLD_HISTOGRAMS:
             _child(metric, *labels).observe(value)
             return
-        i = bisect.bisect_left(_BOUNDS, value)  # the first bucket with value <= bound
-        key = (metric, labels)
-        with self._lock:
-            h = self._hists.get(key)
-            if h is None:
-                h = self._hists[key] = [0.0] * (len(_BOUNDS) + 1)
-            h[i] += 1
-            h[-1] += value
+        notes = self._notes
+        notes.append((metric, labels, value))
+        if len(notes) >= self.FOLD_AT:
+            self.fold(wait=False)
 
-    def fold(self) -> None:
-        """Add what was counted since the last fold to the prometheus series."""
-        with self._lock:
-            if not self._counts and not self._hists:
-                return
-            counts, self._counts = self._counts, {}
-            hists, self._hists = self._hists, {}
-        for (metric, labels), n in counts.items():
-            _child(metric, *labels).inc(n)
-        for (metric, labels), h in hists.items():
-            child = _child(metric, *labels)
-            for i, n in enumerate(h[:-1]):
-                if n:
-                    child._buckets[i].inc(n)
-            child._sum.inc(h[-1])
+    def fold(self, *, wait: bool = True) -> None:
+        """Add what was noted since the last fold to the prometheus series (``wait``:
+        False skips it when another thread is folding)."""
+        if not self._folding.acquire(blocking=wait):
+            return
+        try:
+            counts: dict[tuple[Any, tuple[str, ...]], int] = {}
+            # Per histogram child: one count per bucket (the last is +Inf), then the sum.
+            hists: dict[tuple[Any, tuple[str, ...]], list[float]] = {}
+            pop = self._notes.popleft
+            while True:
+                try:
+                    metric, labels, value = pop()
+                except IndexError:
+                    break
+                key = (metric, labels)
+                if value is None:
+                    counts[key] = counts.get(key, 0) + 1
+                    continue
+                h = hists.get(key)
+                if h is None:
+                    h = hists[key] = [0.0] * (len(_BOUNDS) + 1)
+                h[bisect.bisect_left(_BOUNDS, value)] += 1  # the first bound >= value
+                h[-1] += value
+            for (metric, labels), n in counts.items():
+                _child(metric, *labels).inc(n)
+            for (metric, labels), h in hists.items():
+                child = _child(metric, *labels)
+                for i, k in enumerate(h[:-1]):
+                    if k:
+                        child._buckets[i].inc(k)
+                child._sum.inc(h[-1])
+        finally:
+            self._folding.release()
 
     def collect(self) -> Iterable[Any]:
         self.fold()
