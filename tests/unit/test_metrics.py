@@ -227,3 +227,14 @@ def test_counts_are_folded_into_the_series_when_the_registry_is_read() -> None:
     assert val("reach_handler_duration_seconds_bucket", **labels, le="+Inf") == 4
     metrics.handler_done(c, "succeeded", 0.25)  # a bound itself is in its bucket (le)
     assert val("reach_handler_duration_seconds_bucket", **labels, le="0.25") == 4
+
+
+def test_unread_notes_are_folded_as_they_pile_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Nobody scrapes: the notes are folded by the one that reaches FOLD_AT, so they never
+    # pile up beyond it.
+    monkeypatch.setattr(metrics._Tally, "FOLD_AT", 8)
+    c = cap()
+    for _ in range(20):
+        metrics.delivered(c, "low")
+        assert len(metrics._TALLY._notes) < 8
+    assert val("reach_messages_delivered_total", capability=c, priority="low") == 20
