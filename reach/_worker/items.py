@@ -31,10 +31,27 @@ class _Entry:
     reason: str = ""  # the dead-letter reason, if any
     queued: bool = False  # handed to settlement: its outcome is on its way to Redis
 
+    # Read by reach.scripts.delivery.settle (SettleLike): an entry is settled as it is.
+    @property
+    def inbox(self) -> str:
+        return self.stream
+
 
 @dataclass(slots=True, eq=False, kw_only=True)
 class AckOnly(_Entry):
     """An inbox entry without a message to handle: settled by its follow-up (a dead letter), if any, and its ack."""
+
+    @property
+    def completion(self) -> Completion | None:
+        return None
+
+    @property
+    def reply(self) -> bytes:
+        return b""
+
+    @property
+    def reply_stream(self) -> str:
+        return ""
 
 
 @dataclass(slots=True, eq=False, kw_only=True)
@@ -47,6 +64,14 @@ class Delivery(_Entry):
     complete: Completion | None = None  # set when its idempotency key is to be settled
     reply: bytes = b""  # the reply: stored by a 'done' completion, and published...
     reply_key: str = ""  # ... to this reply stream ('' = nobody waits for it)
+
+    @property
+    def completion(self) -> Completion | None:
+        return self.complete
+
+    @property
+    def reply_stream(self) -> str:
+        return self.reply_key
 
     def answer(self, keys: Keys, reply: bytes, *, publish: bool) -> None:
         """Set the reply, published to the caller's reply stream when ``publish``."""

@@ -7,9 +7,10 @@ retry, and last ``XACK`` + ``XDEL`` of the inbox entry.
 
 The writing is :func:`reach.scripts.delivery.settle`'s (one ``settle.lua`` call per batch
 on standalone Redis, pipelined ``complete.lua`` calls and the rest on a Cluster): this
-module queues entries, turns them into :class:`~reach.scripts.delivery.SettleItem` s, and
-reports what became of each. An entry whose settling is refused for its data (a key of
-the wrong type) is dead-lettered as it was read instead, so only the entry at fault is.
+module queues entries, hands them over as they are (they read as
+:class:`~reach.scripts.delivery.SettleItem` s), and reports what became of each. An entry
+whose settling is refused for its data (a key of the wrong type) is dead-lettered as it was
+read instead, so only the entry at fault is.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from redis import exceptions as rexc
 
 from ..outcomes import Settled
 from ..scripts import SettleCode, delivery
-from ..scripts.delivery import SettleItem
+from ..scripts.delivery import SettleItem, SettleLike
 from ..tasks import TASK_TTL_MS
 from .items import Delivery, Settleable
 from .letters import DeadLetters
@@ -87,7 +88,7 @@ class Settlement(Part):
             self.state.release(batch)
 
     async def _settle(self, batch: list[Settleable]) -> None:
-        def refused(i: int, _item: SettleItem, e: Exception) -> SettleItem:
+        def refused(i: int, _item: SettleLike, e: Exception) -> SettleItem:
             # Its record, reply stream or inbox holds a key of the wrong type (written
             # behind reach's back) or it is a bug: dead-letter the entry as it was read,
             # ack it, and never retry it.
@@ -97,7 +98,7 @@ class Settlement(Part):
 
         results = await delivery.settle(
             self.redis,
-            [settle_item(it) for it in batch],
+            batch,  # settled as they are (SettleLike): no copy per entry
             cluster=self.cluster,
             ttl_ms=TASK_TTL_MS,
             on_refused=refused,

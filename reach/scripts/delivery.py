@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 from redis import exceptions as rexc
 
@@ -338,8 +338,26 @@ class SettleItem:
     follow_up: FollowUp | None = None
 
 
+class SettleLike(Protocol):
+    """What :func:`settle` reads of an item: a :class:`SettleItem`'s fields. The worker
+    hands its own entries over as they are (reach._worker.items), with no copy per message."""
+
+    @property
+    def inbox(self) -> str: ...
+    @property
+    def entry_id(self) -> Any: ...
+    @property
+    def completion(self) -> Completion | None: ...
+    @property
+    def reply(self) -> bytes: ...
+    @property
+    def reply_stream(self) -> str: ...
+    @property
+    def follow_up(self) -> FollowUp | None: ...
+
+
 def settle_call(
-    items: Sequence[SettleItem], *, ttl_ms: int, group: str = GROUP
+    items: Sequence[SettleLike], *, ttl_ms: int, group: str = GROUP
 ) -> Call[list[SettleCode]]:
     """One ``settle.lua`` call for ``items`` (standalone Redis: any keys). ``ttl_ms``: how
     long records and reply streams live. The slots of each item are fixed (the script's
@@ -376,7 +394,7 @@ def settle_call(
     return Call("settle", tuple(keys), tuple(args), _codes)
 
 
-Refused = Callable[[int, SettleItem, Exception], SettleItem | None]
+Refused = Callable[[int, SettleLike, Exception], SettleItem | None]
 """``on_refused(index, item, refusal)``: what to settle instead of item ``index``, whose
 completion (or settle) was refused for the data (e.g. its record is not a hash), or None
 to only ack it. The replacement must carry no completion."""
@@ -384,7 +402,7 @@ to only ack it. The replacement must carry no completion."""
 
 async def settle(
     r: AnyRedis,
-    items: Sequence[SettleItem],
+    items: Sequence[SettleLike],
     *,
     cluster: bool,
     ttl_ms: int,
@@ -424,7 +442,7 @@ async def settle(
 async def _settle_alone(
     r: AnyRedis,
     i: int,
-    item: SettleItem,
+    item: SettleLike,
     ttl_ms: int,
     group: str,
     on_refused: Refused | None,
@@ -433,7 +451,7 @@ async def _settle_alone(
     """Standalone: settle one item; if refused, its replacement; if that is refused too
     (or there is none), ack and delete its entry: it can never be settled."""
 
-    async def attempt(it: SettleItem) -> SettleCode | Exception:
+    async def attempt(it: SettleLike) -> SettleCode | Exception:
         trip("settle")
         try:
             return (await settle_call([it], ttl_ms=ttl_ms, group=group).run(r))[0]
@@ -460,7 +478,7 @@ async def _settle_alone(
 
 async def _settle_pipelined(
     r: AnyRedis,
-    items: list[SettleItem],
+    items: list[SettleLike],
     ttl_ms: int,
     group: str,
     on_refused: Refused | None,
