@@ -60,6 +60,9 @@ def entry_data(fields: Any) -> bytes | None:
     """The ``e`` field of an inbox entry as read (a dict from redis-py, a flat list from
     fetch.lua); None when there is no such field or it is not bytes."""
     if isinstance(fields, list):
+        if len(fields) == 2 and fields[0] == b"e":  # what reach writes: the one field
+            data = fields[1]
+            return data if isinstance(data, bytes) else None
         fields = dict(zip(fields[::2], fields[1::2], strict=False))
     if not isinstance(fields, dict):
         return None
