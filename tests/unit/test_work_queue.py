@@ -1,0 +1,90 @@
+"""reach._worker.execution.WorkQueue: the handler pool's queue."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+
+from reach._worker.execution import WorkQueue
+
+pytestmark = pytest.mark.anyio
+
+
+def item(i: int) -> Any:
+    return f"item-{i}"  # the queue never looks inside its items
+
+
+async def test_items_come_out_in_order_and_at_once_when_there() -> None:
+    q = WorkQueue()
+    for i in range(3):
+        q.put(item(i))
+    assert q.waiting == 3
+    assert [await q.get() for _ in range(3)] == [item(0), item(1), item(2)]
+    assert q.waiting == 0
+
+
+async def test_a_put_wakes_one_idle_taker_per_item() -> None:
+    q = WorkQueue()
+    got: list[Any] = []
+
+    async def taker() -> None:
+        got.append(await q.get())
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(3):
+            tg.start_soon(taker)
+        await anyio.wait_all_tasks_blocked()
+        q.put(item(0))
+        q.put(item(1))
+        await anyio.wait_all_tasks_blocked()
+        assert sorted(got) == [item(0), item(1)]
+        q.put(item(2))
+    assert sorted(got) == [item(0), item(1), item(2)]
+
+
+async def test_a_taker_cancelled_as_it_is_woken_loses_no_item() -> None:
+    # Woken, then cancelled before it ran: either it still takes the item (anyio delivers
+    # the cancellation later) or it passes the wake-up on; the item is never lost.
+    q = WorkQueue()
+    got: list[Any] = []
+    scope = anyio.CancelScope()
+
+    async def first() -> None:
+        with scope:
+            got.append(await q.get())
+
+    async def second() -> None:
+        got.append(await q.get())
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(first)
+        await anyio.wait_all_tasks_blocked()
+        tg.start_soon(second)
+        await anyio.wait_all_tasks_blocked()
+        q.put(item(0))  # wakes the first idle taker...
+        scope.cancel()  # ... cancelled before it runs
+        await anyio.wait_all_tasks_blocked()
+        assert got == [item(0)]
+        q.put(item(1))  # whoever is left takes the next one
+        await anyio.wait_all_tasks_blocked()
+        assert got == [item(0), item(1)]
+        tg.cancel_scope.cancel()
+    assert q.waiting == 0
+
+
+async def test_a_raw_cancellation_after_the_wake_up_passes_it_on() -> None:
+    # asyncio's own cancel (not anyio's scope) reaches the taker although its wake-up came:
+    # the wake-up goes to the next idle taker.
+    import asyncio
+
+    q = WorkQueue()
+    first = asyncio.ensure_future(q.get())
+    second = asyncio.ensure_future(q.get())
+    await asyncio.sleep(0)
+    q.put(item(0))
+    first.cancel()
+    assert await second == item(0)
+    with pytest.raises(asyncio.CancelledError):
+        await first
