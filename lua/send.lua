@@ -43,6 +43,8 @@ local MAX_TTL, MAX_INT = 31536000000, 999999999999999
 local function kbase(j) if j == 1 then return 0 end return 3 * j end
 local function abase(j) if j == 1 then return 0 end return 5 * j - 3 end
 
+local fresh = {}  -- the batch form: message j's record does not exist yet
+
 local function check()
   if #ARGV > 7 then
     if (#ARGV - 7) % 5 ~= 0 then
@@ -68,9 +70,14 @@ local function check()
       if inbox ~= KEYS[4] and inbox ~= KEYS[5] and inbox ~= KEYS[6] then
         return 'KEYS[' .. (k + 1) .. ']: not one of the inboxes KEYS[4..6]'
       end
-      for i, want in ipairs({'hash', 'string'}) do
-        local why = key_type(KEYS[k + 1 + i], want)
-        if why then return 'KEYS[' .. (k + 1 + i) .. ']: ' .. why end
+      local t = redis.call('TYPE', KEYS[k + 2])['ok']
+      if t ~= 'none' and t ~= 'hash' then
+        return 'KEYS[' .. (k + 2) .. ']: holds a ' .. t .. ', want a hash'
+      end
+      fresh[j] = t == 'none'
+      if ARGV[abase(j) + 5] ~= '' then  -- the pointer is written only with a caller's key
+        local why = key_type(KEYS[k + 3], 'string')
+        if why then return 'KEYS[' .. (k + 3) .. ']: ' .. why end
       end
     end
     return nil, tonumber(ARGV[7]), n
@@ -91,12 +98,18 @@ end
 local err, max, n = check()
 if err then return refuse(err) end
 
--- Add message j (its KEYS after k, its ARGV after a) and mark it pending.
-local function add(k, a)
+-- Add message j (its KEYS after k, its ARGV after a) and mark it pending (a status the
+-- record holds already is kept; a record known not to exist takes all in one HSET).
+local function add(k, a, new)
   local id = redis.call('XADD', KEYS[k + 1], '*', 'e', ARGV[a + 1])
-  redis.call('HSETNX', KEYS[k + 2], 'status', 'pending')
-  redis.call('HSET', KEYS[k + 2], 'capability', ARGV[a + 2], 'attempt', ARGV[a + 3],
-    'sent_msg_id', ARGV[a + 4])
+  if new then
+    redis.call('HSET', KEYS[k + 2], 'status', 'pending', 'capability', ARGV[a + 2],
+      'attempt', ARGV[a + 3], 'sent_msg_id', ARGV[a + 4])
+  else
+    redis.call('HSETNX', KEYS[k + 2], 'status', 'pending')
+    redis.call('HSET', KEYS[k + 2], 'capability', ARGV[a + 2], 'attempt', ARGV[a + 3],
+      'sent_msg_id', ARGV[a + 4])
+  end
   redis.call('PEXPIRE', KEYS[k + 2], ARGV[6])
   if ARGV[a + 5] ~= '' then
     redis.call('SET', KEYS[k + 3], ARGV[a + 5], 'PX', ARGV[6])
@@ -117,7 +130,7 @@ end
 
 if n == 0 then
   if max > 0 and depth >= max then return depth end
-  return add(0, 0)
+  return add(0, 0, false)
 end
 
 local out = {}
@@ -125,7 +138,7 @@ for j = 1, n do
   if max > 0 and depth >= max then
     out[j] = depth
   else
-    out[j] = add(kbase(j), abase(j))
+    out[j] = add(kbase(j), abase(j), fresh[j])
     depth = depth + 1
   end
 end

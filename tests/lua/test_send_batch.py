@@ -103,3 +103,14 @@ async def test_send_many_splits_a_large_group_into_batches(r: AnyRedis, ns: str)
     refused = [x for x in out if isinstance(x, inbox.Sent) and x.refused]
     assert len(refused) == 1 and refused[0].depth == n - 1 and out[-1] is refused[0]
     assert await r.xlen(k.inbox("w-6", "normal")) == n - 1
+
+
+async def test_a_batch_keeps_a_status_the_record_holds(r: AnyRedis, ns: str) -> None:
+    k = Keys(ns)
+    await r.hset(k.idem("order-1"), mapping={"status": "succeeded", "result": "r"})
+    batch = [(msg(1, "order-1"), "normal"), (msg(2), "normal")]
+    await inbox.send_batch_call(k, batch, agent_id="w-7", ttl_ms=TTL_MS).run(r)
+    kept = await r.hgetall(k.idem("order-1"))
+    assert kept[b"status"] == b"succeeded" and kept[b"result"] == b"r"
+    assert kept[b"sent_msg_id"] == b"m1"  # the send's own fields are written as ever
+    assert (await r.hgetall(k.idem("m2")))[b"status"] == b"pending"
