@@ -523,6 +523,18 @@ def bench(
         print(format_report(out))
 
 
+@app.command(
+    "bench-scaling",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)
+def bench_scaling(ctx: typer.Context) -> None:
+    """Scaling figures: 1/2/4 workers, 1/10/100 agents, 1 KB/64 KB payloads, a 10,000-way fan-out (--help: options)."""
+    from .tools.scaling import main as scaling_main
+
+    raise typer.Exit(scaling_main(ctx.args, prog="reach bench-scaling"))
+
+
 # -- chaos --------------------------------------------------------------------------------
 @app.command(
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},

@@ -89,3 +89,20 @@ def test_tiny_run_of_every_set_processes_every_message() -> None:
     report = scaling.format_report(out)
     assert "2 worker process(es)" in report and "3 agent(s) sharing" in report
     assert f"{fan} answered" in report
+
+
+def test_reach_bench_scaling_passes_its_options_to_the_tool() -> None:
+    """`reach bench-scaling` is the same tool as bench/scaling_bench.py: its --help lists
+    the tool's options under the command's name."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "reach_cli.app", "bench-scaling", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "usage: reach bench-scaling" in out.stdout
+    assert "--fanout" in out.stdout and "--workers" in out.stdout

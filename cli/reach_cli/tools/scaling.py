@@ -920,10 +920,13 @@ def _sizes(text: str) -> list[int]:
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python bench/scaling_bench.py`` (plain progress lines on stderr)."""
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    """``python bench/scaling_bench.py`` and ``reach bench-scaling`` (plain progress lines
+    on stderr)."""
     ap = argparse.ArgumentParser(
-        prog="scaling_bench", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+        prog=prog or "scaling_bench",
+        description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
     )
     ap.add_argument(
         "--sets",
