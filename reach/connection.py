@@ -46,14 +46,12 @@ The sync client (``connect_sync``, used by the heartbeat thread) behaves the sam
 from __future__ import annotations
 
 import asyncio
-import collections
-import contextlib
 import contextvars
 import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol, cast, runtime_checkable
+from typing import Any, cast
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import redis
@@ -72,85 +70,12 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 from redis.utils import HIREDIS_AVAILABLE
 
+from ._pool import _POOL_EMPTY, POOL_WAIT_S, _WaitingPool
+from ._redislike import AnyRedis as AnyRedis  # noqa: PLC0414 (re-exported: every module imports it from here)
+from ._redislike import RedisLike as RedisLike  # noqa: PLC0414
 from .errors import ConfigError, ConnectionsExhausted, ReachError, RedisUnavailable
 
 log = logging.getLogger("reach.connection")
-
-
-@runtime_checkable
-class RedisLike(Protocol):
-    """The asyncio Redis client surface reach uses: what both :class:`redis.asyncio.Redis`
-    (standalone, Sentinel) and :class:`redis.asyncio.RedisCluster` offer, which is what
-    :func:`connect` returns.
-
-    Each method is typed ``(*args, **kwargs) -> Any`` on purpose: redis-py's command
-    signatures are shared with its sync clients (replies typed as a union of a value and an
-    awaitable) and some (``pipeline``, ``execute_command``) differ between the two classes;
-    this shape lets both satisfy the protocol under mypy strict, while a method not listed
-    here is still a type error. To call another command, add it here
-    (tests/unit/test_redis_protocol.py checks that both clients have every method listed).
-    What ``pipeline()`` returns is not typed.
-    """
-
-    # connection and server
-    def aclose(self, *args: Any, **kwargs: Any) -> Any: ...
-    def execute_command(self, *args: Any, **kwargs: Any) -> Any: ...
-    def info(self, *args: Any, **kwargs: Any) -> Any: ...
-    def ping(self, *args: Any, **kwargs: Any) -> Any: ...
-    def pipeline(self, *args: Any, **kwargs: Any) -> Any: ...
-    # scripts
-    def eval(self, *args: Any, **kwargs: Any) -> Any: ...
-    def evalsha(self, *args: Any, **kwargs: Any) -> Any: ...
-    def script_load(self, *args: Any, **kwargs: Any) -> Any: ...
-    # keys and strings
-    def delete(self, *args: Any, **kwargs: Any) -> Any: ...
-    def exists(self, *args: Any, **kwargs: Any) -> Any: ...
-    def expire(self, *args: Any, **kwargs: Any) -> Any: ...
-    def get(self, *args: Any, **kwargs: Any) -> Any: ...
-    def pexpire(self, *args: Any, **kwargs: Any) -> Any: ...
-    def pttl(self, *args: Any, **kwargs: Any) -> Any: ...
-    def scan_iter(self, *args: Any, **kwargs: Any) -> Any: ...
-    def set(self, *args: Any, **kwargs: Any) -> Any: ...
-    # hashes
-    def hdel(self, *args: Any, **kwargs: Any) -> Any: ...
-    def hget(self, *args: Any, **kwargs: Any) -> Any: ...
-    def hgetall(self, *args: Any, **kwargs: Any) -> Any: ...
-    def hincrby(self, *args: Any, **kwargs: Any) -> Any: ...
-    def hmget(self, *args: Any, **kwargs: Any) -> Any: ...
-    def hset(self, *args: Any, **kwargs: Any) -> Any: ...
-    # lists
-    def lrange(self, *args: Any, **kwargs: Any) -> Any: ...
-    def rpush(self, *args: Any, **kwargs: Any) -> Any: ...
-    # sets
-    def sadd(self, *args: Any, **kwargs: Any) -> Any: ...
-    def scard(self, *args: Any, **kwargs: Any) -> Any: ...
-    def smembers(self, *args: Any, **kwargs: Any) -> Any: ...
-    def srem(self, *args: Any, **kwargs: Any) -> Any: ...
-    # sorted sets
-    def zadd(self, *args: Any, **kwargs: Any) -> Any: ...
-    def zcard(self, *args: Any, **kwargs: Any) -> Any: ...
-    def zrange(self, *args: Any, **kwargs: Any) -> Any: ...
-    def zrangebyscore(self, *args: Any, **kwargs: Any) -> Any: ...
-    def zrem(self, *args: Any, **kwargs: Any) -> Any: ...
-    def zscore(self, *args: Any, **kwargs: Any) -> Any: ...
-    # streams
-    def xack(self, *args: Any, **kwargs: Any) -> Any: ...
-    def xadd(self, *args: Any, **kwargs: Any) -> Any: ...
-    def xdel(self, *args: Any, **kwargs: Any) -> Any: ...
-    def xgroup_create(self, *args: Any, **kwargs: Any) -> Any: ...
-    def xinfo_groups(self, *args: Any, **kwargs: Any) -> Any: ...
-    def xinfo_stream(self, *args: Any, **kwargs: Any) -> Any: ...
-    def xlen(self, *args: Any, **kwargs: Any) -> Any: ...
-    def xpending(self, *args: Any, **kwargs: Any) -> Any: ...
-    def xpending_range(self, *args: Any, **kwargs: Any) -> Any: ...
-    def xrange(self, *args: Any, **kwargs: Any) -> Any: ...
-    def xread(self, *args: Any, **kwargs: Any) -> Any: ...
-    def xreadgroup(self, *args: Any, **kwargs: Any) -> Any: ...
-    def xrevrange(self, *args: Any, **kwargs: Any) -> Any: ...
-
-
-AnyRedis = RedisLike
-"""The name every module imports for "an asyncio Redis client, standalone or Cluster"."""
 
 
 def as_text(value: Any) -> str:
@@ -170,7 +95,6 @@ def is_pool_exhausted(exc: BaseException) -> bool:
 
 # What a waiting pool raises when its wait for a connection timed out (the words of
 # redis-py's BlockingConnectionPool).
-_POOL_EMPTY = "No connection available."
 
 
 def unreachable(url: str, exc: BaseException) -> RedisUnavailable:
@@ -460,76 +384,6 @@ class _SyncSentinelConnection(SentinelManagedConnection):
         )
 
 
-class _WaitingPool(aredis.ConnectionPool):
-    """redis-py's asyncio pool, bounded by ``max_connections``, whose callers wait (first
-    come, first served) for a free connection instead of getting ``MaxConnectionsError``.
-
-    redis-py's ``BlockingConnectionPool`` does the same under a lock and a timeout for
-    every command (~15 µs of CPU each here); this one costs nothing until the pool is
-    full. After ``timeout`` seconds of waiting: ``ConnectionError("No connection
-    available.")``, which :func:`unreachable` turns into :class:`ConnectionsExhausted`.
-    """
-
-    def __init__(self, *args: Any, timeout: float = 0, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.timeout = timeout or POOL_WAIT_S
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-
-    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
-        if self._waiters or not self.can_get_connection():
-            await self._wait_turn(first=False)
-        while True:
-            try:
-                return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
-            except rexc.MaxConnectionsError:  # taken meanwhile (e.g. while the lock was held)
-                await self._wait_turn(first=True)
-
-    async def _wait_turn(self, *, first: bool) -> None:
-        deadline = time.monotonic() + self.timeout
-        while True:
-            fut = asyncio.get_running_loop().create_future()
-            if first:
-                self._waiters.appendleft(fut)
-            else:
-                self._waiters.append(fut)
-            try:
-                # Woken by release(); the periodic look covers capacity freed without one
-                # (a reset of the pool after a failover).
-                async with asyncio.timeout(min(1.0, max(0.0, deadline - time.monotonic()))):
-                    await fut
-                return
-            except TimeoutError:
-                pass
-            except BaseException:
-                if fut.done() and not fut.cancelled():
-                    self._wake()  # our turn came as we were cancelled: pass it on
-                raise
-            finally:
-                if not fut.done():
-                    fut.cancel()
-                    with contextlib.suppress(ValueError):
-                        self._waiters.remove(fut)
-            if self.can_get_connection():
-                return
-            if time.monotonic() >= deadline:
-                raise rexc.ConnectionError(_POOL_EMPTY)
-            first = True
-
-    def _wake(self) -> None:
-        while self._waiters:
-            fut = self._waiters.popleft()
-            if not fut.done():
-                fut.set_result(None)
-                return
-
-    async def release(self, connection: Any) -> None:
-        try:
-            await super().release(connection)
-        finally:
-            if self._waiters:
-                self._wake()
-
-
 class _SentinelPool(AsyncSentinelPool, _WaitingPool):
     """A bounded pool whose callers wait for a free connection (see :func:`connect`) that
     also asks the sentinels who the master is at most once per ``recheck_s`` while the
@@ -743,10 +597,6 @@ class _HiredisPackConnection(aredis.Connection):
 DEFAULT_MAX_CONNECTIONS = 64
 """Connections one :func:`connect` client opens at most (per node on a Cluster)."""
 
-POOL_WAIT_S = 60.0
-"""How long a command waits for a free connection before :class:`ConnectionsExhausted`.
-Generous on purpose: waiting is normal under load (thousands of calls share the pool);
-running out of it means the commands holding connections are stuck."""
 
 # Set while a task runs a command under a cluster client's gate: redis-py may issue
 # commands from inside a pipeline (redirections), and those must not wait for a second slot.

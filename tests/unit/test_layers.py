@@ -29,6 +29,8 @@ RANKS: dict[str, int] = {
     "reach.keys": 0,
     "reach.envelope": 0,
     "reach.connection": 0,
+    "reach._pool": 0,
+    "reach._redislike": 0,
     "reach.embedded": 0,
     "reach.breaker": 0,
     "reach.logs": 0,
