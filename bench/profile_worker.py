@@ -9,7 +9,7 @@ own round-trip count, and the top entries of the profile by own time (``--top``)
 cumulative time for the worker's parts.
 
 Run:  python bench/profile_worker.py [--messages 20000] [--concurrency 64]
-          [--profile cprofile|none] [--top 25] [--out worker.prof]
+          [--batch 64] [--profile cprofile|none] [--top 25] [--out worker.prof]
 
 cProfile slows every Python call down by a similar factor, so compare its figures with
 each other (what share of the worker's time a function takes), not with an unprofiled run.
@@ -88,7 +88,7 @@ async def _stats(url: str) -> tuple[dict[str, int], int]:
 
 
 async def _drain(
-    url: str, n: int, concurrency: int, prof: cProfile.Profile | None
+    url: str, n: int, concurrency: int, batch: int, prof: cProfile.Profile | None
 ) -> dict[str, Any]:
     keys = Keys(NS)
     agent = bench_agent()
@@ -123,6 +123,7 @@ async def _drain(
                 redis_url=url,
                 namespace=NS,
                 concurrency=concurrency,
+                batch=batch,
                 handle_signals=False,
                 ready_event=ready,
             )
@@ -157,6 +158,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--messages", type=int, default=20000)
     p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument("--batch", type=int, default=64, help="most inbox entries read at once")
     p.add_argument("--profile", choices=("cprofile", "none"), default="cprofile")
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--out", default="", help="also write the raw profile (pstats) here")
@@ -165,7 +167,7 @@ def main() -> None:
     with RedisServer() as server:
         anyio.run(_load, server.url, a.messages)
         prof = cProfile.Profile() if a.profile == "cprofile" else None
-        res = anyio.run(_drain, server.url, a.messages, a.concurrency, prof)
+        res = anyio.run(_drain, server.url, a.messages, a.concurrency, a.batch, prof)
     for k, v in res.items():
         print(f"{k:28} {v:.3f}" if isinstance(v, float) else f"{k:28} {v}")
     if prof is None:
