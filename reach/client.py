@@ -7,68 +7,35 @@ own reply stream, which one background task reads for every waiting call.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import logging
 import random
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Self, TypedDict, Unpack
 
 import anyio
 import msgspec
-from redis import exceptions as rexc
 
-from . import logs, metrics
+from . import metrics
 from ._autopipe import AutoPipeline
+from ._delivery import ADVERTISABLE as ADVERTISABLE  # noqa: PLC0414 (re-exported)
+from ._delivery import Delivery, policy_for
+from ._replies import ReplyReader, outcome_of
 from .breaker import Breakers
-from .connection import DEFAULT_MAX_CONNECTIONS, AnyRedis, connect, is_cluster, unreachable
-from .envelope import (
-    Envelope,
-    Reply,
-    decode_payload,
-    decode_reply,
-    encode,
-    encode_payload,
-    new_id,
-    now_ms,
-)
-from .errors import (
-    ConfigError,
-    DeadlineExceeded,
-    NoAgentAvailable,
-    NotStarted,
-    Overloaded,
-    PayloadTooLarge,
-    Rejected,
-    RemoteError,
-)
+from .connection import DEFAULT_MAX_CONNECTIONS, AnyRedis, connect
+from .envelope import Envelope, Reply, decode_payload, encode_payload, new_id, now_ms
+from .errors import ConfigError, DeadlineExceeded, NoAgentAvailable, NotStarted, PayloadTooLarge
 from .keys import PRIORITIES, Keys
-from .outcomes import (
-    DeadReason,
-    RequestOutcome,
-    Status,
-    Unavailable,
-    blames_agent,
-    is_rejection,
-    is_retryable,
-)
+from .outcomes import DeadReason, RequestOutcome, Status, blames_agent
 from .registry import AgentInfo, Registry, normalize_capability
 from .routing import POLICIES, Router
-from .scripts import inbox
-from .tasks import TASK_TTL_MS, TaskStatus, get_status
+from .tasks import TaskStatus, get_status
 from .view import RegistryView
 
 log = logging.getLogger("reach.client")
 
-_RETRY_MIN_S, _RETRY_MAX_S = 0.1, 1.0  # the reply reader's pause after a failed read
-_DROP_LOG_EVERY_S = 60.0
-
 DEFAULT_TIMEOUT_S = 30.0
-# Policies an agent may advertise for its capability (``metadata={"policies": {cap: p}}``):
-# 'direct' and 'broadcast' need a target or many agents, and anything else is unknown.
-ADVERTISABLE = frozenset({"weighted_rr", "least_conn", "consistent_hash"})
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
 # Replies no call waits for (yet): kept for result() -- e.g. a client restarted with the
 # same client_id reads the replies sent while it was away -- but only this many, this long.
@@ -180,26 +147,20 @@ class Client:
         self._view: RegistryView | None = None
         self._redis = redis
         self._auto: AutoPipeline | None = None
-        self._cluster = False
         self._own_redis = redis is None
         self._registry: Registry | None = None
-        self._events: dict[str, anyio.Event] = {}
-        self._answered: list[Any] = []  # reply entries read and answered, to delete
-        self._replies: dict[str, Reply] = {}
-        # msg_id -> (when read, entry id) of the replies in _replies that no call waited
-        # for, oldest first: bounded by max_unclaimed_replies and unclaimed_reply_ttl_s.
-        self._unclaimed: OrderedDict[str, tuple[float, Any]] = OrderedDict()
-        self.max_unclaimed_replies = max_unclaimed_replies
-        self.unclaimed_reply_ttl_s = unclaimed_reply_ttl_s
-        self._dropped = 0  # unclaimed replies dropped since the last line about it
-        self._dropped_logged = 0.0
+        self._sender: Delivery | None = None  # made from the view and connection when used
         self.max_connections = max_connections
-        self._outage = logs.OutageLog(log, f"client {self.client_id}: reading its replies")
-        self._done: OrderedDict[str, None] = OrderedDict()
         self._tg: anyio.abc.TaskGroup | None = None
-        self._reader_started = False
-        self._reply_key = self.keys.replies(self.client_id)
-        self._last_reply_id = "0"
+        self._reader = ReplyReader(
+            self.keys.replies(self.client_id),
+            client_id=self.client_id,
+            max_unclaimed=max_unclaimed_replies,
+            unclaimed_ttl_s=unclaimed_reply_ttl_s,
+        )
+        # The reader's state under the names it had here (tests look at them).
+        self._events, self._replies = self._reader.events, self._reader.replies
+        self._unclaimed, self._outage = self._reader.unclaimed, self._reader.outage
 
     # -- lifecycle --------------------------------------------------------------------
     @property
@@ -234,6 +195,41 @@ class Client:
             )
         return self._view
 
+    @property
+    def _delivery(self) -> Delivery:
+        """The part that routes and writes to inboxes (made at first use, from the view and
+        the connection; made again after a restart)."""
+        if self._sender is None:
+            self._sender = Delivery(
+                view=self.view,
+                router=self.router,
+                commands=self.commands,
+                keys=self.keys,
+                redis_url=self.redis_url,
+                default_policy=self.default_policy,
+            )
+        return self._sender
+
+    @property
+    def max_unclaimed_replies(self) -> int:
+        return self._reader.max_unclaimed
+
+    @max_unclaimed_replies.setter
+    def max_unclaimed_replies(self, n: int) -> None:
+        self._reader.max_unclaimed = n
+
+    @property
+    def unclaimed_reply_ttl_s(self) -> float:
+        return self._reader.unclaimed_ttl_s
+
+    @unclaimed_reply_ttl_s.setter
+    def unclaimed_reply_ttl_s(self, seconds: float) -> None:
+        self._reader.unclaimed_ttl_s = seconds
+
+    @property
+    def _last_reply_id(self) -> Any:
+        return self._reader.last_id
+
     async def __aenter__(self) -> Self:
         if self._redis is None:
             self._redis = await connect(
@@ -241,7 +237,6 @@ class Client:
                 max_connections=self.max_connections,
                 client_name=f"reach:{self.namespace}:{self.client_id}",
             )
-        self._cluster = is_cluster(self._redis)
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self._tg.start_soon(self.view.run)
@@ -252,112 +247,24 @@ class Client:
             self._tg.cancel_scope.cancel()
             await self._tg.__aexit__(None, None, None)
             self._tg = None
-        if self._answered and self._redis is not None:
+        if self._reader.answered and self._redis is not None:
             with anyio.CancelScope(shield=True):
-                await self._delete_answered()
+                await self._reader.delete_answered()
         if self._auto is not None:
             with anyio.CancelScope(shield=True):
                 await self._auto.drain()
             self._auto = None
+        self._sender = None  # it holds the connection just closed
         if self._own_redis and self._redis is not None:
             await self._redis.aclose()
             self._redis = None
 
     def _ensure_reader(self) -> None:
-        if not self._reader_started:
-            if self._tg is None:
-                raise NotStarted("Client is not started: use `async with reach.Client(...)`.")
-            self._reader_started = True
-            self._tg.start_soon(self._read_replies)
-
-    async def _read_replies(self) -> None:
-        """Read this client's reply stream and wake the waiting calls, until cancelled.
-
-        Never stops on an error: Redis away, a reply stream that is not a stream, an entry
-        that does not decode -- each is logged (an outage as a few lines, see
-        :class:`reach.logs.OutageLog`) and the reader goes on. Answered replies are deleted
-        in batches (every 64, or when the stream is idle), not one round trip per reply.
-        """
-        delay = _RETRY_MIN_S
-        while True:
-            try:
-                await self._read_batch()
-            except Exception as e:  # noqa: BLE001 - the reader must outlive any error
-                self._outage.failed(e)
-                await anyio.sleep(delay)
-                delay = min(delay * 2, _RETRY_MAX_S)
-            else:
-                delay = _RETRY_MIN_S
-
-    async def _read_batch(self) -> None:
-        delete = self._answered
-        if delete and (len(delete) >= 64 or not self._events):
-            await self._delete_answered()
-        res = await self.redis.xread({self._reply_key: self._last_reply_id}, block=1000, count=500)
-        self._outage.ok()
-        now = time.monotonic()
-        for _, entries in res or ():
-            for entry_id, fields in entries:
-                self._last_reply_id = entry_id
-                try:
-                    self._on_reply(entry_id, fields, now)
-                except Exception as e:  # noqa: BLE001 - one bad entry is dropped alone
-                    log.warning("unreadable reply entry %r dropped: %s", entry_id, e)
-                    delete.append(entry_id)
-        self._expire_unclaimed(now)
-
-    def _on_reply(self, entry_id: Any, fields: Any, now: float) -> None:
-        data = fields.get(b"r") or fields.get("r")
-        reply = decode_reply(data)
-        msg_id = reply.msg_id
-        if msg_id in self._done:
-            self._answered.append(entry_id)  # a duplicate of an answered call
+        if self._reader.started:
             return
-        ev = self._events.get(msg_id)
-        self._replies[msg_id] = reply
-        if ev is not None:
-            ev.set()
-            self._answered.append(entry_id)
-            return
-        old = self._unclaimed.pop(msg_id, None)
-        if old is not None:
-            self._answered.append(old[1])  # a duplicate: the latest copy is kept
-        self._unclaimed[msg_id] = (now, entry_id)
-
-    def _expire_unclaimed(self, now: float) -> None:
-        """Drop (and delete from the stream) unclaimed replies past the count or age bound."""
-        unclaimed, cutoff = self._unclaimed, now - self.unclaimed_reply_ttl_s
-        dropped = 0
-        while unclaimed:
-            msg_id, (seen, entry_id) = next(iter(unclaimed.items()))
-            if len(unclaimed) <= self.max_unclaimed_replies and seen > cutoff:
-                break
-            del unclaimed[msg_id]
-            self._replies.pop(msg_id, None)
-            self._answered.append(entry_id)
-            dropped += 1
-        if not dropped:
-            return
-        self._dropped += dropped
-        if now - self._dropped_logged >= _DROP_LOG_EVERY_S:
-            log.warning(
-                "client %s: dropped %d replies no call waited for (kept: at most %d, for "
-                "%.0f s; `reach task <msg_id>` still has their outcome)",
-                self.client_id,
-                self._dropped,
-                self.max_unclaimed_replies,
-                self.unclaimed_reply_ttl_s,
-            )
-            self._dropped, self._dropped_logged = 0, now
-
-    async def _delete_answered(self) -> None:
-        ids, self._answered[:] = list(self._answered), []
-        for i in range(0, len(ids), 1000):
-            try:  # answered replies: if Redis is away, the stream's TTL removes them
-                await self.commands.xdel(self._reply_key, *ids[i : i + 1000])
-            except (rexc.RedisError, OSError) as e:
-                self._outage.failed(e)
-                return
+        if self._tg is None:
+            raise NotStarted("Client is not started: use `async with reach.Client(...)`.")
+        self._reader.start(self._tg, redis=self.redis, commands=self.commands)
 
     # -- routing ----------------------------------------------------------------------
     def invalidate(self) -> None:
@@ -374,41 +281,7 @@ class Client:
 
     def _policy_for(self, env: Envelope, candidates: list[AgentInfo]) -> str:
         """Per call, else what the capability's agents advertise, else the client default."""
-        if env.policy and env.policy != "broadcast":
-            return env.policy
-        if env.target:
-            return "direct"
-        for a in candidates:
-            adv = a.metadata.get("policies")
-            if isinstance(adv, dict) and env.capability in adv:
-                policy = adv[env.capability]
-                if policy not in ADVERTISABLE:
-                    # One agent's metadata must not make every send of the capability fail.
-                    continue
-                if policy == "consistent_hash" and not env.session_id:
-                    break  # no session to hash: the client default applies
-                return str(policy)
-        if self.default_policy == "consistent_hash" and not env.session_id:
-            return "weighted_rr"
-        return self.default_policy
-
-    async def _pick(
-        self, env: Envelope, where: Mapping[str, Any] | None, refused: Mapping[str, Any]
-    ) -> AgentInfo:
-        candidates, version = await self.view.candidates(env.capability)
-        avoid: str | set[str] = env.avoid
-        if refused:
-            avoid = {*refused, env.avoid} - {""}
-        return self.router.pick(
-            env.capability,
-            candidates,
-            policy=self._policy_for(env, candidates),
-            session_id=env.session_id or None,
-            target=env.target or None,
-            where=where,
-            version=version,
-            avoid=avoid,
-        )
+        return policy_for(env, candidates, self.default_policy)
 
     def _on_breaker_change(self, change: Any) -> None:
         metrics.breaker_transition(change.agent_id, change.old, change.new)
@@ -493,79 +366,7 @@ class Client:
         message then goes to another eligible agent, and when every one refused,
         :class:`~reach.errors.Overloaded` is raised (nothing was sent).
         """
-        if env.deadline_ms and env.deadline_ms <= now_ms():
-            raise DeadlineExceeded(f"Deadline of {env.capability!r} passed before sending.")
-        refused: dict[str, tuple[int, int]] = {}  # agent id -> (inbox depth, its bound)
-        while True:
-            try:  # a stale registry view is re-read here, from Redis
-                with logs.span("reach.route", attributes={"reach.capability": env.capability}):
-                    agent = await self._pick(env, where, refused)
-            except (rexc.ConnectionError, rexc.TimeoutError) as e:
-                raise unreachable(self.redis_url, e) from e
-            except NoAgentAvailable as e:
-                if refused:
-                    raise self._overloaded(env, refused, e) from e
-                raise
-            if agent.agent_id in refused:  # only refusing agents are left
-                raise self._overloaded(env, refused, None)
-            if track:
-                self.router.inflight.add(agent.agent_id)
-            with logs.span("reach.deliver", kind="producer"):
-                logs.inject(env.headers)
-                data = encode(env)
-                depth = await self._add(env, agent, data, track=track)
-            if depth is None:
-                break
-            refused[agent.agent_id] = (depth, agent.max_queue)
-        metrics.message_sent(env.capability, env.priority)
-        return agent.agent_id
-
-    @staticmethod
-    def _overloaded(
-        env: Envelope, refused: Mapping[str, tuple[int, int]], cause: NoAgentAvailable | None
-    ) -> Overloaded:
-        shown = ", ".join(f"{a} {d}/{m}" for a, (d, m) in list(refused.items())[:5])
-        more = f" and {len(refused) - 5} more" if len(refused) > 5 else ""
-        rest = f" No other agent could take it: {cause}" if cause is not None else ""
-        return Overloaded(
-            f"{env.capability!r} was not sent: the inbox of {len(refused)} agent(s) is at its "
-            f"bound (queued + being handled / max_queue: {shown}{more}).{rest} Back off "
-            "and retry later.",
-            capability=env.capability,
-            reason=Unavailable.OVERLOADED,
-        )
-
-    async def _add(
-        self, env: Envelope, agent: AgentInfo, data: bytes, *, track: bool
-    ) -> int | None:
-        """Add the entry (and its pending record); None when added, else the depth of the
-        agent's inbox that refused it (at its bound). The script layer
-        (:func:`reach.scripts.inbox.send`) chooses the standalone or Cluster form."""
-        agent_id = agent.agent_id
-        try:
-            sent = await inbox.send(
-                self.commands,
-                self.keys,
-                _message(env, data),
-                cluster=self._cluster,
-                agent_id=agent_id,
-                priority=env.priority,
-                ttl_ms=TASK_TTL_MS,
-                max_queue=agent.max_queue,
-            )
-        except BaseException as e:
-            if track:
-                self.router.inflight.done(agent_id)
-            if isinstance(e, (rexc.ConnectionError, rexc.TimeoutError)):
-                raise unreachable(self.redis_url, e) from e
-            if isinstance(e, rexc.ResponseError):
-                await self.view.recheck(agent_id)
-            raise
-        if sent.refused:
-            if track:
-                self.router.inflight.done(agent_id)
-            return sent.depth
-        return None
+        return await self._delivery.deliver(env, where=where, track=track)
 
     async def send(
         self,
@@ -631,7 +432,7 @@ class Client:
         """
         built = self._build_many(capability, payloads, idempotency_keys, opts, reply=False)
         envs = [b for b in built if isinstance(b, Envelope)]
-        delivered = iter(await self._deliver_many(envs, where, track=False))
+        delivered = iter(await self._delivery.deliver_many(envs, where, track=False))
         out: list[str | Exception] = []
         for b in built:
             if isinstance(b, Exception):
@@ -669,13 +470,13 @@ class Client:
         envs = [b for b in built if isinstance(b, Envelope)]
         self._ensure_reader()
         events = {env.msg_id: anyio.Event() for env in envs}
-        self._events.update(events)
+        self._reader.events.update(events)
         t0 = time.perf_counter()
         delivered: list[str | Exception] = []
         over: set[str] = set()  # calls already forgotten (see _forget)
         results: dict[str, Any] = {}
         try:
-            delivered = await self._deliver_many(envs, where, track=True)
+            delivered = await self._delivery.deliver_many(envs, where, track=True)
             for env, agent in zip(envs, delivered, strict=True):
                 over.add(env.msg_id)  # _result_of forgets it, whatever happens
                 results[env.msg_id] = await self._result_of(env, agent, events[env.msg_id], t0)
@@ -758,101 +559,6 @@ class Client:
             )
         return out
 
-    async def _deliver_many(
-        self, envs: Sequence[Envelope], where: Mapping[str, Any] | None, *, track: bool
-    ) -> list[str | Exception]:
-        """:meth:`deliver` for each of ``envs`` (one capability), the inbox writes of all in
-        one pipeline: per envelope the agent id, or the error that stopped it. A message an
-        agent refused (its inbox at its bound) is delivered again on its own, as
-        :meth:`deliver` does, to another agent if one can take it."""
-        if not envs:
-            return []
-        cap = envs[0].capability
-        out: list[str | Exception] = [""] * len(envs)
-        try:
-            with logs.span("reach.route", attributes={"reach.capability": cap}):
-                candidates, version = await self.view.candidates(cap)
-        except (rexc.ConnectionError, rexc.TimeoutError) as e:
-            err = unreachable(self.redis_url, e)
-            return [err] * len(envs)
-        now = now_ms()
-        picked: list[tuple[int, AgentInfo]] = []
-        # The same for every message of the batch (its options and the candidates are).
-        policy = self._policy_for(envs[0], candidates)
-        try:
-            for i, env in enumerate(envs):
-                if env.deadline_ms and env.deadline_ms <= now:
-                    out[i] = DeadlineExceeded(f"Deadline of {cap!r} passed before sending.")
-                    continue
-                try:
-                    agent = self.router.pick(
-                        cap,
-                        candidates,
-                        policy=policy,
-                        session_id=env.session_id or None,
-                        target=env.target or None,
-                        where=where,
-                        version=version,
-                        avoid=env.avoid,
-                    )
-                except NoAgentAvailable as e:
-                    out[i] = e
-                    continue
-                if track:  # counted at the pick, so the next picks see it
-                    self.router.inflight.add(agent.agent_id)
-                picked.append((i, agent))
-            with logs.span("reach.deliver", kind="producer"):
-                items: list[inbox.Delivery] = []
-                tracing = logs.tracing()  # asked once for the batch (it costs µs a call)
-                for i, agent in picked:
-                    env = envs[i]
-                    if tracing:
-                        logs.inject(env.headers)
-                    message = _message(env, encode(env))
-                    items.append(
-                        inbox.Delivery(message, agent.agent_id, env.priority, agent.max_queue)
-                    )
-                sent = await inbox.send_many(
-                    self.commands, self.keys, items, cluster=self._cluster, ttl_ms=TASK_TTL_MS
-                )
-        except BaseException:
-            if track:
-                for _, agent in picked:
-                    self.router.inflight.done(agent.agent_id)
-            raise
-        again: list[int] = []
-        recheck: set[str] = set()
-        for (i, agent), x in zip(picked, sent, strict=True):
-            if isinstance(x, inbox.Sent) and not x.refused:
-                out[i] = agent.agent_id
-                metrics.message_sent(cap, envs[i].priority)
-                continue
-            if track:
-                self.router.inflight.done(agent.agent_id)
-            if isinstance(x, inbox.Sent):
-                again.append(i)  # refused at the agent's bound: another may take it
-            elif isinstance(x, (rexc.ConnectionError, rexc.TimeoutError)):
-                out[i] = unreachable(self.redis_url, x)
-            else:
-                out[i] = x
-                if isinstance(x, rexc.ResponseError):
-                    recheck.add(agent.agent_id)
-        for agent_id in sorted(recheck):
-            with contextlib.suppress(rexc.RedisError, OSError):
-                await self.view.recheck(agent_id)
-
-        async def redeliver(i: int) -> None:
-            try:
-                out[i] = await self.deliver(envs[i], where=where, track=track)
-            except Exception as e:  # noqa: BLE001 - this message's error, in its place
-                out[i] = e
-
-        if again:
-            async with anyio.create_task_group() as tg:
-                for i in again:
-                    tg.start_soon(redeliver, i)
-        return out
-
     async def call(self, env: Envelope, *, where: Mapping[str, Any] | None = None) -> Any:
         """Deliver a built envelope and wait for its reply (see :meth:`request`)."""
         t0 = time.perf_counter()
@@ -868,8 +574,7 @@ class Client:
 
     async def _call(self, env: Envelope, where: Mapping[str, Any] | None) -> Any:
         self._ensure_reader()
-        ev = anyio.Event()
-        self._events[env.msg_id] = ev
+        ev = self._reader.expect(env.msg_id)
         try:
             agent_id = await self.deliver(env, where=where, track=True)
         except NoAgentAvailable:
@@ -892,7 +597,7 @@ class Client:
         ok = True
         try:
             try:
-                reply = await self._wait(env, ev)
+                reply = await self._reader.wait(env, ev)
             except DeadlineExceeded:
                 ok = False
                 raise
@@ -904,15 +609,10 @@ class Client:
     def _forget(self, env: Envelope, agent_id: str, *, ok: bool) -> None:
         """The call of ``env`` is over: no longer waited for, no longer in flight to
         ``agent_id`` ('' when it was not delivered), its outcome counted by the breaker."""
-        self._events.pop(env.msg_id, None)
+        self._reader.forget(env.msg_id)
         if agent_id:
             self.router.inflight.done(agent_id)
             self.breakers.record(agent_id, ok)
-        if env.msg_id not in self._done:
-            # Gave up (deadline, cancelled, not delivered): a late reply is dropped, not
-            # kept in memory (nor in the reply stream) for a call nobody waits on.
-            self._replies.pop(env.msg_id, None)
-            self._mark_done(env.msg_id)
 
     async def _run_fallback(self, env: Envelope) -> Any:
         assert self.fallback is not None
@@ -921,51 +621,11 @@ class Client:
             res = await res
         return res
 
-    async def _wait(self, env: Envelope, ev: anyio.Event) -> Reply:
-        if env.msg_id in self._replies:
-            return self._take(env.msg_id)
-        timeout = (env.deadline_ms - now_ms()) / 1000 if env.deadline_ms else None
-        # A little grace past the deadline, so the worker's own deadline reply can arrive.
-        with anyio.move_on_after(None if timeout is None else max(timeout, 0) + 0.5):
-            await ev.wait()
-            return self._take(env.msg_id)
-        raise DeadlineExceeded(
-            f"No result for {env.capability!r} (msg {env.msg_id}) before its deadline; see "
-            f"`reach task {env.msg_id}` for where it is."
-        )
-
-    def _take(self, msg_id: str) -> Reply:
-        reply = self._replies.pop(msg_id)
-        unclaimed = self._unclaimed.pop(msg_id, None)
-        if unclaimed is not None:
-            self._answered.append(unclaimed[1])  # answered now: delete it from the stream
-        self._mark_done(msg_id)
-        return reply
-
-    def _mark_done(self, msg_id: str) -> None:
-        self._done[msg_id] = None
-        while len(self._done) > 10_000:
-            self._done.popitem(last=False)
-
     @classmethod
     def _outcome(cls, env: Envelope, reply: Reply) -> Any:
         return cls._outcome_of(env.capability, env.msg_id, reply)
 
-    @staticmethod
-    def _outcome_of(capability: str, msg_id: str, reply: Reply) -> Any:
-        if reply.status == Status.SUCCEEDED:
-            return decode_payload(reply.result)
-        if reply.status == Status.EXPIRED:
-            raise DeadlineExceeded(
-                f"{capability!r} (msg {msg_id}) passed its deadline: {reply.error}"
-            )
-        if reply.status == Status.DEAD and is_rejection(reply.reason):
-            raise Rejected(f"{capability!r} was rejected: {reply.error}", reason=reply.reason)
-        raise RemoteError(
-            reply.error or "handler failed",
-            type=reply.error_type or "Error",
-            retryable=is_retryable(reply.reason),
-        )
+    _outcome_of = staticmethod(outcome_of)
 
     async def broadcast(
         self,
@@ -1015,13 +675,13 @@ class Client:
         result came in time.
         """
         self._ensure_reader()
-        ev = self._events.setdefault(msg_id, anyio.Event())
+        ev = self._reader.events.setdefault(msg_id, anyio.Event())
         capability = "message"  # named in errors; known once the task record was read
         try:
             with anyio.move_on_after(timeout_s):
                 while True:
                     if msg_id in self._replies:
-                        reply = self._take(msg_id)
+                        reply = self._reader.take(msg_id)
                         break
                     st = await self.task(msg_id)
                     capability = st.capability or capability
@@ -1040,19 +700,7 @@ class Client:
                         await ev.wait()
                 return self._outcome_of(capability, msg_id, reply)
         finally:
-            self._events.pop(msg_id, None)
+            self._reader.events.pop(msg_id, None)
         raise DeadlineExceeded(
             f"No result for msg {msg_id} within {timeout_s}s; see `reach task {msg_id}`."
         )
-
-
-def _message(env: Envelope, data: bytes) -> inbox.Message:
-    """What the inbox scripts take of ``env`` (encoded as ``data``)."""
-    return inbox.Message(
-        data=data,
-        capability=env.capability,
-        attempt=env.attempt,
-        msg_id=env.msg_id,
-        key=env.key,
-        idempotency_key=env.idempotency_key,
-    )

@@ -42,12 +42,14 @@ RANKS: dict[str, int] = {
     "reach.tasks": 2,
     "reach.session": 2,
     "reach.view": 2,
+    "reach._replies": 2,  # a Client's reply stream: its reader and the waiting calls
     # routing: pure picks over the view
     "reach.routing": 3,
     # the caller side and what watches it
     "reach.hooks": 4,
     "reach.metrics": 4,
     "reach.client": 4,
+    "reach._delivery": 4,  # a Client's routing and inbox writes (one and many)
     "reach.context": 4,
     "reach.card": 4,
     # namespace-wide chores and operator operations

@@ -1,0 +1,291 @@
+"""Delivery: route a built envelope to an agent and add it to that agent's inbox.
+
+A :class:`~reach.client.Client` owns one :class:`Delivery` while it is started, and its
+``deliver``, ``send_many`` and ``request_many`` go through it: the pick (eligibility, then
+the policy, see :func:`policy_for`) over the registry view, then the inbox write through
+the script layer (:mod:`reach.scripts.inbox`), one message at a time or a batch in one
+pipeline. The part knows nothing of the client: it is given the view, the router and the
+connection it uses, and it is called, never calls back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import anyio
+from redis import exceptions as rexc
+
+from . import logs, metrics
+from ._autopipe import AutoPipeline
+from .connection import unreachable
+from .envelope import Envelope, encode, now_ms
+from .errors import DeadlineExceeded, NoAgentAvailable, Overloaded
+from .keys import Keys
+from .outcomes import Unavailable
+from .registry import AgentInfo
+from .routing import Router
+from .scripts import inbox
+from .tasks import TASK_TTL_MS
+from .view import RegistryView
+
+# Policies an agent may advertise for its capability (``metadata={"policies": {cap: p}}``):
+# 'direct' and 'broadcast' need a target or many agents, and anything else is unknown.
+ADVERTISABLE = frozenset({"weighted_rr", "least_conn", "consistent_hash"})
+
+
+def policy_for(env: Envelope, candidates: list[AgentInfo], default_policy: str) -> str:
+    """Per call, else what the capability's agents advertise, else ``default_policy``."""
+    if env.policy and env.policy != "broadcast":
+        return env.policy
+    if env.target:
+        return "direct"
+    for a in candidates:
+        adv = a.metadata.get("policies")
+        if isinstance(adv, dict) and env.capability in adv:
+            policy = adv[env.capability]
+            if policy not in ADVERTISABLE:
+                # One agent's metadata must not make every send of the capability fail.
+                continue
+            if policy == "consistent_hash" and not env.session_id:
+                break  # no session to hash: the client default applies
+            return str(policy)
+    if default_policy == "consistent_hash" and not env.session_id:
+        return "weighted_rr"
+    return default_policy
+
+
+class Delivery:
+    """Route envelopes over ``view`` with ``router`` and add them to the chosen agents'
+    inboxes through ``commands`` (keys of ``keys``). ``redis_url`` is named in the error
+    when Redis is unreachable; ``default_policy`` applies when neither the call nor the
+    capability's agents choose one."""
+
+    def __init__(
+        self,
+        *,
+        view: RegistryView,
+        router: Router,
+        commands: AutoPipeline,
+        keys: Keys,
+        redis_url: str,
+        default_policy: str,
+    ) -> None:
+        self.view = view
+        self.router = router
+        self.commands = commands
+        self.keys = keys
+        self.redis_url = redis_url
+        self.default_policy = default_policy
+
+    async def deliver(
+        self, env: Envelope, *, where: Mapping[str, Any] | None = None, track: bool = False
+    ) -> str:
+        """Route ``env`` and add it to the chosen agent's inbox; returns the agent id
+        (``Client.deliver`` documents it)."""
+        if env.deadline_ms and env.deadline_ms <= now_ms():
+            raise DeadlineExceeded(f"Deadline of {env.capability!r} passed before sending.")
+        refused: dict[str, tuple[int, int]] = {}  # agent id -> (inbox depth, its bound)
+        while True:
+            try:  # a stale registry view is re-read here, from Redis
+                with logs.span("reach.route", attributes={"reach.capability": env.capability}):
+                    agent = await self._pick(env, where, refused)
+            except (rexc.ConnectionError, rexc.TimeoutError) as e:
+                raise unreachable(self.redis_url, e) from e
+            except NoAgentAvailable as e:
+                if refused:
+                    raise overloaded(env, refused, e) from e
+                raise
+            if agent.agent_id in refused:  # only refusing agents are left
+                raise overloaded(env, refused, None)
+            if track:
+                self.router.inflight.add(agent.agent_id)
+            with logs.span("reach.deliver", kind="producer"):
+                logs.inject(env.headers)
+                data = encode(env)
+                depth = await self._add(env, agent, data, track=track)
+            if depth is None:
+                break
+            refused[agent.agent_id] = (depth, agent.max_queue)
+        metrics.message_sent(env.capability, env.priority)
+        return agent.agent_id
+
+    async def _pick(
+        self, env: Envelope, where: Mapping[str, Any] | None, refused: Mapping[str, Any]
+    ) -> AgentInfo:
+        candidates, version = await self.view.candidates(env.capability)
+        avoid: str | set[str] = env.avoid
+        if refused:
+            avoid = {*refused, env.avoid} - {""}
+        return self.router.pick(
+            env.capability,
+            candidates,
+            policy=policy_for(env, candidates, self.default_policy),
+            session_id=env.session_id or None,
+            target=env.target or None,
+            where=where,
+            version=version,
+            avoid=avoid,
+        )
+
+    async def _add(
+        self, env: Envelope, agent: AgentInfo, data: bytes, *, track: bool
+    ) -> int | None:
+        """Add the entry (and its pending record); None when added, else the depth of the
+        agent's inbox that refused it (at its bound). The script layer
+        (:func:`reach.scripts.inbox.send`) chooses the standalone or Cluster form."""
+        agent_id = agent.agent_id
+        try:
+            sent = await inbox.send(
+                self.commands,
+                self.keys,
+                message(env, data),
+                cluster=self.commands.cluster,
+                agent_id=agent_id,
+                priority=env.priority,
+                ttl_ms=TASK_TTL_MS,
+                max_queue=agent.max_queue,
+            )
+        except BaseException as e:
+            if track:
+                self.router.inflight.done(agent_id)
+            if isinstance(e, (rexc.ConnectionError, rexc.TimeoutError)):
+                raise unreachable(self.redis_url, e) from e
+            if isinstance(e, rexc.ResponseError):
+                await self.view.recheck(agent_id)
+            raise
+        if sent.refused:
+            if track:
+                self.router.inflight.done(agent_id)
+            return sent.depth
+        return None
+
+    async def deliver_many(
+        self, envs: Sequence[Envelope], where: Mapping[str, Any] | None, *, track: bool
+    ) -> list[str | Exception]:
+        """:meth:`deliver` for each of ``envs`` (one capability), the inbox writes of all in
+        one pipeline: per envelope the agent id, or the error that stopped it. A message an
+        agent refused (its inbox at its bound) is delivered again on its own, as
+        :meth:`deliver` does, to another agent if one can take it."""
+        if not envs:
+            return []
+        cap = envs[0].capability
+        out: list[str | Exception] = [""] * len(envs)
+        try:
+            with logs.span("reach.route", attributes={"reach.capability": cap}):
+                candidates, version = await self.view.candidates(cap)
+        except (rexc.ConnectionError, rexc.TimeoutError) as e:
+            err = unreachable(self.redis_url, e)
+            return [err] * len(envs)
+        now = now_ms()
+        picked: list[tuple[int, AgentInfo]] = []
+        # The same for every message of the batch (its options and the candidates are).
+        policy = policy_for(envs[0], candidates, self.default_policy)
+        try:
+            for i, env in enumerate(envs):
+                if env.deadline_ms and env.deadline_ms <= now:
+                    out[i] = DeadlineExceeded(f"Deadline of {cap!r} passed before sending.")
+                    continue
+                try:
+                    agent = self.router.pick(
+                        cap,
+                        candidates,
+                        policy=policy,
+                        session_id=env.session_id or None,
+                        target=env.target or None,
+                        where=where,
+                        version=version,
+                        avoid=env.avoid,
+                    )
+                except NoAgentAvailable as e:
+                    out[i] = e
+                    continue
+                if track:  # counted at the pick, so the next picks see it
+                    self.router.inflight.add(agent.agent_id)
+                picked.append((i, agent))
+            with logs.span("reach.deliver", kind="producer"):
+                items: list[inbox.Delivery] = []
+                tracing = logs.tracing()  # asked once for the batch (it costs µs a call)
+                for i, agent in picked:
+                    env = envs[i]
+                    if tracing:
+                        logs.inject(env.headers)
+                    items.append(
+                        inbox.Delivery(
+                            message(env, encode(env)), agent.agent_id, env.priority, agent.max_queue
+                        )
+                    )
+                sent = await inbox.send_many(
+                    self.commands,
+                    self.keys,
+                    items,
+                    cluster=self.commands.cluster,
+                    ttl_ms=TASK_TTL_MS,
+                )
+        except BaseException:
+            if track:
+                for _, agent in picked:
+                    self.router.inflight.done(agent.agent_id)
+            raise
+        again: list[int] = []
+        recheck: set[str] = set()
+        for (i, agent), x in zip(picked, sent, strict=True):
+            if isinstance(x, inbox.Sent) and not x.refused:
+                out[i] = agent.agent_id
+                metrics.message_sent(cap, envs[i].priority)
+                continue
+            if track:
+                self.router.inflight.done(agent.agent_id)
+            if isinstance(x, inbox.Sent):
+                again.append(i)  # refused at the agent's bound: another may take it
+            elif isinstance(x, (rexc.ConnectionError, rexc.TimeoutError)):
+                out[i] = unreachable(self.redis_url, x)
+            else:
+                out[i] = x
+                if isinstance(x, rexc.ResponseError):
+                    recheck.add(agent.agent_id)
+        for agent_id in sorted(recheck):
+            with contextlib.suppress(rexc.RedisError, OSError):
+                await self.view.recheck(agent_id)
+
+        async def redeliver(i: int) -> None:
+            try:
+                out[i] = await self.deliver(envs[i], where=where, track=track)
+            except Exception as e:  # noqa: BLE001 - this message's error, in its place
+                out[i] = e
+
+        if again:
+            async with anyio.create_task_group() as tg:
+                for i in again:
+                    tg.start_soon(redeliver, i)
+        return out
+
+
+def overloaded(
+    env: Envelope, refused: Mapping[str, tuple[int, int]], cause: NoAgentAvailable | None
+) -> Overloaded:
+    """The error of a message every eligible agent refused (``refused``: agent id ->
+    (inbox depth, its bound))."""
+    shown = ", ".join(f"{a} {d}/{m}" for a, (d, m) in list(refused.items())[:5])
+    more = f" and {len(refused) - 5} more" if len(refused) > 5 else ""
+    rest = f" No other agent could take it: {cause}" if cause is not None else ""
+    return Overloaded(
+        f"{env.capability!r} was not sent: the inbox of {len(refused)} agent(s) is at its "
+        f"bound (queued + being handled / max_queue: {shown}{more}).{rest} Back off "
+        "and retry later.",
+        capability=env.capability,
+        reason=Unavailable.OVERLOADED,
+    )
+
+
+def message(env: Envelope, data: bytes) -> inbox.Message:
+    """What the inbox scripts take of ``env`` (encoded as ``data``)."""
+    return inbox.Message(
+        data=data,
+        capability=env.capability,
+        attempt=env.attempt,
+        msg_id=env.msg_id,
+        key=env.key,
+        idempotency_key=env.idempotency_key,
+    )

@@ -1,0 +1,230 @@
+"""The caller's reply stream: one background reader for every waiting call of a client.
+
+A :class:`~reach.client.Client` owns one :class:`ReplyReader`. A call registers the
+message it waits for (:meth:`ReplyReader.expect`), the reader task reads the client's reply
+stream (``XREAD BLOCK``) and wakes that call, and the call takes its reply
+(:meth:`ReplyReader.wait`). Replies no call waits for (yet) are kept, bounded, for
+``Client.result``; replies read and answered are deleted from the stream in batches.
+
+The reader knows nothing of the client: it is given the reply stream's key and the
+connections to read it with, and it is called, never calls back.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from typing import Any
+
+import anyio
+import anyio.abc
+from redis import exceptions as rexc
+
+from . import logs
+from ._autopipe import AutoPipeline
+from .connection import AnyRedis
+from .envelope import Envelope, Reply, decode_payload, decode_reply, now_ms
+from .errors import DeadlineExceeded, Rejected, RemoteError
+from .outcomes import Status, is_rejection, is_retryable
+
+# The client's logger: the reader's lines are the client's (operators filter on it).
+log = logging.getLogger("reach.client")
+
+_RETRY_MIN_S, _RETRY_MAX_S = 0.1, 1.0  # the reader's pause after a failed read
+_DROP_LOG_EVERY_S = 60.0
+_DONE_KEPT = 10_000  # msg_ids of calls over, so a late duplicate reply is dropped
+
+
+class ReplyReader:
+    """Read one client's reply stream ``key`` and hand each reply to the call waiting on it.
+
+    ``client_id`` names the client in log lines. A reply no call waits for is kept for
+    ``unclaimed_ttl_s`` seconds, at most ``max_unclaimed`` of them, oldest dropped first (a
+    dropped one is deleted from the stream). :meth:`start` starts the reader task once;
+    until then nothing is read.
+    """
+
+    def __init__(
+        self, key: str, *, client_id: str, max_unclaimed: int, unclaimed_ttl_s: float
+    ) -> None:
+        self.key = key
+        self.client_id = client_id
+        self.max_unclaimed = max_unclaimed
+        self.unclaimed_ttl_s = unclaimed_ttl_s
+        self.events: dict[str, anyio.Event] = {}  # msg_id -> set when its reply is read
+        self.replies: dict[str, Reply] = {}
+        # msg_id -> (when read, entry id) of the replies in `replies` that no call waited
+        # for, oldest first: bounded by max_unclaimed and unclaimed_ttl_s.
+        self.unclaimed: OrderedDict[str, tuple[float, Any]] = OrderedDict()
+        self.answered: list[Any] = []  # reply entries read and answered, to delete
+        self.done: OrderedDict[str, None] = OrderedDict()
+        self.last_id: Any = "0"
+        self.outage = logs.OutageLog(log, f"client {client_id}: reading its replies")
+        self.started = False
+        self._dropped = 0  # unclaimed replies dropped since the last line about it
+        self._dropped_logged = 0.0
+        self._redis: AnyRedis | None = None
+        self._commands: AutoPipeline | None = None
+
+    def start(self, tg: anyio.abc.TaskGroup, *, redis: AnyRedis, commands: AutoPipeline) -> None:
+        """Start the reader task in ``tg`` (once; later calls do nothing): it reads with
+        ``redis`` (the blocking read) and deletes answered replies through ``commands``."""
+        if self.started:
+            return
+        self.started = True
+        self._redis, self._commands = redis, commands
+        tg.start_soon(self.run)
+
+    async def run(self) -> None:
+        """Read the reply stream and wake the waiting calls, until cancelled.
+
+        Never stops on an error: Redis away, a reply stream that is not a stream, an entry
+        that does not decode -- each is logged (an outage as a few lines, see
+        :class:`reach.logs.OutageLog`) and the reader goes on. Answered replies are deleted
+        in batches (every 64, or when the stream is idle), not one round trip per reply.
+        """
+        delay = _RETRY_MIN_S
+        while True:
+            try:
+                await self.read_batch()
+            except Exception as e:  # noqa: BLE001 - the reader must outlive any error
+                self.outage.failed(e)
+                await anyio.sleep(delay)
+                delay = min(delay * 2, _RETRY_MAX_S)
+            else:
+                delay = _RETRY_MIN_S
+
+    async def read_batch(self) -> None:
+        assert self._redis is not None, "start() first"
+        delete = self.answered
+        if delete and (len(delete) >= 64 or not self.events):
+            await self.delete_answered()
+        res = await self._redis.xread({self.key: self.last_id}, block=1000, count=500)
+        self.outage.ok()
+        now = time.monotonic()
+        for _, entries in res or ():
+            for entry_id, fields in entries:
+                self.last_id = entry_id
+                try:
+                    self._on_reply(entry_id, fields, now)
+                except Exception as e:  # noqa: BLE001 - one bad entry is dropped alone
+                    log.warning("unreadable reply entry %r dropped: %s", entry_id, e)
+                    delete.append(entry_id)
+        self._expire_unclaimed(now)
+
+    def _on_reply(self, entry_id: Any, fields: Any, now: float) -> None:
+        data = fields.get(b"r") or fields.get("r")
+        reply = decode_reply(data)
+        msg_id = reply.msg_id
+        if msg_id in self.done:
+            self.answered.append(entry_id)  # a duplicate of an answered call
+            return
+        ev = self.events.get(msg_id)
+        self.replies[msg_id] = reply
+        if ev is not None:
+            ev.set()
+            self.answered.append(entry_id)
+            return
+        old = self.unclaimed.pop(msg_id, None)
+        if old is not None:
+            self.answered.append(old[1])  # a duplicate: the latest copy is kept
+        self.unclaimed[msg_id] = (now, entry_id)
+
+    def _expire_unclaimed(self, now: float) -> None:
+        """Drop (and delete from the stream) unclaimed replies past the count or age bound."""
+        unclaimed, cutoff = self.unclaimed, now - self.unclaimed_ttl_s
+        dropped = 0
+        while unclaimed:
+            msg_id, (seen, entry_id) = next(iter(unclaimed.items()))
+            if len(unclaimed) <= self.max_unclaimed and seen > cutoff:
+                break
+            del unclaimed[msg_id]
+            self.replies.pop(msg_id, None)
+            self.answered.append(entry_id)
+            dropped += 1
+        if not dropped:
+            return
+        self._dropped += dropped
+        if now - self._dropped_logged >= _DROP_LOG_EVERY_S:
+            log.warning(
+                "client %s: dropped %d replies no call waited for (kept: at most %d, for "
+                "%.0f s; `reach task <msg_id>` still has their outcome)",
+                self.client_id,
+                self._dropped,
+                self.max_unclaimed,
+                self.unclaimed_ttl_s,
+            )
+            self._dropped, self._dropped_logged = 0, now
+
+    async def delete_answered(self) -> None:
+        """Delete the answered replies from the stream (nothing to do before :meth:`start`)."""
+        if self._commands is None:
+            return
+        ids, self.answered[:] = list(self.answered), []
+        for i in range(0, len(ids), 1000):
+            try:  # answered replies: if Redis is away, the stream's TTL removes them
+                await self._commands.xdel(self.key, *ids[i : i + 1000])
+            except (rexc.RedisError, OSError) as e:
+                self.outage.failed(e)
+                return
+
+    # -- the waiting calls --------------------------------------------------------------
+    def expect(self, msg_id: str) -> anyio.Event:
+        """Register a call waiting for the reply of ``msg_id``; its event is set when read."""
+        ev = self.events[msg_id] = anyio.Event()
+        return ev
+
+    async def wait(self, env: Envelope, ev: anyio.Event) -> Reply:
+        """The reply of ``env`` (``ev`` from :meth:`expect`), waited for until a little past
+        its deadline; raises :class:`DeadlineExceeded` when none came."""
+        if env.msg_id in self.replies:
+            return self.take(env.msg_id)
+        timeout = (env.deadline_ms - now_ms()) / 1000 if env.deadline_ms else None
+        # A little grace past the deadline, so the worker's own deadline reply can arrive.
+        with anyio.move_on_after(None if timeout is None else max(timeout, 0) + 0.5):
+            await ev.wait()
+            return self.take(env.msg_id)
+        raise DeadlineExceeded(
+            f"No result for {env.capability!r} (msg {env.msg_id}) before its deadline; see "
+            f"`reach task {env.msg_id}` for where it is."
+        )
+
+    def take(self, msg_id: str) -> Reply:
+        """The reply read for ``msg_id`` (it must be in :attr:`replies`): the call is over."""
+        reply = self.replies.pop(msg_id)
+        unclaimed = self.unclaimed.pop(msg_id, None)
+        if unclaimed is not None:
+            self.answered.append(unclaimed[1])  # answered now: delete it from the stream
+        self._mark_done(msg_id)
+        return reply
+
+    def forget(self, msg_id: str) -> None:
+        """The call of ``msg_id`` is over, answered or not: no longer waited for."""
+        self.events.pop(msg_id, None)
+        if msg_id not in self.done:
+            # Gave up (deadline, cancelled, not delivered): a late reply is dropped, not
+            # kept in memory (nor in the reply stream) for a call nobody waits on.
+            self.replies.pop(msg_id, None)
+            self._mark_done(msg_id)
+
+    def _mark_done(self, msg_id: str) -> None:
+        self.done[msg_id] = None
+        while len(self.done) > _DONE_KEPT:
+            self.done.popitem(last=False)
+
+
+def outcome_of(capability: str, msg_id: str, reply: Reply) -> Any:
+    """The result a reply carries, or the error it stands for raised (what
+    ``Client.request`` returns or raises for it)."""
+    if reply.status == Status.SUCCEEDED:
+        return decode_payload(reply.result)
+    if reply.status == Status.EXPIRED:
+        raise DeadlineExceeded(f"{capability!r} (msg {msg_id}) passed its deadline: {reply.error}")
+    if reply.status == Status.DEAD and is_rejection(reply.reason):
+        raise Rejected(f"{capability!r} was rejected: {reply.error}", reason=reply.reason)
+    raise RemoteError(
+        reply.error or "handler failed",
+        type=reply.error_type or "Error",
+        retryable=is_retryable(reply.reason),
+    )
