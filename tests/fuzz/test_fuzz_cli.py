@@ -40,6 +40,7 @@ SKIP: dict[tuple[str, ...], str] = {
     ("demo",): "a tour of a minute with worker processes; run by .ci/run",
     ("bench",): "a benchmark of seconds to minutes; tests/cli/test_cli_bench.py",
     ("chaos",): "minutes of killing workers; its own argparse; tests/chaos",
+    ("bench-scaling",): "a benchmark of minutes; its own argparse; tests/cli/test_scaling.py",
 }
 # Options never drawn for a command (they make it run until stopped) and arguments always
 # given (they bound it).
