@@ -32,7 +32,22 @@ AGENTS = ("echo-c1", "echo-c2")
 def two_workers(redis_url: str, ns: str) -> Iterator[list[subprocess.Popen[bytes]]]:
     procs = []
     for agent_id in AGENTS:
-        cmd = worker_cmd("echo_agent", redis_url, ns, "--concurrency", "64")
+        # Leases of seconds, not the suite's 0.3 s: this test is about one Client's
+        # connections and spread, and under a loaded machine a 0.3 s lease can lapse during
+        # the burst (the agent is then rightly skipped for the whole of it).
+        cmd = worker_cmd(
+            "echo_agent",
+            redis_url,
+            ns,
+            "--concurrency",
+            "64",
+            "--heartbeat-s",
+            "0.5",
+            "--lease-s",
+            "5",
+            "--evict-after-s",
+            "10",
+        )
         env = {**os.environ, "REACH_TEST_AGENT_ID": agent_id}
         procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL))
     yield procs
