@@ -27,17 +27,12 @@ import time
 from typing import Any
 
 import anyio
-from reach_cli.tools.bench import AGENT_ID, CAP, NS, bench_agent
+from reach_cli.tools.bench import AGENT_ID, CAP, NS, bench_agent, load_backlog
 
 from reach import Client, admin
 from reach.connection import connect
 from reach.embedded import RedisServer
-from reach.envelope import encode
 from reach.keys import Keys
-from reach.scripts import inbox, run_calls
-from reach.tasks import TASK_TTL_MS
-
-LOAD_BATCH = 1000
 
 
 async def _load(url: str, n: int) -> None:
@@ -46,27 +41,7 @@ async def _load(url: str, n: int) -> None:
     try:
         async with Client(redis=r, namespace=NS) as c:
             envs = [c.build(CAP, {"i": i}, reply=False) for i in range(n)]
-            for i in range(0, n, LOAD_BATCH):
-                calls = [
-                    inbox.send_call(
-                        keys,
-                        inbox.Message(
-                            data=encode(env),
-                            capability=env.capability,
-                            attempt=env.attempt,
-                            msg_id=env.msg_id,
-                            key=env.key,
-                            idempotency_key=env.idempotency_key,
-                        ),
-                        agent_id=AGENT_ID,
-                        priority=env.priority,
-                        ttl_ms=TASK_TTL_MS,
-                    )
-                    for env in envs[i : i + LOAD_BATCH]
-                ]
-                for sent in await run_calls(r, calls):
-                    if isinstance(sent, Exception):
-                        raise sent
+            await load_backlog(r, keys, envs)
     finally:
         await r.aclose()
 

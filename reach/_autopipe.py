@@ -46,6 +46,7 @@ from typing import Any, Self
 from redis import exceptions as rexc
 
 from .connection import AnyRedis, is_cluster
+from .errors import ConfigError
 from .scripts._loader import is_noscript, load_all
 
 DEFAULT_MAX_PIPELINES = 4
@@ -115,7 +116,9 @@ class AutoPipeline:
         max_batch: int = DEFAULT_MAX_BATCH,
     ) -> None:
         if max_pipelines < 1 or max_batch < 1:
-            raise ValueError("max_pipelines and max_batch must be >= 1")
+            raise ConfigError(
+                f"max_pipelines and max_batch must be >= 1 (got {max_pipelines}, {max_batch})."
+            )
         self.redis = redis
         self.max_pipelines = max_pipelines
         self.max_batch = max_batch
@@ -131,9 +134,6 @@ class AutoPipeline:
         """Commands written so far (a NOSCRIPT resend counts again)."""
 
     # -- the queue ------------------------------------------------------------------------
-    async def _submit(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        return await self._enqueue(method, args, kwargs)
-
     def _enqueue(
         self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> asyncio.Future[Any]:
@@ -294,7 +294,7 @@ class AutoPipeline:
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
         """A command by its words (``"XADD", key, ...``), sent in the current batch."""
-        return await self._submit("execute_command", args, options)
+        return await self._enqueue("execute_command", args, options)
 
     async def delete(self, *names: Any) -> Any:
         return await self._keyed("delete", names)
@@ -305,19 +305,19 @@ class AutoPipeline:
     async def _keyed(self, method: str, names: tuple[Any, ...]) -> Any:
         if self.cluster and len(names) > 1:  # the Cluster client splits them by slot
             return await getattr(self.redis, method)(*names)
-        return await self._submit(method, names, {})
+        return await self._enqueue(method, names, {})
 
     async def xread(self, *args: Any, **kwargs: Any) -> Any:
         """``XREAD``; with ``block`` it waits on the server, on a connection of its own."""
         if kwargs.get("block") is not None:
             return await self.redis.xread(*args, **kwargs)
-        return await self._submit("xread", args, kwargs)
+        return await self._enqueue("xread", args, kwargs)
 
     async def xreadgroup(self, *args: Any, **kwargs: Any) -> Any:
         """``XREADGROUP``; with ``block`` it waits on the server, on a connection of its own."""
         if kwargs.get("block") is not None:
             return await self.redis.xreadgroup(*args, **kwargs)
-        return await self._submit("xreadgroup", args, kwargs)
+        return await self._enqueue("xreadgroup", args, kwargs)
 
     def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
         """``transaction=False``: a pipeline whose commands join the current batch (see

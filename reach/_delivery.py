@@ -140,7 +140,7 @@ class Delivery:
             sent = await inbox.send(
                 self.commands,
                 self.keys,
-                message(env, data),
+                inbox.Message.of(env, data),
                 cluster=self.commands.cluster,
                 agent_id=agent_id,
                 priority=env.priority,
@@ -213,7 +213,10 @@ class Delivery:
                         logs.inject(env.headers)
                     items.append(
                         inbox.Delivery(
-                            message(env, encode(env)), agent.agent_id, env.priority, agent.max_queue
+                            inbox.Message.of(env, encode(env)),
+                            agent.agent_id,
+                            env.priority,
+                            agent.max_queue,
                         )
                     )
                 sent = await inbox.send_many(
@@ -276,16 +279,4 @@ def overloaded(
         "and retry later.",
         capability=env.capability,
         reason=Unavailable.OVERLOADED,
-    )
-
-
-def message(env: Envelope, data: bytes) -> inbox.Message:
-    """What the inbox scripts take of ``env`` (encoded as ``data``)."""
-    return inbox.Message(
-        data=data,
-        capability=env.capability,
-        attempt=env.attempt,
-        msg_id=env.msg_id,
-        key=env.key,
-        idempotency_key=env.idempotency_key,
     )

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..connection import AnyRedis
+from ..envelope import Envelope
 from ..keys import PRIORITIES, Keys
 from ._call import Call, as_int, as_text, code_of, run_calls
 from ._loader import Op, is_data_error, run_pipeline
@@ -61,6 +62,18 @@ class Message:
     msg_id: str
     key: str
     idempotency_key: str = ""
+
+    @classmethod
+    def of(cls, env: Envelope, data: bytes) -> Message:
+        """What the inbox scripts take of ``env``, encoded as ``data``."""
+        return cls(
+            data=data,
+            capability=env.capability,
+            attempt=env.attempt,
+            msg_id=env.msg_id,
+            key=env.key,
+            idempotency_key=env.idempotency_key,
+        )
 
 
 def send_call(

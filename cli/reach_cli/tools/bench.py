@@ -58,7 +58,7 @@ import redis.asyncio as aredis
 from reach import Agent, Client, Context, admin
 from reach.connection import AnyRedis, connect
 from reach.embedded import RedisServer
-from reach.envelope import encode
+from reach.envelope import Envelope, encode
 from reach.errors import ConfigError
 from reach.keys import GROUP, Keys
 from reach.registry import Registry
@@ -157,7 +157,7 @@ async def _reads(r: AnyRedis) -> int:
     return int((await r.info("stats"))["total_reads_processed"])
 
 
-async def _entries_added(r: Any, stream: str) -> int:
+async def entries_added(r: Any, stream: str) -> int:
     """Entries ever added to ``stream`` (0 before it exists)."""
     if not await r.exists(stream):
         return 0
@@ -181,6 +181,32 @@ async def _until_processed(
 # -- reach: backlog, streaming, latency ----------------------------------------------------
 
 
+async def load_backlog(
+    r: AnyRedis, keys: Keys, envs: Sequence[Envelope], *, progress: Progress | None = None
+) -> None:
+    """Add ``envs`` to the benchmark agent's inbox as ``Client.send`` does on a standalone
+    Redis (``send.lua``: the inbox entry and the pending record in one step), pipelined
+    ``LOAD_BATCH`` at a time so that loading is quick; the Redis state is what that many
+    sends leave."""
+    n = len(envs)
+    for i in range(0, n, LOAD_BATCH):
+        calls = [
+            inbox.send_call(
+                keys,
+                inbox.Message.of(env, encode(env)),
+                agent_id=AGENT_ID,
+                priority=env.priority,
+                ttl_ms=TASK_TTL_MS,
+            )
+            for env in envs[i : i + LOAD_BATCH]
+        ]
+        for sent in await run_calls(r, calls):
+            if isinstance(sent, Exception):
+                raise sent
+        if progress:
+            progress("loading", min(i + LOAD_BATCH, n), n)
+
+
 async def _throughput(
     url: str, n: int, worker: subprocess.Popen[bytes], progress: Progress | None
 ) -> dict[str, Any]:
@@ -191,32 +217,7 @@ async def _throughput(
             envs = [c.build(CAP, {"i": i}, reply=False) for i in range(n)]
             worker.send_signal(signal.SIGSTOP)  # load the backlog while it cannot read
             t_load = time.perf_counter()
-            # What Client.send does on a standalone Redis (send.lua: the inbox entry and
-            # the pending record in one step), pipelined so that loading is quick; the
-            # Redis state is the same as N sends leave.
-            for i in range(0, n, LOAD_BATCH):
-                calls = [
-                    inbox.send_call(
-                        keys,
-                        inbox.Message(
-                            data=encode(env),
-                            capability=env.capability,
-                            attempt=env.attempt,
-                            msg_id=env.msg_id,
-                            key=env.key,
-                            idempotency_key=env.idempotency_key,
-                        ),
-                        agent_id=AGENT_ID,
-                        priority=env.priority,
-                        ttl_ms=TASK_TTL_MS,
-                    )
-                    for env in envs[i : i + LOAD_BATCH]
-                ]
-                for sent in await run_calls(r, calls):
-                    if isinstance(sent, Exception):
-                        raise sent
-                if progress:
-                    progress("loading", min(i + LOAD_BATCH, n), n)
+            await load_backlog(r, keys, envs, progress=progress)
             t_loaded = time.perf_counter()
             before = await _commandstats(r)
             reads_before = await _reads(r)
@@ -262,7 +263,7 @@ async def _streaming(
     try:
         async with Client(redis_url=url, namespace=NS) as c:
             await c.eligible(CAP)  # the routing view is loaded before the clock starts
-            added_before = await _entries_added(r, stream)
+            added_before = await entries_added(r, stream)
             sent = 0
             every = max(1, n // 20)
 
@@ -282,10 +283,10 @@ async def _streaming(
             t_sent = time.perf_counter()
             await _until_processed(r, stream, GROUP, n, "streaming reach: processed", progress)
             t1 = time.perf_counter()
-            processed = await _entries_added(r, stream) - added_before
+            processed = await entries_added(r, stream) - added_before
     finally:
         await r.aclose()
-    return _stream_figures(n, t0, t_sent, t1, processed, inflight=STREAM_INFLIGHT)
+    return stream_figures(n, t0, t_sent, t1, processed, inflight=STREAM_INFLIGHT)
 
 
 async def _streaming_many(
@@ -298,7 +299,7 @@ async def _streaming_many(
     try:
         async with Client(redis_url=url, namespace=NS) as c:
             await c.eligible(CAP)  # the routing view is loaded before the clock starts
-            added_before = await _entries_added(r, stream)
+            added_before = await entries_added(r, stream)
             t0 = time.perf_counter()
             for start in range(0, n, FLOOR_BATCH):
                 out = await c.send_many(
@@ -314,13 +315,13 @@ async def _streaming_many(
                 r, stream, GROUP, n, "streaming reach send_many: processed", progress
             )
             t1 = time.perf_counter()
-            processed = await _entries_added(r, stream) - added_before
+            processed = await entries_added(r, stream) - added_before
     finally:
         await r.aclose()
-    return _stream_figures(n, t0, t_sent, t1, processed, batch=FLOOR_BATCH)
+    return stream_figures(n, t0, t_sent, t1, processed, batch=FLOOR_BATCH)
 
 
-def _stream_figures(
+def stream_figures(
     n: int, t0: float, t_sent: float, t1: float, processed: int, **extra: int
 ) -> dict[str, Any]:
     return {
@@ -397,10 +398,10 @@ def _floor_streaming(stream: str) -> Measure:
                 r, stream, floor.GROUP, n, "streaming floor: processed", progress
             )
             t1 = time.perf_counter()
-            processed = await _entries_added(r, stream)
+            processed = await entries_added(r, stream)
         finally:
             await r.aclose()
-        return _stream_figures(n, t0, t_sent, t1, processed, batch=FLOOR_BATCH)
+        return stream_figures(n, t0, t_sent, t1, processed, batch=FLOOR_BATCH)
 
     return measure
 
@@ -553,7 +554,7 @@ def _ratios(res: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def _medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Per key: the median of the runs' numbers; anything else (and ints that are counts
     the same in every run) as in the last run."""
     out: dict[str, Any] = {}
@@ -614,8 +615,8 @@ def run_bench(
                 )
             )
     last = rounds[-1]
-    tp = _medians([r["throughput"] for r in rounds])
-    lat = _medians([r["latency"] for r in rounds])
+    tp = medians([r["throughput"] for r in rounds])
+    lat = medians([r["latency"] for r in rounds])
     tp_stats, lat_stats = last["backlog_stats"], last["requests_stats"]
     if "round_trips" in tp_stats:
         tp["worker_own_round_trips_per_msg"] = tp_stats["round_trips"] / messages
@@ -633,8 +634,8 @@ def run_bench(
         "load_avg_1m": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
     }
     if stream_messages:
-        out["streaming"] = _medians([r["streaming"] for r in rounds])
-        out["send_many"] = _medians([r["streaming_many"] for r in rounds])
+        out["streaming"] = medians([r["streaming"] for r in rounds])
+        out["send_many"] = medians([r["streaming_many"] for r in rounds])
         if floor:
             many_ratios = [r["send_many_ratios"] for r in rounds]
             out["send_many"]["ratios"] = {
@@ -643,8 +644,8 @@ def run_bench(
     if floor:
         ratios = [r["ratios"] for r in rounds]
         out["floor"] = {
-            "streaming": _medians([r["floor_streaming"] for r in rounds]),
-            "latency": _medians([r["floor_latency"] for r in rounds]),
+            "streaming": medians([r["floor_streaming"] for r in rounds]),
+            "latency": medians([r["floor_latency"] for r in rounds]),
         }
         out["ratios"] = {
             **{key: statistics.median(x[key] for x in ratios) for key in ratios[-1]},
@@ -752,6 +753,21 @@ p99 = reach's latency / the floor's. Numbers from separate runs are never compar
 """
 
 
+def progress_lines() -> Progress:
+    """A progress callback for the plain scripts: a line on stderr at every tenth of a
+    phase and at its end (phases that poll report the same count often)."""
+    shown: dict[str, int] = {}  # phase -> the last count printed
+
+    def progress(phase: str, done: int, total: int) -> None:
+        before = shown.get(phase, -1)
+        step = max(1, total // 10)
+        if done != before and (done == total or done // step > max(before, 0) // step):
+            shown[phase] = done
+            print(f"{phase} {done}/{total}", file=sys.stderr, flush=True)
+
+    return progress
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """`python bench/messaging_bench.py` (plain progress lines on stderr)."""
     ap = argparse.ArgumentParser(
@@ -774,15 +790,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
 
-    shown: dict[str, int] = {}  # phase -> the last count printed
-
-    def progress(phase: str, done: int, total: int) -> None:
-        # A line at every tenth and at the end (phases that poll report the same count often).
-        before = shown.get(phase, -1)
-        step = max(1, total // 10)
-        if done != before and (done == total or done // step > max(before, 0) // step):
-            shown[phase] = done
-            print(f"{phase} {done}/{total}", file=sys.stderr, flush=True)
+    progress = progress_lines()
 
     try:
         out = run_bench(

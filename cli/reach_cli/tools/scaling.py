@@ -86,7 +86,15 @@ from reach.keys import GROUP, Keys
 from reach.registry import Registry
 
 from . import floor
-from .bench import POLL_S, STREAM_INFLIGHT, Progress, _entries_added, _medians, _stream_figures
+from .bench import (
+    POLL_S,
+    STREAM_INFLIGHT,
+    Progress,
+    entries_added,
+    medians,
+    progress_lines,
+    stream_figures,
+)
 
 CAP = "scaling.noop"
 AGENT_ENV = "REACH_SCALING_AGENT_ID"  # the agent id of a `reach worker` process
@@ -282,7 +290,7 @@ async def _throughput(
             with anyio.fail_after(30):  # the routing view sees every agent
                 while len(await c.eligible(CAP)) < len(agent_ids):
                     await anyio.sleep(0.1)
-            added_before = {a: await _entries_added(r, s) for a, s in inboxes.items()}
+            added_before = {a: await entries_added(r, s) for a, s in inboxes.items()}
             sent = 0
             errors: Counter[str] = Counter()
             first_error = ""
@@ -319,14 +327,14 @@ async def _throughput(
                     await anyio.sleep(POLL_S)
             t1 = time.perf_counter()
             cpu1 = await _cpu(r, worker_pids)
-            per_agent = [await _entries_added(r, s) - added_before[a] for a, s in inboxes.items()]
+            per_agent = [await entries_added(r, s) - added_before[a] for a, s in inboxes.items()]
             unacked = 0
             for s in inboxes.values():
                 unacked += await floor.remaining(r, s, GROUP) if await r.exists(s) else 0
     finally:
         await r.aclose()
     processed = sum(per_agent)
-    out = _stream_figures(n, t0, t_sent, t1, processed, inflight=STREAM_INFLIGHT)
+    out = stream_figures(n, t0, t_sent, t1, processed, inflight=STREAM_INFLIGHT)
     out["msgs_per_s"] = processed / (t1 - t0)  # = n / seconds unless sends failed
     out["unacked"] = unacked
     out["send_errors"] = dict(errors)
@@ -686,7 +694,7 @@ def _guarded(what: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 def _combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Medians of the rounds that succeeded; the errors of those that did not."""
     ok = [r for r in runs if "error" not in r]
-    out = _medians(ok) if ok else {}
+    out = medians(ok) if ok else {}
     errors = [r["error"] for r in runs if "error" in r]
     if errors:
         out["errors_of_rounds"] = errors
@@ -954,14 +962,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
 
-    shown: dict[str, int] = {}
-
-    def progress(phase: str, done: int, total: int) -> None:
-        before = shown.get(phase, -1)
-        step = max(1, total // 10)
-        if done != before and (done == total or done // step > max(before, 0) // step):
-            shown[phase] = done
-            print(f"{phase} {done}/{total}", file=sys.stderr, flush=True)
+    progress = progress_lines()
 
     try:
         out = run_scaling(
