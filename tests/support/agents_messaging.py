@@ -67,6 +67,16 @@ async def bump(ctx: Context, name: str) -> int:
     return int(await ctx.redis.hincrby(ctx.keys.effects(name), ctx.idempotency_key, 1))
 
 
+async def bump_agent(ctx: Context, name: str) -> None:
+    """Count one message of ``name`` handled by this agent (field = agent id)."""
+    await ctx.redis.hincrby(ctx.keys.effects(f"{name}.by-agent"), ctx.agent_id, 1)
+
+
+async def handled_by_agent(r: AnyRedis, ns: str, name: str) -> dict[str, int]:
+    """How many messages of ``name`` each agent handled (what :func:`bump_agent` counted)."""
+    return await effects(r, ns, f"{name}.by-agent")
+
+
 async def effects(r: AnyRedis, ns: str, name: str) -> dict[str, int]:
     """All side effects of ``name``: idempotency key -> how many times it happened."""
     raw = await r.hgetall(Keys(ns).effects(name))
@@ -172,11 +182,13 @@ def crash_agent() -> Agent:
 
 
 def echo_agent() -> Agent:
-    """``test.echo``: returns the payload and counts one side effect per message."""
+    """``test.echo``: returns the payload, counts one side effect per message and one
+    message handled per agent."""
     app = Agent(os.environ.get("REACH_TEST_AGENT_ID", "echo-1"), capabilities=["test.echo"])
 
     @app.handler("test.echo")
     async def echo(payload: Any, ctx: Context) -> dict[str, Any]:
+        await bump_agent(ctx, "echo")  # first: once "echo" counts a message, both are done
         await bump(ctx, "echo")
         return {"echo": payload, "agent": ctx.agent_id}
 
