@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, TypedDict, Unpack
 
 from ._worker.runtime import Runtime
+from .config import resolve_redis_url
 from .errors import ConfigError
 from .hooks import Hooks
 from .registry import MAX_WEIGHT, agent_key_id, normalize_capabilities, normalize_capability
@@ -66,7 +67,7 @@ class RuntimeOptions:
     """
 
     redis_url: str | None = None
-    """Redis to serve on; default: the ``REACH_REDIS_URL`` environment variable."""
+    """Redis to serve on; else ``REACH_REDIS_URL``, else the project file (reach.config)."""
     namespace: str = "default"
     heartbeat_s: float = 3.0
     """How often the lease is renewed (from a thread of its own)."""
@@ -263,6 +264,8 @@ class Agent:
             await app.run(redis_url="redis://localhost:6379/0", concurrency=32)
         """
         opts = (options or RuntimeOptions()).replace(**overrides)
+        # redis_url=, else REACH_REDIS_URL, else reach.toml/.reach/config (reach.config)
+        opts = opts.replace(redis_url=resolve_redis_url(opts.redis_url))
         rt = Runtime(self, opts, self.hooks)
         self._runtime = rt
         try:

@@ -23,6 +23,7 @@ from ._delivery import ADVERTISABLE as ADVERTISABLE  # noqa: PLC0414 (re-exporte
 from ._delivery import Delivery, policy_for
 from ._replies import ReplyReader, outcome_of
 from .breaker import Breakers
+from .config import resolve_redis_url
 from .connection import DEFAULT_MAX_CONNECTIONS, AnyRedis, connect
 from .envelope import Envelope, Reply, decode_payload, encode_payload, new_id, now_ms
 from .errors import ConfigError, DeadlineExceeded, NoAgentAvailable, NotStarted, PayloadTooLarge
@@ -114,15 +115,8 @@ class Client:
             raise ConfigError(f"max_connections must be >= 1 (got {max_connections}).")
         if max_unclaimed_replies < 0 or unclaimed_reply_ttl_s < 0:
             raise ConfigError("max_unclaimed_replies and unclaimed_reply_ttl_s must be >= 0.")
-        if redis is None and not redis_url:
-            import os
-
-            redis_url = os.environ.get("REACH_REDIS_URL")
-            if not redis_url:
-                raise ConfigError(
-                    "Client needs redis_url=... (or REACH_REDIS_URL); start a local Redis "
-                    "with `reach redis`."
-                )
+        if redis is None:  # redis_url=, else REACH_REDIS_URL, else reach.toml/.reach/config
+            redis_url = resolve_redis_url(redis_url)
         self.redis_url = redis_url or ""
         self.namespace = namespace
         self.keys = Keys(namespace)
