@@ -20,6 +20,7 @@ from .common import (
     age,
     command,
     fail,
+    find_redis,
     open_redis,
     print_json,
     require_text,
@@ -83,6 +84,7 @@ def agents_list(
     )
     if state is not None and state not in STATES:
         fail(f"unknown state {state!r}: use {', '.join(STATES)}")
+    redis_url = find_redis(redis_url)
     filt: dict[str, str] = {}
     for w in where or []:
         if "=" not in w:

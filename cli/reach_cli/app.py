@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -20,6 +21,8 @@ import typer
 import reach
 from reach import admin
 from reach.client import Client
+from reach.config import ENV_URL, PROJECT_FILES, URL_KEY, read_project_file, write_project_url
+from reach.connection import redact
 from reach.embedded import RedisServer, free_port, port_free
 from reach.envelope import decode_payload, encode_payload, now_ms
 from reach.errors import ConfigError, ReachError
@@ -44,6 +47,7 @@ from .common import (
     open_redis,
     print_json,
     progress,
+    require_text,
     safe_text,
     table,
 )
@@ -222,8 +226,9 @@ def redis_cmd(
 ) -> None:
     """Run a persistent local Redis for development (AOF everysec, data in .reach/).
 
-    Prints the URL to export as REACH_REDIS_URL; stops on Ctrl-C. One server per data
-    directory: a second one on the same --dir is refused.
+    Prints its URL and writes it to .reach/config, where every reach command run in this
+    directory or below finds it (elsewhere, export REACH_REDIS_URL); stops on Ctrl-C. One
+    server per data directory: a second one on the same --dir is refused.
     """
     with cli_errors():
         server = RedisServer(
@@ -238,10 +243,12 @@ def redis_cmd(
                 server.port = chosen
             server.start()
             (data_dir / "url").write_text(server.url + "\n")
+            project = write_project_url(server.url, Path(PROJECT_FILES[1]))
             print(server.url, flush=True)
             err_console.print(
                 f"{server.binary.origin} server {server.binary.version_str} "
-                f"({server.binary.path}), data in {data_dir}/. "
+                f"({server.binary.path}), data in {data_dir}/. reach commands run in "
+                f"this directory or below find it ({project}); elsewhere: "
                 f"export REACH_REDIS_URL={server.url}  — Ctrl-C to stop.",
                 highlight=False,
                 markup=False,
@@ -266,6 +273,48 @@ def redis_cmd(
             raise typer.Exit(130)
         if exited:
             fail(f"Redis exited with code {exited}; see {data_dir / 'server.log'}")
+
+
+# -- init ---------------------------------------------------------------------------------
+@app.command()
+def init(
+    redis_url: Annotated[
+        str,
+        typer.Option(
+            "--redis-url",
+            metavar="URL",
+            show_default=False,
+            help="The Redis this project uses (else REACH_REDIS_URL).",
+        ),
+    ] = "",
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace the redis_url of an existing reach.toml.")
+    ] = False,
+) -> None:
+    """Write reach.toml here: the Redis every reach command (and reach.Client, reach.Agent)
+    run in this directory or below uses when no --redis-url / REACH_REDIS_URL is given.
+
+    Example: reach init --redis-url redis://redis.internal:6379/0
+    """
+    require_text({"redis_url": redis_url})
+    with cli_errors():
+        url = redis_url or os.environ.get(ENV_URL, "").strip()
+        if not url:
+            raise ConfigError(
+                "reach init needs the Redis to write down: --redis-url URL (or "
+                "REACH_REDIS_URL). For a local development Redis, run `reach redis` "
+                "instead: it writes .reach/config by itself."
+            )
+        target = Path(PROJECT_FILES[0])
+        if target.is_file() and not force:
+            old = read_project_file(target).get(URL_KEY)
+            if old is not None and old != url:
+                raise ConfigError(
+                    f"{target.resolve()} already names {redact(str(old))}: pass --force to "
+                    "replace it."
+                )
+        write_project_url(url, target)
+    print(f"wrote {target.resolve()}: {URL_KEY} = {redact(url)}")
 
 
 # -- worker -------------------------------------------------------------------------------

@@ -23,17 +23,20 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from reach.connection import ACL_HINT, DEFAULT_URL, AnyRedis, connect, redact, unreachable
+from reach.config import locate_redis_url
+from reach.connection import ACL_HINT, AnyRedis, connect, redact, unreachable
 from reach.errors import ReachError
 
 RedisUrl = Annotated[
     str,
     typer.Option(
         "--redis-url",
-        envvar="REACH_REDIS_URL",
-        show_envvar=True,
+        show_default=False,
+        metavar="URL",
         help="Redis to use: redis://host:port/db, rediss://... (TLS), unix:///path, or "
-        "redis+sentinel://host:port,host:port/service (Sentinel).",
+        "redis+sentinel://host:port,host:port/service (Sentinel). Not given: "
+        "REACH_REDIS_URL, else redis_url in reach.toml or .reach/config here or in a "
+        "parent directory (`reach redis` and `reach init` write them); never a guess.",
     ),
 ]
 Namespace = Annotated[
@@ -49,7 +52,7 @@ Namespace = Annotated[
 Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 DEFAULT_NS = "default"
-DEFAULT_REDIS = DEFAULT_URL
+DEFAULT_REDIS = ""  # not given: reach.config finds it (REACH_REDIS_URL, a project file)
 
 # Piped output gets wide lines rather than folded columns.
 console = Console(width=None if sys.stdout.isatty() else 200)
@@ -187,9 +190,24 @@ def command(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         require_text(kwargs)
+        if "redis_url" in kwargs:
+            kwargs["redis_url"] = find_redis(kwargs["redis_url"])
         return run(functools.partial(fn, *args, **kwargs), url=kwargs.get("redis_url"))
 
     return wrapper
+
+
+def find_redis(given: str | None) -> str:
+    """The Redis URL a command uses: ``--redis-url`` / ``REACH_REDIS_URL`` (``given``), else
+    the nearest project file's (:mod:`reach.config`); none is one ``error:`` line, exit 2."""
+    return find_redis_source(given)[0]
+
+
+def find_redis_source(given: str | None) -> tuple[str, str]:
+    """:func:`find_redis` and where the URL came from (an option, the variable, a file)."""
+    with cli_errors():
+        loc = locate_redis_url(given or None)
+    return loc.url, loc.source
 
 
 def require_text(params: dict[str, Any]) -> None:

@@ -60,6 +60,7 @@ from .common import (
     cli_errors,
     console,
     fail,
+    find_redis,
     json_line,
     require_text,
     safe_text,
@@ -452,6 +453,7 @@ def top(
         fail("--interval must be > 0 for the live view")
     if not math.isfinite(interval) or interval > 86_400:
         fail(f"--interval must be a number of seconds up to 86400, not {interval}")
+    redis_url = find_redis(redis_url)
     fn = _once if once else _loop
     # Ctrl-C ends the live view, as it interrupts any command: exit code 130.
     with cli_errors(redis_url):

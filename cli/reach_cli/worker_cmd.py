@@ -26,6 +26,7 @@ from .common import (
     RedisUrl,
     cli_errors,
     err_console,
+    find_redis_source,
     require_text,
 )
 
@@ -165,6 +166,7 @@ def worker(
             "metrics_addr": metrics_addr,
         }
     )
+    redis_url, url_source = find_redis_source(redis_url)
     with cli_errors(redis_url):
         _check_times(
             heartbeat_s=heartbeat_s,
@@ -200,11 +202,18 @@ def worker(
             "claim_lease_s": claim_lease_s,
             "retry_base_s": retry_base_s,
         }
+        where = "" if url_source == "--redis-url" else f" (from {url_source})"
         if log_format == "json":  # stderr stays one JSON object per line
-            wlog.info("reach worker: %s on %s ns=%s", agent.agent_id, redact(redis_url), namespace)
+            wlog.info(
+                "reach worker: %s on %s%s ns=%s",
+                agent.agent_id,
+                redact(redis_url),
+                where,
+                namespace,
+            )
         else:
             err_console.print(
-                f"reach worker: {agent.agent_id} on {redact(redis_url)} ns={namespace}",
+                f"reach worker: {agent.agent_id} on {redact(redis_url)}{where} ns={namespace}",
                 highlight=False,
                 markup=False,
             )
