@@ -233,7 +233,7 @@ class Client:
             )
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
-        self._tg.start_soon(self.view.run)
+        self.view.attach(self._tg)  # its tasks start at the first routing (lazily)
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -1,41 +1,61 @@
 """The client's local view of the registry: a pick reads memory, never Redis.
 
-The view holds every agent of the namespace. It is kept fresh three ways:
+The view's cost follows changes and the capabilities this process calls, never the size of
+the fleet (docs/architecture.md, "The registry view"):
 
-* it tails the registry events stream (``XREAD BLOCK``) and re-reads the agent an event
-  names, so a registration, readiness change, drain or eviction is seen within one round
-  trip of the event;
-* it re-reads everything every ``refresh_s`` (load figures that heartbeats report, such as
-  queue depth, emit no event), and
-* a caller that suspects an agent (a failed delivery) asks for :meth:`RegistryView.recheck`.
+* **Lazy, per capability.** The view holds only the agents of the capabilities it was asked
+  for. The first :meth:`RegistryView.candidates` of a capability loads it (its capability
+  set, then its agents' records); a process that never calls (a worker that only serves)
+  never reads the registry at all, and with :meth:`RegistryView.attach` its background
+  tasks start only on that first call.
+* **Events.** Once started, it tails the registry events stream (``XREAD BLOCK``) and
+  re-reads an agent an event names when the view holds that agent (or a ``registered``
+  event could add it to a loaded capability), so a registration, readiness change, drain
+  or eviction is seen within one round trip of the event.
+* **A cheap consistency check** every ``refresh_s``: one ``XINFO STREAM`` of the events
+  stream, whose ``entries-added`` counts every event ever written (trimming does not lower
+  it). When the view has read up to the stream's last id but counted fewer entries, events
+  were lost (trimmed before it read them, deleted); when the stream's last id went back,
+  the stream was recreated or a failover lost events: either way the view re-reads the
+  capabilities it holds (only those).
+* **Load figures** (queue depth, in flight) that heartbeats report emit no event: the
+  records of the capabilities asked for within ``busy_s`` are re-read every ``refresh_s``.
+  A capability not asked for that long keeps its membership and states (events) but not
+  its figures; the next ask returns what the view holds and wakes a refresh of it. One not
+  asked for within ``unload_s`` is dropped (asking again loads it).
+* A caller that suspects an agent (a failed delivery) asks for :meth:`RegistryView.recheck`.
 
-When the view is older than ``max_staleness_s`` (the event tail is broken, Redis was
-away) the next read refreshes it first.
+When the event tail is broken (no successful read for ``max_staleness_s``: Redis was away)
+the next ask re-reads its capability first; a view that was never started re-reads a
+capability whose records are older than ``refresh_s`` on ask.
 
 Whatever the registry holds, the view keeps going: a record that cannot be read is left
 out (never routed to) and logged once, an unreadable event is skipped, and the background
-tasks survive any error (logged, rate-limited) rather than take the process down. ``version`` counts changes that matter to routing
-(membership, state, readiness, draining, weight, capabilities, metadata) and not load
-figures, so the router's cached structures stay valid across heartbeats.
+tasks survive any error (logged, rate-limited) rather than take the process down. ``version``
+counts changes that matter to routing (membership, state, readiness, draining, weight,
+capabilities, metadata) and not load figures, so the router's cached structures stay valid
+across heartbeats.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import anyio
+import anyio.abc
 from redis import exceptions as rexc
 
-from .connection import AnyRedis
+from .connection import AnyRedis, as_text
 from .logs import OutageLog
 from .registry import AgentInfo, Registry, decode_id
 
 log = logging.getLogger("reach.view")
 
 _EVENTS_PER_READ = 200
+_ADDS = frozenset({"registered", b"registered"})  # the one event that can add an agent to a cap
 
 
 def _static(a: AgentInfo) -> tuple[Any, ...]:
@@ -51,8 +71,28 @@ def _static(a: AgentInfo) -> tuple[Any, ...]:
     )
 
 
+def _stream_id(value: Any) -> tuple[int, int]:
+    """A stream entry id as a comparable pair (``0-0`` for anything else)."""
+    ms, _, seq = as_text(value).partition("-")
+    try:
+        return int(ms), int(seq or 0)
+    except ValueError:
+        return 0, 0
+
+
+class _Cap:
+    """A capability the view was asked for: when its records were last read (0: never, or
+    invalidated) and when it was last asked for (monotonic seconds)."""
+
+    __slots__ = ("loaded_at", "used_at")
+
+    def __init__(self, now: float) -> None:
+        self.loaded_at = 0.0
+        self.used_at = now
+
+
 class RegistryView:
-    """A snapshot of the namespace's agents, by capability, with a change counter."""
+    """The agents of the capabilities asked for, by capability, with a change counter."""
 
     def __init__(
         self,
@@ -60,25 +100,40 @@ class RegistryView:
         *,
         refresh_s: float = 2.0,
         max_staleness_s: float = 5.0,
+        busy_s: float = 30.0,
+        unload_s: float = 600.0,
         on_gone: Callable[[str], None] | None = None,
         name: str = "registry view",
     ) -> None:
-        """``on_gone(agent_id)`` is called when an agent's record left the registry
-        (deregistered, or its shadow expired), so per-agent state elsewhere can go too.
-        ``name`` starts its log lines about Redis outages (e.g. ``"client c-42: registry
-        view"``)."""
+        """``on_gone(agent_id)`` is called when an agent leaves the view (its record left
+        the registry, or it no longer declares a capability the view holds), so per-agent
+        state elsewhere can go too. ``busy_s``: a capability asked for within that long has
+        its load figures re-read every ``refresh_s``; ``unload_s``: one not asked for that
+        long is dropped. ``name`` starts its log lines about Redis outages (e.g.
+        ``"client c-42: registry view"``)."""
         self.registry = registry
         self.on_gone = on_gone
         self.refresh_s = refresh_s
         self.max_staleness_s = max_staleness_s
+        self.busy_s = busy_s
+        self.unload_s = unload_s
         self.version = 0
+        self._caps: dict[str, _Cap] = {}
         self._agents: dict[str, AgentInfo] = {}
         self._by_cap: dict[str, list[AgentInfo]] = {}
-        self._loaded_at = 0.0
-        self._last_event = "$"
+        # Where the tail is in the events stream, and how many entries it has read up to
+        # there (entries-added at that id); None until positioned.
+        self._last_event: str | None = None
+        self._added = 0
+        self._behind: str | None = None  # the stream's last id a check saw ahead of the tail
+        self._tail_ok_at = 0.0
         self._lock = anyio.Lock()
+        self._wake = anyio.Event()
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._started = False
         self._running = False
         self._last_unexpected = -1e9
+        self.resyncs = 0  # times the consistency check found events lost and re-read
         # Redis away: a few lines per outage (start, reminders, end), not one per retry.
         self._tail_outage = OutageLog(log, f"{name}: reading registry events")
         self._refresh_outage = OutageLog(log, f"{name}: periodic refresh")
@@ -88,89 +143,192 @@ class RegistryView:
         return self.registry.redis
 
     @property
-    def age_s(self) -> float:
-        return time.monotonic() - self._loaded_at if self._loaded_at else float("inf")
+    def capabilities(self) -> list[str]:
+        """The capabilities the view holds (asked for, not yet unloaded)."""
+        return sorted(self._caps)
 
+    @property
+    def agent_ids(self) -> list[str]:
+        """The ids of the agents the view holds."""
+        return sorted(self._agents)
+
+    @property
+    def age_s(self) -> float:
+        """Seconds since the oldest read of a held capability's records (inf: none read)."""
+        if not self._caps or not all(c.loaded_at for c in self._caps.values()):
+            return float("inf")
+        return time.monotonic() - min(c.loaded_at for c in self._caps.values())
+
+    # -- reads --------------------------------------------------------------------------
     async def candidates(self, capability: str) -> tuple[list[AgentInfo], int]:
-        """Agents declaring ``capability`` (any state) and the view's version."""
-        limit = self.max_staleness_s if self._running else self.refresh_s
-        if self.age_s > limit:
+        """Agents declaring ``capability`` (any state) and the view's version.
+
+        The first ask of a capability loads it (a few commands); later asks read memory."""
+        now = time.monotonic()
+        c = self._caps.get(capability)
+        if c is None or self._due(c, now):
             async with self._lock:
-                if self.age_s > limit:  # callers that waited on the lock find it fresh
+                c = self._caps.get(capability)
+                if c is None:
+                    c = self._caps[capability] = _Cap(now)
+                if self._due(c, time.monotonic()):  # callers that waited find it fresh
                     await self._reload()
+        c.used_at = now
+        if not self._started:
+            self._start()
+        elif self._running and now - c.loaded_at > 2 * self.refresh_s:
+            self._wake.set()  # figures of a capability not asked for a while: refresh now
         return self._by_cap.get(capability, []), self.version
 
+    def _due(self, c: _Cap, now: float) -> bool:
+        """Must ``c`` be read before it is answered from?"""
+        if not c.loaded_at:
+            return True
+        if self._running:  # events keep it; unless the tail is broken
+            return (
+                now - self._tail_ok_at > self.max_staleness_s
+                and now - c.loaded_at > self.max_staleness_s
+            )
+        return now - c.loaded_at > self.refresh_s
+
     def invalidate(self) -> None:
-        """Make the next read refresh from Redis."""
-        self._loaded_at = 0.0
+        """Make the next ask of each capability re-read it from Redis."""
+        for c in self._caps.values():
+            c.loaded_at = 0.0
 
     async def refresh(self) -> None:
-        """Re-read every agent of the namespace."""
+        """Re-read every capability the view holds (nothing when it holds none)."""
         async with self._lock:
-            await self._reload()
+            await self._load(list(self._caps))
 
     async def _reload(self) -> None:
-        ids = await self.registry.agent_ids()
-        found = await self.registry.read_agents(ids)
-        self._apply({a.agent_id: a for a in found.values() if a is not None}, replace=True)
-        self._loaded_at = time.monotonic()
+        """Read the capabilities that are due (not read yet, or stale); under the lock."""
+        now = time.monotonic()
+        await self._load([n for n, c in self._caps.items() if self._due(c, now)])
+
+    async def _load(self, caps: list[str]) -> None:
+        """Read ``caps``' sets and their agents' records, replacing what the view held of
+        them; under the lock."""
+        if not caps:
+            return
+        if self._last_event is None:
+            await self._position()  # before the sets: no event after them is missed
+        started = time.monotonic()
+        ids: set[str] = set()
+        for cap in caps:
+            ids.update(await self.registry.agent_ids(cap))
+        found = await self.registry.read_agents(sorted(ids))
+        self._apply(found, replaced=set(caps))
+        for cap in caps:
+            c = self._caps.get(cap)
+            if c is not None:
+                c.loaded_at = started
 
     async def recheck(self, agent_id: str) -> None:
         """Re-read one agent now (after a failed delivery to it)."""
-        self._apply(await self.registry.read_agents([agent_id]), replace=False)
+        self._apply(await self.registry.read_agents([agent_id]))
 
-    def _apply(self, new: dict[str, AgentInfo | None], *, replace: bool) -> None:
+    def _apply(
+        self, new: Mapping[str, AgentInfo | None], *, replaced: Collection[str] = ()
+    ) -> None:
+        """Merge records read from Redis (None: no readable record). ``replaced``: those
+        capabilities were read whole: an agent of theirs that ``new`` lacks left them."""
         changed = False
         old = self._agents
-        merged: dict[str, AgentInfo] = {} if replace else dict(old)
-        for agent_id, a in new.items():
-            if a is None:
-                if merged.pop(agent_id, None) is not None or agent_id in old:
-                    changed = True
+        held = self._caps
+        merged = dict(old)
+        for agent_id, a in old.items():
+            # an agent of the sets read that they no longer hold left them; it stays only
+            # when a capability that was not re-read holds it
+            if (
+                replaced
+                and agent_id not in new
+                and any(c in replaced for c in a.capabilities)
+                and not any(c in held and c not in replaced for c in a.capabilities)
+            ):
+                del merged[agent_id]
+        for agent_id, info in new.items():
+            if info is None or not any(c in held for c in info.capabilities):
+                merged.pop(agent_id, None)
                 continue
             prev = old.get(agent_id)
-            if prev is None or _static(prev) != _static(a):
+            if prev is None or _static(prev) != _static(info):
                 changed = True
-            merged[agent_id] = a
+            merged[agent_id] = info
         gone = set(old) - set(merged)
-        if gone:
+        if gone or set(merged) - set(old):
             changed = True
         self._agents = merged
         if changed:
             self.version += 1
-        # Rebuilt every time: load figures change the objects even when the version stays.
-        by_cap: dict[str, list[AgentInfo]] = {}
-        for a in sorted(merged.values(), key=lambda x: x.agent_id):
-            for c in a.capabilities:
-                by_cap.setdefault(c, []).append(a)
-        self._by_cap = by_cap
+        self._index()
         if self.on_gone is not None:
-            for agent_id in gone:
+            for agent_id in sorted(gone):
                 self.on_gone(agent_id)
 
-    async def run(self) -> None:
-        """Keep the view fresh until cancelled (events, plus a periodic full refresh)."""
-        self._running = True
+    def _index(self) -> None:
+        # Rebuilt every time: load figures change the objects even when the version stays.
+        held = self._caps
+        by_cap: dict[str, list[AgentInfo]] = {}
+        for agent_id in sorted(self._agents):
+            a = self._agents[agent_id]
+            for c in a.capabilities:
+                if c in held:
+                    by_cap.setdefault(c, []).append(a)
+        self._by_cap = by_cap
+
+    # -- background ---------------------------------------------------------------------
+    def attach(self, tg: anyio.abc.TaskGroup) -> None:
+        """Run the background tasks in ``tg``, from the first :meth:`candidates` on (a
+        process that never calls never starts them)."""
+        self._tg = tg
+        self._started = False
+
+    def _start(self) -> None:
+        if self._tg is None:
+            return
+        self._started = True
         try:
-            try:
-                last = await self.redis.xrevrange(self.registry.keys.events, "+", "-", count=1)
-                self._last_event = last[0][0] if last else "0"
-                await self.refresh()
-            except (rexc.RedisError, OSError) as e:
-                log.warning("registry view: initial load failed (%s)", e)
-            except Exception:  # noqa: BLE001 - the periodic refresh tries again
-                self._unexpected("initial load")
+            self._tg.start_soon(self.run)
+        except RuntimeError:  # the task group has ended (the client stopped)
+            self._tg = None
+            self._started = False
+
+    async def run(self) -> None:
+        """Keep the view fresh until cancelled (events, the consistency check and the
+        held capabilities' load figures)."""
+        self._started = self._running = True
+        self._tail_ok_at = time.monotonic()
+        try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._tail)
                 tg.start_soon(self._periodic)
         finally:
-            self._running = False
+            self._started = self._running = False
+
+    async def _position(self) -> None:
+        """Put the tail at the end of the events stream; under the lock."""
+        self._last_event, self._added = await self._stream_end()
+        self._behind = None
+
+    async def _stream_end(self) -> tuple[str, int]:
+        """The events stream's last id and its entries-added (``0-0``, 0: no stream)."""
+        try:
+            info = await self.redis.xinfo_stream(self.registry.keys.events)
+        except rexc.ResponseError as e:
+            if "no such key" in str(e).lower():
+                return "0-0", 0
+            raise
+        return as_text(info.get("last-generated-id") or "0-0"), int(info.get("entries-added", 0))
 
     async def _periodic(self) -> None:
         while True:
-            await anyio.sleep(self.refresh_s)
+            with anyio.move_on_after(self.refresh_s):
+                await self._wake.wait()
+            self._wake = anyio.Event()
             try:
-                await self.refresh()
+                await self._check()
+                await self._refresh_figures()
             except (rexc.RedisError, OSError) as e:
                 self._refresh_outage.failed(e)
             except Exception:  # noqa: BLE001 - a bug or bad data must not stop the process
@@ -178,13 +336,91 @@ class RegistryView:
             else:
                 self._refresh_outage.ok()
 
+    async def _check(self) -> None:
+        """The consistency check: one ``XINFO STREAM``; re-read the held capabilities when
+        events were lost."""
+        if self._last_event is None:
+            return
+        last, added = await self._stream_end()
+        async with self._lock:
+            mine = self._last_event
+            if mine is None:
+                return
+            at, head = _stream_id(mine), _stream_id(last)
+            if head == at:
+                lost = added != self._added
+                self._behind = None
+            elif head < at:
+                lost = True  # the stream went back: recreated, or a failover lost events
+            else:  # events in flight, unless the tail is still short of the last check's end
+                lost = self._behind is not None and at < _stream_id(self._behind)
+                self._behind = None if lost else last
+            if lost:
+                self.resyncs += 1
+                log.info(
+                    "registry view: events were lost (stream at %s with %d added, view at %s "
+                    "with %d): re-reading %d capabilities",
+                    last,
+                    added,
+                    mine,
+                    self._added,
+                    len(self._caps),
+                )
+                self._last_event, self._added, self._behind = last, added, None
+                await self._load(list(self._caps))
+
+    async def _refresh_figures(self) -> None:
+        """Re-read the records of capabilities asked for within ``busy_s`` (load figures);
+        drop capabilities not asked for within ``unload_s``."""
+        now = time.monotonic()
+        idle = [n for n, c in self._caps.items() if now - c.used_at > self.unload_s]
+        due = {
+            n
+            for n, c in self._caps.items()
+            if c.loaded_at
+            and now - c.used_at <= self.busy_s
+            and now - c.loaded_at >= 0.9 * self.refresh_s
+        }
+        if not idle and not due:
+            return
+        async with self._lock:
+            if idle:
+                for n in idle:
+                    self._caps.pop(n, None)
+                self._drop_unheld()
+            ids = sorted(
+                i for i, a in self._agents.items() if any(c in due for c in a.capabilities)
+            )
+            if ids:
+                started = time.monotonic()
+                self._apply(await self.registry.read_agents(ids))
+                for n in due:
+                    c = self._caps.get(n)
+                    if c is not None:
+                        c.loaded_at = started
+
+    def _drop_unheld(self) -> None:
+        held = self._caps
+        keep = {i: a for i, a in self._agents.items() if any(c in held for c in a.capabilities)}
+        gone = set(self._agents) - set(keep)
+        self._agents = keep
+        if gone:
+            self.version += 1
+        self._index()
+        if self.on_gone is not None:
+            for agent_id in sorted(gone):
+                self.on_gone(agent_id)
+
     async def _tail(self) -> None:
         key = self.registry.keys.events
         while True:
             try:
-                res = await self.redis.xread(
-                    {key: self._last_event}, block=1000, count=_EVENTS_PER_READ
-                )
+                if self._last_event is None:
+                    async with self._lock:
+                        if self._last_event is None:
+                            await self._position()
+                at = self._last_event
+                res = await self.redis.xread({key: at}, block=1000, count=_EVENTS_PER_READ)
             except (rexc.RedisError, OSError) as e:
                 self._tail_outage.failed(e)
                 await anyio.sleep(0.2)
@@ -193,12 +429,17 @@ class RegistryView:
                 self._unexpected("events read")
                 await anyio.sleep(0.2)
                 continue
+            self._tail_ok_at = time.monotonic()
             if not res:
                 self._tail_outage.ok()
                 continue
             try:
-                ids = self._named(res)
-                self._apply(await self.registry.read_agents(sorted(ids)), replace=False)
+                async with self._lock:
+                    if self._last_event != at:
+                        continue  # a resync moved the tail meanwhile: read from there
+                    ids = self._named(res)
+                    if ids:
+                        self._apply(await self.registry.read_agents(sorted(ids)))
             except (rexc.RedisError, OSError) as e:
                 self._tail_outage.failed(e)
                 continue
@@ -207,17 +448,25 @@ class RegistryView:
             self._tail_outage.ok()
 
     def _named(self, res: Any) -> set[str]:
-        """Agent ids the events name (the last id read is kept even when the entry is bad:
-        a bad entry is passed over, never read again)."""
+        """Agent ids the events name that the view must re-read: agents it holds, and
+        registered ones (they may declare a held capability). The tail's place and count
+        move past every entry, a bad one too (passed over, never read again)."""
         ids: set[str] = set()
+        held = self._caps
         for _, entries in res:
             for entry_id, fields in entries:
-                self._last_event = entry_id
+                self._last_event = as_text(entry_id)
+                self._added += 1
+                if not held:
+                    continue
                 raw = fields.get(b"agent_id") or fields.get("agent_id")
-                if isinstance(raw, bytes | str) and raw:
-                    a = decode_id(raw, namespace=self.registry.namespace, where="events stream")
-                    if a:
-                        ids.add(a)
+                if not isinstance(raw, bytes | str) or not raw:
+                    continue
+                a = decode_id(raw, namespace=self.registry.namespace, where="events stream")
+                if not a:
+                    continue
+                if a in self._agents or (fields.get(b"type") or fields.get("type")) in _ADDS:
+                    ids.add(a)
         return ids
 
     def _unexpected(self, what: str) -> None:
