@@ -1,13 +1,16 @@
-"""Where a lone request's time goes on the worker: the benchmark agent in a worker process
-of its own, one sequential caller (``Client.request``), and per request the time of each
-step, from stamps taken in both processes (``time.perf_counter``: CLOCK_MONOTONIC, the same
-clock in every process of the machine).
+"""Where a lone request's time goes, caller and worker: the benchmark agent in a worker
+process of its own, one sequential caller (``Client.request``), and per request the time of
+each step, from stamps taken in both processes (``time.perf_counter``: CLOCK_MONOTONIC, the
+same clock in every process of the machine).
 
-Steps: caller's request -> the worker's blocking read returns (the send and the worker's
+Steps, in order: the caller builds the envelope; routes it (the pick, encoding); the inbox
+write is sent (send.lua) -> the worker's blocking read returns (the send and the worker's
 wake-up); -> claim sent (decode); the claim round trip; -> the handler starts (the hand-off
-to the handler pool); the handler with its hooks and outcome; -> settle sent; the settle
-round trip (the caller can have its reply before it ends: settle.lua publishes it); the
-caller's reply read. The worker's steps are timed by wrapping its private methods.
+to the handler pool); the handler with its hooks and outcome; -> settle sent; -> the
+caller's reply reader has the reply (settle.lua publishes it, the reader's XREAD wakes);
+-> ``request()`` returns (the waiter's wake-up and the outcome). Also shown: the caller's
+send round trip and the worker's settle round trip (both overlap later steps). Each
+process's steps are timed by wrapping private methods of that process.
 
 Run:  python bench/worker_latency.py [requests, default 1000]
 """
@@ -88,10 +91,45 @@ def worker(url: str, out: str) -> None:
             json.dump(rows, f)
 
 
-async def caller(url: str, n: int) -> list[tuple[float, float]]:
+STAMPS: dict[str, float] = {}
+
+
+def stamp_caller() -> None:
+    """Wrap the caller's steps (this process) to stamp them into STAMPS."""
+    from reach import _delivery, _replies, client
+
+    ob = client.Client.build
+
+    def build(self, *a, **kw):
+        env = ob(self, *a, **kw)
+        STAMPS["built"] = time.perf_counter()
+        return env
+
+    client.Client.build = build
+    oadd = _delivery.Delivery._add
+
+    async def add(self, *a, **kw):
+        STAMPS["add0"] = time.perf_counter()
+        r = await oadd(self, *a, **kw)
+        STAMPS["add1"] = time.perf_counter()
+        return r
+
+    _delivery.Delivery._add = add
+    orep = _replies.ReplyReader._on_reply
+
+    def on_reply(self, *a, **kw):
+        STAMPS["reply"] = time.perf_counter()
+        return orep(self, *a, **kw)
+
+    _replies.ReplyReader._on_reply = on_reply
+
+
+async def caller(url: str, n: int) -> list[dict[str, float]]:
     from reach import Client
     from reach.connection import connect
     from reach.registry import Registry
+
+    stamp_caller()
 
     r = await connect(url)
     with anyio.fail_after(30):
@@ -103,9 +141,10 @@ async def caller(url: str, n: int) -> list[tuple[float, float]]:
         for _ in range(200):
             await c.request("bench.noop", 1)
         for i in range(n):
+            STAMPS.clear()
             t0 = time.perf_counter()
             await c.request("bench.noop", i)
-            out.append((t0, time.perf_counter()))
+            out.append({**STAMPS, "t0": t0, "t1": time.perf_counter()})
     return out
 
 
@@ -126,37 +165,32 @@ if __name__ == "__main__":
     with open(ROWS) as f:
         rows = json.load(f)[-n:]
     os.unlink(ROWS)
-    # Each call: caller t0 -> read (send + worker wake-up) -> claim -> handler -> settle -> caller end (reply read)
-    parts = {
-        k: []
-        for k in (
-            "send_to_worker_read",
-            "read_to_claim",
-            "claim_rt",
-            "claim_to_handler",
-            "handler",
-            "handler_to_settle",
-            "settle_rt",
-            "settled_to_caller",
-            "total",
-        )
+    # Each call: caller t0 -> built -> add0 (routed) -> worker read -> claim -> handler ->
+    # settle -> reply read by the caller -> caller end
+    steps = {
+        "caller: build": ("t0", "built"),
+        "caller: route": ("built", "add0"),
+        "send -> worker read": ("add0", "read"),
+        "worker: decode": ("read", "claim0"),
+        "worker: claim rt": ("claim0", "claim1"),
+        "worker: -> handler": ("claim1", "handle0"),
+        "worker: handler": ("handle0", "handle1"),
+        "worker: -> settle": ("handle1", "settle0"),
+        "settle -> reply read": ("settle0", "reply"),
+        "caller: reply -> return": ("reply", "t1"),
+        "total": ("t0", "t1"),
+        "(caller: send rt)": ("add0", "add1"),
+        "(worker: settle rt)": ("settle0", "settle1"),
     }
-    for (t0, t1), w in zip(calls, rows):
-        if not all(
-            k in w for k in ("read", "claim0", "claim1", "handle0", "handle1", "settle0", "settle1")
-        ):
+    parts: dict[str, list[float]] = {k: [] for k in steps}
+    for c, w in zip(calls, rows):
+        t = {**c, **w}
+        if not all(a in t and b in t for a, b in steps.values()):
             continue
-        parts["send_to_worker_read"].append(w["read"] - t0)
-        parts["read_to_claim"].append(w["claim0"] - w["read"])
-        parts["claim_rt"].append(w["claim1"] - w["claim0"])
-        parts["claim_to_handler"].append(w["handle0"] - w["claim1"])
-        parts["handler"].append(w["handle1"] - w["handle0"])
-        parts["handler_to_settle"].append(w["settle0"] - w["handle1"])
-        parts["settle_rt"].append(w["settle1"] - w["settle0"])
-        parts["settled_to_caller"].append(t1 - w["settle1"])
-        parts["total"].append(t1 - t0)
+        for k, (a, b) in steps.items():
+            parts[k].append(t[b] - t[a])
     print(f"{len(parts['total'])} of {n} requests matched")
     for k, v in parts.items():
         print(
-            f"{k:22} p50 {1000 * statistics.median(v):6.3f} ms  mean {1000 * statistics.fmean(v):6.3f} ms"
+            f"{k:26} p50 {1000 * statistics.median(v):6.3f} ms  mean {1000 * statistics.fmean(v):6.3f} ms"
         )
