@@ -25,6 +25,7 @@ from typing import Any, TypedDict, Unpack
 
 from ._worker.runtime import Runtime
 from .config import resolve_redis_url
+from .doctor import warn_once
 from .errors import ConfigError
 from .hooks import Hooks
 from .registry import MAX_WEIGHT, agent_key_id, normalize_capabilities, normalize_capability
@@ -266,6 +267,7 @@ class Agent:
         opts = (options or RuntimeOptions()).replace(**overrides)
         # redis_url=, else REACH_REDIS_URL, else reach.toml/.reach/config (reach.config)
         opts = opts.replace(redis_url=resolve_redis_url(opts.redis_url))
+        await warn_once(opts.redis_url or "")  # eviction, persistence: once per process
         rt = Runtime(self, opts, self.hooks)
         self._runtime = rt
         try:

@@ -25,6 +25,7 @@ from ._replies import ReplyReader, outcome_of
 from .breaker import Breakers
 from .config import resolve_redis_url
 from .connection import DEFAULT_MAX_CONNECTIONS, AnyRedis, connect
+from .doctor import warn_once
 from .envelope import Envelope, Reply, decode_payload, encode_payload, new_id, now_ms
 from .errors import ConfigError, DeadlineExceeded, NoAgentAvailable, NotStarted, PayloadTooLarge
 from .keys import PRIORITIES, Keys
@@ -231,6 +232,7 @@ class Client:
                 max_connections=self.max_connections,
                 client_name=f"reach:{self.namespace}:{self.client_id}",
             )
+            await warn_once(self.redis_url, self._redis)  # eviction, persistence: once
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self.view.attach(self._tg)  # its tasks start at the first routing (lazily)

@@ -52,6 +52,7 @@ from .common import (
     table,
 )
 from .dlq_cmd import dlq_app
+from .doctor_cmd import doctor as doctor_cmd
 from .top import top as top_cmd
 from .worker_cmd import worker
 
@@ -319,6 +320,9 @@ def init(
 
 # -- worker -------------------------------------------------------------------------------
 app.command()(worker)
+
+# -- doctor -------------------------------------------------------------------------------
+app.command("doctor")(doctor_cmd)
 
 
 # -- messaging ----------------------------------------------------------------------------

@@ -43,6 +43,7 @@ RANKS: dict[str, int] = {
     "reach.tasks": 2,
     "reach.session": 2,
     "reach.view": 2,
+    "reach.doctor": 2,  # checks of the Redis under reach (reach doctor, start-up warnings)
     "reach._replies": 2,  # a Client's reply stream: its reader and the waiting calls
     # routing: pure picks over the view
     "reach.routing": 3,

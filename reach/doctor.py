@@ -1,0 +1,614 @@
+"""Checks of the Redis under a reach namespace, each with what to do about it.
+
+:func:`diagnose` runs every check (``reach doctor``); :func:`risks` only the two a process
+should warn about when it starts (eviction and persistence), and :func:`warn_once` logs
+those once per process and Redis (``reach.Client`` and ``reach.Agent`` call it).
+
+Every check reads; nothing here writes to Redis. A check that the user may not run (a
+managed Redis refusing ``CONFIG``, a user without ``ACL``) says so and what to grant,
+instead of failing the whole run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+from urllib.parse import unquote, urlsplit
+
+import anyio
+from redis import exceptions as rexc
+
+from .connection import AnyRedis, connect, is_cluster, is_sentinel_url, redact
+from .keys import GROUP, PRIORITIES, Keys
+from .scripts import all_scripts
+
+log = logging.getLogger("reach.doctor")
+
+Level = Literal["ok", "info", "warning", "error"]
+LEVELS: tuple[Level, ...] = ("ok", "info", "warning", "error")
+
+MIN_VERSION = (7, 0)
+KEY_SCHEME = 1  # the layout reach.keys builds; a namespace's keys are checked against it
+SKEW_WARN_S = 0.2
+SKEW_ERROR_S = 2.0
+HEADROOM_WARN = 0.75
+HEADROOM_ERROR = 0.90
+
+RESTART_LOSES = (
+    "queued messages (inboxes, retries, parked), idempotency records (a handler may run "
+    "again), task status, dead letters, reply streams, and the registry (agents "
+    "re-register on their next heartbeat)"
+)
+PERSISTENCE_FIX = (
+    "CONFIG SET appendonly yes; CONFIG SET appendfsync everysec; CONFIG REWRITE (or "
+    "`appendonly yes` and `appendfsync everysec` in redis.conf); see docs/operations.md"
+)
+EVICTION_FIX = (
+    "CONFIG SET maxmemory-policy noeviction; CONFIG REWRITE (or `maxmemory-policy "
+    "noeviction` in redis.conf): at the memory limit Redis then refuses writes (senders "
+    "get an error) instead of deleting data"
+)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One check's outcome: ``level`` ok / info / warning / error, what was found, and
+    (unless ok) what to do about it."""
+
+    check: str
+    level: Level
+    message: str
+    fix: str = ""
+
+    def as_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def worst(findings: Sequence[Finding]) -> Level:
+    return max((f.level for f in findings), key=LEVELS.index, default="ok")
+
+
+# -- the commands each role runs (INFO commandstats of a worker, a client and the CLI at
+# work, scripts' own commands included: ACL applies to those too) ---------------------------
+def role_commands(keys: Keys) -> dict[str, list[tuple[str, ...]]]:
+    """Per role, the commands reach runs, with a key of the namespace each (for ACL
+    DRYRUN, which checks the key patterns too)."""
+    probe = "doctor-probe"
+    inbox = keys.inbox(probe, PRIORITIES[1])
+    replies = keys.replies(probe)
+    agent = keys.agent(probe)
+    cap = keys.cap("doctor.probe")
+    idem = keys.idem(probe)
+    task = keys.task(probe)
+    dlq = keys.dlq("doctor.probe")
+    sha = all_scripts()[0].sha
+    common: list[tuple[str, ...]] = [
+        ("PING",),
+        ("INFO", "server"),
+        ("TIME",),
+        ("CLIENT", "SETNAME", "reach"),
+        ("EVALSHA", sha, "1", agent),
+        ("SCRIPT", "LOAD", "return 1"),
+        ("HGETALL", agent),
+        ("HMGET", agent, "state"),
+        ("SMEMBERS", cap),
+        ("ZRANGEBYSCORE", keys.agents, "0", "1"),
+        ("XREAD", "STREAMS", keys.events, "0"),
+        ("GET", task),
+        ("TYPE", task),
+    ]
+    return {
+        "worker": [
+            *common,
+            ("EVALSHA", sha, "1", inbox),
+            ("EVALSHA", sha, "1", idem),
+            ("XGROUP", "CREATE", inbox, GROUP, "$", "MKSTREAM"),
+            ("XREADGROUP", "GROUP", GROUP, "c", "COUNT", "1", "STREAMS", inbox, ">"),
+            ("XACK", inbox, GROUP, "0-1"),
+            ("XDEL", inbox, "0-1"),
+            ("XPENDING", inbox, GROUP),
+            ("XLEN", inbox),
+            ("XADD", replies, "*", "f", "v"),
+            ("XADD", dlq, "*", "f", "v"),
+            ("HSET", agent, "f", "v"),
+            ("HSETNX", idem, "f", "v"),
+            ("SET", idem, "v"),
+            ("EXISTS", idem),
+            ("DEL", idem),
+            ("PEXPIRE", idem, "1000"),
+            ("SADD", cap, "x"),
+            ("SREM", cap, "x"),
+            ("SCARD", cap),
+            ("ZADD", keys.agents, "1", "x"),
+            ("ZREM", keys.agents, "x"),
+            ("ZRANGE", keys.agents, "0", "-1"),
+        ],
+        "client": [
+            *common,
+            ("EVALSHA", sha, "1", inbox),
+            ("XADD", inbox, "*", "f", "v"),
+            ("XREAD", "STREAMS", replies, "0"),
+            ("XDEL", replies, "0-1"),
+            ("XINFO", "STREAM", replies),
+            ("XLEN", inbox),
+            ("SET", idem, "v"),
+            ("PEXPIRE", replies, "1000"),
+        ],
+        "operator": [
+            *common,
+            ("SCAN", "0", "MATCH", keys.inbox_pattern),
+            ("XRANGE", dlq, "-", "+"),
+            ("XREVRANGE", keys.events, "+", "-"),
+            ("XLEN", inbox),
+            ("XPENDING", inbox, GROUP),
+            ("XINFO", "STREAM", inbox),
+            ("ZRANGE", keys.agents, "0", "-1"),
+            ("XDEL", dlq, "0-1"),
+            ("DEL", dlq),
+            ("HSET", agent, "draining", "1"),
+            ("EVALSHA", sha, "1", inbox),
+        ],
+    }
+
+
+# -- helpers --------------------------------------------------------------------------------
+def _text(v: Any) -> str:
+    return v.decode("utf-8", "replace") if isinstance(v, (bytes, bytearray)) else str(v)
+
+
+async def _each(r: AnyRedis, *args: Any) -> list[tuple[str, Any]]:
+    """``args`` run on every server that holds data: the one server, or each primary of a
+    cluster; (server name, reply) pairs."""
+    if is_cluster(r):
+        out = []
+        for node in r.get_primaries():  # type: ignore[attr-defined]
+            out.append((node.name, await r.execute_command(*args, target_nodes=node)))
+        return out
+    return [("", await r.execute_command(*args))]
+
+
+def _at(name: str) -> str:
+    return f" ({name})" if name else ""
+
+
+async def _info(r: AnyRedis, section: str) -> list[tuple[str, dict[str, Any]]]:
+    return [(n, dict(v)) for n, v in await _each(r, "INFO", section)]
+
+
+def _refused(exc: BaseException) -> bool:
+    return isinstance(exc, rexc.NoPermissionError) or (
+        isinstance(exc, rexc.ResponseError)
+        and any(s in str(exc).lower() for s in ("unknown command", "noperm", "no permissions"))
+    )
+
+
+# -- the checks ----------------------------------------------------------------------------
+async def check_version(r: AnyRedis) -> list[Finding]:
+    out = []
+    for name, info in await _info(r, "server"):
+        server = "valkey" if "valkey_version" in info else "redis"
+        ver = _text(info.get("valkey_version") or info.get("redis_version", "0"))
+        nums = tuple(int(x) for x in re.findall(r"\d+", ver)[:2]) or (0,)
+        if server == "valkey" or nums >= MIN_VERSION:
+            out.append(Finding("version", "ok", f"{server} {ver}{_at(name)}"))
+        else:
+            out.append(
+                Finding(
+                    "version",
+                    "error",
+                    f"{server} {ver}{_at(name)}: reach needs Redis >= 7.0 (streams, "
+                    "scripts and the counters it uses)",
+                    "upgrade to Redis >= 7.0 or Valkey >= 7.2",
+                )
+            )
+    return out
+
+
+async def check_eviction(r: AnyRedis) -> list[Finding]:
+    out = []
+    for name, info in await _info(r, "memory"):
+        policy = _text(info.get("maxmemory_policy", "?"))
+        if policy == "noeviction":
+            out.append(Finding("maxmemory-policy", "ok", f"noeviction{_at(name)}"))
+        else:
+            out.append(
+                Finding(
+                    "maxmemory-policy",
+                    "error",
+                    f"maxmemory-policy is {policy}{_at(name)}: at the memory limit Redis "
+                    "deletes keys, and inboxes, idempotency records and dead letters go "
+                    "with them, silently",
+                    EVICTION_FIX,
+                )
+            )
+    return out
+
+
+async def check_persistence(r: AnyRedis) -> list[Finding]:
+    out = []
+    for name, info in await _info(r, "persistence"):
+        if int(info.get("aof_enabled", 0) or 0):
+            out.append(Finding("persistence", "ok", f"AOF on{_at(name)}"))
+            continue
+        save: str | None = None
+        try:
+            reply = await _each(r, "CONFIG", "GET", "save")
+            vals = dict(reply)[name] if name else reply[0][1]
+            if isinstance(vals, dict):
+                save = _text(next(iter(vals.values()), ""))
+            elif isinstance(vals, (list, tuple)) and len(vals) >= 2:
+                save = _text(vals[1])
+        except rexc.ResponseError as e:
+            if not _refused(e):
+                raise
+        if save is None:
+            what = "AOF off, RDB snapshots unknown (CONFIG GET refused)"
+            loses = f"a restart loses at least what was written since the last snapshot: {RESTART_LOSES}"
+        elif save.strip():
+            what = f"AOF off, RDB snapshots only (save {save})"
+            changes = info.get("rdb_changes_since_last_save", "?")
+            loses = (
+                f"a restart loses everything written since the last snapshot ({changes} "
+                f"changes now): {RESTART_LOSES}"
+            )
+        else:
+            what = "no persistence (AOF off, no RDB snapshots)"
+            loses = f"a restart loses everything: {RESTART_LOSES}"
+        out.append(
+            Finding("persistence", "warning", f"{what}{_at(name)}: {loses}", PERSISTENCE_FIX)
+        )
+    return out
+
+
+async def check_memory(r: AnyRedis) -> list[Finding]:
+    out = []
+    for name, info in await _info(r, "memory"):
+        used = int(info.get("used_memory", 0) or 0)
+        limit = int(info.get("maxmemory", 0) or 0)
+        if not limit:
+            out.append(
+                Finding(
+                    "maxmemory",
+                    "info",
+                    f"no maxmemory{_at(name)} ({used / 2**20:.1f} MiB used): Redis may grow "
+                    "until the machine runs out of memory",
+                    "set maxmemory below the machine's memory (with noeviction) and alert on "
+                    "used_memory well before it",
+                )
+            )
+            continue
+        share = used / limit
+        level: Level = (
+            "error" if share >= HEADROOM_ERROR else "warning" if share >= HEADROOM_WARN else "ok"
+        )
+        out.append(
+            Finding(
+                "maxmemory",
+                level,
+                f"{used / 2**20:.1f} MiB of {limit / 2**20:.1f} MiB used ({share:.0%}){_at(name)}",
+                ""
+                if level == "ok"
+                else "raise maxmemory, drain the queues (reach queues, reach dlq purge) or add "
+                "memory; at the limit writes are refused",
+            )
+        )
+    return out
+
+
+async def check_topology(r: AnyRedis, url: str) -> list[Finding]:
+    out = []
+    via = " via Sentinel" if is_sentinel_url(url) else ""
+    for name, info in await _info(r, "replication"):
+        role = _text(info.get("role", "?"))
+        if role != "master":
+            out.append(
+                Finding(
+                    "topology",
+                    "error",
+                    f"the server{_at(name)} is a {role}: writes are refused",
+                    "point the URL at the primary, or use a redis+sentinel:// URL",
+                )
+            )
+            continue
+        n = int(info.get("connected_slaves", 0) or 0)
+        if not n:
+            out.append(
+                Finding(
+                    "topology",
+                    "info",
+                    f"primary{via}{_at(name)} without replicas: losing the machine loses the data",
+                    "for production, add a replica and Sentinel (compose/ has a sentinel "
+                    "profile), or accept it for development",
+                )
+            )
+            continue
+        lags = [
+            int(v.get("lag", 0))
+            for k, v in info.items()
+            if k.startswith("slave") and isinstance(v, dict)
+        ]
+        lag = max(lags, default=0)
+        out.append(
+            Finding(
+                "topology",
+                "warning" if lag > 1 else "ok",
+                f"primary{via}{_at(name)} with {n} replica(s), largest lag {lag} s",
+                ""
+                if lag <= 1
+                else "a failover now would lose the writes of the last seconds: see "
+                "docs/operations.md, 'What a failover can lose'",
+            )
+        )
+    return out
+
+
+async def check_cluster(r: AnyRedis) -> list[Finding]:
+    if not is_cluster(r):
+        return [Finding("cluster", "ok", "not a cluster")]
+    raw = await r.execute_command("CLUSTER", "INFO")
+    info: dict[str, str] = {}
+    text = raw if isinstance(raw, (str, bytes)) else next(iter(dict(raw).values()), "")
+    for line in _text(text).splitlines():
+        if ":" in line:
+            k, v = line.split(":", 1)
+            info[k.strip()] = v.strip()
+    state = info.get("cluster_state", "?")
+    assigned = int(info.get("cluster_slots_assigned", 0))
+    bad = int(info.get("cluster_slots_pfail", 0)) + int(info.get("cluster_slots_fail", 0))
+    if state == "ok" and assigned == 16384 and not bad:
+        return [
+            Finding(
+                "cluster",
+                "ok",
+                f"all 16384 slots covered, state ok ({info.get('cluster_known_nodes', '?')} nodes)",
+            )
+        ]
+    return [
+        Finding(
+            "cluster",
+            "error",
+            f"cluster state {state}: {assigned}/16384 slots assigned, {bad} failing: keys of "
+            "uncovered slots (whole inboxes, a namespace's registry) cannot be read or written",
+            "assign every slot (redis-cli --cluster fix HOST:PORT) and bring failed nodes back",
+        )
+    ]
+
+
+async def check_acl(
+    r: AnyRedis, keys: Keys, user: str | None = None, url: str = ""
+) -> list[Finding]:
+    try:
+        who = user or _text(await r.execute_command("ACL", "WHOAMI"))
+    except rexc.ResponseError as e:
+        if not _refused(e):
+            raise
+        who = user or unquote(urlsplit(url).username or "") or "default"
+    out: list[Finding] = []
+    for role, commands in role_commands(keys).items():
+        missing: list[str] = []
+        for cmd in commands:
+            try:
+                reply = _text(await r.execute_command("ACL", "DRYRUN", who, *cmd))
+            except rexc.ResponseError as e:
+                if _refused(e):
+                    return [
+                        Finding(
+                            "acl",
+                            "info",
+                            f"cannot check the permissions of user {who!r}: this user may not "
+                            f"run ACL DRYRUN ({e})",
+                            "run reach doctor with an admin user's URL and --acl-user "
+                            f"{who if who != '?' else 'NAME'}",
+                        )
+                    ]
+                raise
+            if reply != "OK":
+                if "key" in reply.lower():
+                    name = f"keys of namespace {keys.namespace!r}"
+                elif cmd[0] in ("CLIENT", "SCRIPT", "XGROUP", "XINFO"):
+                    name = " ".join(cmd[:2])
+                else:
+                    name = cmd[0]
+                if name not in missing:
+                    missing.append(name)
+        if missing:
+            out.append(
+                Finding(
+                    "acl",
+                    "error",
+                    f"user {who!r} lacks, as a {role}: {', '.join(missing)}",
+                    f"ACL SETUSER {who} "
+                    + " ".join(_grant(m, keys) for m in missing)
+                    + " (docs/operations.md shows an ACL for reach)",
+                )
+            )
+        else:
+            out.append(Finding("acl", "ok", f"user {who!r} may run what a {role} runs"))
+    return out
+
+
+def _grant(missing: str, keys: Keys) -> str:
+    if missing.startswith("keys of"):
+        return f"~reach:{keys.namespace}:* ~reach:{{{keys.namespace}}}:*"
+    return "+" + missing.lower().replace(" ", "|")
+
+
+async def check_clock(r: AnyRedis) -> list[Finding]:
+    out = []
+    for name, reply in await _each(r, "TIME"):
+        t0 = time.time()
+        sec, usec = (int(_text(x)) for x in reply)
+        t1 = time.time()
+        # the reply was made between t0 - a round trip and t1; take the middle of what
+        # we know (TIME was sent before t0 but answered within the round trip)
+        skew = sec + usec / 1e6 - t1
+        level: Level = (
+            "error"
+            if abs(skew) >= SKEW_ERROR_S
+            else "warning"
+            if abs(skew) >= SKEW_WARN_S
+            else "ok"
+        )
+        del t0
+        out.append(
+            Finding(
+                "clock",
+                level,
+                f"Redis's clock{_at(name)} is {skew * 1000:+.0f} ms from this host's",
+                ""
+                if level == "ok"
+                else "sync both clocks (NTP: chrony or systemd-timesyncd): leases and "
+                "deadlines compare times taken on different machines",
+            )
+        )
+    return out
+
+
+async def check_scripts(r: AnyRedis) -> list[Finding]:
+    scripts = all_scripts()
+    out = []
+    for name, reply in await _each(r, "SCRIPT", "EXISTS", *(s.sha for s in scripts)):
+        loaded = sum(int(x) for x in reply)
+        out.append(
+            Finding(
+                "script cache",
+                "ok" if loaded else "info",
+                f"{loaded} of reach's {len(scripts)} scripts loaded{_at(name)}"
+                + (
+                    ""
+                    if loaded
+                    else ": none yet (normal before first use, after a restart "
+                    "or a failover; reach loads them on NOSCRIPT)"
+                ),
+                "" if loaded else "nothing to do; SCRIPT FLUSH by others only costs a reload",
+            )
+        )
+    return out
+
+
+_SCHEME = [
+    re.compile(p)
+    for p in (
+        r"^reach:\{NS\}:(agents|caps|events|delayed|parked|reroute|lock:sweeper)$",
+        r"^reach:\{NS\}:(agent|cap|dlq|parked):.+$",
+        r"^reach:NS:\{a:[^}]+\}:in:(high|normal|low)$",
+        r"^reach:NS:\{c:[^}]+\}:replies$",
+        r"^reach:NS:\{[^}]*\}.*$",  # records: idempotency, task, session, effects
+    )
+]
+
+
+async def check_key_scheme(r: AnyRedis, keys: Keys, *, max_keys: int = 10_000) -> list[Finding]:
+    ns = re.escape(keys.namespace)
+    pats = [re.compile(p.pattern.replace("NS", ns)) for p in _SCHEME]
+    seen = 0
+    odd: list[str] = []
+    for match in (f"reach:{{{keys.namespace}}}:*", f"reach:{keys.namespace}:*"):
+        async for k in r.scan_iter(match=match, count=1000):
+            seen += 1
+            key = _text(k)
+            if not any(p.match(key) for p in pats) and len(odd) < 5:
+                odd.append(key)
+            if seen >= max_keys:
+                break
+    if not seen:
+        return [
+            Finding(
+                "key scheme",
+                "info",
+                f"namespace {keys.namespace!r} has no keys yet (key scheme {KEY_SCHEME})",
+                "nothing to do, unless you expected agents here: check --namespace",
+            )
+        ]
+    if odd:
+        return [
+            Finding(
+                "key scheme",
+                "warning",
+                f"keys of namespace {keys.namespace!r} that key scheme {KEY_SCHEME} does not "
+                f"know: {', '.join(odd)}",
+                "run workers, clients and the CLI of one reach version; see docs/protocol.md "
+                "for the key scheme",
+            )
+        ]
+    return [
+        Finding(
+            "key scheme",
+            "ok",
+            f"{seen}{'+' if seen >= max_keys else ''} keys of {keys.namespace!r} follow key "
+            f"scheme {KEY_SCHEME}",
+        )
+    ]
+
+
+async def diagnose(
+    r: AnyRedis, url: str, namespace: str, *, acl_user: str | None = None
+) -> list[Finding]:
+    """Every check, in order; a check that fails to run is an error finding of its own."""
+    keys = Keys(namespace)
+    checks: list[tuple[str, Any]] = [
+        ("version", check_version(r)),
+        ("maxmemory-policy", check_eviction(r)),
+        ("persistence", check_persistence(r)),
+        ("maxmemory", check_memory(r)),
+        ("topology", check_topology(r, url)),
+        ("cluster", check_cluster(r)),
+        ("acl", check_acl(r, keys, acl_user, url)),
+        ("clock", check_clock(r)),
+        ("script cache", check_scripts(r)),
+        ("key scheme", check_key_scheme(r, keys)),
+    ]
+    out: list[Finding] = []
+    for name, coro in checks:
+        try:
+            out.extend(await coro)
+        except (rexc.RedisError, OSError, ValueError, TypeError) as e:
+            fix = (
+                "grant the command to the user in the Redis URL"
+                if _refused(e)
+                else "see the message; run reach doctor again"
+            )
+            out.append(
+                Finding(name, "error", f"the check could not run: {type(e).__name__}: {e}", fix)
+            )
+    return out
+
+
+# -- the warnings a process logs when it starts --------------------------------------------
+async def risks(r: AnyRedis) -> list[Finding]:
+    """The findings a process warns about at start: eviction and persistence."""
+    return [
+        f
+        for f in [*await check_eviction(r), *await check_persistence(r)]
+        if f.level in ("warning", "error")
+    ]
+
+
+_warned: set[str] = set()
+
+
+async def warn_once(url: str, r: AnyRedis | None = None, *, timeout_s: float = 3.0) -> None:
+    """Log :func:`risks` of the Redis at ``url`` as warnings, once per process and URL.
+    Never raises: a Redis that cannot be asked is the caller's own error to meet."""
+    if url in _warned:
+        return
+    _warned.add(url)
+    own = r is None
+    try:
+        with anyio.move_on_after(timeout_s):
+            if r is None:
+                r = await connect(url)
+            for f in await risks(r):
+                log.warning("Redis at %s: %s. Fix: %s", redact(url), f.message, f.fix)
+    except Exception as e:  # noqa: BLE001 - a warning must never stop a start
+        log.debug("could not check the Redis at %s for risks: %s", redact(url), e)
+    finally:
+        if own and r is not None:
+            with anyio.CancelScope(shield=True):
+                with contextlib.suppress(Exception):
+                    await r.aclose()
