@@ -24,6 +24,7 @@ from .common import (
     open_redis,
     print_json,
     require_text,
+    routing_of,
     run,
     safe_text,
     table,
@@ -40,6 +41,7 @@ def _agent_row(a: reach.AgentInfo, now: int) -> dict[str, Any]:
     return {
         "agent_id": a.agent_id,
         "state": a.state,
+        "routing": routing_of(a),
         "ready": a.ready,
         "draining": a.draining,
         "weight": a.weight,
@@ -108,14 +110,13 @@ def agents_list(
         (
             a.agent_id,
             a.state,
-            "yes" if a.ready else "no",
-            "yes" if a.draining else "",
+            routing_of(a),
             _number(a.weight),
-            ",".join(map(safe_text, a.capabilities)),
+            a.capabilities,
             age(a.last_heartbeat_ms, now),
             a.queue_depth,
             a.inflight,
-            " ".join(f"{safe_text(k)}={safe_text(v)}" for k, v in _items(a.metadata)),
+            dict(_items(a.metadata)),
         )
         for a in agents
     ]
@@ -124,8 +125,7 @@ def agents_list(
         [
             "agent",
             "state",
-            "ready",
-            "draining",
+            "routing",
             "weight",
             "capabilities",
             "lease age",

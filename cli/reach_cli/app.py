@@ -100,15 +100,15 @@ async def caps(
         rows = await reg.capabilities()
         ready: dict[str, int] = {}
         for cap, _ in rows:
-            ready[cap] = len(await reg.agents(cap, ready=True, state="active"))
+            ready[cap] = sum(a.routable for a in await reg.agents(cap, state="active"))
     finally:
         await r.aclose()
     if json_:
-        print_json([{"capability": c, "agents": n, "ready": ready[c]} for c, n in rows])
+        print_json([{"capability": c, "agents": n, "routable": ready[c]} for c, n in rows])
         return
     table(
         f"capabilities in {namespace!r}",
-        ["capability", "agents", "ready"],
+        ["capability", "agents", "routable"],
         [(c, n, ready[c]) for c, n in rows],
     )
 

@@ -305,9 +305,48 @@ def print_json(obj: Any) -> None:
     sys.stdout.write(json_line(obj, indent=2) + "\n")
 
 
+ROUTING = ("routable", "starting", "draining", "-")
+"""What routing does with an agent, in every view (agents, top, caps, docs): ``routable``
+(active, ready, not draining: what reach_registry_agents_routable counts), ``starting``
+(active, not ready yet), ``draining`` (finishing its work, then leaving), ``-`` (in
+probation or evicted: not routed to)."""
+
+
+def routing_of(a: Any) -> str:
+    """The :data:`ROUTING` word of an agent record (a :class:`reach.AgentInfo`)."""
+    if a.state != "active":
+        return "-"
+    if a.draining:
+        return "draining"
+    return "routable" if a.ready else "starting"
+
+
+def readable(value: Any) -> str:
+    """A value as a table shows it: a map as ``k=v, k=v``, a list as ``a, b``, nested ones
+    in brackets, never a Python repr; everything else as :func:`safe_text`."""
+    if isinstance(value, dict):
+        return ", ".join(f"{readable(k)}={_nested(v)}" for k, v in value.items())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return ", ".join(_nested(v) for v in value)
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return safe_text(value)
+
+
+def _nested(v: Any) -> str:
+    if isinstance(v, dict):
+        return "{" + readable(v) + "}"
+    if isinstance(v, (list, tuple, set, frozenset)):
+        return "[" + readable(v) + "]"
+    return readable(v)
+
+
 def cell(value: Any) -> Text:
-    """A table cell: plain text (never rich markup: values come from Redis), safe to print."""
-    return Text(safe_text(value))
+    """A table cell: plain text (never rich markup: values come from Redis), safe to print;
+    maps and lists as readable text (:func:`readable`)."""
+    if isinstance(value, Text):
+        return value
+    return Text(readable(value))
 
 
 def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:

@@ -63,6 +63,7 @@ from .common import (
     find_redis,
     json_line,
     require_text,
+    routing_of,
     safe_text,
 )
 from .common import open_redis as _open_redis
@@ -127,15 +128,6 @@ def _fmt_rate(x: float | None) -> str:
     return f"{x:.0f}" if x >= 100 else f"{x:.1f}"
 
 
-def agent_state(a: AgentInfo) -> str:
-    """active+ready → ready; otherwise draining, starting (not ready yet), or the state."""
-    if a.state != "active":
-        return a.state
-    if a.draining:
-        return "draining"
-    return "ready" if a.ready else "starting"
-
-
 def frame_data(cur: Sample, prev: Sample | None, namespace: str) -> dict[str, Any]:
     """What a frame shows, as plain data (also the ``--json`` output)."""
     keys = Keys(namespace)
@@ -148,7 +140,8 @@ def frame_data(cur: Sample, prev: Sample | None, namespace: str) -> dict[str, An
         agents.append(
             {
                 "agent_id": a.agent_id,
-                "state": agent_state(a),
+                "state": a.state,
+                "routing": routing_of(a),
                 "weight": a.weight,
                 "inflight": a.inflight,
                 "queue": dict(depth),
@@ -173,7 +166,7 @@ def frame_data(cur: Sample, prev: Sample | None, namespace: str) -> dict[str, An
             {
                 "capability": cap,
                 "agents": live_caps.get(cap, 0),
-                "ready": sum(1 for x in mine if x["state"] == "ready"),
+                "routable": sum(1 for x in mine if x["routing"] == "routable"),
                 "queued": sum(sum(x["queue"].values()) for x in mine),
                 "inflight": sum(x["inflight"] for x in mine),
                 "dead_letters": cur.dlq.get(cap, 0),
@@ -183,6 +176,9 @@ def frame_data(cur: Sample, prev: Sample | None, namespace: str) -> dict[str, An
     states: dict[str, int] = {}
     for x in agents:
         states[x["state"]] = states.get(x["state"], 0) + 1
+    routing: dict[str, int] = {}
+    for x in agents:
+        routing[x["routing"]] = routing.get(x["routing"], 0) + 1
     all_inboxes = [keys.inbox(a.agent_id, p) for a in cur.agents for p in PRIORITIES]
     return {
         "namespace": namespace,
@@ -190,6 +186,7 @@ def frame_data(cur: Sample, prev: Sample | None, namespace: str) -> dict[str, An
         "interval_s": round(dt, 3) if prev is not None else None,
         "totals": {
             "agents": states,
+            "routing": routing,
             "in_per_s": _rate(cur.added, pa, all_inboxes, dt),
             "taken_per_s": _rate(cur.read, pr, all_inboxes, dt),
             "queued": sum(sum(x["queue"].values()) for x in agents),
@@ -202,7 +199,8 @@ def frame_data(cur: Sample, prev: Sample | None, namespace: str) -> dict[str, An
 
 
 _STATE_STYLE = {
-    "ready": "green",
+    "active": "green",
+    "routable": "green",
     "starting": "cyan",
     "draining": "yellow",
     "probation": "yellow",
@@ -239,6 +237,10 @@ def render(
     t = data["totals"]
     when = time.strftime("%H:%M:%S", time.localtime(data["ts_ms"] / 1000))
     states = "  ".join(f"{n} {s}" for s, n in sorted(t["agents"].items())) or "no agents"
+    if t.get("routing"):
+        states += (
+            " (" + ", ".join(f"{n} {s}" for s, n in sorted(t["routing"].items()) if s != "-") + ")"
+        )
     head = Text.assemble(
         ("reach top", "bold"),
         f"  ns={safe_text(data['namespace'], oneline=True)}",
@@ -254,13 +256,13 @@ def render(
 
     # Every cell is a Text (never rich markup): names and ids come from Redis.
     ct = Table(title="capabilities", title_justify="left", header_style="bold", expand=False)
-    for c in ("capability", "agents", "ready", "queued", "in-flight", "dead letters", "dead/s"):
+    for c in ("capability", "agents", "routable", "queued", "in-flight", "dead letters", "dead/s"):
         ct.add_column(c, justify="left" if c == "capability" else "right")
     for c in data["capabilities"]:
         ct.add_row(
             cell(c["capability"]),
             cell(c["agents"]),
-            cell(c["ready"]),
+            cell(c["routable"]),
             cell(c["queued"]),
             cell(c["inflight"]),
             Text(str(c["dead_letters"]), style="red" if c["dead_letters"] else ""),
@@ -272,6 +274,7 @@ def render(
     cols = (
         "agent",
         "state",
+        "routing",
         "weight",
         "in-flight",
         *PRIORITIES,
@@ -284,7 +287,7 @@ def render(
     for c in cols:
         at.add_column(
             c,
-            justify="left" if c in ("agent", "state", "capabilities") else "right",
+            justify="left" if c in ("agent", "state", "routing", "capabilities") else "right",
             overflow="fold",
         )
     rows = sorted(data["agents"], key=_sort_key(sort))
@@ -297,6 +300,7 @@ def render(
         at.add_row(
             cell(x["agent_id"]),
             Text(safe_text(x["state"]), style=_STATE_STYLE.get(x["state"], "")),
+            Text(safe_text(x["routing"]), style=_STATE_STYLE.get(x["routing"], "")),
             _number(x["weight"]),
             cell(x["inflight"]),
             *(cell(x["queue"].get(p, 0)) for p in PRIORITIES),
@@ -304,7 +308,7 @@ def render(
             _fmt_rate(x["in_per_s"]),
             _fmt_rate(x["taken_per_s"]),
             lease,
-            cell(",".join(map(safe_text, x["capabilities"]))),
+            cell(x["capabilities"]),
         )
     parts.append(at)
     if len(rows) > limit:

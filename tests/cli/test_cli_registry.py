@@ -74,8 +74,8 @@ def test_caps_table_and_json(populated: None, redis_url: str, ns: str) -> None:
     assert code == 0
     rows = {r["capability"]: r for r in json.loads(out)}
     assert rows == {
-        "text.summarize": {"capability": "text.summarize", "agents": 2, "ready": 1},
-        "text.translate": {"capability": "text.translate", "agents": 1, "ready": 0},
+        "text.summarize": {"capability": "text.summarize", "agents": 2, "routable": 1},
+        "text.translate": {"capability": "text.translate", "agents": 1, "routable": 0},
     }
     code, out, _ = cli(redis_url, ns, "caps")
     assert code == 0 and "text.summarize" in out and "text.translate" in out
@@ -90,6 +90,7 @@ def test_agents_json_has_the_documented_fields(populated: None, redis_url: str, 
         for f in (
             "agent_id",
             "state",
+            "routing",
             "ready",
             "draining",
             "weight",
@@ -102,6 +103,20 @@ def test_agents_json_has_the_documented_fields(populated: None, redis_url: str, 
     assert rows["sum-1"]["weight"] == 2 and rows["sum-1"]["ready"] is True
     assert rows["sum-2"]["capabilities"] == ["text.summarize", "text.translate"]
     assert rows["gone-1"]["state"] == "evicted"
+    assert {k: r["routing"] for k, r in rows.items()} == {
+        "sum-1": "routable",
+        "sum-2": "starting",
+        "gone-1": "-",
+    }
+
+
+def test_agents_table_is_readable_text(populated: None, redis_url: str, ns: str) -> None:
+    code, out, _ = cli(redis_url, ns, "agents")
+    assert code == 0
+    assert "routing" in out and "routable" in out and "starting" in out
+    assert "text.summarize, text.translate" in out  # a list as text
+    for repr_bit in ("['", "{'", "True", "False"):
+        assert repr_bit not in out, (repr_bit, out)
 
 
 def test_agents_filters(populated: None, redis_url: str, ns: str) -> None:

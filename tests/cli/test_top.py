@@ -97,7 +97,8 @@ def test_once_renders_one_frame(plain_worker: None, redis_url: str, ns: str) -> 
         "plain-1",
         "test.plain",
         "test.other",
-        "ready",
+        "active",
+        "routable",
         f"ns={ns}",
         "dead letters 1",
     ):
@@ -111,7 +112,8 @@ def test_once_json(plain_worker: None, redis_url: str, ns: str) -> None:
     data = json.loads(out)
     assert data["namespace"] == ns and data["interval_s"] > 0
     (a,) = data["agents"]
-    assert a["agent_id"] == "plain-1" and a["state"] == "ready" and a["weight"] == 3
+    assert a["agent_id"] == "plain-1" and a["state"] == "active" and a["weight"] == 3
+    assert a["routing"] == "routable"
     assert a["capabilities"] == ["test.plain", "test.other"]
     assert set(a["queue"]) == {"high", "normal", "low"}
     assert a["lease_age_ms"] is not None and a["lease_age_ms"] < 5000
@@ -121,13 +123,14 @@ def test_once_json(plain_worker: None, redis_url: str, ns: str) -> None:
     assert caps["test.plain"] == {
         "capability": "test.plain",
         "agents": 1,
-        "ready": 1,
+        "routable": 1,
         "queued": 0,
         "inflight": 0,
         "dead_letters": 0,
         "dead_per_s": None,
     }
-    assert data["totals"]["agents"] == {"ready": 1}
+    assert data["totals"]["agents"] == {"active": 1}
+    assert data["totals"]["routing"] == {"routable": 1}
     assert data["totals"]["dead_letters"] == 1
 
 
@@ -184,7 +187,7 @@ async def test_rates_are_deltas_of_the_stream_counters(redis_url: str, ns: str) 
     assert a["taken_per_s"] == pytest.approx(4 / dt)
     assert a["queue"] == {"high": 0, "normal": 10, "low": 0}
     assert a["pending"] == 2
-    assert a["state"] == "ready"
+    assert a["state"] == "active" and a["routing"] == "routable"
     (c,) = data["capabilities"]
     assert c["dead_letters"] == 1 and c["queued"] == 10
     assert c["dead_per_s"] is None  # the stream did not exist at the first sample
