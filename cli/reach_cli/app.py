@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any, Optional, TypedDict
 
 import typer
+from typer.core import TyperArgument, TyperGroup, TyperOption
 
 import reach
 from reach import admin
@@ -600,8 +601,59 @@ def chaos(ctx: typer.Context) -> None:
     raise typer.Exit(chaos_main(ctx.args, prog="reach chaos"))
 
 
+METAVARS = {"where": "KEY=VALUE", "namespace": "NS", "redis_url": "URL", "timeout_s": "SECONDS"}
+
+
+def tidy_help(cmd: Any) -> Any:
+    """``cmd`` (and its sub-commands) with real placeholders in help and usage: flags show
+    none, an option or argument its name in capitals (``--cap CAP``, ``AGENT_ID``), never
+    a type name (``<bool>``, ``<list[str]>``) or a ``{name}``."""
+    for p in cmd.params:
+        if p.metavar is not None or not p.name:
+            continue
+        if isinstance(p, TyperOption) and p.is_flag:
+            p.metavar = ""
+        else:
+            p.metavar = METAVARS.get(p.name, p.name.upper())
+        if isinstance(p, TyperArgument):  # typer writes {NAME} and <str> for these
+            _plain_argument(p)
+    get_help = cmd.get_help_option
+
+    def help_option(ctx: Any) -> Any:  # --help is a flag: no placeholder either
+        opt = get_help(ctx)
+        if opt is not None:
+            opt.metavar = ""
+        return opt
+
+    cmd.get_help_option = help_option
+    if isinstance(cmd, TyperGroup):
+        for sub in cmd.commands.values():
+            tidy_help(sub)
+    return cmd
+
+
+def _plain_argument(p: Any) -> None:
+    """Show argument ``p`` as its metavar in usage (``AGENT_ID``, ``[ENTRY_ID]``) and with
+    no type name in the arguments table."""
+    shown = p.metavar if p.required else f"[{p.metavar}]"
+
+    def usage_name() -> str:
+        return str(shown)
+
+    def no_type(ctx: Any) -> str:
+        return ""
+
+    p._usage_display_name = usage_name
+    p.display_type_rich = no_type
+
+
+def command_line() -> Any:
+    """The ``reach`` command as it runs (:func:`main`), help placeholders tidied."""
+    return tidy_help(typer.main.get_command(app))
+
+
 def main() -> None:
-    app()
+    command_line()(prog_name="reach")
 
 
 if __name__ == "__main__":  # pragma: no cover
