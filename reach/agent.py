@@ -82,6 +82,11 @@ class RuntimeOptions:
     """Handlers running at once."""
     batch: int = 64
     """Most inbox entries read at once."""
+    prefetch: int = 64
+    """Entries read and claimed ahead of the free handler slots, so that the next batch's
+    read and claim overlap the running handlers. Only while handlers are quick: when their
+    recent mean run time says a read-ahead entry would wait over 50 ms for a slot (its claim
+    lease running), the worker reads only what its free slots can start. 0: never."""
     drain_timeout_s: float = 30.0
     """On stop, how long running handlers may take to finish."""
     shadow_ttl_s: float = 3600.0
@@ -134,6 +139,7 @@ class RuntimeOptions:
         for name, lo, hi in (
             ("claim_lease_s", 0.001, 604_800.0),
             ("batch", 1, 10_000),
+            ("prefetch", 0, 10_000),
             ("dlq_maxlen", 1, 10**9),
             ("block_ms", 1, 3_600_000),
             ("max_envelope_bytes", 1, 512 * 1024 * 1024),
@@ -166,6 +172,7 @@ class RunOptions(TypedDict, total=False):
     stall_s: float
     concurrency: int
     batch: int
+    prefetch: int
     drain_timeout_s: float
     shadow_ttl_s: float
     sweep_interval_s: float

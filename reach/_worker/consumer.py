@@ -1,7 +1,9 @@
 """The consumer: reads the agent's inbox and hands each entry on.
 
-Each turn it reads at most as many entries as there are free handler slots: after a
-read that drained the inbox, a blocking ``XREADGROUP`` (one round trip per message for
+Each turn it reads at most as many entries as there are free handler slots, plus the
+``prefetch`` while handlers are quick (read ahead: claimed entries wait for a slot in the
+handler pool's queue, so the next batch's read and claim overlap the running handlers).
+After a read that drained the inbox, a blocking ``XREADGROUP`` (one round trip per message for
 an idle agent); while there is a backlog, ``fetch.lua``, which reads highest priority
 first and keeps a few slots for lower priorities so they do not starve. Every
 ``pending_scan_s`` (and after a failed Redis call) it looks for entries this agent_id
@@ -34,6 +36,9 @@ from .state import Part, Shared
 log = logging.getLogger("reach.runtime")
 
 STARVE_AFTER = 8  # small-batch fetches serving higher priorities before one slot is kept
+READ_AHEAD_WAIT_S = 0.05
+"""The longest a read-ahead entry should wait for a handler slot, by the handlers' recent
+mean run time; slower handlers turn read-ahead off (their claims would wait too long)."""
 
 
 async def create_groups(redis: AnyRedis, inboxes: list[str]) -> None:
@@ -92,8 +97,11 @@ class Consumer(Part):
         backlog = True
         while not st.stopping.is_set():
             st.consumer_tick = time.monotonic()
-            free = o.concurrency - st.inflight
-            if free <= 0:
+            ahead = self._read_ahead()
+            free = o.concurrency + ahead - st.inflight
+            # With every slot taken, read ahead in chunks (half the prefetch at least), not
+            # an entry per finished handler.
+            if free <= 0 or (st.inflight >= o.concurrency and free < max(1, ahead // 2)):
                 await st.wait_slot()
                 continue
             n = min(free, o.batch)
@@ -128,6 +136,18 @@ class Consumer(Part):
                 log.exception("consumer loop error; retrying")
                 st.rescan = True
                 await anyio.sleep(0.2)
+
+    def _read_ahead(self) -> int:
+        """How many entries to read and claim beyond the free handler slots: the prefetch
+        while handlers are quick, else none. A claimed entry waiting for a slot has its claim
+        lease running; with ``prefetch`` queued behind ``concurrency`` slots it waits about
+        ``ceil(prefetch / concurrency)`` handler run times, kept under READ_AHEAD_WAIT_S (a
+        few percent of the shortest lease a claim gets, 1 s)."""
+        o, h = self.opts, self.state.handler_s
+        if not o.prefetch or h is None:
+            return 0
+        rounds = -(-o.prefetch // o.concurrency)
+        return o.prefetch if h * rounds <= READ_AHEAD_WAIT_S else 0
 
     def _read_shares(self, n: int) -> tuple[int, int]:
         """Slots kept for normal and low in this fetch: the starvation guard.

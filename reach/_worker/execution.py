@@ -296,6 +296,7 @@ class Execution(Part):
                     outcome = oc.invalid_payload(e)
                 else:
                     outcome, duration_s = await self._call(spec, payload, ctx)
+                    self.state.handler_ran(duration_s)
         self.hooks.after_handle(ctx, outcome, duration_s)
         self._finish(it, outcome, traced=traced)
 

@@ -32,7 +32,8 @@ class WorkerState:
         self.agent_id = agent_id
         self.instance_id = instance_id
         self.namespace = namespace
-        self.inflight = 0  # handlers running
+        self.inflight = 0  # handed to the handler pool: running, or queued for a slot
+        self.handler_s: float | None = None  # recent handlers' mean run time (EWMA)
         self.ready = False  # as last set in the registry
         self.draining = False
         self.stale = False  # a newer registration of this agent_id exists: do not deregister
@@ -44,6 +45,11 @@ class WorkerState:
         self.consumer_tick = time.monotonic()  # the consumer came round its loop
         self.loop_tick = time.monotonic()  # the event loop made progress
         self._slot_free = anyio.Event()
+
+    def handler_ran(self, duration_s: float) -> None:
+        """Note one handler's run time in :attr:`handler_s` (weight 1/16)."""
+        h = self.handler_s
+        self.handler_s = duration_s if h is None else h + (duration_s - h) * 0.0625
 
     def request_stop(self) -> None:
         self.stop_requested.set()
