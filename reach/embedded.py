@@ -166,10 +166,11 @@ class DataDirInUse(ReachError):
         self.pid = pid
 
 
-def _lock_soon(fd: int, *, grace_s: float = 5.0) -> None:
+def _lock_soon(fd: int, *, grace_s: float = 15.0) -> None:
     """Take the data directory's lock. When the server that held it is dead, wait up to
     ``grace_s`` for the lock: a child it forked (an AOF rewrite) inherited the lock and
-    ends shortly after it. A live holder fails at once (OSError)."""
+    ends shortly after it (seconds on a loaded machine). A live holder fails at once
+    (OSError)."""
     deadline = time.monotonic() + grace_s
     while True:
         try:
