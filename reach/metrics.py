@@ -24,8 +24,8 @@ into ``_other``):
 ``reach_queue_wait_seconds``               histogram {priority}: handler start - sent_ms
 ``reach_inflight_messages``                gauge {agent_id}: handlers running
 ``reach_inbox_depth``                      gauge {agent_id, priority}: XLEN at heartbeat
-``reach_registry_agents``                  gauge {state}: set by the sweeper lock holder
-``reach_registry_agents_routable``         gauge: active, ready, not draining
+``reach_registry_agents``                  gauge {state}: exported by the sweeper lock holder
+``reach_registry_agents_routable``         gauge: active, ready, not draining (the same)
 ``reach_breaker_transitions_total``        {from_state, to_state}
 ``reach_breakers_open``                    gauge: breakers open in this process
 ``reach_client_requests_total``            {capability, outcome} request() outcomes
@@ -45,7 +45,9 @@ An agent reports through :class:`MetricsHooks`, one of its built-in hooks (reach
 the client calls :func:`message_sent`, :func:`client_reply` and :func:`breaker_transition`
 (see ``reach/client.py``).
 The ``reach_inflight_messages`` and ``reach_inbox_depth`` series of an agent are removed
-when it stops (:func:`forget_agent`).
+when it stops (:func:`forget_agent`). The two registry gauges count the whole namespace;
+only the process whose runtime holds the sweeper lock exports samples of them (every other
+process declares them with none, never a 0): across a fleet, read them with ``max()``.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
 
 from . import errors
 from .envelope import Envelope, now_ms
@@ -271,15 +274,64 @@ INBOX = Gauge(
     "Entries in an agent's inbox stream (at its heartbeat).",
     ["agent_id", "priority"],
 )
-AGENTS = Gauge(
-    "reach_registry_agents",
-    "Registered agents by state (exported by the sweeper lock holder).",
-    ["state"],
-)
-ROUTABLE = Gauge(
-    "reach_registry_agents_routable",
-    "Agents active, ready and not draining (exported by the sweeper lock holder).",
-)
+
+
+class _RegistryGauges:
+    """``reach_registry_agents{state}`` and ``reach_registry_agents_routable``: the counts
+    of the namespace's registry, as the runtime of this process that holds the sweeper
+    lock last counted them (every few seconds, :func:`count_agents`).
+
+    Counting the registry costs a read per agent, so one runtime of the fleet does it:
+    the sweeper lock holder. Every other process exports the two series without samples
+    (absent, never a 0 that reads as "nothing routable"): across a fleet, query
+    ``max(reach_registry_agents_routable)``. Runtimes of one process keep their counts
+    apart (``source``), so a runtime that does not hold the lock no longer wipes the
+    counts of one that does; a runtime's counts go when it stops or loses the lock.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_source: dict[object, tuple[dict[str, int], int]] = {}
+
+    def set(self, source: object, counts: Mapping[str, int] | None, routable: int) -> None:
+        with self._lock:
+            self._by_source.pop(source, None)
+            if counts is not None:  # the latest counts are last: the ones exported
+                self._by_source[source] = (
+                    {s: int(counts.get(s, 0)) for s in REGISTRY_STATES},
+                    int(routable),
+                )
+
+    def current(self) -> tuple[dict[str, int], int] | None:
+        with self._lock:
+            return next(reversed(self._by_source.values()), None)
+
+    def collect(self) -> Iterable[Any]:
+        agents = GaugeMetricFamily(
+            "reach_registry_agents",
+            "Registered agents by state (exported by the sweeper lock holder).",
+            labels=["state"],
+        )
+        routable = GaugeMetricFamily(
+            "reach_registry_agents_routable",
+            "Agents active, ready and not draining (exported by the sweeper lock holder).",
+        )
+        now = self.current()
+        if now is not None:
+            counts, n = now
+            for s in REGISTRY_STATES:
+                agents.add_metric([s], counts[s])
+            routable.add_metric([], n)
+        return [agents, routable]
+
+    def describe(self) -> Iterable[Any]:
+        return self.collect()
+
+
+REGISTRY_STATES = ("active", "probation", "evicted")
+_REGISTRY_GAUGES = _RegistryGauges()
+REGISTRY.register(_REGISTRY_GAUGES)
+
 BREAKER = Counter(
     "reach_breaker_transitions", "Circuit breaker state changes.", ["from_state", "to_state"]
 )
@@ -293,8 +345,6 @@ CLIENT_S = Histogram(
     ["capability", "outcome"],
     buckets=DURATION_BUCKETS,
 )
-
-REGISTRY_STATES = ("active", "probation", "evicted")
 
 _lock = threading.Lock()
 _caps: set[str] = set()
@@ -441,15 +491,13 @@ def forget_agent(agent_id: str, priorities: Sequence[str] = PRIORITIES) -> None:
             pass
 
 
-def registry_counts(counts: Mapping[str, int] | None, routable: int = 0) -> None:
-    """Set the registry gauges; ``None`` clears them (this process is not the sweeper)."""
-    if counts is None:
-        AGENTS.clear()
-        ROUTABLE.set(0)
-        return
-    for s in REGISTRY_STATES:
-        AGENTS.labels(s).set(counts.get(s, 0))
-    ROUTABLE.set(routable)
+def registry_counts(
+    counts: Mapping[str, int] | None, routable: int = 0, *, source: object = None
+) -> None:
+    """Set the registry gauges from the counts of the runtime ``source`` (the one holding
+    the sweeper lock); ``None`` withdraws that runtime's counts (it does not hold the
+    lock, or stopped): with no counts left, this process exports none."""
+    _REGISTRY_GAUGES.set(source, counts, routable)
 
 
 async def count_agents(redis: Any, keys: Any) -> tuple[dict[str, int], int]:
@@ -495,12 +543,13 @@ class MetricsHooks(Hooks):
 
     def on_stop(self, worker: WorkerInfo) -> None:
         forget_agent(worker.agent_id)
+        registry_counts(None, source=self)
 
     def on_heartbeat(self, worker: WorkerInfo, depths: Mapping[str, int]) -> None:
         inbox_depth(worker.agent_id, depths)
 
     def on_registry_counts(self, counts: Mapping[str, int] | None, routable: int) -> None:
-        registry_counts(counts, routable)
+        registry_counts(counts, routable, source=self)  # one MetricsHooks per runtime
 
     def on_delivered(self, env: Envelope) -> None:
         delivered(env.capability, env.priority)
