@@ -171,6 +171,14 @@ def test_registry_gauges_set_and_cleared() -> None:
     assert val("reach_registry_agents_routable") == 2
     metrics.registry_counts(None)  # not the sweeper: nothing exported
     assert REGISTRY.get_sample_value("reach_registry_agents", {"state": "active"}) is None
+    assert REGISTRY.get_sample_value("reach_registry_agents_routable") is None  # not a 0
+    # runtimes of one process: one without the lock does not wipe the holder's counts
+    holder, other = object(), object()
+    metrics.registry_counts({"active": 4}, routable=3, source=holder)
+    metrics.registry_counts(None, source=other)
+    assert val("reach_registry_agents_routable") == 3
+    metrics.registry_counts(None, source=holder)  # it lost the lock (or stopped)
+    assert REGISTRY.get_sample_value("reach_registry_agents_routable") is None
 
 
 def test_serve_exposes_metrics_over_http() -> None:
