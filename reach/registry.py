@@ -560,6 +560,34 @@ class Registry:
             inflight=min(max(int(inflight), 0), MAX_LOAD),
         )
 
+    def heartbeat_many_call(self, beats: Iterable[agents.Beat]) -> Call[list[agents.Heartbeat]]:
+        """The ``heartbeat_many.lua`` call: the leases of several agents (1..1000, e.g. the
+        agents one process hosts) renewed in one call, each answered as by
+        :meth:`heartbeat_call`, in order. Checked and clamped as :meth:`heartbeat_call`."""
+        checked = [
+            agents.Beat(
+                agent_key_id(b.agent_id),
+                _text_arg("instance_id", b.instance_id),
+                _int_arg("version", b.version, 0, MAX_VERSION),
+                min(max(int(b.queue_depth), 0), MAX_LOAD),
+                min(max(int(b.inflight), 0), MAX_LOAD),
+            )
+            for b in beats
+        ]
+        if not 1 <= len(checked) <= agents.MAX_BEATS:
+            raise ConfigError(
+                f"heartbeat_many renews 1..{agents.MAX_BEATS} agents per call, got "
+                f"{len(checked)}: split the agents into several calls."
+            )
+        return self.scripts.heartbeat_many(checked)
+
+    async def heartbeat_many(
+        self, beats: Iterable[agents.Beat]
+    ) -> list[tuple[HeartbeatCode, bool]]:
+        """Renew the leases of several agents in one call; ``(code, draining)`` for each,
+        in order, as :meth:`heartbeat` answers."""
+        return [(h.code, h.draining) for h in await self._run(self.heartbeat_many_call(beats))]
+
     async def heartbeat(
         self,
         agent_id: str,

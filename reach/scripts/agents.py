@@ -1,5 +1,5 @@
-"""Typed calls of the registry scripts: register, heartbeat, mark_ready, drain, deregister,
-sweep (``lua/<name>.lua``; each header is the contract).
+"""Typed calls of the registry scripts: register, heartbeat, heartbeat_many, mark_ready,
+drain, deregister, sweep (``lua/<name>.lua``; each header is the contract).
 
 Each method of :class:`RegistryScripts` encodes its arguments into KEYS and ARGV and
 returns a :class:`~reach.scripts.Call` whose reply decodes into the script's code (an
@@ -68,8 +68,31 @@ def decode_registration(reply: Any) -> Registration:
     return Registration(code, now_ms=as_int(reply[1]))
 
 
+@dataclass(frozen=True, slots=True)
+class Beat:
+    """One agent's part of a ``heartbeat_many.lua`` call (``agent_id``: the id its keys
+    are named by)."""
+
+    agent_id: str
+    instance_id: str
+    version: int
+    queue_depth: int = 0
+    inflight: int = 0
+
+
+MAX_BEATS = 1000
+"""Most agents in one ``heartbeat_many.lua`` call (the script refuses more)."""
+
+
 def _heartbeat(reply: Any) -> Heartbeat:
     return Heartbeat(HeartbeatCode(as_int(reply[0])), bool(as_int(reply[1])))
+
+
+def _heartbeats(reply: Any) -> list[Heartbeat]:
+    return [
+        Heartbeat(HeartbeatCode(as_int(reply[i])), bool(as_int(reply[i + 1])))
+        for i in range(0, len(reply), 2)
+    ]
 
 
 def _swept(reply: Any) -> Swept:
@@ -138,6 +161,15 @@ class RegistryScripts:
         keys = (self.keys.agents, self.keys.agent(agent_id), self.keys.events)
         args = (agent_id, instance_id, version, queue_depth, inflight, self.events_maxlen)
         return Call("heartbeat", keys, args, _heartbeat)
+
+    def heartbeat_many(self, beats: Sequence[Beat]) -> Call[list[Heartbeat]]:
+        """Renew the leases of ``beats`` (1..:data:`MAX_BEATS` agents) in one call; the
+        answers come in the same order."""
+        keys = (self.keys.agents, self.keys.events, *(self.keys.agent(b.agent_id) for b in beats))
+        args: list[str | int] = [self.events_maxlen]
+        for b in beats:
+            args += [b.agent_id, b.instance_id, b.version, b.queue_depth, b.inflight]
+        return Call("heartbeat_many", keys, tuple(args), _heartbeats)
 
     def deregister(self, agent_id: str, *, instance_id: str = "") -> Call[DeregisterCode]:
         """Remove the registration (only ``instance_id``'s, when given)."""

@@ -39,6 +39,7 @@ def test_every_script_has_a_typed_call() -> None:
             evict_after_ms=1,
         ).script,
         R.heartbeat("a", instance_id="i", version=1, queue_depth=0, inflight=0).script,
+        R.heartbeat_many([agents.Beat("a", "i", 1)]).script,
         R.deregister("a").script,
         R.mark_ready("a", instance_id="i", ready=True).script,
         R.drain("a").script,
