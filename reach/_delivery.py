@@ -6,10 +6,18 @@ the policy, see :func:`policy_for`) over the registry view, then the inbox write
 the script layer (:mod:`reach.scripts.inbox`), one message at a time or a batch in one
 pipeline. The part knows nothing of the client: it is given the view, the router and the
 connection it uses, and it is called, never calls back.
+
+Single deliveries coalesce (:class:`Coalescer`, standalone Redis): the first one of an
+event-loop turn goes out at once, as its own ``send.lua`` call; the others issued in the
+same turn (concurrent ``send``/``request`` calls) go out together at the end of the turn,
+one ``send.lua`` call of the batch form per agent, as ``send_many`` sends them. A lone call
+waits for nothing; many concurrent ones cost Redis and the client one script call per
+agent and turn instead of one per message.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -56,6 +64,69 @@ def policy_for(env: Envelope, candidates: list[AgentInfo], default_policy: str) 
     return default_policy
 
 
+class Coalescer:
+    """Adds single messages to inboxes through ``commands`` (standalone Redis), coalescing
+    those issued in the same event-loop turn: see the module docstring."""
+
+    def __init__(self, commands: AutoPipeline, keys: Keys, *, ttl_ms: int) -> None:
+        self.commands = commands
+        self.keys = keys
+        self.ttl_ms = ttl_ms
+        self._turn = False  # a message went out in this turn
+        self._group: list[tuple[inbox.Delivery, asyncio.Future[inbox.Sent]]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def send(self, d: inbox.Delivery) -> inbox.Sent:
+        """Add ``d.message`` to the inbox of ``d.agent_id`` (see :func:`reach.scripts.inbox.send`;
+        errors raise as there)."""
+        loop = asyncio.get_running_loop()
+        if not self._turn:
+            self._turn = True
+            loop.call_soon(self._end_turn)
+            return await inbox.send(
+                self.commands,
+                self.keys,
+                d.message,
+                cluster=False,
+                agent_id=d.agent_id,
+                priority=d.priority,
+                ttl_ms=self.ttl_ms,
+                max_queue=d.max_queue,
+            )
+        fut: asyncio.Future[inbox.Sent] = loop.create_future()
+        self._group.append((d, fut))
+        return await fut
+
+    def _end_turn(self) -> None:
+        self._turn = False
+        group, self._group = self._group, []
+        group = [(d, f) for d, f in group if not f.done()]  # a cancelled caller: not sent
+        if group:
+            task = asyncio.get_running_loop().create_task(self._send_group(group))
+            self._tasks.add(task)  # held until done (the loop keeps weak references)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _send_group(
+        self, group: list[tuple[inbox.Delivery, asyncio.Future[inbox.Sent]]]
+    ) -> None:
+        try:
+            sent = await inbox.send_many(
+                self.commands, self.keys, [d for d, _ in group], cluster=False, ttl_ms=self.ttl_ms
+            )
+        except BaseException as e:  # send_many reports in place: only a bug or cancellation
+            for _, fut in group:
+                if not fut.done():
+                    fut.set_exception(e if isinstance(e, Exception) else asyncio.CancelledError())
+            raise
+        for (_, fut), x in zip(group, sent, strict=True):
+            if fut.done():
+                continue
+            if isinstance(x, Exception):
+                fut.set_exception(x)
+            else:
+                fut.set_result(x)
+
+
 class Delivery:
     """Route envelopes over ``view`` with ``router`` and add them to the chosen agents'
     inboxes through ``commands`` (keys of ``keys``). ``redis_url`` is named in the error
@@ -78,6 +149,7 @@ class Delivery:
         self.keys = keys
         self.redis_url = redis_url
         self.default_policy = default_policy
+        self.coalescer = None if commands.cluster else Coalescer(commands, keys, ttl_ms=TASK_TTL_MS)
 
     async def deliver(
         self, env: Envelope, *, where: Mapping[str, Any] | None = None, track: bool = False
@@ -137,16 +209,22 @@ class Delivery:
         (:func:`reach.scripts.inbox.send`) chooses the standalone or Cluster form."""
         agent_id = agent.agent_id
         try:
-            sent = await inbox.send(
-                self.commands,
-                self.keys,
-                inbox.Message.of(env, data),
-                cluster=self.commands.cluster,
-                agent_id=agent_id,
-                priority=env.priority,
-                ttl_ms=TASK_TTL_MS,
-                max_queue=agent.max_queue,
-            )
+            m = inbox.Message.of(env, data)
+            if self.coalescer is not None:
+                sent = await self.coalescer.send(
+                    inbox.Delivery(m, agent_id, env.priority, agent.max_queue)
+                )
+            else:
+                sent = await inbox.send(
+                    self.commands,
+                    self.keys,
+                    m,
+                    cluster=True,
+                    agent_id=agent_id,
+                    priority=env.priority,
+                    ttl_ms=TASK_TTL_MS,
+                    max_queue=agent.max_queue,
+                )
         except BaseException as e:
             if track:
                 self.router.inflight.done(agent_id)

@@ -264,6 +264,7 @@ async def _streaming(
         async with Client(redis_url=url, namespace=NS) as c:
             await c.eligible(CAP)  # the routing view is loaded before the clock starts
             added_before = await entries_added(r, stream)
+            load_before = await _server_load(r)
             sent = 0
             every = max(1, n // 20)
 
@@ -284,9 +285,33 @@ async def _streaming(
             await _until_processed(r, stream, GROUP, n, "streaming reach: processed", progress)
             t1 = time.perf_counter()
             processed = await entries_added(r, stream) - added_before
+            load = _per_message(load_before, await _server_load(r), n)
     finally:
         await r.aclose()
-    return stream_figures(n, t0, t_sent, t1, processed, inflight=STREAM_INFLIGHT)
+    return {**stream_figures(n, t0, t_sent, t1, processed, inflight=STREAM_INFLIGHT), **load}
+
+
+async def _server_load(r: AnyRedis) -> tuple[float, int, int]:
+    """Redis's CPU seconds so far, its script calls and the requests it has read."""
+    cpu = await r.info("cpu")
+    calls = await _commandstats(r)
+    return (
+        float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]),
+        calls.get("evalsha", 0) + calls.get("eval", 0),
+        await _reads(r),
+    )
+
+
+def _per_message(
+    before: tuple[float, int, int], after: tuple[float, int, int], n: int
+) -> dict[str, float]:
+    """Redis's load of a phase per message (the benchmark's own polling included: a few
+    commands a second)."""
+    return {
+        "redis_cpu_us_per_msg": (after[0] - before[0]) * 1e6 / n,
+        "script_calls_per_msg": (after[1] - before[1]) / n,
+        "redis_reads_per_msg": (after[2] - before[2]) / n,
+    }
 
 
 async def _streaming_many(
@@ -705,6 +730,12 @@ def format_report(out: dict[str, Any]) -> str:
             f"once, {st['messages']} msgs: {st['msgs_per_s']:,.0f} msgs/s processed "
             f"({st['seconds']:.2f}s; sent in {st['send_seconds']:.2f}s)"
         )
+        if "redis_cpu_us_per_msg" in st:
+            lines.append(
+                f"  per msg, Redis: {st['redis_cpu_us_per_msg']:.1f} µs of CPU, "
+                f"{st['script_calls_per_msg']:.2f} script calls, "
+                f"{st['redis_reads_per_msg']:.2f} requests read (caller and worker)"
+            )
     many = out.get("send_many")
     if many:
         lines.append(
