@@ -24,6 +24,7 @@ not UTF-8).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -31,9 +32,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+from redis import exceptions as rexc
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 from .client import Client
 from .connection import AnyRedis, as_text
+from .connection import _safe_name as safe_client_name
 from .errors import BadDeadLetterId, DeadLetterNotFound, ReachError
 from .keys import GROUP, PRIORITIES, Keys
 from .registry import Registry, normalize_capability
@@ -49,13 +53,16 @@ __all__ = [
     "InboxStats",
     "ReplayFailure",
     "ReplayResult",
+    "Replayed",
     "SweepReport",
+    "client_name",
     "dead_letter_counts",
     "dead_letter_streams",
     "find_dead_letter",
     "inbox_agents",
     "inbox_stats",
     "list_dead_letters",
+    "live_clients",
     "purge_dead_letters",
     "queue_depths",
     "queue_depths_sync",
@@ -94,6 +101,20 @@ class ReplayFailure:
     error: str
 
 
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    """A dead letter sent again: its message, and the client whose reply stream gets the
+    outcome (``reply_to``; ``""``: nobody's, the outcome is in the task record only)."""
+
+    id: str
+    msg_id: str
+    reply_to: str
+    why: str
+    """Why the reply goes there: ``caller live``, ``caller gone``, ``caller unknown``
+    (CLIENT LIST refused), ``no caller`` (sent without a reply), ``named``
+    (``reply_to=``), ``fallback`` (the caller is gone: ``fallback_reply_to``)."""
+
+
 @dataclass(slots=True)
 class ReplayResult:
     """What :func:`replay_dead_letters` did: letters sent again (and deleted from their
@@ -101,6 +122,7 @@ class ReplayResult:
 
     replayed: int = 0
     failed: list[ReplayFailure] = field(default_factory=list)
+    sent: list[Replayed] = field(default_factory=list)
 
 
 _STREAM_ID = re.compile(r"\d{1,20}(-\d{1,20})?")
@@ -162,26 +184,89 @@ async def find_dead_letter(
     raise DeadLetterNotFound(f"No dead letter {entry_id!r} (see `reach dlq list`).")
 
 
+def client_name(namespace: str, client_id: str) -> str:
+    """The name a :class:`reach.Client` gives its Redis connections (``CLIENT LIST``)."""
+    return safe_client_name(f"reach:{namespace}:{client_id}")
+
+
+async def live_clients(redis: AnyRedis, keys: Keys) -> set[str] | None:
+    """The client ids of the namespace with a connection open now: every
+    :class:`reach.Client` that connected by itself names its connections
+    ``reach:<namespace>:<client_id>`` (:func:`client_name`), seen in ``CLIENT LIST`` (on
+    every node of a Cluster). None when the server refuses ``CLIENT LIST`` (an ACL)."""
+    prefix = client_name(keys.namespace, "")
+    try:
+        if isinstance(redis, AsyncRedisCluster):
+            reply = await redis.execute_command(
+                "CLIENT LIST", target_nodes=AsyncRedisCluster.ALL_NODES
+            )
+        else:
+            reply = await redis.execute_command("CLIENT LIST")
+    except rexc.NoPermissionError:
+        return None
+    return {n[len(prefix) :] for n in _client_names(reply) if n.startswith(prefix)}
+
+
+def _client_names(reply: Any) -> Iterable[str]:
+    """The ``name`` of every connection in a ``CLIENT LIST`` reply: parsed (a list of
+    dicts), per node (a dict of those), or the raw text (one ``k=v ...`` line each)."""
+    if isinstance(reply, dict):
+        for v in reply.values():
+            yield from _client_names(v)
+    elif isinstance(reply, list):
+        for c in reply:
+            if isinstance(c, dict):
+                name = safe_text(c.get("name") or "")
+                if name:
+                    yield name
+            else:
+                yield from _client_names(c)
+    elif isinstance(reply, (bytes, str)):
+        for line in safe_text(reply).splitlines():
+            for part in line.split(" "):
+                if part.startswith("name=") and len(part) > 5:
+                    yield part[5:]
+
+
 async def replay_dead_letters(
     redis: AnyRedis,
     keys: Keys,
     entries: Sequence[DeadLetterEntry],
     *,
     on_each: Callable[[], None] | None = None,
+    reply_to: str | None = None,
+    fallback_reply_to: str = "",
+    client: Client | None = None,
 ) -> ReplayResult:
     """Send dead letters again, through the router like any message: the same msg_id and
     idempotency key (a message that did complete meanwhile is not run twice), attempts
     from 1, no deadline. A letter sent again is deleted from its stream; one that cannot
     be sent (bytes that were no envelope, no agent, a full inbox) stays and is listed in
     the result. ``on_each`` is called after each letter (for a progress bar).
+
+    Where the outcome is published: ``reply_to`` (a client id) when given; else the
+    original caller while it is live (a connection of its client id is open now: see
+    :func:`live_clients`); a caller that is gone, or that cannot be told from a gone
+    one, gets nothing: the reply goes to ``fallback_reply_to`` (a client id, e.g. the
+    replaying client that waits for it) or nowhere (``""``), never into a dead client's
+    reply stream, where it would sit for 24 h. Whatever the choice, the outcome is in the
+    message's task record (``reach task MSG_ID``, :meth:`Client.result`).
+
+    ``client`` sends them (its reader gets the replies sent to it); else one is made on
+    ``redis`` for the call.
     """
     out = ReplayResult()
-    async with Client(redis=redis, namespace=keys.namespace) as client:
+    live = await live_clients(redis, keys) if reply_to is None else set()
+    async with contextlib.AsyncExitStack() as stack:
+        if client is None:
+            client = await stack.enter_async_context(Client(redis=redis, namespace=keys.namespace))
         for entry in entries:
             d = entry.letter
-            failed = await _replay_one(redis, client, entry)
+            target = _reply_target(d, reply_to, live, fallback_reply_to)
+            failed = await _replay_one(redis, client, entry, target[0])
             if failed is None:
                 out.replayed += 1
+                out.sent.append(Replayed(d.id, d.msg_id, *target))
             else:
                 out.failed.append(ReplayFailure(d.id, failed))
             if on_each is not None:
@@ -189,12 +274,32 @@ async def replay_dead_letters(
     return out
 
 
-async def _replay_one(redis: AnyRedis, client: Client, entry: DeadLetterEntry) -> str | None:
+def _reply_target(
+    d: DeadLetter, named: str | None, live: set[str] | None, fallback: str
+) -> tuple[str, str]:
+    """(client id to reply to, why): see :func:`replay_dead_letters`."""
+    if named is not None:
+        return named, "named"
+    caller = d.envelope.reply_to if d.envelope is not None else ""
+    if not caller:
+        why = "no caller"
+    elif live is None:
+        why = "caller unknown"
+    elif caller in live:
+        return caller, "caller live"
+    else:
+        why = "caller gone"
+    return (fallback, "fallback") if fallback and caller else ("", why)
+
+
+async def _replay_one(
+    redis: AnyRedis, client: Client, entry: DeadLetterEntry, reply_to: str
+) -> str | None:
     """Replay one letter: None when sent (and deleted), else why not."""
     d = entry.letter
     if d.envelope is None:
         return "not a valid envelope; cannot be replayed"
-    env = msgspec.structs.replace(d.envelope, attempt=1, deadline_ms=0)
+    env = msgspec.structs.replace(d.envelope, attempt=1, deadline_ms=0, reply_to=reply_to)
     try:
         await client.deliver(env)
     except ReachError as e:

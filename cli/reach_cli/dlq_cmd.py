@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import collections
+import math
 from typing import Annotated, Any, Optional
 
+import anyio
 import typer
 
 from reach import admin
+from reach.client import Client
 from reach.envelope import decode_payload
-from reach.errors import ConfigError
+from reach.errors import ConfigError, DeadlineExceeded, ReachError
 from reach.keys import Keys
+from reach.outcomes import Status
 
 from .common import (
     DEFAULT_NS,
@@ -18,9 +23,11 @@ from .common import (
     Namespace,
     RedisUrl,
     command,
+    json_line,
     open_redis,
     print_json,
     progress,
+    readable,
     safe_text,
     table,
 )
@@ -30,6 +37,19 @@ dlq_app = typer.Typer(help="Dead letters: list, show, replay, purge.", no_args_i
 
 # -- dead letters ---------------------------------------------------------------------------
 CapOpt = Annotated[Optional[str], typer.Option("--cap", help="Only this capability.")]  # noqa: UP045
+FullOpt = Annotated[
+    bool, typer.Option("--full", help="Show every value whole (else long ones are cut).")
+]
+CUT_LIST = 80  # characters of an error in `reach dlq list`
+CUT_SHOW = 400  # characters of a value in `reach dlq show`
+LINES_PER_LETTER = 20  # `reach dlq replay` of more letters prints where replies went, summed
+
+
+def cut(text: str, limit: int, full: bool) -> str:
+    """``text``, or its first ``limit`` characters and how much more there is."""
+    if full or len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text):,} characters: --full shows all)"
 
 
 @dlq_app.command("list")
@@ -37,6 +57,7 @@ CapOpt = Annotated[Optional[str], typer.Option("--cap", help="Only this capabili
 async def dlq_list(
     cap: CapOpt = None,
     limit: Annotated[int, typer.Option(min=1, help="At most this many per capability.")] = 100,
+    full: FullOpt = False,
     redis_url: RedisUrl = DEFAULT_REDIS,
     namespace: Namespace = DEFAULT_NS,
     json_: Json = False,
@@ -62,7 +83,7 @@ async def dlq_list(
                 d.attempts,
                 d.agent_id,
                 d.msg_id,
-                safe_text(d.error)[:80],
+                cut(safe_text(d.error), CUT_LIST, full),
             )
             for d in letters
         ],
@@ -88,11 +109,16 @@ def _dl_row(d: Any) -> dict[str, Any]:
 async def dlq_show(
     entry_id: Annotated[str, typer.Argument(help="Dead letter id (from `reach dlq list`).")],
     cap: CapOpt = None,
+    full: FullOpt = False,
     redis_url: RedisUrl = DEFAULT_REDIS,
     namespace: Namespace = DEFAULT_NS,
     json_: Json = False,
 ) -> None:
-    """Show one dead letter with its original envelope."""
+    """Show one dead letter with its original envelope, one field a row.
+
+    Values longer than 400 characters are cut (--full: whole; --json: always whole);
+    long ones wrap within the terminal's width.
+    """
     r = await open_redis(redis_url)
     try:
         found = await admin.find_dead_letter(r, Keys(namespace), entry_id, capability=cap)
@@ -111,8 +137,20 @@ async def dlq_show(
         row["raw"] = d.raw[:200].hex()
     if json_:
         print_json(row)
-    else:
-        table(f"dead letter {entry_id}", ["field", "value"], [(k, v) for k, v in row.items()])
+        return
+    rows: list[tuple[str, str]] = []
+    for k, v in row.items():
+        if k == "envelope":  # one row per envelope field: a wide map reads badly
+            rows += [(f"envelope.{f}", _shown(x, full)) for f, x in v.items()]
+        elif k == "payload":  # as JSON: a nested payload stays readable
+            rows.append((k, cut(json_line(v), CUT_SHOW, full)))
+        else:
+            rows.append((k, _shown(v, full)))
+    table(f"dead letter {entry_id}", ["field", "value"], rows)
+
+
+def _shown(value: Any, full: bool) -> str:
+    return cut(readable(value), CUT_SHOW, full)
 
 
 @dlq_app.command("replay")
@@ -123,40 +161,129 @@ async def dlq_replay(
         bool, typer.Option("--all", help="Replay every dead letter (of --cap).")
     ] = False,
     cap: CapOpt = None,
+    reply_to: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--reply-to",
+            metavar="CLIENT_ID",
+            help="Publish the outcomes to this client's reply stream (else: to the original "
+            "caller while it is connected, else nowhere).",
+        ),
+    ] = None,
+    wait: Annotated[
+        bool,
+        typer.Option("--wait", help="Wait for each replayed message's outcome and print it."),
+    ] = False,
+    timeout_s: Annotated[
+        float, typer.Option("--timeout-s", help="With --wait: how long to wait in all.")
+    ] = 30.0,
     redis_url: RedisUrl = DEFAULT_REDIS,
     namespace: Namespace = DEFAULT_NS,
     json_: Json = False,
 ) -> None:
     """Send dead letters again (same msg_id and idempotency key, attempts from 1).
 
-    Examples: reach dlq replay 1717171717171-0;  reach dlq replay --all --cap text.summarize
+    The outcome goes to the original caller only while it is connected (a connection named
+    reach:NS:CLIENT_ID in CLIENT LIST); a caller that is gone gets nothing (with --wait:
+    this command gets it), never a reply stream nobody reads. It is always in the task
+    record: reach task MSG_ID.
+
+    Examples: reach dlq replay 1717171717171-0 --wait;  reach dlq replay --all --cap text.summarize
     """
     if bool(entry_id) == bool(all_):
         raise ConfigError("Give either a dead letter ID or --all.")
-    r = await open_redis(redis_url)
+    if not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise ConfigError(f"--timeout-s must be a number of seconds > 0, not {timeout_s}.")
+    if reply_to is not None and not reply_to.strip():
+        raise ConfigError("--reply-to needs a client id (the client_id of a reach.Client).")
     keys = Keys(namespace)
-    try:
+    outcomes: dict[str, dict[str, Any]] = {}
+    # The command's own client names its connections like any Client: while it waits, it
+    # is a live caller, and the replies of gone callers come to it.
+    async with Client(redis_url=redis_url, namespace=namespace) as client:
+        r = client.redis
         if entry_id:
             targets = [await admin.find_dead_letter(r, keys, entry_id, capability=cap)]
         else:
             targets = await admin.list_dead_letters(r, keys, capability=cap, limit=None)
         with progress(len(targets), "replayed") as step:  # a bar on a tty, else lines
-            res = await admin.replay_dead_letters(r, keys, targets, on_each=step)
-    finally:
-        await r.aclose()
+            res = await admin.replay_dead_letters(
+                r,
+                keys,
+                targets,
+                on_each=step,
+                reply_to=reply_to,
+                fallback_reply_to=client.client_id if wait else "",
+                client=client,
+            )
+        if wait and res.sent:
+            with anyio.move_on_after(timeout_s + 5):  # each wait is bounded; a margin
+                async with anyio.create_task_group() as tg:
+                    for s in res.sent:
+                        tg.start_soon(_wait_outcome, client, s.msg_id, timeout_s, outcomes)
+            # This command's client id is its own: a reply that came after the outcome was
+            # read from the task record would otherwise sit in its stream for 24 h.
+            await r.delete(keys.replies(client.client_id))
+    sent: list[dict[str, Any]] = [
+        {
+            "id": s.id,
+            "msg_id": s.msg_id,
+            "reply_to": s.reply_to or None,
+            "why": s.why,
+            **({"outcome": outcomes.get(s.msg_id)} if wait else {}),
+        }
+        for s in res.sent
+    ]
+    unsuccessful = wait and any(
+        outcomes.get(s.msg_id, {}).get("status") != Status.SUCCEEDED for s in res.sent
+    )
     if json_:
         print_json(
             {
                 "replayed": res.replayed,
+                "sent": sent,
                 "failed": [{"id": f.id, "error": f.error} for f in res.failed],
             }
         )
     else:
         print(f"replayed {res.replayed}, failed {len(res.failed)}")
+        if len(sent) > LINES_PER_LETTER and not wait:  # many: where the replies went
+            whys = collections.Counter(x["why"] for x in sent)
+            print("  replies: " + ", ".join(f"{n} {why}" for why, n in whys.most_common()))
+            sent = []
+        for x in sent:
+            where = f"reply to {x['reply_to']}" if x["reply_to"] else "no reply stream"
+            print(f"  {x['id']}  msg {x['msg_id']}: {where} ({x['why']})")
+            if wait:
+                print(f"    {_outcome_text(x.get('outcome'))}")
         for f in res.failed:
             print(f"  {f.id}: {f.error}")
-    if res.failed:
+    if res.failed or unsuccessful:
         raise typer.Exit(1)
+
+
+async def _wait_outcome(
+    client: Client, msg_id: str, timeout_s: float, out: dict[str, dict[str, Any]]
+) -> None:
+    """The outcome of a replayed message (its reply, else its task record), into ``out``."""
+    try:
+        result = await client.result(msg_id, timeout_s=timeout_s)
+        out[msg_id] = {"status": str(Status.SUCCEEDED), "result": result}
+        return
+    except DeadlineExceeded as e:
+        error = str(e)
+    except ReachError as e:
+        error = f"{type(e).__name__}: {e}"
+    st = await client.task(msg_id)
+    out[msg_id] = {"status": st.status, "error": st.error or error}
+
+
+def _outcome_text(o: dict[str, Any] | None) -> str:
+    if o is None:
+        return "no outcome"
+    if o.get("status") == Status.SUCCEEDED:
+        return f"succeeded: {json_line(o.get('result'))}"
+    return f"{o.get('status')}: {safe_text(o.get('error'), oneline=True)}"
 
 
 @dlq_app.command("purge")

@@ -81,7 +81,8 @@ def test_dlq_replay_all_reports_progress(redis_url: str, ns: str) -> None:
         app, ["dlq", "replay", "--all", "--redis-url", redis_url, "--namespace", ns]
     )
     assert res.exit_code == 0, res.stderr
-    assert res.stdout.strip() == "replayed 3, failed 0"
+    assert res.stdout.splitlines()[0] == "replayed 3, failed 0"
+    assert res.stdout.count("no reply stream (no caller)") == 3  # sent without reply_to
     assert res.stderr.splitlines()[-1] == "replayed 3/3"  # piped: plain lines
 
     async def inbox_len() -> int:
