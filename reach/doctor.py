@@ -152,6 +152,7 @@ def role_commands(keys: Keys) -> dict[str, list[tuple[str, ...]]]:
             ("DEL", dlq),
             ("HSET", agent, "draining", "1"),
             ("EVALSHA", sha, "1", inbox),
+            ("CLIENT", "LIST"),  # reach dlq replay: is the caller still connected?
         ],
     }
 
