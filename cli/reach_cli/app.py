@@ -33,6 +33,7 @@ from reach.registry import Registry
 from reach.tasks import get_status
 
 from .agents_cmd import agents_app
+from .chaos_cmd import chaos as chaos_cmd
 from .common import (
     DEFAULT_NS,
     DEFAULT_REDIS,
@@ -52,6 +53,7 @@ from .common import (
     safe_text,
     table,
 )
+from .completion import complete_agent_id, complete_capability
 from .dlq_cmd import dlq_app
 from .doctor_cmd import doctor as doctor_cmd
 from .top import top as top_cmd
@@ -63,7 +65,7 @@ app = typer.Typer(
     "Start a local Redis with `reach redis`, run agents with `reach worker MODULE:APP`, "
     "and look around with `reach caps`, `reach agents`, `reach queues`, `reach dlq list`.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion, --show-completion (completion.py)
     rich_markup_mode="markdown",
 )
 app.add_typer(agents_app, name="agents")
@@ -340,14 +342,22 @@ class _SendOptions(TypedDict):
 @app.command()
 @command
 async def send(
-    capability: Annotated[str, typer.Argument(help="Capability to reach, e.g. text.summarize.")],
+    capability: Annotated[
+        str,
+        typer.Argument(
+            help="Capability to reach, e.g. text.summarize.", autocompletion=complete_capability
+        ),
+    ],
     payload: Annotated[str, typer.Argument(help='The payload as JSON, e.g. \'{"text": "hi"}\'.')],
     wait: Annotated[bool, typer.Option("--wait", help="Wait for the result and print it.")] = False,
     priority: Annotated[str, typer.Option(help="high, normal or low.")] = "normal",
     session: Annotated[Optional[str], typer.Option(help="Session id (sticky state).")] = None,  # noqa: UP045
     timeout_s: Annotated[Optional[float], typer.Option(help="Deadline from now, seconds.")] = None,  # noqa: UP045
     idempotency_key: Annotated[Optional[str], typer.Option(help="Same key, same result.")] = None,  # noqa: UP045
-    target: Annotated[Optional[str], typer.Option(help="Send to this agent id.")] = None,  # noqa: UP045
+    target: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(help="Send to this agent id.", autocompletion=complete_agent_id),
+    ] = None,
     redis_url: RedisUrl = DEFAULT_REDIS,
     namespace: Namespace = DEFAULT_NS,
     json_: Json = False,
@@ -590,15 +600,7 @@ def bench_scaling(ctx: typer.Context) -> None:
 
 
 # -- chaos --------------------------------------------------------------------------------
-@app.command(
-    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-    add_help_option=False,
-)
-def chaos(ctx: typer.Context) -> None:
-    """Kill workers and Redis mid-stream, check nothing is lost or run twice (--help: options)."""
-    from .tools.chaos import main as chaos_main
-
-    raise typer.Exit(chaos_main(ctx.args, prog="reach chaos"))
+app.command("chaos")(chaos_cmd)  # its options are the harness parser's (chaos_cmd.py)
 
 
 METAVARS = {"where": "KEY=VALUE", "namespace": "NS", "redis_url": "URL", "timeout_s": "SECONDS"}

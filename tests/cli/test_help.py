@@ -12,8 +12,8 @@ import pytest
 from reach_cli.app import command_line
 from typer.core import TyperGroup
 
-# argparse-based commands keep their own help (reach chaos, reach bench-scaling)
-OWN_HELP = {"chaos", "bench-scaling"}
+# argparse-based commands keep their own help (reach bench-scaling)
+OWN_HELP = {"bench-scaling"}
 
 
 def _paths() -> list[list[str]]:
