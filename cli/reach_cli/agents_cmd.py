@@ -30,6 +30,7 @@ from .common import (
     table,
     warn,
 )
+from .completion import complete_agent_id, complete_capability
 
 agents_app = typer.Typer(
     help="List, inspect and drain agents.", invoke_without_command=True, no_args_is_help=False
@@ -62,7 +63,11 @@ def agents_list(
     ctx: typer.Context,
     cap: Annotated[
         Optional[str],  # noqa: UP045
-        typer.Option("--cap", help="Only agents of this capability."),
+        typer.Option(
+            "--cap",
+            help="Only agents of this capability.",
+            autocompletion=complete_capability,
+        ),
     ] = None,
     state: Annotated[
         Optional[str],  # noqa: UP045
@@ -171,7 +176,9 @@ async def _get_agent(redis_url: str, namespace: str, agent_id: str) -> reach.Age
 @agents_app.command("show")
 @command
 async def agents_show(
-    agent_id: Annotated[str, typer.Argument(help="The agent's id.")],
+    agent_id: Annotated[
+        str, typer.Argument(help="The agent's id.", autocompletion=complete_agent_id)
+    ],
     redis_url: RedisUrl = DEFAULT_REDIS,
     namespace: Namespace = DEFAULT_NS,
     json_: Json = False,
@@ -199,7 +206,9 @@ async def agents_show(
 @agents_app.command("card")
 @command
 async def agents_card(
-    agent_id: Annotated[str, typer.Argument(help="The agent's id.")],
+    agent_id: Annotated[
+        str, typer.Argument(help="The agent's id.", autocompletion=complete_agent_id)
+    ],
     redis_url: RedisUrl = DEFAULT_REDIS,
     namespace: Namespace = DEFAULT_NS,
     json_: Json = False,
@@ -244,7 +253,9 @@ async def agents_card(
 @agents_app.command("drain")
 @command
 async def agents_drain(
-    agent_id: Annotated[str, typer.Argument(help="The agent to drain.")],
+    agent_id: Annotated[
+        str, typer.Argument(help="The agent to drain.", autocompletion=complete_agent_id)
+    ],
     redis_url: RedisUrl = DEFAULT_REDIS,
     namespace: Namespace = DEFAULT_NS,
 ) -> None:

@@ -31,12 +31,16 @@ from .common import (
     safe_text,
     table,
 )
+from .completion import complete_capability
 
 dlq_app = typer.Typer(help="Dead letters: list, show, replay, purge.", no_args_is_help=True)
 
 
 # -- dead letters ---------------------------------------------------------------------------
-CapOpt = Annotated[Optional[str], typer.Option("--cap", help="Only this capability.")]  # noqa: UP045
+CapOpt = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option("--cap", help="Only this capability.", autocompletion=complete_capability),
+]
 FullOpt = Annotated[
     bool, typer.Option("--full", help="Show every value whole (else long ones are cut).")
 ]
