@@ -535,11 +535,17 @@ class RedisServer:
 def resolve_url(explicit: str | None = None) -> tuple[str, RedisServer | None]:
     """Return a Redis URL to use and, if one had to be started, the embedded server.
 
-    ``explicit`` (a ``--redis-url``) wins, then ``REACH_REDIS_URL``, then an embedded
-    server started here (the caller must stop it).
+    The order of :mod:`reach.config` (the CLI's, the Client's and the Agent's):
+    ``explicit`` (a ``--redis-url``), then ``REACH_REDIS_URL``, then the nearest
+    ``reach.toml`` / ``.reach/config``; where none of these names a Redis, instead of an
+    error, an embedded server started here (the caller must stop it).
     """
-    url = explicit or os.environ.get("REACH_REDIS_URL")
-    if url:
-        return url, None
+    from .config import locate_redis_url
+    from .errors import ConfigError
+
+    try:
+        return locate_redis_url(explicit).url, None
+    except ConfigError:  # nothing configured: a server of our own
+        pass
     server = RedisServer().start()
     return server.url, server

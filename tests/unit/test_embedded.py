@@ -369,9 +369,10 @@ def test_resolve_url_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_resolve_url_starts_an_embedded_server(
-    monkeypatch: pytest.MonkeyPatch, server_binary: ServerBinary
+    monkeypatch: pytest.MonkeyPatch, server_binary: ServerBinary, tmp_path: Path
 ) -> None:
     monkeypatch.delenv("REACH_REDIS_URL", raising=False)
+    monkeypatch.chdir(tmp_path)  # no project file here or above: nothing configured
     monkeypatch.setattr(embedded, "find_server_binary", lambda **_: server_binary)
     url, server = resolve_url()
     assert server is not None
