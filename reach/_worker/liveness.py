@@ -5,7 +5,10 @@
 * heartbeats from a thread with its own connection, so a handler that blocks the event
   loop for a while does not cost the lease; a loop without progress for ``stall_s``
   (the ticker proves progress) withholds them. A heartbeat that finds the registration
-  gone registers again; one that finds a newer registration stops this agent;
+  gone registers again; one that finds a newer registration stops this agent. One thread
+  and one connection per process and Redis (:class:`Heartbeats`) renew every agent the
+  process runs: the inbox lengths of all in one pipeline, then one ``heartbeat_many.lua``
+  call per namespace (per 100 agents), each agent answered as by ``heartbeat.lua``;
 * the watchdog: a consumer alive but stuck (a read that hangs) is marked not ready;
 * signals: the first SIGTERM/SIGINT drains, a second one stops at once.
 """
@@ -16,16 +19,20 @@ import logging
 import signal
 import threading
 import time
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import anyio
 from redis import exceptions as rexc
 
-from ..connection import connect_sync
+from ..connection import connect_sync, is_cluster
 from ..errors import StaleRegistration
 from ..keys import PRIORITIES
 from ..registry import Registry
-from ..scripts import inbox
+from ..scripts import Call, inbox, script
+from ..scripts._loader import is_noscript
+from ..scripts.agents import Beat, Heartbeat
 from ..scripts.codes import DeregisterCode, DropInboxCode, HeartbeatCode
 from .consumer import create_groups_sync
 from .state import Part, Shared
@@ -41,8 +48,7 @@ class Liveness(Part):
         self.url = url  # the heartbeat thread opens its own connection
         self.registry = registry
         self.version = version  # the process start stamp: a newer registration wins
-        self._hb_thread: threading.Thread | None = None
-        self._hb_stop = threading.Event()
+        self._hb: Heartbeats | None = None
 
     # -- registration -------------------------------------------------------------------
     def _register_kw(self) -> dict[str, Any]:
@@ -131,65 +137,46 @@ class Liveness(Part):
 
     # -- heartbeats ---------------------------------------------------------------------
     def start_heartbeat(self) -> None:
-        self._hb_thread = threading.Thread(
-            target=self._heartbeat_loop, name=f"reach-heartbeat-{self.agent_id}", daemon=True
-        )
-        self._hb_thread.start()
+        """Join this process's heartbeat thread for this Redis (started by the first
+        agent, stopped when the last one leaves)."""
+        self._hb = Heartbeats.join(self.url, self)
 
     def stop_heartbeat(self) -> None:
-        self._hb_stop.set()
-        if self._hb_thread is not None:
-            self._hb_thread.join(timeout=5)
+        hb, self._hb = self._hb, None
+        if hb is not None:
+            hb.leave(self)
 
-    def _heartbeat_loop(self) -> None:
-        """Heartbeats from a thread: a handler that blocks the loop for a while does not
-        cost the lease, but a loop without progress for ``stall_s`` stops them."""
+    def stalled_s(self) -> float:
+        """How long this agent's event loop has made no progress, when over ``stall_s``
+        (its heartbeats are withheld), else 0."""
+        stalled = time.monotonic() - self.state.loop_tick
+        return stalled if stalled > self.opts.stall_s else 0.0
+
+    def answered(self, r: Any, hb: Heartbeat) -> bool:
+        """Act on this agent's heartbeat answer (in the heartbeat thread, on its connection
+        ``r``); False once the agent must stop beating (a newer registration exists)."""
         st, reg = self.state, self.registry
-        inboxes = self.keys.inboxes(self.agent_id)
-        r = None
-        while not self._hb_stop.wait(self.opts.heartbeat_s):
-            stalled = time.monotonic() - st.loop_tick
-            if stalled > self.opts.stall_s:
-                log.error("event loop made no progress for %.1fs: heartbeats withheld", stalled)
-                continue
-            try:
-                if r is None:
-                    r = connect_sync(self.url)
-                depths = [int(r.xlen(k)) for k in inboxes]
-                self.hooks.on_heartbeat(st, dict(zip(PRIORITIES, depths, strict=True)))
-                hb = reg.heartbeat_call(
+        try:
+            if hb.code is HeartbeatCode.NOT_REGISTERED:
+                log.warning(
+                    "agent %s: registration lost (evicted or flushed): registering again",
                     self.agent_id,
-                    instance_id=st.instance_id,
-                    version=self.version,
-                    queue_depth=sum(depths),
-                    inflight=st.inflight,
-                ).run_sync(r)
-                if hb.code is HeartbeatCode.NOT_REGISTERED:
-                    log.warning("registration lost (evicted or flushed): registering again")
-                    call = reg.register_call(self.agent_id, **self._register_kw())
-                    reg.check_registration(self.agent_id, self.version, call.run_sync(r))
-                    create_groups_sync(r, inboxes)
-                elif hb.code is HeartbeatCode.STALE:
-                    raise StaleRegistration("a newer registration of this agent_id exists")
-                elif hb.draining and not st.stop_requested.is_set():
-                    log.info("drain requested by an operator")
-                    st.request_stop()
-                self.outages.ok()
-            except StaleRegistration as e:
-                log.error("stopping: %s", e)
-                st.stale = True
+                )
+                call = reg.register_call(self.agent_id, **self._register_kw())
+                reg.check_registration(self.agent_id, self.version, call.run_sync(r))
+                create_groups_sync(r, self.keys.inboxes(self.agent_id))
+            elif hb.code is HeartbeatCode.STALE:
+                raise StaleRegistration("a newer registration of this agent_id exists")
+            elif hb.draining and not st.stop_requested.is_set():
+                log.info("agent %s: drain requested by an operator", self.agent_id)
                 st.request_stop()
-                return
-            except (rexc.RedisError, OSError) as e:
-                self.outages.failed("heartbeat", e)
-                if r is not None:
-                    try:
-                        r.close()
-                    except Exception:  # noqa: BLE001, S110 - closing a broken connection
-                        pass
-                r = None
-        if r is not None:
-            r.close()
+        except StaleRegistration as e:
+            log.error("agent %s: stopping: %s", self.agent_id, e)
+            st.stale = True
+            st.request_stop()
+            return False
+        self.outages.ok()
+        return True
 
     # -- stopping -----------------------------------------------------------------------
     async def watch_stop(self) -> None:
@@ -211,3 +198,197 @@ class Liveness(Part):
                     log.warning("second signal: stopping without draining")
                     scope.cancel()
                     return
+
+
+HEARTBEAT_BATCH = 100
+"""Agents renewed by one ``heartbeat_many.lua`` call (the calls of a round go in one
+pipeline): a few hundred microseconds of Redis time per call, so no call holds the
+server long."""
+
+
+@dataclass(eq=False, slots=True)
+class _Member:
+    liveness: Liveness
+    due: float  # monotonic time of its next heartbeat
+
+    @property
+    def period(self) -> float:
+        return self.liveness.opts.heartbeat_s
+
+
+class Heartbeats:
+    """The heartbeat thread of one process and one Redis URL, shared by every agent the
+    process runs there (``Agent.run()`` calls in one event loop or in several).
+
+    Each agent is due every ``heartbeat_s`` of its own; a round renews every agent due now
+    and those due within half their period (so agents started at different times fall
+    into step and are renewed together): one pipeline of the ``XLEN``s of their inboxes,
+    then one ``heartbeat_many.lua`` call per namespace and :data:`HEARTBEAT_BATCH` agents
+    (in one pipeline on a standalone Redis or Sentinel; one after the other on a Cluster,
+    where redis-py sends no scripts in a pipeline). An agent whose event loop has made no
+    progress for ``stall_s`` is left out of the round (and so evicted in time); every
+    answer is handled per agent (:meth:`Liveness.answered`). A failed round is logged by
+    every agent in it and retried at the next due time on a new connection.
+    """
+
+    _hubs: ClassVar[dict[str, Heartbeats]] = {}
+    _hubs_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._members: list[_Member] = []
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="reach-heartbeat", daemon=True)
+        self.rounds = 0  # rounds sent (for tests and benchmarks)
+
+    @classmethod
+    def join(cls, url: str, liveness: Liveness) -> Heartbeats:
+        """Add ``liveness``'s agent to the process's heartbeat thread for ``url`` (started
+        here for the first one); its first heartbeat is due after ``heartbeat_s``."""
+        with cls._hubs_lock:
+            hub = cls._hubs.get(url)
+            if hub is None:
+                hub = cls._hubs[url] = Heartbeats(url)
+                hub._thread.start()
+            with hub._lock:
+                hub._members.append(_Member(liveness, time.monotonic() + liveness.opts.heartbeat_s))
+            hub._wake.set()
+            return hub
+
+    def leave(self, liveness: Liveness) -> None:
+        """Stop renewing ``liveness``'s agent; the last one to leave stops the thread."""
+        with Heartbeats._hubs_lock:
+            with self._lock:
+                self._members = [m for m in self._members if m.liveness is not liveness]
+                last = not self._members
+            if last:
+                self._stopped = True
+                if Heartbeats._hubs.get(self.url) is self:
+                    del Heartbeats._hubs[self.url]
+        self._wake.set()
+        if last and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=5)
+
+    @classmethod
+    def running(cls) -> int:
+        """Heartbeat threads running in this process (one per Redis URL in use)."""
+        with cls._hubs_lock:
+            return len(cls._hubs)
+
+    def _next_wait(self) -> float:
+        with self._lock:
+            if not self._members:
+                return 1.0
+            return max(0.0, min(m.due for m in self._members) - time.monotonic())
+
+    def _due(self) -> list[_Member]:
+        now = time.monotonic()
+        with self._lock:
+            if not any(m.due <= now for m in self._members):
+                return []
+            due = [m for m in self._members if m.due <= now + m.period / 2]
+            for m in due:
+                m.due = now + m.period
+            return due
+
+    def _run(self) -> None:
+        r = None
+        while not self._stopped:
+            self._wake.wait(self._next_wait())
+            self._wake.clear()
+            if self._stopped:
+                break
+            due = [m for m in self._due() if not self._withheld(m)]
+            if not due:
+                continue
+            try:
+                if r is None:
+                    r = connect_sync(self.url)
+                self._round(r, due)
+                for m in due:
+                    m.liveness.outages.ok()
+            except (rexc.RedisError, OSError) as e:
+                for m in due:
+                    m.liveness.outages.failed("heartbeat", e)
+                if r is not None:
+                    try:
+                        r.close()
+                    except Exception:  # noqa: BLE001, S110 - closing a broken connection
+                        pass
+                r = None
+            except Exception:  # a bug, not Redis: the thread must go on renewing leases
+                log.exception("heartbeat round failed; the next one tries again")
+        if r is not None:
+            r.close()
+
+    @staticmethod
+    def _withheld(m: _Member) -> bool:
+        stalled = m.liveness.stalled_s()
+        if stalled:
+            log.error(
+                "agent %s: event loop made no progress for %.1fs: heartbeats withheld",
+                m.liveness.agent_id,
+                stalled,
+            )
+        return bool(stalled)
+
+    def _round(self, r: Any, due: list[_Member]) -> None:
+        """One round: the inbox lengths of ``due``, then their heartbeats, answered."""
+        self.rounds += 1
+        pipe = r.pipeline(transaction=False)
+        for m in due:
+            for k in m.liveness.keys.inboxes(m.liveness.agent_id):
+                pipe.xlen(k)
+        lengths = [int(x) for x in pipe.execute()]
+        by_ns: dict[str, list[tuple[_Member, Beat]]] = {}
+        for i, m in enumerate(due):
+            lv, st = m.liveness, m.liveness.state
+            depths = lengths[3 * i : 3 * i + 3]
+            lv.hooks.on_heartbeat(st, dict(zip(PRIORITIES, depths, strict=True)))
+            beat = Beat(lv.agent_id, st.instance_id, lv.version, sum(depths), st.inflight)
+            by_ns.setdefault(lv.registry.namespace, []).append((m, beat))
+        batches = [
+            group[at : at + HEARTBEAT_BATCH]
+            for group in by_ns.values()
+            for at in range(0, len(group), HEARTBEAT_BATCH)
+        ]
+        calls = [
+            batch[0][0].liveness.registry.heartbeat_many_call([b for _, b in batch])
+            for batch in batches
+        ]
+        for batch, answers in zip(batches, run_sync(r, calls), strict=True):
+            for (m, _), hb in zip(batch, answers, strict=True):
+                if not m.liveness.answered(r, hb):
+                    self.leave(m.liveness)
+
+
+def run_sync(r: Any, calls: Sequence[Call[Any]]) -> list[Any]:
+    """Run ``calls`` on a synchronous client and return their decoded replies: in one
+    pipeline (standalone, Sentinel), one after the other on a Cluster (redis-py sends no
+    scripts in a Cluster pipeline). NOSCRIPT (a restarted or failed-over server) loads the
+    scripts refused and sends just those again; any other error reply is raised."""
+    if not calls:
+        return []
+    if is_cluster(r) or len(calls) == 1:
+        return [c.run_sync(r) for c in calls]
+    pipe = r.pipeline(transaction=False)
+    for c in calls:
+        pipe.execute_command(*c.op())
+    replies: list[Any] = pipe.execute(raise_on_error=False)
+    again = [i for i, x in enumerate(replies) if isinstance(x, Exception) and is_noscript(x)]
+    if again:
+        for name in {calls[i].script for i in again}:
+            r.script_load(script(name).source)
+        pipe = r.pipeline(transaction=False)
+        for i in again:
+            pipe.execute_command(*calls[i].op())
+        for i, x in zip(again, pipe.execute(raise_on_error=False), strict=True):
+            replies[i] = x
+    out = []
+    for c, x in zip(calls, replies, strict=True):
+        if isinstance(x, Exception):
+            raise x
+        out.append(c.decode(x))
+    return out
