@@ -1,0 +1,227 @@
+"""Every command docs/cli.md documents is run by a test, and prints what the document
+shows: here, each one against a real Redis with an agent serving (tables by their title
+and columns, lines by their documented form, --json by its keys); the long-running ones
+(a worker, a Redis server, benchmarks, the chaos run, the tour) by the tests named in
+ELSEWHERE, which check their output."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from reach_cli.app import app as cli_app
+from typer.testing import CliRunner
+
+import reach
+from reach import Agent, Context
+from tests.support.agents_messaging import serving, wait_status
+
+pytestmark = pytest.mark.anyio
+ROOT = Path(__file__).resolve().parents[2]
+CLI_MD = ROOT / "docs" / "cli.md"
+
+# Commands whose run takes a process of its own or minutes: the test that runs each one
+# and checks its output.
+ELSEWHERE = {
+    "redis": ("tests/cli/test_cli_redis.py", '"redis"'),
+    "worker": ("tests/cli/test_routable_gauge.py", '"worker"'),
+    "bench": ("tests/cli/test_cli_bench.py", '"bench"'),
+    "bench-scaling": ("tests/cli/test_scaling.py", "bench-scaling"),
+    "chaos": ("tests/chaos/test_chaos.py", '"chaos"'),
+    "demo": (".ci/run", "reach demo --fast"),  # a minute of worker processes: CI runs it
+}
+RUN_HERE = {
+    "init",
+    "doctor",
+    "caps",
+    "agents",
+    "agents show",
+    "agents card",
+    "agents drain",
+    "events",
+    "queues",
+    "top",
+    "send",
+    "task",
+    "dlq list",
+    "dlq show",
+    "dlq replay",
+    "dlq purge",
+    "sweep",
+}
+
+
+def documented() -> set[str]:
+    return set(
+        re.findall(r"^### `reach ([a-z -]+?)(?: [A-Z_\[\]]+)*`$", CLI_MD.read_text(), re.MULTILINE)
+    )
+
+
+def test_every_documented_command_is_run_by_a_test() -> None:
+    assert documented() == RUN_HERE | set(ELSEWHERE)
+    for name, (path, needle) in ELSEWHERE.items():
+        assert needle in (ROOT / path).read_text(), f"{path} does not run reach {name}"
+
+
+def agent() -> Agent:
+    app = Agent("docs-1", capabilities=["docs.echo", "docs.refuse"], metadata={"region": "eu"})
+
+    @app.handler("docs.echo")
+    async def echo(payload: Any, ctx: Context) -> Any:
+        return {"echo": payload}
+
+    @app.handler("docs.refuse")
+    async def refuse(payload: Any, ctx: Context) -> Any:
+        raise reach.Reject("no")
+
+    return app
+
+
+class Cli:
+    def __init__(self, url: str, ns: str) -> None:
+        self.url, self.ns = url, ns
+
+    async def __call__(self, *args: str, code: int | None = 0, common: bool = True) -> str:
+        """The command's stdout, its exit code checked (``code`` None: 1 when its output
+        names an ERROR, else 0)."""
+        extra = ["--redis-url", self.url, "--namespace", self.ns] if common else []
+        res = await anyio.to_thread.run_sync(lambda: CliRunner().invoke(cli_app, [*args, *extra]))
+        want = code if code is not None else (1 if "ERROR" in res.stdout else 0)
+        assert res.exit_code == want, (args, res.exit_code, res.output, res.exception)
+        return str(res.stdout)
+
+    async def json(self, *args: str, code: int = 0) -> Any:
+        return json.loads(await self(*args, "--json", code=code))
+
+
+def title_and_columns(out: str, title: str, *columns: str) -> None:
+    lines = out.splitlines()
+    assert lines[0].strip() == title, out
+    header = next(ln for ln in lines if ln.startswith("┃"))
+    assert [c.strip() for c in header.strip("┃").split("┃")] == list(columns), header
+
+
+async def test_documented_outputs(
+    redis_url: str, ns: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cli = Cli(redis_url, ns)
+    monkeypatch.chdir(tmp_path)
+    # reach init: "wrote /path/reach.toml: redis_url = URL"
+    out = await cli("init", "--redis-url", redis_url, common=False)
+    assert out.strip() == f"wrote {tmp_path.resolve() / 'reach.toml'}: redis_url = {redis_url}"
+    # reach doctor: a heading line, one line per check, a summary; --json status
+    out = await cli("doctor", code=None)
+    lines = out.splitlines()
+    assert lines[0] == f"reach doctor: {redis_url}, namespace {ns!r}"
+    assert re.fullmatch(r"\d+ error\(s\), \d+ warning\(s\)", lines[-1]), lines[-1]
+    assert any(re.match(r"\s*(ok|warn|ERROR|info)\s+version\s", ln) for ln in lines), out
+
+    async with serving(redis_url, ns, agent()) as client:
+        title_and_columns(
+            await cli("caps"), f"capabilities in {ns!r}", "capability", "agents", "routable"
+        )
+        assert await cli.json("caps") == [
+            {"capability": "docs.echo", "agents": 1, "routable": 1},
+            {"capability": "docs.refuse", "agents": 1, "routable": 1},
+        ]
+        [a] = await cli.json(
+            "agents", "--cap", "docs.echo", "--state", "active", "--where", "region=eu"
+        )
+        assert (a["agent_id"], a["state"], a["routing"], a["ready"], a["draining"]) == (
+            "docs-1",
+            "active",
+            "routable",
+            True,
+            False,
+        )
+        out = await cli("agents")
+        assert "docs-1" in out and "routable" in out and "region=eu" in out
+        shown = await cli.json("agents", "show", "docs-1")
+        assert {"lease_ms", "evict_after_ms", "max_queue", "card", "metadata"} <= set(shown)
+        card = await cli.json("agents", "card", "docs-1")
+        assert card["name"] and isinstance(card.get("skills"), list)
+        # events: "HH:MM:SS.mmm  registered    docs-1"
+        out = await cli("events")
+        assert re.search(r"^\d\d:\d\d:\d\d\.\d{3}  registered\s+docs-1$", out, re.MULTILINE), out
+        # send: a msg_id; --wait: the result as JSON; task: its status
+        msg_id = (await cli("send", "docs.echo", '{"text": "hi"}')).strip()
+        assert re.fullmatch(r"[0-9a-f]{32}", msg_id)
+        await wait_status(client, msg_id, "succeeded")
+        out = await cli("send", "docs.echo", '{"text": "hi"}', "--wait", "--timeout-s", "10")
+        assert json.loads(out) == {"echo": {"text": "hi"}}
+        t = await cli.json("task", msg_id)
+        assert (t["status"], t["result"], t["agent_id"]) == (
+            "succeeded",
+            {"echo": {"text": "hi"}},
+            "docs-1",
+        )
+        [q] = await cli.json("queues")
+        assert set(q) == {
+            "agent_id",
+            "high",
+            "normal",
+            "low",
+            "pending",
+            "oldest_pending_ms",
+            "oldest_pending_age_ms",
+        }
+        title_and_columns(
+            await cli("queues"),
+            f"inboxes in {ns!r}",
+            "agent",
+            "high",
+            "normal",
+            "low",
+            "pending",
+            "oldest pending",
+        )
+        frame = await cli.json("top", "--once", "--interval", "0")
+        assert isinstance(frame, dict) and frame
+        # dead letters: list (table and JSON), show, replay, purge
+        dead = await client.send("docs.refuse", "x")
+        await wait_status(client, dead, "dead")
+        [d] = await cli.json("dlq", "list", "--cap", "docs.refuse")
+        assert set(d) == {
+            "id",
+            "capability",
+            "reason",
+            "attempts",
+            "agent_id",
+            "msg_id",
+            "error",
+            "error_type",
+            "ts",
+        }
+        title_and_columns(
+            await cli("dlq", "list"),
+            f"dead letters in {ns!r}",
+            "id",
+            "capability",
+            "reason",
+            "attempts",
+            "agent",
+            "msg_id",
+            "error",
+        )
+        title_and_columns(
+            await cli("dlq", "show", d["id"]), f"dead letter {d['id']}", "field", "value"
+        )
+        out = await cli("dlq", "replay", d["id"], "--wait", code=1)  # refused again
+        assert out.splitlines()[0] == "replayed 1, failed 0"
+        assert re.search(r"^    dead: no$", out, re.MULTILINE), out
+        out = await cli("dlq", "purge", "--cap", "docs.refuse", "--yes")
+        assert out.strip() == "purged 1 dead letters"
+        # drain: "AGENT_ID: draining", then "AGENT_ID: already draining"
+        assert (await cli("agents", "drain", "docs-1")).strip() == "docs-1: draining"
+        assert (await cli("agents", "drain", "docs-1")).strip() == "docs-1: already draining"
+    # sweep: one line of counts
+    out = await cli("sweep")
+    assert re.fullmatch(
+        r"probation: \d+  evicted: \d+ ?\S*  shadows deleted: \d+  retries moved: \d+  "
+        r"rerouted: \d+  parked: \d+  released: \d+  expired: \d+",
+        out.strip(),
+    ), out
