@@ -2,8 +2,9 @@
 
 Real `reach worker` processes serving ``/metrics``, and two runtimes in this process: the
 runtime holding the sweeper lock exports the namespace's counts, every other process
-exports the series without samples (never a 0 while agents are routable), and a runtime
-of the same process that does not hold the lock leaves the holder's counts alone.
+exports the series without samples (never a 0 while agents are routable); in one process,
+the runtime sweeping the namespace withdraws its counts when it stops and the one taking
+the sweeper over counts anew.
 """
 
 from __future__ import annotations
@@ -190,7 +191,8 @@ async def test_the_routable_gauge_of_worker_processes_equals_reach_agents(
 
 
 class Reports(reach.Hooks):
-    """What the sweeper task reported to one runtime's hooks (None: not the lock holder)."""
+    """What the sweeper task reported to one runtime's hooks (None: not the lock holder;
+    nothing: the process's other runtime sweeps the namespace)."""
 
     def __init__(self) -> None:
         self.seen: list[int | None] = []
@@ -199,7 +201,7 @@ class Reports(reach.Hooks):
         self.seen.append(None if counts is None else routable)
 
 
-async def test_two_runtimes_in_one_process_do_not_wipe_each_others_counts(
+async def test_runtimes_of_one_process_hand_the_counts_on_and_withdraw_them(
     redis_url: str, ns: str
 ) -> None:
     reports = [Reports(), Reports()]
@@ -232,17 +234,22 @@ async def test_two_runtimes_in_one_process_do_not_wipe_each_others_counts(
             return await routable_in_cli(redis_url, ns) == 2 and gauge() == 2
 
         await wait_until(counted_two, what="the gauge counts both runtimes")
-        # The runtime without the lock reports None every few seconds: once it did, the
-        # gauge still reads the holder's 2 (it used to be set to 0 by that report).
-        marks = [len(rep.seen) for rep in reports]
+        # One runtime of the process sweeps the namespace (and counts); the other never
+        # clears what it counted. Stopped, the sweeping one withdraws its counts and hands
+        # the sweeper on: the other counts, and the gauge follows `reach agents`.
+        [sweeping] = [i for i, rep in enumerate(reports) if rep.seen]
+        assert all(x in (None, 2) for rep in reports for x in rep.seen[-1:])
+        apps[sweeping].stop()
+        other = reports[1 - sweeping]
 
-        async def non_holder_reported() -> bool:
-            return any(None in rep.seen[m:] for rep, m in zip(reports, marks, strict=True))
+        async def counted_one() -> bool:
+            return (
+                await routable_in_cli(redis_url, ns) == 1
+                and other.seen[-1:] == [1]
+                and gauge() == 1
+            )
 
-        await wait_until(non_holder_reported, what="a report of the runtime without the lock")
-        assert gauge() == 2
-        assert sorted(rep.seen[-1] is None for rep in reports) == [False, True]
-        for a in apps:
-            a.stop()
+        await wait_until(counted_one, what="the other runtime counts after the hand-over")
+        apps[1 - sweeping].stop()
     # both runtimes stopped: this process no longer exports the namespace's counts
     assert gauge() is None
