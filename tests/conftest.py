@@ -13,6 +13,7 @@ import os
 import signal
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -27,6 +28,21 @@ from tests.support.sentinel import RedisTestSentinel
 # nothing but the runner. A handler (not "ignore") is reset to the default on exec.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+_ROOT = Path(__file__).resolve().parent.parent
+_PROJECT_FILES = (_ROOT / "reach.toml", _ROOT / ".reach" / "config")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_project_file_left_in_the_repository() -> Iterator[None]:
+    """A test that runs `reach redis` or `reach init` in the repository would leave a
+    project file there, and every later command started there (tests, the demo, .ci/run)
+    would quietly use that test's Redis: such a test must run in a directory of its own."""
+    before = {p for p in _PROJECT_FILES if p.exists()}
+    yield
+    left = sorted(str(p) for p in _PROJECT_FILES if p.exists() and p not in before)
+    assert not left, f"a test wrote {left}: run it in a directory of its own (cwd=tmp_path)"
 
 
 @pytest.fixture(scope="session")

@@ -185,7 +185,7 @@ def test_version_and_help() -> None:
 def test_reach_redis_runs_a_persistent_server(tmp_path: Path) -> None:
     p = subprocess.Popen(
         [sys.executable, "-m", "reach_cli.app", "redis", "--port", "0", "--dir", str(tmp_path)],
-        cwd=ROOT,
+        cwd=tmp_path,  # it writes .reach/config where it runs: never in the repository
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

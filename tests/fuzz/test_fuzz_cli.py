@@ -12,7 +12,9 @@ characters (``*``) reaches every namespace of the server it runs on, and ``dlq p
 
 from __future__ import annotations
 
+import contextlib
 import json
+import tempfile
 import uuid
 from collections.abc import Iterator
 from typing import Any, Literal, get_args, get_origin
@@ -305,7 +307,10 @@ def test_every_command_is_fuzzed_or_skipped_with_a_reason() -> None:
 
 
 def run_cli(args: list[str], env: dict[str, str]) -> None:
-    res = runner.invoke(app, args, env=env)
+    # In a directory of its own: `reach init` / `reach redis` write a project file where
+    # they run, which every later command (and test) started there would then find.
+    with tempfile.TemporaryDirectory() as cwd, contextlib.chdir(cwd):
+        res = runner.invoke(app, args, env=env)
     shown = f"reach {' '.join(map(repr, args))}\n{res.output[-2000:]}"
     if res.exception is not None and not isinstance(res.exception, SystemExit):
         raise AssertionError(f"traceback: {shown}") from res.exception
