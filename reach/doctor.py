@@ -127,6 +127,9 @@ def role_commands(keys: Keys) -> dict[str, list[tuple[str, ...]]]:
             ("ZADD", keys.agents, "1", "x"),
             ("ZREM", keys.agents, "x"),
             ("ZRANGE", keys.agents, "0", "-1"),
+            # agents of one process waiting together: one XREAD, restarted when one joins
+            ("XREVRANGE", inbox, "+", "-", "COUNT", "1"),
+            ("CLIENT", "UNBLOCK", "1"),
         ],
         "client": [
             *common,

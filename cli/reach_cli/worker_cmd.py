@@ -121,6 +121,15 @@ def worker(
     redis_url: RedisUrl = DEFAULT_REDIS,
     namespace: Namespace = DEFAULT_NS,
     concurrency: Annotated[int, typer.Option(min=1, help="Handlers running at once.")] = 16,
+    prefetch: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=10_000,
+            help="Messages read and claimed ahead of free handler slots while handlers are "
+            "quick (0: none).",
+        ),
+    ] = 64,
     heartbeat_s: Annotated[float, typer.Option(help="Seconds between heartbeats.")] = 3.0,
     lease_s: Annotated[float, typer.Option(help="Without a heartbeat this long: probation.")] = 9.0,
     evict_after_s: Annotated[
@@ -193,6 +202,7 @@ def worker(
             "redis_url": redis_url,
             "namespace": namespace,
             "concurrency": concurrency,
+            "prefetch": prefetch,
             "heartbeat_s": heartbeat_s,
             "lease_s": lease_s,
             "evict_after_s": evict_after_s,
