@@ -55,3 +55,8 @@ class RedisTestCluster(ServerGroup):
     def stop(self) -> None:
         for n in self.nodes:
             n.stop()
+
+
+def master_of_slot(slot: int, masters: int = 3) -> int:
+    """Index of the test cluster's master that owns ``slot`` (the split :meth:`start` made)."""
+    return min(slot // (SLOTS // masters), masters - 1)

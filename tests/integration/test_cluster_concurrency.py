@@ -1,0 +1,154 @@
+"""One Client on the 3-master test cluster, 2,000 concurrent requests and 2,000 concurrent
+sends to three `reach worker` processes whose inboxes sit on three different masters
+(issue 12, item 4): every call answered, every message handled exactly once, and a bounded
+number of the client's connections on every node (``CLIENT LIST`` of each node, sampled
+while the calls run: the client names its connections ``reach:<namespace>:<client_id>``).
+
+The issue measured a Client failing above ~100 calls in flight on a cluster (the async
+cluster client's per-node pool: ``'NoneType' object has no attribute 'writelines'``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import pytest
+import redis.asyncio as aredis
+from redis.crc import key_slot
+
+from reach.client import Client
+from reach.connection import connect, pool_connections
+from reach.keys import Keys
+from tests.support.agents_messaging import (
+    REPO,
+    effects,
+    handled_by_agent,
+    wait_eligible,
+    worker_cmd,
+)
+from tests.support.cluster import RedisTestCluster, master_of_slot
+
+pytestmark = [pytest.mark.cluster, pytest.mark.anyio]
+
+N = 2_000
+PER_NODE = 8  # a Client's connections on one node, whatever the concurrency
+
+
+def agents_on_every_master(ns: str, masters: int = 3) -> list[str]:
+    """One agent id per master: agent ``i``'s inbox slot is on master ``i``."""
+    found: dict[int, str] = {}
+    i = 0
+    while len(found) < masters:
+        agent_id = f"cc-{i}"
+        slot = key_slot(Keys(ns).inbox(agent_id, "normal").encode())
+        found.setdefault(master_of_slot(slot, masters), agent_id)
+        i += 1
+    return [found[m] for m in range(masters)]
+
+
+@pytest.fixture
+def three_workers(
+    redis_cluster: RedisTestCluster, ns: str
+) -> Iterator[tuple[list[str], list[subprocess.Popen[bytes]]]]:
+    agents = agents_on_every_master(ns)
+    procs = []
+    for agent_id in agents:
+        cmd = worker_cmd("echo_agent", redis_cluster.url, ns, "--concurrency", "64")
+        env = {**os.environ, "REACH_TEST_AGENT_ID": agent_id}
+        procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL))
+    yield agents, procs
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+async def test_2000_requests_and_2000_sends_at_once_on_a_cluster_client(
+    redis_cluster: RedisTestCluster,
+    three_workers: tuple[list[str], list[subprocess.Popen[bytes]]],
+    ns: str,
+    record_property: Any,
+) -> None:
+    agents, procs = three_workers
+    name = f"reach:{ns}:cluster-fan-out"
+    nodes = [aredis.Redis(port=n.port) for n in redis_cluster.nodes]
+    r = await connect(redis_cluster.url)
+    peak = [0] * len(nodes)
+    seen: list[set[int]] = [set() for _ in nodes]
+    stop = anyio.Event()
+
+    async def watch() -> None:
+        while not stop.is_set():
+            for i, node in enumerate(nodes):
+                listed = await node.execute_command("CLIENT LIST")
+                mine = [c for c in listed if c.get("name") == name]
+                seen[i].update(int(c["id"]) for c in mine)
+                peak[i] = max(peak[i], len(mine))
+            await anyio.sleep(0.02)
+
+    try:
+        async with Client(
+            redis_url=redis_cluster.url, namespace=ns, client_id="cluster-fan-out"
+        ) as client:
+            await wait_eligible(client, "test.echo", agents, timeout=40)
+            answers: dict[int, Any] = {}
+            sent: list[str] = []
+
+            async def ask(i: int) -> None:
+                answers[i] = await client.request("test.echo", i, timeout_s=120)
+
+            async def tell(i: int) -> None:
+                sent.append(await client.send("test.echo", -i))
+
+            t0 = time.perf_counter()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch)
+                async with anyio.create_task_group() as calls:
+                    for i in range(N):
+                        calls.start_soon(ask, i)
+                        calls.start_soon(tell, i)
+                t_calls = time.perf_counter() - t0
+
+                async def all_handled() -> bool:
+                    return sum((await effects(r, ns, "echo")).values()) >= 2 * N
+
+                with anyio.fail_after(120):
+                    while not await all_handled():
+                        await anyio.sleep(0.05)
+                stop.set()
+            t_all = time.perf_counter() - t0
+            pooled = pool_connections(client.redis)
+
+        assert [answers[i]["echo"] for i in range(N)] == list(range(N))
+        assert len(sent) == N
+        done = await effects(r, ns, "echo")
+        assert len(done) == 2 * N and set(done.values()) == {1}  # each handled exactly once
+        assert set(sent) <= set(done)
+        handled = await handled_by_agent(r, ns, "echo")
+        assert sum(handled.values()) == 2 * N and set(handled) == set(agents), handled
+        assert all(p.poll() is None for p in procs)
+    finally:
+        for node in nodes:
+            await node.aclose()
+        await r.aclose()
+
+    report = (
+        f"{N} requests + {N} sends on one cluster client: calls returned in {t_calls:.1f} s, "
+        f"all handled in {t_all:.1f} s; connections per node at most {peak} at once, "
+        f"{[len(s) for s in seen]} opened in all, {pooled} pooled at the end; "
+        f"messages per agent {handled}"
+    )
+    print(report)
+    record_property("cluster_client_connections", report)
+    assert all(1 <= p <= PER_NODE for p in peak), report
+    assert all(len(s) <= PER_NODE for s in seen), report
