@@ -60,3 +60,71 @@ class RedisTestCluster(ServerGroup):
 def master_of_slot(slot: int, masters: int = 3) -> int:
     """Index of the test cluster's master that owns ``slot`` (the split :meth:`start` made)."""
     return min(slot // (SLOTS // masters), masters - 1)
+
+
+class RedisTestClusterWithReplicas(RedisTestCluster):
+    """:class:`RedisTestCluster` plus one replica per master, and a short
+    ``cluster-node-timeout`` (``node_timeout_ms``) so that a killed master's replica is
+    promoted within a few seconds. ``masters[i]`` and ``replicas[i]`` are a pair; a test
+    that kills a master should own its cluster (function scope)."""
+
+    def __init__(self, *, binary: ServerBinary, masters: int = 3, node_timeout_ms: int = 500):
+        # no 5 s wait before the first full sync of a replica (repl-diskless-sync-delay)
+        opts = ("--cluster-node-timeout", str(node_timeout_ms), "--repl-diskless-sync-delay", "0")
+        self.nodes = [
+            RedisServer(binary=binary, cluster=True, extra_args=opts) for _ in range(masters)
+        ]
+        self.replicas = [
+            RedisServer(binary=binary, cluster=True, extra_args=opts) for _ in range(masters)
+        ]
+
+    @property
+    def masters(self) -> list[RedisServer]:
+        return self.nodes
+
+    def start(self, *, timeout_s: float = 30.0) -> Self:
+        super().start(timeout_s=timeout_s)
+        for n in self.replicas:
+            n.start()
+        first = redis.Redis(port=self.nodes[0].port)
+        clients = [redis.Redis(port=n.port) for n in self.replicas]
+        try:
+            ids = [
+                as_str(redis.Redis(port=m.port).execute_command("CLUSTER", "MYID"))
+                for m in self.nodes
+            ]
+            for n in self.replicas:
+                first.execute_command("CLUSTER", "MEET", "127.0.0.1", n.port)
+            deadline = time.monotonic() + timeout_s
+            pending = set(range(len(self.replicas)))
+            while pending and time.monotonic() < deadline:
+                for i in sorted(pending):
+                    try:  # the replica must know its master first (gossip)
+                        clients[i].execute_command("CLUSTER", "REPLICATE", ids[i])
+                        pending.discard(i)
+                    except redis.ResponseError:
+                        pass
+                time.sleep(0.05)
+            while time.monotonic() < deadline:
+                links = [c.info("replication").get("master_link_status") for c in clients]
+                states = [as_str(c.execute_command("CLUSTER", "INFO")) for c in clients]
+                if all(link == "up" for link in links) and all(
+                    "cluster_state:ok" in s and f"cluster_known_nodes:{2 * len(self.nodes)}" in s
+                    for s in states
+                ):
+                    return self
+                time.sleep(0.05)
+            raise RuntimeError(f"test cluster replicas not ready within {timeout_s}s")
+        finally:
+            first.close()
+            for c in clients:
+                c.close()
+
+    def stop(self) -> None:
+        for n in self.replicas:
+            n.stop()
+        super().stop()
+
+
+def as_str(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,327 @@
+"""The integration tests that matter on a Redis Cluster, on the 3-master test cluster
+(issue 12, item 5): real `reach worker` processes with sub-second leases, inboxes, the
+registry and reply streams on different masters.
+
+* a worker SIGKILLed mid-handler and restarted: its pending messages are done again, each
+  side effect once, every caller answered;
+* an evicted agent's inbox is rerouted to a live agent on another master;
+* retries (through the namespace's delayed set) and dead letters (rejected, max attempts);
+* the CLI (`reach agents`, `reach queues`, `reach dlq list`) against the cluster URL;
+* a master failover (SIGKILL of a master with a replica): the replica is promoted and the
+  workers and the client go on serving.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import anyio
+import pytest
+import redis
+from redis.crc import key_slot
+
+import reach
+from reach import Agent, Context
+from reach.client import Client
+from reach.connection import AnyRedis, connect, is_cluster
+from reach.keys import GROUP, Keys
+from reach.tasks import parse_dead_letter
+from tests.support.agents_messaging import (
+    REPO,
+    bump,
+    effects,
+    serving,
+    wait_eligible,
+    wait_status,
+    worker_cmd,
+)
+from tests.support.cluster import (
+    RedisTestCluster,
+    RedisTestClusterWithReplicas,
+    master_of_slot,
+)
+from tests.support.waiting import wait_until
+from tests.support.workers import Workers
+
+pytestmark = [pytest.mark.cluster, pytest.mark.anyio]
+
+MASTERS = 3
+
+
+def inbox_master(agent_id: str) -> int:
+    return master_of_slot(key_slot(Keys("x").inbox(agent_id, "normal").encode()), MASTERS)
+
+
+def registry_master(ns: str) -> int:
+    return master_of_slot(key_slot(Keys(ns).agents.encode()), MASTERS)
+
+
+def namespace_on(master: int) -> str:
+    """A fresh namespace whose registry slot is on ``master``."""
+    base = uuid.uuid4().hex[:8]
+    i = 0
+    while registry_master(ns := f"cs{base}{i}") != master:
+        i += 1
+    return ns
+
+
+@pytest.fixture
+async def rc(redis_cluster: RedisTestCluster) -> AsyncIterator[AnyRedis]:
+    client = await connect(redis_cluster.url)
+    assert is_cluster(client)
+    yield client
+    await client.aclose()
+
+
+async def pending(r: AnyRedis, ns: str, agent_id: str) -> int:
+    total = 0
+    for key in Keys(ns).inboxes(agent_id):
+        if await r.exists(key):
+            total += int((await r.xpending(key, GROUP))["pending"])
+    return total
+
+
+async def inbox_len(r: AnyRedis, ns: str, agent_id: str) -> int:
+    return sum([int(await r.xlen(k)) for k in Keys(ns).inboxes(agent_id)])
+
+
+# -- a worker killed and restarted -------------------------------------------------------
+CRASH = "crash-1"  # its inbox is on master 2
+
+
+async def test_a_worker_killed_mid_handler_and_restarted_redoes_its_messages_once(
+    redis_cluster: RedisTestCluster, rc: AnyRedis
+) -> None:
+    ns = namespace_on((inbox_master(CRASH) + 1) % MASTERS)  # registry and inbox apart
+    env = {**os.environ, "REACH_TEST_AGENT_ID": CRASH, "REACH_TEST_SLEEP_S": "60"}
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start() -> subprocess.Popen[bytes]:
+        cmd = worker_cmd("crash_agent", redis_cluster.url, ns, "--concurrency", "4")
+        p = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL)
+        procs.append(p)
+        return p
+
+    try:
+        first = start()
+        async with Client(redis_url=redis_cluster.url, namespace=ns, client_id="crash-c") as c:
+            await wait_eligible(c, "test.crash", [CRASH], timeout=30)
+            old = (await c.registry.get(CRASH)).instance_id  # type: ignore[union-attr]
+            waited = c.build("test.crash", {"n": 0}, timeout_s=45)
+            sent = [await c.send("test.crash", {"n": i}) for i in (1, 2)]
+            ids = [waited.msg_id, *sent]
+            result: dict[str, Any] = {}
+
+            async def call() -> None:
+                result["waited"] = await c.call(waited)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call)
+
+                async def all_started() -> bool:
+                    return len(await effects(rc, ns, "crash.started")) == 3
+
+                await wait_until(all_started, timeout_s=30, what="3 handlers started")
+                first.send_signal(signal.SIGKILL)
+                await anyio.to_thread.run_sync(first.wait)
+                assert await effects(rc, ns, "crash") == {}
+                assert await pending(rc, ns, CRASH) == 3, "the killed worker's entries stay"
+
+                start()  # same agent id, new instance
+                await wait_eligible(c, "test.crash", [CRASH], instance_of={CRASH: old}, timeout=30)
+                for msg_id in sent:
+                    st = await wait_status(c, msg_id, "succeeded", timeout=30)
+                    assert st.runs == 2 and st.agent_id == CRASH
+            assert result["waited"]["effects"] == 1 and result["waited"]["starts"] == 2
+
+            async def settled() -> bool:
+                return await inbox_len(rc, ns, CRASH) == 0 and await pending(rc, ns, CRASH) == 0
+
+            await wait_until(settled, what="inbox empty, nothing pending")
+        assert await effects(rc, ns, "crash") == {i: 1 for i in ids}
+        assert await effects(rc, ns, "crash.started") == {i: 2 for i in ids}
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+
+
+# -- an evicted agent's inbox rerouted ---------------------------------------------------
+@pytest.fixture
+def hard_workers(redis_cluster: RedisTestCluster) -> Iterator[Any]:
+    made: list[Workers] = []
+
+    def make(ns: str) -> Workers:
+        w = Workers(redis_cluster.url, ns, "tests.support.agents_hardening")
+        made.append(w)
+        return w
+
+    yield make
+    for w in made:
+        w.stop_all()
+
+
+async def test_an_evicted_agents_inbox_is_rerouted_to_an_agent_on_another_master(
+    redis_cluster: RedisTestCluster, rc: AnyRedis, hard_workers: Any
+) -> None:
+    # h1's inbox is on master 0, h2's on master 2, the registry on master 1
+    assert inbox_master("h1") != inbox_master("h2")
+    ns = namespace_on(({0, 1, 2} - {inbox_master("h1"), inbox_master("h2")}).pop())
+    workers: Workers = hard_workers(ns)
+    for n in ("h1", "h2"):
+        workers.start(n)
+    async with Client(redis_url=redis_cluster.url, namespace=ns, slow_start_s=0) as c:
+        await wait_eligible(c, "hard.echo", ["h1", "h2"], timeout=30)
+        workers.procs["h2"].send_signal(signal.SIGSTOP)  # it must not handle them
+        ids = [await c.send("hard.echo", {"i": i}, target="h2") for i in range(5)]
+        assert await inbox_len(rc, ns, "h2") == 5
+        workers.procs["h2"].send_signal(signal.SIGKILL)
+        for msg_id in ids:
+            st = await wait_status(c, msg_id, "succeeded", timeout=30)
+            assert st.agent_id == "h1"
+
+        async def dropped() -> bool:
+            return not await rc.exists(*Keys(ns).inboxes("h2"))
+
+        await wait_until(dropped, timeout_s=30, what="inbox of the evicted agent dropped")
+        assert (await c.request("hard.echo", "after", timeout_s=20))["agent"] == "h1"
+    done = await effects(rc, ns, "hard")
+    assert {i: done[i] for i in ids} == {i: 1 for i in ids}
+    assert workers.procs["h1"].poll() is None
+
+
+# -- retries, dead letters and the CLI ---------------------------------------------------
+def retrying_agent(agent_id: str) -> Agent:
+    app = Agent(agent_id, capabilities=["cs.flaky", "cs.refuse", "cs.busy"])
+
+    @app.handler("cs.flaky")
+    async def flaky(payload: Any, ctx: Context) -> int:
+        if await bump(ctx, "flaky") < 3:
+            raise RuntimeError("fails twice")
+        return ctx.attempt
+
+    @app.handler("cs.refuse")
+    async def refuse(payload: Any, ctx: Context) -> None:
+        raise reach.Reject(f"refused {payload}")
+
+    @app.handler("cs.busy")
+    async def busy(payload: Any, ctx: Context) -> None:
+        raise reach.Retry(f"still busy (attempt {ctx.attempt})", delay_s=0.05)
+
+    return app
+
+
+async def cli(url: str, ns: str, *args: str) -> Any:
+    """``reach <args> --json`` as a real process against the cluster URL."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "reach_cli.app",
+        *args,
+        "--redis-url",
+        url,
+        "--namespace",
+        ns,
+        "--json",
+    ]
+    with anyio.fail_after(60):
+        out = await anyio.run_process(cmd, cwd=REPO, check=False)
+    assert out.returncode == 0, (args, out.stderr.decode())
+    return json.loads(out.stdout)
+
+
+async def test_retries_dead_letters_and_the_cli_on_a_cluster(
+    redis_cluster: RedisTestCluster, rc: AnyRedis
+) -> None:
+    url = redis_cluster.url
+    ns = namespace_on(1)
+    agents = [retrying_agent("cs-a"), retrying_agent("cs-b")]
+    async with serving(url, ns, *agents) as c:
+        # a failure retried twice through the delayed set, then a success
+        assert await c.request("cs.flaky", None, timeout_s=20) == 3
+        # a rejection: dead at once; a Retry every time: dead after max_attempts
+        with pytest.raises(reach.Rejected, match="refused x"):
+            await c.request("cs.refuse", "x", timeout_s=20)
+        busy = c.build("cs.busy", None, timeout_s=20, max_attempts=3)
+        with pytest.raises(reach.RemoteError) as ei:
+            await c.call(busy)
+        assert ei.value.type == "Retry"
+        st = await wait_status(c, busy.msg_id, "dead")
+        assert st.runs == 3
+        [dl] = [parse_dead_letter(i, f) for i, f in await rc.xrange(Keys(ns).dlq("cs.busy"))]
+        assert (dl.reason, dl.attempts, dl.msg_id) == ("max_attempts", 3, busy.msg_id)
+
+        listed = await cli(url, ns, "agents")
+        assert sorted(a["agent_id"] for a in listed) == ["cs-a", "cs-b"]
+        assert all(a["state"] == "active" and a["ready"] for a in listed)
+        queues = await cli(url, ns, "queues")
+        assert sorted(q["agent_id"] for q in queues) == ["cs-a", "cs-b"]  # inboxes on 2 masters
+        assert all(q["pending"] == 0 for q in queues)
+        letters = await cli(url, ns, "dlq", "list")
+        assert sorted((d["capability"], d["reason"]) for d in letters) == [
+            ("cs.busy", "max_attempts"),
+            ("cs.refuse", "rejected"),
+        ]
+    assert await effects(rc, ns, "flaky") != {}
+
+
+# -- a master failover -------------------------------------------------------------------
+@pytest.fixture
+def cluster_with_replicas(server_binary: Any) -> Iterator[RedisTestClusterWithReplicas]:
+    with RedisTestClusterWithReplicas(binary=server_binary, masters=MASTERS) as cluster:
+        yield cluster
+
+
+async def test_a_master_failover_keeps_workers_and_client_serving(
+    cluster_with_replicas: RedisTestClusterWithReplicas,
+) -> None:
+    cluster = cluster_with_replicas
+    url = cluster.url  # master 0: the one that stays up
+    victim = inbox_master("h3")  # master 1: h3's inbox, and the namespace's registry
+    assert victim != 0
+    ns = namespace_on(victim)
+    workers = Workers(url, ns, "tests.support.agents_hardening")
+    try:
+        for n in ("h1", "h3"):
+            workers.start(n)
+        async with Client(redis_url=url, namespace=ns, slow_start_s=0) as c:
+            await wait_eligible(c, "hard.echo", ["h1", "h3"], timeout=30)
+            for n in ("h1", "h3"):
+                assert (await c.request("hard.echo", n, target=n, timeout_s=10))["agent"] == n
+
+            await anyio.to_thread.run_sync(cluster.masters[victim].kill)  # SIGKILL
+            replica = redis.Redis(port=cluster.replicas[victim].port)
+            try:
+
+                async def promoted() -> bool:
+                    info = await anyio.to_thread.run_sync(lambda: replica.info("replication"))
+                    return bool(info["role"] == "master")
+
+                await wait_until(promoted, timeout_s=20, what="replica promoted")
+            finally:
+                replica.close()
+
+            async def answered(n: str) -> Any:
+                try:
+                    return await c.request("hard.echo", f"after-{n}", target=n, timeout_s=3)
+                except reach.ReachError:
+                    c.invalidate()
+                    return None
+
+            for n in ("h1", "h3"):
+                out = await wait_until(
+                    lambda n=n: answered(n), timeout_s=30, what=f"{n} answers after failover"
+                )
+                assert out["agent"] == n
+        for n in ("h1", "h3"):
+            assert workers.procs[n].poll() is None, f"worker {n} died in the failover"
+    finally:
+        workers.stop_all()
