@@ -44,6 +44,7 @@ def test_every_script_has_a_typed_call() -> None:
         R.mark_ready("a", instance_id="i", ready=True).script,
         R.drain("a").script,
         R.sweep(owner="o", lock_ms=0, shadow_ttl_ms=1, batch=1).script,
+        R.count_agents(sample=1).script,
         delivery.fetch(K, agent_id="a", n=1, keep_normal=0, keep_low=0).script,
         delivery.claim_call([], owner="o", ttl_ms=1, agent_id="a").script,
         delivery.complete_call([], ttl_ms=1).script,
