@@ -66,14 +66,14 @@ from .envelope import Envelope, now_ms
 from .hooks import Hooks, Outcome, WorkerInfo
 from .keys import PRIORITIES
 from .outcomes import DEAD_LETTERED, DeadReason, HandlerResult, RequestOutcome, Settled, Status
-from .registry import decode_id
+from .scripts.agents import RegistryScripts
 from .tasks import MALFORMED_CAP
-from .untrusted import safe_text
 
 if TYPE_CHECKING:
     from .context import Context
 
 __all__ = [
+    "COUNT_SAMPLE",
     "MAX_CAPABILITIES",
     "MetricsHooks",
     "breaker_transition",
@@ -281,8 +281,9 @@ class _RegistryGauges:
     of the namespace's registry, as the runtime of this process that holds the sweeper
     lock last counted them (every few seconds, :func:`count_agents`).
 
-    Counting the registry costs a read per agent, so one runtime of the fleet does it:
-    the sweeper lock holder. Every other process exports the two series without samples
+    One runtime of the fleet counts the registry: the sweeper lock holder, with one
+    ``count_agents.lua`` call per count (at most :data:`COUNT_SAMPLE` records read: exact
+    up to that many agents, a scaled uniform sample above). Every other process exports the two series without samples
     (absent, never a 0 that reads as "nothing routable"): across a fleet, query
     ``max(reach_registry_agents_routable)``. Runtimes of one process keep their counts
     apart (``source``), so a runtime that does not hold the lock no longer wipes the
@@ -500,26 +501,28 @@ def registry_counts(
     _REGISTRY_GAUGES.set(source, counts, routable)
 
 
-async def count_agents(redis: Any, keys: Any) -> tuple[dict[str, int], int]:
-    """Count the namespace's agents by state, and the routable ones (one pipeline)."""
-    ids = await redis.zrange(keys.agents, 0, -1)
-    counts = {s: 0 for s in REGISTRY_STATES}
-    routable = 0
-    if not ids:
-        return counts, 0
-    pipe = redis.pipeline(transaction=False)
-    for raw in ids:
-        agent_id = decode_id(raw, where="agents zset")
-        if agent_id is not None:  # an id that is not text: left out (and logged once)
-            pipe.hmget(keys.agent(agent_id), "state", "ready", "draining")
-    for state, ready, draining in await pipe.execute():
-        if state is None:
-            continue
-        s = safe_text(state)
-        counts[s] = counts.get(s, 0) + 1
-        if s == "active" and ready in (b"1", "1") and draining not in (b"1", "1"):
-            routable += 1
-    return counts, routable
+COUNT_SAMPLE = 1000
+"""Most agent records one count of the registry gauges reads (:func:`count_agents`): a
+namespace of up to this many agents is counted exactly; a bigger one from a uniform random
+sample of this many, scaled (see :func:`count_agents` for the error)."""
+
+
+async def count_agents(
+    redis: Any, keys: Any, *, sample: int = COUNT_SAMPLE
+) -> tuple[dict[str, int], int]:
+    """Count the namespace's agents by state, and the routable ones: one
+    ``count_agents.lua`` call, reading at most ``sample`` records whatever the fleet size.
+
+    Up to ``sample`` registered agents the counts are exact. Above, they are estimated from
+    a uniform random sample of ``sample`` distinct agents, scaled by ``total / sample``:
+    a state held by a share ``p`` of ``N`` agents is off by
+    ``N * sqrt(p * (1 - p) / sample * (N - sample) / (N - 1))`` agents (one standard
+    deviation; at most 1.6 % of N with the default 1,000, e.g. ±30 routable agents of
+    10,000 when all but 1 % are routable, ±313 of 100,000). The sum of the states is the
+    agents zset's size up to rounding (and ids without a record, which are not counted).
+    """
+    counted = await RegistryScripts(keys, events_maxlen=1).count_agents(sample=sample).run(redis)
+    return counted.scaled()
 
 
 # -- the agent's hook -----------------------------------------------------------------

@@ -696,6 +696,14 @@ class Registry:
                 return total
 
     # -- reads ------------------------------------------------------------------------
+    async def count_agents(self, *, sample: int = 1000) -> agents.AgentCounts:
+        """The agents by lease state and the routable ones, from at most ``sample``
+        records (1..100,000): exact up to ``sample`` agents, else a uniform random sample
+        (``AgentCounts.scaled()`` estimates the namespace's counts). One script call."""
+        return await self._run(
+            self.scripts.count_agents(sample=_int_arg("sample", sample, 1, 100_000))
+        )
+
     async def get(self, agent_id: str) -> AgentInfo | None:
         """The agent's record (live or shadow); None when there is none, or when it cannot
         be read (logged once, see :func:`parse_agent`)."""

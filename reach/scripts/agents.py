@@ -1,5 +1,5 @@
 """Typed calls of the registry scripts: register, heartbeat, heartbeat_many, mark_ready,
-drain, deregister, sweep (``lua/<name>.lua``; each header is the contract).
+drain, deregister, sweep, count_agents (``lua/<name>.lua``; each header is the contract).
 
 Each method of :class:`RegistryScripts` encodes its arguments into KEYS and ARGV and
 returns a :class:`~reach.scripts.Call` whose reply decodes into the script's code (an
@@ -78,6 +78,42 @@ class Beat:
     version: int
     queue_depth: int = 0
     inflight: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AgentCounts:
+    """``count_agents.lua``'s answer: ``total`` agents in the agents zset, of which
+    ``looked`` records were read (all of them, or a uniform random sample), and what those
+    records hold: per lease state, routable (active, ready, not draining), ``other`` (no
+    readable record or state). :meth:`scaled` estimates the whole namespace's counts."""
+
+    total: int
+    looked: int
+    active: int
+    probation: int
+    evicted: int
+    routable: int
+    other: int
+
+    @property
+    def exact(self) -> bool:
+        """Every record was read: the counts are the namespace's, not an estimate."""
+        return self.looked >= self.total
+
+    def scaled(self) -> tuple[dict[str, int], int]:
+        """``({state: agents}, routable)`` for the whole namespace: the counts as read when
+        :attr:`exact`, else each scaled by ``total / looked`` (rounded)."""
+        f = 1.0 if self.exact or not self.looked else self.total / self.looked
+        counts = {
+            "active": round(self.active * f),
+            "probation": round(self.probation * f),
+            "evicted": round(self.evicted * f),
+        }
+        return counts, round(self.routable * f)
+
+
+def _counts(reply: Any) -> AgentCounts:
+    return AgentCounts(*(as_int(x) for x in reply[:7]))
 
 
 MAX_BEATS = 1000
@@ -193,3 +229,8 @@ class RegistryScripts:
         keys = (k.agents, k.caps, k.events, k.sweeper_lock, k.cap_prefix, k.agent_prefix)
         args = (owner, lock_ms, shadow_ttl_ms, batch, self.events_maxlen)
         return Call("sweep", (*keys, k.reroute), args, _swept)
+
+    def count_agents(self, *, sample: int) -> Call[AgentCounts]:
+        """Count the namespace's agents by state, reading at most ``sample`` records (all
+        of them when there are no more; else a uniform random sample of ``sample``)."""
+        return Call("count_agents", (self.keys.agents, self.keys.agent_prefix), (sample,), _counts)
