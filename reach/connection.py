@@ -57,6 +57,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 import redis
 import redis.asyncio as aredis
 from redis import exceptions as rexc
+from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 from redis.asyncio.cluster import ClusterPipeline as AsyncClusterPipeline
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.retry import Retry as AsyncRetry
@@ -64,6 +65,7 @@ from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
 from redis.asyncio.sentinel import SentinelManagedConnection as AsyncSentinelConnection
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
+from redis.cluster import ClusterNode as SyncClusterNode
 from redis.cluster import RedisCluster
 from redis.connection import HiredisRespSerializer
 from redis.retry import Retry
@@ -692,7 +694,9 @@ async def connect(
         info = await client.info("cluster")
     except (rexc.RedisError, OSError) as e:
         await client.aclose()
-        raise probe_failed(url, e) from e
+        if not (_is_down(e) and _other_nodes(url)):
+            raise probe_failed(url, e) from e
+        info = {"cluster_enabled": 1}  # a cluster whose node of the URL is down
     if info.get("cluster_enabled") in (1, "1"):
         await client.aclose()
         # redis.asyncio.RedisCluster takes no retry_on_timeout (it retries by its own policy)
@@ -700,14 +704,50 @@ async def connect(
         if client_name:
             ckw["client_name"] = client_name
         client = _GatedCluster.from_url(
-            url, decode_responses=decode_responses, max_connections=max_connections, **ckw
+            url,
+            decode_responses=decode_responses,
+            max_connections=max_connections,
+            startup_nodes=[AsyncClusterNode(h, p) for h, p in _other_nodes(url)],
+            **ckw,
         )
         try:
             await client.initialize()
         except (rexc.RedisError, OSError) as e:
             await client.aclose()
             raise unreachable(url, e) from e
+        _remember_nodes(url, client)
     return client
+
+
+# -- a Cluster whose node of the URL is down ---------------------------------------------------
+# A cluster URL names one node. Once that node is gone for good (a failover promoted its
+# replica), a client made from the URL again (a worker's heartbeat thread or wake-up read
+# reconnecting after an error) must still find the cluster: each process remembers the
+# nodes its cluster clients saw, per URL, and starts from them when the URL's node does
+# not answer. A process started while the URL's node is down cannot know the others: give
+# it the URL of a live node.
+_KNOWN_NODES: dict[str, tuple[tuple[str, int], ...]] = {}
+
+
+def _remember_nodes(url: str, client: Any) -> None:
+    """Remember the nodes (masters and replicas) ``client`` knows, as seen from ``url``."""
+    nodes = tuple((str(n.host), int(n.port)) for n in client.get_nodes())
+    if nodes:
+        _KNOWN_NODES[url] = nodes
+
+
+def _other_nodes(url: str) -> list[tuple[str, int]]:
+    """The remembered nodes of the cluster of ``url``, the URL's own node left out."""
+    parts = urlsplit(url)
+    own = (parts.hostname, parts.port or 6379)
+    return [n for n in _KNOWN_NODES.get(url, ()) if n != own]
+
+
+def _is_down(exc: BaseException) -> bool:
+    """True when ``exc`` says the server did not answer (not a refusal or a bad reply)."""
+    if isinstance(exc, (rexc.AuthenticationError, rexc.AuthorizationError)):
+        return False
+    return isinstance(exc, (rexc.ConnectionError, rexc.TimeoutError, OSError))
 
 
 def _safe_name(name: str) -> str:
@@ -734,13 +774,24 @@ def connect_sync(url: str, *, decode_responses: bool = False) -> Any:
         info = client.info("cluster")
     except (rexc.RedisError, OSError) as e:
         client.close()
-        raise probe_failed(url, e) from e
+        if not (_is_down(e) and _other_nodes(url)):
+            raise probe_failed(url, e) from e
+        info = {"cluster_enabled": 1}  # a cluster whose node of the URL is down
     if info.get("cluster_enabled") in (1, "1"):
         client.close()
         try:
-            client = RedisCluster.from_url(url, decode_responses=decode_responses, **_KW)
+            client = RedisCluster.from_url(
+                url,
+                decode_responses=decode_responses,
+                startup_nodes=[
+                    SyncClusterNode(h, p)  # type: ignore[no-untyped-call]
+                    for h, p in _other_nodes(url)
+                ],
+                **_KW,
+            )
         except (rexc.RedisError, OSError) as e:
             raise unreachable(url, e) from e
+        _remember_nodes(url, client)
     return client
 
 

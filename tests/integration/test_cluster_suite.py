@@ -20,6 +20,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -274,40 +275,83 @@ async def test_retries_dead_letters_and_the_cli_on_a_cluster(
 
 
 # -- a master failover -------------------------------------------------------------------
+def logs(where: Path) -> str:
+    return "\n".join(
+        f"--- {p.name} ---\n{p.read_text(errors='replace')}" for p in where.glob("*.log")
+    )
+
+
+def replicated(port: int, master: int) -> None:
+    """Wait until the replica of master ``master`` (on ``port``) has all it was sent: one
+    write of this connection, then ``WAIT 1`` (the replication stream is ordered)."""
+    key = next(
+        k
+        for i in range(100_000)
+        if master_of_slot(key_slot((k := f"cs-fence-{i}").encode()), MASTERS) == master
+    )
+    node = redis.Redis(port=port)
+    try:
+        node.set(key, 1)
+        assert node.execute_command("WAIT", 1, 5000) == 1, "the replica did not acknowledge"
+    finally:
+        node.close()
+
+
 @pytest.fixture
 def cluster_with_replicas(server_binary: Any) -> Iterator[RedisTestClusterWithReplicas]:
     with RedisTestClusterWithReplicas(binary=server_binary, masters=MASTERS) as cluster:
         yield cluster
 
 
+@pytest.mark.parametrize("hit", ["h3", "h1"], ids=["another-master", "the-url-master"])
 async def test_a_master_failover_keeps_workers_and_client_serving(
-    cluster_with_replicas: RedisTestClusterWithReplicas,
+    cluster_with_replicas: RedisTestClusterWithReplicas, hit: str, tmp_path: Path
 ) -> None:
     cluster = cluster_with_replicas
-    url = cluster.url  # master 0: the one that stays up
-    victim = inbox_master("h3")  # master 1: h3's inbox, and the namespace's registry
-    assert victim != 0
-    ns = namespace_on(victim)
+    url = cluster.url  # master 0
+    victim = inbox_master(hit)  # h3: master 1; h1: master 0, the URL's node
+    ns = namespace_on(victim)  # the registry dies with the inbox
     workers = Workers(url, ns, "tests.support.agents_hardening")
     try:
         for n in ("h1", "h3"):
-            workers.start(n)
+            workers.start(n, log=tmp_path / f"{n}.log")
         async with Client(redis_url=url, namespace=ns, slow_start_s=0) as c:
             await wait_eligible(c, "hard.echo", ["h1", "h3"], timeout=30)
             for n in ("h1", "h3"):
                 assert (await c.request("hard.echo", n, target=n, timeout_s=10))["agent"] == n
 
-            await anyio.to_thread.run_sync(cluster.masters[victim].kill)  # SIGKILL
-            replica = redis.Redis(port=cluster.replicas[victim].port)
-            try:
+            # Three requests in flight on h3 (handlers sleeping) when its master dies: a
+            # write made after theirs, acknowledged by the replica (WAIT), says the replica
+            # has what the master had (replication is asynchronous: without it the test
+            # would be about luck).
+            slow = [
+                c.build("hard.slow", {"sleep_s": 1.5}, target=hit, timeout_s=40) for _ in range(3)
+            ]
+            answers: dict[str, Any] = {}
 
-                async def promoted() -> bool:
-                    info = await anyio.to_thread.run_sync(lambda: replica.info("replication"))
-                    return bool(info["role"] == "master")
+            async def call(env: Any) -> None:
+                answers[env.msg_id] = await c.call(env)
 
-                await wait_until(promoted, timeout_s=20, what="replica promoted")
-            finally:
-                replica.close()
+            async with anyio.create_task_group() as tg:
+                for env in slow:
+                    tg.start_soon(call, env)
+                for env in slow:
+                    await wait_status(c, env.msg_id, "running", timeout=20)
+                await anyio.to_thread.run_sync(replicated, cluster.masters[victim].port, victim)
+                await anyio.to_thread.run_sync(cluster.masters[victim].kill)  # SIGKILL
+                replica = redis.Redis(port=cluster.replicas[victim].port)
+                try:
+
+                    async def promoted() -> bool:
+                        info = await anyio.to_thread.run_sync(lambda: replica.info("replication"))
+                        return bool(info["role"] == "master")
+
+                    await wait_until(promoted, timeout_s=20, what="replica promoted")
+                finally:
+                    replica.close()
+            assert sorted(answers) == sorted(env.msg_id for env in slow)
+            for env in slow:
+                assert (await c.task(env.msg_id)).status == "succeeded"
 
             async def answered(n: str) -> Any:
                 try:
@@ -325,3 +369,4 @@ async def test_a_master_failover_keeps_workers_and_client_serving(
             assert workers.procs[n].poll() is None, f"worker {n} died in the failover"
     finally:
         workers.stop_all()
+        print(logs(tmp_path))  # shown when the test fails
