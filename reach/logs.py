@@ -226,6 +226,23 @@ class TextFormatter(logging.Formatter):
         return f"{head} [{' '.join(parts)}]{nl}{tail}"
 
 
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A handler writing to whatever ``sys.stderr`` is when a record is emitted, not the
+    stream it was when the handler was made (a test runner or an embedding application may
+    swap it, and a closed old one would turn every later record into a logging error)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass  # always sys.stderr
+
+
 def setup_logging(
     level: str | int = "info", fmt: str = "text", stream: IO[str] | None = None
 ) -> logging.Handler:
@@ -235,7 +252,9 @@ def setup_logging(
         raise ConfigError(f"Unknown log format {fmt!r}: use text or json.")
     if isinstance(level, str):
         level = getattr(logging, level.upper(), logging.INFO)
-    handler = logging.StreamHandler(stream or sys.stderr)
+    handler: logging.StreamHandler[Any] = (
+        logging.StreamHandler(stream) if stream is not None else _StderrHandler()
+    )
     handler.addFilter(ContextFilter())
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     logging.basicConfig(level=level, handlers=[handler], force=True)

@@ -131,6 +131,25 @@ def test_text_format_appends_the_ids() -> None:
     assert second.endswith("x: plain")
 
 
+def test_the_default_handler_follows_sys_stderr(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A runner (click's CliRunner, pytest) swaps sys.stderr per invocation and closes the
+    # old one: records logged later must reach the stderr of their time, not fail on it.
+    first = io.StringIO()
+    monkeypatch.setattr("sys.stderr", first)
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        logs.setup_logging("info")
+        first.close()
+        second = io.StringIO()
+        monkeypatch.setattr("sys.stderr", second)
+        logging.getLogger("reach.test").warning("after the swap")
+        assert "after the swap" in second.getvalue()
+        assert "Logging error" not in second.getvalue()
+    finally:
+        root.handlers[:], root.level = saved[0], saved[1]
+
+
 def test_setup_logging_rejects_unknown_formats() -> None:
     with pytest.raises(ValueError, match="text or json"):
         logs.setup_logging("info", "xml")
