@@ -4,6 +4,11 @@
 ``cluster_enabled:1`` gets a :class:`redis.asyncio.RedisCluster` client instead.
 Connection failures become :class:`~reach.errors.RedisUnavailable` with a hint.
 
+A cluster URL names one node. A process remembers, per URL, the nodes (masters and
+replicas) its cluster clients saw, and a client made from that URL while its node does not
+answer (after a failover, say) starts from those instead. A process started while the
+URL's node is down knows no others: give it the URL of a live node.
+
 Redis Sentinel
 --------------
 ::

@@ -247,7 +247,8 @@ async def test_retries_dead_letters_and_the_cli_on_a_cluster(
     agents = [retrying_agent("cs-a"), retrying_agent("cs-b")]
     async with serving(url, ns, *agents) as c:
         # a failure retried twice through the delayed set, then a success
-        assert await c.request("cs.flaky", None, timeout_s=20) == 3
+        flaky = c.build("cs.flaky", None, timeout_s=20)
+        assert await c.call(flaky) == 3
         # a rejection: dead at once; a Retry every time: dead after max_attempts
         with pytest.raises(reach.Rejected, match="refused x"):
             await c.request("cs.refuse", "x", timeout_s=20)
@@ -260,18 +261,25 @@ async def test_retries_dead_letters_and_the_cli_on_a_cluster(
         [dl] = [parse_dead_letter(i, f) for i, f in await rc.xrange(Keys(ns).dlq("cs.busy"))]
         assert (dl.reason, dl.attempts, dl.msg_id) == ("max_attempts", 3, busy.msg_id)
 
-        listed = await cli(url, ns, "agents")
+        out: dict[str, Any] = {}
+
+        async def run(name: str, *args: str) -> None:
+            out[name] = await cli(url, ns, *args)
+
+        async with anyio.create_task_group() as tg:  # three processes at once
+            tg.start_soon(run, "agents", "agents")
+            tg.start_soon(run, "queues", "queues")
+            tg.start_soon(run, "dlq", "dlq", "list")
+        listed, queues, letters = out["agents"], out["queues"], out["dlq"]
         assert sorted(a["agent_id"] for a in listed) == ["cs-a", "cs-b"]
         assert all(a["state"] == "active" and a["ready"] for a in listed)
-        queues = await cli(url, ns, "queues")
         assert sorted(q["agent_id"] for q in queues) == ["cs-a", "cs-b"]  # inboxes on 2 masters
         assert all(q["pending"] == 0 for q in queues)
-        letters = await cli(url, ns, "dlq", "list")
         assert sorted((d["capability"], d["reason"]) for d in letters) == [
             ("cs.busy", "max_attempts"),
             ("cs.refuse", "rejected"),
         ]
-    assert await effects(rc, ns, "flaky") != {}
+    assert await effects(rc, ns, "flaky") == {flaky.msg_id: 3}  # three runs, one message
 
 
 # -- a master failover -------------------------------------------------------------------
