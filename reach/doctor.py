@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 import time
 from collections.abc import Sequence
@@ -24,6 +25,7 @@ import anyio
 from redis import exceptions as rexc
 
 from .connection import AnyRedis, connect, is_cluster, is_sentinel_url, redact
+from .embedded import THROWAWAY_PREFIX
 from .keys import GROUP, PRIORITIES, Keys
 from .scripts import all_scripts
 
@@ -585,12 +587,27 @@ async def diagnose(
 
 # -- the warnings a process logs when it starts --------------------------------------------
 async def risks(r: AnyRedis) -> list[Finding]:
-    """The findings a process warns about at start: eviction and persistence."""
-    return [
-        f
-        for f in [*await check_eviction(r), *await check_persistence(r)]
-        if f.level in ("warning", "error")
-    ]
+    """The findings a process warns about at start: eviction, and persistence unless the
+    server is a throwaway embedded one (`reach demo`'s: without persistence by design)."""
+    found = [*await check_eviction(r)]
+    if not await _throwaway(r):
+        found += await check_persistence(r)
+    return [f for f in found if f.level in ("warning", "error")]
+
+
+async def _throwaway(r: AnyRedis) -> bool:
+    """True when the server runs in a throwaway embedded data directory."""
+    try:
+        replies = await _each(r, "CONFIG", "GET", "dir")
+    except Exception:  # noqa: BLE001 - CONFIG refused (ACL, a managed Redis): not known
+        return False
+    for _, reply in replies:
+        pairs = reply.items() if isinstance(reply, dict) else zip(reply[::2], reply[1::2])
+        for _key, value in pairs:
+            name = os.path.basename(_text(value).rstrip("/"))
+            if not name.startswith(THROWAWAY_PREFIX):
+                return False
+    return bool(replies)
 
 
 _warned: set[str] = set()

@@ -50,6 +50,10 @@ INSTALL_HINT = (
     "server with REACH_REDIS_URL=redis://host:port/0"
 )
 
+THROWAWAY_PREFIX = "reach-redis-"
+"""The data directory of a throwaway server (no ``data_dir`` given: a temporary directory,
+no persistence, deleted when it stops) starts with this: `reach demo`'s, the tests'."""
+
 
 @dataclass(frozen=True, slots=True)
 class ServerBinary:
@@ -313,7 +317,7 @@ class RedisServer:
     ) -> None:
         self.binary = binary or find_server_binary()
         self.port = port or free_port(also_free=(10000,) if cluster else ())
-        self._tmp = None if data_dir else tempfile.mkdtemp(prefix="reach-redis-")
+        self._tmp = None if data_dir else tempfile.mkdtemp(prefix=THROWAWAY_PREFIX)
         self.data_dir = Path(data_dir) if data_dir else Path(self._tmp or "")
         self.persistent = persistent
         self.cluster = cluster

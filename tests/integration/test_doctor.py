@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 import reach
 from reach import doctor
-from reach.embedded import RedisServer
+from reach.embedded import RedisServer, ServerBinary
 
 runner = CliRunner()
 
@@ -206,3 +206,19 @@ async def test_agent_warns_once_at_start(
             app.stop()
     msgs = [r.getMessage() for r in caplog.records if r.name == "reach.doctor"]
     assert len(msgs) == 1 and "volatile-lru" in msgs[0], msgs  # AOF is on: eviction only
+
+
+@pytest.mark.anyio
+async def test_a_throwaway_embedded_server_gets_no_persistence_warning(
+    server_binary: ServerBinary, caplog: pytest.LogCaptureFixture
+) -> None:
+    # `reach demo`'s server (a temporary directory, deleted when it stops) is without
+    # persistence by design: warning about it on every start is noise; eviction still warns.
+    with RedisServer(binary=server_binary) as srv:
+        redis.Redis.from_url(srv.url).config_set("maxmemory-policy", "allkeys-lru")
+        doctor._warned.discard(srv.url)
+        with caplog.at_level(logging.WARNING, logger="reach.doctor"):
+            async with reach.Client(redis_url=srv.url):
+                pass
+    msgs = [r.getMessage() for r in caplog.records if r.name == "reach.doctor"]
+    assert len(msgs) == 1 and "allkeys-lru" in msgs[0], msgs
