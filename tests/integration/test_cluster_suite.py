@@ -31,7 +31,7 @@ from redis.crc import key_slot
 import reach
 from reach import Agent, Context
 from reach.client import Client
-from reach.connection import AnyRedis, connect, is_cluster
+from reach.connection import AnyRedis, connect, connect_sync, is_cluster
 from reach.keys import GROUP, Keys
 from reach.tasks import parse_dead_letter
 from tests.support.agents_messaging import (
@@ -373,6 +373,18 @@ async def test_a_master_failover_keeps_workers_and_client_serving(
                     lambda n=n: answered(n), timeout_s=30, what=f"{n} answers after failover"
                 )
                 assert out["agent"] == n
+        # New clients made from the URL find the cluster, its node dead or not (this
+        # process made cluster clients from the URL before: it remembers the nodes).
+        fresh = await connect(url)
+        try:
+            assert is_cluster(fresh) and int(await fresh.xlen(Keys(ns).inbox(hit, "normal"))) >= 0
+        finally:
+            await fresh.aclose()
+        fresh_sync = connect_sync(url)
+        try:
+            assert is_cluster(fresh_sync) and fresh_sync.ping()
+        finally:
+            fresh_sync.close()
         for n in ("h1", "h3"):
             assert workers.procs[n].poll() is None, f"worker {n} died in the failover"
     finally:
