@@ -19,19 +19,37 @@ Afterwards, in separate namespaces of the same size: one sweep over ``--agents``
 Targets: register-to-visible p95 < 50 ms; one sweep over 5,000 agents < 50 ms; 0 false
 evictions (no agent that kept heartbeating ever leaves 'active').
 
+**Scale mode** (``--scale``, issue 12 item 6): ``--agents`` agents heartbeating at the
+runtime's defaults (3 s / 9 s / 18 s) as processes hosting ``--per-call`` agents each renew
+them, one ``heartbeat_many.lua`` call per simulated process and period, phases spread over
+the period, from ``--procs`` load-generator processes (``--conns`` tasks each), on the
+3-master test cluster (``tests/support/cluster.py``; ``--masters 1``: one standalone
+server). The sweeper (lock, every ``--sweep-interval-s``) and the register-to-visible
+prober run in the main process once every agent had its first heartbeat. Reported: Redis
+CPU per node over the steady window (the registry's node marked: a namespace's registry is
+one slot today), heartbeat call round trip p50/p99/max and the generators' schedule lag,
+register-to-visible p50/p95, sweep time with nothing due (client, and in Redis from INFO commandstats), the
+``count_agents.lua`` time of the registry gauges, false probations/evictions (sweep
+results and events) and the states after the run.
+
     python bench/registry_bench.py                    # 5,000 agents, 3 s period, 30 s
     python bench/registry_bench.py --duration-s 60 --aof --json
+    python bench/registry_bench.py --scale --agents 10000 --duration-s 60
+    python bench/registry_bench.py --scale --agents 100000 --procs 2 --duration-s 300
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import os
 import random
 import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +57,15 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import redis.asyncio as aredis
+from redis.crc import key_slot
+
 from reach import scripts
 from reach.connection import AnyRedis, connect
-from reach.embedded import RedisServer
+from reach.embedded import RedisServer, find_server_binary
+from reach.keys import Keys
 from reach.registry import Registry
+from reach.scripts.agents import Beat
 
 TARGETS = {"register_to_visible_p95_ms": 50.0, "sweep_ms": 50.0, "false_evictions": 0}
 
@@ -350,6 +373,353 @@ class Bench:
         }
 
 
+# -- scale mode: many simulated processes on a cluster ------------------------------------
+Host = tuple[float, list[tuple[str, str, int]]]  # (phase in the period, its agents)
+
+
+def _generator(
+    url: str,
+    ns: str,
+    hosts: list[Host],
+    period_s: float,
+    t0_wall: float,
+    duration_s: float,
+    conns: int,
+    out: Any,
+) -> None:
+    """A load-generator process (spawned): renews ``hosts`` until ``t0_wall + duration_s``
+    and puts its figures on the queue ``out``."""
+    out.put(anyio.run(_generate, url, ns, hosts, period_s, t0_wall, duration_s, conns))
+
+
+async def _generate(
+    url: str,
+    ns: str,
+    hosts: list[Host],
+    period_s: float,
+    t0_wall: float,
+    duration_s: float,
+    conns: int,
+) -> dict[str, Any]:
+    # One plain connection pool to the registry's node (on a cluster: its master, which
+    # runs every call of the namespace's one slot): the Redis side sees exactly what the
+    # runtimes' heartbeat_many calls send, without the cluster client's per-call slot
+    # computation over 100+ keys, which would make the generator, not Redis, the limit.
+    r: Any = aredis.Redis.from_url(url, max_connections=conns + 2)
+    reg = Registry(r, ns)
+    rtt: list[float] = []
+    lag: list[float] = []
+    codes: Counter[int] = Counter()
+    end = t0_wall + duration_s
+    ordered = sorted(hosts, key=lambda h: h[0])
+
+    async def renew(mine: list[Host]) -> None:
+        # each simulated process's call is built once (its agents report no load, so the
+        # call does not change): the generator's own CPU goes to the round trips
+        calls = [reg.heartbeat_many_call(Beat(a, i, v) for a, i, v in agents) for _, agents in mine]
+        cycle = 0
+        while True:
+            for (phase, _), call in zip(mine, calls, strict=True):
+                due = t0_wall + cycle * period_s + phase
+                if due >= end:
+                    return
+                delay = due - time.time()
+                if delay > 0:
+                    await anyio.sleep(delay)
+                lag.append(max(0.0, time.time() - due) * 1000)
+                t = time.perf_counter()
+                answers = await call.run(r)
+                rtt.append((time.perf_counter() - t) * 1000)
+                for h in answers:
+                    codes[int(h.code)] += 1
+            cycle += 1
+
+    try:
+        async with anyio.create_task_group() as tg:
+            for k in range(conns):
+                if ordered[k::conns]:
+                    tg.start_soon(renew, ordered[k::conns])
+    finally:
+        await r.aclose()
+    return {"rtt": rtt, "lag": lag, "codes": dict(codes)}
+
+
+async def _cpu_s(nodes: Sequence[Any]) -> list[float]:
+    out = []
+    for n in nodes:
+        info = await n.info("cpu")
+        out.append(float(info["used_cpu_sys"]) + float(info["used_cpu_user"]))
+    return out
+
+
+async def _script_ms(node: Any, run: Any, rounds: int) -> float:
+    """Mean time inside Redis of the script calls of ``rounds`` calls ``run()`` (``INFO
+    commandstats``: EVALSHA's usec / calls on ``node``, nothing else running; the SLOWLOG
+    would also log, and slow down, every command a script runs)."""
+
+    async def evalsha() -> tuple[int, int]:
+        st = (await node.info("commandstats")).get("cmdstat_evalsha", {})
+        return int(st.get("calls", 0)), int(st.get("usec", 0))
+
+    calls0, usec0 = await evalsha()
+    for _ in range(rounds):
+        await run()
+    calls1, usec1 = await evalsha()
+    return (usec1 - usec0) / max(1, calls1 - calls0) / 1000
+
+
+async def run_scale(a: argparse.Namespace) -> dict[str, Any]:
+    binary = find_server_binary()
+    group: Any
+    if a.masters > 1:
+        from tests.support.cluster import RedisTestCluster
+
+        group = RedisTestCluster(binary=binary, masters=a.masters)
+        servers = group.nodes
+    else:
+        group = RedisServer(binary=binary)
+        servers = [group]
+    with group:
+        nodes = [aredis.Redis(host="127.0.0.1", port=n.port) for n in servers]
+        admin, probe_r = await connect(group.url), await connect(group.url)
+        try:
+            ports = [n.port for n in servers]
+            return await _scale(a, ports, admin, probe_r, nodes, binary)
+        finally:
+            for c in [admin, probe_r, *nodes]:
+                await c.aclose()
+
+
+async def _scale(
+    a: argparse.Namespace,
+    ports: list[int],
+    admin: AnyRedis,
+    probe_r: AnyRedis,
+    nodes: list[Any],
+    binary: Any,
+) -> dict[str, Any]:
+    b = Bench(a)
+    reg = Registry(admin, b.ns)
+    if len(nodes) > 1:
+        from tests.support.cluster import master_of_slot
+
+        reg_node = master_of_slot(key_slot(Keys(b.ns).agents.encode()), len(nodes))
+    else:
+        reg_node = 0
+    await scripts.load_all(admin)
+    t = time.perf_counter()
+    agents = await b.register_many(
+        admin,
+        reg,
+        a.agents,
+        prefix="agent",
+        lease_ms=int(a.lease_s * 1000),
+        evict_after_ms=int(a.evict_after_s * 1000),
+    )
+    register_all_s = time.perf_counter() - t
+
+    # simulated processes of --per-call agents each, phases spread over the period
+    hosts: list[Host] = []
+    for j, start in enumerate(range(0, len(agents), a.per_call)):
+        hosts.append((0.0, agents[start : start + a.per_call]))
+    hosts = [(j * a.period_s / len(hosts), h) for j, (_, h) in enumerate(hosts)]
+    ctx = multiprocessing.get_context("spawn")
+    q = ctx.Queue()
+    t0_wall = time.time() + a.spawn_s
+    procs = [
+        ctx.Process(
+            target=_generator,
+            args=(
+                f"redis://127.0.0.1:{ports[reg_node]}/0",
+                b.ns,
+                hosts[p :: a.procs],
+                a.period_s,
+                t0_wall,
+                a.duration_s,
+                a.conns,
+                q,
+            ),
+            daemon=True,
+        )
+        for p in range(a.procs)
+    ]
+    for pr in procs:
+        pr.start()
+    try:
+        # steady window: from the end of the first round (every agent renewed once)
+        await anyio.sleep(max(0.0, t0_wall + a.period_s + 0.5 - time.time()))
+        cpu0, w0 = await _cpu_s(nodes), time.monotonic()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(b.sweeper, admin)
+            tg.start_soon(b.prober, admin, probe_r)
+            await anyio.sleep(max(1.0, t0_wall + a.duration_s - time.time()))
+            cpu1, w1 = await _cpu_s(nodes), time.monotonic()
+            b.stop.set()
+        gens = [await anyio.to_thread.run_sync(q.get, True, 120.0) for _ in procs]
+    finally:
+        for pr in procs:
+            pr.join(timeout=10)
+            if pr.is_alive():
+                pr.kill()
+
+    rtt = [x for g in gens for x in g["rtt"]]
+    lag = [x for g in gens for x in g["lag"]]
+    codes: Counter[str] = Counter()
+    for g in gens:
+        codes.update({str(k): v for k, v in g["codes"].items()})
+    wall = w1 - w0
+    load = os.getloadavg()
+    counted = await reg.count_agents(sample=min(100_000, max(1, a.agents + 1000)))
+    events = Counter(e.type for e in await reg.events(count=100_000))
+    node = nodes[reg_node]
+    sweeps: list[float] = []
+
+    async def sweep() -> None:
+        t = time.perf_counter()
+        res = await reg.sweep(owner="bench", lock_ms=5000)
+        sweeps.append((time.perf_counter() - t) * 1000)
+        b.sweep_changes["probation"] += res.probation
+        b.sweep_changes["evicted"] += len(res.evicted)
+
+    async def count() -> None:
+        await reg.count_agents()
+
+    beat_call = reg.heartbeat_many_call(Beat(x, i, v) for x, i, v in hosts[0][1])
+
+    async def beat() -> None:
+        await beat_call.run(admin)
+
+    sweep_server = await _script_ms(node, sweep, 20)
+    count_server = await _script_ms(node, count, 10)
+    beat_server = await _script_ms(node, beat, 50)
+    all_idle = b.sweep_idle_ms + sweeps
+    return {
+        "config": {
+            "agents": a.agents,
+            "per_call": a.per_call,
+            "period_s": a.period_s,
+            "lease_s": a.lease_s,
+            "evict_after_s": a.evict_after_s,
+            "duration_s": a.duration_s,
+            "procs": a.procs,
+            "conns": a.conns,
+            "masters": len(nodes),
+            "server": f"{binary.path} {binary.version_str}",
+        },
+        "register_all_s": register_all_s,
+        "steady_window_s": wall,
+        "load_average_1_5_min": [round(x, 2) for x in load[:2]],
+        "registry_node": reg_node,
+        "redis_cpu_pct": [100 * (c1 - c0) / wall for c0, c1 in zip(cpu0, cpu1, strict=True)],
+        "heartbeat_calls": len(rtt),
+        "agents_renewed_per_s": sum(int(v) for v in codes.values()) / a.duration_s,
+        "heartbeat_rtt_p50_ms": pct(rtt, 50),
+        "heartbeat_rtt_p99_ms": pct(rtt, 99),
+        "heartbeat_rtt_max_ms": max(rtt, default=float("nan")),
+        "heartbeat_schedule_lag_p99_ms": pct(lag, 99),
+        "heartbeat_schedule_lag_max_ms": max(lag, default=float("nan")),
+        "heartbeat_codes": dict(sorted(codes.items())),
+        "probes": len(b.visible_ms),
+        "register_to_visible_p50_ms": pct(b.visible_ms, 50),
+        "register_to_visible_p95_ms": pct(b.visible_ms, 95),
+        "register_to_visible_set_p95_ms": pct(b.visible_set_ms, 95),
+        "sweep_idle_p50_ms": pct(all_idle, 50),
+        "sweep_idle_p99_ms": pct(all_idle, 99),
+        "sweep_idle_server_mean_ms": sweep_server,
+        "count_agents_server_mean_ms": count_server,
+        "heartbeat_many_server_mean_ms": beat_server,
+        "false_probations": b.sweep_changes["probation"] + events["unstable"],
+        "false_evictions": b.sweep_changes["evicted"] + events["evicted"],
+        "states_after": {
+            "active": counted.active,
+            "probation": counted.probation,
+            "evicted": counted.evicted,
+            "total": counted.total,
+        },
+    }
+
+
+def scale_table(res: dict[str, Any]) -> str:
+    c = res["config"]
+    cpu = ", ".join(
+        f"{'*' if i == res['registry_node'] else ''}{x:.1f} %"
+        for i, x in enumerate(res["redis_cpu_pct"])
+    )
+    rows = [
+        (
+            "agents / per call / period / lease / evict",
+            (
+                f"{c['agents']} / {c['per_call']} / {c['period_s']} s / {c['lease_s']} s / "
+                f"{c['evict_after_s']} s"
+            ),
+        ),
+        (
+            "run",
+            (
+                f"{c['duration_s']} s, {c['procs']} generator procs x {c['conns']} tasks, "
+                f"{c['masters']} master(s)"
+            ),
+        ),
+        ("server", c["server"]),
+        ("register all agents (pipelined)", f"{res['register_all_s']:.1f} s"),
+        ("machine load average 1 / 5 min", f"{res['load_average_1_5_min']}"),
+        (
+            "Redis CPU per node (* = registry)",
+            f"{cpu} (of one core, {res['steady_window_s']:.0f} s)",
+        ),
+        (
+            "heartbeat calls / agents renewed per s",
+            f"{res['heartbeat_calls']} / {res['agents_renewed_per_s']:.0f}",
+        ),
+        (
+            "heartbeat call p50 / p99 / max",
+            (
+                f"{res['heartbeat_rtt_p50_ms']:.2f} / {res['heartbeat_rtt_p99_ms']:.2f} / "
+                f"{res['heartbeat_rtt_max_ms']:.2f} ms"
+            ),
+        ),
+        (
+            "generator schedule lag p99 / max",
+            (
+                f"{res['heartbeat_schedule_lag_p99_ms']:.1f} / "
+                f"{res['heartbeat_schedule_lag_max_ms']:.1f} ms"
+            ),
+        ),
+        (
+            "register-to-visible p50 / p95",
+            (
+                f"{res['register_to_visible_p50_ms']:.2f} / {res['register_to_visible_p95_ms']:.2f}"
+                f" ms ({res['probes']} probes)"
+            ),
+        ),
+        ("  (capability set only) p95", f"{res['register_to_visible_set_p95_ms']:.2f} ms"),
+        (
+            "sweep, nothing due p50 / p99 (client)",
+            f"{res['sweep_idle_p50_ms']:.2f} / {res['sweep_idle_p99_ms']:.2f} ms",
+        ),
+        (
+            "  in Redis (commandstats), mean",
+            f"{res['sweep_idle_server_mean_ms']:.3f} ms",
+        ),
+        (
+            f"heartbeat_many.lua of {c['per_call']} agents in Redis, mean",
+            f"{res['heartbeat_many_server_mean_ms']:.3f} ms",
+        ),
+        (
+            "count_agents.lua in Redis, mean",
+            f"{res['count_agents_server_mean_ms']:.3f} ms",
+        ),
+        (
+            "false probations / false evictions",
+            f"{res['false_probations']} / {res['false_evictions']}",
+        ),
+        ("states after the run", json.dumps(res["states_after"])),
+        ("heartbeat replies (code: n)", json.dumps(res["heartbeat_codes"])),
+    ]
+    w0 = max(len(r[0]) for r in rows)
+    return "\n".join(f"{k.ljust(w0)}  {v}" for k, v in rows)
+
+
 def table(res: dict[str, Any]) -> str:
     c = res["config"]
     ok = {
@@ -447,7 +817,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-dir", default=None, help="server data dir (with --aof)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--scale", action="store_true", help="scale mode (see the module doc)")
+    p.add_argument("--masters", type=int, default=3, help="scale: cluster masters (1: standalone)")
+    p.add_argument("--procs", type=int, default=2, help="scale: load-generator processes")
+    p.add_argument("--per-call", type=int, default=100, help="scale: agents per simulated process")
+    p.add_argument("--spawn-s", type=float, default=4.0, help="scale: time to start generators")
     args = p.parse_args(argv)
+    if args.scale:
+        res = anyio.run(run_scale, args)
+        print(json.dumps(res, indent=2) if args.json else scale_table(res))
+        return 0 if res["false_evictions"] == 0 else 1
     res = anyio.run(Bench(args).run)
     print(json.dumps(res, indent=2) if args.json else table(res))
     ok = (
