@@ -115,8 +115,12 @@ class Coalescer:
             )
         except BaseException as e:  # send_many reports in place: only a bug or cancellation
             for _, fut in group:
-                if not fut.done():
-                    fut.set_exception(e if isinstance(e, Exception) else asyncio.CancelledError())
+                if fut.done():
+                    continue
+                if isinstance(e, Exception):
+                    fut.set_exception(e)
+                else:
+                    fut.cancel()
             raise
         for (_, fut), x in zip(group, sent, strict=True):
             if fut.done():

@@ -56,8 +56,10 @@ HOST_PIPELINES = 2
 """Auto-pipelined batches in flight at once for the agents of one process: the
 connections their (non-blocking) commands use. Two, not one: with one, a worker's fetch,
 claim and settle wait for each other's round trips, and its read-ahead (the next batch's
-fetch and claim while handlers run) cannot overlap anything (`bench/profile_worker.py`,
-backlog: 5,300-7,300 msgs/s with one, 8,100-14,400 with two, 6,400-11,800 with four)."""
+fetch and claim while handlers run) cannot overlap anything (`bench/profile_worker.py
+--profile none`, backlog: 5,300-7,300 msgs/s with one in 2 runs; 7,000-14,400 with two and
+6,400-11,800 with four in 5 runs each, two ahead of four in 4 of the 5 rounds run side by
+side; medians 8,138 and 9,605: the machine's noise is as large as the difference)."""
 
 
 RESYNC_S = 15.0
@@ -157,10 +159,15 @@ class _Wakeups:
                     res = await self._conn.xread(streams, count=1, block=self.block_ms)
                 finally:
                     self._blocked_with = None
-            except (rexc.RedisError, OSError) as e:
+            except Exception as e:  # the shared read must outlive any error
                 # Redis away or a refusal: the waiting agents read for themselves (and
-                # meet the error there, where the consumer handles it).
-                log.debug("wake-up read failed: %s", e)
+                # meet the error there, where the consumer handles it). Anything else is a
+                # bug: logged, and the read goes on (its agents would otherwise wait out
+                # every block).
+                if isinstance(e, (rexc.RedisError, OSError)):
+                    log.debug("wake-up read failed: %s", e)
+                else:
+                    log.exception("wake-up read failed unexpectedly; going on")
                 self._wake_all()
                 if self._conn is not None:
                     await self._conn.aclose()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +21,7 @@ from reach.client import Client
 from reach.connection import DEFAULT_MAX_CONNECTIONS, AnyRedis, pool_connections
 from tests.support.agents_messaging import (
     REPO,
+    echo_burst,
     effects,
     handled_by_agent,
     wait_eligible,
@@ -63,11 +63,10 @@ async def test_5000_requests_and_5000_sends_at_once_on_one_client(
     name = f"reach:{ns}:fan-out-1"
     seen_ids: set[int] = set()
     peak = 0
-    stop = anyio.Event()
 
     async def watch() -> None:
         nonlocal peak
-        while not stop.is_set():
+        while True:
             mine = [c for c in await r.client_list() if c.get("name") == name]
             seen_ids.update(int(c["id"]) for c in mine)
             peak = max(peak, len(mine))
@@ -75,33 +74,9 @@ async def test_5000_requests_and_5000_sends_at_once_on_one_client(
 
     async with Client(redis_url=redis_url, namespace=ns, client_id="fan-out-1") as client:
         await wait_eligible(client, "test.echo", AGENTS, timeout=30)
-        answers: dict[int, Any] = {}
-        sent: list[str] = []
-
-        async def ask(i: int) -> None:
-            answers[i] = await client.request("test.echo", i, timeout_s=120)
-
-        async def tell(i: int) -> None:
-            sent.append(await client.send("test.echo", -i))
-
-        t0 = time.perf_counter()
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(watch)
-            async with anyio.create_task_group() as calls:
-                for i in range(N):
-                    calls.start_soon(ask, i)
-                    calls.start_soon(tell, i)
-            t_calls = time.perf_counter() - t0
-
-            async def all_handled() -> bool:
-                return sum((await effects(r, ns, "echo")).values()) >= 2 * N
-
-            with anyio.fail_after(120):
-                while not await all_handled():
-                    await anyio.sleep(0.05)
-            stop.set()
-        t_all = time.perf_counter() - t0
+        burst = await echo_burst(client, r, ns, N, while_running=watch)
         pooled = pool_connections(client.redis)
+    answers, sent, t_calls, t_all = burst.answers, burst.sent, burst.t_calls, burst.t_all
 
     assert [answers[i]["echo"] for i in range(N)] == list(range(N))
     by_agent = {a: sum(1 for x in answers.values() if x["agent"] == a) for a in AGENTS}

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,6 +25,7 @@ from reach.connection import connect, pool_connections
 from reach.keys import Keys
 from tests.support.agents_messaging import (
     REPO,
+    echo_burst,
     effects,
     handled_by_agent,
     wait_eligible,
@@ -85,10 +85,9 @@ async def test_2000_requests_and_2000_sends_at_once_on_a_cluster_client(
     r = await connect(redis_cluster.url)
     peak = [0] * len(nodes)
     seen: list[set[int]] = [set() for _ in nodes]
-    stop = anyio.Event()
 
     async def watch() -> None:
-        while not stop.is_set():
+        while True:
             for i, node in enumerate(nodes):
                 listed = await node.execute_command("CLIENT LIST")
                 mine = [c for c in listed if c.get("name") == name]
@@ -101,33 +100,9 @@ async def test_2000_requests_and_2000_sends_at_once_on_a_cluster_client(
             redis_url=redis_cluster.url, namespace=ns, client_id="cluster-fan-out"
         ) as client:
             await wait_eligible(client, "test.echo", agents, timeout=40)
-            answers: dict[int, Any] = {}
-            sent: list[str] = []
-
-            async def ask(i: int) -> None:
-                answers[i] = await client.request("test.echo", i, timeout_s=120)
-
-            async def tell(i: int) -> None:
-                sent.append(await client.send("test.echo", -i))
-
-            t0 = time.perf_counter()
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(watch)
-                async with anyio.create_task_group() as calls:
-                    for i in range(N):
-                        calls.start_soon(ask, i)
-                        calls.start_soon(tell, i)
-                t_calls = time.perf_counter() - t0
-
-                async def all_handled() -> bool:
-                    return sum((await effects(r, ns, "echo")).values()) >= 2 * N
-
-                with anyio.fail_after(120):
-                    while not await all_handled():
-                        await anyio.sleep(0.05)
-                stop.set()
-            t_all = time.perf_counter() - t0
+            burst = await echo_burst(client, r, ns, N, while_running=watch)
             pooled = pool_connections(client.redis)
+        answers, sent, t_calls, t_all = burst.answers, burst.sent, burst.t_calls, burst.t_all
 
         assert [answers[i]["echo"] for i in range(N)] == list(range(N))
         assert len(sent) == N

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import AsyncIterator, Iterable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
@@ -81,6 +83,50 @@ async def effects(r: AnyRedis, ns: str, name: str) -> dict[str, int]:
     """All side effects of ``name``: idempotency key -> how many times it happened."""
     raw = await r.hgetall(Keys(ns).effects(name))
     return {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in raw.items()}
+
+
+@dataclass
+class Burst:
+    """What :func:`echo_burst` saw: each request's answer by index, the sends' msg_ids, and
+    the seconds until every call returned and until every message was handled."""
+
+    answers: dict[int, Any]
+    sent: list[str]
+    t_calls: float
+    t_all: float
+
+
+async def echo_burst(
+    client: Client, r: AnyRedis, ns: str, n: int, *, while_running: Callable[[], Awaitable[None]]
+) -> Burst:
+    """Start ``n`` requests and ``n`` sends of ``test.echo`` at once on ``client``
+    (alternating), run ``while_running`` beside them (it is cancelled once all is done) and
+    wait until the echo agents have handled all ``2 * n`` messages."""
+    answers: dict[int, Any] = {}
+    sent: list[str] = []
+
+    async def ask(i: int) -> None:
+        answers[i] = await client.request("test.echo", i, timeout_s=120)
+
+    async def tell(i: int) -> None:
+        sent.append(await client.send("test.echo", -i))
+
+    async def all_handled() -> bool:
+        return sum((await effects(r, ns, "echo")).values()) >= 2 * n
+
+    t0 = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(while_running)
+        async with anyio.create_task_group() as calls:
+            for i in range(n):
+                calls.start_soon(ask, i)
+                calls.start_soon(tell, i)
+        t_calls = time.perf_counter() - t0
+        with anyio.fail_after(120):
+            while not await all_handled():
+                await anyio.sleep(0.05)
+        tg.cancel_scope.cancel()
+    return Burst(answers, sent, t_calls, time.perf_counter() - t0)
 
 
 # -- waiting -------------------------------------------------------------------------------
