@@ -1,59 +1,104 @@
 """Auto-pipelining: the commands that concurrent tasks issue in one event-loop turn go to
-Redis as one pipeline, over a few connections whatever the concurrency.
+Redis in one write, over one connection (standalone, Sentinel) whatever the concurrency.
 
 Redis serves one connection's commands in order, so one connection carrying the commands
 of many coroutines, written at once and answered in order, is both faster than a
 connection per command and bounded. :class:`AutoPipeline` wraps an asyncio client
 (standalone, Sentinel or Cluster) and is itself one (:class:`~reach.connection.RedisLike`):
 
-* a command is queued, not sent; the first command queued in a loop turn schedules a
-  flush with ``loop.call_soon``, so it runs once the tasks that are ready now have run:
-  everything they issued meanwhile goes in the same batch. A lone command therefore waits
-  for nothing but the end of the current turn (no timer);
-* a batch goes out as one pipeline (``transaction=False``): one write, one connection, and
-  on a Cluster redis-py's ``ClusterPipeline`` splits it by node (one write per node, in
-  parallel) and follows MOVED/ASK. A batch of one is sent as the plain command;
-* at most ``max_pipelines`` batches are in flight; while they are, new commands gather in
-  the next batch (at most ``max_batch`` commands each), so the connections used are
-  ``max_pipelines`` per node plus the blocking reads;
+* a command is queued, not sent; the commands queued while the tasks that are ready now
+  run go out together once they have run (the writer is woken with ``call_soon``): a lone
+  command therefore waits for nothing but the end of the current turn (no timer);
 * each caller gets its own reply or its own error: Redis's error replies come back in
   place, so one refused command fails only its caller. A command redis-py refuses before
-  anything is written (an argument it cannot encode, keys of different Cluster slots)
-  sends its batch again one command at a time, so only that one fails. An error of the
-  connection (after redis-py's own retries) fails the whole batch: no caller can know
-  whether its command ran, exactly as for a plain command;
+  anything is written (an argument it cannot encode, an empty ``HSET`` mapping, keys of
+  different Cluster slots) fails only its caller;
 * ``EVALSHA`` answered with NOSCRIPT (a restarted or failed-over server) did not run: the
-  scripts are loaded (:func:`reach.scripts.load_all`, every primary of a Cluster) and just
-  those commands are sent again, as :func:`reach.scripts.run_pipeline` does;
-* a caller cancelled before its batch was written is left out of it (nothing is sent for
-  it); once written, its command runs and the reply is dropped.
+  scripts are loaded (:func:`reach.scripts.load_all`) and just those commands are sent
+  again, as :func:`reach.scripts.run_pipeline` does;
+* a caller cancelled before its command was written is left out (nothing is sent for it);
+  once written, its command runs and the reply is dropped.
+
+Standalone and Sentinel: one multiplexed connection
+---------------------------------------------------
+The commands go out on one connection taken from the client's pool and kept: a writer
+task writes each batch (at most ``max_batch`` commands, packed by the connection as
+redis-py's pipeline packs them) as soon as it is ready, without waiting for the replies of
+the batches before it, and a reader task takes the replies in order (Redis answers one
+connection's commands in order, as ioredis and StackExchange.Redis rely on) and parses
+each as redis-py's ``parse_response`` does (``NEVER_DECODE``, ``EMPTY_RESPONSE``, the
+client's ``response_callbacks``), resolving its caller's future. redis-py's command
+methods make the words: each call is captured from a redis-py pipeline's
+``execute_command`` (so its checks, options and callbacks are redis-py's own). At most
+``max_in_flight`` commands are written and unanswered at once (memory); more wait in the
+queue. So batched commands use one connection whatever the concurrency, and fetch, claim
+and settle of a worker no longer wait for each other's round trips.
+
+A connection that fails (an error reading or writing, a reply that takes longer than the
+connection's ``socket_timeout``, a Sentinel ``READONLY`` demotion) fails every command
+written on it and not yet answered. As redis-py does for a pipeline today, those commands
+are sent again after reconnecting, following the connection's ``Retry`` policy (its
+retries, backoff and retryable errors: one retry here, see :mod:`reach.connection`), and
+get the error once the retries are spent: such a command may have run, so it may run
+twice, exactly as with a plain redis-py call retried after a broken connection (reach's
+redelivery and idempotency are built for that); what the policy does not retry gets the
+error at once. Commands not yet written wait for the reconnection; a reconnection that
+fails counts as a failure for every command waiting, so no caller waits longer than the
+policy's retries of a connection attempt: each gets a reply or an error, none hangs. On
+Sentinel the reconnection asks the sentinels for the master, so after a failover the
+commands go to the new master; while the connection is in use the pool is asked at most
+once a second whether the master moved, as when it hands out a connection.
+
+Cluster: pipelines
+------------------
+On a Cluster (and with ``multiplex=False``) a batch goes out as one redis-py pipeline
+(``transaction=False``): ``ClusterPipeline`` splits it by node (one write per node, in
+parallel) and follows MOVED/ASK. A batch of one is sent as the plain command. At most
+``max_pipelines`` batches are in flight; while they are, new commands gather in the next
+batch, so the connections used are ``max_pipelines`` per node plus the blocking reads. A
+command redis-py refuses before writing sends its batch again one command at a time; an
+error of the connection (after redis-py's own retries) fails the whole batch.
 
 Commands that wait on the server (``XREAD``/``XREADGROUP`` with ``block``) and those that
 are not one request and one reply (``scan_iter``, ``SCRIPT LOAD`` on every primary,
 ``INFO``, a ``MULTI`` pipeline) pass through to the wrapped client on a connection of their
 own. ``pipeline(transaction=False)`` gives a pipeline whose commands join the current
-batch, so code written with explicit pipelines shares the connections too.
+batch, so code written with explicit pipelines shares the connection too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import inspect
+import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Self
 
 from redis import exceptions as rexc
+from redis.client import EMPTY_RESPONSE, NEVER_DECODE
 
 from .connection import AnyRedis, is_cluster
 from .errors import ConfigError
 from .scripts._loader import is_noscript, load_all
 
+log = logging.getLogger("reach.autopipe")
+
 DEFAULT_MAX_PIPELINES = 4
-"""Batches in flight at once: the connections batched commands use (per Cluster node)."""
+"""Cluster (or ``multiplex=False``): batches in flight at once, the connections batched
+commands use per node. Standalone and Sentinel use one multiplexed connection."""
 
 DEFAULT_MAX_BATCH = 512
-"""Commands in one batch at most; more wait for the next write."""
+"""Commands in one batch (one write) at most; more go in the next."""
+
+DEFAULT_MAX_IN_FLIGHT = 8192
+"""Multiplexed connection: commands written and not yet answered at most (the rest wait
+in the queue). A bound on memory, not on speed: 16 writes of ``max_batch``."""
+
+_NO_EMPTY = object()  # a command without EMPTY_RESPONSE
+_CLEAN = frozenset({NEVER_DECODE, EMPTY_RESPONSE, "keys"})  # options no callback takes
 
 # redis-py refused these before writing anything: the batch may be sent again one by one.
 _BEFORE_WRITE = (rexc.DataError, rexc.RedisClusterException)
@@ -76,7 +121,14 @@ class _Pending:
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     fut: asyncio.Future[Any]
-    tries: int = field(default=0)
+    tries: int = field(default=0)  # NOSCRIPT resends
+    # Multiplexed connection: the command's words and how its reply is parsed (captured
+    # once, kept for a resend), and the connection failures it met.
+    words: tuple[Any, ...] | None = None
+    never_decode: bool = False
+    empty: Any = _NO_EMPTY
+    options: dict[str, Any] | None = None
+    failures: int = 0
 
 
 def _batched(name: str) -> Callable[..., Awaitable[Any]]:
@@ -99,13 +151,354 @@ def _answer(p: _Pending, reply: Any) -> None:
         p.fut.set_result(reply)
 
 
+def _as_error(e: BaseException) -> Exception:
+    return e if isinstance(e, Exception) else rexc.ConnectionError(f"interrupted ({e!r})")
+
+
+class _MuxScripts:
+    """What :func:`load_all` needs (``script_load``), sent on the multiplexed connection:
+    the NOSCRIPT recovery opens no connection of its own."""
+
+    def __init__(self, auto: AutoPipeline) -> None:
+        self._auto = auto
+
+    async def script_load(self, source: str) -> Any:
+        return await self._auto._enqueue("execute_command", ("SCRIPT", "LOAD", source), {})
+
+
+class _Mux:
+    """The multiplexed connection of an :class:`AutoPipeline` (see the module docstring):
+    a writer task writes the queued commands without waiting for earlier replies, a reader
+    task reads the replies in the order the commands were written."""
+
+    def __init__(self, auto: AutoPipeline) -> None:
+        self.auto = auto
+        self.redis: Any = auto.redis
+        self.queue: collections.deque[_Pending] = collections.deque()  # to write, in order
+        self.inflight: collections.deque[_Pending] = collections.deque()  # written, unanswered
+        self.conn: Any = None  # the pooled connection, kept until aclose
+        self.gen = 0  # bumped when the connection fails: a reader of an older one stops
+        self.broken = False  # the connection failed: reset it before the next write
+        self.backoff = 0.0  # the Retry policy's pause before the next write
+        self.writer: asyncio.Task[None] | None = None
+        self.reader: asyncio.Task[None] | None = None
+        self.tasks: set[asyncio.Task[None]] = set()
+        self._wake_writer: asyncio.Future[None] | None = None
+        self._wake_reader: asyncio.Future[None] | None = None
+        self.noscript: list[_Pending] = []  # answered NOSCRIPT, resent once the scripts load
+        self.loading = False
+        self.closed = False
+        self._checked = time.monotonic()
+        self._capture: Any = None  # a redis-py pipeline: its execute_command queues words
+
+    # -- queueing ---------------------------------------------------------------------------
+    def submit(self, p: _Pending) -> None:
+        if self.closed:
+            p.fut.set_exception(rexc.ConnectionError("the client is closed"))
+            return
+        self.queue.append(p)
+        if self.writer is None or self.writer.done():
+            self.writer = asyncio.get_running_loop().create_task(self._write_loop())
+        else:
+            self._kick_writer()
+
+    def _kick_writer(self) -> None:
+        w = self._wake_writer
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def _kick_reader(self) -> None:
+        w = self._wake_reader
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def waiting(self) -> list[asyncio.Future[Any]]:
+        """The futures of every command not answered yet."""
+        return [p.fut for q in (self.queue, self.inflight, self.noscript) for p in q]
+
+    def _capture_words(self, p: _Pending) -> None:
+        """redis-py's words and reply options for ``p`` (its own checks may refuse it)."""
+        cap = self._capture
+        if cap is None:
+            cap = self._capture = self.redis.pipeline(transaction=False)
+        cap.command_stack.clear()
+        getattr(cap, p.method)(*p.args, **p.kwargs)
+        words, options = cap.command_stack.pop()
+        p.words = words
+        p.never_decode = NEVER_DECODE in options
+        p.empty = options.get(EMPTY_RESPONSE, _NO_EMPTY)
+        p.options = {k: v for k, v in options.items() if k not in _CLEAN}
+
+    # -- the writer -------------------------------------------------------------------------
+    async def _write_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        auto = self.auto
+        while True:
+            if not self.queue or len(self.inflight) >= auto.max_in_flight:
+                if self.closed and not self.queue:
+                    return
+                self._wake_writer = loop.create_future()
+                try:
+                    await self._wake_writer
+                finally:
+                    self._wake_writer = None
+                continue
+            if self.backoff > 0:
+                pause, self.backoff = self.backoff, 0.0
+                await asyncio.sleep(pause)
+                continue
+            try:
+                conn = await self._connection()
+            except Exception as e:  # noqa: BLE001 - no connection: the waiting commands' failure
+                self._connect_failed(e)
+                continue
+            try:
+                await self._write(conn, loop)
+            except Exception as e:  # a bug: the commands must still get an answer
+                log.exception("auto-pipeline writer failed; failing the commands in flight")
+                self._fail_all(e)
+
+    async def _connection(self) -> Any:
+        """The connection to write on: taken from the pool once, reset after a failure
+        (the reader of the failed one stopped first, so no read mixes two sockets)."""
+        if self.conn is None:
+            self.conn = await self.redis.connection_pool.get_connection()
+        conn = self.conn
+        if self.broken:
+            reader = self.reader
+            if reader is not None and not reader.done():
+                reader.cancel()
+                await asyncio.wait([reader])
+            self.broken = False
+            await conn.disconnect(nowait=True)
+        self._check_master()
+        if not conn.is_connected:
+            await conn.connect()
+        if self.reader is None or self.reader.done():
+            self.reader = asyncio.get_running_loop().create_task(self._read_loop(conn, self.gen))
+        return conn
+
+    def _check_master(self) -> None:
+        # reach's Sentinel pool asks the sentinels whether the master moved when it hands
+        # out a connection (at most once per recheck_s, in the background). This connection
+        # is handed out once: ask here, as often, while it is in use.
+        pool = self.redis.connection_pool
+        recheck = getattr(pool, "_recheck", None)
+        if recheck is None or not getattr(pool, "is_master", False):
+            return
+        now = time.monotonic()
+        if now - self._checked < getattr(pool, "recheck_s", 1.0):
+            return
+        self._checked = now
+        pool._checked = now
+        task = getattr(pool, "_check_task", None)
+        if task is None or task.done():
+            pool._check_task = asyncio.get_running_loop().create_task(recheck())
+
+    async def _write(self, conn: Any, loop: asyncio.AbstractEventLoop) -> None:
+        auto = self.auto
+        room = min(auto.max_batch, auto.max_in_flight - len(self.inflight))
+        chunks: list[bytes] = []
+        batch: list[_Pending] = []
+        queue = self.queue
+        while queue and len(batch) < room:
+            p = queue.popleft()
+            if p.fut.done():
+                continue  # cancelled before the write: nothing is sent for it
+            try:
+                if p.words is None:
+                    self._capture_words(p)
+                assert p.words is not None
+                chunks.extend(conn.pack_command(*p.words))
+            except Exception as e:  # noqa: BLE001 - refused before the write: its own error
+                _answer(p, e)
+                continue
+            batch.append(p)
+        if not batch:
+            return
+        gen = self.gen
+        self.inflight.extend(batch)
+        self._kick_reader()
+        auto.batches += 1
+        auto.commands += len(batch)
+        try:
+            await conn.send_packed_command(chunks, check_health=False)
+        except BaseException as e:
+            if gen == self.gen:
+                self._broken(e)
+            if not isinstance(e, Exception):
+                raise
+
+    # -- the reader -------------------------------------------------------------------------
+    async def _read_loop(self, conn: Any, gen: int) -> None:
+        loop = asyncio.get_running_loop()
+        inflight = self.inflight
+        callbacks = self.redis.response_callbacks
+        while gen == self.gen:
+            if not inflight:
+                self._wake_reader = loop.create_future()
+                try:
+                    await self._wake_reader
+                finally:
+                    self._wake_reader = None
+                continue
+            p = inflight[0]
+            try:
+                reply = await conn.read_response(disable_decoding=p.never_decode)
+            except rexc.ResponseError as e:  # an error reply: the connection is fine
+                reply = e if p.empty is _NO_EMPTY else p.empty
+            except BaseException as e:
+                if gen == self.gen:
+                    self._broken(e)
+                if not isinstance(e, Exception):
+                    raise
+                return
+            if gen != self.gen:
+                return  # its commands were queued again: this reply is not theirs
+            inflight.popleft()
+            if self.queue and self._wake_writer is not None:
+                self._kick_writer()  # room again for the writer that waits for it
+            if not isinstance(reply, Exception):
+                assert p.words is not None and p.options is not None
+                cb = callbacks.get(p.words[0])
+                if cb is not None:
+                    try:
+                        reply = cb(reply, **p.options)
+                        if inspect.isawaitable(reply):
+                            reply = await reply
+                    except Exception as e:  # noqa: BLE001 - its caller's error
+                        reply = e
+            if isinstance(reply, Exception) and p.tries == 0 and is_noscript(reply):
+                if not p.fut.done():
+                    self._reload(p)
+                continue
+            _answer(p, reply)
+
+    # -- failures ---------------------------------------------------------------------------
+    def _policy(self) -> tuple[Any, int, tuple[type[BaseException], ...]]:
+        retry = self.conn.retry
+        supported = getattr(retry, "_supported_errors", (rexc.ConnectionError, rexc.TimeoutError))
+        return retry, retry.get_retries(), supported
+
+    def _pause(self, retry: Any, failures: int) -> None:
+        backoff = getattr(retry, "_backoff", None)
+        if failures and backoff is not None:
+            self.backoff = max(self.backoff, backoff.compute(failures))
+
+    def _broken(self, exc: BaseException) -> None:
+        """The connection failed: every command written on it and unanswered is queued
+        again (first, in order) or gets the error, per the connection's Retry policy."""
+        self.gen += 1
+        self.broken = True
+        err = _as_error(exc)
+        retry, retries, supported = self._policy()
+        again: list[_Pending] = []
+        worst = 0
+        for p in self.inflight:
+            if p.fut.done():
+                continue
+            p.failures += 1
+            if isinstance(err, supported) and (retries < 0 or p.failures <= retries):
+                again.append(p)
+                worst = max(worst, p.failures)
+            else:
+                _answer(p, err)
+        self.inflight.clear()
+        self.queue.extendleft(reversed(again))
+        self._pause(retry, worst)
+        self._kick_writer()
+
+    def _connect_failed(self, exc: Exception) -> None:
+        """No connection (after redis-py's own tries): a failure for every waiting command."""
+        self.broken = True
+        retry: Any = None
+        retries = 0
+        supported: tuple[type[BaseException], ...] = ()
+        if self.conn is not None:  # else not even a connection from the pool
+            retry, retries, supported = self._policy()
+        keep: collections.deque[_Pending] = collections.deque()
+        worst = 0
+        for p in self.queue:
+            if p.fut.done():
+                continue
+            p.failures += 1
+            if isinstance(exc, supported) and (retries < 0 or p.failures <= retries):
+                keep.append(p)
+                worst = max(worst, p.failures)
+            else:
+                _answer(p, exc)
+        self.queue = keep
+        if retry is not None:
+            self._pause(retry, worst)
+
+    def _fail_all(self, exc: Exception) -> None:
+        self.gen += 1
+        self.broken = True
+        for q in (self.inflight, self.queue):
+            for p in q:
+                _answer(p, exc)
+            q.clear()
+
+    # -- NOSCRIPT ---------------------------------------------------------------------------
+    def _reload(self, p: _Pending) -> None:
+        p.tries += 1
+        self.noscript.append(p)
+        if not self.loading:
+            self.loading = True
+            task = asyncio.get_running_loop().create_task(self._load())
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def _load(self) -> None:
+        # The scripts are not in the server's cache: load them (on this connection) and
+        # send just those commands again (they did not run).
+        err: Exception | None = None
+        try:
+            await load_all(_MuxScripts(self.auto))
+        except Exception as e:  # noqa: BLE001 - the waiting callers' error
+            err = e
+        finally:
+            self.loading = False
+        waiting, self.noscript = self.noscript, []
+        if err is not None:
+            for p in waiting:
+                _answer(p, err)
+            return
+        self.queue.extendleft(reversed(waiting))
+        if self.queue:
+            if self.writer is None or self.writer.done():
+                self.writer = asyncio.get_running_loop().create_task(self._write_loop())
+            self._kick_writer()
+
+    # -- closing ----------------------------------------------------------------------------
+    async def aclose(self) -> None:
+        self.closed = True
+        self._kick_writer()
+        for t in (self.writer, self.reader, *self.tasks):
+            if t is not None and not t.done():
+                t.cancel()
+        await asyncio.gather(
+            *(t for t in (self.writer, self.reader, *self.tasks) if t is not None),
+            return_exceptions=True,
+        )
+        self._fail_all(rexc.ConnectionError("the client is closed"))
+        for p in self.noscript:
+            _answer(p, rexc.ConnectionError("the client is closed"))
+        self.noscript = []
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            await self.redis.connection_pool.release(conn)
+
+
 class AutoPipeline:
     """An asyncio Redis client (see the module docstring) over ``redis``.
 
-    ``max_pipelines`` (default 4) batches are in flight at most, each of at most
-    ``max_batch`` (512) commands. The wrapped client stays usable on its own; closing this
-    one (:meth:`aclose`) waits for the batches in flight and closes the wrapped client;
-    :meth:`drain` only waits.
+    Standalone and Sentinel (unless ``multiplex=False``): one multiplexed connection, at
+    most ``max_in_flight`` (8192) commands written and unanswered, in writes of at most
+    ``max_batch`` (512). Cluster: ``max_pipelines`` (default 4) batches in flight at most,
+    each of at most ``max_batch`` commands. The wrapped client stays usable on its own;
+    closing this one (:meth:`aclose`) waits for the commands in flight and closes the
+    wrapped client; :meth:`drain` only waits.
     """
 
     def __init__(
@@ -114,15 +507,29 @@ class AutoPipeline:
         *,
         max_pipelines: int = DEFAULT_MAX_PIPELINES,
         max_batch: int = DEFAULT_MAX_BATCH,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        multiplex: bool = True,
     ) -> None:
-        if max_pipelines < 1 or max_batch < 1:
+        if max_pipelines < 1 or max_batch < 1 or max_in_flight < 1:
             raise ConfigError(
-                f"max_pipelines and max_batch must be >= 1 (got {max_pipelines}, {max_batch})."
+                "max_pipelines, max_batch and max_in_flight must be >= 1 (got "
+                f"{max_pipelines}, {max_batch}, {max_in_flight})."
             )
         self.redis = redis
         self.max_pipelines = max_pipelines
         self.max_batch = max_batch
+        self.max_in_flight = max_in_flight
         self.cluster = is_cluster(redis)
+        # One multiplexed connection where the client is one pool's (not a Cluster, not a
+        # client pinned to one connection of its own).
+        self._mux = (
+            _Mux(self)
+            if multiplex
+            and not self.cluster
+            and hasattr(redis, "connection_pool")
+            and getattr(redis, "connection", None) is None
+            else None
+        )
         self._open: list[_Pending] = []  # the batch that gathers commands now
         self._full: collections.deque[list[_Pending]] = collections.deque()
         self._running = 0
@@ -140,6 +547,9 @@ class AutoPipeline:
         """Queue ``method(*args, **kwargs)`` in the current batch; its reply's future."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
+        if self._mux is not None:
+            self._mux.submit(_Pending(method, args, kwargs, fut))
+            return fut
         self._open.append(_Pending(method, args, kwargs, fut))
         if len(self._open) >= self.max_batch:
             self._full.append(self._open)
@@ -246,8 +656,17 @@ class AutoPipeline:
             replies[i] = x
         return replies
 
+    @property
+    def multiplexed(self) -> bool:
+        """True when the commands go out on one multiplexed connection (not pipelines)."""
+        return self._mux is not None
+
     async def drain(self) -> None:
         """Wait until every command queued so far has been answered."""
+        if self._mux is not None:
+            while waiting := self._mux.waiting():
+                await asyncio.wait(waiting)
+            return
         while self._open or self._full or self._tasks:
             if self._tasks:
                 await asyncio.gather(*list(self._tasks), return_exceptions=True)
@@ -342,6 +761,8 @@ class AutoPipeline:
     async def aclose(self, *args: Any, **kwargs: Any) -> Any:
         """Wait for the commands queued so far, then close the wrapped client."""
         await self.drain()
+        if self._mux is not None:
+            await self._mux.aclose()
         return await self.redis.aclose(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
