@@ -19,6 +19,7 @@ import pytest
 
 from reach.client import Client
 from reach.connection import DEFAULT_MAX_CONNECTIONS, AnyRedis, pool_connections
+from tests.support.connections import tcp_connections_to
 from tests.support.agents_messaging import (
     REPO,
     echo_burst,
@@ -32,6 +33,7 @@ pytestmark = pytest.mark.anyio
 
 N = 5_000
 AGENTS = ("echo-c1", "echo-c2")
+WORKER_CONNECTIONS = 3  # issue 12: one worker process on standalone Redis, any load
 
 
 @pytest.fixture
@@ -63,6 +65,8 @@ async def test_5000_requests_and_5000_sends_at_once_on_one_client(
     name = f"reach:{ns}:fan-out-1"
     seen_ids: set[int] = set()
     peak = 0
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    worker_peak = dict.fromkeys(AGENTS, 0)  # TCP connections of each worker process to Redis
 
     async def watch() -> None:
         nonlocal peak
@@ -70,6 +74,9 @@ async def test_5000_requests_and_5000_sends_at_once_on_one_client(
             mine = [c for c in await r.client_list() if c.get("name") == name]
             seen_ids.update(int(c["id"]) for c in mine)
             peak = max(peak, len(mine))
+            for agent_id, proc in zip(AGENTS, two_workers, strict=True):
+                held = tcp_connections_to(proc.pid, port)
+                worker_peak[agent_id] = max(worker_peak[agent_id], held)
             await anyio.sleep(0.05)
 
     async with Client(redis_url=redis_url, namespace=ns, client_id="fan-out-1") as client:
@@ -98,13 +105,16 @@ async def test_5000_requests_and_5000_sends_at_once_on_one_client(
         f"handled in {t_all:.1f} s; Redis connections of the client: at most {peak} "
         f"open at once, {len(seen_ids)} opened in all, {pooled} pooled at the end "
         f"(bound {DEFAULT_MAX_CONNECTIONS}); requests per agent {by_agent}, messages per "
-        f"agent {handled}"
+        f"agent {handled}; connections of each worker process at most {worker_peak}"
     )
     print(report)
     record_property("client_connections", report)
     assert 1 <= peak <= DEFAULT_MAX_CONNECTIONS
     assert len(seen_ids) <= DEFAULT_MAX_CONNECTIONS
     assert pooled <= DEFAULT_MAX_CONNECTIONS
+    # each worker, handling its share of 10,000 messages at concurrency 64: one multiplexed
+    # connection for its commands, its blocking inbox read, its heartbeat thread
+    assert all(1 <= n <= WORKER_CONNECTIONS for n in worker_peak.values()), worker_peak
 
 
 FAN_OUT = 10_000
