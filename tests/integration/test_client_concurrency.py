@@ -19,7 +19,6 @@ import pytest
 
 from reach.client import Client
 from reach.connection import DEFAULT_MAX_CONNECTIONS, AnyRedis, pool_connections
-from tests.support.connections import tcp_connections_to
 from tests.support.agents_messaging import (
     REPO,
     echo_burst,
@@ -28,6 +27,7 @@ from tests.support.agents_messaging import (
     wait_eligible,
     worker_cmd,
 )
+from tests.support.connections import tcp_connections_to
 
 pytestmark = pytest.mark.anyio
 

@@ -38,6 +38,10 @@ def tcp_connections_to(pid: int, port: int) -> int:
         for line in lines:
             f = line.split()
             remote, state, inode = f[2], f[3], f[9]
-            if state == _ESTABLISHED and int(remote.rsplit(":", 1)[1], 16) == port and inode in mine:
+            if (
+                state == _ESTABLISHED
+                and int(remote.rsplit(":", 1)[1], 16) == port
+                and inode in mine
+            ):
                 n += 1
     return n
