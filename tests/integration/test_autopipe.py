@@ -15,8 +15,10 @@ from redis import exceptions as rexc
 
 from reach._autopipe import AutoPipeline
 from reach.connection import AnyRedis, RedisLike, connect, pool_connections
+from reach.embedded import RedisServer
 from reach.scripts import Call, script
 from tests.support.cluster import RedisTestCluster
+from tests.support.sentinel import RedisTestSentinel
 
 pytestmark = pytest.mark.anyio
 
@@ -166,5 +168,246 @@ async def test_on_a_cluster_a_batch_spans_slots_and_recovers_noscript(
         ]
         replies = await asyncio.gather(*(c.run(auto) for c in calls))
         assert replies == [replies[0]] * 30 and isinstance(replies[0], int)
+    finally:
+        await auto.aclose()
+
+
+# -- the multiplexed connection (standalone, Sentinel) ------------------------------------
+async def _named(r: AnyRedis, name: str) -> int:
+    """Connections Redis holds now named ``name`` (CLIENT LIST)."""
+    return len([c for c in await r.execute_command("CLIENT LIST") if c.get("name") == name])
+
+
+async def test_thousands_of_commands_share_one_connection_each_caller_its_reply(
+    redis_url: str, r: AnyRedis, ns: str
+) -> None:
+    client = await connect(redis_url, client_name="t-mux")
+    auto = AutoPipeline(client, max_batch=128)
+    assert auto.multiplexed
+    try:
+        n = 5000
+        keys = [f"{ns}:v:{i}" for i in range(n)]
+        assert all(await asyncio.gather(*(auto.set(k, f"value-{i}") for i, k in enumerate(keys))))
+        # distinct values, read back in a shuffled order of callers: each gets its own
+        order = list(range(n))
+        order.reverse()
+        got = await asyncio.gather(*(auto.get(keys[i]) for i in order))
+        assert got == [f"value-{i}".encode() for i in order]
+        # a mix of commands with their own reply shapes (callbacks applied per command)
+        mixed = await asyncio.gather(
+            *(auto.hset(f"{ns}:h:{i}", mapping={"a": i, "b": -i}) for i in range(1000)),
+            *(auto.hgetall(f"{ns}:h:{i}") for i in range(1000)),
+            *(auto.zadd(f"{ns}:z", {f"m{i}": i}) for i in range(1000)),
+            auto.zrange(f"{ns}:z", 0, 2, withscores=True),
+            auto.xadd(f"{ns}:s", {"f": "v"}),
+            auto.xinfo_stream(f"{ns}:s"),
+        )
+        assert mixed[:1000] == [2] * 1000
+        assert mixed[1000:2000] == [
+            {b"a": str(i).encode(), b"b": str(-i).encode()} for i in range(1000)
+        ]
+        assert mixed[2000:3000] == [1] * 1000
+        assert mixed[3000] == [(b"m0", 0.0), (b"m1", 1.0), (b"m2", 2.0)]
+        assert isinstance(mixed[3001], bytes) and mixed[3002]["length"] == 1
+        # one connection of the pool, one at Redis, whatever the concurrency
+        assert pool_connections(client) == 1
+        assert await _named(r, "t-mux") == 1
+        assert auto.batches < 20_000 // 64
+    finally:
+        await auto.aclose()
+
+
+async def test_error_replies_and_refusals_stay_in_place_in_a_big_burst(
+    auto: AutoPipeline, ns: str
+) -> None:
+    await auto.rpush(f"{ns}:list", "x")
+    await auto.set(f"{ns}:s", "v")
+    calls = []
+    for i in range(3000):
+        if i % 3 == 0:
+            calls.append(auto.get(f"{ns}:list"))  # WRONGTYPE
+        elif i % 7 == 0:
+            calls.append(auto.set(f"{ns}:bad", object()))  # refused before the write
+        else:
+            calls.append(auto.execute_command("ECHO", f"echo-{i}"))
+    got = await asyncio.gather(*calls, return_exceptions=True)
+    for i, x in enumerate(got):
+        if i % 3 == 0:
+            assert isinstance(x, rexc.ResponseError) and "WRONGTYPE" in str(x), (i, x)
+        elif i % 7 == 0:
+            assert isinstance(x, rexc.DataError), (i, x)
+        else:
+            assert x == f"echo-{i}".encode(), (i, x)
+    assert await auto.get(f"{ns}:s") == b"v"  # the connection is in step
+
+
+async def test_noscript_in_a_big_burst_reloads_on_the_same_connection(
+    redis_url: str, r: AnyRedis, ns: str
+) -> None:
+    client = await connect(redis_url)
+    auto = AutoPipeline(client, max_batch=64)
+    try:
+        await auto.set(f"{ns}:x", "x")
+        await r.execute_command("SCRIPT", "FLUSH")
+        call = Call("drop_inbox", (f"{ns}:a", f"{ns}:b", f"{ns}:c"), (), lambda x: x)
+        got = await asyncio.gather(
+            *(call.run(auto) for _ in range(1000)),
+            *(auto.execute_command("ECHO", i) for i in range(1000)),
+        )
+        assert got[:1000] == [got[0]] * 1000
+        assert got[1000:] == [str(i).encode() for i in range(1000)]
+        assert (await r.execute_command("SCRIPT", "EXISTS", script("drop_inbox").sha))[0]
+        assert pool_connections(client) == 1  # the scripts were loaded on it too
+    finally:
+        await auto.aclose()
+
+
+async def test_callers_cancelled_before_the_write_send_nothing(
+    auto: AutoPipeline, r: AnyRedis, ns: str
+) -> None:
+    loop = asyncio.get_running_loop()
+    tasks = [loop.create_task(auto.execute_command("INCRBY", f"{ns}:c:{i}", 1)) for i in range(500)]
+    for t in tasks[::2]:
+        t.cancel()
+    done = await asyncio.gather(*tasks, return_exceptions=True)
+    assert all(isinstance(x, asyncio.CancelledError) for x in done[::2])
+    assert done[1::2] == [1] * 250
+    got = await r.execute_command("MGET", *(f"{ns}:c:{i}" for i in range(500)))
+    assert got[::2] == [None] * 250 and got[1::2] == [b"1"] * 250
+
+
+async def test_in_flight_commands_are_bounded(redis_url: str, ns: str) -> None:
+    client = await connect(redis_url)
+    auto = AutoPipeline(client, max_batch=16, max_in_flight=64)
+    assert auto._mux is not None
+    peak = 0
+    stop = False
+
+    async def watch() -> None:
+        nonlocal peak
+        assert auto._mux is not None
+        while not stop:
+            peak = max(peak, len(auto._mux.inflight))
+            await asyncio.sleep(0)
+
+    try:
+        watcher = asyncio.get_running_loop().create_task(watch())
+        got = await asyncio.gather(*(auto.execute_command("ECHO", i) for i in range(5000)))
+        stop = True
+        await watcher
+        assert got == [str(i).encode() for i in range(5000)]
+        assert 16 <= peak <= 64
+        assert auto.batches >= 5000 // 16
+    finally:
+        await auto.aclose()
+
+
+async def test_redis_killed_with_calls_in_flight_every_caller_gets_an_answer(
+    fresh_redis: RedisServer, ns: str
+) -> None:
+    client = await connect(fresh_redis.url)
+    auto = AutoPipeline(client)
+    outcomes: dict[str, int] = {"ok": 0, "error": 0}
+    stop = asyncio.Event()
+    sent = 0
+
+    async def load(w: int) -> None:
+        nonlocal sent
+        i = 0
+        while not stop.is_set():
+            i += 1
+            sent += 1
+            try:
+                got = await auto.execute_command("ECHO", f"{w}:{i}")
+            except (rexc.ConnectionError, rexc.TimeoutError):
+                outcomes["error"] += 1
+                await asyncio.sleep(0.01)
+            else:
+                assert got == f"{w}:{i}".encode()  # never another caller's reply
+                outcomes["ok"] += 1
+
+    try:
+        with anyio.fail_after(60):  # no caller may hang
+            async with anyio.create_task_group() as tg:
+                for w in range(200):
+                    tg.start_soon(load, w)
+                await asyncio.sleep(0.3)
+                assert outcomes["ok"] > 0 and auto._mux is not None and auto._mux.inflight
+                await anyio.to_thread.run_sync(fresh_redis.kill)  # SIGKILL, calls in flight
+                await asyncio.sleep(0.5)
+                errors_while_down = outcomes["error"]
+                await anyio.to_thread.run_sync(fresh_redis.start)
+                ok_before = outcomes["ok"]
+                with anyio.fail_after(20):
+                    while outcomes["ok"] < ok_before + 1000:
+                        await asyncio.sleep(0.05)
+                stop.set()
+        assert errors_while_down > 0
+        assert outcomes["ok"] + outcomes["error"] == sent  # every call answered
+        assert await auto.set(f"{ns}:after", "1") and await auto.get(f"{ns}:after") == b"1"
+        assert pool_connections(client) == 1
+    finally:
+        await auto.aclose()
+
+
+async def test_a_sentinel_failover_sends_the_commands_to_the_new_master(
+    redis_sentinel: RedisTestSentinel, ns: str
+) -> None:
+    client = await connect(redis_sentinel.url)
+    auto = AutoPipeline(client)
+    assert auto.multiplexed
+    outcomes: dict[str, int] = {"ok": 0, "error": 0}
+    stop = asyncio.Event()
+    sent = 0
+
+    async def load(w: int) -> None:
+        nonlocal sent
+        i = 0
+        while not stop.is_set():
+            i += 1
+            sent += 1
+            try:
+                got = await auto.execute_command("ECHO", f"{w}:{i}")
+            except (rexc.ConnectionError, rexc.TimeoutError):
+                outcomes["error"] += 1
+                await asyncio.sleep(0.05)
+            else:
+                assert got == f"{w}:{i}".encode()
+                outcomes["ok"] += 1
+            await asyncio.sleep(0.01)
+
+    try:
+        with anyio.fail_after(90):
+            async with anyio.create_task_group() as tg:
+                for w in range(50):
+                    tg.start_soon(load, w)
+                await asyncio.sleep(0.3)
+                old = await anyio.to_thread.run_sync(redis_sentinel.kill_master)
+                new = await anyio.to_thread.run_sync(redis_sentinel.wait_failover, old)
+                ok_before = outcomes["ok"]
+                with anyio.fail_after(30):
+                    while outcomes["ok"] < ok_before + 500:
+                        await asyncio.sleep(0.05)
+                stop.set()
+        assert outcomes["ok"] + outcomes["error"] == sent  # every call answered
+        # the multiplexed connection now talks to the promoted replica
+        role = await auto.execute_command("ROLE")
+        assert role[0] in (b"master", "master")
+        assert await auto.set(f"{ns}:k", "v")
+        mux = auto._mux
+        assert mux is not None and mux.conn.port == new
+        assert pool_connections(client) == 1
+    finally:
+        await auto.aclose()
+
+
+async def test_multiplex_false_keeps_the_pipelines(redis_url: str, ns: str) -> None:
+    client = await connect(redis_url)
+    auto = AutoPipeline(client, multiplex=False, max_pipelines=2)
+    try:
+        assert not auto.multiplexed
+        got = await asyncio.gather(*(auto.execute_command("ECHO", i) for i in range(2000)))
+        assert got == [str(i).encode() for i in range(2000)]
+        assert pool_connections(client) <= 2
     finally:
         await auto.aclose()
