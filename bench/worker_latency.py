@@ -5,8 +5,9 @@ same clock in every process of the machine).
 
 Steps, in order: the caller builds the envelope; routes it (the pick, encoding); the inbox
 write is sent (send.lua) -> the worker's blocking read returns (the send and the worker's
-wake-up); -> claim sent (decode); the claim round trip; -> the handler starts (the hand-off
-to the handler pool); the handler with its hooks and outcome; -> settle sent; -> the
+wake-up); -> the batch goes to execution (decode); -> the handler starts (the claim round
+trip, unless send.lua claimed the message for this worker, and the hand-off to the
+handler pool; the claim round trip is also shown alone for the requests that made one); the handler with its hooks and outcome; -> settle sent; -> the
 caller's reply reader has the reply (settle.lua publishes it, the reader's XREAD wakes);
 -> ``request()`` returns (the waiter's wake-up and the outcome). Also shown: the caller's
 send round trip and the worker's settle round trip (both overlap later steps). Each
@@ -57,6 +58,14 @@ def worker(url: str, out: str) -> None:
         return r
 
     e.Execution._claim = claim
+    otake = e.Execution.take
+
+    async def take(self, items):
+        cur["take"] = time.perf_counter()
+        cur["at_send"] = all(it.claimed_at_send for it in items)
+        await otake(self, items)
+
+    e.Execution.take = take
     orun = e.Execution._run
 
     async def run(self, it, **kw):
@@ -171,9 +180,8 @@ if __name__ == "__main__":
         "caller: build": ("t0", "built"),
         "caller: route": ("built", "add0"),
         "send -> worker read": ("add0", "read"),
-        "worker: decode": ("read", "claim0"),
-        "worker: claim rt": ("claim0", "claim1"),
-        "worker: -> handler": ("claim1", "handle0"),
+        "worker: decode": ("read", "take"),
+        "worker: -> handler": ("take", "handle0"),
         "worker: handler": ("handle0", "handle1"),
         "worker: -> settle": ("handle1", "settle0"),
         "settle -> reply read": ("settle0", "reply"),
@@ -181,16 +189,23 @@ if __name__ == "__main__":
         "total": ("t0", "t1"),
         "(caller: send rt)": ("add0", "add1"),
         "(worker: settle rt)": ("settle0", "settle1"),
+        "(worker: claim rt, if any)": ("claim0", "claim1"),
     }
+    optional = {"(worker: claim rt, if any)"}
     parts: dict[str, list[float]] = {k: [] for k in steps}
+    at_send = 0
     for c, w in zip(calls, rows):
         t = {**c, **w}
-        if not all(a in t and b in t for a, b in steps.values()):
+        if not all(a in t and b in t for k, (a, b) in steps.items() if k not in optional):
             continue
+        at_send += bool(t.get("at_send"))
         for k, (a, b) in steps.items():
-            parts[k].append(t[b] - t[a])
-    print(f"{len(parts['total'])} of {n} requests matched")
+            if a in t and b in t:
+                parts[k].append(t[b] - t[a])
+    print(f"{len(parts['total'])} of {n} requests matched, {at_send} claimed at send")
     for k, v in parts.items():
+        if not v:
+            continue
         print(
             f"{k:26} p50 {1000 * statistics.median(v):6.3f} ms  mean {1000 * statistics.fmean(v):6.3f} ms"
         )

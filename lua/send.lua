@@ -16,11 +16,25 @@
 -- ARGV[6] ttl_ms of the record and the pointer, integer 1..31536000000 (365 days)
 -- ARGV[7] max_queue: the agent's bound on queued + in-flight messages, integer
 --         0..999999999999999; 0 (or absent) = unbounded
+-- ARGV[8] claim for (the one-message form only, optional, with ARGV[7] and ARGV[9]): the
+--         owner "<agent_id>/<instance_id>" of the runtime the message is routed to, 3..1024
+--         bytes, or '' (no claim)
+-- ARGV[9] claim lease_ms, integer 1..604800000 (7 days): how long that claim holds
 -- Integers are plain decimal digits without sign or leading zero.
 --
--- The batch form (more than 7 ARGV): messages 2..n to the same agent follow, message j
--- (j >= 2) as KEYS[3j+1..3j+3] (its inbox, record and pointer, as KEYS[1..3]: its inbox
--- one of KEYS[4..6]) and ARGV[5j-2..5j+2] (as ARGV[1..5]); KEYS[4..6] and ARGV[7] are
+-- Claiming at send (ARGV[8] ~= ''): when the message's record does not exist yet (the
+-- first send of its key), the record is written claimed as claim.lua would claim it for
+-- that owner (status stays 'pending', fence 1, runs 1, owner, lease_until = now +
+-- lease_ms, msg_id, agent_id, updated_ms) and the inbox entry gets two more fields, 'c'
+-- the owner and 'l' lease_until (server ms), after 'e'. The runtime named, reading the
+-- entry as new with enough lease left, runs the handler without a claim round trip and
+-- then confirms the claim (start.lua: status running, its own lease); any other reader
+-- takes the claim.lua path, where this claim counts as any other. An existing record
+-- (a resend of the key) is never claimed here and its entry has no 'c'.
+--
+-- The batch form (more than 9 ARGV; it never claims): messages 2..n to the same agent
+-- follow, message j (j >= 2) as KEYS[3j+1..3j+3] (its inbox, record and pointer, as
+-- KEYS[1..3]: its inbox one of KEYS[4..6]) and ARGV[5j-2..5j+2] (as ARGV[1..5]); KEYS[4..6] and ARGV[7] are
 -- always given: 3n+3 KEYS and 5n+2 ARGV for n messages. The messages are added in order,
 -- each as the one-message form would add it.
 --
@@ -34,10 +48,11 @@
 -- each with the depth it met).
 -- Errors  'ERR reach: bad <argument>: <why>' when an argument or a key's type is out of
 --         contract; nothing is written then (in the batch form: for no message).
-local MAX_TTL, MAX_INT = 31536000000, 999999999999999
+local MAX_TTL, MAX_INT, MAX_LEASE = 31536000000, 999999999999999, 604800000
 
 --!include args
 --!include key_types
+--!include now
 
 -- The batch form: message j's KEYS and ARGV start after these indexes.
 local function kbase(j) if j == 1 then return 0 end return 3 * j end
@@ -46,9 +61,9 @@ local function abase(j) if j == 1 then return 0 end return 5 * j - 3 end
 local fresh = {}  -- the batch form: message j's record does not exist yet
 
 local function check()
-  if #ARGV > 7 then
+  if #ARGV > 9 then
     if (#ARGV - 7) % 5 ~= 0 then
-      return 'arguments: want 6 or 7 ARGV, or 7 and 5 per further message, got ' .. #ARGV
+      return 'arguments: want 6, 7 or 9 ARGV, or 7 and 5 per further message, got ' .. #ARGV
     end
     local n = 1 + (#ARGV - 7) / 5
     if #KEYS ~= 3 * n + 3 then
@@ -82,10 +97,17 @@ local function check()
     end
     return nil, tonumber(ARGV[7]), n
   end
-  if #ARGV < 6 then return 'arguments: want 6 or 7 ARGV, got ' .. #ARGV end
+  if #ARGV < 6 or #ARGV == 8 then return 'arguments: want 6, 7 or 9 ARGV, got ' .. #ARGV end
   local e = int_bad('attempt', 3, 0, MAX_INT) or int_bad('ttl_ms', 6, 1, MAX_TTL)
     or (ARGV[7] and int_bad('max_queue', 7, 0, MAX_INT))
   if e then return e end
+  if #ARGV == 9 and ARGV[8] ~= '' then
+    e = bytes_bad('claim for', 8, 3, 1024) or int_bad('claim lease_ms', 9, 1, MAX_LEASE)
+    if e then return e end
+    if not string.find(ARGV[8], '^.+/[^/]+$') then
+      return bad('claim for', 8, "want '<agent_id>/<instance_id>'")
+    end
+  end
   local max = tonumber(ARGV[7] or '0')
   if max > 0 and #KEYS ~= 6 then
     return 'keys: want 6 KEYS (the three inboxes too) with a max_queue, got ' .. #KEYS
@@ -117,6 +139,22 @@ local function add(k, a, new)
   return id
 end
 
+-- The one-message form with a claim for a fresh record: the entry names the owner and
+-- the lease, the record is written claimed (see the header).
+local function add_claimed()
+  local now = now_ms()
+  local until_ms = now + tonumber(ARGV[9])
+  local id = redis.call('XADD', KEYS[1], '*', 'e', ARGV[1], 'c', ARGV[8], 'l', until_ms)
+  redis.call('HSET', KEYS[2], 'status', 'pending', 'capability', ARGV[2], 'attempt', ARGV[3],
+    'sent_msg_id', ARGV[4], 'fence', 1, 'runs', 1, 'owner', ARGV[8], 'lease_until', until_ms,
+    'msg_id', ARGV[4], 'agent_id', string.match(ARGV[8], '^(.+)/[^/]+$'), 'updated_ms', now)
+  redis.call('PEXPIRE', KEYS[2], ARGV[6])
+  if ARGV[5] ~= '' then
+    redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[6])
+  end
+  return id
+end
+
 local depth = 0
 if max > 0 then
   for i = 4, 6 do
@@ -130,6 +168,9 @@ end
 
 if n == 0 then
   if max > 0 and depth >= max then return depth end
+  if #ARGV == 9 and ARGV[8] ~= '' and redis.call('EXISTS', KEYS[2]) == 0 then
+    return add_claimed()
+  end
   return add(0, 0, false)
 end
 

@@ -13,6 +13,12 @@ same turn (concurrent ``send``/``request`` calls) go out together at the end of 
 one ``send.lua`` call of the batch form per agent, as ``send_many`` sends them. A lone call
 waits for nothing; many concurrent ones cost Redis and the client one script call per
 agent and turn instead of one per message.
+
+The message sent alone is also claimed at send for the runtime it is routed to (the
+``agent_id/instance_id`` of the view's record; standalone Redis, a key's first send):
+that runtime then starts its handler without a claim round trip (``lua/send.lua`` and
+``lua/start.lua`` give the contract; docs/operations.md "Claiming at send"). Batches are
+not claimed: under load the worker claims a whole batch in one call anyway.
 """
 
 from __future__ import annotations
@@ -92,6 +98,8 @@ class Coalescer:
                 priority=d.priority,
                 ttl_ms=self.ttl_ms,
                 max_queue=d.max_queue,
+                claim_for=d.claim_for,
+                claim_lease_ms=d.claim_lease_ms,
             )
         fut: asyncio.Future[inbox.Sent] = loop.create_future()
         self._group.append((d, fut))
@@ -215,8 +223,16 @@ class Delivery:
         try:
             m = inbox.Message.of(env, data)
             if self.coalescer is not None:
+                claim_for = f"{agent_id}/{agent.instance_id}" if agent.instance_id else ""
                 sent = await self.coalescer.send(
-                    inbox.Delivery(m, agent_id, env.priority, agent.max_queue)
+                    inbox.Delivery(
+                        m,
+                        agent_id,
+                        env.priority,
+                        agent.max_queue,
+                        claim_for,
+                        claim_at_send_lease_ms(env),
+                    )
                 )
             else:
                 sent = await inbox.send(
@@ -345,6 +361,21 @@ class Delivery:
                 for i in again:
                     tg.start_soon(redeliver, i)
         return out
+
+
+CLAIM_AT_SEND_LEASE_MS = 60_000
+"""The lease of a claim made at send (the runtime's default claim lease): long enough for
+the runtime to read the entry and confirm the claim with its own lease (``start.lua``).
+One read later than that finds the claim run out and claims as usual."""
+
+
+def claim_at_send_lease_ms(env: Envelope) -> int:
+    """The lease of ``env``'s claim at send: :data:`CLAIM_AT_SEND_LEASE_MS`, or less with
+    a deadline (a second past it, and a second at least), as a runtime's claim would be."""
+    lease = CLAIM_AT_SEND_LEASE_MS
+    if env.deadline_ms:
+        lease = max(1000, min(lease, env.deadline_ms - now_ms() + 1000))
+    return lease
 
 
 def overloaded(

@@ -2,8 +2,9 @@
 
 The idempotency record of a message (``Keys.idem(key)``, a hash) carries its task status,
 so the hot path keeps one record per message. Every status is written by a Lua script:
-``send.lua`` (or on a Cluster ``mark_pending.lua``) marks it pending, ``claim.lua``,
-``settle.lua`` and ``complete.lua`` follow the runs, ``give_up.lua`` the sweeper's end. When the caller chose its own idempotency key, a small pointer
+``send.lua`` (or on a Cluster ``mark_pending.lua``) marks it pending, ``claim.lua`` (or,
+for a message claimed at send, ``start.lua``) marks it running, ``settle.lua`` and
+``complete.lua`` follow the runs, ``give_up.lua`` the sweeper's end. When the caller chose its own idempotency key, a small pointer
 ``Keys.task(msg_id) -> key`` lets the status be found by msg_id.
 """
 

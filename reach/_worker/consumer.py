@@ -23,7 +23,7 @@ import anyio
 from redis import exceptions as rexc
 
 from ..connection import AnyRedis, as_text
-from ..envelope import BadEnvelope, decode_envelope
+from ..envelope import BadEnvelope, decode_envelope, now_ms
 from ..keys import GROUP
 from ..outcomes import DeadReason, Settled
 from ..scripts import delivery
@@ -59,6 +59,29 @@ def create_groups_sync(r: Any, inboxes: list[str]) -> None:
         except rexc.ResponseError as e:
             if "BUSYGROUP" not in str(e):
                 raise
+
+
+CLAIM_MIN_LEASE_MS = 1000
+"""A claim made at send is taken as it is while this much of its lease is left by this
+host's clock (the least lease a runtime's own claim gets); with less, the entry is claimed
+as usual."""
+
+
+def entry_claim(fields: Any) -> tuple[bytes, int] | None:
+    """The claim send.lua made at send, as the entry carries it: (owner, lease_until ms),
+    or None when the entry has none or it is not well formed (read as untrusted)."""
+    if isinstance(fields, list):
+        if len(fields) == 2:
+            return None  # just 'e': what almost every entry is
+        fields = dict(zip(fields[::2], fields[1::2], strict=False))
+    if not isinstance(fields, dict):
+        return None
+    owner, until = fields.get(b"c"), fields.get(b"l")
+    if not isinstance(owner, bytes) or not isinstance(until, bytes):
+        return None
+    if not (0 < len(until) <= 16 and until.isdigit()):
+        return None
+    return owner, int(until)
 
 
 def entry_data(fields: Any) -> bytes | None:
@@ -120,7 +143,7 @@ class Consumer(Part):
                 self.outages.ok()
                 backlog = sum(len(e) for _, e in got) >= n
                 if got:
-                    await self._dispatch(got)
+                    await self._dispatch(got, new=True)
                     if not backlog:
                         # The inbox is drained: the handlers just started run (and their
                         # settles go out) before the next blocking read is sent, which
@@ -235,10 +258,15 @@ class Consumer(Part):
                 log.info("resuming %d pending entries of %s", len(lost), key)
                 await self._dispatch([(key, lost)])
 
-    async def _dispatch(self, got: list[tuple[str, list[Any]]]) -> None:
-        """Decode a batch: messages go to execution, entries that are none to settlement."""
+    async def _dispatch(self, got: list[tuple[str, list[Any]]], *, new: bool = False) -> None:
+        """Decode a batch: messages go to execution, entries that are none to settlement.
+        ``new``: read as new entries (``>``), the only ones a claim made at send for this
+        runtime may be taken from (a pending entry was read before: its claim is judged
+        by claim.lua)."""
         items: list[Delivery] = []
         max_bytes = self.opts.max_envelope_bytes
+        mine = self.execution.owner.encode()
+        now = now_ms() if new else 0
         for stream, entries in got:
             for entry_id, fields in entries:
                 self.state.held.add((stream, as_text(entry_id)))
@@ -262,7 +290,12 @@ class Consumer(Part):
                 except BadEnvelope as e:
                     self.settlement.queue(self.letters.malformed(stream, entry_id, data or b"", e))
                     continue
-                items.append(Delivery(stream=stream, entry_id=entry_id, env=env, raw=data))
+                it = Delivery(stream=stream, entry_id=entry_id, env=env, raw=data)
+                if new:
+                    claim = entry_claim(fields)
+                    if claim is not None and claim[0] == mine:
+                        it.claimed_at_send = claim[1] - now >= CLAIM_MIN_LEASE_MS
+                items.append(it)
                 self.hooks.on_delivered(env)
         if not items:
             self.settlement.kick()

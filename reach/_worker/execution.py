@@ -32,7 +32,8 @@ from ..errors import Reject, Retry
 from ..outcomes import Outcome, Settled, Status
 from ..registry import Registry
 from ..scripts import ClaimCode, delivery
-from ..scripts.delivery import Claimed, ClaimItem, Delayed
+from ..scripts.delivery import Claimed, ClaimItem, Delayed, StartItem
+from ..scripts.inbox import CLAIM_AT_SEND_FENCE
 from ..tasks import TASK_TTL_MS
 from . import outcome as oc
 from .items import Delivery
@@ -109,11 +110,24 @@ class Execution(Part):
         self.settlement = settlement
         self.letters = letters
         self._work = WorkQueue()
+        self._confirming: set[asyncio.Task[None]] = set()
 
     # -- claiming -----------------------------------------------------------------------
     async def take(self, items: list[Delivery]) -> None:
         """Claim a batch (one round trip) and act on each answer; an entry whose claim
-        fails for a passing reason stays pending for the consumer's next scan."""
+        fails for a passing reason stays pending for the consumer's next scan. Entries
+        claimed at send for this runtime start at once (:meth:`_start_claimed`)."""
+        if any(it.claimed_at_send for it in items):
+            # A key this runtime runs already (an entry read anew, its group recreated)
+            # goes the claim path, where it waits as a duplicate does.
+            running = self.state.running
+            at_send = [it for it in items if it.claimed_at_send and it.env.key not in running]
+            if at_send:
+                self._start_claimed(at_send)
+                started = set(at_send)  # identity: deliveries compare by identity
+                items = [it for it in items if it not in started]
+                if not items:
+                    return
         self.hooks.on_round_trip("claim")
         try:
             results = await self._claim(items)
@@ -164,6 +178,34 @@ class Execution(Part):
             ttl_ms=TASK_TTL_MS,
             agent_id=self.agent_id,
         )
+
+    def _start_claimed(self, items: list[Delivery]) -> None:
+        """Run deliveries send.lua claimed for this runtime (fence 1, lease left: the
+        consumer checked) without a claim round trip, and confirm their claims with
+        ``start.lua`` (status running, this runtime's lease) in the background: its answer
+        is not needed to run them, the claim is already this runtime's."""
+        starts = []
+        for it in items:
+            it.idem = self.keys.idem(it.env.key)
+            it.fence = CLAIM_AT_SEND_FENCE
+            starts.append(StartItem(it.idem, self._claim_lease_ms(it.env), it.fence))
+            self.state.running.add(it.env.key)
+            self._start(it)
+        task = asyncio.get_running_loop().create_task(self._confirm(starts))
+        self._confirming.add(task)  # held until done (the loop keeps weak references)
+        task.add_done_callback(self._confirming.discard)
+
+    async def _confirm(self, starts: list[StartItem]) -> None:
+        call = delivery.start_call(starts, owner=self.owner, ttl_ms=TASK_TTL_MS)
+        try:
+            await call.run(self.redis)
+        except Exception as e:  # noqa: BLE001 - the handlers run; only the status lags
+            log.warning(
+                "marking %d message(s) claimed at send as running failed (%s); they run, "
+                "and their task status shows 'pending' until they complete",
+                len(starts),
+                e,
+            )
 
     def _claim_lease_ms(self, env: Envelope) -> int:
         lease = int(self.opts.claim_lease_s * 1000)

@@ -61,6 +61,7 @@ class Delivery(_Entry):
     env: Envelope
     idem: str = ""  # its idempotency record's key (set when it is claimed)
     fence: int = 0  # the claim's fence token (0: not claimed by this worker)
+    claimed_at_send: bool = False  # send.lua claimed it for this runtime (fence 1)
     complete: Completion | None = None  # set when its idempotency key is to be settled
     reply: bytes = b""  # the reply: stored by a 'done' completion, and published...
     reply_key: str = ""  # ... to this reply stream ('' = nobody waits for it)

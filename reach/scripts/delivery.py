@@ -1,5 +1,5 @@
 """Typed calls of the delivery scripts: fetch, claim (which also takes a key over from an
-owner judged gone), give_up, complete, settle (``lua/<name>.lua``; each header is the
+owner judged gone), start (confirms a claim made at send), give_up, complete, settle (``lua/<name>.lua``; each header is the
 contract).
 
 Idempotency records live in a slot each. On standalone Redis one call serves a whole batch;
@@ -164,6 +164,31 @@ async def claim(
         except rexc.ResponseError as e:
             out.append(e)
     return out
+
+
+# -- start ---------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class StartItem:
+    """A record claimed at send for this runtime (``send.lua``) whose handler started:
+    the claim's ``fence`` as the inbox entry gave it, and the ``lease_ms`` it now gets."""
+
+    key: str
+    lease_ms: int
+    fence: int
+
+
+def _started(reply: Any) -> list[bool]:
+    return [as_int(x) == 1 for x in reply]
+
+
+def start_call(items: Sequence[StartItem], *, owner: str, ttl_ms: int) -> Call[list[bool]]:
+    """One ``start.lua`` call (standalone Redis): mark each record of ``items`` running
+    under ``owner``'s lease if the claim send.lua made is still as the entry said; per
+    item, True when it was."""
+    args: list[Any] = [owner, ttl_ms]
+    for it in items:
+        args += [it.lease_ms, it.fence]
+    return Call("start", tuple(it.key for it in items), tuple(args), _started)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,9 @@ from ._call import Call, as_int, as_text, code_of, run_calls
 from ._loader import Op, is_data_error, run_pipeline
 from .codes import DropInboxCode
 
+CLAIM_AT_SEND_FENCE = 1
+"""The fence of a claim send.lua makes at send (always a fresh record's first claim)."""
+
 MAX_BOUND = 999_999_999_999_999
 """The largest max_queue send.lua and enqueue.lua take; a larger bound is sent as this."""
 
@@ -77,16 +80,37 @@ class Message:
 
 
 def send_call(
-    keys: Keys, m: Message, *, agent_id: str, priority: str, ttl_ms: int, max_queue: int = 0
+    keys: Keys,
+    m: Message,
+    *,
+    agent_id: str,
+    priority: str,
+    ttl_ms: int,
+    max_queue: int = 0,
+    claim_for: str = "",
+    claim_lease_ms: int = 0,
 ) -> Call[Sent]:
     """One ``send.lua`` call (standalone Redis): add ``m`` to the inbox of ``agent_id`` at
     ``priority`` unless it holds ``max_queue`` entries (0: unbounded), and mark its record
-    pending; record and pointer live ``ttl_ms``."""
+    pending; record and pointer live ``ttl_ms``. ``claim_for`` (``"<agent_id>/<instance_id>"``
+    of the runtime it goes to, with ``claim_lease_ms``): claim a key sent for the first
+    time for that runtime, which then runs it without a claim round trip (send.lua's
+    header)."""
     bound = _bound(max_queue)
     k = [keys.inbox(agent_id, priority), keys.idem(m.key), keys.task(m.msg_id)]
     if bound:
         k += keys.inboxes(agent_id)
-    args = (m.data, m.capability, m.attempt, m.msg_id, m.idempotency_key, ttl_ms, bound)
+    args: tuple[Any, ...] = (
+        m.data,
+        m.capability,
+        m.attempt,
+        m.msg_id,
+        m.idempotency_key,
+        ttl_ms,
+        bound,
+    )
+    if claim_for:
+        args += (claim_for, claim_lease_ms)
     return Call("send", tuple(k), args, _sent)
 
 
@@ -166,15 +190,25 @@ async def send(
     priority: str,
     ttl_ms: int,
     max_queue: int = 0,
+    claim_for: str = "",
+    claim_lease_ms: int = 0,
 ) -> Sent:
     """Add ``m`` to the inbox of ``agent_id`` (refused at ``max_queue``; 0: unbounded) and
-    mark its record pending. Standalone: one ``send.lua`` step. Cluster: ``enqueue.lua``
+    mark its record pending. Standalone: one ``send.lua`` step (claiming a fresh key for
+    ``claim_for``, see :func:`send_call`). Cluster: ``enqueue.lua``
     (bounded) or an XADD, then ``mark_pending.lua`` and the pointer, in the same pipeline as
     the XADD when unbounded (their errors are not raised: the message is sent, its record is
-    a status only). Errors raise; nothing is sent then."""
+    a status only; no claim at send). Errors raise; nothing is sent then."""
     if not cluster:
         return await send_call(
-            keys, m, agent_id=agent_id, priority=priority, ttl_ms=ttl_ms, max_queue=max_queue
+            keys,
+            m,
+            agent_id=agent_id,
+            priority=priority,
+            ttl_ms=ttl_ms,
+            max_queue=max_queue,
+            claim_for=claim_for,
+            claim_lease_ms=claim_lease_ms,
         ).run(r)
     record = _record_ops(keys, m, ttl_ms=ttl_ms)
     if _bound(max_queue):
@@ -201,6 +235,9 @@ class Delivery:
     agent_id: str
     priority: str
     max_queue: int = 0
+    claim_for: str = ""
+    """Sent alone (not in a batch call): claim a fresh key for this runtime (:func:`send`)."""
+    claim_lease_ms: int = 0
 
 
 async def send_many(

@@ -47,6 +47,7 @@ def test_every_script_has_a_typed_call() -> None:
         R.count_agents(sample=1).script,
         delivery.fetch(K, agent_id="a", n=1, keep_normal=0, keep_low=0).script,
         delivery.claim_call([], owner="o", ttl_ms=1, agent_id="a").script,
+        delivery.start_call([], owner="o", ttl_ms=1).script,
         delivery.complete_call([], ttl_ms=1).script,
         delivery.settle_call([], ttl_ms=1).script,
         inbox.send_call(K, _msg(), agent_id="a", priority="high", ttl_ms=1).script,

@@ -1,0 +1,74 @@
+-- start.lua: confirm the claims send.lua made for this runtime (claiming at send), once
+-- their handlers have started: the task shows 'running' and the claim gets this runtime's
+-- own lease, as claim.lua would have written them. The runtime does not wait for the
+-- answer before it runs the handlers: the claim was already its own when it read them.
+-- Standalone Redis only (send.lua claims at send only there): one call for a batch.
+--
+-- KEYS[1..n] idempotency records (hashes, or absent)
+-- ARGV[1] owner: "<agent_id>/<instance_id>" of the runtime, 1..1024 bytes
+-- ARGV[2] ttl_ms: how long a record lives, integer 1..31536000000 (365 days)
+-- then 2 ARGV per key; for KEYS[i], j = 2 * i:
+--   ARGV[j+1] lease_ms: the claim's new lease, from now, integer 1..604800000 (7 days)
+--   ARGV[j+2] fence: the fence the entry's claim carries, integer 1..2^53
+-- So #ARGV = 2 + 2 * #KEYS. Integers are plain decimal digits without sign or leading
+-- zero.
+--
+-- A record is started when it is still 'pending', held by ARGV[1] with that fence, and not
+-- done: status 'running', lease_until = now + lease_ms, updated_ms = now, and it lives
+-- ttl_ms. Anything else is left as it is: the handler's completion is done already (a
+-- quick handler whose settle came first), or the claim is not this runtime's any more (a
+-- record changed behind the scripts' back), which the fenced completion then finds.
+--
+-- Every argument, and the type of every key, is checked before the first write: a refused
+-- call writes nothing.
+--
+-- Returns one integer per key, in order: 1 started, 0 left as it was.
+-- Errors  'reach: bad <argument>: <why>' (an error reply 'ERR reach: ...'; redis-py raises
+--         ResponseError) when the number of KEYS or ARGV, an argument, or a key's type is
+--         out of contract.
+local MAX_TTL, MAX_LEASE, MAX_FENCE = 31536000000, 604800000, 9007199254740992
+
+--!include args
+--!include now
+
+local function check()
+  if #KEYS < 1 or #ARGV ~= 2 + 2 * #KEYS then
+    return 'arguments: want 1 KEYS or more and 2 + 2 per key ARGV, got ' .. #KEYS .. ' and '
+      .. #ARGV
+  end
+  local e = bytes_bad('owner', 1, 1, 1024) or int_bad('ttl_ms', 2, 1, MAX_TTL)
+  if e then return e end
+  for i = 1, #KEYS do
+    local j = 2 * i
+    if not int_memo(ARGV[j + 1], 1, MAX_LEASE) then
+      return bad('lease_ms of KEYS[' .. i .. ']', j + 1, 'want an integer 1..' .. MAX_LEASE)
+    end
+    if not int_memo(ARGV[j + 2], 1, MAX_FENCE) then
+      return bad('fence of KEYS[' .. i .. ']', j + 2, 'want an integer 1..2^53')
+    end
+    local t = redis.call('TYPE', KEYS[i])['ok']
+    if t ~= 'none' and t ~= 'hash' then
+      return 'KEYS[' .. i .. ']: holds a ' .. t .. ', want a hash'
+    end
+  end
+  return nil
+end
+
+local err = check()
+if err then return refuse(err) end
+
+local now = now_ms()
+local out = {}
+for i = 1, #KEYS do
+  local j = 2 * i
+  local s = redis.call('HMGET', KEYS[i], 'owner', 'fence', 'done', 'status')
+  if s[4] == 'pending' and s[1] == ARGV[1] and s[2] == ARGV[j + 2] and s[3] ~= '1' then
+    redis.call('HSET', KEYS[i], 'status', 'running', 'lease_until',
+      now + tonumber(ARGV[j + 1]), 'updated_ms', now)
+    redis.call('PEXPIRE', KEYS[i], ARGV[2])
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out

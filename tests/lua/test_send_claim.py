@@ -1,0 +1,125 @@
+"""send.lua's claim at send (issue 11): the first send of a key, routed to a runtime, is
+claimed for that runtime in the same step (its entry names the owner and the lease), so
+the runtime can start the handler without a claim round trip. A resend, the batch form
+and a call without an owner never claim."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from redis.exceptions import ResponseError
+
+from reach import scripts
+from reach.connection import AnyRedis
+from reach.keys import Keys
+from reach.scripts import inbox
+from reach.scripts.codes import ClaimCode
+
+pytestmark = pytest.mark.anyio
+
+TTL_MS = 60_000
+OWNER = "w-1/inst-a"
+
+
+def msg(i: int, key: str = "") -> inbox.Message:
+    return inbox.Message(b"ENV%d" % i, "cap", 1, f"m{i}", key or f"m{i}", key)
+
+
+async def test_a_first_send_is_claimed_for_the_runtime_named(r: AnyRedis, ns: str) -> None:
+    k = Keys(ns)
+    before = int(time.time() * 1000)
+    call = inbox.send_call(
+        k, msg(1), agent_id="w-1", priority="normal", ttl_ms=TTL_MS, claim_for=OWNER,
+        claim_lease_ms=5_000,
+    )  # fmt: skip
+    sent = await call.run(r)
+    [(entry_id, fields)] = await r.xrange(k.inbox("w-1", "normal"))
+    assert sent.entry_id == entry_id.decode()
+    assert fields[b"e"] == b"ENV1" and fields[b"c"] == OWNER.encode()
+    until = int(fields[b"l"])
+    assert before + 5_000 - 1_000 <= until <= int(time.time() * 1000) + 5_000 + 1_000
+    h = await r.hgetall(k.idem("m1"))
+    # Claimed as claim.lua claims (fence 1, runs 1, owner, lease), still 'pending' until
+    # the runtime starts it (start.lua).
+    assert h[b"status"] == b"pending" and h[b"fence"] == b"1" and h[b"runs"] == b"1"
+    assert h[b"owner"] == OWNER.encode() and int(h[b"lease_until"]) == until
+    assert h[b"agent_id"] == b"w-1" and h[b"msg_id"] == b"m1" and h[b"sent_msg_id"] == b"m1"
+    assert h[b"capability"] == b"cap" and h[b"attempt"] == b"1"
+    assert 0 < await r.pttl(k.idem("m1")) <= TTL_MS
+
+
+async def test_another_runtime_finds_the_claim_held(r: AnyRedis, ns: str) -> None:
+    # The claim made at send is a claim like any other: a second owner meets BUSY, the
+    # owner named completes with fence 1.
+    k = Keys(ns)
+    await inbox.send_call(
+        k, msg(2), agent_id="w-1", priority="normal", ttl_ms=TTL_MS, claim_for=OWNER,
+        claim_lease_ms=60_000,
+    ).run(r)  # fmt: skip
+    [got] = await scripts.call(
+        r, "claim", [k.idem("m2")], ["w-1/inst-b", TTL_MS, "w-1", 1000, "m2", ""]
+    )
+    assert got[0] == ClaimCode.BUSY and got[1] == OWNER.encode()
+
+
+async def test_a_resend_of_a_key_is_not_claimed(r: AnyRedis, ns: str) -> None:
+    k = Keys(ns)
+    await r.hset(k.idem("order-1"), mapping={"status": "succeeded", "done": "1", "fence": "3"})
+    await inbox.send_call(
+        k, msg(3, "order-1"), agent_id="w-1", priority="high", ttl_ms=TTL_MS, claim_for=OWNER,
+        claim_lease_ms=60_000,
+    ).run(r)  # fmt: skip
+    [(_, fields)] = await r.xrange(k.inbox("w-1", "high"))
+    assert fields == {b"e": b"ENV3"}
+    h = await r.hgetall(k.idem("order-1"))
+    assert h[b"status"] == b"succeeded" and h[b"fence"] == b"3" and b"owner" not in h
+    assert await r.get(k.task("m3")) == b"order-1"
+
+
+async def test_no_owner_means_no_claim(r: AnyRedis, ns: str) -> None:
+    k = Keys(ns)
+    await inbox.send_call(k, msg(4), agent_id="w-1", priority="low", ttl_ms=TTL_MS).run(r)
+    await scripts.call(
+        r, "send", [k.inbox("w-1", "low"), k.idem("m5"), k.task("m5")],
+        [b"ENV5", "cap", 1, "m5", "", TTL_MS, 0, "", 1000],
+    )  # fmt: skip
+    for _, fields in await r.xrange(k.inbox("w-1", "low")):
+        assert fields.keys() == {b"e"}
+    for key in ("m4", "m5"):
+        h = await r.hgetall(k.idem(key))
+        assert h[b"status"] == b"pending" and b"owner" not in h and b"fence" not in h
+
+
+async def test_a_bounded_inbox_at_its_bound_refuses_without_claiming(r: AnyRedis, ns: str) -> None:
+    k = Keys(ns)
+    await inbox.send_call(k, msg(6), agent_id="w-2", priority="normal", ttl_ms=TTL_MS,
+                          max_queue=1).run(r)  # fmt: skip
+    sent = await inbox.send_call(
+        k, msg(7), agent_id="w-2", priority="normal", ttl_ms=TTL_MS, max_queue=1,
+        claim_for="w-2/i", claim_lease_ms=1000,
+    ).run(r)  # fmt: skip
+    assert sent.refused and sent.depth == 1
+    assert await r.exists(k.idem("m7")) == 0
+
+
+@pytest.mark.parametrize(
+    ("extra", "why"),
+    [
+        (["w-1/i"], r"want 6, 7 or 9 ARGV"),  # 8 ARGV
+        (["w-1", 1000], r"claim for \(ARGV\[8\]\) w-1: want '<agent_id>/<instance_id>'"),
+        (["w-1/", 1000], r"claim for \(ARGV\[8\]\) w-1\?: want"),
+        (["ab", 1000], r"claim for \(ARGV\[8\]\): want 3..1024 bytes"),
+        (["w-1/i", 0], r"claim lease_ms \(ARGV\[9\]\) 0: want an integer 1..604800000"),
+        (["w-1/i", "1e3"], r"claim lease_ms \(ARGV\[9\]\) 1e3"),
+        (["w-1/i", 604800001], r"claim lease_ms"),
+    ],
+)
+async def test_bad_claim_arguments_are_refused_before_any_write(
+    r: AnyRedis, ns: str, extra: list[object], why: str
+) -> None:
+    k = Keys(ns)
+    keys = [k.inbox("w-1", "normal"), k.idem("m9"), k.task("m9")]
+    with pytest.raises(ResponseError, match=why):
+        await scripts.call(r, "send", keys, [b"ENV", "cap", 1, "m9", "", TTL_MS, 0, *extra])
+    assert await r.exists(*keys) == 0
