@@ -8,9 +8,9 @@ stops reading, running handlers get ``drain_timeout_s`` to finish, queued outcom
 settled, the agent deregisters and leaves its inbox.
 
 Agents run by one process share what can be shared (:class:`_Host`, one per Redis URL and
-event loop): one Redis client, whose commands go out auto-pipelined on one connection at a
-time (:class:`reach._autopipe.AutoPipeline`; blocking reads take a connection of their
-own), one heartbeat thread (:class:`reach._worker.liveness.Heartbeats`) and one sweeper
+event loop): one Redis client, whose commands go out auto-pipelined on one multiplexed
+connection (:class:`reach._autopipe.AutoPipeline`; blocking reads take a connection of their
+own: 3 connections per process on standalone Redis and Sentinel), one heartbeat thread (:class:`reach._worker.liveness.Heartbeats`) and one sweeper
 task per namespace (taken over by another agent of the process when its agent stops).
 """
 
@@ -53,13 +53,17 @@ if TYPE_CHECKING:
 log = logging.getLogger("reach.runtime")
 
 HOST_PIPELINES = 2
-"""Auto-pipelined batches in flight at once for the agents of one process: the
-connections their (non-blocking) commands use. Two, not one: with one, a worker's fetch,
-claim and settle wait for each other's round trips, and its read-ahead (the next batch's
-fetch and claim while handlers run) cannot overlap anything (`bench/profile_worker.py
---profile none`, backlog: 5,300-7,300 msgs/s with one in 2 runs; 7,000-14,400 with two and
-6,400-11,800 with four in 5 runs each, two ahead of four in 4 of the 5 rounds run side by
-side; medians 8,138 and 9,605: the machine's noise is as large as the difference)."""
+"""On a Cluster: auto-pipelined batches in flight at once for the agents of one process,
+the connections per node their (non-blocking) commands use. Two, not one: with one
+pipeline at a time a worker's fetch, claim and settle wait for each other's round trips
+(`bench/profile_worker.py --profile none`, backlog, standalone when pipelines were used
+there: 5,300-7,300 msgs/s with one in 2 runs; 7,000-14,400 with two, 6,400-11,800 with
+four in 5 runs each). On standalone Redis and Sentinel the commands share one multiplexed
+connection instead (batches written without waiting for earlier replies, see
+:mod:`reach._autopipe`), whatever this number: a worker process holds 3 connections (that
+one, its blocking read, its heartbeat thread), and the backlog drains faster than with two
+pipelines (medians 26,735 vs 24,353 msgs/s, `reach bench --floor --repeat 3`, 3 runs
+each, alternated)."""
 
 
 RESYNC_S = 15.0
