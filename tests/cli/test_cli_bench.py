@@ -70,6 +70,11 @@ def test_reach_bench_floor_runs_both_systems_in_one_run() -> None:
     assert set(ratios) == {"throughput", "p50", "p99", "rounds"} and len(ratios["rounds"]) == 1
     assert all(ratios[k] > 0 for k in ("throughput", "p50", "p99"))
     assert "streaming floor: processed 300/300" in err and "floor requests 50/50" in err
+    # The CPU each process spent per message, for both systems (the throughput ceiling's
+    # model). /proc counts in clock ticks (10 ms), more than a worker may spend on 300
+    # messages: its figure may be 0, the caller's and Redis's are finer.
+    for fig in (st, out["send_many"], fs):
+        assert fig["cpu_caller_us"] > 0 and fig["cpu_redis_us"] > 0 and fig["cpu_worker_us"] >= 0
 
 
 def test_reach_bench_floor_needs_the_streaming_workload() -> None:

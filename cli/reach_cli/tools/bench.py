@@ -265,6 +265,8 @@ async def _streaming(
             await c.eligible(CAP)  # the routing view is loaded before the clock starts
             added_before = await entries_added(r, stream)
             load_before = await _server_load(r)
+            cpu = CpuMeter(r, worker.pid)
+            await cpu.start()
             sent = 0
             every = max(1, n // 20)
 
@@ -284,11 +286,60 @@ async def _streaming(
             t_sent = time.perf_counter()
             await _until_processed(r, stream, GROUP, n, "streaming reach: processed", progress)
             t1 = time.perf_counter()
+            used = await cpu.per_msg(n)
             processed = await entries_added(r, stream) - added_before
             load = _per_message(load_before, await _server_load(r), n)
     finally:
         await r.aclose()
-    return {**stream_figures(n, t0, t_sent, t1, processed, inflight=STREAM_INFLIGHT), **load}
+    figures = stream_figures(n, t0, t_sent, t1, processed, inflight=STREAM_INFLIGHT)
+    return {**figures, **load, **used}
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) process ``pid`` has used, from /proc (Linux); None
+    elsewhere or when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    # After the command name: state is field 3 of stat(5), utime 14 and stime 15.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU seconds of the three processes of a streaming run: this one (the caller), the
+    worker and the Redis server, so a phase reports the CPU each spends per message (on a
+    machine whose cores are all busy, throughput is bounded by their sum)."""
+
+    def __init__(self, r: Any, worker_pid: int) -> None:
+        self.r = r
+        self.worker_pid = worker_pid
+        self._start: tuple[float, float | None, float] = (0.0, None, 0.0)
+
+    async def _redis_cpu_s(self) -> float:
+        cpu = await self.r.info("cpu")
+        return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+    async def start(self) -> None:
+        self._start = (
+            time.process_time(),
+            process_cpu_s(self.worker_pid),
+            await self._redis_cpu_s(),
+        )
+
+    async def per_msg(self, n: int) -> dict[str, float]:
+        """µs of CPU per message since :meth:`start`: ``cpu_caller_us``, ``cpu_worker_us``
+        (absent when /proc cannot tell), ``cpu_redis_us``."""
+        caller0, worker0, redis0 = self._start
+        out = {
+            "cpu_caller_us": (time.process_time() - caller0) * 1e6 / n,
+            "cpu_redis_us": (await self._redis_cpu_s() - redis0) * 1e6 / n,
+        }
+        worker1 = process_cpu_s(self.worker_pid)
+        if worker0 is not None and worker1 is not None:
+            out["cpu_worker_us"] = (worker1 - worker0) * 1e6 / n
+        return out
 
 
 async def _server_load(r: AnyRedis) -> tuple[float, int, int]:
@@ -325,6 +376,8 @@ async def _streaming_many(
         async with Client(redis_url=url, namespace=NS) as c:
             await c.eligible(CAP)  # the routing view is loaded before the clock starts
             added_before = await entries_added(r, stream)
+            cpu = CpuMeter(r, worker.pid)
+            await cpu.start()
             t0 = time.perf_counter()
             for start in range(0, n, FLOOR_BATCH):
                 out = await c.send_many(
@@ -340,10 +393,11 @@ async def _streaming_many(
                 r, stream, GROUP, n, "streaming reach send_many: processed", progress
             )
             t1 = time.perf_counter()
+            used = await cpu.per_msg(n)
             processed = await entries_added(r, stream) - added_before
     finally:
         await r.aclose()
-    return stream_figures(n, t0, t_sent, t1, processed, batch=FLOOR_BATCH)
+    return {**stream_figures(n, t0, t_sent, t1, processed, batch=FLOOR_BATCH), **used}
 
 
 def stream_figures(
@@ -409,6 +463,8 @@ def _floor_streaming(stream: str) -> Measure:
         r: Any = aredis.Redis.from_url(url)
         try:
             every = max(1, n // 20)
+            cpu = CpuMeter(r, worker.pid)
+            await cpu.start()
 
             def on_sent(done: int) -> None:
                 if progress and (done % every < FLOOR_BATCH or done == n):
@@ -423,10 +479,11 @@ def _floor_streaming(stream: str) -> Measure:
                 r, stream, floor.GROUP, n, "streaming floor: processed", progress
             )
             t1 = time.perf_counter()
+            used = await cpu.per_msg(n)
             processed = await entries_added(r, stream)
         finally:
             await r.aclose()
-        return stream_figures(n, t0, t_sent, t1, processed, batch=FLOOR_BATCH)
+        return {**stream_figures(n, t0, t_sent, t1, processed, batch=FLOOR_BATCH), **used}
 
     return measure
 
@@ -736,6 +793,7 @@ def format_report(out: dict[str, Any]) -> str:
                 f"{st['script_calls_per_msg']:.2f} script calls, "
                 f"{st['redis_reads_per_msg']:.2f} requests read (caller and worker)"
             )
+        lines += _cpu_line(st)
     many = out.get("send_many")
     if many:
         lines.append(
@@ -744,6 +802,7 @@ def format_report(out: dict[str, Any]) -> str:
             f"({many['seconds']:.2f}s; sent in {many['send_seconds']:.2f}s = "
             f"{many['sent_per_s']:,.0f} msgs/s enqueued)"
         )
+        lines += _cpu_line(many)
     fl = out.get("floor")
     if fl:
         fs, flat, ra = fl["streaming"], fl["latency"], out["ratios"]
@@ -754,6 +813,7 @@ def format_report(out: dict[str, Any]) -> str:
                 f"message, {fs['messages']} msgs: "
                 f"{fs['msgs_per_s']:,.0f} msgs/s processed ({fs['seconds']:.2f}s)"
             ),
+            *_cpu_line(fs),
             (
                 f"  request/reply, {flat['requests']} requests: p50 {flat['p50_ms']:.3f} ms, "
                 f"p99 {flat['p99_ms']:.3f} ms"
@@ -764,6 +824,13 @@ def format_report(out: dict[str, Any]) -> str:
                 + (" (medians of the rounds' ratios)" if rounds > 1 else "")
             ),
         ]
+        ceiling = _cpu_ceiling(st, fs) if st else None
+        if ceiling is not None:
+            lines.append(
+                f"CPU per processed msg, caller + worker + Redis: reach (Client.send) "
+                f"{ceiling[0]:.1f} µs, floor {ceiling[1]:.1f} µs: with every core busy, reach "
+                f"can do at most {ceiling[1] / ceiling[0]:.2f}x the floor's throughput"
+            )
         mr = (many or {}).get("ratios")
         if mr:
             lines.append(
@@ -771,6 +838,33 @@ def format_report(out: dict[str, Any]) -> str:
                 f"{fs['sent_per_s']:,.0f} msgs/s enqueued), throughput {mr['throughput']:.2f}x"
             )
     return "\n".join(lines)
+
+
+def _cpu_total(fig: dict[str, Any]) -> float | None:
+    parts = [fig.get(k) for k in ("cpu_caller_us", "cpu_worker_us", "cpu_redis_us")]
+    if any(p is None for p in parts):
+        return None
+    return float(sum(p for p in parts if p is not None))
+
+
+def _cpu_line(fig: dict[str, Any]) -> list[str]:
+    """The CPU line of a streaming figure ([] when the worker's CPU is unknown)."""
+    total = _cpu_total(fig)
+    if total is None:
+        return []
+    line = (
+        f"  CPU per msg: caller {fig['cpu_caller_us']:.1f} µs, worker "
+        f"{fig['cpu_worker_us']:.1f} µs, Redis {fig['cpu_redis_us']:.1f} µs (sum {total:.1f} µs)"
+    )
+    return [line]
+
+
+def _cpu_ceiling(reach: dict[str, Any], fl: dict[str, Any]) -> tuple[float, float] | None:
+    """(reach's, the floor's) CPU per message of the three processes together, when known:
+    on a machine whose cores all run the benchmark, throughput is at most cores / that sum,
+    so the floor's sum / reach's bounds the throughput ratio however the work overlaps."""
+    a, b = _cpu_total(reach), _cpu_total(fl)
+    return None if a is None or b is None else (a, b)
 
 
 HELP_EPILOG = """\
