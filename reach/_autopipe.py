@@ -72,6 +72,7 @@ import asyncio
 import collections
 import inspect
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -275,7 +276,12 @@ class _Mux:
         if not conn.is_connected:
             await conn.connect()
         if self.reader is None or self.reader.done():
-            self.reader = asyncio.get_running_loop().create_task(self._read_loop(conn, self.gen))
+            # The connection's socket_timeout bounds each reply, taken now: redis-py's
+            # hiredis-packing connection (reach.connection) clears it while a write waits.
+            limit = conn.socket_timeout
+            self.reader = asyncio.get_running_loop().create_task(
+                self._read_loop(conn, self.gen, limit)
+            )
         return conn
 
     def _check_master(self) -> None:
@@ -330,7 +336,7 @@ class _Mux:
                 raise
 
     # -- the reader -------------------------------------------------------------------------
-    async def _read_loop(self, conn: Any, gen: int) -> None:
+    async def _read_loop(self, conn: Any, gen: int, limit: float | None) -> None:
         loop = asyncio.get_running_loop()
         inflight = self.inflight
         callbacks = self.redis.response_callbacks
@@ -344,9 +350,16 @@ class _Mux:
                 continue
             p = inflight[0]
             try:
-                reply = await conn.read_response(disable_decoding=p.never_decode)
+                async with asyncio.timeout(limit):
+                    reply = await conn.read_response(
+                        disable_decoding=p.never_decode, timeout=math.inf
+                    )
             except rexc.ResponseError as e:  # an error reply: the connection is fine
                 reply = e if p.empty is _NO_EMPTY else p.empty
+            except TimeoutError:  # the reply took longer than socket_timeout
+                if gen == self.gen:
+                    self._broken(rexc.TimeoutError(f"Timeout reading from {conn._host_error()}"))
+                return
             except BaseException as e:
                 if gen == self.gen:
                     self._broken(e)

@@ -411,3 +411,36 @@ async def test_multiplex_false_keeps_the_pipelines(redis_url: str, ns: str) -> N
         assert pool_connections(client) <= 2
     finally:
         await auto.aclose()
+
+
+async def test_a_reply_slower_than_the_socket_timeout_fails_its_callers_not_forever(
+    fresh_redis: RedisServer, ns: str
+) -> None:
+    # A script busy for 1.2 s on a connection whose replies may take 0.4 s: the commands in
+    # flight behind it are retried once (the Retry policy: retry_on_timeout), then get the
+    # TimeoutError; none waits for ever, and the connection serves again afterwards.
+    client = await connect(f"{fresh_redis.url}?socket_timeout=0.4")
+    auto = AutoPipeline(client)
+    busy = "local t = redis.call('TIME'); local s = t[1] + t[2] / 1e6 " + (
+        "repeat local n = redis.call('TIME') until n[1] + n[2] / 1e6 - s > 1.2 return 1"
+    )
+    try:
+        assert await auto.set(f"{ns}:k", "v")
+        with anyio.fail_after(20):
+            got = await asyncio.gather(
+                auto.eval(busy, 0),
+                *(auto.get(f"{ns}:k") for _ in range(100)),
+                return_exceptions=True,
+            )
+        assert isinstance(got[0], rexc.TimeoutError)
+        assert all(x == b"v" or isinstance(x, rexc.TimeoutError) for x in got[1:]), got
+        with anyio.fail_after(20):
+            while True:  # the server may still run the resent script
+                try:
+                    assert await auto.get(f"{ns}:k") == b"v"
+                    break
+                except (rexc.TimeoutError, rexc.ResponseError):
+                    await asyncio.sleep(0.2)
+        assert pool_connections(client) == 1
+    finally:
+        await auto.aclose()
