@@ -98,6 +98,12 @@ DEFAULT_MAX_IN_FLIGHT = 8192
 """Multiplexed connection: commands written and not yet answered at most (the rest wait
 in the queue). A bound on memory, not on speed: 16 writes of ``max_batch``."""
 
+IDLE_RELEASE_S = 1.0
+"""Multiplexed connection: given back to the pool after this long with nothing to send or
+read (its tasks end too), taken again at the next command. An auto-pipeline that is
+dropped without :meth:`AutoPipeline.aclose` (a Client over a shared client only drains
+its own) so holds no connection for long."""
+
 _NO_EMPTY = object()  # a command without EMPTY_RESPONSE
 _CLEAN = frozenset({NEVER_DECODE, EMPTY_RESPONSE, "keys"})  # options no callback takes
 
@@ -238,9 +244,16 @@ class _Mux:
             if not self.queue or len(self.inflight) >= auto.max_in_flight:
                 if self.closed and not self.queue:
                     return
+                idle = not self.queue and not self.inflight and self.conn is not None
                 self._wake_writer = loop.create_future()
                 try:
-                    await self._wake_writer
+                    async with asyncio.timeout(IDLE_RELEASE_S if idle else None):
+                        await self._wake_writer
+                except TimeoutError:
+                    if not self.queue and not self.inflight:
+                        await self._release()
+                        if not self.queue:
+                            return  # the next command starts a writer again
                 finally:
                     self._wake_writer = None
                 continue
@@ -335,6 +348,17 @@ class _Mux:
             if not isinstance(e, Exception):
                 raise
 
+    async def _release(self) -> None:
+        """Give the connection back to the pool (nothing is in flight on it)."""
+        reader, self.reader = self.reader, None
+        if reader is not None and not reader.done():
+            reader.cancel()  # it waits for commands: no read is under way
+            await asyncio.wait([reader])
+        conn, self.conn = self.conn, None
+        self.broken = False
+        if conn is not None:
+            await self.redis.connection_pool.release(conn)
+
     # -- the reader -------------------------------------------------------------------------
     async def _read_loop(self, conn: Any, gen: int, limit: float | None) -> None:
         loop = asyncio.get_running_loop()
@@ -369,8 +393,8 @@ class _Mux:
             if gen != self.gen:
                 return  # its commands were queued again: this reply is not theirs
             inflight.popleft()
-            if self.queue and self._wake_writer is not None:
-                self._kick_writer()  # room again for the writer that waits for it
+            if self._wake_writer is not None and (self.queue or not inflight):
+                self._kick_writer()  # room again for the writer, or idle: it may release
             if not isinstance(reply, Exception):
                 assert p.words is not None and p.options is not None
                 cb = callbacks.get(p.words[0])

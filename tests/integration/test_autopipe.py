@@ -13,7 +13,7 @@ import anyio
 import pytest
 from redis import exceptions as rexc
 
-from reach._autopipe import AutoPipeline
+from reach._autopipe import IDLE_RELEASE_S, AutoPipeline
 from reach.connection import AnyRedis, RedisLike, connect, pool_connections
 from reach.embedded import RedisServer
 from reach.scripts import Call, script
@@ -442,5 +442,26 @@ async def test_a_reply_slower_than_the_socket_timeout_fails_its_callers_not_fore
                 except (rexc.TimeoutError, rexc.ResponseError):
                     await asyncio.sleep(0.2)
         assert pool_connections(client) == 1
+    finally:
+        await auto.aclose()
+
+
+async def test_an_idle_connection_goes_back_to_the_pool(redis_url: str, ns: str) -> None:
+    # A Client over a shared client only drains its auto-pipeline: an idle one must not
+    # keep a connection (or tasks) for ever.
+    client = await connect(redis_url)
+    pool = client.connection_pool  # type: ignore[attr-defined]
+    auto = AutoPipeline(client)
+    try:
+        assert await auto.set(f"{ns}:k", "v")
+        assert len(pool._in_use_connections) == 1
+        await asyncio.sleep(IDLE_RELEASE_S + 0.5)
+        mux = auto._mux
+        assert mux is not None and mux.conn is None and mux.reader is None
+        assert mux.writer is not None and mux.writer.done()
+        assert len(pool._in_use_connections) == 0 and pool_connections(client) == 1
+        # taken again by the next command
+        assert await asyncio.gather(*(auto.get(f"{ns}:k") for _ in range(100))) == [b"v"] * 100
+        assert len(pool._in_use_connections) == 1 and pool_connections(client) == 1
     finally:
         await auto.aclose()
