@@ -16,9 +16,9 @@
 -- ARGV[6] ttl_ms of the record and the pointer, integer 1..31536000000 (365 days)
 -- ARGV[7] max_queue: the agent's bound on queued + in-flight messages, integer
 --         0..999999999999999; 0 (or absent) = unbounded
--- ARGV[8] claim for (the one-message form only, optional, with ARGV[7] and ARGV[9]): the
---         owner "<agent_id>/<instance_id>" of the runtime the message is routed to, 3..1024
---         bytes, or '' (no claim)
+-- ARGV[8] claim for (optional, with ARGV[7] and ARGV[9]): the owner
+--         "<agent_id>/<instance_id>" of the runtime the message (the batch form: every
+--         message) is routed to, 3..1024 bytes, or '' (no claim)
 -- ARGV[9] claim lease_ms, integer 1..604800000 (7 days): how long that claim holds
 -- Integers are plain decimal digits without sign or leading zero.
 --
@@ -32,11 +32,12 @@
 -- takes the claim.lua path, where this claim counts as any other. An existing record
 -- (a resend of the key) is never claimed here and its entry has no 'c'.
 --
--- The batch form (more than 9 ARGV; it never claims): messages 2..n to the same agent
--- follow, message j (j >= 2) as KEYS[3j+1..3j+3] (its inbox, record and pointer, as
--- KEYS[1..3]: its inbox one of KEYS[4..6]) and ARGV[5j-2..5j+2] (as ARGV[1..5]); KEYS[4..6] and ARGV[7] are
--- always given: 3n+3 KEYS and 5n+2 ARGV for n messages. The messages are added in order,
--- each as the one-message form would add it.
+-- The batch form (more than 9 ARGV): messages 2..n to the same agent follow, message j
+-- (j >= 2) as KEYS[3j+1..3j+3] (its inbox, record and pointer, as KEYS[1..3]: its inbox
+-- one of KEYS[4..6]) and ARGV[5j-2..5j+2] (as ARGV[1..5]; with a claim, ARGV[8..9], they
+-- come 2 later: ARGV[5j..5j+4]); KEYS[4..6] and ARGV[7] are always given: 3n+3 KEYS and
+-- 5n+2 ARGV (5n+4 with a claim) for n messages. The messages are added in order, each as
+-- the one-message form would add it (each fresh record claimed, with the claim).
 --
 -- The bound counts the entries of the three inbox streams (XLEN: the runtime deletes an
 -- entry once it is settled, so this is queued + being handled), at the moment of the add:
@@ -54,23 +55,44 @@ local MAX_TTL, MAX_INT, MAX_LEASE = 31536000000, 999999999999999, 604800000
 --!include key_types
 --!include now
 
+-- The batch form: the ARGV of the claim (0, or 2 with ARGV[8..9]) before message 2's.
+local fixed = 0
 -- The batch form: message j's KEYS and ARGV start after these indexes.
 local function kbase(j) if j == 1 then return 0 end return 3 * j end
-local function abase(j) if j == 1 then return 0 end return 5 * j - 3 end
+local function abase(j) if j == 1 then return 0 end return 5 * j - 3 + fixed end
 
 local fresh = {}  -- the batch form: message j's record does not exist yet
+local claim_for = ''  -- ARGV[8] when given: fresh records are claimed for it
+
+-- Why the claim in ARGV[8..9] is refused, or nil.
+local function claim_bad()
+  local e = bytes_bad('claim for', 8, 3, 1024) or int_bad('claim lease_ms', 9, 1, MAX_LEASE)
+  if e then return e end
+  if not string.find(ARGV[8], '^.+/[^/]+$') then
+    return bad('claim for', 8, "want '<agent_id>/<instance_id>'")
+  end
+  return nil
+end
 
 local function check()
   if #ARGV > 9 then
-    if (#ARGV - 7) % 5 ~= 0 then
-      return 'arguments: want 6, 7 or 9 ARGV, or 7 and 5 per further message, got ' .. #ARGV
+    if (#ARGV - 9) % 5 == 0 then
+      fixed = 2
+    elseif (#ARGV - 7) % 5 ~= 0 then
+      return 'arguments: want 6, 7 or 9 ARGV, or 7 (or 9) and 5 per further message, got '
+        .. #ARGV
     end
-    local n = 1 + (#ARGV - 7) / 5
+    local n = 1 + (#ARGV - 7 - fixed) / 5
     if #KEYS ~= 3 * n + 3 then
       return 'keys: want ' .. (3 * n + 3) .. ' KEYS for ' .. n .. ' messages, got ' .. #KEYS
     end
     local e = int_bad('ttl_ms', 6, 1, MAX_TTL) or int_bad('max_queue', 7, 0, MAX_INT)
     if e then return e end
+    if fixed == 2 and ARGV[8] ~= '' then
+      e = claim_bad()
+      if e then return e end
+      claim_for = ARGV[8]
+    end
     for j = 1, n do
       e = int_bad('attempt', abase(j) + 3, 0, MAX_INT)
       if e then return e end
@@ -102,11 +124,9 @@ local function check()
     or (ARGV[7] and int_bad('max_queue', 7, 0, MAX_INT))
   if e then return e end
   if #ARGV == 9 and ARGV[8] ~= '' then
-    e = bytes_bad('claim for', 8, 3, 1024) or int_bad('claim lease_ms', 9, 1, MAX_LEASE)
+    e = claim_bad()
     if e then return e end
-    if not string.find(ARGV[8], '^.+/[^/]+$') then
-      return bad('claim for', 8, "want '<agent_id>/<instance_id>'")
-    end
+    claim_for = ARGV[8]
   end
   local max = tonumber(ARGV[7] or '0')
   if max > 0 and #KEYS ~= 6 then
@@ -139,18 +159,24 @@ local function add(k, a, new)
   return id
 end
 
--- The one-message form with a claim for a fresh record: the entry names the owner and
--- the lease, the record is written claimed (see the header).
-local function add_claimed()
-  local now = now_ms()
-  local until_ms = now + tonumber(ARGV[9])
-  local id = redis.call('XADD', KEYS[1], '*', 'e', ARGV[1], 'c', ARGV[8], 'l', until_ms)
-  redis.call('HSET', KEYS[2], 'status', 'pending', 'capability', ARGV[2], 'attempt', ARGV[3],
-    'sent_msg_id', ARGV[4], 'fence', 1, 'runs', 1, 'owner', ARGV[8], 'lease_until', until_ms,
-    'msg_id', ARGV[4], 'agent_id', string.match(ARGV[8], '^(.+)/[^/]+$'), 'updated_ms', now)
-  redis.call('PEXPIRE', KEYS[2], ARGV[6])
-  if ARGV[5] ~= '' then
-    redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[6])
+-- Add message j (as add) with a claim for claim_for on its fresh record: the entry names
+-- the owner and the lease, the record is written claimed (see the header).
+local now, until_ms, claim_agent
+local function add_claimed(k, a)
+  if not now then
+    now = now_ms()
+    until_ms = now + tonumber(ARGV[9])
+    claim_agent = string.match(claim_for, '^(.+)/[^/]+$')
+  end
+  local id = redis.call('XADD', KEYS[k + 1], '*', 'e', ARGV[a + 1], 'c', claim_for,
+    'l', until_ms)
+  redis.call('HSET', KEYS[k + 2], 'status', 'pending', 'capability', ARGV[a + 2],
+    'attempt', ARGV[a + 3], 'sent_msg_id', ARGV[a + 4], 'fence', 1, 'runs', 1,
+    'owner', claim_for, 'lease_until', until_ms, 'msg_id', ARGV[a + 4],
+    'agent_id', claim_agent, 'updated_ms', now)
+  redis.call('PEXPIRE', KEYS[k + 2], ARGV[6])
+  if ARGV[a + 5] ~= '' then
+    redis.call('SET', KEYS[k + 3], ARGV[a + 5], 'PX', ARGV[6])
   end
   return id
 end
@@ -168,8 +194,8 @@ end
 
 if n == 0 then
   if max > 0 and depth >= max then return depth end
-  if #ARGV == 9 and ARGV[8] ~= '' and redis.call('EXISTS', KEYS[2]) == 0 then
-    return add_claimed()
+  if claim_for ~= '' and redis.call('EXISTS', KEYS[2]) == 0 then
+    return add_claimed(0, 0)
   end
   return add(0, 0, false)
 end
@@ -178,6 +204,9 @@ local out = {}
 for j = 1, n do
   if max > 0 and depth >= max then
     out[j] = depth
+  elseif claim_for ~= '' and fresh[j] then
+    out[j] = add_claimed(kbase(j), abase(j))
+    depth = depth + 1
   else
     out[j] = add(kbase(j), abase(j), fresh[j])
     depth = depth + 1

@@ -14,11 +14,10 @@ one ``send.lua`` call of the batch form per agent, as ``send_many`` sends them. 
 waits for nothing; many concurrent ones cost Redis and the client one script call per
 agent and turn instead of one per message.
 
-The message sent alone is also claimed at send for the runtime it is routed to (the
+Every message is also claimed at send for the runtime it is routed to (the
 ``agent_id/instance_id`` of the view's record; standalone Redis, a key's first send):
 that runtime then starts its handler without a claim round trip (``lua/send.lua`` and
-``lua/start.lua`` give the contract; docs/operations.md "Claiming at send"). Batches are
-not claimed: under load the worker claims a whole batch in one call anyway.
+``lua/start.lua`` give the contract; docs/operations.md "Claiming at send").
 """
 
 from __future__ import annotations
@@ -223,15 +222,9 @@ class Delivery:
         try:
             m = inbox.Message.of(env, data)
             if self.coalescer is not None:
-                claim_for = f"{agent_id}/{agent.instance_id}" if agent.instance_id else ""
                 sent = await self.coalescer.send(
                     inbox.Delivery(
-                        m,
-                        agent_id,
-                        env.priority,
-                        agent.max_queue,
-                        claim_for,
-                        claim_at_send_lease_ms(env),
+                        m, agent_id, env.priority, agent.max_queue, *claim_at_send(agent, env)
                     )
                 )
             else:
@@ -305,6 +298,7 @@ class Delivery:
             with logs.span("reach.deliver", kind="producer"):
                 items: list[inbox.Delivery] = []
                 tracing = logs.tracing()  # asked once for the batch (it costs µs a call)
+                cluster = self.commands.cluster
                 for i, agent in picked:
                     env = envs[i]
                     if tracing:
@@ -315,6 +309,7 @@ class Delivery:
                             agent.agent_id,
                             env.priority,
                             agent.max_queue,
+                            *(() if cluster else claim_at_send(agent, env)),
                         )
                     )
                 sent = await inbox.send_many(
@@ -369,13 +364,17 @@ the runtime to read the entry and confirm the claim with its own lease (``start.
 One read later than that finds the claim run out and claims as usual."""
 
 
-def claim_at_send_lease_ms(env: Envelope) -> int:
-    """The lease of ``env``'s claim at send: :data:`CLAIM_AT_SEND_LEASE_MS`, or less with
-    a deadline (a second past it, and a second at least), as a runtime's claim would be."""
+def claim_at_send(agent: AgentInfo, env: Envelope) -> tuple[str, int]:
+    """Whom ``env``, routed to ``agent``, is claimed for at send (``"<agent_id>/<instance_id>"``,
+    ``''`` when the record names no instance) and the claim's lease:
+    :data:`CLAIM_AT_SEND_LEASE_MS`, or less with a deadline (a second past it, and a second
+    at least), as a runtime's claim would be."""
+    if not agent.instance_id:
+        return "", 0
     lease = CLAIM_AT_SEND_LEASE_MS
     if env.deadline_ms:
         lease = max(1000, min(lease, env.deadline_ms - now_ms() + 1000))
-    return lease
+    return f"{agent.agent_id}/{agent.instance_id}", lease
 
 
 def overloaded(

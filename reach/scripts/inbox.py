@@ -121,11 +121,14 @@ def send_batch_call(
     agent_id: str,
     ttl_ms: int,
     max_queue: int = 0,
+    claim_for: str = "",
+    claim_lease_ms: int = 0,
 ) -> Call[list[Sent]]:
     """One ``send.lua`` call in its batch form (standalone Redis): add each ``(message,
     priority)`` of ``messages`` (two at least) to the inbox of ``agent_id``, in order, as
-    :func:`send_call` would one by one (the ones past ``max_queue`` refused); one
-    :class:`Sent` per message."""
+    :func:`send_call` would one by one (the ones past ``max_queue`` refused; with
+    ``claim_for``, each fresh key claimed for that runtime); one :class:`Sent` per
+    message."""
     if len(messages) < 2:
         raise ValueError("the batch form of send.lua takes two messages at least")
     k: list[str] = []
@@ -138,6 +141,8 @@ def send_batch_call(
         if j == 0:  # the one-message layout, then the batch's own
             k += keys.inboxes(agent_id)
             args += [ttl_ms, _bound(max_queue)]
+            if claim_for:
+                args += [claim_for, claim_lease_ms]
     return Call("send", tuple(k), tuple(args), _sent_each)
 
 
@@ -236,7 +241,8 @@ class Delivery:
     priority: str
     max_queue: int = 0
     claim_for: str = ""
-    """Sent alone (not in a batch call): claim a fresh key for this runtime (:func:`send`)."""
+    """Standalone Redis: claim a fresh key for this runtime (``"<agent_id>/<instance_id>"``,
+    :func:`send_call`)."""
     claim_lease_ms: int = 0
 
 
@@ -297,9 +303,9 @@ runs: ~1 ms for this many)."""
 async def _send_batches(
     r: AnyRedis, keys: Keys, items: Sequence[Delivery], *, ttl_ms: int
 ) -> list[Sent | Exception]:
-    groups: dict[tuple[str, int], list[int]] = {}
+    groups: dict[tuple[str, int, str], list[int]] = {}
     for i, d in enumerate(items):
-        groups.setdefault((d.agent_id, _bound(d.max_queue)), []).append(i)
+        groups.setdefault((d.agent_id, _bound(d.max_queue), d.claim_for), []).append(i)
     chunks: list[list[int]] = []
     calls: list[Call[Any]] = []
     for idx in groups.values():
@@ -329,8 +335,8 @@ async def _send_batches(
 
 
 def _call_for(keys: Keys, ds: Sequence[Delivery], *, ttl_ms: int) -> Call[Any]:
-    """The ``send.lua`` call of ``ds`` (one agent, one bound): the one-message form for a
-    single item, else the batch form."""
+    """The ``send.lua`` call of ``ds`` (one agent, one bound, one claim): the one-message
+    form for a single item, else the batch form (the claim's lease: the least of theirs)."""
     d = ds[0]
     if len(ds) == 1:
         return send_call(
@@ -340,6 +346,8 @@ def _call_for(keys: Keys, ds: Sequence[Delivery], *, ttl_ms: int) -> Call[Any]:
             priority=d.priority,
             ttl_ms=ttl_ms,
             max_queue=d.max_queue,
+            claim_for=d.claim_for,
+            claim_lease_ms=d.claim_lease_ms,
         )
     return send_batch_call(
         keys,
@@ -347,6 +355,8 @@ def _call_for(keys: Keys, ds: Sequence[Delivery], *, ttl_ms: int) -> Call[Any]:
         agent_id=d.agent_id,
         ttl_ms=ttl_ms,
         max_queue=d.max_queue,
+        claim_for=d.claim_for,
+        claim_lease_ms=min(x.claim_lease_ms for x in ds) if d.claim_for else 0,
     )
 
 

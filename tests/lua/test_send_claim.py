@@ -123,3 +123,46 @@ async def test_bad_claim_arguments_are_refused_before_any_write(
     with pytest.raises(ResponseError, match=why):
         await scripts.call(r, "send", keys, [b"ENV", "cap", 1, "m9", "", TTL_MS, 0, *extra])
     assert await r.exists(*keys) == 0
+
+
+async def test_the_batch_form_claims_each_fresh_key(r: AnyRedis, ns: str) -> None:
+    k = Keys(ns)
+    await r.hset(k.idem("old"), mapping={"status": "succeeded", "done": "1", "fence": "4"})
+    msgs = [(msg(20), "normal"), (msg(21, "old"), "high"), (msg(22), "low")]
+    call = inbox.send_batch_call(
+        k, msgs, agent_id="w-1", ttl_ms=TTL_MS, claim_for=OWNER, claim_lease_ms=30_000
+    )
+    assert len(call.args) == 5 * 3 + 4  # the claim's two ARGV after ARGV[7]
+    sent = await call.run(r)
+    assert all(not s.refused for s in sent)
+    for m, priority in msgs:
+        [(_, fields)] = await r.xrange(k.inbox("w-1", priority))
+        h = await r.hgetall(k.idem(m.key))
+        if m.key == "old":  # a resend of a done key: neither claimed nor marked
+            assert fields == {b"e": m.data}
+            assert h[b"status"] == b"succeeded" and h[b"fence"] == b"4" and b"owner" not in h
+        else:
+            assert fields[b"e"] == m.data and fields[b"c"] == OWNER.encode()
+            assert h[b"owner"] == OWNER.encode() and h[b"fence"] == b"1"
+            assert h[b"status"] == b"pending" and int(h[b"lease_until"]) == int(fields[b"l"])
+    # Without a claim the batch form is as before: 5 ARGV a message after the first's 7.
+    plain = inbox.send_batch_call(k, [(msg(23), "normal"), (msg(24), "normal")],
+                                  agent_id="w-2", ttl_ms=TTL_MS)  # fmt: skip
+    assert len(plain.args) == 12
+    await plain.run(r)
+    for _, fields in await r.xrange(k.inbox("w-2", "normal")):
+        assert fields.keys() == {b"e"}
+
+
+async def test_a_batch_with_a_bad_claim_is_refused_before_any_write(r: AnyRedis, ns: str) -> None:
+    k = Keys(ns)
+    call = inbox.send_batch_call(
+        k, [(msg(30), "normal"), (msg(31), "normal")], agent_id="w-1", ttl_ms=TTL_MS,
+        claim_for="no-slash", claim_lease_ms=1000,
+    )  # fmt: skip
+    with pytest.raises(ResponseError, match=r"claim for \(ARGV\[8\]\) no-slash"):
+        await call.run(r)
+    assert await r.exists(*k.inboxes("w-1"), k.idem("m30"), k.idem("m31")) == 0
+    # 7 + 2 + 5 + 1 ARGV fits neither layout.
+    with pytest.raises(ResponseError, match=r"want 6, 7 or 9 ARGV, or 7 \(or 9\) and 5 per"):
+        await scripts.call(r, "send", list(call.keys), [*call.args, "x"])

@@ -56,6 +56,7 @@ import anyio
 import redis.asyncio as aredis
 
 from reach import Agent, Client, Context, admin
+from reach._delivery import CLAIM_AT_SEND_LEASE_MS
 from reach.connection import AnyRedis, connect
 from reach.embedded import RedisServer
 from reach.envelope import Envelope, encode
@@ -182,10 +183,16 @@ async def _until_processed(
 
 
 async def load_backlog(
-    r: AnyRedis, keys: Keys, envs: Sequence[Envelope], *, progress: Progress | None = None
+    r: AnyRedis,
+    keys: Keys,
+    envs: Sequence[Envelope],
+    *,
+    claim_for: str = "",
+    progress: Progress | None = None,
 ) -> None:
     """Add ``envs`` to the benchmark agent's inbox as ``Client.send`` does on a standalone
-    Redis (``send.lua``: the inbox entry and the pending record in one step), pipelined
+    Redis (``send.lua``: the inbox entry and the pending record in one step, each claimed
+    at send for ``claim_for``, the worker's ``agent_id/instance_id``, when given), pipelined
     ``LOAD_BATCH`` at a time so that loading is quick; the Redis state is what that many
     sends leave."""
     n = len(envs)
@@ -197,6 +204,8 @@ async def load_backlog(
                 agent_id=AGENT_ID,
                 priority=env.priority,
                 ttl_ms=TASK_TTL_MS,
+                claim_for=claim_for,
+                claim_lease_ms=CLAIM_AT_SEND_LEASE_MS if claim_for else 0,
             )
             for env in envs[i : i + LOAD_BATCH]
         ]
@@ -215,9 +224,11 @@ async def _throughput(
     try:
         async with Client(redis=r, namespace=NS) as c:
             envs = [c.build(CAP, {"i": i}, reply=False) for i in range(n)]
+            [agent] = await c.eligible(CAP)
             worker.send_signal(signal.SIGSTOP)  # load the backlog while it cannot read
             t_load = time.perf_counter()
-            await load_backlog(r, keys, envs, progress=progress)
+            owner = f"{agent.agent_id}/{agent.instance_id}"
+            await load_backlog(r, keys, envs, claim_for=owner, progress=progress)
             t_loaded = time.perf_counter()
             before = await _commandstats(r)
             reads_before = await _reads(r)
