@@ -21,7 +21,8 @@ connection per command and bounded. :class:`AutoPipeline` wraps an asyncio clien
 
 Standalone and Sentinel: one multiplexed connection
 ---------------------------------------------------
-The commands go out on one connection taken from the client's pool and kept: a writer
+The commands go out on one connection taken from the client's pool (given back after
+:data:`IDLE_RELEASE_S` with nothing in flight, taken again by the next command): a writer
 task writes each batch (at most ``max_batch`` commands, packed by the connection as
 redis-py's pipeline packs them) as soon as it is ready, without waiting for the replies of
 the batches before it, and a reader task takes the replies in order (Redis answers one

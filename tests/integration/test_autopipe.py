@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 
 import anyio
 import pytest
+import redis.asyncio as aredis
 from redis import exceptions as rexc
 
 from reach._autopipe import IDLE_RELEASE_S, AutoPipeline
@@ -464,4 +465,40 @@ async def test_an_idle_connection_goes_back_to_the_pool(redis_url: str, ns: str)
         assert await asyncio.gather(*(auto.get(f"{ns}:k") for _ in range(100))) == [b"v"] * 100
         assert len(pool._in_use_connections) == 1 and pool_connections(client) == 1
     finally:
+        await auto.aclose()
+
+
+async def test_a_graceful_sentinel_failover_moves_the_held_connection(
+    redis_sentinel: RedisTestSentinel, ns: str
+) -> None:
+    # SENTINEL FAILOVER leaves the old master up: the connection, held while commands keep
+    # coming (never idle long enough to go back to the pool), must still move to the new
+    # master within seconds.
+    d = redis_sentinel
+    client = await connect(d.url)
+    auto = AutoPipeline(client)
+    sentinel = aredis.Redis(port=d.sentinels[0].port)
+    try:
+        assert await auto.set(f"{ns}:before", 1)
+        old = d.master.port
+        await sentinel.execute_command("SENTINEL", "FAILOVER", d.service)  # type: ignore[no-untyped-call]
+        new = await anyio.to_thread.run_sync(lambda: d.wait_failover(old, timeout_s=20))
+        newc = aredis.Redis(port=new)
+        try:
+            i = 0
+            with anyio.fail_after(10):
+                while True:
+                    i += 1
+                    try:
+                        await auto.set(f"{ns}:w{i}", 1)
+                    except (rexc.ConnectionError, rexc.TimeoutError):
+                        pass
+                    if await newc.exists(f"{ns}:w{i}"):
+                        break
+                    await asyncio.sleep(0.05)  # never idle for IDLE_RELEASE_S
+            assert auto._mux is not None and auto._mux.conn.port == new
+        finally:
+            await newc.aclose()
+    finally:
+        await sentinel.aclose()
         await auto.aclose()
