@@ -523,7 +523,7 @@ async def sweep_once(
     leases = SweepReport(
         probation=res.probation, evicted=list(res.evicted), deleted=res.deleted, locked=res.locked
     )
-    if res.locked:
+    if not res.chores:  # another runtime holds shard 0's lock: it does the chores
         return leases
     async with Client(redis=redis, namespace=keys.namespace) as client:
         moved = await sweep_chores(redis, keys, client, registry, dlq_maxlen=dlq_maxlen)

@@ -2,19 +2,27 @@
 
 Layout (``ns`` is the namespace, ids are stripped of ``{``/``}`` first):
 
-* registry of a namespace, one hash slot per namespace::
+* registry of a namespace, partitioned into ``shards`` registry shards (one on a
+  standalone Redis, :data:`CLUSTER_SHARDS` on a Cluster; :func:`shard_of` puts an agent in
+  shard ``crc32(agent_id) % shards``). Shard ``k`` is one hash slot, tagged ``{ns}`` for
+  shard 0 (so a one-shard registry keeps the keys of reach before sharding) and
+  ``{ns:r<k>}`` for the others; ``S`` below is that tag::
 
-    reach:{ns}:agents            zset  agent_id -> lease expiry (epoch ms)
-    reach:{ns}:agent:<id>        hash  the agent record
-    reach:{ns}:cap:<cap>         set   agent ids that declare <cap>
-    reach:{ns}:caps              zset  capability -> number of agents declaring it
-    reach:{ns}:events            stream registry events (bounded)
-    reach:{ns}:lock:sweeper      string the sweeper lock
+    reach:S:agents               zset  agent_id -> lease expiry (epoch ms), this shard's
+    reach:S:agent:<id>           hash  the agent record (in the shard of <id>)
+    reach:S:cap:<cap>            set   agent ids of this shard that declare <cap>
+    reach:S:caps                 zset  capability -> agents of this shard declaring it
+    reach:S:events               stream this shard's registry events (bounded)
+    reach:S:lock:sweeper         string this shard's sweeper lock
+    reach:S:reroute              set   evicted agents of this shard whose inbox is still
+                                       to be moved
+
+* the rest of a namespace, one hash slot (shard 0's)::
+
     reach:{ns}:delayed           zset  retry envelopes due at (epoch ms)
     reach:{ns}:dlq:<cap>         stream dead letters of <cap>
     reach:{ns}:parked:<cap>      stream messages waiting for an agent of <cap>
     reach:{ns}:parked            set   capabilities with parked messages
-    reach:{ns}:reroute           set   evicted agents whose inbox is still to be moved
 
 * an agent's inbox, one slot per agent::
 
@@ -32,6 +40,8 @@ ids must never carry braces: :func:`clean_id` removes them.
 
 from __future__ import annotations
 
+import re
+import zlib
 from dataclasses import dataclass
 
 from .errors import ConfigError
@@ -39,6 +49,20 @@ from .errors import ConfigError
 PREFIX = "reach"
 PRIORITIES: tuple[str, ...] = ("high", "normal", "low")
 GROUP = "reach"  # the one consumer group on every inbox stream
+CLUSTER_SHARDS = 16
+"""Registry shards of a namespace on a Redis Cluster: 16 hash slots spread the registry's
+work over the masters (on 3 masters a master holds about 5 of them); on a standalone Redis
+or Sentinel, one (every key in one place: nothing to spread)."""
+MAX_SHARDS = 1024
+_SHARD_SUFFIX = re.compile(r":r[0-9]+\Z")
+
+
+def shard_of(agent_id: str, shards: int) -> int:
+    """The registry shard (0..shards-1) of ``agent_id`` (braces removed first): CRC-32 of
+    its UTF-8 bytes modulo ``shards``. Every process must compute the same: do not change."""
+    if shards <= 1:
+        return 0
+    return zlib.crc32(clean_id(agent_id).encode("utf-8", "surrogatepass")) % shards
 
 
 def clean_id(value: str) -> str:
@@ -48,9 +72,13 @@ def clean_id(value: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Keys:
-    """The key builder for one namespace."""
+    """The key builder for one namespace whose registry has ``shards`` shards (1..1024).
+
+    The unsharded names (:attr:`agents`, :attr:`events`, :meth:`cap`...) are shard 0's:
+    with one shard, the namespace's registry; with more, read every shard (``*_of``)."""
 
     namespace: str
+    shards: int = 1
 
     def __post_init__(self) -> None:
         ns = clean_id(self.namespace)
@@ -61,44 +89,97 @@ class Keys:
                 f"Invalid namespace {self.namespace!r}: use a non-empty name without "
                 "'*', '?', '[', ']', '\\' or control characters, e.g. 'prod' or 'team-a'."
             )
+        if _SHARD_SUFFIX.search(ns):
+            # shard k of namespace 'x' is tagged {x:r<k>}: 'x:r3' would share its keys
+            raise ConfigError(
+                f"Invalid namespace {self.namespace!r}: a name ending in ':r' and digits is "
+                "reserved for registry shards; use e.g. 'team-r3'."
+            )
         object.__setattr__(self, "namespace", ns)
+        if isinstance(self.shards, bool) or not isinstance(self.shards, int):
+            raise ConfigError(f"registry shards must be an integer, got {self.shards!r}.")
+        if not 1 <= self.shards <= MAX_SHARDS:
+            raise ConfigError(f"registry shards must be within 1..{MAX_SHARDS}, got {self.shards}.")
 
-    # -- registry slot: reach:{ns}:... -------------------------------------------------
+    # -- registry shards: reach:{ns}:... (shard 0), reach:{ns:r<k>}:... ------------------
     @property
     def _reg(self) -> str:
         return f"{PREFIX}:{{{self.namespace}}}"
 
-    @property
-    def agents(self) -> str:
-        return f"{self._reg}:agents"
+    def _shard(self, k: int) -> str:
+        if not 0 <= k < self.shards:
+            raise ValueError(f"registry shard {k} is not within 0..{self.shards - 1}")
+        return self._reg if k == 0 else f"{PREFIX}:{{{self.namespace}:r{k}}}"
+
+    def shard(self, agent_id: str) -> int:
+        """The registry shard holding ``agent_id``'s record and lease."""
+        return shard_of(agent_id, self.shards)
+
+    def agents_of(self, k: int) -> str:
+        """Shard ``k``'s agents zset (agent_id -> next lease deadline)."""
+        return f"{self._shard(k)}:agents"
 
     def agent(self, agent_id: str) -> str:
-        return f"{self._reg}:agent:{clean_id(agent_id)}"
+        """The agent's record, in its shard."""
+        return f"{self._shard(self.shard(agent_id))}:agent:{clean_id(agent_id)}"
+
+    def agent_prefix_of(self, k: int) -> str:
+        """Prefix of shard ``k``'s agent hashes; Lua scripts append an agent id to it."""
+        return f"{self._shard(k)}:agent:"
+
+    def cap_of(self, capability: str, k: int) -> str:
+        """Shard ``k``'s set of agents declaring ``capability``."""
+        return f"{self._shard(k)}:cap:{capability}"
+
+    def cap_prefix_of(self, k: int) -> str:
+        """Prefix of shard ``k``'s capability sets; Lua scripts append a capability."""
+        return f"{self._shard(k)}:cap:"
+
+    def caps_of(self, k: int) -> str:
+        """Shard ``k``'s zset capability -> number of its agents declaring it."""
+        return f"{self._shard(k)}:caps"
+
+    def events_of(self, k: int) -> str:
+        """Shard ``k``'s registry events stream."""
+        return f"{self._shard(k)}:events"
+
+    def sweeper_lock_of(self, k: int) -> str:
+        """Shard ``k``'s sweeper lock."""
+        return f"{self._shard(k)}:lock:sweeper"
+
+    def reroute_of(self, k: int) -> str:
+        """Shard ``k``'s set of evicted agents whose inboxes still have to be moved."""
+        return f"{self._shard(k)}:reroute"
+
+    # shard 0's names: with one shard, the namespace's registry
+    @property
+    def agents(self) -> str:
+        return self.agents_of(0)
 
     @property
     def agent_prefix(self) -> str:
-        """Prefix of every agent hash; Lua scripts append an agent id to it."""
-        return f"{self._reg}:agent:"
+        return self.agent_prefix_of(0)
 
     def cap(self, capability: str) -> str:
-        return f"{self._reg}:cap:{capability}"
+        return self.cap_of(capability, 0)
 
     @property
     def cap_prefix(self) -> str:
-        """Prefix of every capability set; Lua scripts append a capability to it."""
-        return f"{self._reg}:cap:"
+        return self.cap_prefix_of(0)
 
     @property
     def caps(self) -> str:
-        return f"{self._reg}:caps"
+        return self.caps_of(0)
 
     @property
     def events(self) -> str:
-        return f"{self._reg}:events"
+        return self.events_of(0)
 
     @property
     def sweeper_lock(self) -> str:
-        return f"{self._reg}:lock:sweeper"
+        """Shard 0's sweeper lock; its holder also does the namespace's chores (retries,
+        evicted inboxes, parked messages)."""
+        return self.sweeper_lock_of(0)
 
     @property
     def delayed(self) -> str:
@@ -126,8 +207,9 @@ class Keys:
 
     @property
     def reroute(self) -> str:
-        """Set of evicted agents whose inboxes still have to be moved to live agents."""
-        return f"{self._reg}:reroute"
+        """Shard 0's set of evicted agents whose inboxes still have to be moved (with one
+        shard, the namespace's); :meth:`reroute_of` for the others."""
+        return self.reroute_of(0)
 
     # -- per-agent slot ---------------------------------------------------------------
     def inbox(self, agent_id: str, priority: str) -> str:

@@ -1,7 +1,13 @@
 """The capability registry: who is alive, what they can do, and how loaded they are.
 
-Every change is one Lua script (``lua/register.lua`` ...), atomic in the namespace's hash
-slot. Reads are plain commands on the same slot. Times are the Redis server's clock.
+Every change is one Lua script (``lua/register.lua`` ...), atomic in one registry shard's
+hash slot. The registry of a namespace is partitioned into shards by agent id
+(:func:`reach.keys.shard_of`): an agent's record, lease, capability-set entries and events
+live in its shard, so heartbeats, sweeps and lookups spread over a Cluster's masters. One
+shard on a standalone Redis or Sentinel, :data:`reach.keys.CLUSTER_SHARDS` on a Cluster
+(:func:`default_shards`). Reads of the whole namespace (every agent, a capability's agents,
+the capabilities, the events) read every shard in one pipeline. Times are the Redis
+server's clock.
 
 Limits. The scripts refuse (and :class:`Registry` raises :class:`~reach.ConfigError` for)
 arguments outside these bounds, so every stored record is one any reader can use:
@@ -29,12 +35,13 @@ from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Mapping
 from typing import Any, TypeVar
 
+import anyio
 import msgspec
 from redis import exceptions as rexc
 
-from .connection import AnyRedis, as_text
+from .connection import AnyRedis, as_text, is_cluster
 from .errors import ConfigError, InvalidCapability, ReachError, StaleRegistration, UnknownAgent
-from .keys import Keys, clean_id
+from .keys import CLUSTER_SHARDS, Keys, clean_id
 from .scripts import (
     Call,
     DeregisterCode,
@@ -385,13 +392,19 @@ def decode_id(raw: bytes | str, *, namespace: str = "", where: str = "registry")
 
 
 class SweepResult(msgspec.Struct):
-    """What one sweep did; ``locked`` means another runtime holds the sweeper lock."""
+    """What one sweep of every registry shard did. ``locked``: other runtimes hold the
+    sweeper lock of every shard (nothing was swept); ``swept``: the shards this sweep
+    held (or all, swept without the lock); ``chores``: it held shard 0's lock (or swept
+    without the lock), whose holder does the namespace's chores (retries, evicted inboxes,
+    parked messages) and counts the registry gauges."""
 
     locked: bool = False
     due: int = 0
     probation: int = 0
     evicted: list[str] = []
     deleted: int = 0
+    swept: int = 0
+    chores: bool = False
 
 
 class Event(msgspec.Struct):
@@ -454,22 +467,61 @@ def refusal(script: str, exc: BaseException) -> ConfigError | None:
     return None
 
 
+def default_shards(redis: Any) -> int:
+    """Registry shards of a namespace on ``redis``: :data:`reach.keys.CLUSTER_SHARDS` on a
+    Cluster (a client, or a wrapper such as the auto-pipeline with ``cluster`` True), else
+    1. Every process of a namespace derives the same count from the kind of Redis it uses,
+    so no setting has to agree between them."""
+    if is_cluster(redis) or getattr(redis, "cluster", False) is True:
+        return CLUSTER_SHARDS
+    return 1
+
+
 class Registry:
     """Registry operations for one namespace on one Redis (standalone or Cluster).
 
     Writes raise :class:`~reach.ConfigError` for arguments outside the limits of this
     module's docstring. Reads skip records that cannot be read (:func:`parse_agent`).
+    ``shards``: the registry shards of the namespace; leave it to :func:`default_shards`
+    (every process of a namespace must use the same count, or they see different
+    registries: a test or benchmark may set it on a standalone Redis).
     """
 
-    def __init__(self, redis: AnyRedis, namespace: str, *, events_maxlen: int = EVENTS_MAXLEN):
+    def __init__(
+        self,
+        redis: AnyRedis,
+        namespace: str,
+        *,
+        events_maxlen: int = EVENTS_MAXLEN,
+        shards: int | None = None,
+    ):
         self.redis = redis
-        self.keys = Keys(namespace)
+        self.keys = Keys(namespace, default_shards(redis) if shards is None else shards)
         self.events_maxlen = _int_arg("events_maxlen", events_maxlen, 1, MAX_EVENTS_MAXLEN)
         self.scripts = agents.RegistryScripts(self.keys, self.events_maxlen)
 
     @property
     def namespace(self) -> str:
         return self.keys.namespace
+
+    @property
+    def shards(self) -> int:
+        """The registry shards of the namespace (1 on a standalone Redis)."""
+        return self.keys.shards
+
+    def shard_of(self, agent_id: str) -> int:
+        """The registry shard of ``agent_id`` (braces removed first)."""
+        return self.keys.shard(agent_id)
+
+    async def _each_shard(self, command: str, key_of: Any, *args: Any, **kw: Any) -> list[Any]:
+        """``command`` on the key ``key_of(k)`` of every shard ``k``, in one pipeline (a
+        plain call with one shard); the replies in shard order."""
+        if self.shards == 1:
+            return [await getattr(self.redis, command)(key_of(0), *args, **kw)]
+        pipe = self.redis.pipeline(transaction=False)
+        for k in range(self.shards):
+            getattr(pipe, command)(key_of(k), *args, **kw)
+        return list(await pipe.execute())
 
     async def _run(self, call: Call[T]) -> T:
         """Run a registry script; its refusal (``reach: bad ...``) raises ConfigError."""
@@ -561,9 +613,10 @@ class Registry:
         )
 
     def heartbeat_many_call(self, beats: Iterable[agents.Beat]) -> Call[list[agents.Heartbeat]]:
-        """The ``heartbeat_many.lua`` call: the leases of several agents (1..1000, e.g. the
-        agents one process hosts) renewed in one call, each answered as by
-        :meth:`heartbeat_call`, in order. Checked and clamped as :meth:`heartbeat_call`."""
+        """The ``heartbeat_many.lua`` call: the leases of several agents (1..1000 of one
+        registry shard, :meth:`shard_of`; e.g. the agents one process hosts there) renewed
+        in one call, each answered as by :meth:`heartbeat_call`, in order. Checked and
+        clamped as :meth:`heartbeat_call`; ConfigError for agents of several shards."""
         checked = [
             agents.Beat(
                 agent_key_id(b.agent_id),
@@ -579,14 +632,28 @@ class Registry:
                 f"heartbeat_many renews 1..{agents.MAX_BEATS} agents per call, got "
                 f"{len(checked)}: split the agents into several calls."
             )
+        if len({self.shard_of(b.agent_id) for b in checked}) > 1:
+            raise ConfigError(
+                "heartbeat_many renews the agents of one registry shard per call: group the "
+                "agents by Registry.shard_of(agent_id), or use Registry.heartbeat_many."
+            )
         return self.scripts.heartbeat_many(checked)
 
     async def heartbeat_many(
         self, beats: Iterable[agents.Beat]
     ) -> list[tuple[HeartbeatCode, bool]]:
-        """Renew the leases of several agents in one call; ``(code, draining)`` for each,
-        in order, as :meth:`heartbeat` answers."""
-        return [(h.code, h.draining) for h in await self._run(self.heartbeat_many_call(beats))]
+        """Renew the leases of several agents, one call per registry shard of theirs;
+        ``(code, draining)`` for each, in order, as :meth:`heartbeat` answers."""
+        beats = list(beats)
+        by_shard: dict[int, list[int]] = {}
+        for i, b in enumerate(beats):
+            by_shard.setdefault(self.shard_of(agent_key_id(b.agent_id)), []).append(i)
+        out: list[tuple[HeartbeatCode, bool]] = [(HeartbeatCode.NOT_REGISTERED, False)] * len(beats)
+        for idx in by_shard.values():
+            answers = await self._run(self.heartbeat_many_call([beats[i] for i in idx]))
+            for i, h in zip(idx, answers, strict=True):
+                out[i] = (h.code, h.draining)
+        return out
 
     async def heartbeat(
         self,
@@ -665,44 +732,76 @@ class Registry:
         shadow_ttl_ms: int = 3_600_000,
         batch: int = 1000,
     ) -> SweepResult:
-        """Advance every due lease (probation, eviction, shadow deletion).
+        """Advance every due lease (probation, eviction, shadow deletion) of every shard.
 
-        With ``lock_ms > 0`` (at most 1 hour) only the holder of the sweeper lock sweeps;
-        others get ``locked=True``. Loops over batches until nothing due is left.
+        With ``lock_ms > 0`` (at most 1 hour) a shard is swept only by the holder of its
+        sweeper lock: this call takes the locks it finds free (or holds) and passes over
+        the others (``locked=True`` when it held none). Loops over batches until nothing
+        due is left in the shards it swept.
         """
-        call = self.scripts.sweep(
-            owner=_text_arg("owner", owner),
-            lock_ms=_int_arg("lock_ms", lock_ms, 0, MAX_LOCK_MS),
-            shadow_ttl_ms=_int_arg("shadow_ttl_ms", shadow_ttl_ms, 1, MAX_SHADOW_TTL_MS),
-            batch=_int_arg("batch", batch, 1, MAX_BATCH),
-        )
+        owner = _text_arg("owner", owner)
+        lock_ms = _int_arg("lock_ms", lock_ms, 0, MAX_LOCK_MS)
+        shadow_ttl_ms = _int_arg("shadow_ttl_ms", shadow_ttl_ms, 1, MAX_SHADOW_TTL_MS)
+        batch = _int_arg("batch", batch, 1, MAX_BATCH)
         total = SweepResult()
-        while True:
-            swept = await self._run(call)
-            if swept.locked:
-                total.locked = True
-                return total
-            total.due += swept.due
-            total.probation += swept.probation
-            total.deleted += swept.deleted
-            total.evicted += [
-                x
-                for x in (
-                    decode_id(i, namespace=self.namespace, where="sweep") for i in swept.evicted
-                )
-                if x
-            ]
-            if swept.due < batch:
-                return total
+        for k in range(self.shards):
+            call = self.scripts.sweep(
+                owner=owner, lock_ms=lock_ms, shadow_ttl_ms=shadow_ttl_ms, batch=batch, shard=k
+            )
+            while True:
+                swept = await self._run(call)
+                if swept.locked:
+                    break
+                total.due += swept.due
+                total.probation += swept.probation
+                total.deleted += swept.deleted
+                total.evicted += [
+                    x
+                    for x in (
+                        decode_id(i, namespace=self.namespace, where="sweep") for i in swept.evicted
+                    )
+                    if x
+                ]
+                if swept.due < batch:
+                    total.swept += 1
+                    total.chores = total.chores or k == 0
+                    break
+        total.locked = total.swept == 0
+        return total
 
     # -- reads ------------------------------------------------------------------------
+    async def count_shards(self, *, sample: int = 1000) -> list[agents.AgentCounts]:
+        """Each shard's agents by lease state and routable, in shard order, reading at most
+        ``ceil(sample / shards)`` records of each (1 <= sample <= 100,000): one
+        ``count_agents.lua`` call per shard, whatever the fleet size."""
+        sample = _int_arg("sample", sample, 1, 100_000)
+        each = max(1, -(-sample // self.shards))
+        return [
+            await self._run(self.scripts.count_agents(sample=each, shard=k))
+            for k in range(self.shards)
+        ]
+
     async def count_agents(self, *, sample: int = 1000) -> agents.AgentCounts:
-        """The agents by lease state and the routable ones, from at most ``sample``
-        records (1..100,000): exact up to ``sample`` agents, else a uniform random sample
-        (``AgentCounts.scaled()`` estimates the namespace's counts). One script call."""
-        return await self._run(
-            self.scripts.count_agents(sample=_int_arg("sample", sample, 1, 100_000))
+        """The agents by lease state and the routable ones, summed over the shards
+        (:meth:`count_shards`): exact up to ``sample / shards`` agents per shard, else from
+        uniform random samples (``AgentCounts.scaled()`` estimates the namespace's counts;
+        :meth:`count_states` scales each shard by its own ratio)."""
+        parts = await self.count_shards(sample=sample)
+        return agents.AgentCounts(
+            *(sum(getattr(p, f) for p in parts) for f in agents.AgentCounts.__slots__)
         )
+
+    async def count_states(self, *, sample: int = 1000) -> tuple[dict[str, int], int]:
+        """``({state: agents}, routable)`` of the namespace: each shard's count
+        (:meth:`count_shards`) scaled by its own ``total / looked``, summed."""
+        states = {s: 0 for s in STATES}
+        routable = 0
+        for part in await self.count_shards(sample=sample):
+            counts, r = part.scaled()
+            for name, n in counts.items():
+                states[name] += n
+            routable += r
+        return states, routable
 
     async def get(self, agent_id: str) -> AgentInfo | None:
         """The agent's record (live or shadow); None when there is none, or when it cannot
@@ -718,14 +817,14 @@ class Registry:
         Ids that are not UTF-8 (no agent reach registered has one) are left out.
         """
         if capability is None:
-            ids = await self.redis.zrange(self.keys.agents, 0, -1)
+            parts = await self._each_shard("zrange", self.keys.agents_of, 0, -1)
             where = "agents zset"
         else:
             cap = normalize_capability(capability)
-            ids = await self.redis.smembers(self.keys.cap(cap))
+            parts = await self._each_shard("smembers", lambda k: self.keys.cap_of(cap, k))
             where = f"capability set {cap}"
-        decoded = (decode_id(i, namespace=self.namespace, where=where) for i in ids)
-        return sorted(i for i in decoded if i)
+        decoded = (decode_id(i, namespace=self.namespace, where=where) for p in parts for i in p)
+        return sorted({i for i in decoded if i})
 
     async def read_agents(self, ids: Iterable[str]) -> dict[str, AgentInfo | None]:
         """The records of ``ids`` in one pipeline: None for an id without a readable one."""
@@ -766,34 +865,64 @@ class Registry:
         return out
 
     async def capabilities(self) -> list[tuple[str, int]]:
-        """Every capability with at least one live agent, with how many declare it."""
-        rows = await self.redis.zrange(self.keys.caps, 0, -1, withscores=True)
-        out = []
-        for c, n in rows:
-            cap = decode_id(c, namespace=self.namespace, where="caps zset")
-            if cap is not None and math.isfinite(n):
-                out.append((cap, int(n)))
-        return out
+        """Every capability with at least one live agent, with how many declare it (the
+        shards' counts summed), fewest first (then by name), as a caps zset orders them."""
+        counts: dict[str, int] = {}
+        for rows in await self._each_shard("zrange", self.keys.caps_of, 0, -1, withscores=True):
+            for c, n in rows:
+                cap = decode_id(c, namespace=self.namespace, where="caps zset")
+                if cap is not None and math.isfinite(n):
+                    counts[cap] = counts.get(cap, 0) + int(n)
+        return sorted(counts.items(), key=lambda kv: (kv[1], kv[0]))
 
     async def events(self, *, after: str = "-", count: int = 100) -> list[Event]:
-        """Registry events after id ``after`` (exclusive), oldest first."""
+        """Registry events after id ``after`` (exclusive), oldest first: the shards' events
+        merged by id (each shard's ids come from its master's clock, so across shards the
+        order is the masters' clocks')."""
         start = "-" if after in ("-", "0", "") else f"({after}"
-        rows = await self.redis.xrange(self.keys.events, start, "+", count=count)
-        return [self.event(i, f) for i, f in rows]
+        parts = await self._each_shard("xrange", self.keys.events_of, start, "+", count=count)
+        return self._merged(parts)[:count]
 
     async def recent_events(self, count: int = 50) -> list[Event]:
-        """The last ``count`` registry events, oldest first."""
-        rows = await self.redis.xrevrange(self.keys.events, "+", "-", count=count)
-        return [self.event(i, f) for i, f in reversed(rows)]
+        """The last ``count`` registry events (of every shard), oldest first."""
+        parts = await self._each_shard("xrevrange", self.keys.events_of, "+", "-", count=count)
+        merged = self._merged(parts)
+        return merged[max(0, len(merged) - count) :]
 
     async def tail_events(self, *, last_id: str = "$", block_ms: int = 1000) -> list[Event]:
-        """Wait up to ``block_ms`` for events newer than ``last_id``."""
-        res = await self.redis.xread({self.keys.events: last_id}, block=block_ms, count=100)
-        return [self.event(i, f) for _, rows in res for i, f in rows] if res else []
+        """Wait up to ``block_ms`` for events newer than ``last_id`` (``$``: from now).
+        One blocking read with one shard; with more (their streams are in several slots,
+        which one read cannot wait on), a read of every shard every 100 ms."""
+        if self.shards == 1:
+            key = self.keys.events_of(0)
+            res = await self.redis.xread({key: last_id}, block=block_ms, count=100)
+            return [self.event(i, f) for _, rows in res for i, f in rows] if res else []
+        if last_id == "$":
+            last = await self.recent_events(1)
+            last_id = last[-1].id if last else "0-0"
+        deadline = time.monotonic() + block_ms / 1000
+        while True:
+            new = await self.events(after=last_id, count=100)
+            if new or time.monotonic() >= deadline:
+                return new
+            await anyio.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+
+    def _merged(self, parts: Iterable[Any]) -> list[Event]:
+        rows = sorted(((_entry_order(i), i, f) for p in parts for i, f in p), key=lambda r: r[0])
+        return [self.event(i, f) for _, i, f in rows]
 
     def event(self, entry_id: bytes | str, fields: Mapping[bytes | str, bytes | str]) -> Event:
         """One events-stream entry as an :class:`Event`; never fails (see :class:`Event`)."""
         return _event(entry_id, fields, namespace=self.namespace)
+
+
+def _entry_order(entry_id: Any) -> tuple[int, int]:
+    """A stream entry id as a comparable pair (``0-0`` for anything else)."""
+    ms, _, seq = as_text(entry_id).partition("-")
+    try:
+        return int(ms), int(seq or 0)
+    except ValueError:
+        return 0, 0
 
 
 def _event(

@@ -365,27 +365,33 @@ class _Chores(_Letters):
 
     # -- inboxes of evicted agents -------------------------------------------------------
     async def reroute_evicted(self, registry: Registry, batch: int) -> Moved:
-        async def one(agent_id: str) -> None:
-            mine = _Chores(self.redis, self.keys, self.client, self.dlq_maxlen)
-            await mine._reroute_one(registry, agent_id, batch)
-            self.out.add(mine.out)
+        for k in range(registry.shards):  # each registry shard lists its own evicted agents
+            reroute = registry.keys.reroute_of(k)
 
-        await self.each_member(
-            self.keys.reroute,
-            _agent_id,
-            one,
-            junk="reroute set member %r is no agent id: removed",
-            # Its record or an inbox stream of another type: nothing reach can move.
-            refused="inbox of %s cannot be moved (%s): removed from the reroute set",
-        )
+            async def one(agent_id: str, reroute: str = reroute) -> None:
+                mine = _Chores(self.redis, self.keys, self.client, self.dlq_maxlen)
+                await mine._reroute_one(registry, agent_id, batch, reroute)
+                self.out.add(mine.out)
+
+            await self.each_member(
+                reroute,
+                _agent_id,
+                one,
+                junk="reroute set member %r is no agent id: removed",
+                # Its record or an inbox stream of another type: nothing reach can move.
+                refused="inbox of %s cannot be moved (%s): removed from the reroute set",
+            )
         return self.out
 
-    async def _reroute_one(self, registry: Registry, agent_id: str, batch: int) -> None:
-        """Move one evicted agent's inbox (unless it came back), then drop it when empty."""
+    async def _reroute_one(
+        self, registry: Registry, agent_id: str, batch: int, reroute: str
+    ) -> None:
+        """Move one evicted agent's inbox (unless it came back), then drop it when empty
+        and take it out of ``reroute`` (the set that listed it)."""
         redis, keys = self.redis, self.keys
         info = await registry.get(agent_id)
         if info is not None and info.state != "evicted":
-            await redis.srem(keys.reroute, agent_id)  # it came back: its inbox is its own
+            await redis.srem(reroute, agent_id)  # it came back: its inbox is its own
             return
         place = _Place("", "its agent was down", agent_id)
         where = f"the inbox of {agent_id}"
@@ -401,7 +407,7 @@ class _Chores(_Letters):
             log.info("inbox of %s emptied and dropped", agent_id)
         if self.out != Moved():
             log.warning("inbox of evicted agent %s moved: %s", agent_id, self.out)
-        await redis.srem(keys.reroute, agent_id)
+        await redis.srem(reroute, agent_id)
 
     async def _move_one(self, place: _Place, data: bytes) -> bool:
         """Place one entry of an evicted agent's inbox: rerouted, parked or dead-lettered."""
@@ -518,8 +524,9 @@ async def reroute_evicted(
     batch: int = 200,
     dlq_maxlen: int = DLQ_MAXLEN,
 ) -> Moved:
-    """Move the inboxes of evicted agents (listed by sweep.lua) to live agents, then drop
-    the emptied inbox streams (an agent id that comes back creates them anew)."""
+    """Move the inboxes of evicted agents (listed by sweep.lua in each registry shard's
+    reroute set) to live agents, then drop the emptied inbox streams (an agent id that
+    comes back creates them anew)."""
     return await _Chores(redis, keys, client, dlq_maxlen).reroute_evicted(registry, batch)
 
 

@@ -8,16 +8,19 @@ the fleet (docs/architecture.md, "The registry view"):
   set, then its agents' records); a process that never calls (a worker that only serves)
   never reads the registry at all, and with :meth:`RegistryView.attach` its background
   tasks start only on that first call.
-* **Events.** Once started, it tails the registry events stream (``XREAD BLOCK``) and
-  re-reads an agent an event names when the view holds that agent (or a ``registered``
-  event could add it to a loaded capability), so a registration, readiness change, drain
-  or eviction is seen within one round trip of the event.
-* **A cheap consistency check** every ``refresh_s``: one ``XINFO STREAM`` of the events
-  stream, whose ``entries-added`` counts every event ever written (trimming does not lower
-  it). When the view has read up to the stream's last id but counted fewer entries, events
-  were lost (trimmed before it read them, deleted); when the stream's last id went back,
-  the stream was recreated or a failover lost events: either way the view re-reads the
-  capabilities it holds (only those).
+* **Events.** Once started, it tails the registry events streams (one per registry shard,
+  :mod:`reach.registry`) and re-reads an agent an event names when the view holds that
+  agent (or a ``registered`` event could add it to a loaded capability), so a
+  registration, readiness change, drain or eviction is seen within one round trip of the
+  event (one shard: ``XREAD BLOCK``), or within ``poll_s`` (several shards, whose streams
+  are in several slots that one read cannot wait on: one pipeline of non-blocking
+  ``XREAD``s, one per shard, every ``poll_s``).
+* **A cheap consistency check** every ``refresh_s``: one ``XINFO STREAM`` per shard's
+  events stream (one pipeline), whose ``entries-added`` counts every event ever written
+  (trimming does not lower it). When the view has read up to a stream's last id but
+  counted fewer entries, events were lost (trimmed before it read them, deleted); when the
+  stream's last id went back, the stream was recreated or a failover lost events: either
+  way the view re-reads the capabilities it holds (only those).
 * **Load figures** (queue depth, in flight) that heartbeats report emit no event: the
   records of the capabilities asked for within ``busy_s`` are re-read every ``refresh_s``.
   A capability not asked for that long keeps its membership and states (events) but not
@@ -71,6 +74,18 @@ def _static(a: AgentInfo) -> tuple[Any, ...]:
     )
 
 
+class _Tail:
+    """Where the view is in one shard's events stream: the last id read and how many
+    entries it has read up to there (entries-added at that id); ``behind``: the stream's
+    last id a check saw ahead of the tail."""
+
+    __slots__ = ("added", "behind", "key", "last")
+
+    def __init__(self, key: str, last: str, added: int) -> None:
+        self.key, self.last, self.added = key, last, added
+        self.behind: str | None = None
+
+
 def _stream_id(value: Any) -> tuple[int, int]:
     """A stream entry id as a comparable pair (``0-0`` for anything else)."""
     ms, _, seq = as_text(value).partition("-")
@@ -102,6 +117,7 @@ class RegistryView:
         max_staleness_s: float = 5.0,
         busy_s: float = 30.0,
         unload_s: float = 600.0,
+        poll_s: float = 0.25,
         on_gone: Callable[[str], None] | None = None,
         name: str = "registry view",
     ) -> None:
@@ -109,7 +125,8 @@ class RegistryView:
         the registry, or it no longer declares a capability the view holds), so per-agent
         state elsewhere can go too. ``busy_s``: a capability asked for within that long has
         its load figures re-read every ``refresh_s``; ``unload_s``: one not asked for that
-        long is dropped. ``name`` starts its log lines about Redis outages (e.g.
+        long is dropped. ``poll_s``: with several registry shards, how often their events
+        streams are read. ``name`` starts its log lines about Redis outages (e.g.
         ``"client c-42: registry view"``)."""
         self.registry = registry
         self.on_gone = on_gone
@@ -117,15 +134,13 @@ class RegistryView:
         self.max_staleness_s = max_staleness_s
         self.busy_s = busy_s
         self.unload_s = unload_s
+        self.poll_s = poll_s
         self.version = 0
         self._caps: dict[str, _Cap] = {}
         self._agents: dict[str, AgentInfo] = {}
         self._by_cap: dict[str, list[AgentInfo]] = {}
-        # Where the tail is in the events stream, and how many entries it has read up to
-        # there (entries-added at that id); None until positioned.
-        self._last_event: str | None = None
-        self._added = 0
-        self._behind: str | None = None  # the stream's last id a check saw ahead of the tail
+        # Where the tail is in each shard's events stream; None until positioned.
+        self._tails: list[_Tail] | None = None
         self._tail_ok_at = 0.0
         self._lock = anyio.Lock()
         self._wake = anyio.Event()
@@ -211,7 +226,7 @@ class RegistryView:
         them; under the lock."""
         if not caps:
             return
-        if self._last_event is None:
+        if self._tails is None:
             await self._position()  # before the sets: no event after them is missed
         started = time.monotonic()
         ids: set[str] = set()
@@ -307,19 +322,34 @@ class RegistryView:
             self._started = self._running = False
 
     async def _position(self) -> None:
-        """Put the tail at the end of the events stream; under the lock."""
-        self._last_event, self._added = await self._stream_end()
-        self._behind = None
+        """Put the tails at the ends of the events streams; under the lock."""
+        keys = self.registry.keys
+        self._tails = [
+            _Tail(keys.events_of(k), last, added)
+            for k, (last, added) in enumerate(await self._stream_ends())
+        ]
 
-    async def _stream_end(self) -> tuple[str, int]:
-        """The events stream's last id and its entries-added (``0-0``, 0: no stream)."""
-        try:
-            info = await self.redis.xinfo_stream(self.registry.keys.events)
-        except rexc.ResponseError as e:
-            if "no such key" in str(e).lower():
-                return "0-0", 0
-            raise
-        return as_text(info.get("last-generated-id") or "0-0"), int(info.get("entries-added", 0))
+    async def _stream_ends(self) -> list[tuple[str, int]]:
+        """Each shard's events stream's last id and entries-added (``0-0``, 0: no stream),
+        in one pipeline."""
+        keys = self.registry.keys
+        pipe = self.redis.pipeline(transaction=False)
+        for k in range(keys.shards):
+            pipe.xinfo_stream(keys.events_of(k))
+        out: list[tuple[str, int]] = []
+        for info in await pipe.execute(raise_on_error=False):
+            if isinstance(info, rexc.ResponseError) and "no such key" in str(info).lower():
+                out.append(("0-0", 0))
+            elif isinstance(info, BaseException):
+                raise info
+            else:
+                out.append(
+                    (
+                        as_text(info.get("last-generated-id") or "0-0"),
+                        int(info.get("entries-added", 0)),
+                    )
+                )
+        return out
 
     async def _periodic(self) -> None:
         while True:
@@ -337,36 +367,37 @@ class RegistryView:
                 self._refresh_outage.ok()
 
     async def _check(self) -> None:
-        """The consistency check: one ``XINFO STREAM``; re-read the held capabilities when
-        events were lost."""
-        if self._last_event is None:
+        """The consistency check: one ``XINFO STREAM`` per shard; re-read the held
+        capabilities when events were lost."""
+        if self._tails is None:
             return
-        last, added = await self._stream_end()
+        ends = await self._stream_ends()
         async with self._lock:
-            mine = self._last_event
-            if mine is None:
+            tails = self._tails
+            if tails is None or len(tails) != len(ends):
                 return
-            at, head = _stream_id(mine), _stream_id(last)
-            if head == at:
-                lost = added != self._added
-                self._behind = None
-            elif head < at:
-                lost = True  # the stream went back: recreated, or a failover lost events
-            else:  # events in flight, unless the tail is still short of the last check's end
-                lost = self._behind is not None and at < _stream_id(self._behind)
-                self._behind = None if lost else last
-            if lost:
+            lost_in = []
+            for t, (last, added) in zip(tails, ends, strict=True):
+                at, head = _stream_id(t.last), _stream_id(last)
+                if head == at:
+                    lost = added != t.added
+                    t.behind = None
+                elif head < at:
+                    lost = True  # the stream went back: recreated, or a failover lost events
+                else:  # events in flight, unless the tail is still short of the last end
+                    lost = t.behind is not None and at < _stream_id(t.behind)
+                    t.behind = None if lost else last
+                if lost:
+                    lost_in.append((t.key, last, added, t.last, t.added))
+                    t.last, t.added, t.behind = last, added, None
+            if lost_in:
                 self.resyncs += 1
                 log.info(
-                    "registry view: events were lost (stream at %s with %d added, view at %s "
-                    "with %d): re-reading %d capabilities",
-                    last,
-                    added,
-                    mine,
-                    self._added,
+                    "registry view: events were lost (stream, its end, entries added, the "
+                    "view's place, its count: %s): re-reading %d capabilities",
+                    lost_in,
                     len(self._caps),
                 )
-                self._last_event, self._added, self._behind = last, added, None
                 await self._load(list(self._caps))
 
     async def _refresh_figures(self) -> None:
@@ -411,16 +442,33 @@ class RegistryView:
             for agent_id in sorted(gone):
                 self.on_gone(agent_id)
 
+    async def _read_events(self, tails: list[_Tail]) -> list[tuple[_Tail, Any]]:
+        """New entries of each tail's stream (a tail with none left out): one blocking
+        ``XREAD`` of the one stream, or one pipeline of non-blocking reads of several (then,
+        when none had any, a pause of ``poll_s``)."""
+        if len(tails) == 1:
+            t = tails[0]
+            res = await self.redis.xread({t.key: t.last}, block=1000, count=_EVENTS_PER_READ)
+            return [(t, res)] if res else []
+        pipe = self.redis.pipeline(transaction=False)
+        for t in tails:
+            pipe.xread({t.key: t.last}, count=_EVENTS_PER_READ)
+        out = [(t, res) for t, res in zip(tails, await pipe.execute(), strict=True) if res]
+        if not out:
+            await anyio.sleep(self.poll_s)
+        return out
+
     async def _tail(self) -> None:
-        key = self.registry.keys.events
         while True:
             try:
-                if self._last_event is None:
+                if self._tails is None:
                     async with self._lock:
-                        if self._last_event is None:
+                        if self._tails is None:
                             await self._position()
-                at = self._last_event
-                res = await self.redis.xread({key: at}, block=1000, count=_EVENTS_PER_READ)
+                tails = self._tails
+                assert tails is not None
+                at = [t.last for t in tails]
+                got = await self._read_events(tails)
             except (rexc.RedisError, OSError) as e:
                 self._tail_outage.failed(e)
                 await anyio.sleep(0.2)
@@ -430,14 +478,16 @@ class RegistryView:
                 await anyio.sleep(0.2)
                 continue
             self._tail_ok_at = time.monotonic()
-            if not res:
+            if not got:
                 self._tail_outage.ok()
                 continue
             try:
                 async with self._lock:
-                    if self._last_event != at:
-                        continue  # a resync moved the tail meanwhile: read from there
-                    ids = self._named(res)
+                    if self._tails is not tails or [t.last for t in tails] != at:
+                        continue  # a resync moved a tail meanwhile: read from there
+                    ids: set[str] = set()
+                    for t, res in got:
+                        ids |= self._named(res, t)
                     if ids:
                         self._apply(await self.registry.read_agents(sorted(ids)))
             except (rexc.RedisError, OSError) as e:
@@ -447,7 +497,7 @@ class RegistryView:
                 self._unexpected("update")
             self._tail_outage.ok()
 
-    def _named(self, res: Any) -> set[str]:
+    def _named(self, res: Any, tail: _Tail) -> set[str]:
         """Agent ids the events name that the view must re-read: agents it holds, and
         registered ones (they may declare a held capability). The tail's place and count
         move past every entry, a bad one too (passed over, never read again)."""
@@ -455,8 +505,8 @@ class RegistryView:
         held = self._caps
         for _, entries in res:
             for entry_id, fields in entries:
-                self._last_event = as_text(entry_id)
-                self._added += 1
+                tail.last = as_text(entry_id)
+                tail.added += 1
                 if not held:
                     continue
                 raw = fields.get(b"agent_id") or fields.get("agent_id")

@@ -104,7 +104,8 @@ class Liveness(Part):
         dropped = await inbox.drop_inbox(self.keys, agent_id=self.agent_id).run(self.redis)
         if dropped is DropInboxCode.KEPT:
             log.info("messages arrived during shutdown: the sweeper moves them on")
-            await self.redis.sadd(self.keys.reroute, self.agent_id)
+            keys = self.registry.keys
+            await self.redis.sadd(keys.reroute_of(keys.shard(self.agent_id)), self.agent_id)
 
     # -- progress -----------------------------------------------------------------------
     async def watchdog(self) -> None:
@@ -223,7 +224,7 @@ class Heartbeats:
     Each agent is due every ``heartbeat_s`` of its own; a round renews every agent due now
     and those due within half their period (so agents started at different times fall
     into step and are renewed together): one pipeline of the ``XLEN``s of their inboxes,
-    then one ``heartbeat_many.lua`` call per namespace and :data:`HEARTBEAT_BATCH` agents
+    then one ``heartbeat_many.lua`` call per registry shard and :data:`HEARTBEAT_BATCH` agents
     (in one pipeline on a standalone Redis or Sentinel; one after the other on a Cluster,
     where redis-py sends no scripts in a pipeline). An agent whose event loop has made no
     progress for ``stall_s`` is left out of the round (and so evicted in time); every
@@ -342,16 +343,18 @@ class Heartbeats:
             for k in m.liveness.keys.inboxes(m.liveness.agent_id):
                 pipe.xlen(k)
         lengths = [int(x) for x in pipe.execute()]
-        by_ns: dict[str, list[tuple[_Member, Beat]]] = {}
+        # one heartbeat_many.lua call renews agents of one registry shard (one slot)
+        by_shard: dict[tuple[str, int], list[tuple[_Member, Beat]]] = {}
         for i, m in enumerate(due):
             lv, st = m.liveness, m.liveness.state
             depths = lengths[3 * i : 3 * i + 3]
             lv.hooks.on_heartbeat(st, dict(zip(PRIORITIES, depths, strict=True)))
             beat = Beat(lv.agent_id, st.instance_id, lv.version, sum(depths), st.inflight)
-            by_ns.setdefault(lv.registry.namespace, []).append((m, beat))
+            where = (lv.registry.namespace, lv.registry.shard_of(lv.agent_id))
+            by_shard.setdefault(where, []).append((m, beat))
         batches = [
             group[at : at + HEARTBEAT_BATCH]
-            for group in by_ns.values()
+            for group in by_shard.values()
             for at in range(0, len(group), HEARTBEAT_BATCH)
         ]
         calls = [

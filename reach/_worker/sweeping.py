@@ -1,11 +1,13 @@
 """The sweeper task: cluster-wide chores, done by whichever agent holds the sweeper lock.
 
-Each pass (every ``sweep_interval_s``, jittered) runs sweep.lua (leases, evictions, the
-lock) and, for the lock holder, the chores of reach.sweeper (due retries, evicted
-inboxes, parked messages...). Every few seconds the registry is counted for the
-``on_registry_counts`` hook (the lock holder's counts; the others report none): one
-``count_agents.lua`` call reading at most ``metrics.COUNT_SAMPLE`` records, so the count
-costs the same at 10,000 agents as at 1,000 (exact up to that many, sampled above).
+Each pass (every ``sweep_interval_s``, jittered) runs sweep.lua on every registry shard
+whose sweeper lock this process holds or finds free (leases, evictions, the lock: on a
+Cluster several processes may sweep different shards) and, for the holder of shard 0's lock,
+the chores of reach.sweeper (due retries, evicted inboxes, parked messages...). Every few
+seconds the registry is counted for the ``on_registry_counts`` hook (shard 0's lock
+holder's counts; the others report none): one ``count_agents.lua`` call per shard reading
+at most ``metrics.COUNT_SAMPLE`` records in all, so the count costs the same at 10,000
+agents as at 1,000 (exact up to that many, sampled above).
 """
 
 from __future__ import annotations
@@ -39,16 +41,18 @@ async def sweep_forever(shared: Shared, *, client: Client, registry: Registry) -
                 lock_ms=lock_ms,
                 shadow_ttl_ms=int(opts.shadow_ttl_s * 1000),
             )
-            if not res.locked:
-                if res.evicted:
-                    log.warning("evicted: %s", ", ".join(res.evicted))
+            if res.evicted:
+                log.warning("evicted: %s", ", ".join(res.evicted))
+            if res.chores:
                 await sweep_chores(redis, keys, client, registry, dlq_maxlen=opts.dlq_maxlen)
             if time.monotonic() - counted >= max(5.0, opts.sweep_interval_s):
-                counted = time.monotonic()  # registry gauges: only the lock holder's
-                if res.locked:
+                counted = time.monotonic()  # registry gauges: only shard 0's lock holder's
+                if not res.chores:
                     hooks.on_registry_counts(None, 0)
                 else:
-                    hooks.on_registry_counts(*await metrics.count_agents(redis, keys))
+                    hooks.on_registry_counts(
+                        *await registry.count_states(sample=metrics.COUNT_SAMPLE)
+                    )
         except (rexc.RedisError, OSError) as e:
             shared.outages.failed("sweep", e)
         except Exception:  # entries have their own barrier: this is a bug, not data

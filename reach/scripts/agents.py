@@ -3,8 +3,10 @@ drain, deregister, sweep, count_agents (``lua/<name>.lua``; each header is the c
 
 Each method of :class:`RegistryScripts` encodes its arguments into KEYS and ARGV and
 returns a :class:`~reach.scripts.Call` whose reply decodes into the script's code (an
-IntEnum of :mod:`reach.scripts.codes`) or a small frozen result. The registry lives in one hash slot
-per namespace, so these are the same on standalone Redis and on a Cluster.
+IntEnum of :mod:`reach.scripts.codes`) or a small frozen result. Each call touches one
+registry shard (one hash slot, :class:`reach.keys.Keys`): an agent's calls its own shard's,
+``heartbeat_many`` the one shard of all its agents, ``sweep`` and ``count_agents`` the shard
+named; so these are the same on standalone Redis and on a Cluster.
 
 The values are encoded, not judged: :class:`reach.Registry` checks them against the limits
 of its module (and raises ``ConfigError``); a value out of contract is refused by the
@@ -153,8 +155,15 @@ class RegistryScripts:
     events_maxlen: int
 
     def _hash_and_prefixes(self, agent_id: str) -> tuple[str, ...]:
-        k = self.keys
-        return (k.agents, k.agent(agent_id), k.caps, k.events, k.cap_prefix, k.agent_prefix)
+        k, s = self.keys, self.keys.shard(agent_id)
+        return (
+            k.agents_of(s),
+            k.agent(agent_id),
+            k.caps_of(s),
+            k.events_of(s),
+            k.cap_prefix_of(s),
+            k.agent_prefix_of(s),
+        )
 
     def register(
         self,
@@ -194,14 +203,24 @@ class RegistryScripts:
         self, agent_id: str, *, instance_id: str, version: int, queue_depth: int, inflight: int
     ) -> Call[Heartbeat]:
         """Renew the lease of ``instance_id``'s registration and report its load."""
-        keys = (self.keys.agents, self.keys.agent(agent_id), self.keys.events)
+        s = self.keys.shard(agent_id)
+        keys = (self.keys.agents_of(s), self.keys.agent(agent_id), self.keys.events_of(s))
         args = (agent_id, instance_id, version, queue_depth, inflight, self.events_maxlen)
         return Call("heartbeat", keys, args, _heartbeat)
 
     def heartbeat_many(self, beats: Sequence[Beat]) -> Call[list[Heartbeat]]:
-        """Renew the leases of ``beats`` (1..:data:`MAX_BEATS` agents) in one call; the
-        answers come in the same order."""
-        keys = (self.keys.agents, self.keys.events, *(self.keys.agent(b.agent_id) for b in beats))
+        """Renew the leases of ``beats`` (1..:data:`MAX_BEATS` agents, all of one registry
+        shard: :meth:`reach.keys.Keys.shard`) in one call; the answers come in the same
+        order. Raises ValueError for agents of several shards (one call is one slot)."""
+        shards = {self.keys.shard(b.agent_id) for b in beats}
+        if len(shards) > 1:
+            raise ValueError(
+                f"heartbeat_many renews the agents of one registry shard, got shards "
+                f"{sorted(shards)}: group the agents by Keys.shard(agent_id)"
+            )
+        s = shards.pop() if shards else 0
+        k = self.keys
+        keys = (k.agents_of(s), k.events_of(s), *(k.agent(b.agent_id) for b in beats))
         args: list[str | int] = [self.events_maxlen]
         for b in beats:
             args += [b.agent_id, b.instance_id, b.version, b.queue_depth, b.inflight]
@@ -215,22 +234,36 @@ class RegistryScripts:
     def mark_ready(self, agent_id: str, *, instance_id: str, ready: bool) -> Call[MarkReadyCode]:
         """Set the readiness of ``instance_id``'s registration."""
         args = (agent_id, instance_id, "1" if ready else "0", self.events_maxlen)
-        return Call("mark_ready", (self.keys.agent(agent_id), self.keys.events), args, _marked)
+        events = self.keys.events_of(self.keys.shard(agent_id))
+        return Call("mark_ready", (self.keys.agent(agent_id), events), args, _marked)
 
     def drain(self, agent_id: str, *, instance_id: str = "") -> Call[DrainCode]:
         """Mark the agent draining; only ``instance_id``'s registration when given
         (``''``: whatever instance is registered, an operator's drain)."""
         args = (agent_id, self.events_maxlen, instance_id)
-        return Call("drain", (self.keys.agent(agent_id), self.keys.events), args, _drained)
+        events = self.keys.events_of(self.keys.shard(agent_id))
+        return Call("drain", (self.keys.agent(agent_id), events), args, _drained)
 
-    def sweep(self, *, owner: str, lock_ms: int, shadow_ttl_ms: int, batch: int) -> Call[Swept]:
-        """One sweep of at most ``batch`` due agents (``lock_ms`` 0: without the lock)."""
-        k = self.keys
-        keys = (k.agents, k.caps, k.events, k.sweeper_lock, k.cap_prefix, k.agent_prefix)
+    def sweep(
+        self, *, owner: str, lock_ms: int, shadow_ttl_ms: int, batch: int, shard: int = 0
+    ) -> Call[Swept]:
+        """One sweep of at most ``batch`` due agents of registry shard ``shard``, under
+        that shard's sweeper lock (``lock_ms`` 0: without the lock)."""
+        k, s = self.keys, shard
+        keys = (
+            k.agents_of(s),
+            k.caps_of(s),
+            k.events_of(s),
+            k.sweeper_lock_of(s),
+            k.cap_prefix_of(s),
+            k.agent_prefix_of(s),
+            k.reroute_of(s),
+        )
         args = (owner, lock_ms, shadow_ttl_ms, batch, self.events_maxlen)
-        return Call("sweep", (*keys, k.reroute), args, _swept)
+        return Call("sweep", keys, args, _swept)
 
-    def count_agents(self, *, sample: int) -> Call[AgentCounts]:
-        """Count the namespace's agents by state, reading at most ``sample`` records (all
-        of them when there are no more; else a uniform random sample of ``sample``)."""
-        return Call("count_agents", (self.keys.agents, self.keys.agent_prefix), (sample,), _counts)
+    def count_agents(self, *, sample: int, shard: int = 0) -> Call[AgentCounts]:
+        """Count registry shard ``shard``'s agents by state, reading at most ``sample``
+        records (all of them when there are no more; else a uniform random sample)."""
+        keys = (self.keys.agents_of(shard), self.keys.agent_prefix_of(shard))
+        return Call("count_agents", keys, (sample,), _counts)

@@ -63,24 +63,45 @@ def _s(x: bytes | str) -> str:
     return x.decode() if isinstance(x, bytes) else x
 
 
-async def registry_snapshot(reg: Registry) -> dict[str, Any]:
-    """Read every registry key of the namespace (agents zset, hashes, cap sets, caps zset)."""
+async def _shard_snapshot(reg: Registry, shard: int) -> dict[str, Any]:
     r, k = reg.redis, reg.keys
-    zset_ids = {_s(i) for i in await r.zrange(k.agents, 0, -1)}
-    hash_keys = [_s(x) async for x in r.scan_iter(match=f"{k.agent_prefix}*", count=1000)]
-    set_keys = [_s(x) async for x in r.scan_iter(match=f"{k.cap_prefix}*", count=1000)]
+    agent_prefix, cap_prefix = k.agent_prefix_of(shard), k.cap_prefix_of(shard)
+    zset_ids = {_s(i) for i in await r.zrange(k.agents_of(shard), 0, -1)}
+    hash_keys = [_s(x) async for x in r.scan_iter(match=f"{agent_prefix}*", count=1000)]
+    set_keys = [_s(x) async for x in r.scan_iter(match=f"{cap_prefix}*", count=1000)]
     hashes: dict[str, dict[str, str]] = {}
     for key in hash_keys:
         h = await r.hgetall(key)
         if h:
-            hashes[key[len(k.agent_prefix) :]] = {_s(a): _s(b) for a, b in h.items()}
+            hashes[key[len(agent_prefix) :]] = {_s(a): _s(b) for a, b in h.items()}
     sets: dict[str, set[str]] = {}
     for key in set_keys:
         members = {_s(m) for m in await r.smembers(key)}
         if members:
-            sets[key[len(k.cap_prefix) :]] = members
-    caps = {_s(c): int(n) for c, n in await r.zrange(k.caps, 0, -1, withscores=True)}
+            sets[key[len(cap_prefix) :]] = members
+    caps = {_s(c): int(n) for c, n in await r.zrange(k.caps_of(shard), 0, -1, withscores=True)}
     return {"zset_ids": zset_ids, "hashes": hashes, "sets": sets, "caps": caps}
+
+
+async def registry_snapshot(reg: Registry) -> dict[str, Any]:
+    """Read every registry key of the namespace (agents zset, hashes, cap sets, caps zset)
+    of every shard: ``shards`` holds each shard's, the other keys their union (sets merged,
+    caps summed)."""
+    shards = [await _shard_snapshot(reg, k) for k in range(reg.shards)]
+    sets: dict[str, set[str]] = {}
+    caps: dict[str, int] = {}
+    for snap in shards:
+        for cap, members in snap["sets"].items():
+            sets.setdefault(cap, set()).update(members)
+        for cap, n in snap["caps"].items():
+            caps[cap] = caps.get(cap, 0) + n
+    return {
+        "zset_ids": set().union(*(s["zset_ids"] for s in shards)),
+        "hashes": {i: h for s in shards for i, h in s["hashes"].items()},
+        "sets": sets,
+        "caps": caps,
+        "shards": shards,
+    }
 
 
 async def assert_consistent(
@@ -93,21 +114,30 @@ async def assert_consistent(
     * the ``caps`` zset score of each capability equals its set's cardinality, and it
       lists exactly the capabilities with a non-empty set;
     * every agent hash has an entry in the agents zset (else no sweep would ever see it),
-      and every zset entry has a hash (unless shadows may have expired by TTL).
+      and every zset entry has a hash (unless shadows may have expired by TTL);
+    * all of it per registry shard: an agent's hash, lease and set entries in its shard.
     """
     snap = await registry_snapshot(reg)
+    for shard, part in enumerate(snap["shards"]):
+        _assert_shard_consistent(reg, shard, part, allow_expired_shadows)
+    return snap
+
+
+def _assert_shard_consistent(
+    reg: Registry, shard: int, snap: dict[str, Any], allow_expired_shadows: bool
+) -> None:
     hashes: dict[str, dict[str, str]] = snap["hashes"]
     expected: dict[str, set[str]] = {}
     for agent_id, h in hashes.items():
+        assert reg.shard_of(agent_id) == shard, (agent_id, shard)
         assert h.get("agent_id") == agent_id, (agent_id, h)
         assert h.get("state") in ("active", "probation", "evicted"), (agent_id, h)
         if h["state"] == "evicted":
             continue
         for cap in filter(None, h.get("caps", "").split(",")):
             expected.setdefault(cap, set()).add(agent_id)
-    assert snap["sets"] == expected, {"sets": snap["sets"], "expected": expected}
-    assert snap["caps"] == {c: len(m) for c, m in expected.items()}, (snap["caps"], expected)
-    assert set(hashes) <= snap["zset_ids"], set(hashes) - snap["zset_ids"]
+    assert snap["sets"] == expected, {"shard": shard, "sets": snap["sets"], "expected": expected}
+    assert snap["caps"] == {c: len(m) for c, m in expected.items()}, (shard, snap["caps"], expected)
+    assert set(hashes) <= snap["zset_ids"], (shard, set(hashes) - snap["zset_ids"])
     if not allow_expired_shadows:
-        assert snap["zset_ids"] <= set(hashes), snap["zset_ids"] - set(hashes)
-    return snap
+        assert snap["zset_ids"] <= set(hashes), (shard, snap["zset_ids"] - set(hashes))
