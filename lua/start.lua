@@ -1,7 +1,8 @@
--- start.lua: confirm the claims send.lua made for this runtime (claiming at send), once
--- their handlers have started: the task shows 'running' and the claim gets this runtime's
--- own lease, as claim.lua would have written them. The runtime does not wait for the
--- answer before it runs the handlers: the claim was already its own when it read them.
+-- start.lua: confirm the claims send.lua made for this runtime (claiming at send) of
+-- handlers still running a moment after they started (reach/_worker/execution.py,
+-- MARK_RUNNING_AFTER_S): the task shows 'running' and the claim gets this runtime's own
+-- lease, as claim.lua would have written them. The runtime does not wait for this to run
+-- the handlers: the claim was already its own when it read them.
 -- Standalone Redis only (send.lua claims at send only there): one call for a batch.
 --
 -- KEYS[1..n] idempotency records (hashes, or absent)

@@ -46,6 +46,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("reach.runtime")
 
+MARK_RUNNING_AFTER_S = 0.01
+"""A message claimed at send whose handler still runs this long after it started is
+marked running (``start.lua``); quicker ones are not (their outcome follows at once)."""
+
 
 class WorkQueue:
     """The handler pool's queue: claimed deliveries in order, for the pool's tasks.
@@ -181,16 +185,26 @@ class Execution(Part):
 
     def _start_claimed(self, items: list[Delivery]) -> None:
         """Run deliveries send.lua claimed for this runtime (fence 1, lease left: the
-        consumer checked) without a claim round trip, and confirm their claims with
-        ``start.lua`` (status running, this runtime's lease) in the background: its answer
-        is not needed to run them, the claim is already this runtime's."""
-        starts = []
+        consumer checked) without a claim round trip. Those still running
+        :data:`MARK_RUNNING_AFTER_S` later get their claims confirmed with ``start.lua``
+        (status running, this runtime's lease): a quick handler is settled before that and
+        costs no confirmation at all (its task goes from pending to its outcome, and its
+        claim keeps the lease it got at send meanwhile)."""
         for it in items:
             it.idem = self.keys.idem(it.env.key)
             it.fence = CLAIM_AT_SEND_FENCE
-            starts.append(StartItem(it.idem, self._claim_lease_ms(it.env), it.fence))
             self.state.running.add(it.env.key)
             self._start(it)
+        asyncio.get_running_loop().call_later(MARK_RUNNING_AFTER_S, self._mark_running, items)
+
+    def _mark_running(self, items: list[Delivery]) -> None:
+        starts = [
+            StartItem(it.idem, self._claim_lease_ms(it.env), it.fence)
+            for it in items
+            if not it.queued  # not settled yet: still running (or waiting for a slot)
+        ]
+        if not starts:
+            return
         task = asyncio.get_running_loop().create_task(self._confirm(starts))
         self._confirming.add(task)  # held until done (the loop keeps weak references)
         task.add_done_callback(self._confirming.discard)
