@@ -411,7 +411,9 @@ class Event(msgspec.Struct):
     """One registry event (``type`` is registered, ready, draining, unstable, ...).
 
     Events are read as they are: bytes that are not UTF-8 come out with replacement
-    characters, a ``ts`` that is not a number as 0 (both logged once).
+    characters, a ``ts`` that is not a number as 0 (both logged once). ``id``: the stream
+    entry id; with several registry shards, followed by ``@<shard>`` (entries of two shards
+    can have the same id), which :meth:`Registry.events` takes back as a place to resume.
     """
 
     id: str
@@ -513,14 +515,26 @@ class Registry:
         """The registry shard of ``agent_id`` (braces removed first)."""
         return self.keys.shard(agent_id)
 
-    async def _each_shard(self, command: str, key_of: Any, *args: Any, **kw: Any) -> list[Any]:
+    async def _each_shard(
+        self,
+        command: str,
+        key_of: Any,
+        *args: Any,
+        starts: list[str] | None = None,
+        **kw: Any,
+    ) -> list[Any]:
         """``command`` on the key ``key_of(k)`` of every shard ``k``, in one pipeline (a
-        plain call with one shard); the replies in shard order."""
+        plain call with one shard); the replies in shard order. ``starts``: one argument
+        per shard, put in place of the first of ``args`` (which is None then)."""
+
+        def argv(k: int) -> tuple[Any, ...]:
+            return (starts[k], *args[1:]) if starts is not None else args
+
         if self.shards == 1:
-            return [await getattr(self.redis, command)(key_of(0), *args, **kw)]
+            return [await getattr(self.redis, command)(key_of(0), *argv(0), **kw)]
         pipe = self.redis.pipeline(transaction=False)
         for k in range(self.shards):
-            getattr(pipe, command)(key_of(k), *args, **kw)
+            getattr(pipe, command)(key_of(k), *argv(k), **kw)
         return list(await pipe.execute())
 
     async def _run(self, call: Call[T]) -> T:
@@ -876,11 +890,19 @@ class Registry:
         return sorted(counts.items(), key=lambda kv: (kv[1], kv[0]))
 
     async def events(self, *, after: str = "-", count: int = 100) -> list[Event]:
-        """Registry events after id ``after`` (exclusive), oldest first: the shards' events
-        merged by id (each shard's ids come from its master's clock, so across shards the
-        order is the masters' clocks')."""
-        start = "-" if after in ("-", "0", "") else f"({after}"
-        parts = await self._each_shard("xrange", self.keys.events_of, start, "+", count=count)
+        """Registry events after id ``after`` (exclusive; an :attr:`Event.id`), oldest
+        first: the shards' events merged by (entry id, shard). Each shard's ids come from
+        its master's clock, so across shards the order is the masters' clocks'."""
+        if after in ("-", "0", ""):
+            starts = ["-"] * self.shards
+        else:
+            at, _, shard = after.partition("@")
+            k = int(shard) if shard.isdigit() else self.shards  # no shard: after in each
+            # a shard ordered after the resumed one may hold an entry of the same id
+            starts = [f"({at}" if j <= k else at for j in range(self.shards)]
+        parts = await self._each_shard(
+            "xrange", self.keys.events_of, None, "+", count=count, starts=starts
+        )
         return self._merged(parts)[:count]
 
     async def recent_events(self, count: int = 50) -> list[Event]:
@@ -907,9 +929,19 @@ class Registry:
                 return new
             await anyio.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
 
-    def _merged(self, parts: Iterable[Any]) -> list[Event]:
-        rows = sorted(((_entry_order(i), i, f) for p in parts for i, f in p), key=lambda r: r[0])
-        return [self.event(i, f) for _, i, f in rows]
+    def _merged(self, parts: list[Any]) -> list[Event]:
+        rows = sorted(
+            ((_entry_order(i), k, i, f) for k, p in enumerate(parts) for i, f in p),
+            key=lambda r: (r[0], r[1]),
+        )
+        if self.shards == 1:
+            return [self.event(i, f) for _, _, i, f in rows]
+        out = []
+        for _, k, i, f in rows:
+            e = self.event(i, f)
+            e.id = f"{e.id}@{k}"
+            out.append(e)
+        return out
 
     def event(self, entry_id: bytes | str, fields: Mapping[bytes | str, bytes | str]) -> Event:
         """One events-stream entry as an :class:`Event`; never fails (see :class:`Event`)."""
