@@ -77,6 +77,9 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 from redis.utils import HIREDIS_AVAILABLE
 
+if HIREDIS_AVAILABLE:
+    from hiredis import pack_command as _hiredis_pack
+
 from ._pool import _POOL_EMPTY, POOL_WAIT_S, _WaitingPool
 from ._redislike import AnyRedis as AnyRedis  # noqa: PLC0414 (re-exported: every module imports it from here)
 from ._redislike import RedisLike as RedisLike  # noqa: PLC0414
@@ -583,6 +586,16 @@ class _HiredisPackConnection(aredis.Connection):
     def pack_command(self, *args: Any) -> list[bytes]:
         if self._packer is None:
             return super().pack_command(*args)
+        first = args[0]
+        if type(first) is str and " " not in first:
+            # The usual call (one command word, arguments hiredis takes as they are):
+            # packed without redis-py's look at every argument, which costs more than the
+            # packing on a long script call. Anything hiredis refuses (a memoryview, a
+            # bytearray) goes the whole way below.
+            try:
+                return [_hiredis_pack(args)]
+            except TypeError:
+                pass
         return self._packer.pack(*args)  # type: ignore[no-any-return]
 
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
