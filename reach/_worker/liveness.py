@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 import anyio
 from redis import exceptions as rexc
 
-from ..connection import connect_sync, is_cluster
+from ..connection import connect_sync
 from ..errors import StaleRegistration
 from ..keys import PRIORITIES
 from ..registry import Registry
@@ -224,9 +224,9 @@ class Heartbeats:
     Each agent is due every ``heartbeat_s`` of its own; a round renews every agent due now
     and those due within half their period (so agents started at different times fall
     into step and are renewed together): one pipeline of the ``XLEN``s of their inboxes,
-    then one ``heartbeat_many.lua`` call per registry shard and :data:`HEARTBEAT_BATCH` agents
-    (in one pipeline on a standalone Redis or Sentinel; one after the other on a Cluster,
-    where redis-py sends no scripts in a pipeline). An agent whose event loop has made no
+    then one ``heartbeat_many.lua`` call per registry shard and :data:`HEARTBEAT_BATCH`
+    agents, all in one pipeline (on a Cluster, per node, sent together: :func:`run_sync`).
+    An agent whose event loop has made no
     progress for ``stall_s`` is left out of the round (and so evicted in time); every
     answer is handled per agent (:meth:`Liveness.answered`). A failed round is logged by
     every agent in it and retried at the next due time on a new connection.
@@ -369,13 +369,15 @@ class Heartbeats:
 
 def run_sync(r: Any, calls: Sequence[Call[Any]]) -> list[Any]:
     """Run ``calls`` on a synchronous client and return their decoded replies: in one
-    pipeline (standalone, Sentinel), one after the other on a Cluster (redis-py sends no
-    scripts in a Cluster pipeline). NOSCRIPT (a restarted or failed-over server) loads the
-    scripts refused and sends just those again; any other error reply is raised."""
+    pipeline (on a Cluster, one per node, sent together: ``EVALSHA`` through
+    ``execute_command``, which redis-py's cluster pipeline routes by the call's first key;
+    a registry of several shards has one call per shard in a round). NOSCRIPT (a restarted
+    or failed-over server) loads the scripts refused (every primary) and sends just those
+    again; any other error reply is raised."""
     if not calls:
         return []
-    if is_cluster(r) or len(calls) == 1:
-        return [c.run_sync(r) for c in calls]
+    if len(calls) == 1:
+        return [calls[0].run_sync(r)]
     pipe = r.pipeline(transaction=False)
     for c in calls:
         pipe.execute_command(*c.op())

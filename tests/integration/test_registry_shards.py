@@ -14,7 +14,8 @@ import anyio
 import pytest
 from redis.crc import key_slot
 
-from reach.connection import AnyRedis, connect, is_cluster
+from reach._worker.liveness import run_sync
+from reach.connection import AnyRedis, connect, connect_sync, is_cluster
 from reach.errors import ConfigError
 from reach.keys import CLUSTER_SHARDS, Keys, shard_of
 from reach.registry import Registry, default_shards
@@ -258,3 +259,30 @@ async def test_on_a_cluster_the_shards_spread_over_every_master(rc: AnyRedis, ns
     await assert_consistent(reg)
     counts, _ = await reg.count_states()
     assert counts["active"] == len(agents)
+
+
+@pytest.mark.cluster
+async def test_the_heartbeat_thread_renews_every_shard_in_one_pipeline(
+    rc: AnyRedis, redis_cluster: RedisTestCluster, ns: str
+) -> None:
+    """The heartbeat thread's round on a Cluster: one heartbeat_many call per shard, sent in
+    one cluster pipeline; a script cache flushed on every master is loaded again."""
+    reg = Registry(rc, ns)
+    agents = ids_in_every_shard(CLUSTER_SHARDS, per_shard=2)
+    creds = {aid: (await register(reg, aid, [CAP]))[1:] for aid in agents}
+    sync_r = connect_sync(redis_cluster.url)
+    try:
+        sync_reg = Registry(sync_r, ns)
+        groups: dict[int, list[Beat]] = {}
+        for i, aid in enumerate(agents):
+            groups.setdefault(sync_reg.shard_of(aid), []).append(Beat(aid, *creds[aid], i))
+        calls = [sync_reg.heartbeat_many_call(g) for g in groups.values()]
+        assert len(calls) == CLUSTER_SHARDS
+        for _ in range(2):
+            sync_r.script_flush()
+            answers = await anyio.to_thread.run_sync(run_sync, sync_r, calls)
+            assert [h.code for a in answers for h in a] == [1] * len(agents)
+    finally:
+        sync_r.close()
+    depths = {a.agent_id: a.queue_depth for a in await reg.agents(CAP)}
+    assert depths == {aid: i for i, aid in enumerate(agents)}
