@@ -198,17 +198,37 @@ class _Mux:
         self.closed = False
         self._checked = time.monotonic()
         self._capture: Any = None  # a redis-py pipeline: its execute_command queues words
+        self._stale: Any = None  # the connection of an event loop used before this one
 
     # -- queueing ---------------------------------------------------------------------------
     def submit(self, p: _Pending) -> None:
         if self.closed:
             p.fut.set_exception(rexc.ConnectionError("the client is closed"))
             return
+        loop = asyncio.get_running_loop()
+        if self.writer is not None and self.writer.get_loop() is not loop:
+            self._moved_loop()
         self.queue.append(p)
         if self.writer is None or self.writer.done():
-            self.writer = asyncio.get_running_loop().create_task(self._write_loop())
+            self.writer = loop.create_task(self._write_loop())
         else:
             self._kick_writer()
+
+    def _moved_loop(self) -> None:
+        """Used from another event loop than before (the old one ended): start afresh.
+        The old loop's tasks and futures stay with it; its connection goes back to the
+        pool (reconnected when used: a socket belongs to one loop)."""
+        self.gen += 1
+        if self.conn is not None:
+            self._stale, self.conn = self.conn, None
+        self.writer = self.reader = None
+        self._wake_writer = self._wake_reader = None
+        self.queue = collections.deque()
+        self.inflight = collections.deque()
+        self.noscript = []
+        self.tasks = set()
+        self.broken = self.loading = False
+        self.backoff = 0.0
 
     def _kick_writer(self) -> None:
         w = self._wake_writer
@@ -276,8 +296,16 @@ class _Mux:
     async def _connection(self) -> Any:
         """The connection to write on: taken from the pool once, reset after a failure
         (the reader of the failed one stopped first, so no read mixes two sockets)."""
+        pool = self.redis.connection_pool
+        if self._stale is not None:
+            stale, self._stale = self._stale, None
+            try:
+                await stale.disconnect(nowait=True)
+            except Exception:  # its loop is gone: only the socket is dropped
+                log.debug("closing a connection of an ended event loop failed", exc_info=True)
+            await pool.release(stale)
         if self.conn is None:
-            self.conn = await self.redis.connection_pool.get_connection()
+            self.conn = await pool.get_connection()
         conn = self.conn
         if self.broken:
             reader = self.reader

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import AsyncIterator
+from typing import Any
 
 import anyio
 import pytest
@@ -502,3 +503,24 @@ async def test_a_graceful_sentinel_failover_moves_the_held_connection(
     finally:
         await sentinel.aclose()
         await auto.aclose()
+
+
+def test_one_auto_pipeline_in_a_second_event_loop_does_not_hang(redis_url: str, ns: str) -> None:
+    # redis-py's connections belong to the event loop that opened them, so a client kept
+    # across asyncio.run() calls fails in the next loop (pipelines too): each call there
+    # must still get an answer or an error, not wait on the first loop's tasks.
+    holder: list[AutoPipeline] = []
+
+    async def first() -> Any:
+        holder.append(AutoPipeline(await connect(redis_url)))
+        return await asyncio.gather(*(holder[0].set(f"{ns}:{i}", 1) for i in range(50)))
+
+    assert asyncio.run(first()) == [True] * 50
+
+    async def second() -> list[Any]:
+        return await asyncio.gather(
+            *(holder[0].get(f"{ns}:{i}") for i in range(50)), return_exceptions=True
+        )
+
+    got = asyncio.run(asyncio.wait_for(second(), 10))
+    assert len(got) == 50 and all(x == b"1" or isinstance(x, Exception) for x in got)
