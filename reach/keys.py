@@ -6,7 +6,9 @@ Layout (``ns`` is the namespace, ids are stripped of ``{``/``}`` first):
   standalone Redis, :data:`CLUSTER_SHARDS` on a Cluster; :func:`shard_of` puts an agent in
   shard ``crc32(agent_id) % shards``). Shard ``k`` is one hash slot, tagged ``{ns}`` for
   shard 0 (so a one-shard registry keeps the keys of reach before sharding) and
-  ``{ns:r<k>}`` for the others; ``S`` below is that tag::
+  ``{ns:r<j>}`` for the others, ``j`` chosen so the shards' slots fall in different
+  ``16384 / shards`` bands of the slot space (:func:`shard_tags`); ``S`` below is the
+  shard's prefix ``reach:{tag}``::
 
     reach:S:agents               zset  agent_id -> lease expiry (epoch ms), this shard's
     reach:S:agent:<id>           hash  the agent record (in the shard of <id>)
@@ -40,6 +42,8 @@ ids must never carry braces: :func:`clean_id` removes them.
 
 from __future__ import annotations
 
+import binascii
+import functools
 import re
 import zlib
 from dataclasses import dataclass
@@ -55,6 +59,46 @@ work over the masters (on 3 masters a master holds about 5 of them); on a standa
 or Sentinel, one (every key in one place: nothing to spread)."""
 MAX_SHARDS = 1024
 _SHARD_SUFFIX = re.compile(r":r[0-9]+\Z")
+
+
+SLOTS = 16384
+
+
+def slot_of_tag(tag: str) -> int:
+    """The Redis Cluster slot of keys whose hash tag is ``tag`` (CRC-16/XMODEM mod 16384,
+    as Redis computes it)."""
+    return binascii.crc_hqx(tag.encode("utf-8", "surrogatepass"), 0) % SLOTS
+
+
+@functools.lru_cache(maxsize=256)
+def shard_tags(namespace: str, shards: int) -> tuple[str, ...]:
+    """The hash tag of each registry shard of ``namespace`` (already cleaned).
+
+    Shard 0's is the namespace itself. The others are ``<ns>:r<j>``, ``j`` = 1, 2, ...
+    taken in turn: each shard in band order (the slot space cut into ``shards`` equal bands,
+    less the band of shard 0) gets the first unused ``j`` whose slot falls in its band. So
+    the shards' slots are spread evenly over the slot space, and a Cluster whose masters
+    hold contiguous slot ranges (as ``redis-cli --cluster create`` splits them) gets about
+    ``shards / masters`` shards per master, whatever the namespace (tags picked at random,
+    16 shards over 3 masters gave 9 / 4 / 3). Deterministic: every process derives the
+    same tags; changing this function moves the registry (a key-scheme change)."""
+    if shards == 1:
+        return (namespace,)
+    band = SLOTS / shards
+    taken = int(slot_of_tag(namespace) // band)
+    free = [b for b in range(shards) if b != taken]
+    pending: dict[int, int] = {}  # band -> shard index
+    for i, b in enumerate(free[: shards - 1], start=1):
+        pending[b] = i
+    tags = [namespace] + [""] * (shards - 1)
+    j = 0
+    while pending:
+        j += 1
+        tag = f"{namespace}:r{j}"
+        i = pending.pop(int(slot_of_tag(tag) // band), 0)
+        if i:
+            tags[i] = tag
+    return tuple(tags)
 
 
 def shard_of(agent_id: str, shards: int) -> int:
@@ -101,7 +145,7 @@ class Keys:
         if not 1 <= self.shards <= MAX_SHARDS:
             raise ConfigError(f"registry shards must be within 1..{MAX_SHARDS}, got {self.shards}.")
 
-    # -- registry shards: reach:{ns}:... (shard 0), reach:{ns:r<k>}:... ------------------
+    # -- registry shards: reach:{ns}:... (shard 0), reach:{ns:r<j>}:... ------------------
     @property
     def _reg(self) -> str:
         return f"{PREFIX}:{{{self.namespace}}}"
@@ -109,7 +153,7 @@ class Keys:
     def _shard(self, k: int) -> str:
         if not 0 <= k < self.shards:
             raise ValueError(f"registry shard {k} is not within 0..{self.shards - 1}")
-        return self._reg if k == 0 else f"{PREFIX}:{{{self.namespace}:r{k}}}"
+        return f"{PREFIX}:{{{shard_tags(self.namespace, self.shards)[k]}}}"
 
     def shard(self, agent_id: str) -> int:
         """The registry shard holding ``agent_id``'s record and lease."""

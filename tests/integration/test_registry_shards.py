@@ -7,7 +7,9 @@ over every master."""
 
 from __future__ import annotations
 
+import re
 import zlib
+from collections import Counter
 from collections.abc import AsyncIterator
 
 import anyio
@@ -17,11 +19,11 @@ from redis.crc import key_slot
 from reach._worker.liveness import run_sync
 from reach.connection import AnyRedis, connect, connect_sync, is_cluster
 from reach.errors import ConfigError
-from reach.keys import CLUSTER_SHARDS, Keys, shard_of
+from reach.keys import CLUSTER_SHARDS, SLOTS, Keys, shard_of, shard_tags, slot_of_tag
 from reach.registry import Registry, default_shards
 from reach.scripts.agents import Beat
 from reach.view import RegistryView
-from tests.support.cluster import SLOTS, RedisTestCluster
+from tests.support.cluster import RedisTestCluster
 from tests.support.registry_helpers import assert_consistent, new_version, register
 from tests.support.waiting import wait_until
 
@@ -57,9 +59,11 @@ def test_shard_zero_keeps_the_one_slot_keys_and_the_others_have_their_own() -> N
     one, many = Keys("prod"), Keys("prod", 16)
     assert one.agent("a") == "reach:{prod}:agent:a"
     assert one.agents == many.agents_of(0) == "reach:{prod}:agents"
-    assert many.events_of(3) == "reach:{prod:r3}:events"
+    tags = shard_tags("prod", 16)
+    assert tags[0] == "prod" and all(re.fullmatch(r"prod:r[0-9]+", t) for t in tags[1:])
+    assert many.events_of(3) == f"reach:{{{tags[3]}}}:events"
     aid = next(f"x{i}" for i in range(100) if shard_of(f"x{i}", 16) == 5)
-    assert many.agent(aid) == f"reach:{{prod:r5}}:agent:{aid}"
+    assert many.agent(aid) == f"reach:{{{tags[5]}}}:agent:{aid}"
     # every key of one shard in one slot, shards in different slots
     for k in range(16):
         shard_keys = {
@@ -71,12 +75,24 @@ def test_shard_zero_keeps_the_one_slot_keys_and_the_others_have_their_own() -> N
             many.sweeper_lock_of(k),
             many.reroute_of(k),
         }
-        assert len({key_slot(x.encode()) for x in shard_keys}) == 1
+        assert {key_slot(x.encode()) for x in shard_keys} == {slot_of_tag(tags[k])}
     assert len({key_slot(many.agents_of(k).encode()) for k in range(16)}) == 16
     # what is not the registry stays in the namespace's slot
     assert key_slot(many.delayed.encode()) == key_slot(many.agents_of(0).encode())
     with pytest.raises(ValueError, match="shard 16"):
         many.agents_of(16)
+
+
+@pytest.mark.parametrize("shards", [2, 3, 16, 64])
+def test_shards_fall_in_different_bands_of_the_slot_space(shards: int) -> None:
+    """So masters holding contiguous slot ranges each get about shards / masters."""
+    for i in range(50):
+        tags = shard_tags(f"team-{i}", shards)
+        bands = {slot_of_tag(t) * shards // SLOTS for t in tags}
+        assert len(bands) == shards
+        if shards == 16:
+            per_master = Counter(min(slot_of_tag(t) // (SLOTS // 3), 2) for t in tags)
+            assert sorted(per_master.values()) in ([5, 5, 6], [4, 6, 6])
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1025, True, 2.0])
