@@ -21,13 +21,16 @@ evictions (no agent that kept heartbeating ever leaves 'active').
 
 **Scale mode** (``--scale``, issue 12 item 6): ``--agents`` agents heartbeating at the
 runtime's defaults (3 s / 9 s / 18 s) as processes hosting ``--per-call`` agents each renew
-them, one ``heartbeat_many.lua`` call per simulated process and period, phases spread over
+them, one ``heartbeat_many.lua`` call per registry shard of its agents per simulated process
+and period (the shard's calls sent at once, to each shard's master), phases spread over
 the period, from ``--procs`` load-generator processes (``--conns`` tasks each), on the
 3-master test cluster (``tests/support/cluster.py``; ``--masters 1``: one standalone
-server). The sweeper (lock, every ``--sweep-interval-s``) and the register-to-visible
-prober run in the main process once every agent had its first heartbeat. Reported: Redis
-CPU per node over the steady window (the registry's node marked: a namespace's registry is
-one slot today), heartbeat call round trip p50/p99/max and the generators' schedule lag,
+server) with ``--shards`` registry shards (default: 16 on the cluster, 1 standalone;
+``--shards 1`` on the cluster is the one-slot registry of before). The sweeper (locks,
+every ``--sweep-interval-s``) and the register-to-visible prober run in the main process
+once every agent had its first heartbeat. Reported: Redis CPU per node over the steady
+window (with the registry shards it holds), a simulated process's heartbeat round (its
+calls) p50/p99/max and the generators' schedule lag,
 register-to-visible p50/p95, sweep time with nothing due (client, and in Redis from INFO commandstats), the
 ``count_agents.lua`` time of the registry gauges, false probations/evictions (sweep
 results and events) and the states after the run.
@@ -63,7 +66,7 @@ from redis.crc import key_slot
 from reach import scripts
 from reach.connection import AnyRedis, connect
 from reach.embedded import RedisServer, find_server_binary
-from reach.keys import Keys
+from reach.keys import CLUSTER_SHARDS, Keys
 from reach.registry import Registry
 from reach.scripts.agents import Beat
 
@@ -99,6 +102,7 @@ class Bench:
         self.visible_set_ms: list[float] = []
         self.register_ms: list[float] = []
         self.stop = anyio.Event()
+        self.shards: int | None = None  # registry shards (None: the Redis kind's default)
 
     # -- setup ------------------------------------------------------------------------
     async def register_many(
@@ -136,7 +140,7 @@ class Bench:
 
     # -- steady state -----------------------------------------------------------------
     async def heartbeater(self, r: AnyRedis, mine: list[tuple[float, str, str, int]]) -> None:
-        reg = Registry(r, self.ns)
+        reg = Registry(r, self.ns, shards=self.shards)
         period = self.a.period_s
         t0 = self.t0
         cycle = 0
@@ -156,7 +160,7 @@ class Bench:
             cycle += 1
 
     async def sweeper(self, r: AnyRedis) -> None:
-        reg = Registry(r, self.ns)
+        reg = Registry(r, self.ns, shards=self.shards)
         while not self.stop.is_set():
             t = time.perf_counter()
             res = await reg.sweep(owner="bench", lock_ms=int(self.a.sweep_interval_s * 3000))
@@ -172,7 +176,10 @@ class Bench:
                 await self.stop.wait()
 
     async def prober(self, r_write: AnyRedis, r_read: AnyRedis) -> None:
-        writer, reader = Registry(r_write, self.ns), Registry(r_read, self.ns)
+        writer, reader = (
+            Registry(r_write, self.ns, shards=self.shards),
+            Registry(r_read, self.ns, shards=self.shards),
+        )
         n = 0
         while not self.stop.is_set():
             n += 1
@@ -215,7 +222,7 @@ class Bench:
     # -- one-off sweeps over a full registry ------------------------------------------
     async def sweep_with_due(self, r: AnyRedis, *, evict: bool) -> dict[str, Any]:
         ns = f"{self.ns}-{'evict' if evict else 'due'}"
-        reg = Registry(r, ns)
+        reg = Registry(r, ns, shards=self.shards)
         n, due = self.a.agents, self.a.due
         await self.register_many(
             r, reg, n - due, prefix="ok", lease_ms=600_000, evict_after_ms=1_200_000
@@ -235,7 +242,7 @@ class Bench:
 
     async def idle_sweeps(self, r: AnyRedis, rounds: int = 50) -> tuple[list[float], list[float]]:
         """Sweeps with nothing due: client-measured and server-measured (SLOWLOG) times."""
-        reg = Registry(r, self.ns)
+        reg = Registry(r, self.ns, shards=self.shards)
         out = []
         await r.slowlog_reset()
         for _ in range(rounds):
@@ -378,8 +385,9 @@ Host = tuple[float, list[tuple[str, str, int]]]  # (phase in the period, its age
 
 
 def _generator(
-    url: str,
+    urls: list[str],
     ns: str,
+    shards: int,
     hosts: list[Host],
     period_s: float,
     t0_wall: float,
@@ -389,37 +397,60 @@ def _generator(
 ) -> None:
     """A load-generator process (spawned): renews ``hosts`` until ``t0_wall + duration_s``
     and puts its figures on the queue ``out``."""
-    out.put(anyio.run(_generate, url, ns, hosts, period_s, t0_wall, duration_s, conns))
+    out.put(anyio.run(_generate, urls, ns, shards, hosts, period_s, t0_wall, duration_s, conns))
+
+
+def shard_nodes(ns: str, shards: int, masters: int) -> list[int]:
+    """The test cluster's master (index) of each registry shard of ``ns``."""
+    if masters == 1:
+        return [0] * shards
+    from tests.support.cluster import master_of_slot
+
+    keys = Keys(ns, shards)
+    return [master_of_slot(key_slot(keys.agents_of(k).encode()), masters) for k in range(shards)]
 
 
 async def _generate(
-    url: str,
+    urls: list[str],
     ns: str,
+    shards: int,
     hosts: list[Host],
     period_s: float,
     t0_wall: float,
     duration_s: float,
     conns: int,
 ) -> dict[str, Any]:
-    # One plain connection pool to the registry's node (on a cluster: its master, which
-    # runs every call of the namespace's one slot): the Redis side sees exactly what the
-    # runtimes' heartbeat_many calls send, without the cluster client's per-call slot
-    # computation over 100+ keys, which would make the generator, not Redis, the limit.
-    r: Any = aredis.Redis.from_url(url, max_connections=conns + 2)
-    reg = Registry(r, ns)
+    # One plain connection pool per master (a shard's calls go to its master, which runs
+    # every call of that slot): the Redis side sees exactly what the runtimes'
+    # heartbeat_many calls send, without the cluster client's per-call slot computation
+    # over 100+ keys, which would make the generator, not Redis, the limit.
+    pools: list[Any] = [aredis.Redis.from_url(u, max_connections=conns + 2) for u in urls]
+    reg = Registry(pools[0], ns, shards=shards)
+    node_of = shard_nodes(ns, shards, len(urls))
     rtt: list[float] = []
     lag: list[float] = []
     codes: Counter[int] = Counter()
     end = t0_wall + duration_s
     ordered = sorted(hosts, key=lambda h: h[0])
 
+    def host_calls(agents: list[tuple[str, str, int]]) -> list[tuple[Any, Any]]:
+        # a process's round: one heartbeat_many call per registry shard of its agents
+        by_shard: dict[int, list[Beat]] = {}
+        for a, i, v in agents:
+            by_shard.setdefault(reg.shard_of(a), []).append(Beat(a, i, v))
+        return [(pools[node_of[k]], reg.heartbeat_many_call(b)) for k, b in by_shard.items()]
+
+    async def one(r: Any, call: Any) -> None:
+        for h in await call.run(r):
+            codes[int(h.code)] += 1
+
     async def renew(mine: list[Host]) -> None:
-        # each simulated process's call is built once (its agents report no load, so the
-        # call does not change): the generator's own CPU goes to the round trips
-        calls = [reg.heartbeat_many_call(Beat(a, i, v) for a, i, v in agents) for _, agents in mine]
+        # each simulated process's calls are built once (its agents report no load, so the
+        # calls do not change): the generator's own CPU goes to the round trips
+        rounds = [host_calls(agents) for _, agents in mine]
         cycle = 0
         while True:
-            for (phase, _), call in zip(mine, calls, strict=True):
+            for (phase, _), calls in zip(mine, rounds, strict=True):
                 due = t0_wall + cycle * period_s + phase
                 if due >= end:
                     return
@@ -428,10 +459,13 @@ async def _generate(
                     await anyio.sleep(delay)
                 lag.append(max(0.0, time.time() - due) * 1000)
                 t = time.perf_counter()
-                answers = await call.run(r)
+                if len(calls) == 1:
+                    await one(*calls[0])
+                else:  # the shards' calls at once, as the heartbeat thread's pipeline
+                    async with anyio.create_task_group() as tg:
+                        for r, call in calls:
+                            tg.start_soon(one, r, call)
                 rtt.append((time.perf_counter() - t) * 1000)
-                for h in answers:
-                    codes[int(h.code)] += 1
             cycle += 1
 
     try:
@@ -440,7 +474,8 @@ async def _generate(
                 if ordered[k::conns]:
                     tg.start_soon(renew, ordered[k::conns])
     finally:
-        await r.aclose()
+        for p in pools:
+            await p.aclose()
     return {"rtt": rtt, "lag": lag, "codes": dict(codes)}
 
 
@@ -452,20 +487,23 @@ async def _cpu_s(nodes: Sequence[Any]) -> list[float]:
     return out
 
 
-async def _script_ms(node: Any, run: Any, rounds: int) -> float:
-    """Mean time inside Redis of the script calls of ``rounds`` calls ``run()`` (``INFO
-    commandstats``: EVALSHA's usec / calls on ``node``, nothing else running; the SLOWLOG
-    would also log, and slow down, every command a script runs)."""
+async def _script_ms(nodes: Sequence[Any], run: Any, rounds: int) -> float:
+    """Mean time inside Redis of one ``run()`` (its script calls on every node: ``INFO
+    commandstats``: EVALSHA's usec summed over ``nodes`` / ``rounds``, nothing else
+    running; the SLOWLOG would also log, and slow down, every command a script runs)."""
 
     async def evalsha() -> tuple[int, int]:
-        st = (await node.info("commandstats")).get("cmdstat_evalsha", {})
-        return int(st.get("calls", 0)), int(st.get("usec", 0))
+        calls = usec = 0
+        for node in nodes:
+            st = (await node.info("commandstats")).get("cmdstat_evalsha", {})
+            calls, usec = calls + int(st.get("calls", 0)), usec + int(st.get("usec", 0))
+        return calls, usec
 
-    calls0, usec0 = await evalsha()
+    _, usec0 = await evalsha()
     for _ in range(rounds):
         await run()
-    calls1, usec1 = await evalsha()
-    return (usec1 - usec0) / max(1, calls1 - calls0) / 1000
+    _, usec1 = await evalsha()
+    return (usec1 - usec0) / rounds / 1000
 
 
 async def run_scale(a: argparse.Namespace) -> dict[str, Any]:
@@ -499,13 +537,10 @@ async def _scale(
     binary: Any,
 ) -> dict[str, Any]:
     b = Bench(a)
-    reg = Registry(admin, b.ns)
-    if len(nodes) > 1:
-        from tests.support.cluster import master_of_slot
-
-        reg_node = master_of_slot(key_slot(Keys(b.ns).agents.encode()), len(nodes))
-    else:
-        reg_node = 0
+    shards = a.shards or (CLUSTER_SHARDS if len(nodes) > 1 else 1)
+    b.shards = shards
+    reg = Registry(admin, b.ns, shards=shards)
+    node_of = shard_nodes(b.ns, shards, len(nodes))
     await scripts.load_all(admin)
     t = time.perf_counter()
     agents = await b.register_many(
@@ -530,8 +565,9 @@ async def _scale(
         ctx.Process(
             target=_generator,
             args=(
-                f"redis://127.0.0.1:{ports[reg_node]}/0",
+                [f"redis://127.0.0.1:{port}/0" for port in ports],
                 b.ns,
+                shards,
                 hosts[p :: a.procs],
                 a.period_s,
                 t0_wall,
@@ -571,7 +607,6 @@ async def _scale(
     load = os.getloadavg()
     counted = await reg.count_agents(sample=min(100_000, max(1, a.agents + 1000)))
     events = Counter(e.type for e in await reg.events(count=100_000))
-    node = nodes[reg_node]
     sweeps: list[float] = []
 
     async def sweep() -> None:
@@ -584,14 +619,14 @@ async def _scale(
     async def count() -> None:
         await reg.count_agents()
 
-    beat_call = reg.heartbeat_many_call(Beat(x, i, v) for x, i, v in hosts[0][1])
+    beats = [Beat(x, i, v) for x, i, v in hosts[0][1]]
 
-    async def beat() -> None:
-        await beat_call.run(admin)
+    async def beat() -> None:  # one simulated process's round: one call per shard
+        await reg.heartbeat_many(beats)
 
-    sweep_server = await _script_ms(node, sweep, 20)
-    count_server = await _script_ms(node, count, 10)
-    beat_server = await _script_ms(node, beat, 50)
+    sweep_server = await _script_ms(nodes, sweep, 20)
+    count_server = await _script_ms(nodes, count, 10)
+    beat_server = await _script_ms(nodes, beat, 50)
     all_idle = b.sweep_idle_ms + sweeps
     return {
         "config": {
@@ -604,14 +639,15 @@ async def _scale(
             "procs": a.procs,
             "conns": a.conns,
             "masters": len(nodes),
+            "shards": shards,
             "server": f"{binary.path} {binary.version_str}",
         },
         "register_all_s": register_all_s,
         "steady_window_s": wall,
         "load_average_1_5_min": [round(x, 2) for x in load[:2]],
-        "registry_node": reg_node,
+        "shards_per_node": [node_of.count(i) for i in range(len(nodes))],
         "redis_cpu_pct": [100 * (c1 - c0) / wall for c0, c1 in zip(cpu0, cpu1, strict=True)],
-        "heartbeat_calls": len(rtt),
+        "heartbeat_rounds": len(rtt),
         "agents_renewed_per_s": sum(int(v) for v in codes.values()) / a.duration_s,
         "heartbeat_rtt_p50_ms": pct(rtt, 50),
         "heartbeat_rtt_p99_ms": pct(rtt, 99),
@@ -642,8 +678,8 @@ async def _scale(
 def scale_table(res: dict[str, Any]) -> str:
     c = res["config"]
     cpu = ", ".join(
-        f"{'*' if i == res['registry_node'] else ''}{x:.1f} %"
-        for i, x in enumerate(res["redis_cpu_pct"])
+        f"{x:.1f} % ({n} shards)"
+        for x, n in zip(res["redis_cpu_pct"], res["shards_per_node"], strict=True)
     )
     rows = [
         (
@@ -657,22 +693,22 @@ def scale_table(res: dict[str, Any]) -> str:
             "run",
             (
                 f"{c['duration_s']} s, {c['procs']} generator procs x {c['conns']} tasks, "
-                f"{c['masters']} master(s)"
+                f"{c['masters']} master(s), {c['shards']} registry shard(s)"
             ),
         ),
         ("server", c["server"]),
         ("register all agents (pipelined)", f"{res['register_all_s']:.1f} s"),
         ("machine load average 1 / 5 min", f"{res['load_average_1_5_min']}"),
         (
-            "Redis CPU per node (* = registry)",
+            "Redis CPU per node (its registry shards)",
             f"{cpu} (of one core, {res['steady_window_s']:.0f} s)",
         ),
         (
-            "heartbeat calls / agents renewed per s",
-            f"{res['heartbeat_calls']} / {res['agents_renewed_per_s']:.0f}",
+            "process heartbeat rounds / agents renewed per s",
+            f"{res['heartbeat_rounds']} / {res['agents_renewed_per_s']:.0f}",
         ),
         (
-            "heartbeat call p50 / p99 / max",
+            "process round (a call per shard) p50 / p99 / max",
             (
                 f"{res['heartbeat_rtt_p50_ms']:.2f} / {res['heartbeat_rtt_p99_ms']:.2f} / "
                 f"{res['heartbeat_rtt_max_ms']:.2f} ms"
@@ -702,7 +738,7 @@ def scale_table(res: dict[str, Any]) -> str:
             f"{res['sweep_idle_server_mean_ms']:.3f} ms",
         ),
         (
-            f"heartbeat_many.lua of {c['per_call']} agents in Redis, mean",
+            f"heartbeat_many.lua of a process's {c['per_call']} agents in Redis, mean",
             f"{res['heartbeat_many_server_mean_ms']:.3f} ms",
         ),
         (
@@ -820,6 +856,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scale", action="store_true", help="scale mode (see the module doc)")
     p.add_argument("--masters", type=int, default=3, help="scale: cluster masters (1: standalone)")
     p.add_argument("--procs", type=int, default=2, help="scale: load-generator processes")
+    p.add_argument(
+        "--shards",
+        type=int,
+        default=0,
+        help="scale: registry shards (0: the default, 16 on a cluster, 1 standalone)",
+    )
     p.add_argument("--per-call", type=int, default=100, help="scale: agents per simulated process")
     p.add_argument("--spawn-s", type=float, default=4.0, help="scale: time to start generators")
     args = p.parse_args(argv)
