@@ -6,6 +6,9 @@
 -- the registry gauges' count (reach.metrics.count_agents) is one command per count.
 -- Writes nothing.
 --
+-- Every key is of one registry shard, one hash slot: the namespace's counts are the sum
+-- of one call per shard.
+--
 -- KEYS[1] agents zset (agent_id -> next deadline, epoch ms)
 -- KEYS[2] agent-hash key prefix (agent ids are appended; same slot)
 -- ARGV[1] most agent records to read: integer 1..100000

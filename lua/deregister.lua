@@ -1,5 +1,8 @@
 -- deregister.lua: remove an agent's registration for good (clean shutdown).
 --
+-- Every key is of the agent's registry shard, one hash slot (docs/protocol.md, "Registry
+-- shards").
+--
 -- KEYS[1] agents zset
 -- KEYS[2] the agent's hash: must be KEYS[6] .. ARGV[1]
 -- KEYS[3] caps zset (capability -> number of agents declaring it)

@@ -1,6 +1,8 @@
 -- drain.lua: mark an agent as draining: routing stops sending it new work; the agent
 -- finishes what it holds, then deregisters (it learns of the flag on its next heartbeat).
 --
+-- Both keys are of the agent's registry shard, one hash slot (docs/protocol.md).
+--
 -- KEYS[1] the agent's hash
 -- KEYS[2] registry events stream
 -- ARGV[1] agent_id: 1..256 bytes, no '{' or '}'

@@ -1,5 +1,8 @@
 -- heartbeat.lua: renew an agent's lease and report its load.
 --
+-- Every key is of the agent's registry shard, one hash slot (docs/protocol.md, "Registry
+-- shards").
+--
 -- KEYS[1] agents zset (agent_id -> next lease deadline, epoch ms)
 -- KEYS[2] the agent's hash
 -- KEYS[3] registry events stream

@@ -1,5 +1,9 @@
--- heartbeat_many.lua: renew the leases of several agents of one namespace in one call
+-- heartbeat_many.lua: renew the leases of several agents of one registry shard in one call
 -- (the agents a process hosts) and report their load; heartbeat.lua for each, at once.
+--
+-- Every key is of one registry shard, one hash slot (docs/protocol.md, "Registry shards"):
+-- the agents of a call are agents of that shard; a process hosting agents of several
+-- shards makes one call per shard.
 --
 -- KEYS[1] agents zset (agent_id -> next lease deadline, epoch ms)
 -- KEYS[2] registry events stream

@@ -1,5 +1,7 @@
 -- mark_ready.lua: set an agent's readiness (routing skips agents that are not ready).
 --
+-- Both keys are of the agent's registry shard, one hash slot (docs/protocol.md).
+--
 -- KEYS[1] the agent's hash
 -- KEYS[2] registry events stream
 -- ARGV[1] agent_id: 1..256 bytes, no '{' or '}'

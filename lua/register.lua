@@ -1,5 +1,9 @@
 -- register.lua: add an agent's registration, or replace an older one (version fence).
 --
+-- Every key is of the agent's registry shard, one hash slot (docs/protocol.md, "Registry
+-- shards"): the agent's record, lease, capability-set entries, counts and event change
+-- together.
+--
 -- KEYS[1] agents zset (agent_id -> next lease deadline, epoch ms)
 -- KEYS[2] the agent's hash: must be KEYS[6] .. ARGV[1]
 -- KEYS[3] caps zset (capability -> number of agents declaring it)

@@ -6,6 +6,9 @@
 -- The agents zset scores each agent by its next deadline, so one sweep reads only the
 -- agents that are due: its cost follows the number of changes, not of agents.
 --
+-- Every key is of one registry shard, one hash slot (docs/protocol.md, "Registry shards"):
+-- each shard is swept by its own call, under its own lock.
+--
 -- KEYS[1] agents zset (agent_id -> next deadline, epoch ms)
 -- KEYS[2] caps zset (capability -> number of agents declaring it)
 -- KEYS[3] registry events stream
