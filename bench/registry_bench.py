@@ -22,7 +22,7 @@ evictions (no agent that kept heartbeating ever leaves 'active').
 **Scale mode** (``--scale``, issue 12 item 6): ``--agents`` agents heartbeating at the
 runtime's defaults (3 s / 9 s / 18 s) as processes hosting ``--per-call`` agents each renew
 them, one ``heartbeat_many.lua`` call per registry shard of its agents per simulated process
-and period (the shard's calls sent at once, to each shard's master), phases spread over
+and period (one pipeline per master, the masters' at once), phases spread over
 the period, from ``--procs`` load-generator processes (``--conns`` tasks each), on the
 3-master test cluster (``tests/support/cluster.py``; ``--masters 1``: one standalone
 server) with ``--shards`` registry shards (default: 16 on the cluster, 1 standalone;
@@ -433,16 +433,26 @@ async def _generate(
     end = t0_wall + duration_s
     ordered = sorted(hosts, key=lambda h: h[0])
 
-    def host_calls(agents: list[tuple[str, str, int]]) -> list[tuple[Any, Any]]:
-        # a process's round: one heartbeat_many call per registry shard of its agents
+    def host_calls(agents: list[tuple[str, str, int]]) -> list[tuple[Any, list[Any]]]:
+        # a process's round: one heartbeat_many call per registry shard of its agents, the
+        # calls of one master in one pipeline (as the heartbeat thread's cluster pipeline)
         by_shard: dict[int, list[Beat]] = {}
         for a, i, v in agents:
             by_shard.setdefault(reg.shard_of(a), []).append(Beat(a, i, v))
-        return [(pools[node_of[k]], reg.heartbeat_many_call(b)) for k, b in by_shard.items()]
+        by_node: dict[int, list[Any]] = {}
+        for k, b in by_shard.items():
+            by_node.setdefault(node_of[k], []).append(reg.heartbeat_many_call(b))
+        return [(pools[n], calls) for n, calls in by_node.items()]
 
-    async def one(r: Any, call: Any) -> None:
-        for h in await call.run(r):
-            codes[int(h.code)] += 1
+    async def one(r: Any, calls: list[Any]) -> None:
+        if len(calls) == 1:
+            replies = [await calls[0].run(r)]
+        else:
+            raw = await scripts.run_pipeline(r, [c.op() for c in calls])
+            replies = [c.decode(x) for c, x in zip(calls, raw, strict=True)]
+        for answers in replies:
+            for h in answers:
+                codes[int(h.code)] += 1
 
     async def renew(mine: list[Host]) -> None:
         # each simulated process's calls are built once (its agents report no load, so the
@@ -461,10 +471,10 @@ async def _generate(
                 t = time.perf_counter()
                 if len(calls) == 1:
                     await one(*calls[0])
-                else:  # the shards' calls at once, as the heartbeat thread's pipeline
+                else:  # the masters' pipelines at once
                     async with anyio.create_task_group() as tg:
-                        for r, call in calls:
-                            tg.start_soon(one, r, call)
+                        for r, node_calls in calls:
+                            tg.start_soon(one, r, node_calls)
                 rtt.append((time.perf_counter() - t) * 1000)
             cycle += 1
 
