@@ -9,13 +9,15 @@
 -- ARGV[4] ttl_ms of the record, integer 1..31536000000 (365 days)
 -- Integers are plain decimal digits without sign or leading zero.
 --
--- As send.lua: a status already in the record is kept (a duplicate send under a finished
--- key must not turn 'succeeded' back into 'pending'); capability, attempt and sent_msg_id
+-- As send.lua: the status of a done key (a duplicate send under a finished key must not
+-- turn 'succeeded' back into 'pending') or a running one is kept; any other (dead,
+-- failed, expired, retrying: the key was released and runs again) becomes 'pending', so
+-- the last run's outcome is not read as this send's; capability, attempt and sent_msg_id
 -- are written and the record lives ttl_ms from now. The msg_id -> idempotency key pointer
 -- (send.lua's KEYS[3]) is in a third slot and holds no status: the client writes it with a
 -- plain SET.
 --
--- Returns 1: the status is now 'pending'; 0: the record had a status, kept.
+-- Returns 1: the status is now 'pending'; 0: the record's status (done or running), kept.
 -- Errors  'ERR reach: bad <argument>: <why>' when an argument or the key's type is out of
 --         contract; nothing is written then.
 local MAX_TTL, MAX_INT = 31536000000, 999999999999999
@@ -27,7 +29,12 @@ local err = arity(1, 4) or int_bad('attempt', 2, 0, MAX_INT) or int_bad('ttl_ms'
   or keys_typed({'hash'})
 if err then return refuse(err) end
 
-local marked = redis.call('HSETNX', KEYS[1], 'status', 'pending')
+local had = redis.call('HMGET', KEYS[1], 'status', 'done')
+local marked = 0
+if had[2] ~= '1' and had[1] ~= 'succeeded' and had[1] ~= 'running' then
+  redis.call('HSET', KEYS[1], 'status', 'pending')
+  marked = 1
+end
 redis.call('HSET', KEYS[1], 'capability', ARGV[1], 'attempt', ARGV[2], 'sent_msg_id', ARGV[3])
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return marked

@@ -148,7 +148,13 @@ local function add(k, a, new)
     redis.call('HSET', KEYS[k + 2], 'status', 'pending', 'capability', ARGV[a + 2],
       'attempt', ARGV[a + 3], 'sent_msg_id', ARGV[a + 4])
   else
-    redis.call('HSETNX', KEYS[k + 2], 'status', 'pending')
+    -- A done key (succeeded: its result stored, later copies replay it) and a running one
+    -- keep their status; any other (dead, failed, expired, retrying: released, it runs again)
+    -- is pending from now, so nobody reads the last run's outcome as this send's.
+    local had = redis.call('HMGET', KEYS[k + 2], 'status', 'done')
+    if had[2] ~= '1' and had[1] ~= 'succeeded' and had[1] ~= 'running' then
+      redis.call('HSET', KEYS[k + 2], 'status', 'pending')
+    end
     redis.call('HSET', KEYS[k + 2], 'capability', ARGV[a + 2], 'attempt', ARGV[a + 3],
       'sent_msg_id', ARGV[a + 4])
   end

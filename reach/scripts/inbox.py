@@ -165,8 +165,9 @@ def enqueue_call(
 
 def mark_pending_call(keys: Keys, m: Message, *, ttl_ms: int) -> Call[bool]:
     """One ``mark_pending.lua`` call (a Cluster's record step of a send): mark ``m``'s record
-    pending unless it holds a status already (True: marked; False: kept), write its
-    capability, attempt and msg_id, and let it live ``ttl_ms``."""
+    pending unless its key is done (succeeded) or running (True: marked; False: kept: a
+    released key, dead or retrying, runs again and is pending anew), write its capability,
+    attempt and msg_id, and let it live ``ttl_ms``."""
     args = (m.capability, m.attempt, m.msg_id, ttl_ms)
     return Call("mark_pending", (keys.idem(m.key),), args, _marked)
 

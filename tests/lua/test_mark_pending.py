@@ -1,5 +1,6 @@
 """mark_pending.lua: a Cluster send's record step marks the task pending in a script, as
-send.lua does on standalone Redis (a status already stored is kept)."""
+send.lua does on standalone Redis (the status of a done or running key is kept; a
+released key, which runs again, is pending anew)."""
 
 from __future__ import annotations
 
@@ -55,6 +56,34 @@ async def test_a_stored_status_is_kept_the_rest_written(r: AnyRedis, ns: str) ->
     assert h[b"status"] == b"succeeded" and h[b"reply"] == b"R"
     assert h[b"attempt"] == b"2" and h[b"sent_msg_id"] == b"m2"
     assert 0 < await r.pttl(rec) <= TTL_MS
+
+
+@pytest.mark.parametrize(
+    ("had", "kept"),
+    [
+        ({"status": "running", "owner": "w/i", "fence": "1"}, True),
+        ({"status": "dead", "error": "no"}, False),  # released: it runs again
+        ({"status": "failed"}, False),
+        ({"status": "expired"}, False),
+        ({"status": "retrying"}, False),
+    ],
+)
+async def test_a_released_key_is_pending_again_a_running_one_kept(
+    r: AnyRedis, ns: str, had: dict[str, str], kept: bool
+) -> None:
+    # A dead letter replayed under its key runs again: its record must not keep saying
+    # 'dead' meanwhile (a caller's result() would read the last run's outcome as this one's).
+    k = Keys(ns)
+    for name, call in (
+        ("mp", lambda key: inbox.mark_pending_call(k, _msg("m3", key), ttl_ms=TTL_MS)),
+        ("send", lambda key: inbox.send_call(k, _msg("m3", key), agent_id="w",
+                                             priority="normal", ttl_ms=TTL_MS)),
+    ):  # fmt: skip
+        key = f"{name}-{had['status']}"
+        await r.hset(k.idem(key), mapping=had)
+        await call(key).run(r)
+        want = had["status"] if kept else "pending"
+        assert (await r.hget(k.idem(key), "status")).decode() == want, name
 
 
 async def test_the_same_record_as_send_lua_writes(r: AnyRedis, ns: str) -> None:
