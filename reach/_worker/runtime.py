@@ -62,8 +62,8 @@ four in 5 runs each). On standalone Redis and Sentinel the commands share one mu
 connection instead (batches written without waiting for earlier replies, see
 :mod:`reach._autopipe`), whatever this number: a worker process holds 3 connections (that
 one, its blocking read, its heartbeat thread), and the backlog drains faster than with two
-pipelines (medians 26,735 vs 24,353 msgs/s, `reach bench --floor --repeat 3`, 3 runs
-each, alternated)."""
+pipelines (`reach bench --floor --repeat 3`, 3 alternated runs each, medians: 24,353 ->
+26,735 msgs/s at load ~1, 20,373 -> 21,612 at load 2-3; docs/operations.md has the rest)."""
 
 
 RESYNC_S = 15.0
