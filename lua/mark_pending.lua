@@ -29,9 +29,9 @@ local err = arity(1, 4) or int_bad('attempt', 2, 0, MAX_INT) or int_bad('ttl_ms'
   or keys_typed({'hash'})
 if err then return refuse(err) end
 
-local had = redis.call('HMGET', KEYS[1], 'status', 'done')
+local had = redis.call('HMGET', KEYS[1], 'done', 'status')
 local marked = 0
-if had[2] ~= '1' and had[1] ~= 'succeeded' and had[1] ~= 'running' then
+if had[1] ~= '1' and had[2] ~= 'succeeded' and had[2] ~= 'running' then
   redis.call('HSET', KEYS[1], 'status', 'pending')
   marked = 1
 end

@@ -151,8 +151,8 @@ local function add(k, a, new)
     -- A done key (succeeded: its result stored, later copies replay it) and a running one
     -- keep their status; any other (dead, failed, expired, retrying: released, it runs again)
     -- is pending from now, so nobody reads the last run's outcome as this send's.
-    local had = redis.call('HMGET', KEYS[k + 2], 'status', 'done')
-    if had[2] ~= '1' and had[1] ~= 'succeeded' and had[1] ~= 'running' then
+    local had = redis.call('HMGET', KEYS[k + 2], 'done', 'status')
+    if had[1] ~= '1' and had[2] ~= 'succeeded' and had[2] ~= 'running' then
       redis.call('HSET', KEYS[k + 2], 'status', 'pending')
     end
     redis.call('HSET', KEYS[k + 2], 'capability', ARGV[a + 2], 'attempt', ARGV[a + 3],
