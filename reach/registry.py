@@ -405,6 +405,7 @@ class SweepResult(msgspec.Struct):
     deleted: int = 0
     swept: int = 0
     chores: bool = False
+    held: list[int] = []
 
 
 class Event(msgspec.Struct):
@@ -745,20 +746,22 @@ class Registry:
         lock_ms: int = 0,
         shadow_ttl_ms: int = 3_600_000,
         batch: int = 1000,
+        shards: Iterable[int] | None = None,
     ) -> SweepResult:
-        """Advance every due lease (probation, eviction, shadow deletion) of every shard.
+        """Advance every due lease (probation, eviction, shadow deletion) of every shard
+        (or of ``shards`` only).
 
         With ``lock_ms > 0`` (at most 1 hour) a shard is swept only by the holder of its
         sweeper lock: this call takes the locks it finds free (or holds) and passes over
-        the others (``locked=True`` when it held none). Loops over batches until nothing
-        due is left in the shards it swept.
+        the others (``locked=True`` when it held none; ``held``: the shards it swept).
+        Loops over batches until nothing due is left in the shards it swept.
         """
         owner = _text_arg("owner", owner)
         lock_ms = _int_arg("lock_ms", lock_ms, 0, MAX_LOCK_MS)
         shadow_ttl_ms = _int_arg("shadow_ttl_ms", shadow_ttl_ms, 1, MAX_SHADOW_TTL_MS)
         batch = _int_arg("batch", batch, 1, MAX_BATCH)
         total = SweepResult()
-        for k in range(self.shards):
+        for k in range(self.shards) if shards is None else sorted(set(shards)):
             call = self.scripts.sweep(
                 owner=owner, lock_ms=lock_ms, shadow_ttl_ms=shadow_ttl_ms, batch=batch, shard=k
             )
@@ -778,6 +781,7 @@ class Registry:
                 ]
                 if swept.due < batch:
                     total.swept += 1
+                    total.held.append(k)
                     total.chores = total.chores or k == 0
                     break
         total.locked = total.swept == 0

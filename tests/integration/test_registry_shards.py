@@ -17,6 +17,7 @@ import pytest
 from redis.crc import key_slot
 
 from reach._worker.liveness import run_sync
+from reach._worker.sweeping import shards_to_try
 from reach.connection import AnyRedis, connect, connect_sync, is_cluster
 from reach.errors import ConfigError
 from reach.keys import CLUSTER_SHARDS, SLOTS, Keys, shard_of, shard_tags, slot_of_tag
@@ -302,3 +303,17 @@ async def test_the_heartbeat_thread_renews_every_shard_in_one_pipeline(
         sync_r.close()
     depths = {a.agent_id: a.queue_depth for a in await reg.agents(CAP)}
     assert depths == {aid: i for i, aid in enumerate(agents)}
+
+
+def test_a_sweeper_tries_its_shards_and_a_quarter_of_the_others_in_turn() -> None:
+    assert shards_to_try(1, set(), 7) == [0]
+    turns = [shards_to_try(16, set(), t) for t in range(4)]
+    assert [len(t) for t in turns] == [4] * 4 and sorted(k for t in turns for k in t) == list(
+        range(16)
+    )
+    assert shards_to_try(16, {0, 9}, 0) == [0, 1, 2, 3, 4, 9]
+    assert shards_to_try(16, set(range(16)), 3) == list(range(16))
+    # a holder that died: its shards are tried within 4 passes by any other process
+    for start in range(16):
+        seen = set().union(*(shards_to_try(16, {5}, start + t) for t in range(4)))
+        assert seen == set(range(16))
