@@ -36,11 +36,11 @@ local function check()
   local e = batch_arity(1, 5) or int_bad('ttl_ms', 1, 1, MAX_TTL)
   if e then return e end
   for i = 1, #KEYS do
-    e = completion_bad(2 + 5 * (i - 1), of_key, i) or read_record(i, 'fence', 'done')
+    e = completion_bad(2 + 5 * (i - 1), of_key, i) or read_record(i, 'fence', 'done', 'runs')
     if e then return e end
   end
 end
 
 return batch(check, function(i, key, now)
-  return complete_record(key, record(i, 'fence', 'done'), 2 + 5 * (i - 1), ARGV[1], now)
+  return complete_record(key, record(i, 'fence', 'done', 'runs'), 2 + 5 * (i - 1), ARGV[1], now)
 end)

@@ -24,9 +24,11 @@
 --
 -- Claiming at send (ARGV[8] ~= ''): when the message's record does not exist yet (the
 -- first send of its key), the record is written claimed as claim.lua would claim it for
--- that owner (status stays 'pending', fence 1, runs 1, owner, lease_until = now +
--- lease_ms, msg_id, agent_id, updated_ms) and the inbox entry gets two more fields, 'c'
--- the owner and 'l' lease_until (server ms), after 'e'. The runtime named, reading the
+-- that owner (status stays 'pending', fence 1, owner, lease_until = now + lease_ms,
+-- msg_id, agent_id, updated_ms; runs 0: the run is counted when it happens, by start.lua
+-- or the completion, or by claim.lua's +1 if another owner takes the key over) and the
+-- inbox entry gets two more fields, 'c' the owner and 'l' lease_until (server ms), after
+-- 'e'. The runtime named, reading the
 -- entry as new with enough lease left, runs the handler without a claim round trip and
 -- then confirms the claim (start.lua: status running, its own lease); any other reader
 -- takes the claim.lua path, where this claim counts as any other. An existing record
@@ -177,7 +179,7 @@ local function add_claimed(k, a)
   local id = redis.call('XADD', KEYS[k + 1], '*', 'e', ARGV[a + 1], 'c', claim_for,
     'l', until_ms)
   redis.call('HSET', KEYS[k + 2], 'status', 'pending', 'capability', ARGV[a + 2],
-    'attempt', ARGV[a + 3], 'sent_msg_id', ARGV[a + 4], 'fence', 1, 'runs', 1,
+    'attempt', ARGV[a + 3], 'sent_msg_id', ARGV[a + 4], 'fence', 1, 'runs', 0,
     'owner', claim_for, 'lease_until', until_ms, 'msg_id', ARGV[a + 4],
     'agent_id', claim_agent, 'updated_ms', now)
   redis.call('PEXPIRE', KEYS[k + 2], ARGV[6])

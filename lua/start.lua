@@ -15,8 +15,8 @@
 -- zero.
 --
 -- A record is started when it is still 'pending', held by ARGV[1] with that fence, and not
--- done: status 'running', lease_until = now + lease_ms, updated_ms = now, and it lives
--- ttl_ms. Anything else is left as it is: the handler's completion is done already (a
+-- done: status 'running', lease_until = now + lease_ms, updated_ms = now, runs 1 (its
+-- first run, which send.lua's claim did not count), and it lives ttl_ms. Anything else is left as it is: the handler's completion is done already (a
 -- quick handler whose settle came first), or the claim is not this runtime's any more (a
 -- record changed behind the scripts' back), which the fenced completion then finds.
 --
@@ -71,7 +71,7 @@ for i = 1, #KEYS do
   local s = reads[i]
   if s[4] == 'pending' and s[1] == ARGV[1] and s[2] == ARGV[j + 2] and s[3] ~= '1' then
     redis.call('HSET', KEYS[i], 'status', 'running', 'lease_until',
-      now + tonumber(ARGV[j + 1]), 'updated_ms', now)
+      now + tonumber(ARGV[j + 1]), 'updated_ms', now, 'runs', 1)
     redis.call('PEXPIRE', KEYS[i], ARGV[2])
     out[i] = 1
   else

@@ -22,20 +22,21 @@ local function completion_bad(f, where, n)
   return nil
 end
 
--- Store the completion at ARGV[f..f+4] in record `key`, whose fence and done fields are
--- rec (HMGET key fence done), if the fence still matches and it is not done yet: its
--- status and error; for mode 'done' also done = 1 and the reply later deliveries replay.
--- The record then lives ttl ms. Returns SettleCode_SETTLED, or FENCED (nothing written):
--- another owner claimed the key since.
+-- Store the completion at ARGV[f..f+4] in record `key`, whose fence, done and runs fields
+-- are rec (HMGET key fence done runs), if the fence still matches and it is not done yet:
+-- its status and error; for mode 'done' also done = 1 and the reply later deliveries
+-- replay. A record claimed at send whose run was not counted yet (runs 0: a quick handler
+-- gets no start.lua) counts it now. The record then lives ttl ms. Returns
+-- SettleCode_SETTLED, or FENCED (nothing written): another owner claimed the key since.
 local function complete_record(key, rec, f, ttl, now)
   if not rec[1] or rec[1] ~= ARGV[f] or rec[2] == '1' then return SettleCode_FENCED end
+  local w = {'HSET', key, 'status', ARGV[f + 1], 'updated_ms', now, 'error', ARGV[f + 4],
+    'owner', '', 'lease_until', 0}
   if ARGV[f + 3] == 'done' then
-    redis.call('HSET', key, 'status', ARGV[f + 1], 'updated_ms', now, 'error', ARGV[f + 4],
-      'owner', '', 'lease_until', 0, 'done', '1', 'reply', ARGV[f + 2])
-  else
-    redis.call('HSET', key, 'status', ARGV[f + 1], 'updated_ms', now, 'error', ARGV[f + 4],
-      'owner', '', 'lease_until', 0)
+    w[#w + 1], w[#w + 2], w[#w + 3], w[#w + 4] = 'done', '1', 'reply', ARGV[f + 2]
   end
+  if rec[3] == '0' then w[#w + 1], w[#w + 2] = 'runs', 1 end
+  redis.call(unpack(w))
   redis.call('PEXPIRE', key, ttl)
   return SettleCode_SETTLED
 end

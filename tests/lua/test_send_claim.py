@@ -40,9 +40,9 @@ async def test_a_first_send_is_claimed_for_the_runtime_named(r: AnyRedis, ns: st
     until = int(fields[b"l"])
     assert before + 5_000 - 1_000 <= until <= int(time.time() * 1000) + 5_000 + 1_000
     h = await r.hgetall(k.idem("m1"))
-    # Claimed as claim.lua claims (fence 1, runs 1, owner, lease), still 'pending' until
-    # the runtime starts it (start.lua).
-    assert h[b"status"] == b"pending" and h[b"fence"] == b"1" and h[b"runs"] == b"1"
+    # Claimed as claim.lua claims (fence 1, owner, lease; runs 0: counted when it runs),
+    # still 'pending' until the runtime starts it (start.lua).
+    assert h[b"status"] == b"pending" and h[b"fence"] == b"1" and h[b"runs"] == b"0"
     assert h[b"owner"] == OWNER.encode() and int(h[b"lease_until"]) == until
     assert h[b"agent_id"] == b"w-1" and h[b"msg_id"] == b"m1" and h[b"sent_msg_id"] == b"m1"
     assert h[b"capability"] == b"cap" and h[b"attempt"] == b"1"

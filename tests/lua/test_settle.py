@@ -403,3 +403,27 @@ async def test_a_large_batch_acks_and_deletes_every_settled_entry(r: AnyRedis, n
     left = await r.xpending_range(low, GROUP, min="-", max="+", count=10)
     assert [p["message_id"].decode() for p in left] == [kept[0]]
     assert await r.xlen(low) == 1
+
+
+async def test_a_completion_counts_the_run_of_a_claim_made_at_send(r: AnyRedis, ns: str) -> None:
+    # send.lua's claim leaves runs 0 (no run yet) and a quick handler gets no start.lua:
+    # its completion counts the run, in settle.lua and in complete.lua alike. A record of
+    # an ordinary claim keeps its count.
+    from reach.scripts import delivery, inbox
+
+    k = Keys(ns)
+    for key in ("cas-s", "cas-c"):
+        m = inbox.Message(b"ENV", "cap", 1, key, key)
+        await inbox.send_call(k, m, agent_id="w-1", priority="normal", ttl_ms=TTL_MS,
+                              claim_for="w-1/i1", claim_lease_ms=60_000).run(r)  # fmt: skip
+        assert await r.hget(k.idem(key), "runs") == b"0"
+    s = await _scene(r, ns)  # an ordinary claim: runs 1
+    b = Batch()
+    b.complete(s, s.entries[0])
+    b.add(inbox=None, entry="", idem=k.idem("cas-s"), fence=1, status="succeeded",
+          reply=b"R", mode="done")  # fmt: skip
+    assert await b.run(r) == [1, 1]
+    done = delivery.Completion(k.idem("cas-c"), 1, "failed", delivery.Mode.RELEASE, "x")
+    assert await delivery.complete_call([(done, b"")], ttl_ms=TTL_MS).run(r) == [1]
+    assert [await r.hget(k.idem(x), "runs") for x in ("cas-s", "cas-c")] == [b"1", b"1"]
+    assert await r.hget(s.rec, "runs") == b"1"

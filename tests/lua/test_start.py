@@ -40,6 +40,7 @@ async def test_a_claim_made_at_send_is_started_with_the_runtimes_lease(
     assert got == [True]
     h = await r.hgetall(rec)
     assert h[b"status"] == b"running" and h[b"fence"] == b"1" and h[b"owner"] == OWNER.encode()
+    assert h[b"runs"] == b"1"  # its run, which the claim at send did not count
     assert t0 + 1_000 <= int(h[b"lease_until"]) <= int(time.time() * 1000) + 3_000
     assert int(h[b"updated_ms"]) >= t0 - 1_000
 
