@@ -24,9 +24,10 @@ from urllib.parse import unquote, urlsplit
 import anyio
 from redis import exceptions as rexc
 
+from .acl import key_patterns, role_probes
 from .connection import AnyRedis, connect, is_cluster, is_sentinel_url, redact
 from .embedded import THROWAWAY_PREFIX
-from .keys import GROUP, PRIORITIES, Keys
+from .keys import Keys
 from .scripts import all_scripts
 
 log = logging.getLogger("reach.doctor")
@@ -73,93 +74,6 @@ class Finding:
 
 def worst(findings: Sequence[Finding]) -> Level:
     return max((f.level for f in findings), key=LEVELS.index, default="ok")
-
-
-# -- the commands each role runs (INFO commandstats of a worker, a client and the CLI at
-# work, scripts' own commands included: ACL applies to those too) ---------------------------
-def role_commands(keys: Keys) -> dict[str, list[tuple[str, ...]]]:
-    """Per role, the commands reach runs, with a key of the namespace each (for ACL
-    DRYRUN, which checks the key patterns too)."""
-    probe = "doctor-probe"
-    inbox = keys.inbox(probe, PRIORITIES[1])
-    replies = keys.replies(probe)
-    agent = keys.agent(probe)
-    cap = keys.cap("doctor.probe")
-    idem = keys.idem(probe)
-    task = keys.task(probe)
-    dlq = keys.dlq("doctor.probe")
-    sha = all_scripts()[0].sha
-    common: list[tuple[str, ...]] = [
-        ("PING",),
-        ("INFO", "server"),
-        ("TIME",),
-        ("CLIENT", "SETNAME", "reach"),
-        ("EVALSHA", sha, "1", agent),
-        ("SCRIPT", "LOAD", "return 1"),
-        ("HGETALL", agent),
-        ("HMGET", agent, "state"),
-        ("SMEMBERS", cap),
-        ("ZRANGEBYSCORE", keys.agents, "0", "1"),
-        ("XREAD", "STREAMS", keys.events, "0"),
-        ("GET", task),
-        ("TYPE", task),
-    ]
-    return {
-        "worker": [
-            *common,
-            ("EVALSHA", sha, "1", inbox),
-            ("EVALSHA", sha, "1", idem),
-            ("XGROUP", "CREATE", inbox, GROUP, "$", "MKSTREAM"),
-            ("XREADGROUP", "GROUP", GROUP, "c", "COUNT", "1", "STREAMS", inbox, ">"),
-            ("XACK", inbox, GROUP, "0-1"),
-            ("XDEL", inbox, "0-1"),
-            ("XPENDING", inbox, GROUP),
-            ("XLEN", inbox),
-            ("XADD", replies, "*", "f", "v"),
-            ("XADD", dlq, "*", "f", "v"),
-            ("HSET", agent, "f", "v"),
-            ("HSETNX", idem, "f", "v"),
-            ("SET", idem, "v"),
-            ("EXISTS", idem),
-            ("DEL", idem),
-            ("PEXPIRE", idem, "1000"),
-            ("SADD", cap, "x"),
-            ("SREM", cap, "x"),
-            ("SCARD", cap),
-            ("ZADD", keys.agents, "1", "x"),
-            ("ZREM", keys.agents, "x"),
-            ("ZRANGE", keys.agents, "0", "-1"),
-            # agents of one process waiting together: one XREAD, restarted when one joins
-            ("XREVRANGE", inbox, "+", "-", "COUNT", "1"),
-            ("CLIENT", "UNBLOCK", "1"),
-        ],
-        "client": [
-            *common,
-            ("EVALSHA", sha, "1", inbox),
-            ("XADD", inbox, "*", "f", "v"),
-            ("XREAD", "STREAMS", replies, "0"),
-            ("XDEL", replies, "0-1"),
-            ("XINFO", "STREAM", replies),
-            ("XLEN", inbox),
-            ("SET", idem, "v"),
-            ("PEXPIRE", replies, "1000"),
-        ],
-        "operator": [
-            *common,
-            ("SCAN", "0", "MATCH", keys.inbox_pattern),
-            ("XRANGE", dlq, "-", "+"),
-            ("XREVRANGE", keys.events, "+", "-"),
-            ("XLEN", inbox),
-            ("XPENDING", inbox, GROUP),
-            ("XINFO", "STREAM", inbox),
-            ("ZRANGE", keys.agents, "0", "-1"),
-            ("XDEL", dlq, "0-1"),
-            ("DEL", dlq),
-            ("HSET", agent, "draining", "1"),
-            ("EVALSHA", sha, "1", inbox),
-            ("CLIENT", "LIST"),  # reach dlq replay: is the caller still connected?
-        ],
-    }
 
 
 # -- helpers --------------------------------------------------------------------------------
@@ -386,20 +300,31 @@ async def check_cluster(r: AnyRedis) -> list[Finding]:
 
 
 async def check_acl(
-    r: AnyRedis, keys: Keys, user: str | None = None, url: str = ""
+    r: AnyRedis,
+    keys: Keys,
+    user: str | None = None,
+    url: str = "",
+    *,
+    role: str | None = None,
 ) -> list[Finding]:
+    """Whether ``user`` (default: the URL's) may run what each role runs (``role``: that
+    one only), by ``ACL DRYRUN`` of the commands :mod:`reach.acl` grants. A user made for
+    one role (``reach acl --role``) is fine when it passes that role: the roles it fails
+    are info then, errors only when it can play no role."""
     try:
         who = user or _text(await r.execute_command("ACL", "WHOAMI"))
     except rexc.ResponseError as e:
         if not _refused(e):
             raise
         who = user or unquote(urlsplit(url).username or "") or "default"
-    out: list[Finding] = []
-    for role, commands in role_commands(keys).items():
+    lacking: dict[str, list[str]] = {}
+    for name, probes in role_probes(keys).items():
+        if role is not None and name != role:
+            continue
         missing: list[str] = []
-        for cmd in commands:
+        for command, call in probes:
             try:
-                reply = _text(await r.execute_command("ACL", "DRYRUN", who, *cmd))
+                reply = _text(await r.execute_command("ACL", "DRYRUN", who, *call))
             except rexc.ResponseError as e:
                 if _refused(e):
                     return [
@@ -415,33 +340,41 @@ async def check_acl(
                 raise
             if reply != "OK":
                 if "key" in reply.lower():
-                    name = f"keys of namespace {keys.namespace!r}"
-                elif cmd[0] in ("CLIENT", "SCRIPT", "XGROUP", "XINFO"):
-                    name = " ".join(cmd[:2])
-                else:
-                    name = cmd[0]
-                if name not in missing:
-                    missing.append(name)
-        if missing:
-            out.append(
-                Finding(
-                    "acl",
-                    "error",
-                    f"user {who!r} lacks, as a {role}: {', '.join(missing)}",
-                    f"ACL SETUSER {who} "
-                    + " ".join(_grant(m, keys) for m in missing)
-                    + " (docs/operations.md shows an ACL for reach)",
-                )
+                    command = f"keys of namespace {keys.namespace!r}"
+                if command not in missing:
+                    missing.append(command)
+        lacking[name] = missing
+    fits = [n for n, m in lacking.items() if not m]
+    out: list[Finding] = []
+    for name, missing in lacking.items():
+        if not missing:
+            out.append(Finding("acl", "ok", f"user {who!r} may run what {_as(name)} runs"))
+            continue
+        grant = " ".join(_grant(m, keys) for m in missing)
+        out.append(
+            Finding(
+                "acl",
+                "info" if fits else "error",
+                f"user {who!r} lacks, as {_as(name)}: {', '.join(_shown(m) for m in missing)}",
+                f"ACL SETUSER {who} {grant} (or the user `reach acl --namespace "
+                f"{keys.namespace} --role {name}` prints; docs/security.md)",
             )
-        else:
-            out.append(Finding("acl", "ok", f"user {who!r} may run what a {role} runs"))
+        )
     return out
+
+
+def _shown(missing: str) -> str:
+    return missing if missing.startswith("keys of") else missing.upper()
+
+
+def _as(role: str) -> str:
+    return {"agent": "an agent (worker)", "caller": "a caller (client)"}.get(role, f"an {role}")
 
 
 def _grant(missing: str, keys: Keys) -> str:
     if missing.startswith("keys of"):
-        return f"~reach:{keys.namespace}:* ~reach:{{{keys.namespace}}}:*"
-    return "+" + missing.lower().replace(" ", "|")
+        return " ".join(f"~{p}" for p in key_patterns(keys.namespace))
+    return "+" + missing
 
 
 async def check_clock(r: AnyRedis) -> list[Finding]:
@@ -553,7 +486,12 @@ async def check_key_scheme(r: AnyRedis, keys: Keys, *, max_keys: int = 10_000) -
 
 
 async def diagnose(
-    r: AnyRedis, url: str, namespace: str, *, acl_user: str | None = None
+    r: AnyRedis,
+    url: str,
+    namespace: str,
+    *,
+    acl_user: str | None = None,
+    acl_role: str | None = None,
 ) -> list[Finding]:
     """Every check, in order; a check that fails to run is an error finding of its own."""
     keys = Keys(namespace)
@@ -564,7 +502,7 @@ async def diagnose(
         ("maxmemory", check_memory(r)),
         ("topology", check_topology(r, url)),
         ("cluster", check_cluster(r)),
-        ("acl", check_acl(r, keys, acl_user, url)),
+        ("acl", check_acl(r, keys, acl_user, url, role=acl_role)),
         ("clock", check_clock(r)),
         ("script cache", check_scripts(r)),
         ("key scheme", check_key_scheme(r, keys)),

@@ -32,6 +32,7 @@ from reach.outcomes import Status
 from reach.registry import Registry
 from reach.tasks import get_status
 
+from .acl_cmd import acl_cmd
 from .agents_cmd import agents_app
 from .chaos_cmd import chaos as chaos_cmd
 from .common import (
@@ -40,6 +41,7 @@ from .common import (
     Json,
     Namespace,
     RedisUrl,
+    add_secret_file_options,
     age,
     cli_errors,
     command,
@@ -326,6 +328,7 @@ app.command()(worker)
 
 # -- doctor -------------------------------------------------------------------------------
 app.command("doctor")(doctor_cmd)
+app.command("acl")(acl_cmd)  # least-privilege Redis users (docs/security.md)
 
 
 # -- messaging ----------------------------------------------------------------------------
@@ -602,6 +605,8 @@ def bench_scaling(ctx: typer.Context) -> None:
 # -- chaos --------------------------------------------------------------------------------
 app.command("chaos")(chaos_cmd)  # its options are the harness parser's (chaos_cmd.py)
 
+
+add_secret_file_options(app)  # --redis-url-file, --redis-password-file wherever --redis-url is
 
 METAVARS = {"where": "KEY=VALUE", "namespace": "NS", "redis_url": "URL", "timeout_s": "SECONDS"}
 

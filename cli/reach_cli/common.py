@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import io
 import json
 import math
@@ -12,7 +13,9 @@ import re
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import Annotated, Any, NoReturn, TypeVar
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Annotated, Any, NoReturn, Optional, TypeVar, get_type_hints
 
 import anyio
 import msgspec
@@ -24,7 +27,7 @@ from rich.table import Table
 from rich.text import Text
 
 from reach.config import locate_redis_url
-from reach.connection import ACL_HINT, AnyRedis, connect, redact, unreachable
+from reach.connection import AnyRedis, connect, redact, unreachable
 from reach.errors import ReachError
 
 RedisUrl = Annotated[
@@ -37,6 +40,26 @@ RedisUrl = Annotated[
         "redis+sentinel://host:port,host:port/service (Sentinel). Not given: "
         "REACH_REDIS_URL, else redis_url in reach.toml or .reach/config here or in a "
         "parent directory (`reach redis` and `reach init` write them); never a guess.",
+    ),
+]
+RedisUrlFile = Annotated[
+    Optional[Path],  # noqa: UP045
+    typer.Option(
+        "--redis-url-file",
+        show_default=False,
+        metavar="FILE",
+        help="A file holding the Redis URL (instead of --redis-url: the URL, password "
+        "included, stays out of the process list). Env: REACH_REDIS_URL_FILE.",
+    ),
+]
+RedisPasswordFile = Annotated[
+    Optional[Path],  # noqa: UP045
+    typer.Option(
+        "--redis-password-file",
+        show_default=False,
+        metavar="FILE",
+        help="A file holding the Redis password, put into the URL in memory only (the URL "
+        "then has none). Env: REACH_REDIS_PASSWORD_FILE.",
     ),
 ]
 Namespace = Annotated[
@@ -94,14 +117,13 @@ def explain(exc: BaseException, url: str | None = None) -> str | None:
     if isinstance(exc, ReachError):
         if isinstance(exc.__cause__, rexc.AuthenticationError):
             return _bad_credentials(exc.__cause__, at)
+        if _noperm(exc.__cause__):
+            return _refused(exc.__cause__, at)  # type: ignore[arg-type]
         return str(exc)
     if isinstance(exc, (rexc.AuthenticationError, rexc.AuthenticationWrongNumberOfArgsError)):
         return _bad_credentials(exc, at)
-    if isinstance(exc, rexc.NoPermissionError):
-        return (
-            f"Redis{at} refused a command: {exc}. The Redis user lacks an ACL permission "
-            f"reach needs: {ACL_HINT}."
-        )
+    if _noperm(exc):
+        return _refused(exc, at)
     if isinstance(exc, rexc.ResponseError) and "DB index is out of range" in str(exc):
         db = url.rsplit("/", 1)[-1] if url and url.count("/") >= 3 else "?"
         return (
@@ -128,6 +150,39 @@ def explain(exc: BaseException, url: str | None = None) -> str | None:
     if isinstance(exc, OSError):
         return str(exc) or type(exc).__name__
     return None
+
+
+_SCRIPT_REFUSED = "The user executing the script can't"
+_COMMAND = re.compile(r"permissions to run the '([^']+)' command")
+
+
+def _noperm(exc: BaseException | None) -> bool:
+    return isinstance(exc, rexc.NoPermissionError) or (
+        isinstance(exc, rexc.ResponseError) and str(exc).startswith(_SCRIPT_REFUSED)
+    )
+
+
+def _refused(exc: BaseException, at: str) -> str:
+    """One line for an ACL refusal: the command Redis names (or what it says), and the
+    grant that fixes it."""
+    text = str(exc)
+    m = _COMMAND.search(text)
+    if m:
+        what = f"the command {m.group(1).upper()} ({text}; the grant: +{m.group(1)})"
+    elif "key" in text and text.startswith(_SCRIPT_REFUSED):
+        what = f"a key a reach script uses ({text}): a key outside the user's key patterns"
+    elif "key" in text:
+        what = f"a key ({text}): a key outside the user's key patterns, check --namespace"
+    elif text.startswith(_SCRIPT_REFUSED):
+        what = f"a command a reach script runs ({text}; ACL LOG names the command)"
+    else:
+        what = f"a command ({text})"
+    return (
+        f"Redis{at} refused {what}: the Redis user lacks an ACL permission reach needs. "
+        "Fix: give the user the rules `reach acl --namespace NS --role agent|caller|operator` "
+        "prints for its role (docs/security.md), or check the user with `reach doctor "
+        "--acl-user USER`."
+    )
 
 
 def _bad_credentials(exc: BaseException, at: str) -> str:
@@ -205,9 +260,68 @@ def find_redis(given: str | None) -> str:
 
 def find_redis_source(given: str | None) -> tuple[str, str]:
     """:func:`find_redis` and where the URL came from (an option, the variable, a file)."""
+    url_file, password_file = _secret_files.get()
     with cli_errors():
-        loc = locate_redis_url(given or None)
+        loc = locate_redis_url(given or None, url_file=url_file, password_file=password_file)
     return loc.url, loc.source
+
+
+# --redis-url-file / --redis-password-file of the command running (set by the wrapper
+# with_secret_file_options puts around it, read by find_redis_source)
+_secret_files: ContextVar[tuple[Path | None, Path | None]] = ContextVar(
+    "reach_secret_files", default=(None, None)
+)
+
+
+def with_secret_file_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` (a command that takes ``--redis-url``) with ``--redis-url-file`` and
+    ``--redis-password-file`` after it, handed to :func:`find_redis_source`; other
+    commands unchanged."""
+    sig = inspect.signature(fn)
+    if "redis_url" not in sig.parameters or "redis_url_file" in sig.parameters:
+        return fn
+    hints = get_type_hints(fn, include_extras=True)
+    params: list[inspect.Parameter] = []
+    for p in sig.parameters.values():
+        params.append(p.replace(annotation=hints.get(p.name, p.annotation)))
+        if p.name == "redis_url":
+            kind = inspect.Parameter.POSITIONAL_OR_KEYWORD  # typer passes keywords
+            params.append(
+                inspect.Parameter("redis_url_file", kind, default=None, annotation=RedisUrlFile)
+            )
+            params.append(
+                inspect.Parameter(
+                    "redis_password_file", kind, default=None, annotation=RedisPasswordFile
+                )
+            )
+
+    @functools.wraps(fn)
+    def wrapper(
+        *args: Any,
+        redis_url_file: Path | None = None,
+        redis_password_file: Path | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        token = _secret_files.set((redis_url_file, redis_password_file))
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _secret_files.reset(token)
+
+    wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in params}
+    return wrapper
+
+
+def add_secret_file_options(app: typer.Typer) -> None:
+    """Give every command of ``app`` (sub-apps included) that takes ``--redis-url`` the
+    options ``--redis-url-file`` and ``--redis-password-file``."""
+    for info in app.registered_commands:
+        if info.callback is not None:
+            info.callback = with_secret_file_options(info.callback)
+    for group in app.registered_groups:
+        if group.typer_instance is not None:
+            add_secret_file_options(group.typer_instance)
 
 
 def require_text(params: dict[str, Any]) -> None:

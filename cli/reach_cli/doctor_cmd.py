@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 from rich.text import Text
 
+from reach.acl import check_role
 from reach.doctor import Finding, diagnose, worst
 
 from .common import (
@@ -41,6 +42,15 @@ async def doctor(
             "needs a URL whose user may run ACL DRYRUN).",
         ),
     ] = None,
+    acl_role: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--acl-role",
+            metavar="ROLE",
+            help="Check the ACL user against this role only: agent, caller or operator "
+            "(default: every role; a user fit for one of them is fine).",
+        ),
+    ] = None,
     redis_url: RedisUrl = DEFAULT_REDIS,
     namespace: Namespace = DEFAULT_NS,
     json_: Json = False,
@@ -51,9 +61,11 @@ async def doctor(
 
     Example: reach doctor;  reach doctor --json
     """
+    if acl_role is not None:
+        check_role(acl_role)
     r = await open_redis(redis_url)
     try:
-        findings = await diagnose(r, redis_url, namespace, acl_user=acl_user)
+        findings = await diagnose(r, redis_url, namespace, acl_user=acl_user, acl_role=acl_role)
     finally:
         await r.aclose()
     level = worst(findings)

@@ -1,0 +1,331 @@
+"""Least-privilege users on a real Redis with ACLs (``reach acl``, docs/security.md).
+
+One server of the module's own: for namespace ``ns1`` the three users that ``reach acl``
+prints are created from its output; a worker runs as the agent user, a Client and ``reach
+send`` / ``reach task`` as the caller, the looking and repairing commands as the operator,
+and the server's ACL LOG must stay empty (no command reach runs was refused). Then the
+ns1 users try real commands on the keys of ``ns2`` and of the prefix-sharing neighbours
+``ns1x`` and ``ns1:x``, and every one is refused (NOPERM). The key patterns are checked
+against every key form :class:`reach.keys.Keys` builds, so a key-scheme change that the
+patterns do not cover fails here.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import uuid
+from collections.abc import Iterator
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import redis
+from reach_cli.app import app
+from typer.testing import CliRunner
+
+import reach
+from reach import acl
+from reach.embedded import RedisServer, ServerBinary
+from reach.keys import CLUSTER_SHARDS, PRIORITIES, Keys
+from tests.support.waiting import wait_until
+
+runner = CliRunner()
+PASSWORD = "s3cret-acl-pw"
+NEIGHBOURS = ("ns2", "ns1x", "ns1:x", "ns1:rx", "ns", "xns1")
+FAST: dict[str, Any] = {
+    "heartbeat_s": 0.1,
+    "lease_s": 0.3,
+    "evict_after_s": 0.6,
+    "sweep_interval_s": 0.1,
+    "retry_base_s": 0.02,
+}
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    res = runner.invoke(app, list(args))
+    assert res.exception is None or isinstance(res.exception, SystemExit), (
+        args,
+        repr(res.exception),
+        res.output,
+    )
+    return res.exit_code, res.stdout, res.stderr
+
+
+# -- the key patterns against every key form of Keys ----------------------------------------
+def every_key(ns: str) -> list[str]:
+    """Every key :class:`Keys` builds for ``ns``, standalone and Cluster shard counts: each
+    public method and property is called (with sample ids), so a new key form is covered
+    without touching this test."""
+    out: list[str] = []
+    for shards in (1, CLUSTER_SHARDS):
+        keys = Keys(ns, shards)
+        for name, member in inspect.getmembers(type(keys)):
+            if name.startswith("_") or name in ("namespace", "shards"):
+                continue
+            if isinstance(member, property):
+                value = getattr(keys, name)
+                if isinstance(value, str) and value.startswith("reach:"):
+                    out.append(value)
+                continue
+            if not callable(member):
+                continue
+            params = list(inspect.signature(member).parameters)[1:]
+            if name.endswith("_of") and params == ["k"]:
+                out += [getattr(keys, name)(k) for k in range(shards)]
+                continue
+            for ident in ("x", "a:b", "{odd}", "agent-1"):
+                args: list[Any] = []
+                for p in params:
+                    if p == "k":
+                        args.append(shards - 1)
+                    elif p == "priority":
+                        args.append(PRIORITIES[0])
+                    else:
+                        args.append(ident)
+                try:
+                    value = getattr(keys, name)(*args)
+                except (ValueError, TypeError):
+                    continue
+                if isinstance(value, str) and value.startswith("reach:"):
+                    out.append(value)
+                elif isinstance(value, list):
+                    out += [v for v in value if isinstance(v, str) and v.startswith("reach:")]
+    return sorted(set(out))
+
+
+def test_patterns_cover_every_key_of_the_namespace_and_none_of_another() -> None:
+    pats = acl.key_patterns("ns1")
+    # plain text and '*' only: fnmatchcase is then Redis's glob
+    assert all(not any(c in p for c in "?[]\\") for p in pats), pats
+    keys = every_key("ns1")
+    assert len(keys) > 40, keys
+    for k in keys:
+        assert any(fnmatchcase(k, p) for p in pats), f"{k} is not granted by {pats}"
+    for other in NEIGHBOURS:
+        for k in every_key(other):
+            assert not any(fnmatchcase(k, p) for p in pats), f"{k} of {other!r} matches {pats}"
+
+
+def test_the_printed_lines_name_the_role_commands() -> None:
+    code, out, err = cli("acl", "--namespace", "ns1", "--role", "caller")
+    assert code == 0, err
+    (line,) = out.splitlines()
+    assert line.startswith("ACL SETUSER reach-ns1-caller reset on ")
+    assert "~reach:{ns1}:*" in line and "~reach:ns1:{*" in line and "+xadd" in line
+    assert "+xreadgroup" not in line and "+scan" not in line
+    assert "password" in err  # none given: says how to set one
+    code, out, _ = cli("acl", "-n", "ns1", "--json")
+    assert [u["role"] for u in json.loads(out)["users"]] == list(acl.ROLES)
+    code, _, err = cli("acl", "-n", "ns1", "--role", "admin")
+    assert code == 2 and err.startswith("error:") and "agent, caller, operator" in err
+
+
+# -- real users on a real Redis ---------------------------------------------------------------
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    from reach.embedded import find_server_binary
+
+    binary: ServerBinary = find_server_binary()
+    with RedisServer(binary=binary) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def admin(server: RedisServer) -> Iterator[redis.Redis]:
+    c = redis.Redis.from_url(server.url)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def users(
+    server: RedisServer, admin: redis.Redis, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, str]:
+    """Role -> URL of its ns1 user, made from `reach acl` output."""
+    pw = tmp_path_factory.mktemp("acl") / "pw"
+    pw.write_text(PASSWORD + "\n")
+    code, out, err = cli("acl", "-n", "ns1", "--password-file", str(pw), "--json")
+    assert code == 0, err
+    assert PASSWORD not in out
+    urls = {}
+    for u in json.loads(out)["users"]:
+        admin.execute_command("ACL", "SETUSER", u["user"], *u["rules"])
+        urls[u["role"]] = server.url.replace("redis://", f"redis://{u['user']}:{PASSWORD}@")
+    admin.execute_command("ACL", "LOG", "RESET")
+    return urls
+
+
+# Refused on purpose: the start-up check reads the `save` setting with CONFIG GET, which
+# would also show the server's passwords (requirepass, masterauth); without it the check
+# says the snapshots are unknown (docs/security.md).
+# And ACL DRYRUN: reach doctor checks other users' permissions with it, which an admin's
+# URL may (reach doctor --acl-user), the operator not.
+EXPECTED_REFUSALS = {"config|get", "acl|dryrun"}
+
+
+def refused(admin: redis.Redis) -> list[dict[str, Any]]:
+    return [
+        {k: v for k, v in e.items() if k in ("username", "reason", "object", "context")}
+        for e in admin.acl_log(count=1000)
+        if e["object"] not in EXPECTED_REFUSALS
+    ]
+
+
+def make_agent(name: str) -> reach.Agent:
+    a = reach.Agent(name, capabilities=["acl.echo"])
+
+    @a.handler("acl.echo")
+    async def echo(payload: Any, ctx: reach.Context) -> Any:
+        if payload == "fail":
+            raise ValueError("asked to fail")
+        return {"echo": payload}
+
+    return a
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_each_role_runs_under_its_user_and_nothing_is_refused(
+    server: RedisServer, admin: redis.Redis, users: dict[str, str], tmp_path: Path
+) -> None:
+    agent = make_agent(f"acl-echo-{uuid.uuid4().hex[:6]}")
+    agent_done = anyio.Event()
+
+    async def serve() -> None:
+        try:
+            await agent.run(redis_url=users["agent"], namespace="ns1", handle_signals=False, **FAST)
+        finally:
+            agent_done.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(serve)
+        async with reach.Client(redis_url=users["caller"], namespace="ns1") as client:
+
+            async def ready() -> bool:
+                try:
+                    return bool(await client.eligible("acl.echo"))
+                except reach.NoAgentAvailable:
+                    return False
+
+            await wait_until(ready, timeout_s=10, what="the agent routable")
+            assert await client.request("acl.echo", "hi", timeout_s=10) == {"echo": "hi"}
+            msg_id = await client.send("acl.echo", "later")
+            with pytest.raises(reach.ReachError):
+                await client.request("acl.echo", "fail", timeout_s=10)
+        op = ("--redis-url", users["operator"], "-n", "ns1")
+        caller = ("--redis-url", users["caller"], "-n", "ns1")
+        failed = []
+        for args in (
+            ("send", "acl.echo", '"cli"', *caller),
+            ("task", msg_id, *caller),
+            ("agents", *op),
+            ("agents", "show", agent.agent_id, *op),
+            ("caps", *op),
+            ("queues", *op),
+            ("dlq", "list", *op),
+            ("dlq", "replay", "--all", *op),
+            ("events", "--count", "5", *op),
+            ("sweep", *op),
+            ("top", "--once", *op),
+            ("doctor", "--acl-role", "operator", *op),
+            ("agents", "drain", agent.agent_id, *op),
+        ):
+            code, out, err = await anyio.to_thread.run_sync(lambda a=args: cli(*a))
+            if code != 0:
+                failed.append((args[:3], code, err or out))
+        with anyio.fail_after(10):
+            await agent_done.wait()
+    assert not failed, failed
+    log = refused(admin)
+    assert not log, log
+
+
+def test_doctor_and_reach_acl_agree(server: RedisServer, users: dict[str, str]) -> None:
+    for role in acl.ROLES:
+        res = runner.invoke(
+            app,
+            ["doctor", "--redis-url", server.url, "--json", "-n", "ns1"]
+            + ["--acl-user", acl.default_user("ns1", role), "--acl-role", role],
+        )
+        found = [f for f in json.loads(res.stdout)["findings"] if f["check"] == "acl"]
+        assert [f["level"] for f in found] == ["ok"], found
+    # the caller's user is no operator: doctor names what it lacks, as info (it fits a role)
+    res = runner.invoke(
+        app,
+        ["doctor", "--redis-url", server.url, "--json", "-n", "ns1"]
+        + ["--acl-user", acl.default_user("ns1", "caller")],
+    )
+    found = {
+        f["message"].split(" as ")[-1]: f
+        for f in json.loads(res.stdout)["findings"]
+        if f["check"] == "acl"
+    }
+    assert [f["level"] for f in found.values()].count("ok") == 1, found
+    lacking = [f for f in found.values() if f["level"] != "ok"]
+    assert all(f["level"] == "info" for f in lacking), lacking
+    assert any("SCAN" in f["message"] and "+scan" in f["fix"] for f in lacking), lacking
+
+
+def test_a_missing_permission_is_one_error_line_naming_the_command(
+    users: dict[str, str],
+) -> None:
+    code, out, err = cli("queues", "--redis-url", users["caller"], "-n", "ns1")
+    assert code == 2, (out, err)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), err
+    assert "SCAN" in err and "+scan" in err and "reach acl" in err
+    assert PASSWORD not in out + err
+    # a namespace the user has no keys of
+    code, out, err = cli("caps", "--redis-url", users["operator"], "-n", "ns2")
+    assert code == 2 and err.startswith("error:") and "key" in err and "--namespace" in err
+
+
+def test_ns1_users_cannot_touch_another_namespace(
+    server: RedisServer, admin: redis.Redis, users: dict[str, str]
+) -> None:
+    others = [k for ns in NEIGHBOURS for k in every_key(ns)]
+    for k in others:
+        admin.set(k, "secret")
+    script = "return redis.call('GET', KEYS[1])"
+    undeclared = "return redis.call('GET', ARGV[1])"
+    for role, url in users.items():
+        c = redis.Redis.from_url(url)
+        try:
+            for k in others:
+                for cmd in (
+                    ("GET", k),
+                    ("TYPE", k),
+                    ("EXISTS", k),
+                    ("HGETALL", k),
+                    ("XRANGE", k, "-", "+"),
+                    ("SET", k, "mine"),
+                    ("XADD", k, "*", "f", "v"),
+                    ("DEL", k),
+                    ("EVALSHA", admin.script_load(script), "1", k),
+                    ("EVALSHA", admin.script_load(undeclared), "0", k),
+                ):
+                    with pytest.raises(redis.ResponseError) as e:
+                        c.execute_command(*cmd)
+                    assert "permission" in str(e.value) or "can't" in str(e.value), (role, cmd)
+            # no listing of key names: KEYS for nobody, SCAN only for the operator
+            # (docs/security.md: Redis cannot filter what SCAN returns)
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                c.execute_command("KEYS", "*")
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                c.execute_command("RANDOMKEY")
+            if role != "operator":
+                with pytest.raises(redis.exceptions.NoPermissionError):
+                    c.execute_command("SCAN", "0")
+            for cmd in (("FLUSHALL",), ("CONFIG", "GET", "requirepass"), ("SUBSCRIBE", "x")):
+                with pytest.raises(redis.exceptions.NoPermissionError):
+                    c.execute_command(*cmd)
+        finally:
+            c.close()
+    assert all(admin.get(k) == b"secret" for k in others)
