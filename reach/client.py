@@ -167,9 +167,12 @@ class Client:
     @property
     def commands(self) -> AutoPipeline:
         """The auto-pipelined client every command of this client goes through (the
-        blocking reads pass through it to :attr:`redis`)."""
+        blocking reads pass through it to :attr:`redis`). A Client given an auto-pipelined
+        client as ``redis=`` (a worker's agents share their process's) uses that one: its
+        commands join the same batches and connection."""
         if self._auto is None:
-            self._auto = AutoPipeline(self.redis)
+            r = self.redis
+            self._auto = r if isinstance(r, AutoPipeline) else AutoPipeline(r)
         return self._auto
 
     @property

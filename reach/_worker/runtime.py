@@ -344,7 +344,11 @@ class Runtime:
         redis = host.agent_redis()
         cluster = is_cluster(host.raw)
         registry = Registry(redis, o.namespace)
-        client = Client(redis=host.raw, namespace=o.namespace, client_id=f"a-{self.agent.agent_id}")
+        # The agent's own Client (ctx.client) shares the process's auto-pipelined client:
+        # calls from handlers add no connection.
+        client = Client(
+            redis=host.redis, namespace=o.namespace, client_id=f"a-{self.agent.agent_id}"
+        )
         hooks = self.hooks
         outages = Outages(self.agent.agent_id)
         letters = DeadLetters(
