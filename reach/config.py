@@ -27,7 +27,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
 from .errors import ConfigError
 
@@ -107,10 +107,13 @@ def read_secret_file(path: str | os.PathLike[str]) -> str:
 
 def with_password(url: str, password: str, *, source: str = "the password file") -> str:
     """``url`` with ``password`` as its password (percent-encoded: any character may be in
-    it). A URL that has a password already is a :class:`ConfigError` (which one is meant?)."""
+    it). A URL that has another password already is a :class:`ConfigError` (which one is
+    meant?); one that has this one is returned as it is."""
     parts = urlsplit(url)
     if "://" not in url or not parts.scheme:
         raise ConfigError("A password file needs a Redis URL like redis://host:port/0.")
+    if parts.password is not None and unquote(parts.password) == password:
+        return url  # given twice the same (a URL resolved once, resolved again)
     in_query = any(k == "password" for k, _ in parse_qsl(parts.query, keep_blank_values=True))
     if parts.password is not None or in_query:
         raise ConfigError(

@@ -319,6 +319,9 @@ def add_secret_file_options(app: typer.Typer) -> None:
     for info in app.registered_commands:
         if info.callback is not None:
             info.callback = with_secret_file_options(info.callback)
+    top = app.registered_callback  # a group's own command (`reach agents` lists)
+    if top is not None and top.callback is not None:
+        top.callback = with_secret_file_options(top.callback)
     for group in app.registered_groups:
         if group.typer_instance is not None:
             add_secret_file_options(group.typer_instance)
