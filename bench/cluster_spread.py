@@ -68,7 +68,7 @@ def _patch_cpu(urls: list[str]) -> None:
             out[f"redis_master_{i}"] = v
         return out
 
-    scaling._cpu = cpu  # type: ignore[assignment]
+    scaling._cpu = cpu
 
 
 def one_run(
@@ -106,7 +106,10 @@ def main() -> None:
             runs[m].append(
                 one_run(m, k, workers=a.workers, messages=a.messages, concurrency=a.concurrency)
             )
-    out = {"load_avg_1m": [round(load0, 2), round(os.getloadavg()[0], 2)], "runs": runs}
+    out: dict[str, Any] = {
+        "load_avg_1m": [round(load0, 2), round(os.getloadavg()[0], 2)],
+        "runs": runs,
+    }
     if a.json:
         print(json.dumps(out, indent=2, default=str))
         return
