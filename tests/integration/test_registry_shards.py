@@ -317,3 +317,22 @@ def test_a_sweeper_tries_its_shards_and_a_quarter_of_the_others_in_turn() -> Non
     for start in range(16):
         seen = set().union(*(shards_to_try(16, {5}, start + t) for t in range(4)))
         assert seen == set(range(16))
+
+
+async def test_following_the_events_of_every_shard(r: AnyRedis, ns: str) -> None:
+    """What `reach events --follow` does: the last events, then the new ones of any shard."""
+    reg = Registry(r, ns, shards=SHARDS)
+    agents = ids_in_every_shard(SHARDS, per_shard=1)
+    await register(reg, agents[0], [CAP])
+    last = (await reg.recent_events(1))[-1].id
+    assert await reg.tail_events(last_id=last, block_ms=10) == []
+    for aid in agents[1:]:
+        await register(reg, aid, [CAP])
+    seen: list[str] = []
+    while len(seen) < len(agents) - 1:
+        new = await reg.tail_events(last_id=last, block_ms=500)
+        assert new, seen
+        seen += [e.agent_id for e in new]
+        last = new[-1].id
+    assert sorted(seen) == agents[1:]
+    assert await reg.tail_events(last_id="$", block_ms=10) == []
