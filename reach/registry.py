@@ -26,6 +26,7 @@ read with replacement characters (:class:`Event`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -806,7 +807,10 @@ class Registry:
         :meth:`count_states` scales each shard by its own ratio)."""
         parts = await self.count_shards(sample=sample)
         return agents.AgentCounts(
-            *(sum(getattr(p, f) for p in parts) for f in agents.AgentCounts.__slots__)
+            *(
+                sum(getattr(p, f.name) for p in parts)
+                for f in dataclasses.fields(agents.AgentCounts)
+            )
         )
 
     async def count_states(self, *, sample: int = 1000) -> tuple[dict[str, int], int]:

@@ -58,7 +58,8 @@ def test_namespaces_spread_over_masters() -> None:
     slots = {key_slot(Keys(ns).agents.encode()) for ns in spaces}
     assert len(slots) == MASTERS
     assert sorted(_master_of(ns) for ns in spaces) == list(range(MASTERS))
-    # every registry key of a namespace shares the slot; inboxes are elsewhere by design
+    # every key of a registry shard shares its slot (shard 0 here: Keys' default of one
+    # shard; test_registry_shards has the others); inboxes are elsewhere by design
     k = Keys(spaces[0])
     same = {k.agents, k.agent("x"), k.cap("a.b"), k.caps, k.events, k.sweeper_lock}
     assert {key_slot(x.encode()) for x in same} == {key_slot(k.agents.encode())}
