@@ -106,7 +106,14 @@ _ROLE_COMMANDS: dict[str, tuple[str, ...]] = {
         "zcard",
         "zrandmember",
         "xinfo|stream",  # the sweeper's look at inboxes
+        # a handler's session store (ctx.session)
+        "hget",
+        "hdel",
+        "rpush",
+        "ltrim",
+        "lrange",
         # agents of one process waiting together: one XREAD, restarted when one joins
+        "client|id",
         "client|unblock",
     ),
     "caller": _CALLER,
@@ -144,6 +151,8 @@ class _Sample:
     dlq: str
     events: str
     scan: str
+    session: str
+    history: str
 
 
 def _sample(keys: Keys) -> _Sample:
@@ -159,6 +168,8 @@ def _sample(keys: Keys) -> _Sample:
         dlq=keys.dlq("doctor.probe"),
         events=keys.events,
         scan=keys.inbox_pattern,
+        session=keys.session(probe),
+        history=keys.session_history(probe),
     )
 
 
@@ -170,6 +181,7 @@ _PROBES: dict[str, Callable[[_Sample], tuple[str, ...]]] = {
     "info": lambda s: ("INFO", "server"),
     "time": lambda s: ("TIME",),
     "client|setname": lambda s: ("CLIENT", "SETNAME", "reach"),
+    "client|id": lambda s: ("CLIENT", "ID"),
     "client|unblock": lambda s: ("CLIENT", "UNBLOCK", "1"),
     "client|list": lambda s: ("CLIENT", "LIST"),
     "evalsha": lambda s: ("EVALSHA", _SHA, "1", s.inbox),
@@ -210,6 +222,11 @@ _PROBES: dict[str, Callable[[_Sample], tuple[str, ...]]] = {
     ),
     "xinfo|stream": lambda s: ("XINFO", "STREAM", s.replies),
     "xinfo|groups": lambda s: ("XINFO", "GROUPS", s.inbox),
+    "hget": lambda s: ("HGET", s.session, "k"),
+    "hdel": lambda s: ("HDEL", s.session, "k"),
+    "rpush": lambda s: ("RPUSH", s.history, "v"),
+    "ltrim": lambda s: ("LTRIM", s.history, "0", "9"),
+    "lrange": lambda s: ("LRANGE", s.history, "0", "-1"),
     "script|exists": lambda s: ("SCRIPT", "EXISTS", _SHA),
     "acl|whoami": lambda s: ("ACL", "WHOAMI"),
     "get": lambda s: ("GET", s.task),

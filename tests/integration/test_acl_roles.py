@@ -181,6 +181,13 @@ def make_agent(name: str) -> reach.Agent:
     async def echo(payload: Any, ctx: reach.Context) -> Any:
         if payload == "fail":
             raise ValueError("asked to fail")
+        if payload == "session":  # a handler's session store, under the agent's user
+            await ctx.session.set("turns", 1)
+            await ctx.session.append("hello", max_len=10)
+            await ctx.session.history()
+            await ctx.session.all()
+            await ctx.session.delete("turns")
+            await ctx.session.clear()
         return {"echo": payload}
 
     return a
@@ -198,6 +205,12 @@ async def test_each_role_runs_under_its_user_and_nothing_is_refused(
     agent = make_agent(f"acl-echo-{uuid.uuid4().hex[:6]}")
     agent_done = anyio.Event()
 
+    other = reach.Agent(f"acl-other-{uuid.uuid4().hex[:6]}", capabilities=["acl.other"])
+
+    @other.handler("acl.other")
+    async def other_handler(payload: Any, ctx: reach.Context) -> Any:
+        return payload
+
     async def serve() -> None:
         try:
             await agent.run(redis_url=users["agent"], namespace="ns1", handle_signals=False, **FAST)
@@ -206,6 +219,12 @@ async def test_each_role_runs_under_its_user_and_nothing_is_refused(
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(serve)
+        # a second agent of the process: idle agents wait on one shared connection
+        tg.start_soon(
+            lambda: other.run(
+                redis_url=users["agent"], namespace="ns1", handle_signals=False, **FAST
+            )
+        )
         async with reach.Client(redis_url=users["caller"], namespace="ns1") as client:
 
             async def ready() -> bool:
@@ -217,6 +236,18 @@ async def test_each_role_runs_under_its_user_and_nothing_is_refused(
             await wait_until(ready, timeout_s=10, what="the agent routable")
             assert await client.request("acl.echo", "hi", timeout_s=10) == {"echo": "hi"}
             msg_id = await client.send("acl.echo", "later")
+            assert await client.request("acl.echo", "session", session_id="s1", timeout_s=10)
+            assert await client.request("acl.echo", "again", idempotency_key="k1", timeout_s=10)
+            await client.send_many("acl.echo", ["m1", "m2"])
+            assert len(await client.request_many("acl.echo", ["r1", "r2"], timeout_s=10)) == 2
+            assert list((await client.broadcast("acl.echo", "all", timeout_s=10)).values()) == [
+                {"echo": "all"}
+            ]
+            assert (await client.task(msg_id)).status
+            await client.result(msg_id, timeout_s=10)
+            await wait_until(lambda: client.eligible("acl.other"), timeout_s=10)
+            assert await client.request("acl.other", "x", timeout_s=10) == "x"
+            await anyio.sleep(0.3)  # both idle a while: the shared wait
             with pytest.raises(reach.ReachError):
                 await client.request("acl.echo", "fail", timeout_s=10)
         op = ("--redis-url", users["operator"], "-n", "ns1")
@@ -242,6 +273,7 @@ async def test_each_role_runs_under_its_user_and_nothing_is_refused(
                 failed.append((args[:3], code, err or out))
         with anyio.fail_after(10):
             await agent_done.wait()
+        other.stop()
     assert not failed, failed
     log = refused(admin)
     assert not log, log
