@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import Any, TypeVar
 
 from reach.registry import Registry
-from tests.support.waiting import wait_until  # noqa: F401 - re-exported for the lua tests
+from tests.support.waiting import wait_until as wait_until  # noqa: PLC0414 (re-exported)
 
 T = TypeVar("T")
 
