@@ -6,6 +6,7 @@ from .client import Client
 from .context import Context
 from .envelope import Envelope, Reply
 from .errors import (
+    AmbiguousDeadLetterId,
     BadDeadLetterId,
     ConfigError,
     ConnectionsExhausted,
@@ -34,6 +35,7 @@ from .tasks import DeadLetter, TaskStatus
 __all__ = [
     "Agent",
     "AgentInfo",
+    "AmbiguousDeadLetterId",
     "BadDeadLetterId",
     "Client",
     "ConfigError",

@@ -38,7 +38,7 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from .client import Client
 from .connection import AnyRedis, as_text
 from .connection import _safe_name as safe_client_name
-from .errors import BadDeadLetterId, DeadLetterNotFound, ReachError
+from .errors import AmbiguousDeadLetterId, BadDeadLetterId, DeadLetterNotFound, ReachError
 from .keys import GROUP, PRIORITIES, Keys
 from .registry import Registry, normalize_capability
 from .sweeper import sweep_chores
@@ -46,6 +46,7 @@ from .tasks import DLQ_MAXLEN, MALFORMED_CAP, DeadLetter, parse_dead_letter
 from .untrusted import safe_text, strict_text
 
 __all__ = [
+    "AmbiguousDeadLetterId",
     "BadDeadLetterId",
     "DeadLetterCount",
     "DeadLetterEntry",
@@ -169,18 +170,29 @@ async def find_dead_letter(
 ) -> DeadLetterEntry:
     """The dead letter with id ``entry_id`` (as ``reach dlq list`` shows it).
 
-    Raises :class:`BadDeadLetterId` for text that is no entry id, and
-    :class:`DeadLetterNotFound` when no stream has it.
+    Raises :class:`BadDeadLetterId` for text that is no entry id,
+    :class:`DeadLetterNotFound` when no stream has it, and, without ``capability``,
+    :class:`AmbiguousDeadLetterId` when several capabilities' streams have it (an entry id
+    is unique within its stream only: letters written in the same millisecond share one).
     """
     if not _STREAM_ID.fullmatch(entry_id):
         raise BadDeadLetterId(
             f"{entry_id!r} is not a dead letter id: they look like 1717171717171-0 "
             "(see `reach dlq list`)."
         )
+    found: list[DeadLetterEntry] = []
     for stream in await dead_letter_streams(redis, keys, capability=capability):
         rows = await redis.xrange(stream, entry_id, entry_id)
         if rows:
-            return DeadLetterEntry(stream, parse_dead_letter(*rows[0]))
+            found.append(DeadLetterEntry(stream, parse_dead_letter(*rows[0])))
+    if len(found) == 1:
+        return found[0]
+    if found:
+        caps = ", ".join(keys.capability_of_dlq(e.stream) for e in found)
+        raise AmbiguousDeadLetterId(
+            f"Dead letter {entry_id!r} is in the dead letters of {len(found)} capabilities "
+            f"({caps}): name one with --cap (capability=...)."
+        )
     raise DeadLetterNotFound(f"No dead letter {entry_id!r} (see `reach dlq list`).")
 
 

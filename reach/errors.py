@@ -97,6 +97,12 @@ class BadDeadLetterId(ConfigError):
     ``reach dlq list`` shows the ids (:mod:`reach.admin`)."""
 
 
+class AmbiguousDeadLetterId(ConfigError):
+    """The id is in the dead letters of several capabilities (ids are per stream: letters
+    written in the same millisecond share one): name the capability
+    (``capability=...``, ``reach dlq show/replay ID --cap CAP``) (:mod:`reach.admin`)."""
+
+
 class DeadLetterNotFound(ReachError, LookupError):
     """No dead letter has that id (in the capability asked for, or in any): it was replayed
     or purged meanwhile, or the id is from another namespace (:mod:`reach.admin`)."""

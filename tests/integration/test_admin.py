@@ -20,7 +20,7 @@ from reach.envelope import (
     encode_payload,
     now_ms,
 )
-from reach.errors import InvalidCapability, ReachError
+from reach.errors import AmbiguousDeadLetterId, InvalidCapability, ReachError
 from reach.keys import GROUP, Keys
 from reach.registry import Registry
 from reach.sweeper import expire
@@ -102,9 +102,10 @@ async def test_list_find_and_purge_dead_letters(r: AnyRedis, ns: str) -> None:
     with pytest.raises(InvalidCapability):
         await admin.list_dead_letters(r, keys, capability="no such*cap")
 
-    found = await admin.find_dead_letter(r, keys, first.id)
+    # (Letters written in one pipeline may share their entry id across streams: see the
+    # test of ambiguous ids below.)
+    found = await admin.find_dead_letter(r, keys, first.id, capability=CAP)
     assert found.letter.msg_id == first.msg_id and found.stream == keys.dlq(CAP)
-    assert (await admin.find_dead_letter(r, keys, first.id, capability=CAP)) == found
     with pytest.raises(admin.DeadLetterNotFound, match="No dead letter"):
         await admin.find_dead_letter(r, keys, first.id, capability="adm.other")
     with pytest.raises(admin.DeadLetterNotFound):
@@ -271,3 +272,23 @@ async def test_giving_up_tells_the_caller_and_spares_completed_keys(r: AnyRedis,
     assert await r.hget(keys.idem("k-damaged"), "status") == b"succeeded"
     letters = {e.letter.msg_id for e in await admin.list_dead_letters(r, keys)}
     assert letters == {late.msg_id, damaged.msg_id}
+
+
+async def test_an_id_in_several_capabilities_dead_letters_needs_the_capability(
+    r: AnyRedis, ns: str
+) -> None:
+    # Entry ids are unique within a stream only: two capabilities' letters written in the
+    # same millisecond can share one. The id alone must not pick one of them silently.
+    keys = Keys(ns)
+    shared, alone = "1700000000000-5", "1700000000001-0"
+    for cap, msg in (("adm.one", "m-one"), ("adm.two", "m-two")):
+        await r.xadd(keys.dlq(cap), {"reason": "rejected", "error": "e", "error_type": "",
+                                      "attempts": 1, "agent_id": "a", "msg_id": msg,
+                                      "capability": cap, "ts": 1, "env": b""}, id=shared)  # fmt: skip
+    await r.xadd(keys.dlq("adm.two"), {"reason": "rejected", "msg_id": "m-alone"}, id=alone)
+    with pytest.raises(AmbiguousDeadLetterId, match=r"2 capabilities \(adm.one, adm.two\).*--cap"):
+        await admin.find_dead_letter(r, keys, shared)
+    one = await admin.find_dead_letter(r, keys, shared, capability="adm.one")
+    two = await admin.find_dead_letter(r, keys, shared, capability="adm.two")
+    assert (one.letter.msg_id, two.letter.msg_id) == ("m-one", "m-two")
+    assert (await admin.find_dead_letter(r, keys, alone)).letter.msg_id == "m-alone"
