@@ -188,7 +188,10 @@ async def find_dead_letter(
     if len(found) == 1:
         return found[0]
     if found:
-        caps = ", ".join(keys.capability_of_dlq(e.stream) for e in found)
+        caps = ", ".join(
+            keys.capability_of_dlq(e.stream if isinstance(e.stream, str) else repr(e.stream))
+            for e in found
+        )
         raise AmbiguousDeadLetterId(
             f"Dead letter {entry_id!r} is in the dead letters of {len(found)} capabilities "
             f"({caps}): name one with --cap (capability=...)."
