@@ -61,6 +61,9 @@ _COMMON = (
     "xrevrange",
     "get",
     "type",
+    # a Redis Cluster client: the slot map and the key positions of each command
+    "cluster|slots",
+    "command",
 )
 
 # A Client (and reach send / task): send.lua's commands, its reply stream's
@@ -133,6 +136,7 @@ _ROLE_COMMANDS: dict[str, tuple[str, ...]] = {
         "client|list",  # reach dlq replay: is the caller still connected?
         "script|exists",  # reach doctor: the script cache
         "acl|whoami",  # reach doctor: which user to check
+        "cluster|info",  # reach doctor: are the slots covered
     ),
 }
 
@@ -236,6 +240,9 @@ _PROBES: dict[str, Callable[[_Sample], tuple[str, ...]]] = {
     "del": lambda s: ("DEL", s.idem),
     "pexpire": lambda s: ("PEXPIRE", s.idem, "1000"),
     "scan": lambda s: ("SCAN", "0", "MATCH", s.scan),
+    "cluster|slots": lambda s: ("CLUSTER", "SLOTS"),
+    "cluster|info": lambda s: ("CLUSTER", "INFO"),
+    "command": lambda s: ("COMMAND", "COUNT"),
 }
 
 

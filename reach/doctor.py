@@ -270,7 +270,9 @@ async def check_topology(r: AnyRedis, url: str) -> list[Finding]:
 async def check_cluster(r: AnyRedis) -> list[Finding]:
     if not is_cluster(r):
         return [Finding("cluster", "ok", "not a cluster")]
-    raw = await r.execute_command("CLUSTER", "INFO")
+    # redis-py cannot route CLUSTER INFO by itself (it has no key): ask one primary
+    node = r.get_primaries()[0]  # type: ignore[attr-defined]
+    raw = await r.execute_command("CLUSTER", "INFO", target_nodes=node)
     info: dict[str, str] = {}
     text = raw if isinstance(raw, (str, bytes)) else next(iter(dict(raw).values()), "")
     for line in _text(text).splitlines():
@@ -312,7 +314,7 @@ async def check_acl(
     one role (``reach acl --role``) is fine when it passes that role: the roles it fails
     are info then, errors only when it can play no role."""
     try:
-        who = user or _text(await r.execute_command("ACL", "WHOAMI"))
+        who = user or _text((await _each(r, "ACL", "WHOAMI"))[0][1])
     except rexc.ResponseError as e:
         if not _refused(e):
             raise
@@ -324,8 +326,20 @@ async def check_acl(
         missing: list[str] = []
         for command, call in probes:
             try:
-                reply = _text(await r.execute_command("ACL", "DRYRUN", who, *call))
+                # ACL users are per server: on a Cluster, every primary must have this one
+                replies = await _each(r, "ACL", "DRYRUN", who, *call)
+                reply = next((_text(v) for _, v in replies if _text(v) != "OK"), "OK")
             except rexc.ResponseError as e:
+                if "not found" in str(e).lower():
+                    return [
+                        Finding(
+                            "acl",
+                            "error",
+                            f"user {who!r} does not exist on every server ({e})",
+                            "run the user's ACL SETUSER line (reach acl) on every server, "
+                            "every Cluster node included, and keep it in each one's ACL file",
+                        )
+                    ]
                 if _refused(e):
                     return [
                         Finding(
@@ -511,7 +525,7 @@ async def diagnose(
     for name, coro in checks:
         try:
             out.extend(await coro)
-        except (rexc.RedisError, OSError, ValueError, TypeError) as e:
+        except (rexc.RedisError, rexc.RedisClusterException, OSError, ValueError, TypeError) as e:
             fix = (
                 "grant the command to the user in the Redis URL"
                 if _refused(e)

@@ -361,3 +361,98 @@ def test_ns1_users_cannot_touch_another_namespace(
         finally:
             c.close()
     assert all(admin.get(k) == b"secret" for k in others)
+
+
+# -- a Redis Cluster: the registry in 16 shards, the users made on every node ---------------------
+@pytest.fixture(scope="module")
+def cluster_users(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, dict[str, str]]]:
+    from reach.embedded import find_server_binary
+    from tests.support.cluster import RedisTestCluster
+
+    with RedisTestCluster(binary=find_server_binary(), masters=3) as cluster:
+        pw = tmp_path_factory.mktemp("acl-cluster") / "pw"
+        pw.write_text(PASSWORD)
+        code, out, err = cli("acl", "-n", "ns1", "--password-file", str(pw), "--json")
+        assert code == 0, err
+        urls = {}
+        for node in cluster.nodes:
+            c = redis.Redis(port=node.port)
+            for u in json.loads(out)["users"]:
+                c.execute_command("ACL", "SETUSER", u["user"], *u["rules"])
+            c.execute_command("ACL", "LOG", "RESET")
+            c.close()
+        for u in json.loads(out)["users"]:
+            urls[u["role"]] = cluster.url.replace("redis://", f"redis://{u['user']}:{PASSWORD}@")
+        yield cluster, urls
+
+
+@pytest.mark.anyio
+async def test_on_a_cluster_each_role_runs_under_its_user(
+    cluster_users: tuple[Any, dict[str, str]],
+) -> None:
+    cluster, users = cluster_users
+    agents = [make_agent(f"acl-c{i}-{uuid.uuid4().hex[:4]}") for i in range(4)]
+    async with anyio.create_task_group() as tg:
+        for a in agents:
+            tg.start_soon(
+                lambda a=a: a.run(
+                    redis_url=users["agent"], namespace="ns1", handle_signals=False, **FAST
+                )
+            )
+        async with reach.Client(redis_url=users["caller"], namespace="ns1") as client:
+
+            async def ready() -> bool:
+                try:
+                    return len(await client.eligible("acl.echo")) == len(agents)
+                except reach.NoAgentAvailable:
+                    return False
+
+            await wait_until(ready, timeout_s=15, what="the agents routable on the cluster")
+            got = await client.request_many("acl.echo", list(range(8)), timeout_s=10)
+            assert got == [{"echo": i} for i in range(8)]
+        op = ("--redis-url", users["operator"], "-n", "ns1")
+        for args in (
+            ("agents", *op),
+            ("caps", *op),
+            ("queues", *op),
+            ("dlq", "list", *op),
+            ("sweep", *op),
+            ("top", "--once", *op),
+            ("doctor", "--acl-role", "operator", *op),
+        ):
+            code, out, err = await anyio.to_thread.run_sync(lambda a=args: cli(*a))
+            assert code == 0 or (args[0] == "doctor" and code == 1), (args, out, err)
+        for a in agents:
+            a.stop()
+    log = []
+    for node in cluster.nodes:
+        c = redis.Redis(port=node.port)
+        log += refused(c)
+        c.close()
+    assert not log, log
+
+
+def test_doctor_on_a_cluster_checks_the_users_of_every_node(
+    cluster_users: tuple[Any, dict[str, str]],
+) -> None:
+    cluster, _ = cluster_users
+    res = runner.invoke(
+        app,
+        ["doctor", "--redis-url", cluster.url, "--json", "-n", "ns1"]
+        + ["--acl-user", acl.default_user("ns1", "agent"), "--acl-role", "agent"],
+    )
+    rep = json.loads(res.stdout)
+    assert not [f for f in rep["findings"] if "could not run" in f["message"]], rep
+    assert [f["level"] for f in rep["findings"] if f["check"] == "acl"] == ["ok"], rep
+    c = redis.Redis(port=cluster.nodes[0].port)
+    c.execute_command("ACL", "SETUSER", "lonely", "on", "nopass", "~*", "+@all")
+    c.close()
+    res = runner.invoke(
+        app, ["doctor", "--redis-url", cluster.url, "--json", "-n", "ns1", "--acl-user", "lonely"]
+    )
+    (f,) = [f for f in json.loads(res.stdout)["findings"] if f["check"] == "acl"]
+    assert (
+        f["level"] == "error"
+        and "every server" in f["message"]
+        and "every Cluster node" in f["fix"]
+    )
