@@ -456,3 +456,27 @@ def test_doctor_on_a_cluster_checks_the_users_of_every_node(
         and "every server" in f["message"]
         and "every Cluster node" in f["fix"]
     )
+
+
+def test_a_worker_under_the_wrong_user_ends_in_one_error_line(users: dict[str, str]) -> None:
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    for url, ns, needle in (
+        (users["caller"], "ns1", "script"),  # a caller may not run the registry's writes
+        (users["agent"], "ns2", "key"),  # an ns1 agent may not serve ns2
+    ):
+        p = subprocess.run(
+            [sys.executable, "-m", "reach_cli.app", "worker", "tests.cli.worker_targets:factory"]
+            + ["--redis-url", url, "-n", ns, "--log-level", "error"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        errors = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
+        assert p.returncode == 2 and len(errors) == 1, p.stderr
+        assert needle in errors[0] and "reach acl" in errors[0] and "Traceback" not in p.stderr
+        assert PASSWORD not in p.stderr

@@ -323,3 +323,24 @@ async def test_tls_with_a_ca_and_a_client_certificate(
     code, out, err = await anyio.to_thread.run_sync(lambda: cli("caps", "--redis-url", no_cert))
     assert code == 2 and err.startswith("error:") and "Traceback" not in err, err
     assert time.monotonic() - started < 30
+
+
+def test_a_worker_that_cannot_connect_does_not_show_the_password(
+    files: dict[str, Path], tmp_path: Path
+) -> None:
+    closed = tmp_path / "closed-url"
+    closed.write_text(f"redis://app@127.0.0.1:{free_port()}/0")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REACH_")}
+    p = subprocess.run(
+        [sys.executable, "-m", "reach_cli.app", "worker", "tests.cli.worker_targets:factory"]
+        + ["--redis-url-file", str(closed), "--redis-password-file", str(files["pw"])]
+        + ["--log-level", "debug"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert p.returncode == 2 and "error:" in p.stderr and "app:***@" in p.stderr, p.stderr
+    assert SECRET not in p.stdout + p.stderr
