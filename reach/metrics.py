@@ -66,7 +66,7 @@ from .envelope import Envelope, now_ms
 from .hooks import Hooks, Outcome, WorkerInfo
 from .keys import PRIORITIES
 from .outcomes import DEAD_LETTERED, DeadReason, HandlerResult, RequestOutcome, Settled, Status
-from .scripts.agents import RegistryScripts
+from .registry import Registry
 from .tasks import MALFORMED_CAP
 
 if TYPE_CHECKING:
@@ -520,9 +520,13 @@ async def count_agents(
     deviation; at most 1.6 % of N with the default 1,000, e.g. ±30 routable agents of
     10,000 when all but 1 % are routable, ±313 of 100,000). The sum of the states is the
     agents zset's size up to rounding (and ids without a record, which are not counted).
+
+    ``keys`` names the registry's shards (``keys.shards``: one on a standalone Redis); each
+    shard is counted (``sample`` spread over them) and scaled by its own ratio
+    (:meth:`reach.registry.Registry.count_states`).
     """
-    counted = await RegistryScripts(keys, events_maxlen=1).count_agents(sample=sample).run(redis)
-    return counted.scaled()
+    registry = Registry(redis, keys.namespace, shards=keys.shards)
+    return await registry.count_states(sample=sample)
 
 
 # -- the agent's hook -----------------------------------------------------------------

@@ -60,7 +60,7 @@ from reach.embedded import RedisServer, _die_with_parent_hook
 from reach.envelope import BadEnvelope, decode_envelope, now_ms
 from reach.errors import ConfigError, ReachError
 from reach.keys import GROUP, Keys
-from reach.registry import Registry
+from reach.registry import Registry, default_shards
 from reach.tasks import get_status
 
 from .agent import AGENT_ENV, CAPABILITY, EFFECTS
@@ -387,7 +387,9 @@ class _Run:
             "entries": entries,
             "parked": parked,
             "delayed": int(await self.r.zcard(self.keys.delayed)),
-            "reroute": int(await self.r.scard(self.keys.reroute)),
+            "reroute": sum(
+                [int(await self.r.scard(self.keys.reroute_of(k))) for k in range(self.keys.shards)]
+            ),
         }
 
     async def records(self, keys: Sequence[str]) -> dict[str, _Rec]:
@@ -467,7 +469,8 @@ class _Run:
         # zombie's (its completion is fenced), like the SIGSTOPped worker's.
         self.evictions = [
             (as_text(f.get(b"agent_id", b"")), int(f.get(b"ts", 0)))
-            for _, f in await self.r.xrange(self.keys.events)
+            for k in range(self.keys.shards)
+            for _, f in await self.r.xrange(self.keys.events_of(k))
             if f.get(b"type") == b"evicted"
         ]
         overlapping = zombie = 0
@@ -677,6 +680,8 @@ class _Run:
             self.server.start()
             self.url = self.server.url
             self.r = await connect(self.url)
+            # The registry's shards as every process derives them (one on standalone).
+            self.keys = Keys(self.cfg.namespace, default_shards(self.r))
             async with anyio.create_task_group() as outer, AsyncExitStack() as stack:
                 outer.start_soon(self.progress)
                 try:
