@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from urllib.parse import quote
 
 from .errors import ConfigError
 from .keys import CLUSTER_SHARDS, GROUP, PRIORITIES, Keys
@@ -275,6 +276,14 @@ def key_patterns(namespace: str) -> list[str]:
     and one for the per-agent, per-client and per-record slots. Derived from
     :class:`Keys`: the shard keys up to their hash tag, the others up to their ``{``."""
     base = Keys(namespace)
+    if any(c.isspace() for c in base.namespace):
+        # ACL SETUSER refuses a space in a key pattern, and '?' in its place would also
+        # match other namespaces ('a?b': 'a_b' too)
+        raise ConfigError(
+            f"Namespace {base.namespace!r} holds white space, which Redis ACL key patterns "
+            "cannot hold: a user cannot be confined to it. Use a namespace without spaces "
+            "(e.g. 'team-a') for ACL users."
+        )
     pats: list[str] = []
     for shards in dict.fromkeys((1, CLUSTER_SHARDS)):
         keys = Keys(base.namespace, shards)
@@ -287,7 +296,11 @@ def key_patterns(namespace: str) -> list[str]:
 
 
 def default_user(namespace: str, role: str) -> str:
-    return f"reach-{Keys(namespace).namespace}-{check_role(role)}"
+    """``reach-<ns>-<role>``, the namespace percent-encoded where Redis refuses a character
+    in a user name (a space) or it could confuse (``%`` itself, quotes): one name per
+    namespace, so two namespaces never share (and overwrite) a user."""
+    ns = quote(Keys(namespace).namespace, safe="!#$&()*+,./:;<=>?@[]^_`{|}~-")
+    return f"reach-{ns}-{check_role(role)}"
 
 
 def rules(namespace: str, role: str, *, password: str | None = None) -> list[str]:

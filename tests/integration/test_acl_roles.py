@@ -480,3 +480,35 @@ def test_a_worker_under_the_wrong_user_ends_in_one_error_line(users: dict[str, s
         assert p.returncode == 2 and len(errors) == 1, p.stderr
         assert needle in errors[0] and "reach acl" in errors[0] and "Traceback" not in p.stderr
         assert PASSWORD not in p.stderr
+
+
+def test_the_lines_piped_to_redis_cli_make_the_users(
+    server: RedisServer, admin: redis.Redis
+) -> None:
+    import shutil
+    import subprocess
+
+    if shutil.which("redis-cli") is None:
+        pytest.skip("no redis-cli on this machine")
+    ns = 'team"q'  # a quote: the line quotes the words holding it, as redis-cli reads them
+    code, out, err = cli("acl", "-n", ns)
+    assert code == 0, err
+    p = subprocess.run(
+        ["redis-cli", "-p", str(server.port)],
+        input=out,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert p.stdout.split() == ["OK"] * 3, p.stdout + p.stderr
+    user = acl.default_user(ns, "caller")
+    assert user == "reach-team%22q-caller"
+    for key in every_key(ns):
+        assert admin.acl_dryrun(user, "GET", key) == b"OK"
+    for other in ('team"qx', 'team"q:x', "team"):
+        for key in every_key(other):
+            assert admin.acl_dryrun(user, "GET", key) != b"OK", key
+    # white space cannot be in an ACL key pattern: refused with the reason
+    code, _, err = cli("acl", "-n", "team a")
+    assert code == 2 and err.startswith("error:") and "white space" in err
