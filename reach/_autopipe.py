@@ -116,6 +116,18 @@ _BEFORE_WRITE = (rexc.DataError, rexc.RedisClusterException)
 _MULTI_KEY = frozenset({"delete", "exists"})
 
 
+# Cluster error replies saying the command did not run on this node (a slot that moved or
+# is moving, a cluster without a quorum): it is sent where the cluster says, not answered.
+_REDIRECTS = (rexc.AskError, rexc.TryAgainError, rexc.ClusterDownError)  # MovedError is an AskError
+
+MAX_REDIRECTS = 16
+"""Cluster: redirections one command follows at most (redis-py's ``RedisClusterRequestTTL``);
+past that its caller gets the last one as its error."""
+
+# Commands whose keys follow a STREAMS word (movable keys: redis-py would ask the server).
+_STREAMS = frozenset({"XREAD", "XREADGROUP"})
+
+
 # Methods queued by their command word (a Cluster pipeline blocks the script methods; the
 # words themselves go through: redis-py routes them by their keys).
 _BY_WORD = {"evalsha": "EVALSHA", "eval": "EVAL"}
@@ -137,6 +149,17 @@ class _Pending:
     empty: Any = _NO_EMPTY
     options: dict[str, Any] | None = None
     failures: int = 0
+    # Cluster: the redirections (MOVED, ASK, TRYAGAIN, CLUSTERDOWN) it followed, the node
+    # an ASK sent it to (``(host, port)``, used once), and whether it is the ``ASKING``
+    # written before such a command (nobody waits for its reply).
+    redirects: int = 0
+    ask: tuple[str, int] | None = None
+    asking: bool = False
+
+    @classmethod
+    def raw(cls, words: tuple[Any, ...], fut: asyncio.Future[Any]) -> _Pending:
+        """A command given by its words (no redis-py method, no reply callback options)."""
+        return cls("execute_command", words, {}, fut, words=words, options={})
 
 
 def _batched(name: str) -> Callable[..., Awaitable[Any]]:
@@ -163,25 +186,63 @@ def _as_error(e: BaseException) -> Exception:
     return e if isinstance(e, Exception) else rexc.ConnectionError(f"interrupted ({e!r})")
 
 
-class _MuxScripts:
-    """What :func:`load_all` needs (``script_load``), sent on the multiplexed connection:
-    the NOSCRIPT recovery opens no connection of its own."""
+def _policy_of(retry: Any) -> tuple[Any, int, tuple[type[BaseException], ...]]:
+    """A redis-py ``Retry``'s retries and retryable errors."""
+    supported = getattr(retry, "_supported_errors", (rexc.ConnectionError, rexc.TimeoutError))
+    return retry, retry.get_retries(), supported
 
-    def __init__(self, auto: AutoPipeline) -> None:
-        self._auto = auto
+
+def _backoff(retry: Any, failures: int) -> float:
+    """The pause a redis-py ``Retry`` makes before try ``failures + 1``."""
+    backoff = getattr(retry, "_backoff", None)
+    if not failures or backoff is None:
+        return 0.0
+    return float(backoff.compute(failures))
+
+
+def _consumed(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()  # nobody waits for it: no "exception never retrieved" warning
+
+
+class _MuxScripts:
+    """What :func:`load_all` needs (``script_load``), sent on one multiplexed connection
+    (on a Cluster, the node's that answered NOSCRIPT): the NOSCRIPT recovery opens no
+    connection of its own."""
+
+    def __init__(self, mux: _Mux) -> None:
+        self._mux = mux
 
     async def script_load(self, source: str) -> Any:
-        return await self._auto._enqueue("execute_command", ("SCRIPT", "LOAD", source), {})
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._mux.submit(_Pending.raw(("SCRIPT", "LOAD", source), fut))
+        return await fut
 
 
 class _Mux:
     """The multiplexed connection of an :class:`AutoPipeline` (see the module docstring):
     a writer task writes the queued commands without waiting for earlier replies, a reader
-    task reads the replies in the order the commands were written."""
+    task reads the replies in the order the commands were written.
 
-    def __init__(self, auto: AutoPipeline) -> None:
+    Standalone and Sentinel: one, over the client's pool. Cluster: one per node, over
+    that node's connections (``pool`` a :class:`_NodePool`), fed by the ``router``
+    (:class:`_ClusterRouter`), to which it gives back what must go elsewhere: a command
+    answered with a redirection, and those a failed connection leaves to be sent again
+    (after the slot map is refreshed)."""
+
+    def __init__(
+        self,
+        auto: AutoPipeline,
+        pool: Any = None,
+        router: _ClusterRouter | None = None,
+        node: Any = None,
+    ) -> None:
+        redis: Any = auto.redis
         self.auto = auto
-        self.redis: Any = auto.redis
+        self.redis = redis
+        self.pool: Any = redis.connection_pool if pool is None else pool
+        self.router = router
+        self.node = node
         self.queue: collections.deque[_Pending] = collections.deque()  # to write, in order
         self.inflight: collections.deque[_Pending] = collections.deque()  # written, unanswered
         self.conn: Any = None  # the pooled connection, kept until aclose
@@ -296,7 +357,7 @@ class _Mux:
     async def _connection(self) -> Any:
         """The connection to write on: taken from the pool once, reset after a failure
         (the reader of the failed one stopped first, so no read mixes two sockets)."""
-        pool = self.redis.connection_pool
+        pool = self.pool
         if self._stale is not None:
             stale, self._stale = self._stale, None
             try:
@@ -330,7 +391,7 @@ class _Mux:
         # reach's Sentinel pool asks the sentinels whether the master moved when it hands
         # out a connection (at most once per recheck_s, in the background). This connection
         # is handed out once: ask here, as often, while it is in use.
-        pool = self.redis.connection_pool
+        pool = self.pool
         recheck = getattr(pool, "_recheck", None)
         if recheck is None or not getattr(pool, "is_master", False):
             return
@@ -386,7 +447,7 @@ class _Mux:
         conn, self.conn = self.conn, None
         self.broken = False
         if conn is not None:
-            await self.redis.connection_pool.release(conn)
+            await self.pool.release(conn)
 
     # -- the reader -------------------------------------------------------------------------
     async def _read_loop(self, conn: Any, gen: int, limit: float | None) -> None:
@@ -408,7 +469,8 @@ class _Mux:
                         disable_decoding=p.never_decode, timeout=math.inf
                     )
             except rexc.ResponseError as e:  # an error reply: the connection is fine
-                reply = e if p.empty is _NO_EMPTY else p.empty
+                redirect = self.router is not None and isinstance(e, _REDIRECTS)
+                reply = e if p.empty is _NO_EMPTY or redirect else p.empty
             except TimeoutError:  # the reply took longer than socket_timeout
                 if gen == self.gen:
                     self._broken(rexc.TimeoutError(f"Timeout reading from {conn._host_error()}"))
@@ -424,6 +486,10 @@ class _Mux:
             inflight.popleft()
             if self._wake_writer is not None and (self.queue or not inflight):
                 self._kick_writer()  # room again for the writer, or idle: it may release
+            if self.router is not None and isinstance(reply, _REDIRECTS) and not p.asking:
+                if not p.fut.done():  # it did not run here: the router sends it on
+                    self.router.redirected(p, reply)
+                continue
             if not isinstance(reply, Exception):
                 assert p.words is not None and p.options is not None
                 cb = callbacks.get(p.words[0])
@@ -442,14 +508,26 @@ class _Mux:
 
     # -- failures ---------------------------------------------------------------------------
     def _policy(self) -> tuple[Any, int, tuple[type[BaseException], ...]]:
-        retry = self.conn.retry
-        supported = getattr(retry, "_supported_errors", (rexc.ConnectionError, rexc.TimeoutError))
-        return retry, retry.get_retries(), supported
+        # A Cluster's node connections retry nothing (redis-py retries a command at the
+        # client, after refreshing the slot map): the client's policy is the one.
+        retry = self.router.redis.retry if self.router is not None else self.conn.retry
+        return _policy_of(retry)
 
     def _pause(self, retry: Any, failures: int) -> None:
-        backoff = getattr(retry, "_backoff", None)
-        if failures and backoff is not None:
-            self.backoff = max(self.backoff, backoff.compute(failures))
+        self.backoff = max(self.backoff, _backoff(retry, failures))
+
+    def _again(self, again: list[_Pending], retry: Any, worst: int) -> None:
+        """Send ``again`` (in order, before the rest) after the policy's pause: on this
+        connection, or on a Cluster wherever the refreshed slot map says."""
+        if self.router is not None:
+            for p in again:
+                if p.asking:  # its command is sent again without it
+                    _answer(p, rexc.ConnectionError("ASKING not sent"))
+            again = [p for p in again if not p.asking]
+            self.router.failed(self, again, _backoff(retry, worst))
+            return
+        self.queue.extendleft(reversed(again))
+        self._pause(retry, worst)
 
     def _broken(self, exc: BaseException) -> None:
         """The connection failed: every command written on it and unanswered is queued
@@ -470,8 +548,7 @@ class _Mux:
             else:
                 _answer(p, err)
         self.inflight.clear()
-        self.queue.extendleft(reversed(again))
-        self._pause(retry, worst)
+        self._again(again, retry, worst)
         self._kick_writer()
 
     def _connect_failed(self, exc: Exception) -> None:
@@ -480,9 +557,9 @@ class _Mux:
         retry: Any = None
         retries = 0
         supported: tuple[type[BaseException], ...] = ()
-        if self.conn is not None:  # else not even a connection from the pool
+        if self.conn is not None or self.router is not None:  # else no connection at all
             retry, retries, supported = self._policy()
-        keep: collections.deque[_Pending] = collections.deque()
+        keep: list[_Pending] = []
         worst = 0
         for p in self.queue:
             if p.fut.done():
@@ -493,9 +570,8 @@ class _Mux:
                 worst = max(worst, p.failures)
             else:
                 _answer(p, exc)
-        self.queue = keep
-        if retry is not None:
-            self._pause(retry, worst)
+        self.queue = collections.deque()
+        self._again(keep, retry, worst)
 
     def _fail_all(self, exc: Exception) -> None:
         self.gen += 1
@@ -520,7 +596,7 @@ class _Mux:
         # send just those commands again (they did not run).
         err: Exception | None = None
         try:
-            await load_all(_MuxScripts(self.auto))
+            await load_all(_MuxScripts(self))
         except Exception as e:  # noqa: BLE001 - the waiting callers' error
             err = e
         finally:
@@ -553,7 +629,355 @@ class _Mux:
         self.noscript = []
         conn, self.conn = self.conn, None
         if conn is not None:
-            await self.redis.connection_pool.release(conn)
+            await self.pool.release(conn)
+
+
+class _NodePool:
+    """A Cluster node's connections (redis-py's ``ClusterNode``) as a :class:`_Mux`'s
+    pool: the mux takes one and keeps it while it is in use, outside the node's count
+    (the plain client's commands keep every one of ``max_connections``: reach's gate lets
+    that many run at once, and one more would fail with ``MaxConnectionsError``)."""
+
+    def __init__(self, node: Any) -> None:
+        self.node = node
+
+    async def get_connection(self) -> Any:
+        node = self.node
+        conn = node.acquire_connection()
+        node._connections.remove(conn)  # held apart from the pool until released
+        if getattr(conn, "should_reconnect", bool)():  # marked by a map refresh: a new socket
+            await conn.disconnect()
+        return conn
+
+    async def release(self, conn: Any) -> None:
+        node = self.node
+        if len(node._connections) < node.max_connections:
+            node._connections.append(conn)
+            node.release(conn)
+        else:
+            await conn.disconnect()
+
+
+class _ClusterRouter:
+    """Cluster, multiplexed: each command goes to the multiplexed connection of the node
+    that holds its keys' slot (redis-py's own routing: ``_determine_slot``, the slot map
+    of its ``nodes_manager``). A redirection or a failed connection sends the command on
+    after the slot map is patched or refreshed as redis-py does (``move_slot``,
+    ``nodes_manager.initialize``); what it cannot route (no key, keys of several slots, a
+    command redis-py sends to chosen nodes) goes through the plain cluster client."""
+
+    def __init__(self, auto: AutoPipeline) -> None:
+        self.auto = auto
+        self.redis: Any = auto.redis
+        self.muxes: dict[str, _Mux] = {}  # by node name
+        self.retired: list[_Mux] = []  # of node objects the slot map replaced
+        self.backlog: collections.deque[_Pending] = collections.deque()  # wait for the map
+        self.moves: list[Exception] = []  # MOVED replies not applied to the slot map yet
+        self.refresh = False  # reload the whole slot map before routing the backlog
+        self.failed_node: str | None = None
+        self.pause = 0.0
+        self.task: asyncio.Task[None] | None = None  # refreshes, then routes the backlog
+        self.plain: set[asyncio.Task[None]] = set()  # commands sent by the plain client
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.closed = False
+        self.followed: collections.Counter[str] = collections.Counter()
+        """Redirections followed so far, by kind (``MovedError``, ``AskError``, ...)."""
+        # The words of a command, as a standalone pipeline makes them (a Cluster pipeline
+        # refuses some methods, EVALSHA among them); nothing is connected.
+        self._capture: Any = None
+
+    # -- routing ----------------------------------------------------------------------------
+    def submit(self, p: _Pending) -> None:
+        if self.closed:
+            p.fut.set_exception(rexc.ConnectionError("the client is closed"))
+            return
+        loop = asyncio.get_running_loop()
+        if self.loop is not loop:
+            if self.loop is not None:
+                self._moved_loop()
+            self.loop = loop
+            self._tidy_later()
+        if p.words is None:
+            try:
+                self._capture_words(p)
+            except Exception as e:  # noqa: BLE001 - refused before the write: its own error
+                _answer(p, e)
+                return
+        if self.task is not None or self.backlog or self.redis._initialize:
+            self.backlog.append(p)  # after the commands waiting for the slot map
+            self._start()
+            return
+        self._route(p)
+
+    def _tidy_later(self) -> None:
+        task = asyncio.get_running_loop().create_task(self._tidy())
+        self.plain.add(task)
+        task.add_done_callback(self.plain.discard)
+
+    async def _tidy(self) -> None:
+        """Close the idle connections of redis-py's startup nodes (the objects it asks
+        for the slot map, not those it sends commands to): each keeps the connection it
+        read the map on, one more per node than the commands need. Reopened when the map
+        is read again."""
+        nodes = self.redis.nodes_manager
+        for name, node in list(getattr(nodes, "startup_nodes", {}).items()):
+            if nodes.nodes_cache.get(name) is not node and node._free:
+                try:
+                    await node.disconnect_free_connections()
+                except Exception:  # only a socket left open
+                    log.debug("closing a startup node's connection failed", exc_info=True)
+
+    def _moved_loop(self) -> None:
+        # The old loop's tasks and futures stay with it (each mux starts afresh too).
+        self.backlog = collections.deque()
+        self.moves = []
+        self.task = None
+        self.plain = set()
+        self.pause = 0.0
+
+    def _capture_words(self, p: _Pending) -> None:
+        cap = self._capture
+        if cap is None:
+            from redis.asyncio import Redis  # only its pipeline's command methods are used
+
+            cap = self._capture = Redis().pipeline(transaction=False)
+        cap.command_stack.clear()
+        getattr(cap, p.method)(*p.args, **p.kwargs)
+        words, options = cap.command_stack.pop()
+        p.words = words
+        p.never_decode = NEVER_DECODE in options
+        p.empty = options.get(EMPTY_RESPONSE, _NO_EMPTY)
+        p.options = {k: v for k, v in options.items() if k not in _CLEAN}
+
+    def _route(self, p: _Pending) -> None:
+        if p.fut.done():
+            return
+        nodes = self.redis.nodes_manager
+        if p.ask is not None:
+            (host, port), p.ask = p.ask, None
+            node = nodes.get_node(host=host, port=port)
+            if node is None:  # a node the slot map does not know yet: redis-py follows it
+                self._send_plain(p)
+                return
+            mux = self._mux(node)
+            asking: asyncio.Future[Any] = p.fut.get_loop().create_future()
+            asking.add_done_callback(_consumed)
+            ask = _Pending.raw(("ASKING",), asking)
+            ask.asking = True
+            mux.submit(ask)  # right before the command, on the same connection
+            mux.submit(p)
+            return
+        slot = self._slot(p)
+        if slot is None:
+            self._send_plain(p)
+            return
+        try:
+            node = nodes.get_node_from_slot(slot)
+        except rexc.SlotNotCoveredError:  # redis-py refreshes the map, or fails it
+            self._send_plain(p)
+            return
+        self._mux(node).submit(p)
+
+    def _mux(self, node: Any) -> _Mux:
+        mux = self.muxes.get(node.name)
+        if mux is None or mux.node is not node:
+            if mux is not None:
+                self.retired.append(mux)
+            mux = self.muxes[node.name] = _Mux(self.auto, _NodePool(node), self, node)
+        return mux
+
+    def _slot(self, p: _Pending) -> int | None:
+        """The slot of ``p``'s keys as redis-py computes it, or None: no key, keys of
+        several slots, or a command redis-py does not route by one slot."""
+        assert p.words is not None and p.options is not None
+        words = p.words
+        cmd = words[0]
+        if not isinstance(cmd, str) or "target_nodes" in p.options:
+            return None
+        word = cmd.upper()
+        r = self.redis
+        if word in r.command_flags or word in r.result_callbacks:
+            return None  # sent to chosen nodes, or its replies are merged: not one slot
+        if word in _STREAMS:
+            return self._streams_slot(words)
+        if word not in ("EVAL", "EVALSHA"):  # those take their keys from numkeys
+            info = r.commands_parser.commands.get(cmd.lower().split()[0])
+            if not isinstance(info, dict) or "movablekeys" in info.get("flags", ()):
+                return None  # redis-py would ask a node (COMMAND GETKEYS): not here
+        # redis-py's routing coroutines, run to their end at once: with the checks above
+        # they only read tables (a suspension would be a server call: not done here).
+        coro = self._slot_of(words)
+        try:
+            coro.send(None)
+        except StopIteration as done:
+            return done.value if isinstance(done.value, int) else None
+        except (rexc.RedisError, ValueError, IndexError, TypeError):
+            return None  # no key, keys in several slots: the plain client's error
+        coro.close()
+        return None
+
+    async def _slot_of(self, words: tuple[Any, ...]) -> int | None:
+        resolver = getattr(self.redis, "_policy_resolver", None)
+        if resolver is not None and await resolver.resolve(words[0].lower()):
+            return None  # a request policy of its own (redis-py >= 7)
+        slot: int = await self.redis._determine_slot(*words)
+        return slot
+
+    def _streams_slot(self, words: tuple[Any, ...]) -> int | None:
+        for i, w in enumerate(words):
+            if (
+                isinstance(w, (str, bytes))
+                and str(w if isinstance(w, str) else w.decode()).upper() == "STREAMS"
+            ):
+                rest = words[i + 1 :]
+                keys = rest[: len(rest) // 2]
+                slots = {self.redis.keyslot(k) for k in keys}
+                return slots.pop() if len(slots) == 1 else None
+        return None
+
+    def _send_plain(self, p: _Pending) -> None:
+        """Through the plain cluster client (redis-py's routing, redirections, retries)."""
+        task = p.fut.get_loop().create_task(self._plain(p))
+        self.plain.add(task)
+        task.add_done_callback(self.plain.discard)
+
+    async def _plain(self, p: _Pending) -> None:
+        self.auto.commands += 1
+        try:
+            reply = await getattr(self.redis, p.method)(*p.args, **p.kwargs)
+        except Exception as e:  # noqa: BLE001 - its caller's error
+            reply = e
+        _answer(p, reply)
+
+    # -- redirections and failures --------------------------------------------------------------
+    def redirected(self, p: _Pending, e: Exception) -> None:
+        """A node answered ``p`` with MOVED, ASK, TRYAGAIN or CLUSTERDOWN: it did not run."""
+        p.redirects += 1
+        self.followed[type(e).__name__] += 1
+        if p.redirects > MAX_REDIRECTS:
+            _answer(p, e)
+            return
+        if isinstance(e, rexc.MovedError):  # the slot moved: patch the map, then route
+            self.moves.append(e)
+        elif isinstance(e, rexc.AskError):  # the slot is moving: this once, to that node
+            p.ask = (e.host, e.port)
+            if self.task is None and not self.backlog:
+                self._route(p)
+                return
+        elif isinstance(e, rexc.TryAgainError):  # keys of a slot being moved: soon again
+            self.pause = max(self.pause, 0.05)
+        else:  # CLUSTERDOWN: a failover under way
+            self.refresh = True
+            self.pause = max(self.pause, 0.25)
+        self.backlog.append(p)
+        self._start()
+
+    def failed(self, mux: _Mux, again: list[_Pending], pause: float) -> None:
+        """``mux``'s connection failed: ``again`` go (first) where the refreshed slot map
+        says, after ``pause``; the node is asked last for the map (as redis-py does)."""
+        self.refresh = True
+        name = getattr(mux.node, "name", None)
+        self.failed_node = name
+        mover = getattr(self.redis.nodes_manager, "move_node_to_end_of_cached_nodes", None)
+        if mover is not None and name is not None:
+            mover(name)
+        self.pause = max(self.pause, pause)
+        self.backlog.extendleft(reversed(again))
+        self._start()
+
+    def _start(self) -> None:
+        if self.task is None or self.task.done():
+            self.task = asyncio.get_running_loop().create_task(self._follow())
+
+    async def _follow(self) -> None:
+        """Refresh the slot map as needed, then route the backlog; again while some wait."""
+        try:
+            while self.backlog and not self.closed:
+                if self.pause > 0:
+                    pause, self.pause = self.pause, 0.0
+                    await asyncio.sleep(pause)
+                err: Exception | None = None
+                try:
+                    await self._refresh()
+                except Exception as e:  # noqa: BLE001 - no slot map: the backlog's failure
+                    err = e
+                waiting, self.backlog = self.backlog, collections.deque()
+                for p in waiting:
+                    if err is None:
+                        self._route(p)
+                    else:
+                        self._no_map(p, err)
+        finally:
+            if self.task is asyncio.current_task():
+                self.task = None
+        if self.backlog and not self.closed:  # came while it ended
+            self._start()
+
+    async def _refresh(self) -> None:
+        r = self.redis
+        nodes = r.nodes_manager
+        moves, self.moves = self.moves, []
+        if r._initialize:  # closed by redis-py after an error (a plain command's)
+            self.refresh = False
+            await r.initialize()
+            await self._tidy()
+            return
+        seen: set[tuple[Any, ...]] = set()
+        for e in moves:  # as redis-py: patch the map, reload it every reinitialize_steps
+            where = (e.slot_id, e.host, e.port)  # type: ignore[attr-defined]
+            if where in seen:
+                continue
+            seen.add(where)
+            r.reinitialize_counter += 1
+            if r.reinitialize_steps and r.reinitialize_counter % r.reinitialize_steps == 0:
+                r.reinitialize_counter = 0
+                self.refresh = True
+            else:
+                moved = nodes.move_slot(e)
+                if inspect.isawaitable(moved):  # a coroutine in redis-py >= 7
+                    await moved
+        if self.refresh:
+            self.refresh = False
+            failed, self.failed_node = self.failed_node, None
+            kwargs: dict[str, Any] = {}
+            if failed and "last_failed_node_name" in inspect.signature(nodes.initialize).parameters:
+                kwargs["last_failed_node_name"] = failed
+            await nodes.initialize(**kwargs)
+            await self._tidy()
+
+    def _no_map(self, p: _Pending, err: Exception) -> None:
+        """The slot map could not be read: a failure of ``p``, retried per the policy."""
+        if p.fut.done():
+            return
+        retry, retries, supported = _policy_of(self.redis.retry)
+        p.failures += 1
+        if isinstance(err, supported) and (retries < 0 or p.failures <= retries):
+            self.backlog.append(p)
+            self.pause = max(self.pause, _backoff(retry, p.failures))
+        else:
+            _answer(p, err)
+
+    # -- waiting and closing ----------------------------------------------------------------
+    def waiting(self) -> list[asyncio.Future[Any]]:
+        futs: list[asyncio.Future[Any]] = [p.fut for p in self.backlog]
+        for mux in (*self.muxes.values(), *self.retired):
+            futs.extend(mux.waiting())
+        futs.extend(self.plain)
+        return futs
+
+    async def aclose(self) -> None:
+        self.closed = True
+        task = self.task
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        for p in self.backlog:
+            _answer(p, rexc.ConnectionError("the client is closed"))
+        self.backlog.clear()
+        for mux in (*self.muxes.values(), *self.retired):
+            await mux.aclose()
+        if self.plain:
+            await asyncio.gather(*self.plain, return_exceptions=True)
 
 
 class AutoPipeline:
@@ -596,6 +1020,15 @@ class AutoPipeline:
             and getattr(redis, "connection", None) is None
             else None
         )
+        # Cluster: one multiplexed connection per node (redis-py's asyncio RedisCluster).
+        self._router = (
+            _ClusterRouter(self)
+            if multiplex
+            and self.cluster
+            and hasattr(redis, "nodes_manager")
+            and hasattr(redis, "commands_parser")
+            else None
+        )
         self._open: list[_Pending] = []  # the batch that gathers commands now
         self._full: collections.deque[list[_Pending]] = collections.deque()
         self._running = 0
@@ -615,6 +1048,9 @@ class AutoPipeline:
         fut: asyncio.Future[Any] = loop.create_future()
         if self._mux is not None:
             self._mux.submit(_Pending(method, args, kwargs, fut))
+            return fut
+        if self._router is not None:
+            self._router.submit(_Pending(method, args, kwargs, fut))
             return fut
         self._open.append(_Pending(method, args, kwargs, fut))
         if len(self._open) >= self.max_batch:
@@ -724,13 +1160,15 @@ class AutoPipeline:
 
     @property
     def multiplexed(self) -> bool:
-        """True when the commands go out on one multiplexed connection (not pipelines)."""
-        return self._mux is not None
+        """True when the commands go out on multiplexed connections (one, or one per node
+        of a Cluster), not pipelines."""
+        return self._mux is not None or self._router is not None
 
     async def drain(self) -> None:
         """Wait until every command queued so far has been answered."""
-        if self._mux is not None:
-            while waiting := self._mux.waiting():
+        mux = self._mux if self._mux is not None else self._router
+        if mux is not None:
+            while waiting := mux.waiting():
                 await asyncio.wait(waiting)
             return
         while self._open or self._full or self._tasks:
@@ -829,6 +1267,8 @@ class AutoPipeline:
         await self.drain()
         if self._mux is not None:
             await self._mux.aclose()
+        if self._router is not None:
+            await self._router.aclose()
         return await self.redis.aclose(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
