@@ -122,10 +122,15 @@ class Execution(Part):
         fails for a passing reason stays pending for the consumer's next scan. Entries
         claimed at send for this runtime start at once (:meth:`_start_claimed`)."""
         if any(it.claimed_at_send for it in items):
-            # A key this runtime runs already (an entry read anew, its group recreated)
-            # goes the claim path, where it waits as a duplicate does.
-            running = self.state.running
-            at_send = [it for it in items if it.claimed_at_send and it.env.key not in running]
+            # A key this runtime runs already (an entry read anew, its group recreated),
+            # or a second entry of one key in this batch (entries are untrusted), goes the
+            # claim path, where it waits as a duplicate does.
+            running, keys = self.state.running, set()
+            at_send = []
+            for it in items:
+                if it.claimed_at_send and it.env.key not in running and it.env.key not in keys:
+                    keys.add(it.env.key)
+                    at_send.append(it)
             if at_send:
                 self._start_claimed(at_send)
                 started = set(at_send)  # identity: deliveries compare by identity

@@ -147,3 +147,35 @@ async def test_many_concurrent_sends_each_run_once(redis_url: str, ns: str) -> N
 
         await wait_until(all_done, what="300 messages handled")
         assert set((await effects(client.redis, ns, "cas")).values()) == {1}
+
+
+async def test_a_copied_entry_of_a_running_key_does_not_run_twice(redis_url: str, ns: str) -> None:
+    # Entries are untrusted: a second entry of a key carrying the same claim marker (a copy
+    # written straight into the inbox) while the first runs, in the same read or a later
+    # one, must wait as a duplicate does, not start the handler again.
+    gate, trips = Gate(), RoundTrips()
+    async with serving(redis_url, ns, agent(gate, trips)) as client:
+        r, k = client.redis, Keys(ns)
+        # The claimed entry is made in a scratch inbox, then it and its copy go into the
+        # agent's inbox in one transaction: one read gets both.
+        env = client.build(CAP, "hold")
+        await inbox.send_call(
+            k, inbox.Message.of(env, encode(env)), agent_id="scratch", priority="normal",
+            ttl_ms=60_000, claim_for=await owner_of(client), claim_lease_ms=60_000,
+        ).run(r)  # fmt: skip
+        [(_, fields)] = await r.xrange(k.inbox("scratch", "normal"))
+        assert b"c" in fields
+        async with r.pipeline(transaction=True) as tx:
+            tx.xadd(k.inbox(AGENT, "normal"), fields)
+            tx.xadd(k.inbox(AGENT, "normal"), fields)
+            await tx.execute()
+        msg_id = env.msg_id
+        await gate.entered.wait()
+        gate.open()
+        await wait_status(client, msg_id, "succeeded")
+
+        async def both_settled() -> bool:
+            return await r.xlen(Keys(ns).inbox(AGENT, "normal")) == 0
+
+        await wait_until(both_settled, what="both entries settled")
+        assert await effects(r, ns, "cas") == {msg_id: 1}
