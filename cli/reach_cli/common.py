@@ -281,6 +281,8 @@ def with_secret_file_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     if "redis_url" not in sig.parameters or "redis_url_file" in sig.parameters:
         return fn
     hints = get_type_hints(fn, include_extras=True)
+    if hints.get("redis_url") != RedisUrl:
+        return fn  # not the shared option (reach init writes its URL down: no secrets there)
     params: list[inspect.Parameter] = []
     for p in sig.parameters.values():
         params.append(p.replace(annotation=hints.get(p.name, p.annotation)))

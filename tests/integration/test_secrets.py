@@ -344,3 +344,21 @@ def test_a_worker_that_cannot_connect_does_not_show_the_password(
     )
     assert p.returncode == 2 and "error:" in p.stderr and "app:***@" in p.stderr, p.stderr
     assert SECRET not in p.stdout + p.stderr
+
+
+def test_every_command_that_takes_a_redis_url_takes_the_files() -> None:
+    from reach_cli.app import command_line
+
+    def walk(cmd: Any, path: str) -> Iterator[tuple[str, Any]]:
+        yield path, cmd
+        if hasattr(cmd, "commands"):
+            for name, sub in cmd.commands.items():
+                yield from walk(sub, f"{path} {name}".strip())
+
+    seen = []
+    for path, cmd in walk(command_line(), ""):
+        opts = {o for p in cmd.params for o in getattr(p, "opts", [])}
+        if "--redis-url" in opts and path != "init":  # init writes its URL to reach.toml
+            assert {"--redis-url-file", "--redis-password-file"} <= opts, path
+            seen.append(path)
+    assert {"worker", "top", "agents", "caps", "doctor", "dlq replay", "send"} <= set(seen)
