@@ -40,6 +40,7 @@ from .outcomes import Unavailable
 from .registry import AgentInfo
 from .routing import Router
 from .scripts import inbox
+from .signing import Keyring
 from .tasks import TASK_TTL_MS
 from .view import RegistryView
 
@@ -153,8 +154,10 @@ class Delivery:
         keys: Keys,
         redis_url: str,
         default_policy: str,
+        signer: Keyring | None = None,
     ) -> None:
         self.view = view
+        self.signer = signer  # signs each envelope as it is encoded (None: not signed)
         self.router = router
         self.commands = commands
         self.keys = keys
@@ -186,6 +189,8 @@ class Delivery:
                 self.router.inflight.add(agent.agent_id)
             with logs.span("reach.deliver", kind="producer"):
                 logs.inject(env.headers)
+                if self.signer is not None:  # signed last: the trace headers are in
+                    self.signer.sign_envelope(env)
                 data = encode(env)
                 depth = await self._add(env, agent, data, track=track)
             if depth is None:
@@ -298,11 +303,14 @@ class Delivery:
             with logs.span("reach.deliver", kind="producer"):
                 items: list[inbox.Delivery] = []
                 tracing = logs.tracing()  # asked once for the batch (it costs µs a call)
+                signer = self.signer
                 cluster = self.commands.cluster
                 for i, agent in picked:
                     env = envs[i]
                     if tracing:
                         logs.inject(env.headers)
+                    if signer is not None:
+                        signer.sign_envelope(env)
                     items.append(
                         inbox.Delivery(
                             inbox.Message.of(env, encode(env)),

@@ -27,6 +27,7 @@ from .connection import AnyRedis
 from .envelope import Envelope, Reply, decode_payload, decode_reply, now_ms
 from .errors import DeadlineExceeded, Rejected, RemoteError
 from .outcomes import Status, is_rejection, is_retryable
+from .signing import Keyring
 
 # The client's logger: the reader's lines are the client's (operators filter on it).
 log = logging.getLogger("reach.client")
@@ -41,12 +42,20 @@ class ReplyReader:
 
     ``client_id`` names the client in log lines. A reply no call waits for is kept for
     ``unclaimed_ttl_s`` seconds, at most ``max_unclaimed`` of them, oldest dropped first (a
-    dropped one is deleted from the stream). :meth:`start` starts the reader task once;
+    dropped one is deleted from the stream). With a ``verifier`` (the client's secret), a
+    reply that is unsigned or whose signature does not verify is dropped (deleted from the
+    stream) and counted in :attr:`forged`, never handed to a call. :meth:`start` starts the reader task once;
     until then nothing is read.
     """
 
     def __init__(
-        self, key: str, *, client_id: str, max_unclaimed: int, unclaimed_ttl_s: float
+        self,
+        key: str,
+        *,
+        client_id: str,
+        max_unclaimed: int,
+        unclaimed_ttl_s: float,
+        verifier: Keyring | None = None,
     ) -> None:
         self.key = key
         self.client_id = client_id
@@ -67,6 +76,10 @@ class ReplyReader:
         self._redis: AnyRedis | None = None
         self._commands: AutoPipeline | None = None
         self._quiet = False  # the last read returned nothing
+        self.verifier = verifier
+        self.forged = 0  # replies dropped: unsigned or forged (with a verifier only)
+        self._forged_logged = 0  # self.forged at the last line about them
+        self._forged_logged_at = -_DROP_LOG_EVERY_S
 
     def start(self, tg: anyio.abc.TaskGroup, *, redis: AnyRedis, commands: AutoPipeline) -> None:
         """Start the reader task in ``tg`` (once; later calls do nothing): it reads with
@@ -124,6 +137,12 @@ class ReplyReader:
     def _on_reply(self, entry_id: Any, fields: Any, now: float) -> None:
         data = fields.get(b"r") or fields.get("r")
         reply = decode_reply(data)
+        if self.verifier is not None:
+            why = self.verifier.check_reply(reply)
+            if why is not None:
+                self._forged_reply(reply, why, now)
+                self.answered.append(entry_id)  # deleted: no call may ever take it
+                return
         msg_id = reply.msg_id
         if msg_id in self.done:
             self.answered.append(entry_id)  # a duplicate of an answered call
@@ -138,6 +157,23 @@ class ReplyReader:
         if old is not None:
             self.answered.append(old[1])  # a duplicate: the latest copy is kept
         self.unclaimed[msg_id] = (now, entry_id)
+
+    def _forged_reply(self, reply: Reply, why: str, now: float) -> None:
+        """Count a reply dropped for its signature; one log line a minute at most (a
+        flood of forged replies must not flood the log)."""
+        self.forged += 1
+        if now - self._forged_logged_at < _DROP_LOG_EVERY_S:
+            return
+        log.warning(
+            "client %s: dropped %d unauthenticated replies (latest: msg %s from agent %r, "
+            "%s); only replies signed with this client's secret are taken",
+            self.client_id,
+            self.forged - self._forged_logged,
+            reply.msg_id[:64],
+            reply.agent_id[:64],
+            why,
+        )
+        self._forged_logged, self._forged_logged_at = self.forged, now
 
     def _expire_unclaimed(self, now: float) -> None:
         """Drop (and delete from the stream) unclaimed replies past the count or age bound."""

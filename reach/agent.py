@@ -29,6 +29,13 @@ from .doctor import warn_once
 from .errors import ConfigError
 from .hooks import Hooks
 from .registry import MAX_WEIGHT, agent_key_id, normalize_capabilities, normalize_capability
+from .signing import (
+    Keyring,
+    SecretOption,
+    WorkerSigning,
+    register_worker,
+    require_signed_env,
+)
 from .tasks import DLQ_MAXLEN
 
 if typing.TYPE_CHECKING:
@@ -115,6 +122,13 @@ class RuntimeOptions:
     """Take part in the cluster-wide chores (delayed retries, evicted inboxes...)."""
     ready_event: threading.Event | None = field(default=None)
     """Set once the agent is registered, ready and serving (for embedding and tests)."""
+    secret: SecretOption = field(default=None, repr=False)
+    """The namespace's signing secret (else ``REACH_SECRET``; a list, or comma-separated,
+    for a key rollover: the first signs, any verifies). With one, the agent signs its
+    replies and ``ctx.sender`` names who signed a message (docs/security.md)."""
+    require_signed: bool | None = None
+    """Dead-letter (reason ``unauthenticated``) every message that is unsigned or whose
+    signature does not verify; needs a secret. None: ``REACH_REQUIRE_SIGNED=1``."""
 
     def __post_init__(self) -> None:
         if not (0 < self.heartbeat_s < self.lease_s <= self.evict_after_s):
@@ -161,6 +175,22 @@ class RuntimeOptions:
         )
 
 
+def worker_signing(opts: RuntimeOptions) -> WorkerSigning | None:
+    """The signing an agent runs with: its keys (``secret=``, else ``REACH_SECRET``) and
+    whether it refuses unsigned messages (``require_signed=``, else
+    ``REACH_REQUIRE_SIGNED``). None: no secret, nothing signed or checked."""
+    keys = Keyring.from_option(opts.namespace, opts.secret)
+    required = opts.require_signed if opts.require_signed is not None else require_signed_env()
+    if keys is None:
+        if required:
+            raise ConfigError(
+                "Requiring signed messages needs the namespace's secret: set REACH_SECRET "
+                "(or pass secret=...), the same one the callers sign with."
+            )
+        return None
+    return WorkerSigning(keys, required)
+
+
 class RunOptions(TypedDict, total=False):
     """The keywords :meth:`Agent.run` takes: the fields of :class:`RuntimeOptions`."""
 
@@ -187,6 +217,8 @@ class RunOptions(TypedDict, total=False):
     handle_signals: bool
     sweeper: bool
     ready_event: threading.Event | None
+    secret: SecretOption
+    require_signed: bool | None
 
 
 class Agent:
@@ -275,11 +307,14 @@ class Agent:
         # redis_url=, else REACH_REDIS_URL, else reach.toml/.reach/config (reach.config)
         opts = opts.replace(redis_url=resolve_redis_url(opts.redis_url))
         await warn_once(opts.redis_url or "")  # eviction, persistence: once per process
+        signing = worker_signing(opts)
         rt = Runtime(self, opts, self.hooks)
         self._runtime = rt
+        register_worker(opts.namespace, self.agent_id, signing)
         try:
             await rt.run()
         finally:
+            register_worker(opts.namespace, self.agent_id, None)
             self._runtime = None
 
     def stop(self) -> None:

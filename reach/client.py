@@ -32,6 +32,7 @@ from .keys import PRIORITIES, Keys
 from .outcomes import DeadReason, RequestOutcome, Status, blames_agent
 from .registry import AgentInfo, Registry, normalize_capability
 from .routing import POLICIES, Router
+from .signing import Keyring, SecretOption
 from .tasks import TaskStatus, get_status
 from .view import RegistryView
 
@@ -84,6 +85,11 @@ class Client:
     (600 s) and at most ``max_unclaimed_replies`` (10,000) of them, oldest dropped first;
     a dropped one is deleted from the reply stream, and :meth:`result` still finds the
     outcome in the message's task record.
+
+    ``secret`` (else ``REACH_SECRET``; a list or comma-separated for a key rollover: the
+    first signs, any verifies) signs every message sent, and then a reply is taken only
+    when signed by an agent holding the secret: an unsigned or forged one is dropped and
+    counted (:attr:`forged_replies`). See docs/security.md, *Signed envelopes*.
     """
 
     def __init__(
@@ -107,6 +113,7 @@ class Client:
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         max_unclaimed_replies: int = DEFAULT_MAX_UNCLAIMED,
         unclaimed_reply_ttl_s: float = DEFAULT_UNCLAIMED_TTL_S,
+        secret: SecretOption = None,
     ) -> None:
         if default_policy not in POLICIES:
             raise ConfigError(
@@ -122,6 +129,7 @@ class Client:
         self.namespace = namespace
         self.keys = Keys(namespace)
         self.client_id = client_id or f"c-{new_id()}"
+        self.signer: Keyring | None = Keyring.from_option(namespace, secret)
         self.default_timeout_s = default_timeout_s
         self.default_policy = default_policy
         self.max_attempts = max_attempts
@@ -152,6 +160,7 @@ class Client:
             client_id=self.client_id,
             max_unclaimed=max_unclaimed_replies,
             unclaimed_ttl_s=unclaimed_reply_ttl_s,
+            verifier=self.signer,
         )
         # The reader's state under the names it had here (tests look at them).
         self._events, self._replies = self._reader.events, self._reader.replies
@@ -205,8 +214,15 @@ class Client:
                 keys=self.keys,
                 redis_url=self.redis_url,
                 default_policy=self.default_policy,
+                signer=self.signer,
             )
         return self._sender
+
+    @property
+    def forged_replies(self) -> int:
+        """Replies dropped because they were unsigned or their signature did not verify
+        (only a client with a secret checks)."""
+        return self._reader.forged
 
     @property
     def max_unclaimed_replies(self) -> int:
@@ -684,7 +700,11 @@ class Client:
                         break
                     st = await self.task(msg_id)
                     capability = st.capability or capability
-                    if st.reply is not None and st.status == Status.SUCCEEDED:
+                    if (
+                        st.reply is not None
+                        and st.status == Status.SUCCEEDED
+                        and (self.signer is None or self.signer.check_reply(st.reply) is None)
+                    ):
                         reply = msgspec.structs.replace(st.reply, msg_id=msg_id)
                         break
                     if st.status in (Status.EXPIRED, Status.DEAD):

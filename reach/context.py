@@ -15,6 +15,7 @@ from .connection import AnyRedis
 from .envelope import Envelope, now_ms
 from .keys import Keys
 from .session import Session
+from .signing import worker as worker_signing
 
 
 class Context:
@@ -41,6 +42,7 @@ class Context:
         self._redis = redis
         self._keys = keys
         self._client = client
+        self._sender: str | None | bool = False  # False: not looked at yet
 
     msg_id = property(lambda self: self.envelope.msg_id)
     session_id = property(lambda self: self.envelope.session_id)
@@ -51,6 +53,20 @@ class Context:
     capability = property(lambda self: self.envelope.capability)
     headers = property(lambda self: self.envelope.headers)
     idempotency_key = property(lambda self: self.envelope.key)
+
+    @property
+    def sender(self) -> str | None:
+        """Who signed this message, verified with this agent's secret: the sender's
+        ``source`` (its client id unless it chose another name), else the namespace. None
+        when the message is unsigned, or this agent has no secret. Any holder of the shared
+        secret may sign with any name: it proves a member of the team sent it, not which
+        one (docs/security.md)."""
+        if self._sender is False:
+            w = worker_signing(self._keys.namespace, self.agent_id)
+            env = self.envelope
+            ok = w is not None and w.keys.check_envelope(env) is None
+            self._sender = w.keys.sender(env) if ok and w is not None else None
+        return self._sender if isinstance(self._sender, str) else None
 
     @property
     def remaining_s(self) -> float | None:

@@ -35,6 +35,8 @@ Id = Annotated[str, Meta(max_length=MAX_ID_CHARS)]
 EpochMs = Annotated[int, Meta(ge=0, le=MAX_EPOCH_MS)]
 Attempts = Annotated[int, Meta(ge=1, le=MAX_ATTEMPTS)]
 HeaderText = Annotated[str, Meta(max_length=MAX_HEADER_CHARS)]
+KeyId = Annotated[str, Meta(max_length=64)]
+Signature = Annotated[bytes, Meta(max_length=128)]
 # Patterns rather than Literal types, so code building envelopes passes plain strings.
 Priority = Annotated[str, Meta(pattern="^(high|normal|low)$")]
 # '' = the capability's advertised policy, else the client's default.
@@ -70,6 +72,12 @@ class Envelope(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_
     """The agent this message failed on (set on a retry): routing prefers another one."""
     busy_waits: Annotated[int, Meta(ge=0, le=MAX_ATTEMPTS)] = 0
     """How often this copy waited for another live worker holding its key (its backoff)."""
+    # Signing (reach.signing): absent unless the sender has a secret, so an unsigned
+    # envelope is byte for byte what it was before signing existed.
+    kid: KeyId = ""
+    """The key id of the signature: which secret of a rollover signed it."""
+    sig: Signature = b""
+    """The signature over the fields the sender decides (reach.signing says which)."""
 
     @property
     def key(self) -> str:
@@ -95,6 +103,8 @@ class Reply(msgspec.Struct, kw_only=True, omit_defaults=True):
     reason: Annotated[str, Meta(max_length=MAX_HEADER_CHARS)] = ""
     agent_id: Id = ""
     attempt: Attempts = 1
+    kid: KeyId = ""  # signed by the answering agent when it has a secret (reach.signing)
+    sig: Signature = b""
 
 
 _enc = msgspec.msgpack.Encoder()

@@ -22,6 +22,7 @@ reason               rejection  retryable  blames  refusal  written when
 ``malformed``        yes        no         no      yes      raw: bytes that are no envelope
 ``version``          yes        no         no      yes      raw: an unknown envelope version
 ``too_large``        yes        no         no      yes      raw: over ``max_envelope_bytes``
+``unauthenticated``  yes        no         no      yes      unsigned or forged, signing required
 ``bad_result``       yes        no         yes     no       the result cannot be encoded
 ``target_gone``      yes        no         yes     no       a broadcast copy's agent was evicted
 ``unroutable``       yes        no         no      no       no policy can place a moved message
@@ -152,6 +153,7 @@ class DeadReason(StrEnum):
     TOO_LARGE = "too_large"
     UNROUTABLE = "unroutable"
     UNPROCESSABLE = "unprocessable"
+    UNAUTHENTICATED = "unauthenticated"
 
 
 RAW_REASONS: Final = frozenset({DeadReason.MALFORMED, DeadReason.VERSION, DeadReason.TOO_LARGE})
@@ -167,6 +169,7 @@ REFUSALS: Final = RAW_REASONS | {
     DeadReason.REJECTED,
     DeadReason.INVALID_PAYLOAD,
     DeadReason.NO_HANDLER,
+    DeadReason.UNAUTHENTICATED,
 }
 """The agent refused the message for what it is: A2A ``rejected`` (else ``failed``)."""
 

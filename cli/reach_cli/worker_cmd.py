@@ -157,6 +157,14 @@ def worker(
         typer.Option(min=0, max=65535, help="Serve Prometheus /metrics on this port."),
     ] = None,
     metrics_addr: Annotated[str, typer.Option(help="Address /metrics listens on.")] = "0.0.0.0",
+    require_signed: Annotated[
+        bool,
+        typer.Option(
+            "--require-signed",
+            help="Dead-letter (unauthenticated) messages not signed with REACH_SECRET "
+            "(also: REACH_REQUIRE_SIGNED=1).",
+        ),
+    ] = False,
 ) -> None:
     """Run the reach.Agent found at MODULE:ATTR until SIGTERM/SIGINT (then drain).
 
@@ -212,6 +220,8 @@ def worker(
             "claim_lease_s": claim_lease_s,
             "retry_base_s": retry_base_s,
         }
+        if require_signed:  # else REACH_REQUIRE_SIGNED decides (the secret: REACH_SECRET)
+            opts["require_signed"] = True
         where = "" if url_source == "--redis-url" else f" (from {url_source})"
         if log_format == "json":  # stderr stays one JSON object per line
             wlog.info(

@@ -27,6 +27,7 @@ from ..envelope import BadEnvelope, decode_envelope, now_ms
 from ..keys import GROUP
 from ..outcomes import DeadReason, Settled
 from ..scripts import delivery
+from ..signing import worker as worker_signing
 from .execution import Execution
 from .items import AckOnly, Delivery
 from .letters import DeadLetters
@@ -267,6 +268,10 @@ class Consumer(Part):
         max_bytes = self.opts.max_envelope_bytes
         mine = self.execution.owner.encode()
         now = now_ms() if new else 0
+        # Signatures are checked here, before anything runs: a claim made at send ('c'
+        # and 'l' next to 'e') lets an entry skip claim.lua, never this check.
+        signing = worker_signing(self.keys.namespace, self.agent_id)
+        required = signing.keys if signing is not None and signing.required else None
         for stream, entries in got:
             for entry_id, fields in entries:
                 self.state.held.add((stream, as_text(entry_id)))
@@ -290,6 +295,13 @@ class Consumer(Part):
                 except BadEnvelope as e:
                     self.settlement.queue(self.letters.malformed(stream, entry_id, data or b"", e))
                     continue
+                if required is not None:
+                    why = required.check_envelope(env)
+                    if why is not None:
+                        self.settlement.queue(
+                            self.letters.unauthenticated(stream, entry_id, data, env, why)
+                        )
+                        continue
                 it = Delivery(stream=stream, entry_id=entry_id, env=env, raw=data)
                 if new:
                     claim = entry_claim(fields)

@@ -3,6 +3,11 @@
 Bytes that are not an envelope, and an entry whose claim, handling or settling raised
 anyway (data no check foresaw), are filed under the ``_malformed`` dead-letter stream as
 they were read, and acked: the worker goes on, and a poison entry never loops.
+
+A message that fails its signature check on an agent requiring signatures
+(:mod:`reach.signing`) is dead-lettered ``unauthenticated`` under its capability, as it
+was read (so an operator holding the secret can replay it), and its caller is told: it is
+never claimed, so it takes no idempotency key.
 """
 
 from __future__ import annotations
@@ -10,11 +15,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..envelope import BadEnvelope, Reply, encode
+from ..envelope import BadEnvelope, Envelope, Reply
 from ..keys import Keys
 from ..outcomes import DeadReason, Settled, Status
 from ..scripts.delivery import Completion, DeadLetter, Mode
-from ..tasks import raw_dead_letter_op
+from ..signing import sign_reply_for
+from ..tasks import dead_letter_op, raw_dead_letter_op
 from .hookchain import HookChain
 from .items import AckOnly, Delivery, Settleable
 
@@ -55,6 +61,51 @@ class DeadLetters:
             reason=e.reason,
         )
 
+    def unauthenticated(
+        self, stream: str, entry_id: Any, data: bytes, env: Envelope, why: str
+    ) -> Delivery:
+        """A message unsigned or forged, on an agent that requires signatures: its dead
+        letter (``unauthenticated``, its bytes as read), its caller's reply, its ack."""
+        reason = DeadReason.UNAUTHENTICATED
+        error = f"message refused: {why} (this agent requires messages signed with the namespace's secret)"
+        log.warning(
+            "dead-lettering msg %s (%s, from %r): %s",
+            env.msg_id[:64],
+            env.capability,
+            env.source[:64],
+            error,
+        )
+        self.hooks.on_dead_letter(env, reason, error)
+        it = Delivery(stream=stream, entry_id=entry_id, env=env, raw=data)
+        reply = Reply(
+            msg_id=env.msg_id,
+            status=Status.DEAD,
+            reason=reason,
+            error=error,
+            error_type="Unauthenticated",
+            agent_id=self.agent_id,
+            attempt=env.attempt,
+        )
+        it.answer(
+            self.keys, sign_reply_for(self.keys.namespace, self.agent_id, reply), publish=True
+        )
+        it.follow_up = DeadLetter.of_op(
+            dead_letter_op(
+                self.keys,
+                capability=env.capability,
+                reason=reason,
+                data=data,
+                error=error,
+                error_type="Unauthenticated",
+                attempts=env.attempt,
+                agent_id=self.agent_id,
+                msg_id=env.msg_id,
+                maxlen=self.dlq_maxlen,
+            )
+        )
+        it.outcome, it.reason = Settled.DEAD, reason
+        return it
+
     def poison(self, it: Settleable, exc: BaseException, doing: str, *, tell_caller: bool) -> None:
         """Make ``it`` a dead letter ``unprocessable`` of its bytes (+ ack). With
         ``tell_caller``, also the caller's reply and the release of its claim; without,
@@ -87,6 +138,7 @@ class DeadLetters:
                     agent_id=self.agent_id,
                     attempt=it.env.attempt,
                 )
-                it.answer(self.keys, encode(reply), publish=True)
+                signed = sign_reply_for(self.keys.namespace, self.agent_id, reply)
+                it.answer(self.keys, signed, publish=True)
         it.follow_up = self._letter(DeadReason.UNPROCESSABLE, it.raw, error)
         it.outcome, it.reason = Settled.DEAD, DeadReason.UNPROCESSABLE

@@ -29,6 +29,7 @@ from ..errors import ConfigError, Reject, Retry
 from ..keys import Keys
 from ..outcomes import DeadReason, Outcome, Settled, Status
 from ..scripts.delivery import Completion, DeadLetter, Delayed, Mode
+from ..signing import sign_reply_for
 from ..tasks import dead_letter_op
 from .items import Delivery
 
@@ -126,7 +127,10 @@ def apply(
     it.complete = Completion(
         it.idem or keys.idem(env.key), it.fence, outcome.status, mode, outcome.error[:2000]
     )
-    it.answer(keys, encode(reply), publish=outcome.status != Status.RETRYING)
+    # Signed by this agent when it has a secret: the reply is also the one stored for
+    # replays of the key, which then carry this signature.
+    signed = sign_reply_for(keys.namespace, agent_id, reply)
+    it.answer(keys, signed, publish=outcome.status != Status.RETRYING)
     it.follow_up = None
     if outcome.dead_letter:
         it.follow_up = DeadLetter.of_op(

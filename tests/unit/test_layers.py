@@ -28,6 +28,7 @@ RANKS: dict[str, int] = {
     "reach.outcomes": 0,
     "reach.keys": 0,
     "reach.envelope": 0,
+    "reach.signing": 0,  # HMAC signatures of envelopes and replies (no Redis)
     "reach.connection": 0,
     "reach._pool": 0,
     "reach._redislike": 0,

@@ -66,6 +66,7 @@ def test_values_are_the_strings_stored_and_sent() -> None:
         "too_large",
         "unroutable",
         "unprocessable",
+        "unauthenticated",
     }
     assert {u.value for u in Unavailable} == {
         "no_agent",
@@ -261,23 +262,33 @@ def test_a_reason_reach_does_not_know_gets_the_conservative_answer(reason: str) 
 
 
 def test_the_lists_client_and_card_kept_are_unchanged() -> None:
+    # Reasons added since, each a refusal (so a rejection, blameless): unauthenticated,
+    # an agent requiring signatures refusing an unsigned or forged message (reach.signing).
+    new = {"unauthenticated"}
     # reach.client.REJECTIONS before reach.outcomes (the caller gets reach.Rejected)
-    assert REJECTIONS == {
-        "rejected",
-        "invalid_payload",
-        "no_handler",
-        "too_large",
-        "malformed",
-        "version",
-        "target_gone",
-        "bad_result",
-        "unroutable",
-        "unprocessable",
-    }
+    assert (
+        REJECTIONS
+        == {
+            "rejected",
+            "invalid_payload",
+            "no_handler",
+            "too_large",
+            "malformed",
+            "version",
+            "target_gone",
+            "bad_result",
+            "unroutable",
+            "unprocessable",
+        }
+        | new
+    )
     # reach.card.REJECTED_REASONS (A2A "rejected")
-    assert REFUSALS == {"rejected", "invalid_payload", "no_handler", "malformed", "version"} | {
-        "too_large"
-    }
+    assert (
+        REFUSALS
+        == {"rejected", "invalid_payload", "no_handler", "malformed", "version"}
+        | {"too_large"}
+        | new
+    )
     # reach.client.BLAMELESS, plus malformed and version: raw letters that no reply carries,
     # now blameless like too_large (the bytes were the problem, not the agent)
     old_blameless = {
@@ -289,7 +300,7 @@ def test_the_lists_client_and_card_kept_are_unchanged() -> None:
         "unroutable",
         "unprocessable",
     }
-    assert BLAMELESS == old_blameless | {"malformed", "version"}
+    assert BLAMELESS == old_blameless | {"malformed", "version"} | new
 
 
 # -- the callers follow them -------------------------------------------------------------------

@@ -39,6 +39,7 @@ median of the rounds' ratios (a ratio only ever compares two runs of the same ro
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -48,7 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,7 @@ from reach.errors import ConfigError
 from reach.keys import GROUP, Keys
 from reach.registry import Registry
 from reach.scripts import inbox, run_calls
+from reach.signing import Keyring
 from reach.tasks import TASK_TTL_MS
 
 from . import floor
@@ -196,6 +198,11 @@ async def load_backlog(
     ``LOAD_BATCH`` at a time so that loading is quick; the Redis state is what that many
     sends leave."""
     n = len(envs)
+    # With REACH_SECRET set (--secret), signed as Client.send signs them.
+    signer = Keyring.from_option(keys.namespace, None)
+    if signer is not None:
+        for env in envs:
+            signer.sign_envelope(env)
     for i in range(0, n, LOAD_BATCH):
         calls = [
             inbox.send_call(
@@ -660,6 +667,24 @@ def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+@contextlib.contextmanager
+def _signing_env(secret: str | None) -> Iterator[None]:
+    """``REACH_SECRET`` and ``REACH_REQUIRE_SIGNED`` for the run (unset without a secret:
+    a benchmark without ``--secret`` never signs, whatever the caller's environment)."""
+    names = ("REACH_SECRET", "REACH_REQUIRE_SIGNED")
+    saved = {n: os.environ.pop(n, None) for n in names}
+    if secret:
+        Keyring.from_option(NS, secret)  # its length checked before anything starts
+        os.environ.update(REACH_SECRET=secret, REACH_REQUIRE_SIGNED="1")
+    try:
+        yield
+    finally:
+        for n, v in saved.items():
+            os.environ.pop(n, None)
+            if v is not None:
+                os.environ[n] = v
+
+
 def run_bench(
     *,
     messages: int = 30_000,
@@ -669,9 +694,13 @@ def run_bench(
     floor: bool = False,
     repeat: int = 1,
     progress: Progress | None = None,
+    secret: str | None = None,
 ) -> dict[str, Any]:
     """Run the whole benchmark on an embedded Redis; returns the figures.
 
+    ``secret``: sign every message with it (HMAC, reach.signing) and run the worker with
+    signatures required (``REACH_SECRET`` and ``REACH_REQUIRE_SIGNED=1`` for the run: the
+    worker processes and the clients read them).
     ``stream_messages``: the streaming workload's size (0: not run; needed by ``floor``,
     whose throughput ratio it is). ``floor``: the same workloads on the bare loop, and the
     ratios. ``repeat``: rounds; figures are medians of the rounds."""
@@ -687,7 +716,11 @@ def run_bench(
         raise ConfigError("--repeat must be >= 1.")
     load_before = os.getloadavg()
     rounds: list[dict[str, Any]] = []
-    with RedisServer() as server, tempfile.TemporaryDirectory(prefix="reach-bench-") as tmp:
+    with (
+        _signing_env(secret),
+        RedisServer() as server,
+        tempfile.TemporaryDirectory(prefix="reach-bench-") as tmp,
+    ):
         for k in range(repeat):
 
             def tagged(phase: str, done: int, total: int, k: int = k) -> None:
@@ -725,6 +758,7 @@ def run_bench(
         "repeat": repeat,
         # The 1-minute load average before and after: a loaded machine shows here.
         "load_avg_1m": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
+        "signed": bool(secret),
     }
     if stream_messages:
         out["streaming"] = medians([r["streaming"] for r in rounds])
@@ -772,6 +806,7 @@ def format_report(out: dict[str, Any]) -> str:
     lines = [
         f"redis {out['redis']}, {out['cpus']} cpus, worker concurrency {out['concurrency']}"
         + (f", load average {load[0]} -> {load[1]}" if load else "")
+        + (", messages signed (HMAC), signatures required" if out.get("signed") else "")
         + med,
         (
             f"fire-and-forget backlog of {tp['messages']} msgs processed in "
@@ -924,6 +959,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--floor", action="store_true", help="also measure the bare-Streams floor")
     ap.add_argument("--repeat", type=int, default=1, help="rounds; figures are medians")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--secret",
+        default=None,
+        help="sign every message with this secret (HMAC) and require signatures on the "
+        "worker, to compare with a run without",
+    )
     a = ap.parse_args(argv)
 
     progress = progress_lines()
@@ -937,6 +978,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             floor=a.floor,
             repeat=a.repeat,
             progress=progress,
+            secret=a.secret,
         )
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
