@@ -261,13 +261,23 @@ async def test_each_role_runs_under_its_user_and_nothing_is_refused(
             ("caps", *op),
             ("queues", *op),
             ("dlq", "list", *op),
+            ("dlq", "show", "DLQ_ID", *op),  # the failed request's, written as it failed
             ("dlq", "replay", "--all", *op),
             ("events", "--count", "5", *op),
             ("sweep", *op),
             ("top", "--once", *op),
             ("doctor", "--acl-role", "operator", *op),
+            ("agents", "card", agent.agent_id, *op),
+            ("dlq", "purge", "--yes", *op),
             ("agents", "drain", agent.agent_id, *op),
         ):
+            if "DLQ_ID" in args:  # the dead letter of the failed request
+                code, out, err = await anyio.to_thread.run_sync(
+                    lambda: cli("dlq", "list", "--json", *op)
+                )
+                letters = json.loads(out) if code == 0 else []
+                assert letters, (code, out, err)
+                args = tuple(letters[0]["id"] if a == "DLQ_ID" else a for a in args)
             code, out, err = await anyio.to_thread.run_sync(lambda a=args: cli(*a))
             if code != 0:
                 failed.append((args[:3], code, err or out))
