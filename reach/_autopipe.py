@@ -1,5 +1,6 @@
 """Auto-pipelining: the commands that concurrent tasks issue in one event-loop turn go to
-Redis in one write, over one connection (standalone, Sentinel) whatever the concurrency.
+Redis in one write, over one connection (standalone, Sentinel) or one per node (Cluster)
+whatever the concurrency.
 
 Redis serves one connection's commands in order, so one connection carrying the commands
 of many coroutines, written at once and answered in order, is both faster than a
@@ -50,15 +51,50 @@ Sentinel the reconnection asks the sentinels for the master, so after a failover
 commands go to the new master; while the connection is in use the pool is asked at most
 once a second whether the master moved, as when it hands out a connection.
 
-Cluster: pipelines
-------------------
-On a Cluster (and with ``multiplex=False``) a batch goes out as one redis-py pipeline
-(``transaction=False``): ``ClusterPipeline`` splits it by node (one write per node, in
-parallel) and follows MOVED/ASK. A batch of one is sent as the plain command. At most
-``max_pipelines`` batches are in flight; while they are, new commands gather in the next
-batch, so the connections used are ``max_pipelines`` per node plus the blocking reads. A
-command redis-py refuses before writing sends its batch again one command at a time; an
-error of the connection (after redis-py's own retries) fails the whole batch.
+Cluster: one multiplexed connection per node
+--------------------------------------------
+Each command goes to the multiplexed connection (as above) of the master that holds its
+keys' slot: redis-py's own routing (``RedisCluster._determine_slot``, the slot map of its
+``nodes_manager``), run without asking a server; ``XREAD``/``XREADGROUP`` by the keys
+after ``STREAMS``. A node's connection is taken from redis-py's ``ClusterNode`` but held
+apart from its ``max_connections`` (the plain client's commands keep all of those) and
+given back after :data:`IDLE_RELEASE_S` idle. So batched commands use one connection per
+master whatever the concurrency, and a node's batches do not wait for another's. A
+command without a key, with keys of several slots, or one redis-py sends to chosen nodes
+or whose replies it merges (``PING``, ``SCRIPT LOAD``, ``target_nodes=``) goes through
+the plain cluster client instead: correct, on a connection of the client's pool.
+
+The slot map moves (resharding, failover) and a node says so in a reply; such a command
+did not run there, and its caller does not see it:
+
+* ``MOVED``: the slot map is patched as redis-py does (``nodes_manager.move_slot``; read
+  again whole every ``reinitialize_steps`` moves) and the command goes to the new owner;
+* ``ASK`` (a slot being migrated): ``ASKING`` and the command are written one after the
+  other on the target node's connection, this once;
+* ``TRYAGAIN`` (keys of a slot half moved): sent again after 50 ms; ``CLUSTERDOWN``: the
+  map is read again after 250 ms and the command sent where it says;
+
+each at most :data:`MAX_REDIRECTS` times (redis-py's TTL), then the caller gets the last
+reply as its error. NOSCRIPT is reloaded on the node that answered it. A node's connection
+that fails (a killed or failed-over master) fails its written, unanswered commands as
+above, with the cluster client's ``Retry`` policy (redis-py's default: 10 retries, backoff
+10 ms doubling up to 1 s); those it retries are sent again, after the slot map is read
+again (the failed node asked last, as redis-py does), to whichever node holds their slot
+then; so are those waiting to be written when the node cannot be reached. Commands
+issued meanwhile wait for the map. A command may so run twice, as on standalone.
+redis-py's startup nodes keep the connection they read the slot map on: it is closed, so a
+client holds no idle connection beside its node connections and its blocking reads.
+
+With ``multiplex=False``: pipelines
+-----------------------------------
+A batch goes out as one redis-py pipeline (``transaction=False``; on a Cluster
+``ClusterPipeline`` splits it by node and follows MOVED/ASK). A batch of one is sent as
+the plain command. At most ``max_pipelines`` batches are in flight; while they are, new
+commands gather in the next batch, so the connections used are ``max_pipelines`` (per
+node) plus the blocking reads. A command redis-py refuses before writing sends its batch
+again one command at a time; an error of the connection (after redis-py's own retries)
+fails the whole batch. A client pinned to one connection of its own
+(``single_connection_client``) gets this mode too.
 
 Commands that wait on the server (``XREAD``/``XREADGROUP`` with ``block``) and those that
 are not one request and one reply (``scan_iter``, ``SCRIPT LOAD`` on every primary,
@@ -89,15 +125,16 @@ from .scripts._loader import is_noscript, load_all
 log = logging.getLogger("reach.autopipe")
 
 DEFAULT_MAX_PIPELINES = 4
-"""Cluster (or ``multiplex=False``): batches in flight at once, the connections batched
-commands use per node. Standalone and Sentinel use one multiplexed connection."""
+"""``multiplex=False``: batches in flight at once, the connections batched commands use
+(per node on a Cluster). Otherwise one multiplexed connection (per node) is used."""
 
 DEFAULT_MAX_BATCH = 512
 """Commands in one batch (one write) at most; more go in the next."""
 
 DEFAULT_MAX_IN_FLIGHT = 8192
 """Multiplexed connection: commands written and not yet answered at most (the rest wait
-in the queue). A bound on memory, not on speed: 16 writes of ``max_batch``."""
+in the queue), per connection (per node on a Cluster). A bound on memory, not on speed:
+16 writes of ``max_batch``."""
 
 IDLE_RELEASE_S = 1.0
 """Multiplexed connection: given back to the pool after this long with nothing to send or
@@ -735,15 +772,21 @@ class _ClusterRouter:
         self.plain = set()
         self.pause = 0.0
 
-    def _capture_words(self, p: _Pending) -> None:
+    def _capture_raw(
+        self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         cap = self._capture
         if cap is None:
             from redis.asyncio import Redis  # only its pipeline's command methods are used
 
             cap = self._capture = Redis().pipeline(transaction=False)
         cap.command_stack.clear()
-        getattr(cap, p.method)(*p.args, **p.kwargs)
+        getattr(cap, method)(*args, **kwargs)
         words, options = cap.command_stack.pop()
+        return words, options
+
+    def _capture_words(self, p: _Pending) -> None:
+        words, options = self._capture_raw(p.method, p.args, p.kwargs)
         p.words = words
         p.never_decode = NEVER_DECODE in options
         p.empty = options.get(EMPTY_RESPONSE, _NO_EMPTY)
@@ -848,6 +891,29 @@ class _ClusterRouter:
         except Exception as e:  # noqa: BLE001 - its caller's error
             reply = e
         _answer(p, reply)
+
+    async def blocking(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A blocking ``XREAD``/``XREADGROUP`` by the plain client, on a connection of its
+        own, sent straight to the node of its streams' slot. redis-py would first ask a
+        node for the keys of this movable-keys command (``COMMAND GETKEYS``: one more round
+        trip, on one more connection of that node, for every blocking read); anything that
+        goes wrong that way is sent again the plain way (redis-py's retries, redirections)."""
+        plain = getattr(self.redis, method)
+        try:
+            words, options = self._capture_raw(method, args, kwargs)
+        except Exception:  # noqa: BLE001 - redis-py's own refusal, raised the plain way
+            return await plain(*args, **kwargs)
+        slot = self._streams_slot(words)
+        if slot is None or self.redis._initialize:
+            return await plain(*args, **kwargs)
+        try:
+            node = self.redis.nodes_manager.get_node_from_slot(slot)
+        except rexc.SlotNotCoveredError:
+            return await plain(*args, **kwargs)
+        try:
+            return await self.redis.execute_command(*words, target_nodes=node, **options)
+        except (rexc.ConnectionError, rexc.TimeoutError, rexc.ClusterError, rexc.AskError):
+            return await plain(*args, **kwargs)
 
     # -- redirections and failures --------------------------------------------------------------
     def redirected(self, p: _Pending, e: Exception) -> None:
@@ -983,10 +1049,11 @@ class _ClusterRouter:
 class AutoPipeline:
     """An asyncio Redis client (see the module docstring) over ``redis``.
 
-    Standalone and Sentinel (unless ``multiplex=False``): one multiplexed connection, at
-    most ``max_in_flight`` (8192) commands written and unanswered, in writes of at most
-    ``max_batch`` (512). Cluster: ``max_pipelines`` (default 4) batches in flight at most,
-    each of at most ``max_batch`` commands. The wrapped client stays usable on its own;
+    Unless ``multiplex=False``: one multiplexed connection (standalone, Sentinel), one per
+    node (Cluster), each with at most ``max_in_flight`` (8192) commands written and
+    unanswered, in writes of at most ``max_batch`` (512). ``multiplex=False``:
+    ``max_pipelines`` (default 4) batches in flight at most, each of at most ``max_batch``
+    commands. The wrapped client stays usable on its own;
     closing this one (:meth:`aclose`) waits for the commands in flight and closes the
     wrapped client; :meth:`drain` only waits.
     """
@@ -1233,12 +1300,16 @@ class AutoPipeline:
     async def xread(self, *args: Any, **kwargs: Any) -> Any:
         """``XREAD``; with ``block`` it waits on the server, on a connection of its own."""
         if kwargs.get("block") is not None:
+            if self._router is not None:
+                return await self._router.blocking("xread", args, kwargs)
             return await self.redis.xread(*args, **kwargs)
         return await self._enqueue("xread", args, kwargs)
 
     async def xreadgroup(self, *args: Any, **kwargs: Any) -> Any:
         """``XREADGROUP``; with ``block`` it waits on the server, on a connection of its own."""
         if kwargs.get("block") is not None:
+            if self._router is not None:
+                return await self._router.blocking("xreadgroup", args, kwargs)
             return await self.redis.xreadgroup(*args, **kwargs)
         return await self._enqueue("xreadgroup", args, kwargs)
 

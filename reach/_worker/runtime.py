@@ -53,17 +53,21 @@ if TYPE_CHECKING:
 log = logging.getLogger("reach.runtime")
 
 HOST_PIPELINES = 2
-"""On a Cluster: auto-pipelined batches in flight at once for the agents of one process,
-the connections per node their (non-blocking) commands use. Two, not one: with one
-pipeline at a time a worker's fetch, claim and settle wait for each other's round trips
-(`bench/profile_worker.py --profile none`, backlog, standalone when pipelines were used
-there: 5,300-7,300 msgs/s with one in 2 runs; 7,000-14,400 with two, 6,400-11,800 with
-four in 5 runs each). On standalone Redis and Sentinel the commands share one multiplexed
-connection instead (batches written without waiting for earlier replies, see
-:mod:`reach._autopipe`), whatever this number: a worker process holds 3 connections (that
-one, its blocking read, its heartbeat thread), and the backlog drains faster than with two
-pipelines (`reach bench --floor --repeat 3`, 3 alternated runs each, medians: 24,353 ->
-26,735 msgs/s at load ~1, 20,373 -> 21,612 at load 2-3; docs/operations.md has the rest)."""
+"""With ``multiplex=False`` only (not the default): auto-pipelined batches in flight at once
+for the agents of one process, the connections per node their (non-blocking) commands use.
+Two, not one: with one pipeline at a time a worker's fetch, claim and settle wait for each
+other's round trips (`bench/profile_worker.py --profile none`, backlog, standalone when
+pipelines were used there: 5,300-7,300 msgs/s with one in 2 runs; 7,000-14,400 with two,
+6,400-11,800 with four in 5 runs each). By default the commands share one multiplexed
+connection on standalone Redis and Sentinel, one per node on a Cluster (batches written
+without waiting for earlier replies, see :mod:`reach._autopipe`), whatever this number: a
+standalone worker process holds 3 connections (that one, its blocking read, its heartbeat
+thread), and the backlog drains faster than with two pipelines (`reach bench --floor
+--repeat 3`, 3 alternated runs each, medians: 24,353 -> 26,735 msgs/s at load ~1, 20,373 ->
+21,612 at load 2-3; docs/operations.md has the rest). On a Cluster a worker process holds,
+per master, that one plus a blocking inbox read per agent whose inbox is there and its
+heartbeat thread's connection if the thread talks to that master (one agent: 3 on its
+inbox's master, 1-2 on the others; tests/integration/test_cluster_concurrency.py)."""
 
 
 RESYNC_S = 15.0
