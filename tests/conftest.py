@@ -58,8 +58,18 @@ def redis_server(server_binary) -> Iterator[RedisServer]:  # type: ignore[no-unt
 
 @pytest.fixture
 def fresh_redis(server_binary, tmp_path) -> Iterator[RedisServer]:  # type: ignore[no-untyped-def]
-    """A server of the test's own, with AOF on, so it can be restarted without loss."""
-    with RedisServer(binary=server_binary, data_dir=tmp_path / "redis", persistent=True) as s:
+    """A server of the test's own, with AOF on, so it can be restarted without loss.
+
+    ``appendfsync always``: with ``everysec`` (the embedded default) a busy disk makes
+    Redis write the AOF after it has replied (it postpones the write while an fsync is
+    slow), so a SIGKILL can lose acknowledged writes, and a test restarting the server
+    under a loaded machine saw data vanish."""
+    with RedisServer(
+        binary=server_binary,
+        data_dir=tmp_path / "redis",
+        persistent=True,
+        extra_args=("--appendfsync", "always"),
+    ) as s:
         yield s
 
 
