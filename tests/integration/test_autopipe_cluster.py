@@ -161,6 +161,40 @@ async def test_commands_without_a_slot_go_through_the_plain_client(auto: AutoPip
         await auto.execute_command("ECHO", "x")  # no key: redis-py refuses it on a Cluster
 
 
+async def getkeys_calls(cluster: RedisTestCluster) -> int:
+    """COMMAND GETKEYS served so far by every master (INFO commandstats)."""
+    total = 0
+    for n in cluster.nodes:
+        node: Any = aredis.Redis(port=n.port)
+        try:
+            stats = await node.info("commandstats")
+            total += int(stats.get("cmdstat_command|getkeys", {}).get("calls", 0))
+        finally:
+            await node.aclose()
+    return total
+
+
+async def test_blocking_reads_go_straight_to_their_node(
+    redis_cluster: RedisTestCluster, auto: AutoPipeline, ns: str
+) -> None:
+    streams = [key_on(m, f"{ns}:bs") for m in range(3)]
+    for k in streams:
+        await auto.xgroup_create(k, "g", id="0", mkstream=True)
+    before = await getkeys_calls(redis_cluster)
+    for k in streams:
+        got = await auto.xread({k: "0"}, block=50)
+        assert got == []  # empty: waited on the server, then nothing
+        await auto.xadd(k, {"f": k})
+        got = await auto.xread({k: "0"}, block=1000)
+        assert got[0][0] == k.encode() and got[0][1][0][1] == {b"f": k.encode()}
+        got = await auto.xreadgroup("g", "c", {k: ">"}, count=5, block=1000)
+        assert got[0][1][0][1] == {b"f": k.encode()}
+    # redis-py would have asked a node for the keys of each (a movable-keys command)
+    assert await getkeys_calls(redis_cluster) == before
+    with pytest.raises(rexc.ResponseError, match="NOGROUP"):
+        await auto.xreadgroup("nogroup", "c", {streams[0]: ">"}, block=10)
+
+
 # -- a slot that moves -----------------------------------------------------------------------
 @pytest.fixture
 def own_cluster(server_binary: ServerBinary) -> Iterator[RedisTestCluster]:

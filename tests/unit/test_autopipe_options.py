@@ -1,11 +1,13 @@
 """AutoPipeline's bounds are checked when it is made, and which mode it takes
-(reach._autopipe): one multiplexed connection for a standalone or Sentinel client,
-pipelines when asked or when the client is pinned to a connection of its own."""
+(reach._autopipe): one multiplexed connection for a standalone or Sentinel client, one per
+node for a Cluster client, pipelines when asked or when the client is pinned to a
+connection of its own."""
 
 from __future__ import annotations
 
 import pytest
 import redis.asyncio as aredis
+from redis.asyncio.cluster import RedisCluster
 
 from reach._autopipe import DEFAULT_MAX_IN_FLIGHT, AutoPipeline
 from reach.errors import ConfigError
@@ -33,3 +35,10 @@ def test_a_client_pinned_to_one_connection_keeps_the_pipelines() -> None:
     client = aredis.Redis(port=1, single_connection_client=True)
     client.connection = client.connection_pool.make_connection()  # type: ignore[no-untyped-call]
     assert not AutoPipeline(client).multiplexed
+
+
+def test_a_cluster_client_gets_a_multiplexed_connection_per_node() -> None:
+    client = RedisCluster(host="127.0.0.1", port=1)  # nothing is connected when it is made
+    auto = AutoPipeline(client)
+    assert auto.multiplexed and auto._router is not None and auto._mux is None
+    assert not AutoPipeline(client, multiplex=False).multiplexed
