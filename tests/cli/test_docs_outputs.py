@@ -33,6 +33,7 @@ ELSEWHERE = {
     "bench-scaling": ("tests/cli/test_scaling.py", "bench-scaling"),
     "chaos": ("tests/chaos/test_chaos.py", '"chaos"'),
     "demo": (".ci/run", "reach demo --fast"),  # a minute of worker processes: CI runs it
+    "acl": ("tests/integration/test_acl_roles.py", '"acl"'),
 }
 RUN_HERE = {
     "init",

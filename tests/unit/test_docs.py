@@ -13,7 +13,14 @@ from typer.core import TyperArgument, TyperGroup, TyperOption
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI_MD = ROOT / "docs" / "cli.md"
-COMMON = {"--redis-url", "--namespace", "--json", "--help"}  # documented once, at the top
+COMMON = {  # documented once, at the top
+    "--redis-url",
+    "--redis-url-file",
+    "--redis-password-file",
+    "--namespace",
+    "--json",
+    "--help",
+}
 
 
 def _commands() -> list[tuple[str, object]]:
