@@ -58,7 +58,9 @@ CLUSTER_SHARDS = 16
 work over the masters (on 3 masters a master holds about 5 of them); on a standalone Redis
 or Sentinel, one (every key in one place: nothing to spread)."""
 MAX_SHARDS = 1024
-_SHARD_SUFFIX = re.compile(r":r[0-9]+\Z")
+MAX_NAMESPACE_CHARS = 64
+_NAMESPACE = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_.-]{{0,{MAX_NAMESPACE_CHARS - 1}}}")
+"""A namespace's alphabet (docs/concepts.md, *Namespaces*)."""
 
 
 SLOTS = 16384
@@ -109,6 +111,12 @@ def shard_of(agent_id: str, shards: int) -> int:
     return zlib.crc32(clean_id(agent_id).encode("utf-8", "surrogatepass")) % shards
 
 
+def glob_escape(text: str) -> str:
+    """``text`` with every character a Redis glob pattern (SCAN MATCH, KEYS) treats as
+    special escaped, so it matches only itself."""
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
+
+
 def clean_id(value: str) -> str:
     """Return ``value`` with the hash-tag characters ``{`` and ``}`` removed."""
     return value.replace("{", "").replace("}", "")
@@ -125,21 +133,17 @@ class Keys:
     shards: int = 1
 
     def __post_init__(self) -> None:
-        ns = clean_id(self.namespace)
-        # A namespace goes into SCAN patterns (queues, dead letters): a glob character in
-        # it would reach other namespaces' keys ('*' would purge every namespace's).
-        if not ns or any(c in ns for c in "*?[]\\") or not ns.isprintable():
+        ns = self.namespace
+        # A namespace is a tenant's boundary: it goes into key names, hash tags, SCAN
+        # patterns and ACL key patterns. Outside this alphabet a name could glob ('*'
+        # would reach every namespace's keys), break out of a hash tag ('{', '}'), or make
+        # one namespace's keys a prefix match of another's pattern ('prod' and 'prod:x').
+        if not isinstance(ns, str) or not _NAMESPACE.fullmatch(ns):
             raise ConfigError(
-                f"Invalid namespace {self.namespace!r}: use a non-empty name without "
-                "'*', '?', '[', ']', '\\' or control characters, e.g. 'prod' or 'team-a'."
+                f"Invalid namespace {ns!r}: use 1-{MAX_NAMESPACE_CHARS} characters of "
+                "a-z, A-Z, 0-9, '-', '_' and '.', starting with a letter or digit "
+                "(no ':', braces, spaces or glob characters), e.g. 'prod' or 'team-a'."
             )
-        if _SHARD_SUFFIX.search(ns):
-            # shard k of namespace 'x' is tagged {x:r<k>}: 'x:r3' would share its keys
-            raise ConfigError(
-                f"Invalid namespace {self.namespace!r}: a name ending in ':r' and digits is "
-                "reserved for registry shards; use e.g. 'team-r3'."
-            )
-        object.__setattr__(self, "namespace", ns)
         if isinstance(self.shards, bool) or not isinstance(self.shards, int):
             raise ConfigError(f"registry shards must be an integer, got {self.shards!r}.")
         if not 1 <= self.shards <= MAX_SHARDS:
@@ -234,8 +238,9 @@ class Keys:
 
     @property
     def dlq_pattern(self) -> str:
-        """SCAN pattern matching every dead-letter stream of the namespace."""
-        return f"{self._reg}:dlq:*"
+        """SCAN pattern matching every dead-letter stream of the namespace (the namespace
+        glob-escaped, though its alphabet has no glob character)."""
+        return f"{PREFIX}:{{{glob_escape(self.namespace)}}}:dlq:*"
 
     def capability_of_dlq(self, key: str) -> str:
         """Inverse of :meth:`dlq`."""
@@ -287,8 +292,9 @@ class Keys:
     # -- scanning ---------------------------------------------------------------------
     @property
     def inbox_pattern(self) -> str:
-        """SCAN pattern matching every inbox stream of the namespace."""
-        return f"{PREFIX}:{self.namespace}:{{a:*}}:in:*"
+        """SCAN pattern matching every inbox stream of the namespace (the namespace
+        glob-escaped, though its alphabet has no glob character)."""
+        return f"{PREFIX}:{glob_escape(self.namespace)}:{{a:*}}:in:*"
 
     def agent_id_of_inbox(self, key: str) -> str:
         """Inverse of :meth:`inbox`: the agent id inside an inbox key."""

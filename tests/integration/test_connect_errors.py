@@ -47,10 +47,26 @@ async def test_wrong_password(redis_server, sync_r: redis.Redis) -> None:  # typ
         sync_r.acl_deluser("pwuser")
 
 
-@pytest.mark.parametrize("ns", ["*", "a?", "[ab]", "x\\y", "", "tab\there"])
-def test_a_namespace_that_would_glob_is_refused(ns: str) -> None:
-    with pytest.raises(ConfigError, match="Invalid namespace"):
+@pytest.mark.parametrize(
+    "ns",
+    ["*", "a?", "[ab]", "x\\y", "", "tab\there", "prod:x", "a b", "{x}", "x}", "-a", "é", "x" * 65],
+)
+def test_a_namespace_outside_the_safe_alphabet_is_refused(ns: str) -> None:
+    with pytest.raises(ConfigError, match="Invalid namespace .*a-z, A-Z, 0-9"):
         Keys(ns)
+
+
+@pytest.mark.parametrize("ns", ["prod", "team-a", "a.b_c", "T1", "x" * 64])
+def test_a_namespace_in_the_safe_alphabet_is_taken_as_it_is(ns: str) -> None:
+    assert Keys(ns).namespace == ns
+
+
+def test_scan_patterns_escape_the_namespace() -> None:
+    from reach.keys import glob_escape
+
+    assert glob_escape("a*b?[c]\\d") == "a\\*b\\?\\[c\\]\\\\d"
+    k = Keys("prod")
+    assert k.dlq_pattern == "reach:{prod}:dlq:*" and k.inbox_pattern == "reach:prod:{a:*}:in:*"
 
 
 @pytest.mark.parametrize("payload", [2**70, "\ud800", [[[[[]]]]]])
