@@ -40,7 +40,7 @@ from .outcomes import Unavailable
 from .registry import AgentInfo
 from .routing import Router
 from .scripts import inbox
-from .signing import Keyring
+from .signing import Signer
 from .tasks import TASK_TTL_MS
 from .view import RegistryView
 
@@ -154,7 +154,7 @@ class Delivery:
         keys: Keys,
         redis_url: str,
         default_policy: str,
-        signer: Keyring | None = None,
+        signer: Signer | None = None,
     ) -> None:
         self.view = view
         self.signer = signer  # signs each envelope as it is encoded (None: not signed)

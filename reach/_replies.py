@@ -27,7 +27,7 @@ from .connection import AnyRedis
 from .envelope import Envelope, Reply, decode_payload, decode_reply, now_ms
 from .errors import DeadlineExceeded, Rejected, RemoteError
 from .outcomes import Status, is_rejection, is_retryable
-from .signing import Keyring
+from .signing import Signer
 
 # The client's logger: the reader's lines are the client's (operators filter on it).
 log = logging.getLogger("reach.client")
@@ -55,7 +55,7 @@ class ReplyReader:
         client_id: str,
         max_unclaimed: int,
         unclaimed_ttl_s: float,
-        verifier: Keyring | None = None,
+        verifier: Signer | None = None,
     ) -> None:
         self.key = key
         self.client_id = client_id

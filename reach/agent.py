@@ -30,9 +30,9 @@ from .errors import ConfigError
 from .hooks import Hooks
 from .registry import MAX_WEIGHT, agent_key_id, normalize_capabilities, normalize_capability
 from .signing import (
-    Keyring,
     SecretOption,
     WorkerSigning,
+    make_signer,
     register_worker,
     require_signed_env,
 )
@@ -126,6 +126,12 @@ class RuntimeOptions:
     """The namespace's signing secret (else ``REACH_SECRET``; a list, or comma-separated,
     for a key rollover: the first signs, any verifies). With one, the agent signs its
     replies and ``ctx.sender`` names who signed a message (docs/security.md)."""
+    identity_file: str | None = None
+    """Sign with this agent's own Ed25519 key (a file ``python -m reach.signing keygen``
+    wrote) instead of a shared secret; else ``REACH_IDENTITY_FILE``."""
+    trusted_keys_file: str | None = None
+    """The public keys of the identities this agent believes (``NAME BASE64`` lines), with
+    ``identity_file``; else ``REACH_TRUSTED_KEYS_FILE``."""
     require_signed: bool | None = None
     """Dead-letter (reason ``unauthenticated``) every message that is unsigned or whose
     signature does not verify; needs a secret. None: ``REACH_REQUIRE_SIGNED=1``."""
@@ -179,13 +185,14 @@ def worker_signing(opts: RuntimeOptions) -> WorkerSigning | None:
     """The signing an agent runs with: its keys (``secret=``, else ``REACH_SECRET``) and
     whether it refuses unsigned messages (``require_signed=``, else
     ``REACH_REQUIRE_SIGNED``). None: no secret, nothing signed or checked."""
-    keys = Keyring.from_option(opts.namespace, opts.secret)
+    keys = make_signer(opts.namespace, opts.secret, opts.identity_file, opts.trusted_keys_file)
     required = opts.require_signed if opts.require_signed is not None else require_signed_env()
     if keys is None:
         if required:
             raise ConfigError(
-                "Requiring signed messages needs the namespace's secret: set REACH_SECRET "
-                "(or pass secret=...), the same one the callers sign with."
+                "Requiring signed messages needs keys: set REACH_SECRET (or secret=...), the "
+                "namespace's secret the callers sign with, or REACH_IDENTITY_FILE and "
+                "REACH_TRUSTED_KEYS_FILE (per-identity keys)."
             )
         return None
     return WorkerSigning(keys, required)
@@ -218,6 +225,8 @@ class RunOptions(TypedDict, total=False):
     sweeper: bool
     ready_event: threading.Event | None
     secret: SecretOption
+    identity_file: str | None
+    trusted_keys_file: str | None
     require_signed: bool | None
 
 

@@ -32,7 +32,7 @@ from .keys import PRIORITIES, Keys
 from .outcomes import DeadReason, RequestOutcome, Status, blames_agent
 from .registry import AgentInfo, Registry, normalize_capability
 from .routing import POLICIES, Router
-from .signing import Keyring, SecretOption
+from .signing import SecretOption, Signer, make_signer
 from .tasks import TaskStatus, get_status
 from .view import RegistryView
 
@@ -89,7 +89,10 @@ class Client:
     ``secret`` (else ``REACH_SECRET``; a list or comma-separated for a key rollover: the
     first signs, any verifies) signs every message sent, and then a reply is taken only
     when signed by an agent holding the secret: an unsigned or forged one is dropped and
-    counted (:attr:`forged_replies`). See docs/security.md, *Signed envelopes*.
+    counted (:attr:`forged_replies`). ``identity_file`` and ``trusted_keys_file`` (else
+    ``REACH_IDENTITY_FILE`` and ``REACH_TRUSTED_KEYS_FILE``) sign with this caller's own
+    Ed25519 key instead and take replies signed by a trusted identity. See
+    docs/security.md, *Signed envelopes*.
     """
 
     def __init__(
@@ -114,6 +117,8 @@ class Client:
         max_unclaimed_replies: int = DEFAULT_MAX_UNCLAIMED,
         unclaimed_reply_ttl_s: float = DEFAULT_UNCLAIMED_TTL_S,
         secret: SecretOption = None,
+        identity_file: str | None = None,
+        trusted_keys_file: str | None = None,
     ) -> None:
         if default_policy not in POLICIES:
             raise ConfigError(
@@ -129,7 +134,9 @@ class Client:
         self.namespace = namespace
         self.keys = Keys(namespace)
         self.client_id = client_id or f"c-{new_id()}"
-        self.signer: Keyring | None = Keyring.from_option(namespace, secret)
+        self.signer: Signer | None = make_signer(
+            namespace, secret, identity_file, trusted_keys_file
+        )
         self.default_timeout_s = default_timeout_s
         self.default_policy = default_policy
         self.max_attempts = max_attempts

@@ -1,4 +1,8 @@
-"""Authenticated envelopes and replies: HMAC-SHA256 with a shared per-namespace secret.
+"""Authenticated envelopes and replies, in two modes: HMAC-SHA256 with a shared
+per-namespace secret (:class:`Keyring`, one team), or Ed25519 with a key pair per identity
+(:class:`IdentityKeys`: each agent and caller signs as itself, and believes the public keys
+of a trusted-keys file an operator hands out). The Ed25519 mode needs the optional
+``cryptography`` package; the rest of this module does not.
 
 A signer (:class:`Keyring`) holds one or more secrets of a namespace: it signs with the
 first and accepts any (a key rollover: put the new secret first, keep the old one after it
@@ -16,6 +20,9 @@ sweeper's reroute of an evicted agent's inbox): ``attempt``, ``avoid``, ``busy_w
 message runs, which anyone able to write an inbox can do anyway by adding a copy of the
 entry: signatures do not stop replays, idempotency keys bound their effects.
 
+In the Ed25519 mode the same bytes are signed, ``kid`` is the signer's identity name, and
+``ctx.sender`` is that name (verified: only its private key makes that signature).
+
 A reply is signed by the agent that answers, over the namespace and every reply field
 (``msg_id, status, result bytes, error_type, error, reason, agent_id, attempt``).
 
@@ -26,11 +33,16 @@ nothing more about the secret than the signature itself does.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import os
+import re
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
@@ -80,6 +92,61 @@ def key_id(secret: bytes) -> str:
     return hmac.new(secret, _KID_LABEL, hashlib.sha256).digest()[:8].hex()
 
 
+def envelope_data(namespace: str, env: Envelope) -> bytes:
+    """The bytes an envelope's signature covers (docs/protocol.md, *Envelope*)."""
+    return _enc.encode(
+        (
+            _ENV_LABEL,
+            namespace,
+            env.v,
+            env.msg_id,
+            env.capability,
+            env.payload,
+            env.session_id,
+            env.trace_id,
+            env.source,
+            env.priority,
+            env.deadline_ms,
+            env.max_attempts,
+            env.idempotency_key,
+            env.reply_to,
+            env.headers,
+            env.sent_ms,
+        )
+    )
+
+
+def reply_data(namespace: str, r: Reply) -> bytes:
+    """The bytes a reply's signature covers (docs/protocol.md, *Reply*)."""
+    return _enc.encode(
+        (
+            _REPLY_LABEL,
+            namespace,
+            r.msg_id,
+            r.status,
+            r.result,
+            r.error_type,
+            r.error,
+            r.reason,
+            r.agent_id,
+            r.attempt,
+        )
+    )
+
+
+class Signer(Protocol):
+    """What signs and checks envelopes and replies: :class:`Keyring` (HMAC, a shared secret)
+    or :class:`IdentityKeys` (Ed25519, a key pair per identity)."""
+
+    kid: str
+
+    def sign_envelope(self, env: Envelope) -> None: ...
+    def check_envelope(self, env: Envelope) -> str | None: ...
+    def sender(self, env: Envelope) -> str: ...
+    def sign_reply(self, reply: Reply) -> Reply: ...
+    def check_reply(self, reply: Reply) -> str | None: ...
+
+
 class Keyring:
     """The HMAC secrets of one namespace: signs with the first, verifies with any."""
 
@@ -113,26 +180,7 @@ class Keyring:
 
     # -- envelopes ---------------------------------------------------------------------
     def _env_data(self, env: Envelope) -> bytes:
-        return _enc.encode(
-            (
-                _ENV_LABEL,
-                self.namespace,
-                env.v,
-                env.msg_id,
-                env.capability,
-                env.payload,
-                env.session_id,
-                env.trace_id,
-                env.source,
-                env.priority,
-                env.deadline_ms,
-                env.max_attempts,
-                env.idempotency_key,
-                env.reply_to,
-                env.headers,
-                env.sent_ms,
-            )
-        )
+        return envelope_data(self.namespace, env)
 
     def sign_envelope(self, env: Envelope) -> None:
         """Sign ``env`` in place (its ``kid`` and ``sig``), as the last step before encoding."""
@@ -158,20 +206,7 @@ class Keyring:
 
     # -- replies -----------------------------------------------------------------------
     def _reply_data(self, r: Reply) -> bytes:
-        return _enc.encode(
-            (
-                _REPLY_LABEL,
-                self.namespace,
-                r.msg_id,
-                r.status,
-                r.result,
-                r.error_type,
-                r.error,
-                r.reason,
-                r.agent_id,
-                r.attempt,
-            )
-        )
+        return reply_data(self.namespace, r)
 
     def sign_reply(self, reply: Reply) -> Reply:
         """``reply`` signed in place (returned for chaining)."""
@@ -191,11 +226,207 @@ class Keyring:
         return None
 
 
+# -- Ed25519: one key pair per identity -------------------------------------------------
+
+IDENTITY_ENV = "REACH_IDENTITY_FILE"
+TRUSTED_ENV = "REACH_TRUSTED_KEYS_FILE"
+_PRIVATE_TAG = "reach-ed25519-private"
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:@/-]{1,64}$")
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+        Ed25519PrivateKey,
+        Ed25519PublicKey,
+    )
+
+
+def _ed25519() -> Any:
+    try:
+        from cryptography.hazmat.primitives.asymmetric import ed25519
+    except ImportError as e:  # an optional dependency: only this mode needs it
+        raise ConfigError(
+            "Per-identity signing (Ed25519) needs the `cryptography` package: "
+            "pip install 'reach[ed25519]'."
+        ) from e
+    return ed25519
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _unb64(text: str, what: str, n: int) -> bytes:
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except ValueError:
+        raw = b""
+    if len(raw) != n:
+        raise ConfigError(f"{what}: not {n} bytes in base64.")
+    return raw
+
+
+def _check_name(name: str, where: str) -> str:
+    if not NAME_PATTERN.match(name):
+        raise ConfigError(
+            f"{where}: identity name {name[:80]!r} must be 1-64 letters, digits or _.:@/-."
+        )
+    return name
+
+
+def keygen(name: str) -> tuple[str, str]:
+    """A new identity ``name``: (its private key file's text, its trusted-keys line)."""
+    _check_name(name, "keygen")
+    ed = _ed25519()
+    sk = ed.Ed25519PrivateKey.generate()
+    seed = sk.private_bytes_raw()
+    pub = sk.public_key().public_bytes_raw()
+    return f"{_PRIVATE_TAG} {name} {_b64(seed)}\n", f"{name} {_b64(pub)}\n"
+
+
+def load_identity(path: str | Path) -> tuple[str, Ed25519PrivateKey]:
+    """(name, private key) from a file :func:`keygen` wrote: ``reach-ed25519-private
+    NAME BASE64-SEED``. Errors name the file, never what it holds."""
+    ed = _ed25519()
+    try:
+        words = Path(path).read_text().split()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"Cannot read the identity key file {path}: {e}") from e
+    if len(words) != 3 or words[0] != _PRIVATE_TAG:
+        raise ConfigError(
+            f"{path} is not a reach identity key file (`python -m reach.signing keygen NAME` "
+            "writes one)."
+        )
+    name = _check_name(words[1], str(path))
+    seed = _unb64(words[2], str(path), 32)
+    return name, ed.Ed25519PrivateKey.from_private_bytes(seed)
+
+
+def load_trusted(path: str | Path) -> dict[str, list[Ed25519PublicKey]]:
+    """The trusted public keys, one ``NAME BASE64-KEY`` a line (``#`` comments); a name may
+    have two keys during a rollover."""
+    ed = _ed25519()
+    try:
+        lines = Path(path).read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"Cannot read the trusted keys file {path}: {e}") from e
+    out: dict[str, list[Ed25519PublicKey]] = {}
+    for i, line in enumerate(lines, 1):
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        if len(words) != 2:
+            raise ConfigError(f"{path}:{i}: expected `NAME BASE64-PUBLIC-KEY`.")
+        name = _check_name(words[0], f"{path}:{i}")
+        key = ed.Ed25519PublicKey.from_public_bytes(_unb64(words[1], f"{path}:{i}", 32))
+        out.setdefault(name, []).append(key)
+    return out
+
+
+class IdentityKeys:
+    """Ed25519: signs as one identity (``kid`` = its name), verifies the identities of a
+    trusted-keys file. The signed bytes are the HMAC mode's."""
+
+    __slots__ = ("_invalid", "_sk", "kid", "namespace", "trusted")
+
+    def __init__(
+        self,
+        namespace: str,
+        name: str,
+        private_key: Ed25519PrivateKey,
+        trusted: dict[str, list[Ed25519PublicKey]],
+    ) -> None:
+        from cryptography.exceptions import InvalidSignature
+
+        self.namespace = namespace
+        self.kid = name
+        self._sk = private_key
+        self.trusted = trusted
+        self._invalid = InvalidSignature
+
+    def __repr__(self) -> str:
+        return f"IdentityKeys({self.namespace!r}, {self.kid!r}, trusted={sorted(self.trusted)})"
+
+    @classmethod
+    def from_files(
+        cls, namespace: str, identity_file: str | None, trusted_file: str | None
+    ) -> IdentityKeys | None:
+        """From the files (else ``REACH_IDENTITY_FILE`` and ``REACH_TRUSTED_KEYS_FILE``);
+        None when no identity file is set."""
+        identity_file = identity_file or os.environ.get(IDENTITY_ENV) or None
+        trusted_file = trusted_file or os.environ.get(TRUSTED_ENV) or None
+        if identity_file is None:
+            if trusted_file is not None:
+                raise ConfigError(
+                    f"A trusted keys file without an identity: set {IDENTITY_ENV} (or "
+                    "identity_file=) too; replies and messages are signed by each side."
+                )
+            return None
+        if trusted_file is None:
+            raise ConfigError(
+                f"An identity without trusted keys verifies nothing: set {TRUSTED_ENV} (or "
+                "trusted_keys_file=) to the file of the identities' public keys."
+            )
+        name, sk = load_identity(identity_file)
+        return cls(namespace, name, sk, load_trusted(trusted_file))
+
+    def _check(self, kid: str, sig: bytes, data: bytes) -> str | None:
+        if not sig:
+            return "unsigned"
+        keys = self.trusted.get(kid)
+        if not keys:
+            return f"signed by unknown identity {kid[:64]!r}"
+        for pk in keys:
+            try:
+                pk.verify(sig, data)
+            except self._invalid:
+                continue
+            return None
+        return "bad signature"
+
+    def sign_envelope(self, env: Envelope) -> None:
+        env.kid = self.kid
+        env.sig = self._sk.sign(envelope_data(self.namespace, env))
+
+    def check_envelope(self, env: Envelope) -> str | None:
+        return self._check(env.kid, env.sig, envelope_data(self.namespace, env))
+
+    def sender(self, env: Envelope) -> str:
+        """The verified identity that signed ``env``: its key's name."""
+        return env.kid
+
+    def sign_reply(self, reply: Reply) -> Reply:
+        reply.kid = self.kid
+        reply.sig = self._sk.sign(reply_data(self.namespace, reply))
+        return reply
+
+    def check_reply(self, reply: Reply) -> str | None:
+        return self._check(reply.kid, reply.sig, reply_data(self.namespace, reply))
+
+
+def make_signer(
+    namespace: str,
+    secret: SecretOption = None,
+    identity_file: str | None = None,
+    trusted_keys_file: str | None = None,
+) -> Signer | None:
+    """The signer of a Client or an agent: Ed25519 when an identity file is set (argument
+    or ``REACH_IDENTITY_FILE``), else HMAC when a secret is (``REACH_SECRET``), else None.
+    Both set: an error (one mode per process)."""
+    ident = IdentityKeys.from_files(namespace, identity_file, trusted_keys_file)
+    ring = Keyring.from_option(namespace, secret)
+    if ident is not None and ring is not None:
+        raise ConfigError(
+            "Both a shared secret (REACH_SECRET / secret=) and an identity key "
+            f"({IDENTITY_ENV} / identity_file=) are set: choose one signing mode."
+        )
+    return ident if ident is not None else ring
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerSigning:
     """A running agent's signing: its keys and whether unsigned messages are refused."""
 
-    keys: Keyring
+    keys: Signer
     required: bool
 
 
@@ -227,3 +458,26 @@ def sign_reply_for(namespace: str, agent_id: str, reply: Reply) -> bytes:
     if w is not None:
         w.keys.sign_reply(reply)
     return _enc.encode(reply)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m reach.signing keygen NAME FILE``: write a new identity's private key to
+    FILE (mode 0600, refused if it exists) and print its trusted-keys line."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 3 or args[0] != "keygen":
+        print("usage: python -m reach.signing keygen NAME FILE", file=sys.stderr)
+        return 2
+    try:
+        private, line = keygen(args[1])
+        fd = os.open(args[2], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except (ConfigError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    with os.fdopen(fd, "w") as f:
+        f.write(private)
+    print(line, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

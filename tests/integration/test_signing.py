@@ -6,6 +6,8 @@ retry."""
 
 from __future__ import annotations
 
+from importlib.util import find_spec
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -17,7 +19,7 @@ from reach.connection import AnyRedis
 from reach.envelope import Reply, encode, encode_payload
 from reach.keys import Keys
 from reach.scripts import inbox
-from reach.signing import Keyring
+from reach.signing import Keyring, keygen
 from reach.tasks import parse_dead_letter
 from tests.support.agents_messaging import Gate, serving
 from tests.support.waiting import wait_until
@@ -223,3 +225,79 @@ async def test_a_key_rollover(redis_url: str, ns: str) -> None:
         assert (await old_first.request(CAP, "a", timeout_s=20))["echo"] == "a"
         assert (await moved.request(CAP, "b", timeout_s=20))["echo"] == "b"
         assert old_first.forged_replies == moved.forged_replies == 0
+
+
+# -- Ed25519: a key pair per identity ---------------------------------------------------
+needs_cryptography = pytest.mark.skipif(
+    find_spec("cryptography") is None, reason="the Ed25519 mode needs `cryptography`"
+)
+
+
+def _identity(tmp_path: Path, name: str) -> tuple[str, str]:
+    private, line = keygen(name)
+    f = tmp_path / f"{name}.key"
+    f.write_text(private)
+    return str(f), line
+
+
+@needs_cryptography
+async def test_per_identity_keys(redis_url: str, ns: str, r: AnyRedis, tmp_path: Path) -> None:
+    # The agent and one caller are trusted; an intruder has a key pair of its own, unknown
+    # to the trusted file: its messages are dead-lettered, and a reply it forges is dropped.
+    agent_key, agent_line = _identity(tmp_path, AGENT)
+    caller_key, caller_line = _identity(tmp_path, "billing-service")
+    intruder_key, _ = _identity(tmp_path, "intruder")
+    trusted = tmp_path / "trusted"
+    trusted.write_text(agent_line + caller_line)
+    t = str(trusted)
+    seen, gate = Seen(), Gate()
+    async with (
+        serving(
+            redis_url,
+            ns,
+            agent(seen, gate),
+            identity_file=agent_key,
+            require_signed=True,
+            trusted_keys_file=t,
+        ),
+        Client(
+            redis_url=redis_url, namespace=ns, identity_file=caller_key, trusted_keys_file=t
+        ) as c,
+        Client(
+            redis_url=redis_url, namespace=ns, identity_file=intruder_key, trusted_keys_file=t
+        ) as x,
+    ):
+        got = await c.request(CAP, "hi", timeout_s=20)
+        assert got == {"echo": "hi", "sender": "billing-service"}  # the name, verified
+        await x.send(CAP, "intruding")
+
+        async def one_letter() -> bool:
+            return len(await letters(r, ns)) == 1
+
+        await wait_until(one_letter, timeout_s=20)
+        [d] = await letters(r, ns)
+        assert d.reason == "unauthenticated" and "unknown identity 'intruder'" in d.error
+
+        # A reply forged by the intruder for a call in flight is dropped.
+        result: list[Any] = []
+
+        async def ask() -> None:
+            result.append(await c.request(CAP, "hold", timeout_s=20))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ask)
+            await gate.entered.wait()
+            [msg_id] = list(c._reader.events)
+            assert x.signer is not None
+            forged = x.signer.sign_reply(
+                Reply(msg_id=msg_id, status="succeeded", agent_id=AGENT, result=encode_payload(0))
+            )
+            await r.xadd(Keys(ns).replies(c.client_id), {"r": encode(forged)})
+
+            async def dropped() -> bool:
+                return c.forged_replies == 1
+
+            await wait_until(dropped, timeout_s=10)
+            gate.open()
+        assert result == [{"echo": "hold", "sender": "billing-service"}]
+        assert seen.ran == ["hi", "hold"]

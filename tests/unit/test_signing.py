@@ -4,6 +4,8 @@ the client's reply reader dropping forged replies."""
 from __future__ import annotations
 
 import time
+from importlib.util import find_spec
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -12,7 +14,16 @@ from reach._replies import ReplyReader
 from reach.agent import RuntimeOptions, worker_signing
 from reach.envelope import Envelope, Reply, decode_envelope, decode_reply, encode, encode_payload
 from reach.errors import ConfigError
-from reach.signing import Keyring, key_id
+from reach.signing import (
+    IdentityKeys,
+    Keyring,
+    key_id,
+    keygen,
+    load_identity,
+    load_trusted,
+    make_signer,
+)
+from reach.signing import main as signing_main
 
 S1 = "first-secret-0123456789"
 S2 = "second-secret-0123456789"
@@ -196,3 +207,118 @@ def test_a_reader_without_a_secret_takes_any_reply() -> None:
     ev = reader.expect("m1")
     reader._on_reply(b"1-0", {b"r": encode(Reply(msg_id="m1", status="succeeded"))}, 0.0)
     assert ev.is_set() and reader.forged == 0
+
+
+# -- Ed25519: a key pair per identity -----------------------------------------------------
+needs_cryptography = pytest.mark.skipif(
+    find_spec("cryptography") is None, reason="the Ed25519 mode needs `cryptography`"
+)
+
+
+def identity(tmp_path: Path, name: str) -> tuple[str, str]:
+    """(its private key file, its trusted-keys line)."""
+    private, line = keygen(name)
+    f = tmp_path / f"{name}.key"
+    f.write_text(private)
+    return str(f), line
+
+
+def trusted(tmp_path: Path, *lines: str) -> str:
+    f = tmp_path / "trusted"
+    f.write_text("# the identities of ns\n" + "".join(lines))
+    return str(f)
+
+
+@needs_cryptography
+def test_identity_keys_sign_as_a_name_and_verify_the_trusted(tmp_path: Path) -> None:
+    a_file, a_line = identity(tmp_path, "caller-1")
+    b_file, b_line = identity(tmp_path, "agent-a")
+    t = trusted(tmp_path, a_line, b_line)
+    a = IdentityKeys.from_files("ns", a_file, t)
+    b = IdentityKeys.from_files("ns", b_file, t)
+    assert a is not None and b is not None and a.kid == "caller-1"
+    e = env()
+    a.sign_envelope(e)
+    back = decode_envelope(encode(e))
+    assert len(e.sig) == 64 and b.check_envelope(back) is None and b.sender(back) == "caller-1"
+    assert b.check_envelope(msgspec.structs.replace(back, payload=encode_payload(2))) == (
+        "bad signature"
+    )
+    assert b.check_envelope(msgspec.structs.replace(back, kid="agent-a")) == "bad signature"
+    assert b.check_envelope(msgspec.structs.replace(back, attempt=2)) is None
+    r = b.sign_reply(Reply(msg_id="m1", status="succeeded", agent_id="agent-a"))
+    assert a.check_reply(decode_reply(encode(r))) is None and r.kid == "agent-a"
+    assert a.check_reply(msgspec.structs.replace(r, status="dead")) == "bad signature"
+
+
+@needs_cryptography
+def test_an_identity_not_in_the_trusted_file_is_refused(tmp_path: Path) -> None:
+    a_file, a_line = identity(tmp_path, "caller-1")
+    x_file, _ = identity(tmp_path, "intruder")
+    t = trusted(tmp_path, a_line)
+    a = IdentityKeys.from_files("ns", a_file, t)
+    x = IdentityKeys.from_files("ns", x_file, t)
+    assert a is not None and x is not None
+    e = env()
+    x.sign_envelope(e)
+    assert "unknown identity 'intruder'" in (a.check_envelope(e) or "")
+    # Claiming a trusted name without its key: a bad signature.
+    e.kid = "caller-1"
+    assert a.check_envelope(e) == "bad signature"
+    assert a.check_envelope(env()) == "unsigned"
+
+
+@needs_cryptography
+def test_an_identity_rollover_trusts_two_keys_of_one_name(tmp_path: Path) -> None:
+    (tmp_path / "old").mkdir()
+    (tmp_path / "new").mkdir()
+    old_file, old_line = identity(tmp_path / "old", "caller-1")
+    new_file, new_line = identity(tmp_path / "new", "caller-1")
+    t = trusted(tmp_path, old_line, new_line)
+    verifier = IdentityKeys.from_files("ns", old_file, t)
+    new = IdentityKeys.from_files("ns", new_file, t)
+    assert verifier is not None and new is not None
+    e = env()
+    new.sign_envelope(e)
+    assert verifier.check_envelope(e) is None
+
+
+@needs_cryptography
+def test_identity_files_and_mode_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("REACH_SECRET", "REACH_IDENTITY_FILE", "REACH_TRUSTED_KEYS_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    a_file, a_line = identity(tmp_path, "caller-1")
+    t = trusted(tmp_path, a_line)
+    assert make_signer("ns") is None
+    with pytest.raises(ConfigError, match="REACH_TRUSTED_KEYS_FILE"):
+        make_signer("ns", identity_file=a_file)
+    with pytest.raises(ConfigError, match="REACH_IDENTITY_FILE"):
+        make_signer("ns", trusted_keys_file=t)
+    with pytest.raises(ConfigError, match="choose one"):
+        make_signer("ns", S1, a_file, t)
+    monkeypatch.setenv("REACH_IDENTITY_FILE", a_file)
+    monkeypatch.setenv("REACH_TRUSTED_KEYS_FILE", t)
+    assert isinstance(make_signer("ns"), IdentityKeys)
+    bad = tmp_path / "bad"
+    bad.write_text("not a key")
+    with pytest.raises(ConfigError, match="not a reach identity key file"):
+        load_identity(bad)
+    bad.write_text("caller-1 AAAA\n")
+    with pytest.raises(ConfigError, match="not 32 bytes"):
+        load_trusted(bad)
+    with pytest.raises(ConfigError, match="identity name"):
+        keygen("has space")
+    seed = Path(a_file).read_text().split()[2]
+    assert seed not in repr(make_signer("ns"))
+
+
+@needs_cryptography
+def test_keygen_command_writes_a_private_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    f = tmp_path / "me.key"
+    assert signing_main(["keygen", "me", str(f)]) == 0
+    assert f.stat().st_mode & 0o777 == 0o600
+    name, _ = load_identity(f)
+    assert name == "me" and capsys.readouterr().out.startswith("me ")
+    assert signing_main(["keygen", "me", str(f)]) == 2  # never overwrites a key
