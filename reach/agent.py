@@ -35,6 +35,7 @@ from .signing import (
     make_signer,
     register_worker,
     require_signed_env,
+    unregister_worker,
 )
 from .tasks import DLQ_MAXLEN
 
@@ -319,11 +320,12 @@ class Agent:
         signing = worker_signing(opts)
         rt = Runtime(self, opts, self.hooks)
         self._runtime = rt
-        register_worker(opts.namespace, self.agent_id, signing)
+        if signing is not None:
+            register_worker(opts.namespace, self.agent_id, signing)
         try:
             await rt.run()
         finally:
-            register_worker(opts.namespace, self.agent_id, None)
+            unregister_worker(opts.namespace, self.agent_id, signing)
             self._runtime = None
 
     def stop(self) -> None:

@@ -438,11 +438,18 @@ _workers: dict[tuple[str, str], WorkerSigning] = {}
 
 
 def register_worker(namespace: str, agent_id: str, signing: WorkerSigning | None) -> None:
-    """Set (or with None, clear) the signing of a running agent."""
+    """Set the signing of a running agent (with None: none)."""
     if signing is None:
         _workers.pop((namespace, agent_id), None)
     else:
         _workers[(namespace, agent_id)] = signing
+
+
+def unregister_worker(namespace: str, agent_id: str, signing: WorkerSigning | None) -> None:
+    """An agent run that set ``signing`` ended: clear it, unless another run of the same
+    agent id in this process set its own since (a newer instance; it keeps it)."""
+    if signing is not None and _workers.get((namespace, agent_id)) is signing:
+        del _workers[(namespace, agent_id)]
 
 
 def worker(namespace: str, agent_id: str) -> WorkerSigning | None:

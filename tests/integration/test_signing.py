@@ -14,7 +14,7 @@ import anyio
 import msgspec
 import pytest
 
-from reach import Agent, Client, Context, Rejected
+from reach import Agent, Client, Context, Rejected, admin
 from reach.connection import AnyRedis
 from reach.envelope import Reply, encode, encode_payload
 from reach.keys import Keys
@@ -124,6 +124,31 @@ async def test_unsigned_and_forged_messages_are_dead_lettered(
         assert len([d for d in found if d.envelope and d.envelope.sig]) == 2
         assert seen.ran == []
         assert wrong.forged_replies == 0  # a send: no reply was waited for
+
+
+async def test_a_replay_by_an_operator_with_the_secret_is_signed_again(
+    redis_url: str, ns: str, r: AnyRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A caller that forgot its secret: its message is dead-lettered; `reach dlq replay`
+    # (admin.replay_dead_letters) run with REACH_SECRET set signs the copy it sends.
+    seen = Seen()
+    async with serving(redis_url, ns, agent(seen), secret=SECRET, require_signed=True) as c:
+        msg_id = await c.send(CAP, "forgot")
+
+        async def one_letter() -> list[Any]:
+            return await admin.list_dead_letters(r, Keys(ns), capability=CAP)
+
+        entries = await wait_until(one_letter, timeout_s=20)
+        monkeypatch.setenv("REACH_SECRET", SECRET)
+        res = await admin.replay_dead_letters(r, Keys(ns), entries)
+        assert res.replayed == 1 and not res.failed
+
+        async def ran() -> bool:
+            return seen.ran == ["forgot"]
+
+        await wait_until(ran, timeout_s=20)
+        assert seen.senders == [c.client_id]  # the original source, signed by the operator
+        assert (await c.task(msg_id)).status in ("running", "succeeded")
 
 
 async def test_a_claim_made_at_send_does_not_let_a_forged_entry_run(
