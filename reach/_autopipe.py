@@ -688,7 +688,8 @@ class _NodePool:
 
     async def release(self, conn: Any) -> None:
         node = self.node
-        if len(node._connections) < node.max_connections:
+        # A master turned replica (a failover) gets no more commands: nothing kept open.
+        if node.server_type != "replica" and len(node._connections) < node.max_connections:
             node._connections.append(conn)
             node.release(conn)
         else:
@@ -717,6 +718,7 @@ class _ClusterRouter:
         self.plain: set[asyncio.Task[None]] = set()  # commands sent by the plain client
         self.loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
+        self._kinds: dict[str, str] = {}  # how a command word's slot is found
         self.followed: collections.Counter[str] = collections.Counter()
         """Redirections followed so far, by kind (``MovedError``, ``AskError``, ...)."""
         # The words of a command, as a standalone pipeline makes them (a Cluster pipeline
@@ -837,19 +839,24 @@ class _ClusterRouter:
         cmd = words[0]
         if not isinstance(cmd, str) or "target_nodes" in p.options:
             return None
-        word = cmd.upper()
-        r = self.redis
-        if word in r.command_flags or word in r.result_callbacks:
-            return None  # sent to chosen nodes, or its replies are merged: not one slot
-        if word in _STREAMS:
+        kind = self._kinds.get(cmd)
+        if kind is None:
+            kind = self._kind_of(cmd)
+        if kind == "one":  # its one key is its first argument (GET, HSET, XADD, ...)
+            return self.redis.keyslot(words[1]) if len(words) > 1 else None
+        if kind == "script":  # EVAL/EVALSHA: numkeys keys (none: any node, the plain way)
+            try:
+                keys = words[3 : 3 + int(words[2])]
+            except (IndexError, ValueError, TypeError):
+                return None
+            return self._one_slot(keys)
+        if kind == "streams":
             return self._streams_slot(words)
-        if word not in ("EVAL", "EVALSHA"):  # those take their keys from numkeys
-            info = r.commands_parser.commands.get(cmd.lower().split()[0])
-            if not isinstance(info, dict) or "movablekeys" in info.get("flags", ()):
-                return None  # redis-py would ask a node (COMMAND GETKEYS): not here
-        # redis-py's routing coroutines, run to their end at once: with the checks above
-        # they only read tables (a suspension would be a server call: not done here).
-        coro = self._slot_of(words)
+        if kind == "plain":
+            return None
+        # redis-py's routing coroutine, run to its end at once: with the checks of
+        # _kind_of it only reads tables (a suspension would be a server call: not here).
+        coro = self.redis._determine_slot(*words)
         try:
             coro.send(None)
         except StopIteration as done:
@@ -859,12 +866,49 @@ class _ClusterRouter:
         coro.close()
         return None
 
-    async def _slot_of(self, words: tuple[Any, ...]) -> int | None:
+    def _kind_of(self, cmd: str) -> str:
+        """How the slot of command ``cmd`` is found (kept per command word): ``one``,
+        ``script``, ``streams``, ``keys`` (redis-py's key table), or ``plain`` (not by
+        one slot: sent by the plain client)."""
+        r = self.redis
+        commands = r.commands_parser.commands
+        word = cmd.upper()
+        kind = "keys"
+        if word in r.command_flags or word in r.result_callbacks:
+            kind = "plain"  # sent to chosen nodes, or its replies are merged
+        elif self._has_policy(cmd):
+            kind = "plain"  # a request policy of its own (redis-py >= 7)
+        elif word in ("EVAL", "EVALSHA"):
+            kind = "script"
+        elif word in _STREAMS:
+            kind = "streams"
+        else:
+            info = commands.get(cmd.lower().split()[0])
+            if not isinstance(info, dict) or "movablekeys" in info.get("flags", ()):
+                kind = "plain"  # redis-py would ask a node (COMMAND GETKEYS)
+            elif " " not in cmd and info.get("first_key_pos") == 1 == info.get("last_key_pos"):
+                kind = "one"
+        if commands:  # the table is read (else ask again once it is)
+            self._kinds[cmd] = kind
+        return kind
+
+    def _has_policy(self, cmd: str) -> bool:
         resolver = getattr(self.redis, "_policy_resolver", None)
-        if resolver is not None and await resolver.resolve(words[0].lower()):
-            return None  # a request policy of its own (redis-py >= 7)
-        slot: int = await self.redis._determine_slot(*words)
-        return slot
+        if resolver is None:
+            return False
+        coro = resolver.resolve(cmd.lower())
+        try:
+            coro.send(None)
+        except StopIteration as done:
+            return bool(done.value)
+        except Exception:  # noqa: BLE001 - unknown to it: routed the plain way
+            return True
+        coro.close()  # it would wait on something: the plain way
+        return True
+
+    def _one_slot(self, keys: Any) -> int | None:
+        slots = {self.redis.keyslot(k) for k in keys}
+        return slots.pop() if len(slots) == 1 else None
 
     def _streams_slot(self, words: tuple[Any, ...]) -> int | None:
         for i, w in enumerate(words):
@@ -873,9 +917,7 @@ class _ClusterRouter:
                 and str(w if isinstance(w, str) else w.decode()).upper() == "STREAMS"
             ):
                 rest = words[i + 1 :]
-                keys = rest[: len(rest) // 2]
-                slots = {self.redis.keyslot(k) for k in keys}
-                return slots.pop() if len(slots) == 1 else None
+                return self._one_slot(rest[: len(rest) // 2])
         return None
 
     def _send_plain(self, p: _Pending) -> None:

@@ -235,8 +235,21 @@ class SlotMove:
         )
 
     def finish(self) -> None:
-        for c in self.clients:
-            c.execute_command("CLUSTER", "SETSLOT", self.slot, "NODE", self.ids[self.dst])
+        """Whatever the slot still holds on the source goes too (as redis-cli does:
+        GETKEYSINSLOT until empty), then the slot is the destination's: told to it first,
+        then to the source, then to the others (the order the Redis docs give)."""
+        src = self.clients[self.src]
+        while left := src.execute_command("CLUSTER", "GETKEYSINSLOT", self.slot, 100):
+            self.migrate([as_str(k) for k in left])
+        order = [
+            self.dst,
+            self.src,
+            *(i for i in range(len(self.clients)) if i not in (self.src, self.dst)),
+        ]
+        for i in order:
+            self.clients[i].execute_command(
+                "CLUSTER", "SETSLOT", self.slot, "NODE", self.ids[self.dst]
+            )
 
     def close(self) -> None:
         for c in self.clients:
