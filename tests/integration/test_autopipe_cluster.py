@@ -389,3 +389,39 @@ async def _client_lists(ports: list[int]) -> list[list[dict[str, Any]]]:
         finally:
             await node.aclose()
     return out
+
+
+async def test_callers_cancelled_before_the_write_send_nothing(
+    redis_cluster: RedisTestCluster, auto: AutoPipeline, ns: str
+) -> None:
+    loop = asyncio.get_running_loop()
+    keys = [f"{ns}:c:{i}" for i in range(600)]  # every master
+    tasks = [loop.create_task(auto.execute_command("INCRBY", k, 1)) for k in keys]
+    for t in tasks[::2]:
+        t.cancel()
+    done = await asyncio.gather(*tasks, return_exceptions=True)
+    assert all(isinstance(x, asyncio.CancelledError) for x in done[::2])
+    assert done[1::2] == [1] * 300
+    got = await asyncio.gather(*(auto.get(k) for k in keys))
+    assert got[::2] == [None] * 300 and got[1::2] == [b"1"] * 300
+
+
+def test_one_auto_pipeline_in_a_second_event_loop_does_not_hang(
+    redis_cluster: RedisTestCluster, ns: str
+) -> None:
+    # As on standalone: a client kept across asyncio.run() calls fails in the next loop;
+    # each call there must still get an answer or an error, not wait on the first loop.
+    holder: list[AutoPipeline] = []
+    keys = [f"{ns}:{i}" for i in range(60)]
+
+    async def first() -> Any:
+        holder.append(AutoPipeline(await connect(redis_cluster.url)))
+        return await asyncio.gather(*(holder[0].set(k, 1) for k in keys))
+
+    assert asyncio.run(first()) == [True] * 60
+
+    async def second() -> list[Any]:
+        return await asyncio.gather(*(holder[0].get(k) for k in keys), return_exceptions=True)
+
+    got = asyncio.run(asyncio.wait_for(second(), 10))
+    assert len(got) == 60 and all(x == b"1" or isinstance(x, Exception) for x in got)
