@@ -760,9 +760,10 @@ class _ClusterRouter:
         is read again."""
         nodes = self.redis.nodes_manager
         for name, node in list(getattr(nodes, "startup_nodes", {}).items()):
-            if nodes.nodes_cache.get(name) is not node and node._free:
+            close = getattr(node, "disconnect_free_connections", None)
+            if close is not None and nodes.nodes_cache.get(name) is not node and node._free:
                 try:
-                    await node.disconnect_free_connections()
+                    await close()
                 except Exception:  # only a socket left open
                     log.debug("closing a startup node's connection failed", exc_info=True)
 
@@ -826,7 +827,8 @@ class _ClusterRouter:
     def _mux(self, node: Any) -> _Mux:
         mux = self.muxes.get(node.name)
         if mux is None or mux.node is not node:
-            if mux is not None:
+            if mux is not None:  # kept until it is done with what it holds
+                self.retired = [m for m in self.retired if m.waiting() or m.conn is not None]
                 self.retired.append(mux)
             mux = self.muxes[node.name] = _Mux(self.auto, _NodePool(node), self, node)
         return mux
@@ -961,6 +963,7 @@ class _ClusterRouter:
     def redirected(self, p: _Pending, e: Exception) -> None:
         """A node answered ``p`` with MOVED, ASK, TRYAGAIN or CLUSTERDOWN: it did not run."""
         p.redirects += 1
+        p.tries = 0  # another node: its script cache is its own
         self.followed[type(e).__name__] += 1
         if p.redirects > MAX_REDIRECTS:
             _answer(p, e)
@@ -990,6 +993,8 @@ class _ClusterRouter:
         if mover is not None and name is not None:
             mover(name)
         self.pause = max(self.pause, pause)
+        for p in again:
+            p.tries = 0  # maybe another node (a failover): its script cache is its own
         self.backlog.extendleft(reversed(again))
         self._start()
 
