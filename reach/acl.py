@@ -134,6 +134,7 @@ _ROLE_COMMANDS: dict[str, tuple[str, ...]] = {
         "srem",
         "scard",
         "zrandmember",
+        "hdel",  # reach caps limit --clear
         "client|list",  # reach dlq replay: is the caller still connected?
         "script|exists",  # reach doctor: the script cache
         "acl|whoami",  # reach doctor: which user to check

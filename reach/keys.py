@@ -25,6 +25,8 @@ Layout (``ns`` is the namespace, ids are stripped of ``{``/``}`` first):
     reach:{ns}:dlq:<cap>         stream dead letters of <cap>
     reach:{ns}:parked:<cap>      stream messages waiting for an agent of <cap>
     reach:{ns}:parked            set   capabilities with parked messages
+    reach:{ns}:limits            hash  capability -> its rate limit
+    reach:{ns}:rate:<cap>        string the limit's state (GCRA's TAT, µs)
 
 * an agent's inbox, one slot per agent::
 
@@ -245,6 +247,15 @@ class Keys:
     def capability_of_dlq(self, key: str) -> str:
         """Inverse of :meth:`dlq`."""
         return key[len(f"{self._reg}:dlq:") :]
+
+    @property
+    def limits(self) -> str:
+        """The namespace's rate limits: capability -> ``"<starts>/<seconds>[,<burst>]"``."""
+        return f"{self._reg}:limits"
+
+    def rate_state(self, capability: str) -> str:
+        """The state (GCRA's TAT) of ``capability``'s rate limit."""
+        return f"{self._reg}:rate:{capability}"
 
     def parked(self, capability: str) -> str:
         return f"{self._reg}:parked:{capability}"

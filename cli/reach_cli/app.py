@@ -34,6 +34,7 @@ from reach.tasks import get_status
 
 from .acl_cmd import acl_cmd
 from .agents_cmd import agents_app
+from .caps_cmd import caps_app
 from .chaos_cmd import chaos as chaos_cmd
 from .common import (
     DEFAULT_NS,
@@ -72,6 +73,7 @@ app = typer.Typer(
 )
 app.add_typer(agents_app, name="agents")
 app.add_typer(dlq_app, name="dlq")
+app.add_typer(caps_app, name="caps")
 
 
 def _version(value: bool) -> None:
@@ -89,33 +91,7 @@ def main_callback(
     """reach command line."""
 
 
-# -- caps ---------------------------------------------------------------------------------
-@app.command()
-@command
-async def caps(
-    redis_url: RedisUrl = DEFAULT_REDIS, namespace: Namespace = DEFAULT_NS, json_: Json = False
-) -> None:
-    """List capabilities and how many live agents declare each.
-
-    Example: reach caps --namespace prod
-    """
-    r = await open_redis(redis_url)
-    try:
-        reg = Registry(r, namespace)
-        rows = await reg.capabilities()
-        ready: dict[str, int] = {}
-        for cap, _ in rows:
-            ready[cap] = sum(a.routable for a in await reg.agents(cap, state="active"))
-    finally:
-        await r.aclose()
-    if json_:
-        print_json([{"capability": c, "agents": n, "routable": ready[c]} for c, n in rows])
-        return
-    table(
-        f"capabilities in {namespace!r}",
-        ["capability", "agents", "routable"],
-        [(c, n, ready[c]) for c, n in rows],
-    )
+# -- caps: cli/reach_cli/caps_cmd.py ------------------------------------------------------
 
 
 # -- events -------------------------------------------------------------------------------

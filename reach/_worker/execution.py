@@ -29,10 +29,11 @@ from ..client import Client
 from ..context import Context
 from ..envelope import Envelope, decode_payload, decode_reply, encode, now_ms
 from ..errors import Reject, Retry
+from ..limits import LIMITS_REFRESH_S, RateLimit, get_limits, take_call
 from ..outcomes import Outcome, Settled, Status
 from ..registry import Registry
 from ..scripts import ClaimCode, delivery
-from ..scripts.delivery import Claimed, ClaimItem, Delayed, StartItem
+from ..scripts.delivery import Claimed, ClaimItem, Completion, Delayed, Mode, StartItem
 from ..scripts.inbox import CLAIM_AT_SEND_FENCE
 from ..tasks import TASK_TTL_MS
 from . import outcome as oc
@@ -94,6 +95,26 @@ class WorkQueue:
         return self._items.popleft()
 
 
+class Limits:
+    """The namespace's rate limits as this worker knows them: re-read from Redis at most
+    every :data:`reach.limits.LIMITS_REFRESH_S`, and only while messages come (an idle
+    worker reads nothing). A failed read keeps the last known limits."""
+
+    def __init__(self) -> None:
+        self._limits: dict[str, RateLimit] = {}
+        self._read_at = -LIMITS_REFRESH_S
+
+    async def current(self, redis: Any, keys: Any) -> dict[str, RateLimit]:
+        now = time.monotonic()
+        if now - self._read_at >= LIMITS_REFRESH_S:
+            self._read_at = now
+            try:
+                self._limits = await get_limits(redis, keys)
+            except (rexc.RedisError, OSError) as e:
+                log.warning("reading the rate limits failed (%s); the last known apply", e)
+        return self._limits
+
+
 class Execution(Part):
     """Claims deliveries and runs them in a pool of ``concurrency`` handler tasks."""
 
@@ -115,12 +136,17 @@ class Execution(Part):
         self.letters = letters
         self._work = WorkQueue()
         self._confirming: set[asyncio.Task[None]] = set()
+        self.limits = Limits()
 
     # -- claiming -----------------------------------------------------------------------
     async def take(self, items: list[Delivery]) -> None:
         """Claim a batch (one round trip) and act on each answer; an entry whose claim
         fails for a passing reason stays pending for the consumer's next scan. Entries
-        claimed at send for this runtime start at once (:meth:`_start_claimed`)."""
+        claimed at send for this runtime start at once (:meth:`_start_claimed`). Messages
+        of a rate-limited capability start only as the limit allows (:meth:`_within_limits`)."""
+        items = await self._within_limits(items)
+        if not items:
+            return
         if any(it.claimed_at_send for it in items):
             # A key this runtime runs already (an entry read anew, its group recreated),
             # or a second entry of one key in this batch (entries are untrusted), goes the
@@ -187,6 +213,53 @@ class Execution(Part):
             ttl_ms=TASK_TTL_MS,
             agent_id=self.agent_id,
         )
+
+    async def _within_limits(self, items: list[Delivery]) -> list[Delivery]:
+        """The items the capabilities' rate limits let start now (``rate_limit.lua``, one
+        call per limited capability of the batch, pipelined); each of the others waits in
+        the delayed set until its turn, spaced one interval apart (its attempt is not
+        counted; a message claimed at send is taken over from this runtime's own claim
+        when it comes back). No limit: no Redis call."""
+        limits = await self.limits.current(self.redis, self.keys)
+        if not limits:
+            return items
+        by_cap: dict[str, list[Delivery]] = {}
+        for it in items:
+            if it.env.capability in limits:
+                by_cap.setdefault(it.env.capability, []).append(it)
+        if not by_cap:
+            return items
+        caps = list(by_cap)
+        calls = [take_call(self.keys, c, limits[c], len(by_cap[c])) for c in caps]
+        over: set[Delivery] = set()  # identity: deliveries compare by identity
+        answers = await scripts.run_calls(self.redis, calls)
+        for cap, taken in zip(caps, answers, strict=True):
+            if isinstance(taken, Exception):
+                if isinstance(taken, (rexc.ConnectionError, rexc.TimeoutError)):
+                    raise taken  # Redis away: the consumer leaves the batch pending
+                # A limit's state that is not ours to read: let them run, say so.
+                log.warning("rate limit of %s not applied: %s", cap, taken)
+                continue
+            interval_ms = limits[cap].interval_us / 1000
+            for j, it in enumerate(by_cap[cap][taken.granted :]):
+                self._hold_for_limit(it, taken.wait_us / 1000 + j * interval_ms)
+                over.add(it)
+        return [it for it in items if it not in over]
+
+    def _hold_for_limit(self, it: Delivery, delay_ms: float) -> None:
+        """``it`` is over its capability's rate limit: it waits ``delay_ms`` in the delayed
+        set (as a copy of the same attempt), then is routed again. A message claimed at
+        send for this runtime gives its claim up (status ``retrying``, the key released),
+        so whichever agent it comes back to claims it at once, not after the claim's
+        lease."""
+        if it.claimed_at_send:
+            it.idem = it.idem or self.keys.idem(it.env.key)
+            it.complete = Completion(
+                it.idem, CLAIM_AT_SEND_FENCE, Status.RETRYING, Mode.RELEASE, "rate limited"
+            )
+        it.outcome = Settled.PARKED
+        it.follow_up = Delayed(self.keys.delayed, now_ms() + max(1, round(delay_ms)), it.raw)
+        self.settlement.queue(it)
 
     def _start_claimed(self, items: list[Delivery]) -> None:
         """Run deliveries send.lua claimed for this runtime (fence 1, lease left: the

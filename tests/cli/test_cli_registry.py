@@ -74,9 +74,13 @@ def test_caps_table_and_json(populated: None, redis_url: str, ns: str) -> None:
     assert code == 0
     rows = {r["capability"]: r for r in json.loads(out)}
     assert rows == {
-        "text.summarize": {"capability": "text.summarize", "agents": 2, "routable": 1},
-        "text.translate": {"capability": "text.translate", "agents": 1, "routable": 0},
-    }
+        "text.summarize": {
+            "capability": "text.summarize", "agents": 2, "routable": 1, "limit": None,
+        },
+        "text.translate": {
+            "capability": "text.translate", "agents": 1, "routable": 0, "limit": None,
+        },
+    }  # fmt: skip
     code, out, _ = cli(redis_url, ns, "caps")
     assert code == 0 and "text.summarize" in out and "text.translate" in out
 

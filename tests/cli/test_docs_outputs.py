@@ -39,6 +39,7 @@ RUN_HERE = {
     "init",
     "doctor",
     "caps",
+    "caps limit",
     "agents",
     "agents show",
     "agents card",
@@ -122,13 +123,25 @@ async def test_documented_outputs(
     assert any(re.match(r"\s*(ok|warn|ERROR|info)\s+version\s", ln) for ln in lines), out
 
     async with serving(redis_url, ns, agent()) as client:
-        title_and_columns(
-            await cli("caps"), f"capabilities in {ns!r}", "capability", "agents", "routable"
+        # reach caps limit: "CAP: at most LIMIT (N starts/s over every agent)..."
+        out = await cli("caps", "limit", "docs.echo", "600/m", "--burst", "10")
+        assert out.strip() == (
+            "docs.echo: at most 600/m (burst 10) (10 starts/s over every agent); workers "
+            "apply it within a second"
         )
+        assert await cli.json("caps", "limit", "docs.echo") == {
+            "capability": "docs.echo", "limit": "600/m (burst 10)", "per_second": 10.0, "burst": 10,
+        }  # fmt: skip
+        title_and_columns(
+            await cli("caps"), f"capabilities in {ns!r}", "capability", "agents", "routable",
+            "limit",
+        )  # fmt: skip
         assert await cli.json("caps") == [
-            {"capability": "docs.echo", "agents": 1, "routable": 1},
-            {"capability": "docs.refuse", "agents": 1, "routable": 1},
+            {"capability": "docs.echo", "agents": 1, "routable": 1, "limit": "600/m (burst 10)"},
+            {"capability": "docs.refuse", "agents": 1, "routable": 1, "limit": None},
         ]
+        out = await cli("caps", "limit", "docs.echo", "--clear")
+        assert out.strip() == "docs.echo: no rate limit (removed)"
         [a] = await cli.json(
             "agents", "--cap", "docs.echo", "--state", "active", "--where", "region=eu"
         )

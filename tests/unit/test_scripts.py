@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from reach import scripts
+from reach import limits, scripts
 from reach.keys import Keys
 from reach.scripts import agents, codes, delivery, inbox
 from reach.scripts.delivery import (
@@ -48,6 +48,7 @@ def test_every_script_has_a_typed_call() -> None:
         delivery.fetch(K, agent_id="a", n=1, keep_normal=0, keep_low=0).script,
         delivery.claim_call([], owner="o", ttl_ms=1, agent_id="a").script,
         delivery.start_call([], owner="o", ttl_ms=1).script,
+        limits.take_call(K, "c", limits.RateLimit(1, 1), 1).script,
         delivery.complete_call([], ttl_ms=1).script,
         delivery.settle_call([], ttl_ms=1).script,
         inbox.send_call(K, _msg(), agent_id="a", priority="high", ttl_ms=1).script,

@@ -1,0 +1,156 @@
+"""``reach caps``: list the capabilities of a namespace, and set their rate limits."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from reach.keys import Keys
+from reach.limits import RateLimit, get_limits, parse_limit, set_limit
+from reach.registry import Registry, normalize_capability
+
+from .common import (
+    DEFAULT_NS,
+    DEFAULT_REDIS,
+    Json,
+    Namespace,
+    RedisUrl,
+    command,
+    fail,
+    find_redis,
+    open_redis,
+    print_json,
+    require_text,
+    run,
+    table,
+)
+from .completion import complete_capability
+
+caps_app = typer.Typer(
+    help="List capabilities; set their rate limits.",
+    invoke_without_command=True,
+    no_args_is_help=False,
+)
+
+
+@caps_app.callback()
+def caps_list(
+    ctx: typer.Context,
+    redis_url: RedisUrl = DEFAULT_REDIS,
+    namespace: Namespace = DEFAULT_NS,
+    json_: Json = False,
+) -> None:
+    """List capabilities, how many live agents declare each (and how many of them are
+    routable), and their rate limits.
+
+    Examples: reach caps --namespace prod;  reach caps limit text.summarize 50/s
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    require_text({"redis_url": redis_url, "namespace": namespace})
+    url = find_redis(redis_url)
+
+    async def body() -> tuple[list[tuple[str, int]], dict[str, int], dict[str, RateLimit]]:
+        r = await open_redis(url)
+        try:
+            reg = Registry(r, namespace)
+            rows = await reg.capabilities()
+            ready: dict[str, int] = {}
+            for cap, _ in rows:
+                ready[cap] = sum(a.routable for a in await reg.agents(cap, state="active"))
+            return rows, ready, await get_limits(r, Keys(namespace))
+        finally:
+            await r.aclose()
+
+    rows, ready, limits = run(body, url=url)
+    if json_:
+        print_json(
+            [
+                {
+                    "capability": c,
+                    "agents": n,
+                    "routable": ready[c],
+                    "limit": str(limits[c]) if c in limits else None,
+                }
+                for c, n in rows
+            ]
+        )
+        return
+    table(
+        f"capabilities in {namespace!r}",
+        ["capability", "agents", "routable", "limit"],
+        [(c, n, ready[c], str(limits[c]) if c in limits else "") for c, n in rows],
+    )
+
+
+def _limit_row(cap: str, limit: RateLimit | None) -> dict[str, object]:
+    if limit is None:
+        return {"capability": cap, "limit": None}
+    return {
+        "capability": cap,
+        "limit": str(limit),
+        "per_second": limit.per_second,
+        "burst": limit.burst,
+    }
+
+
+@caps_app.command("limit")
+@command
+async def limit_cmd(
+    capability: Annotated[
+        str,
+        typer.Argument(
+            help="The capability, e.g. text.summarize.", autocompletion=complete_capability
+        ),
+    ],
+    rate: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Argument(help="Starts per period: 50/s, 600/m, 3/10s. Left out: show the limit."),
+    ] = None,
+    burst: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(
+            "--burst", min=1, help="Starts allowed at once after a quiet spell (default 1)."
+        ),
+    ] = None,
+    clear: Annotated[bool, typer.Option("--clear", help="Remove the capability's limit.")] = False,
+    redis_url: RedisUrl = DEFAULT_REDIS,
+    namespace: Namespace = DEFAULT_NS,
+    json_: Json = False,
+) -> None:
+    """Set, show or remove how often a capability's handlers may start, over every agent
+    and process of the namespace: messages over the limit wait (in the delayed set) until
+    their turn, their callers keep waiting up to their deadlines. Workers apply a change
+    within a second.
+
+    Examples: reach caps limit text.summarize 50/s;  reach caps limit llm.call 600/m
+    --burst 10;  reach caps limit llm.call --clear
+    """
+    cap = normalize_capability(capability)
+    if clear and rate is not None:
+        fail("give a RATE or --clear, not both")
+    if burst is not None and rate is None:
+        fail("--burst goes with a RATE, e.g. reach caps limit CAP 50/s --burst 10")
+    keys = Keys(namespace)
+    r = await open_redis(redis_url)
+    try:
+        if clear:
+            await set_limit(r, keys, cap, None)
+            new: RateLimit | None = None
+        elif rate is not None:
+            new = parse_limit(rate, burst=burst)
+            await set_limit(r, keys, cap, new)
+        else:
+            new = (await get_limits(r, keys)).get(cap)
+    finally:
+        await r.aclose()
+    if json_:
+        print_json(_limit_row(cap, new))
+    elif new is None:
+        print(f"{cap}: no rate limit" + (" (removed)" if clear else ""))
+    else:
+        print(
+            f"{cap}: at most {new} ({new.per_second:g} starts/s over every agent)"
+            + ("; workers apply it within a second" if rate is not None else "")
+        )
