@@ -65,7 +65,7 @@ from reach.errors import ConfigError
 from reach.keys import GROUP, Keys
 from reach.registry import Registry
 from reach.scripts import inbox, run_calls
-from reach.signing import Keyring
+from reach.signing import Keyring, keygen, make_signer
 from reach.tasks import TASK_TTL_MS
 
 from . import floor
@@ -198,8 +198,9 @@ async def load_backlog(
     ``LOAD_BATCH`` at a time so that loading is quick; the Redis state is what that many
     sends leave."""
     n = len(envs)
-    # With REACH_SECRET set (--secret), signed as Client.send signs them.
-    signer = Keyring.from_option(keys.namespace, None)
+    # With REACH_SECRET or REACH_IDENTITY_FILE set (--secret, --ed25519), signed as
+    # Client.send signs them.
+    signer = make_signer(keys.namespace)
     if signer is not None:
         for env in envs:
             signer.sign_envelope(env)
@@ -668,17 +669,39 @@ def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _signing_env(secret: str | None) -> Iterator[None]:
-    """``REACH_SECRET`` and ``REACH_REQUIRE_SIGNED`` for the run (unset without a secret:
-    a benchmark without ``--secret`` never signs, whatever the caller's environment)."""
-    names = ("REACH_SECRET", "REACH_REQUIRE_SIGNED")
+def _signing_env(secret: str | None, ed25519: bool = False) -> Iterator[None]:
+    """The signing variables for the run: ``REACH_SECRET`` (HMAC) or an Ed25519 identity
+    made for the run (``REACH_IDENTITY_FILE``, ``REACH_TRUSTED_KEYS_FILE``; the worker and
+    the callers share it), and ``REACH_REQUIRE_SIGNED``. All unset without either: a
+    benchmark without them never signs, whatever the caller's environment."""
+    names = (
+        "REACH_SECRET",
+        "REACH_REQUIRE_SIGNED",
+        "REACH_IDENTITY_FILE",
+        "REACH_TRUSTED_KEYS_FILE",
+    )
+    if secret and ed25519:
+        raise ConfigError("--secret and --ed25519: choose one signing mode.")
     saved = {n: os.environ.pop(n, None) for n in names}
+    tmp = tempfile.TemporaryDirectory(prefix="reach-bench-keys-")
     if secret:
         Keyring.from_option(NS, secret)  # its length checked before anything starts
         os.environ.update(REACH_SECRET=secret, REACH_REQUIRE_SIGNED="1")
+    elif ed25519:
+        private, line = keygen("bench")
+        key, trusted = Path(tmp.name) / "bench.key", Path(tmp.name) / "trusted"
+        key.write_text(private)
+        key.chmod(0o600)
+        trusted.write_text(line)
+        os.environ.update(
+            REACH_IDENTITY_FILE=str(key),
+            REACH_TRUSTED_KEYS_FILE=str(trusted),
+            REACH_REQUIRE_SIGNED="1",
+        )
     try:
         yield
     finally:
+        tmp.cleanup()
         for n, v in saved.items():
             os.environ.pop(n, None)
             if v is not None:
@@ -695,10 +718,12 @@ def run_bench(
     repeat: int = 1,
     progress: Progress | None = None,
     secret: str | None = None,
+    ed25519: bool = False,
 ) -> dict[str, Any]:
     """Run the whole benchmark on an embedded Redis; returns the figures.
 
-    ``secret``: sign every message with it (HMAC, reach.signing) and run the worker with
+    ``secret``: sign every message with it (HMAC, reach.signing; ``ed25519``: with a key
+    pair made for the run instead) and run the worker with
     signatures required (``REACH_SECRET`` and ``REACH_REQUIRE_SIGNED=1`` for the run: the
     worker processes and the clients read them).
     ``stream_messages``: the streaming workload's size (0: not run; needed by ``floor``,
@@ -717,7 +742,7 @@ def run_bench(
     load_before = os.getloadavg()
     rounds: list[dict[str, Any]] = []
     with (
-        _signing_env(secret),
+        _signing_env(secret, ed25519),
         RedisServer() as server,
         tempfile.TemporaryDirectory(prefix="reach-bench-") as tmp,
     ):
@@ -758,7 +783,7 @@ def run_bench(
         "repeat": repeat,
         # The 1-minute load average before and after: a loaded machine shows here.
         "load_avg_1m": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
-        "signed": bool(secret),
+        "signed": "hmac" if secret else "ed25519" if ed25519 else "",
     }
     if stream_messages:
         out["streaming"] = medians([r["streaming"] for r in rounds])
@@ -806,7 +831,7 @@ def format_report(out: dict[str, Any]) -> str:
     lines = [
         f"redis {out['redis']}, {out['cpus']} cpus, worker concurrency {out['concurrency']}"
         + (f", load average {load[0]} -> {load[1]}" if load else "")
-        + (", messages signed (HMAC), signatures required" if out.get("signed") else "")
+        + (f", messages signed ({out['signed']}), signatures required" if out.get("signed") else "")
         + med,
         (
             f"fire-and-forget backlog of {tp['messages']} msgs processed in "
@@ -965,6 +990,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="sign every message with this secret (HMAC) and require signatures on the "
         "worker, to compare with a run without",
     )
+    ap.add_argument(
+        "--ed25519",
+        action="store_true",
+        help="the same with an Ed25519 key pair made for the run (needs cryptography)",
+    )
     a = ap.parse_args(argv)
 
     progress = progress_lines()
@@ -979,6 +1009,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             repeat=a.repeat,
             progress=progress,
             secret=a.secret,
+            ed25519=a.ed25519,
         )
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
