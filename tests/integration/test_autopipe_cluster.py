@@ -18,7 +18,7 @@ import redis.asyncio as aredis
 from redis import exceptions as rexc
 from redis.crc import key_slot
 
-from reach._autopipe import AutoPipeline
+from reach._autopipe import IDLE_RELEASE_S, AutoPipeline
 from reach.connection import AnyRedis, connect
 from reach.embedded import ServerBinary
 from reach.scripts import Call, script
@@ -425,3 +425,16 @@ def test_one_auto_pipeline_in_a_second_event_loop_does_not_hang(
 
     got = asyncio.run(asyncio.wait_for(second(), 10))
     assert len(got) == 60 and all(x == b"1" or isinstance(x, Exception) for x in got)
+
+
+async def test_idle_node_connections_go_back_to_the_pool(auto: AutoPipeline, ns: str) -> None:
+    assert all(await asyncio.gather(*(auto.set(f"{ns}:i:{i}", i) for i in range(300))))
+    router = auto._router
+    assert router is not None and len(router.muxes) == 3
+    assert all(m.conn is not None for m in router.muxes.values())
+    await asyncio.sleep(IDLE_RELEASE_S + 0.5)
+    assert all(m.conn is None and m.reader is None for m in router.muxes.values())
+    # taken again by the next commands
+    assert await asyncio.gather(*(auto.get(f"{ns}:i:{i}") for i in range(300))) == [
+        str(i).encode() for i in range(300)
+    ]
