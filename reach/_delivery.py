@@ -139,6 +139,25 @@ class Coalescer:
                 fut.set_result(x)
 
 
+def seal(env: Envelope, signer: Signer | None, *, tracing: bool) -> None:
+    """The last step before ``env`` is encoded: the trace headers (``tracing``), then the
+    signature (``signer``: reach.signing).
+
+    An envelope that is signed already, and verifies with ``signer`` (or there is none to
+    check it with), goes as it is: a retry or a parked message the sweeper places again
+    (through its runtime's Client), signed by its sender. Its headers are covered by that
+    signature, so no trace header is written into them, and it is not signed again, which
+    with per-identity keys would make the sweeping agent its sender. One that no longer
+    verifies (a dead letter replayed with a new deadline and ``reply_to``) is signed again.
+    """
+    if env.sig and (signer is None or signer.check_envelope(env) is None):
+        return
+    if tracing:
+        logs.inject(env.headers)
+    if signer is not None:
+        signer.sign_envelope(env)
+
+
 class Delivery:
     """Route envelopes over ``view`` with ``router`` and add them to the chosen agents'
     inboxes through ``commands`` (keys of ``keys``). ``redis_url`` is named in the error
@@ -188,9 +207,7 @@ class Delivery:
             if track:
                 self.router.inflight.add(agent.agent_id)
             with logs.span("reach.deliver", kind="producer"):
-                logs.inject(env.headers)
-                if self.signer is not None:  # signed last: the trace headers are in
-                    self.signer.sign_envelope(env)
+                seal(env, self.signer, tracing=True)
                 data = encode(env)
                 depth = await self._add(env, agent, data, track=track)
             if depth is None:
@@ -307,10 +324,8 @@ class Delivery:
                 cluster = self.commands.cluster
                 for i, agent in picked:
                     env = envs[i]
-                    if tracing:
-                        logs.inject(env.headers)
-                    if signer is not None:
-                        signer.sign_envelope(env)
+                    if tracing or signer is not None or env.sig:
+                        seal(env, signer, tracing=tracing)
                     items.append(
                         inbox.Delivery(
                             inbox.Message.of(env, encode(env)),

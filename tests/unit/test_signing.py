@@ -10,9 +10,19 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from reach import logs
+from reach._delivery import seal
 from reach._replies import ReplyReader
 from reach.agent import RuntimeOptions, worker_signing
-from reach.envelope import Envelope, Reply, decode_envelope, decode_reply, encode, encode_payload
+from reach.envelope import (
+    Envelope,
+    Reply,
+    decode_envelope,
+    decode_reply,
+    encode,
+    encode_payload,
+    new_id,
+)
 from reach.errors import ConfigError
 from reach.signing import (
     IdentityKeys,
@@ -322,3 +332,25 @@ def test_keygen_command_writes_a_private_file(
     name, _ = load_identity(f)
     assert name == "me" and capsys.readouterr().out.startswith("me ")
     assert signing_main(["keygen", "me", str(f)]) == 2  # never overwrites a key
+
+
+def test_seal_leaves_a_valid_signed_envelope_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The sweeper places retries and parked messages through its runtime's Client: with
+    # tracing on, writing a trace header into a signed envelope broke its signature.
+    def inject(headers: dict[str, str]) -> None:
+        headers["traceparent"] = f"00-{new_id()}-01"
+
+    monkeypatch.setattr(logs, "inject", inject)
+    k = ring(S1)
+    signed = env()
+    k.sign_envelope(signed)
+    before = encode(signed)
+    for signer in (None, k, ring(S2, S1)):
+        seal(signed, signer, tracing=True)
+        assert encode(signed) == before
+    fresh = env()
+    seal(fresh, k, tracing=True)
+    assert "traceparent" in fresh.headers and k.check_envelope(fresh) is None
+    replayed = msgspec.structs.replace(signed, deadline_ms=0, headers=dict(signed.headers))
+    seal(replayed, k, tracing=True)  # no longer verifies: signed again
+    assert k.check_envelope(replayed) is None and replayed.sig != signed.sig
