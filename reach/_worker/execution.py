@@ -35,6 +35,7 @@ from ..registry import Registry
 from ..scripts import ClaimCode, delivery
 from ..scripts.delivery import Claimed, ClaimItem, Completion, Delayed, Mode, StartItem
 from ..scripts.inbox import CLAIM_AT_SEND_FENCE
+from ..signing import sign_reply_for
 from ..tasks import TASK_TTL_MS
 from . import outcome as oc
 from .items import Delivery
@@ -359,8 +360,10 @@ class Execution(Part):
     def _replay(self, it: Delivery, stored: bytes) -> None:
         reply = decode_reply(stored)
         if reply.msg_id != it.env.msg_id:
-            # Same idempotency key, another message: its caller waits for its own msg_id.
-            stored = encode(msgspec.structs.replace(reply, msg_id=it.env.msg_id))
+            # Same idempotency key, another message: its caller waits for its own msg_id
+            # (signed again when this agent signs: the msg_id is signed).
+            renamed = msgspec.structs.replace(reply, msg_id=it.env.msg_id, kid="", sig=b"")
+            stored = sign_reply_for(self.keys.namespace, self.agent_id, renamed)
         it.answer(self.keys, stored, publish=True)
         it.outcome = Settled.REPLAYED
         self.settlement.queue(it)

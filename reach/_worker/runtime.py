@@ -351,7 +351,13 @@ class Runtime:
         # The agent's own Client (ctx.client) shares the process's auto-pipelined client:
         # calls from handlers add no connection.
         client = Client(
-            redis=host.redis, namespace=o.namespace, client_id=f"a-{self.agent.agent_id}"
+            redis=host.redis,
+            namespace=o.namespace,
+            client_id=f"a-{self.agent.agent_id}",
+            # ctx.client signs (and checks replies) with the agent's own keys
+            secret=o.secret,
+            identity_file=o.identity_file,
+            trusted_keys_file=o.trusted_keys_file,
         )
         hooks = self.hooks
         outages = Outages(self.agent.agent_id)

@@ -237,11 +237,6 @@ async def test_signing_without_requiring_it_accepts_unsigned(redis_url: str, ns:
         assert (await c.request(CAP, "b", timeout_s=20))["sender"] == c.client_id
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="reach/_worker/execution.py _replay rewrites msg_id in the stored reply without "
-    "signing it again (docs/security.md, Not yet): the client drops it",
-)
 async def test_a_stored_reply_replayed_to_another_message_is_taken(redis_url: str, ns: str) -> None:
     # Same idempotency key, a new msg_id: the worker answers from the stored result.
     seen = Seen()
