@@ -142,14 +142,34 @@ end
 local err, max, n = check()
 if err then return refuse(err) end
 
+-- The claim's server time, lease end and agent id, computed once per call.
+local now, until_ms, claim_agent
+
 -- Add message j (its KEYS after k, its ARGV after a) and mark it pending (a status the
--- record holds already is kept; a record known not to exist takes all in one HSET).
+-- record holds already is kept as below; a record known not to exist takes all in one
+-- HSET, and with a claim (claim_for ~= '') it is written claimed and the entry names the
+-- owner and the lease: see the header).
 local function add(k, a, new)
-  local id = redis.call('XADD', KEYS[k + 1], '*', 'e', ARGV[a + 1])
-  if new then
+  local claimed = new and claim_for ~= ''
+  local id
+  if claimed then
+    if not now then
+      now = now_ms()
+      until_ms = now + tonumber(ARGV[9])
+      claim_agent = string.match(claim_for, '^(.+)/[^/]+$')
+    end
+    id = redis.call('XADD', KEYS[k + 1], '*', 'e', ARGV[a + 1], 'c', claim_for, 'l', until_ms)
+    redis.call('HSET', KEYS[k + 2], 'status', 'pending', 'capability', ARGV[a + 2],
+      'attempt', ARGV[a + 3], 'sent_msg_id', ARGV[a + 4], 'fence', 1, 'runs', 0,
+      'owner', claim_for, 'lease_until', until_ms, 'msg_id', ARGV[a + 4],
+      'agent_id', claim_agent, 'updated_ms', now)
+  else
+    id = redis.call('XADD', KEYS[k + 1], '*', 'e', ARGV[a + 1])
+  end
+  if new and not claimed then
     redis.call('HSET', KEYS[k + 2], 'status', 'pending', 'capability', ARGV[a + 2],
       'attempt', ARGV[a + 3], 'sent_msg_id', ARGV[a + 4])
-  else
+  elseif not new then
     -- A done key (succeeded: its result stored, later copies replay it) and a running one
     -- keep their status; any other (dead, failed, expired, retrying: released, it runs again)
     -- is pending from now, so nobody reads the last run's outcome as this send's.
@@ -160,28 +180,6 @@ local function add(k, a, new)
     redis.call('HSET', KEYS[k + 2], 'capability', ARGV[a + 2], 'attempt', ARGV[a + 3],
       'sent_msg_id', ARGV[a + 4])
   end
-  redis.call('PEXPIRE', KEYS[k + 2], ARGV[6])
-  if ARGV[a + 5] ~= '' then
-    redis.call('SET', KEYS[k + 3], ARGV[a + 5], 'PX', ARGV[6])
-  end
-  return id
-end
-
--- Add message j (as add) with a claim for claim_for on its fresh record: the entry names
--- the owner and the lease, the record is written claimed (see the header).
-local now, until_ms, claim_agent
-local function add_claimed(k, a)
-  if not now then
-    now = now_ms()
-    until_ms = now + tonumber(ARGV[9])
-    claim_agent = string.match(claim_for, '^(.+)/[^/]+$')
-  end
-  local id = redis.call('XADD', KEYS[k + 1], '*', 'e', ARGV[a + 1], 'c', claim_for,
-    'l', until_ms)
-  redis.call('HSET', KEYS[k + 2], 'status', 'pending', 'capability', ARGV[a + 2],
-    'attempt', ARGV[a + 3], 'sent_msg_id', ARGV[a + 4], 'fence', 1, 'runs', 0,
-    'owner', claim_for, 'lease_until', until_ms, 'msg_id', ARGV[a + 4],
-    'agent_id', claim_agent, 'updated_ms', now)
   redis.call('PEXPIRE', KEYS[k + 2], ARGV[6])
   if ARGV[a + 5] ~= '' then
     redis.call('SET', KEYS[k + 3], ARGV[a + 5], 'PX', ARGV[6])
@@ -202,19 +200,15 @@ end
 
 if n == 0 then
   if max > 0 and depth >= max then return depth end
-  if claim_for ~= '' and redis.call('EXISTS', KEYS[2]) == 0 then
-    return add_claimed(0, 0)
-  end
-  return add(0, 0, false)
+  -- Whether the record is new matters only to claim it (the one-message form does not
+  -- look otherwise: its status rule reads the record anyway).
+  return add(0, 0, claim_for ~= '' and redis.call('EXISTS', KEYS[2]) == 0)
 end
 
 local out = {}
 for j = 1, n do
   if max > 0 and depth >= max then
     out[j] = depth
-  elseif claim_for ~= '' and fresh[j] then
-    out[j] = add_claimed(kbase(j), abase(j))
-    depth = depth + 1
   else
     out[j] = add(kbase(j), abase(j), fresh[j])
     depth = depth + 1

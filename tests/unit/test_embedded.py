@@ -212,6 +212,12 @@ def test_persistent_server_uses_aof_everysec_and_survives_sigkill(
             assert Path(client.config_get("dir")["dir"]).resolve() == data_dir.resolve()
             ids = [client.xadd("s", {"n": str(i)}) for i in range(50)]
             client.set("k", "v")
+            # everysec: a write is in the AOF file (the kernel's, so a SIGKILL keeps it) once
+            # Redis has flushed its AOF buffer, which it postpones while an fsync is slow
+            # (a loaded machine): wait for that, not for an fsync.
+            deadline = time.monotonic() + 10
+            while client.info("persistence")["aof_buffer_length"] and time.monotonic() < deadline:
+                time.sleep(0.01)
         finally:
             client.close()
         assert list(data_dir.rglob("*.aof")), "an AOF is written in the data dir"
