@@ -12,7 +12,8 @@
 -- ARGV[2] capability
 -- ARGV[3] attempt, integer 0..999999999999999
 -- ARGV[4] msg_id
--- ARGV[5] caller-chosen idempotency key, or '' (the key is then the msg_id)
+-- ARGV[5] the record's key when the caller chose an idempotency key (what KEYS[3] then
+--         holds: reach.envelope.scoped_key), or '' (the record is named by the msg_id)
 -- ARGV[6] ttl_ms of the record and the pointer, integer 1..31536000000 (365 days)
 -- ARGV[7] max_queue: the agent's bound on queued + in-flight messages, integer
 --         0..999999999999999; 0 (or absent) = unbounded

@@ -17,8 +17,8 @@
 --   ARGV[p+4] mode: 'done' (store the reply, later deliveries replay it) | 'release' (the
 --             key may run again) (only with a record)
 --   ARGV[p+5] error text for the status (only with a record)
---   ARGV[p+6] reply stream index (0 = publish no reply): XADD <stream> * r <reply>, then
---             PEXPIRE <stream> ttl_ms
+--   ARGV[p+6] reply stream index (0 = publish no reply): XADD <stream> MAXLEN ~
+--             <StreamBound.REPLIES> * r <reply>, then PEXPIRE <stream> ttl_ms
 --   ARGV[p+7] inbox index (0 = no ack): XACK <inbox> <group> <entry id>, XDEL <inbox> <id>
 --   ARGV[p+8] entry id: a stream id 'ms-seq' or 'ms' (read only with an inbox)
 --   ARGV[p+9] follow-up: 0 none | 1 a dead letter | 2 a delayed copy (a retry, or a
@@ -239,7 +239,7 @@ for item = 1, tonumber(ARGV[3]) do
   end
   if code == SettleCode_SETTLED then
     if ri > 0 then
-      redis.call('XADD', KEYS[ri], '*', 'r', reply)
+      redis.call('XADD', KEYS[ri], 'MAXLEN', '~', StreamBound_REPLIES, '*', 'r', reply)
       redis.call('PEXPIRE', KEYS[ri], ttl)
     end
     follow_up(kind, p + 10)

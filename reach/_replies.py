@@ -3,8 +3,11 @@
 A :class:`~reach.client.Client` owns one :class:`ReplyReader`. A call registers the
 message it waits for (:meth:`ReplyReader.expect`), the reader task reads the client's reply
 stream (``XREAD BLOCK``) and wakes that call, and the call takes its reply
-(:meth:`ReplyReader.wait`). Replies no call waits for (yet) are kept, bounded, for
-``Client.result``; replies read and answered are deleted from the stream in batches.
+(:meth:`ReplyReader.wait`). A reply to a message this client sent (:meth:`ReplyReader.sent`)
+that no call waits for yet is kept, bounded, for ``Client.result``; a reply to a message it
+never sent (an earlier run's, or written by someone else) is dropped and counted
+(:attr:`ReplyReader.strays`); replies read and answered or dropped are deleted from the
+stream in batches.
 
 The reader knows nothing of the client: it is given the reply stream's key and the
 connections to read it with, and it is called, never calls back.
@@ -15,6 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -35,14 +39,18 @@ log = logging.getLogger("reach.client")
 _RETRY_MIN_S, _RETRY_MAX_S = 0.1, 1.0  # the reader's pause after a failed read
 _DROP_LOG_EVERY_S = 60.0
 _DONE_KEPT = 10_000  # msg_ids of calls over, so a late duplicate reply is dropped
+_SENT_KEPT = 100_000  # msg_ids sent with a reply wanted and not answered yet, newest kept
 
 
 class ReplyReader:
     """Read one client's reply stream ``key`` and hand each reply to the call waiting on it.
 
-    ``client_id`` names the client in log lines. A reply no call waits for is kept for
-    ``unclaimed_ttl_s`` seconds, at most ``max_unclaimed`` of them, oldest dropped first (a
-    dropped one is deleted from the stream). With a ``verifier`` (the client's secret), a
+    ``client_id`` names the client in log lines. A reply to a message this client sent
+    (:meth:`sent`) that no call waits for is kept for ``unclaimed_ttl_s`` seconds, at most
+    ``max_unclaimed`` of them, oldest dropped first (a dropped one is deleted from the
+    stream). A reply to a message it never sent is dropped at once, deleted from the stream
+    and counted in :attr:`strays`: memory is never spent on replies nobody here asked for
+    (``Client.result`` of an earlier run's message reads its task record). With a ``verifier`` (the client's secret), a
     reply that is unsigned or whose signature does not verify is dropped (deleted from the
     stream) and counted in :attr:`forged`, never handed to a call. :meth:`start` starts the reader task once;
     until then nothing is read.
@@ -56,6 +64,7 @@ class ReplyReader:
         max_unclaimed: int,
         unclaimed_ttl_s: float,
         verifier: Signer | None = None,
+        on_drop: Callable[[str], None] | None = None,
     ) -> None:
         self.key = key
         self.client_id = client_id
@@ -68,6 +77,11 @@ class ReplyReader:
         self.unclaimed: OrderedDict[str, tuple[float, Any]] = OrderedDict()
         self.answered: list[Any] = []  # reply entries read and answered, to delete
         self.done: OrderedDict[str, None] = OrderedDict()
+        # msg_ids sent by this client with a reply wanted, not answered yet (bounded).
+        self.sent_ids: OrderedDict[str, None] = OrderedDict()
+        self.strays = 0  # replies dropped: for a message this client never sent
+        self._strays_logged = 0
+        self._strays_logged_at = -_DROP_LOG_EVERY_S
         self.last_id: Any = "0"
         self.outage = logs.OutageLog(log, f"client {client_id}: reading its replies")
         self.started = False
@@ -77,6 +91,9 @@ class ReplyReader:
         self._commands: AutoPipeline | None = None
         self._quiet = False  # the last read returned nothing
         self.verifier = verifier
+        # Told the reason of each reply dropped unread ('unauthenticated', 'not_sent'):
+        # the client counts them in its metrics.
+        self.on_drop = on_drop
         self.forged = 0  # replies dropped: unsigned or forged (with a verifier only)
         self._forged_logged = 0  # self.forged at the last line about them
         self._forged_logged_at = -_DROP_LOG_EVERY_S
@@ -148,6 +165,10 @@ class ReplyReader:
             self.answered.append(entry_id)  # a duplicate of an answered call
             return
         ev = self.events.get(msg_id)
+        if ev is None and msg_id not in self.sent_ids:
+            self._stray_reply(reply, now)
+            self.answered.append(entry_id)  # deleted: nobody here will ever take it
+            return
         self.replies[msg_id] = reply
         if ev is not None:
             ev.set()
@@ -162,6 +183,8 @@ class ReplyReader:
         """Count a reply dropped for its signature; one log line a minute at most (a
         flood of forged replies must not flood the log)."""
         self.forged += 1
+        if self.on_drop is not None:
+            self.on_drop("unauthenticated")
         if now - self._forged_logged_at < _DROP_LOG_EVERY_S:
             return
         log.warning(
@@ -174,6 +197,24 @@ class ReplyReader:
             why,
         )
         self._forged_logged, self._forged_logged_at = self.forged, now
+
+    def _stray_reply(self, reply: Reply, now: float) -> None:
+        """Count a reply to a message this client never sent (or forgot: it sent more than
+        ``_SENT_KEPT`` unanswered); one log line a minute at most."""
+        self.strays += 1
+        if self.on_drop is not None:
+            self.on_drop("not_sent")
+        if now - self._strays_logged_at < _DROP_LOG_EVERY_S:
+            return
+        log.info(
+            "client %s: dropped %d replies to messages this client did not send (latest: "
+            "msg %s from agent %r); `reach task <msg_id>` has the outcome of any message",
+            self.client_id,
+            self.strays - self._strays_logged,
+            reply.msg_id[:64],
+            reply.agent_id[:64],
+        )
+        self._strays_logged, self._strays_logged_at = self.strays, now
 
     def _expire_unclaimed(self, now: float) -> None:
         """Drop (and delete from the stream) unclaimed replies past the count or age bound."""
@@ -214,6 +255,14 @@ class ReplyReader:
                 return
 
     # -- the waiting calls --------------------------------------------------------------
+    def sent(self, msg_id: str) -> None:
+        """This client sent ``msg_id`` wanting a reply: a reply read before anyone waits for
+        it is kept (for ``Client.result``), not dropped as a stray."""
+        ids = self.sent_ids
+        ids[msg_id] = None
+        if len(ids) > _SENT_KEPT:
+            ids.popitem(last=False)
+
     def expect(self, msg_id: str) -> anyio.Event:
         """Register a call waiting for the reply of ``msg_id``; its event is set when read."""
         ev = self.events[msg_id] = anyio.Event()
@@ -237,6 +286,7 @@ class ReplyReader:
     def take(self, msg_id: str) -> Reply:
         """The reply read for ``msg_id`` (it must be in :attr:`replies`): the call is over."""
         reply = self.replies.pop(msg_id)
+        self.sent_ids.pop(msg_id, None)
         unclaimed = self.unclaimed.pop(msg_id, None)
         if unclaimed is not None:
             self.answered.append(unclaimed[1])  # answered now: delete it from the stream
@@ -246,6 +296,7 @@ class ReplyReader:
     def forget(self, msg_id: str) -> None:
         """The call of ``msg_id`` is over, answered or not: no longer waited for."""
         self.events.pop(msg_id, None)
+        self.sent_ids.pop(msg_id, None)
         if msg_id not in self.done:
             # Gave up (deadline, cancelled, not delivered): a late reply is dropped, not
             # kept in memory (nor in the reply stream) for a call nobody waits on.

@@ -168,6 +168,7 @@ class Client:
             max_unclaimed=max_unclaimed_replies,
             unclaimed_ttl_s=unclaimed_reply_ttl_s,
             verifier=self.signer,
+            on_drop=metrics.client_reply_dropped,
         )
         # The reader's state under the names it had here (tests look at them).
         self._events, self._replies = self._reader.events, self._reader.replies
@@ -230,6 +231,13 @@ class Client:
         """Replies dropped because they were unsigned or their signature did not verify
         (only a client with a secret checks)."""
         return self._reader.forged
+
+    @property
+    def stray_replies(self) -> int:
+        """Replies dropped because this client never sent their message (or sent more
+        than 100,000 unanswered since): an earlier run's, or written by someone else.
+        ``result()`` of such a message reads its task record instead."""
+        return self._reader.strays
 
     @property
     def max_unclaimed_replies(self) -> int:
@@ -388,6 +396,8 @@ class Client:
         message then goes to another eligible agent, and when every one refused,
         :class:`~reach.errors.Overloaded` is raised (nothing was sent).
         """
+        if env.reply_to == self.client_id:
+            self._reader.sent(env.msg_id)  # its reply is kept until taken (result())
         return await self._delivery.deliver(env, where=where, track=track)
 
     async def send(

@@ -52,7 +52,9 @@ class Context:
     deadline_ms = property(lambda self: self.envelope.deadline_ms)
     capability = property(lambda self: self.envelope.capability)
     headers = property(lambda self: self.envelope.headers)
-    idempotency_key = property(lambda self: self.envelope.key)
+    idempotency_key = property(lambda self: self.envelope.idempotency_key or self.envelope.msg_id)
+    """The caller's idempotency key, or the msg_id when it chose none. (Its record is
+    scoped to the capability and the signing identity: ``envelope.key`` names it.)"""
 
     @property
     def sender(self) -> str | None:

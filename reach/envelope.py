@@ -81,8 +81,39 @@ class Envelope(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_
 
     @property
     def key(self) -> str:
-        """The idempotency key: the caller's, or the msg_id."""
-        return self.idempotency_key or self.msg_id
+        """The name of this message's idempotency record: the msg_id, or, when the caller
+        chose an ``idempotency_key``, that key scoped to the capability and to the verified
+        identity that signed it (:func:`scoped_key`): one caller's key never names another
+        caller's record, nor the record of another capability."""
+        k = self.idempotency_key
+        if not k:
+            return self.msg_id
+        # Only an Ed25519 signature (64 bytes) names its signer: a shared secret's (32
+        # bytes) says "a member of the team", and the team is the namespace.
+        return scoped_key(
+            self.capability, k, self.kid if len(self.sig) == ED25519_SIG_BYTES else ""
+        )
+
+
+ED25519_SIG_BYTES = 64
+_SCOPE_SEP = "|"  # in neither a capability's nor an identity name's alphabet
+
+
+def scoped_key(capability: str, idempotency_key: str, identity: str = "") -> str:
+    """The idempotency record name of a caller-chosen ``idempotency_key`` sent to
+    ``capability`` by ``identity`` (the Ed25519 signer's name; ``''`` unsigned or signed
+    with the namespace's shared secret): ``"<capability>|<identity>|<key>"``.
+
+    Idempotency is scoped to (namespace, capability, identity): a replay is served only
+    to the same caller of the same capability (docs/concepts.md, *Idempotency scope*)."""
+    return f"{capability}{_SCOPE_SEP}{identity}{_SCOPE_SEP}{idempotency_key}"
+
+
+def caller_key(record_key: str) -> str:
+    """The caller's own idempotency key inside a record name made by :func:`scoped_key`
+    (a name that is not one, e.g. a msg_id, is returned as it is)."""
+    parts = record_key.split(_SCOPE_SEP, 2)
+    return parts[2] if len(parts) == 3 else record_key
 
 
 class _Version(msgspec.Struct):

@@ -340,6 +340,12 @@ BREAKERS_OPEN = Gauge("reach_breakers_open", "Circuit breakers open in this proc
 CLIENT = Counter(
     "reach_client_requests", "Request outcomes seen by callers.", ["capability", "outcome"]
 )
+REPLIES_DROPPED = Counter(
+    "reach_client_replies_dropped",
+    "Replies a client dropped unread by any call: reason unauthenticated (unsigned or "
+    "forged, with a secret) or not_sent (to a message this client did not send).",
+    ["reason"],
+)
 CLIENT_S = Histogram(
     "reach_client_request_duration_seconds",
     "From request() to its outcome, as the caller saw it.",
@@ -375,6 +381,11 @@ def _child(metric: Any, *labels: str) -> Any:
 def message_sent(capability: str, priority: str) -> None:
     """A message (or a retry) was added to an agent's inbox."""
     _TALLY.count(SENT, (_cap(capability), priority))
+
+
+def client_reply_dropped(reason: str) -> None:
+    """A client dropped a reply: ``unauthenticated`` or ``not_sent``."""
+    _TALLY.count(REPLIES_DROPPED, (reason,))
 
 
 def client_reply(capability: str, outcome: str, seconds: float) -> None:

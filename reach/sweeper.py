@@ -54,7 +54,8 @@ from .logs import OutageLog
 from .outcomes import DeadReason, Status
 from .registry import Registry
 from .scripts import delivery, inbox
-from .scripts.codes import DropInboxCode
+from .scripts.codes import DropInboxCode, StreamBound
+from .signing import Signer
 from .tasks import DLQ_MAXLEN, MALFORMED_CAP, TASK_TTL_MS, dead_letter_op, raw_dead_letter_op
 from .untrusted import strict_text
 
@@ -126,10 +127,15 @@ class _Letters:
     """Filing dead letters in one namespace, and giving up on messages no handler will run
     (their status set, their caller told)."""
 
-    def __init__(self, redis: AnyRedis, keys: Keys, dlq_maxlen: int) -> None:
+    def __init__(
+        self, redis: AnyRedis, keys: Keys, dlq_maxlen: int, signer: Signer | None = None
+    ) -> None:
         self.redis = redis
         self.keys = keys
         self.dlq_maxlen = dlq_maxlen
+        self.signer = (
+            signer  # signs the replies it writes (a caller with a secret drops unsigned ones)
+        )
 
     async def raw(self, data: bytes, *, reason: str, error: str, agent_id: str = "") -> None:
         """File bytes that are no usable envelope (under ``_malformed``, bounded)."""
@@ -191,14 +197,22 @@ class _Letters:
         if not env.reply_to:
             return []
         rk = self.keys.replies(env.reply_to)
-        return [("XADD", rk, "*", "r", encode(reply)), ("PEXPIRE", rk, TASK_TTL_MS)]
+        if self.signer is not None and not reply.sig:
+            self.signer.sign_reply(reply)
+        return [
+            ("XADD", rk, "MAXLEN", "~", int(StreamBound.REPLIES), "*", "r", encode(reply)),
+            ("PEXPIRE", rk, TASK_TTL_MS),
+        ]
 
     async def _forward_stored(self, env: Envelope, stored: bytes) -> bool:
         """Hand the stored reply of a key that completed to the caller of ``env`` (a
         duplicate). False when the reply cannot be read."""
         if env.reply_to and stored:
             try:
-                reply = msgspec.structs.replace(decode_reply(stored), msg_id=env.msg_id)
+                # Renamed to this copy's msg_id: the old signature no longer covers it.
+                reply = msgspec.structs.replace(
+                    decode_reply(stored), msg_id=env.msg_id, kid="", sig=b""
+                )
             except BadEnvelope as e:
                 log.warning("stored reply of key %r unreadable (%s)", env.key, e)
                 return False
@@ -214,12 +228,14 @@ async def expire(
     reason: str,
     error: str,
     maxlen: int = DLQ_MAXLEN,
+    signer: Signer | None = None,
 ) -> None:
-    """Dead-letter a message whose deadline passed outside any handler, tell the caller.
+    """Dead-letter a message whose deadline passed outside any handler, tell the caller
+    (the reply signed by ``signer`` when given).
 
     A record already completed (a duplicate of a message that succeeded) keeps its status.
     """
-    await _Letters(redis, keys, maxlen).give_up(
+    await _Letters(redis, keys, maxlen, signer).give_up(
         env, status=Status.EXPIRED, reason=reason, error=error
     )
 
@@ -245,7 +261,7 @@ class _Chores(_Letters):
     through the router, and what it did (``out``)."""
 
     def __init__(self, redis: AnyRedis, keys: Keys, client: Client, dlq_maxlen: int) -> None:
-        super().__init__(redis, keys, dlq_maxlen)
+        super().__init__(redis, keys, dlq_maxlen, client.signer)
         self.client = client
         self.out = Moved()
 

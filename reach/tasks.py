@@ -16,7 +16,15 @@ from typing import Any
 import msgspec
 
 from .connection import AnyRedis
-from .envelope import BadEnvelope, Envelope, Reply, decode_envelope, decode_reply, now_ms
+from .envelope import (
+    BadEnvelope,
+    Envelope,
+    Reply,
+    caller_key,
+    decode_envelope,
+    decode_reply,
+    now_ms,
+)
 from .keys import Keys
 from .outcomes import STORED_STATUSES, Status
 from .untrusted import safe_int, safe_text
@@ -56,7 +64,7 @@ async def get_status(redis: AnyRedis, keys: Keys, msg_id: str) -> TaskStatus:
     return TaskStatus(
         msg_id=msg_id,
         status=status if status in STATUSES else Status.UNKNOWN,
-        idempotency_key=idem_key if key else "",
+        idempotency_key=caller_key(idem_key) if key else "",
         capability=safe_text(d.get("capability", b"")),
         agent_id=safe_text(d.get("agent_id", b"")),
         attempt=safe_int(d.get("attempt")),

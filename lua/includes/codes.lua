@@ -12,3 +12,4 @@ local ClaimCode_RUN, ClaimCode_REPLAY, ClaimCode_BUSY = 1, 2, 3
 local SettleCode_SETTLED, SettleCode_FENCED = 1, 0
 local FollowUpKind_NONE, FollowUpKind_DEAD_LETTER, FollowUpKind_RETRY = 0, 1, 2
 local DropInboxCode_DROPPED, DropInboxCode_KEPT = 1, 0
+local StreamBound_REPLIES = 100000

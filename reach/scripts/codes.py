@@ -89,6 +89,16 @@ class DropInboxCode(IntEnum):
     DROPPED, KEPT = 1, 0
 
 
+class StreamBound(IntEnum):
+    """A length the scripts take, not an answer: REPLIES is the bound of a client's reply
+    stream (``XADD ... MAXLEN ~``), so that replies nobody reads (a caller gone for good,
+    or a flood written by someone else) cannot grow it without limit. A client deletes the
+    replies it read, so only a caller with more than this many unread replies loses the
+    oldest (their outcomes stay in the task records)."""
+
+    REPLIES = 100_000
+
+
 CODES: tuple[type[IntEnum], ...] = (
     RegisterCode,
     HeartbeatCode,
@@ -100,6 +110,7 @@ CODES: tuple[type[IntEnum], ...] = (
     SettleCode,
     FollowUpKind,
     DropInboxCode,
+    StreamBound,
 )
 
 REGENERATE = ".venv/bin/python -c 'from reach.scripts import codes; codes.write_lua()'"

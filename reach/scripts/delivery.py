@@ -23,7 +23,7 @@ from ..connection import AnyRedis
 from ..keys import GROUP, Keys
 from ._call import Arg, Call, as_bytes, as_int, as_text, run_calls
 from ._loader import Op, is_data_error, run_pipeline
-from .codes import ClaimCode, FollowUpKind, SettleCode
+from .codes import ClaimCode, FollowUpKind, SettleCode, StreamBound
 
 log = logging.getLogger("reach.scripts")
 
@@ -536,7 +536,16 @@ async def _settle_pipelined(
     for it in done:
         if it.reply_stream:
             ops += [
-                ("XADD", it.reply_stream, "*", "r", it.reply),
+                (
+                    "XADD",
+                    it.reply_stream,
+                    "MAXLEN",
+                    "~",
+                    int(StreamBound.REPLIES),
+                    "*",
+                    "r",
+                    it.reply,
+                ),
                 ("PEXPIRE", it.reply_stream, ttl_ms),
             ]
         if it.follow_up is not None:

@@ -57,7 +57,8 @@ def _bound(max_queue: int) -> int:
 class Message:
     """A message to add to an agent's inbox: its encoded envelope ``data`` and what its
     idempotency record keeps. ``key``: the record's key (the caller's idempotency key, or
-    the msg_id); ``idempotency_key``: the caller's, or ``''``."""
+    the msg_id; a caller's key scoped as :func:`reach.envelope.scoped_key` makes it);
+    ``idempotency_key``: the caller's own, or ``''``."""
 
     data: bytes
     capability: str
@@ -77,6 +78,13 @@ class Message:
             key=env.key,
             idempotency_key=env.idempotency_key,
         )
+
+    @property
+    def pointer(self) -> str:
+        """What the msg_id -> record pointer holds: the record's key when the caller chose
+        its own idempotency key, else ``''`` (no pointer: the record is named by the
+        msg_id)."""
+        return self.key if self.idempotency_key else ""
 
 
 def send_call(
@@ -105,7 +113,7 @@ def send_call(
         m.capability,
         m.attempt,
         m.msg_id,
-        m.idempotency_key,
+        m.pointer,
         ttl_ms,
         bound,
     )
@@ -137,7 +145,7 @@ def send_batch_call(
     for j, (m, priority) in enumerate(messages):
         inbox = inboxes.get(priority) or keys.inbox(agent_id, priority)
         k += [inbox, keys.idem(m.key), keys.task(m.msg_id)]
-        args += [m.data, m.capability, m.attempt, m.msg_id, m.idempotency_key]
+        args += [m.data, m.capability, m.attempt, m.msg_id, m.pointer]
         if j == 0:  # the one-message layout, then the batch's own
             k += keys.inboxes(agent_id)
             args += [ttl_ms, _bound(max_queue)]
@@ -181,8 +189,8 @@ def _record_ops(keys: Keys, m: Message, *, ttl_ms: int) -> list[Op]:
     with a caller's idempotency key, the msg_id -> key pointer (no status: a plain SET on
     its own slot), as ``send.lua`` writes them on standalone Redis."""
     ops = [mark_pending_call(keys, m, ttl_ms=ttl_ms).op()]
-    if m.idempotency_key:
-        ops.append(("SET", keys.task(m.msg_id), m.idempotency_key, "PX", ttl_ms))
+    if m.pointer:
+        ops.append(("SET", keys.task(m.msg_id), m.pointer, "PX", ttl_ms))
     return ops
 
 

@@ -256,10 +256,10 @@ async def test_giving_up_tells_the_caller_and_spares_completed_keys(r: AnyRedis,
         damaged = c.build(CAP, 3, idempotency_key="k-damaged", timeout_s=5)
     replies = keys.replies("adm-caller")
     stored = Reply(msg_id="first", status="succeeded", result=encode_payload("ok"))
-    await r.hset(keys.idem("k-done"), mapping={"done": "1", "status": "succeeded"})
-    await r.hset(keys.idem("k-done"), "reply", encode(stored))
-    await r.hset(keys.idem("k-damaged"), mapping={"done": "1", "status": "succeeded"})
-    await r.hset(keys.idem("k-damaged"), "reply", b"\xc1 no reply")
+    await r.hset(keys.idem(dup.key), mapping={"done": "1", "status": "succeeded"})
+    await r.hset(keys.idem(dup.key), "reply", encode(stored))
+    await r.hset(keys.idem(damaged.key), mapping={"done": "1", "status": "succeeded"})
+    await r.hset(keys.idem(damaged.key), "reply", b"\xc1 no reply")
 
     await expire(r, keys, late, reason="expired", error="deadline passed while parked")
     await expire(r, keys, dup, reason="expired", error="deadline passed while parked")
@@ -268,14 +268,14 @@ async def test_giving_up_tells_the_caller_and_spares_completed_keys(r: AnyRedis,
     got = {(rep := decode_reply(f[b"r"])).msg_id: rep for _, f in await r.xrange(replies)}
     # Not completed: expired in its record, a dead letter, the caller told.
     assert got[late.msg_id].status == "expired" and got[late.msg_id].reason == "expired"
-    assert await r.hget(keys.idem("k-late"), "status") == b"expired"
+    assert await r.hget(keys.idem(late.key), "status") == b"expired"
     # Completed: the stored reply, under this message's id; nothing filed or changed.
     assert got[dup.msg_id].status == "succeeded" and got[dup.msg_id].result == stored.result
-    assert await r.hget(keys.idem("k-done"), "status") == b"succeeded"
+    assert await r.hget(keys.idem(dup.key), "status") == b"succeeded"
     # Completed, but its stored reply cannot be read: the caller is told it expired (a
     # dead letter too), and the record keeps its status.
     assert got[damaged.msg_id].status == "expired"
-    assert await r.hget(keys.idem("k-damaged"), "status") == b"succeeded"
+    assert await r.hget(keys.idem(damaged.key), "status") == b"succeeded"
     letters = {e.letter.msg_id for e in await admin.list_dead_letters(r, keys)}
     assert letters == {late.msg_id, damaged.msg_id}
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import anyio
 import pytest
+from prometheus_client import REGISTRY
 from redis import exceptions as rexc
 
 from reach import Agent, Context
@@ -197,12 +198,13 @@ async def test_a_sentinel_client_waits_for_a_connection_instead_of_failing(
 async def test_result_of_a_reply_already_read(redis_url: str, ns: str, r: AnyRedis) -> None:
     async with serving(redis_url, ns, echo_agent(), client_id="res-1") as client:
         assert await client.request("test.echo", 1) == 1  # the reader runs
-        await r.xadd(Keys(ns).replies("res-1"), reply_entry("m-early", {"x": 1}))
-        await wait_until(lambda: _has(client, "m-early"), what="the reply read")
-        assert await client.result("m-early", timeout_s=5) == {"x": 1}
+        env = client.build("test.echo", {"x": 1})  # a reply wanted, nobody waiting yet
+        await client.deliver(env)
+        await wait_until(lambda: _has(client, env.msg_id), what="the reply read")
+        assert await client.result(env.msg_id, timeout_s=5) == {"x": 1}
         # answered: deleted from the stream with the next batch
         await wait_until(
-            lambda: _stream_lacks(r, Keys(ns).replies("res-1"), "m-early"),
+            lambda: _stream_lacks(r, Keys(ns).replies("res-1"), env.msg_id),
             what="the answered reply deleted",
         )
 
@@ -288,7 +290,39 @@ async def test_max_queue_is_exact_on_a_cluster(redis_cluster: RedisTestCluster) 
 
 
 # -- item 7: unsolicited replies are bounded; no entry stops the reader --------------------
-async def test_unsolicited_replies_are_bounded(redis_url: str, ns: str, r: AnyRedis) -> None:
+DROPPED = "reach_client_replies_dropped_total"
+
+
+async def test_replies_to_messages_never_sent_are_dropped_and_deleted(
+    redis_url: str, ns: str, r: AnyRedis
+) -> None:
+    # A flood of replies this client never asked for costs it no memory: each is dropped,
+    # counted and deleted from the stream as it is read (issue 13, item 5).
+    key = Keys(ns).replies("flood-0")
+    async with (
+        serving(redis_url, ns, echo_agent()) as _,
+        Client(redis_url=redis_url, namespace=ns, client_id="flood-0") as client,
+    ):
+        assert await client.request("test.echo", "warm") == "warm"
+        before = REGISTRY.get_sample_value(DROPPED, {"reason": "not_sent"}) or 0.0
+        last = None
+        for start in range(0, 20_000, 2_000):
+            pipe = r.pipeline(transaction=False)
+            for i in range(start, start + 2_000):
+                pipe.xadd(key, reply_entry(f"stray-{i}"))
+            last = (await pipe.execute())[-1]
+        await wait_until(lambda: _caught_up(client, last), timeout_s=60, what="reader caught up")
+        assert client._reader.strays == client.stray_replies == 20_000
+        after = REGISTRY.get_sample_value(DROPPED, {"reason": "not_sent"})
+        assert after == before + 20_000
+        assert not client._replies and not client._unclaimed
+        await wait_until(lambda: _xlen_at_most(r, key, 0), timeout_s=30, what="strays deleted")
+        assert await client.request("test.echo", "still") == "still"
+
+
+async def test_unclaimed_replies_are_bounded(redis_url: str, ns: str, r: AnyRedis) -> None:
+    # Replies to messages this client did send, read before anyone asks for them (a
+    # result() to come), are kept for result(), at most max_unclaimed_replies of them.
     key = Keys(ns).replies("flood-1")
     async with (
         serving(redis_url, ns, echo_agent()) as _,
@@ -297,6 +331,8 @@ async def test_unsolicited_replies_are_bounded(redis_url: str, ns: str, r: AnyRe
         ) as client,
     ):
         assert await client.request("test.echo", "warm") == "warm"
+        for i in range(30_000):  # as deliver() notes a message sent with reply_to
+            client._reader.sent(f"stray-{i}")
         last = None
         for start in range(0, 30_000, 2_000):
             pipe = r.pipeline(transaction=False)
@@ -324,6 +360,7 @@ async def test_unsolicited_replies_expire(redis_url: str, ns: str, r: AnyRedis) 
     ):
         assert await client.request("test.echo", 1) == 1
         for i in range(10):
+            client._reader.sent(f"old-{i}")
             await r.xadd(key, reply_entry(f"old-{i}"))
         await wait_until(lambda: _has(client, "old-9"), what="the replies read")
         await wait_until(lambda: _none_kept(client), timeout_s=10, what="unclaimed replies gone")
@@ -361,6 +398,7 @@ async def test_hostile_reply_entries_are_dropped_and_the_reader_goes_on(
         assert await client.request("test.echo", 0) == 0
         for fields in HOSTILE_REPLIES:
             await r.xadd(key, fields)
+        client._reader.sent("after-the-garbage")  # as if this client had sent it
         await r.xadd(key, reply_entry("after-the-garbage", 7))
         assert await client.result("after-the-garbage", timeout_s=10) == 7
         for i in range(1, 4):

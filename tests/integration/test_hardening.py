@@ -20,7 +20,7 @@ import pytest
 
 from reach.client import Client
 from reach.connection import AnyRedis
-from reach.envelope import encode, new_id, now_ms
+from reach.envelope import encode, new_id, now_ms, scoped_key
 from reach.errors import NoAgentAvailable
 from reach.keys import GROUP, Keys
 from reach.registry import Registry
@@ -222,7 +222,7 @@ async def test_a_planted_key_of_the_wrong_type_fails_only_its_own_entry(
     keys = Keys(ns)
     async with Client(redis_url=redis_url, namespace=ns, slow_start_s=0) as c:
         await ready(c, {"h1"})
-        await r.set(keys.idem("planted"), "not a hash")
+        await r.set(keys.idem(scoped_key("hard.echo", "planted")), "not a hash")
         p.send_signal(signal.SIGSTOP)  # so the six entries arrive in one read
         try:
             good = [c.build("hard.echo", {"i": i}, target="h1") for i in range(5)]

@@ -65,7 +65,7 @@ async def test_late_duplicate_of_a_completed_message_keeps_its_status(
         dup = c.build("more.echo", 5, idempotency_key="k-5", timeout_s=0.01)
         await anyio.sleep(0.02)  # its deadline passes while it waits somewhere
         await expire(c.redis, keys, dup, reason="expired", error="deadline passed while parked")
-        assert await c.redis.hget(keys.idem("k-5"), "status") == b"succeeded"
+        assert await c.redis.hget(keys.idem(dup.key), "status") == b"succeeded"
         assert await c.redis.xlen(keys.dlq("more.echo")) == 0
 
 

@@ -16,10 +16,11 @@ import pytest
 
 from reach import Agent, Client, Context, Rejected, admin
 from reach.connection import AnyRedis
-from reach.envelope import Reply, encode, encode_payload
+from reach.envelope import Reply, decode_reply, encode, encode_payload
 from reach.keys import Keys
 from reach.scripts import inbox
 from reach.signing import Keyring, keygen
+from reach.sweeper import expire
 from reach.tasks import parse_dead_letter
 from tests.support.agents_messaging import Gate, serving
 from tests.support.waiting import wait_until
@@ -338,3 +339,27 @@ async def test_per_identity_keys(redis_url: str, ns: str, r: AnyRedis, tmp_path:
             gate.open()
         assert result == [{"echo": "hold", "sender": "billing-service"}]
         assert seen.ran == ["hi", "hold"]
+
+
+async def test_replies_the_sweeper_writes_are_signed(r: AnyRedis, ns: str) -> None:
+    # A parked message whose deadline passed, and a late duplicate of a completed key, are
+    # answered by the sweeping runtime: a caller with the secret must be able to take both.
+    keys, ring = Keys(ns), Keyring(ns, [SECRET.encode()])
+    async with Client(redis=r, namespace=ns, client_id="sw-caller", secret=SECRET) as c:
+        late = c.build(CAP, 1, timeout_s=5)
+        dup = c.build(CAP, 2, idempotency_key="k-done", timeout_s=5)
+    stored = ring.sign_reply(Reply(msg_id="first", status="succeeded", result=encode_payload(7)))
+    await r.hset(keys.idem(dup.key), mapping={"done": "1", "status": "succeeded"})
+    await r.hset(keys.idem(dup.key), "reply", encode(stored))
+    for env in (late, dup):
+        await expire(r, keys, env, reason="expired", error="deadline passed", signer=ring)
+    got = {
+        (rep := decode_reply(f[b"r"])).msg_id: rep
+        for _, f in await r.xrange(keys.replies("sw-caller"))
+    }
+    assert got[late.msg_id].status == "expired" and got[dup.msg_id].status == "succeeded"
+    assert all(ring.check_reply(rep) is None for rep in got.values())
+    # Without the runtime's keys the same reply is unsigned: a signing caller drops it.
+    await expire(r, keys, c.build(CAP, 3, timeout_s=5), reason="expired", error="x")
+    unsigned = decode_reply((await r.xrevrange(keys.replies("sw-caller"), count=1))[0][1][b"r"])
+    assert ring.check_reply(unsigned) is not None

@@ -14,6 +14,7 @@ import redis.exceptions as rexc
 from reach import scripts
 from reach.connection import AnyRedis
 from reach.keys import GROUP, Keys
+from reach.scripts.codes import StreamBound
 from reach.scripts.delivery import DeadLetter, Delayed
 from reach.tasks import dead_letter_op
 from tests.lua.snapshot import assert_unchanged, snapshot
@@ -427,3 +428,23 @@ async def test_a_completion_counts_the_run_of_a_claim_made_at_send(r: AnyRedis, 
     assert await delivery.complete_call([(done, b"")], ttl_ms=TTL_MS).run(r) == [1]
     assert [await r.hget(k.idem(x), "runs") for x in ("cas-s", "cas-c")] == [b"1", b"1"]
     assert await r.hget(s.rec, "runs") == b"1"
+
+
+async def test_a_reply_stream_is_bounded(r: AnyRedis, ns: str) -> None:
+    # Replies nobody reads (a caller gone for good, a flood written into its stream) must
+    # not grow the stream without limit: each reply is added with MAXLEN ~ the bound.
+    s = await _scene(r, ns)
+    bound = int(StreamBound.REPLIES)
+    for start in range(0, bound + 5_000, 10_000):
+        pipe = r.pipeline(transaction=False)
+        for i in range(start, min(start + 10_000, bound + 5_000)):
+            pipe.xadd(s.replies, {"r": b"old"}, id=f"1-{i + 1}")
+        await pipe.execute()
+    assert await r.xlen(s.replies) == bound + 5_000
+    b = Batch()
+    b.complete(s, s.entries[0])
+    assert await b.run(r) == [1]
+    # Approximate trimming drops whole stream nodes (100 entries by default), oldest first.
+    assert bound <= await r.xlen(s.replies) <= bound + 200
+    [(_, newest)] = await r.xrevrange(s.replies, count=1)
+    assert newest == {b"r": b"R"}

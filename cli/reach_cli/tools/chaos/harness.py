@@ -57,7 +57,7 @@ from redis import exceptions as rexc
 from reach import Client, admin
 from reach.connection import AnyRedis, as_text, connect
 from reach.embedded import RedisServer, _die_with_parent_hook
-from reach.envelope import BadEnvelope, decode_envelope, now_ms
+from reach.envelope import BadEnvelope, decode_envelope, now_ms, scoped_key
 from reach.errors import ConfigError, ReachError
 from reach.keys import GROUP, Keys
 from reach.registry import Registry, default_shards
@@ -223,7 +223,8 @@ class _Run:
         for k in self.keys.inboxes(agent_id):
             for _, fields in await self.r.xrange(k, "-", "+"):
                 try:
-                    out.append(decode_envelope(fields.get(b"e", b"")).key)
+                    env = decode_envelope(fields.get(b"e", b""))
+                    out.append(env.idempotency_key or env.msg_id)  # the key it sent
                 except BadEnvelope:
                     pass
         return out
@@ -400,7 +401,14 @@ class _Run:
             chunk = keys[i : i + 500]
             pipe = self.r.pipeline(transaction=False)
             for k in chunk:
-                pipe.hmget(self.keys.idem(k), "done", "status", "updated_ms", "runs", "agent_id")
+                pipe.hmget(
+                    self.keys.idem(scoped_key(CAPABILITY, k)),
+                    "done",
+                    "status",
+                    "updated_ms",
+                    "runs",
+                    "agent_id",
+                )
             for k, (d, st, up, runs, agent) in zip(chunk, await pipe.execute(), strict=True):
                 out[k] = _Rec(
                     d == b"1",
