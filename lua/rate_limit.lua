@@ -5,7 +5,8 @@
 -- while TAT - now <= (burst - 1) * interval after it is taken.
 --
 -- KEYS[1] the limit's state (a string: the TAT in µs; absent = a full bucket)
--- ARGV[1] n: starts wanted, integer 1..100000
+-- ARGV[1] n: starts wanted, integer 0..100000 (0: take nothing, only answer the wait: a
+--         caller asking whether a start would be allowed now)
 -- ARGV[2] interval_us: µs per start (1e6 / the rate per second), integer 1..86400000000
 -- ARGV[3] burst: starts allowed at once from a full bucket, integer 1..1000000
 -- Integers are plain decimal digits without sign or leading zero.
@@ -21,7 +22,7 @@ local MAX_N, MAX_INTERVAL, MAX_BURST = 100000, 86400000000, 1000000
 --!include args
 --!include key_types
 
-local err = arity(1, 3) or int_bad('n', 1, 1, MAX_N)
+local err = arity(1, 3) or int_bad('n', 1, 0, MAX_N)
   or int_bad('interval_us', 2, 1, MAX_INTERVAL) or int_bad('burst', 3, 1, MAX_BURST)
   or keys_typed({'string'})
 if err then return refuse(err) end

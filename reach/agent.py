@@ -28,6 +28,7 @@ from .config import resolve_redis_url
 from .doctor import warn_once
 from .errors import ConfigError
 from .hooks import Hooks
+from .limits import RateLimit, parse_limit
 from .registry import MAX_WEIGHT, agent_key_id, normalize_capabilities, normalize_capability
 from .signing import (
     SecretOption,
@@ -53,6 +54,7 @@ class HandlerSpec:
     fn: Handler
     is_async: bool
     payload_type: Any  # what payloads are validated into (Any: only decoded)
+    limit: RateLimit | None = None  # the agent's own limit on starts (rate=, burst=)
 
 
 def _payload_type(fn: Handler) -> Any:
@@ -283,13 +285,25 @@ class Agent:
                 )
         self.hooks.extend(hooks)
 
-    def handler(self, capability: str) -> Callable[[Handler], Handler]:
+    def handler(
+        self, capability: str, *, rate: str | None = None, burst: int | None = None
+    ) -> Callable[[Handler], Handler]:
         """Decorator: ``fn(payload, ctx)`` answers messages of ``capability``.
 
         Async functions run on the event loop; plain functions in a worker thread. When
         the first parameter is annotated with a type (a msgspec Struct, ``list[int]``...),
         payloads are validated into it and a payload that does not fit is dead-lettered.
+
+        ``rate`` (``"100/s"``, ``"600/m"``, ``"3/10s"``) limits how often this agent starts
+        the handler, ``burst`` at once after a quiet spell (default 1: evenly spaced): an
+        agent wrapping a paid model keeps to its quota. It is taken from a state in Redis
+        (``lua/rate_limit.lua``) like an operator's ``reach caps limit`` (which applies to
+        every agent of the capability: both hold); a message over it waits in the
+        delayed set, its attempt not counted, and may then go to another agent.
         """
+        if burst is not None and rate is None:
+            raise ConfigError(f"burst={burst} needs a rate, e.g. rate='100/s', burst={burst}.")
+        limit = parse_limit(rate, burst=burst) if rate is not None else None
         cap = normalize_capability(capability)
         if cap not in self.capabilities:
             raise ConfigError(
@@ -298,7 +312,9 @@ class Agent:
             )
 
         def deco(fn: Handler) -> Handler:
-            self.handlers[cap] = HandlerSpec(fn, inspect.iscoroutinefunction(fn), _payload_type(fn))
+            self.handlers[cap] = HandlerSpec(
+                fn, inspect.iscoroutinefunction(fn), _payload_type(fn), limit
+            )
             return fn
 
         return deco

@@ -27,8 +27,16 @@ from .config import resolve_redis_url
 from .connection import DEFAULT_MAX_CONNECTIONS, AnyRedis, connect
 from .doctor import warn_once
 from .envelope import Envelope, Reply, decode_payload, encode_payload, new_id, now_ms
-from .errors import ConfigError, DeadlineExceeded, NoAgentAvailable, NotStarted, PayloadTooLarge
+from .errors import (
+    ConfigError,
+    DeadlineExceeded,
+    NoAgentAvailable,
+    NotStarted,
+    PayloadTooLarge,
+    RateLimited,
+)
 from .keys import PRIORITIES, Keys
+from .limits import LimitsCache, take_call
 from .outcomes import DeadReason, RequestOutcome, Status, blames_agent
 from .registry import AgentInfo, Registry, normalize_capability
 from .routing import POLICIES, Router
@@ -44,6 +52,7 @@ DEFAULT_MAX_PAYLOAD = 1024 * 1024
 # same client_id reads the replies sent while it was away -- but only this many, this long.
 DEFAULT_MAX_UNCLAIMED = 10_000
 DEFAULT_UNCLAIMED_TTL_S = 600.0
+RATE_LIMIT_CHOICES = ("wait", "raise")
 
 
 class MessageOptions(TypedDict, total=False):
@@ -155,6 +164,7 @@ class Client:
             "max_staleness_s": max_staleness_s,
         }
         self._view: RegistryView | None = None
+        self._limits = LimitsCache()  # read only by calls with on_rate_limit="raise"
         self._redis = redis
         self._auto: AutoPipeline | None = None
         self._own_redis = redis is None
@@ -406,13 +416,40 @@ class Client:
         payload: Any,
         *,
         where: Mapping[str, Any] | None = None,
+        on_rate_limit: str = "wait",
         **opts: Unpack[MessageOptions],
     ) -> str:
         """Send without waiting; returns the msg_id (see :meth:`task` for its outcome).
-        ``opts`` as for :meth:`build`."""
+        ``opts`` as for :meth:`build`; ``on_rate_limit`` as for :meth:`request`."""
         env = self.build(capability, payload, reply=False, **opts)
+        await self._check_rate_limit(env.capability, on_rate_limit)
         await self.deliver(env, where=where)
         return env.msg_id
+
+    async def _check_rate_limit(self, capability: str, on_rate_limit: str) -> None:
+        """With ``on_rate_limit="raise"``: raise :class:`RateLimited` when ``capability``'s
+        rate limit (``reach caps limit``) allows no start now. It only looks (a peek at
+        the limit's state, taking nothing): the workers take the starts, so the limit holds
+        exactly whatever callers choose; a message sent after the look may still wait."""
+        if on_rate_limit not in RATE_LIMIT_CHOICES:
+            raise ConfigError(
+                f"on_rate_limit={on_rate_limit!r}: use 'wait' (the message waits for its "
+                "turn, up to its deadline) or 'raise' (RateLimited when over the limit now)."
+            )
+        if on_rate_limit == "wait":
+            return
+        limit = (await self._limits.current(self.commands, self.keys)).get(capability)
+        if limit is None:
+            return
+        taken = await take_call(self.keys, capability, limit, 0).run(self.commands)
+        if taken.wait_us > 0:
+            wait_s = taken.wait_us / 1e6
+            raise RateLimited(
+                f"{capability!r} is over its rate limit of {limit}: the next start is "
+                f"allowed in {wait_s:.3f} s. Retry after that, or send with "
+                "on_rate_limit='wait' (the default) to let the message wait for its turn.",
+                retry_after_s=wait_s,
+            )
 
     async def request(
         self,
@@ -420,6 +457,7 @@ class Client:
         payload: Any,
         *,
         where: Mapping[str, Any] | None = None,
+        on_rate_limit: str = "wait",
         **opts: Unpack[MessageOptions],
     ) -> Any:
         """Send and wait for the handler's result.
@@ -430,10 +468,16 @@ class Client:
         ``default_timeout_s`` applies. Raises :class:`RemoteError` (the handler raised),
         :class:`DeadlineExceeded`, :class:`NoAgentAvailable`, or :class:`Rejected`
         (dead-lettered without retry).
+
+        A capability over its rate limit (``reach caps limit``): by default
+        (``on_rate_limit="wait"``) the message waits for its turn, up to its deadline; with
+        ``on_rate_limit="raise"``, :class:`RateLimited` (its ``retry_after_s`` says when a
+        start is allowed again) is raised at once and nothing is sent.
         """
         if opts.get("timeout_s") is None and opts.get("deadline_ms") is None:
             opts["timeout_s"] = self.default_timeout_s
         env = self.build(capability, payload, **opts)
+        await self._check_rate_limit(env.capability, on_rate_limit)
         return await self.call(env, where=where)
 
     async def send_many(

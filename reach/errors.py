@@ -62,6 +62,16 @@ class Overloaded(NoAgentAvailable):
     """Every eligible agent is over its queue bound: back off and try again."""
 
 
+class RateLimited(ReachError):
+    """The capability is over its rate limit right now, and the call asked not to wait
+    (``on_rate_limit="raise"``): nothing was sent. ``retry_after_s`` says when a start
+    will be allowed again; wait that long, or call with the default ``"wait"``."""
+
+    def __init__(self, message: str, *, retry_after_s: float = 0.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class DeadlineExceeded(ReachError, TimeoutError):
     """The message's deadline passed before a result arrived."""
 

@@ -27,6 +27,8 @@ Layout (``ns`` is the namespace, ids are stripped of ``{``/``}`` first):
     reach:{ns}:parked            set   capabilities with parked messages
     reach:{ns}:limits            hash  capability -> its rate limit
     reach:{ns}:rate:<cap>        string the limit's state (GCRA's TAT, µs)
+    reach:{ns}:rate:<cap>:agent:<id>  string the state of the limit agent <id> declared
+                                       on its handler of <cap> (rate=)
 
 * an agent's inbox, one slot per agent::
 
@@ -256,6 +258,11 @@ class Keys:
     def rate_state(self, capability: str) -> str:
         """The state (GCRA's TAT) of ``capability``'s rate limit."""
         return f"{self._reg}:rate:{capability}"
+
+    def agent_rate_state(self, capability: str, agent_id: str) -> str:
+        """The state of the limit agent ``agent_id`` declared on its own handler of
+        ``capability`` (``rate=``): its starts only."""
+        return f"{self._reg}:rate:{capability}:agent:{clean_id(agent_id)}"
 
     def parked(self, capability: str) -> str:
         return f"{self._reg}:parked:{capability}"

@@ -17,16 +17,22 @@ quiet spell (default 1: evenly spaced).
 
 from __future__ import annotations
 
+import logging
 import math
 import re
+import time
 from dataclasses import dataclass
 from typing import Any
+
+from redis import exceptions as rexc
 
 from .connection import AnyRedis, as_text
 from .errors import ConfigError
 from .keys import Keys
 from .registry import normalize_capability
 from .scripts._call import Call, as_int
+
+log = logging.getLogger("reach.limits")
 
 LIMITS_REFRESH_S = 1.0
 """How often a worker re-reads the namespace's limits (a change takes effect within it)."""
@@ -110,6 +116,26 @@ async def get_limits(redis: AnyRedis, keys: Keys) -> dict[str, RateLimit]:
     return out
 
 
+class LimitsCache:
+    """The namespace's rate limits as one process knows them: re-read from Redis at most
+    every :data:`LIMITS_REFRESH_S`, and only when asked (an idle process reads nothing).
+    A failed read keeps the last known limits."""
+
+    def __init__(self) -> None:
+        self._limits: dict[str, RateLimit] = {}
+        self._read_at = -LIMITS_REFRESH_S
+
+    async def current(self, redis: Any, keys: Keys) -> dict[str, RateLimit]:
+        now = time.monotonic()
+        if now - self._read_at >= LIMITS_REFRESH_S:
+            self._read_at = now
+            try:
+                self._limits = await get_limits(redis, keys)
+            except (rexc.RedisError, OSError) as e:
+                log.warning("reading the rate limits failed (%s); the last known apply", e)
+        return self._limits
+
+
 @dataclass(frozen=True, slots=True)
 class Taken:
     """What ``rate_limit.lua`` answered: ``granted`` starts, and the µs until the next."""
@@ -122,11 +148,15 @@ def _taken(reply: Any) -> Taken:
     return Taken(as_int(reply[0]), as_int(reply[1]))
 
 
-def take_call(keys: Keys, capability: str, limit: RateLimit, n: int) -> Call[Taken]:
-    """One ``rate_limit.lua`` call: take up to ``n`` starts of ``capability``'s limit."""
+def take_call(
+    keys: Keys, capability: str, limit: RateLimit, n: int, *, state: str | None = None
+) -> Call[Taken]:
+    """One ``rate_limit.lua`` call: take up to ``n`` starts of ``capability``'s limit
+    (``state``: the GCRA state's key, else the capability's own, shared by every agent);
+    ``n = 0`` takes nothing and answers how long until a start is allowed."""
     return Call(
         "rate_limit",
-        (keys.rate_state(capability),),
-        (max(1, min(n, 100_000)), limit.interval_us, limit.burst),
+        (state or keys.rate_state(capability),),
+        (max(0, min(n, 100_000)), limit.interval_us, limit.burst),
         _taken,
     )

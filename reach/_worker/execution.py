@@ -18,6 +18,7 @@ import logging
 import random
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -27,9 +28,9 @@ from redis import exceptions as rexc
 from .. import logs, scripts
 from ..client import Client
 from ..context import Context
-from ..envelope import Envelope, decode_payload, decode_reply, encode, now_ms
+from ..envelope import MAX_ATTEMPTS, Envelope, decode_payload, decode_reply, encode, now_ms
 from ..errors import Reject, Retry
-from ..limits import LIMITS_REFRESH_S, RateLimit, get_limits, take_call
+from ..limits import LimitsCache, RateLimit, take_call
 from ..outcomes import Outcome, Settled, Status
 from ..registry import Registry
 from ..scripts import ClaimCode, delivery
@@ -96,26 +97,6 @@ class WorkQueue:
         return self._items.popleft()
 
 
-class Limits:
-    """The namespace's rate limits as this worker knows them: re-read from Redis at most
-    every :data:`reach.limits.LIMITS_REFRESH_S`, and only while messages come (an idle
-    worker reads nothing). A failed read keeps the last known limits."""
-
-    def __init__(self) -> None:
-        self._limits: dict[str, RateLimit] = {}
-        self._read_at = -LIMITS_REFRESH_S
-
-    async def current(self, redis: Any, keys: Any) -> dict[str, RateLimit]:
-        now = time.monotonic()
-        if now - self._read_at >= LIMITS_REFRESH_S:
-            self._read_at = now
-            try:
-                self._limits = await get_limits(redis, keys)
-            except (rexc.RedisError, OSError) as e:
-                log.warning("reading the rate limits failed (%s); the last known apply", e)
-        return self._limits
-
-
 class Execution(Part):
     """Claims deliveries and runs them in a pool of ``concurrency`` handler tasks."""
 
@@ -137,7 +118,7 @@ class Execution(Part):
         self.letters = letters
         self._work = WorkQueue()
         self._confirming: set[asyncio.Task[None]] = set()
-        self.limits = Limits()
+        self.limits = LimitsCache()
 
     # -- claiming -----------------------------------------------------------------------
     async def take(self, items: list[Delivery]) -> None:
@@ -221,9 +202,33 @@ class Execution(Part):
         the delayed set until its turn, spaced one interval apart (its attempt is not
         counted; a message claimed at send is taken over from this runtime's own claim
         when it comes back). No limit: no Redis call."""
+        own = self._own_limits()
+        if own:  # this agent's own limits (rate= on its handlers) first, then everyone's
+            agent_id = self.agent.agent_id
+            items = await self._take_limits(
+                items, own, lambda c: self.keys.agent_rate_state(c, agent_id)
+            )
         limits = await self.limits.current(self.redis, self.keys)
-        if not limits:
+        if not limits or not items:
             return items
+        return await self._take_limits(items, limits, self.keys.rate_state)
+
+    def _own_limits(self) -> dict[str, RateLimit]:
+        """The limits this agent's handlers declared (``rate=``), by capability."""
+        return {
+            cap: limit
+            for cap, spec in self.agent.handlers.items()
+            if (limit := getattr(spec, "limit", None)) is not None
+        }
+
+    async def _take_limits(
+        self,
+        items: list[Delivery],
+        limits: dict[str, RateLimit],
+        state: Callable[[str], str],
+    ) -> list[Delivery]:
+        """Take starts for ``items`` from ``limits`` (GCRA states named by ``state(cap)``);
+        the ones over their limit wait in the delayed set (:meth:`_hold_for_limit`)."""
         by_cap: dict[str, list[Delivery]] = {}
         for it in items:
             if it.env.capability in limits:
@@ -231,7 +236,7 @@ class Execution(Part):
         if not by_cap:
             return items
         caps = list(by_cap)
-        calls = [take_call(self.keys, c, limits[c], len(by_cap[c])) for c in caps]
+        calls = [take_call(self.keys, c, limits[c], len(by_cap[c]), state=state(c)) for c in caps]
         over: set[Delivery] = set()  # identity: deliveries compare by identity
         answers = await scripts.run_calls(self.redis, calls)
         for cap, taken in zip(caps, answers, strict=True):
@@ -259,7 +264,9 @@ class Execution(Part):
                 it.idem, CLAIM_AT_SEND_FENCE, Status.RETRYING, Mode.RELEASE, "rate limited"
             )
         it.outcome = Settled.PARKED
-        it.follow_up = Delayed(self.keys.delayed, now_ms() + max(1, round(delay_ms)), it.raw)
+        held = msgspec.structs.replace(it.env, holds=min(it.env.holds + 1, MAX_ATTEMPTS))
+        due = now_ms() + max(1, round(delay_ms))
+        it.follow_up = Delayed(self.keys.delayed, due, encode(held))
         self.settlement.queue(it)
 
     def _start_claimed(self, items: list[Delivery]) -> None:
@@ -352,7 +359,11 @@ class Execution(Part):
         waits = min(it.env.busy_waits, 64)
         delay_s = min(self.opts.retry_max_s, self.opts.retry_base_s * 2**waits)
         delay_ms = min(self._claim_lease_ms(it.env), int(delay_s * 1000))
-        parked = msgspec.structs.replace(it.env, busy_waits=waits + 1)
+        # Counted on past the backoff's cap: each parked copy's bytes must differ from the
+        # last one's (see Envelope.holds).
+        parked = msgspec.structs.replace(
+            it.env, busy_waits=min(it.env.busy_waits + 1, MAX_ATTEMPTS)
+        )
         it.outcome = Settled.PARKED
         it.follow_up = Delayed(self.keys.delayed, now_ms() + delay_ms, encode(parked))
         self.settlement.queue(it)

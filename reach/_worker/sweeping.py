@@ -26,10 +26,17 @@ from redis import exceptions as rexc
 from .. import metrics
 from ..client import Client
 from ..registry import MAX_LOCK_MS, Registry
-from ..sweeper import sweep_chores
+from ..sweeper import move_due, sweep_chores
 from .state import Shared
 
 log = logging.getLogger("reach.runtime")
+
+DUE_POLL_S = 0.2
+"""Between two passes, how often the chores' holder looks at the delayed set while it holds
+entries: a retry or a message held back by a rate limit is moved when it is due, not up
+to a whole sweep interval later (a rate-limited backlog would otherwise drain at one start
+per pass)."""
+MIN_DUE_SLEEP_S = 0.005
 
 
 def shards_to_try(shards: int, held: set[int], turn: int) -> list[int]:
@@ -44,6 +51,36 @@ def shards_to_try(shards: int, held: set[int], turn: int) -> list[int]:
     return sorted(held | set(others[at : at + per]))
 
 
+async def _move_due_between_passes(shared: Shared, client: Client, pause_s: float) -> None:
+    """Sleep ``pause_s``, moving delayed entries to inboxes as they come due meanwhile.
+
+    Only while the delayed set holds something: an empty one is looked at again at the
+    next pass (an idle namespace costs one ZRANGE per pass, not one every
+    :data:`DUE_POLL_S`)."""
+    redis, keys = shared.redis, shared.keys
+    end = time.monotonic() + pause_s
+    while (left := end - time.monotonic()) > 0:
+        try:
+            first = await redis.zrange(keys.delayed, 0, 0, withscores=True)
+            if not first:
+                await anyio.sleep(left)
+                return
+            due_in = (float(first[0][1]) - time.time() * 1000) / 1000
+            if due_in > 0:
+                await anyio.sleep(max(MIN_DUE_SLEEP_S, min(due_in, DUE_POLL_S, left)))
+                continue
+            moved = await move_due(redis, keys, client, dlq_maxlen=shared.opts.dlq_maxlen)
+            if moved.retried == 0:  # due, but nowhere to go yet: not a busy loop
+                await anyio.sleep(min(DUE_POLL_S, max(0.0, end - time.monotonic())))
+            else:
+                await anyio.lowlevel.checkpoint()
+        except (rexc.RedisError, OSError, ValueError, TypeError, IndexError) as e:
+            # Redis away or a delayed set that is not ours to read: the pass deals with it.
+            log.debug("moving due entries between passes failed: %s", e)
+            await anyio.sleep(max(0.0, end - time.monotonic()))
+            return
+
+
 async def sweep_forever(shared: Shared, *, client: Client, registry: Registry) -> None:
     """Sweep until cancelled; failures are logged and the next pass tries again."""
     opts, redis, keys, hooks = shared.opts, shared.redis, shared.keys, shared.hooks
@@ -51,8 +88,13 @@ async def sweep_forever(shared: Shared, *, client: Client, registry: Registry) -
     counted = 0.0
     held: set[int] = set()
     turn = random.randrange(max(1, registry.shards))  # processes start at different shards
+    chores = False  # this process held shard 0's lock at the last pass: it runs the chores
     while True:
-        await anyio.sleep(opts.sweep_interval_s * (0.8 + 0.4 * random.random()))
+        pause_s = opts.sweep_interval_s * (0.8 + 0.4 * random.random())
+        if chores:
+            await _move_due_between_passes(shared, client, pause_s)
+        else:
+            await anyio.sleep(pause_s)
         turn += 1
         try:
             res = await registry.sweep(
@@ -62,6 +104,7 @@ async def sweep_forever(shared: Shared, *, client: Client, registry: Registry) -
                 shards=shards_to_try(registry.shards, held, turn),
             )
             held = set(res.held)
+            chores = res.chores
             if res.evicted:
                 log.warning("evicted: %s", ", ".join(res.evicted))
             if res.chores:

@@ -55,7 +55,8 @@ async def test_a_garbled_state_counts_as_a_full_bucket(r: AnyRedis, ns: str) -> 
 @pytest.mark.parametrize(
     ("args", "why"),
     [
-        ([0, 1000, 1], r"n \(ARGV\[1\]\) 0"),
+        ([-1, 1000, 1], r"n \(ARGV\[1\]\) -1"),
+        ([100_001, 1000, 1], r"n \(ARGV\[1\]\) 100001"),
         ([1, 0, 1], r"interval_us \(ARGV\[2\]\) 0"),
         ([1, 1000, 0], r"burst \(ARGV\[3\]\) 0"),
         ([1, "1e3", 1], r"interval_us"),
@@ -95,3 +96,14 @@ async def test_the_typed_call_and_the_limit_text(r: AnyRedis, ns: str) -> None:
     assert await limits.get_limits(r, k) == {"cap": lim}
     await limits.set_limit(r, k, "cap", None)
     assert "cap" not in await limits.get_limits(r, k)
+
+
+async def test_a_peek_takes_nothing_and_answers_the_wait(r: AnyRedis, ns: str) -> None:
+    key = Keys(ns).rate_state("cap")
+    assert await take(r, key, 0, 1_000_000, 1) == (0, 0)  # a full bucket: a start fits
+    assert await r.exists(key) == 0  # and nothing was written
+    assert (await take(r, key, 1, 1_000_000, 1))[0] == 1
+    state = await r.get(key)
+    granted, wait = await take(r, key, 0, 1_000_000, 1)
+    assert granted == 0 and 900_000 < wait <= 1_000_000
+    assert await r.get(key) == state  # a peek never moves the state
