@@ -15,7 +15,7 @@ import anyio
 import msgspec
 import pytest
 
-from reach import Agent, Context, Reject, RemoteError, Rejected
+from reach import Agent, Context, Reject, Rejected, RemoteError
 from reach.client import Client
 from reach.connection import AnyRedis
 from reach.envelope import CHUNK, Reply, encode
