@@ -21,7 +21,8 @@ from reach.connection import AnyRedis
 from reach.envelope import CHUNK, Reply, encode
 from reach.keys import Keys
 from reach.signing import Keyring
-from tests.support.agents_messaging import Gate, serving, wait_until
+from tests.support.agents_messaging import Gate, serving
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.anyio
 
