@@ -54,6 +54,7 @@ class Stream:
         self._result: Any = _NOT_YET
         self._t0 = 0.0
         self._abandon: weakref.finalize[Any, Stream] | None = None
+        self._fast = 0  # chunks handed out without waiting
 
     @property
     def msg_id(self) -> str:
@@ -91,6 +92,12 @@ class Stream:
             self._end(ok=True)
 
     async def __anext__(self) -> Any:
+        chunks = self._sink.chunks
+        if chunks and self._started and not self._done:  # read already: no wait to set up
+            self._fast += 1
+            if self._fast % 256 == 0:  # a long run of read chunks still lets others run
+                await anyio.lowlevel.checkpoint()
+            return chunks.popleft()
         if self._done:
             raise StopAsyncIteration
         try:

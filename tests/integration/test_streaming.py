@@ -221,3 +221,37 @@ async def test_a_chunk_that_cannot_be_encoded_fails_the_handler(redis_url: str, 
             async for chunk in client.stream("test.bad", None, timeout_s=30, max_attempts=1):
                 got.append(chunk)
         assert got == ["fine"]
+
+
+async def test_a_retried_run_does_not_repeat_chunks(redis_url: str, ns: str, r: AnyRedis) -> None:
+    # Attempt 1 sends chunks 0..2 and raises; attempt 2 runs from the start and sends 0..5:
+    # the caller gets 0..5 once (0..2 from the first run), then attempt 2's final result.
+    app = Agent("retry-stream-1", capabilities=["test.flaky"])
+
+    @app.handler("test.flaky")
+    async def flaky(payload: Any, ctx: Context) -> AsyncIterator[Any]:
+        for i in range(6):
+            yield (ctx.attempt, i)
+            if ctx.attempt == 1 and i == 2:
+                raise ValueError("first attempt fails midway")
+        ctx.result = ctx.attempt
+
+    async with serving(redis_url, ns, app) as client:
+        s = client.stream("test.flaky", None, timeout_s=30)
+        got = [tuple(c) async for c in s]
+        assert got == [(1, 0), (1, 1), (1, 2), (2, 3), (2, 4), (2, 5)]
+        assert s.result == 2 and s.duplicates == 3
+
+
+async def test_a_thread_handler_emits_through_the_event_loop(redis_url: str, ns: str) -> None:
+    app = Agent("thread-stream-1", capabilities=["test.thread"])
+
+    @app.handler("test.thread")
+    def in_thread(payload: Any, ctx: Context) -> str:
+        for i in range(3):
+            anyio.from_thread.run(ctx.emit, i)
+        return "done"
+
+    async with serving(redis_url, ns, app) as client:
+        s = client.stream("test.thread", None, timeout_s=30)
+        assert [c async for c in s] == [0, 1, 2] and s.result == "done"
