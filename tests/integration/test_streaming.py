@@ -22,6 +22,7 @@ from reach.envelope import CHUNK, Reply, encode
 from reach.keys import Keys
 from reach.signing import Keyring
 from tests.support.agents_messaging import Gate, serving
+from tests.support.cluster import RedisTestCluster
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.anyio
@@ -255,3 +256,13 @@ async def test_a_thread_handler_emits_through_the_event_loop(redis_url: str, ns:
     async with serving(redis_url, ns, app) as client:
         s = client.stream("test.thread", None, timeout_s=30)
         assert [c async for c in s] == [0, 1, 2] and s.result == "done"
+
+
+@pytest.mark.cluster
+async def test_streaming_on_a_cluster(redis_cluster: RedisTestCluster, ns: str) -> None:
+    # The chunk entries go to the caller's reply stream slot, wherever the inbox is.
+    async with serving(redis_cluster.url, ns, streaming_agent()) as client:
+        s = client.stream("test.count", {"n": 600}, timeout_s=60)
+        assert [c async for c in s] == [{"i": i} for i in range(600)]
+        assert s.result == {"chunks": 600}
+        assert await client.request("test.count", {"n": 5}, timeout_s=60) == {"chunks": 5}
