@@ -266,3 +266,21 @@ async def test_streaming_on_a_cluster(redis_cluster: RedisTestCluster, ns: str) 
         assert [c async for c in s] == [{"i": i} for i in range(600)]
         assert s.result == {"chunks": 600}
         assert await client.request("test.count", {"n": 5}, timeout_s=60) == {"chunks": 5}
+
+
+async def test_a_handler_relays_a_stream_through_ctx_client(redis_url: str, ns: str) -> None:
+    relay = Agent("relay-1", capabilities=["test.relay"])
+
+    @relay.handler("test.relay")
+    async def relay_chunks(payload: Any, ctx: Context) -> AsyncIterator[Any]:
+        inner = ctx.client.stream("test.count", {"n": 3})
+        async for chunk in inner:
+            yield {"relayed": chunk["i"]}
+        # The inner call inherited this message's deadline (ctx.client's contract).
+        assert inner.envelope.deadline_ms == ctx.deadline_ms
+        ctx.result = inner.result
+
+    async with serving(redis_url, ns, streaming_agent(), relay) as client:
+        s = client.stream("test.relay", None, timeout_s=30)
+        assert [c async for c in s] == [{"relayed": i} for i in range(3)]
+        assert s.result == {"chunks": 3}
