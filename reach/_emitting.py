@@ -30,11 +30,14 @@ from .connection import AnyRedis
 from .envelope import CHUNK, Envelope, Reply, encode, encode_payload
 from .errors import ReachError, RedisUnavailable
 from .keys import Keys
+from .scripts.codes import StreamBound
 from .signing import sign_reply_for
 from .tasks import TASK_TTL_MS
 
 if TYPE_CHECKING:
     from .context import Context
+
+REPLIES = int(StreamBound.REPLIES)
 
 MAX_ENTRY_CHUNKS = 256
 """At most this many chunks in one chunk entry."""
@@ -114,14 +117,13 @@ class ChunkWriter:
                     seq=self.written,
                 )
                 data = sign_reply_for(self.namespace, self.agent_id, reply)
+                # Bounded as settle bounds the stream's replies (StreamBound.REPLIES).
+                add = self.redis.xadd(self.stream, {"r": data}, maxlen=REPLIES, approximate=True)
                 if self._expire:
                     self._expire = False
-                    await asyncio.gather(
-                        self.redis.xadd(self.stream, {"r": data}),
-                        self.redis.pexpire(self.stream, TASK_TTL_MS),
-                    )
+                    await asyncio.gather(add, self.redis.pexpire(self.stream, TASK_TTL_MS))
                 else:
-                    await self.redis.xadd(self.stream, {"r": data})
+                    await add
                 del self._pending[:take]
                 self.written += take
         except Exception as e:  # noqa: BLE001 - kept for the handler: its run fails with it
