@@ -1,5 +1,6 @@
 """reach: a messaging fabric that lets AI agents reach each other by capability."""
 
+from ._streaming import Stream
 from ._version import __version__
 from .agent import Agent, RuntimeOptions
 from .client import Client
@@ -66,6 +67,7 @@ __all__ = [
     "Session",
     "StaleRegistration",
     "Status",
+    "Stream",
     "TaskStatus",
     "Unavailable",
     "UnknownAgent",

@@ -27,8 +27,9 @@ from redis import exceptions as rexc
 
 from . import logs
 from ._autopipe import AutoPipeline
+from ._chunks import ChunkSink
 from .connection import AnyRedis
-from .envelope import Envelope, Reply, decode_payload, decode_reply, now_ms
+from .envelope import CHUNK, Envelope, Reply, decode_payload, decode_reply, now_ms
 from .errors import DeadlineExceeded, Rejected, RemoteError
 from .outcomes import Status, is_rejection, is_retryable
 from .signing import Signer
@@ -52,7 +53,10 @@ class ReplyReader:
     and counted in :attr:`strays`: memory is never spent on replies nobody here asked for
     (``Client.result`` of an earlier run's message reads its task record). With a ``verifier`` (the client's secret), a
     reply that is unsigned or whose signature does not verify is dropped (deleted from the
-    stream) and counted in :attr:`forged`, never handed to a call. :meth:`start` starts the reader task once;
+    stream) and counted in :attr:`forged`, never handed to a call. A chunk entry (status
+    ``chunk``: a streamed call's output) goes to the :class:`~reach._chunks.ChunkSink` of
+    its call in :attr:`streams`, verified alike; with no sink (a ``request()`` of a
+    streaming handler) it is dropped. :meth:`start` starts the reader task once;
     until then nothing is read.
     """
 
@@ -71,6 +75,7 @@ class ReplyReader:
         self.max_unclaimed = max_unclaimed
         self.unclaimed_ttl_s = unclaimed_ttl_s
         self.events: dict[str, anyio.Event] = {}  # msg_id -> set when its reply is read
+        self.streams: dict[str, ChunkSink] = {}  # msg_id -> its chunks (Client.stream)
         self.replies: dict[str, Reply] = {}
         # msg_id -> (when read, entry id) of the replies in `replies` that no call waited
         # for, oldest first: bounded by max_unclaimed and unclaimed_ttl_s.
@@ -161,6 +166,12 @@ class ReplyReader:
                 self.answered.append(entry_id)  # deleted: no call may ever take it
                 return
         msg_id = reply.msg_id
+        if reply.status == CHUNK:  # a streamed call's chunks; nobody else takes them
+            self.answered.append(entry_id)
+            sink = self.streams.get(msg_id)
+            if sink is not None:
+                sink.add(reply)
+            return
         if msg_id in self.done:
             self.answered.append(entry_id)  # a duplicate of an answered call
             return
@@ -172,6 +183,10 @@ class ReplyReader:
         self.replies[msg_id] = reply
         if ev is not None:
             ev.set()
+            if self.streams:
+                sink = self.streams.get(msg_id)
+                if sink is not None:
+                    sink.wake()
             self.answered.append(entry_id)
             return
         old = self.unclaimed.pop(msg_id, None)
@@ -297,6 +312,7 @@ class ReplyReader:
         """The call of ``msg_id`` is over, answered or not: no longer waited for."""
         self.events.pop(msg_id, None)
         self.sent_ids.pop(msg_id, None)
+        self.streams.pop(msg_id, None)
         if msg_id not in self.done:
             # Gave up (deadline, cancelled, not delivered): a late reply is dropped, not
             # kept in memory (nor in the reply stream) for a call nobody waits on.

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypedDict, Unpack
 
+from ._emitting import streamed
 from ._worker.runtime import Runtime
 from .config import resolve_redis_url
 from .doctor import warn_once
@@ -290,7 +291,10 @@ class Agent:
     ) -> Callable[[Handler], Handler]:
         """Decorator: ``fn(payload, ctx)`` answers messages of ``capability``.
 
-        Async functions run on the event loop; plain functions in a worker thread. When
+        Async functions run on the event loop; plain functions in a worker thread; an
+        async generator streams its result: each value it yields goes to the caller as a
+        chunk (``Client.stream``), and its final result is ``ctx.result`` (None unless
+        set); any handler may also stream with ``await ctx.emit(chunk)``. When
         the first parameter is annotated with a type (a msgspec Struct, ``list[int]``...),
         payloads are validated into it and a payload that does not fit is dead-lettered.
 
@@ -312,6 +316,9 @@ class Agent:
             )
 
         def deco(fn: Handler) -> Handler:
+            if inspect.isasyncgenfunction(fn):  # a streaming handler: each yield is a chunk
+                self.handlers[cap] = HandlerSpec(streamed(fn), True, _payload_type(fn), limit)
+                return fn
             self.handlers[cap] = HandlerSpec(
                 fn, inspect.iscoroutinefunction(fn), _payload_type(fn), limit
             )

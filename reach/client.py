@@ -22,6 +22,7 @@ from ._autopipe import AutoPipeline
 from ._delivery import ADVERTISABLE as ADVERTISABLE  # noqa: PLC0414 (re-exported)
 from ._delivery import Delivery, policy_for
 from ._replies import ReplyReader, outcome_of
+from ._streaming import Stream
 from .breaker import Breakers
 from .config import resolve_redis_url
 from .connection import DEFAULT_MAX_CONNECTIONS, AnyRedis, connect
@@ -479,6 +480,25 @@ class Client:
         env = self.build(capability, payload, **opts)
         await self._check_rate_limit(env.capability, on_rate_limit)
         return await self.call(env, where=where)
+
+    def stream(
+        self,
+        capability: str,
+        payload: Any,
+        *,
+        where: Mapping[str, Any] | None = None,
+        **opts: Unpack[MessageOptions],
+    ) -> Stream:
+        """Send one message and iterate over its handler's chunks as they come:
+        ``async for chunk in client.stream(cap, payload): ...`` (docs/concepts.md,
+        *Streamed results*). ``opts`` as for :meth:`request` (the deadline bounds the
+        whole stream). The loop ends with the final reply; the returned :class:`Stream`'s
+        ``result`` then holds the final result. Raises as :meth:`request` does, from the
+        loop (the handler's error after the chunks it sent); :class:`ConfigError` at once
+        for bad options. The message is sent at the first iteration."""
+        if opts.get("timeout_s") is None and opts.get("deadline_ms") is None:
+            opts["timeout_s"] = self.default_timeout_s
+        return Stream(self, self.build(capability, payload, **opts), where)
 
     async def send_many(
         self,

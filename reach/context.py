@@ -8,14 +8,18 @@ session and trace (:class:`ChildClient`), and the worker's Redis connection.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ._emitting import ChunkWriter
 from .client import Client
 from .connection import AnyRedis
 from .envelope import Envelope, now_ms
 from .keys import Keys
 from .session import Session
 from .signing import worker as worker_signing
+
+if TYPE_CHECKING:
+    from ._streaming import Stream
 
 
 class Context:
@@ -43,6 +47,10 @@ class Context:
         self._keys = keys
         self._client = client
         self._sender: str | None | bool = False  # False: not looked at yet
+        self.chunks: ChunkWriter | None = None  # made by the first emit()
+        self.result: Any = None
+        """The final result of an async-generator handler (it cannot return one): None
+        unless the handler sets it (docs/concepts.md, *Streamed results*)."""
 
     msg_id = property(lambda self: self.envelope.msg_id)
     session_id = property(lambda self: self.envelope.session_id)
@@ -88,6 +96,15 @@ class Context:
         """A client whose calls inherit this message's deadline, session and trace."""
         return ChildClient(self._client, self.envelope)
 
+    async def emit(self, chunk: Any) -> None:
+        """Stream ``chunk`` to the caller now, before the final result: chunks reach a
+        :meth:`reach.Client.stream` caller in the order emitted (a ``request()`` caller
+        gets only the final result). ``chunk`` is any value a payload may be. See
+        :meth:`reach._emitting.ChunkWriter.emit` for what it raises."""
+        if self.chunks is None:
+            self.chunks = ChunkWriter(self._redis, self._keys, self.envelope, self.agent_id)
+        await self.chunks.emit(chunk)
+
     @property
     def redis(self) -> AnyRedis:
         """The runtime's Redis connection (for handlers that keep state next to reach's)."""
@@ -127,3 +144,7 @@ class ChildClient:
     async def send(self, capability: str, payload: Any, **kw: Any) -> str:
         """``Client.send`` with the parent message's deadline, session and trace."""
         return await self._client.send(capability, payload, **self._inherit(kw))
+
+    def stream(self, capability: str, payload: Any, **kw: Any) -> Stream:
+        """``Client.stream`` with the parent message's deadline, session and trace."""
+        return self._client.stream(capability, payload, **self._inherit(kw))

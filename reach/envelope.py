@@ -124,10 +124,17 @@ class _Version(msgspec.Struct):
     v: int | None = None  # None: no version field at all (not an envelope: malformed)
 
 
+CHUNK = "chunk"
+"""The ``status`` of a chunk entry: streamed output of a handler, not its outcome."""
+MAX_CHUNK_SEQ = 2**53
+
+
 class Reply(msgspec.Struct, kw_only=True, omit_defaults=True):
     """The outcome of one message, as published to the caller and stored for replays.
 
-    ``status`` is the final task status: succeeded, failed, expired or dead.
+    ``status`` is the final task status: succeeded, failed, expired or dead; or
+    :data:`CHUNK` for a *chunk entry* (docs/protocol.md, *Chunk*): ``result`` is then a
+    msgpack array of chunks, the first of them number ``seq`` of the run that sent them.
     """
 
     msg_id: Annotated[str, Meta(max_length=MAX_ID_CHARS)]
@@ -140,6 +147,8 @@ class Reply(msgspec.Struct, kw_only=True, omit_defaults=True):
     attempt: Attempts = 1
     kid: KeyId = ""  # signed by the answering agent when it has a secret (reach.signing)
     sig: Signature = b""
+    seq: Annotated[int, Meta(ge=0, le=MAX_CHUNK_SEQ)] = 0
+    """A chunk entry's first chunk number (0 and absent in a final reply)."""
 
 
 _enc = msgspec.msgpack.Encoder()

@@ -24,7 +24,9 @@ In the Ed25519 mode the same bytes are signed, ``kid`` is the signer's identity 
 ``ctx.sender`` is that name (verified: only its private key makes that signature).
 
 A reply is signed by the agent that answers, over the namespace and every reply field
-(``msg_id, status, result bytes, error_type, error, reason, agent_id, attempt``).
+(``msg_id, status, result bytes, error_type, error, reason, agent_id, attempt``). A chunk
+entry of a streamed result (status ``chunk``) is signed alike, over ``msg_id, seq, result
+bytes, agent_id, attempt`` under its own label, and checked by the same ``check_reply``.
 
 The key id (``kid``) sent with a signature is an HMAC of a fixed label under the secret
 (8 bytes, hex): both ends derive it, it names which secret of a rollover signed, and it says
@@ -46,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
-from .envelope import Envelope, Reply
+from .envelope import CHUNK, Envelope, Reply
 from .errors import ConfigError
 
 SECRET_ENV = "REACH_SECRET"
@@ -55,6 +57,7 @@ MIN_SECRET_BYTES = 16
 
 _ENV_LABEL = b"reach/envelope/1"
 _REPLY_LABEL = b"reach/reply/1"
+_CHUNK_LABEL = b"reach/chunk/1"
 _KID_LABEL = b"reach/key-id/1"
 _enc = msgspec.msgpack.Encoder()
 
@@ -117,7 +120,13 @@ def envelope_data(namespace: str, env: Envelope) -> bytes:
 
 
 def reply_data(namespace: str, r: Reply) -> bytes:
-    """The bytes a reply's signature covers (docs/protocol.md, *Reply*)."""
+    """The bytes a reply's signature covers (docs/protocol.md, *Reply*); a chunk entry's
+    (docs/protocol.md, *Chunk*) under a label of its own and with its ``seq``, so neither
+    passes for the other."""
+    if r.status == CHUNK:
+        return _enc.encode(
+            (_CHUNK_LABEL, namespace, r.msg_id, r.seq, r.result, r.agent_id, r.attempt)
+        )
     return _enc.encode(
         (
             _REPLY_LABEL,

@@ -329,6 +329,13 @@ async def send(
     ],
     payload: Annotated[str, typer.Argument(help='The payload as JSON, e.g. \'{"text": "hi"}\'.')],
     wait: Annotated[bool, typer.Option("--wait", help="Wait for the result and print it.")] = False,
+    stream: Annotated[
+        bool,
+        typer.Option(
+            "--stream",
+            help="Print the handler's streamed chunks as they come, then its result.",
+        ),
+    ] = False,
     priority: Annotated[str, typer.Option(help="high, normal or low.")] = "normal",
     session: Annotated[Optional[str], typer.Option(help="Session id (sticky state).")] = None,  # noqa: UP045
     timeout_s: Annotated[Optional[float], typer.Option(help="Deadline from now, seconds.")] = None,  # noqa: UP045
@@ -341,7 +348,8 @@ async def send(
     namespace: Namespace = DEFAULT_NS,
     json_: Json = False,
 ) -> None:
-    """Send one message to a capability (and with --wait, print the result).
+    """Send one message to a capability (and with --wait, print the result; with
+    --stream, each streamed chunk as it comes, then the result).
 
     Example: reach send text.summarize '{"text": "long text"}' --wait --timeout-s 10
     """
@@ -368,7 +376,9 @@ async def send(
             "idempotency_key": idempotency_key,
             "target": target,
         }
-        if wait:
+        if stream:
+            await print_stream(client, capability, body, kw, json_=json_)
+        elif wait:
             result = await client.request(capability, body, **kw)
             if json_:
                 print_json({"result": result})
@@ -380,6 +390,26 @@ async def send(
                 print_json({"msg_id": msg_id})
             else:
                 print(msg_id)
+
+
+async def print_stream(
+    client: Client, capability: str, body: Any, kw: _SendOptions, *, json_: bool
+) -> None:
+    """``reach send --stream``: each chunk on its own line as it comes (a text chunk as it
+    is, others as JSON), then the final result unless None; with --json one JSON line per
+    chunk (``{"chunk": ...}``), then ``{"result": ...}``."""
+    s = client.stream(capability, body, **kw)
+    async for chunk in s:
+        if json_:
+            line = json_line({"chunk": chunk})
+        else:  # text as it is (a token stream reads as text), anything else as JSON
+            line = chunk if isinstance(chunk, str) else json_line(chunk)
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+    if json_:
+        sys.stdout.write(json_line({"result": s.result}) + "\n")
+    elif s.result is not None:
+        sys.stdout.write(json_line(s.result) + "\n")
 
 
 @app.command()

@@ -472,6 +472,8 @@ class Execution(Part):
             err = e
         except Exception as e:  # noqa: BLE001 - a handler's error becomes the caller's RemoteError
             err = e
+        if ctx.chunks is not None:  # it streamed: every chunk is written before its outcome
+            err = await ctx.chunks.finish(err)
         duration_s = time.perf_counter() - t0
         if err is None:
             return oc.returned(result), duration_s

@@ -48,6 +48,7 @@ RANKS: dict[str, int] = {
     "reach.acl": 2,  # least-privilege users per role (reach acl, reach doctor's ACL check)
     "reach.doctor": 2,  # checks of the Redis under reach (reach doctor, start-up warnings)
     "reach._replies": 2,  # a Client's reply stream: its reader and the waiting calls
+    "reach._chunks": 2,  # a streamed call's chunks, reassembled in order, each once
     # routing: pure picks over the view
     "reach.routing": 3,
     # the caller side and what watches it
@@ -56,6 +57,8 @@ RANKS: dict[str, int] = {
     "reach.client": 4,
     "reach._delivery": 4,  # a Client's routing and inbox writes (one and many)
     "reach.context": 4,
+    "reach._streaming": 4,  # Client.stream: a streamed call's iterator
+    "reach._emitting": 4,  # ctx.emit / async-generator handlers: chunks to the caller
     "reach.card": 4,
     # namespace-wide chores and operator operations
     "reach.sweeper": 5,

@@ -1,0 +1,180 @@
+"""Streamed results, the worker's side: the chunks a handler emits, written in order to
+its caller's reply stream while it runs (docs/concepts.md, *Streamed results*).
+
+A handler streams by being an async generator (each value it yields is a chunk; see
+:func:`streamed`) or by calling ``await ctx.emit(chunk)``. The chunks of one run are
+numbered from 0 and written by one :class:`ChunkWriter`: chunks emitted while a write is
+under way wait and go together in the next *chunk entry* (a reply with status ``chunk``,
+``seq`` the number of its first chunk, ``result`` the msgpack array of its chunks;
+docs/protocol.md, *Chunk*), so a slow producer's chunk goes out at once and a fast one's
+go many to a round trip, with no timer. One write at a time, each awaited before the
+next, so the entries reach the stream in order; the runtime waits for the last one
+before it settles the message, so the final reply comes after every chunk.
+
+A chunk is not part of the atomic settle: a chunk written by a run that later fails, or
+by a worker killed mid-stream, stays written. A redelivered message runs again from the
+start and numbers its chunks from 0 again; the caller drops the numbers it has seen
+(:mod:`reach._chunks`), so it gets each number once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from .connection import AnyRedis
+from .envelope import CHUNK, Envelope, Reply, encode, encode_payload
+from .errors import ReachError, RedisUnavailable
+from .keys import Keys
+from .scripts.codes import StreamBound
+from .signing import sign_reply_for
+from .tasks import TASK_TTL_MS
+
+if TYPE_CHECKING:
+    from .context import Context
+
+REPLIES = int(StreamBound.REPLIES)
+
+MAX_ENTRY_CHUNKS = 256
+"""At most this many chunks in one chunk entry."""
+MAX_ENTRY_BYTES = 256 * 1024
+"""A chunk entry stops taking chunks once it holds this many bytes of them."""
+MAX_PENDING_CHUNKS = 4096
+"""Chunks emitted and not written yet past which ``emit`` waits for the writes (a handler
+producing faster than Redis takes them is slowed down, not buffered without bound)."""
+
+
+class ChunkWriter:
+    """The chunks of one run of the handler of ``env``, written by agent ``agent_id`` to
+    the reply stream of ``env.reply_to`` through ``redis`` (nothing is written when the
+    message has no ``reply_to``: the chunks are only counted)."""
+
+    def __init__(self, redis: AnyRedis, keys: Keys, env: Envelope, agent_id: str) -> None:
+        self.redis = redis
+        self.namespace = keys.namespace
+        self.stream = keys.replies(env.reply_to) if env.reply_to else ""
+        self.msg_id = env.msg_id
+        self.attempt = env.attempt
+        self.agent_id = agent_id
+        self.emitted = 0
+        """Chunks emitted so far (the next chunk's number)."""
+        self.written = 0
+        """Chunks written to the reply stream so far."""
+        self._pending: list[msgspec.Raw] = []
+        self._task: asyncio.Task[None] | None = None
+        self._error: BaseException | None = None
+        self._closed = False
+        self._expire = True  # the first write also gives the reply stream its TTL
+
+    async def emit(self, chunk: Any) -> None:
+        """Queue ``chunk`` for the caller: written at once if no write is under way, else
+        with the chunks emitted meanwhile right after it. Raises
+        :class:`~reach.errors.ConfigError` for a chunk that cannot be encoded,
+        :class:`~reach.errors.RedisUnavailable` once a write of an earlier chunk failed
+        (the run fails and is retried: its chunks are then sent again, and the caller drops
+        those it has), :class:`~reach.errors.ReachError` after the handler returned."""
+        if self._closed:
+            raise ReachError(
+                f"ctx.emit() after the handler of msg {self.msg_id} returned: emit chunks "
+                "before returning (its final reply closed the stream)."
+            )
+        raw = encode_payload(chunk)
+        if self._error is not None:
+            raise self._failed()
+        self.emitted += 1
+        if not self.stream:
+            return
+        self._pending.append(raw)
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._write_all())
+            # One turn for the writer to issue this chunk's write now: a producer that does
+            # not wait between chunks would otherwise hold its first chunk back.
+            await asyncio.sleep(0)
+        elif len(self._pending) >= MAX_PENDING_CHUNKS:
+            await asyncio.wait({self._task})
+
+    async def _write_all(self) -> None:
+        """Write the pending chunks, an entry at a time, until none is left."""
+        try:
+            while self._pending:
+                take, size = 0, 0
+                for raw in self._pending:
+                    if take >= MAX_ENTRY_CHUNKS or (take and size + len(raw) > MAX_ENTRY_BYTES):
+                        break
+                    take += 1
+                    size += len(raw)
+                batch = self._pending[:take]
+                reply = Reply(
+                    msg_id=self.msg_id,
+                    status=CHUNK,
+                    result=msgspec.Raw(encode(batch)),
+                    agent_id=self.agent_id,
+                    attempt=self.attempt,
+                    seq=self.written,
+                )
+                data = sign_reply_for(self.namespace, self.agent_id, reply)
+                # Bounded as settle bounds the stream's replies (StreamBound.REPLIES).
+                add = self.redis.xadd(self.stream, {"r": data}, maxlen=REPLIES, approximate=True)
+                if self._expire:
+                    self._expire = False
+                    await asyncio.gather(add, self.redis.pexpire(self.stream, TASK_TTL_MS))
+                else:
+                    await add
+                del self._pending[:take]
+                self.written += take
+        except Exception as e:  # noqa: BLE001 - kept for the handler: its run fails with it
+            self._error = e
+            self._pending.clear()
+        finally:
+            self._task = None
+
+    def _failed(self) -> RedisUnavailable:
+        err = RedisUnavailable(
+            f"writing the chunks of msg {self.msg_id} to its caller failed ({self._error}); "
+            "the run fails and is retried when attempts remain."
+        )
+        err.__cause__ = self._error
+        return err
+
+    async def close(self) -> None:
+        """Wait until every chunk emitted is written (later ``emit`` calls raise); raises
+        :class:`~reach.errors.RedisUnavailable` when a write failed."""
+        self._closed = True
+        while self._task is not None:
+            await asyncio.wait({self._task})
+        if self._error is not None:
+            raise self._failed()
+
+    async def finish(self, err: BaseException | None) -> BaseException | None:
+        """The end of the run: every chunk written before its outcome is settled. Returns
+        the run's error: ``err`` (the handler's own) if any, else the error of a failed
+        write (the run then fails: a caller must not get a final result whose chunks were
+        lost), else None."""
+        try:
+            await self.close()
+        except RedisUnavailable as e:
+            return err if err is not None else e
+        return err
+
+
+def streamed(
+    gen_fn: Callable[[Any, Context], AsyncIterator[Any]],
+) -> Callable[[Any, Context], Awaitable[Any]]:
+    """An async-generator handler as a coroutine handler: each value yielded is emitted as
+    a chunk, and the final result is ``ctx.result`` (None unless the handler set it)."""
+
+    async def run(payload: Any, ctx: Context) -> Any:
+        gen = gen_fn(payload, ctx)
+        async with contextlib.aclosing(gen):  # type: ignore[type-var]
+            async for chunk in gen:
+                await ctx.emit(chunk)
+        return ctx.result
+
+    run.__name__ = getattr(gen_fn, "__name__", "handler")
+    run.__qualname__ = getattr(gen_fn, "__qualname__", run.__name__)
+    run.__doc__ = gen_fn.__doc__
+    return run
