@@ -27,6 +27,7 @@ Layout (``ns`` is the namespace, ids are stripped of ``{``/``}`` first):
     reach:{ns}:parked            set   capabilities with parked messages
     reach:{ns}:limits            hash  capability -> its rate limit
     reach:{ns}:rate:<cap>        string the limit's state (GCRA's TAT, µs)
+    reach:{ns}:quotas            hash  the namespace's quotas (max_inbox, send_rate)
 
 * an agent's inbox, one slot per agent::
 
@@ -35,6 +36,10 @@ Layout (``ns`` is the namespace, ids are stripped of ``{``/``}`` first):
 * a client's reply stream, one slot per client::
 
     reach:ns:{c:<id>}:replies
+
+* a caller identity's send-rate bucket (the quota's GCRA TAT, µs), one slot per identity::
+
+    reach:ns:{q:<identity>}:rate
 
 * idempotency / task / session records, each in the slot of its own id.
 
@@ -257,6 +262,12 @@ class Keys:
         """The state (GCRA's TAT) of ``capability``'s rate limit."""
         return f"{self._reg}:rate:{capability}"
 
+    @property
+    def quotas(self) -> str:
+        """The namespace's quotas (reach.quotas): ``max_inbox`` -> ``"<n>"``, ``send_rate``
+        -> ``"<sends>/<seconds>s,<burst>"``."""
+        return f"{self._reg}:quotas"
+
     def parked(self, capability: str) -> str:
         return f"{self._reg}:parked:{capability}"
 
@@ -282,6 +293,12 @@ class Keys:
     # -- per-client slot --------------------------------------------------------------
     def replies(self, client_id: str) -> str:
         return f"{PREFIX}:{self.namespace}:{{c:{clean_id(client_id)}}}:replies"
+
+    # -- per-caller slot --------------------------------------------------------------
+    def send_rate_state(self, identity: str) -> str:
+        """The state (GCRA's TAT) of ``identity``'s send-rate quota: in a slot of its own,
+        so on a Cluster the callers' buckets spread over the masters."""
+        return f"{PREFIX}:{self.namespace}:{{q:{clean_id(identity)}}}:rate"
 
     # -- per-record slots -------------------------------------------------------------
     def idem(self, idempotency_key: str) -> str:
