@@ -10,6 +10,9 @@ exactly what was accepted.
 from __future__ import annotations
 
 import contextlib
+import json
+import subprocess
+import sys
 import uuid
 from typing import Any
 
@@ -25,7 +28,7 @@ from reach.keys import Keys
 from reach.limits import parse_limit
 from reach.quotas import clear_quotas, get_quotas, set_quotas
 from reach.registry import Registry
-from tests.support.agents_messaging import wait_eligible
+from tests.support.agents_messaging import REPO, wait_eligible
 from tests.support.cluster import RedisTestCluster
 from tests.support.registry_helpers import register
 
@@ -170,6 +173,49 @@ async def test_send_rate_holds_over_time_under_50_concurrent_senders(
 async def server_us(r: AnyRedis) -> int:
     s, us = await r.time()
     return int(s) * 1_000_000 + int(us)
+
+
+def start_senders(cmd: list[str], n: int) -> list[subprocess.Popen[bytes]]:
+    return [
+        subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        for _ in range(n)
+    ]
+
+
+async def test_both_quotas_hold_across_5_processes_of_10_senders(
+    redis_url: str, ns: str, r: AnyRedis
+) -> None:
+    # Five processes, one identity, ten sends each, released together: the bucket grants
+    # exactly its burst (30; it does not refill in the seconds this takes) and the inbox
+    # takes exactly its quota (20) of those; the others are refused, each by its quota.
+    keys = Keys(ns)
+    await register(Registry(r, ns), "q-procs", [CAP], ready=True)
+    await set_quotas(r, keys, max_inbox=20, send_rate=parse_limit("1/m", burst=30))
+    ready, go = keys.effects("quota-ready"), keys.effects("quota-go")
+    cmd = [sys.executable, "-m", "tests.support.quota_sender", redis_url, ns, "tenant-p", CAP]
+    procs = start_senders([*cmd, "10", ready, go], 5)
+    try:
+        with anyio.fail_after(60):
+            while await r.llen(ready) < len(procs):
+                assert all(p.poll() is None for p in procs), "a sender process ended early"
+                await anyio.sleep(0.05)
+        await r.rpush(go, *["go"] * len(procs))
+        outs = []
+        for p in procs:
+            out, _ = await anyio.to_thread.run_sync(lambda p=p: p.communicate(timeout=60))
+            assert p.returncode == 0
+            outs.append(json.loads(out))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    total: dict[str, int] = {}
+    for o in outs:
+        for k, v in o.items():
+            total[k] = total.get(k, 0) + v
+    assert total == {"sent": 20, "max_inbox": 10, "send_rate": 20}, total
+    assert await inbox_len(r, ns, "q-procs") == 20
 
 
 async def test_a_retry_of_an_accepted_message_is_not_refused(
