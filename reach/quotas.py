@@ -45,6 +45,9 @@ QUOTAS_REFRESH_S = 1.0
 MAX_INBOX = 999_999_999_999_999
 """The largest ``max_inbox`` (the bound send.lua takes)."""
 
+MAX_TAKE = 100_000
+"""Sends one ``rate_limit.lua`` call takes at most."""
+
 MAX_INBOX_FIELD = "max_inbox"
 SEND_RATE_FIELD = "send_rate"
 
@@ -148,13 +151,72 @@ def take_call(keys: Keys, identity: str, rate: RateLimit, n: int) -> Call[Taken]
     return Call(
         "rate_limit",
         (keys.send_rate_state(identity),),
-        (max(1, min(n, 100_000)), rate.interval_us, rate.burst),
+        (max(1, min(n, MAX_TAKE)), rate.interval_us, rate.burst),
         _taken,
     )
 
 
 def _taken(reply: Any) -> Taken:
     return Taken(as_int(reply[0]), as_int(reply[1]))
+
+
+class SendBucket:
+    """Takes single sends from one identity's bucket through ``commands`` (an
+    auto-pipelined client), coalescing those of one event-loop turn as
+    :class:`reach._delivery.Coalescer` coalesces inbox writes: the first take of a turn
+    goes out at once, the others of the same turn (concurrent sends) as one
+    ``rate_limit.lua`` call for all of them at the end of the turn, granted in the order
+    they asked. One script call per turn instead of one per send; the bucket stays exact
+    (every grant is GCRA's, in Redis)."""
+
+    def __init__(self, commands: AnyRedis, keys: Keys, identity: str) -> None:
+        self.commands = commands
+        self.keys = keys
+        self.identity = identity
+        self._turn = False
+        self._group: list[tuple[RateLimit, asyncio.Future[Taken]]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def take(self, rate: RateLimit) -> Taken:
+        """One send from the bucket: ``granted`` 1 or 0, and the µs until the next fits."""
+        loop = asyncio.get_running_loop()
+        if not self._turn:
+            self._turn = True
+            loop.call_soon(self._end_turn)
+            return await take_call(self.keys, self.identity, rate, 1).run(self.commands)
+        fut: asyncio.Future[Taken] = loop.create_future()
+        self._group.append((rate, fut))
+        return await fut
+
+    def _end_turn(self) -> None:
+        self._turn = False
+        group, self._group = self._group, []
+        group = [(r, f) for r, f in group if not f.done()]  # a cancelled caller takes none
+        if group:
+            task = asyncio.get_running_loop().create_task(self._take_group(group))
+            self._tasks.add(task)  # held until done (the loop keeps weak references)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _take_group(self, group: list[tuple[RateLimit, asyncio.Future[Taken]]]) -> None:
+        # The turn's sends ask together, under the rate the first of them read (they all
+        # read the same copy of the quotas, but for a refresh landing mid-turn).
+        try:
+            taken = await take_call(self.keys, self.identity, group[0][0], len(group)).run(
+                self.commands
+            )
+        except BaseException as e:
+            for _, fut in group:
+                if not fut.done():
+                    if isinstance(e, Exception):
+                        fut.set_exception(e)
+                    else:
+                        fut.cancel()
+            if isinstance(e, Exception):
+                return
+            raise
+        for k, (_, fut) in enumerate(group):
+            if not fut.done():
+                fut.set_result(Taken(int(k < taken.granted), taken.wait_us))
 
 
 class QuotaCache:

@@ -9,6 +9,7 @@ exactly what was accepted.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import subprocess
@@ -20,13 +21,14 @@ import anyio
 import pytest
 
 from reach import sweeper
+from reach._autopipe import AutoPipeline
 from reach.client import Client
 from reach.connection import AnyRedis, connect
 from reach.envelope import encode
 from reach.errors import Overloaded
 from reach.keys import Keys
 from reach.limits import parse_limit
-from reach.quotas import clear_quotas, get_quotas, set_quotas
+from reach.quotas import SendBucket, clear_quotas, get_quotas, set_quotas
 from reach.registry import Registry
 from tests.support.agents_messaging import REPO, wait_eligible
 from tests.support.cluster import RedisTestCluster
@@ -168,6 +170,29 @@ async def test_send_rate_holds_over_time_under_50_concurrent_senders(
     assert len(accepted) > burst  # the bucket refilled: the senders were not all refused
     assert refused and all(e.limit == "send_rate" for e in refused)
     assert await inbox_len(r, ns, "q-flow") == len(accepted)
+
+
+async def test_concurrent_takes_of_one_turn_are_one_script_call(
+    redis_url: str, ns: str, r: AnyRedis
+) -> None:
+    commands = AutoPipeline(await connect(redis_url))
+    try:
+        bucket = SendBucket(commands, Keys(ns), "tenant-t")
+        rate = parse_limit("1/m", burst=20)
+        await bucket.take(rate)  # loads the script
+        before = await script_calls(r)
+        taken = await asyncio.gather(*(bucket.take(rate) for _ in range(SENDERS)))
+        # the first alone, the other 49 together; granted in the order they asked
+        assert await script_calls(r) - before == 2
+        assert [t.granted for t in taken] == [1] * 19 + [0] * (SENDERS - 19)
+        assert all(t.wait_us > 0 for t in taken[19:])
+    finally:
+        await commands.aclose()
+
+
+async def script_calls(r: AnyRedis) -> int:
+    stats = await r.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
 
 
 async def server_us(r: AnyRedis) -> int:
