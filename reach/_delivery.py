@@ -497,9 +497,13 @@ def overloaded(
             f" and {len(refused) - 5} more" if len(refused) > 5 else ""
         )
         depth = max(d for d, _ in refused.values())
+        whose = (
+            f"the inbox of agent {agents} holds {depth} messages"
+            if len(refused) == 1
+            else f"the inboxes of agents {agents} hold up to {depth} messages"
+        )
         return Overloaded(
-            f"{env.capability!r} was not sent: the inbox of agent {agents} holds {depth} "
-            f"messages, the namespace's limit (reach quota set --max-inbox {max_inbox}) of "
+            f"{env.capability!r} was not sent: {whose}, the namespace's limit (reach quota set --max-inbox {max_inbox}) of "
             f"messages queued or being handled per agent.{rest} Back off and retry later, "
             "start more agents of the capability, or ask the operator to raise the quota "
             "(reach quota show).",

@@ -324,3 +324,22 @@ async def test_quotas_hold_on_a_cluster(redis_cluster: RedisTestCluster) -> None
             assert len(sent) == 4 and {e.limit for e in refused} == {"send_rate"}
     finally:
         await rc.aclose()
+
+
+async def test_the_quota_message_names_every_full_agent(
+    redis_url: str, ns: str, r: AnyRedis
+) -> None:
+    for a in ("q-m1", "q-m2"):
+        await register(Registry(r, ns), a, [CAP], ready=True)
+    await set_quotas(r, Keys(ns), max_inbox=3)
+    async with Client(redis_url=redis_url, namespace=ns) as c:
+        await wait_eligible(c, CAP, ["q-m1", "q-m2"])
+        sent, refused = await fire([c], 10)
+        # a full agent passes the message on: both inboxes fill before any refusal
+        assert len(sent) == 6 and len(refused) == 4
+        assert await inbox_len(r, ns, "q-m1") == 3 and await inbox_len(r, ns, "q-m2") == 3
+        msg = str(refused[-1])
+        assert "the inboxes of agents" in msg and "hold up to 3 messages" in msg
+        assert "q-m1" in msg and "q-m2" in msg
+        with pytest.raises(Overloaded, match="the inbox of agent q-m1 holds 3 messages"):
+            await c.send(CAP, 1, target="q-m1")
