@@ -34,9 +34,10 @@ from . import logs, metrics
 from ._autopipe import AutoPipeline
 from .connection import unreachable
 from .envelope import Envelope, encode, now_ms
-from .errors import DeadlineExceeded, NoAgentAvailable, Overloaded
+from .errors import DeadlineExceeded, NoAgentAvailable, Overloaded, ReachError
 from .keys import Keys
 from .outcomes import Unavailable
+from .quotas import MAX_TAKE, NO_QUOTAS, QuotaCache, Quotas, SendBucket, take_call
 from .registry import AgentInfo
 from .routing import Router
 from .scripts import inbox
@@ -174,8 +175,12 @@ class Delivery:
         redis_url: str,
         default_policy: str,
         signer: Signer | None = None,
+        identity: str = "",
     ) -> None:
         self.view = view
+        self.identity = identity  # whose send-rate quota the sends count against
+        self.quota_cache = QuotaCache(keys)
+        self.bucket = SendBucket(commands, keys, identity)
         self.signer = signer  # signs each envelope as it is encoded (None: not signed)
         self.router = router
         self.commands = commands
@@ -184,13 +189,56 @@ class Delivery:
         self.default_policy = default_policy
         self.coalescer = None if commands.cluster else Coalescer(commands, keys, ttl_ms=TASK_TTL_MS)
 
+    async def quotas(self) -> Quotas:
+        """The namespace's quotas (reach.quotas), as last read (re-read every second)."""
+        try:
+            return await self.quota_cache.get(self.commands)
+        except (rexc.ConnectionError, rexc.TimeoutError) as e:
+            raise unreachable(self.redis_url, e) from e
+
+    async def take_sends(self, env: Envelope, q: Quotas, n: int) -> tuple[int, Overloaded | None]:
+        """Take ``n`` sends from this caller's send-rate bucket: how many were granted and,
+        when not all, the error of those refused."""
+        if q.send_rate is None:
+            return n, None
+        granted, wait_us = 0, 0
+        try:
+            if n == 1:  # concurrent single sends: one script call per loop turn
+                taken = await self.bucket.take(q.send_rate)
+                granted, wait_us = taken.granted, taken.wait_us
+            while 1 < n and granted < n:  # a batch: 100,000 a call at most
+                ask = min(n - granted, MAX_TAKE)
+                call = take_call(self.keys, self.identity, q.send_rate, ask)
+                taken = await call.run(self.commands)
+                granted, wait_us = granted + taken.granted, taken.wait_us
+                if taken.granted < ask:
+                    break
+        except (rexc.ConnectionError, rexc.TimeoutError) as e:
+            raise unreachable(self.redis_url, e) from e
+        if granted >= n:
+            return n, None
+        return granted, over_rate(env, self.identity, q, wait_us)
+
     async def deliver(
-        self, env: Envelope, *, where: Mapping[str, Any] | None = None, track: bool = False
+        self,
+        env: Envelope,
+        *,
+        where: Mapping[str, Any] | None = None,
+        track: bool = False,
+        quota: bool = True,
+        rated: bool = False,
     ) -> str:
         """Route ``env`` and add it to the chosen agent's inbox; returns the agent id
-        (``Client.deliver`` documents it)."""
+        (``Client.deliver`` documents it). ``quota=False``: the namespace's quotas do not
+        apply (a message accepted once, placed again); ``rated``: its send was taken from
+        the send rate already."""
         if env.deadline_ms and env.deadline_ms <= now_ms():
             raise DeadlineExceeded(f"Deadline of {env.capability!r} passed before sending.")
+        q = await self.quotas() if quota else NO_QUOTAS
+        if not rated:
+            _, err = await self.take_sends(env, q, 1)
+            if err is not None:
+                raise err
         refused: dict[str, tuple[int, int]] = {}  # agent id -> (inbox depth, its bound)
         while True:
             try:  # a stale registry view is re-read here, from Redis
@@ -200,19 +248,20 @@ class Delivery:
                 raise unreachable(self.redis_url, e) from e
             except NoAgentAvailable as e:
                 if refused:
-                    raise overloaded(env, refused, e) from e
+                    raise overloaded(env, refused, e, max_inbox=q.max_inbox) from e
                 raise
             if agent.agent_id in refused:  # only refusing agents are left
-                raise overloaded(env, refused, None)
+                raise overloaded(env, refused, None, max_inbox=q.max_inbox)
             if track:
                 self.router.inflight.add(agent.agent_id)
             with logs.span("reach.deliver", kind="producer"):
                 seal(env, self.signer, tracing=True)
                 data = encode(env)
-                depth = await self._add(env, agent, data, track=track)
+                bound = inbox_bound(agent, q.max_inbox)
+                depth = await self._add(env, agent, data, track=track, bound=bound)
             if depth is None:
                 break
-            refused[agent.agent_id] = (depth, agent.max_queue)
+            refused[agent.agent_id] = (depth, bound)
         metrics.message_sent(env.capability, env.priority)
         return agent.agent_id
 
@@ -235,19 +284,17 @@ class Delivery:
         )
 
     async def _add(
-        self, env: Envelope, agent: AgentInfo, data: bytes, *, track: bool
+        self, env: Envelope, agent: AgentInfo, data: bytes, *, track: bool, bound: int
     ) -> int | None:
         """Add the entry (and its pending record); None when added, else the depth of the
-        agent's inbox that refused it (at its bound). The script layer
+        agent's inbox that refused it (at its ``bound``). The script layer
         (:func:`reach.scripts.inbox.send`) chooses the standalone or Cluster form."""
         agent_id = agent.agent_id
         try:
             m = inbox.Message.of(env, data)
             if self.coalescer is not None:
                 sent = await self.coalescer.send(
-                    inbox.Delivery(
-                        m, agent_id, env.priority, agent.max_queue, *claim_at_send(agent, env)
-                    )
+                    inbox.Delivery(m, agent_id, env.priority, bound, *claim_at_send(agent, env))
                 )
             else:
                 sent = await inbox.send(
@@ -258,7 +305,7 @@ class Delivery:
                     agent_id=agent_id,
                     priority=env.priority,
                     ttl_ms=TASK_TTL_MS,
-                    max_queue=agent.max_queue,
+                    max_queue=bound,
                 )
         except BaseException as e:
             if track:
@@ -292,6 +339,15 @@ class Delivery:
             err = unreachable(self.redis_url, e)
             return [err] * len(envs)
         now = now_ms()
+        try:
+            q = await self.quotas()
+            live = [i for i, env in enumerate(envs) if not env.deadline_ms or env.deadline_ms > now]
+            granted, over = await self.take_sends(envs[0], q, len(live)) if live else (0, None)
+        except ReachError as e:
+            return [e] * len(envs)
+        if over is not None:  # the sends past the caller's rate: refused, in order
+            for i in live[granted:]:
+                out[i] = over
         picked: list[tuple[int, AgentInfo]] = []
         # The same for every message of the batch (its options and the candidates are).
         policy = policy_for(envs[0], candidates, self.default_policy)
@@ -299,6 +355,8 @@ class Delivery:
             for i, env in enumerate(envs):
                 if env.deadline_ms and env.deadline_ms <= now:
                     out[i] = DeadlineExceeded(f"Deadline of {cap!r} passed before sending.")
+                    continue
+                if out[i]:  # refused by the send rate
                     continue
                 try:
                     agent = self.router.pick(
@@ -331,7 +389,7 @@ class Delivery:
                             inbox.Message.of(env, encode(env)),
                             agent.agent_id,
                             env.priority,
-                            agent.max_queue,
+                            inbox_bound(agent, q.max_inbox),
                             *(() if cluster else claim_at_send(agent, env)),
                         )
                     )
@@ -370,7 +428,7 @@ class Delivery:
 
         async def redeliver(i: int) -> None:
             try:
-                out[i] = await self.deliver(envs[i], where=where, track=track)
+                out[i] = await self.deliver(envs[i], where=where, track=track, rated=True)
             except Exception as e:  # noqa: BLE001 - this message's error, in its place
                 out[i] = e
 
@@ -400,14 +458,61 @@ def claim_at_send(agent: AgentInfo, env: Envelope) -> tuple[str, int]:
     return f"{agent.agent_id}/{agent.instance_id}", lease
 
 
+def inbox_bound(agent: AgentInfo, max_inbox: int) -> int:
+    """The bound of ``agent``'s inbox for a new send: the lower of its own ``max_queue``
+    and the namespace's ``max_inbox`` quota (0 for either: none)."""
+    bounds = [b for b in (agent.max_queue, max_inbox) if b > 0]
+    return min(bounds) if bounds else 0
+
+
+def over_rate(env: Envelope, identity: str, q: Quotas, wait_us: int) -> Overloaded:
+    """The error of a send over the caller's send-rate quota."""
+    rate = q.send_rate
+    wait_s = wait_us / 1e6
+    return Overloaded(
+        f"{env.capability!r} was not sent: caller {identity!r} is over the namespace's "
+        f"send rate, the limit (reach quota set --send-rate {rate}) of sends per caller "
+        f"identity. Slow down: the next send fits in {wait_s:.3g} s; or ask the operator "
+        "to raise the quota (reach quota show).",
+        capability=env.capability,
+        reason=Unavailable.OVERLOADED,
+        limit="send_rate",
+        retry_after_s=wait_s,
+    )
+
+
 def overloaded(
-    env: Envelope, refused: Mapping[str, tuple[int, int]], cause: NoAgentAvailable | None
+    env: Envelope,
+    refused: Mapping[str, tuple[int, int]],
+    cause: NoAgentAvailable | None,
+    *,
+    max_inbox: int = 0,
 ) -> Overloaded:
     """The error of a message every eligible agent refused (``refused``: agent id ->
-    (inbox depth, its bound))."""
+    (inbox depth, its bound)); ``max_inbox``: the namespace's quota, named when it is the
+    bound that refused."""
+    rest = f" No other agent could take it: {cause}" if cause is not None else ""
+    if max_inbox and any(b == max_inbox for _, b in refused.values()):
+        agents = ", ".join(list(refused)[:5]) + (
+            f" and {len(refused) - 5} more" if len(refused) > 5 else ""
+        )
+        depth = max(d for d, _ in refused.values())
+        whose = (
+            f"the inbox of agent {agents} holds {depth} messages"
+            if len(refused) == 1
+            else f"the inboxes of agents {agents} hold up to {depth} messages"
+        )
+        return Overloaded(
+            f"{env.capability!r} was not sent: {whose}, the namespace's limit (reach quota set --max-inbox {max_inbox}) of "
+            f"messages queued or being handled per agent.{rest} Back off and retry later, "
+            "start more agents of the capability, or ask the operator to raise the quota "
+            "(reach quota show).",
+            capability=env.capability,
+            reason=Unavailable.OVERLOADED,
+            limit="max_inbox",
+        )
     shown = ", ".join(f"{a} {d}/{m}" for a, (d, m) in list(refused.items())[:5])
     more = f" and {len(refused) - 5} more" if len(refused) > 5 else ""
-    rest = f" No other agent could take it: {cause}" if cause is not None else ""
     return Overloaded(
         f"{env.capability!r} was not sent: the inbox of {len(refused)} agent(s) is at its "
         f"bound (queued + being handled / max_queue: {shown}{more}).{rest} Back off "

@@ -9,7 +9,7 @@ Roles:
 * ``caller`` - a :class:`reach.Client` (and ``reach send`` / ``reach task``): reads the
   registry, writes inboxes, reads its own reply stream;
 * ``operator`` - the CLI's looking and repairing (``reach agents``, ``caps``, ``queues``,
-  ``dlq``, ``events``, ``sweep``, ``top``, ``doctor``).
+  ``dlq``, ``events``, ``sweep``, ``top``, ``doctor``, ``quota``).
 
 Keys: every role gets the keys of its namespace and nothing else. The patterns are derived
 from :class:`reach.keys.Keys` (the part of a key before anything variable, up to its hash
@@ -41,7 +41,7 @@ ROLE_HELP = {
     "agent": "a worker process (reach worker, Agent.run)",
     "caller": "a reach.Client (and reach send, reach task)",
     "operator": "the CLI's looking and repairing (agents, caps, queues, dlq, events, "
-    "sweep, top, doctor)",
+    "sweep, top, doctor, quota)",
 }
 
 # The commands every role runs: the connection's own, reading the registry, and scripts
@@ -134,7 +134,7 @@ _ROLE_COMMANDS: dict[str, tuple[str, ...]] = {
         "srem",
         "scard",
         "zrandmember",
-        "hdel",  # reach caps limit --clear
+        "hdel",  # reach caps limit --clear, reach quota clear
         "client|list",  # reach dlq replay: is the caller still connected?
         "script|exists",  # reach doctor: the script cache
         "acl|whoami",  # reach doctor: which user to check

@@ -39,6 +39,7 @@ from .errors import (
 from .keys import PRIORITIES, Keys
 from .limits import LimitsCache, take_call
 from .outcomes import DeadReason, RequestOutcome, Status, blames_agent
+from .quotas import identity_of
 from .registry import AgentInfo, Registry, normalize_capability
 from .routing import POLICIES, Router
 from .signing import SecretOption, Signer, make_signer
@@ -234,8 +235,16 @@ class Client:
                 redis_url=self.redis_url,
                 default_policy=self.default_policy,
                 signer=self.signer,
+                identity=self.identity,
             )
         return self._sender
+
+    @property
+    def identity(self) -> str:
+        """Whom the namespace's send-rate quota counts this client's sends against: its
+        Ed25519 identity when it signs with one, else its ``client_id`` (docs/security.md,
+        *Quotas*)."""
+        return identity_of(self.signer, self.client_id)
 
     @property
     def forged_replies(self) -> int:
@@ -394,7 +403,12 @@ class Client:
         return raw
 
     async def deliver(
-        self, env: Envelope, *, where: Mapping[str, Any] | None = None, track: bool = False
+        self,
+        env: Envelope,
+        *,
+        where: Mapping[str, Any] | None = None,
+        track: bool = False,
+        quota: bool = True,
     ) -> str:
         """Route ``env`` and add it to the chosen agent's inbox; returns the agent id.
 
@@ -406,10 +420,15 @@ class Client:
         added, when its inbox already holds that many (queued + being handled); the
         message then goes to another eligible agent, and when every one refused,
         :class:`~reach.errors.Overloaded` is raised (nothing was sent).
+
+        The namespace's quotas (:mod:`reach.quotas`: a bound on every agent's inbox, a send
+        rate per caller identity) apply too, and raise :class:`~reach.errors.Overloaded`
+        naming the quota. ``quota=False`` leaves them out, for a message that was accepted
+        once and is only placed again (the sweeper's retries and reroutes).
         """
         if env.reply_to == self.client_id:
             self._reader.sent(env.msg_id)  # its reply is kept until taken (result())
-        return await self._delivery.deliver(env, where=where, track=track)
+        return await self._delivery.deliver(env, where=where, track=track, quota=quota)
 
     async def send(
         self,

@@ -59,7 +59,24 @@ class NoAgentAvailable(ReachError):
 
 
 class Overloaded(NoAgentAvailable):
-    """Every eligible agent is over its queue bound: back off and try again."""
+    """The message was not sent because a bound is reached: every eligible agent's inbox
+    is at its ``max_queue``, or a quota of the namespace (docs/security.md, *Quotas*)
+    refused it. Back off and try again. ``limit`` names the bound: ``"max_queue"`` (the
+    agents' own), ``"max_inbox"`` or ``"send_rate"`` (the namespace's quotas);
+    ``retry_after_s`` is when the send rate lets this caller send again (0 when unknown)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        capability: str = "",
+        reason: str = "",
+        limit: str = "max_queue",
+        retry_after_s: float = 0.0,
+    ) -> None:
+        super().__init__(message, capability=capability, reason=reason)
+        self.limit = limit
+        self.retry_after_s = retry_after_s
 
 
 class RateLimited(ReachError):

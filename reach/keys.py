@@ -29,6 +29,7 @@ Layout (``ns`` is the namespace, ids are stripped of ``{``/``}`` first):
     reach:{ns}:rate:<cap>        string the limit's state (GCRA's TAT, µs)
     reach:{ns}:rate:<cap>:agent:<id>  string the state of the limit agent <id> declared
                                        on its handler of <cap> (rate=)
+    reach:{ns}:quotas            hash  the namespace's quotas (max_inbox, send_rate)
 
 * an agent's inbox, one slot per agent::
 
@@ -37,6 +38,10 @@ Layout (``ns`` is the namespace, ids are stripped of ``{``/``}`` first):
 * a client's reply stream, one slot per client::
 
     reach:ns:{c:<id>}:replies
+
+* a caller identity's send-rate bucket (the quota's GCRA TAT, µs), one slot per identity::
+
+    reach:ns:{q:<identity>}:rate
 
 * idempotency / task / session records, each in the slot of its own id.
 
@@ -264,6 +269,12 @@ class Keys:
         ``capability`` (``rate=``): its starts only."""
         return f"{self._reg}:rate:{capability}:agent:{clean_id(agent_id)}"
 
+    @property
+    def quotas(self) -> str:
+        """The namespace's quotas (reach.quotas): ``max_inbox`` -> ``"<n>"``, ``send_rate``
+        -> ``"<sends>/<seconds>s,<burst>"``."""
+        return f"{self._reg}:quotas"
+
     def parked(self, capability: str) -> str:
         return f"{self._reg}:parked:{capability}"
 
@@ -289,6 +300,12 @@ class Keys:
     # -- per-client slot --------------------------------------------------------------
     def replies(self, client_id: str) -> str:
         return f"{PREFIX}:{self.namespace}:{{c:{clean_id(client_id)}}}:replies"
+
+    # -- per-caller slot --------------------------------------------------------------
+    def send_rate_state(self, identity: str) -> str:
+        """The state (GCRA's TAT) of ``identity``'s send-rate quota: in a slot of its own,
+        so on a Cluster the callers' buckets spread over the masters."""
+        return f"{PREFIX}:{self.namespace}:{{q:{clean_id(identity)}}}:rate"
 
     # -- per-record slots -------------------------------------------------------------
     def idem(self, idempotency_key: str) -> str:

@@ -22,6 +22,7 @@ import math
 import re
 import time
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from redis import exceptions as rexc
@@ -61,12 +62,22 @@ class RateLimit:
 
     def __str__(self) -> str:
         units = {1.0: "s", 60.0: "m", 3600.0: "h"}
-        period = units.get(self.period_s) or f"{self.period_s:g}s"
-        return f"{self.starts:g}/{period}" + (f" (burst {self.burst})" if self.burst > 1 else "")
+        period = units.get(self.period_s) or f"{_num(self.period_s)}s"
+        return f"{_num(self.starts)}/{period}" + (
+            f" (burst {self.burst})" if self.burst > 1 else ""
+        )
 
     def stored(self) -> str:
         """The text kept in the limits hash."""
-        return f"{self.starts:g}/{self.period_s:g}s,{self.burst}"
+        return f"{_num(self.starts)}/{_num(self.period_s)}s,{self.burst}"
+
+
+def _num(x: float) -> str:
+    """``x`` in plain decimal digits, as :func:`parse_limit` reads it back exactly (never
+    an exponent: ``:g`` wrote 1000000 as ``1e+06``, which did not parse, so a limit of a
+    million a second was stored as no limit at all)."""
+    text = format(Decimal(repr(x)), "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def parse_limit(text: str, *, burst: int | None = None) -> RateLimit:

@@ -312,7 +312,7 @@ class _Chores(_Letters):
         no router will ever take it (``unroutable``), or expired; False: no agent now (it
         waits)."""
         try:
-            await self.client.deliver(env)
+            await self.client.deliver(env, quota=False)  # accepted once: no quota refuses it
             return True
         except (NoAgentAvailable, *_TRANSIENT):
             return False

@@ -59,6 +59,7 @@ from .common import (
 from .completion import complete_agent_id, complete_capability
 from .dlq_cmd import dlq_app
 from .doctor_cmd import doctor as doctor_cmd
+from .quota_cmd import quota_app
 from .top import top as top_cmd
 from .worker_cmd import worker
 
@@ -74,6 +75,7 @@ app = typer.Typer(
 app.add_typer(agents_app, name="agents")
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(caps_app, name="caps")
+app.add_typer(quota_app, name="quota")
 
 
 def _version(value: bool) -> None:

@@ -40,6 +40,9 @@ RUN_HERE = {
     "doctor",
     "caps",
     "caps limit",
+    "quota set",
+    "quota show",
+    "quota clear",
     "agents",
     "agents show",
     "agents card",
@@ -121,6 +124,25 @@ async def test_documented_outputs(
     assert lines[0] == f"reach doctor: {redis_url}, namespace {ns!r}"
     assert re.fullmatch(r"\d+ error\(s\), \d+ warning\(s\)", lines[-1]), lines[-1]
     assert any(re.match(r"\s*(ok|warn|ERROR|info)\s+version\s", ln) for ln in lines), out
+
+    # reach quota set / show / clear: "quotas of 'NS': ..." (one line), --json its fields
+    out = await cli("quota", "set", "--max-inbox", "1000")
+    assert out.strip() == (
+        f"quotas of {ns!r}: max inbox 1000 messages per agent; clients apply it within a second"
+    )
+    out = await cli("quota", "set", "--send-rate", "100/s", "--burst", "20")
+    shown = (
+        f"quotas of {ns!r}: max inbox 1000 messages per agent; send rate 100/s (burst 20) "
+        "per caller identity"
+    )
+    assert out.strip() == shown + "; clients apply it within a second"
+    assert (await cli("quota", "show")).strip() == shown
+    assert await cli.json("quota", "show") == {
+        "max_inbox": 1000, "send_rate": "100/s", "send_rate_per_s": 100.0, "burst": 20,
+    }  # fmt: skip
+    out = await cli("quota", "clear", "--send-rate")
+    assert out.strip() == f"quotas of {ns!r}: max inbox 1000 messages per agent"
+    assert (await cli("quota", "clear")).strip() == f"quotas of {ns!r}: none"
 
     async with serving(redis_url, ns, agent()) as client:
         # reach caps limit: "CAP: at most LIMIT (N starts/s over every agent)..."

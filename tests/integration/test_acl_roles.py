@@ -214,6 +214,8 @@ async def test_each_role_runs_under_its_user_and_nothing_is_refused(
 ) -> None:
     agent = make_agent(f"acl-echo-{uuid.uuid4().hex[:6]}")
     agent_done = anyio.Event()
+    # quotas in force: every send of the caller reads them and takes from its send rate
+    admin.hset(Keys("ns1").quotas, mapping={"max_inbox": "1000", "send_rate": "1000/1s,100"})
 
     other = reach.Agent(f"acl-other-{uuid.uuid4().hex[:6]}", capabilities=["acl.other"])
 
@@ -280,6 +282,9 @@ async def test_each_role_runs_under_its_user_and_nothing_is_refused(
             ("agents", "card", agent.agent_id, *op),
             ("dlq", "purge", "--yes", *op),
             ("agents", "drain", agent.agent_id, *op),
+            ("quota", "set", "--max-inbox", "500", "--send-rate", "50/s", *op),
+            ("quota", "show", *op),
+            ("quota", "clear", *op),
         ):
             if "DLQ_ID" in args:  # the dead letter of the failed request
                 code, out, err = await anyio.to_thread.run_sync(

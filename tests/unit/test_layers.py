@@ -45,6 +45,7 @@ RANKS: dict[str, int] = {
     "reach.session": 2,
     "reach.view": 2,
     "reach.limits": 2,  # rate limits per capability (set by operators, taken by workers)
+    "reach.quotas": 2,  # per-tenant quotas (set by operators, applied by clients)
     "reach.acl": 2,  # least-privilege users per role (reach acl, reach doctor's ACL check)
     "reach.doctor": 2,  # checks of the Redis under reach (reach doctor, start-up warnings)
     "reach._replies": 2,  # a Client's reply stream: its reader and the waiting calls
