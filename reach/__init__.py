@@ -1,6 +1,7 @@
 """reach: a messaging fabric that lets AI agents reach each other by capability."""
 
 from ._version import __version__
+from ._buffer import PendingLocal
 from .agent import Agent, RuntimeOptions
 from .client import Client
 from .context import Context
@@ -52,6 +53,7 @@ __all__ = [
     "NotStarted",
     "Overloaded",
     "PayloadTooLarge",
+    "PendingLocal",
     "ReachError",
     "RedisUnavailable",
     "Registry",

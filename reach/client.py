@@ -19,15 +19,32 @@ import msgspec
 
 from . import metrics
 from ._autopipe import AutoPipeline
+from ._buffer import (
+    DEFAULT_CLOSE_WAIT_S,
+    DEFAULT_MAX_AGE_S,
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_MESSAGES,
+    Held,
+    PendingLocal,
+    SendBuffer,
+)
 from ._delivery import ADVERTISABLE as ADVERTISABLE  # noqa: PLC0414 (re-exported)
 from ._delivery import Delivery, policy_for
 from ._replies import ReplyReader, outcome_of
 from .breaker import Breakers
 from .config import resolve_redis_url
-from .connection import DEFAULT_MAX_CONNECTIONS, AnyRedis, connect
+from .connection import DEFAULT_MAX_CONNECTIONS, AnyRedis, connect, redact
 from .doctor import warn_once
 from .envelope import Envelope, Reply, decode_payload, encode_payload, new_id, now_ms
-from .errors import ConfigError, DeadlineExceeded, NoAgentAvailable, NotStarted, PayloadTooLarge
+from .errors import (
+    ConfigError,
+    ConnectionsExhausted,
+    DeadlineExceeded,
+    NoAgentAvailable,
+    NotStarted,
+    PayloadTooLarge,
+    RedisUnavailable,
+)
 from .keys import PRIORITIES, Keys
 from .outcomes import DeadReason, RequestOutcome, Status, blames_agent
 from .registry import AgentInfo, Registry, normalize_capability
@@ -93,6 +110,16 @@ class Client:
     ``REACH_IDENTITY_FILE`` and ``REACH_TRUSTED_KEYS_FILE``) sign with this caller's own
     Ed25519 key instead and take replies signed by a trusted identity. See
     docs/security.md, *Signed envelopes*.
+
+    When Redis is unreachable, :meth:`send` and :meth:`request` (and :meth:`call`) hold
+    the message in a local buffer, in order, and a background task sends the held
+    messages when Redis is back: at most ``buffer_max_messages`` (10,000; 0 turns the
+    buffer off) and ``buffer_max_bytes`` of payload (64 MiB), beyond which
+    :class:`~reach.errors.RedisUnavailable` is raised at once; none held past its deadline
+    or ``buffer_max_age_s`` (30 s). A request waits for Redis up to its deadline. Closing
+    the client waits ``buffer_close_wait_s`` (5 s) for held messages, then drops them
+    (logged). :meth:`pending_local` lists what waits; docs/concepts.md, *Buffering through
+    outages*.
     """
 
     def __init__(
@@ -119,6 +146,10 @@ class Client:
         secret: SecretOption = None,
         identity_file: str | None = None,
         trusted_keys_file: str | None = None,
+        buffer_max_messages: int = DEFAULT_MAX_MESSAGES,
+        buffer_max_bytes: int = DEFAULT_MAX_BYTES,
+        buffer_max_age_s: float = DEFAULT_MAX_AGE_S,
+        buffer_close_wait_s: float = DEFAULT_CLOSE_WAIT_S,
     ) -> None:
         if default_policy not in POLICIES:
             raise ConfigError(
@@ -169,6 +200,15 @@ class Client:
             unclaimed_ttl_s=unclaimed_reply_ttl_s,
             verifier=self.signer,
             on_drop=metrics.client_reply_dropped,
+        )
+        self.buffer_close_wait_s = buffer_close_wait_s
+        self._buffer = SendBuffer(
+            self._deliver_held,
+            max_messages=buffer_max_messages,
+            max_bytes=buffer_max_bytes,
+            max_age_s=buffer_max_age_s,
+            name=f"client {self.client_id}",
+            redis_url=redact(self.redis_url),
         )
         # The reader's state under the names it had here (tests look at them).
         self._events, self._replies = self._reader.events, self._reader.replies
@@ -273,6 +313,8 @@ class Client:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        if self._buffer.active:
+            await self._buffer.close(self.buffer_close_wait_s)
         if self._tg is not None:
             self._tg.cancel_scope.cancel()
             await self._tg.__aexit__(None, None, None)
@@ -411,8 +453,41 @@ class Client:
         """Send without waiting; returns the msg_id (see :meth:`task` for its outcome).
         ``opts`` as for :meth:`build`."""
         env = self.build(capability, payload, reply=False, **opts)
-        await self.deliver(env, where=where)
+        await self._deliver_or_hold(env, where, track=False)
         return env.msg_id
+
+    # -- the outage buffer (reach._buffer) --------------------------------------------------
+    async def _deliver_or_hold(
+        self, env: Envelope, where: Mapping[str, Any] | None, *, track: bool
+    ) -> str | Held:
+        """:meth:`deliver`, or, when Redis is unreachable or messages are held already (they
+        go first), hold ``env`` in the outage buffer (:class:`RedisUnavailable` when it is
+        full or off)."""
+        cause: RedisUnavailable | None = None
+        if not self._buffer.active:
+            try:
+                return await self.deliver(env, where=where, track=track)
+            except ConnectionsExhausted:
+                raise  # Redis answers, slowly: holding more would hide the overload
+            except RedisUnavailable as e:
+                if not self._buffer.enabled or self._tg is None:
+                    raise
+                cause = e
+        if self._tg is None:
+            raise NotStarted("Client is not started: use `async with reach.Client(...)`.")
+        return self._buffer.hold(env, where, reply=track, tg=self._tg, cause=cause)
+
+    async def _deliver_held(
+        self, envs: list[Envelope], where: Mapping[str, Any] | None
+    ) -> list[str | Exception]:
+        # Not tracked as in flight at the pick: a request counts from its flush (_call).
+        return await self._delivery.deliver_many(envs, where, track=False)
+
+    def pending_local(self) -> list[PendingLocal]:
+        """The messages this client holds locally because Redis was unreachable, oldest
+        first (each a :class:`~reach.PendingLocal`: msg_id, capability, queued_ms,
+        deadline_ms, expires_ms, reply); empty when everything was sent."""
+        return self._buffer.pending()
 
     async def request(
         self,
@@ -608,7 +683,12 @@ class Client:
         self._ensure_reader()
         ev = self._reader.expect(env.msg_id)
         try:
-            agent_id = await self.deliver(env, where=where, track=True)
+            got = await self._deliver_or_hold(env, where, track=True)
+            if isinstance(got, Held):  # Redis was unreachable: sent when it is back
+                agent_id = await self._buffer.wait(got)
+                self.router.inflight.add(agent_id)
+            else:
+                agent_id = got
         except NoAgentAvailable:
             if self.fallback is None:
                 self._forget(env, "", ok=True)
@@ -627,11 +707,13 @@ class Client:
         """Wait for the reply of ``env`` (delivered to ``agent_id``) and return its outcome;
         the call is forgotten after (see :meth:`_forget`) whatever happens."""
         ok = True
+        t0 = time.monotonic()
         try:
             try:
                 reply = await self._reader.wait(env, ev)
             except DeadlineExceeded:
-                ok = False
+                # Not the agent's fault when Redis was away meanwhile (its breaker stays).
+                ok = self._buffer.failed_since(t0) or self._reader.failed_since(t0)
                 raise
             ok = reply.status == Status.SUCCEEDED or not blames_agent(reply.reason)
         finally:
