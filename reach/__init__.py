@@ -1,7 +1,7 @@
 """reach: a messaging fabric that lets AI agents reach each other by capability."""
 
-from ._version import __version__
 from ._buffer import PendingLocal
+from ._version import __version__
 from .agent import Agent, RuntimeOptions
 from .client import Client
 from .context import Context

@@ -14,6 +14,12 @@ counted (``reach_client_buffer_dropped_total``) and logged, and a request's call
 :class:`~reach.errors.DeadlineExceeded` (its deadline) or
 :class:`~reach.errors.RedisUnavailable` (the age bound).
 
+Right after an outage the agents' records may read as lease-missed until their first
+heartbeat: for :data:`SETTLE_S` seconds after Redis last failed, a held message no agent
+can take (:class:`~reach.errors.NoAgentAvailable`, not :class:`~reach.errors.Overloaded`)
+stays held and is tried again, within its expiry; after that the error ends it (a request's
+caller gets it; a send is dropped, counted and logged).
+
 No duplicates: a held message keeps its envelope, so a message whose first write may have
 reached Redis before the connection dropped is written again with the same msg_id and
 idempotency key; the worker runs a key once (``lua/claim.lua``: a copy of a done or claimed
@@ -37,7 +43,7 @@ import anyio.abc
 
 from . import logs, metrics
 from .envelope import Envelope, now_ms
-from .errors import ConfigError, DeadlineExceeded, RedisUnavailable
+from .errors import ConfigError, DeadlineExceeded, NoAgentAvailable, Overloaded, RedisUnavailable
 
 # The client's logger: the buffer's lines are the client's (operators filter on it).
 log = logging.getLogger("reach.client")
@@ -49,6 +55,9 @@ DEFAULT_CLOSE_WAIT_S = 5.0
 
 _RETRY_MIN_S, _RETRY_MAX_S = 0.05, 0.5  # the flusher's pause after Redis failed again
 _BATCH = 256  # held messages delivered in one pipeline at most
+# For this long after Redis last failed, a held message no agent can take stays held: the
+# agents' records may read as lease-missed until their first heartbeat after the outage.
+SETTLE_S = 5.0
 
 DeliverMany = Callable[[list[Envelope], Mapping[str, Any] | None], Awaitable[list[str | Exception]]]
 
@@ -140,6 +149,7 @@ class SendBuffer:
         max_age_s: float = DEFAULT_MAX_AGE_S,
         name: str = "client",
         redis_url: str = "",
+        settle_s: float = SETTLE_S,
     ) -> None:
         if max_messages < 0 or max_bytes < 0:
             raise ConfigError(
@@ -154,6 +164,7 @@ class SendBuffer:
         self.max_age_s = max_age_s
         self.name = name
         self.redis_url = redis_url
+        self.settle_s = settle_s
         self._held: collections.deque[Held] = collections.deque()
         self._count = 0  # messages held (gone ones excluded)
         self._bytes = 0
@@ -172,7 +183,7 @@ class SendBuffer:
     @property
     def active(self) -> bool:
         """Something is held: a new message must join the end of the buffer."""
-        return bool(self._held)
+        return self._count > 0
 
     def pending(self) -> list[PendingLocal]:
         """The messages held, oldest first (expired ones are dropped first)."""
@@ -210,7 +221,7 @@ class SendBuffer:
                 "or send it again later."
             )
         h = Held(env, where, reply=reply, max_age_s=self.max_age_s)
-        if not self._held:
+        if not self._count:
             log.warning(
                 "%s: Redis unreachable (%s): holding sends locally, in order, until it is "
                 "back (at most %d messages, %.0f s each; client.pending_local() lists them)",
@@ -336,10 +347,15 @@ class SendBuffer:
             out = [e] * len(batch)
         done = 0
         failures: list[tuple[Held, Exception]] = []
+        settling = time.monotonic() - self.last_failed_at < self.settle_s
         for h, res in zip(batch, out, strict=True):
             if isinstance(res, RedisUnavailable):
                 self._note_failed(res)
-                break  # this one and the later ones stay held, in order
+                h.state = _HELD  # held still, in its place: tried again
+                continue
+            if settling and isinstance(res, NoAgentAvailable) and not isinstance(res, Overloaded):
+                h.state = _HELD  # the registry may not have caught up with the outage yet
+                continue
             done += 1
             self._forget(h)
             if isinstance(res, str):
@@ -350,16 +366,13 @@ class SendBuffer:
             else:
                 failures.append((h, res))
             h.done.set()
-        for h in batch[done:]:
-            if h.state == _FLUSHING:
-                h.state = _HELD
         while self._held and self._held[0].state == _GONE:
             self._held.popleft()
         for h, err in failures:
             self._drop(h, "deadline" if isinstance(err, DeadlineExceeded) else "error", err)
         if done:
             self.outage.ok()
-            if not self._held:
+            if not self._count:
                 log.warning(
                     "%s: Redis is back: every message held locally was sent or dropped (%d "
                     "sent, %d dropped so far)",
@@ -401,7 +414,7 @@ class SendBuffer:
         """Wait up to ``wait_s`` seconds for the held messages to be sent, then drop the
         rest (counted, logged; a waiting request's caller gets :class:`RedisUnavailable`)."""
         with anyio.CancelScope(shield=True), anyio.move_on_after(wait_s):
-            while self._held and self._running:
+            while self._count and self._running:
                 await anyio.sleep(0.02)
         left = [h for h in self._held if h.state != _GONE]
         self._held.clear()
