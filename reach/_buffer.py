@@ -53,7 +53,7 @@ DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_AGE_S = 30.0
 DEFAULT_CLOSE_WAIT_S = 5.0
 
-_RETRY_MIN_S, _RETRY_MAX_S = 0.05, 0.5  # the flusher's pause after Redis failed again
+_RETRY_MIN_S, _RETRY_MAX_S = 0.05, 0.25  # the flusher's pause after Redis failed again
 _BATCH = 256  # held messages delivered in one pipeline at most
 # For this long after Redis last failed, a held message no agent can take stays held: the
 # agents' records may read as lease-missed until their first heartbeat after the outage.
