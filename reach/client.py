@@ -480,6 +480,9 @@ class Client:
     async def _deliver_held(
         self, envs: list[Envelope], where: Mapping[str, Any] | None
     ) -> list[str | Exception]:
+        for env in envs:
+            if env.reply_to == self.client_id:
+                self._reader.sent(env.msg_id)  # as deliver() notes it
         # Not tracked as in flight at the pick: a request counts from its flush (_call).
         return await self._delivery.deliver_many(envs, where, track=False)
 
