@@ -248,22 +248,22 @@ class SendBuffer:
             with anyio.move_on_after(max(0.0, (h.expires_ms - now_ms()) / 1000)):
                 await h.done.wait()
         except BaseException:
-            self._give_up(h)
+            self._give_up(h, "cancelled")
             raise
         if not h.done.is_set():
-            self._give_up(h)
+            self._give_up(h, "deadline" if h.by_deadline else "age")
             raise self._expiry_error(h)
         if h.error is not None:
             raise h.error
         return h.agent_id
 
-    def _give_up(self, h: Held) -> None:
-        """The caller of ``h`` stopped waiting: not sent if it is still held."""
+    def _give_up(self, h: Held, reason: str) -> None:
+        """The caller of ``h`` stopped waiting (``reason``): not sent if it is still held."""
         if h.done.is_set():
             return
         if h.state == _HELD:
             self._forget(h)
-            metrics.buffer_dropped(h.env.capability, "deadline" if h.by_deadline else "age")
+            metrics.buffer_dropped(h.env.capability, reason)
             self.dropped += 1
         h.reply = False  # a delivery in flight now ends unwaited for
         h.done.set()
@@ -368,8 +368,12 @@ class SendBuffer:
             h.done.set()
         while self._held and self._held[0].state == _GONE:
             self._held.popleft()
-        for h, err in failures:
-            self._drop(h, "deadline" if isinstance(err, DeadlineExceeded) else "error", err)
+        self._dropped_sends(
+            [
+                (h, "deadline" if isinstance(err, DeadlineExceeded) else "error", err)
+                for h, err in failures
+            ]
+        )
         if done:
             self.outage.ok()
             if not self._count:
@@ -389,26 +393,40 @@ class SendBuffer:
         if not any(h.state == _HELD and h.expires_ms <= now for h in self._held):
             return
         keep: collections.deque[Held] = collections.deque()
+        sends: list[tuple[Held, str, Exception]] = []
         for h in self._held:
             if h.state == _HELD and h.expires_ms <= now:
                 self._forget(h)
-                if h.reply:
+                reason = "deadline" if h.by_deadline else "age"
+                if h.reply:  # its caller is told (wait() raises it)
                     h.error = self._expiry_error(h)
                     h.done.set()
-                    metrics.buffer_dropped(h.env.capability, "deadline" if h.by_deadline else "age")
+                    metrics.buffer_dropped(h.env.capability, reason)
                     self.dropped += 1
                 else:
-                    self._drop(h, "deadline" if h.by_deadline else "age", self._expiry_error(h))
+                    sends.append((h, reason, self._expiry_error(h)))
             elif h.state != _GONE:
                 keep.append(h)
         self._held = keep
+        self._dropped_sends(sends)
 
-    def _drop(self, h: Held, reason: str, e: BaseException) -> None:
-        """A send (its caller long gone) that will never be sent: counted and logged."""
-        self.dropped += 1
-        metrics.buffer_dropped(h.env.capability, reason)
-        h.done.set()
-        log.warning("%s: dropped a message held locally (%s): %s", self.name, reason, e)
+    def _dropped_sends(self, drops: Sequence[tuple[Held, str, Exception]]) -> None:
+        """Sends (their callers long gone) that will never be sent: each counted, and one
+        log line for them all (an outage that outlasts many deadlines is not a flood)."""
+        if not drops:
+            return
+        for h, reason, _ in drops:
+            self.dropped += 1
+            metrics.buffer_dropped(h.env.capability, reason)
+            h.done.set()
+        reasons = collections.Counter(reason for _, reason, _ in drops)
+        log.warning(
+            "%s: dropped %d sends held locally, never sent (%s); the first: %s",
+            self.name,
+            len(drops),
+            ", ".join(f"{n} {r}" for r, n in sorted(reasons.items())),
+            drops[0][2],
+        )
 
     async def close(self, wait_s: float) -> None:
         """Wait up to ``wait_s`` seconds for the held messages to be sent, then drop the

@@ -363,7 +363,7 @@ BUFFERED = Counter(
 )
 BUFFER_DROPPED = Counter(
     "reach_client_buffer_dropped",
-    "Messages held locally and never sent (reason: deadline, age, error, closed).",
+    "Messages held locally and never sent (reason: deadline, age, error, cancelled, closed).",
     ["capability", "reason"],
 )
 BUFFER_HELD = Gauge(

@@ -275,3 +275,20 @@ async def test_no_agent_right_after_the_outage_is_tried_again(tg: anyio.abc.Task
     fake.refuse.clear()  # the agent heartbeats again
     await until(lambda: not b.active, "the buffer emptied")
     assert fake.sent == [a.msg_id, c.msg_id] and b.dropped == 0
+
+
+async def test_a_request_whose_caller_is_cancelled_leaves_the_buffer(
+    tg: anyio.abc.TaskGroup,
+) -> None:
+    fake = FakeRedis()
+    b = buffer(fake)
+    before = dropped("t.cancel", "cancelled")
+    h = b.hold(env("t.cancel", deadline_ms=now_ms() + 60_000, reply=True), None, reply=True, tg=tg)
+    with anyio.move_on_after(0.1):  # the caller's own timeout
+        await b.wait(h)
+    assert b.pending() == [] and not b.active
+    assert dropped("t.cancel", "cancelled") == before + 1
+    fake.down = False
+    later = b.hold(env("t.cancel"), None, reply=False, tg=tg)
+    await later.done.wait()
+    assert fake.sent == [later.env.msg_id], "the cancelled request was never sent"
