@@ -5,12 +5,15 @@ held is sent when Redis is back (an in-process agent handles it)."""
 from __future__ import annotations
 
 import time
+from collections import Counter
+from typing import Any
 
 import anyio
 import pytest
 
 from reach import Agent, Client, Context, DeadlineExceeded, PendingLocal, RedisUnavailable
 from reach.embedded import RedisServer
+from reach.keys import Keys
 from tests.support.agents_messaging import FAST, wait_eligible
 
 pytestmark = pytest.mark.anyio
@@ -90,3 +93,49 @@ async def test_held_sends_and_a_waiting_request_go_through_once_redis_is_back(
             assert c.pending_local() == []
         agent.stop()
     assert seen == [0, 1, 2, 3, 4, 5, 6]
+
+
+async def test_a_write_that_landed_before_the_drop_runs_once(
+    fresh_redis: RedisServer, ns: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connection drops after the write reached Redis, before its answer: the client
+    holds the message and writes it again (same msg_id, same key), and the agent runs it
+    once; the request is answered once."""
+    runs: Counter[str] = Counter()
+    agent = Agent("dup-1", capabilities=[CAP])
+
+    @agent.handler(CAP)
+    async def handle(payload: dict[str, int], ctx: Context) -> int:
+        runs[ctx.msg_id] += 1
+        return payload["i"]
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: agent.run(redis_url=fresh_redis.url, namespace=ns, **FAST))
+        async with Client(redis_url=fresh_redis.url, namespace=ns) as c:
+            await wait_eligible(c, CAP, ["dup-1"])
+            real = c._delivery.deliver
+            written: list[str] = []
+
+            async def landed_then_dropped(env: Any, **kw: Any) -> str:
+                await real(env, **kw)
+                written.append(env.msg_id)
+                raise RedisUnavailable("Cannot reach Redis (the connection dropped after a write)")
+
+            monkeypatch.setattr(c._delivery, "deliver", landed_then_dropped)
+            sent = await c.send(CAP, {"i": 1})
+            with anyio.fail_after(30):  # flushed: the request goes the direct way too
+                while c.pending_local():
+                    await anyio.sleep(0.01)
+            answer = await c.request(CAP, {"i": 2}, timeout_s=30)
+            assert answer == 2
+            asked = [m for m in written if m != sent]
+            assert written == [sent, *asked] and len(asked) == 1
+            assert c._buffer.flushed == 2, "both written a second time, from the buffer"
+            r = c.redis
+            with anyio.fail_after(30):  # every copy read and settled (entries deleted)
+                while sum([await r.xlen(k) for k in Keys(ns).inboxes("dup-1")]) or (
+                    (await c.task(sent)).status != "succeeded"
+                ):
+                    await anyio.sleep(0.02)
+        agent.stop()
+    assert runs == {sent: 1, asked[0]: 1}
