@@ -92,6 +92,10 @@ def dropped(cap: str, reason: str) -> float:
     return v or 0.0
 
 
+def held_now() -> float:
+    return metrics.REGISTRY.get_sample_value("reach_client_buffer_messages") or 0.0
+
+
 async def test_over_the_message_bound_raises_at_once(tg: anyio.abc.TaskGroup) -> None:
     fake = FakeRedis()
     b = buffer(fake, max_messages=3)
@@ -128,8 +132,10 @@ async def test_held_messages_flush_in_order_when_redis_is_back(tg: anyio.abc.Tas
     b = buffer(fake)
     # Two capabilities interleaved: batches break where the capability changes.
     envs = [env("t.a" if i % 7 < 4 else "t.b") for i in range(600)]
+    gauge = held_now()
     for e in envs:
         b.hold(e, None, reply=False, tg=tg)
+    assert held_now() == gauge + 600
     recs = b.pending()
     assert [r.msg_id for r in recs] == [e.msg_id for e in envs]
     assert all(r.queued_ms <= now_ms() and not r.reply for r in recs)
@@ -139,6 +145,7 @@ async def test_held_messages_flush_in_order_when_redis_is_back(tg: anyio.abc.Tas
     await until(lambda: not b.active, "the buffer emptied")
     assert fake.sent == [e.msg_id for e in envs]
     assert b.pending() == [] and b.flushed == 600 and b.dropped == 0
+    assert held_now() == gauge
 
 
 async def test_a_batch_cut_by_the_outage_keeps_order_without_duplicates(
