@@ -451,7 +451,9 @@ class Client:
         **opts: Unpack[MessageOptions],
     ) -> str:
         """Send without waiting; returns the msg_id (see :meth:`task` for its outcome).
-        ``opts`` as for :meth:`build`."""
+        ``opts`` as for :meth:`build`. With Redis unreachable the message is held locally
+        and sent when Redis is back (:meth:`pending_local`); :class:`RedisUnavailable`
+        when the buffer is full (see the class docstring)."""
         env = self.build(capability, payload, reply=False, **opts)
         await self._deliver_or_hold(env, where, track=False)
         return env.msg_id
@@ -507,7 +509,9 @@ class Client:
         ``policy``, ...); with neither ``timeout_s`` nor ``deadline_ms``, the client's
         ``default_timeout_s`` applies. Raises :class:`RemoteError` (the handler raised),
         :class:`DeadlineExceeded`, :class:`NoAgentAvailable`, or :class:`Rejected`
-        (dead-lettered without retry).
+        (dead-lettered without retry). With Redis unreachable the request waits for it, up
+        to its deadline, in the client's outage buffer (:class:`RedisUnavailable` when the
+        buffer is full).
         """
         if opts.get("timeout_s") is None and opts.get("deadline_ms") is None:
             opts["timeout_s"] = self.default_timeout_s
