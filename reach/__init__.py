@@ -1,5 +1,6 @@
 """reach: a messaging fabric that lets AI agents reach each other by capability."""
 
+from ._buffer import PendingLocal
 from ._streaming import Stream
 from ._version import __version__
 from .agent import Agent, RuntimeOptions
@@ -54,6 +55,7 @@ __all__ = [
     "NotStarted",
     "Overloaded",
     "PayloadTooLarge",
+    "PendingLocal",
     "RateLimited",
     "ReachError",
     "RedisUnavailable",

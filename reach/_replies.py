@@ -90,6 +90,7 @@ class ReplyReader:
         self.last_id: Any = "0"
         self.outage = logs.OutageLog(log, f"client {client_id}: reading its replies")
         self.started = False
+        self.last_failed_at = -1e18  # time.monotonic() of the last failed read
         self._dropped = 0  # unclaimed replies dropped since the last line about it
         self._dropped_logged = 0.0
         self._redis: AnyRedis | None = None
@@ -126,6 +127,7 @@ class ReplyReader:
                 await self.read_batch()
             except Exception as e:  # noqa: BLE001 - the reader must outlive any error
                 self.outage.failed(e)
+                self.last_failed_at = time.monotonic()
                 await anyio.sleep(delay)
                 delay = min(delay * 2, _RETRY_MAX_S)
             else:
@@ -268,6 +270,10 @@ class ReplyReader:
             except (rexc.RedisError, OSError) as e:
                 self.outage.failed(e)
                 return
+
+    def failed_since(self, t: float) -> bool:
+        """A read failed (Redis away, ...) at or after ``time.monotonic()`` ``t``."""
+        return self.last_failed_at >= t
 
     # -- the waiting calls --------------------------------------------------------------
     def sent(self, msg_id: str) -> None:

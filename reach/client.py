@@ -16,25 +16,37 @@ from typing import Any, Self, TypedDict, Unpack
 
 import anyio
 import msgspec
+from redis import exceptions as rexc
 
 from . import metrics
 from ._autopipe import AutoPipeline
+from ._buffer import (
+    DEFAULT_CLOSE_WAIT_S,
+    DEFAULT_MAX_AGE_S,
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_MESSAGES,
+    Held,
+    PendingLocal,
+    SendBuffer,
+)
 from ._delivery import ADVERTISABLE as ADVERTISABLE  # noqa: PLC0414 (re-exported)
 from ._delivery import Delivery, policy_for
 from ._replies import ReplyReader, outcome_of
 from ._streaming import Stream
 from .breaker import Breakers
 from .config import resolve_redis_url
-from .connection import DEFAULT_MAX_CONNECTIONS, AnyRedis, connect
+from .connection import DEFAULT_MAX_CONNECTIONS, AnyRedis, connect, redact
 from .doctor import warn_once
 from .envelope import Envelope, Reply, decode_payload, encode_payload, new_id, now_ms
 from .errors import (
     ConfigError,
+    ConnectionsExhausted,
     DeadlineExceeded,
     NoAgentAvailable,
     NotStarted,
     PayloadTooLarge,
     RateLimited,
+    RedisUnavailable,
 )
 from .keys import PRIORITIES, Keys
 from .limits import LimitsCache, take_call
@@ -104,6 +116,16 @@ class Client:
     ``REACH_IDENTITY_FILE`` and ``REACH_TRUSTED_KEYS_FILE``) sign with this caller's own
     Ed25519 key instead and take replies signed by a trusted identity. See
     docs/security.md, *Signed envelopes*.
+
+    When Redis is unreachable, :meth:`send` and :meth:`request` (and :meth:`call`) hold
+    the message in a local buffer, in order, and a background task sends the held
+    messages when Redis is back: at most ``buffer_max_messages`` (10,000; 0 turns the
+    buffer off) and ``buffer_max_bytes`` of payload (64 MiB), beyond which
+    :class:`~reach.errors.RedisUnavailable` is raised at once; none held past its deadline
+    or ``buffer_max_age_s`` (30 s). A request waits for Redis up to its deadline. Closing
+    the client waits ``buffer_close_wait_s`` (5 s) for held messages, then drops them
+    (logged). :meth:`pending_local` lists what waits; docs/concepts.md, *Buffering through
+    outages*.
     """
 
     def __init__(
@@ -130,6 +152,10 @@ class Client:
         secret: SecretOption = None,
         identity_file: str | None = None,
         trusted_keys_file: str | None = None,
+        buffer_max_messages: int = DEFAULT_MAX_MESSAGES,
+        buffer_max_bytes: int = DEFAULT_MAX_BYTES,
+        buffer_max_age_s: float = DEFAULT_MAX_AGE_S,
+        buffer_close_wait_s: float = DEFAULT_CLOSE_WAIT_S,
     ) -> None:
         if default_policy not in POLICIES:
             raise ConfigError(
@@ -181,6 +207,15 @@ class Client:
             unclaimed_ttl_s=unclaimed_reply_ttl_s,
             verifier=self.signer,
             on_drop=metrics.client_reply_dropped,
+        )
+        self.buffer_close_wait_s = buffer_close_wait_s
+        self._buffer = SendBuffer(
+            self._deliver_held,
+            max_messages=buffer_max_messages,
+            max_bytes=buffer_max_bytes,
+            max_age_s=buffer_max_age_s,
+            name=f"client {self.client_id}",
+            redis_url=redact(self.redis_url),
         )
         # The reader's state under the names it had here (tests look at them).
         self._events, self._replies = self._reader.events, self._reader.replies
@@ -293,6 +328,8 @@ class Client:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        if self._buffer.active:
+            await self._buffer.close(self.buffer_close_wait_s)
         if self._tg is not None:
             self._tg.cancel_scope.cancel()
             await self._tg.__aexit__(None, None, None)
@@ -440,10 +477,13 @@ class Client:
         **opts: Unpack[MessageOptions],
     ) -> str:
         """Send without waiting; returns the msg_id (see :meth:`task` for its outcome).
-        ``opts`` as for :meth:`build`; ``on_rate_limit`` as for :meth:`request`."""
+        ``opts`` as for :meth:`build`; ``on_rate_limit`` as for :meth:`request`. With Redis
+        unreachable the message is held locally and sent when Redis is back
+        (:meth:`pending_local`); :class:`RedisUnavailable` when the buffer is full (see the
+        class docstring)."""
         env = self.build(capability, payload, reply=False, **opts)
         await self._check_rate_limit(env.capability, on_rate_limit)
-        await self.deliver(env, where=where)
+        await self._deliver_or_hold(env, where, track=False)
         return env.msg_id
 
     async def _check_rate_limit(self, capability: str, on_rate_limit: str) -> None:
@@ -461,7 +501,10 @@ class Client:
         limit = (await self._limits.current(self.commands, self.keys)).get(capability)
         if limit is None:
             return
-        taken = await take_call(self.keys, capability, limit, 0).run(self.commands)
+        try:
+            taken = await take_call(self.keys, capability, limit, 0).run(self.commands)
+        except (RedisUnavailable, rexc.ConnectionError, rexc.TimeoutError, OSError):
+            return  # Redis away: no look now; the message goes (or is held) as with "wait"
         if taken.wait_us > 0:
             wait_s = taken.wait_us / 1e6
             raise RateLimited(
@@ -470,6 +513,42 @@ class Client:
                 "on_rate_limit='wait' (the default) to let the message wait for its turn.",
                 retry_after_s=wait_s,
             )
+
+    # -- the outage buffer (reach._buffer) --------------------------------------------------
+    async def _deliver_or_hold(
+        self, env: Envelope, where: Mapping[str, Any] | None, *, track: bool
+    ) -> str | Held:
+        """:meth:`deliver`, or, when Redis is unreachable or messages are held already (they
+        go first), hold ``env`` in the outage buffer (:class:`RedisUnavailable` when it is
+        full or off)."""
+        cause: RedisUnavailable | None = None
+        if not self._buffer.active:
+            try:
+                return await self.deliver(env, where=where, track=track)
+            except ConnectionsExhausted:
+                raise  # Redis answers, slowly: holding more would hide the overload
+            except RedisUnavailable as e:
+                if not self._buffer.enabled or self._tg is None:
+                    raise
+                cause = e
+        if self._tg is None:
+            raise NotStarted("Client is not started: use `async with reach.Client(...)`.")
+        return self._buffer.hold(env, where, reply=track, tg=self._tg, cause=cause)
+
+    async def _deliver_held(
+        self, envs: list[Envelope], where: Mapping[str, Any] | None
+    ) -> list[str | Exception]:
+        for env in envs:
+            if env.reply_to == self.client_id:
+                self._reader.sent(env.msg_id)  # as deliver() notes it
+        # Not tracked as in flight at the pick: a request counts from its flush (_call).
+        return await self._delivery.deliver_many(envs, where, track=False)
+
+    def pending_local(self) -> list[PendingLocal]:
+        """The messages this client holds locally because Redis was unreachable, oldest
+        first (each a :class:`~reach.PendingLocal`: msg_id, capability, queued_ms,
+        deadline_ms, expires_ms, reply); empty when everything was sent."""
+        return self._buffer.pending()
 
     async def request(
         self,
@@ -487,7 +566,9 @@ class Client:
         ``policy``, ...); with neither ``timeout_s`` nor ``deadline_ms``, the client's
         ``default_timeout_s`` applies. Raises :class:`RemoteError` (the handler raised),
         :class:`DeadlineExceeded`, :class:`NoAgentAvailable`, or :class:`Rejected`
-        (dead-lettered without retry).
+        (dead-lettered without retry). With Redis unreachable the request waits for it, up
+        to its deadline, in the client's outage buffer (:class:`RedisUnavailable` when the
+        buffer is full).
 
         A capability over its rate limit (``reach caps limit``): by default
         (``on_rate_limit="wait"``) the message waits for its turn, up to its deadline; with
@@ -691,7 +772,12 @@ class Client:
         self._ensure_reader()
         ev = self._reader.expect(env.msg_id)
         try:
-            agent_id = await self.deliver(env, where=where, track=True)
+            got = await self._deliver_or_hold(env, where, track=True)
+            if isinstance(got, Held):  # Redis was unreachable: sent when it is back
+                agent_id = await self._buffer.wait(got)
+                self.router.inflight.add(agent_id)
+            else:
+                agent_id = got
         except NoAgentAvailable:
             if self.fallback is None:
                 self._forget(env, "", ok=True)
@@ -710,11 +796,13 @@ class Client:
         """Wait for the reply of ``env`` (delivered to ``agent_id``) and return its outcome;
         the call is forgotten after (see :meth:`_forget`) whatever happens."""
         ok = True
+        t0 = time.monotonic()
         try:
             try:
                 reply = await self._reader.wait(env, ev)
             except DeadlineExceeded:
-                ok = False
+                # Not the agent's fault when Redis was away meanwhile (its breaker stays).
+                ok = self._buffer.failed_since(t0) or self._reader.failed_since(t0)
                 raise
             ok = reply.status == Status.SUCCEEDED or not blames_agent(reply.reason)
         finally:

@@ -30,6 +30,9 @@ into ``_other``):
 ``reach_breakers_open``                    gauge: breakers open in this process
 ``reach_client_requests_total``            {capability, outcome} request() outcomes
 ``reach_client_request_duration_seconds``  histogram {capability, outcome}
+``reach_client_buffered_total``            {capability} held locally: Redis unreachable
+``reach_client_buffer_dropped_total``      {capability, reason} held, never sent
+``reach_client_buffer_messages``           gauge: messages held locally now
 =========================================  ===========================================
 
 ``outcome`` of acked messages: succeeded, dead, expired, retrying, replayed, parked,
@@ -353,6 +356,20 @@ CLIENT_S = Histogram(
     buckets=DURATION_BUCKETS,
 )
 
+BUFFERED = Counter(
+    "reach_client_buffered",
+    "Messages a client held locally because Redis was unreachable (sent when it is back).",
+    ["capability"],
+)
+BUFFER_DROPPED = Counter(
+    "reach_client_buffer_dropped",
+    "Messages held locally and never sent (reason: deadline, age, error, cancelled, closed).",
+    ["capability", "reason"],
+)
+BUFFER_HELD = Gauge(
+    "reach_client_buffer_messages", "Messages the clients of this process hold locally now."
+)
+
 _lock = threading.Lock()
 _caps: set[str] = set()
 _children: dict[tuple[Any, ...], Any] = {}
@@ -394,6 +411,23 @@ def client_reply(capability: str, outcome: str, seconds: float) -> None:
     cap = _cap(capability)
     _TALLY.count(CLIENT, (cap, outcome))
     _TALLY.observe(CLIENT_S, (cap, outcome), max(0.0, seconds))
+
+
+def buffer_held(capability: str) -> None:
+    """A client held a message locally (Redis unreachable)."""
+    _child(BUFFERED, _cap(capability)).inc()
+    BUFFER_HELD.inc()
+
+
+def buffer_released() -> None:
+    """A message held locally left the buffer (sent, dropped or given up)."""
+    BUFFER_HELD.dec()
+
+
+def buffer_dropped(capability: str, reason: str) -> None:
+    """A message held locally will never be sent: ``reason`` is deadline, age, error or
+    closed."""
+    _child(BUFFER_DROPPED, _cap(capability), reason).inc()
 
 
 def client_outcome(exc: BaseException | None) -> RequestOutcome:
