@@ -79,7 +79,7 @@ def _as_secrets(secret: SecretOption) -> list[bytes]:
         if len(b) < MIN_SECRET_BYTES:
             raise ConfigError(
                 f"A signing secret must be at least {MIN_SECRET_BYTES} bytes (got {len(b)}): "
-                "make one with `python -c 'import secrets; print(secrets.token_urlsafe(32))'`."
+                "make one with `reach keys secret`."
             )
         out.append(b)
     return out

@@ -59,6 +59,7 @@ from .common import (
 from .completion import complete_agent_id, complete_capability
 from .dlq_cmd import dlq_app
 from .doctor_cmd import doctor as doctor_cmd
+from .keys_cmd import keys_app
 from .quota_cmd import quota_app
 from .top import top as top_cmd
 from .worker_cmd import worker
@@ -76,6 +77,7 @@ app.add_typer(agents_app, name="agents")
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(caps_app, name="caps")
 app.add_typer(quota_app, name="quota")
+app.add_typer(keys_app, name="keys")
 
 
 def _version(value: bool) -> None:

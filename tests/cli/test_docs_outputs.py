@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,8 @@ RUN_HERE = {
     "quota set",
     "quota show",
     "quota clear",
+    "keys secret",
+    "keys keygen",
     "agents",
     "agents show",
     "agents card",
@@ -261,3 +264,26 @@ async def test_documented_outputs(
         r"rerouted: \d+  parked: \d+  released: \d+  expired: \d+",
         out.strip(),
     ), out
+
+
+async def test_keys_outputs(tmp_path: Path) -> None:
+    cli = Cli("", "")
+    # reach keys secret: one line, 32 random bytes as URL-safe text; --json {"secret"}
+    one = (await cli("keys", "secret", common=False)).strip()
+    two = (await cli("keys", "secret", common=False)).strip()
+    assert re.fullmatch(r"[A-Za-z0-9_-]{43}", one) and one != two
+    shown = json.loads(await cli("keys", "secret", "--json", common=False))
+    assert set(shown) == {"secret"} and len(shown["secret"]) == 43
+    if find_spec("cryptography") is None:
+        return
+    # reach keys keygen NAME -o FILE: the trusted-keys line; the file 0600, never overwritten
+    key = tmp_path / "billing.key"
+    line = await cli("keys", "keygen", "billing-service", "-o", str(key), common=False)
+    assert re.fullmatch(r"billing-service [A-Za-z0-9+/]{43}=\n", line)
+    assert key.stat().st_mode & 0o777 == 0o600 and key.read_text().startswith("reach-ed25519")
+    await cli("keys", "keygen", "billing-service", "-o", str(key), code=2, common=False)
+    other = tmp_path / "other.key"
+    got = json.loads(await cli("keys", "keygen", "other", "-o", str(other), "--json", common=False))
+    assert got["name"] == "other" and got["private_key_file"] == str(other)
+    assert got["trusted_line"].startswith("other ")
+    await cli("keys", "keygen", "bad name", "-o", str(tmp_path / "x"), code=2, common=False)
