@@ -29,6 +29,7 @@ from rich.text import Text
 from reach.config import locate_redis_url
 from reach.connection import AnyRedis, connect, redact, unreachable
 from reach.errors import ReachError
+from reach.overview import ROUTING, routing_of  # noqa: F401 - agents_cmd, top, docs
 
 RedisUrl = Annotated[
     str,
@@ -422,22 +423,6 @@ def json_line(obj: Any, *, indent: int | None = None) -> str:
 
 def print_json(obj: Any) -> None:
     sys.stdout.write(json_line(obj, indent=2) + "\n")
-
-
-ROUTING = ("routable", "starting", "draining", "-")
-"""What routing does with an agent, in every view (agents, top, caps, docs): ``routable``
-(active, ready, not draining: what reach_registry_agents_routable counts), ``starting``
-(active, not ready yet), ``draining`` (finishing its work, then leaving), ``-`` (in
-probation or evicted: not routed to)."""
-
-
-def routing_of(a: Any) -> str:
-    """The :data:`ROUTING` word of an agent record (a :class:`reach.AgentInfo`)."""
-    if a.state != "active":
-        return "-"
-    if a.draining:
-        return "draining"
-    return "routable" if a.ready else "starting"
 
 
 def readable(value: Any) -> str:
