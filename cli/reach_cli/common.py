@@ -29,7 +29,6 @@ from rich.text import Text
 from reach.config import locate_redis_url
 from reach.connection import AnyRedis, connect, redact, unreachable
 from reach.errors import ReachError
-from reach.overview import ROUTING, routing_of  # noqa: F401 - agents_cmd, top, docs
 
 RedisUrl = Annotated[
     str,
