@@ -368,8 +368,8 @@ async def replay_confirm(request: Request) -> Response:
             if entry
             else f"all {len(targets)} dead letters" + (f" of {cap}" if cap else "")
         ),
-        detail="They are sent again through the router (same msg_id and idempotency "
-        "key, attempts from 1) and leave the dead-letter queue.",
+        detail="Sent again through the router (same msg_id and idempotency key, attempts "
+        "from 1): a letter sent leaves the dead-letter queue, one that cannot be sent stays.",
         hidden={"cap": cap, "id": entry},
         back="/dlq?" + _q(cap=cap),
         letters=[t.letter for t in targets][:20],
@@ -649,6 +649,7 @@ def create_app(
             anyio.create_task_group() as tg,
         ):
             console.client = client  # replays are sent by one named, live client
+            await console.monitor.prime()
             tg.start_soon(console.monitor.run)
             if on_ready is not None:
                 await on_ready()

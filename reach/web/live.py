@@ -6,8 +6,8 @@ open browser tabs cost Redis what one does."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,6 +81,8 @@ class Monitor:
         self.version = 0
         self.sampled = False
         self._changed = anyio.Event()
+        self._prev: Sample | None = None
+        self._last_event = ""  # the newest event read ("$": none yet, "": not read yet)
 
     def _notify(self) -> None:
         self.version += 1
@@ -108,36 +110,45 @@ class Monitor:
         self.sampled = True
         return cur
 
+    async def prime(self) -> None:
+        """Take the first sample (before the first page is served: no empty page while
+        the namespace has agents); a failure is kept in :attr:`error`, not raised."""
+        await self._sample_once()
+        with contextlib.suppress(rexc.RedisError, OSError):  # the event loop tries again
+            await self._past_events()
+
+    async def _past_events(self) -> None:
+        past = await Registry(self.redis, self.namespace).recent_events(50)
+        self.events.extend(past)
+        self._last_event = past[-1].id if past else "$"
+        self._notify()
+
+    async def _sample_once(self) -> None:
+        try:
+            self._prev = await self.sample_now(self._prev)
+        except (rexc.RedisError, OSError) as e:
+            self.error = f"Redis: {e or type(e).__name__}"
+            self._prev = None  # a rate across the outage would mislead
+        except Exception as e:  # the console keeps running, and says why
+            log.exception("reach web: a sample failed")
+            self.error = f"{type(e).__name__}: {e}"
+        self._notify()
+
     async def _sample_loop(self) -> None:
-        prev: Sample | None = None
         while True:
-            start = time.monotonic()
-            try:
-                prev = await self.sample_now(prev)
-            except (rexc.RedisError, OSError) as e:
-                self.error = f"Redis: {e or type(e).__name__}"
-                prev = None  # a rate across the outage would mislead
-            except Exception as e:  # the console keeps running, and says why
-                log.exception("reach web: a sample failed")
-                self.error = f"{type(e).__name__}: {e}"
-            self._notify()
-            await anyio.sleep(max(0.0, self.interval_s - (time.monotonic() - start)))
+            await anyio.sleep(self.interval_s)
+            await self._sample_once()
 
     async def _event_loop(self) -> None:
         reg = Registry(self.redis, self.namespace)
-        last = ""
         while True:
             try:
-                if not last:
-                    past = await reg.recent_events(50)
-                    self.events.extend(past)
-                    last = past[-1].id if past else "$"
-                    if past:
-                        self._notify()
-                new = await reg.tail_events(last_id=last, block_ms=1000)
+                if not self._last_event:
+                    await self._past_events()
+                new = await reg.tail_events(last_id=self._last_event, block_ms=1000)
                 if new:
                     self.events.extend(new)
-                    last = new[-1].id
+                    self._last_event = new[-1].id
                     self._notify()
             except (rexc.RedisError, OSError) as e:
                 self.error = f"Redis: {e or type(e).__name__}"
