@@ -35,7 +35,7 @@ def line_chart(
     *,
     unit: str = "",
     window_s: float = 600.0,
-    width: int = 460,
+    width: int = 400,
     height: int = 150,
 ) -> str:
     """An SVG chart of ``series`` (name, one value per time of ``ts_ms``, None: a gap)
