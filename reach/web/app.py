@@ -197,8 +197,11 @@ class Console:
         )
         return rates + load + wait
 
-    async def fragments(self, view: str, arg: str) -> dict[str, str]:
-        """The live parts of one view, by element id."""
+    async def fragments(
+        self, view: str, arg: str, memo: dict[str, Any] | None = None
+    ) -> dict[str, str]:
+        """The live parts of one view, by element id. ``memo``: what one live stream
+        already sent (the dead letters are read again only when their counts moved)."""
         ctx = self.overview_ctx()
         status = self.render("_status.html", **ctx)
         if view == "overview":
@@ -220,6 +223,11 @@ class Console:
                 "task": self.render("_task.html", **(await self.task_ctx(arg))),
             }
         if view == "dlq":
+            sig = self.monitor.dlq_signature()
+            if memo is not None and sig is not None and memo.get("dlq") == sig:
+                return {"status": status}
+            if memo is not None:
+                memo["dlq"] = sig
             return {"status": status, "dlq": self.render("_dlq.html", **(await self.dlq_ctx(arg)))}
         return {"status": status}
 
@@ -534,15 +542,15 @@ async def live(request: Request) -> Response:
     arg = request.query_params.get("arg", "")
 
     async def stream() -> AsyncIterator[str]:
-        seen = -1
+        memo: dict[str, Any] = {}
         yield "retry: 2000\n\n"
         while True:
+            seen = c.monitor.version
             try:
-                parts = await c.fragments(view, arg)
+                parts = await c.fragments(view, arg, memo)
                 yield "event: fragments\ndata: " + json.dumps(parts) + "\n\n"
             except (ReachError, rexc.RedisError, OSError) as e:
                 yield "event: problem\ndata: " + json.dumps(str(e)) + "\n\n"
-            seen = c.monitor.version
             new = await c.monitor.changed(seen, timeout_s=LIVE_KEEPALIVE_S)
             if new == seen:
                 yield ": keep-alive\n\n"

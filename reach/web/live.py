@@ -110,6 +110,13 @@ class Monitor:
         self.sampled = True
         return cur
 
+    def dlq_signature(self) -> tuple[Any, ...] | None:
+        """What changes whenever a dead letter is filed or removed (None: not known)."""
+        p = self._prev
+        if p is None or self.error:
+            return None
+        return tuple(sorted(p.dlq.items())), tuple(sorted(p.dlq_added.items()))
+
     async def prime(self) -> None:
         """Take the first sample (before the first page is served: no empty page while
         the namespace has agents); a failure is kept in :attr:`error`, not raised."""

@@ -10,11 +10,13 @@ import re
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
 from reach.client import Client
-from reach.connection import AnyRedis
+from reach.connection import AnyRedis, connect
+from reach.embedded import RedisServer
 from reach.envelope import now_ms
 from reach.keys import Keys
 from reach.registry import Registry
@@ -232,3 +234,35 @@ async def test_replay_sends_the_letter_again(make: Any, r: AnyRedis, ns: str) ->
     assert await r.xlen(keys.inbox("sum-1", "normal")) == 1
     gone = await c.post("/dlq/replay", data=form)
     assert gone.status_code == 409 and "No dead letter" in gone.text
+
+
+async def test_the_console_says_when_redis_is_gone_and_recovers(
+    fresh_redis: RedisServer, ns: str
+) -> None:
+    """A Redis outage is shown on every page (they keep being served), and the console
+    carries on by itself once Redis is back."""
+    r = await connect(fresh_redis.url)
+    try:
+        await register(Registry(r, ns), "sum-1", ["text.summarize"])
+        app = create_app(r, ns, Guard(token=None), interval_s=0.1)
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=HOST) as c,
+        ):
+            monitor = app.state.console.monitor
+            assert not monitor.error
+            await anyio.to_thread.run_sync(fresh_redis.kill)
+            with anyio.fail_after(20):
+                while not monitor.error:
+                    await anyio.sleep(0.05)
+            page = await c.get("/")
+            assert page.status_code == 200 and "Redis" in page.text and 'class="bad"' in page.text
+            assert 'data-agent="sum-1"' in page.text  # the last reading stays on screen
+            await anyio.to_thread.run_sync(fresh_redis.start)
+            with anyio.fail_after(30):
+                while monitor.error:
+                    await anyio.sleep(0.05)
+            frame = (await c.get("/api/frame")).json()
+            assert frame["error"] == "" and frame["frame"]["agents"][0]["agent_id"] == "sum-1"
+    finally:
+        await r.aclose()
