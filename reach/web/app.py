@@ -99,6 +99,22 @@ def _json(v: Any) -> str:
         return safe_text(repr(v))[:20_000]
 
 
+# What a redirect after an action says: fixed texts, so a link cannot make the console
+# show words of someone else's choosing.
+NOTES = {
+    "replayed": "Replayed: the message was sent again; its status below follows it.",
+    "purged": "Purged {n} dead letters.",
+    "draining": "Draining: the agent gets no new work, finishes what it has, then leaves.",
+    "already-draining": "The agent was already draining.",
+}
+
+
+def note_text(code: str, params: Any) -> str:
+    text = NOTES.get(code, "")
+    n = params.get("n", "")
+    return text.format(n=int(n) if n.isdigit() and len(n) < 12 else "?")
+
+
 def _q(**kw: Any) -> str:
     return urlencode({k: v for k, v in kw.items() if v is not None and v != ""})
 
@@ -147,7 +163,7 @@ class Console:
         if request is not None:
             s: Session = request.state.session
             base["csrf"] = self.guard.csrf_token(s)
-            base["note"] = request.query_params.get("note", "")[:200]
+            base["note"] = note_text(request.query_params.get("note", ""), request.query_params)
         base.update(ctx)
         return self.env.get_template(name).render(**base)
 
@@ -440,7 +456,7 @@ async def purge_do(request: Request) -> Response:
         n = await admin.purge_dead_letters(c.redis, c.keys, capability=cap or None)
     except ReachError as e:
         return c.page("error.html", request, 400, message=str(e))
-    return RedirectResponse("/dlq?" + _q(note=f"purged {n} dead letters"), status_code=303)
+    return RedirectResponse("/dlq?" + _q(note="purged", n=n), status_code=303)
 
 
 async def drain_confirm(request: Request) -> Response:
@@ -471,7 +487,7 @@ async def drain_do(request: Request) -> Response:
         code = await Registry(c.redis, c.namespace).drain(agent_id)
     except ReachError as e:
         return c.page("error.html", request, 400, message=str(e))
-    note = "already draining" if code == 2 else "draining"
+    note = "already-draining" if code == 2 else "draining"
     return RedirectResponse("/agent?" + _q(id=agent_id, note=note), status_code=303)
 
 
@@ -528,7 +544,8 @@ async def login_do(request: Request) -> Response:
     if not c.guard.csrf_ok(s, form.get("csrf", "")) or not c.guard.token_ok(form.get("token", "")):
         return c.page("login.html", request, 401, failed=True, next="/")
     nxt = form.get("next", "/")
-    if not nxt.startswith("/") or nxt.startswith("//"):
+    # Only a path of this console: "//host" and "/\\host" would leave it.
+    if not nxt.startswith("/") or nxt.startswith("//") or "\\" in nxt or ":" in nxt:
         nxt = "/"
     resp = RedirectResponse(nxt, status_code=303)
     resp.headers["set-cookie"] = c.guard.set_cookie_header(c.guard.new_session(signed_in=True))

@@ -132,8 +132,12 @@ async def test_actions_need_the_sessions_token_and_the_consoles_origin(
     assert await r.xlen(keys.dlq("text.summarize")) == 1
 
     res = await c.post("/dlq/purge", data=ok_form, headers={"origin": HOST})
-    assert res.status_code == 303 and "purged+1" in res.headers["location"]
+    assert res.status_code == 303 and res.headers["location"] == "/dlq?note=purged&n=1"
     assert await r.exists(keys.dlq("text.summarize")) == 0
+    assert "Purged 1 dead letters." in (await c.get(res.headers["location"])).text
+    # A note is a code, not text a link can choose.
+    spoof = await c.get("/dlq", params={"note": "Your token expired: enter it at evil.example"})
+    assert "evil.example" not in spoof.text
 
 
 async def test_drain_through_the_confirmation(make: Any, r: AnyRedis, ns: str) -> None:
@@ -185,6 +189,11 @@ async def test_a_token_guards_every_page_but_the_login(make: Any) -> None:
     form = {"csrf": _csrf(login.text), "token": "not it", "next": "/dlq"}
     assert (await c.post("/login", data=form)).status_code == 401
     form["token"] = TOKEN
+    for away in ("//evil.example/", "/\\evil.example/", "https://evil.example/"):
+        csrf = _csrf((await c.get("/login")).text)  # each sign-in starts a new session
+        res = await c.post("/login", data={**form, "next": away, "csrf": csrf})
+        assert res.status_code == 303 and res.headers["location"] == "/", away
+    form["csrf"] = _csrf((await c.get("/login")).text)
     res = await c.post("/login", data=form)
     assert res.status_code == 303 and res.headers["location"] == "/dlq"
     assert (await c.get("/dlq")).status_code == 200  # the signed-in cookie
