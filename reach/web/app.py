@@ -700,7 +700,17 @@ def create_app(
         Route("/live", live),
         Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+
+    async def redis_refused(request: Request, exc: Exception) -> Response:
+        return console.page(
+            "error.html", request, 503, message=f"Redis refused or did not answer: {exc}"
+        )
+
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={rexc.RedisError: redis_refused, OSError: redis_refused},
+    )
     app.state.console = console
     app.add_middleware(GuardMiddleware, guard=guard)
     return app

@@ -94,6 +94,21 @@ async def test_pages_show_the_namespace_and_escape_what_redis_holds(
     assert 'data-agent="sum-1"' in agents and "text.summarize" in agents
 
 
+async def test_garbage_in_redis_does_not_stop_the_pages(make: Any, r: AnyRedis, ns: str) -> None:
+    """Anyone holding the namespace's keys can write anything: an event with markup and
+    bytes that are not UTF-8, a dead-letter key that is no stream."""
+    keys = Keys(ns)
+    await r.xadd(keys.events_of(0), {"type": "<b>x</b>", "agent_id": b"\xff<img src=x>"})
+    await r.set(keys.dlq("bad.type"), "not a stream")
+    await _letter(r, ns, "text.summarize", error="fine")
+    c = await make()
+    for path in ("/", "/events", "/dlq", "/dlq?cap=bad.type", "/api/frame"):
+        res = await c.get(path)
+        assert res.status_code in (200, 400), (path, res.status_code, res.text)
+        assert "<img src=x>" not in res.text and "<b>x</b>" not in res.text
+    assert "&lt;img src=x&gt;" in (await c.get("/events")).text
+
+
 async def test_a_message_page_shows_the_task_record(make: Any, r: AnyRedis, ns: str) -> None:
     await _ready_agent(r, ns)
     async with Client(redis=r, namespace=ns) as client:
@@ -267,6 +282,8 @@ async def test_the_console_says_when_redis_is_gone_and_recovers(
             page = await c.get("/")
             assert page.status_code == 200 and "Redis" in page.text and 'class="bad"' in page.text
             assert 'data-agent="sum-1"' in page.text  # the last reading stays on screen
+            dlq = await c.get("/dlq")  # read from Redis at request time: said, not a crash
+            assert dlq.status_code == 503 and "Redis refused or did not answer" in dlq.text
             await anyio.to_thread.run_sync(fresh_redis.start)
             with anyio.fail_after(30):
                 while monitor.error:
