@@ -160,9 +160,21 @@ async def list_dead_letters(
     capability (None: all of them)."""
     out: list[DeadLetterEntry] = []
     for stream in await dead_letter_streams(redis, keys, capability=capability):
-        rows = await redis.xrange(stream, "-", "+", count=limit)
+        rows = await _xrange(redis, stream, "-", "+", count=limit)
         out += [DeadLetterEntry(stream, parse_dead_letter(i, f)) for i, f in rows]
     return out
+
+
+async def _xrange(
+    redis: AnyRedis, stream: str | bytes, start: str, end: str, count: int | None = None
+) -> list[Any]:
+    """XRANGE of a dead-letter stream; a key of another type there reads as empty."""
+    try:
+        return list(await redis.xrange(stream, start, end, count=count))
+    except rexc.ResponseError as e:
+        if "WRONGTYPE" not in str(e):
+            raise
+        return []
 
 
 async def find_dead_letter(
@@ -182,7 +194,7 @@ async def find_dead_letter(
         )
     found: list[DeadLetterEntry] = []
     for stream in await dead_letter_streams(redis, keys, capability=capability):
-        rows = await redis.xrange(stream, entry_id, entry_id)
+        rows = await _xrange(redis, stream, entry_id, entry_id)
         if rows:
             found.append(DeadLetterEntry(stream, parse_dead_letter(*rows[0])))
     if len(found) == 1:

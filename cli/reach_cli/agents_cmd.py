@@ -9,6 +9,7 @@ import typer
 import reach
 from reach.envelope import now_ms
 from reach.errors import UnknownAgent
+from reach.overview import routing_of
 from reach.registry import STATES, Registry
 
 from .common import (
@@ -24,7 +25,6 @@ from .common import (
     open_redis,
     print_json,
     require_text,
-    routing_of,
     run,
     safe_text,
     table,

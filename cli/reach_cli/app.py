@@ -62,6 +62,7 @@ from .doctor_cmd import doctor as doctor_cmd
 from .keys_cmd import keys_app
 from .quota_cmd import quota_app
 from .top import top as top_cmd
+from .web_cmd import web as web_cmd
 from .worker_cmd import worker
 
 app = typer.Typer(
@@ -502,6 +503,10 @@ async def queues(
 
 # -- top ----------------------------------------------------------------------------------
 app.command("top")(top_cmd)  # the live view lives in top.py
+
+
+# -- web: the operator console (cli/reach_cli/web_cmd.py; the reach[web] extra) -----------
+app.command("web")(web_cmd)
 
 
 # -- demo ---------------------------------------------------------------------------------

@@ -424,22 +424,6 @@ def print_json(obj: Any) -> None:
     sys.stdout.write(json_line(obj, indent=2) + "\n")
 
 
-ROUTING = ("routable", "starting", "draining", "-")
-"""What routing does with an agent, in every view (agents, top, caps, docs): ``routable``
-(active, ready, not draining: what reach_registry_agents_routable counts), ``starting``
-(active, not ready yet), ``draining`` (finishing its work, then leaving), ``-`` (in
-probation or evicted: not routed to)."""
-
-
-def routing_of(a: Any) -> str:
-    """The :data:`ROUTING` word of an agent record (a :class:`reach.AgentInfo`)."""
-    if a.state != "active":
-        return "-"
-    if a.draining:
-        return "draining"
-    return "routable" if a.ready else "starting"
-
-
 def readable(value: Any) -> str:
     """A value as a table shows it: a map as ``k=v, k=v``, a list as ``a, b``, nested ones
     in brackets, never a Python repr; everything else as :func:`safe_text`."""

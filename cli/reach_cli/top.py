@@ -1,22 +1,7 @@
 """``reach top``: a live view of a namespace (capabilities, agents, rates, dead letters).
 
-Everything shown is read from Redis; nothing is added to the message path for it:
-
-* agents, states, weights, in-flight counts and lease ages: the registry hashes;
-* queue depth per priority and pending entries: :func:`reach.admin.inbox_stats` (the
-  entries of each inbox stream, and its consumer group's pending entries);
-* message rates: deltas between two refreshes of counters that Redis keeps itself, per
-  inbox stream: ``entries-added`` (``XINFO STREAM``, messages sent to the agent, kept
-  exact although the runtime deletes entries once acked) and the consumer group's
-  ``entries-read`` (``XINFO GROUPS``, messages the agent took). Redis maintains both on
-  every XADD/XREADGROUP at no extra cost, so the runtime needs no counter of its own,
-  and agents written in other languages are counted the same way. The price is two
-  XINFO calls per inbox per refresh (pipelined with the depth and pending reads), paid
-  by the viewer only; counters of a stream that was deleted and re-created restart at 0
-  (such a delta is not counted).
-  Needs Redis >= 7 (older servers lack the two fields: rates show ``-``);
-* dead letters per capability: :func:`reach.admin.dead_letter_counts` (the length of each
-  dead-letter stream, and its ``entries-added`` for the rate of new dead letters).
+What it shows, and how each figure is read from Redis (nothing is added to the message
+path for it), is :mod:`reach.overview`; this module renders it.
 
 ``reach top`` refreshes in place until ``q`` or Ctrl-C; ``--once`` prints one frame (two
 samples ``--interval`` apart, for the rates; ``--interval 0`` for a single sample) and
@@ -31,7 +16,6 @@ import os
 import select
 import sys
 import time
-from dataclasses import dataclass, field
 from typing import Annotated, Any, Self
 
 import anyio
@@ -42,12 +26,11 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from reach import admin
 from reach.connection import AnyRedis, redact
-from reach.envelope import now_ms
 from reach.errors import ReachError
-from reach.keys import PRIORITIES, Keys
-from reach.registry import AgentInfo, Registry
+from reach.keys import PRIORITIES
+from reach.overview import Sample, collect, frame_data
+from reach.overview import empty_sample as _empty
 
 from .common import (
     DEFAULT_NS,
@@ -63,139 +46,19 @@ from .common import (
     find_redis,
     json_line,
     require_text,
-    routing_of,
     safe_text,
 )
 from .common import open_redis as _open_redis
 
+__all__ = ["Sample", "collect", "frame_data", "render", "top"]
+
 SORTS = ("id", "queue", "inflight", "rate")
-
-
-@dataclass
-class Sample:
-    """One reading of a namespace."""
-
-    mono: float  # time.monotonic() of the reading, for rates
-    ts_ms: int
-    agents: list[AgentInfo]
-    capabilities: list[tuple[str, int]]
-    depth: dict[str, dict[str, int]] = field(default_factory=dict)  # agent -> prio -> length
-    pending: dict[str, int] = field(default_factory=dict)  # agent -> delivered, not acked
-    added: dict[str, int] = field(default_factory=dict)  # inbox key -> entries-added
-    read: dict[str, int] = field(default_factory=dict)  # inbox key -> group entries-read
-    dlq: dict[str, int] = field(default_factory=dict)  # capability -> dead letters now
-    dlq_added: dict[str, int] = field(default_factory=dict)  # capability -> entries-added
-
-
-async def collect(r: AnyRedis, namespace: str) -> Sample:
-    """Read everything one frame shows (a few pipelined round trips)."""
-    keys = Keys(namespace)
-    reg = Registry(r, namespace)
-    mono = time.monotonic()
-    agents = await reg.agents()
-    caps = await reg.capabilities()
-    s = Sample(mono=mono, ts_ms=now_ms(), agents=agents, capabilities=caps)
-    ids = [a.agent_id for a in agents]
-    for st in await admin.inbox_stats(r, keys, ids, counters=True):
-        s.depth[st.agent_id] = st.depth
-        s.pending[st.agent_id] = st.pending
-        s.added.update({keys.inbox(st.agent_id, p): n for p, n in st.added.items()})
-        s.read.update({keys.inbox(st.agent_id, p): n for p, n in st.read.items()})
-    for dl in await admin.dead_letter_counts(r, keys):
-        s.dlq[dl.capability] = dl.count
-        if dl.added is not None:
-            s.dlq_added[dl.capability] = dl.added
-    return s
-
-
-def _rate(
-    cur: dict[str, int], prev: dict[str, int] | None, keys: list[str], dt: float
-) -> float | None:
-    """Per-second growth of the summed counters ``keys`` (None when it cannot be known)."""
-    if prev is None or dt <= 0:
-        return None
-    total, known = 0, False
-    for k in keys:
-        if k in cur and k in prev:
-            known = True
-            total += max(0, cur[k] - prev[k])  # a re-created stream restarts at 0
-    return total / dt if known else None
 
 
 def _fmt_rate(x: float | None) -> str:
     if x is None:
         return "-"
     return f"{x:.0f}" if x >= 100 else f"{x:.1f}"
-
-
-def frame_data(cur: Sample, prev: Sample | None, namespace: str) -> dict[str, Any]:
-    """What a frame shows, as plain data (also the ``--json`` output)."""
-    keys = Keys(namespace)
-    dt = cur.mono - prev.mono if prev is not None else 0.0
-    pa, pr = (prev.added, prev.read) if prev is not None else (None, None)
-    agents: list[dict[str, Any]] = []
-    for a in cur.agents:
-        ks = [keys.inbox(a.agent_id, p) for p in PRIORITIES]
-        depth = cur.depth.get(a.agent_id, {p: 0 for p in PRIORITIES})
-        agents.append(
-            {
-                "agent_id": a.agent_id,
-                "state": a.state,
-                "routing": routing_of(a),
-                "weight": a.weight,
-                "inflight": a.inflight,
-                "queue": dict(depth),
-                "pending": cur.pending.get(a.agent_id, 0),
-                "in_per_s": _rate(cur.added, pa, ks, dt),
-                "taken_per_s": _rate(cur.read, pr, ks, dt),
-                "lease_age_ms": max(0, cur.ts_ms - a.last_heartbeat_ms)
-                if a.last_heartbeat_ms
-                else None,
-                "capabilities": a.capabilities,
-            }
-        )
-    by_id = {x["agent_id"]: x for x in agents}
-    live_caps = dict(cur.capabilities)
-    caps: list[dict[str, Any]] = []
-    for cap in sorted(set(live_caps) | set(cur.dlq)):
-        mine = [
-            by_id[a.agent_id] for a in cur.agents if cap in a.capabilities and a.state != "evicted"
-        ]
-        dl_rate = _rate(cur.dlq_added, prev.dlq_added if prev else None, [cap], dt)
-        caps.append(
-            {
-                "capability": cap,
-                "agents": live_caps.get(cap, 0),
-                "routable": sum(1 for x in mine if x["routing"] == "routable"),
-                "queued": sum(sum(x["queue"].values()) for x in mine),
-                "inflight": sum(x["inflight"] for x in mine),
-                "dead_letters": cur.dlq.get(cap, 0),
-                "dead_per_s": dl_rate,
-            }
-        )
-    states: dict[str, int] = {}
-    for x in agents:
-        states[x["state"]] = states.get(x["state"], 0) + 1
-    routing: dict[str, int] = {}
-    for x in agents:
-        routing[x["routing"]] = routing.get(x["routing"], 0) + 1
-    all_inboxes = [keys.inbox(a.agent_id, p) for a in cur.agents for p in PRIORITIES]
-    return {
-        "namespace": namespace,
-        "ts_ms": cur.ts_ms,
-        "interval_s": round(dt, 3) if prev is not None else None,
-        "totals": {
-            "agents": states,
-            "routing": routing,
-            "in_per_s": _rate(cur.added, pa, all_inboxes, dt),
-            "taken_per_s": _rate(cur.read, pr, all_inboxes, dt),
-            "queued": sum(sum(x["queue"].values()) for x in agents),
-            "inflight": sum(x["inflight"] for x in agents),
-            "dead_letters": sum(cur.dlq.values()),
-        },
-        "capabilities": caps,
-        "agents": agents,
-    }
 
 
 _STATE_STYLE = {
@@ -427,10 +290,6 @@ async def _loop(
     finally:
         with anyio.CancelScope(shield=True):
             await r.aclose()
-
-
-def _empty() -> Sample:
-    return Sample(mono=time.monotonic(), ts_ms=now_ms(), agents=[], capabilities=[])
 
 
 def top(

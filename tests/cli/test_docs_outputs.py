@@ -35,6 +35,7 @@ ELSEWHERE = {
     "chaos": ("tests/chaos/test_chaos.py", '"chaos"'),
     "demo": (".ci/run", "reach demo --fast"),  # a minute of worker processes: CI runs it
     "acl": ("tests/integration/test_acl_roles.py", '"acl"'),
+    "web": ("tests/cli/test_web_browser.py", '"web"'),  # a server, read in a browser
 }
 RUN_HERE = {
     "init",

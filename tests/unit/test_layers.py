@@ -65,10 +65,13 @@ RANKS: dict[str, int] = {
     # namespace-wide chores and operator operations
     "reach.sweeper": 5,
     "reach.admin": 5,
+    "reach.overview": 5,  # a namespace at a glance (reach top, reach web)
     # the worker process, and the public face of it
     "reach._worker": 6,
     "reach.agent": 7,
     "reach": 8,
+    # faces over the library, never imported by it (optional extras)
+    "reach.web": 9,  # reach web: the operator console (starlette)
 }
 
 # The worker's own data path, in order: a part may call the parts after it, never before.
