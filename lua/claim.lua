@@ -19,8 +19,8 @@
 -- So #ARGV = 3 + 3 * #KEYS. Integers are plain decimal digits without sign or leading zero
 -- (no '', spaces, exponent, hex, inf or nan).
 --
--- A key is claimed unless it is done (REPLAY) or an unexpired claim of another owner
--- holds it (BUSY). With takeover_from, a claim of that owner is ended and the key claimed
+-- A key is claimed unless it is done (REPLAY), cancelled (CANCELLED), or an unexpired
+-- claim of another owner holds it (BUSY). With takeover_from, a claim of that owner is ended and the key claimed
 -- in the same call (one round trip: before this option, a separate takeover script ended
 -- the claim and claim.lua was called again). The comparison is with the record's owner
 -- at the time of the call, so another runtime that took the key over after the caller
@@ -41,6 +41,8 @@
 --   {3, owner}: an unexpired claim holds the key (another runtime's, or this runtime's own
 --               for another copy of the message still running), and its owner is not
 --               takeover_from; do not run this copy now
+--   {4, ''}: the message was cancelled (cancel.lua: status 'cancelled'), before or while
+--            it ran: do not run it; settle it as cancelled (nothing is written here)
 --         (the codes: ClaimCode of lua/includes/codes.lua)
 -- Errors  'reach: bad <argument>: <why>' (an error reply 'ERR reach: ...'; redis-py raises
 --         ResponseError) when the number of ARGV, an argument, or a key's type is out of
@@ -66,16 +68,19 @@ local function check()
     if not int_memo(ARGV[a], 1, MAX_LEASE) then
       return bad('lease_ms of KEYS[' .. i .. ']', a, 'want an integer 1..' .. MAX_LEASE)
     end
-    e = read_record(i, 'done', 'reply', 'owner', 'lease_until', 'fence', 'runs')
+    e = read_record(i, 'done', 'reply', 'owner', 'lease_until', 'fence', 'runs', 'status')
     if e then return e end
   end
 end
 
 -- The answer for KEYS[i] (key), claimed at server time now if no one holds it.
 local function claim(i, key, now)
-  local s = record(i, 'done', 'reply', 'owner', 'lease_until', 'fence', 'runs')
+  local s = record(i, 'done', 'reply', 'owner', 'lease_until', 'fence', 'runs', 'status')
   if s[1] == '1' then
     return {ClaimCode_REPLAY, s[2] or ''}
+  end
+  if s[7] == 'cancelled' then
+    return {ClaimCode_CANCELLED, ''}
   end
   local owner, from = s[3], ARGV[3 + 3 * i]
   if owner and owner ~= '' and (tonumber(s[4]) or 0) > now and (from == '' or owner ~= from) then

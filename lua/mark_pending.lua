@@ -12,12 +12,15 @@
 -- As send.lua: the status of a done key (a duplicate send under a finished key must not
 -- turn 'succeeded' back into 'pending') or a running one is kept; any other (dead,
 -- failed, expired, retrying: the key was released and runs again) becomes 'pending', so
--- the last run's outcome is not read as this send's; capability, attempt and sent_msg_id
+-- the last run's outcome is not read as this send's; a cancelled one stays cancelled when
+-- this is a copy of the msg_id cancelled (cancel_of: a retry, a moved entry), so it is
+-- never run; a new msg_id under the key runs again; capability, attempt and sent_msg_id
 -- are written and the record lives ttl_ms from now. The msg_id -> idempotency key pointer
 -- (send.lua's KEYS[3]) is in a third slot and holds no status: the client writes it with a
 -- plain SET.
 --
--- Returns 1: the status is now 'pending'; 0: the record's status (done or running), kept.
+-- Returns 1: the status is now 'pending'; 0: the record's status (done, running or
+-- cancelled), kept.
 -- Errors  'ERR reach: bad <argument>: <why>' when an argument or the key's type is out of
 --         contract; nothing is written then.
 local MAX_TTL, MAX_INT = 31536000000, 999999999999999
@@ -29,9 +32,10 @@ local err = arity(1, 4) or int_bad('attempt', 2, 0, MAX_INT) or int_bad('ttl_ms'
   or keys_typed({'hash'})
 if err then return refuse(err) end
 
-local had = redis.call('HMGET', KEYS[1], 'done', 'status')
+local had = redis.call('HMGET', KEYS[1], 'done', 'cancel_of', 'status')
 local marked = 0
-if had[1] ~= '1' and had[2] ~= 'succeeded' and had[2] ~= 'running' then
+if had[1] ~= '1' and had[3] ~= 'succeeded' and had[3] ~= 'running'
+    and not (had[3] == 'cancelled' and had[2] == ARGV[3]) then
   redis.call('HSET', KEYS[1], 'status', 'pending')
   marked = 1
 end

@@ -174,8 +174,11 @@ local function add(k, a, new)
     -- A done key (succeeded: its result stored, later copies replay it) and a running one
     -- keep their status; any other (dead, failed, expired, retrying: released, it runs again)
     -- is pending from now, so nobody reads the last run's outcome as this send's.
-    local had = redis.call('HMGET', KEYS[k + 2], 'done', 'status')
-    if had[1] ~= '1' and had[2] ~= 'succeeded' and had[2] ~= 'running' then
+    -- A cancelled one stays cancelled for a copy of the msg_id cancelled (a retry, a moved
+    -- entry: cancel.lua's cancel_of), so claim.lua never runs it; a new msg_id runs again.
+    local had = redis.call('HMGET', KEYS[k + 2], 'done', 'cancel_of', 'status')
+    if had[1] ~= '1' and had[3] ~= 'succeeded' and had[3] ~= 'running'
+        and not (had[3] == 'cancelled' and had[2] == ARGV[a + 4]) then
       redis.call('HSET', KEYS[k + 2], 'status', 'pending')
     end
     redis.call('HSET', KEYS[k + 2], 'capability', ARGV[a + 2], 'attempt', ARGV[a + 3],

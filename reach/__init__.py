@@ -1,6 +1,7 @@
 """reach: a messaging fabric that lets AI agents reach each other by capability."""
 
 from ._buffer import PendingLocal
+from ._cancel import CancelOutcome, CancelResult
 from ._streaming import Stream
 from ._version import __version__
 from .agent import Agent, RuntimeOptions
@@ -10,6 +11,7 @@ from .envelope import Envelope, Reply
 from .errors import (
     AmbiguousDeadLetterId,
     BadDeadLetterId,
+    Cancelled,
     ConfigError,
     ConnectionsExhausted,
     DeadLetterNotFound,
@@ -40,6 +42,9 @@ __all__ = [
     "AgentInfo",
     "AmbiguousDeadLetterId",
     "BadDeadLetterId",
+    "CancelOutcome",
+    "CancelResult",
+    "Cancelled",
     "Client",
     "ConfigError",
     "ConnectionsExhausted",

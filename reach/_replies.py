@@ -30,8 +30,8 @@ from ._autopipe import AutoPipeline
 from ._chunks import ChunkSink
 from .connection import AnyRedis
 from .envelope import CHUNK, Envelope, Reply, decode_payload, decode_reply, now_ms
-from .errors import DeadlineExceeded, Rejected, RemoteError
-from .outcomes import Status, is_rejection, is_retryable
+from .errors import Cancelled, DeadlineExceeded, Rejected, RemoteError
+from .outcomes import DeadReason, Status, is_rejection, is_retryable
 from .signing import Signer
 
 # The client's logger: the reader's lines are the client's (operators filter on it).
@@ -338,6 +338,8 @@ def outcome_of(capability: str, msg_id: str, reply: Reply) -> Any:
         return decode_payload(reply.result)
     if reply.status == Status.EXPIRED:
         raise DeadlineExceeded(f"{capability!r} (msg {msg_id}) passed its deadline: {reply.error}")
+    if reply.reason == DeadReason.CANCELLED:
+        raise Cancelled(f"{capability!r} (msg {msg_id}) was cancelled: {reply.error}")
     if reply.status == Status.DEAD and is_rejection(reply.reason):
         raise Rejected(f"{capability!r} was rejected: {reply.error}", reason=reply.reason)
     raise RemoteError(

@@ -98,6 +98,9 @@ class RuntimeOptions:
     read and claim overlap the running handlers. Only while handlers are quick: when their
     recent mean run time says a read-ahead entry would wait over 50 ms for a slot (its claim
     lease running), the worker reads only what its free slots can start. 0: never."""
+    cancel_grace_s: float = 3.0
+    """A handler whose message is cancelled while it runs sees ``ctx.cancelled`` at once;
+    this long after, its cancel scope is cancelled (0: at once)."""
     drain_timeout_s: float = 30.0
     """On stop, how long running handlers may take to finish."""
     shadow_ttl_s: float = 3600.0
@@ -162,6 +165,7 @@ class RuntimeOptions:
         # words, rather than as every claim or fetch refused while messages stay pending.
         for name, lo, hi in (
             ("claim_lease_s", 0.001, 604_800.0),
+            ("cancel_grace_s", 0, 86_400.0),
             ("batch", 1, 10_000),
             ("prefetch", 0, 10_000),
             ("dlq_maxlen", 1, 10**9),
@@ -214,6 +218,7 @@ class RunOptions(TypedDict, total=False):
     concurrency: int
     batch: int
     prefetch: int
+    cancel_grace_s: float
     drain_timeout_s: float
     shadow_ttl_s: float
     sweep_interval_s: float

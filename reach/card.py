@@ -26,7 +26,7 @@ from enum import StrEnum
 from typing import Any
 from urllib.parse import quote
 
-from .outcomes import Status, is_refusal
+from .outcomes import DeadReason, Status, is_refusal
 from .registry import AgentInfo
 
 A2A_PROTOCOL_VERSION = "1.0"
@@ -51,8 +51,8 @@ class A2ATaskState(StrEnum):
 
 
 # reach task status (every reach.outcomes.Status) -> A2A TaskState.
-# CANCELED, INPUT_REQUIRED and AUTH_REQUIRED have no reach counterpart (reach has no
-# cancel operation and no mid-task questions).
+# INPUT_REQUIRED and AUTH_REQUIRED have no reach counterpart (reach has no mid-task
+# questions).
 A2A_TASK_STATES: dict[str, str] = {
     Status.PENDING: A2ATaskState.SUBMITTED,  # in an inbox (or re-sent), no handler has it yet
     Status.RUNNING: A2ATaskState.WORKING,  # claimed by a worker, the handler runs
@@ -62,6 +62,7 @@ A2A_TASK_STATES: dict[str, str] = {
     Status.FAILED: A2ATaskState.FAILED,
     Status.EXPIRED: A2ATaskState.FAILED,  # the deadline passed (before start, or while running)
     Status.DEAD: A2ATaskState.FAILED,  # dead-lettered; REJECTED when the reason is a refusal
+    Status.CANCELLED: A2ATaskState.CANCELED,  # client.cancel / reach cancel (tasks/cancel)
     Status.UNKNOWN: A2ATaskState.UNSPECIFIED,  # no record (never sent, or its record expired)
 }
 
@@ -74,6 +75,8 @@ def a2a_task_state(status: str, reason: str = "") -> str:
     """
     if status == Status.DEAD and is_refusal(reason):
         return A2ATaskState.REJECTED
+    if status == Status.DEAD and reason == DeadReason.CANCELLED:
+        return A2ATaskState.CANCELED
     return A2A_TASK_STATES.get(status, A2ATaskState.UNSPECIFIED)
 
 

@@ -29,6 +29,7 @@ from ._buffer import (
     PendingLocal,
     SendBuffer,
 )
+from ._cancel import CancelResult, cancel_message
 from ._delivery import ADVERTISABLE as ADVERTISABLE  # noqa: PLC0414 (re-exported)
 from ._delivery import Delivery, policy_for
 from ._replies import ReplyReader, outcome_of
@@ -67,6 +68,8 @@ DEFAULT_MAX_PAYLOAD = 1024 * 1024
 DEFAULT_MAX_UNCLAIMED = 10_000
 DEFAULT_UNCLAIMED_TTL_S = 600.0
 RATE_LIMIT_CHOICES = ("wait", "raise")
+ABORT_CANCEL_S = 2.0
+"""How long a cancelled request() waits for the cancel of its message to be written."""
 
 
 class MessageOptions(TypedDict, total=False):
@@ -126,6 +129,11 @@ class Client:
     the client waits ``buffer_close_wait_s`` (5 s) for held messages, then drops them
     (logged). :meth:`pending_local` lists what waits; docs/concepts.md, *Buffering through
     outages*.
+
+    ``cancel_on_abort`` (on by default): a :meth:`request` whose own task is cancelled while
+    it waits (``anyio.fail_after``/``asyncio.timeout`` in the caller's code, a task group
+    cancelled) cancels its message too, as :meth:`cancel` does; a reach deadline that passes
+    (:class:`DeadlineExceeded`) does not (the worker ends the message at its deadline itself).
     """
 
     def __init__(
@@ -156,6 +164,7 @@ class Client:
         buffer_max_bytes: int = DEFAULT_MAX_BYTES,
         buffer_max_age_s: float = DEFAULT_MAX_AGE_S,
         buffer_close_wait_s: float = DEFAULT_CLOSE_WAIT_S,
+        cancel_on_abort: bool = True,
     ) -> None:
         if default_policy not in POLICIES:
             raise ConfigError(
@@ -175,6 +184,9 @@ class Client:
             namespace, secret, identity_file, trusted_keys_file
         )
         self.default_timeout_s = default_timeout_s
+        # A request() whose own task is cancelled (not one whose reach deadline passed)
+        # cancels its message too (see cancel()).
+        self.cancel_on_abort = cancel_on_abort
         self.default_policy = default_policy
         self.max_attempts = max_attempts
         self.max_payload_bytes = max_payload_bytes
@@ -787,8 +799,10 @@ class Client:
                 return await self._run_fallback(env)
             finally:
                 self._forget(env, "", ok=True)
-        except BaseException:
+        except BaseException as e:
             self._forget(env, "", ok=True)
+            if isinstance(e, anyio.get_cancelled_exc_class()):
+                await self._abandon(env)  # it may have reached an inbox: cancel it there
             raise
         return await self._answer(env, agent_id, ev)
 
@@ -803,6 +817,9 @@ class Client:
             except DeadlineExceeded:
                 # Not the agent's fault when Redis was away meanwhile (its breaker stays).
                 ok = self._buffer.failed_since(t0) or self._reader.failed_since(t0)
+                raise
+            except anyio.get_cancelled_exc_class():
+                await self._abandon(env)
                 raise
             ok = reply.status == Status.SUCCEEDED or not blames_agent(reply.reason)
         finally:
@@ -864,6 +881,33 @@ class Client:
             for a in agents:
                 tg.start_soon(one, a.agent_id)
         return out
+
+    async def cancel(self, msg_id: str, *, by: str = "") -> CancelResult:
+        """Cancel a message sent earlier (docs/concepts.md, *Cancellation*).
+
+        Not started yet: it never runs; the worker that reaches it dead-letters it (reason
+        ``cancelled``) and its caller gets :class:`reach.Cancelled`. Running: its handler
+        sees ``ctx.cancelled`` at once, and is cancelled after its agent's
+        ``cancel_grace_s``; the messages it sent through ``ctx.client`` are cancelled too.
+        Finished (succeeded, dead, expired): nothing changes, the answer says
+        ``already_done``. ``by`` names who asked (kept in the task record's error).
+        Returns a :class:`reach.CancelResult`; ``client.task(msg_id)`` shows ``cancelled``.
+        """
+        return await cancel_message(
+            self.commands, self.keys, msg_id, cluster=self.commands.cluster, by=by or self.client_id
+        )
+
+    async def _abandon(self, env: Envelope) -> None:
+        """The caller of ``env`` was cancelled while it waited: cancel the message too
+        (unless ``cancel_on_abort`` is off), shielded and bounded, so the caller's own
+        cancellation waits at most :data:`ABORT_CANCEL_S` for it."""
+        if not self.cancel_on_abort or self._redis is None:
+            return
+        with anyio.CancelScope(shield=True), anyio.move_on_after(ABORT_CANCEL_S):
+            try:
+                await self.cancel(env.msg_id, by=f"{self.client_id} (its caller was cancelled)")
+            except Exception as e:  # noqa: BLE001 - the caller's cancellation goes on
+                log.warning("cancelling %s after its caller gave up failed: %s", env.msg_id, e)
 
     async def task(self, msg_id: str) -> TaskStatus:
         """The status of a message sent earlier (``unknown`` once its record expired)."""

@@ -8,7 +8,9 @@ session and trace (:class:`ChildClient`), and the worker's Redis connection.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+import anyio
 
 from ._emitting import ChunkWriter
 from .client import Client
@@ -20,6 +22,19 @@ from .signing import worker as worker_signing
 
 if TYPE_CHECKING:
     from ._streaming import Stream
+
+
+class CancelState(Protocol):
+    """What the worker gives a context of a message that may be cancelled
+    (reach._worker.cancelling.Run, and the runtime that tracks it)."""
+
+    requested: bool
+
+    async def wait(self) -> None:
+        """Return once the message is cancelled."""
+
+    def child(self, msg_id: str) -> None:
+        """The handler sent ``msg_id`` through ``ctx.client``."""
 
 
 class Context:
@@ -51,6 +66,23 @@ class Context:
         self.result: Any = None
         """The final result of an async-generator handler (it cannot return one): None
         unless the handler sets it (docs/concepts.md, *Streamed results*)."""
+
+    _cancel: CancelState | None = None  # set by the worker (reach._worker.cancelling)
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the message was cancelled (``client.cancel``): stop soon; after the
+        agent's ``cancel_grace_s`` the handler is cancelled (its cancel scope) anyway."""
+        c = self._cancel
+        return c is not None and c.requested
+
+    async def wait_cancelled(self) -> None:
+        """Return when the message is cancelled (never, for a context without a worker):
+        e.g. race it against the work in a task group."""
+        if self._cancel is None:
+            await anyio.sleep_forever()
+        else:
+            await self._cancel.wait()
 
     msg_id = property(lambda self: self.envelope.msg_id)
     session_id = property(lambda self: self.envelope.session_id)
@@ -94,7 +126,7 @@ class Context:
     @property
     def client(self) -> ChildClient:
         """A client whose calls inherit this message's deadline, session and trace."""
-        return ChildClient(self._client, self.envelope)
+        return ChildClient(self._client, self.envelope, self._cancel)
 
     async def emit(self, chunk: Any) -> None:
         """Stream ``chunk`` to the caller now, before the final result: chunks reach a
@@ -119,9 +151,10 @@ class Context:
 class ChildClient:
     """``ctx.client``: calls made inside a handler inherit its deadline, session and trace."""
 
-    def __init__(self, client: Client, parent: Envelope) -> None:
+    def __init__(self, client: Client, parent: Envelope, cancel: CancelState | None = None) -> None:
         self._client = client
         self._parent = parent
+        self._cancel = cancel  # the parent's: its children are cancelled with it
 
     def _inherit(self, kw: dict[str, Any]) -> dict[str, Any]:
         p = self._parent
@@ -138,12 +171,25 @@ class ChildClient:
         return kw
 
     async def request(self, capability: str, payload: Any, **kw: Any) -> Any:
-        """``Client.request`` with the parent message's deadline, session and trace."""
-        return await self._client.request(capability, payload, **self._inherit(kw))
+        """``Client.request`` with the parent message's deadline, session and trace (and
+        cancelled with the parent)."""
+        kw = self._inherit(kw)
+        if self._cancel is None:
+            return await self._client.request(capability, payload, **kw)
+        where = kw.pop("where", None)
+        if kw.get("timeout_s") is None and kw.get("deadline_ms") is None:
+            kw["timeout_s"] = self._client.default_timeout_s
+        env = self._client.build(capability, payload, **kw)
+        self._cancel.child(env.msg_id)
+        return await self._client.call(env, where=where)
 
     async def send(self, capability: str, payload: Any, **kw: Any) -> str:
-        """``Client.send`` with the parent message's deadline, session and trace."""
-        return await self._client.send(capability, payload, **self._inherit(kw))
+        """``Client.send`` with the parent message's deadline, session and trace (and
+        cancelled with the parent)."""
+        msg_id = await self._client.send(capability, payload, **self._inherit(kw))
+        if self._cancel is not None:
+            self._cancel.child(msg_id)
+        return msg_id
 
     def stream(self, capability: str, payload: Any, **kw: Any) -> Stream:
         """``Client.stream`` with the parent message's deadline, session and trace."""

@@ -103,6 +103,12 @@ class RemoteError(ReachError):
         self.retryable = retryable
 
 
+class Cancelled(ReachError):
+    """The message was cancelled (``client.cancel``, ``reach cancel``, or its caller gave
+    up): it never ran, or its handler was told (``ctx.cancelled``) and stopped. Its dead
+    letter (reason ``cancelled``) holds it; send it again to have it run."""
+
+
 class Rejected(ReachError):
     """The message was refused without retry (bad payload, ``reach.Reject``, too large...)."""
 

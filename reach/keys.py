@@ -256,6 +256,13 @@ class Keys:
         return key[len(f"{self._reg}:dlq:") :]
 
     @property
+    def cancels(self) -> str:
+        """The namespace's cancel notices: a stream of (msg_id, idempotency record) that
+        ``cancel.lua`` (or the client, on a Cluster) adds to and every worker reads, to
+        stop a handler it runs (a hint: the record's status is the truth)."""
+        return f"{self._reg}:cancels"
+
+    @property
     def limits(self) -> str:
         """The namespace's rate limits: capability -> ``"<starts>/<seconds>[,<burst>]"``."""
         return f"{self._reg}:limits"

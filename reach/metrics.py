@@ -584,6 +584,8 @@ def handler_outcome(outcome: Outcome) -> HandlerResult:
         return HandlerResult.TIMEOUT
     if outcome.reason == DeadReason.REJECTED:
         return HandlerResult.REJECTED
+    if outcome.reason == DeadReason.CANCELLED:
+        return HandlerResult.CANCELLED
     return HandlerResult.ERROR
 
 

@@ -30,6 +30,7 @@ reason               rejection  retryable  blames  refusal  written when
 ``max_attempts``     no         yes        yes     no       the handler failed every attempt
 ``timeout``          no         yes        yes     no       the handler ran past the deadline
 ``expired``          no         no         no      no       no time left to run it (again)
+``cancelled``        no         no         no      no       ``client.cancel``: never run, or stopped
 ===================  =========  =========  ======  =======  ====================================
 
 * **rejection** (:func:`is_rejection`): the message was refused for good; a ``dead`` reply with
@@ -112,6 +113,9 @@ class Status(StrEnum):
     """The deadline passed, before or while it ran."""
     DEAD = "dead"
     """Dead-lettered; the :class:`DeadReason` says why."""
+    CANCELLED = "cancelled"
+    """Cancelled (``cancel.lua``): never run if it had not started, else its handler was
+    told and stopped; dead-lettered (reason ``cancelled``) once a worker reaches it."""
     UNKNOWN = "unknown"
     """Never stored: what a read returns when no record exists (never sent, or expired)."""
 
@@ -124,6 +128,7 @@ STORED_STATUSES: Final[tuple[Status, ...]] = (
     Status.RETRYING,
     Status.EXPIRED,
     Status.DEAD,
+    Status.CANCELLED,
 )
 """Every status a record may hold (all but ``unknown``)."""
 
@@ -154,6 +159,7 @@ class DeadReason(StrEnum):
     UNROUTABLE = "unroutable"
     UNPROCESSABLE = "unprocessable"
     UNAUTHENTICATED = "unauthenticated"
+    CANCELLED = "cancelled"
 
 
 RAW_REASONS: Final = frozenset({DeadReason.MALFORMED, DeadReason.VERSION, DeadReason.TOO_LARGE})
@@ -162,8 +168,9 @@ RAW_REASONS: Final = frozenset({DeadReason.MALFORMED, DeadReason.VERSION, DeadRe
 RETRYABLE: Final = frozenset({DeadReason.MAX_ATTEMPTS, DeadReason.TIMEOUT})
 """The handler failed: a later send may succeed (``RemoteError.retryable``)."""
 
-REJECTIONS: Final = frozenset(DeadReason) - RETRYABLE - {DeadReason.EXPIRED}
-"""Refused for good: the caller gets ``reach.Rejected``."""
+REJECTIONS: Final = frozenset(DeadReason) - RETRYABLE - {DeadReason.EXPIRED, DeadReason.CANCELLED}
+"""Refused for good: the caller gets ``reach.Rejected`` (a cancelled one gets
+``reach.Cancelled``)."""
 
 REFUSALS: Final = RAW_REASONS | {
     DeadReason.REJECTED,
@@ -175,6 +182,7 @@ REFUSALS: Final = RAW_REASONS | {
 
 BLAMELESS: Final = REFUSALS | {
     DeadReason.EXPIRED,
+    DeadReason.CANCELLED,
     DeadReason.UNROUTABLE,
     DeadReason.UNPROCESSABLE,
 }
@@ -262,6 +270,8 @@ class HandlerResult(StrEnum):
     """It ran past the message's deadline."""
     REJECTED = DeadReason.REJECTED.value
     """It raised ``reach.Reject``."""
+    CANCELLED = DeadReason.CANCELLED.value
+    """Its message was cancelled while it ran (``client.cancel``), whatever it did then."""
     ERROR = "error"
     """It raised anything else."""
 

@@ -34,6 +34,7 @@ from reach.tasks import get_status
 
 from .acl_cmd import acl_cmd
 from .agents_cmd import agents_app
+from .cancel_cmd import cancel as cancel_cmd
 from .caps_cmd import caps_app
 from .chaos_cmd import chaos as chaos_cmd
 from .common import (
@@ -425,7 +426,8 @@ async def task(
     namespace: Namespace = DEFAULT_NS,
     json_: Json = False,
 ) -> None:
-    """Show a message's status: pending, running, succeeded, failed, retrying, expired, dead.
+    """Show a message's status: pending, running, succeeded, failed, retrying, expired, dead,
+    cancelled.
 
     Example: reach task 019a...e3 --json
     """
@@ -502,6 +504,7 @@ async def queues(
 
 
 # -- top ----------------------------------------------------------------------------------
+app.command("cancel")(cancel_cmd)  # reach cancel MSG_ID (reach task MSG_ID shows it)
 app.command("top")(top_cmd)  # the live view lives in top.py
 
 

@@ -142,6 +142,9 @@ def worker(
         float, typer.Option(help="Time in-flight work gets on SIGTERM.")
     ] = 30.0,
     sweep_interval_s: Annotated[float, typer.Option(help="Seconds between sweeps.")] = 1.0,
+    cancel_grace_s: Annotated[
+        float, typer.Option(help="A cancelled handler is cut this long after it is told.")
+    ] = 3.0,
     claim_lease_s: Annotated[
         float, typer.Option(help="Claim lease of messages without deadline.")
     ] = 60.0,
@@ -194,6 +197,7 @@ def worker(
             sweep_interval_s=sweep_interval_s,
             claim_lease_s=claim_lease_s,
             retry_base_s=retry_base_s,
+            cancel_grace_s=cancel_grace_s,
         )
         logs.setup_logging(log_level.lower(), log_format)
         wlog = logging.getLogger("reach.worker")
@@ -219,6 +223,7 @@ def worker(
             "sweep_interval_s": sweep_interval_s,
             "claim_lease_s": claim_lease_s,
             "retry_base_s": retry_base_s,
+            "cancel_grace_s": cancel_grace_s,
         }
         if require_signed:  # else REACH_REQUIRE_SIGNED decides (the secret: REACH_SECRET)
             opts["require_signed"] = True
@@ -249,7 +254,7 @@ def _check_times(**seconds: float) -> None:
     """Durations must be finite and positive (NaN slips through every comparison); a
     drain timeout and a retry backoff may be 0."""
     for name, v in seconds.items():
-        low_ok = name in ("drain_timeout_s", "retry_base_s") and v == 0
+        low_ok = name in ("drain_timeout_s", "retry_base_s", "cancel_grace_s") and v == 0
         if not (math.isfinite(v) and (v > 0 or low_ok)):
             raise ConfigError(
                 f"--{name.replace('_', '-')} must be a number of seconds > 0, not {v}."

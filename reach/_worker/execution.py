@@ -31,7 +31,7 @@ from ..context import Context
 from ..envelope import MAX_ATTEMPTS, Envelope, decode_payload, decode_reply, encode, now_ms
 from ..errors import Reject, Retry
 from ..limits import LimitsCache, RateLimit, take_call
-from ..outcomes import Outcome, Settled, Status
+from ..outcomes import DeadReason, Outcome, Settled, Status
 from ..registry import Registry
 from ..scripts import ClaimCode, delivery
 from ..scripts.delivery import Claimed, ClaimItem, Completion, Delayed, Mode, StartItem
@@ -39,6 +39,7 @@ from ..scripts.inbox import CLAIM_AT_SEND_FENCE
 from ..signing import sign_reply_for
 from ..tasks import TASK_TTL_MS
 from . import outcome as oc
+from .cancelling import Cancels, Run, cancelled_outcome
 from .items import Delivery
 from .letters import DeadLetters
 from .settlement import Settlement
@@ -109,8 +110,10 @@ class Execution(Part):
         owner: str,
         settlement: Settlement,
         letters: DeadLetters,
+        cancels: Cancels | None = None,
     ) -> None:
         super().__init__(shared)
+        self.cancels = cancels if cancels is not None else Cancels(shared, client=client)
         self.registry = registry
         self.client = client
         self.owner = owner  # "agent_id/instance_id": who holds the claims made here
@@ -323,6 +326,8 @@ class Execution(Part):
         elif res.code is ClaimCode.REPLAY:
             self.hooks.on_replay(it.env)
             self._replay(it, res.reply)
+        elif res.code is ClaimCode.CANCELLED:
+            self._finish(it, cancelled_outcome(it.env, running=False))
         else:
             return False
         return True
@@ -437,19 +442,30 @@ class Execution(Part):
             spec = self.agent.handlers.get(env.capability)
             if spec is None:
                 outcome = oc.no_handler(env, self.agent_id)
+            elif self.cancels.heard_of(it.idem) and await self.cancels.confirmed(it.idem):
+                outcome = cancelled_outcome(env, running=False)  # cancelled before it started
             else:
                 try:
                     payload = decode_payload(env.payload, spec.payload_type)
                 except (msgspec.ValidationError, msgspec.DecodeError) as e:
                     outcome = oc.invalid_payload(e)
                 else:
-                    outcome, duration_s = await self._call(spec, payload, ctx)
+                    run = ctx._cancel = self.cancels.begin(it.idem, env.msg_id)
+                    try:
+                        outcome, duration_s = await self._call(spec, payload, ctx, run)
+                    finally:
+                        self.cancels.end(run)
+                    if run.requested:  # cancelled while it ran: so it ends, whatever it did
+                        outcome = cancelled_outcome(env, running=True)
                     self.state.handler_ran(duration_s)
         self.hooks.after_handle(ctx, outcome, duration_s)
         self._finish(it, outcome, traced=traced)
 
-    async def _call(self, spec: HandlerSpec, payload: Any, ctx: Context) -> tuple[Outcome, float]:
-        """Run the handler under the message's deadline: its outcome, and how long it ran."""
+    async def _call(
+        self, spec: HandlerSpec, payload: Any, ctx: Context, run: Run
+    ) -> tuple[Outcome, float]:
+        """Run the handler under the message's deadline, in a cancel scope ``run`` can
+        cancel (reach._worker.cancelling): its outcome, and how long it ran."""
         env = ctx.envelope
         timeout = (env.deadline_ms - now_ms()) / 1000 if env.deadline_ms else None
         err: BaseException | None = None
@@ -458,9 +474,21 @@ class Execution(Part):
         t0 = time.perf_counter()
         try:
             if timeout is None and spec.is_async:
-                result = await spec.fn(payload, ctx)  # no deadline: no cancel scope to pay for
+                # No deadline: no cancel scope to pay for. A cut (Run.cut_now, after a
+                # cancel's grace) cancels this task; the cancel is taken back here (the
+                # message ends cancelled: _run says so).
+                task = run.task = asyncio.current_task()
+                try:
+                    result = await spec.fn(payload, ctx)
+                except asyncio.CancelledError:
+                    if not run.cut:
+                        raise  # not ours: the worker is stopping
+                finally:
+                    run.task = None
+                    if run.cut and task is not None and task.cancelling():
+                        task.uncancel()  # ours only: the worker's own cancel stays pending
             else:
-                with anyio.fail_after(timeout):
+                with anyio.fail_after(timeout) as run.scope:  # a cut cancels the scope
                     if spec.is_async:
                         result = await spec.fn(payload, ctx)
                     else:
@@ -514,6 +542,10 @@ class Execution(Part):
             dlq_maxlen=self.opts.dlq_maxlen,
             now_ms=now_ms(),
         )
+        if outcome.reason == DeadReason.CANCELLED:
+            # The record says cancelled already (cancel.lua), and raised its fence: no
+            # completion, only the reply, the dead letter and the ack.
+            it.complete = None
         if outcome.dead_letter:
             self.hooks.on_dead_letter(env, outcome.reason, outcome.error)
         elif outcome.status == Status.RETRYING:

@@ -37,6 +37,7 @@ from ..hooks import Hooks
 from ..keys import Keys
 from ..metrics import MetricsHooks
 from ..registry import Registry
+from .cancelling import Cancels
 from .consumer import Consumer, create_groups
 from .execution import Execution
 from .hookchain import HookChain
@@ -366,6 +367,7 @@ class Runtime:
         )
         shared = Shared(self.agent, o, st, keys, redis, cluster, hooks, outages)
         settlement = Settlement(shared, letters=letters)
+        cancels = Cancels(shared, client=client)
         execution = Execution(
             shared,
             registry=registry,
@@ -373,6 +375,7 @@ class Runtime:
             owner=self.owner,
             settlement=settlement,
             letters=letters,
+            cancels=cancels,
         )
         consumer = self.consumer = Consumer(
             shared, execution=execution, settlement=settlement, letters=letters
@@ -387,6 +390,7 @@ class Runtime:
                 tg.start_soon(liveness.ticker)
                 tg.start_soon(liveness.watchdog)
                 tg.start_soon(settlement.run)
+                tg.start_soon(cancels.watch)
                 for _ in range(o.concurrency):
                     tg.start_soon(execution.pool_member)
                 if o.sweeper:

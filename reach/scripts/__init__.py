@@ -32,6 +32,7 @@ from ._loader import (
     script,
 )
 from .codes import (
+    CancelCode,
     ClaimCode,
     DeregisterCode,
     DrainCode,
@@ -45,6 +46,7 @@ from .codes import (
 
 __all__ = [
     "Call",
+    "CancelCode",
     "ClaimCode",
     "DeregisterCode",
     "DrainCode",

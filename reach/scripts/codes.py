@@ -63,9 +63,11 @@ class ClaimCode(IntEnum):
     """``claim.lua``, the first item of each key's answer: RUN (claimed: run the handler,
     then complete with the fence token, the second item), REPLAY (already done: reply with
     the stored bytes, the second item; do not run again), or BUSY (an unexpired claim of
-    the owner in the second item holds the key: do not run this copy now)."""
+    the owner in the second item holds the key: do not run this copy now), or CANCELLED
+    (``cancel.lua`` cancelled the message before or while it ran: do not run it; settle it
+    as cancelled)."""
 
-    RUN, REPLAY, BUSY = 1, 2, 3
+    RUN, REPLAY, BUSY, CANCELLED = 1, 2, 3, 4
 
 
 class SettleCode(IntEnum):
@@ -99,6 +101,14 @@ class StreamBound(IntEnum):
     REPLIES = 100_000
 
 
+class CancelCode(IntEnum):
+    """``cancel.lua``, the first item of its reply (then a status): CANCELLED (now; the
+    status it had), ALREADY_CANCELLED, DONE (over before the cancel: succeeded, dead,
+    expired...; the status it ended with), or UNKNOWN (no record: never sent, or expired)."""
+
+    CANCELLED, ALREADY_CANCELLED, DONE, UNKNOWN = 1, 2, 0, -1
+
+
 CODES: tuple[type[IntEnum], ...] = (
     RegisterCode,
     HeartbeatCode,
@@ -111,6 +121,7 @@ CODES: tuple[type[IntEnum], ...] = (
     FollowUpKind,
     DropInboxCode,
     StreamBound,
+    CancelCode,
 )
 
 REGENERATE = ".venv/bin/python -c 'from reach.scripts import codes; codes.write_lua()'"

@@ -56,6 +56,7 @@ RUN_HERE = {
     "top",
     "send",
     "task",
+    "cancel",
     "dlq list",
     "dlq show",
     "dlq replay",
@@ -199,6 +200,10 @@ async def test_documented_outputs(
             {"echo": {"text": "hi"}},
             "docs-1",
         )
+        # cancel: a finished message is left as it is (exit 1); an unknown one too
+        c = await cli.json("cancel", msg_id, code=1)
+        assert c == {"msg_id": msg_id, "outcome": "already_done", "status": "succeeded"}
+        title_and_columns(await cli("cancel", "nope", code=1), "cancel nope", "field", "value")
         [q] = await cli.json("queues")
         assert set(q) == {
             "agent_id",

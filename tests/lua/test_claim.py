@@ -261,3 +261,15 @@ async def test_takeover_from_is_per_key(r: AnyRedis, ns: str) -> None:
         r, "claim", [a, b], _args(OWNER_A, (1_000, "m1", OWNER_B), (1_000, "m2"))
     )
     assert got == [[1, 2], [3, OWNER_B.encode()]]
+
+
+async def test_a_cancelled_key_is_never_claimed(r: AnyRedis, ns: str) -> None:
+    # cancel.lua wrote 'cancelled': no claim runs it, a takeover neither; nothing is written.
+    rec = Keys(ns).idem("cancelled")
+    await r.hset(rec, mapping={"status": "cancelled", "owner": OWNER_A, "fence": 4})
+    before = await r.hgetall(rec)
+    got = await scripts.call(
+        r, "claim", [rec, rec], _args(OWNER_B, (5_000, "m1"), (5_000, "m1", OWNER_A))
+    )
+    assert [list(a) for a in got] == [[4, b""], [4, b""]]
+    assert await r.hgetall(rec) == before

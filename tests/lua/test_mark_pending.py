@@ -167,3 +167,13 @@ async def test_a_cluster_send_marks_pending_through_the_script(
         assert await rc.get(k.idem("bad-key")) == b"not a hash"
     finally:
         await rc.aclose()
+
+
+async def test_a_copy_of_a_cancelled_msg_id_stays_cancelled(r: AnyRedis, ns: str) -> None:
+    k = Keys(ns)
+    await r.hset(k.idem("c1"), mapping={"status": "cancelled", "cancel_of": "m1"})
+    assert await inbox.mark_pending_call(k, _msg("m1", "c1", 2), ttl_ms=TTL_MS).run(r) is False
+    assert await r.hget(k.idem("c1"), "status") == b"cancelled"
+    # Another message under the key runs again.
+    assert await inbox.mark_pending_call(k, _msg("m2", "c1"), ttl_ms=TTL_MS).run(r) is True
+    assert await r.hget(k.idem("c1"), "status") == b"pending"

@@ -54,6 +54,27 @@ async def test_resending_under_a_finished_key_keeps_its_status(r: AnyRedis, ns: 
     assert await r.xlen(inbox) == 1
 
 
+async def test_a_copy_of_the_cancelled_msg_id_stays_cancelled(r: AnyRedis, ns: str) -> None:
+    # A retry (or a moved entry) of the msg_id cancel.lua cancelled must not run: its
+    # status stays; a new message under the key runs again (both forms of send.lua).
+    k = Keys(ns)
+    inbox, rec = k.inbox("w-1", "low"), k.idem("can-1")
+    await r.hset(rec, mapping={"status": "cancelled", "cancel_of": "m5"})
+    await scripts.call(
+        r, "send", [inbox, rec, k.task("m5")], [b"E", "cap", 2, "m5", "can-1", TTL_MS]
+    )
+    assert await r.hget(rec, "status") == b"cancelled"
+    batch = bounded(k, "w-1", "m5", "low")
+    args = [b"E", "cap", 3, "m5", "can-1", TTL_MS, 0]
+    assert len(await scripts.call(r, "send", batch, args)) > 0
+    assert await r.hget(rec, "status") == b"cancelled"
+    await scripts.call(
+        r, "send", [inbox, rec, k.task("m6")], [b"E", "cap", 1, "m6", "can-1", TTL_MS]
+    )
+    assert await r.hget(rec, "status") == b"pending"
+    assert await r.xlen(inbox) == 3
+
+
 # -- the queue bound (issue 9, item 6) ------------------------------------------------
 def bounded(k: Keys, agent: str, msg: str, priority: str = "normal") -> list[str]:
     return [k.inbox(agent, priority), k.idem(msg), k.task(msg), *k.inboxes(agent)]

@@ -50,6 +50,7 @@ RANKS: dict[str, int] = {
     "reach.doctor": 2,  # checks of the Redis under reach (reach doctor, start-up warnings)
     "reach._replies": 2,  # a Client's reply stream: its reader and the waiting calls
     "reach._chunks": 2,  # a streamed call's chunks, reassembled in order, each once
+    "reach._cancel": 2,  # cancelling a message: cancel.lua and the workers' notice
     # routing: pure picks over the view
     "reach.routing": 3,
     # the caller side and what watches it
@@ -80,6 +81,7 @@ WORKER_PATH = [
     "reach._worker.liveness",
     "reach._worker.consumer",
     "reach._worker.execution",
+    "reach._worker.cancelling",
     "reach._worker.outcome",
     "reach._worker.settlement",
 ]

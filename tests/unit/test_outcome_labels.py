@@ -35,7 +35,13 @@ def test_values_are_the_strings_on_the_wire() -> None:
         "gone",
         "acked",
     ]
-    assert {h.value for h in HandlerResult} == {"succeeded", "timeout", "rejected", "error"}
+    assert {h.value for h in HandlerResult} == {
+        "succeeded",
+        "timeout",
+        "rejected",
+        "cancelled",
+        "error",
+    }
     assert {r.value for r in RequestOutcome} == {
         "succeeded",
         "remote_error",

@@ -17,7 +17,7 @@ from reach import outcomes
 from reach.card import A2A_TASK_STATES, a2a_task_state
 from reach.client import Client
 from reach.envelope import Reply, decode_reply, encode
-from reach.errors import Rejected, RemoteError
+from reach.errors import Cancelled, Rejected, RemoteError
 from reach.outcomes import (
     BLAMELESS,
     COMPLETION_STATUSES,
@@ -50,6 +50,7 @@ def test_values_are_the_strings_stored_and_sent() -> None:
         "failed",
         "expired",
         "dead",
+        "cancelled",
         "unknown",
     ]
     assert {r.value for r in DeadReason} == {
@@ -67,6 +68,7 @@ def test_values_are_the_strings_stored_and_sent() -> None:
         "unroutable",
         "unprocessable",
         "unauthenticated",
+        "cancelled",
     }
     assert {u.value for u in Unavailable} == {
         "no_agent",
@@ -85,6 +87,7 @@ def test_values_are_the_strings_stored_and_sent() -> None:
         "retrying",
         "expired",
         "dead",
+        "cancelled",
     ]
 
 
@@ -215,7 +218,8 @@ def test_every_status_a_script_writes_is_a_member() -> None:
         written |= set(re.findall(r"'status',\s*'([a-z_]+)'", text))
         for body in re.findall(r"\bSTATUSES\s*=\s*\{([^}]*)\}", text):
             accepted.append(set(re.findall(r"([a-z_]+)\s*=\s*true", body)))
-    assert written == {Status.PENDING, Status.RUNNING}  # send.lua, claim.lua
+    # send.lua, claim.lua, cancel.lua
+    assert written == {Status.PENDING, Status.RUNNING, Status.CANCELLED}
     assert accepted, "no STATUSES table found in lua/"
     for table in accepted:  # complete / settle: what a completion may set
         assert table == COMPLETION_STATUSES
@@ -246,7 +250,12 @@ def test_the_predicates_answer_as_the_module_table_says() -> None:
 
 def test_each_final_reason_has_one_caller_outcome() -> None:
     for reason in DeadReason:
-        kinds = [is_rejection(reason), is_retryable(reason), reason == DeadReason.EXPIRED]
+        kinds = [
+            is_rejection(reason),
+            is_retryable(reason),
+            reason == DeadReason.EXPIRED,
+            reason == DeadReason.CANCELLED,  # reach.Cancelled
+        ]
         assert kinds.count(True) == 1, reason
     assert REFUSALS <= REJECTIONS  # the agent refusing it is one way of refusing it for good
     assert RAW_REASONS <= REFUSALS
@@ -300,16 +309,19 @@ def test_the_lists_client_and_card_kept_are_unchanged() -> None:
         "unroutable",
         "unprocessable",
     }
-    assert BLAMELESS == old_blameless | {"malformed", "version"} | new
+    # cancelled: neither a rejection nor the agent's fault (reach.Cancelled)
+    assert BLAMELESS == old_blameless | {"malformed", "version", "cancelled"} | new
 
 
 # -- the callers follow them -------------------------------------------------------------------
 @pytest.mark.parametrize("reason", [*DeadReason, "", "oops"], ids=str)
 def test_the_client_maps_a_dead_reply_by_the_predicates(reason: str) -> None:
     reply = Reply(msg_id="m1", status="dead", reason=str(reason), error="no", error_type="X")
-    with pytest.raises((Rejected, RemoteError)) as ei:
+    with pytest.raises((Rejected, RemoteError, Cancelled)) as ei:
         Client._outcome_of("cap.x", "m1", reply)
-    if is_rejection(reason):
+    if reason == DeadReason.CANCELLED:
+        assert isinstance(ei.value, Cancelled)
+    elif is_rejection(reason):
         assert isinstance(ei.value, Rejected) and ei.value.reason == reason
     else:
         assert isinstance(ei.value, RemoteError)
@@ -319,7 +331,10 @@ def test_the_client_maps_a_dead_reply_by_the_predicates(reason: str) -> None:
 @pytest.mark.parametrize("reason", [*DeadReason, "", "oops"], ids=str)
 def test_the_a2a_state_of_a_dead_message_follows_is_refusal(reason: str) -> None:
     assert set(A2A_TASK_STATES) == set(Status)
-    assert a2a_task_state("dead", reason) == ("rejected" if is_refusal(reason) else "failed")
+    want = "rejected" if is_refusal(reason) else "failed"
+    if reason == DeadReason.CANCELLED:
+        want = "canceled"  # A2A's own state (tasks/cancel)
+    assert a2a_task_state("dead", reason) == want
     assert a2a_task_state("expired", reason) == "failed"
 
 

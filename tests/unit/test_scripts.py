@@ -9,7 +9,7 @@ import pytest
 
 from reach import limits, scripts
 from reach.keys import Keys
-from reach.scripts import agents, codes, delivery, inbox
+from reach.scripts import agents, cancelling, codes, delivery, inbox
 from reach.scripts.delivery import (
     ClaimItem,
     Completion,
@@ -57,6 +57,7 @@ def test_every_script_has_a_typed_call() -> None:
         inbox.mark_pending_call(K, _msg(), ttl_ms=1).script,
     }
     made.add(delivery.give_up("k", status="dead", error="", ttl_ms=1).script)
+    made.add(cancelling.cancel_call("k", msg_id="m", error="", ttl_ms=1).script)
     assert made == set(scripts.names())
 
 
@@ -171,7 +172,18 @@ def test_give_up() -> None:
     assert c.decode(b"") == delivery.GivenUp(done=True, reply=b"")
 
 
-def test_complete_sends_the_reply_only_when_it_is_stored() -> None:
+def test_cancel_call_names_the_notices_stream_only_when_given() -> None:
+    c = cancelling.cancel_call("k", msg_id="m", error="by me", ttl_ms=9)
+    assert (c.keys, c.args) == (("k",), ("m", "by me", 9, cancelling.CANCELS_MAXLEN))
+    c = cancelling.cancel_call("k", msg_id="m", error="x" * 3000, ttl_ms=9, notices="n", maxlen=5)
+    assert c.keys == ("k", "n") and c.args[1] == "x" * 2000 and c.args[3] == 5
+    assert c.decode([1, b"running"]) == cancelling.CancelAnswer(
+        codes.CancelCode.CANCELLED, "running"
+    )
+    assert c.decode([-1, b""]).code is codes.CancelCode.UNKNOWN
+    with pytest.raises(ValueError):
+        c.decode([4, b"x"])  # a code cancel.lua never answers
+
     done = Completion("k1", 3, "succeeded", Mode.DONE)
     again = Completion("k2", 4, "retrying", "release", "boom")
     c = delivery.complete_call([(done, b"r1"), (again, b"r2")], ttl_ms=50)
