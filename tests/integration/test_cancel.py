@@ -150,6 +150,22 @@ async def wait_dead_letter(r: AnyRedis, ns: str, cap: str, msg_id: str) -> None:
     await wait_until(filed, what=f"the dead letter of {msg_id}")
 
 
+async def test_a_streamed_call_ends_with_cancelled_after_its_chunks(
+    redis_url: str, ns: str, r: AnyRedis
+) -> None:
+    async with serving(redis_url, ns, make(), cancel_grace_s=30) as client:
+        chunks: list[Any] = []
+        s = client.stream("can.stream", None, timeout_s=60)
+        with pytest.raises(Cancelled):
+            async for chunk in s:
+                chunks.append(chunk)
+                if len(chunks) == 3:
+                    assert (await client.cancel(s.msg_id)).status == "running"
+        assert chunks[:3] == [0, 1, 2] and chunks == list(range(len(chunks)))
+        await wait_effect(r, ns, "saw_cancel", s.msg_id)
+        assert (await client.task(s.msg_id)).status == "cancelled"
+
+
 async def test_cancelling_a_parent_cancels_the_child_it_sent(
     redis_url: str, ns: str, r: AnyRedis
 ) -> None:

@@ -10,6 +10,7 @@ whether a running one saw ``ctx.cancelled`` and whether it was cut before its en
   then ``saw_cancel`` (the wall-clock ms when it saw it in ``saw_ms``);
 * ``can.stubborn``: ``started``, then ignores ``ctx.cancelled`` and sleeps ``payload``
   seconds, then ``finished``: a cut handler never gets there;
+* ``can.stream``: emits a chunk every 10 ms until ``ctx.cancelled``;
 * ``can.parent``: sends a ``can.hold`` child through ``ctx.client`` (its msg_id stored in
   ``Keys(ns).effects('child_of')`` under the parent's key), then waits for its own cancel.
 """
@@ -25,7 +26,7 @@ import anyio
 from reach import Agent, Context
 from tests.support.agents_messaging import bump
 
-CAPS = ["can.work", "can.hold", "can.stubborn", "can.parent"]
+CAPS = ["can.work", "can.hold", "can.stubborn", "can.parent", "can.stream"]
 
 
 def make(agent_id: str = "can-1") -> Agent:
@@ -61,6 +62,17 @@ def make(agent_id: str = "can-1") -> Agent:
         await bump(ctx, "started")
         await ctx.wait_cancelled()
         return "parent cancelled"
+
+    @app.handler("can.stream")
+    async def stream(payload: Any, ctx: Context) -> Any:
+        await bump(ctx, "started")
+        i = 0
+        while not ctx.cancelled:
+            await ctx.emit(i)
+            i += 1
+            await anyio.sleep(0.01)
+        await bump(ctx, "saw_cancel")
+        return "stopped"
 
     return app
 
