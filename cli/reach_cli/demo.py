@@ -18,7 +18,7 @@ from reach.breaker import Breakers
 from reach.client import Client
 from reach.connection import connect
 from reach.embedded import resolve_url
-from reach.errors import NoAgentAvailable, ReachError
+from reach.errors import Cancelled, NoAgentAvailable, ReachError
 from reach.keys import Keys
 from reach.registry import Registry
 
@@ -108,6 +108,9 @@ def run_demo(*, fast: bool = False) -> None:
         anyio.run(_breaker, url)
         procs["summarizer-3"].send_signal(signal.SIGTERM)
         procs["summarizer-3"].wait(timeout=30)
+        _step("7b. a caller gives up on a long summary: its handler is told and stops")
+        cancelled = anyio.run(_cancel_long, url)
+        _cli("task", cancelled, url=url)
         _step("8. summarizer-2 is killed (SIGKILL): probation, then evicted; its sessions move")
         procs["summarizer-2"].send_signal(signal.SIGKILL)
         procs["summarizer-2"].wait()
@@ -309,6 +312,36 @@ async def _breaker(url: str) -> None:
             f"  breaker of summarizer-3: {breakers.state('summarizer-3')} "
             "(skipped until a half-open probe after the cool-down)"
         )
+
+
+async def _cancel_long(url: str) -> str:
+    """A 60 s summary, cancelled while it runs (client.cancel): the caller gets
+    reach.Cancelled, the handler sees ctx.cancelled; returns its msg_id."""
+    async with Client(redis_url=url, namespace=NS) as c:
+        env = c.build("text.summarize", {"text": "a very long report", "work_s": 60}, timeout_s=90)
+        outcome: list[str] = []
+
+        async def call() -> None:
+            try:
+                await c.call(env)
+                outcome.append("finished (not cancelled?)")
+            except Cancelled as e:
+                outcome.append(f"Cancelled: {e}")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            with anyio.fail_after(30):
+                while (await c.task(env.msg_id)).status != "running":
+                    await anyio.sleep(0.05)
+            t0 = time.perf_counter()
+            res = await c.cancel(env.msg_id, by="the demo")
+            console.print(f"  cancel {env.msg_id}: {res.outcome} (it was {res.status})")
+        console.print(f"  the caller got {outcome[0]} after {time.perf_counter() - t0:.3f} s")
+        r = c.redis
+        saw = await r.hget(Keys(NS).effects("demo"), "saw_cancel")
+        seen = saw is not None and saw.decode() == env.msg_id
+        console.print(f"  the handler saw ctx.cancelled: {seen}")
+        return env.msg_id
 
 
 async def _repair(url: str) -> None:

@@ -20,7 +20,12 @@ def summarizer(agent_id: str = "summarizer-1", region: str = "eu", weight: float
     @app.handler("text.summarize")
     async def summarize(payload: dict[str, Any], ctx: Context) -> dict[str, Any]:
         words = str(payload.get("text", "")).split()
-        await anyio.sleep(float(payload.get("work_s", 0)))
+        work_s = float(payload.get("work_s", 0))
+        if work_s:
+            with anyio.move_on_after(work_s):  # the work, unless the caller cancels it
+                await ctx.wait_cancelled()
+            if ctx.cancelled:
+                await ctx.redis.hset(ctx.keys.effects("demo"), "saw_cancel", ctx.msg_id)
         return {
             "summary": " ".join(words[:5]) + (" ..." if len(words) > 5 else ""),
             "by": ctx.agent_id,
