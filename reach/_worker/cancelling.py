@@ -19,6 +19,10 @@ runtime) and, for a message it holds:
 acked; the record is not completed (it says ``cancelled`` already, and its fence refuses
 this run's completion).
 
+One runtime per process and namespace reads the notices (one blocking read, whatever the
+number of agents the process hosts: :class:`CancelPeers`) and hands each to every agent of
+that namespace in the process; when it stops, another takes over from the last notice read.
+
 A notice is a hint, not an order: it is anyone's to write (garbage, a forged msg_id). The
 worker acts on one only after reading the record's status (``cancelled``), and only for a
 record it holds; a notice it cannot read is skipped.
@@ -111,15 +115,26 @@ def cancelled_outcome(env: Envelope, *, running: bool) -> Outcome:
     return Outcome(Status.DEAD, DeadReason.CANCELLED, why, "Cancelled")
 
 
+class CancelPeers:
+    """The runtimes of one namespace in one process (and event loop): the notices are read
+    by one of them (``reader``) for all (``members``), from ``last_id`` on."""
+
+    def __init__(self) -> None:
+        self.members: list[Cancels] = []
+        self.reader: Cancels | None = None
+        self.last_id: Any = None  # the last notice read (None: start from the newest)
+        self.changed = anyio.Event()  # the reader left
+
+
 class Cancels(Part):
     """The runs of this worker that a cancel may reach, and the reader of the notices."""
 
-    def __init__(self, shared: Shared, *, client: Any) -> None:
+    def __init__(self, shared: Shared, *, client: Any, peers: CancelPeers | None = None) -> None:
         super().__init__(shared)
         self.client = client  # ctx.client's Client: cancels the children
         self.runs: dict[str, Run] = {}  # idempotency record -> its run here
         self.heard: OrderedDict[str, None] = OrderedDict()
-        self.last_id: Any = None
+        self.peers = peers if peers is not None else CancelPeers()
         self.notices_read = 0  # notices read (tests, and `reach top` one day)
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -156,23 +171,45 @@ class Cancels(Part):
             self._spawn(self._cancel_children(run.msg_id, [msg_id]))
 
     # -- the notices ------------------------------------------------------------------
+    async def watch_when_free(self) -> None:
+        """Take part in the process's notices for this namespace until stopped: read them
+        for every member while no other member does (the first one reads; when it stops,
+        the next takes over from the last notice read)."""
+        peers = self.peers
+        peers.members.append(self)
+        try:
+            while True:
+                if peers.reader is None:
+                    peers.reader = self
+                    try:
+                        await self.watch()
+                    finally:
+                        peers.reader = None
+                        peers.changed.set()
+                        peers.changed = anyio.Event()
+                await peers.changed.wait()
+        finally:
+            peers.members.remove(self)
+
     async def watch(self) -> None:
-        """Read the cancel notices until stopped; never dies (errors are logged, the read
-        goes on from where it was)."""
+        """Read the cancel notices and hand each to every member; never dies (errors are
+        logged, the read goes on from where it was)."""
+        peers = self.peers
         delay = 0.1
         while True:
             try:
-                if self.last_id is None:
-                    self.last_id = await self._tail()
+                if peers.last_id is None:
+                    peers.last_id = await self._tail()
                 res = await self.redis.xread(
-                    {self.keys.cancels: self.last_id}, block=READ_BLOCK_MS, count=READ_COUNT
+                    {self.keys.cancels: peers.last_id}, block=READ_BLOCK_MS, count=READ_COUNT
                 )
                 delay = 0.1
                 for _, entries in res or ():
                     for entry_id, fields in entries:
-                        self.last_id = entry_id
+                        peers.last_id = entry_id
                         self.notices_read += 1
-                        await self._on_notice(fields)
+                        for member in list(peers.members):
+                            await member._on_notice(fields)
             except (rexc.RedisError, OSError) as e:
                 self.outages.failed("cancel notices read", e)
                 await anyio.sleep(delay)

@@ -37,7 +37,7 @@ from ..hooks import Hooks
 from ..keys import Keys
 from ..metrics import MetricsHooks
 from ..registry import Registry
-from .cancelling import Cancels
+from .cancelling import CancelPeers, Cancels
 from .consumer import Consumer, create_groups
 from .execution import Execution
 from .hookchain import HookChain
@@ -266,6 +266,8 @@ class _Host:
     wakeups: _Wakeups | None = None  # None on a Cluster: each agent blocks on its own
     users: int = 0
     sweeping: set[str] = field(default_factory=set)  # namespaces with a sweeper running
+    # Cancel notices: one reader per process and namespace, for all its agents.
+    cancels: dict[str, CancelPeers] = field(default_factory=dict)
 
     _hosts: ClassVar[dict[tuple[str, int], _Host]] = {}
     _connecting: ClassVar[dict[tuple[str, int], asyncio.Lock]] = {}
@@ -303,6 +305,11 @@ class _Host:
         self.wakeups.start()
         return cast(AnyRedis, _AgentRedis(self.redis, self.wakeups, self))
 
+    def cancel_peers(self, namespace: str) -> CancelPeers:
+        """The agents of ``namespace`` in this process that a cancel notice may concern, and
+        where their one reader is (reach._worker.cancelling)."""
+        return self.cancels.setdefault(namespace, CancelPeers())
+
     async def sweep_when_free(
         self, namespace: str, interval_s: float, sweep: Callable[[], Awaitable[None]]
     ) -> None:
@@ -331,6 +338,7 @@ class Runtime:
         self.stats = Stats()
         self.hooks = HookChain([self.stats, MetricsHooks(), *hooks])
         self.consumer: Consumer | None = None
+        self.cancels: Cancels | None = None
 
     @property
     def instance_id(self) -> str:
@@ -367,7 +375,9 @@ class Runtime:
         )
         shared = Shared(self.agent, o, st, keys, redis, cluster, hooks, outages)
         settlement = Settlement(shared, letters=letters)
-        cancels = Cancels(shared, client=client)
+        cancels = self.cancels = Cancels(
+            shared, client=client, peers=host.cancel_peers(o.namespace)
+        )
         execution = Execution(
             shared,
             registry=registry,
@@ -390,7 +400,7 @@ class Runtime:
                 tg.start_soon(liveness.ticker)
                 tg.start_soon(liveness.watchdog)
                 tg.start_soon(settlement.run)
-                tg.start_soon(cancels.watch)
+                tg.start_soon(cancels.watch_when_free)
                 for _ in range(o.concurrency):
                     tg.start_soon(execution.pool_member)
                 if o.sweeper:

@@ -283,3 +283,34 @@ async def test_cancel_on_a_cluster(redis_cluster: RedisTestCluster, ns: str) -> 
             assert len(await effects(r, ns, "work")) == 1  # only "after" ran
     finally:
         await r.aclose()
+
+
+async def test_agents_sharing_a_process_share_one_reader(
+    redis_url: str, ns: str, r: AnyRedis
+) -> None:
+    # Two agents in one process (one event loop): one of them reads the notices for both,
+    # and when it stops the other takes over.
+    a1, a2 = make("can-1"), make("can-2")
+    async with serving(redis_url, ns, a1, a2, cancel_grace_s=30) as client:
+        held = {
+            a: await client.send("can.hold", 60, target=a, policy="direct")
+            for a in ("can-1", "can-2")
+        }
+        for m in held.values():
+            await wait_effect(r, ns, "started", m)
+        for m in held.values():
+            await client.cancel(m)
+        for m in held.values():
+            await wait_effect(r, ns, "saw_cancel", m)
+        rts = [a1.runtime, a2.runtime]
+        assert all(rt is not None for rt in rts)
+        readers = [rt for rt in rts if rt is not None and rt.cancels and rt.cancels.notices_read]
+        assert len(readers) == 1  # one read for both
+        reader = a1 if readers[0] is a1.runtime else a2
+        other = a2 if reader is a1 else a1
+        reader.stop()
+        # The other one takes over: a cancel still reaches its handler.
+        late = await client.send("can.hold", 60, target=other.agent_id, policy="direct")
+        await wait_effect(r, ns, "started", late)
+        await client.cancel(late)
+        await wait_effect(r, ns, "saw_cancel", late)
