@@ -4,8 +4,9 @@
 raises its fence; then every claim of it answers CANCELLED and any completion of the run
 it fenced out is refused. That alone is correct but slow for a running handler (it would
 run to its end, and its entry would wait for the next pending scan). So the worker also
-reads the namespace's cancel notices (``Keys.cancels``, one blocking ``XREAD`` per
-runtime) and, for a message it holds:
+reads the namespace's cancel notices (``Keys.cancels``: a non-blocking ``XREAD`` every
+:data:`POLL_S` on the shared command connection while it runs handlers, none while it
+runs none) and, for a message it holds:
 
 * not started yet (read ahead, or claimed at send and waiting for a slot): the handler is
   never called; it is settled as cancelled;
@@ -19,7 +20,7 @@ runtime) and, for a message it holds:
 acked; the record is not completed (it says ``cancelled`` already, and its fence refuses
 this run's completion).
 
-One runtime per process and namespace reads the notices (one blocking read, whatever the
+One runtime per process and namespace reads the notices (one read per poll, whatever the
 number of agents the process hosts: :class:`CancelPeers`) and hands each to every agent of
 that namespace in the process; when it stops, another takes over from the last notice read.
 
@@ -50,7 +51,8 @@ log = logging.getLogger("reach.runtime")
 HEARD_KEPT = 10_000
 """Records named by notices while nothing here ran them: kept (newest) so a message read
 after its cancel notice is checked before it starts."""
-READ_BLOCK_MS = 1000
+POLL_S = 0.05
+"""How often the notices are read while a handler runs (none are read while none runs)."""
 READ_COUNT = 256
 
 
@@ -124,6 +126,11 @@ class CancelPeers:
         self.reader: Cancels | None = None
         self.last_id: Any = None  # the last notice read (None: start from the newest)
         self.changed = anyio.Event()  # the reader left
+        self.busy = anyio.Event()  # set when a handler starts: the reader reads again
+
+    def running(self) -> bool:
+        """Some member runs a handler now."""
+        return any(m.runs for m in self.members)
 
 
 class Cancels(Part):
@@ -141,6 +148,9 @@ class Cancels(Part):
     # -- the runs ---------------------------------------------------------------------
     def begin(self, record: str, msg_id: str) -> Run:
         run = self.runs[record] = Run(record, msg_id, self)
+        busy = self.peers.busy
+        if not busy.is_set():
+            busy.set()
         return run
 
     def end(self, run: Run) -> None:
@@ -192,24 +202,34 @@ class Cancels(Part):
             peers.members.remove(self)
 
     async def watch(self) -> None:
-        """Read the cancel notices and hand each to every member; never dies (errors are
-        logged, the read goes on from where it was)."""
+        """Read the cancel notices and hand each to every member: every :data:`POLL_S`
+        while a member runs a handler, on the shared command connection (no blocking read:
+        no connection of its own); nothing while none runs. Never dies (errors are logged,
+        the read goes on from where it was)."""
         peers = self.peers
         delay = 0.1
         while True:
             try:
                 if peers.last_id is None:
+                    # Where the notices end now, before any handler runs here: a notice
+                    # added after this is read, whenever the first read comes.
                     peers.last_id = await self._tail()
-                res = await self.redis.xread(
-                    {self.keys.cancels: peers.last_id}, block=READ_BLOCK_MS, count=READ_COUNT
-                )
+                if not peers.running():
+                    ev = peers.busy = anyio.Event()
+                    if not peers.running():
+                        await ev.wait()
+                res = await self.redis.xread({self.keys.cancels: peers.last_id}, count=READ_COUNT)
                 delay = 0.1
+                n = 0
                 for _, entries in res or ():
                     for entry_id, fields in entries:
+                        n += 1
                         peers.last_id = entry_id
                         self.notices_read += 1
                         for member in list(peers.members):
                             await member._on_notice(fields)
+                if n < READ_COUNT:
+                    await anyio.sleep(POLL_S)
             except (rexc.RedisError, OSError) as e:
                 self.outages.failed("cancel notices read", e)
                 await anyio.sleep(delay)
