@@ -53,7 +53,7 @@ HERE = Path(__file__).parent
 LIVE_KEEPALIVE_S = 15.0
 EVENTS_ON_OVERVIEW = 15
 LETTERS_SHOWN = 200
-TERMINAL = {Status.SUCCEEDED, Status.FAILED, Status.EXPIRED, Status.DEAD}
+TERMINAL = {Status.SUCCEEDED, Status.FAILED, Status.EXPIRED, Status.DEAD, Status.CANCELLED}
 
 
 def sent_ms_of(msg_id: str) -> int | None:
