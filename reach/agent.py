@@ -56,6 +56,7 @@ class HandlerSpec:
     is_async: bool
     payload_type: Any  # what payloads are validated into (Any: only decoded)
     limit: RateLimit | None = None  # the agent's own limit on starts (rate=, burst=)
+    preemptible: bool = True  # a low-priority run may be cut and requeued for high work
 
 
 def _payload_type(fn: Handler) -> Any:
@@ -101,6 +102,14 @@ class RuntimeOptions:
     cancel_grace_s: float = 3.0
     """A handler whose message is cancelled while it runs sees ``ctx.cancelled`` at once;
     this long after, its cancel scope is cancelled (0: at once)."""
+    preempt_after_s: float | None = None
+    """Priority preemption (None: off): when every handler slot is taken, low-priority
+    handlers run and a high-priority message has waited this long in the inbox, the worker
+    cuts a low-priority run (of a ``preemptible`` handler) per waiting high message and
+    requeues it, its attempt not counted."""
+    max_preempts: int = 2
+    """Aging: a message preempted this many times is not preempted again (it runs to its
+    end), so low priority still progresses under sustained high load."""
     drain_timeout_s: float = 30.0
     """On stop, how long running handlers may take to finish."""
     shadow_ttl_s: float = 3600.0
@@ -151,6 +160,10 @@ class RuntimeOptions:
             )
         if self.concurrency < 1:
             raise ConfigError("concurrency must be >= 1.")
+        if self.preempt_after_s is not None and not (0.001 <= self.preempt_after_s <= 3600):
+            raise ConfigError(
+                f"preempt_after_s must be None (off) or 0.001..3600, got {self.preempt_after_s}."
+            )
         if self.evict_after_s > 86_400:
             raise ConfigError(
                 f"lease_s and evict_after_s must be <= 86400 (a day), got "
@@ -166,6 +179,7 @@ class RuntimeOptions:
         for name, lo, hi in (
             ("claim_lease_s", 0.001, 604_800.0),
             ("cancel_grace_s", 0, 86_400.0),
+            ("max_preempts", 0, 1_000),
             ("batch", 1, 10_000),
             ("prefetch", 0, 10_000),
             ("dlq_maxlen", 1, 10**9),
@@ -219,6 +233,8 @@ class RunOptions(TypedDict, total=False):
     batch: int
     prefetch: int
     cancel_grace_s: float
+    preempt_after_s: float | None
+    max_preempts: int
     drain_timeout_s: float
     shadow_ttl_s: float
     sweep_interval_s: float
@@ -292,7 +308,12 @@ class Agent:
         self.hooks.extend(hooks)
 
     def handler(
-        self, capability: str, *, rate: str | None = None, burst: int | None = None
+        self,
+        capability: str,
+        *,
+        rate: str | None = None,
+        burst: int | None = None,
+        preemptible: bool = True,
     ) -> Callable[[Handler], Handler]:
         """Decorator: ``fn(payload, ctx)`` answers messages of ``capability``.
 
@@ -309,6 +330,10 @@ class Agent:
         (``lua/rate_limit.lua``) like an operator's ``reach caps limit`` (which applies to
         every agent of the capability: both hold); a message over it waits in the
         delayed set, its attempt not counted, and may then go to another agent.
+
+        ``preemptible=False``: with the agent's ``preempt_after_s`` set, a low-priority run
+        of this handler is never cut to make room for high-priority work (docs/concepts.md,
+        *Priority preemption*).
         """
         if burst is not None and rate is None:
             raise ConfigError(f"burst={burst} needs a rate, e.g. rate='100/s', burst={burst}.")
@@ -322,10 +347,12 @@ class Agent:
 
         def deco(fn: Handler) -> Handler:
             if inspect.isasyncgenfunction(fn):  # a streaming handler: each yield is a chunk
-                self.handlers[cap] = HandlerSpec(streamed(fn), True, _payload_type(fn), limit)
+                self.handlers[cap] = HandlerSpec(
+                    streamed(fn), True, _payload_type(fn), limit, preemptible
+                )
                 return fn
             self.handlers[cap] = HandlerSpec(
-                fn, inspect.iscoroutinefunction(fn), _payload_type(fn), limit
+                fn, inspect.iscoroutinefunction(fn), _payload_type(fn), limit, preemptible
             )
             return fn
 

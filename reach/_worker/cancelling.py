@@ -68,6 +68,8 @@ class Run:
         "children",
         "cut",
         "msg_id",
+        "preempted",
+        "preemptible",
         "record",
         "requested",
         "scope",
@@ -86,6 +88,8 @@ class Run:
         self.children: list[str] = []
         self.cut = False  # the grace passed and the handler was cancelled
         self.timer: asyncio.TimerHandle | None = None
+        self.preemptible = False  # a low-priority run that may be cut for high work
+        self.preempted = False  # it was cut for high work: requeued, not cancelled
 
     async def wait(self) -> None:
         """Return once the message is cancelled (reach.context.CancelState)."""

@@ -42,6 +42,7 @@ from . import outcome as oc
 from .cancelling import Cancels, Run, cancelled_outcome
 from .items import Delivery
 from .letters import DeadLetters
+from .preempting import PREEMPTED_HEADER, preempted_times
 from .settlement import Settlement
 from .state import Part, Shared
 
@@ -49,6 +50,11 @@ if TYPE_CHECKING:
     from ..agent import HandlerSpec
 
 log = logging.getLogger("reach.runtime")
+
+PREEMPTED = Outcome(
+    Status.RETRYING, error="preempted by high-priority work", error_type="Preempted"
+)
+"""What the hooks see of a run cut for high-priority work (it is requeued, not retried)."""
 
 MARK_RUNNING_AFTER_S = 0.01
 """A message claimed at send whose handler still runs this long after it started is
@@ -451,10 +457,18 @@ class Execution(Part):
                     outcome = oc.invalid_payload(e)
                 else:
                     run = ctx._cancel = self.cancels.begin(it.idem, env.msg_id)
+                    if env.priority == "low" and self.opts.preempt_after_s is not None:
+                        run.preemptible = (
+                            spec.preemptible and preempted_times(env) < self.opts.max_preempts
+                        )
                     try:
                         outcome, duration_s = await self._call(spec, payload, ctx, run)
                     finally:
                         self.cancels.end(run)
+                    if run.preempted:  # cut for high-priority work: it goes back, as it was
+                        self.hooks.after_handle(ctx, PREEMPTED, duration_s)
+                        self._requeue_preempted(it)
+                        return
                     if run.requested:  # cancelled while it ran: so it ends, whatever it did
                         outcome = cancelled_outcome(env, running=True)
                     self.state.handler_ran(duration_s)
@@ -530,6 +544,20 @@ class Execution(Part):
         )
         outcome = oc.raised(env, err, timed_out=timed_out, now_ms=now_ms(), backoff_ms=backoff)
         return outcome, duration_s
+
+    def _requeue_preempted(self, it: Delivery) -> None:
+        """A run cut for high-priority work (reach._worker.preempting): its claim is
+        released (status ``retrying``) and the message goes back through the delayed set,
+        due now, with the same attempt and one more preemption counted in its headers."""
+        env = it.env
+        headers = {**env.headers, PREEMPTED_HEADER: str(preempted_times(env) + 1)}
+        again = msgspec.structs.replace(env, headers=headers)
+        it.complete = Completion(
+            it.idem, it.fence, Status.RETRYING, Mode.RELEASE, "preempted by high-priority work"
+        )
+        it.outcome = Settled.PARKED
+        it.follow_up = Delayed(self.keys.delayed, now_ms(), encode(again))
+        self.settlement.queue(it)
 
     def _finish(self, it: Delivery, outcome: Outcome, *, traced: bool = False) -> None:
         """Queue the fenced completion and what follows it (reply, dead letter, retry, ack)."""

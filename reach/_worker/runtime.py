@@ -43,6 +43,7 @@ from .execution import Execution
 from .hookchain import HookChain
 from .letters import DeadLetters
 from .liveness import Liveness
+from .preempting import Preemption
 from .settlement import Settlement
 from .state import Outages, Shared, WorkerState
 from .stats import Stats
@@ -339,6 +340,7 @@ class Runtime:
         self.hooks = HookChain([self.stats, MetricsHooks(), *hooks])
         self.consumer: Consumer | None = None
         self.cancels: Cancels | None = None
+        self.preemption: Preemption | None = None
 
     @property
     def instance_id(self) -> str:
@@ -378,6 +380,7 @@ class Runtime:
         cancels = self.cancels = Cancels(
             shared, client=client, peers=host.cancel_peers(o.namespace)
         )
+        preemption = self.preemption = Preemption(shared, cancels=cancels)
         execution = Execution(
             shared,
             registry=registry,
@@ -401,6 +404,7 @@ class Runtime:
                 tg.start_soon(liveness.watchdog)
                 tg.start_soon(settlement.run)
                 tg.start_soon(cancels.watch_when_free)
+                tg.start_soon(preemption.watch)
                 for _ in range(o.concurrency):
                     tg.start_soon(execution.pool_member)
                 if o.sweeper:

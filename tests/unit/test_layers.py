@@ -81,6 +81,7 @@ WORKER_PATH = [
     "reach._worker.liveness",
     "reach._worker.consumer",
     "reach._worker.execution",
+    "reach._worker.preempting",
     "reach._worker.cancelling",
     "reach._worker.outcome",
     "reach._worker.settlement",
