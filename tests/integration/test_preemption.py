@@ -68,9 +68,7 @@ async def test_a_high_message_preempts_low_work_which_still_completes(
         assert await effects(r, ns, "finished") == {m: 1 for m in lows}
 
 
-async def test_a_non_preemptible_handler_is_not_cut(
-    redis_url: str, ns: str, r: AnyRedis
-) -> None:
+async def test_a_non_preemptible_handler_is_not_cut(redis_url: str, ns: str, r: AnyRedis) -> None:
     async with serving(redis_url, ns, agent(), **OPTS) as client:
         fixed = [await client.send("pre.fixed", 1.5, priority="low") for _ in range(2)]
         for m in fixed:
