@@ -145,6 +145,13 @@ def worker(
     cancel_grace_s: Annotated[
         float, typer.Option(help="A cancelled handler is cut this long after it is told.")
     ] = 3.0,
+    preempt_after_s: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option(
+            help="Cut a low-priority run for a high-priority message waiting this long "
+            "(off by default)."
+        ),
+    ] = None,
     claim_lease_s: Annotated[
         float, typer.Option(help="Claim lease of messages without deadline.")
     ] = 60.0,
@@ -225,6 +232,8 @@ def worker(
             "retry_base_s": retry_base_s,
             "cancel_grace_s": cancel_grace_s,
         }
+        if preempt_after_s is not None:
+            opts["preempt_after_s"] = preempt_after_s
         if require_signed:  # else REACH_REQUIRE_SIGNED decides (the secret: REACH_SECRET)
             opts["require_signed"] = True
         where = "" if url_source == "--redis-url" else f" (from {url_source})"
