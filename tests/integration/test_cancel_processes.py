@@ -1,7 +1,9 @@
 """Cancellation with real ``reach worker`` processes: messages cancelled while their worker
 is dead (SIGKILL) are never run by the worker that takes its place (their entries were
 claimed at send for the dead instance, or read by it: claim.lua answers CANCELLED), and a
-running handler that ignores ``ctx.cancelled`` is cut at the worker's ``--cancel-grace-s``."""
+running handler that ignores ``ctx.cancelled`` is cut at the worker's ``--cancel-grace-s``;
+a worker run with ``--preempt-after-s`` cuts a low-priority run for a high-priority
+message and the low one still completes."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from reach import Cancelled, Client
 from reach.connection import AnyRedis
 from reach.keys import Keys
 from tests.integration.test_cancel import Call, dead_reasons, wait_effect
-from tests.support.agents_messaging import effects, wait_eligible
+from tests.support.agents_messaging import effects, wait_eligible, wait_status
 from tests.support.workers import Workers
 
 pytestmark = pytest.mark.anyio
@@ -93,3 +95,23 @@ async def wait_dead(r: AnyRedis, ns: str, cap: str, n: int) -> dict[str, str]:
         while await r.xlen(Keys(ns).dlq(cap)) < n:
             await anyio.sleep(0.05)
     return await dead_reasons(r, ns, cap)
+
+
+async def test_preemption_in_a_worker_process(
+    workers: Workers, redis_url: str, ns: str, r: AnyRedis
+) -> None:
+    workers.start(
+        "preempt_app", "--concurrency", "2", "--prefetch", "0", "--preempt-after-s", "0.1"
+    )
+    async with Client(redis_url=redis_url, namespace=ns) as client:
+        await wait_eligible(client, "pre.low", ["pre-p"])
+        lows = [await client.send("pre.low", 3.0, priority="low") for _ in range(2)]
+        for m in lows:
+            await wait_effect(r, ns, "started", m)
+        t0 = time.monotonic()
+        assert await client.request("pre.high", None, priority="high", timeout_s=30) == "high"
+        assert time.monotonic() - t0 < 2.5  # not the 3 s of a low run: one was cut
+        for m in lows:  # and both still complete, their attempt not counted
+            st = await wait_status(client, m, "succeeded", timeout=60)
+            assert st.attempt == 1
+        assert sorted((await effects(r, ns, "started")).values()) == [1, 2]

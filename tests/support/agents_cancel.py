@@ -80,3 +80,24 @@ def make(agent_id: str = "can-1") -> Agent:
 def app() -> Agent:
     """The factory ``reach worker`` runs (agent id from ``REACH_TEST_AGENT_ID``)."""
     return make(os.environ.get("REACH_TEST_AGENT_ID", "can-p"))
+
+
+def preempt_app() -> Agent:
+    """``pre.low`` (sleeps ``payload`` s, counts ``started``/``finished``) and ``pre.high``,
+    for ``reach worker ... --preempt-after-s``."""
+    app = Agent(
+        os.environ.get("REACH_TEST_AGENT_ID", "pre-p"), capabilities=["pre.low", "pre.high"]
+    )
+
+    @app.handler("pre.low")
+    async def low(payload: Any, ctx: Context) -> Any:
+        await bump(ctx, "started")
+        await anyio.sleep(float(payload))
+        await bump(ctx, "finished")
+        return ctx.attempt
+
+    @app.handler("pre.high")
+    async def high(payload: Any, ctx: Context) -> Any:
+        return "high"
+
+    return app
