@@ -72,6 +72,10 @@ class Envelope(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_
     """The agent this message failed on (set on a retry): routing prefers another one."""
     busy_waits: Annotated[int, Meta(ge=0, le=MAX_ATTEMPTS)] = 0
     """How often this copy waited for another live worker holding its key (its backoff)."""
+    preempts: Annotated[int, Meta(ge=0, le=MAX_ATTEMPTS)] = 0
+    """How often this message was cut for high-priority work and requeued (aging: at the
+    agent's ``max_preempts`` it runs to its end). A field, not a header: headers are
+    covered by the sender's signature, which the runtime cannot renew."""
     holds: Annotated[int, Meta(ge=0, le=MAX_ATTEMPTS)] = 0
     """How often a rate limit held this copy back. Each held copy's bytes differ from the
     last one's, so the sweeper, removing a copy it moved from the delayed set (by its

@@ -15,7 +15,7 @@ namespace and the fields the sender decides and nobody rewrites -- ``v, msg_id,
 capability, payload bytes, session_id, trace_id, source, priority, deadline_ms,
 max_attempts, idempotency_key, reply_to, headers, sent_ms``. Left out, because the runtime
 rewrites them on its own copies without the sender's key (a retry, a parked copy, the
-sweeper's reroute of an evicted agent's inbox): ``attempt``, ``avoid``, ``busy_waits``, ``holds``,
+sweeper's reroute of an evicted agent's inbox): ``attempt``, ``avoid``, ``busy_waits``, ``preempts``, ``holds``,
 ``target`` and ``policy``. Changing them only changes where, or how often, an authentic
 message runs, which anyone able to write an inbox can do anyway by adding a copy of the
 entry: signatures do not stop replays, idempotency keys bound their effects.

@@ -42,7 +42,7 @@ from . import outcome as oc
 from .cancelling import Cancels, Run, cancelled_outcome
 from .items import Delivery
 from .letters import DeadLetters
-from .preempting import PREEMPTED_HEADER, preempted_times
+from .preempting import preempted_times
 from .settlement import Settlement
 from .state import Part, Shared
 
@@ -548,10 +548,10 @@ class Execution(Part):
     def _requeue_preempted(self, it: Delivery) -> None:
         """A run cut for high-priority work (reach._worker.preempting): its claim is
         released (status ``retrying``) and the message goes back through the delayed set,
-        due now, with the same attempt and one more preemption counted in its headers."""
+        due now, with the same attempt and one more preemption counted (``preempts``: a
+        field outside the signature, so a signed message still verifies)."""
         env = it.env
-        headers = {**env.headers, PREEMPTED_HEADER: str(preempted_times(env) + 1)}
-        again = msgspec.structs.replace(env, headers=headers)
+        again = msgspec.structs.replace(env, preempts=min(preempted_times(env) + 1, MAX_ATTEMPTS))
         it.complete = Completion(
             it.idem, it.fence, Status.RETRYING, Mode.RELEASE, "preempted by high-priority work"
         )

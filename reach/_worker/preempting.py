@@ -11,8 +11,8 @@ its task or cancel scope is cancelled at once; the message goes back, through th
 set, to be routed again, its attempt not counted (execution.py settles it so), and the
 freed slot reads the high-priority inbox first (``fetch.lua``).
 
-Aging: a message carries how often it was preempted (header
-:data:`PREEMPTED_HEADER`); at ``max_preempts`` it is no longer preemptible and runs to its
+Aging: a message carries how often it was preempted (the envelope's ``preempts``, a
+field the runtime rewrites, outside the sender's signature); at ``max_preempts`` it is no longer preemptible and runs to its
 end, so low priority still progresses under sustained high load (besides the starvation
 guard of ``fetch.lua``, which keeps slots for lower priorities).
 """
@@ -32,14 +32,10 @@ from .state import Part, Shared
 
 log = logging.getLogger("reach.runtime")
 
-PREEMPTED_HEADER = "reach-preempted"
-"""The envelope header counting the preemptions of a message (aging)."""
-
 
 def preempted_times(env: Envelope) -> int:
-    """How many times ``env`` was preempted (an unreadable header counts as many)."""
-    raw = env.headers.get(PREEMPTED_HEADER, "0")
-    return int(raw) if raw.isdigit() and len(raw) < 6 else 1_000
+    """How many times ``env`` was preempted."""
+    return env.preempts
 
 
 class Preemption(Part):

@@ -6,13 +6,16 @@ preempted max_preempts times runs to its end (aging), so low priority completes 
 from __future__ import annotations
 
 import time
+from importlib.util import find_spec
+from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
-from reach import Agent, Context
+from reach import Agent, Client, Context
 from reach.connection import AnyRedis
+from reach.signing import keygen
 from tests.integration.test_cancel import wait_effect
 from tests.support.agents_messaging import bump, effects, serving, wait_status
 
@@ -92,3 +95,57 @@ async def test_without_the_option_nothing_is_preempted(
         assert await client.request("pre.high", None, priority="high", timeout_s=30) == "high"
         assert time.monotonic() - t0 >= 0.5
         assert set((await effects(r, ns, "started")).values()) == {1}
+
+
+@pytest.mark.skipif(find_spec("cryptography") is None, reason="Ed25519 needs cryptography")
+async def test_a_preempted_signed_message_keeps_its_senders_signature(
+    redis_url: str, ns: str, r: AnyRedis, tmp_path: Path
+) -> None:
+    # The preemption count is a field outside the signature. Counted in the (signed)
+    # headers, the requeued copy no longer verified and was signed again by the sweeping
+    # agent: its sender became the agent, and its idempotency scope with it.
+    files = {}
+    lines = ""
+    for name in ("pre-1", "caller"):
+        private, line = keygen(name)
+        (tmp_path / name).write_text(private)
+        files[name], lines = str(tmp_path / name), lines + line
+    (tmp_path / "trusted").write_text(lines)
+    trusted = str(tmp_path / "trusted")
+    senders: dict[str, list[str | None]] = {}
+    app = agent()
+    low = app.handlers["pre.low"].fn
+
+    @app.handler("pre.low")
+    async def low_seen(payload: Any, ctx: Context) -> Any:
+        senders.setdefault(ctx.msg_id, []).append(ctx.sender)
+        return await low(payload, ctx)
+
+    async with (
+        serving(
+            redis_url,
+            ns,
+            app,
+            max_preempts=1,
+            require_signed=True,
+            identity_file=files["pre-1"],
+            trusted_keys_file=trusted,
+            **OPTS,
+        ),
+        Client(
+            redis_url=redis_url,
+            namespace=ns,
+            identity_file=files["caller"],
+            trusted_keys_file=trusted,
+        ) as client,
+    ):
+        lows = [await client.send("pre.low", 2.0, priority="low") for _ in range(2)]
+        for m in lows:
+            await wait_effect(r, ns, "started", m)
+        assert await client.request("pre.high", None, priority="high", timeout_s=30) == "high"
+        for m in lows:
+            await wait_status(client, m, "succeeded", timeout=30)
+        started = await effects(r, ns, "started")
+        assert sorted(started[m] for m in lows) == [1, 2]  # one was cut and ran again
+        assert sorted(len(senders[m]) for m in lows) == [1, 2]
+        assert {s for m in lows for s in senders[m]} == {"caller"}
