@@ -111,6 +111,9 @@ def run_demo(*, fast: bool = False) -> None:
         _step("7b. a caller gives up on a long summary: its handler is told and stops")
         cancelled = anyio.run(_cancel_long, url)
         _cli("task", cancelled, url=url)
+        _step("7c. an audit is cancelled: the sub-task it started is cancelled with it")
+        child = anyio.run(_cancel_subtask, url)
+        _cli("task", child, url=url)
         _step("8. summarizer-2 is killed (SIGKILL): probation, then evicted; its sessions move")
         procs["summarizer-2"].send_signal(signal.SIGKILL)
         procs["summarizer-2"].wait()
@@ -291,6 +294,9 @@ async def _messaging(url: str, pause: float) -> dict[str, str]:
             await c.request("image.generate", {})
         except NoAgentAvailable as e:
             console.print(f"  caller got NoAgentAvailable ({e.reason}): {e}")
+
+        _step("5b. a streaming summariser: each word reaches the caller as it is produced")
+        await _stream(c)
     return owners
 
 
@@ -312,6 +318,60 @@ async def _breaker(url: str) -> None:
             f"  breaker of summarizer-3: {breakers.state('summarizer-3')} "
             "(skipped until a half-open probe after the cool-down)"
         )
+
+
+async def _stream(c: Client) -> None:
+    """A streaming summariser: chunks printed as they arrive, then the final result."""
+    t0 = time.perf_counter()
+    firsts: list[float] = []
+    words: list[str] = []
+    async with c.stream(
+        "text.stream", {"text": "reach streams a handler's chunks to its caller as they come"}
+    ) as s:
+        async for chunk in s:
+            firsts.append(time.perf_counter() - t0)
+            words.append(str(chunk))
+            console.print(f"  +{firsts[-1] * 1000:5.0f} ms  chunk {len(words)}: {chunk}")
+    console.print(
+        f"  first chunk after {firsts[0] * 1000:.0f} ms, last after {firsts[-1] * 1000:.0f} ms; "
+        f"final result {s.result}"
+    )
+
+
+async def _cancel_subtask(url: str) -> str:
+    """A parent (code.audit) whose handler started a 60 s summary through ctx.client is
+    cancelled: its caller gets Cancelled and the child is cancelled too; returns the
+    child's msg_id."""
+    async with Client(redis_url=url, namespace=NS) as c:
+        env = c.build("code.audit", {"module": "billing"}, timeout_s=90)
+        outcome: list[str] = []
+
+        async def call() -> None:
+            try:
+                await c.call(env)
+                outcome.append("finished (not cancelled?)")
+            except Cancelled as e:
+                outcome.append(f"Cancelled: {e}")
+
+        fx = Keys(NS).effects("demo")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            with anyio.fail_after(30):
+                while True:
+                    child = await c.redis.hget(fx, "audit_child")
+                    if child and (await c.task(child.decode())).status == "running":
+                        break
+                    await anyio.sleep(0.05)
+            child_id: str = child.decode()
+            console.print(f"  audit {env.msg_id} runs; its sub-task {child_id} runs")
+            res = await c.cancel(env.msg_id, by="the demo")
+            console.print(f"  cancel the audit: {res.outcome} (it was {res.status})")
+        console.print(f"  the audit's caller got {outcome[0]}")
+        with anyio.fail_after(30):
+            while (st := await c.task(child_id)).status != "cancelled":
+                await anyio.sleep(0.05)
+        console.print(f"  the sub-task is {st.status} too")
+        return child_id
 
 
 async def _cancel_long(url: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -12,7 +13,7 @@ from reach import Agent, Context
 def summarizer(agent_id: str = "summarizer-1", region: str = "eu", weight: float = 1) -> Agent:
     app = Agent(
         agent_id,
-        capabilities=["text.summarize", "text.flaky"],
+        capabilities=["text.summarize", "text.stream", "text.flaky"],
         weight=weight,
         metadata={"region": region, "model": "tiny"},
     )
@@ -32,6 +33,16 @@ def summarizer(agent_id: str = "summarizer-1", region: str = "eu", weight: float
             "priority": ctx.priority,
         }
 
+    @app.handler("text.stream")
+    async def stream(payload: dict[str, Any], ctx: Context) -> AsyncIterator[str]:
+        # A streaming summariser (an async generator): each word goes to the caller as it
+        # is "generated", as a model's tokens would; the final result is ctx.result.
+        words = str(payload.get("text", "")).split()[:12]
+        for w in words:
+            await anyio.sleep(float(payload.get("token_s", 0.03)))
+            yield w
+        ctx.result = {"words": len(words), "by": ctx.agent_id}
+
     @app.handler("text.flaky")
     async def flaky(payload: dict[str, Any], ctx: Context) -> str:
         # Fails until an operator "repairs" it: shows retries, a dead letter and its replay.
@@ -44,7 +55,19 @@ def summarizer(agent_id: str = "summarizer-1", region: str = "eu", weight: float
 
 
 def reviewer() -> Agent:
-    app = Agent("reviewer-1", capabilities=["code.review"], metadata={"region": "us"})
+    app = Agent("reviewer-1", capabilities=["code.review", "code.audit"], metadata={"region": "us"})
+
+    @app.handler("code.audit")
+    async def audit(payload: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        # A parent task: it asks a summariser for a long sub-task through ctx.client, so
+        # cancelling the audit cancels the summary too.
+        child = await ctx.client.send(
+            "text.summarize", {"text": "the audited module, at length", "work_s": 60}
+        )
+        await ctx.redis.hset(ctx.keys.effects("demo"), "audit_child", child)
+        with anyio.move_on_after(60):
+            await ctx.wait_cancelled()
+        return {"child": child}
 
     @app.handler("code.review")
     def review(payload: dict[str, Any], ctx: Context) -> dict[str, Any]:
