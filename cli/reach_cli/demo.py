@@ -18,6 +18,7 @@ from reach.breaker import Breakers
 from reach.client import Client
 from reach.connection import connect
 from reach.embedded import resolve_url
+from reach.envelope import Envelope
 from reach.errors import Cancelled, NoAgentAvailable, ReachError
 from reach.keys import Keys
 from reach.registry import Registry
@@ -338,6 +339,15 @@ async def _stream(c: Client) -> None:
     )
 
 
+async def _call_noting_cancel(c: Client, env: Envelope, outcome: list[str]) -> None:
+    """Call ``env``; note in ``outcome`` how it ended (the demo expects Cancelled)."""
+    try:
+        await c.call(env)
+        outcome.append("finished (not cancelled?)")
+    except Cancelled as e:
+        outcome.append(f"Cancelled: {e}")
+
+
 async def _cancel_subtask(url: str) -> str:
     """A parent (code.audit) whose handler started a 60 s summary through ctx.client is
     cancelled: its caller gets Cancelled and the child is cancelled too; returns the
@@ -345,17 +355,9 @@ async def _cancel_subtask(url: str) -> str:
     async with Client(redis_url=url, namespace=NS) as c:
         env = c.build("code.audit", {"module": "billing"}, timeout_s=90)
         outcome: list[str] = []
-
-        async def call() -> None:
-            try:
-                await c.call(env)
-                outcome.append("finished (not cancelled?)")
-            except Cancelled as e:
-                outcome.append(f"Cancelled: {e}")
-
         fx = Keys(NS).effects("demo")
         async with anyio.create_task_group() as tg:
-            tg.start_soon(call)
+            tg.start_soon(_call_noting_cancel, c, env, outcome)
             with anyio.fail_after(30):
                 while True:
                     child = await c.redis.hget(fx, "audit_child")
@@ -380,16 +382,8 @@ async def _cancel_long(url: str) -> str:
     async with Client(redis_url=url, namespace=NS) as c:
         env = c.build("text.summarize", {"text": "a very long report", "work_s": 60}, timeout_s=90)
         outcome: list[str] = []
-
-        async def call() -> None:
-            try:
-                await c.call(env)
-                outcome.append("finished (not cancelled?)")
-            except Cancelled as e:
-                outcome.append(f"Cancelled: {e}")
-
         async with anyio.create_task_group() as tg:
-            tg.start_soon(call)
+            tg.start_soon(_call_noting_cancel, c, env, outcome)
             with anyio.fail_after(30):
                 while (await c.task(env.msg_id)).status != "running":
                     await anyio.sleep(0.05)

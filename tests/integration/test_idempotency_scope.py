@@ -15,7 +15,7 @@ from reach import Agent, Client, Context
 from reach.connection import AnyRedis
 from reach.envelope import caller_key, scoped_key
 from reach.keys import Keys
-from reach.signing import keygen
+from tests.integration.test_signing import _identity
 from tests.support.agents_messaging import serving
 from tests.support.waiting import wait_until
 
@@ -96,13 +96,6 @@ async def test_task_status_shows_the_callers_own_key(redis_url: str, ns: str) ->
         await wait_until(done, timeout_s=20)
         st = await c.task(msg_id)
         assert st.idempotency_key == "order-7" and st.capability == ECHO
-
-
-def _identity(tmp_path: Path, name: str) -> tuple[str, str]:
-    private, line = keygen(name)
-    f = tmp_path / f"{name}.key"
-    f.write_text(private)
-    return str(f), line
 
 
 @needs_cryptography
