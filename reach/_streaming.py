@@ -107,15 +107,32 @@ class Stream:
         except StopAsyncIteration:
             raise
         except BaseException as e:
-            if not self._done:
-                self._end(ok=not isinstance(e, DeadlineExceeded))
-            if isinstance(e, Exception):
-                metrics.client_reply(
-                    self.envelope.capability,
-                    metrics.client_outcome(e),
-                    time.perf_counter() - self._t0,
-                )
+            self._failed(e)
             raise
+
+    async def start(self) -> None:
+        """Send the message now rather than at the first iteration, so that what stops the
+        send (:class:`~reach.NoAgentAvailable`, :class:`~reach.Overloaded`, Redis
+        unreachable...) is raised here, before anything is waited for (the A2A gateway
+        answers such a request with an error, and one it sent with a task). Nothing
+        happens when it was sent already."""
+        if self._started:
+            return
+        try:
+            await self._start()
+        except BaseException as e:
+            self._failed(e)
+            raise
+
+    def _failed(self, e: BaseException) -> None:
+        if not self._done:
+            self._end(ok=not isinstance(e, DeadlineExceeded))
+        if isinstance(e, Exception):
+            metrics.client_reply(
+                self.envelope.capability,
+                metrics.client_outcome(e),
+                time.perf_counter() - self._t0,
+            )
 
     async def _start(self) -> bool:
         """Send the message; True when it is over already (a fallback answered)."""

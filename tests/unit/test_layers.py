@@ -70,9 +70,11 @@ RANKS: dict[str, int] = {
     # the worker process, and the public face of it
     "reach._worker": 6,
     "reach.agent": 7,
+    "reach.a2a": 7,  # reach.a2a.remote: an external A2A agent served as a reach agent
     "reach": 8,
     # faces over the library, never imported by it (optional extras)
     "reach.web": 9,  # reach web: the operator console (starlette)
+    "reach.gateway": 9,  # reach gateway: A2A servers over HTTP (a2a-sdk, starlette)
 }
 
 # The worker's own data path, in order: a part may call the parts after it, never before.

@@ -1,0 +1,66 @@
+"""Serve a :class:`reach.gateway.Gateway` with uvicorn on a free port of this event loop, and
+talk to it with the official ``a2a-sdk`` client."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import uvicorn
+from a2a.client import A2ACardResolver, ClientConfig, ClientFactory
+from a2a.client.client import Client as A2AClient
+from a2a.types.a2a_pb2 import AgentCard
+
+from reach.embedded import free_port
+from reach.gateway import Gateway
+from tests.support.waiting import wait_until
+
+
+@asynccontextmanager
+async def gateway_served(gateway: Gateway, *, host: str = "127.0.0.1") -> AsyncIterator[str]:
+    """Serve ``gateway`` (its lifespan starts its reach Client); yields its base URL."""
+    port = free_port()
+    config = uvicorn.Config(
+        gateway.app, host=host, port=port, log_level="warning", lifespan="on", backlog=4096
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    try:
+        async def up() -> bool:
+            return server.started or task.done()
+
+        await wait_until(up, timeout_s=30, what="the gateway serving")
+        if task.done():
+            task.result()  # raises what stopped it
+        yield f"http://{host}:{port}"
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 30)
+
+
+def http(
+    token: str | None = None,
+    *,
+    timeout_s: float = 30.0,
+    headers: dict[str, str] | None = None,
+    **kw: Any,
+) -> httpx.AsyncClient:
+    headers = {**(headers or {}), **({"Authorization": f"Bearer {token}"} if token else {})}
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=200)
+    return httpx.AsyncClient(headers=headers, timeout=timeout_s, limits=limits, **kw)
+
+
+async def resolve(client: httpx.AsyncClient, url: str) -> AgentCard:
+    return await A2ACardResolver(client, url).get_agent_card()
+
+
+async def a2a_client(
+    client: httpx.AsyncClient, url: str, *, streaming: bool = True
+) -> tuple[A2AClient, AgentCard]:
+    """An SDK client for the A2A server at ``url``, from the card it resolves there."""
+    card = await resolve(client, url)
+    factory = ClientFactory(ClientConfig(httpx_client=client, streaming=streaming))
+    return factory.create(card), card
