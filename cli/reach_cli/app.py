@@ -60,6 +60,7 @@ from .common import (
 from .completion import complete_agent_id, complete_capability
 from .dlq_cmd import dlq_app
 from .doctor_cmd import doctor as doctor_cmd
+from .gateway_cmd import gateway as gateway_cmd
 from .keys_cmd import keys_app
 from .quota_cmd import quota_app
 from .top import top as top_cmd
@@ -311,6 +312,7 @@ app.command()(worker)
 # -- doctor -------------------------------------------------------------------------------
 app.command("doctor")(doctor_cmd)
 app.command("acl")(acl_cmd)  # least-privilege Redis users (docs/security.md)
+app.command("gateway")(gateway_cmd)  # A2A servers over HTTP (the gateway extra; docs/a2a.md)
 
 
 # -- messaging ----------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 from a2a.types.a2a_pb2 import Part, TaskState
@@ -91,12 +91,12 @@ def result_parts(value: Any) -> list[Part]:
     return [Part(data=ParseDict(_jsonable(value), struct_pb2.Value()), media_type=JSON_MODE)]
 
 
-def task_state(status: str, reason: str = "") -> TaskState.ValueType:
+def task_state(status: str, reason: str = "") -> TaskState:
     """The A2A task state of a reach task status (docs/a2a.md, *Task states*); a
     ``cancelled`` one (reach cancellation) is ``canceled``."""
     if status == "cancelled":
         return TaskState.TASK_STATE_CANCELED
-    return TaskState.Value(a2a_state_wire(a2a_task_state(status, reason)))
+    return cast(TaskState, TaskState.Value(a2a_state_wire(a2a_task_state(status, reason))))
 
 
 def error_of(exc: ReachError) -> A2AError:

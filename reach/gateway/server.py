@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 import msgspec
 from a2a.server.agent_execution import AgentExecutor, RequestContext, SimpleRequestContextBuilder
 from a2a.server.context import ServerCallContext
-from a2a.server.events.event_queue_v2 import EventQueue
+from a2a.server.events import EventQueue
 from a2a.server.id_generator import IDGenerator, IDGeneratorContext
 from a2a.server.owner_resolver import resolve_user_scope
 from a2a.server.request_handlers import DefaultRequestHandler
@@ -73,7 +73,7 @@ from .._version import __version__
 from ..card import A2A_PROTOCOL_VERSION, DEFAULT_MODES, agent_card, capability_skill
 from ..client import Client
 from ..envelope import decode_payload, new_id
-from ..errors import Rejected, ReachError
+from ..errors import ReachError, Rejected
 from ..outcomes import Status
 from ..registry import AgentInfo, normalize_capability
 from .auth import Tokens
@@ -293,7 +293,7 @@ class _Handler(DefaultRequestHandler):
 
     async def on_get_task(self, params: GetTaskRequest, context: ServerCallContext) -> Task | None:
         try:
-            task = await super().on_get_task(params, context)
+            task: Task | None = await super().on_get_task(params, context)
         except TaskNotFoundError:
             if self.gw.tasks.owner_of(params.id) is not None:
                 raise  # held for another caller
@@ -355,7 +355,8 @@ class Gateway:
     ``REACH_*`` variables). ``tokens``: the bearer tokens callers must present (None:
     no authentication). ``public_url``: the gateway's URL as callers reach it, for the
     cards (None: taken from each request's Host). ``default_timeout_s``: a message's
-    deadline when the caller gives no ``Reach-Timeout-S`` header.
+    deadline when the caller gives no ``Reach-Timeout-S`` header. ``mtls``: the server
+    requires client certificates (the TLS layer does; the cards declare it).
     """
 
     def __init__(
@@ -366,8 +367,10 @@ class Gateway:
         public_url: str | None = None,
         default_timeout_s: float = 30.0,
         max_tasks: int = DEFAULT_MAX_TASKS,
+        mtls: bool = False,
     ) -> None:
         self.client = client
+        self.mtls = mtls
         self.namespace = client.namespace
         self.tokens = tokens
         self.public_url = public_url.rstrip("/") if public_url else None
@@ -461,7 +464,9 @@ class Gateway:
         if st.status == Status.UNKNOWN:
             raise TaskNotFoundError(message=f"No task {msg_id} (or its record expired).")
         reply = st.reply
-        task = Task(id=msg_id, status=TaskStatus(state=task_state(st.status, reply.reason if reply else "")))
+        task = Task(
+            id=msg_id, status=TaskStatus(state=task_state(st.status, reply.reason if reply else ""))
+        )
         if st.updated_ms:
             task.status.timestamp.FromDatetime(datetime.fromtimestamp(st.updated_ms / 1000, UTC))
         signer = self.client.signer
@@ -476,12 +481,17 @@ class Gateway:
                 result = None
             if result is not None:
                 task.artifacts.append(
-                    Artifact(artifact_id=f"{msg_id}-result", name="result", parts=result_parts(result))
+                    Artifact(
+                        artifact_id=f"{msg_id}-result", name="result", parts=result_parts(result)
+                    )
                 )
         if st.error:
             task.status.message.CopyFrom(
                 Message(
-                    message_id=new_id(), role=Role.ROLE_AGENT, task_id=msg_id, parts=[Part(text=st.error)]
+                    message_id=new_id(),
+                    role=Role.ROLE_AGENT,
+                    task_id=msg_id,
+                    parts=[Part(text=st.error)],
                 )
             )
         return task
@@ -491,19 +501,29 @@ class Gateway:
         return self.public_url or str(request.base_url).rstrip("/")
 
     def _security(self) -> dict[str, Any]:
-        if self.tokens is None:
+        """The cards' security: a bearer token when tokens are set, a client certificate
+        when mutual TLS is on; both when both are (one requirement naming each)."""
+        schemes: dict[str, Any] = {}
+        if self.tokens is not None:
+            schemes["bearer"] = {
+                "httpAuthSecurityScheme": {
+                    "scheme": "Bearer",
+                    "description": "A token the gateway's operator gave you "
+                    "(reach gateway --token-file / REACH_GATEWAY_TOKENS).",
+                }
+            }
+        if self.mtls:
+            schemes["mtls"] = {
+                "mtlsSecurityScheme": {
+                    "description": "A client certificate signed by the CA the gateway's "
+                    "operator names (reach gateway --tls-client-ca)."
+                }
+            }
+        if not schemes:
             return {}
         return {
-            "securitySchemes": {
-                "bearer": {
-                    "httpAuthSecurityScheme": {
-                        "scheme": "Bearer",
-                        "description": "A token the gateway's operator gave you "
-                        "(reach gateway --token-file / REACH_GATEWAY_TOKENS).",
-                    }
-                }
-            },
-            "securityRequirements": [{"schemes": {"bearer": {"list": []}}}],
+            "securitySchemes": schemes,
+            "securityRequirements": [{"schemes": {name: {"list": []} for name in schemes}}],
         }
 
     def _interface(self, url: str) -> dict[str, Any]:
@@ -538,7 +558,8 @@ class Gateway:
 
     @staticmethod
     def _parse(card: Mapping[str, Any]) -> AgentCard:
-        return ParseDict(card, AgentCard(), ignore_unknown_fields=True)
+        parsed: AgentCard = ParseDict(card, AgentCard(), ignore_unknown_fields=True)
+        return parsed
 
     def _respond(self, card: Mapping[str, Any]) -> Response:
         return JSONResponse(agent_card_to_dict(self._parse(card)))
@@ -584,9 +605,7 @@ class Gateway:
                 "streaming": True,
                 "pushNotifications": False,
                 "extensions": [
-                    self._extension(
-                        capability=cap, agents={i: f"{base}/agents/{i}" for i in ids}
-                    )
+                    self._extension(capability=cap, agents={i: f"{base}/agents/{i}" for i in ids})
                 ],
             },
             "defaultInputModes": input_modes(cap, agents),

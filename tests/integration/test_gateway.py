@@ -8,11 +8,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-import anyio
-import httpx
 import pytest
-from a2a.client import A2AClientError
-from a2a.utils.errors import InvalidParamsError, TaskNotCancelableError, TaskNotFoundError
 from a2a.helpers.proto_helpers import get_data_parts, get_text_parts, new_data_part, new_text_part
 from a2a.types.a2a_pb2 import (
     CancelTaskRequest,
@@ -25,14 +21,14 @@ from a2a.types.a2a_pb2 import (
     Task,
     TaskState,
 )
-from google.protobuf import struct_pb2
+from a2a.utils.errors import InvalidParamsError, TaskNotCancelableError, TaskNotFoundError
 
-import reach
 from reach import Agent, Context
 from reach.client import Client
 from reach.envelope import new_id
 from reach.gateway import Gateway, Tokens
-from tests.support.agents_messaging import serving, wait_eligible
+from tests.support.agents_gateway import echo_agent, slow_agent, words_agent
+from tests.support.agents_messaging import serving
 from tests.support.gateway import a2a_client, gateway_served, http, resolve
 from tests.support.waiting import wait_until
 
@@ -41,46 +37,7 @@ TOKEN = "t0ken-of-the-tests-0123456789"
 
 
 def agents() -> list[Agent]:
-    echo = Agent(
-        "gw-echo-1",
-        capabilities=["gw.echo", "gw.fail"],
-        card={
-            "description": "Echoes what it is given.",
-            "skills": [{"id": "gw.echo", "name": "Echo", "description": "Echoes the payload."}],
-        },
-    )
-
-    @echo.handler("gw.echo")
-    async def echo_(payload: Any, ctx: Context) -> Any:
-        return {"echo": payload, "session": ctx.session_id, "msg_id": ctx.msg_id,
-                "caller": ctx.envelope.headers.get("a2a-caller", "")}  # fmt: skip
-
-    @echo.handler("gw.fail")
-    async def fail(payload: Any, ctx: Context) -> Any:
-        if payload == "reject":
-            raise reach.Reject("not for me")
-        raise ValueError("it broke")
-
-    words = Agent(
-        "gw-words-1",
-        capabilities=["gw.words"],
-        card={"defaultInputModes": ["text/plain"]},
-    )
-
-    @words.handler("gw.words")
-    async def split(payload: Any, ctx: Context) -> Any:
-        for w in str(payload).split():
-            yield w
-        ctx.result = "done"
-
-    slow = Agent("gw-slow-1", capabilities=["gw.slow"])
-
-    @slow.handler("gw.slow")
-    async def slow_(payload: Any, ctx: Context) -> Any:
-        await anyio.sleep(float(payload))
-        return "late"
-
-    return [echo, words, slow]
+    return [echo_agent(), words_agent(), slow_agent()]
 
 
 def message(*parts: Part, **metadata: Any) -> SendMessageRequest:
@@ -222,11 +179,15 @@ async def test_agents_route_to_that_agent(fabric: tuple[str, Client]) -> None:
         a2a, _ = await a2a_client(h, f"{url}/agents/gw-echo-1", streaming=False)
         with pytest.raises(InvalidParamsError, match="name one in the message's metadata"):
             await final_task(a2a.send_message(message(new_data_part(1))))
-        task, _ = await final_task(a2a.send_message(message(new_data_part(1), capability="gw.echo")))
+        task, _ = await final_task(
+            a2a.send_message(message(new_data_part(1), capability="gw.echo"))
+        )
         assert result_of(task)["echo"] == 1
         # the gateway's own endpoint: the capability named in metadata
         top, _ = await a2a_client(h, url, streaming=False)
-        task, _ = await final_task(top.send_message(message(new_data_part(2), capability="gw.echo")))
+        task, _ = await final_task(
+            top.send_message(message(new_data_part(2), capability="gw.echo"))
+        )
         assert result_of(task)["echo"] == 2
 
 
@@ -348,6 +309,3 @@ def test_import_reach_does_not_import_the_gateway() -> None:
         [sys.executable, "-c", "import json; " + code], capture_output=True, text=True, check=True
     )
     assert json.loads(out.stdout) == []
-
-
-_ = (struct_pb2, httpx, wait_eligible)

@@ -29,6 +29,7 @@ async def gateway_served(gateway: Gateway, *, host: str = "127.0.0.1") -> AsyncI
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     try:
+
         async def up() -> bool:
             return server.started or task.done()
 

@@ -1,0 +1,202 @@
+"""``reach gateway``: serve a namespace's capabilities and agents as A2A servers
+(reach.gateway; the ``gateway`` extra; docs/a2a.md, *The gateway*)."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import math
+import signal
+import ssl
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from reach.connection import redact
+from reach.errors import ConfigError
+
+from .common import (
+    DEFAULT_NS,
+    DEFAULT_REDIS,
+    Namespace,
+    RedisUrl,
+    cli_errors,
+    find_redis_source,
+    require_text,
+)
+
+EXTRA = "reach gateway needs the gateway extra: pip install 'reach[gateway]'"
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def gateway(
+    port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port to listen on.")] = 8080,
+    host: Annotated[
+        str, typer.Option(help="Address to listen on (0.0.0.0: every interface).")
+    ] = "127.0.0.1",
+    token_file: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(
+            metavar="FILE",
+            help="Bearer tokens callers must present, one a line (TOKEN or NAME:TOKEN); "
+            "also REACH_GATEWAY_TOKENS (comma-separated).",
+        ),
+    ] = None,
+    no_auth: Annotated[
+        bool,
+        typer.Option(
+            "--no-auth",
+            help="Serve without tokens on an address that is not loopback (refused otherwise).",
+        ),
+    ] = False,
+    public_url: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            metavar="URL",
+            help="The gateway's URL as callers reach it, for the cards (default: each "
+            "request's Host).",
+        ),
+    ] = None,
+    timeout_s: Annotated[
+        float,
+        typer.Option(help="A message's deadline when the caller sends no Reach-Timeout-S."),
+    ] = 30.0,
+    max_tasks: Annotated[
+        int, typer.Option(min=1, help="Tasks kept in memory for tasks/get (the oldest go).")
+    ] = 10_000,
+    identity_file: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(
+            metavar="FILE",
+            help="Sign what the gateway sends with this Ed25519 identity (else "
+            "REACH_IDENTITY_FILE, or REACH_SECRET's shared secret).",
+        ),
+    ] = None,
+    trusted_keys_file: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(
+            metavar="FILE",
+            help="Public keys of the agents whose replies are taken (with --identity-file).",
+        ),
+    ] = None,
+    tls_cert: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(metavar="FILE", help="Serve HTTPS with this certificate (PEM)."),
+    ] = None,
+    tls_key: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(metavar="FILE", help="The certificate's private key (PEM)."),
+    ] = None,
+    tls_client_ca: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(
+            metavar="FILE",
+            help="Require client certificates signed by this CA (mutual TLS; the cards "
+            "declare it).",
+        ),
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "warning",
+    redis_url: RedisUrl = DEFAULT_REDIS,
+    namespace: Namespace = DEFAULT_NS,
+) -> None:
+    """Serve every capability and live agent of the namespace as an A2A server (JSON-RPC,
+    SSE streaming): /caps/CAPABILITY and /agents/AGENT_ID, each with its card at
+    .well-known/agent-card.json below it, and the gateway's card at the root.
+
+    Example: reach gateway --port 8080 --token-file tokens.txt
+    """
+    require_text({"host": host, "public_url": public_url, "namespace": namespace})
+    redis_url, _ = find_redis_source(redis_url)
+    with cli_errors(redis_url):
+        try:
+            import uvicorn
+
+            from reach.client import Client
+            from reach.gateway import Gateway, Tokens
+        except ImportError as e:
+            raise ConfigError(f"{EXTRA} ({e}).") from e
+        if not (math.isfinite(timeout_s) and timeout_s > 0):
+            raise ConfigError(f"--timeout-s must be a number of seconds > 0, not {timeout_s}.")
+        if (tls_cert is None) != (tls_key is None):
+            raise ConfigError("--tls-cert and --tls-key go together.")
+        if tls_client_ca is not None and tls_cert is None:
+            raise ConfigError("--tls-client-ca (mutual TLS) needs --tls-cert and --tls-key.")
+        tokens = Tokens.load(token_file)
+        if tokens is None and tls_client_ca is None and not no_auth and not _loopback(host):
+            raise ConfigError(
+                f"No tokens and {host} is not a loopback address: anyone who reaches it could "
+                "call every agent. Give --token-file (or REACH_GATEWAY_TOKENS) or "
+                "--tls-client-ca, or --no-auth if something in front authenticates."
+            )
+        client = Client(
+            redis_url=redis_url,
+            namespace=namespace,
+            identity_file=str(identity_file) if identity_file else None,
+            trusted_keys_file=str(trusted_keys_file) if trusted_keys_file else None,
+        )
+        gw = Gateway(
+            client,
+            tokens=tokens,
+            public_url=public_url,
+            default_timeout_s=timeout_s,
+            max_tasks=max_tasks,
+            mtls=tls_client_ca is not None,
+        )
+        tls: dict[str, Any] = {}
+        if tls_cert is not None:
+            tls = {"ssl_certfile": str(tls_cert), "ssl_keyfile": str(tls_key)}
+        if tls_client_ca is not None:
+            tls |= {"ssl_ca_certs": str(tls_client_ca), "ssl_cert_reqs": ssl.CERT_REQUIRED}
+        level = log_level.lower()
+        if level not in ("debug", "info", "warning", "error"):
+            raise ConfigError(f"--log-level {log_level!r}: use debug, info, warning or error.")
+        logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(message)s")
+        config = uvicorn.Config(
+            gw.app, host=host, port=port, log_level=level, lifespan="on", backlog=4096, **tls
+        )
+        server = _server_class(uvicorn.Server)(config)
+        scheme = "https" if tls else "http"
+        auth = (
+            f"{len(tokens)} token(s)"
+            if tokens is not None
+            else ("client certificates" if tls_client_ca else "no authentication")
+        )
+        print(
+            f"reach gateway: namespace {namespace!r} on {redact(redis_url)}, serving "
+            f"{scheme}://{host}:{port} ({auth})",
+            file=sys.stderr,
+            flush=True,
+        )
+        asyncio.run(server.serve())
+        if not server.started:
+            raise ConfigError(f"The gateway could not serve on {host}:{port} (see above).")
+    if server.stopped_by == signal.SIGINT:
+        raise typer.Exit(130)
+
+
+def _server_class(base: Any) -> Any:
+    """uvicorn's Server, stopping on SIGTERM/SIGINT as it does (requests in flight are
+    finished) but then returning, as a worker does (exit 0 after SIGTERM, 130 after
+    Ctrl-C), instead of raising the signal again."""
+
+    class Server(base):  # type: ignore[misc,valid-type]
+        stopped_by: int | None = None
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True  # a second Ctrl-C: stop waiting for requests
+            self.stopped_by = sig
+            self.should_exit = True
+
+    return Server

@@ -1,0 +1,141 @@
+"""`reach gateway` as a process in front of a real `reach worker` process: the official
+``a2a-sdk`` client resolves a capability's card, sends, streams and reads the task back;
+SIGTERM stops the gateway cleanly; without tokens it refuses an address that is not
+loopback (docs/cli.md, docs/a2a.md)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from a2a.helpers.proto_helpers import get_data_parts, new_data_part, new_text_part
+from a2a.types.a2a_pb2 import GetTaskRequest, Message, Role, SendMessageRequest, TaskState
+from a2a.utils.errors import TaskNotCancelableError
+
+from reach.embedded import free_port
+from reach.envelope import new_id
+from tests.support.gateway import a2a_client, http
+from tests.support.waiting import wait_until
+from tests.support.workers import ROOT, Workers
+
+pytestmark = pytest.mark.anyio
+TOKEN = "cli-test-token-0123456789abcdef"
+
+
+@pytest.fixture
+def workers(redis_url: str, ns: str) -> Iterator[Workers]:
+    w = Workers(redis_url, ns, "tests.support.agents_gateway")
+    try:
+        yield w
+    finally:
+        w.stop_all()
+
+
+def start_gateway(
+    redis_url: str, ns: str, port: int, *extra: str, log: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "reach_cli.app", "gateway", "--port", str(port)]
+    cmd += ["--redis-url", redis_url, "--namespace", ns, *extra]
+    with open(log, "wb") as err:
+        return subprocess.Popen(
+            cmd, cwd=ROOT, stdin=subprocess.DEVNULL, stderr=err, env={**os.environ, **(env or {})}
+        )
+
+
+def msg(*parts: object) -> SendMessageRequest:
+    return SendMessageRequest(
+        message=Message(role=Role.ROLE_USER, message_id=new_id(), parts=list(parts))  # type: ignore[arg-type]
+    )
+
+
+async def test_gateway_process_in_front_of_a_worker_process(
+    redis_url: str, ns: str, workers: Workers, tmp_path: Path
+) -> None:
+    workers.start("echo_agent")
+    workers.start("words_agent")
+    tokens = tmp_path / "tokens.txt"
+    tokens.write_text(f"# who may call\nops:{TOKEN}\n")
+    port = free_port()
+    log = tmp_path / "gateway.log"
+    gw = start_gateway(redis_url, ns, port, "--token-file", str(tokens), log=log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with http(TOKEN) as h:
+
+            async def card_served() -> bool:
+                assert gw.poll() is None, log.read_text()
+                try:
+                    r = await h.get(f"{url}/caps/gw.words/.well-known/agent-card.json")
+                except httpx.TransportError:
+                    return False
+                return r.status_code == 200
+
+            await wait_until(card_served, timeout_s=60, what="the gateway to serve gw.words")
+            first = log.read_text().splitlines()[0]
+            assert first == (
+                f"reach gateway: namespace {ns!r} on {redis_url}, serving "
+                f"http://127.0.0.1:{port} (1 token(s))"
+            )
+            words, card = await a2a_client(h, f"{url}/caps/gw.words")
+            assert card.security_schemes["bearer"].http_auth_security_scheme.scheme == "Bearer"
+            events = [e async for e in words.send_message(msg(new_text_part("a b c")))]
+            chunks = [
+                p.text
+                for e in events
+                if e.HasField("artifact_update") and e.artifact_update.artifact.name == "stream"
+                for p in e.artifact_update.artifact.parts
+            ]
+            assert chunks == ["a", "b", "c"]
+            assert events[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
+
+            echo, _ = await a2a_client(h, f"{url}/agents/gw-echo-1", streaming=False)
+            req = msg(new_data_part({"k": "v"}))
+            req.message.metadata.update({"capability": "gw.echo"})
+            [resp] = [e async for e in echo.send_message(req)]
+            task = resp.task
+            assert task.status.state == TaskState.TASK_STATE_COMPLETED
+            [art] = task.artifacts
+            res = get_data_parts(art.parts)[0]
+            assert (res["echo"], res["agent"], res["caller"]) == ({"k": "v"}, "gw-echo-1", "ops")
+            got = await echo.get_task(GetTaskRequest(id=task.id))
+            assert got.status.state == TaskState.TASK_STATE_COMPLETED
+            with pytest.raises(TaskNotCancelableError):
+                from a2a.types.a2a_pb2 import CancelTaskRequest
+
+                await echo.cancel_task(CancelTaskRequest(id=task.id))
+    finally:
+        gw.send_signal(signal.SIGTERM)
+        try:
+            code = gw.wait(timeout=30)
+        finally:
+            if gw.poll() is None:
+                gw.kill()
+    assert code == 0, log.read_text()
+
+
+def test_gateway_without_tokens_refuses_an_open_address(
+    redis_url: str, ns: str, tmp_path: Path
+) -> None:
+    log = tmp_path / "gateway.log"
+    p = start_gateway(
+        redis_url, ns, free_port(), "--host", "0.0.0.0", log=log, env={"REACH_GATEWAY_TOKENS": ""}
+    )
+    assert p.wait(timeout=60) == 2
+    err = log.read_text()
+    assert err.startswith("error: No tokens and 0.0.0.0 is not a loopback address"), err
+    assert "--token-file" in err
+
+
+def test_a_short_token_is_refused(redis_url: str, ns: str, tmp_path: Path) -> None:
+    log = tmp_path / "gateway.log"
+    p = start_gateway(
+        redis_url, ns, free_port(), log=log, env={"REACH_GATEWAY_TOKENS": "name:short"}
+    )
+    assert p.wait(timeout=60) == 2
+    assert "has 5 characters: use at least 16" in log.read_text()

@@ -1,0 +1,75 @@
+"""Agents of the gateway tests (tests/integration/test_gateway*.py, tests/cli/test_gateway_cmd.py,
+bench/gateway_bench.py); the factories take no arguments, so ``reach worker
+tests.support.agents_gateway:NAME`` runs them in a process of their own."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+
+import reach
+from reach import Agent, Context
+
+
+def echo_agent() -> Agent:
+    """``gw.echo`` (the payload back, with what the handler saw) and ``gw.fail`` (a
+    ``"reject"`` payload is refused, anything else raises)."""
+    app = Agent(
+        os.environ.get("REACH_TEST_AGENT_ID", "gw-echo-1"),
+        capabilities=["gw.echo", "gw.fail"],
+        card={
+            "description": "Echoes what it is given.",
+            "skills": [{"id": "gw.echo", "name": "Echo", "description": "Echoes the payload."}],
+        },
+    )
+
+    @app.handler("gw.echo")
+    async def echo(payload: Any, ctx: Context) -> Any:
+        return {
+            "echo": payload,
+            "session": ctx.session_id,
+            "msg_id": ctx.msg_id,
+            "caller": ctx.envelope.headers.get("a2a-caller", ""),
+            "agent": ctx.agent_id,
+        }
+
+    @app.handler("gw.fail")
+    async def fail(payload: Any, ctx: Context) -> Any:
+        if payload == "reject":
+            raise reach.Reject("not for me")
+        raise ValueError("it broke")
+
+    return app
+
+
+def words_agent() -> Agent:
+    """``gw.words``: streams the words of a text (its card says it takes text), then
+    ``"done"``."""
+    app = Agent(
+        os.environ.get("REACH_TEST_AGENT_ID", "gw-words-1"),
+        capabilities=["gw.words"],
+        card={"defaultInputModes": ["text/plain"]},
+    )
+
+    @app.handler("gw.words")
+    async def split(payload: Any, ctx: Context) -> AsyncIterator[Any]:
+        for w in str(payload).split():
+            yield w
+        ctx.result = "done"
+
+    return app
+
+
+def slow_agent() -> Agent:
+    """``gw.slow``: sleeps the payload's seconds, then answers ``"late"``."""
+    app = Agent("gw-slow-1", capabilities=["gw.slow"])
+
+    @app.handler("gw.slow")
+    async def slow(payload: Any, ctx: Context) -> Any:
+        await anyio.sleep(float(payload))
+        return "late"
+
+    return app
