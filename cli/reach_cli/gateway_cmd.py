@@ -11,7 +11,8 @@ import signal
 import ssl
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from types import FrameType
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
@@ -27,6 +28,9 @@ from .common import (
     find_redis_source,
     require_text,
 )
+
+if TYPE_CHECKING:
+    import uvicorn
 
 EXTRA = "reach gateway needs the gateway extra: pip install 'reach[gateway]'"
 
@@ -165,7 +169,8 @@ def gateway(
         config = uvicorn.Config(
             gw.app, host=host, port=port, log_level=level, lifespan="on", backlog=4096, **tls
         )
-        server = _server_class(uvicorn.Server)(config)
+        stopped_by: list[int] = []
+        server = _server(config, stopped_by)
         scheme = "https" if tls else "http"
         auth = (
             f"{len(tokens)} token(s)"
@@ -181,22 +186,21 @@ def gateway(
         asyncio.run(server.serve())
         if not server.started:
             raise ConfigError(f"The gateway could not serve on {host}:{port} (see above).")
-    if server.stopped_by == signal.SIGINT:
+    if signal.SIGINT in stopped_by:
         raise typer.Exit(130)
 
 
-def _server_class(base: Any) -> Any:
+def _server(config: uvicorn.Config, stopped_by: list[int]) -> uvicorn.Server:
     """uvicorn's Server, stopping on SIGTERM/SIGINT as it does (requests in flight are
     finished) but then returning, as a worker does (exit 0 after SIGTERM, 130 after
-    Ctrl-C), instead of raising the signal again."""
+    Ctrl-C), instead of raising the signal again; the signals go into ``stopped_by``."""
+    import uvicorn
 
-    class Server(base):  # type: ignore[misc,valid-type]
-        stopped_by: int | None = None
-
-        def handle_exit(self, sig: int, frame: Any) -> None:
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             if self.should_exit and sig == signal.SIGINT:
                 self.force_exit = True  # a second Ctrl-C: stop waiting for requests
-            self.stopped_by = sig
+            stopped_by.append(sig)
             self.should_exit = True
 
-    return Server
+    return Server(config)
