@@ -7,8 +7,23 @@ Not imported by ``import reach``: it needs the ``gateway`` extra (``a2a-sdk``, S
 
 from __future__ import annotations
 
+import os
+
+# The SDK wraps each of its calls in an OpenTelemetry span when opentelemetry is installed
+# (about a hundred per request, a third of the gateway's CPU per request in
+# bench/gateway_bench.py), whether or not anything collects them. Off unless asked for;
+# read when the SDK is first imported, hence here, before it.
+os.environ.setdefault("OTEL_INSTRUMENTATION_A2A_SDK_ENABLED", "false")
+
 from .auth import TOKENS_ENV, Tokens
-from .server import CALLER_HEADER, TIMEOUT_HEADER, BearerAuth, BoundedTaskStore, Gateway, Target
+from .server import (
+    CALLER_HEADER,
+    TIMEOUT_HEADER,
+    BearerAuth,
+    BoundedTaskStore,
+    Gateway,
+    Target,
+)
 
 __all__ = [
     "CALLER_HEADER",

@@ -210,20 +210,31 @@ class _Executor(AgentExecutor):
             await stream.start()  # refused before it is sent: an error, and no task
         except ReachError as e:
             raise error_of(e) from e
-        await event_queue.enqueue_event(
-            Task(
-                id=task_id,
-                context_id=context_id,
-                status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
-                history=[message],
-            )
+        # The task is shown once there is something to show: at once when the caller does
+        # not wait (return_immediately), else with the first chunk, or whole at the end (a
+        # handler that does not stream answers in one event). tasks/get meanwhile reads
+        # the reach task record (pending: submitted, running: working).
+        task = Task(
+            id=task_id,
+            context_id=context_id,
+            status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
+            history=[message],
         )
+        shown = False
+        config = context.configuration
+        if config is not None and config.return_immediately:
+            await event_queue.enqueue_event(task)
+            shown = True
         updater = TaskUpdater(event_queue, task_id, context_id)
         chunks = 0
         async with stream:
             try:
                 async for chunk in stream:
-                    if not chunks:
+                    if not shown:
+                        task.status.state = TaskState.TASK_STATE_WORKING
+                        await event_queue.enqueue_event(task)
+                        shown = True
+                    elif not chunks:
                         await updater.start_work()
                     await updater.add_artifact(
                         result_parts(chunk),
@@ -234,12 +245,24 @@ class _Executor(AgentExecutor):
                     chunks += 1
                 result = stream.result
             except ReachError as e:
+                if not shown:
+                    await event_queue.enqueue_event(task)
                 await _finish_failed(updater, e)
                 return
+        artifact = Artifact(artifact_id=f"{task_id}-result", name="result")
+        if result is not None:
+            artifact.parts.extend(result_parts(result))
+        if not shown:  # one event: the finished task
+            if result is not None:
+                task.artifacts.append(artifact)
+            task.status.state = TaskState.TASK_STATE_COMPLETED
+            task.status.timestamp.FromDatetime(datetime.now(UTC))
+            await event_queue.enqueue_event(task)
+            return
         if result is not None:
             await updater.add_artifact(
-                result_parts(result),
-                artifact_id=f"{task_id}-result",
+                list(artifact.parts),
+                artifact_id=artifact.artifact_id,
                 name="result",
                 last_chunk=True,
             )

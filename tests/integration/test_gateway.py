@@ -162,15 +162,43 @@ async def test_stream_chunks_as_artifact_updates(fabric: tuple[str, Client]) -> 
             if e.HasField("artifact_update") and e.artifact_update.artifact.name == "stream"
         ]
         assert appends == [False, True, True]
+        assert events[0].task.status.state == TaskState.TASK_STATE_WORKING  # with the 1st chunk
         states = [e.status_update.status.state for e in events if e.HasField("status_update")]
-        assert states[0] == TaskState.TASK_STATE_WORKING
-        assert states[-1] == TaskState.TASK_STATE_COMPLETED
-        # a handler that does not stream: one final event after its result
+        assert states == [TaskState.TASK_STATE_COMPLETED]
+        # a handler that does not stream: one final event, the completed task with its result
         echo, _ = await a2a_client(h, f"{url}/caps/gw.echo")
-        events = [e async for e in echo.send_message(message(new_data_part([1])))]
-        assert events[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
-        [res] = [e for e in events if e.HasField("artifact_update")]
-        assert get_data_parts(res.artifact_update.artifact.parts)[0]["echo"] == [1]
+        [only] = [e async for e in echo.send_message(message(new_data_part([1])))]
+        assert only.task.status.state == TaskState.TASK_STATE_COMPLETED
+        assert result_of(only.task)["echo"] == [1]
+
+
+async def test_return_immediately_then_get(fabric: tuple[str, Client]) -> None:
+    """A caller that does not wait gets the task submitted, and follows it with tasks/get:
+    working while the handler runs (from the reach task record), then completed."""
+    url, client = fabric
+    async with http(TOKEN) as h:
+        a2a, _ = await a2a_client(h, f"{url}/caps/gw.slow", streaming=False)
+        req = message(new_data_part(1.0))
+        req.configuration.return_immediately = True
+        [first] = [e async for e in a2a.send_message(req)]
+        assert first.task.status.state == TaskState.TASK_STATE_SUBMITTED
+        task_id = first.task.id
+
+        async def state() -> int:
+            return (await a2a.get_task(GetTaskRequest(id=task_id))).status.state
+
+        await wait_until(
+            lambda: _is(state, TaskState.TASK_STATE_WORKING), what="the task to be working"
+        )
+        await wait_until(
+            lambda: _is(state, TaskState.TASK_STATE_COMPLETED), what="the task to complete"
+        )
+        got = await a2a.get_task(GetTaskRequest(id=task_id))
+        assert result_of(got) == "late"
+
+
+async def _is(probe: Any, want: int) -> bool:
+    return bool(await probe() == want)
 
 
 async def test_agents_route_to_that_agent(fabric: tuple[str, Client]) -> None:
