@@ -5,10 +5,7 @@ loopback (docs/cli.md, docs/a2a.md)."""
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,9 +17,9 @@ from a2a.utils.errors import TaskNotCancelableError
 
 from reach.embedded import free_port
 from reach.envelope import new_id
-from tests.support.gateway import a2a_client, http
+from tests.support.gateway import a2a_client, http, start_gateway_process, stop_process
 from tests.support.waiting import wait_until
-from tests.support.workers import ROOT, Workers
+from tests.support.workers import Workers
 
 pytestmark = pytest.mark.anyio
 TOKEN = "cli-test-token-0123456789abcdef"
@@ -40,12 +37,7 @@ def workers(redis_url: str, ns: str) -> Iterator[Workers]:
 def start_gateway(
     redis_url: str, ns: str, port: int, *extra: str, log: Path, env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "reach_cli.app", "gateway", "--port", str(port)]
-    cmd += ["--redis-url", redis_url, "--namespace", ns, *extra]
-    with open(log, "wb") as err:
-        return subprocess.Popen(
-            cmd, cwd=ROOT, stdin=subprocess.DEVNULL, stderr=err, env={**os.environ, **(env or {})}
-        )
+    return start_gateway_process(redis_url, ns, port, *extra, log=log, env=env)
 
 
 def msg(*parts: object) -> SendMessageRequest:
@@ -110,12 +102,7 @@ async def test_gateway_process_in_front_of_a_worker_process(
 
                 await echo.cancel_task(CancelTaskRequest(id=task.id))
     finally:
-        gw.send_signal(signal.SIGTERM)
-        try:
-            code = gw.wait(timeout=30)
-        finally:
-            if gw.poll() is None:
-                gw.kill()
+        code = stop_process(gw)
     assert code == 0, log.read_text()
 
 

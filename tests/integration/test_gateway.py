@@ -175,7 +175,7 @@ async def test_stream_chunks_as_artifact_updates(fabric: tuple[str, Client]) -> 
 async def test_return_immediately_then_get(fabric: tuple[str, Client]) -> None:
     """A caller that does not wait gets the task submitted, and follows it with tasks/get:
     working while the handler runs (from the reach task record), then completed."""
-    url, client = fabric
+    url, _ = fabric
     async with http(TOKEN) as h:
         a2a, _ = await a2a_client(h, f"{url}/caps/gw.slow", streaming=False)
         req = message(new_data_part(1.0))

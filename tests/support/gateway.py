@@ -4,8 +4,13 @@ talk to it with the official ``a2a-sdk`` client."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,6 +22,7 @@ from a2a.types.a2a_pb2 import AgentCard
 from reach.embedded import free_port
 from reach.gateway import Gateway
 from tests.support.waiting import wait_until
+from tests.support.workers import ROOT
 
 
 @asynccontextmanager
@@ -65,3 +71,47 @@ async def a2a_client(
     card = await resolve(client, url)
     factory = ClientFactory(ClientConfig(httpx_client=client, streaming=streaming))
     return factory.create(card), card
+
+
+def start_gateway_process(
+    redis_url: str,
+    ns: str,
+    port: int,
+    *extra: str,
+    log: Path,
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen[bytes]:
+    """A ``reach gateway`` process (stderr to ``log``); the caller stops it."""
+    cmd = [sys.executable, "-m", "reach_cli.app", "gateway", "--port", str(port)]
+    cmd += ["--redis-url", redis_url, "--namespace", ns, *extra]
+    with open(log, "wb") as err:
+        return subprocess.Popen(
+            cmd, cwd=ROOT, stdin=subprocess.DEVNULL, stderr=err, env={**os.environ, **(env or {})}
+        )
+
+
+async def wait_card(
+    h: httpx.AsyncClient, url: str, proc: subprocess.Popen[bytes], log: Path
+) -> None:
+    """Wait until ``url``'s card is served (failing at once if the gateway process died)."""
+
+    async def served() -> bool:
+        assert proc.poll() is None, log.read_text()
+        try:
+            r = await h.get(f"{url}/.well-known/agent-card.json")
+        except httpx.TransportError:
+            return False
+        return r.status_code == 200
+
+    await wait_until(served, timeout_s=60, what=f"the card of {url}")
+
+
+def stop_process(proc: subprocess.Popen[bytes]) -> int:
+    """SIGTERM, then its exit code (SIGKILL after 30 s)."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
