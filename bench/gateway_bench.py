@@ -160,7 +160,9 @@ def main() -> None:
     with RedisServer() as srv:
         port = free_port()
         env = {**os.environ, "REACH_GATEWAY_TOKENS": f"bench:{TOKEN}"}
-        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "cli"), env.get("PYTHONPATH", "")])
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(ROOT), str(ROOT / "cli"), env.get("PYTHONPATH", "")]
+        )
         procs = [
             subprocess.Popen([sys.executable, os.path.abspath(__file__), "worker", srv.url]),
             subprocess.Popen(

@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -28,9 +28,20 @@ from tests.support.workers import ROOT
 @asynccontextmanager
 async def gateway_served(gateway: Gateway, *, host: str = "127.0.0.1") -> AsyncIterator[str]:
     """Serve ``gateway`` (its lifespan starts its reach Client); yields its base URL."""
+    async with gateway_served_app(lambda base: gateway.app, host=host) as url:
+        yield url
+
+
+@asynccontextmanager
+async def gateway_served_app(
+    make: Callable[[str], Any], *, host: str = "127.0.0.1"
+) -> AsyncIterator[str]:
+    """Serve the ASGI app ``make(base_url)`` with uvicorn on a free port of this event loop;
+    yields its base URL."""
     port = free_port()
+    url = f"http://{host}:{port}"
     config = uvicorn.Config(
-        gateway.app, host=host, port=port, log_level="warning", lifespan="on", backlog=4096
+        make(url), host=host, port=port, log_level="warning", lifespan="on", backlog=4096
     )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
@@ -39,10 +50,10 @@ async def gateway_served(gateway: Gateway, *, host: str = "127.0.0.1") -> AsyncI
         async def up() -> bool:
             return server.started or task.done()
 
-        await wait_until(up, timeout_s=30, what="the gateway serving")
+        await wait_until(up, timeout_s=30, what="the server serving")
         if task.done():
             task.result()  # raises what stopped it
-        yield f"http://{host}:{port}"
+        yield url
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, 30)
