@@ -10,10 +10,10 @@ JSON field names in lowerCamelCase). Its required fields are ``name``, ``descrip
   given there and completes the card with what the registry knows: one skill per
   capability, a ``reach://<namespace>/<agent_id>`` interface, the reach registration as
   a (non-required) extension.
-* reach does not serve A2A over HTTP: the interface it adds names reach's own binding
-  (``REACH``: the envelope on Redis Streams of docs/protocol.md). A client that only
-  speaks ``JSONRPC``, ``GRPC`` or ``HTTP+JSON`` finds no interface it can use here,
-  unless the given card lists one (e.g. of a gateway run next to the agent).
+* The interface it adds names reach's own binding (``REACH``: the envelope on Redis
+  Streams of docs/protocol.md). A client that only speaks ``JSONRPC``, ``GRPC`` or
+  ``HTTP+JSON`` finds no interface it can use here, unless the card lists one: the A2A
+  gateway (:mod:`reach.gateway`) serves the card with its own ``JSONRPC`` interface first.
 * :data:`A2A_TASK_STATES` maps reach task statuses to A2A task states; a ``dead`` message
   is ``rejected`` when its reason is a refusal (:func:`reach.outcomes.is_refusal`: the agent
   refused it for what it is), else ``failed``.

@@ -36,6 +36,7 @@ ELSEWHERE = {
     "demo": (".ci/run", "reach demo --fast"),  # a minute of worker processes: CI runs it
     "acl": ("tests/integration/test_acl_roles.py", '"acl"'),
     "web": ("tests/cli/test_web_browser.py", '"web"'),  # a server, read in a browser
+    "gateway": ("tests/cli/test_gateway_cmd.py", "start_gateway_process"),
 }
 RUN_HERE = {
     "init",

@@ -337,3 +337,18 @@ def test_import_reach_does_not_import_the_gateway() -> None:
         [sys.executable, "-c", "import json; " + code], capture_output=True, text=True, check=True
     )
     assert json.loads(out.stdout) == []
+
+
+async def test_cards_declare_mutual_tls_and_tokens(redis_url: str, ns: str) -> None:
+    async with serving(redis_url, ns, echo_agent()):
+        gw = Gateway(
+            Client(redis_url=redis_url, namespace=ns), tokens=Tokens([("a", TOKEN)]), mtls=True,
+            public_url="https://gw.example.org/",
+        )  # fmt: skip
+        async with gateway_served(gw) as url, http() as h:
+            card = await resolve(h, f"{url}/caps/gw.echo")
+            assert set(card.security_schemes) == {"bearer", "mtls"}
+            assert card.security_schemes["mtls"].HasField("mtls_security_scheme")
+            [req] = card.security_requirements
+            assert set(req.schemes) == {"bearer", "mtls"}  # both required
+            assert card.supported_interfaces[0].url == "https://gw.example.org/caps/gw.echo"

@@ -1,0 +1,130 @@
+"""reach.gateway's pure parts: tokens (parsing, the check), the payload/result/state/error
+mapping (docs/a2a.md, *Mapping*), the bounded task store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from a2a.server.context import ServerCallContext
+from a2a.types.a2a_pb2 import ListTasksRequest, Part, Task, TaskState, TaskStatus
+from a2a.utils.errors import ContentTypeNotSupportedError, InternalError, InvalidParamsError
+from google.protobuf import struct_pb2
+from google.protobuf.json_format import MessageToDict, ParseDict
+
+from reach.errors import ConfigError, NoAgentAvailable, Overloaded, PayloadTooLarge
+from reach.gateway import BoundedTaskStore, Tokens
+from reach.gateway.mapping import error_of, payload_of, result_parts, takes_json_text, task_state
+
+GOOD = "a-token-of-sixteen+"
+
+
+def test_tokens_from_a_file_and_the_environment(tmp_path: Path) -> None:
+    f = tmp_path / "tokens"
+    f.write_text(f"# comment\n\nops:{GOOD}1\n{GOOD}2\nnot a name:{GOOD}3\n")
+    tokens = Tokens.load(f, env=f"ci:{GOOD}4")
+    assert tokens is not None and len(tokens) == 4
+    assert tokens.check(f"Bearer {GOOD}1") == "ops"
+    assert tokens.check(f"bearer  {GOOD}2 ") == "token-2"
+    assert tokens.check(f"Bearer not a name:{GOOD}3") == "token-3"  # the whole line
+    assert tokens.check(f"Bearer {GOOD}4") == "ci"
+    for bad in (None, "", f"Basic {GOOD}1", "Bearer ", f"Bearer {GOOD}", f"{GOOD}1"):
+        assert tokens.check(bad) is None, bad
+    assert Tokens.load(None, env="") is None
+    with pytest.raises(ConfigError, match="at least 16"):
+        Tokens.load(None, env="x:short")
+    with pytest.raises(ConfigError, match="given twice"):
+        Tokens.load(None, env=f"a:{GOOD}1,a:{GOOD}2")
+    with pytest.raises(ConfigError, match="Cannot read the token file"):
+        Tokens.load(tmp_path / "missing", env="")
+
+
+def data(value: object) -> Part:
+    return Part(data=ParseDict(value, struct_pb2.Value()))
+
+
+def test_payload_of_parts() -> None:
+    assert payload_of([data({"a": [1, "x"]})], json_text=True) == {"a": [1, "x"]}
+    assert payload_of([Part(text='{"a": 1}')], json_text=True) == {"a": 1}
+    assert payload_of([Part(text='{"a": 1}')], json_text=False) == '{"a": 1}'
+    assert payload_of([Part(text="[2]", media_type="application/json")], json_text=False) == [2]
+    assert payload_of([Part(raw=b"\x00\xff")], json_text=True) == b"\x00\xff"
+    assert payload_of([Part(text="a"), data(1)], json_text=False) == ["a", 1]
+    with pytest.raises(InvalidParamsError, match="takes JSON input"):
+        payload_of([Part(text="plain words")], json_text=True)
+    with pytest.raises(InvalidParamsError, match="no parts"):
+        payload_of([], json_text=True)
+    with pytest.raises(ContentTypeNotSupportedError):
+        payload_of([Part(url="https://example.org/f")], json_text=True)
+    assert takes_json_text(["application/json"])
+    assert not takes_json_text(["application/json", "text/plain"])
+    assert not takes_json_text(["text/plain"])
+
+
+def test_result_parts() -> None:
+    [p] = result_parts("hi")
+    assert p.text == "hi" and p.media_type == "text/plain"
+    [p] = result_parts(b"\x01")
+    assert p.raw == b"\x01"
+    [p] = result_parts({"n": 1, "b": b"\x01", "l": [None, True]})
+    assert MessageToDict(p.data) == {"n": 1.0, "b": "AQ==", "l": [None, True]}
+    [p] = result_parts(None)
+    assert p.HasField("data") and MessageToDict(p.data) is None
+
+
+def test_task_states_follow_docs_a2a_md() -> None:
+    assert task_state("pending") == TaskState.TASK_STATE_SUBMITTED
+    assert task_state("running") == TaskState.TASK_STATE_WORKING
+    assert task_state("retrying") == TaskState.TASK_STATE_WORKING
+    assert task_state("succeeded") == TaskState.TASK_STATE_COMPLETED
+    assert task_state("expired") == TaskState.TASK_STATE_FAILED
+    assert task_state("dead", "rejected") == TaskState.TASK_STATE_REJECTED
+    assert task_state("dead", "max_attempts") == TaskState.TASK_STATE_FAILED
+    assert task_state("cancelled") == TaskState.TASK_STATE_CANCELED
+    assert task_state("unknown") == TaskState.TASK_STATE_UNSPECIFIED
+
+
+def test_errors_map_to_json_rpc_errors() -> None:
+    e = error_of(NoAgentAvailable("no agent for x", capability="x", reason="none"))
+    assert isinstance(e, InternalError) and e.data == {
+        "reachError": "NoAgentAvailable",
+        "reason": "none",
+    }
+    e = error_of(Overloaded("full", limit="send_rate", retry_after_s=1.5))
+    assert isinstance(e, InternalError) and e.data is not None and e.data["retryAfterS"] == 1.5
+    assert isinstance(error_of(PayloadTooLarge("big")), InvalidParamsError)
+    assert isinstance(error_of(ConfigError("bad")), InvalidParamsError)
+
+
+@pytest.mark.anyio
+async def test_the_task_store_is_bounded_and_per_caller() -> None:
+    from a2a.auth.user import User
+
+    class Named(User):
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        @property
+        def is_authenticated(self) -> bool:
+            return True
+
+        @property
+        def user_name(self) -> str:
+            return self.name
+
+    a, b = ServerCallContext(user=Named("a")), ServerCallContext(user=Named("b"))
+    store = BoundedTaskStore(max_tasks=3)
+
+    def task(i: int, state: TaskState.ValueType) -> Task:
+        return Task(id=f"t{i}", context_id="c", status=TaskStatus(state=state))
+
+    await store.save(task(0, TaskState.TASK_STATE_WORKING), a)  # not finished: kept
+    for i in range(1, 5):
+        await store.save(task(i, TaskState.TASK_STATE_COMPLETED), a)
+    assert await store.get("t0", a) is not None
+    assert await store.get("t1", a) is None and await store.get("t2", a) is None  # oldest done
+    assert await store.get("t4", a) is not None and await store.get("t4", b) is None
+    assert store.owner_of("t4") == "a"
+    page = await store.list(ListTasksRequest(page_size=2), a)
+    assert [t.id for t in page.tasks] == ["t4", "t3"] and page.next_page_token == "2"
+    assert (await store.list(ListTasksRequest(), b)).tasks == []
