@@ -92,10 +92,7 @@ def result_parts(value: Any) -> list[Part]:
 
 
 def task_state(status: str, reason: str = "") -> TaskState:
-    """The A2A task state of a reach task status (docs/a2a.md, *Task states*); a
-    ``cancelled`` one (reach cancellation) is ``canceled``."""
-    if status == "cancelled":
-        return TaskState.TASK_STATE_CANCELED
+    """The A2A task state of a reach task status (docs/a2a.md, *Task states*)."""
     return cast(TaskState, TaskState.Value(a2a_state_wire(a2a_task_state(status, reason))))
 
 

@@ -30,6 +30,7 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
+import anyio
 import msgspec
 from a2a.server.agent_execution import AgentExecutor, RequestContext, SimpleRequestContextBuilder
 from a2a.server.context import ServerCallContext
@@ -68,12 +69,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from .._cancel import CancelOutcome
 from .._streaming import Stream
 from .._version import __version__
 from ..card import A2A_PROTOCOL_VERSION, DEFAULT_MODES, agent_card, capability_skill
 from ..client import Client
 from ..envelope import decode_payload, new_id
-from ..errors import ReachError, Rejected
+from ..errors import Cancelled, ReachError, Rejected
 from ..outcomes import Status
 from ..registry import AgentInfo, normalize_capability
 from .auth import Tokens
@@ -226,29 +228,52 @@ class _Executor(AgentExecutor):
             await event_queue.enqueue_event(task)
             shown = True
         updater = TaskUpdater(event_queue, task_id, context_id)
+        scope, done = anyio.CancelScope(), anyio.Event()
+        gw.running[task_id] = (scope, done)  # tasks/cancel stops the wait (_Handler)
+        try:
+            await self._follow(stream, task, shown, updater, event_queue, scope)
+        finally:
+            gw.running.pop(task_id, None)
+            done.set()
+
+    async def _follow(
+        self,
+        stream: Stream,
+        task: Task,
+        shown: bool,
+        updater: TaskUpdater,
+        event_queue: EventQueue,
+        scope: anyio.CancelScope,
+    ) -> None:
+        """Turn the stream's chunks and outcome into the task's events."""
+        task_id = task.id
         chunks = 0
-        async with stream:
-            try:
-                async for chunk in stream:
-                    if not shown:
-                        task.status.state = TaskState.TASK_STATE_WORKING
-                        await event_queue.enqueue_event(task)
-                        shown = True
-                    elif not chunks:
-                        await updater.start_work()
-                    await updater.add_artifact(
-                        result_parts(chunk),
-                        artifact_id=f"{task_id}-stream",
-                        name="stream",
-                        append=chunks > 0,
-                    )
-                    chunks += 1
-                result = stream.result
-            except ReachError as e:
-                if not shown:
-                    await event_queue.enqueue_event(task)
-                await _finish_failed(updater, e)
-                return
+        result: Any = None
+        with scope:
+            async with stream:
+                try:
+                    async for chunk in stream:
+                        if not shown:
+                            task.status.state = TaskState.TASK_STATE_WORKING
+                            await event_queue.enqueue_event(task)
+                            shown = True
+                        elif not chunks:
+                            await updater.start_work()
+                        await updater.add_artifact(
+                            result_parts(chunk),
+                            artifact_id=f"{task_id}-stream",
+                            name="stream",
+                            append=chunks > 0,
+                        )
+                        chunks += 1
+                    result = stream.result
+                except ReachError as e:
+                    await _finish_failed(updater, e, task if not shown else None, event_queue)
+                    return
+        if scope.cancelled_caught:  # tasks/cancel cancelled the message in reach
+            why = Cancelled("cancelled (A2A tasks/cancel)")
+            await _finish_failed(updater, why, task if not shown else None, event_queue)
+            return
         artifact = Artifact(artifact_id=f"{task_id}-result", name="result")
         if result is not None:
             artifact.parts.extend(result_parts(result))
@@ -272,21 +297,28 @@ class _Executor(AgentExecutor):
         raise TaskNotCancelableError(message=NOT_CANCELABLE)
 
 
-NOT_CANCELABLE = (
-    "reach messages cannot be cancelled through this gateway yet (reach's cancellation is "
-    "not in this version): the task runs to its end or its deadline."
-)
+NOT_CANCELABLE = "tasks/cancel goes to the gateway's request handler (reach cancellation)."
 
 
-async def _finish_failed(updater: TaskUpdater, e: ReachError) -> None:
-    """End the task with the state of a reach error, its text as the status message."""
+async def _finish_failed(
+    updater: TaskUpdater, e: ReachError, unshown: Task | None, event_queue: EventQueue
+) -> None:
+    """End the task with the state of a reach error, its text as the status message: one
+    event, the finished task, when nothing was shown yet (``unshown``)."""
     why = updater.new_agent_message([Part(text=str(e))], metadata={"reachError": type(e).__name__})
-    if type(e).__name__ == "Cancelled":
-        await updater.cancel(why)
+    if isinstance(e, Cancelled):
+        state = TaskState.TASK_STATE_CANCELED
     elif isinstance(e, Rejected):
-        await updater.reject(why)
+        state = TaskState.TASK_STATE_REJECTED
     else:
-        await updater.failed(why)
+        state = TaskState.TASK_STATE_FAILED
+    if unshown is not None:
+        unshown.status.state = state
+        unshown.status.message.CopyFrom(why)
+        unshown.status.timestamp.FromDatetime(datetime.now(UTC))
+        await event_queue.enqueue_event(unshown)
+    else:
+        await updater.update_status(state, message=why)
 
 
 def _timeout_of(headers: Mapping[str, str], default_s: float) -> float:
@@ -306,9 +338,9 @@ def _timeout_of(headers: Mapping[str, str], default_s: float) -> float:
 
 
 class _Handler(DefaultRequestHandler):
-    """The SDK's request handler; ``tasks/get`` also answers for tasks this process no
-    longer holds (from the reach task record), and shows a task a worker has started as
-    ``working``; ``tasks/cancel`` is refused (see :data:`NOT_CANCELABLE`)."""
+    """The SDK's request handler; ``tasks/get`` also answers for tasks this process does
+    not hold (from the reach task record), and shows a task a worker has started as
+    ``working``; ``tasks/cancel`` is reach's cancellation."""
 
     def __init__(self, gateway: Gateway, **kw: Any) -> None:
         super().__init__(**kw)
@@ -330,8 +362,37 @@ class _Handler(DefaultRequestHandler):
     async def on_cancel_task(
         self, params: CancelTaskRequest, context: ServerCallContext
     ) -> Task | None:
-        await self.on_get_task(GetTaskRequest(id=params.id), context)  # TaskNotFound first
-        raise TaskNotCancelableError(message=NOT_CANCELABLE)
+        """reach's cancellation (``Client.cancel``): a message not started never runs, a
+        running handler is told to stop; answered with the task, ``canceled``. A task that
+        finished already is not cancelable (-32002)."""
+        task_id = params.id
+        owner = self.gw.tasks.owner_of(task_id)
+        if owner is not None and owner != resolve_user_scope(context):
+            raise TaskNotFoundError  # another caller's
+        user = context.user.user_name if context.user.is_authenticated else "an A2A caller"
+        try:
+            res = await self.gw.client.cancel(task_id, by=f"{user} (A2A tasks/cancel)")
+        except ReachError as e:
+            raise error_of(e) from e
+        if res.outcome == CancelOutcome.UNKNOWN:
+            raise TaskNotFoundError(message=f"No task {task_id} (or its record expired).")
+        running = self.gw.running.get(task_id)
+        if res.outcome == CancelOutcome.ALREADY_DONE or (
+            res.outcome == CancelOutcome.ALREADY_CANCELLED and running is None
+        ):  # finished, cancelled included (as A2A has it: a terminal task is not cancelable)
+            status = res.status or "cancelled"
+            raise TaskNotCancelableError(
+                message=f"Task {task_id} has finished ({status}): it cannot be cancelled."
+            )
+        if running is not None:  # this process waits for it: stop waiting, end it canceled
+            scope, done = running
+            scope.cancel()
+            with anyio.move_on_after(10):
+                await done.wait()
+        task: Task | None = await self.gw.tasks.get(task_id, context)
+        if task is not None and task.status.state in _TERMINAL:
+            return task
+        return await self.gw.task_from_reach(task_id)
 
 
 class _TargetContext(DefaultServerCallContextBuilder):
@@ -399,6 +460,8 @@ class Gateway:
         self.public_url = public_url.rstrip("/") if public_url else None
         self.default_timeout_s = default_timeout_s
         self.tasks = BoundedTaskStore(max_tasks=max_tasks)
+        # tasks this process waits for: the scope of the wait, and set when it ended
+        self.running: dict[str, tuple[anyio.CancelScope, anyio.Event]] = {}
         self.handler = _Handler(
             self,
             agent_executor=_Executor(self),

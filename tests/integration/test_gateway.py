@@ -1,5 +1,5 @@
 """reach gateway: the official ``a2a-sdk`` client, knowing nothing of reach, resolves the
-cards of capabilities and agents and calls them (send, stream, get, cancel refused), against
+cards of capabilities and agents and calls them (send, stream, get, cancel), against
 real agents on a real Redis, through a gateway served by uvicorn (docs/a2a.md)."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import pytest
 from a2a.helpers.proto_helpers import get_data_parts, get_text_parts, new_data_part, new_text_part
 from a2a.types.a2a_pb2 import (
@@ -246,11 +247,64 @@ async def test_failures_map_to_task_states_and_errors(fabric: tuple[str, Client]
         assert err["code"] == -32603 and "gw.nobody" in err["message"], err
         r = await h.post(f"{url}/caps/Not%20A%20Cap", json=body, headers={"A2A-Version": "1.0"})
         assert r.json()["error"]["code"] == -32602
-        # unknown task; cancel is refused as not cancelable
+        # unknown task; a finished task is not cancelable
         with pytest.raises(TaskNotFoundError):
             await a2a.get_task(GetTaskRequest(id=new_id()))
-        with pytest.raises(TaskNotCancelableError, match="cannot be cancelled"):
+        with pytest.raises(TaskNotFoundError):
+            await a2a.cancel_task(CancelTaskRequest(id=new_id()))
+        with pytest.raises(TaskNotCancelableError, match="has finished"):
             await a2a.cancel_task(CancelTaskRequest(id=task.id))
+
+
+async def test_cancel_a_running_task(fabric: tuple[str, Client]) -> None:
+    """tasks/cancel is reach's cancellation: the handler is told, the task ends canceled
+    for the A2A caller (its waiting send and tasks/get) and cancelled in reach."""
+    url, client = fabric
+    async with http(TOKEN) as h:
+        a2a, _ = await a2a_client(h, f"{url}/caps/gw.slow", streaming=False)
+        req = message(new_data_part(60))
+        req.configuration.return_immediately = True
+        [first] = [e async for e in a2a.send_message(req)]
+        task_id = first.task.id
+
+        async def running() -> bool:
+            return (await client.task(task_id)).status == "running"
+
+        await wait_until(running, what="the slow handler to start")
+        got = await a2a.cancel_task(CancelTaskRequest(id=task_id))
+        assert got.status.state == TaskState.TASK_STATE_CANCELED
+        assert (await a2a.get_task(GetTaskRequest(id=task_id))).status.state == (
+            TaskState.TASK_STATE_CANCELED
+        )
+        assert (await client.task(task_id)).status == "cancelled"
+        with pytest.raises(TaskNotCancelableError):  # cancelled is finished too
+            await a2a.cancel_task(CancelTaskRequest(id=task_id))
+
+
+async def test_cancel_ends_a_waiting_stream(redis_url: str, ns: str) -> None:
+    """A caller streaming a task that another request cancels gets its end: canceled."""
+    async with serving(redis_url, ns, slow_agent()):
+        gw = Gateway(Client(redis_url=redis_url, namespace=ns))
+        async with gateway_served(gw) as url, http() as h:
+            a2a, _ = await a2a_client(h, f"{url}/caps/gw.slow")
+            events: list[StreamResponse] = []
+
+            async def send() -> None:
+                async for e in a2a.send_message(message(new_data_part(60))):
+                    events.append(e)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(send)
+
+                async def waiting() -> str:
+                    return next(iter(gw.running), "")  # the gateway waits for its outcome
+
+                task_id = await wait_until(waiting, what="the gateway to wait for the run")
+                got = await a2a.cancel_task(CancelTaskRequest(id=task_id))
+                assert got.status.state == TaskState.TASK_STATE_CANCELED
+        [end] = events  # nothing was shown before: the task, canceled
+        assert end.task.status.state == TaskState.TASK_STATE_CANCELED, end
+        assert "tasks/cancel" in end.task.status.message.parts[0].text
 
 
 async def test_v03_method_names(fabric: tuple[str, Client]) -> None:
