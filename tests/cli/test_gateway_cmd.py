@@ -1,5 +1,6 @@
-"""`reach gateway` as a process in front of a real `reach worker` process: the official
-``a2a-sdk`` client resolves a capability's card, sends, streams and reads the task back;
+"""`reach gateway` as a process in front of real `reach worker` processes: the official
+``a2a-sdk`` client resolves a capability's card, sends, streams, reads the task back and
+cancels a running one;
 SIGTERM stops the gateway cleanly; without tokens it refuses an address that is not
 loopback (docs/cli.md, docs/a2a.md)."""
 
@@ -12,7 +13,14 @@ from pathlib import Path
 import httpx
 import pytest
 from a2a.helpers.proto_helpers import get_data_parts, new_data_part, new_text_part
-from a2a.types.a2a_pb2 import GetTaskRequest, Message, Role, SendMessageRequest, TaskState
+from a2a.types.a2a_pb2 import (
+    CancelTaskRequest,
+    GetTaskRequest,
+    Message,
+    Role,
+    SendMessageRequest,
+    TaskState,
+)
 from a2a.utils.errors import TaskNotCancelableError
 
 from reach.embedded import free_port
@@ -51,6 +59,7 @@ async def test_gateway_process_in_front_of_a_worker_process(
 ) -> None:
     workers.start("echo_agent")
     workers.start("words_agent")
+    workers.start("slow_agent")
     tokens = tmp_path / "tokens.txt"
     tokens.write_text(f"# who may call\nops:{TOKEN}\n")
     port = free_port()
@@ -97,10 +106,21 @@ async def test_gateway_process_in_front_of_a_worker_process(
             assert (res["echo"], res["agent"], res["caller"]) == ({"k": "v"}, "gw-echo-1", "ops")
             got = await echo.get_task(GetTaskRequest(id=task.id))
             assert got.status.state == TaskState.TASK_STATE_COMPLETED
-            with pytest.raises(TaskNotCancelableError):
-                from a2a.types.a2a_pb2 import CancelTaskRequest
-
+            with pytest.raises(TaskNotCancelableError):  # finished
                 await echo.cancel_task(CancelTaskRequest(id=task.id))
+            # cancel a task a worker process runs: canceled, and cancelled in reach
+            slow, _ = await a2a_client(h, f"{url}/caps/gw.slow", streaming=False)
+            req = msg(new_data_part(60))
+            req.configuration.return_immediately = True
+            [first] = [e async for e in slow.send_message(req)]
+
+            async def working() -> bool:
+                got = await slow.get_task(GetTaskRequest(id=first.task.id))
+                return got.status.state == TaskState.TASK_STATE_WORKING
+
+            await wait_until(working, what="the slow task to be working")
+            got = await slow.cancel_task(CancelTaskRequest(id=first.task.id))
+            assert got.status.state == TaskState.TASK_STATE_CANCELED
     finally:
         code = stop_process(gw)
     assert code == 0, log.read_text()

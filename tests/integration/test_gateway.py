@@ -406,3 +406,25 @@ async def test_cards_declare_mutual_tls_and_tokens(redis_url: str, ns: str) -> N
             [req] = card.security_requirements
             assert set(req.schemes) == {"bearer", "mtls"}  # both required
             assert card.supported_interfaces[0].url == "https://gw.example.org/caps/gw.echo"
+
+
+async def test_the_gateway_signs_what_it_sends(
+    redis_url: str, ns: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With signing on, an agent that requires signed messages takes the gateway's (signed
+    with the gateway's key), and refuses an unsigned gateway's."""
+    monkeypatch.delenv("REACH_SECRET", raising=False)
+    secret = "gateway-signing-secret-0123456789"
+    async with serving(redis_url, ns, echo_agent(), secret=secret, require_signed=True):
+        signed = Gateway(Client(redis_url=redis_url, namespace=ns, secret=secret))
+        unsigned = Gateway(Client(redis_url=redis_url, namespace=ns))
+        async with gateway_served(signed) as url, gateway_served(unsigned) as bare, http() as h:
+            a2a, _ = await a2a_client(h, f"{url}/caps/gw.echo", streaming=False)
+            task, _ = await final_task(a2a.send_message(message(new_data_part({"x": 1}))))
+            assert task.status.state == TaskState.TASK_STATE_COMPLETED
+            assert result_of(task)["echo"] == {"x": 1}
+            a2a, _ = await a2a_client(h, f"{bare}/caps/gw.echo", streaming=False)
+            h.headers["Reach-Timeout-S"] = "5"
+            task, _ = await final_task(a2a.send_message(message(new_data_part({"x": 2}))))
+            assert task.status.state == TaskState.TASK_STATE_REJECTED  # refused, never run
+            assert "unsigned" in task.status.message.parts[0].text
