@@ -501,6 +501,7 @@ async def _generate(
         if rnd[1] == 0:
             rtt.append((time.perf_counter() - rnd[0]) * 1000)
 
+    cpu0, wall0 = time.process_time(), time.monotonic()
     wires = []
     for u in urls:
         host, port = u.split("//", 1)[1].split("/", 1)[0].split(":")
@@ -516,6 +517,7 @@ async def _generate(
         task.add_done_callback(reader_died)
     try:
         steady = (0, 0)  # where the steady state starts in rtt and lag (after cycle 0)
+        sent_rounds = 0
         # one schedule for the process: every round due is written at once, then sleep
         # until the next is due
         order = sorted(range(len(rounds)), key=lambda j: rounds[j][0])
@@ -533,6 +535,7 @@ async def _generate(
             rnd = [time.perf_counter(), sum(ncmd for _, _, ncmd in parts)]
             for n, data, ncmd in parts:
                 wires[n].send(data, ncmd, rnd)
+            sent_rounds += 1
             k += 1
             if k == len(order):
                 k, cycle = 0, cycle + 1
@@ -550,6 +553,9 @@ async def _generate(
             task.cancel()
     # the first cycle (generators starting, every agent's first renewal) is left out
     return {
+        "cpu_s": time.process_time() - cpu0,
+        "wall_s": time.monotonic() - wall0,
+        "rounds_sent": sent_rounds,
         "rtt": rtt[steady[0] :],
         "lag": lag[steady[1] :],
         "codes": dict(codes),
@@ -741,6 +747,10 @@ async def _scale(
         "heartbeat_schedule_lag_max_ms": max(lag, default=float("nan")),
         "heartbeat_codes": dict(sorted(codes.items())),
         "heartbeat_errors": dict(errors),
+        "generator_cpu_pct": [round(100 * g["cpu_s"] / g["wall_s"], 1) for g in gens],
+        "generator_cpu_us_per_round": sum(g["cpu_s"] for g in gens)
+        / max(1, sum(g["rounds_sent"] for g in gens))
+        * 1e6,
         "probes": len(b.visible_ms),
         "register_to_visible_p50_ms": pct(b.visible_ms, 50),
         "register_to_visible_p95_ms": pct(b.visible_ms, 95),
@@ -837,6 +847,10 @@ def scale_table(res: dict[str, Any]) -> str:
         ),
         ("states after the run", json.dumps(res["states_after"])),
         ("heartbeat errors", json.dumps(res.get("heartbeat_errors", {}))),
+        (
+            "generators: CPU each / per process round",
+            f"{res['generator_cpu_pct']} % / {res['generator_cpu_us_per_round']:.0f} µs",
+        ),
         ("heartbeat replies (code: n)", json.dumps(res["heartbeat_codes"])),
     ]
     w0 = max(len(r[0]) for r in rows)
@@ -913,7 +927,6 @@ def table(res: dict[str, Any]) -> str:
             f"0 evictions: {mark(ok['false_evictions'])}",
         ),
         ("states after the run", json.dumps(res["states_after"]), ""),
-        ("heartbeat errors", json.dumps(res.get("heartbeat_errors", {}))),
         ("heartbeat replies (code: n)", json.dumps(res["heartbeat_codes"]), ""),
     ]
     w0 = max(len(r[0]) for r in rows)

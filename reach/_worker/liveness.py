@@ -223,6 +223,11 @@ too busy to get to it); half the lease's slack (``lease_s - heartbeat_s``) when 
 shorter, so the lease is still renewed in time. Both may reach Redis: a second renewal
 does no harm."""
 
+LOOP_PICKUP_MIN_S = 0.2
+"""Leases whose slack leaves less than this to wait for the loop (sub-second test leases:
+0.3 s with a 0.1 s heartbeat) are renewed by the thread itself, on its own connection, as
+soon as due: a busy loop must not cost such a lease."""
+
 
 @dataclass(eq=False, slots=True)
 class _Member:
@@ -350,8 +355,9 @@ class Heartbeats:
     def _send(
         self, loop: asyncio.AbstractEventLoop | None, due: list[_Member]
     ) -> concurrent.futures.Future[Any] | None:
-        """Hand the round of ``due`` to their event loop (None: the loop is gone)."""
-        if loop is None or loop.is_closed():
+        """Hand the round of ``due`` to their event loop (None: the thread sends it, the
+        loop is gone or the leases too short to wait for it)."""
+        if loop is None or loop.is_closed() or self._pickup_s(due) < LOOP_PICKUP_MIN_S:
             return None
         try:
             return asyncio.run_coroutine_threadsafe(self._round_async(due), loop)
@@ -363,12 +369,11 @@ class Heartbeats:
         :data:`LOOP_PICKUP_S` (the loop is blocked, or too busy to get to it), send it from
         here; True when it was sent here."""
         here = False
-        pickup_s = min(LOOP_PICKUP_S, *(m.slack_s / 2 for m in due))
         try:
             try:
                 if fut is None:
                     raise TimeoutError
-                batches, answers = fut.result(timeout=pickup_s)
+                batches, answers = fut.result(timeout=self._pickup_s(due))
             except TimeoutError:
                 if fut is not None:
                     fut.cancel()  # if it went out anyway, a second renewal does no harm
@@ -388,6 +393,10 @@ class Heartbeats:
         except Exception:  # a bug, not Redis: the thread must go on renewing leases
             log.exception("heartbeat round failed; the next one tries again")
         return here
+
+    @staticmethod
+    def _pickup_s(due: list[_Member]) -> float:
+        return min(LOOP_PICKUP_S, *(m.slack_s / 2 for m in due))
 
     def _conn(self) -> Any:
         """The thread's own connection (opened when first needed)."""

@@ -10,7 +10,8 @@ settled, the agent deregisters and leaves its inbox.
 Agents run by one process share what can be shared (:class:`_Host`, one per Redis URL and
 event loop): one Redis client, whose commands go out auto-pipelined on one multiplexed
 connection (:class:`reach._autopipe.AutoPipeline`; blocking reads take a connection of their
-own: 3 connections per process on standalone Redis and Sentinel), one heartbeat thread (:class:`reach._worker.liveness.Heartbeats`) and one sweeper
+own: 3 connections per process on standalone Redis and Sentinel, 2 per master on a Cluster
+where the agents wait on sharded pub/sub), one heartbeat thread (:class:`reach._worker.liveness.Heartbeats`, whose rounds the event loop sends) and one sweeper
 task per namespace (taken over by another agent of the process when its agent stops).
 """
 
@@ -63,13 +64,13 @@ pipelines were used there: 5,300-7,300 msgs/s with one in 2 runs; 7,000-14,400 w
 6,400-11,800 with four in 5 runs each). By default the commands share one multiplexed
 connection on standalone Redis and Sentinel, one per node on a Cluster (batches written
 without waiting for earlier replies, see :mod:`reach._autopipe`), whatever this number: a
-standalone worker process holds 3 connections (that one, its blocking read, its heartbeat
-thread), and the backlog drains faster than with two pipelines (`reach bench --floor
+standalone worker process holds at most 3 connections (that one, which also carries the
+heartbeat rounds, its blocking read, and the heartbeat thread's own while a handler blocks
+the loop), and the backlog drains faster than with two pipelines (`reach bench --floor
 --repeat 3`, 3 alternated runs each, medians: 24,353 -> 26,735 msgs/s at load ~1, 20,373 ->
-21,612 at load 2-3; docs/operations.md has the rest). On a Cluster a worker process holds,
-per master, that one plus a blocking inbox read per agent whose inbox is there and its
-heartbeat thread's connection if the thread talks to that master (one agent: 3 on its
-inbox's master, 1-2 on the others; tests/integration/test_cluster_concurrency.py)."""
+21,612 at load 2-3; docs/operations.md has the rest). On a Cluster a worker process holds
+2 per master whatever its agents: that one and the wake-up subscription of its agents
+whose inboxes are there (:class:`_ShardWakeups`; tests/integration/test_cluster_concurrency.py)."""
 
 
 RESYNC_S = 15.0
