@@ -502,6 +502,10 @@ async def _generate(
             rtt.append((time.perf_counter() - rnd[0]) * 1000)
 
     cpu0, wall0 = time.process_time(), time.monotonic()
+    for u in urls:  # the script as this process packs it (its SHA), on every master
+        loader = aredis.Redis.from_url(u)
+        await loader.script_load(scripts.script("heartbeat_many").source)
+        await loader.aclose()
     wires = []
     for u in urls:
         host, port = u.split("//", 1)[1].split("/", 1)[0].split(":")
