@@ -122,7 +122,8 @@ def parse_quotas(raw: Any) -> Quotas:
             fields[as_text(k)] = as_text(v)
     max_inbox = 0
     text = fields.get(MAX_INBOX_FIELD, "").strip()
-    if text.isdigit() and 1 <= int(text) <= MAX_INBOX:
+    # isascii: str.isdigit() also takes digits int() refuses ('²')
+    if text.isascii() and text.isdigit() and 1 <= int(text) <= MAX_INBOX:
         max_inbox = int(text)
     rate: RateLimit | None = None
     if SEND_RATE_FIELD in fields:

@@ -40,7 +40,6 @@ import anyio
 from redis import exceptions as rexc
 
 from .._cancel import cancel_message
-from ..connection import as_text
 from ..envelope import Envelope
 from ..outcomes import DeadReason, Outcome, Status
 from ..untrusted import safe_text
@@ -258,7 +257,7 @@ class Cancels(Part):
         record = fields.get(b"k")
         if not isinstance(record, bytes) or not record or len(record) > 2048:
             return
-        key = as_text(record)
+        key = safe_text(record)  # bytes that are no UTF-8 name no run: not an error
         run = self.runs.get(key)
         if run is None:
             self.heard[key] = None

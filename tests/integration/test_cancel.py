@@ -231,7 +231,9 @@ async def test_a_finished_message_cannot_be_cancelled(redis_url: str, ns: str, r
         assert await r.xlen(Keys(ns).dlq("can.work")) == 0
 
 
-async def test_forged_notices_stop_nothing(redis_url: str, ns: str, r: AnyRedis) -> None:
+async def test_forged_notices_stop_nothing(
+    redis_url: str, ns: str, r: AnyRedis, caplog: pytest.LogCaptureFixture
+) -> None:
     k = Keys(ns)
     async with serving(redis_url, ns, make(), cancel_grace_s=30) as client:
         held = await client.send("can.hold", 60)
@@ -241,6 +243,7 @@ async def test_forged_notices_stop_nothing(redis_url: str, ns: str, r: AnyRedis)
             {"x": "y"},
             {"k": ""},
             {"k": "\xff" * 10},
+            {"k": b"\xff\xfe not utf-8"},
             {"k": "k" * 5000},
             {"m": held},
             {"m": held, "k": k.idem(held)},
@@ -257,6 +260,7 @@ async def test_forged_notices_stop_nothing(redis_url: str, ns: str, r: AnyRedis)
         # The reader lives on: a real cancel still reaches the handler.
         await client.cancel(held)
         await wait_effect(r, ns, "saw_cancel", held)
+        assert not [m for m in caplog.messages if "cancel watcher error" in m]  # data, no bug
 
 
 @pytest.mark.cluster

@@ -49,6 +49,7 @@ def test_the_stored_form_parses_back() -> None:
         {b"max_inbox": b"1e9", b"send_rate": b"\xff\xfe"},
         {b"max_inbox": str(MAX_INBOX + 1).encode(), b"other": b"x"},
         {b"\xff": b"1"},
+        {b"max_inbox": "²".encode()},  # a digit to str.isdigit(), not to int()
     ],
 )
 def test_garbage_is_no_quota(raw: Any) -> None:
