@@ -118,7 +118,7 @@ from typing import Any, Self
 from redis import exceptions as rexc
 from redis.client import EMPTY_RESPONSE, NEVER_DECODE
 
-from .connection import AnyRedis, is_cluster
+from .connection import AnyRedis, is_cluster, parser_follows_map
 from .errors import ConfigError
 from .scripts._loader import is_noscript, load_all
 
@@ -1056,6 +1056,7 @@ class _ClusterRouter:
             if failed and "last_failed_node_name" in inspect.signature(nodes.initialize).parameters:
                 kwargs["last_failed_node_name"] = failed
             await nodes.initialize(**kwargs)
+            parser_follows_map(r)
             await self._tidy()
 
     def _no_map(self, p: _Pending, err: Exception) -> None:

@@ -637,13 +637,29 @@ class _GatedCluster(AsyncRedisCluster):
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         if _in_gate.get():
-            return await super().execute_command(*args, **kwargs)
+            return await self._run(args, kwargs)
         async with self._gate:
             token = _in_gate.set(True)
             try:
-                return await super().execute_command(*args, **kwargs)
+                return await self._run(args, kwargs)
             finally:
                 _in_gate.reset(token)
+
+    async def _run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        # redis-py finds the keys of XREAD/XREADGROUP (movable keys) by asking its parser's
+        # node, before its retry loop (where it reloads a map marked stale): when that node
+        # is the one that died, the error never marks the map, nor would a mark be read
+        # before the next lookup, and every such command would fail the same way for as
+        # long as nothing else reloads the map. So: a failure marks it, and a marked map is
+        # reloaded before the lookup.
+        if self._initialize:
+            await self.initialize()
+        parser_follows_map(self)
+        try:
+            return await super().execute_command(*args, **kwargs)
+        except (rexc.ConnectionError, rexc.TimeoutError):
+            self._initialize = True
+            raise
 
     def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> AsyncClusterPipeline:
         if shard_hint:
@@ -656,6 +672,7 @@ class _GatedPipeline(AsyncClusterPipeline):
         self, raise_on_error: bool = True, allow_redirections: bool = True
     ) -> list[Any]:
         gate = cast(_GatedCluster, self.cluster_client)._gate
+        parser_follows_map(self.cluster_client)
         if _in_gate.get():
             return await super().execute(raise_on_error, allow_redirections)
         async with gate:
@@ -664,6 +681,21 @@ class _GatedPipeline(AsyncClusterPipeline):
                 return await super().execute(raise_on_error, allow_redirections)
             finally:
                 _in_gate.reset(token)
+
+
+def parser_follows_map(client: Any) -> None:
+    """Point ``client``'s command parser at the map's current default node.
+
+    redis-py's cluster client asks one node (``commands_parser.node``, set when the client
+    initializes) for the keys of movable-key commands such as ``XREAD``. A reload of the
+    slot map made by ``nodes_manager.initialize()`` alone (as the auto-pipeline does after
+    a failure) leaves it on the old node, which after a failover may be dead: every
+    ``XREAD`` would then fail before reaching any node of the map.
+    """
+    parser = getattr(client, "commands_parser", None)
+    node = client.nodes_manager.default_node
+    if parser is not None and node is not None and getattr(parser, "node", node) is not node:
+        parser.node = node
 
 
 async def connect(

@@ -383,6 +383,74 @@ async def test_a_master_failover_with_calls_in_flight_every_caller_answered(
         await auto.aclose()
 
 
+async def _kill_the_parsers_node(
+    cluster: RedisTestClusterWithReplicas, client: Any, ns: str
+) -> tuple[str, str]:
+    """Kill the master redis-py asks for the keys of an XREAD (its parser's node) and wait
+    for its replica's promotion. Returns a stream key on another master (alive all along)
+    and a key on the master killed."""
+    dead = client.commands_parser.node.port
+    victim = next(i for i, m in enumerate(cluster.masters) if m.port == dead)
+    other = (victim + 1) % len(cluster.masters)
+    stream = key_on(other, f"{ns}:s")
+    await client.xadd(stream, {"n": 1})
+    await anyio.to_thread.run_sync(cluster.masters[victim].kill)
+    replica = redis.Redis(port=cluster.replicas[victim].port)
+    try:
+        with anyio.fail_after(30):
+            while replica.info("replication")["role"] != "master":
+                await asyncio.sleep(0.05)
+    finally:
+        replica.close()
+    return stream, key_on(victim, f"{ns}:k")
+
+
+async def test_an_xread_recovers_when_the_node_asked_for_its_keys_died(
+    cluster_with_replicas: RedisTestClusterWithReplicas, ns: str
+) -> None:
+    """XREAD is the only command: its stream's master never failed, but redis-py asks the
+    dead node for its keys before its own retries. The first read fails; it must not keep
+    failing (the reply reader of a Client once failed for as long as it was asked)."""
+    client: Any = await connect(cluster_with_replicas.url)
+    try:
+        stream, _ = await _kill_the_parsers_node(cluster_with_replicas, client, ns)
+        failures = 0
+        with anyio.fail_after(30):
+            while True:
+                try:
+                    got = await client.xread({stream: "0"}, block=50, count=1)
+                    break
+                except (rexc.ConnectionError, rexc.TimeoutError):
+                    failures += 1
+                    await asyncio.sleep(0.05)
+        assert got and got[0][1], got
+        assert failures <= 2, failures
+    finally:
+        await client.aclose()
+
+
+async def test_an_xread_after_the_auto_pipeline_reloaded_the_map_asks_a_live_node(
+    cluster_with_replicas: RedisTestClusterWithReplicas, ns: str
+) -> None:
+    """The auto-pipeline reloads the slot map itself after a failure; the keys of the next
+    XREAD must then be asked of a node of that map, at the first try."""
+    client: Any = await connect(cluster_with_replicas.url)
+    auto = AutoPipeline(client)
+    try:
+        stream, on_victim = await _kill_the_parsers_node(cluster_with_replicas, client, ns)
+        with anyio.fail_after(30):
+            while True:  # answered once the map names the promoted replica
+                try:
+                    await auto.set(on_victim, "v")
+                    break
+                except (rexc.ConnectionError, rexc.TimeoutError, rexc.ClusterDownError):
+                    await asyncio.sleep(0.05)
+        got = await client.xread({stream: "0"}, block=50, count=1)
+        assert got and got[0][1], got
+    finally:
+        await auto.aclose()
+
+
 async def _client_lists(ports: list[int]) -> list[list[dict[str, Any]]]:
     out = []
     for port in ports:
