@@ -12,7 +12,9 @@
 -- entry once it is settled, so this is queued + being handled), at the moment of the add.
 --
 -- Returns the inbox entry id (a string), or, when the inbox holds max_queue entries or
--- more, that number of entries (an integer) and nothing is written.
+-- more, that number of entries (an integer) and nothing is written. An added entry is
+-- announced on the shard channel named KEYS[2] (SPUBLISH, empty message): the wake-up of
+-- an agent waiting on a Cluster.
 -- Errors  'ERR reach: bad <argument>: <why>' when an argument or a key's type is out of
 --         contract; nothing is written then.
 local MAX_INT = 999999999999999
@@ -38,4 +40,9 @@ for i = 1, 4 do
   if i > 1 then depth = depth + redis.call('XLEN', KEYS[i]) end
 end
 if depth >= max then return depth end
-return redis.call('XADD', KEYS[1], '*', 'e', ARGV[1])
+local id = redis.call('XADD', KEYS[1], '*', 'e', ARGV[1])
+-- Wake the agent if it waits (a runtime on a Cluster subscribes to this shard channel, named
+-- as its first inbox stream, KEYS[2]); a server without sharded pub/sub (Redis < 7) leaves
+-- the waiting agent to its next read, at most its block time later.
+redis.pcall('SPUBLISH', KEYS[2], '')
+return id

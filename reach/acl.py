@@ -18,7 +18,8 @@ key matches it: ``reach:{ns}:*`` and ``reach:{ns:r<j>}:*`` (the registry shards 
 standalone Redis and of a Cluster: exact tags, since a namespace ``ns:rx`` is valid but
 ``ns:r<digits>`` is reserved) and ``reach:ns:{*`` (per-agent, per-client and per-record
 slots: the ``{`` right after ``ns:`` is what keeps ``ns:x`` and ``nsx`` out, neither can
-have a key starting ``reach:ns:{``). No pub/sub channel is granted: reach uses none.
+have a key starting ``reach:ns:{``). Channels: ``reach:ns:{*`` only, the agents' wake-up
+channels on a Cluster (sharded pub/sub, named as inbox streams).
 
 Scripts: Redis ACLs cannot restrict which script a user runs (``EVALSHA`` and ``SCRIPT
 LOAD`` are all or nothing), but a script runs with its caller's permissions: each command
@@ -81,6 +82,8 @@ _CALLER = (
     "sadd",
     "zadd",
     "pexpire",
+    # the wake-up of an agent waiting on a Cluster (enqueue.lua, an unbounded send)
+    "spublish",
 )
 
 # Per role, the commands reach runs (from ACL LOG of a worker, a client and every CLI
@@ -119,6 +122,10 @@ _ROLE_COMMANDS: dict[str, tuple[str, ...]] = {
         # agents of one process waiting together: one XREAD, restarted when one joins
         "client|id",
         "client|unblock",
+        # on a Cluster: its wake-ups (sharded pub/sub), and an agent's sends publish them
+        "ssubscribe",
+        "sunsubscribe",
+        "spublish",
     ),
     "caller": _CALLER,
     "operator": (
@@ -148,6 +155,7 @@ class _Sample:
     """Keys of the namespace for :func:`role_commands`' probes."""
 
     inbox: str
+    wake: str
     replies: str
     agent: str
     agents: str
@@ -165,6 +173,7 @@ def _sample(keys: Keys) -> _Sample:
     probe = "doctor-probe"
     return _Sample(
         inbox=keys.inbox(probe, PRIORITIES[1]),
+        wake=keys.wake(probe),
         replies=keys.replies(probe),
         agent=keys.agent(probe),
         agents=keys.agents,
@@ -189,6 +198,9 @@ _PROBES: dict[str, Callable[[_Sample], tuple[str, ...]]] = {
     "client|setname": lambda s: ("CLIENT", "SETNAME", "reach"),
     "client|id": lambda s: ("CLIENT", "ID"),
     "client|unblock": lambda s: ("CLIENT", "UNBLOCK", "1"),
+    "spublish": lambda s: ("SPUBLISH", s.wake, ""),
+    "ssubscribe": lambda s: ("SSUBSCRIBE", s.wake),
+    "sunsubscribe": lambda s: ("SUNSUBSCRIBE", s.wake),
     "client|list": lambda s: ("CLIENT", "LIST"),
     "evalsha": lambda s: ("EVALSHA", _SHA, "1", s.inbox),
     "script|load": lambda s: ("SCRIPT", "LOAD", "return 1"),
@@ -296,6 +308,14 @@ def key_patterns(namespace: str) -> list[str]:
     return list(dict.fromkeys(pats))
 
 
+def channel_pattern(namespace: str) -> str:
+    """The pub/sub channels of ``namespace`` (without ``&``): the agents' wake-up channels
+    (:meth:`Keys.wake`, named as an inbox stream), so the per-agent slot pattern."""
+    key_patterns(namespace)  # the same checks of the namespace
+    wake = Keys(namespace).wake("x")
+    return wake[: wake.index("{") + 1] + "*"
+
+
 def default_user(namespace: str, role: str) -> str:
     """``reach-<ns>-<role>``, the namespace percent-encoded where Redis refuses a character
     in a user name (a space) or it could confuse (``%`` itself, quotes): one name per
@@ -307,12 +327,13 @@ def default_user(namespace: str, role: str) -> str:
 def rules(namespace: str, role: str, *, password: str | None = None) -> list[str]:
     """The ``ACL SETUSER`` rules (after the user name) for ``role`` in ``namespace``:
     reset, on, the password as its SHA-256 (never in clear; none: the user cannot log in
-    until one is added), the key patterns, no channels, no command but the role's."""
+    until one is added), the key patterns, the namespace's channels, no command but the
+    role's."""
     out = ["reset", "on"]
     if password is not None:
         out.append("#" + hashlib.sha256(password.encode("utf-8")).hexdigest())
     out += [f"~{p}" for p in key_patterns(namespace)]
-    out += ["resetchannels", "-@all"]
+    out += ["resetchannels", f"&{channel_pattern(namespace)}", "-@all"]
     out += [f"+{c}" for c in commands_of(role)]
     return out
 

@@ -304,6 +304,13 @@ class Keys:
         """The three priority streams of an agent, highest first."""
         return [self.inbox(agent_id, p) for p in PRIORITIES]
 
+    def wake(self, agent_id: str) -> str:
+        """The sharded pub/sub channel (``SPUBLISH``) that wakes an agent waiting for its
+        inbox on a Cluster: named as its high-priority inbox stream, so it is in the
+        inbox's slot and a script given the inbox streams in KEYS publishes on one of
+        them (``enqueue.lua``)."""
+        return self.inbox(agent_id, PRIORITIES[0])
+
     # -- per-client slot --------------------------------------------------------------
     def replies(self, client_id: str) -> str:
         return f"{PREFIX}:{self.namespace}:{{c:{clean_id(client_id)}}}:replies"

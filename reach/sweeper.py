@@ -59,6 +59,13 @@ from .signing import Signer
 from .tasks import DLQ_MAXLEN, MALFORMED_CAP, TASK_TTL_MS, dead_letter_op, raw_dead_letter_op
 from .untrusted import strict_text
 
+REROUTE_GRACE_MS = 30_000
+"""How long after its eviction an evicted agent stays in its shard's reroute set: a
+message a caller sends it meanwhile (a registry view that has not read the eviction yet:
+up to its event poll, 0.25 s, or ``max_staleness_s``, 5 s, when its tail broke) is moved
+on by the next pass instead of waiting forever in a stream nobody reads. A pass costs an
+agent in its grace two reads (its record, whether an inbox stream exists)."""
+
 log = logging.getLogger("reach.sweeper")
 _CAP = re.compile(CAPABILITY_PATTERN)
 
@@ -403,12 +410,23 @@ class _Chores(_Letters):
         self, registry: Registry, agent_id: str, batch: int, reroute: str
     ) -> None:
         """Move one evicted agent's inbox (unless it came back), then drop it when empty
-        and take it out of ``reroute`` (the set that listed it)."""
+        and, :data:`REROUTE_GRACE_MS` after its eviction, take it out of ``reroute`` (the set
+        that listed it)."""
         redis, keys = self.redis, self.keys
         info = await registry.get(agent_id)
         if info is not None and info.state != "evicted":
             await redis.srem(reroute, agent_id)  # it came back: its inbox is its own
             return
+        if await redis.exists(*keys.inboxes(agent_id)):  # (none: dropped, and nothing since)
+            await self._move_inbox(agent_id, batch)
+        # Listed until REROUTE_GRACE_MS after its eviction (its record's state_ms): a caller
+        # whose view has not read the eviction yet may still send it a message, which
+        # recreates an inbox stream nobody reads; the next pass moves it on.
+        if info is None or now_ms() - info.state_ms >= REROUTE_GRACE_MS:
+            await redis.srem(reroute, agent_id)
+
+    async def _move_inbox(self, agent_id: str, batch: int) -> None:
+        redis, keys = self.redis, self.keys
         place = _Place("", "its agent was down", agent_id)
         where = f"the inbox of {agent_id}"
         for stream in keys.inboxes(agent_id):
@@ -423,7 +441,6 @@ class _Chores(_Letters):
             log.info("inbox of %s emptied and dropped", agent_id)
         if self.out != Moved():
             log.warning("inbox of evicted agent %s moved: %s", agent_id, self.out)
-        await redis.srem(reroute, agent_id)
 
     async def _move_one(self, place: _Place, data: bytes) -> bool:
         """Place one entry of an evicted agent's inbox: rerouted, parked or dead-lettered."""

@@ -2,24 +2,29 @@
 
 * registration (not ready at first), readiness, the drain flag, and on a clean stop
   deregistration and leaving the inbox;
-* heartbeats from a thread with its own connection, so a handler that blocks the event
-  loop for a while does not cost the lease; a loop without progress for ``stall_s``
-  (the ticker proves progress) withholds them. A heartbeat that finds the registration
-  gone registers again; one that finds a newer registration stops this agent. One thread
-  and one connection per process and Redis (:class:`Heartbeats`) renew every agent the
-  process runs: the inbox lengths of all in one pipeline, then one ``heartbeat_many.lua``
-  call per namespace (per 100 agents), each agent answered as by ``heartbeat.lua``;
+* heartbeats timed by a thread, so a handler that blocks the event loop for a while does
+  not cost the lease; a loop without progress for ``stall_s`` (the ticker proves progress)
+  withholds them. A heartbeat that finds the registration gone registers again; one that
+  finds a newer registration stops this agent. One thread per process and Redis
+  (:class:`Heartbeats`) renews every agent the process runs: the inbox lengths of all in
+  one pipeline, then one ``heartbeat_many.lua`` call per registry shard (per 100 agents),
+  each agent answered as by ``heartbeat.lua``. The round is sent by the agents' event
+  loop on its multiplexed connection (no connection of its own); only when that is not
+  answered within :data:`LOOP_PICKUP_S` (a handler blocking the loop) does the thread
+  send it on a connection of its own, kept while the loop stays blocked;
 * the watchdog: a consumer alive but stuck (a read that hangs) is marked not ready;
 * signals: the first SIGTERM/SIGINT drains, a second one stops at once.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
 import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -30,7 +35,7 @@ from ..connection import connect_sync
 from ..errors import StaleRegistration
 from ..keys import PRIORITIES
 from ..registry import Registry
-from ..scripts import Call, inbox, script
+from ..scripts import Call, inbox, run_pipeline, script
 from ..scripts._loader import is_noscript
 from ..scripts.agents import Beat, Heartbeat
 from ..scripts.codes import DeregisterCode, DropInboxCode, HeartbeatCode
@@ -45,10 +50,11 @@ class Liveness(Part):
 
     def __init__(self, shared: Shared, *, url: str, registry: Registry, version: int) -> None:
         super().__init__(shared)
-        self.url = url  # the heartbeat thread opens its own connection
+        self.url = url  # the heartbeat thread's own connection, when the loop is blocked
         self.registry = registry
         self.version = version  # the process start stamp: a newer registration wins
         self._hb: Heartbeats | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None  # the loop sending its rounds
 
     # -- registration -------------------------------------------------------------------
     def _register_kw(self) -> dict[str, Any]:
@@ -139,7 +145,8 @@ class Liveness(Part):
     # -- heartbeats ---------------------------------------------------------------------
     def start_heartbeat(self) -> None:
         """Join this process's heartbeat thread for this Redis (started by the first
-        agent, stopped when the last one leaves)."""
+        agent, stopped when the last one leaves); its rounds go out on this event loop."""
+        self.loop = asyncio.get_running_loop()
         self._hb = Heartbeats.join(self.url, self)
 
     def stop_heartbeat(self) -> None:
@@ -153,9 +160,10 @@ class Liveness(Part):
         stalled = time.monotonic() - self.state.loop_tick
         return stalled if stalled > self.opts.stall_s else 0.0
 
-    def answered(self, r: Any, hb: Heartbeat) -> bool:
-        """Act on this agent's heartbeat answer (in the heartbeat thread, on its connection
-        ``r``); False once the agent must stop beating (a newer registration exists)."""
+    def answered(self, conn: Callable[[], Any], hb: Heartbeat) -> bool:
+        """Act on this agent's heartbeat answer (in the heartbeat thread; ``conn()`` gives
+        its own connection, opened when first needed); False once the agent must stop
+        beating (a newer registration exists)."""
         st, reg = self.state, self.registry
         try:
             if hb.code is HeartbeatCode.NOT_REGISTERED:
@@ -163,6 +171,7 @@ class Liveness(Part):
                     "agent %s: registration lost (evicted or flushed): registering again",
                     self.agent_id,
                 )
+                r = conn()
                 call = reg.register_call(self.agent_id, **self._register_kw())
                 reg.check_registration(self.agent_id, self.version, call.run_sync(r))
                 create_groups_sync(r, self.keys.inboxes(self.agent_id))
@@ -207,6 +216,19 @@ pipeline): a few hundred microseconds of Redis time per call, so no call holds t
 server long."""
 
 
+LOOP_PICKUP_S = 1.0
+"""How long the heartbeat thread waits for the round an agent's event loop sends before
+sending it itself, on a connection of its own (a handler blocks the loop, or the loop is
+too busy to get to it); half the lease's slack (``lease_s - heartbeat_s``) when that is
+shorter, so the lease is still renewed in time. Both may reach Redis: a second renewal
+does no harm."""
+
+LOOP_PICKUP_MIN_S = 0.2
+"""Leases whose slack leaves less than this to wait for the loop (sub-second test leases:
+0.3 s with a 0.1 s heartbeat) are renewed by the thread itself, on its own connection, as
+soon as due: a busy loop must not cost such a lease."""
+
+
 @dataclass(eq=False, slots=True)
 class _Member:
     liveness: Liveness
@@ -215,6 +237,15 @@ class _Member:
     @property
     def period(self) -> float:
         return self.liveness.opts.heartbeat_s
+
+    @property
+    def slack_s(self) -> float:
+        """How late a renewal may be and still find the lease running."""
+        o = self.liveness.opts
+        return o.lease_s - o.heartbeat_s
+
+
+_Batch = list[tuple[_Member, Beat]]
 
 
 class Heartbeats:
@@ -225,11 +256,16 @@ class Heartbeats:
     and those due within half their period (so agents started at different times fall
     into step and are renewed together): one pipeline of the ``XLEN``s of their inboxes,
     then one ``heartbeat_many.lua`` call per registry shard and :data:`HEARTBEAT_BATCH`
-    agents, all in one pipeline (on a Cluster, per node, sent together: :func:`run_sync`).
-    An agent whose event loop has made no
-    progress for ``stall_s`` is left out of the round (and so evicted in time); every
-    answer is handled per agent (:meth:`Liveness.answered`). A failed round is logged by
-    every agent in it and retried at the next due time on a new connection.
+    agents, all in one pipeline (on a Cluster, per node, sent together). The thread keeps
+    the time; the round of the agents of one event loop is sent by that loop, on the
+    process's auto-pipelined client (no connection of its own: a worker process holds 3
+    connections on standalone Redis, 2 per master on a Cluster). A round the loop has not
+    got answered within :data:`LOOP_PICKUP_S` (a handler blocking it) is sent by the
+    thread on a connection of its own (:func:`run_sync`), closed once every loop answers
+    again. An agent whose event loop has made no progress for ``stall_s`` is left out of
+    the round (and so evicted in time); every answer is handled per agent
+    (:meth:`Liveness.answered`). A failed round is logged by every agent in it and retried
+    at the next due time.
     """
 
     _hubs: ClassVar[dict[str, Heartbeats]] = {}
@@ -242,7 +278,9 @@ class Heartbeats:
         self._wake = threading.Event()
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="reach-heartbeat", daemon=True)
+        self._r: Any = None  # the thread's own connection, while a loop is blocked
         self.rounds = 0  # rounds sent (for tests and benchmarks)
+        self.fallbacks = 0  # rounds the thread sent itself (a blocked loop)
 
     @classmethod
     def join(cls, url: str, liveness: Liveness) -> Heartbeats:
@@ -295,7 +333,6 @@ class Heartbeats:
             return due
 
     def _run(self) -> None:
-        r = None
         while not self._stopped:
             self._wake.wait(self._next_wait())
             self._wake.clear()
@@ -304,25 +341,76 @@ class Heartbeats:
             due = [m for m in self._due() if not self._withheld(m)]
             if not due:
                 continue
+            by_loop: dict[asyncio.AbstractEventLoop | None, list[_Member]] = {}
+            for m in due:
+                by_loop.setdefault(m.liveness.loop, []).append(m)
+            sent = [(members, self._send(loop, members)) for loop, members in by_loop.items()]
+            fell_back = False
+            for members, fut in sent:
+                fell_back |= self._finish(members, fut)
+            if not fell_back:
+                self._close()  # every loop answers again: no connection of its own
+        self._close()
+
+    def _send(
+        self, loop: asyncio.AbstractEventLoop | None, due: list[_Member]
+    ) -> concurrent.futures.Future[Any] | None:
+        """Hand the round of ``due`` to their event loop (None: the thread sends it, the
+        loop is gone or the leases too short to wait for it)."""
+        if loop is None or loop.is_closed() or self._pickup_s(due) < LOOP_PICKUP_MIN_S:
+            return None
+        try:
+            return asyncio.run_coroutine_threadsafe(self._round_async(due), loop)
+        except RuntimeError:  # the loop closed meanwhile
+            return None
+
+    def _finish(self, due: list[_Member], fut: concurrent.futures.Future[Any] | None) -> bool:
+        """Wait for the round sent by the loop, or, when it is not answered within
+        :data:`LOOP_PICKUP_S` (the loop is blocked, or too busy to get to it), send it from
+        here; True when it was sent here."""
+        here = False
+        try:
             try:
-                if r is None:
-                    r = connect_sync(self.url)
-                self._round(r, due)
-                for m in due:
-                    m.liveness.outages.ok()
-            except (rexc.RedisError, OSError) as e:
-                for m in due:
-                    m.liveness.outages.failed("heartbeat", e)
-                if r is not None:
-                    try:
-                        r.close()
-                    except Exception:  # noqa: BLE001, S110 - closing a broken connection
-                        pass
-                r = None
-            except Exception:  # a bug, not Redis: the thread must go on renewing leases
-                log.exception("heartbeat round failed; the next one tries again")
+                if fut is None:
+                    raise TimeoutError
+                batches, answers = fut.result(timeout=self._pickup_s(due))
+            except TimeoutError:
+                if fut is not None:
+                    fut.cancel()  # if it went out anyway, a second renewal does no harm
+                if self._stopped:  # the last agent left (its loop may be the one waiting)
+                    return False
+                here = True
+                self.fallbacks += 1
+                batches, answers = self._round_sync(due)
+            self._answer(batches, answers)
+            for m in due:
+                m.liveness.outages.ok()
+        except (rexc.RedisError, OSError, concurrent.futures.CancelledError) as e:
+            for m in due:
+                m.liveness.outages.failed("heartbeat", e)
+            if here:
+                self._close()
+        except Exception:  # a bug, not Redis: the thread must go on renewing leases
+            log.exception("heartbeat round failed; the next one tries again")
+        return here
+
+    @staticmethod
+    def _pickup_s(due: list[_Member]) -> float:
+        return min(LOOP_PICKUP_S, *(m.slack_s / 2 for m in due))
+
+    def _conn(self) -> Any:
+        """The thread's own connection (opened when first needed)."""
+        if self._r is None:
+            self._r = connect_sync(self.url)
+        return self._r
+
+    def _close(self) -> None:
+        r, self._r = self._r, None
         if r is not None:
-            r.close()
+            try:
+                r.close()
+            except Exception:  # noqa: BLE001, S110 - closing a broken connection
+                pass
 
     @staticmethod
     def _withheld(m: _Member) -> bool:
@@ -335,15 +423,14 @@ class Heartbeats:
             )
         return bool(stalled)
 
-    def _round(self, r: Any, due: list[_Member]) -> None:
-        """One round: the inbox lengths of ``due``, then their heartbeats, answered."""
+    @staticmethod
+    def _inboxes(due: list[_Member]) -> list[str]:
+        return [k for m in due for k in m.liveness.keys.inboxes(m.liveness.agent_id)]
+
+    def _plan(self, due: list[_Member], lengths: list[int]) -> tuple[list[_Batch], list[Call[Any]]]:
+        """The heartbeat calls of ``due`` given their inbox lengths: one
+        ``heartbeat_many.lua`` call per registry shard (one slot) and HEARTBEAT_BATCH agents."""
         self.rounds += 1
-        pipe = r.pipeline(transaction=False)
-        for m in due:
-            for k in m.liveness.keys.inboxes(m.liveness.agent_id):
-                pipe.xlen(k)
-        lengths = [int(x) for x in pipe.execute()]
-        # one heartbeat_many.lua call renews agents of one registry shard (one slot)
         by_shard: dict[tuple[str, int], list[tuple[_Member, Beat]]] = {}
         for i, m in enumerate(due):
             lv, st = m.liveness, m.liveness.state
@@ -361,9 +448,39 @@ class Heartbeats:
             batch[0][0].liveness.registry.heartbeat_many_call([b for _, b in batch])
             for batch in batches
         ]
-        for batch, answers in zip(batches, run_sync(r, calls), strict=True):
-            for (m, _), hb in zip(batch, answers, strict=True):
-                if not m.liveness.answered(r, hb):
+        return batches, calls
+
+    async def _round_async(self, due: list[_Member]) -> tuple[list[_Batch], list[Any]]:
+        """One round on the agents' event loop, on its auto-pipelined client (the
+        process's multiplexed connection, one per master on a Cluster)."""
+        r = due[0].liveness.redis
+        pipe = r.pipeline(transaction=False)
+        for k in self._inboxes(due):
+            pipe.xlen(k)
+        lengths = [int(x) for x in await pipe.execute()]
+        batches, calls = self._plan(due, lengths)
+        replies = await run_pipeline(r, [c.op() for c in calls])
+        answers = []
+        for c, x in zip(calls, replies, strict=True):
+            if isinstance(x, Exception):
+                raise x
+            answers.append(c.decode(x))
+        return batches, answers
+
+    def _round_sync(self, due: list[_Member]) -> tuple[list[_Batch], list[Any]]:
+        """One round from this thread, on its own connection (the loop is blocked)."""
+        r = self._conn()
+        pipe = r.pipeline(transaction=False)
+        for k in self._inboxes(due):
+            pipe.xlen(k)
+        lengths = [int(x) for x in pipe.execute()]
+        batches, calls = self._plan(due, lengths)
+        return batches, run_sync(r, calls)
+
+    def _answer(self, batches: list[_Batch], answers: list[Any]) -> None:
+        for batch, hbs in zip(batches, answers, strict=True):
+            for (m, _), hb in zip(batch, hbs, strict=True):
+                if not m.liveness.answered(self._conn, hb):
                     self.leave(m.liveness)
 
 

@@ -10,7 +10,8 @@ settled, the agent deregisters and leaves its inbox.
 Agents run by one process share what can be shared (:class:`_Host`, one per Redis URL and
 event loop): one Redis client, whose commands go out auto-pipelined on one multiplexed
 connection (:class:`reach._autopipe.AutoPipeline`; blocking reads take a connection of their
-own: 3 connections per process on standalone Redis and Sentinel), one heartbeat thread (:class:`reach._worker.liveness.Heartbeats`) and one sweeper
+own: 3 connections per process on standalone Redis and Sentinel, 2 per master on a Cluster
+where the agents wait on sharded pub/sub), one heartbeat thread (:class:`reach._worker.liveness.Heartbeats`, whose rounds the event loop sends) and one sweeper
 task per namespace (taken over by another agent of the process when its agent stops).
 """
 
@@ -63,13 +64,13 @@ pipelines were used there: 5,300-7,300 msgs/s with one in 2 runs; 7,000-14,400 w
 6,400-11,800 with four in 5 runs each). By default the commands share one multiplexed
 connection on standalone Redis and Sentinel, one per node on a Cluster (batches written
 without waiting for earlier replies, see :mod:`reach._autopipe`), whatever this number: a
-standalone worker process holds 3 connections (that one, its blocking read, its heartbeat
-thread), and the backlog drains faster than with two pipelines (`reach bench --floor
+standalone worker process holds at most 3 connections (that one, which also carries the
+heartbeat rounds, its blocking read, and the heartbeat thread's own while a handler blocks
+the loop), and the backlog drains faster than with two pipelines (`reach bench --floor
 --repeat 3`, 3 alternated runs each, medians: 24,353 -> 26,735 msgs/s at load ~1, 20,373 ->
-21,612 at load 2-3; docs/operations.md has the rest). On a Cluster a worker process holds,
-per master, that one plus a blocking inbox read per agent whose inbox is there and its
-heartbeat thread's connection if the thread talks to that master (one agent: 3 on its
-inbox's master, 1-2 on the others; tests/integration/test_cluster_concurrency.py)."""
+21,612 at load 2-3; docs/operations.md has the rest). On a Cluster a worker process holds
+2 per master whatever its agents: that one and the wake-up subscription of its agents
+whose inboxes are there (:class:`_ShardWakeups`; tests/integration/test_cluster_concurrency.py)."""
 
 
 RESYNC_S = 15.0
@@ -256,6 +257,208 @@ class _AgentRedis:
         return replies[-1] or []
 
 
+class _NodeWakeups:
+    """The ``SSUBSCRIBE`` connection of one Cluster master: the wake-up channels
+    (:meth:`reach.keys.Keys.wake`) of this process's agents whose inboxes are there. A
+    message on a channel sets its agent's event. A channel subscribed is confirmed before
+    :meth:`subscribe` returns, so an entry added after that is announced to this process.
+    A connection lost loses the messages sent meanwhile: every agent of the node is woken
+    (it reads its inbox) and the channels are subscribed again on a new connection; a
+    channel the server unsubscribes (its slot moved) wakes its agent, which subscribes
+    again where the slot map says."""
+
+    def __init__(self, node: Any, events: dict[str, asyncio.Event]) -> None:
+        self.node = node
+        self.events = events  # channel -> its agent's event (shared by the process's nodes)
+        self.channels: set[str] = set()
+        self.confirmed: dict[str, asyncio.Future[None]] = {}
+        self.moved: set[str] = set()  # unsubscribed by the server: subscribe again
+        self._conn: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+
+    async def _connected(self) -> Any:
+        async with self._lock:
+            if self._conn is None:
+                conn = self.node.connection_class(**self.node.connection_kwargs)
+                await conn.connect()
+                self._conn = conn
+                for ch in self.channels:
+                    await conn.send_command("SSUBSCRIBE", ch)
+            if self._task is None or self._task.done():
+                self._task = asyncio.get_running_loop().create_task(self._read())
+            return self._conn
+
+    async def subscribe(self, channel: str) -> None:
+        fut = self.confirmed.get(channel)
+        if fut is None or fut.done():
+            fut = self.confirmed[channel] = asyncio.get_running_loop().create_future()
+        self.channels.add(channel)
+        conn = await self._connected()
+        await conn.send_command("SSUBSCRIBE", channel)
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), timeout=10)
+        except TimeoutError:
+            raise rexc.TimeoutError(f"SSUBSCRIBE {channel} not confirmed in 10 s") from None
+
+    async def unsubscribe(self, channel: str) -> None:
+        self.channels.discard(channel)
+        if self._conn is not None:
+            try:
+                await self._conn.send_command("SUNSUBSCRIBE", channel)
+            except (rexc.RedisError, OSError):  # the connection is going anyway
+                pass
+
+    def _fail(self, e: BaseException) -> None:
+        for ch in self.channels:
+            fut = self.confirmed.get(ch)
+            if fut is not None and not fut.done():
+                fut.set_exception(rexc.ConnectionError(f"wake-up subscription failed: {e}"))
+                fut.exception()  # retrieved: the subscriber may have given up already
+            ev = self.events.get(ch)
+            if ev is not None:
+                ev.set()
+
+    async def _read(self) -> None:
+        while True:
+            conn = self._conn
+            if conn is None:
+                return
+            try:
+                # push_request: on RESP3 the messages are push replies, returned only so
+                msg = await conn.read_response(
+                    disable_decoding=True, timeout=30.0, push_request=True
+                )
+            except Exception as e:  # noqa: BLE001 - lost: wake everyone, subscribe again
+                log.debug("wake-up subscription lost: %s", e)
+                self._conn = None
+                try:
+                    await conn.disconnect()
+                except Exception:  # noqa: BLE001, S110 - closing a broken connection
+                    pass
+                self._fail(e)
+                return
+            if not isinstance(msg, list) or len(msg) < 2:
+                continue  # a read that timed out (None), or nothing reach sends
+            kind, ch = msg[0], as_text(msg[1])
+            if kind == b"smessage":
+                ev = self.events.get(ch)
+                if ev is not None:
+                    ev.set()
+            elif kind == b"ssubscribe":
+                fut = self.confirmed.get(ch)
+                if fut is not None and not fut.done():
+                    fut.set_result(None)
+            elif kind == b"sunsubscribe" and ch in self.channels:
+                self.channels.discard(ch)  # the server's doing: its slot moved
+                self.moved.add(ch)
+                ev = self.events.get(ch)
+                if ev is not None:
+                    ev.set()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except BaseException:  # noqa: BLE001, S110 - cancelled on close
+                pass
+        if self._conn is not None:
+            await self._conn.disconnect()
+            self._conn = None
+
+
+class _ShardWakeups:
+    """Cluster: one ``SSUBSCRIBE`` connection per master (:class:`_NodeWakeups`) for every
+    waiting agent of the process whose inbox is there, instead of a blocked
+    ``XREADGROUP`` connection per agent. ``enqueue.lua`` (and the plain ``XADD`` of an
+    unbounded send) publishes on the agent's wake-up channel, in its inbox's slot; the
+    agent reads its inbox then, without blocking, on the multiplexed connection. A worker
+    process so holds 2 connections per master (that one and this), however many agents it
+    runs and whatever their concurrency."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+        self.nodes: dict[str, _NodeWakeups] = {}
+        self.events: dict[str, asyncio.Event] = {}
+        self.where: dict[str, _NodeWakeups] = {}
+
+    async def join(self, channel: str) -> asyncio.Event:
+        """Subscribe ``channel`` (confirmed on return); its event is set by a message."""
+        ev = self.events.setdefault(channel, asyncio.Event())
+        node = self.raw.get_node_from_key(channel)
+        sub = self.nodes.get(node.name)
+        if sub is None:
+            sub = self.nodes[node.name] = _NodeWakeups(node, self.events)
+        old = self.where.get(channel)
+        if old is not None and old is not sub:
+            await old.unsubscribe(channel)
+        self.where[channel] = sub
+        sub.moved.discard(channel)
+        await sub.subscribe(channel)
+        return ev
+
+    def live(self, channel: str) -> bool:
+        """``channel`` is subscribed on a connection that is up."""
+        sub = self.where.get(channel)
+        return (
+            sub is not None
+            and channel in sub.channels
+            and sub._conn is not None
+            and (fut := sub.confirmed.get(channel)) is not None
+            and fut.done()
+            and fut.exception() is None
+        )
+
+    async def leave(self, channel: str) -> None:
+        sub = self.where.pop(channel, None)
+        self.events.pop(channel, None)
+        if sub is not None:
+            await sub.unsubscribe(channel)
+
+    async def close(self) -> None:
+        for sub in self.nodes.values():
+            await sub.close()
+        self.nodes.clear()
+
+
+class _ClusterAgentRedis:
+    """The Redis client of one agent on a Cluster: every command goes to the shared
+    auto-pipelined client; a blocking ``XREADGROUP`` of its inbox subscribes (once) to its
+    wake-up channel (:class:`_ShardWakeups`), reads without blocking, and when that finds
+    nothing waits for a wake-up (or the block time) and reads again."""
+
+    def __init__(self, commands: AnyRedis, wakeups: _ShardWakeups, channel: str) -> None:
+        self._commands = commands
+        self._wakeups = wakeups
+        self._channel = channel
+        self._event: asyncio.Event | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._commands, name)
+
+    async def aclose(self, *args: Any, **kwargs: Any) -> None:
+        """The process's host closes the shared client."""
+
+    async def xreadgroup(self, *args: Any, **kwargs: Any) -> Any:
+        block = kwargs.pop("block", None)
+        if block is None:
+            return await self._commands.xreadgroup(*args, **kwargs)
+        if self._event is None or not self._wakeups.live(self._channel):
+            # subscribed (again) before the read: nothing added after it goes unannounced
+            self._event = await self._wakeups.join(self._channel)
+        ev = self._event
+        ev.clear()
+        got = await self._commands.xreadgroup(*args, **kwargs)
+        if got:
+            return got
+        with anyio.move_on_after(block / 1000):
+            await ev.wait()
+        if not ev.is_set():
+            return []
+        return await self._commands.xreadgroup(*args, **kwargs)
+
+
 @dataclass(eq=False)
 class _Host:
     """What the agents one process runs on one Redis URL in one event loop share: the
@@ -264,7 +467,8 @@ class _Host:
 
     raw: AnyRedis
     redis: AnyRedis
-    wakeups: _Wakeups | None = None  # None on a Cluster: each agent blocks on its own
+    wakeups: _Wakeups | None = None  # standalone and Sentinel
+    shard_wakeups: _ShardWakeups | None = None  # Cluster
     users: int = 0
     sweeping: set[str] = field(default_factory=set)  # namespaces with a sweeper running
     # Cancel notices: one reader per process and namespace, for all its agents.
@@ -281,13 +485,21 @@ class _Host:
             if host is None:
                 raw = await connect(url)
                 redis: AnyRedis = AutoPipeline(raw, max_pipelines=HOST_PIPELINES)
-                wakeups = None if is_cluster(raw) else _Wakeups(url, block_ms)
-                host = cls._hosts[key] = _Host(raw, redis, wakeups)
+                cluster = is_cluster(raw)
+                host = cls._hosts[key] = _Host(
+                    raw,
+                    redis,
+                    None if cluster else _Wakeups(url, block_ms),
+                    _ShardWakeups(raw) if cluster else None,
+                )
             host.users += 1
             return host
 
-    async def leave(self, url: str) -> None:
+    async def leave(self, url: str, wake_channel: str = "") -> None:
         self.users -= 1
+        if self.shard_wakeups is not None and wake_channel:
+            with anyio.CancelScope(shield=True):
+                await self.shard_wakeups.leave(wake_channel)
         if self.users:
             return
         key = (url, id(asyncio.get_running_loop()))
@@ -297,10 +509,14 @@ class _Host:
         with anyio.CancelScope(shield=True):
             if self.wakeups is not None:
                 await self.wakeups.close()
+            if self.shard_wakeups is not None:
+                await self.shard_wakeups.close()
             await self.redis.aclose()  # waits for the batches in flight, closes ``raw``
 
-    def agent_redis(self) -> AnyRedis:
+    def agent_redis(self, wake_channel: str) -> AnyRedis:
         """The client one agent's parts use (its blocking reads through the wake-ups)."""
+        if self.shard_wakeups is not None:
+            return cast(AnyRedis, _ClusterAgentRedis(self.redis, self.shard_wakeups, wake_channel))
         if self.wakeups is None:
             return self.redis
         self.wakeups.start()
@@ -356,7 +572,8 @@ class Runtime:
         if not url:
             raise ConfigError("No Redis: pass redis_url=... or set REACH_REDIS_URL.")
         host = await _Host.enter(url, o.block_ms)
-        redis = host.agent_redis()
+        wake_channel = keys.wake(self.agent.agent_id)
+        redis = host.agent_redis(wake_channel)
         cluster = is_cluster(host.raw)
         registry = Registry(redis, o.namespace)
         # The agent's own Client (ctx.client) shares the process's auto-pipelined client:
@@ -431,7 +648,7 @@ class Runtime:
             hooks.on_stop(st)
             liveness.stop_heartbeat()
             await liveness.leave()
-            await host.leave(url)
+            await host.leave(url, wake_channel)
 
     async def _drain(self, liveness: Liveness, settlement: Settlement) -> None:
         """Stop taking work, let in-flight handlers finish (bounded), flush settles."""

@@ -5,7 +5,8 @@ one pipeline).
 Sending adds the message to the agent's inbox (unless it is at the agent's bound) and
 marks its idempotency record pending. On standalone Redis ``send.lua`` does both in one
 step. On a Cluster the inbox and the record are in different slots: ``enqueue.lua`` adds
-to the inbox within its bound (or a plain XADD when unbounded), then ``mark_pending.lua``
+to the inbox within its bound (or a plain XADD when unbounded, followed by the agent's
+wake-up ``SPUBLISH`` that enqueue.lua sends itself), then ``mark_pending.lua``
 writes the record on its own slot (and a plain SET the msg_id pointer, in a third slot).
 :func:`send` takes ``cluster`` and makes that choice; either way the task status is
 written by a script.
@@ -233,7 +234,12 @@ async def send(
             await run_pipeline(r, record)
         return sent
     out = await run_pipeline(
-        r, [("XADD", keys.inbox(agent_id, priority), "*", "e", m.data), *record]
+        r,
+        [
+            ("XADD", keys.inbox(agent_id, priority), "*", "e", m.data),
+            ("SPUBLISH", keys.wake(agent_id), ""),  # in the inbox's slot: same node, same write
+            *record,
+        ],
     )
     if isinstance(out[0], Exception):
         raise out[0]
@@ -290,6 +296,7 @@ async def send_many(
             ops.append(call.op())
         else:
             ops.append(("XADD", keys.inbox(d.agent_id, d.priority), "*", "e", d.message.data))
+            ops.append(("SPUBLISH", keys.wake(d.agent_id), ""))
             ops += _record_ops(keys, d.message, ttl_ms=ttl_ms)
     replies = await run_pipeline(r, ops)
     out: list[Sent | Exception] = []

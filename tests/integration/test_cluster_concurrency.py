@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -46,12 +47,14 @@ N = 2_000
 # keys of each blocking XREAD it routes) on the default node: 3 where two of these meet.
 PER_NODE = 3
 PER_CLIENT = 5  # all nodes: 3 multiplexed, the reply read, the GETKEYS one
-# A worker process with one agent, per node: the multiplexed connection, its agent's
-# blocking inbox read (on a Cluster each agent blocks on its own inbox) on its inbox's node,
-# and its heartbeat thread's sync cluster client (inbox lengths, the registry shard's
-# heartbeat). The registry tail of a sharded registry is a pipeline of non-blocking reads:
-# on the multiplexed connections.
-WORKER_PER_NODE = 3
+# A worker process, per master, whatever its agents and their concurrency (issue 12): the
+# multiplexed connection (its commands, the heartbeat rounds, the registry tail's
+# non-blocking reads) and the SSUBSCRIBE connection of its agents' wake-ups on the masters
+# of their inboxes. Heartbeat rounds go on the multiplexed connection as long as the event
+# loop takes them up within half the lease's slack: the workers here get leases long
+# enough for that on a loaded machine (FAST's 0.3 s gives 0.1 s).
+WORKER_PER_NODE = 2
+ROOMY_LEASES = ("--heartbeat-s", "0.2", "--lease-s", "3", "--evict-after-s", "6")
 
 
 def sockets_to(pid: int, ports: list[int]) -> list[int]:
@@ -79,16 +82,19 @@ def sockets_to(pid: int, ports: list[int]) -> list[int]:
     return [counts[p] for p in ports]
 
 
-def agents_on_every_master(ns: str, masters: int = 3) -> list[str]:
-    """One agent id per master: agent ``i``'s inbox slot is on master ``i``."""
-    found: dict[int, str] = {}
+def agents_on_every_master(ns: str, masters: int = 3, per_master: int = 1) -> list[str]:
+    """``per_master`` agent ids per master, master by master (the inbox slot of the
+    ``i``-th group's agents is on master ``i``)."""
+    found: dict[int, list[str]] = {m: [] for m in range(masters)}
     i = 0
-    while len(found) < masters:
+    while any(len(v) < per_master for v in found.values()):
         agent_id = f"cc-{i}"
         slot = key_slot(Keys(ns).inbox(agent_id, "normal").encode())
-        found.setdefault(master_of_slot(slot, masters), agent_id)
+        group = found[master_of_slot(slot, masters)]
+        if len(group) < per_master:
+            group.append(agent_id)
         i += 1
-    return [found[m] for m in range(masters)]
+    return [a for m in range(masters) for a in found[m]]
 
 
 @pytest.fixture
@@ -98,7 +104,7 @@ def three_workers(
     agents = agents_on_every_master(ns)
     procs = []
     for agent_id in agents:
-        cmd = worker_cmd("echo_agent", redis_cluster.url, ns, "--concurrency", "64")
+        cmd = worker_cmd("echo_agent", redis_cluster.url, ns, "--concurrency", "64", *ROOMY_LEASES)
         env = {**os.environ, "REACH_TEST_AGENT_ID": agent_id}
         procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL))
     yield agents, procs
@@ -180,3 +186,84 @@ async def test_2000_requests_and_2000_sends_at_once_on_a_cluster_client(
     assert all(len(s) <= PER_NODE for s in seen), report
     assert peak_total <= PER_CLIENT, report
     assert all(1 <= c <= WORKER_PER_NODE for w in worker_peak for c in w), report
+
+
+AFTER_IDLE = 24
+
+
+def start_host(url: str, ns: str, agents: list[str]) -> subprocess.Popen[bytes]:
+    """A worker process running ``agents`` in one event loop."""
+    cmd = [sys.executable, "-m", "tests.support.echo_host", url, ns, *agents]
+    return subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL)
+
+
+async def test_a_process_hosting_six_agents_holds_two_connections_per_master(
+    redis_cluster: RedisTestCluster, ns: str, record_property: Any
+) -> None:
+    """Six agents in one worker process, two with their inbox on each master, under 1,000
+    concurrent requests and 1,000 sends, then idle: at most 2 connections per master
+    (issue 12 item 4). Before, each agent blocked on its own inbox (a connection each) and
+    the heartbeat thread had its own: 4 on every master here. The wake-ups are sharded
+    pub/sub: each agent's channel is subscribed once, on the master of its inbox."""
+    n = 1_000
+    agents = agents_on_every_master(ns, per_master=2)
+    ports = [node.port for node in redis_cluster.nodes]
+    proc = start_host(redis_cluster.url, ns, agents)
+    peak = [0] * len(ports)
+
+    async def watch() -> None:
+        nonlocal peak
+        while True:
+            peak = [max(a, b) for a, b in zip(peak, sockets_to(proc.pid, ports), strict=True)]
+            await anyio.sleep(0.01)
+
+    r = await connect(redis_cluster.url)
+    nodes: list[Any] = [aredis.Redis(port=p) for p in ports]
+    try:
+        async with Client(redis_url=redis_cluster.url, namespace=ns) as client:
+            await wait_eligible(client, "test.echo", agents, timeout=40)
+            burst = await echo_burst(client, r, ns, n, while_running=watch)
+            # idle: heartbeat rounds and wake-up waits only
+            with anyio.move_on_after(2.0):
+                await watch()
+            # after the idle time, requests wake their agents again
+            later: list[Any] = []
+
+            async def ask(i: int) -> None:
+                later.append((await client.request("test.echo", n + i, timeout_s=30))["echo"])
+
+            async with anyio.create_task_group() as tg:
+                for i in range(AFTER_IDLE):
+                    tg.start_soon(ask, i)
+            assert sorted(later) == list(range(n, n + AFTER_IDLE))
+        subscribed = []
+        for node in nodes:
+            counts = await node.execute_command(
+                "PUBSUB", "SHARDNUMSUB", *[Keys(ns).wake(a) for a in agents]
+            )
+            subscribed.append([int(x) for x in counts[1::2]])
+        assert [answer["echo"] for _, answer in sorted(burst.answers.items())] == list(range(n))
+        done = await effects(r, ns, "echo")
+        assert len(done) == 2 * n + AFTER_IDLE and set(done.values()) == {1}
+        handled = await handled_by_agent(r, ns, "echo")
+        assert set(handled) == set(agents), handled
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        for node in nodes:
+            await node.aclose()
+        await r.aclose()
+    report = (
+        f"6 agents in one process, {n} requests + {n} sends: connections per master at most "
+        f"{peak}; wake-up subscribers per channel per master {subscribed}"
+    )
+    print(report)
+    record_property("cluster_host_connections", report)
+    # every agent's channel subscribed once, on the master of its inbox (the others 0)
+    assert [sum(col) for col in zip(*subscribed, strict=True)] == [1] * len(agents), report
+    assert all(1 <= c <= WORKER_PER_NODE for c in peak), report

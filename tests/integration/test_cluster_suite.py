@@ -177,8 +177,11 @@ async def test_an_evicted_agents_inbox_is_rerouted_to_an_agent_on_another_master
     assert inbox_master("h1") != inbox_master("h2")
     ns = namespace_on(({0, 1, 2} - {inbox_master("h1"), inbox_master("h2")}).pop())
     workers: Workers = hard_workers(ns)
-    for n in ("h1", "h2"):
-        workers.start(n)
+    workers.start("h1")
+    # h2 is stopped while the test sends it 5 messages: with FAST's 0.3 s lease a loaded
+    # machine let it go to probation before they were all sent (NoAgentAvailable for the
+    # target); a 2 s lease keeps it a valid target that long, then it is evicted as before
+    workers.start("h2", "--lease-s", "2", "--evict-after-s", "4")
     async with Client(redis_url=redis_cluster.url, namespace=ns, slow_start_s=0) as c:
         await wait_eligible(c, "hard.echo", ["h1", "h2"], timeout=30)
         workers.procs["h2"].send_signal(signal.SIGSTOP)  # it must not handle them

@@ -24,6 +24,7 @@ from reach.envelope import encode, new_id, now_ms, scoped_key
 from reach.errors import NoAgentAvailable
 from reach.keys import GROUP, Keys
 from reach.registry import Registry
+from reach.scripts import inbox
 from reach.tasks import DLQ_RAW_MAX_BYTES, MALFORMED_CAP
 from tests.fuzz.strategies import deep_nesting, valid_envelope
 from tests.support.waiting import wait_until
@@ -291,6 +292,43 @@ async def test_an_evicted_agents_emptied_inbox_is_dropped(
 
         await wait_until(dropped, timeout_s=30, what="inbox of the evicted agent dropped")
         await serving(c, workers, "h1")
+
+
+async def test_a_message_sent_to_an_evicted_agent_after_its_inbox_was_dropped_is_moved_on(
+    workers: Workers, redis_url: str, ns: str, r: AnyRedis
+) -> None:
+    """A caller whose registry view has not read an eviction yet sends to the evicted
+    agent after the sweeper emptied and dropped its inbox: the add recreates an inbox
+    stream nobody reads. The evicted agent stays in the reroute set for a grace time after
+    its eviction, so the next pass moves the message on (it waited forever before: the
+    cluster suite's reroute test timed out on its last request this way)."""
+    for n in ("h1", "h2"):
+        workers.start(n)
+    keys = Keys(ns)
+    async with Client(redis_url=redis_url, namespace=ns, slow_start_s=0) as c:
+        await ready(c, {"h1", "h2"})
+        workers.procs["h2"].send_signal(signal.SIGKILL)
+
+        async def dropped() -> bool:
+            a = await Registry(r, ns).get("h2")
+            return (
+                a is not None and a.state == "evicted" and not await r.exists(*keys.inboxes("h2"))
+            )
+
+        await wait_until(dropped, timeout_s=30, what="h2 evicted and its inbox dropped")
+        # what send() does for a caller whose view still routes to h2
+        env = c.build("hard.echo", {"late": True})
+        m = inbox.Message.of(env, encode(env))
+        sent = await inbox.send(
+            r, keys, m, cluster=False, agent_id="h2", priority="normal", ttl_ms=60_000
+        )
+        assert not sent.refused
+
+        async def handled() -> Any:
+            return await _status_in(c, env.msg_id, "succeeded")
+
+        st = await wait_until(handled, timeout_s=30, what="the late message moved and handled")
+        assert st.agent_id == "h1"
 
 
 # -- item 11 -----------------------------------------------------------------------------

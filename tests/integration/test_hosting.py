@@ -4,6 +4,7 @@ liveness guarantee still holds per agent."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from functools import partial
 from typing import Any
@@ -178,3 +179,72 @@ async def test_a_stale_agent_stops_alone_and_an_evicted_one_comes_back(
 
 async def _true(v: bool) -> bool:
     return v
+
+
+def _states_while(redis_url: str, ns: str, agent_id: str, seconds: float) -> set[str]:
+    """Sweep and read ``agent_id``'s state every 50 ms for ``seconds``, on an event loop of
+    this (worker) thread: the test's own loop is the agent's, which a handler blocks."""
+
+    async def run() -> set[str]:
+        r = await connect(redis_url)
+        reg = Registry(r, ns)
+        seen: set[str] = set()
+        try:
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                await reg.sweep(owner="t-sweeper")
+                a = (await reg.read_agents([agent_id]))[agent_id]
+                seen.add(a.state if a is not None else "gone")
+                await asyncio.sleep(0.05)
+        finally:
+            await r.aclose()
+        return seen
+
+    return asyncio.run(run())
+
+
+async def test_heartbeat_rounds_go_out_on_the_loop_and_a_blocked_loop_falls_back_to_the_thread(
+    redis_url: str, ns: str
+) -> None:
+    """Rounds are sent by the agent's event loop on the process's multiplexed connection
+    (no fallback while the loop is free); a handler blocking the loop for twice the lease
+    still costs no lease: the thread sends the rounds itself, on its own connection
+    (issue 12 item 4)."""
+    probe = await connect(redis_url, client_name="t-probe")
+    reg = Registry(probe, ns)
+    app = Agent("blk-1", capabilities=["host.block"])
+
+    @app.handler("host.block")
+    async def block(payload: Any, ctx: Any) -> str:
+        time.sleep(float(payload))  # noqa: ASYNC251 - deliberately blocks the loop
+        return "unblocked"
+
+    # slack 0.8 s: a round waits up to 0.4 s for the loop, then the thread sends it
+    opts = {**FAST, "heartbeat_s": 0.2, "lease_s": 1.0, "evict_after_s": 2.0, "stall_s": 30.0}
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(partial(app.run, redis_url=redis_url, namespace=ns, **opts))
+            await _wait(lambda: _all_ready(reg, ["blk-1"]), "ready")
+            hub = Heartbeats._hubs[redis_url]
+            rounds0 = hub.rounds
+            await anyio.sleep(1.0)
+            assert hub.rounds - rounds0 >= 3 and hub.fallbacks == 0, (hub.rounds, hub.fallbacks)
+            async with Client(redis=probe, namespace=ns, client_id="t-probe") as c:
+                with anyio.fail_after(30):
+                    async with anyio.create_task_group() as calls:
+                        seen: set[str] = set()
+
+                        async def watch() -> None:
+                            seen.update(
+                                await anyio.to_thread.run_sync(
+                                    _states_while, redis_url, ns, "blk-1", 3.0
+                                )
+                            )
+
+                        calls.start_soon(watch)
+                        assert await c.request("host.block", 2.0, timeout_s=20) == "unblocked"
+            assert seen == {"active"}, seen  # 2 s blocked, lease 1 s: renewed by the thread
+            assert hub.fallbacks >= 2, hub.fallbacks
+            app.stop()
+    finally:
+        await probe.aclose()

@@ -8,6 +8,7 @@ from typing import Any
 
 import anyio
 import pytest
+import redis.asyncio as aredis
 from redis.exceptions import ResponseError
 
 from reach import scripts
@@ -217,3 +218,31 @@ async def test_enqueue_on_a_cluster_keeps_to_the_inbox_slot(redis_cluster: Any) 
         assert await scripts.call(rc, "enqueue", keys, [b"E", 1]) == 1
     finally:
         await rc.aclose()
+
+
+async def test_enqueue_wakes_the_agent_on_its_shard_channel_and_a_refusal_does_not(
+    r: AnyRedis, redis_url: str, ns: str
+) -> None:
+    """An added entry is announced on the agent's wake-up channel (SPUBLISH, what a waiting
+    runtime on a Cluster subscribes to); an add refused at the bound announces nothing."""
+    k = Keys(ns)
+    keys = [k.inbox("w-7", "normal"), *k.inboxes("w-7")]
+    sub = aredis.Redis.from_url(redis_url)
+    ps = sub.pubsub()
+    try:
+        await ps.execute_command("SSUBSCRIBE", k.wake("w-7"))
+        with anyio.fail_after(10):
+            while (m := await ps.get_message(timeout=1.0)) is None or m["type"] != "ssubscribe":
+                pass
+        assert isinstance(await scripts.call(r, "enqueue", keys, [b"E", 1]), bytes)
+        assert await scripts.call(r, "enqueue", keys, [b"E", 1]) == 1  # refused
+        got = []
+        with anyio.move_on_after(1.0):  # the refusal's message, if there were one
+            while True:
+                m = await ps.get_message(timeout=0.2)
+                if m is not None:
+                    got.append((m["type"], m["channel"]))
+        assert got == [("smessage", k.wake("w-7").encode())]
+    finally:
+        await ps.aclose()
+        await sub.aclose()

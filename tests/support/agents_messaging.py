@@ -227,10 +227,11 @@ def crash_agent() -> Agent:
     return app
 
 
-def echo_agent() -> Agent:
+def echo_agent(agent_id: str | None = None) -> Agent:
     """``test.echo``: returns the payload, counts one side effect per message and one
     message handled per agent."""
-    app = Agent(os.environ.get("REACH_TEST_AGENT_ID", "echo-1"), capabilities=["test.echo"])
+    agent_id = agent_id or os.environ.get("REACH_TEST_AGENT_ID", "echo-1")
+    app = Agent(agent_id, capabilities=["test.echo"])
 
     @app.handler("test.echo")
     async def echo(payload: Any, ctx: Context) -> dict[str, Any]:
