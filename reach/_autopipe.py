@@ -1334,6 +1334,15 @@ class AutoPipeline:
         """A command by its words (``"XADD", key, ...``), sent in the current batch."""
         return await self._enqueue("execute_command", args, options)
 
+    def submit(self, *args: Any) -> asyncio.Future[Any]:
+        """A command by its words, queued in the current batch now, without waiting: the
+        future of its reply (an error reply or a failure as its exception; NOSCRIPT is
+        recovered as for any command). On the multiplexed connection the writer sends it
+        at the next turn of the event loop, so the caller can prepare its next commands
+        while Redis runs these (``send_many``'s chunks, :mod:`reach._delivery`).
+        Cancelling the future drops the command if it is not written yet."""
+        return self._enqueue("execute_command", args, {})
+
     async def delete(self, *names: Any) -> Any:
         return await self._keyed("delete", names)
 

@@ -321,6 +321,66 @@ class Delivery:
             return sent.depth
         return None
 
+    def _items(
+        self, envs: Sequence[Envelope], picked: Sequence[tuple[int, AgentInfo]], max_inbox: int
+    ) -> list[inbox.Delivery]:
+        """The inbox writes of ``picked`` (index in ``envs``, the agent it goes to): each
+        envelope sealed and encoded, with its agent's bound and (standalone) its claim."""
+        items: list[inbox.Delivery] = []
+        tracing = logs.tracing()  # asked once for the batch (it costs µs a call)
+        signer = self.signer
+        cluster = self.commands.cluster
+        for i, agent in picked:
+            env = envs[i]
+            if tracing or signer is not None or env.sig:
+                seal(env, signer, tracing=tracing)
+            items.append(
+                inbox.Delivery(
+                    inbox.Message.of(env, encode(env)),
+                    agent.agent_id,
+                    env.priority,
+                    inbox_bound(agent, max_inbox),
+                    *(() if cluster else claim_at_send(agent, env)),
+                )
+            )
+        return items
+
+    async def _send_chunked(
+        self, envs: Sequence[Envelope], picked: Sequence[tuple[int, AgentInfo]], max_inbox: int
+    ) -> list[inbox.Sent | Exception]:
+        """:func:`reach.scripts.inbox.send_many` of ``picked`` (standalone Redis, one
+        multiplexed connection), :data:`SEND_CHUNK` messages at a time: each chunk's calls
+        are handed to the connection's writer, which sends them at the next turn of the
+        event loop, and the next chunk is encoded while Redis runs them. One connection
+        answers in order, so the messages reach the inboxes in order, as in one pipeline."""
+        commands = self.commands
+        plans: list[tuple[inbox.Batches, list[asyncio.Future[Any]]]] = []
+        try:
+            for start in range(0, len(picked), SEND_CHUNK):
+                items = self._items(envs, picked[start : start + SEND_CHUNK], max_inbox)
+                plan = inbox.Batches.of(self.keys, items, ttl_ms=TASK_TTL_MS)
+                plans.append((plan, [commands.submit(*c.op()) for c in plan.calls]))
+                if start + SEND_CHUNK < len(picked):
+                    await asyncio.sleep(0)  # the writer sends this chunk
+            sent: list[inbox.Sent | Exception] = []
+            for plan, futs in plans:
+                replies: list[Any] = []
+                for call, fut in zip(plan.calls, futs, strict=True):
+                    try:
+                        replies.append(call.decode(await fut))
+                    except Exception as e:  # noqa: BLE001 - this call's error, in its place
+                        replies.append(e)
+                sent += await plan.finish(commands, replies)
+        except BaseException:
+            for _, futs in plans:  # cancelled: what is not written yet is not sent
+                for fut in futs:
+                    if not fut.done():
+                        fut.cancel()
+                    elif not fut.cancelled():
+                        fut.exception()  # retrieved: no "never retrieved" warning
+            raise
+        return sent
+
     async def deliver_many(
         self, envs: Sequence[Envelope], where: Mapping[str, Any] | None, *, track: bool
     ) -> list[str | Exception]:
@@ -376,30 +436,16 @@ class Delivery:
                     self.router.inflight.add(agent.agent_id)
                 picked.append((i, agent))
             with logs.span("reach.deliver", kind="producer"):
-                items: list[inbox.Delivery] = []
-                tracing = logs.tracing()  # asked once for the batch (it costs µs a call)
-                signer = self.signer
-                cluster = self.commands.cluster
-                for i, agent in picked:
-                    env = envs[i]
-                    if tracing or signer is not None or env.sig:
-                        seal(env, signer, tracing=tracing)
-                    items.append(
-                        inbox.Delivery(
-                            inbox.Message.of(env, encode(env)),
-                            agent.agent_id,
-                            env.priority,
-                            inbox_bound(agent, q.max_inbox),
-                            *(() if cluster else claim_at_send(agent, env)),
-                        )
+                if self.coalescer is not None and self.commands.multiplexed:
+                    sent = await self._send_chunked(envs, picked, q.max_inbox)
+                else:
+                    sent = await inbox.send_many(
+                        self.commands,
+                        self.keys,
+                        self._items(envs, picked, q.max_inbox),
+                        cluster=self.commands.cluster,
+                        ttl_ms=TASK_TTL_MS,
                     )
-                sent = await inbox.send_many(
-                    self.commands,
-                    self.keys,
-                    items,
-                    cluster=self.commands.cluster,
-                    ttl_ms=TASK_TTL_MS,
-                )
         except BaseException:
             if track:
                 for _, agent in picked:
@@ -438,6 +484,10 @@ class Delivery:
                     tg.start_soon(redeliver, i)
         return out
 
+
+SEND_CHUNK = 128
+"""``send_many`` on standalone Redis: messages encoded and handed to the connection at a
+time, so encoding the next chunk overlaps Redis running this one."""
 
 CLAIM_AT_SEND_LEASE_MS = 60_000
 """The lease of a claim made at send (the runtime's default claim lease): long enough for

@@ -319,35 +319,63 @@ runs: ~1 ms for this many)."""
 async def _send_batches(
     r: AnyRedis, keys: Keys, items: Sequence[Delivery], *, ttl_ms: int
 ) -> list[Sent | Exception]:
-    groups: dict[tuple[str, int, str], list[int]] = {}
-    for i, d in enumerate(items):
-        groups.setdefault((d.agent_id, _bound(d.max_queue), d.claim_for), []).append(i)
-    chunks: list[list[int]] = []
-    calls: list[Call[Any]] = []
-    for idx in groups.values():
-        for start in range(0, len(idx), BATCH):
-            chunk = idx[start : start + BATCH]
-            chunks.append(chunk)
-            calls.append(_call_for(keys, [items[i] for i in chunk], ttl_ms=ttl_ms))
-    out: list[Sent | Exception] = [Sent()] * len(items)
-    alone: list[int] = []  # items of refused batch calls: sent again one by one
-    for chunk, reply in zip(chunks, await run_calls(r, calls), strict=True):
-        if isinstance(reply, Exception):
-            if len(chunk) > 1 and is_data_error(reply):
-                alone += chunk
-                continue
-            for i in chunk:
-                out[i] = reply
-        elif isinstance(reply, Sent):
-            out[chunk[0]] = reply
-        else:
-            for i, sent in zip(chunk, reply, strict=True):
-                out[i] = sent
-    if alone:
-        again = await run_calls(r, [_call_for(keys, [items[i]], ttl_ms=ttl_ms) for i in alone])
-        for i, x in zip(alone, again, strict=True):
-            out[i] = x
-    return out
+    plan = Batches.of(keys, items, ttl_ms=ttl_ms)
+    return await plan.finish(r, await run_calls(r, plan.calls))
+
+
+@dataclass(frozen=True, slots=True)
+class Batches:
+    """The ``send.lua`` calls of :func:`send_many` on standalone Redis: the items to one
+    agent (one bound, one claim) in calls of its batch form, :data:`BATCH` messages each at
+    most. ``chunks[c]``: the indexes in ``items`` of the messages of ``calls[c]``. Run the
+    calls as one likes (:func:`run_calls`, or submitted to an auto-pipeline without
+    waiting), then :meth:`finish` reads their replies."""
+
+    keys: Keys
+    items: Sequence[Delivery]
+    ttl_ms: int
+    chunks: list[list[int]]
+    calls: list[Call[Any]]
+
+    @classmethod
+    def of(cls, keys: Keys, items: Sequence[Delivery], *, ttl_ms: int) -> Batches:
+        groups: dict[tuple[str, int, str], list[int]] = {}
+        for i, d in enumerate(items):
+            groups.setdefault((d.agent_id, _bound(d.max_queue), d.claim_for), []).append(i)
+        chunks: list[list[int]] = []
+        calls: list[Call[Any]] = []
+        for idx in groups.values():
+            for start in range(0, len(idx), BATCH):
+                chunk = idx[start : start + BATCH]
+                chunks.append(chunk)
+                calls.append(_call_for(keys, [items[i] for i in chunk], ttl_ms=ttl_ms))
+        return cls(keys, items, ttl_ms, chunks, calls)
+
+    async def finish(self, r: AnyRedis, replies: Sequence[Any]) -> list[Sent | Exception]:
+        """Per item its :class:`Sent` or its error, from ``replies`` (the calls' decoded
+        replies, or errors, in order). The items of a call refused for a bad argument or
+        key (nothing written) are sent again through ``r``, one call each, so only the bad
+        one fails."""
+        items = self.items
+        out: list[Sent | Exception] = [Sent()] * len(items)
+        alone: list[int] = []  # items of refused batch calls: sent again one by one
+        for chunk, reply in zip(self.chunks, replies, strict=True):
+            if isinstance(reply, Exception):
+                if len(chunk) > 1 and is_data_error(reply):
+                    alone += chunk
+                    continue
+                for i in chunk:
+                    out[i] = reply
+            elif isinstance(reply, Sent):
+                out[chunk[0]] = reply
+            else:
+                for i, sent in zip(chunk, reply, strict=True):
+                    out[i] = sent
+        if alone:
+            calls = [_call_for(self.keys, [items[i]], ttl_ms=self.ttl_ms) for i in alone]
+            for i, x in zip(alone, await run_calls(r, calls), strict=True):
+                out[i] = x
+        return out
 
 
 def _call_for(keys: Keys, ds: Sequence[Delivery], *, ttl_ms: int) -> Call[Any]:

@@ -8,10 +8,13 @@ import uuid
 from typing import Any
 
 import pytest
+from redis.exceptions import ResponseError
 
 from reach import Agent, Context
+from reach._delivery import SEND_CHUNK
 from reach.client import Client
 from reach.connection import AnyRedis, connect
+from reach.envelope import decode_envelope, scoped_key
 from reach.errors import (
     ConfigError,
     NoAgentAvailable,
@@ -141,6 +144,43 @@ async def test_full_inboxes_refuse_exactly_their_bound(
         assert await r.xlen(keys.inbox("full-a", "normal")) == 10
         assert await r.xlen(keys.inbox("full-b", "normal")) == 30
         assert {(await client.task(m)).status for m in sent} == {"pending"}
+
+
+async def test_a_batch_of_many_chunks_keeps_order_bounds_and_errors_per_message(
+    redis_url: str, ns: str, r: AnyRedis
+) -> None:
+    """More messages than one chunk (SEND_CHUNK: the next chunk is encoded while Redis runs
+    the one before): the inbox holds them in the order given, each fresh record claimed at
+    send, the bound refuses exactly the messages past it wherever the chunks split, and a
+    message whose record key holds the wrong type fails alone."""
+    n = 3 * SEND_CHUNK + 5
+    reg = Registry(r, ns)
+    _, instance, _ = await register(reg, "chunky", ["test.chunks"], ready=True)
+    await register(reg, "bounded", ["test.bounded"], ready=True, max_queue=SEND_CHUNK + 7)
+    keys = Keys(ns)
+    idem = [f"k{i}" for i in range(n)]
+    await r.set(keys.idem(scoped_key("test.chunks", idem[SEND_CHUNK + 1])), "not a hash")
+    async with Client(redis_url=redis_url, namespace=ns) as client:
+        await wait_eligible(client, "test.chunks", ["chunky"])
+        await wait_eligible(client, "test.bounded", ["bounded"])
+        out = await client.send_many("test.chunks", range(n))
+        assert all(isinstance(x, str) for x in out)
+        inbox = keys.inbox("chunky", "normal")
+        entries = await r.xrange(inbox)
+        assert [decode_envelope(f[b"e"]).msg_id for _, f in entries] == out  # in order
+        assert {f[b"c"] for _, f in entries} == {f"chunky/{instance}".encode()}
+        await r.delete(inbox)
+        out = await client.send_many("test.chunks", range(n), idempotency_keys=idem)
+        bad = out[SEND_CHUNK + 1]
+        assert isinstance(bad, ResponseError) and "want a hash" in str(bad), bad
+        sent = [x for i, x in enumerate(out) if i != SEND_CHUNK + 1]
+        assert all(isinstance(x, str) for x in sent), [x for x in sent if not isinstance(x, str)]
+        entries = await r.xrange(inbox)
+        assert sorted(decode_envelope(f[b"e"]).msg_id for _, f in entries) == sorted(sent)
+        out = await client.send_many("test.bounded", range(n))
+        assert all(isinstance(x, str) for x in out[: SEND_CHUNK + 7])
+        assert all(isinstance(x, Overloaded) for x in out[SEND_CHUNK + 7 :])
+        assert await r.xlen(keys.inbox("bounded", "normal")) == SEND_CHUNK + 7
 
 
 @pytest.mark.cluster
