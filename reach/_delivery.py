@@ -330,18 +330,23 @@ class Delivery:
         tracing = logs.tracing()  # asked once for the batch (it costs µs a call)
         signer = self.signer
         cluster = self.commands.cluster
+        # Per agent: its bound and (no deadline) its claim, the same for each message.
+        per_agent: dict[str, tuple[int, tuple[str, int] | tuple[()]]] = {}
+        Delivery, of = inbox.Delivery, inbox.Message.of
         for i, agent in picked:
             env = envs[i]
             if tracing or signer is not None or env.sig:
                 seal(env, signer, tracing=tracing)
+            got = per_agent.get(agent.agent_id)
+            if got is None:
+                claim = () if cluster else claim_at_send(agent, env)
+                got = (inbox_bound(agent, max_inbox), claim)
+                if not env.deadline_ms:
+                    per_agent[agent.agent_id] = got
+            elif env.deadline_ms and not cluster:
+                got = (got[0], claim_at_send(agent, env))
             items.append(
-                inbox.Delivery(
-                    inbox.Message.of(env, encode(env)),
-                    agent.agent_id,
-                    env.priority,
-                    inbox_bound(agent, max_inbox),
-                    *(() if cluster else claim_at_send(agent, env)),
-                )
+                Delivery(of(env, encode(env)), agent.agent_id, env.priority, got[0], *got[1])
             )
         return items
 
@@ -411,6 +416,17 @@ class Delivery:
         picked: list[tuple[int, AgentInfo]] = []
         # The same for every message of the batch (its options and the candidates are).
         policy = policy_for(envs[0], candidates, self.default_policy)
+        first = envs[0]
+        pick_next = self.router.picker(
+            cap,
+            candidates,
+            policy=policy,
+            session_id=first.session_id or None,
+            target=first.target or None,
+            where=where,
+            version=version,
+            avoid=first.avoid,
+        )
         try:
             for i, env in enumerate(envs):
                 if env.deadline_ms and env.deadline_ms <= now:
@@ -419,16 +435,23 @@ class Delivery:
                 if out[i]:  # refused by the send rate
                     continue
                 try:
-                    agent = self.router.pick(
-                        cap,
-                        candidates,
-                        policy=policy,
-                        session_id=env.session_id or None,
-                        target=env.target or None,
-                        where=where,
-                        version=version,
-                        avoid=env.avoid,
-                    )
+                    if (
+                        env.session_id == first.session_id
+                        and env.target == first.target
+                        and env.avoid == first.avoid
+                    ):
+                        agent = pick_next()
+                    else:
+                        agent = self.router.pick(
+                            cap,
+                            candidates,
+                            policy=policy,
+                            session_id=env.session_id or None,
+                            target=env.target or None,
+                            where=where,
+                            version=version,
+                            avoid=env.avoid,
+                        )
                 except NoAgentAvailable as e:
                     out[i] = e
                     continue
@@ -453,10 +476,12 @@ class Delivery:
             raise
         again: list[int] = []
         recheck: set[str] = set()
+        counted: dict[str, int] = {}  # priority -> messages sent
         for (i, agent), x in zip(picked, sent, strict=True):
             if isinstance(x, inbox.Sent) and not x.refused:
                 out[i] = agent.agent_id
-                metrics.message_sent(cap, envs[i].priority)
+                p = envs[i].priority
+                counted[p] = counted.get(p, 0) + 1
                 continue
             if track:
                 self.router.inflight.done(agent.agent_id)
@@ -468,6 +493,8 @@ class Delivery:
                 out[i] = x
                 if isinstance(x, rexc.ResponseError):
                     recheck.add(agent.agent_id)
+        for p, n in counted.items():
+            metrics.messages_sent(cap, p, n)
         for agent_id in sorted(recheck):
             with contextlib.suppress(rexc.RedisError, OSError):
                 await self.view.recheck(agent_id)

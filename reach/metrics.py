@@ -400,6 +400,11 @@ def message_sent(capability: str, priority: str) -> None:
     _TALLY.count(SENT, (_cap(capability), priority))
 
 
+def messages_sent(capability: str, priority: str, n: int) -> None:
+    """``n`` messages were added to inboxes (a batch: one note for all)."""
+    _child(SENT, _cap(capability), priority).inc(n)
+
+
 def client_reply_dropped(reason: str) -> None:
     """A client dropped a reply: ``unauthenticated`` or ``not_sent``."""
     _TALLY.count(REPLIES_DROPPED, (reason,))

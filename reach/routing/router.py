@@ -42,6 +42,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
+from functools import partial
 from itertools import compress, islice, repeat
 from operator import attrgetter
 from typing import Any, Final, Literal
@@ -172,6 +173,53 @@ class Router:
             except _Stale:
                 version = None  # the caller's version lied: fall back to a full rebuild
         raise AssertionError("unreachable: a rebuild without version cannot be stale")
+
+    def picker(
+        self,
+        capability: str,
+        candidates: Sequence[AgentInfo],
+        *,
+        policy: str | None = DEFAULT_POLICY,
+        session_id: str | None = None,
+        target: str | None = None,
+        where: Mapping[str, Any] | None = None,
+        version: object = None,
+        avoid: str | Collection[str] = (),
+    ) -> Callable[[], AgentInfo]:
+        """:meth:`pick` for a batch of messages with the same arguments (``send_many``):
+        each call of the function returned picks the next message's agent as :meth:`pick`
+        would, one message at a time (the rotation, the in-flight counts and the breakers'
+        probe slots move between calls), with the arguments checked and the routing state
+        looked up once for the batch. Raises as :meth:`pick` does, per call."""
+        full = partial(
+            self.pick,
+            capability,
+            candidates,
+            policy=policy,
+            session_id=session_id,
+            target=target,
+            where=where,
+            avoid=avoid,
+        )
+        if policy is None:
+            policy = DEFAULT_POLICY
+        if policy not in ("weighted_rr", "least_conn"):
+            return partial(full, version=version)
+        try:
+            st = self._states.get(capability, candidates, where, version, self.clock() * 1000.0)
+        except NoAgentAvailable:  # raised by each pick, as pick() raises it
+            return partial(full, version=version)
+        if isinstance(avoid, str):  # one agent id, not a collection of characters
+            avoid = (avoid,) if avoid else ()
+        one = self._pick_least if policy == "least_conn" else self._pick_wrr
+
+        def pick() -> AgentInfo:
+            try:
+                return one(st, candidates, avoid)
+            except _Stale:  # the list changed under its version: pick() rebuilds the state
+                return full(version=None)
+
+        return pick
 
     def pick_many(
         self,

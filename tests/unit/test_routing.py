@@ -809,3 +809,37 @@ def test_ring_survives_a_tag_collision(monkeypatch: pytest.MonkeyPatch) -> None:
     assert got == [ref.get_node(s) for s in sessions]
     got = [r.pick(CAP, pool[1:], policy="consistent_hash", session_id=s).agent_id for s in sessions]
     assert "agent-0" not in got
+
+
+@pytest.mark.parametrize("policy", ["weighted_rr", "least_conn", "consistent_hash", "direct"])
+def test_picker_picks_as_pick_does_message_by_message(policy: str) -> None:
+    """Router.picker (send_many's routing): the same agents, in the same order, as one
+    pick() per message, in-flight counts and an agent's bound moving between picks."""
+    cands = agents([1.0, 2.0, 3.0], max_queue=5)
+    kw: dict[str, Any] = {"policy": policy, "avoid": "a0"}
+    if policy == "consistent_hash":
+        kw["session_id"] = "s-1"
+    if policy == "direct":
+        kw["target"] = "a2"
+    one, many = router(3), router(3)
+    want: list[str] = []
+    for _ in range(12):
+        try:
+            a = one.pick(CAP, cands, **kw)
+        except (NoAgentAvailable, Overloaded) as e:
+            want.append(type(e).__name__)
+            continue
+        one.inflight.add(a.agent_id)
+        want.append(a.agent_id)
+    pick = many.picker(CAP, cands, **kw)
+    got: list[str] = []
+    for _ in range(12):
+        try:
+            a = pick()
+        except (NoAgentAvailable, Overloaded) as e:
+            got.append(type(e).__name__)
+            continue
+        many.inflight.add(a.agent_id)
+        got.append(a.agent_id)
+    assert got == want
+    assert len(set(want)) > 1 or policy in ("consistent_hash", "direct")
