@@ -625,8 +625,9 @@ class Client:
 
         Each message is routed on its own (its policy picks an agent per message, as
         :meth:`send` would) and the inbox writes of the whole batch go to Redis together:
-        one ``send.lua`` call per message, all in one pipeline (on a Cluster, grouped per
-        node). ``opts`` are the options of every message, as for :meth:`build`; a
+        the messages to one agent in ``send.lua`` calls of its batch form, on standalone
+        Redis handed to the connection 128 at a time while the next are encoded (on a
+        Cluster, one pipeline grouped per node). ``opts`` are the options of every message, as for :meth:`build`; a
         per-message ``idempotency_keys`` (one key or None per payload, as many as the
         payloads) replaces the single ``idempotency_key``, which is refused here.
 
