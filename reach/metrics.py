@@ -57,7 +57,9 @@ from __future__ import annotations
 
 import bisect
 import collections
+import math
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -95,6 +97,7 @@ __all__ = [
     "on_breaker_change",
     "queue_wait",
     "registry_counts",
+    "registry_counts_wanted",
     "replayed",
     "serve",
     "settled",
@@ -296,6 +299,7 @@ class _RegistryGauges:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by_source: dict[object, tuple[dict[str, int], int]] = {}
+        self.read_at = -math.inf  # time.monotonic() of the last collect (a scrape)
 
     def set(self, source: object, counts: Mapping[str, int] | None, routable: int) -> None:
         with self._lock:
@@ -311,6 +315,10 @@ class _RegistryGauges:
             return next(reversed(self._by_source.values()), None)
 
     def collect(self) -> Iterable[Any]:
+        self.read_at = time.monotonic()
+        return self._families()
+
+    def _families(self) -> list[Any]:
         agents = GaugeMetricFamily(
             "reach_registry_agents",
             "Registered agents by state (exported by the sweeper lock holder).",
@@ -329,7 +337,7 @@ class _RegistryGauges:
         return [agents, routable]
 
     def describe(self) -> Iterable[Any]:
-        return self.collect()
+        return self._families()  # not a read: registering the collector calls it
 
 
 REGISTRY_STATES = ("active", "probation", "evicted")
@@ -551,6 +559,20 @@ def registry_counts(
     _REGISTRY_GAUGES.set(source, counts, routable)
 
 
+COUNTS_WANTED_S = 600.0
+"""The sweeper lock holder counts the registry for these gauges only while they are read:
+for this long after the last read of the process's metrics (a scrape). A worker nobody
+scrapes sends no count at all (an idle worker's Redis commands stay the same at any fleet
+size); the first scrape after a quiet spell finds the two series absent, and the next
+count, within about 5 s, fills them."""
+
+
+def registry_counts_wanted() -> bool:
+    """True when the registry gauges of this process were read (scraped) in the last
+    :data:`COUNTS_WANTED_S` seconds: counting them is worth a script call."""
+    return time.monotonic() - _REGISTRY_GAUGES.read_at < COUNTS_WANTED_S
+
+
 COUNT_SAMPLE = 1000
 """Most agent records one count of the registry gauges reads (:func:`count_agents`): a
 namespace of up to this many agents is counted exactly; a bigger one from a uniform random
@@ -609,6 +631,10 @@ class MetricsHooks(Hooks):
 
     def on_registry_counts(self, counts: Mapping[str, int] | None, routable: int) -> None:
         registry_counts(counts, routable, source=self)  # one MetricsHooks per runtime
+
+    def wants_registry_counts(self) -> bool:
+        """Whether a count is worth making for these gauges (they were scraped lately)."""
+        return registry_counts_wanted()
 
     def on_delivered(self, env: Envelope) -> None:
         delivered(env.capability, env.priority)

@@ -103,6 +103,16 @@ class HookChain:
         if self._on_registry_counts:
             self._call(self._on_registry_counts, counts, routable)
 
+    def wants_registry_counts(self) -> bool:
+        """True when a hook uses the registry counts: an application's own hook always, the
+        metrics' only while their gauges are being scraped (a count is a script call that
+        reads up to a thousand records)."""
+        for fn in self._on_registry_counts:
+            wants = getattr(getattr(fn, "__self__", None), "wants_registry_counts", None)
+            if wants is None or wants():
+                return True
+        return False
+
     def on_round_trip(self, op: str) -> None:
         if self._on_round_trip:
             self._call(self._on_round_trip, op)

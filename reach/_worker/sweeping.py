@@ -11,7 +11,8 @@ the chores of reach.sweeper (due retries, evicted inboxes, parked messages...). 
 seconds the registry is counted for the ``on_registry_counts`` hook (shard 0's lock
 holder's counts; the others report none): one ``count_agents.lua`` call per shard reading
 at most ``metrics.COUNT_SAMPLE`` records in all, so the count costs the same at 10,000
-agents as at 1,000 (exact up to that many, sampled above).
+agents as at 1,000 (exact up to that many, sampled above), and only while a hook uses
+the counts (the metrics' gauges: while they are scraped, ``metrics.COUNTS_WANTED_S``).
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ async def sweep_forever(shared: Shared, *, client: Client, registry: Registry) -
                 await sweep_chores(redis, keys, client, registry, dlq_maxlen=opts.dlq_maxlen)
             if time.monotonic() - counted >= max(5.0, opts.sweep_interval_s):
                 counted = time.monotonic()  # registry gauges: only shard 0's lock holder's
-                if not res.chores:
+                if not res.chores or not hooks.wants_registry_counts():
                     hooks.on_registry_counts(None, 0)
                 else:
                     hooks.on_registry_counts(

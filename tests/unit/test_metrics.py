@@ -246,3 +246,30 @@ def test_unread_notes_are_folded_as_they_pile_up(monkeypatch: pytest.MonkeyPatch
         metrics.delivered(c, "low")
         assert len(metrics._TALLY._notes) < 8
     assert val("reach_messages_delivered_total", capability=c, priority="low") == 20
+
+
+def test_the_registry_is_counted_only_while_its_gauges_are_scraped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An idle worker nobody scrapes sends no count (a script call reading up to a thousand
+    records every 5 s); a scrape makes the next counts worth their cost for a while."""
+    from prometheus_client import generate_latest
+
+    from reach._worker.hookchain import HookChain
+    from reach.hooks import Hooks
+
+    gauges = metrics._REGISTRY_GAUGES
+    monkeypatch.setattr(gauges, "read_at", float("-inf"))
+    chain = HookChain([metrics.MetricsHooks()])
+    assert not metrics.registry_counts_wanted() and not chain.wants_registry_counts()
+    generate_latest(REGISTRY)  # a scrape
+    assert metrics.registry_counts_wanted() and chain.wants_registry_counts()
+    monkeypatch.setattr(gauges, "read_at", gauges.read_at - metrics.COUNTS_WANTED_S - 1)
+    assert not chain.wants_registry_counts()
+
+    class Own(Hooks):  # an application's hook always gets the counts
+        def on_registry_counts(self, counts: object, routable: int) -> None:
+            pass
+
+    assert HookChain([metrics.MetricsHooks(), Own()]).wants_registry_counts()
+    assert not HookChain([]).wants_registry_counts()
