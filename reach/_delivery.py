@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, TypedDict
 
 import anyio
 from redis import exceptions as rexc
@@ -418,14 +418,7 @@ class Delivery:
         policy = policy_for(envs[0], candidates, self.default_policy)
         first = envs[0]
         pick_next = self.router.picker(
-            cap,
-            candidates,
-            policy=policy,
-            session_id=first.session_id or None,
-            target=first.target or None,
-            where=where,
-            version=version,
-            avoid=first.avoid,
+            cap, candidates, policy=policy, where=where, version=version, **_route_of(first)
         )
         try:
             for i, env in enumerate(envs):
@@ -446,11 +439,9 @@ class Delivery:
                             cap,
                             candidates,
                             policy=policy,
-                            session_id=env.session_id or None,
-                            target=env.target or None,
                             where=where,
                             version=version,
-                            avoid=env.avoid,
+                            **_route_of(env),
                         )
                 except NoAgentAvailable as e:
                     out[i] = e
@@ -510,6 +501,18 @@ class Delivery:
                 for i in again:
                     tg.start_soon(redeliver, i)
         return out
+
+
+def _route_of(env: Envelope) -> _Route:
+    """The routing arguments a message carries itself (its session, target, agents to
+    avoid), as :meth:`Router.pick` takes them."""
+    return {"session_id": env.session_id or None, "target": env.target or None, "avoid": env.avoid}
+
+
+class _Route(TypedDict):
+    session_id: str | None
+    target: str | None
+    avoid: str | Collection[str]
 
 
 SEND_CHUNK = 128
