@@ -289,6 +289,15 @@ _launcher = _Launcher()
 # Strong references: a started server must be stopped at exit even if its owner dropped it.
 _LIVE: set[RedisServer] = set()
 
+# How often start() tries another port when the chosen one was taken before the server
+# bound it (how redis-server and valkey-server word that failure in their log).
+_PORT_TRIES = 5
+_ADDRESS_IN_USE = "Address already in use"
+
+
+class _PortTaken(Exception):
+    """The server exited because its port (or its cluster bus port) was taken."""
+
 
 @atexit.register
 def _stop_all() -> None:
@@ -316,6 +325,11 @@ class RedisServer:
         die_with_parent: bool = True,
     ) -> None:
         self.binary = binary or find_server_binary()
+        # A port chosen here was free when probed, but another process may bind it before
+        # the server does: start() then tries another one (see _PORT_TRIES).
+        self._port_chosen = not port
+        self._ever_started = False  # a restart keeps its port: its clients know that one
+        self._log_start = 0  # where this start's lines begin in server.log
         self.port = port or free_port(also_free=(10000,) if cluster else ())
         self._tmp = None if data_dir else tempfile.mkdtemp(prefix=THROWAWAY_PREFIX)
         self.data_dir = Path(data_dir) if data_dir else Path(self._tmp or "")
@@ -417,8 +431,21 @@ class RedisServer:
         """Start the server and wait until it answers PING.
 
         A persistent server first takes its data directory's lock (see
-        :meth:`claim_data_dir`); :class:`DataDirInUse` if another server holds it.
+        :meth:`claim_data_dir`); :class:`DataDirInUse` if another server holds it. When
+        the port was chosen here (no ``port=``) and another process took it between the
+        choice and the server's bind, the server is started again on another free port.
         """
+        for attempt in range(_PORT_TRIES):
+            try:
+                return self._start_once(timeout_s)
+            except _PortTaken as e:
+                if not self._port_chosen or self._ever_started or attempt == _PORT_TRIES - 1:
+                    self.stop()
+                    raise RedisUnavailable(str(e)) from None
+                self.port = free_port(also_free=(10000,) if self.cluster else ())
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout_s: float) -> Self:
         if self.proc and self.proc.poll() is None:
             return self
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -426,6 +453,10 @@ class RedisServer:
         preexec = _die_with_parent_hook() if self.die_with_parent else None
         args = self._args()
         keep = (self._lock_fd,) if self._lock_fd is not None else ()
+        try:
+            self._log_start = (self.data_dir / "server.log").stat().st_size
+        except OSError:
+            self._log_start = 0
         # A bad option is reported on stderr, before the log file is opened.
         stderr = (self.data_dir / "server.stderr").open("wb")
         try:
@@ -450,6 +481,7 @@ class RedisServer:
         _LIVE.add(self)
         self._note_lock_holder()
         self._wait_ready(timeout_s)
+        self._ever_started = True
         return self
 
     def _wait_ready(self, timeout_s: float) -> None:
@@ -463,6 +495,10 @@ class RedisServer:
                 )
                 if not self._tmp:
                     msg += f" (log: {self.data_dir / 'server.log'})"
+                taken = self._bind_failed()
+                self._stop_process()
+                if taken:
+                    raise _PortTaken(msg)
                 self.stop()
                 raise RedisUnavailable(msg)
             if self.ping():
@@ -471,6 +507,16 @@ class RedisServer:
             delay = min(delay * 2, 0.05)
         self.stop()
         raise RedisUnavailable(f"Redis on port {self.port} did not answer within {timeout_s}s.")
+
+    def _bind_failed(self) -> bool:
+        """True when this start's output says the port (or the bus port) was taken."""
+        text = ""
+        with contextlib.suppress(OSError):
+            text += (self.data_dir / "server.stderr").read_text(errors="replace")
+        with contextlib.suppress(OSError), (self.data_dir / "server.log").open("rb") as f:
+            f.seek(self._log_start)
+            text += f.read().decode(errors="replace")
+        return _ADDRESS_IN_USE in text
 
     def _output_tail(self, lines: int = 8) -> str:
         """The last lines the server wrote to stderr and to its log, for error messages."""
@@ -500,6 +546,12 @@ class RedisServer:
 
     def stop(self) -> None:
         """Stop the server (SIGTERM, then SIGKILL) and remove a temporary data dir."""
+        self._stop_process()
+        self._release_data_dir()
+        if self._tmp:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def _stop_process(self) -> None:
         proc, self.proc = self.proc, None
         if proc is not None and proc.poll() is None:
             proc.terminate()
@@ -509,9 +561,6 @@ class RedisServer:
                 proc.kill()
                 proc.wait(timeout=10)
         _LIVE.discard(self)
-        self._release_data_dir()
-        if self._tmp:
-            shutil.rmtree(self._tmp, ignore_errors=True)
 
     def restart(self, *, kill: bool = True) -> None:
         """Stop (SIGKILL by default) and start again on the same port and data dir."""

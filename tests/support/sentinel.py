@@ -37,7 +37,16 @@ class SentinelServer(RedisServer):
         failover_timeout_ms: int = 2000,
     ) -> None:
         super().__init__(binary=binary)
-        self.conf = "\n".join(
+        self.master_port = master_port
+        self.service = service
+        self.quorum = quorum
+        self.down_after_ms = down_after_ms
+        self.failover_timeout_ms = failover_timeout_ms
+
+    def _conf(self) -> str:
+        """Built at start: a taken port makes start() retry on another, as may the master."""
+        service = self.service
+        return "\n".join(
             [
                 f"port {self.port}",
                 "bind 127.0.0.1",
@@ -45,9 +54,9 @@ class SentinelServer(RedisServer):
                 "daemonize no",
                 f'dir "{self.data_dir}"',
                 "logfile server.log",
-                f"sentinel monitor {service} 127.0.0.1 {master_port} {quorum}",
-                f"sentinel down-after-milliseconds {service} {down_after_ms}",
-                f"sentinel failover-timeout {service} {failover_timeout_ms}",
+                f"sentinel monitor {service} 127.0.0.1 {self.master_port} {self.quorum}",
+                f"sentinel down-after-milliseconds {service} {self.down_after_ms}",
+                f"sentinel failover-timeout {service} {self.failover_timeout_ms}",
                 f"sentinel parallel-syncs {service} 1",
                 "",
             ]
@@ -55,8 +64,8 @@ class SentinelServer(RedisServer):
 
     def _args(self) -> list[str]:
         path = Path(self.data_dir) / "sentinel.conf"
-        if not path.exists():  # a restart keeps what the sentinel rewrote
-            path.write_text(self.conf)
+        if not self._ever_started:  # a restart keeps what the sentinel rewrote
+            path.write_text(self._conf())
         return [self.binary.path, str(path), "--sentinel"]
 
 
@@ -75,15 +84,13 @@ class RedisTestSentinel(ServerGroup):
         self.binary = binary
         self.service = service
         # No 5 s wait before a full sync (the diskless default): the replica is up at once.
-        fast = ("--repl-diskless-sync-delay", "0")
-        self.master = RedisServer(binary=binary, extra_args=fast)
-        self.replica = RedisServer(
-            binary=binary, extra_args=(*fast, "--replicaof", "127.0.0.1", str(self.master.port))
-        )
+        self.fast = ("--repl-diskless-sync-delay", "0")
+        self.master = RedisServer(binary=binary, extra_args=self.fast)
+        self.replica = RedisServer(binary=binary, extra_args=self.fast)  # --replicaof at start
         self.sentinels = [
             SentinelServer(
                 binary=binary,
-                master_port=self.master.port,
+                master_port=self.master.port,  # set again at start
                 service=service,
                 down_after_ms=down_after_ms,
                 failover_timeout_ms=failover_timeout_ms,
@@ -101,7 +108,8 @@ class RedisTestSentinel(ServerGroup):
         return [self.master, self.replica, *self.sentinels]
 
     def start(self, *, timeout_s: float = 30.0) -> Self:
-        self.master.start()
+        self.master.start()  # on another port than chosen if that one was taken meanwhile
+        self.replica.extra_args = (*self.fast, "--replicaof", "127.0.0.1", str(self.master.port))
         self.replica.start()
         deadline = time.monotonic() + timeout_s
         self._wait(
@@ -110,6 +118,7 @@ class RedisTestSentinel(ServerGroup):
             "replica link up",
         )
         for s in self.sentinels:
+            s.master_port = self.master.port
             s.start()
         self._wait(self._sentinels_ready, deadline, "sentinels to know each other")
         self.ready_s = time.monotonic() - (deadline - timeout_s)

@@ -243,6 +243,32 @@ def test_free_port_with_cluster_bus_offset() -> None:
     assert port != 6379
 
 
+def _listening() -> socket.socket:
+    """A socket listening on a free port of 127.0.0.1: no server can bind that port."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    return s
+
+
+def test_a_chosen_port_taken_before_the_server_binds_it_is_replaced(server_binary) -> None:  # type: ignore[no-untyped-def]
+    """Two processes (parallel test workers) can be handed the same free port: the one
+    whose server loses the race starts again on another port instead of failing."""
+    with _listening() as taken:
+        server = RedisServer(binary=server_binary)
+        server.port = taken.getsockname()[1]  # what the other process bound meanwhile
+        with server:
+            assert server.port != taken.getsockname()[1]
+            assert redis.Redis(port=server.port).ping()
+
+
+def test_a_port_given_by_the_caller_is_not_replaced(server_binary) -> None:  # type: ignore[no-untyped-def]
+    with _listening() as taken:
+        port = taken.getsockname()[1]
+        with pytest.raises(RedisUnavailable, match=str(port)):
+            RedisServer(binary=server_binary, port=port).start()
+
+
 # --- no orphan --------------------------------------------------------------------------
 
 CHILD = textwrap.dedent(
