@@ -518,5 +518,11 @@ def test_a_server_that_outlived_its_owner_still_holds_its_data_dir(
         if _running(pid, port):
             os.kill(pid, signal.SIGKILL)
         assert _wait_gone(pid, port)
+        # A process being killed shows an empty cmdline (its memory released) before it
+        # closes its files, so _wait_gone can return while it still holds the lock: wait
+        # for what the lock's check sees as dead (a live holder is refused at once).
+        deadline = time.monotonic() + 15.0
+        while embedded._pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
     with RedisServer(binary=server_binary, data_dir=data_dir, persistent=True) as s:
         assert s.ping()
