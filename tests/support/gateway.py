@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -19,7 +20,6 @@ from a2a.client import A2ACardResolver, ClientConfig, ClientFactory
 from a2a.client.client import Client as A2AClient
 from a2a.types.a2a_pb2 import AgentCard
 
-from reach.embedded import free_port
 from reach.gateway import Gateway
 from tests.support.waiting import wait_until
 from tests.support.workers import ROOT
@@ -38,13 +38,18 @@ async def gateway_served_app(
 ) -> AsyncIterator[str]:
     """Serve the ASGI app ``make(base_url)`` with uvicorn on a free port of this event loop;
     yields its base URL."""
-    port = free_port()
+    # Bound here and handed to uvicorn: no other process (a parallel test worker) can take
+    # the port between its choice and the server's start.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, 0))
+    port = int(sock.getsockname()[1])
     url = f"http://{host}:{port}"
     config = uvicorn.Config(
         make(url), host=host, port=port, log_level="warning", lifespan="on", backlog=4096
     )
     server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
+    task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
 
         async def up() -> bool:
