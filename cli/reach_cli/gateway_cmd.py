@@ -183,9 +183,16 @@ def gateway(
             file=sys.stderr,
             flush=True,
         )
-        asyncio.run(server.serve())
+        try:
+            asyncio.run(server.serve())
+        except SystemExit:  # uvicorn's own exit when it cannot start (e.g. the port is taken)
+            if server.started:
+                raise
         if not server.started:
-            raise ConfigError(f"The gateway could not serve on {host}:{port} (see above).")
+            raise ConfigError(
+                f"The gateway could not serve on {host}:{port} (the line above says why; "
+                "a port in use: choose another with --port)."
+            )
     if signal.SIGINT in stopped_by:
         raise typer.Exit(130)
 

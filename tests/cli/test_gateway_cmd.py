@@ -6,6 +6,7 @@ loopback (docs/cli.md, docs/a2a.md)."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -146,3 +147,19 @@ def test_a_short_token_is_refused(redis_url: str, ns: str, tmp_path: Path) -> No
     )
     assert p.wait(timeout=60) == 2
     assert "has 5 characters: use at least 16" in log.read_text()
+
+
+def test_a_port_in_use_is_one_error_line(redis_url: str, ns: str, tmp_path: Path) -> None:
+    """uvicorn exits with its own code (3) when it cannot bind: the command says so in one
+    error line and exits 2, as for any other bad option."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        log = tmp_path / "gateway.log"
+        p = start_gateway(redis_url, ns, taken.getsockname()[1], log=log)
+        assert p.wait(timeout=60) == 2, log.read_text()
+        errors = [ln for ln in log.read_text().splitlines() if ln.startswith("error:")]
+        assert len(errors) == 1 and "choose another with --port" in errors[0], log.read_text()
+    finally:
+        taken.close()

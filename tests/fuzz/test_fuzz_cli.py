@@ -42,6 +42,10 @@ SKIP: dict[tuple[str, ...], str] = {
     ("demo",): "a tour of a minute with worker processes; run by .ci/run",
     ("bench",): "a benchmark of seconds to minutes; tests/cli/test_cli_bench.py",
     ("chaos",): "minutes of killing workers; its own argparse; tests/chaos",
+    ("gateway",): "serves until a signal once its options are valid; tested in "
+    "tests/cli/test_gateway_cmd.py and tests/integration/test_gateway.py",
+    ("web",): "serves until a signal once its options are valid; tested in "
+    "tests/integration/test_web.py and tests/cli/test_web_browser.py",
     ("bench-scaling",): "a benchmark of minutes; its own argparse; tests/cli/test_scaling.py",
 }
 # Options never drawn for a command (they make it run until stopped) and arguments always
