@@ -259,7 +259,11 @@ def test_a_chosen_port_taken_before_the_server_binds_it_is_replaced(server_binar
         server.port = taken.getsockname()[1]  # what the other process bound meanwhile
         with server:
             assert server.port != taken.getsockname()[1]
-            assert redis.Redis(port=server.port).ping()
+            client = redis.Redis(port=server.port)
+            try:
+                assert client.ping()
+            finally:
+                client.close()
 
 
 def test_a_port_given_by_the_caller_is_not_replaced(server_binary) -> None:  # type: ignore[no-untyped-def]
