@@ -12,6 +12,7 @@ from __future__ import annotations
 import signal
 import subprocess
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import anyio
@@ -258,3 +259,45 @@ async def test_second_signal_stops_at_once_and_the_message_runs_again(
     assert await effects(r, ns, "sleep.finished") == {key: 1}
     assert await effects(r, ns, "drain.overlap") == {}
     await assert_left_clean(r, reg, agent)
+
+
+async def test_entries_read_ahead_but_not_started_are_handed_back(
+    workers: Workers, r: AnyRedis, redis_url: str, ns: str
+) -> None:
+    """One handler slot, read-ahead on (quick handlers so far): a 3 s message runs and the
+    quick one behind it waits, claimed, in the worker's queue when SIGTERM comes. The drain
+    does not start it: it stays pending with the agent, and once the agent has left the
+    sweeper moves it to the peer, which takes the claim over and runs it, once. Before,
+    the drain ran it (and, racing its settle, lost the 3 s message's outcome)."""
+    reg = Registry(r, ns)
+    procs = await start(workers, reg, ["sleeper-a"], "--concurrency", "1", "--prefetch", "1")
+    async with Client(redis_url=redis_url, namespace=ns) as c:
+        for _ in range(30):  # quick handlers: the worker reads ahead of its one slot
+            await c.request("test.sleep", {"seconds": 0}, timeout_s=30)
+        await r.delete(c.keys.effects("sleep.started"), c.keys.effects("sleep.agent"))
+        procs["sleeper-b"] = workers.start("sleeper_b")
+        got: dict[str, Any] = {}
+        async with anyio.create_task_group() as tg:
+
+            async def call(name: str, seconds: float, **kw: Any) -> None:
+                got[name] = await c.request("test.sleep", {"seconds": seconds}, **kw)
+
+            tg.start_soon(partial(call, "slow", 3.0, timeout_s=30, target="sleeper-a"))
+            await running(r, ns, "sleep")
+            tg.start_soon(partial(call, "quick", 0.0, timeout_s=30, target="sleeper-a"))
+            inbox = c.keys.inbox("sleeper-a", "normal")
+
+            async def read_ahead() -> bool:
+                return int((await r.xpending(inbox, "reach"))["pending"]) == 2
+
+            await wait_until(read_ahead, what="the quick one read ahead")
+            procs["sleeper-a"].send_signal(signal.SIGTERM)
+        assert got == {
+            "slow": {"agent": "sleeper-a", "slept": 3.0},
+            "quick": {"agent": "sleeper-b", "slept": 0.0},
+        }
+        assert procs["sleeper-a"].wait(timeout=30) == 0
+    started = await effects(r, ns, "sleep.started")
+    assert sorted(started.values()) == [1, 1], "each ran once"
+    assert await effects(r, ns, "drain.overlap") == {}
+    await assert_left_clean(r, reg, "sleeper-a")
