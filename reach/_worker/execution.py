@@ -19,6 +19,7 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -59,6 +60,34 @@ PREEMPTED = Outcome(
 MARK_RUNNING_AFTER_S = 0.01
 """A message claimed at send whose handler still runs this long after it started is
 marked running (``start.lua``); quicker ones are not (their outcome follows at once)."""
+
+
+def _runtime_cancel(exc: BaseException) -> bool:
+    """Whether ``exc`` is the runtime cancelling the task that runs a handler (a stop, a
+    cut, a cancel scope of its own), which must propagate; a ``CancelledError`` a handler
+    raised itself, with no cancellation of its task requested, is the handler's failure."""
+    if not isinstance(exc, asyncio.CancelledError):
+        return False
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Raised:
+    """What a plain handler raised in its thread, brought back as a value."""
+
+    exc: BaseException
+
+
+def _in_thread(fn: Callable[[Any, Context], Any], payload: Any, ctx: Context) -> Any:
+    """Run a plain handler (in a worker thread): its result, or what it raised as a
+    :class:`_Raised`. A ``BaseException`` set on the future the event loop awaits does not
+    come back as a plain raise: a ``GeneratorExit`` there closes the awaiting coroutines
+    instead of reaching their ``except``; raised again on the loop's side, it does."""
+    try:
+        return fn(payload, ctx)
+    except BaseException as e:  # noqa: BLE001 - the loop's side decides what it means
+        return _Raised(e)
 
 
 class WorkQueue:
@@ -526,12 +555,20 @@ class Execution(Part):
                         result = await spec.fn(payload, ctx)
                     else:
                         result = await anyio.to_thread.run_sync(
-                            spec.fn, payload, ctx, abandon_on_cancel=True
+                            _in_thread, spec.fn, payload, ctx, abandon_on_cancel=True
                         )
+                        if isinstance(result, _Raised):
+                            raise result.exc
         except TimeoutError as e:
             timed_out = True
             err = e
-        except Exception as e:  # noqa: BLE001 - a handler's error becomes the caller's RemoteError
+        except BaseException as e:  # a handler's error becomes the caller's RemoteError
+            if _runtime_cancel(e):
+                raise
+            # SystemExit, KeyboardInterrupt, GeneratorExit, a CancelledError of the
+            # handler's own, a bare BaseException: one message's failure, retried and then
+            # dead-lettered like any other. Let through, one such message would stop this
+            # worker, its inbox would move to the next worker, which would stop in turn.
             err = e
         if ctx.chunks is not None:  # it streamed: every chunk is written before its outcome
             err = await ctx.chunks.finish(err)

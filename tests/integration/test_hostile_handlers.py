@@ -1,0 +1,103 @@
+"""Hostile handlers next to real `reach worker` processes: no handler, whatever it raises
+or however long it blocks, may stop the workers of its capability. The message fails (it
+is retried, then dead-lettered with what it did) and every worker goes on serving.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from reach.client import Client
+from reach.connection import AnyRedis
+from reach.errors import NoAgentAvailable
+from reach.keys import Keys
+from reach.registry import Registry
+from tests.support.agents_hostile import EXCEPTIONS
+from tests.support.waiting import wait_until
+from tests.support.workers import Workers
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def workers(redis_url: str, ns: str) -> Iterator[Workers]:
+    w = Workers(redis_url, ns, "tests.support.agents_hostile")
+    yield w
+    w.stop_all()
+
+
+async def ready(c: Client, cap: str, ids: set[str]) -> None:
+    async def probe() -> bool:
+        got = {
+            a.agent_id
+            for a in await Registry(c.redis, c.namespace).agents(cap, ready=True, state="active")
+        }
+        return ids <= got
+
+    await wait_until(probe, timeout_s=30, what=f"agents {sorted(ids)} ready")
+    c.invalidate()
+
+
+async def serving(c: Client, workers: Workers, *names: str) -> None:
+    """Every named worker process is alive and answers a request addressed to it."""
+    for n in names:
+        p = workers.procs[n]
+        assert p.poll() is None, f"worker {n} exited with {p.returncode}"
+
+        async def answered(n: str = n) -> Any:
+            try:
+                return await c.request("hostile.echo", {"ping": n}, target=n, timeout_s=20)
+            except NoAgentAvailable:
+                c.invalidate()
+                return None
+
+        out = await wait_until(answered, timeout_s=30, what=f"{n} answers")
+        assert out["agent"] == n
+
+
+async def dead_letters(r: AnyRedis, ns: str, cap: str) -> dict[str, dict[str, str]]:
+    """The dead letters of ``cap`` by msg_id (their fields as text)."""
+    rows = await r.xrange(Keys(ns).dlq(cap))
+    out = {}
+    for _, f in rows:
+        d = {k.decode(): v.decode(errors="replace") for k, v in f.items()}
+        out[d["msg_id"]] = d
+    return out
+
+
+async def runs_of(r: AnyRedis, ns: str, key: str) -> int:
+    return int(await r.hget(Keys(ns).effects("hostile"), key) or 0)
+
+
+@pytest.mark.parametrize("cap", ["hostile.raise", "hostile.raise_sync", "hostile.raise_stream"])
+async def test_a_handler_raising_base_exception_fails_its_message_not_the_workers(
+    workers: Workers, redis_url: str, ns: str, r: AnyRedis, cap: str
+) -> None:
+    names = ("x1", "x2", "x3")
+    for n in names:
+        workers.start(n)
+    async with Client(redis_url=redis_url, namespace=ns, slow_start_s=0) as c:
+        await ready(c, "hostile.echo", set(names))
+        # One message per exception: before the fix the first one stopped a worker, its
+        # inbox moved to the next, which died in turn (3 of 3 workers in under a second).
+        sent = {
+            name: await c.send(cap, {"exc": name}, idempotency_key=f"{cap}-{name}", max_attempts=3)
+            for name in EXCEPTIONS
+        }
+
+        async def all_dead() -> dict[str, dict[str, str]] | None:
+            letters = await dead_letters(r, ns, cap)
+            return letters if set(sent.values()) <= set(letters) else None
+
+        letters = await wait_until(all_dead, timeout_s=60, what="every message dead-lettered")
+        for name, msg_id in sent.items():
+            letter = letters[msg_id]
+            assert letter["reason"] == "max_attempts", (name, letter)
+            assert letter["error_type"] == EXCEPTIONS[name].__name__, (name, letter)
+            assert await runs_of(r, ns, f"{cap}-{name}") == 3, name  # retried, then dead
+            st = await c.task(msg_id)
+            assert st.status == "dead" and st.runs == 3, (name, st)
+        await serving(c, workers, *names)
