@@ -32,9 +32,9 @@ from redis import exceptions as rexc
 
 from . import logs, metrics
 from ._autopipe import AutoPipeline
-from .connection import unreachable
+from .connection import redact, unreachable
 from .envelope import Envelope, encode, now_ms
-from .errors import DeadlineExceeded, NoAgentAvailable, Overloaded, ReachError
+from .errors import DeadlineExceeded, NoAgentAvailable, Overloaded, ReachError, RedisFull
 from .keys import Keys
 from .outcomes import Unavailable
 from .quotas import MAX_TAKE, NO_QUOTAS, QuotaCache, Quotas, SendBucket, take_call
@@ -215,6 +215,8 @@ class Delivery:
                     break
         except (rexc.ConnectionError, rexc.TimeoutError) as e:
             raise unreachable(self.redis_url, e) from e
+        except rexc.OutOfMemoryError as e:
+            raise redis_full(self.redis_url, env.capability, e) from e
         if granted >= n:
             return n, None
         return granted, over_rate(env, self.identity, q, wait_us)
@@ -312,6 +314,8 @@ class Delivery:
                 self.router.inflight.done(agent_id)
             if isinstance(e, (rexc.ConnectionError, rexc.TimeoutError)):
                 raise unreachable(self.redis_url, e) from e
+            if isinstance(e, rexc.OutOfMemoryError):
+                raise redis_full(self.redis_url, env.capability, e) from e
             if isinstance(e, rexc.ResponseError):
                 await self.view.recheck(agent_id)
             raise
@@ -480,6 +484,10 @@ class Delivery:
                 again.append(i)  # refused at the agent's bound: another may take it
             elif isinstance(x, (rexc.ConnectionError, rexc.TimeoutError)):
                 out[i] = unreachable(self.redis_url, x)
+            elif isinstance(x, rexc.OutOfMemoryError):
+                full = redis_full(self.redis_url, cap, x)
+                full.__cause__ = x
+                out[i] = full
             else:
                 out[i] = x
                 if isinstance(x, rexc.ResponseError):
@@ -536,6 +544,18 @@ def claim_at_send(agent: AgentInfo, env: Envelope) -> tuple[str, int]:
     if env.deadline_ms:
         lease = max(1000, min(lease, env.deadline_ms - now_ms() + 1000))
     return f"{agent.agent_id}/{agent.instance_id}", lease
+
+
+def redis_full(redis_url: str, capability: str, exc: BaseException) -> RedisFull:
+    """The error of a message Redis refused because it is out of memory (``exc``, its
+    ``OutOfMemoryError``)."""
+    return RedisFull(
+        f"{capability!r} was not sent: Redis at {redact(redis_url)} is out of memory ({exc}). "
+        "Its used memory is over its maxmemory setting and, with maxmemory-policy "
+        "noeviction, it refuses every write; the messages it holds already wait there. "
+        "Free memory (reach dlq purge, delete keys you do not need), raise maxmemory "
+        "(CONFIG SET maxmemory) or give Redis more memory, then send again."
+    )
 
 
 def inbox_bound(agent: AgentInfo, max_inbox: int) -> int:

@@ -51,7 +51,7 @@ from .envelope import (
     encode,
     now_ms,
 )
-from .errors import DeadlineExceeded, NoAgentAvailable, RedisUnavailable
+from .errors import DeadlineExceeded, NoAgentAvailable, RedisFull, RedisUnavailable
 from .keys import GROUP, Keys, clean_id
 from .logs import OutageLog
 from .outcomes import DeadReason, Status
@@ -329,6 +329,8 @@ class _Chores(_Letters):
         except DeadlineExceeded:
             await self.expire(env, "deadline passed while waiting")
             return None
+        except RedisFull as e:  # the server refuses writes for now: the pass stops
+            raise e.__cause__ or e
         except rexc.ResponseError as e:
             if scripts.is_data_error(e):
                 # The chosen agent's inbox refused it (a key of the wrong type there): not

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 from collections.abc import AsyncIterator, Iterator
 
 import anyio
@@ -23,6 +24,7 @@ from reach.client import Client
 from reach.connection import AnyRedis, connect
 from reach.embedded import RedisServer
 from reach.envelope import encode
+from reach.errors import RedisFull
 from reach.keys import GROUP, Keys
 from reach.registry import Registry
 from reach.scripts import delivery
@@ -256,3 +258,49 @@ async def test_worker_settles_replies_after_redis_is_full(
         assert got == ["rec-1"] * 6
         assert (await effects(r, ns))["effects"] == 6
         assert await r.xlen(keys.dlq("rec.work")) == 0
+
+
+async def test_send_and_request_raise_redis_full(
+    workers: Workers, small_redis: RedisServer, r: AnyRedis, ns: str
+) -> None:
+    """A full Redis refuses a new message: send(), request() and send_many() raise (or
+    return) reach.RedisFull, which names maxmemory, not a raw redis-py OutOfMemoryError,
+    and the CLI shows it as one line; nothing is half-sent, and once memory is freed the
+    same calls succeed."""
+    keys = Keys(ns)
+    mem = Memory(r, ns)
+    workers.start("w1")
+    async with Client(redis_url=small_redis.url, namespace=ns, slow_start_s=0) as c:
+        await ready(c, "rec-1")
+        await mem.fill()
+        with pytest.raises(RedisFull, match="maxmemory") as sent:
+            await c.send("rec.work", {"sleep_s": 0})
+        assert isinstance(sent.value.__cause__, rexc.OutOfMemoryError)
+        with pytest.raises(RedisFull, match="maxmemory"):
+            await c.request("rec.work", {"sleep_s": 0}, timeout_s=10)
+        many = await c.send_many("rec.work", [{"sleep_s": 0}] * 3)
+        assert [type(x) for x in many] == [RedisFull] * 3
+        assert await inbox_entries(r, keys, "rec-1") == 0
+
+        cli = await anyio.run_process(
+            [
+                sys.executable,
+                "-m",
+                "reach_cli.app",
+                "send",
+                "rec.work",
+                '{"sleep_s": 0}',
+                "--redis-url",
+                small_redis.url,
+                "--namespace",
+                ns,
+            ],
+            check=False,
+        )
+        err = cli.stderr.decode()
+        assert cli.returncode != 0
+        assert "maxmemory" in err and "Traceback" not in err, err
+        assert len(err.strip().splitlines()) == 1, err
+
+        await mem.free()
+        assert await c.request("rec.work", {"sleep_s": 0}, timeout_s=30) == "rec-1"
