@@ -140,17 +140,24 @@ class Coalescer:
                 fut.set_result(x)
 
 
-def seal(env: Envelope, signer: Signer | None, *, tracing: bool) -> None:
+def seal(env: Envelope, signer: Signer | None, *, tracing: bool, again: bool = False) -> None:
     """The last step before ``env`` is encoded: the trace headers (``tracing``), then the
     signature (``signer``: reach.signing).
 
-    An envelope that is signed already, and verifies with ``signer`` (or there is none to
-    check it with), goes as it is: a retry or a parked message the sweeper places again
-    (through its runtime's Client), signed by its sender. Its headers are covered by that
-    signature, so no trace header is written into them, and it is not signed again, which
-    with per-identity keys would make the sweeping agent its sender. One that no longer
-    verifies (a dead letter replayed with a new deadline and ``reply_to``) is signed again.
+    ``again``: a message accepted once that is only placed again (a retry, a parked
+    message, an evicted agent's inbox: the sweeper places them through its runtime's
+    Client). It goes exactly as it is: never signed here, whether it is signed or not.
+    Signatures travel, they are not re-made: whatever reads it from the delayed set, a
+    parked stream or an inbox (anyone holding the namespace's keys may have written it
+    there) must not sign it for its writer; the agent checks the sender's own signature,
+    which covers none of the fields re-placing changes (reach.signing).
+
+    Otherwise (a message this Client sends) an envelope signed already that verifies with
+    ``signer`` (or there is none to check it with) goes as it is: its headers are covered
+    by that signature, so no trace header is written into them. Any other is signed.
     """
+    if again:
+        return
     if env.sig and (signer is None or signer.check_envelope(env) is None):
         return
     if tracing:
@@ -231,9 +238,9 @@ class Delivery:
         rated: bool = False,
     ) -> str:
         """Route ``env`` and add it to the chosen agent's inbox; returns the agent id
-        (``Client.deliver`` documents it). ``quota=False``: the namespace's quotas do not
-        apply (a message accepted once, placed again); ``rated``: its send was taken from
-        the send rate already."""
+        (``Client.deliver`` documents it). ``quota=False``: a message accepted once, placed
+        again: the namespace's quotas do not apply, and it goes as it is, never signed
+        here (:func:`seal`); ``rated``: its send was taken from the send rate already."""
         if env.deadline_ms and env.deadline_ms <= now_ms():
             raise DeadlineExceeded(f"Deadline of {env.capability!r} passed before sending.")
         q = await self.quotas() if quota else NO_QUOTAS
@@ -257,7 +264,7 @@ class Delivery:
             if track:
                 self.router.inflight.add(agent.agent_id)
             with logs.span("reach.deliver", kind="producer"):
-                seal(env, self.signer, tracing=True)
+                seal(env, self.signer, tracing=True, again=not quota)
                 data = encode(env)
                 bound = inbox_bound(agent, q.max_inbox)
                 depth = await self._add(env, agent, data, track=track, bound=bound)
