@@ -32,9 +32,9 @@ from redis import exceptions as rexc
 
 from . import logs, metrics
 from ._autopipe import AutoPipeline
-from .connection import unreachable
+from .connection import redact, unreachable
 from .envelope import Envelope, encode, now_ms
-from .errors import DeadlineExceeded, NoAgentAvailable, Overloaded, ReachError
+from .errors import DeadlineExceeded, NoAgentAvailable, Overloaded, ReachError, RedisFull
 from .keys import Keys
 from .outcomes import Unavailable
 from .quotas import MAX_TAKE, NO_QUOTAS, QuotaCache, Quotas, SendBucket, take_call
@@ -140,17 +140,24 @@ class Coalescer:
                 fut.set_result(x)
 
 
-def seal(env: Envelope, signer: Signer | None, *, tracing: bool) -> None:
+def seal(env: Envelope, signer: Signer | None, *, tracing: bool, again: bool = False) -> None:
     """The last step before ``env`` is encoded: the trace headers (``tracing``), then the
     signature (``signer``: reach.signing).
 
-    An envelope that is signed already, and verifies with ``signer`` (or there is none to
-    check it with), goes as it is: a retry or a parked message the sweeper places again
-    (through its runtime's Client), signed by its sender. Its headers are covered by that
-    signature, so no trace header is written into them, and it is not signed again, which
-    with per-identity keys would make the sweeping agent its sender. One that no longer
-    verifies (a dead letter replayed with a new deadline and ``reply_to``) is signed again.
+    ``again``: a message accepted once that is only placed again (a retry, a parked
+    message, an evicted agent's inbox: the sweeper places them through its runtime's
+    Client). It goes exactly as it is: never signed here, whether it is signed or not.
+    Signatures travel, they are not re-made: whatever reads it from the delayed set, a
+    parked stream or an inbox (anyone holding the namespace's keys may have written it
+    there) must not sign it for its writer; the agent checks the sender's own signature,
+    which covers none of the fields re-placing changes (reach.signing).
+
+    Otherwise (a message this Client sends) an envelope signed already that verifies with
+    ``signer`` (or there is none to check it with) goes as it is: its headers are covered
+    by that signature, so no trace header is written into them. Any other is signed.
     """
+    if again:
+        return
     if env.sig and (signer is None or signer.check_envelope(env) is None):
         return
     if tracing:
@@ -215,6 +222,8 @@ class Delivery:
                     break
         except (rexc.ConnectionError, rexc.TimeoutError) as e:
             raise unreachable(self.redis_url, e) from e
+        except rexc.OutOfMemoryError as e:
+            raise redis_full(self.redis_url, env.capability, e) from e
         if granted >= n:
             return n, None
         return granted, over_rate(env, self.identity, q, wait_us)
@@ -229,9 +238,9 @@ class Delivery:
         rated: bool = False,
     ) -> str:
         """Route ``env`` and add it to the chosen agent's inbox; returns the agent id
-        (``Client.deliver`` documents it). ``quota=False``: the namespace's quotas do not
-        apply (a message accepted once, placed again); ``rated``: its send was taken from
-        the send rate already."""
+        (``Client.deliver`` documents it). ``quota=False``: a message accepted once, placed
+        again: the namespace's quotas do not apply, and it goes as it is, never signed
+        here (:func:`seal`); ``rated``: its send was taken from the send rate already."""
         if env.deadline_ms and env.deadline_ms <= now_ms():
             raise DeadlineExceeded(f"Deadline of {env.capability!r} passed before sending.")
         q = await self.quotas() if quota else NO_QUOTAS
@@ -255,7 +264,7 @@ class Delivery:
             if track:
                 self.router.inflight.add(agent.agent_id)
             with logs.span("reach.deliver", kind="producer"):
-                seal(env, self.signer, tracing=True)
+                seal(env, self.signer, tracing=True, again=not quota)
                 data = encode(env)
                 bound = inbox_bound(agent, q.max_inbox)
                 depth = await self._add(env, agent, data, track=track, bound=bound)
@@ -312,6 +321,8 @@ class Delivery:
                 self.router.inflight.done(agent_id)
             if isinstance(e, (rexc.ConnectionError, rexc.TimeoutError)):
                 raise unreachable(self.redis_url, e) from e
+            if isinstance(e, rexc.OutOfMemoryError):
+                raise redis_full(self.redis_url, env.capability, e) from e
             if isinstance(e, rexc.ResponseError):
                 await self.view.recheck(agent_id)
             raise
@@ -480,6 +491,10 @@ class Delivery:
                 again.append(i)  # refused at the agent's bound: another may take it
             elif isinstance(x, (rexc.ConnectionError, rexc.TimeoutError)):
                 out[i] = unreachable(self.redis_url, x)
+            elif isinstance(x, rexc.OutOfMemoryError):
+                full = redis_full(self.redis_url, cap, x)
+                full.__cause__ = x
+                out[i] = full
             else:
                 out[i] = x
                 if isinstance(x, rexc.ResponseError):
@@ -536,6 +551,18 @@ def claim_at_send(agent: AgentInfo, env: Envelope) -> tuple[str, int]:
     if env.deadline_ms:
         lease = max(1000, min(lease, env.deadline_ms - now_ms() + 1000))
     return f"{agent.agent_id}/{agent.instance_id}", lease
+
+
+def redis_full(redis_url: str, capability: str, exc: BaseException) -> RedisFull:
+    """The error of a message Redis refused because it is out of memory (``exc``, its
+    ``OutOfMemoryError``)."""
+    return RedisFull(
+        f"{capability!r} was not sent: Redis at {redact(redis_url)} is out of memory ({exc}). "
+        "Its used memory is over its maxmemory setting and, with maxmemory-policy "
+        "noeviction, it refuses every write; the messages it holds already wait there. "
+        "Free memory (reach dlq purge, delete keys you do not need), raise maxmemory "
+        "(CONFIG SET maxmemory) or give Redis more memory, then send again."
+    )
 
 
 def inbox_bound(agent: AgentInfo, max_inbox: int) -> int:

@@ -264,6 +264,7 @@ async def replay_dead_letters(
     reply_to: str | None = None,
     fallback_reply_to: str = "",
     client: Client | None = None,
+    as_operator: bool = False,
 ) -> ReplayResult:
     """Send dead letters again, through the router like any message: the same msg_id and
     idempotency key (a message that did complete meanwhile is not run twice), attempts
@@ -280,7 +281,10 @@ async def replay_dead_letters(
     message's task record (``reach task MSG_ID``, :meth:`Client.result`).
 
     ``client`` sends them (its reader gets the replies sent to it); else one is made on
-    ``redis`` for the call.
+    ``redis`` for the call. A client with keys re-signs only letters whose original
+    signature verifies; an unsigned or forged one stays, listed in the result, unless
+    ``as_operator`` sends every letter as this client's own message (its ``source`` the
+    client's id, signed by it): the handler's ``ctx.sender`` then names the operator.
     """
     out = ReplayResult()
     live = await live_clients(redis, keys) if reply_to is None else set()
@@ -290,7 +294,7 @@ async def replay_dead_letters(
         for entry in entries:
             d = entry.letter
             target = _reply_target(d, reply_to, live, fallback_reply_to)
-            failed = await _replay_one(redis, client, entry, target[0])
+            failed = await _replay_one(redis, client, entry, target[0], as_operator)
             if failed is None:
                 out.replayed += 1
                 out.sent.append(Replayed(d.id, d.msg_id, *target))
@@ -320,13 +324,36 @@ def _reply_target(
 
 
 async def _replay_one(
-    redis: AnyRedis, client: Client, entry: DeadLetterEntry, reply_to: str
+    redis: AnyRedis, client: Client, entry: DeadLetterEntry, reply_to: str, as_operator: bool
 ) -> str | None:
-    """Replay one letter: None when sent (and deleted), else why not."""
+    """Replay one letter: None when sent (and deleted), else why not.
+
+    A replay changes signed fields (``deadline_ms``, ``reply_to``), so a signing client
+    signs the copy again, and only for a letter whose original signature verifies (with
+    a shared secret its ``source`` stays, so does its sender; with per-identity keys the
+    copy is signed by this client's identity). Anyone holding the namespace's keys can write a dead
+    letter, so one that is unsigned or forged is refused (it stays), unless
+    ``as_operator``: then it is sent as a new message of this client, its ``source`` this
+    client's id (``ctx.sender`` names the operator, never the letter's claimed sender).
+    A client without keys sends the copy as it is (an agent requiring signatures refuses
+    it again)."""
     d = entry.letter
     if d.envelope is None:
         return "not a valid envelope; cannot be replayed"
-    env = msgspec.structs.replace(d.envelope, attempt=1, deadline_ms=0, reply_to=reply_to)
+    original = d.envelope
+    env = msgspec.structs.replace(original, attempt=1, deadline_ms=0, reply_to=reply_to)
+    signer = client.signer
+    if as_operator:
+        env = msgspec.structs.replace(env, source=client.client_id, kid="", sig=b"")
+    elif signer is not None:
+        why = signer.check_envelope(original)
+        if why is not None:
+            return (
+                f"its signature does not verify ({why}): it may be forged, so it is not "
+                "signed for its claimed sender. Replay it as your own message "
+                "(reach dlq replay --as-operator; as_operator=True), or purge it."
+            )
+        signer.sign_envelope(env)
     try:
         await client.deliver(env)
     except ReachError as e:

@@ -473,7 +473,8 @@ class Client:
         The namespace's quotas (:mod:`reach.quotas`: a bound on every agent's inbox, a send
         rate per caller identity) apply too, and raise :class:`~reach.errors.Overloaded`
         naming the quota. ``quota=False`` leaves them out, for a message that was accepted
-        once and is only placed again (the sweeper's retries and reroutes).
+        once and is only placed again (the sweeper's retries and reroutes); it then goes
+        as it is, never signed by this client (its sender's signature travels with it).
         """
         if env.reply_to == self.client_id:
             self._reader.sent(env.msg_id)  # its reply is kept until taken (result())

@@ -32,6 +32,18 @@ class ConnectionsExhausted(RedisUnavailable):
     """
 
 
+class RedisFull(ReachError):
+    """Redis refused a write because it is out of memory: its used memory is over its
+    ``maxmemory`` setting and its ``maxmemory-policy`` is ``noeviction`` (the policy reach
+    needs: an evicting policy would delete messages). Nothing was sent. Messages Redis
+    holds already are not lost: they wait there and go on once it has room.
+
+    Free memory (``reach dlq purge`` old dead letters, delete keys you do not need), raise
+    ``maxmemory`` (``CONFIG SET maxmemory ...`` and the server's config file) or give Redis
+    more memory, then send again. Not a :class:`RedisUnavailable`: Redis answers, and a
+    client's outage buffer does not hold new messages for it."""
+
+
 class NotStarted(ReachError, RuntimeError):
     """A :class:`Client` was used before ``async with`` started it (or after it closed):
     use it inside ``async with reach.Client(...) as client:``. Still a RuntimeError, as it

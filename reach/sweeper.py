@@ -13,8 +13,11 @@ this module moves work that waits in Redis back into inboxes:
 :func:`sweep_chores` runs the three; :func:`reach.admin.sweep_once` is a whole pass
 (leases, then the chores), as ``reach sweep`` runs it.
 
-Every move adds the message to its new place before deleting it from the old one, so a
-crash in between delivers it twice at worst, and idempotency runs it once.
+Every move adds the message to its new place before deleting it from the old one, and
+deletes it only when every write of the move succeeded (each reply of a pipeline is
+checked: a full Redis refuses writes with ``OutOfMemoryError``, which stops the pass and
+leaves the entry where it was). A crash in between delivers it twice at worst, and
+idempotency runs it once.
 
 Everything these chores read may have been written by anyone holding the namespace's
 keys, so each entry passes a barrier: bytes that are not an envelope are dead-lettered
@@ -48,7 +51,7 @@ from .envelope import (
     encode,
     now_ms,
 )
-from .errors import DeadlineExceeded, NoAgentAvailable, RedisUnavailable
+from .errors import DeadlineExceeded, NoAgentAvailable, RedisFull, RedisUnavailable
 from .keys import GROUP, Keys, clean_id
 from .logs import OutageLog
 from .outcomes import DeadReason, Status
@@ -154,7 +157,7 @@ class _Letters:
             agent_id=agent_id,
             maxlen=self.dlq_maxlen,
         )
-        await scripts.run_pipeline(self.redis, [op])
+        await scripts.run_checked(self.redis, [op])
         metrics.dead_lettered(MALFORMED_CAP, reason)
 
     async def give_up(self, env: Envelope, *, status: str, reason: str, error: str) -> None:
@@ -193,7 +196,7 @@ class _Letters:
             error_type=error_type,
             attempt=env.attempt,
         )
-        await scripts.run_pipeline(self.redis, [letter, *self._reply_ops(env, reply)])
+        await scripts.run_checked(self.redis, [letter, *self._reply_ops(env, reply)])
         if status == Status.EXPIRED:
             metrics.expired(env.capability, reason)
         else:
@@ -223,7 +226,7 @@ class _Letters:
             except BadEnvelope as e:
                 log.warning("stored reply of key %r unreadable (%s)", env.key, e)
                 return False
-            await scripts.run_pipeline(self.redis, self._reply_ops(env, reply))
+            await scripts.run_checked(self.redis, self._reply_ops(env, reply))
         return True
 
 
@@ -326,6 +329,8 @@ class _Chores(_Letters):
         except DeadlineExceeded:
             await self.expire(env, "deadline passed while waiting")
             return None
+        except RedisFull as e:  # the server refuses writes for now: the pass stops
+            raise e.__cause__ or e
         except rexc.ResponseError as e:
             if scripts.is_data_error(e):
                 # The chosen agent's inbox refused it (a key of the wrong type there): not
@@ -433,10 +438,12 @@ class _Chores(_Letters):
             while rows := await redis.xrange(stream, "-", "+", count=batch):
                 for entry_id, fields_ in rows:
                     data = fields_.get(b"e") or fields_.get("e") or b""
-                    await self.guarded(data, where, self._move_one(place, data))
-                    await scripts.run_pipeline(
-                        redis, [("XACK", stream, GROUP, entry_id), ("XDEL", stream, entry_id)]
-                    )
+                    # Deleted only once it is in its new place: a write Redis refused (a
+                    # full Redis) raised, and the entry waits here for the next pass.
+                    if await self.guarded(data, where, self._move_one(place, data)):
+                        await scripts.run_checked(
+                            redis, [("XACK", stream, GROUP, entry_id), ("XDEL", stream, entry_id)]
+                        )
         if await inbox.drop_inbox(keys, agent_id=agent_id).run(redis) is DropInboxCode.DROPPED:
             log.info("inbox of %s emptied and dropped", agent_id)
         if self.out != Moved():
@@ -460,7 +467,7 @@ class _Chores(_Letters):
         if placed is not False:
             self.out.rerouted += bool(placed)
             return True
-        await scripts.run_pipeline(
+        await scripts.run_checked(
             self.redis,
             [
                 ("XADD", self.keys.parked(env.capability), "*", "e", encode(env)),

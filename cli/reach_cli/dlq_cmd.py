@@ -181,11 +181,24 @@ async def dlq_replay(
     timeout_s: Annotated[
         float, typer.Option("--timeout-s", help="With --wait: how long to wait in all.")
     ] = 30.0,
+    as_operator: Annotated[
+        bool,
+        typer.Option(
+            "--as-operator",
+            help="Send each letter as this command's own message (its sender: this "
+            "client, signed with REACH_SECRET), also letters whose signature does not "
+            "verify; else those are refused.",
+        ),
+    ] = False,
     redis_url: RedisUrl = DEFAULT_REDIS,
     namespace: Namespace = DEFAULT_NS,
     json_: Json = False,
 ) -> None:
     """Send dead letters again (same msg_id and idempotency key, attempts from 1).
+
+    With REACH_SECRET set, a letter is signed again only when its original signature
+    verifies (its sender stays the original one); an unsigned or forged letter stays in
+    the dead letters, unless --as-operator sends it as this command's own message.
 
     The outcome goes to the original caller only while it is connected (a connection named
     reach:NS:CLIENT_ID in CLIENT LIST); a caller that is gone gets nothing (with --wait:
@@ -219,6 +232,7 @@ async def dlq_replay(
                 reply_to=reply_to,
                 fallback_reply_to=client.client_id if wait else "",
                 client=client,
+                as_operator=as_operator,
             )
         if wait and res.sent:
             with anyio.move_on_after(timeout_s + 5):  # each wait is bounded; a margin

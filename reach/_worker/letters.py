@@ -6,8 +6,8 @@ they were read, and acked: the worker goes on, and a poison entry never loops.
 
 A message that fails its signature check on an agent requiring signatures
 (:mod:`reach.signing`) is dead-lettered ``unauthenticated`` under its capability, as it
-was read (so an operator holding the secret can replay it), and its caller is told: it is
-never claimed, so it takes no idempotency key.
+was read (an operator can inspect it; a replay sends it only as the operator's own
+message), and its caller is told: it is never claimed, so it takes no idempotency key.
 """
 
 from __future__ import annotations

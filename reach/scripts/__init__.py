@@ -2,7 +2,7 @@
 
 * :mod:`reach.scripts._loader` - loads each script with its includes expanded and calls it
   by SHA, recovering from NOSCRIPT (:func:`call`, :func:`call_sync`, :func:`op`,
-  :func:`run_pipeline`);
+  :func:`run_pipeline`, :func:`run_checked`);
 * :mod:`reach.scripts.codes` - the codes the scripts answer with, as IntEnums (the Lua side
   is rendered from them);
 * one typed call per script: :mod:`reach.scripts.agents` (the registry),
@@ -24,10 +24,12 @@ from ._loader import (
     call,
     call_sync,
     expand,
+    first_error,
     is_data_error,
     load_all,
     names,
     op,
+    run_checked,
     run_pipeline,
     script,
 )
@@ -65,12 +67,14 @@ __all__ = [
     "call_sync",
     "delivery",
     "expand",
+    "first_error",
     "inbox",
     "is_data_error",
     "load_all",
     "names",
     "op",
     "run_calls",
+    "run_checked",
     "run_pipeline",
     "script",
 ]

@@ -176,7 +176,8 @@ def op(name: str, keys: Sequence[str], args: Sequence[Any]) -> Op:
 async def run_pipeline(r: Any, ops: Sequence[Op]) -> list[Any]:
     """Send ``ops`` in one pipeline (one round trip per node) and return their replies.
 
-    Errors come back in place, not raised. Commands refused with NOSCRIPT (a restarted or
+    Errors come back in place, not raised: a caller that deletes anything after these
+    writes checks them first (:func:`run_checked` raises the first). Commands refused with NOSCRIPT (a restarted or
     failed-over server) did not run: the scripts are loaded and just those are sent again,
     so nothing else runs twice.
     """
@@ -196,6 +197,23 @@ async def run_pipeline(r: Any, ops: Sequence[Op]) -> list[Any]:
         for i, x in zip(retry, again, strict=True):
             results[i] = x
     return results
+
+
+def first_error(replies: Sequence[Any]) -> Exception | None:
+    """The first error among pipeline ``replies`` (None when every command succeeded)."""
+    return next((x for x in replies if isinstance(x, Exception)), None)
+
+
+async def run_checked(r: Any, ops: Sequence[Op]) -> list[Any]:
+    """:func:`run_pipeline`, then the first error reply raised (a refused write is a
+    failed write: ``OutOfMemoryError`` from a full Redis, ``WRONGTYPE``...). For a step
+    that must not go on when any of ``ops`` failed, e.g. deleting a message after writing
+    it somewhere new: a move is both steps or the source stays."""
+    replies = await run_pipeline(r, ops)
+    err = first_error(replies)
+    if err is not None:
+        raise err
+    return replies
 
 
 async def load_all(r: Any) -> None:

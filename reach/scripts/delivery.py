@@ -22,7 +22,7 @@ from redis import exceptions as rexc
 from ..connection import AnyRedis
 from ..keys import GROUP, Keys
 from ._call import Arg, Call, as_bytes, as_int, as_text, run_calls
-from ._loader import Op, is_data_error, run_pipeline
+from ._loader import Op, first_error, is_data_error, run_pipeline
 from .codes import ClaimCode, FollowUpKind, SettleCode, StreamBound
 
 log = logging.getLogger("reach.scripts")
@@ -444,8 +444,10 @@ async def settle(
     Standalone Redis: one ``settle.lua`` call, atomic. When refused for the data, each item
     is settled alone, and one refused alone is replaced by ``on_refused``. Other errors
     raise (nothing written). Cluster: ``complete.lua`` per record (a refused one replaced
-    by ``on_refused``), then one pipeline: replies, ops, and the acks last; a command of
-    it that fails is logged. ``on_round_trip(script)`` is called before each round trip.
+    by ``on_refused``), then one pipeline of the replies and follow-ups, then one of the
+    acks of the items whose writes all succeeded: an item with a write refused (a full
+    Redis) is not acked (its error in its place; it stays pending and is settled again).
+    ``on_round_trip(script)`` is called before each round trip.
     """
     if not items:
         return []
@@ -531,9 +533,12 @@ async def _settle_pipelined(
                 ok.add(i)
             else:
                 out[i] = SettleCode.FENCED
-    done = [it for i, it in enumerate(items) if i in ok]
+    done = [i for i in range(len(items)) if i in ok]
     ops: list[Op] = []
-    for it in done:
+    spans: list[tuple[int, int, int]] = []  # item index, its writes in ops: [start, end)
+    for i in done:
+        it = items[i]
+        start = len(ops)
         if it.reply_stream:
             ops += [
                 (
@@ -550,17 +555,34 @@ async def _settle_pipelined(
             ]
         if it.follow_up is not None:
             ops.append(it.follow_up.op())
-    acks: dict[str, list[Any]] = {}
-    for it in done:
-        if it.inbox:
-            acks.setdefault(it.inbox, []).append(it.entry_id)
-    for stream, ids in acks.items():  # acks last: after replies, dead letters, retries
-        ops += [("XACK", stream, group, *ids), ("XDEL", stream, *ids)]
+        spans.append((i, start, len(ops)))
     if ops:
+        # The writes first, each reply checked; an entry is acked and deleted only when
+        # all its writes succeeded. One whose reply, dead letter or retry Redis refused
+        # (a full Redis: OutOfMemoryError) stays pending and is settled again later.
         trip("settle")
-        errs = [x for x in await run_pipeline(r, ops) if isinstance(x, Exception)]
-        if errs:
-            log.warning("%d settle commands failed, first: %s", len(errs), errs[0])
+        replies = await run_pipeline(r, ops)
+        for i, start, end in spans:
+            err = first_error(replies[start:end])
+            if err is not None:
+                out[i] = err
+                ok.discard(i)
+        failed = sum(isinstance(x, Exception) for x in replies)
+        if failed:
+            log.warning("%d settle commands failed, first: %s", failed, first_error(replies))
+    acks: dict[str, list[Any]] = {}
+    for i in done:
+        it = items[i]
+        if i in ok and it.inbox:
+            acks.setdefault(it.inbox, []).append(it.entry_id)
+    ack_ops: list[Op] = []
+    for stream, ids in acks.items():  # acks last: after replies, dead letters, retries
+        ack_ops += [("XACK", stream, group, *ids), ("XDEL", stream, *ids)]
+    if ack_ops:
+        trip("settle")
+        errs = [x for x in await run_pipeline(r, ack_ops) if isinstance(x, Exception)]
+        if errs:  # written, not acked: a later read finds the record settled
+            log.warning("%d settle acks failed, first: %s", len(errs), errs[0])
     result: list[SettleCode | Exception] = []
     for i, got in enumerate(out):
         assert got is not None or i in ok

@@ -127,11 +127,13 @@ async def test_unsigned_and_forged_messages_are_dead_lettered(
         assert wrong.forged_replies == 0  # a send: no reply was waited for
 
 
-async def test_a_replay_by_an_operator_with_the_secret_is_signed_again(
+async def test_a_replay_by_an_operator_with_the_secret_is_not_signed_for_its_claimed_sender(
     redis_url: str, ns: str, r: AnyRedis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A caller that forgot its secret: its message is dead-lettered; `reach dlq replay`
-    # (admin.replay_dead_letters) run with REACH_SECRET set signs the copy it sends.
+    # A caller that forgot its secret: its message is dead-lettered. `reach dlq replay`
+    # (admin.replay_dead_letters) run with REACH_SECRET set does not sign the unsigned
+    # letter for the sender it names (anyone with the namespace's keys can write one):
+    # it stays, unless the operator sends it as its own message.
     seen = Seen()
     async with serving(redis_url, ns, agent(seen), secret=SECRET, require_signed=True) as c:
         msg_id = await c.send(CAP, "forgot")
@@ -142,13 +144,18 @@ async def test_a_replay_by_an_operator_with_the_secret_is_signed_again(
         entries = await wait_until(one_letter, timeout_s=20)
         monkeypatch.setenv("REACH_SECRET", SECRET)
         res = await admin.replay_dead_letters(r, Keys(ns), entries)
-        assert res.replayed == 1 and not res.failed
+        assert res.replayed == 0 and "does not verify (unsigned)" in res.failed[0].error
+        async with Client(redis_url=redis_url, namespace=ns) as operator:
+            res = await admin.replay_dead_letters(
+                r, Keys(ns), entries, client=operator, as_operator=True
+            )
+            assert res.replayed == 1 and not res.failed
 
-        async def ran() -> bool:
-            return seen.ran == ["forgot"]
+            async def ran() -> bool:
+                return seen.ran == ["forgot"]
 
-        await wait_until(ran, timeout_s=20)
-        assert seen.senders == [c.client_id]  # the original source, signed by the operator
+            await wait_until(ran, timeout_s=20)
+            assert seen.senders == [operator.client_id]  # the operator's, not the letter's
         assert (await c.task(msg_id)).status in ("running", "succeeded")
 
 
