@@ -254,6 +254,8 @@ class Delivery:
                 raise overloaded(env, refused, None, max_inbox=q.max_inbox)
             if track:
                 self.router.inflight.add(agent.agent_id)
+            else:  # no reply will say when it is done: counted until the agent reports
+                self.router.capacity.sent(agent)
             with logs.span("reach.deliver", kind="producer"):
                 seal(env, self.signer, tracing=True)
                 data = encode(env)
@@ -448,6 +450,8 @@ class Delivery:
                     continue
                 if track:  # counted at the pick, so the next picks see it
                     self.router.inflight.add(agent.agent_id)
+                else:
+                    self.router.capacity.sent(agent)
                 picked.append((i, agent))
             with logs.span("reach.deliver", kind="producer"):
                 if self.coalescer is not None and self.commands.multiplexed:
