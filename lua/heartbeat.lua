@@ -11,7 +11,11 @@
 -- ARGV[3] version (start stamp, microseconds): integer 0..2^53-1
 -- ARGV[4] queue depth the agent reports (unread + pending entries): integer 0..2^53-1
 -- ARGV[5] handlers in flight: integer 0..2^53-1
--- ARGV[6] events stream max length (approximate): integer 1..10000000
+-- ARGV[6] slots: the agent's concurrency (handlers it runs at once), integer 0..2^53-1
+--         (0: not reported)
+-- ARGV[7] handler_us: its handlers' recent mean run time, microseconds, integer
+--         0..2^53-1 (0: not known yet)
+-- ARGV[8] events stream max length (approximate): integer 1..10000000
 --
 -- Every argument is checked before the first write: a refused call writes nothing.
 -- Integers are plain decimal digits (no sign, leading zero, exponent, hex, inf or nan).
@@ -30,12 +34,12 @@
 --!include lease
 
 local function check()
-  return arity(3, 6) or beat_bad(1) or maxlen_bad(ARGV[6])
+  return arity(3, 8) or beat_bad(1) or maxlen_bad(ARGV[8])
     or keys_typed({[1] = 'zset', [2] = 'hash', [3] = 'stream'})
 end
 
 local err = check()
 if err then return refuse(err) end
 
-local code, draining = beat(KEYS[1], KEYS[2], KEYS[3], ARGV[6], 1, now_ms())
+local code, draining = beat(KEYS[1], KEYS[2], KEYS[3], ARGV[8], 1, now_ms())
 return {code, draining}

@@ -9,10 +9,11 @@
 -- KEYS[2] registry events stream
 -- KEYS[2+i] the hash of the i-th agent (i = 1..n)
 -- ARGV[1] events stream max length (approximate): integer 1..10000000
--- ARGV[2+5(i-1)..6+5(i-1)] the i-th agent, as ARGV[1..5] of heartbeat.lua:
+-- ARGV[2+7(i-1)..8+7(i-1)] the i-th agent, as ARGV[1..7] of heartbeat.lua:
 --         agent_id (1..256 bytes, no '{' or '}'), instance_id (1..256 bytes),
 --         version (integer 0..2^53-1), queue depth (integer 0..2^53-1),
---         handlers in flight (integer 0..2^53-1)
+--         handlers in flight (integer 0..2^53-1), slots (its concurrency, integer
+--         0..2^53-1), handler_us (mean handler run time, µs, integer 0..2^53-1)
 -- n is 1..1000; KEYS[2+i] must be the hash of the i-th agent_id (the caller builds both).
 --
 -- Every argument of every agent is checked before the first write: a refused call writes
@@ -30,15 +31,15 @@
 
 local function check()
   local n = #KEYS - 2
-  if n < 1 or n > 1000 or #ARGV ~= 1 + 5 * n then
-    return 'arguments: want 2+n KEYS and 1+5n ARGV (n 1..1000), got ' .. #KEYS .. ' and '
+  if n < 1 or n > 1000 or #ARGV ~= 1 + 7 * n then
+    return 'arguments: want 2+n KEYS and 1+7n ARGV (n 1..1000), got ' .. #KEYS .. ' and '
       .. #ARGV
   end
   local e = maxlen_bad(ARGV[1])
   if e then return e end
   local wanted = {[1] = 'zset', [2] = 'stream'}
   for i = 1, n do
-    e = beat_bad(2 + 5 * (i - 1))
+    e = beat_bad(2 + 7 * (i - 1))
     if e then return 'agent ' .. i .. ': ' .. e end
     wanted[2 + i] = 'hash'
   end
@@ -51,7 +52,7 @@ if err then return refuse(err) end
 local now = now_ms()
 local out = {}
 for i = 1, #KEYS - 2 do
-  local code, draining = beat(KEYS[1], KEYS[2 + i], KEYS[2], ARGV[1], 2 + 5 * (i - 1), now)
+  local code, draining = beat(KEYS[1], KEYS[2 + i], KEYS[2], ARGV[1], 2 + 7 * (i - 1), now)
   out[#out + 1] = code
   out[#out + 1] = draining
 end

@@ -249,6 +249,7 @@ class Delivery:
             if err is not None:
                 raise err
         refused: dict[str, tuple[int, int]] = {}  # agent id -> (inbox depth, its bound)
+        rechecked = False
         while True:
             try:  # a stale registry view is re-read here, from Redis
                 with logs.span("reach.route", attributes={"reach.capability": env.capability}):
@@ -256,6 +257,9 @@ class Delivery:
             except (rexc.ConnectionError, rexc.TimeoutError) as e:
                 raise unreachable(self.redis_url, e) from e
             except NoAgentAvailable as e:
+                if not rechecked and await self._recheck_target(env, e):
+                    rechecked = True
+                    continue
                 if refused:
                     raise overloaded(env, refused, e, max_inbox=q.max_inbox) from e
                 raise
@@ -263,6 +267,8 @@ class Delivery:
                 raise overloaded(env, refused, None, max_inbox=q.max_inbox)
             if track:
                 self.router.inflight.add(agent.agent_id)
+            else:  # no reply will say when it is done: counted until the agent reports
+                self.router.capacity.sent(agent)
             with logs.span("reach.deliver", kind="producer"):
                 seal(env, self.signer, tracing=True, again=not quota)
                 data = encode(env)
@@ -273,6 +279,23 @@ class Delivery:
             refused[agent.agent_id] = (depth, bound)
         metrics.message_sent(env.capability, env.priority)
         return agent.agent_id
+
+    async def _recheck_target(self, env: Envelope, e: NoAgentAvailable) -> bool:
+        """A targeted send was refused: when the view's record of the target may be behind
+        (it has none, or one that is not routable), re-read the target from Redis once.
+        True when it was re-read (pick again). A worker that registered or became ready a
+        moment ago is in Redis before its events reach the view."""
+        if not env.target or e.reason != Unavailable.TARGET_UNAVAILABLE:
+            return False
+        candidates, _ = await self.view.candidates(env.capability)
+        known = next((a for a in candidates if a.agent_id == env.target), None)
+        if known is not None and known.routable:
+            return False  # refused for what this client knows best (its breaker, a probe)
+        try:
+            await self.view.recheck(env.target)
+        except (rexc.ConnectionError, rexc.TimeoutError) as err:
+            raise unreachable(self.redis_url, err) from err
+        return True
 
     async def _pick(
         self, env: Envelope, where: Mapping[str, Any] | None, refused: Mapping[str, Any]
@@ -411,6 +434,11 @@ class Delivery:
         try:
             with logs.span("reach.route", attributes={"reach.capability": cap}):
                 candidates, version = await self.view.candidates(cap)
+                target = envs[0].target
+                if target and not any(a.agent_id == target and a.routable for a in candidates):
+                    # as deliver() does on a refusal: the view may be behind the registry
+                    await self.view.recheck(target)
+                    candidates, version = await self.view.candidates(cap)
         except (rexc.ConnectionError, rexc.TimeoutError) as e:
             err = unreachable(self.redis_url, e)
             return [err] * len(envs)
@@ -459,6 +487,8 @@ class Delivery:
                     continue
                 if track:  # counted at the pick, so the next picks see it
                     self.router.inflight.add(agent.agent_id)
+                else:
+                    self.router.capacity.sent(agent)
                 picked.append((i, agent))
             with logs.span("reach.deliver", kind="producer"):
                 if self.coalescer is not None and self.commands.multiplexed:

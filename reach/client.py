@@ -263,11 +263,16 @@ class Client:
         if self._view is None:
             self._view = RegistryView(
                 self.registry,
-                on_gone=self.breakers.forget,
+                on_gone=self._gone,
                 name=f"client {self.client_id}: registry view",
                 **self._view_opts,
             )
         return self._view
+
+    def _gone(self, agent_id: str) -> None:
+        """An agent left the registry: what this client kept about it goes too."""
+        self.breakers.forget(agent_id)
+        self.router.capacity.forget(agent_id)
 
     @property
     def _delivery(self) -> Delivery:

@@ -77,6 +77,10 @@ MAX_LOAD = 2**53 - 1  # queue_depth and inflight reported by heartbeats
 _MAX_MS = 2**63 - 1
 
 
+def _load(x: int) -> int:
+    return min(max(int(x), 0), MAX_LOAD)
+
+
 class BadRecord(ReachError, ValueError):
     """A registry record that cannot be read (a field written behind the scripts' back).
 
@@ -162,8 +166,14 @@ class AgentInfo(msgspec.Struct, kw_only=True):
     lease_ms: int = 0
     evict_after_ms: int = 0
     queue_depth: int = 0
+    """Entries in its inboxes (running, read ahead, unread), at its last heartbeat."""
     inflight: int = 0
+    """Handlers running or waiting for a slot, at its last heartbeat."""
     max_queue: int = 0
+    slots: int = 0
+    """Handlers it runs at once (its concurrency); 0: not reported (an older agent)."""
+    handler_us: int = 0
+    """Its handlers' recent mean run time (µs) at its last heartbeat; 0: not known yet."""
 
     @classmethod
     def from_hash(
@@ -235,6 +245,8 @@ _INT_FIELDS: tuple[tuple[str, int], ...] = (
     ("queue_depth", _MAX_MS),
     ("inflight", _MAX_MS),
     ("max_queue", _MAX_MS),
+    ("slots", _MAX_MS),
+    ("handler_us", _MAX_MS),
 )
 _TEXT_FIELDS = (
     "agent_id",
@@ -564,6 +576,7 @@ class Registry:
         card: Mapping[str, Any] | None = None,
         ready: bool = False,
         max_queue: int = 0,
+        slots: int = 0,
     ) -> Call[agents.Registration]:
         """The ``register.lua`` call (run it, or its synchronous or pipelined form).
 
@@ -591,6 +604,7 @@ class Registry:
             card_json=_json_arg("card", card, MAX_CARD_BYTES) if card else "",
             ready=ready,
             max_queue=_int_arg("max_queue", max_queue, 0, MAX_QUEUE),
+            slots=_int_arg("slots", slots, 0, MAX_QUEUE),
         )
 
     @staticmethod
@@ -616,16 +630,26 @@ class Registry:
         return self.check_registration(agent_id, kw["version"], registration)
 
     def heartbeat_call(
-        self, agent_id: str, *, instance_id: str, version: int, queue_depth: int, inflight: int
+        self,
+        agent_id: str,
+        *,
+        instance_id: str,
+        version: int,
+        queue_depth: int,
+        inflight: int,
+        slots: int = 0,
+        handler_us: int = 0,
     ) -> Call[agents.Heartbeat]:
-        """The ``heartbeat.lua`` call. Load figures are clamped to 0..2^53-1 (a heartbeat
-        must not fail over a counter)."""
+        """The ``heartbeat.lua`` call. Load figures (queue depth, in flight, slots, mean
+        handler time) are clamped to 0..2^53-1 (a heartbeat must not fail over a counter)."""
         return self.scripts.heartbeat(
             agent_key_id(agent_id),
             instance_id=_text_arg("instance_id", instance_id),
             version=_int_arg("version", version, 0, MAX_VERSION),
-            queue_depth=min(max(int(queue_depth), 0), MAX_LOAD),
-            inflight=min(max(int(inflight), 0), MAX_LOAD),
+            queue_depth=_load(queue_depth),
+            inflight=_load(inflight),
+            slots=_load(slots),
+            handler_us=_load(handler_us),
         )
 
     def heartbeat_many_call(self, beats: Iterable[agents.Beat]) -> Call[list[agents.Heartbeat]]:
@@ -638,8 +662,10 @@ class Registry:
                 agent_key_id(b.agent_id),
                 _text_arg("instance_id", b.instance_id),
                 _int_arg("version", b.version, 0, MAX_VERSION),
-                min(max(int(b.queue_depth), 0), MAX_LOAD),
-                min(max(int(b.inflight), 0), MAX_LOAD),
+                _load(b.queue_depth),
+                _load(b.inflight),
+                _load(b.slots),
+                _load(b.handler_us),
             )
             for b in beats
         ]
@@ -679,6 +705,8 @@ class Registry:
         version: int,
         queue_depth: int = 0,
         inflight: int = 0,
+        slots: int = 0,
+        handler_us: int = 0,
     ) -> tuple[HeartbeatCode, bool]:
         """Renew the lease. Returns ``(code, draining)``: RENEWED (1), RECOVERED (2, after
         probation), NOT_REGISTERED (0: register again), STALE (-1: a newer registration of
@@ -690,6 +718,8 @@ class Registry:
                 version=version,
                 queue_depth=queue_depth,
                 inflight=inflight,
+                slots=slots,
+                handler_us=handler_us,
             )
         )
         return hb.code, hb.draining

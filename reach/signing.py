@@ -62,14 +62,31 @@ _KID_LABEL = b"reach/key-id/1"
 _enc = msgspec.msgpack.Encoder()
 
 SecretOption = str | bytes | Sequence[str | bytes] | None
-"""``secret=``: one secret, several (the first signs, all verify), or None (REACH_SECRET)."""
+"""``secret=``: one secret, several (the first signs, all verify), or None (REACH_SECRET).
+Text (``secret=`` or ``REACH_SECRET``) is read by one rule, :func:`split_secrets`; bytes
+are one raw key, taken as they are; each item of a list is one secret."""
+
+
+def split_secrets(text: str) -> list[str]:
+    """The secrets a text names: comma-separated, each stripped, empty parts dropped
+    (``"new,old"``: a rollover pair, the first signs and both verify)."""
+    return [s for s in (p.strip() for p in text.split(",")) if s]
 
 
 def _as_secrets(secret: SecretOption) -> list[bytes]:
+    items: list[str | bytes]
     if secret is None:
-        text = os.environ.get(SECRET_ENV, "")
-        items: list[str | bytes] = [s for s in (p.strip() for p in text.split(",")) if s]
-    elif isinstance(secret, (str, bytes)):
+        items = list(split_secrets(os.environ.get(SECRET_ENV, "")))
+    elif isinstance(secret, str):
+        # The same rule as REACH_SECRET: a Client given the variable's value must agree
+        # with the workers that read the variable, or every reply looks forged.
+        items = list(split_secrets(secret))
+        if not items:
+            raise ConfigError(
+                "secret= is empty: pass a secret (make one with `reach keys secret`), or "
+                "leave secret= out to use REACH_SECRET."
+            )
+    elif isinstance(secret, bytes):
         items = [secret]
     else:
         items = list(secret)

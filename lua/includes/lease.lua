@@ -5,8 +5,9 @@
 --!include codes
 local MAX = 9007199254740991
 
--- Why the 5 heartbeat arguments at ARGV[p..p+4] (agent_id, instance_id, version,
--- queue_depth, inflight) are refused, or nil.
+-- The heartbeat arguments of one agent: agent_id, instance_id, version, queue_depth,
+-- inflight, slots (its concurrency), handler_us (its handlers' recent mean run time).
+-- Why the 7 heartbeat arguments at ARGV[p..p+6] are refused, or nil.
 local function beat_bad(p)
   local e = agent_id_bad(ARGV[p])
   if e then return e end
@@ -20,10 +21,16 @@ local function beat_bad(p)
   if not int(ARGV[p + 4], 0, MAX) then
     return 'inflight ' .. show(ARGV[p + 4]) .. ': want an integer 0..2^53-1'
   end
+  if not int(ARGV[p + 5], 0, MAX) then
+    return 'slots ' .. show(ARGV[p + 5]) .. ': want an integer 0..2^53-1'
+  end
+  if not int(ARGV[p + 6], 0, MAX) then
+    return 'handler_us ' .. show(ARGV[p + 6]) .. ': want an integer 0..2^53-1'
+  end
   return nil
 end
 
--- Renew the lease of the agent whose (checked) arguments are at ARGV[p..p+4], its hash
+-- Renew the lease of the agent whose (checked) arguments are at ARGV[p..p+6], its hash
 -- `hash`, in agents zset `zset`; a recovery is written to events stream `events`.
 -- Returns code, draining (HeartbeatCode).
 local function beat(zset, hash, events, maxlen, p, now)
@@ -54,7 +61,7 @@ local function beat(zset, hash, events, maxlen, p, now)
     return HeartbeatCode_NOT_REGISTERED, 0
   end
   redis.call('HSET', hash, 'last_heartbeat_ms', now, 'queue_depth', ARGV[p + 3],
-    'inflight', ARGV[p + 4])
+    'inflight', ARGV[p + 4], 'slots', ARGV[p + 5], 'handler_us', ARGV[p + 6])
   redis.call('ZADD', zset, now + lease, id)
   local draining = (s[4] == '1') and 1 or 0
   if s[2] == 'probation' then

@@ -70,6 +70,7 @@ class Liveness(Part):
             "card": a.card,
             "ready": self.state.ready,
             "max_queue": a.max_queue,
+            "slots": o.concurrency,
         }
 
     async def register(self) -> None:
@@ -436,7 +437,18 @@ class Heartbeats:
             lv, st = m.liveness, m.liveness.state
             depths = lengths[3 * i : 3 * i + 3]
             lv.hooks.on_heartbeat(st, dict(zip(PRIORITIES, depths, strict=True)))
-            beat = Beat(lv.agent_id, st.instance_id, lv.version, sum(depths), st.inflight)
+            # What a Client needs to route by free capacity: slots, what fills them, and how
+            # long a slot stays taken (docs/routing.md, "Free capacity").
+            handler_us = round(st.handler_s * 1e6) if st.handler_s is not None else 0
+            beat = Beat(
+                lv.agent_id,
+                st.instance_id,
+                lv.version,
+                sum(depths),
+                st.inflight,
+                lv.opts.concurrency,
+                handler_us,
+            )
             where = (lv.registry.namespace, lv.registry.shard_of(lv.agent_id))
             by_shard.setdefault(where, []).append((m, beat))
         batches = [

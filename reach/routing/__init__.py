@@ -12,6 +12,8 @@ it:
                               what ``version=`` promises
 :mod:`.wrr`                   ``weighted_rr``: smooth weighted round-robin (EEVDF), O(log N)
 :mod:`.least_conn`            ``least_conn``: outstanding work per unit of weight
+:mod:`.capacity`              free slots per agent (its reports and this client's own
+                              sends), the expected wait when every agent is full
 :mod:`.ring`                  ``consistent_hash``: the ketama continuum (uhashring-compatible)
 :mod:`.router`                :class:`Router`: the policies' walks, the dynamic checks
                               (breaker, queue bound, ``avoid``), ``direct`` and broadcast

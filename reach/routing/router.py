@@ -24,6 +24,16 @@ Policies
     target is only over its queue bound).
     broadcast: :meth:`Router.pick_many` returns every eligible agent.
 
+Free capacity
+    ``weighted_rr`` and ``least_conn`` pass over an agent that is full (no free slot, by
+    :class:`~reach.routing.capacity.Capacity`'s estimate) while another usable agent has
+    room: a full proposal is skipped like a refused one, and the first one sends the pick
+    to one O(N) scan (:meth:`Router._roomiest`): an agent with room (``weighted_rr``: a
+    weight-proportional random one; ``least_conn``: the lowest score), else, every usable
+    agent being full, one where the message waits least (expected wait = queued x mean
+    handler time / slots). ``consistent_hash`` and ``direct`` do not look at capacity
+    (they choose the agent for other reasons).
+
 Breakers
     The router calls ``breakers.is_open`` (no side effect) to filter, and ``breakers.allow``
     only on the agent it returns: when that agent is half-open, this pick *is* the probe, and
@@ -52,6 +62,7 @@ from ..errors import ConfigError, NoAgentAvailable
 from ..registry import AgentInfo
 from . import least_conn, ring
 from .cache import State, StateCache
+from .capacity import Capacity
 from .eligibility import Inflight, eligible, over_bound, target_refusal
 from .ring import TAG_MASK, Ring
 from .weights import MIN_WEIGHT
@@ -115,6 +126,7 @@ class Router:
         self.hash_load_factor = hash_load_factor
         self.breakers = breakers
         self.inflight = Inflight() if inflight is None else inflight
+        self.capacity = Capacity(self.inflight)
         self.rng = rng if rng is not None else random.Random()
         self.clock = clock
         self._states = StateCache(
@@ -299,6 +311,40 @@ class Router:
             self.breakers.allow(a.agent_id)  # not open per the filter: takes the probe slot
         return a
 
+    def _roomiest(
+        self,
+        st: State,
+        candidates: Sequence[AgentInfo],
+        avoid: Collection[str],
+        weights: Sequence[float],
+        scores: Sequence[float] | None = None,
+    ) -> AgentInfo:
+        """The proposed agent is full: an agent with room, else where the wait is least.
+
+        Among the usable agents (raises when there is none), those with a free slot: the
+        lowest of ``scores`` (least_conn) or a ``weights``-proportional random one
+        (weighted_rr); when all are full, the one (a random one of those tied) where a
+        message placed now waits least."""
+        ok = self._diagnose(st, candidates)
+        if avoid:
+            ok = [a for a in ok if a.agent_id not in avoid] or ok
+        cap, pos = self.capacity, st.pos
+        room = [a for a in ok if not cap.full(a)]
+        if room and scores is not None:
+            inf = math.inf
+            best = min(scores[pos[a.agent_id]] if a.agent_id in pos else inf for a in room)
+            a = self.rng.choice(
+                [x for x in room if (scores[pos[x.agent_id]] if x.agent_id in pos else inf) == best]
+            )
+        elif room:
+            w = [weights[pos[a.agent_id]] if a.agent_id in pos else MIN_WEIGHT for a in room]
+            a = self.rng.choices(room, weights=w)[0]
+        else:
+            a = self.rng.choice(cap.least_wait(ok))
+        if self.breakers is not None:
+            self.breakers.allow(a.agent_id)  # not open per the filter: takes the probe slot
+        return a
+
     @staticmethod
     def _agent(st: State, candidates: Sequence[AgentInfo], j: int) -> AgentInfo:
         """The ``j``-th statically eligible agent; :class:`_Stale` when the list changed."""
@@ -316,8 +362,11 @@ class Router:
             st.wrr_ok = True
         sched = st.wrr
         assert sched is not None
+        full = self.capacity.full
         for _ in range(min(MAX_SKIPS, len(st.ids))):
             a = self._agent(st, candidates, sched.next())
+            if full(a):  # counts as served, like a refused agent
+                return self._roomiest(st, candidates, avoid, st.eff)
             if self._usable(a, avoid):
                 return a
         return self._fallback(st, candidates, avoid, st.eff)
@@ -346,6 +395,8 @@ class Router:
                 r = self.rng.randrange(ties)
                 j = next(islice(compress(range(n), map(m.__eq__, scores)), r, None))
             a = self._agent(st, candidates, j)
+            if self.capacity.full(a):
+                return self._roomiest(st, candidates, avoid, st.eff, scores)
             if self._usable(a, avoid):
                 return a
             scores[j] = inf

@@ -80,6 +80,8 @@ class Beat:
     version: int
     queue_depth: int = 0
     inflight: int = 0
+    slots: int = 0
+    handler_us: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +181,7 @@ class RegistryScripts:
         card_json: str = "",
         ready: bool = False,
         max_queue: int = 0,
+        slots: int = 0,
     ) -> Call[Registration]:
         """Register ``agent_id``, or replace an older registration of it.
         ``capabilities``: normalised names; ``metadata_json`` and ``card_json`` (``''``:
@@ -196,16 +199,26 @@ class RegistryScripts:
             card_json,
             "1" if ready else "0",
             max_queue,
+            slots,
         )
         return Call("register", self._hash_and_prefixes(agent_id), args, decode_registration)
 
     def heartbeat(
-        self, agent_id: str, *, instance_id: str, version: int, queue_depth: int, inflight: int
+        self,
+        agent_id: str,
+        *,
+        instance_id: str,
+        version: int,
+        queue_depth: int,
+        inflight: int,
+        slots: int = 0,
+        handler_us: int = 0,
     ) -> Call[Heartbeat]:
         """Renew the lease of ``instance_id``'s registration and report its load."""
         s = self.keys.shard(agent_id)
         keys = (self.keys.agents_of(s), self.keys.agent(agent_id), self.keys.events_of(s))
-        args = (agent_id, instance_id, version, queue_depth, inflight, self.events_maxlen)
+        load = (queue_depth, inflight, slots, handler_us)
+        args = (agent_id, instance_id, version, *load, self.events_maxlen)
         return Call("heartbeat", keys, args, _heartbeat)
 
     def heartbeat_many(self, beats: Sequence[Beat]) -> Call[list[Heartbeat]]:
@@ -224,6 +237,7 @@ class RegistryScripts:
         args: list[str | int] = [self.events_maxlen]
         for b in beats:
             args += [b.agent_id, b.instance_id, b.version, b.queue_depth, b.inflight]
+            args += [b.slots, b.handler_us]
         return Call("heartbeat_many", keys, tuple(args), _heartbeats)
 
     def deregister(self, agent_id: str, *, instance_id: str = "") -> Call[DeregisterCode]:

@@ -151,7 +151,9 @@ async def test_heartbeat_after_shadow_deleted_returns_0(reg: Registry) -> None:
     + [(2, "version", v) for v in ["abc", "", "nan", "1e309", "-1"]]
     + [(0, "agent_id", v) for v in ["", "a{b}", "x" * 257]]
     + [(1, "instance_id", v) for v in ["", "i" * 257]]
-    + [(5, "events maxlen", v) for v in ["0", "abc", "", "007"]],
+    + [(5, "slots", v) for v in ["abc", "", "-1", "1.5"]]
+    + [(6, "handler_us", v) for v in ["abc", "", "-1", "nan"]]
+    + [(7, "events maxlen", v) for v in ["0", "abc", "", "007"]],
 )
 async def test_bad_argument_is_refused_and_the_record_is_untouched(
     reg: Registry, r: AnyRedis, index: int, name: str, value: str

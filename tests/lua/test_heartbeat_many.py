@@ -84,7 +84,7 @@ async def test_a_bad_agent_refuses_the_whole_call(reg: Registry, r: AnyRedis) ->
     before = await r.hgetall(reg.keys.agent("a1"))
     call = reg.heartbeat_many_call([Beat("a1", inst, version), Beat("a2", "i", version)])
     args = list(call.args)
-    args[1 + 5 + 3] = "nan"  # the second agent's queue depth
+    args[1 + 7 + 3] = "nan"  # the second agent's queue depth
     with pytest.raises(redis.ResponseError, match=r"^reach: bad agent 2: queue_depth"):
         await scripts.call(r, "heartbeat_many", call.keys, args)
     assert await r.hgetall(reg.keys.agent("a1")) == before  # the first was not renewed

@@ -318,6 +318,7 @@ _ARGV = {  # ARGV index -> (name in the error, bad values)
     9: ("card", ["not json", "[1]", '{"a":inf}']),
     10: ("ready", ["", "2", "yes", "true"]),
     11: ("max_queue", ["", "-1", "abc", "nan", "1e309", "1000000001", "2.5"]),
+    12: ("slots", ["", "-1", "abc", "nan", "1000000001", "2.5"]),
 }
 _BAD_ARGV = [(i, name, v) for i, (name, values) in _ARGV.items() for v in values]
 

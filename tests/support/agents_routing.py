@@ -71,3 +71,13 @@ def ring_c() -> Agent:
 
 def bounded() -> Agent:
     return _echo("bounded", delay_s=0.3, max_queue=2)
+
+
+def cap_small() -> Agent:
+    """Run with ``--concurrency 2`` beside :func:`cap_big` (capacity routing)."""
+    return _echo("cap-small", delay_s=0.4)
+
+
+def cap_big() -> Agent:
+    """Run with ``--concurrency 16`` beside :func:`cap_small`."""
+    return _echo("cap-big", delay_s=0.4)

@@ -75,9 +75,10 @@ def test_register_encodes_the_header_layout() -> None:
         card_json="",
         ready=True,
         max_queue=5,
+        slots=8,
     )
     assert c.keys == (K.agents, K.agent("a1"), K.caps, K.events, K.cap_prefix, K.agent_prefix)
-    assert c.args == ("a1", "i1", 7, "2.0", "c,d.e", '{"x":1}', 100, 200, 1000, "", "1", 5)
+    assert c.args == ("a1", "i1", 7, "2.0", "c,d.e", '{"x":1}', 100, 200, 1000, "", "1", 5, 8)
     assert c.op() == ("EVALSHA", scripts.script("register").sha, 6, *c.keys, *c.args)
 
 
@@ -97,9 +98,11 @@ def test_register_reply(reply: list[Any], want: agents.Registration) -> None:
 
 
 def test_heartbeat_and_the_single_code_replies() -> None:
-    hb = R.heartbeat("a", instance_id="i", version=3, queue_depth=4, inflight=5)
+    hb = R.heartbeat(
+        "a", instance_id="i", version=3, queue_depth=4, inflight=5, slots=6, handler_us=7
+    )
     assert hb.keys == (K.agents, K.agent("a"), K.events)
-    assert hb.args == ("a", "i", 3, 4, 5, 1000)
+    assert hb.args == ("a", "i", 3, 4, 5, 6, 7, 1000)
     assert hb.decode([2, 1]) == agents.Heartbeat(codes.HeartbeatCode.RECOVERED, draining=True)
     assert hb.decode([-1, 0]) == agents.Heartbeat(codes.HeartbeatCode.STALE, draining=False)
     d = R.drain("a")
