@@ -72,7 +72,7 @@ from .._streaming import Stream
 from .._version import __version__
 from ..card import A2A_PROTOCOL_VERSION, DEFAULT_MODES, agent_card, capability_skill
 from ..client import Client
-from ..envelope import decode_payload, new_id
+from ..envelope import MAX_ID_CHARS, decode_payload, new_id
 from ..errors import Cancelled, ReachError, Rejected
 from ..outcomes import Status
 from ..registry import AgentInfo, normalize_capability
@@ -136,7 +136,7 @@ class _Executor(AgentExecutor):
             env = gw.client.build(
                 capability,
                 payload,
-                session_id=context_id,
+                session_id=session_of(context.call_context, context_id),
                 timeout_s=timeout_s,
                 target=agent_id,
                 headers=headers,
@@ -256,6 +256,23 @@ async def _finish_failed(
         await event_queue.enqueue_event(unshown)
     else:
         await updater.update_status(state, message=why)
+
+
+SESSION_PREFIX = "a2a"
+
+
+def session_of(context: ServerCallContext, context_id: str) -> str:
+    """The reach session of an A2A context: scoped by the caller (the token's name, or
+    ``-`` without authentication), so a caller naming another's contextId gets a session
+    of its own. Caller names have no ``:``, so the scoped id is unambiguous."""
+    caller = resolve_user_scope(context) or "-"
+    session = f"{SESSION_PREFIX}:{caller}:{context_id}"
+    if len(session) > MAX_ID_CHARS:
+        raise InvalidParamsError(
+            message=f"contextId is {len(context_id)} characters: use at most "
+            f"{MAX_ID_CHARS - len(session) + len(context_id)}."
+        )
+    return session
 
 
 def _timeout_of(headers: Mapping[str, str], default_s: float) -> float:
