@@ -30,6 +30,11 @@ Layout (``ns`` is the namespace, ids are stripped of ``{``/``}`` first):
     reach:{ns}:rate:<cap>:agent:<id>  string the state of the limit agent <id> declared
                                        on its handler of <cap> (rate=)
     reach:{ns}:quotas            hash  the namespace's quotas (max_inbox, send_rate)
+    reach:{ns}:gw:task:<id>      hash  an A2A gateway task (owner, context, task, size)
+    reach:{ns}:gw:parts:<id>     list  parts streamed into that task since its last save
+    reach:{ns}:gw:finished       zset  finished gateway tasks by finish time
+    reach:{ns}:gw:bytes          string bytes the finished gateway tasks hold
+    reach:{ns}:gw:owned:<owner>  zset  a gateway caller's tasks by last save
 
 * an agent's inbox, one slot per agent::
 
@@ -295,6 +300,32 @@ class Keys:
         """Shard 0's set of evicted agents whose inboxes still have to be moved (with one
         shard, the namespace's); :meth:`reroute_of` for the others."""
         return self.reroute_of(0)
+
+    # -- the A2A gateway's task store (reach.gateway.store), the namespace's slot ---------
+    def gateway_task(self, task_id: str) -> str:
+        """A gateway task (hash: owner, context, the task as protobuf bytes, its size, its
+        state), shared by every gateway process of the namespace."""
+        return f"{self._reg}:gw:task:{clean_id(task_id)}"
+
+    def gateway_task_parts(self, task_id: str) -> str:
+        """The parts streamed into a gateway task's artifacts since its last whole save
+        (list of protobuf ``Artifact`` bytes, appended in order)."""
+        return f"{self._reg}:gw:parts:{clean_id(task_id)}"
+
+    @property
+    def gateway_finished(self) -> str:
+        """Finished gateway tasks (zset ``"<task_id> <bytes>"`` -> finish time, ms): the
+        oldest are dropped first past the store's byte bound."""
+        return f"{self._reg}:gw:finished"
+
+    @property
+    def gateway_bytes(self) -> str:
+        """The bytes held by the finished gateway tasks of :attr:`gateway_finished`."""
+        return f"{self._reg}:gw:bytes"
+
+    def gateway_owned(self, owner: str) -> str:
+        """The gateway tasks of one caller (zset task_id -> last save, ms), for ListTasks."""
+        return f"{self._reg}:gw:owned:{clean_id(owner)}"
 
     # -- per-agent slot ---------------------------------------------------------------
     def inbox(self, agent_id: str, priority: str) -> str:

@@ -76,9 +76,22 @@ def gateway(
         float,
         typer.Option(help="A message's deadline when the caller sends no Reach-Timeout-S."),
     ] = 30.0,
-    max_tasks: Annotated[
-        int, typer.Option(min=1, help="Tasks kept in memory for tasks/get (the oldest go).")
-    ] = 10_000,
+    max_task_bytes: Annotated[
+        int,
+        typer.Option(
+            min=1024,
+            help="Bytes one A2A task may hold (its input, chunks and result); a stream "
+            "past it is ended, failed.",
+        ),
+    ] = 16 * 1024 * 1024,
+    max_store_bytes: Annotated[
+        int,
+        typer.Option(
+            min=1024,
+            help="Bytes the finished tasks hold in Redis together (the oldest are dropped "
+            "past it; tasks/get then reads the reach task record).",
+        ),
+    ] = 256 * 1024 * 1024,
     identity_file: Annotated[
         Optional[Path],  # noqa: UP045
         typer.Option(
@@ -154,7 +167,8 @@ def gateway(
             tokens=tokens,
             public_url=public_url,
             default_timeout_s=timeout_s,
-            max_tasks=max_tasks,
+            max_task_bytes=max_task_bytes,
+            max_store_bytes=max_store_bytes,
             mtls=tls_client_ca is not None,
         )
         tls: dict[str, Any] = {}

@@ -20,18 +20,19 @@ from .server import (
     CALLER_HEADER,
     TIMEOUT_HEADER,
     BearerAuth,
-    BoundedTaskStore,
     Gateway,
     Target,
 )
+from .store import RedisTaskStore, TaskTooLarge
 
 __all__ = [
     "CALLER_HEADER",
     "TIMEOUT_HEADER",
     "TOKENS_ENV",
     "BearerAuth",
-    "BoundedTaskStore",
     "Gateway",
+    "RedisTaskStore",
     "Target",
+    "TaskTooLarge",
     "Tokens",
 ]

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import OrderedDict
+import warnings
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -40,14 +40,12 @@ from a2a.server.owner_resolver import resolve_user_scope
 from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.server.request_handlers.response_helpers import agent_card_to_dict
 from a2a.server.routes import DefaultServerCallContextBuilder, create_jsonrpc_routes
-from a2a.server.tasks import TaskStore, TaskUpdater
+from a2a.server.tasks import TaskUpdater
 from a2a.types.a2a_pb2 import (
     AgentCard,
     Artifact,
     CancelTaskRequest,
     GetTaskRequest,
-    ListTasksRequest,
-    ListTasksResponse,
     Message,
     Part,
     Role,
@@ -74,12 +72,13 @@ from .._streaming import Stream
 from .._version import __version__
 from ..card import A2A_PROTOCOL_VERSION, DEFAULT_MODES, agent_card, capability_skill
 from ..client import Client
-from ..envelope import decode_payload, new_id
+from ..envelope import MAX_ID_CHARS, decode_payload, new_id
 from ..errors import Cancelled, ReachError, Rejected
 from ..outcomes import Status
 from ..registry import AgentInfo, normalize_capability
 from .auth import Tokens
 from .mapping import TEXT_MODE, error_of, payload_of, result_parts, takes_json_text, task_state
+from .store import DEFAULT_MAX_STORE_BYTES, DEFAULT_MAX_TASK_BYTES, DEFAULT_TTL_S, RedisTaskStore
 
 log = logging.getLogger("reach.gateway")
 
@@ -88,7 +87,6 @@ GATEWAY_EXTENSION_URI = "urn:reach:gateway:v1"
 TIMEOUT_HEADER = "reach-timeout-s"  # the request's deadline, seconds from now
 CALLER_HEADER = "a2a-caller"  # on the fabric: the token name the caller authenticated with
 MAX_TIMEOUT_S = 86_400.0
-DEFAULT_MAX_TASKS = 10_000
 OUTPUT_MODES = ["application/json", TEXT_MODE]
 _TARGET = "reach.target"
 _TERMINAL = frozenset(
@@ -115,67 +113,6 @@ class _ReachIds(IDGenerator):
         return new_id()
 
 
-class BoundedTaskStore(TaskStore):
-    """The SDK's task store interface in memory, per owner (the caller's token name), with
-    at most ``max_tasks`` tasks: past it the oldest finished ones are dropped (a dropped
-    task is still answered by ``tasks/get`` from its reach task record, for 24 h)."""
-
-    def __init__(self, *, max_tasks: int = DEFAULT_MAX_TASKS) -> None:
-        self.max_tasks = max_tasks
-        self._tasks: OrderedDict[str, tuple[str, Task]] = OrderedDict()
-
-    def owner_of(self, task_id: str) -> str | None:
-        held = self._tasks.get(task_id)
-        return None if held is None else held[0]
-
-    async def save(self, task: Task, context: ServerCallContext) -> None:
-        copy = Task()
-        copy.CopyFrom(task)
-        self._tasks[task.id] = (resolve_user_scope(context), copy)
-        self._tasks.move_to_end(task.id)
-        if len(self._tasks) > self.max_tasks:
-            self._trim()
-
-    def _trim(self) -> None:
-        over = len(self._tasks) - self.max_tasks
-        for task_id in [k for k, (_, t) in self._tasks.items() if t.status.state in _TERMINAL][
-            :over
-        ]:
-            del self._tasks[task_id]
-
-    async def get(self, task_id: str, context: ServerCallContext) -> Task | None:
-        held = self._tasks.get(task_id)
-        if held is None or held[0] != resolve_user_scope(context):
-            return None
-        copy = Task()
-        copy.CopyFrom(held[1])
-        return copy
-
-    async def list(self, params: ListTasksRequest, context: ServerCallContext) -> ListTasksResponse:
-        owner = resolve_user_scope(context)
-        tasks = [
-            t
-            for o, t in reversed(self._tasks.values())
-            if o == owner
-            and (not params.context_id or t.context_id == params.context_id)
-            and (not params.status or t.status.state == params.status)
-        ]
-        size = params.page_size or 50
-        start = int(params.page_token) if params.page_token.isdigit() else 0
-        page = tasks[start : start + size]
-        more = start + size < len(tasks)
-        return ListTasksResponse(
-            tasks=page,
-            next_page_token=str(start + size) if more else "",
-            page_size=size,
-            total_size=len(tasks),
-        )
-
-    async def delete(self, task_id: str, context: ServerCallContext) -> None:
-        if self.owner_of(task_id) == resolve_user_scope(context):
-            self._tasks.pop(task_id, None)
-
-
 class _Executor(AgentExecutor):
     """Runs one A2A message as a reach streamed request."""
 
@@ -199,7 +136,7 @@ class _Executor(AgentExecutor):
             env = gw.client.build(
                 capability,
                 payload,
-                session_id=context_id,
+                session_id=session_of(context.call_context, context_id),
                 timeout_s=timeout_s,
                 target=agent_id,
                 headers=headers,
@@ -321,6 +258,23 @@ async def _finish_failed(
         await updater.update_status(state, message=why)
 
 
+SESSION_PREFIX = "a2a"
+
+
+def session_of(context: ServerCallContext, context_id: str) -> str:
+    """The reach session of an A2A context: scoped by the caller (the token's name, or
+    ``-`` without authentication), so a caller naming another's contextId gets a session
+    of its own. Caller names have no ``:``, so the scoped id is unambiguous."""
+    caller = resolve_user_scope(context) or "-"
+    session = f"{SESSION_PREFIX}:{caller}:{context_id}"
+    if len(session) > MAX_ID_CHARS:
+        raise InvalidParamsError(
+            message=f"contextId is {len(context_id)} characters: use at most "
+            f"{MAX_ID_CHARS - len(session) + len(context_id)}."
+        )
+    return session
+
+
 def _timeout_of(headers: Mapping[str, str], default_s: float) -> float:
     raw = headers.get(TIMEOUT_HEADER)
     if raw is None:
@@ -350,8 +304,9 @@ class _Handler(DefaultRequestHandler):
         try:
             task: Task | None = await super().on_get_task(params, context)
         except TaskNotFoundError:
-            if self.gw.tasks.owner_of(params.id) is not None:
-                raise  # held for another caller
+            owner = await self.gw.tasks.owner_of(params.id)
+            if owner is not None and owner != resolve_user_scope(context):
+                raise  # another caller's, whichever gateway process holds it
             return await self.gw.task_from_reach(params.id)
         if task is not None and task.status.state == TaskState.TASK_STATE_SUBMITTED:
             st = await self.gw.client.task(params.id)
@@ -366,9 +321,9 @@ class _Handler(DefaultRequestHandler):
         running handler is told to stop; answered with the task, ``canceled``. A task that
         finished already is not cancelable (-32002)."""
         task_id = params.id
-        owner = self.gw.tasks.owner_of(task_id)
+        owner = await self.gw.tasks.owner_of(task_id)
         if owner is not None and owner != resolve_user_scope(context):
-            raise TaskNotFoundError  # another caller's
+            raise TaskNotFoundError  # another caller's, whichever gateway process holds it
         user = context.user.user_name if context.user.is_authenticated else "an A2A caller"
         try:
             res = await self.gw.client.cancel(task_id, by=f"{user} (A2A tasks/cancel)")
@@ -389,9 +344,9 @@ class _Handler(DefaultRequestHandler):
             scope.cancel()
             with anyio.move_on_after(10):
                 await done.wait()
-        task: Task | None = await self.gw.tasks.get(task_id, context)
-        if task is not None and task.status.state in _TERMINAL:
-            return task
+        stored = await self.gw.tasks.get(task_id, context)
+        if stored is not None and stored.task.status.state in _TERMINAL:
+            return stored.task
         return await self.gw.task_from_reach(task_id)
 
 
@@ -450,7 +405,9 @@ class Gateway:
         tokens: Tokens | None = None,
         public_url: str | None = None,
         default_timeout_s: float = 30.0,
-        max_tasks: int = DEFAULT_MAX_TASKS,
+        max_task_bytes: int = DEFAULT_MAX_TASK_BYTES,
+        max_store_bytes: int = DEFAULT_MAX_STORE_BYTES,
+        task_ttl_s: float = DEFAULT_TTL_S,
         mtls: bool = False,
     ) -> None:
         self.client = client
@@ -459,10 +416,26 @@ class Gateway:
         self.tokens = tokens
         self.public_url = public_url.rstrip("/") if public_url else None
         self.default_timeout_s = default_timeout_s
-        self.tasks = BoundedTaskStore(max_tasks=max_tasks)
+        self.tasks = RedisTaskStore(
+            client, ttl_s=task_ttl_s, max_task_bytes=max_task_bytes, max_store_bytes=max_store_bytes
+        )
         # tasks this process waits for: the scope of the wait, and set when it ended
         self.running: dict[str, tuple[anyio.CancelScope, anyio.Event]] = {}
-        self.handler = _Handler(
+        # The SDK warns that a versioned store without an event stream cannot stream a task
+        # to another process: the gateway does not (a caller follows its task where it sent
+        # it, or reads it from any process).
+        quiet = logging.getLogger("a2a.server.request_handlers.default_request_handler_v2")
+        was, quiet.disabled = quiet.disabled, True
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self.handler = self._make_handler()
+        finally:
+            quiet.disabled = was
+        self.app = self._build_app()
+
+    def _make_handler(self) -> _Handler:
+        return _Handler(
             self,
             agent_executor=_Executor(self),
             task_store=self.tasks,
@@ -470,7 +443,6 @@ class Gateway:
             agent_card=self._parse(self._gateway_card_dict("http://localhost", ["any"])),
             request_context_builder=SimpleRequestContextBuilder(task_id_generator=_ReachIds()),
         )
-        self.app = self._build_app()
 
     # -- the application ----------------------------------------------------------------
     def _build_app(self) -> Starlette:

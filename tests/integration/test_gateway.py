@@ -28,7 +28,7 @@ from reach import Agent, Context
 from reach.client import Client
 from reach.envelope import new_id
 from reach.gateway import Gateway, Tokens
-from tests.support.agents_gateway import echo_agent, slow_agent, words_agent
+from tests.support.agents_gateway import echo_agent, notes_agent, slow_agent, words_agent
 from tests.support.agents_messaging import serving
 from tests.support.gateway import a2a_client, gateway_served, http, resolve
 from tests.support.waiting import wait_until
@@ -119,7 +119,8 @@ async def test_send_a_data_part_and_get_the_task(fabric: tuple[str, Client]) -> 
         assert task.status.state == TaskState.TASK_STATE_COMPLETED
         res = result_of(task)
         assert res["echo"] == {"text": "hi", "n": 2}
-        assert res["session"] == "ctx-1" and task.context_id == "ctx-1"
+        # the session is the caller's: scoped by its name (the A2A contextId is kept)
+        assert res["session"] == "a2a:tests:ctx-1" and task.context_id == "ctx-1"
         assert res["msg_id"] == task.id  # the A2A task id is the reach msg_id
         assert res["caller"] == "tests"
         assert (await client.task(task.id)).status == "succeeded"
@@ -355,6 +356,31 @@ async def test_tasks_are_their_caller_s(redis_url: str, ns: str) -> None:
             assert (await a.get_task(GetTaskRequest(id=task.id))).id == task.id
             with pytest.raises(TaskNotFoundError):
                 await b.get_task(GetTaskRequest(id=task.id))
+
+
+async def test_a_context_id_is_scoped_by_its_caller(redis_url: str, ns: str) -> None:
+    """A caller that sends with another caller's contextId does not get that caller's
+    session (its history): it gets one of its own, under the same contextId."""
+    other = "another-caller-token-0123"
+    async with serving(redis_url, ns, notes_agent()):
+        gw = Gateway(
+            Client(redis_url=redis_url, namespace=ns),
+            tokens=Tokens([("a", TOKEN), ("b", other)]),
+        )
+        async with gateway_served(gw) as url, http(TOKEN) as ha, http(other) as hb:
+            a, _ = await a2a_client(ha, f"{url}/caps/gw.notes", streaming=False)
+            b, _ = await a2a_client(hb, f"{url}/caps/gw.notes", streaming=False)
+            for note in ("a's secret", "a's second"):
+                req = message(new_data_part(note))
+                req.message.context_id = "ctx-shared"
+                task, _ = await final_task(a.send_message(req))
+            assert result_of(task)["history"] == ["a's secret", "a's second"]
+            req = message(new_data_part("b's note"))
+            req.message.context_id = "ctx-shared"
+            task, _ = await final_task(b.send_message(req))
+            assert task.context_id == "ctx-shared"
+            assert result_of(task)["history"] == ["b's note"]  # not a's
+            assert result_of(task)["session"] == "a2a:b:ctx-shared"
 
 
 async def test_get_answers_from_the_reach_record(redis_url: str, ns: str) -> None:

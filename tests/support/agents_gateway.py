@@ -73,3 +73,16 @@ def slow_agent() -> Agent:
         return "late"
 
     return app
+
+
+def notes_agent() -> Agent:
+    """``gw.notes``: appends the payload to its session's history and answers the history
+    (what the session it was given holds, as a multi-turn agent would see it)."""
+    app = Agent("gw-notes-1", capabilities=["gw.notes"])
+
+    @app.handler("gw.notes")
+    async def notes(payload: Any, ctx: Context) -> Any:
+        await ctx.session.append(payload)
+        return {"history": await ctx.session.history(), "session": ctx.session_id}
+
+    return app

@@ -6,14 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from a2a.server.context import ServerCallContext
-from a2a.types.a2a_pb2 import ListTasksRequest, Part, Task, TaskState, TaskStatus
+from a2a.types.a2a_pb2 import Part, TaskState
 from a2a.utils.errors import ContentTypeNotSupportedError, InternalError, InvalidParamsError
 from google.protobuf import struct_pb2
 from google.protobuf.json_format import MessageToDict, ParseDict
 
 from reach.errors import ConfigError, NoAgentAvailable, Overloaded, PayloadTooLarge
-from reach.gateway import BoundedTaskStore, Tokens
+from reach.gateway import Tokens
 from reach.gateway.mapping import error_of, payload_of, result_parts, takes_json_text, task_state
 
 GOOD = "a-token-of-sixteen+"
@@ -94,37 +93,3 @@ def test_errors_map_to_json_rpc_errors() -> None:
     assert isinstance(e, InternalError) and e.data is not None and e.data["retryAfterS"] == 1.5
     assert isinstance(error_of(PayloadTooLarge("big")), InvalidParamsError)
     assert isinstance(error_of(ConfigError("bad")), InvalidParamsError)
-
-
-@pytest.mark.anyio
-async def test_the_task_store_is_bounded_and_per_caller() -> None:
-    from a2a.auth.user import User
-
-    class Named(User):
-        def __init__(self, name: str) -> None:
-            self.name = name
-
-        @property
-        def is_authenticated(self) -> bool:
-            return True
-
-        @property
-        def user_name(self) -> str:
-            return self.name
-
-    a, b = ServerCallContext(user=Named("a")), ServerCallContext(user=Named("b"))
-    store = BoundedTaskStore(max_tasks=3)
-
-    def task(i: int, state: TaskState.ValueType) -> Task:
-        return Task(id=f"t{i}", context_id="c", status=TaskStatus(state=state))
-
-    await store.save(task(0, TaskState.TASK_STATE_WORKING), a)  # not finished: kept
-    for i in range(1, 5):
-        await store.save(task(i, TaskState.TASK_STATE_COMPLETED), a)
-    assert await store.get("t0", a) is not None
-    assert await store.get("t1", a) is None and await store.get("t2", a) is None  # oldest done
-    assert await store.get("t4", a) is not None and await store.get("t4", b) is None
-    assert store.owner_of("t4") == "a"
-    page = await store.list(ListTasksRequest(page_size=2), a)
-    assert [t.id for t in page.tasks] == ["t4", "t3"] and page.next_page_token == "2"
-    assert (await store.list(ListTasksRequest(), b)).tasks == []
