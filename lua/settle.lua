@@ -36,8 +36,16 @@
 --   delayed copy, 3 slots:
 --     ARGV[p+10] delayed zset index (1..#KEYS), ARGV[p+11] due (epoch ms, integer 0..2^53),
 --     ARGV[p+12] the envelope's bytes; written as: ZADD <zset> <due> <envelope>
---   The next item starts after them: p + 10, p + 21 or p + 13. The items must use ARGV
---   exactly: #ARGV = 3 + what the items describe.
+--   The next item starts after them: p + 10, p + 21 or p + 13.
+-- After the items, optional (absent: the items use ARGV exactly), from q on:
+--   ARGV[q]   k: the number of failure details that follow (integer 0..n), then k triples:
+--   ARGV[q+1] item number (1..n, ascending, each at most once), ARGV[q+2] the handler's
+--             exception type, ARGV[q+3] its traceback (text, already bounded by the caller)
+--   A settled item with a detail gets, in its record (if any): HSET error_type <..>
+--   traceback <..>; in its dead letter (if any): a last field traceback <..> after env.
+--   A settled record without a detail that ran more than once loses both fields (HDEL):
+--   they described an earlier attempt.
+--   So #ARGV = 3 + what the items describe (+ 1 + 3k with the details).
 -- Integers are plain decimal digits without sign or leading zero. Text and bytes slots take
 -- any bytes.
 --
@@ -89,6 +97,8 @@ end
 
 -- The records' fence, done and runs fields as the check pass read them, by key index.
 local reads = {}
+-- The failure details, by item number: the ARGV index of the detail's item number.
+local details = {}
 
 local function check()
   local na, nk = #ARGV, #KEYS
@@ -155,6 +165,24 @@ local function check()
       p = p + f[2]
     end
   end
+  if p <= na then
+    local k = int_memo(ARGV[p], 0, n)
+    if not k then return bad('number of details', p, 'want an integer 0..' .. n) end
+    if p + 3 * k ~= na then
+      return 'arguments: ' .. k .. ' details after ARGV[' .. p .. '] need ' .. (3 * k)
+        .. ' ARGV, got ' .. (na - p)
+    end
+    local last = 0
+    for j = 1, k do
+      local d = p + 3 * (j - 1) + 1
+      local item = int_memo(ARGV[d], last + 1, n)
+      if not item then
+        return bad('item number of detail ' .. j, d, 'want an integer ' .. (last + 1) .. '..' .. n)
+      end
+      details[item], last = d, item
+    end
+    p = na + 1
+  end
   if p ~= na + 1 then
     return 'arguments: the ' .. n .. ' items end at ARGV[' .. (p - 1) .. '], got ' .. na .. ' ARGV'
   end
@@ -184,12 +212,14 @@ local LETTER_FIELDS = {'reason', 'error', 'error_type', 'attempts', 'agent_id', 
   'capability', 'ts', 'env'}
 
 -- Write the follow-up of kind `kind` whose slots start at ARGV[f].
-local function follow_up(kind, f)
+-- d: the ARGV index of the item's failure detail (nil: none).
+local function follow_up(kind, f, d)
   if kind == DEAD_LETTER then
     local args = {'XADD', KEYS[tonumber(ARGV[f])], 'MAXLEN', '~', ARGV[f + 1], '*'}
     for j, field in ipairs(LETTER_FIELDS) do
       args[5 + 2 * j], args[6 + 2 * j] = field, ARGV[f + 1 + j]
     end
+    if d then args[#args + 1], args[#args + 2] = 'traceback', ARGV[d + 2] end
     redis.call(unpack(args))
   elseif kind == RETRY then
     redis.call('ZADD', KEYS[tonumber(ARGV[f])], ARGV[f + 1], ARGV[f + 2])
@@ -236,13 +266,21 @@ for item = 1, tonumber(ARGV[3]) do
     if seen[key] then rec = redis.call('HMGET', key, 'fence', 'done', 'runs') end
     seen[key] = true
     code = complete_record(key, rec, p + 1, ttl, now)
+    if code == SettleCode_SETTLED then
+      local d = details[item]
+      if d then
+        redis.call('HSET', key, 'error_type', ARGV[d + 1], 'traceback', ARGV[d + 2])
+      elseif rec[3] and rec[3] ~= '0' and rec[3] ~= '1' then
+        redis.call('HDEL', key, 'error_type', 'traceback')
+      end
+    end
   end
   if code == SettleCode_SETTLED then
     if ri > 0 then
       redis.call('XADD', KEYS[ri], 'MAXLEN', '~', StreamBound_REPLIES, '*', 'r', reply)
       redis.call('PEXPIRE', KEYS[ri], ttl)
     end
-    follow_up(kind, p + 10)
+    follow_up(kind, p + 10, details[item])
     if ii > 0 then ack_later(ii, entry) end
   end
   p = p + 10 + (FOLLOW_UPS[kind] and FOLLOW_UPS[kind][2] or 0)

@@ -132,6 +132,12 @@ class RuntimeOptions:
     """How often this agent's own read-but-unsettled entries are looked for."""
     dlq_maxlen: int = DLQ_MAXLEN
     """Dead-letter streams are trimmed to about this many entries."""
+    traceback_max_bytes: int = 8192
+    """A handler's traceback is stored with its outcome (task record, dead letter) up to
+    its last this many bytes (the frames nearest the error); 0: no tracebacks stored."""
+    redact_traceback: Callable[[str], str] | None = field(default=None, repr=False)
+    """Called with each traceback before it is stored or logged; returns the text to keep
+    (e.g. with secrets masked). A hook that raises stores a note instead of the text."""
     handle_signals: bool = True
     """SIGTERM/SIGINT drain the agent (a second one stops it at once); main thread only."""
     sweeper: bool = True
@@ -183,6 +189,7 @@ class RuntimeOptions:
             ("batch", 1, 10_000),
             ("prefetch", 0, 10_000),
             ("dlq_maxlen", 1, 10**9),
+            ("traceback_max_bytes", 0, 1024 * 1024),
             ("block_ms", 1, 3_600_000),
             ("max_envelope_bytes", 1, 512 * 1024 * 1024),
         ):
@@ -246,6 +253,8 @@ class RunOptions(TypedDict, total=False):
     max_envelope_bytes: int
     pending_scan_s: float
     dlq_maxlen: int
+    traceback_max_bytes: int
+    redact_traceback: Callable[[str], str] | None
     handle_signals: bool
     sweeper: bool
     ready_event: threading.Event | None

@@ -65,7 +65,7 @@ columns above only matter for a reply written by another implementation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final
 
@@ -308,6 +308,9 @@ class Outcome:
     error_type: str = ""  # the exception's type name (or DeadlineExceeded, Reject...)
     result: msgspec.Raw | None = None  # the encoded result, when succeeded
     retry_delay_ms: int = 0  # retrying: how long the message waits before its next attempt
+    exc: BaseException | None = field(default=None, compare=False, repr=False)
+    """The exception the handler raised (None: it returned, or reach decided the outcome):
+    its traceback is stored with the outcome (reach._worker.outcome.apply)."""
 
     @property
     def dead_letter(self) -> bool:

@@ -44,8 +44,26 @@ class TaskStatus(msgspec.Struct, kw_only=True):
     attempt: int = 0
     runs: int = 0
     error: str = ""
+    error_type: str = ""
+    """The exception type the handler raised, when it failed (``KeyError``)."""
+    traceback: str = ""
+    """Its traceback as the worker stored it (bounded: ``RuntimeOptions.traceback_max_bytes``,
+    and passed through ``RuntimeOptions.redact_traceback``)."""
     updated_ms: int = 0
     reply: Reply | None = None
+
+    @property
+    def error_text(self) -> str:
+        """The error as a person reads it: ``KeyError: 'txt'`` (type and message)."""
+        return describe_error(self.error_type, self.error)
+
+
+def describe_error(error_type: str, error: str) -> str:
+    """``Type: message``, or whichever of the two there is (a ``KeyError``'s message alone
+    reads ``'txt'``)."""
+    if error_type and error:
+        return f"{error_type}: {error}"
+    return error or error_type
 
 
 async def get_status(redis: AnyRedis, keys: Keys, msg_id: str) -> TaskStatus:
@@ -61,6 +79,8 @@ async def get_status(redis: AnyRedis, keys: Keys, msg_id: str) -> TaskStatus:
     except BadEnvelope:
         reply = None  # a damaged stored reply: the status fields still say what happened
     status = safe_text(d.get("status", b""))  # none stored, or not ours: unknown
+    # A record that succeeded on a later attempt may still hold an earlier one's failure.
+    failed = status not in (Status.SUCCEEDED, Status.PENDING, Status.RUNNING)
     return TaskStatus(
         msg_id=msg_id,
         status=status if status in STATUSES else Status.UNKNOWN,
@@ -70,6 +90,8 @@ async def get_status(redis: AnyRedis, keys: Keys, msg_id: str) -> TaskStatus:
         attempt=safe_int(d.get("attempt")),
         runs=safe_int(d.get("runs")),
         error=safe_text(d.get("error", b"")),
+        error_type=safe_text(d.get("error_type", b"")) if failed else "",
+        traceback=safe_text(d.get("traceback", b"")) if failed else "",
         updated_ms=safe_int(d.get("updated_ms")),
         reply=reply,
     )
@@ -92,6 +114,12 @@ class DeadLetter(msgspec.Struct, kw_only=True):
     ts: int = 0
     envelope: Envelope | None = None
     raw: bytes = b""  # the original bytes when they were not a valid envelope
+    traceback: str = ""  # the handler's traceback, when it raised (bounded, redacted)
+
+    @property
+    def error_text(self) -> str:
+        """The error as a person reads it: ``KeyError: 'txt'`` (type and message)."""
+        return describe_error(self.error_type, self.error)
 
 
 MALFORMED_CAP = "_malformed"
@@ -195,4 +223,5 @@ def parse_dead_letter(entry_id: Any, fields: Mapping[Any, Any]) -> DeadLetter:
         ts=safe_int(f.get("ts")),
         envelope=env,
         raw=b"" if env else raw,
+        traceback=safe_text(f.get("traceback", b"")),
     )

@@ -52,6 +52,7 @@ from .common import (
     json_line,
     open_redis,
     print_json,
+    print_traceback,
     progress,
     require_text,
     safe_text,
@@ -452,14 +453,17 @@ async def task(
         "attempt": st.attempt,
         "runs": st.runs,
         "error": st.error,
+        "error_type": st.error_type,
         "updated_ms": st.updated_ms,
         "idempotency_key": st.idempotency_key or st.msg_id,
         "result": result,
     }
     if json_:
-        print_json(row)
+        print_json({**row, "traceback": st.traceback})
     else:
-        table(f"task {msg_id}", ["field", "value"], [(k, v) for k, v in row.items()])
+        shown = {**row, "error": st.error_text}  # `KeyError: 'txt'`, not `'txt'`
+        table(f"task {msg_id}", ["field", "value"], [(k, v) for k, v in shown.items()])
+        print_traceback(st.traceback)
     if st.status == Status.UNKNOWN:
         raise typer.Exit(1)
 

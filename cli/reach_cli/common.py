@@ -464,6 +464,16 @@ def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any
     console.print(t)
 
 
+def print_traceback(text: str) -> None:
+    """A stored traceback under a table, as Python printed it (safe to print: control
+    characters escaped); nothing when there is none."""
+    if not text:
+        return
+    sys.stdout.flush()
+    console.print(Text("traceback:", style="bold"))
+    console.print(Text(safe_text(text.rstrip("\n"))), soft_wrap=True, highlight=False)
+
+
 def age(ms: Any, now_ms: int | None = None) -> str:
     """A short human age of an epoch-ms timestamp: '850ms', '12.3s', '4m', '2h'; '-' for
     none, '?' for a value that is not a timestamp (records are read from Redis)."""

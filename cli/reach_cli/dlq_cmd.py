@@ -26,6 +26,7 @@ from .common import (
     json_line,
     open_redis,
     print_json,
+    print_traceback,
     progress,
     readable,
     safe_text,
@@ -87,7 +88,7 @@ async def dlq_list(
                 d.attempts,
                 d.agent_id,
                 d.msg_id,
-                cut(safe_text(d.error), CUT_LIST, full),
+                cut(safe_text(d.error_text), CUT_LIST, full),
             )
             for d in letters
         ],
@@ -140,7 +141,7 @@ async def dlq_show(
     else:
         row["raw"] = d.raw[:200].hex()
     if json_:
-        print_json(row)
+        print_json({**row, "traceback": d.traceback})
         return
     rows: list[tuple[str, str]] = []
     for k, v in row.items():
@@ -148,9 +149,12 @@ async def dlq_show(
             rows += [(f"envelope.{f}", _shown(x, full)) for f, x in v.items()]
         elif k == "payload":  # as JSON: a nested payload stays readable
             rows.append((k, cut(json_line(v), CUT_SHOW, full)))
+        elif k == "error":  # `KeyError: 'txt'`, not `'txt'`
+            rows.append((k, _shown(d.error_text, full)))
         else:
             rows.append((k, _shown(v, full)))
     table(f"dead letter {entry_id}", ["field", "value"], rows)
+    print_traceback(d.traceback)
 
 
 def _shown(value: Any, full: bool) -> str:

@@ -625,6 +625,8 @@ class Execution(Part):
             agent_id=self.agent_id,
             dlq_maxlen=self.opts.dlq_maxlen,
             now_ms=now_ms(),
+            traceback_max_bytes=self.opts.traceback_max_bytes,
+            redact_traceback=self.opts.redact_traceback,
         )
         if outcome.reason == DeadReason.CANCELLED:
             # The record says cancelled already (cancel.lua), and raised its fence: no
@@ -632,6 +634,7 @@ class Execution(Part):
             it.complete = None
         if outcome.dead_letter:
             self.hooks.on_dead_letter(env, outcome.reason, outcome.error)
+            self.letters.report(it, outcome)
         elif outcome.status == Status.RETRYING:
             self.hooks.on_retry(env, outcome.retry_delay_ms / 1000, outcome.error)
         if traced:

@@ -13,18 +13,47 @@ message), and its caller is told: it is never claimed, so it takes no idempotenc
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from ..envelope import BadEnvelope, Envelope, Reply
 from ..keys import Keys
-from ..outcomes import DeadReason, Settled, Status
+from ..outcomes import DeadReason, Outcome, Settled, Status
 from ..scripts.delivery import Completion, DeadLetter, Mode
 from ..signing import sign_reply_for
-from ..tasks import dead_letter_op, raw_dead_letter_op
+from ..tasks import dead_letter_op, describe_error, raw_dead_letter_op
 from .hookchain import HookChain
 from .items import AckOnly, Delivery, Settleable
 
 log = logging.getLogger("reach.runtime")
+
+REPORTS_PER_WINDOW = 10
+"""At most this many dead-letter WARNING lines per :data:`REPORT_WINDOW_S` per worker; the
+rest are counted, and the next line says how many were not logged."""
+REPORT_WINDOW_S = 10.0
+
+
+class ReportLimit:
+    """A fixed-window limit on log lines: a burst of dead letters (a bad deploy fails
+    every message) logs a few lines and a count, not one line per message."""
+
+    def __init__(self, per_window: int = REPORTS_PER_WINDOW, window_s: float = REPORT_WINDOW_S):
+        self.per_window = per_window
+        self.window_s = window_s
+        self._start = -window_s
+        self._used = 0
+        self.suppressed = 0  # lines not logged since the last one that was
+
+    def take(self, now_s: float | None = None) -> bool:
+        """True when a line may be logged now (else it is counted in ``suppressed``)."""
+        now = time.monotonic() if now_s is None else now_s
+        if now - self._start >= self.window_s:
+            self._start, self._used = now, 0
+        if self._used < self.per_window:
+            self._used += 1
+            return True
+        self.suppressed += 1
+        return False
 
 
 class DeadLetters:
@@ -35,6 +64,32 @@ class DeadLetters:
         self.agent_id = agent_id
         self.dlq_maxlen = dlq_maxlen
         self.hooks = hooks
+        self.limit = ReportLimit()
+
+    def report(self, it: Delivery, outcome: Outcome) -> None:
+        """Log a message dead-lettered from a handler's outcome: one WARNING line (reason,
+        error type, the error's first line; rate-limited), and its traceback at DEBUG.
+        A cancelled message is an operator's choice, not a fault: INFO."""
+        level = logging.INFO if outcome.reason == DeadReason.CANCELLED else logging.WARNING
+        if not log.isEnabledFor(level) or not self.limit.take():
+            return
+        env = it.env
+        first = describe_error(outcome.error_type, outcome.error).strip().splitlines()
+        skipped, self.limit.suppressed = self.limit.suppressed, 0
+        log.log(
+            level,
+            "dead-lettered %s (%s, attempt %d/%d): %s: %s%s",
+            env.msg_id,
+            env.capability,
+            env.attempt,
+            env.max_attempts,
+            outcome.reason,
+            first[0][:300] if first else "(no error text)",
+            f" [{skipped} more dead letter(s) not logged]" if skipped else "",
+        )
+        tb = it.follow_up.traceback if isinstance(it.follow_up, DeadLetter) else ""
+        if tb and log.isEnabledFor(logging.DEBUG):
+            log.debug("traceback of %s:\n%s", env.msg_id, tb.rstrip())
 
     def _letter(self, reason: str, data: bytes, error: str) -> DeadLetter:
         return DeadLetter.of_op(

@@ -20,6 +20,9 @@ branch with plain values).
 
 from __future__ import annotations
 
+import dataclasses
+import traceback as tb_module
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -34,6 +37,36 @@ from ..tasks import dead_letter_op
 from .items import Delivery
 
 NIL = msgspec.Raw(b"\xc0")  # msgpack nil: the result of an outcome without one
+
+TRACEBACK_MAX_BYTES = 8192
+"""The default bound of a stored traceback (``RuntimeOptions.traceback_max_bytes``)."""
+
+
+def format_traceback(
+    exc: BaseException, *, max_bytes: int, redact: Callable[[str], str] | None = None
+) -> str:
+    """The traceback of ``exc`` as stored with its outcome: passed through ``redact`` (which
+    returns the text to keep), then cut to its last ``max_bytes`` bytes of UTF-8, so the
+    frames nearest the error and the final ``Type: message`` line stay. ``''`` when
+    ``max_bytes`` is 0 (tracebacks off). A ``redact`` that raises stores a note instead:
+    the unredacted text is never kept."""
+    if max_bytes <= 0:
+        return ""
+    text = "".join(tb_module.format_exception(exc))
+    if redact is not None:
+        try:
+            text = str(redact(text))
+        except Exception as e:  # noqa: BLE001 - a broken hook must not cost the outcome
+            text = f"<traceback withheld: the redaction hook raised {type(e).__name__}: {e}>\n"
+    data = text.encode("utf-8", "replace")
+    if len(data) <= max_bytes:
+        return text
+    marker = b"[... earlier lines cut]\n"
+    keep = data[len(data) - max(0, max_bytes - len(marker)) :]
+    newline = keep.find(b"\n")  # start at a line: a cut line reads as noise
+    if 0 <= newline < len(keep) - 1:
+        keep = keep[newline + 1 :]
+    return (marker + keep).decode("utf-8", "ignore")[-max_bytes:]
 
 
 def expired_before_start(env: Envelope, now_ms: int) -> Outcome | None:
@@ -87,15 +120,21 @@ def raised(
     if isinstance(exc, Reject):
         return Outcome(Status.DEAD, DeadReason.REJECTED, str(exc) or "rejected", etype)
     if env.attempt >= env.max_attempts:
-        return Outcome(Status.DEAD, DeadReason.MAX_ATTEMPTS, str(exc), etype)
+        return Outcome(Status.DEAD, DeadReason.MAX_ATTEMPTS, str(exc), etype, exc=exc)
     delay_ms = backoff_ms
     if isinstance(exc, Retry) and exc.delay_s is not None:
         delay_ms = int(exc.delay_s * 1000)
     if env.deadline_ms and now_ms + delay_ms >= env.deadline_ms:
         return Outcome(
-            Status.EXPIRED, DeadReason.EXPIRED, f"no time left for a retry after: {exc}", etype
+            Status.EXPIRED,
+            DeadReason.EXPIRED,
+            f"no time left for a retry after: {exc}",
+            etype,
+            exc=exc,
         )
-    return Outcome(Status.RETRYING, error=str(exc), error_type=etype, retry_delay_ms=delay_ms)
+    return Outcome(
+        Status.RETRYING, error=str(exc), error_type=etype, retry_delay_ms=delay_ms, exc=exc
+    )
 
 
 def backoff_ms(attempt: int, *, base_s: float, max_s: float, jitter: float = 1.0) -> int:
@@ -107,12 +146,25 @@ def backoff_ms(attempt: int, *, base_s: float, max_s: float, jitter: float = 1.0
 
 
 def apply(
-    it: Delivery, outcome: Outcome, *, keys: Keys, agent_id: str, dlq_maxlen: int, now_ms: int
+    it: Delivery,
+    outcome: Outcome,
+    *,
+    keys: Keys,
+    agent_id: str,
+    dlq_maxlen: int,
+    now_ms: int,
+    traceback_max_bytes: int = TRACEBACK_MAX_BYTES,
+    redact_traceback: Callable[[str], str] | None = None,
 ) -> None:
     """Make ``it`` settle as ``outcome``: the fenced completion of its idempotency key, the
     reply (published when final: a retry's caller waits for the last attempt), and the
-    dead letter or the delayed retry that follows."""
+    dead letter or the delayed retry that follows. The handler's exception, if it raised,
+    is stored with them: its type and its traceback (:func:`format_traceback`), in the
+    record and the dead letter."""
     env = it.env
+    tb = ""
+    if outcome.exc is not None:
+        tb = format_traceback(outcome.exc, max_bytes=traceback_max_bytes, redact=redact_traceback)
     reply = Reply(
         msg_id=env.msg_id,
         status=outcome.status,
@@ -125,7 +177,13 @@ def apply(
     )
     mode = Mode.DONE if outcome.status == Status.SUCCEEDED else Mode.RELEASE
     it.complete = Completion(
-        it.idem or keys.idem(env.key), it.fence, outcome.status, mode, outcome.error[:2000]
+        it.idem or keys.idem(env.key),
+        it.fence,
+        outcome.status,
+        mode,
+        outcome.error[:2000],
+        outcome.error_type if tb else "",
+        tb,
     )
     # Signed by this agent when it has a secret: the reply is also the one stored for
     # replays of the key, which then carry this signature.
@@ -147,6 +205,8 @@ def apply(
                 maxlen=dlq_maxlen,
             )
         )
+        if tb:
+            it.follow_up = dataclasses.replace(it.follow_up, traceback=tb)
     if outcome.status == Status.RETRYING:
         # The next attempt prefers another agent than the one it failed on.
         retry = msgspec.structs.replace(env, attempt=env.attempt + 1, avoid=agent_id)

@@ -222,6 +222,10 @@ class Completion:
     status: str
     mode: Mode | str
     error: str = ""
+    error_type: str = ""
+    """The handler's exception type, stored with ``traceback`` (``''``: no failure detail)."""
+    traceback: str = ""
+    """The handler's traceback (bounded and redacted by the worker), stored in the record."""
 
 
 def _settle_code(raw: Any) -> SettleCode:
@@ -293,6 +297,9 @@ class DeadLetter:
     capability: str
     ts_ms: int
     env: bytes
+    traceback: str = ""
+    """The handler's traceback, a last field ``traceback`` when not empty (not one of
+    :data:`DEAD_LETTER_FIELDS`: older letters have none)."""
 
     @classmethod
     def of_op(cls, op: Op) -> DeadLetter:
@@ -326,7 +333,8 @@ class DeadLetter:
     def op(self) -> Op:
         """Its XADD as a command (a Cluster's pipeline): the same as :meth:`of_op`'s."""
         pairs = (x for kv in zip(DEAD_LETTER_FIELDS, self.values, strict=True) for x in kv)
-        return ("XADD", self.stream, "MAXLEN", "~", self.maxlen, "*", *pairs)
+        extra = ("traceback", self.traceback) if self.traceback else ()
+        return ("XADD", self.stream, "MAXLEN", "~", self.maxlen, "*", *pairs, *extra)
 
 
 @dataclass(frozen=True, slots=True)
@@ -398,8 +406,13 @@ def settle_call(
         return i
 
     args: list[Any] = [ttl_ms, group, len(items)]
-    for it in items:
+    details: list[Any] = []  # (item number, error type, traceback) of failures
+    for n, it in enumerate(items, 1):
         c = it.completion
+        f = it.follow_up
+        tb = _traceback_of(c, f)
+        if tb:
+            details += [n, tb[0], tb[1]]
         if c is not None:
             args += [ki(c.key), c.fence, c.status, it.reply, c.mode, c.error]
         else:
@@ -409,14 +422,25 @@ def settle_call(
             ki(it.inbox) if it.inbox else 0,
             it.entry_id,
         ]
-        f = it.follow_up  # the kind as a plain int: redis-py sends an IntEnum's repr
+        # The kind as a plain int: redis-py sends an IntEnum's repr.
         if f is None:
             args.append(int(FollowUpKind.NONE))
         elif isinstance(f, DeadLetter):
             args += [int(FollowUpKind.DEAD_LETTER), ki(f.stream), f.maxlen, *f.values]
         else:
             args += [int(FollowUpKind.RETRY), ki(f.zset), f.due_ms, f.envelope]
+    if details:
+        args += [len(details) // 3, *details]
     return Call("settle", tuple(keys), tuple(args), _codes)
+
+
+def _traceback_of(c: Completion | None, f: FollowUp | None) -> tuple[str, str] | None:
+    """The (error type, traceback) an item carries, on its completion or its dead letter."""
+    if c is not None and c.traceback:
+        return c.error_type, c.traceback
+    if isinstance(f, DeadLetter) and f.traceback:
+        return f.error_type, f.traceback
+    return None
 
 
 Refused = Callable[[int, SettleLike, Exception], SettleItem | None]
@@ -539,6 +563,12 @@ async def _settle_pipelined(
     for i in done:
         it = items[i]
         start = len(ops)
+        c = it.completion
+        # Its completion was stored: the failure's detail goes with it. (An earlier
+        # attempt's detail left on a record that then succeeded is not read:
+        # reach.tasks.get_status shows a detail only with a failure's status.)
+        if c is not None and c.traceback:
+            ops.append(("HSET", c.key, "error_type", c.error_type, "traceback", c.traceback))
         if it.reply_stream:
             ops += [
                 (

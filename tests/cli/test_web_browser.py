@@ -7,8 +7,10 @@ One walk through the console: an agent appears on the open overview without a re
 and its message turns succeeded, and a click drains the agent, which leaves the page.
 Screenshots are kept in $REACH_WEB_SCREENSHOTS (else the test's tmp_path).
 
-Without Chromium or the playwright package the test is skipped, with the reason; with
-REACH_REQUIRE_BROWSER=1 (what .ci/run sets) it fails instead: CI never passes it unseen.
+Without Chromium or the playwright package the test is skipped, with the reason, before
+any process starts; with REACH_REQUIRE_BROWSER=1 (what .ci/run sets) it fails instead: CI
+never passes it unseen. REACH_CHROMIUM names another executable (.ci/run points it at a
+path that does not exist, to check the skip).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from reach.registry import Registry
 from reach.tasks import get_status
 
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = "/usr/bin/chromium"
+CHROMIUM = os.environ.get("REACH_CHROMIUM") or "/usr/bin/chromium"
 # Chromium as this machine runs it: no sandbox (root), no GPU, no network of its own
 # (background connections would be refused, many at a time), a fresh profile per launch.
 CHROMIUM_ARGS = [
@@ -77,10 +79,18 @@ def _need_browser() -> None:
         pytest.skip(why)
 
 
+@pytest.fixture
+def browser() -> None:
+    """Skip (or fail, REACH_REQUIRE_BROWSER=1) before anything starts: a process started and
+    stopped at once would be interrupted in its start-up, not by the test."""
+    _need_browser()
+
+
 class Console:
     """A `reach web` process on a free port (started at once; :meth:`url` waits for it)."""
 
     def __init__(self, redis_url: str, ns: str) -> None:
+        self.served = False  # it printed its URL: its Ctrl-C handling is in place
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "reach_cli.app", "web", "--port", "0", "--interval", "0.2"]
             + ["--redis-url", redis_url, "--namespace", ns],
@@ -100,6 +110,7 @@ class Console:
                 await anyio.sleep(0.05)
         url = out.readline().strip()
         assert url.startswith("http://127.0.0.1:"), url
+        self.served = True
         return url.rstrip("/")
 
     def stop(self) -> int:
@@ -112,17 +123,22 @@ class Console:
 
 
 @pytest.fixture
-def console(redis_url: str, ns: str) -> Iterator[Console]:
+def console(browser: None, redis_url: str, ns: str) -> Iterator[Console]:
     c = Console(redis_url, ns)
     try:
         yield c
     finally:
         code = c.stop()
-    assert code in (0, 130), f"reach web exited with {code} on Ctrl-C"
+    # Only a console that served is judged by its Ctrl-C (one the test never waited for
+    # may still be importing, where Python's own default handler ends it).
+    if c.served:
+        assert code in (0, 130), f"reach web exited with {code} on Ctrl-C"
 
 
 @pytest.fixture
-def worker(redis_url: str, ns: str, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+def worker(
+    browser: None, redis_url: str, ns: str, tmp_path: Path
+) -> Iterator[subprocess.Popen[bytes]]:
     """A `reach worker` of web.flaky, started with the console (Python's start-up is most
     of the test's time): it registers once tmp_path/go exists, and refuses messages while
     tmp_path/refuse exists."""
@@ -146,8 +162,7 @@ def worker(redis_url: str, ns: str, tmp_path: Path) -> Iterator[subprocess.Popen
 
 
 @pytest.fixture
-async def page(tmp_path: Path) -> AsyncIterator[Any]:
-    _need_browser()
+async def page(browser: None, tmp_path: Path) -> AsyncIterator[Any]:
     from playwright.async_api import async_playwright
 
     async with async_playwright() as pw:

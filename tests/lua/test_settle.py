@@ -267,8 +267,8 @@ def _bad_calls() -> list[tuple[str, int | None, object]]:
     calls: list[tuple[str, int | None, object]] = [("ttl_ms", 0, v) for v in BAD_INTS]
     calls += [("group", 1, "")]
     calls += [("number of items", 2, v) for v in ["4", "x", "", "-1", "1e3", "02"]]
-    calls += [("arguments", 2, "1"), ("arguments", 2, "3"), ("arguments", None, "extra")]
-    calls += [("arguments", None, "drop"), ("arguments", 33, "1"), ("arguments", 33, "0")]
+    calls += [("arguments", 2, "1"), ("arguments", 2, "3"), ("number of details", None, "extra")]
+    calls += [("arguments", None, "drop"), ("arguments", 33, "1"), ("number of details", 33, "0")]
     calls += [(f"record index {it2}", 24, v) for v in ["6", "-1", "x", "1.0", ""]]
     calls += [(f"fence {it1}", 4, v) for v in ["abc", "0", "", "-1", "1e3"]]
     calls += [(f"status {it1}", 5, v) for v in ["x", "", "running"]]
@@ -448,3 +448,52 @@ async def test_a_reply_stream_is_bounded(r: AnyRedis, ns: str) -> None:
     assert bound <= await r.xlen(s.replies) <= bound + 200
     [(_, newest)] = await r.xrevrange(s.replies, count=1)
     assert newest == {b"r": b"R"}
+
+
+async def test_failure_details_go_to_the_record_and_the_dead_letter(r: AnyRedis, ns: str) -> None:
+    s = await _scene(r, ns, n=2)
+    b = Batch()
+    b.complete(s, s.entries[0], status="dead", mode="release", follow_up=_letter(s.dlq))
+    b.add(inbox=s.inbox, entry=s.entries[1])
+    args = [TTL_MS, GROUP, b.n, *b.items, 1, 1, "KeyError", "Traceback ...\nKeyError: 'txt'\n"]
+    assert await scripts.call(r, "settle", b.keys, args) == [1, 1]
+    assert await r.hmget(s.rec, "status", "error_type", "traceback") == [
+        b"dead",
+        b"KeyError",
+        b"Traceback ...\nKeyError: 'txt'\n",
+    ]
+    [(_, fields)] = await r.xrange(s.dlq)
+    assert list(fields)[-1] == b"traceback" and fields[b"env"] == b"E"
+    assert fields[b"traceback"].endswith(b"KeyError: 'txt'\n")
+
+
+async def test_a_batch_without_details_is_settled_as_before(r: AnyRedis, ns: str) -> None:
+    s = await _scene(r, ns, n=1)
+    b = Batch()
+    b.complete(s, s.entries[0], status="dead", mode="release", follow_up=_letter(s.dlq))
+    assert await b.run(r) == [1]
+    assert await r.hget(s.rec, "traceback") is None
+    [(_, fields)] = await r.xrange(s.dlq)
+    assert b"traceback" not in fields
+
+
+@pytest.mark.parametrize(
+    ("tail", "what"),
+    [
+        (["2", 1, "T", "tb"], "bad number of details"),
+        (["1", 1, "T"], "bad arguments: 1 details"),
+        (["1", 2, "T", "tb"], "bad item number of detail 1"),
+        (["1", 0, "T", "tb"], "bad item number of detail 1"),
+        (["x"], "bad number of details"),
+    ],
+)
+async def test_details_out_of_contract_are_refused_before_any_write(
+    r: AnyRedis, ns: str, tail: list[Any], what: str
+) -> None:
+    s = await _scene(r, ns, n=1)
+    b = Batch()
+    b.complete(s, s.entries[0], status="dead", mode="release")
+    before = await snapshot(r, ns)
+    with pytest.raises(rexc.ResponseError, match=f"^reach: {re.escape(what)}"):
+        await scripts.call(r, "settle", b.keys, [TTL_MS, GROUP, b.n, *b.items, *tail])
+    assert_unchanged(before, await snapshot(r, ns))

@@ -1,0 +1,183 @@
+"""A handler's exception is kept where people look: its type, message and traceback in the
+task record and the dead letter (bounded, through the redaction hook), printed by
+`reach task` and `reach dlq show`, and one WARNING line per dead letter in a real worker's
+log."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from reach_cli.app import app as cli_app
+from typer.testing import CliRunner
+
+import reach
+from reach.connection import AnyRedis, connect
+from reach.keys import Keys
+from reach.tasks import DeadLetter, get_status, parse_dead_letter
+from tests.support.agents_failing import failing_agent
+from tests.support.agents_messaging import serving, wait_eligible, wait_status, wait_until
+from tests.support.cluster import RedisTestCluster
+from tests.support.workers import Workers
+
+pytestmark = pytest.mark.anyio
+
+
+async def letters(r: AnyRedis, ns: str, capability: str) -> list[DeadLetter]:
+    return [parse_dead_letter(i, f) for i, f in await r.xrange(Keys(ns).dlq(capability))]
+
+
+async def fail_once(client: reach.Client, capability: str, payload: Any) -> str:
+    env = client.build(capability, payload, timeout_s=15, max_attempts=1)
+    with pytest.raises(reach.RemoteError):
+        await client.call(env)
+    await wait_status(client, env.msg_id, "dead")
+    return env.msg_id
+
+
+def cli(url: str, ns: str, *args: str) -> str:
+    res = CliRunner().invoke(cli_app, [*args, "--redis-url", url, "--namespace", ns])
+    assert res.exit_code == 0, (args, res.output)
+    return res.stdout
+
+
+async def test_a_key_error_is_stored_with_its_traceback(
+    redis_url: str, ns: str, r: AnyRedis
+) -> None:
+    async with serving(redis_url, ns, failing_agent()) as client:
+        msg_id = await fail_once(client, "fail.key", {"text": "hi"})
+        st = await get_status(r, Keys(ns), msg_id)
+        [dl] = await wait_until(lambda: letters(r, ns, "fail.key"), what="dead letter")
+    assert (st.error, st.error_type, st.error_text) == ("'txt'", "KeyError", "KeyError: 'txt'")
+    for tb in (st.traceback, dl.traceback):
+        assert tb.startswith("Traceback (most recent call last):")
+        assert 'return payload["txt"]' in tb and "in lookup" in tb
+        assert tb.rstrip().endswith("KeyError: 'txt'")
+    assert dl.error_text == "KeyError: 'txt'"
+
+    task_out = await anyio.to_thread.run_sync(lambda: cli(redis_url, ns, "task", msg_id))
+    assert "KeyError: 'txt'" in task_out and "Traceback (most recent call last)" in task_out
+    assert 'return payload["txt"]' in task_out
+    as_json = json.loads(
+        await anyio.to_thread.run_sync(lambda: cli(redis_url, ns, "task", msg_id, "--json"))
+    )
+    assert as_json["error_type"] == "KeyError" and "in lookup" in as_json["traceback"]
+    show = await anyio.to_thread.run_sync(lambda: cli(redis_url, ns, "dlq", "show", dl.id))
+    assert "KeyError: 'txt'" in show and 'return payload["txt"]' in show
+
+
+async def test_a_retry_that_succeeds_shows_no_earlier_traceback(
+    redis_url: str, ns: str, r: AnyRedis
+) -> None:
+    app = reach.Agent("flaky-1", capabilities=["flaky"])
+
+    @app.handler("flaky")
+    async def flaky(payload: Any, ctx: reach.Context) -> Any:
+        if ctx.attempt == 1:
+            raise ValueError("first attempt fails")
+        return "ok"
+
+    async with serving(redis_url, ns, app) as client:
+        env = client.build("flaky", None, timeout_s=15, max_attempts=3)
+        assert await client.call(env) == "ok"
+        st = await wait_status(client, env.msg_id, "succeeded")
+        raw = await r.hgetall(Keys(ns).idem(env.key))
+    assert (st.error_type, st.traceback) == ("", "")
+    assert b"traceback" not in raw  # the attempt that failed left nothing behind
+
+
+async def test_a_long_traceback_keeps_its_last_bytes(redis_url: str, ns: str, r: AnyRedis) -> None:
+    async with serving(redis_url, ns, failing_agent(), traceback_max_bytes=600) as client:
+        msg_id = await fail_once(client, "fail.deep", {"depth": 200})
+        st = await get_status(r, Keys(ns), msg_id)
+    assert 0 < len(st.traceback.encode()) <= 600
+    assert st.traceback.startswith("[... earlier lines cut]\n")
+    assert st.traceback.rstrip().endswith("KeyError: 'txt'")
+
+
+async def test_no_traceback_is_stored_with_a_bound_of_zero(
+    redis_url: str, ns: str, r: AnyRedis
+) -> None:
+    async with serving(redis_url, ns, failing_agent(), traceback_max_bytes=0) as client:
+        msg_id = await fail_once(client, "fail.key", {})
+        st = await get_status(r, Keys(ns), msg_id)
+        [dl] = await wait_until(lambda: letters(r, ns, "fail.key"), what="dead letter")
+    assert (st.traceback, dl.traceback, dl.error_type) == ("", "", "KeyError")
+
+
+async def test_the_redaction_hook_decides_what_is_stored(
+    redis_url: str, ns: str, r: AnyRedis
+) -> None:
+    seen: list[str] = []
+
+    def redact(text: str) -> str:
+        seen.append(text)
+        return text.replace("s3cr3t", "***")
+
+    async with serving(redis_url, ns, failing_agent(), redact_traceback=redact) as client:
+        msg_id = await fail_once(client, "fail.secret", {"token": "s3cr3t"})
+        st = await get_status(r, Keys(ns), msg_id)
+        [dl] = await wait_until(lambda: letters(r, ns, "fail.secret"), what="dead letter")
+    assert len(seen) == 1 and "s3cr3t" in seen[0]
+    for tb in (st.traceback, dl.traceback):
+        assert "s3cr3t" not in tb and "RuntimeError: upstream refused token ***" in tb
+
+
+async def test_a_redaction_hook_that_raises_stores_a_note(
+    redis_url: str, ns: str, r: AnyRedis
+) -> None:
+    def broken(text: str) -> str:
+        raise LookupError("no rules loaded")
+
+    async with serving(redis_url, ns, failing_agent(), redact_traceback=broken) as client:
+        msg_id = await fail_once(client, "fail.secret", {"token": "s3cr3t"})
+        st = await get_status(r, Keys(ns), msg_id)
+    assert "s3cr3t" not in st.traceback
+    assert "redaction hook raised LookupError: no rules loaded" in st.traceback
+
+
+@pytest.mark.cluster
+async def test_tracebacks_on_a_cluster(redis_cluster: RedisTestCluster, ns: str) -> None:
+    url = redis_cluster.url
+    r = await connect(url)
+    try:
+        async with serving(url, ns, failing_agent()) as client:
+            env = client.build("fail.key", {}, timeout_s=15, max_attempts=1)
+            with pytest.raises(reach.RemoteError):
+                await client.call(env)
+
+            async def stored() -> Any:
+                st = await get_status(r, Keys(ns), env.msg_id)
+                return st if st.traceback else None
+
+            # The reply and the detail are written by one pipeline across nodes: either
+            # may land first.
+            st = await wait_until(stored, what="the stored traceback")
+            [dl] = await wait_until(lambda: letters(r, ns, "fail.key"), what="dead letter")
+    finally:
+        await r.aclose()
+    assert st.error_text == "KeyError: 'txt'" and "in lookup" in st.traceback
+    assert "in lookup" in dl.traceback
+
+
+async def test_a_worker_logs_one_warning_line_per_dead_letter(
+    redis_url: str, ns: str, tmp_path: Path
+) -> None:
+    workers = Workers(redis_url, ns, "tests.support.agents_failing")
+    log = tmp_path / "worker.log"
+    try:
+        workers.start("failing_agent", log=log)
+        async with reach.Client(redis_url=redis_url, namespace=ns) as client:
+            await wait_eligible(client, "fail.key", ["failing-1"], timeout=30)
+            msg_ids = [await fail_once(client, "fail.key", {"n": i}) for i in range(2)]
+    finally:
+        workers.stop_all()
+    lines = [ln for ln in log.read_text().splitlines() if "dead-lettered" in ln]
+    assert len(lines) == 2, log.read_text()
+    for msg_id, line in zip(msg_ids, lines, strict=True):
+        assert "WARNING" in line and msg_id in line
+        assert "max_attempts" in line and "KeyError: 'txt'" in line
+    assert "Traceback" not in log.read_text()  # the traceback is logged at DEBUG only
