@@ -173,6 +173,9 @@ class AgentInfo(msgspec.Struct, kw_only=True):
     queue_depth: int = 0
     inflight: int = 0
     max_queue: int = 0
+    protocol: int = 0
+    """The protocol version the agent's runtime states (docs/protocol.md, *Protocol
+    version*); 0: none stated (a runtime from before protocol versions: version 1)."""
 
     @classmethod
     def from_hash(
@@ -244,6 +247,7 @@ _INT_FIELDS: tuple[tuple[str, int], ...] = (
     ("queue_depth", _MAX_MS),
     ("inflight", _MAX_MS),
     ("max_queue", _MAX_MS),
+    ("protocol", _MAX_MS),
 )
 _TEXT_FIELDS = (
     "agent_id",

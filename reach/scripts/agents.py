@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .._version import PROTOCOL_VERSION
 from ..keys import Keys
 from ._call import Call, as_int, as_text, code_of
 from .codes import (
@@ -179,10 +180,11 @@ class RegistryScripts:
         card_json: str = "",
         ready: bool = False,
         max_queue: int = 0,
+        protocol: int = PROTOCOL_VERSION,
     ) -> Call[Registration]:
         """Register ``agent_id``, or replace an older registration of it.
         ``capabilities``: normalised names; ``metadata_json`` and ``card_json`` (``''``:
-        none): JSON objects as text."""
+        none): JSON objects as text; ``protocol``: the protocol version the record states."""
         args = (
             agent_id,
             instance_id,
@@ -196,6 +198,7 @@ class RegistryScripts:
             card_json,
             "1" if ready else "0",
             max_queue,
+            protocol,
         )
         return Call("register", self._hash_and_prefixes(agent_id), args, decode_registration)
 
