@@ -25,8 +25,12 @@
 -- ARGV[10] A2A agent card: '' or a JSON object as for metadata, at most 262144 bytes
 -- ARGV[11] ready flag, '0' or '1'
 -- ARGV[12] max queue depth the agent accepts (0 = unbounded): integer 0..1000000000
--- ARGV[13] slots: handlers the agent runs at once (its concurrency; 0 = not reported),
---          integer 0..1000000000; heartbeats report it again
+-- ARGV[13] (optional) slots: handlers the agent runs at once (its concurrency; 0 = not
+--          reported), integer 0..1000000000; heartbeats report it again
+-- ARGV[14] (optional, after slots) the protocol version the agent's runtime speaks
+--          (docs/protocol.md, "Protocol version"): integer 1..1000000, stored as the field
+--          'protocol'; without it (the 12- and 13-ARGV forms of older runtimes) the record
+--          has none
 --
 -- Every argument is checked before the first write: a refused call writes nothing.
 -- Integers are plain decimal digits (no sign, leading zero, exponent, hex, inf or nan).
@@ -129,7 +133,7 @@ local function split(s)
 end
 
 local function check()
-  local e = arity(6, 13)
+  local e = arity(6, (#ARGV >= 12 and #ARGV <= 14) and #ARGV or 14)
   if e then return e end
   if not id_ok(ARGV[1]) then return 'agent_id: want 1..256 bytes of UTF-8, not blank, no braces' end
   if KEYS[2] ~= KEYS[6] .. ARGV[1] then return 'agent_id: KEYS[2] is not the hash of ' .. show(ARGV[1]) end
@@ -164,7 +168,12 @@ local function check()
   end
   if ARGV[11] ~= '0' and ARGV[11] ~= '1' then return 'ready ' .. show(ARGV[11]) .. ": want '0' or '1'" end
   if not int(ARGV[12], 0, 1000000000) then return 'max_queue ' .. show(ARGV[12]) .. ': want an integer 0..1000000000' end
-  if not int(ARGV[13], 0, 1000000000) then return 'slots ' .. show(ARGV[13]) .. ': want an integer 0..1000000000' end
+  if ARGV[13] and not int(ARGV[13], 0, 1000000000) then
+    return 'slots ' .. show(ARGV[13]) .. ': want an integer 0..1000000000'
+  end
+  if ARGV[14] and not int(ARGV[14], 1, 1000000) then
+    return 'protocol ' .. show(ARGV[14]) .. ': want an integer 1..1000000'
+  end
   return keys_typed({[1] = 'zset', [2] = 'hash', [3] = 'zset', [4] = 'stream'})
 end
 
@@ -201,7 +210,8 @@ redis.call('HSET', KEYS[2],
   'card', ARGV[10], 'ready', ARGV[11], 'draining', '0', 'state', 'active',
   'registered_ms', now, 'last_heartbeat_ms', now, 'state_ms', now,
   'ready_ms', (ARGV[11] == '1') and now or 0, 'queue_depth', 0, 'inflight', 0,
-  'max_queue', ARGV[12], 'slots', ARGV[13], 'handler_us', 0)
+  'max_queue', ARGV[12], 'slots', ARGV[13] or '0', 'handler_us', 0)
+if ARGV[14] then redis.call('HSET', KEYS[2], 'protocol', ARGV[14]) end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[7]), id)
 event(KEYS[4], ARGV[9], 'registered', id, ARGV[2], now)
 return {code, now}

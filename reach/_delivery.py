@@ -304,16 +304,32 @@ class Delivery:
         avoid: str | set[str] = env.avoid
         if refused:
             avoid = {*refused, env.avoid} - {""}
-        return self.router.pick(
-            env.capability,
-            candidates,
-            policy=policy_for(env, candidates, self.default_policy),
-            session_id=env.session_id or None,
-            target=env.target or None,
-            where=where,
-            version=version,
-            avoid=avoid,
-        )
+        try:
+            return self.router.pick(
+                env.capability,
+                candidates,
+                policy=policy_for(env, candidates, self.default_policy),
+                session_id=env.session_id or None,
+                target=env.target or None,
+                where=where,
+                version=version,
+                avoid=avoid,
+            )
+        except NoAgentAvailable as e:
+            raise await self.counted(e, candidates) from None
+
+    async def counted(
+        self, e: NoAgentAvailable, candidates: Sequence[AgentInfo]
+    ) -> NoAgentAvailable:
+        """``e``, or, when it says no agent declares the capability (``candidates``, the
+        capability's agents, empty), the same error with the registry's figures: the
+        router knew of no agent to count, and so of no capability to suggest."""
+        if e.reason != Unavailable.NO_AGENT or candidates:
+            return e
+        try:
+            return await self.view.registry.no_agent(e.capability)
+        except (rexc.RedisError, OSError):  # the figures are a courtesy: keep the error
+            return e
 
     async def _add(
         self, env: Envelope, agent: AgentInfo, data: bytes, *, track: bool, bound: int
@@ -453,6 +469,7 @@ class Delivery:
             for i in live[granted:]:
                 out[i] = over
         picked: list[tuple[int, AgentInfo]] = []
+        unknown: NoAgentAvailable | None = None
         # The same for every message of the batch (its options and the candidates are).
         policy = policy_for(envs[0], candidates, self.default_policy)
         first = envs[0]
@@ -483,6 +500,10 @@ class Delivery:
                             **_route_of(env),
                         )
                 except NoAgentAvailable as e:
+                    if not candidates:  # one registry read for the batch's error
+                        if unknown is None:
+                            unknown = await self.counted(e, candidates)
+                        e = unknown
                     out[i] = e
                     continue
                 if track:  # counted at the pick, so the next picks see it

@@ -381,7 +381,10 @@ class Client:
         """Agents that may take a message of ``capability`` now; raises NoAgentAvailable."""
         cap = normalize_capability(capability)
         candidates, version = await self.view.candidates(cap)
-        return self.router.pick_many(cap, candidates, where=where, version=version)
+        try:
+            return self.router.pick_many(cap, candidates, where=where, version=version)
+        except NoAgentAvailable as e:
+            raise await self._delivery.counted(e, candidates) from None
 
     def _policy_for(self, env: Envelope, candidates: list[AgentInfo]) -> str:
         """Per call, else what the capability's agents advertise, else the client default."""

@@ -27,7 +27,7 @@ from redis import exceptions as rexc
 from .acl import key_patterns, role_probes
 from .connection import AnyRedis, connect, is_cluster, is_sentinel_url, redact
 from .embedded import THROWAWAY_PREFIX
-from .keys import Keys
+from .keys import KEY_SCHEME, Keys, form_of, scan_patterns
 from .scripts import all_scripts
 
 log = logging.getLogger("reach.doctor")
@@ -36,7 +36,6 @@ Level = Literal["ok", "info", "warning", "error"]
 LEVELS: tuple[Level, ...] = ("ok", "info", "warning", "error")
 
 MIN_VERSION = (7, 0)
-KEY_SCHEME = 1  # the layout reach.keys builds; a namespace's keys are checked against it
 SKEW_WARN_S = 0.2
 SKEW_ERROR_S = 2.0
 HEADROOM_WARN = 0.75
@@ -444,31 +443,21 @@ async def check_scripts(r: AnyRedis) -> list[Finding]:
     return out
 
 
-_SCHEME = [
-    re.compile(p)
-    for p in (
-        r"^reach:\{NS\}:(agents|caps|events|delayed|parked|reroute|lock:sweeper)$",
-        r"^reach:\{NS\}:(agent|cap|dlq|parked):.+$",
-        r"^reach:NS:\{a:[^}]+\}:in:(high|normal|low)$",
-        r"^reach:NS:\{c:[^}]+\}:replies$",
-        r"^reach:NS:\{[^}]*\}.*$",  # records: idempotency, task, session, effects
-    )
-]
-
-
 async def check_key_scheme(r: AnyRedis, keys: Keys, *, max_keys: int = 10_000) -> list[Finding]:
-    ns = re.escape(keys.namespace)
-    pats = [re.compile(p.pattern.replace("NS", ns)) for p in _SCHEME]
+    """Whether every key under the namespace's prefixes has a form of
+    :data:`reach.keys.LAYOUT` (the one list of the keys reach writes)."""
     seen = 0
     odd: list[str] = []
-    for match in (f"reach:{{{keys.namespace}}}:*", f"reach:{keys.namespace}:*"):
+    for match in scan_patterns(keys.namespace):
         async for k in r.scan_iter(match=match, count=1000):
             seen += 1
             key = _text(k)
-            if not any(p.match(key) for p in pats) and len(odd) < 5:
+            if form_of(key, keys.namespace) is None and len(odd) < 5:
                 odd.append(key)
             if seen >= max_keys:
                 break
+        if seen >= max_keys:
+            break
     if not seen:
         return [
             Finding(

@@ -35,6 +35,7 @@ Layout (``ns`` is the namespace, ids are stripped of ``{``/``}`` first):
     reach:{ns}:gw:finished       zset  finished gateway tasks by finish time
     reach:{ns}:gw:bytes          string bytes the finished gateway tasks hold
     reach:{ns}:gw:owned:<owner>  zset  a gateway caller's tasks by last save
+    reach:{ns}:cancels           stream cancel notices every worker reads
 
 * an agent's inbox, one slot per agent::
 
@@ -49,6 +50,9 @@ Layout (``ns`` is the namespace, ids are stripped of ``{``/``}`` first):
     reach:ns:{q:<identity>}:rate
 
 * idempotency / task / session records, each in the slot of its own id.
+
+:data:`LAYOUT` lists every kind of key with its type and builder: ``reach doctor`` checks a
+namespace's keys against it, so a key added here without a form there fails a test.
 
 Redis Cluster hashes only the part between the first ``{`` and the next ``}``, so
 ids must never carry braces: :func:`clean_id` removes them.
@@ -380,3 +384,110 @@ class Keys:
         """Inverse of :meth:`inbox`: the agent id inside an inbox key."""
         start = key.index("{a:") + 3
         return key[start : key.index("}", start)]
+
+
+# -- the layout: every kind of key reach writes (reach doctor checks a namespace against it)
+KEY_SCHEME = 1
+"""The version of the layout below. A change that moves or renames a key a deployed
+process reads (not one that adds a kind of key) bumps it."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeyForm:
+    """One kind of key of a namespace: its name as a template, its Redis type, the
+    :class:`Keys` member that builds it, and what it holds.
+
+    Template placeholders: ``<ns>`` the namespace; ``<shard>`` a registry shard's hash tag
+    (``<ns>`` for shard 0, ``<ns>:r<j>`` for the others: :func:`shard_tags`); ``<id>`` an
+    id (agent, client, caller identity, idempotency key, msg id, session id: braces
+    removed); ``<cap>`` a capability; ``<priority>`` ``high``, ``normal`` or ``low``."""
+
+    template: str
+    type: str
+    builder: str
+    what: str
+
+
+LAYOUT: tuple[KeyForm, ...] = (
+    # registry shards
+    KeyForm("reach:{<shard>}:agents", "zset", "agents_of",
+            "agent id -> lease deadline (epoch ms) of the shard's agents (shadows too)"),
+    KeyForm("reach:{<shard>}:agent:<id>", "hash", "agent", "an agent's record"),
+    KeyForm("reach:{<shard>}:cap:<cap>", "set", "cap_of",
+            "the shard's agents declaring the capability"),
+    KeyForm("reach:{<shard>}:caps", "zset", "caps_of",
+            "capability -> the shard's agents declaring it"),
+    KeyForm("reach:{<shard>}:events", "stream", "events_of", "the shard's registry events"),
+    KeyForm("reach:{<shard>}:lock:sweeper", "string", "sweeper_lock_of",
+            "the shard's sweeper lock"),
+    KeyForm("reach:{<shard>}:reroute", "set", "reroute_of",
+            "evicted agents of the shard whose inboxes are still to be moved"),
+    # the namespace's own slot (shard 0's)
+    KeyForm("reach:{<ns>}:delayed", "zset", "delayed", "retry envelopes -> due (epoch ms)"),
+    KeyForm("reach:{<ns>}:dlq:<cap>", "stream", "dlq", "the capability's dead letters"),
+    KeyForm("reach:{<ns>}:parked:<cap>", "stream", "parked",
+            "messages waiting for an agent of the capability"),
+    KeyForm("reach:{<ns>}:parked", "set", "parked_caps", "capabilities with parked messages"),
+    KeyForm("reach:{<ns>}:cancels", "stream", "cancels",
+            "cancel notices (msg id, record key) every worker reads"),
+    KeyForm("reach:{<ns>}:limits", "hash", "limits", "capability -> its rate limit"),
+    KeyForm("reach:{<ns>}:rate:<cap>", "string", "rate_state",
+            "the capability's rate limit state (GCRA TAT, µs)"),
+    KeyForm("reach:{<ns>}:rate:<cap>:agent:<id>", "string", "agent_rate_state",
+            "the state of the limit an agent declared on its handler (rate=)"),
+    KeyForm("reach:{<ns>}:quotas", "hash", "quotas", "the namespace's quotas"),
+    # one slot per agent, client, caller, record
+    KeyForm("reach:<ns>:{a:<id>}:in:<priority>", "stream", "inbox",
+            "an agent's inbox of one priority"),
+    KeyForm("reach:<ns>:{c:<id>}:replies", "stream", "replies", "a client's reply stream"),
+    KeyForm("reach:<ns>:{q:<id>}:rate", "string", "send_rate_state",
+            "a caller identity's send-rate quota state (GCRA TAT, µs)"),
+    KeyForm("reach:<ns>:{i:<id>}:idem", "hash", "idem",
+            "a message's idempotency record (its task status, result, fence)"),
+    KeyForm("reach:<ns>:{t:<id>}:task", "string", "task",
+            "msg id -> idempotency record key, for a caller-chosen idempotency key"),
+    KeyForm("reach:<ns>:{s:<id>}:session", "hash", "session", "a session's values"),
+    KeyForm("reach:<ns>:{s:<id>}:history", "list", "session_history", "a session's history"),
+    KeyForm("reach:<ns>:{x:<id>}:effects", "hash", "effects",
+            "side-effect counters of test and chaos handlers"),
+)  # fmt: skip
+
+_PLACEHOLDERS = {
+    "<shard>": "{ns}(?::r[0-9]+)?",
+    "<ns>": "{ns}",
+    "<id>": "[^{}]+",
+    "<cap>": "[^{}:]+",
+    "<priority>": "(?:" + "|".join(PRIORITIES) + ")",
+}
+
+
+def form_regex(form: KeyForm, namespace: str) -> re.Pattern[str]:
+    """The regular expression matching exactly the keys of ``form`` in ``namespace``."""
+    out = ""
+    for part in re.split(r"(<[a-z]+>)", form.template):
+        if part in _PLACEHOLDERS:
+            out += _PLACEHOLDERS[part].replace("{ns}", re.escape(namespace))
+        else:
+            out += re.escape(part)
+    return re.compile(out + r"\Z")
+
+
+@functools.lru_cache(maxsize=64)
+def _layout_regexes(namespace: str) -> tuple[tuple[KeyForm, re.Pattern[str]], ...]:
+    return tuple((form, form_regex(form, namespace)) for form in LAYOUT)
+
+
+def form_of(key: str, namespace: str) -> KeyForm | None:
+    """The :data:`LAYOUT` form ``key`` has in ``namespace``; None for a key reach does not
+    write (another version's, or someone else's under reach's prefix)."""
+    for form, regex in _layout_regexes(namespace):
+        if regex.match(key):
+            return form
+    return None
+
+
+def scan_patterns(namespace: str) -> tuple[str, ...]:
+    """SCAN patterns that together match every key of ``namespace`` (and only keys of the
+    namespace's two prefixes): its shard-0 slot, its other registry shards, the rest."""
+    ns = glob_escape(namespace)
+    return (f"{PREFIX}:{{{ns}}}:*", f"{PREFIX}:{{{ns}:r*}}:*", f"{PREFIX}:{ns}:*")

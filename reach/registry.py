@@ -27,13 +27,14 @@ read with replacement characters (:class:`Event`).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import logging
 import math
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import anyio
@@ -41,8 +42,16 @@ import msgspec
 from redis import exceptions as rexc
 
 from .connection import AnyRedis, as_text, is_cluster
-from .errors import ConfigError, InvalidCapability, ReachError, StaleRegistration, UnknownAgent
+from .errors import (
+    ConfigError,
+    InvalidCapability,
+    NoAgentAvailable,
+    ReachError,
+    StaleRegistration,
+    UnknownAgent,
+)
 from .keys import CLUSTER_SHARDS, Keys, clean_id
+from .outcomes import Unavailable
 from .scripts import (
     Call,
     DeregisterCode,
@@ -174,6 +183,9 @@ class AgentInfo(msgspec.Struct, kw_only=True):
     """Handlers it runs at once (its concurrency); 0: not reported (an older agent)."""
     handler_us: int = 0
     """Its handlers' recent mean run time (µs) at its last heartbeat; 0: not known yet."""
+    protocol: int = 0
+    """The protocol version the agent's runtime states (docs/protocol.md, *Protocol
+    version*); 0: none stated (a runtime from before protocol versions: version 1)."""
 
     @classmethod
     def from_hash(
@@ -247,6 +259,7 @@ _INT_FIELDS: tuple[tuple[str, int], ...] = (
     ("max_queue", _MAX_MS),
     ("slots", _MAX_MS),
     ("handler_us", _MAX_MS),
+    ("protocol", _MAX_MS),
 )
 _TEXT_FIELDS = (
     "agent_id",
@@ -491,6 +504,23 @@ def default_shards(redis: Any) -> int:
     if is_cluster(redis) or getattr(redis, "cluster", False) is True:
         return CLUSTER_SHARDS
     return 1
+
+
+def unknown_capability(
+    capability: str, *, live_agents: int, capabilities: Sequence[str]
+) -> NoAgentAvailable:
+    """The error of a message for ``capability`` when no live agent declares it:
+    ``live_agents`` and ``capabilities`` are the namespace's (what the registry holds, not
+    the agents of ``capability``), and up to three close capability names are offered."""
+    close = difflib.get_close_matches(capability, sorted(set(capabilities)), n=3)
+    hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+    n = len(set(capabilities))
+    return NoAgentAvailable(
+        f"No agent has capability {capability!r} ({live_agents} live agent(s) declare "
+        f"{n} {'capability' if n == 1 else 'capabilities'}).{hint} See `reach caps`.",
+        capability=capability,
+        reason=Unavailable.NO_AGENT,
+    )
 
 
 class Registry:
@@ -854,6 +884,16 @@ class Registry:
                 states[name] += n
             routable += r
         return states, routable
+
+    async def no_agent(self, capability: str) -> NoAgentAvailable:
+        """The error for ``capability`` when none of its agents is known, with the
+        namespace's live agents and capabilities counted (:func:`unknown_capability`): a
+        few reads, made only on that error's path."""
+        states, _ = await self.count_states()
+        caps = [c for c, n in await self.capabilities() if n > 0]
+        return unknown_capability(
+            capability, live_agents=states.get("active", 0), capabilities=caps
+        )
 
     async def get(self, agent_id: str) -> AgentInfo | None:
         """The agent's record (live or shadow); None when there is none, or when it cannot

@@ -272,7 +272,7 @@ def _ed25519() -> Any:
     except ImportError as e:  # an optional dependency: only this mode needs it
         raise ConfigError(
             "Per-identity signing (Ed25519) needs the `cryptography` package: "
-            "pip install 'reach[ed25519]'."
+            "pip install 'reach-fabric[ed25519]'."
         ) from e
     return ed25519
 

@@ -55,6 +55,7 @@ def _agent_row(a: reach.AgentInfo, now: int) -> dict[str, Any]:
         "queue_depth": a.queue_depth,
         "inflight": a.inflight,
         "registered_ms": a.registered_ms,
+        "protocol": a.protocol or None,  # None: the runtime states none (before version 1)
     }
 
 

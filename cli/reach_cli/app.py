@@ -514,7 +514,7 @@ app.command("cancel")(cancel_cmd)  # reach cancel MSG_ID (reach task MSG_ID show
 app.command("top")(top_cmd)  # the live view lives in top.py
 
 
-# -- web: the operator console (cli/reach_cli/web_cmd.py; the reach[web] extra) -----------
+# -- web: the operator console (cli/reach_cli/web_cmd.py; the reach-fabric[web] extra) -----------
 app.command("web")(web_cmd)
 
 

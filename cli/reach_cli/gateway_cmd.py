@@ -32,7 +32,7 @@ from .common import (
 if TYPE_CHECKING:
     import uvicorn
 
-EXTRA = "reach gateway needs the gateway extra: pip install 'reach[gateway]'"
+EXTRA = "reach gateway needs the gateway extra: pip install 'reach-fabric[gateway]'"
 
 
 def _loopback(host: str) -> bool:

@@ -62,7 +62,7 @@ def keygen_cmd(
 
     The process that signs as NAME gets FILE (`REACH_IDENTITY_FILE` or `identity_file=`);
     the line goes into the file given as `REACH_TRUSTED_KEYS_FILE`. Needs the
-    `cryptography` package (`pip install 'reach[ed25519]'`).
+    `cryptography` package (`pip install 'reach-fabric[ed25519]'`).
 
     Example: reach keys keygen billing-service -o billing.key >> trusted-keys
     """

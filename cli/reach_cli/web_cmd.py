@@ -74,7 +74,7 @@ async def web(
     namespace: Namespace = DEFAULT_NS,
 ) -> None:
     """Serve the operator console in the browser: agents, rates, charts, messages, dead
-    letters (replay, purge), drain, registry events; live. Needs `pip install 'reach[web]'`.
+    letters (replay, purge), drain, registry events; live. Needs `pip install 'reach-fabric[web]'`.
 
     Listens on 127.0.0.1 unless --host says otherwise (then a token is required); prints
     its URL and serves until Ctrl-C. Example: reach web --port 8090
@@ -90,7 +90,7 @@ async def web(
         from reach.web.security import is_loopback
     except ImportError as e:
         raise ConfigError(
-            f"reach web needs the web extra ({e.name} is missing): pip install 'reach[web]'"
+            f"reach web needs the web extra ({e.name} is missing): pip install 'reach-fabric[web]'"
         ) from e
     token = read_token(token_file)
     if not is_loopback(host) and token is None:

@@ -383,7 +383,8 @@ class Execution(Part):
             # if nothing here runs it (its claim or settle failed), take it up again.
             alive = it.env.key in self.state.running
         else:
-            agent_id, _, instance = owner.partition("/")
+            # Agent ids may hold '/', instance ids (hex) never: split at the last one.
+            agent_id, _, instance = owner.rpartition("/")
             info = await self.registry.get(agent_id) if agent_id else None
             alive = info is not None and info.instance_id == instance and info.state != "evicted"
         if alive:

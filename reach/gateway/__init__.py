@@ -1,4 +1,4 @@
-"""The A2A gateway (``pip install 'reach[gateway]'``; ``reach gateway``): a namespace's
+"""The A2A gateway (``pip install 'reach-fabric[gateway]'``; ``reach gateway``): a namespace's
 capabilities and agents as A2A servers (docs/a2a.md, *The gateway*).
 
 Not imported by ``import reach``: it needs the ``gateway`` extra (``a2a-sdk``, Starlette,

@@ -20,13 +20,12 @@ part, and the router applies the dynamic part to the agent a policy proposes.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ..errors import NoAgentAvailable, Overloaded
 from ..outcomes import Unavailable
-from ..registry import AgentInfo
+from ..registry import AgentInfo, unknown_capability
 
 __all__ = ["Inflight", "eligible", "over_bound", "target_refusal"]
 
@@ -179,14 +178,11 @@ def target_refusal(
 
 
 def _no_agent(agents: Sequence[AgentInfo], capability: str) -> NoAgentAvailable:
-    known = sorted({c for a in agents for c in a.capabilities})
-    close = difflib.get_close_matches(capability, known, n=3)
-    hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
-    return _unavailable(
-        capability,
-        Unavailable.NO_AGENT,
-        f"No agent has capability {capability!r} ({len(agents)} agent(s) known, "
-        f"{len(known)} capabilities).{hint} See `reach caps`.",
+    # Only what the caller passed is known here (often the capability's own agents: none);
+    # the client replaces this with the registry's figures (Registry.no_agent).
+    live = sum(1 for a in agents if a.state == "active")
+    return unknown_capability(
+        capability, live_agents=live, capabilities=[c for a in agents for c in a.capabilities]
     )
 
 

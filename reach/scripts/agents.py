@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .._version import PROTOCOL_VERSION
 from ..keys import Keys
 from ._call import Call, as_int, as_text, code_of
 from .codes import (
@@ -182,10 +183,11 @@ class RegistryScripts:
         ready: bool = False,
         max_queue: int = 0,
         slots: int = 0,
+        protocol: int = PROTOCOL_VERSION,
     ) -> Call[Registration]:
         """Register ``agent_id``, or replace an older registration of it.
         ``capabilities``: normalised names; ``metadata_json`` and ``card_json`` (``''``:
-        none): JSON objects as text."""
+        none): JSON objects as text; ``protocol``: the protocol version the record states."""
         args = (
             agent_id,
             instance_id,
@@ -200,6 +202,7 @@ class RegistryScripts:
             "1" if ready else "0",
             max_queue,
             slots,
+            protocol,
         )
         return Call("register", self._hash_and_prefixes(agent_id), args, decode_registration)
 

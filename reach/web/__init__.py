@@ -1,4 +1,4 @@
-"""``reach web``: an operator console in the browser (the ``reach[web]`` extra).
+"""``reach web``: an operator console in the browser (the ``reach-fabric[web]`` extra).
 
 Pages rendered on the server, live over Server-Sent Events, no build step and nothing
 fetched from elsewhere at run time: what ``reach top`` shows and more (capabilities,

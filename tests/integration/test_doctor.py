@@ -224,3 +224,64 @@ async def test_a_throwaway_embedded_server_gets_no_persistence_warning(
                 pass
     msgs = [r.getMessage() for r in caplog.records if r.name == "reach.doctor"]
     assert len(msgs) == 1 and "allkeys-lru" in msgs[0], msgs
+
+
+@pytest.mark.anyio
+async def test_no_key_of_everyday_operations_is_unknown(redis_url: str, ns: str) -> None:
+    """A real worker, a client and the CLI do what users do (sends, requests with an
+    idempotency key, a session, a stream, a retry, a dead letter, a cancel, a capability's
+    limit and a handler's own, quotas, a sweep): every key they leave has a form in
+    reach.keys.LAYOUT, and doctor's key scheme check says so."""
+    import anyio
+
+    from reach.keys import Keys, form_of, scan_patterns
+    from tests.support.agents_messaging import wait_eligible, wait_status
+    from tests.support.workers import Workers
+
+    async def cli(*args: str) -> None:
+        argv = [*args, "--redis-url", redis_url, "--namespace", ns]
+        res = await anyio.to_thread.run_sync(lambda: runner.invoke(app, argv))
+        assert res.exit_code == 0, (args, res.output, res.exception)
+
+    # the limits' states outlive the test: one start a minute, bursts that let it through
+    await cli("caps", "limit", "doc.echo", "1/m", "--burst", "100")
+    await cli("quota", "set", "--max-inbox", "1000", "--send-rate", "1/m", "--burst", "1000")
+    workers = Workers(redis_url, ns, "tests.support.agents_doctor")
+    workers.start("ops_agent")
+    try:
+        async with reach.Client(redis_url=redis_url, namespace=ns) as client:
+            await wait_eligible(client, "doc.echo", ["doc-ops-1"], timeout=60)
+            await client.send("doc.echo", {"n": 1})
+            assert await client.request("doc.echo", 2, idempotency_key="k-2", timeout_s=30) == 2
+            assert await client.request("doc.session", "hi", session_id="s-1", timeout_s=30) == 1
+            chunks = [c async for c in client.stream("doc.stream", 3, timeout_s=30)]
+            assert chunks == [0, 1, 2]
+            assert await client.request("doc.retry", 0, timeout_s=30) == "second time"
+            with pytest.raises(reach.Rejected):
+                await client.request("doc.reject", 0, timeout_s=30)
+            held = await client.send("doc.hold", 0)
+            await wait_status(client, held, "running", timeout=30)
+            assert (await client.cancel(held)).cancelled
+            await wait_status(client, held, "cancelled", timeout=30)
+        await cli("sweep")
+        await cli("dlq", "list")
+    finally:
+        workers.stop_all()
+    r = redis.Redis.from_url(redis_url)
+    try:
+        found = [k.decode() for p in scan_patterns(ns) for k in r.scan_iter(match=p, count=1000)]
+    finally:
+        r.close()
+    unknown = [k for k in found if form_of(k, ns) is None]
+    assert not unknown, unknown
+    builders = {f.builder for k in found if (f := form_of(k, ns)) is not None}
+    # what the operations above leave behind, so the check below checks them
+    assert builders >= {
+        "agents_of", "agent", "cap_of", "caps_of", "events_of", "inbox", "replies", "idem",
+        "task", "session", "session_history", "effects", "dlq", "cancels", "limits",
+        "quotas", "rate_state", "agent_rate_state", "send_rate_state",
+    }, builders  # fmt: skip
+    assert len(found) >= 20 and Keys(ns).cancels in found
+    report = (await anyio.to_thread.run_sync(lambda: run_doctor(redis_url, "-n", ns)))[1]
+    (f,) = of(report, "key scheme")
+    assert f["level"] == "ok" and "follow key scheme" in f["message"], f

@@ -319,6 +319,7 @@ _ARGV = {  # ARGV index -> (name in the error, bad values)
     10: ("ready", ["", "2", "yes", "true"]),
     11: ("max_queue", ["", "-1", "abc", "nan", "1e309", "1000000001", "2.5"]),
     12: ("slots", ["", "-1", "abc", "nan", "1000000001", "2.5"]),
+    13: ("protocol", ["", "0", "-1", "abc", "1.0", "01", "1000001", "nan"]),
 }
 _BAD_ARGV = [(i, name, v) for i, (name, values) in _ARGV.items() for v in values]
 
@@ -360,8 +361,8 @@ async def test_bad_argument_is_refused_and_nothing_is_written(
 @pytest.mark.parametrize("shape", ["argv-1", "argv+1", "keys-1", "hash-of-another-id"])
 async def test_wrong_shape_is_refused(reg: Registry, shape: str) -> None:
     keys, args = _good_args(reg)
-    if shape == "argv-1":
-        args = args[:-1]
+    if shape == "argv-1":  # 11: the 12-ARGV form (no slots, no protocol) is taken, one less is not
+        args = args[:-3]
     elif shape == "argv+1":
         args = [*args, "x"]
     elif shape == "keys-1":
@@ -486,3 +487,24 @@ async def test_key_of_another_type_is_refused_before_any_write(
             evict_after_ms=LONG_EVICT_MS,
         )
     assert await _namespace_keys(reg) == [key.encode()]
+
+
+async def test_the_record_states_the_protocol_version(reg: Registry, r: AnyRedis) -> None:
+    from reach._version import PROTOCOL_VERSION
+
+    await register(reg, "a1")
+    assert await r.hget(reg.keys.agent("a1"), "protocol") == str(PROTOCOL_VERSION).encode()
+    a = await reg.get("a1")
+    assert a is not None and a.protocol == PROTOCOL_VERSION == 1
+
+
+async def test_the_form_without_protocol_is_taken_and_states_none(
+    reg: Registry, r: AnyRedis
+) -> None:
+    # a runtime from before protocol versions sends 12 ARGV: registered, no field
+    keys, args = _good_args(reg)
+    assert len(args) == 14
+    assert (await scripts.call(reg.redis, "register", keys, args[:13]))[0] == 1
+    assert await r.hget(reg.keys.agent("a1"), "protocol") is None
+    a = await reg.get("a1")
+    assert a is not None and a.protocol == 0

@@ -74,3 +74,47 @@ def test_readme_and_docs_links_resolve() -> None:
             if "://" in target:
                 continue
             assert (md.parent / target).exists(), f"{md.name}: broken link {target}"
+
+
+# `pip install reach`, `pip install -q 'reach[web]'`: a hint naming the PyPI project `reach`
+# (another project's package), not ours; `reach-fabric` or a path (`'.[web]'`) do not match
+_FOREIGN_INSTALL = re.compile(r"pip install\s+(?:-\S+\s+)*['\"]?reach(?![\w.-])")
+
+
+def test_no_install_hint_names_another_projects_package() -> None:
+    import tomllib
+
+    name = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["name"]
+    assert name == "reach-fabric", name
+    files = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    for top in ("reach", "cli"):
+        files += [
+            p
+            for p in sorted((ROOT / top).rglob("*"))
+            if p.suffix in {".py", ".html", ".js", ".md"} and p.is_file()
+        ]
+    wrong = [
+        f"{p.relative_to(ROOT)}:{n}: {line.strip()}"
+        for p in files
+        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if _FOREIGN_INSTALL.search(line)
+    ]
+    assert not wrong, "install hints naming the PyPI project `reach`:\n" + "\n".join(wrong)
+    hints = [
+        line
+        for p in files
+        for line in p.read_text(encoding="utf-8").splitlines()
+        if f"pip install '{name}[" in line
+    ]
+    assert hints, "the hints this test checks were not found: is the pattern stale?"
+
+
+def test_installed_distribution_is_ours() -> None:
+    """`importlib.metadata` finds this checkout under the new name, at reach's version."""
+    from importlib import metadata
+
+    import reach
+
+    assert metadata.version("reach-fabric") == reach.__version__
+    top = (metadata.distribution("reach-fabric").read_text("top_level.txt") or "").split()
+    assert not top or "reach" in top
