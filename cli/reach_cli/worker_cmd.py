@@ -138,8 +138,15 @@ def worker(
     stall_s: Annotated[
         float, typer.Option(help="Event loop stuck this long: stop heartbeats.")
     ] = 30.0,
-    drain_timeout_s: Annotated[
-        float, typer.Option(help="Time in-flight work gets on SIGTERM.")
+    drain_s: Annotated[
+        float,
+        typer.Option(
+            "--drain-s",
+            "--drain-timeout-s",
+            help="Drain grace: on SIGTERM/SIGINT, how long running handlers get to finish "
+            "before they are cancelled (their messages then run again); a second signal "
+            "stops at once.",
+        ),
     ] = 30.0,
     sweep_interval_s: Annotated[float, typer.Option(help="Seconds between sweeps.")] = 1.0,
     cancel_grace_s: Annotated[
@@ -200,7 +207,7 @@ def worker(
             lease_s=lease_s,
             evict_after_s=evict_after_s,
             stall_s=stall_s,
-            drain_timeout_s=drain_timeout_s,
+            drain_s=drain_s,
             sweep_interval_s=sweep_interval_s,
             claim_lease_s=claim_lease_s,
             retry_base_s=retry_base_s,
@@ -226,7 +233,7 @@ def worker(
             "lease_s": lease_s,
             "evict_after_s": evict_after_s,
             "stall_s": stall_s,
-            "drain_timeout_s": drain_timeout_s,
+            "drain_timeout_s": drain_s,
             "sweep_interval_s": sweep_interval_s,
             "claim_lease_s": claim_lease_s,
             "retry_base_s": retry_base_s,
@@ -263,7 +270,7 @@ def _check_times(**seconds: float) -> None:
     """Durations must be finite and positive (NaN slips through every comparison); a
     drain timeout and a retry backoff may be 0."""
     for name, v in seconds.items():
-        low_ok = name in ("drain_timeout_s", "retry_base_s", "cancel_grace_s") and v == 0
+        low_ok = name in ("drain_s", "retry_base_s", "cancel_grace_s") and v == 0
         if not (math.isfinite(v) and (v > 0 or low_ok)):
             raise ConfigError(
                 f"--{name.replace('_', '-')} must be a number of seconds > 0, not {v}."

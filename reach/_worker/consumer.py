@@ -99,6 +99,10 @@ def entry_data(fields: Any) -> bytes | None:
     return data if isinstance(data, bytes) else None
 
 
+def _count(got: list[tuple[str, list[Any]]]) -> int:
+    return sum(len(entries) for _, entries in got)
+
+
 class Consumer(Part):
     """Reads the inbox of one agent_id (its consumer name in the group) until stopped."""
 
@@ -142,7 +146,12 @@ class Consumer(Part):
                 if not got:
                     got = await self._block(n)
                 self.outages.ok()
-                backlog = sum(len(e) for _, e in got) >= n
+                backlog = _count(got) >= n
+                if got and st.stopping.is_set():
+                    # Read as the stop came (the blocking read was under way): not started,
+                    # so handed back as they are, pending (docs/operations.md, "Drain").
+                    log.info("stopping: %d entries just read are left pending", _count(got))
+                    break
                 if got:
                     await self._dispatch(got, new=True)
                     if not backlog:
@@ -255,6 +264,8 @@ class Consumer(Part):
                 if not lost:
                     continue
                 while self.state.inflight >= self.opts.concurrency:
+                    if self.state.stopping.is_set():
+                        return  # draining: they stay pending, for the next start
                     await self.state.wait_slot()
                 log.info("resuming %d pending entries of %s", len(lost), key)
                 await self._dispatch([(key, lost)])

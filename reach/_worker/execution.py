@@ -90,6 +90,12 @@ class WorkQueue:
                 fut.set_result(None)
                 return
 
+    def take_all(self) -> list[Delivery]:
+        """Every item put and not taken yet (the queue is left empty)."""
+        items = list(self._items)
+        self._items.clear()
+        return items
+
     async def get(self) -> Delivery:
         """The next item, waiting for one if none is there."""
         while not self._items:
@@ -405,6 +411,19 @@ class Execution(Part):
         """Hand a claimed item to the handler pool (long-lived tasks: no spawn per message)."""
         self.state.inflight += 1
         self._work.put(it)
+
+    def hand_back(self) -> int:
+        """At the start of a drain: take the claimed entries no handler has started (read
+        ahead, waiting for a slot) out of the pool's queue, unsettled. Their entries stay
+        pending with this agent_id and their claims name this runtime: this agent_id's
+        next start takes them up, or, once this runtime has deregistered, any agent the
+        sweeper moves them to takes the claim over. Returns how many."""
+        items = self._work.take_all()
+        if items:
+            self.state.inflight -= len(items)
+            self.state.release(items)
+            self.state.slot_freed()
+        return len(items)
 
     async def pool_member(self) -> None:
         """One task of the handler pool."""

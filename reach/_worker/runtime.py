@@ -4,8 +4,9 @@ tasks in one task group, and owns the lifecycle.
 Start: connect, register (not ready), create the inbox groups, start the heartbeat
 thread and the tasks, resume this agent_id's pending entries, mark ready, serve.
 Stop (``stop()``, a signal, an operator's drain, a newer registration): the consumer
-stops reading, running handlers get ``drain_timeout_s`` to finish, queued outcomes are
-settled, the agent deregisters and leaves its inbox.
+stops reading, entries read but not started are left pending, running handlers get
+``drain_timeout_s`` to finish (then they are cancelled), every outcome is settled, and
+only then are the tasks cancelled and the agent deregisters and leaves its inbox.
 
 Agents run by one process share what can be shared (:class:`_Host`, one per Redis URL and
 event loop): one Redis client, whose commands go out auto-pipelined on one multiplexed
@@ -622,8 +623,8 @@ class Runtime:
                 tg.start_soon(settlement.run)
                 tg.start_soon(cancels.watch_when_free)
                 tg.start_soon(preemption.watch)
-                for _ in range(o.concurrency):
-                    tg.start_soon(execution.pool_member)
+                pool = _Pool(execution, o.concurrency)
+                tg.start_soon(pool.run)
                 if o.sweeper:
                     tg.start_soon(
                         host.sweep_when_free,
@@ -642,22 +643,88 @@ class Runtime:
                     "agent %s ready (%s)", self.agent.agent_id, ", ".join(self.agent.capabilities)
                 )
                 await consumer.run()
-                await self._drain(liveness, settlement)
-                tg.cancel_scope.cancel()
+                await self._drain(liveness, settlement, execution, pool)
+                tg.cancel_scope.cancel()  # every outcome settled (or given up): no settle cut
         finally:
             hooks.on_stop(st)
             liveness.stop_heartbeat()
             await liveness.leave()
             await host.leave(url, wake_channel)
 
-    async def _drain(self, liveness: Liveness, settlement: Settlement) -> None:
-        """Stop taking work, let in-flight handlers finish (bounded), flush settles."""
-        st = self.state
+    async def _drain(
+        self, liveness: Liveness, settlement: Settlement, execution: Execution, pool: _Pool
+    ) -> None:
+        """The drain, in order (docs/operations.md, "Drain"): the consumer has stopped
+        reading; entries read but not started are handed back (left pending, claimed by
+        nothing that runs: this agent_id's next start or, once it has left, the sweeper
+        takes them); running handlers get ``drain_timeout_s`` to finish, and those still
+        running then are cancelled (their entries stay pending and run again); every
+        outcome is settled, the flushes already under way awaited. Only then does the
+        caller cancel the task group and the agent deregister."""
+        st, o = self.state, self.opts
         st.draining = True
         await liveness.announce_drain()
-        with anyio.move_on_after(self.opts.drain_timeout_s):
+        handed = execution.hand_back()
+        if handed:
+            log.info("drain: %d entries read but not started are left pending", handed)
+        with anyio.move_on_after(o.drain_timeout_s):
             while st.inflight > 0:
                 await st.wait_slot()
         if st.inflight:
-            log.warning("drain timeout: %d handlers still running are abandoned", st.inflight)
-        await settlement.settle_rest()
+            log.warning(
+                "drain grace of %gs is over: cancelling %d handlers still running; their "
+                "messages stay pending and run again once this agent has left",
+                o.drain_timeout_s,
+                st.inflight,
+            )
+            await pool.stop(CANCEL_WAIT_S)
+            if st.inflight:
+                log.error(
+                    "%d handlers did not end when cancelled (a plain function in a thread, "
+                    "or one that ignores cancellation): they may still be running when "
+                    "their messages run again",
+                    st.inflight,
+                )
+        left = await settlement.settle_rest(retry_s=SETTLE_RETRY_S)
+        if left:
+            log.error(
+                "drain: %d outcomes could not be written to Redis within %gs; their "
+                "messages stay pending and run again (or replay a stored result)",
+                left,
+                SETTLE_RETRY_S,
+            )
+
+
+CANCEL_WAIT_S = 5.0
+"""At the end of the drain grace, how long the cancelled handlers get to end."""
+
+SETTLE_RETRY_S = 10.0
+"""How long a drain keeps writing outcomes that Redis refused (a restart, a failover)
+before it leaves them pending."""
+
+
+class _Pool:
+    """The handler pool's tasks, in a task group of their own so that the end of a drain
+    grace cancels the handlers, and nothing else (the settler, the heartbeats)."""
+
+    def __init__(self, execution: Execution, size: int) -> None:
+        self.execution = execution
+        self.size = size
+        self._scope: anyio.CancelScope | None = None
+        self._done = anyio.Event()
+
+    async def run(self) -> None:
+        try:
+            async with anyio.create_task_group() as tg:
+                self._scope = tg.cancel_scope
+                for _ in range(self.size):
+                    tg.start_soon(self.execution.pool_member)
+        finally:
+            self._done.set()
+
+    async def stop(self, wait_s: float) -> None:
+        """Cancel the handlers and wait (up to ``wait_s``) for them to end."""
+        if self._scope is not None:
+            self._scope.cancel()
+        with anyio.move_on_after(wait_s):
+            await self._done.wait()

@@ -39,7 +39,10 @@ class Settlement(Part):
         self.letters = letters
         self._queue: list[Settleable] = []
         self._flushing = 0  # flushes under way
+        self._writing = 0  # entries in those flushes
         self._wake = anyio.Event()
+        self._flushed = anyio.Event()  # set as each flush ends (what settle_rest waits on)
+        self._keep_failed = False  # draining: a batch Redis refused goes back in the queue
 
     def queue(self, it: Settleable) -> None:
         """Hand ``it`` over: its outcome is on its way to Redis."""
@@ -65,27 +68,65 @@ class Settlement(Part):
         if not self._flushing and len(self._queue) == 1:
             await self.flush()
 
-    async def settle_rest(self) -> None:
-        """At the end of a drain: settle everything still queued (errors raise)."""
-        while self._queue:
-            batch, self._queue = self._queue, []
-            await self._settle(batch)
+    @property
+    def pending(self) -> int:
+        """Outcomes queued or being written: not settled yet."""
+        return len(self._queue) + self._writing
 
-    async def flush(self) -> None:
+    async def settle_rest(self, *, retry_s: float) -> int:
+        """At the end of a drain: settle everything still queued and wait for the flushes
+        already under way (each has taken its batch off the queue: returning before they
+        end would let the worker leave with those outcomes unwritten). A batch that Redis
+        refuses (restarting, failing over) is tried again for up to ``retry_s``: the
+        consumer has stopped, so no pending scan would redo it. Returns how many outcomes
+        are still unsettled (left pending: the message runs again or replays)."""
+        self._keep_failed = True
+        with anyio.move_on_after(retry_s):
+            while self._queue or self._flushing:
+                if self._queue:
+                    if not await self.flush():
+                        await anyio.sleep(0.2)
+                    continue
+                ev = self._flushed = anyio.Event()
+                await ev.wait()
+        left = self.pending
+        if self._queue:  # given up: left pending, as a failed flush leaves them
+            batch, self._queue = self._queue, []
+            self.state.release(batch)
+        return left
+
+    async def flush(self) -> bool:
+        """Settle what is queued now; False when Redis refused the batch. Shielded from
+        cancellation: a settle cut halfway would leave an outcome computed and never
+        written (the handler's work lost, the message run again), and the worker's stop
+        cancels its tasks. Redis replies within the client's ``socket_timeout``, so this
+        ends."""
         batch, self._queue = self._queue, []
         if not batch:
-            return
+            return True
         self._flushing += 1
+        self._writing += len(batch)
+        kept = False
         try:
-            await self._settle(batch)
+            with anyio.CancelScope(shield=True):
+                await self._settle(batch)
         except (rexc.RedisError, OSError) as e:
-            # Entries stay pending: the next pending scan redoes them, and claim finds
-            # the ones whose completion was stored (replay, not run again).
             self.outages.failed(f"settling {len(batch)} entries", e)
-            self.state.rescan = True
+            if self._keep_failed:
+                self._queue[:0] = batch
+                kept = True
+            else:
+                # Entries stay pending: the next pending scan redoes them, and claim finds
+                # the ones whose completion was stored (replay, not run again).
+                self.state.rescan = True
+            return False
         finally:
             self._flushing -= 1
-            self.state.release(batch)
+            self._writing -= len(batch)
+            if not kept:
+                self.state.release(batch)
+            self._flushed.set()
+        return True
 
     async def _settle(self, batch: list[Settleable]) -> None:
         def refused(i: int, _item: SettleLike, e: Exception) -> SettleItem:

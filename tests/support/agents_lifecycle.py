@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
+
 from reach import Agent, Context
+from tests.support.agents_messaging import bump
 
 
 def blocker() -> Agent:
@@ -28,3 +32,81 @@ def plain() -> Agent:
         return payload
 
     return app
+
+
+# -- drain: handlers that outlast the signal ----------------------------------------------
+# Each counts its starts and finishes per message (``Keys(ns).effects``, field: the
+# idempotency key) and how many of its runs overlap (a message running on two agents at
+# once counts in ``drain.overlap``), so a test can tell whether a drain lost an outcome or
+# ran a message twice.
+
+
+async def _begin(ctx: Context, name: str) -> None:
+    await bump(ctx, f"{name}.started")
+    await ctx.redis.hset(ctx.keys.effects(f"{name}.agent"), ctx.idempotency_key, ctx.agent_id)
+    if await bump(ctx, "drain.running") > 1:
+        await bump(ctx, "drain.overlap")
+
+
+async def _end(ctx: Context, name: str) -> None:
+    await bump(ctx, f"{name}.finished")
+
+
+async def _leave(ctx: Context) -> None:
+    with anyio.CancelScope(shield=True):
+        await ctx.redis.hincrby(ctx.keys.effects("drain.running"), ctx.idempotency_key, -1)
+
+
+def _sleeper(agent_id: str) -> Agent:
+    """``test.sleep`` returns after ``seconds``; ``test.sleep_emit`` streams with
+    ``ctx.emit`` (a chunk every 0.1 s for ``seconds``), ``test.sleep_gen`` is an async
+    generator doing the same."""
+    app = Agent(agent_id, capabilities=["test.sleep", "test.sleep_emit", "test.sleep_gen"])
+
+    @app.handler("test.sleep")
+    async def sleep(payload: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        await _begin(ctx, "sleep")
+        try:
+            await anyio.sleep(float(payload["seconds"]))
+        finally:
+            await _leave(ctx)
+        await _end(ctx, "sleep")
+        return {"agent": ctx.agent_id, "slept": payload["seconds"]}
+
+    @app.handler("test.sleep_emit")
+    async def sleep_emit(payload: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        await _begin(ctx, "sleep_emit")
+        try:
+            for i in range(max(1, round(float(payload["seconds"]) / 0.1))):
+                await ctx.emit({"i": i})
+                await anyio.sleep(0.1)
+        finally:
+            await _leave(ctx)
+        await _end(ctx, "sleep_emit")
+        return {"agent": ctx.agent_id}
+
+    @app.handler("test.sleep_gen")
+    async def sleep_gen(payload: dict[str, Any], ctx: Context) -> AsyncIterator[Any]:
+        await _begin(ctx, "sleep_gen")
+        try:
+            for i in range(max(1, round(float(payload["seconds"]) / 0.1))):
+                yield {"i": i}
+                await anyio.sleep(0.1)
+        finally:
+            await _leave(ctx)
+        await _end(ctx, "sleep_gen")
+        ctx.result = {"agent": ctx.agent_id}
+
+    return app
+
+
+def sleeper_a() -> Agent:
+    return _sleeper("sleeper-a")
+
+
+def sleeper_b() -> Agent:
+    return _sleeper("sleeper-b")
+
+
+def sleeper_c() -> Agent:
+    return _sleeper("sleeper-c")
