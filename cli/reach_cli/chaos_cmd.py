@@ -10,7 +10,7 @@ the two option lists equal (tests/cli/test_chaos_cmd.py).
 from __future__ import annotations
 
 import argparse
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Literal, Optional
 
 import typer
 
@@ -34,69 +34,73 @@ def _help(dest: str) -> str:
     return text[0].upper() + text[1:] + "."
 
 
+Scenario = Literal["crash", "rolling-deploy"]
+OptInt = Optional[int]  # noqa: UP045 - typer reads the annotation at run time
+OptFloat = Optional[float]  # noqa: UP045
+OptStr = Optional[str]  # noqa: UP045
+OptRange = Optional[tuple[float, float]]  # noqa: UP045
+
+
 def chaos(
-    messages: Annotated[int, typer.Option(help=_help("messages"))] = _default("messages"),
-    workers: Annotated[int, typer.Option(help=_help("workers"))] = _default("workers"),
-    kills: Annotated[int, typer.Option(help=_help("kills"))] = _default("kills"),
-    stops: Annotated[int, typer.Option(help=_help("stops"))] = _default("stops"),
+    scenario: Annotated[Scenario, typer.Option(help=_help("scenario"))] = "crash",
+    short: Annotated[bool, typer.Option("--short", help=_help("short"))] = False,
+    messages: Annotated[OptInt, typer.Option(help=_help("messages"))] = None,
+    workers: Annotated[OptInt, typer.Option(help=_help("workers"))] = None,
+    kills: Annotated[OptInt, typer.Option(help=_help("kills"))] = None,
+    stops: Annotated[OptInt, typer.Option(help=_help("stops"))] = None,
     redis_restarts: Annotated[int, typer.Option(help=_help("redis_restarts"))] = _default(
         "redis_restarts"
     ),
+    rounds: Annotated[OptInt, typer.Option(help=_help("rounds"))] = None,
     seed: Annotated[int, typer.Option(help="Seed of the plan (messages, schedule).")] = _default(
         "seed"
     ),
-    rate: Annotated[float, typer.Option(help=_help("rate"))] = _default("rate"),
-    max_rate: Annotated[float, typer.Option(help="Highest messages/s.")] = _default("max_rate"),
-    event_gap_s: Annotated[float, typer.Option(help=_help("event_gap_s"))] = _default(
-        "event_gap_s"
-    ),
-    permanent_share: Annotated[float, typer.Option(help=_help("permanent_share"))] = _default(
-        "permanent_share"
-    ),
+    rate: Annotated[OptFloat, typer.Option(help=_help("rate"))] = None,
+    max_rate: Annotated[OptFloat, typer.Option(help=_help("max_rate"))] = None,
+    event_gap_s: Annotated[OptFloat, typer.Option(help=_help("event_gap_s"))] = None,
+    gap_s: Annotated[OptFloat, typer.Option(help=_help("gap_s"))] = None,
+    permanent_share: Annotated[OptFloat, typer.Option(help=_help("permanent_share"))] = None,
     request_share: Annotated[
         float, typer.Option(help="Share of messages sent with request() (the rest: send()).")
     ] = _default("request_share"),
+    stream_share: Annotated[OptFloat, typer.Option(help=_help("stream_share"))] = None,
     concurrency: Annotated[int, typer.Option(help=_help("concurrency"))] = _default("concurrency"),
     callers: Annotated[int, typer.Option(help=_help("callers"))] = _default("callers"),
     inflight: Annotated[int, typer.Option(help=_help("inflight"))] = _default("inflight"),
-    max_sleep_ms: Annotated[int, typer.Option(help=_help("max_sleep_ms"))] = _default(
-        "max_sleep_ms"
-    ),
+    min_sleep_ms: Annotated[OptInt, typer.Option(help=_help("min_sleep_ms"))] = None,
+    max_sleep_ms: Annotated[OptInt, typer.Option(help=_help("max_sleep_ms"))] = None,
     deadline_s: Annotated[
-        tuple[float, float], typer.Option(metavar="MIN MAX", help=_help("deadline_s"))
-    ] = _default("deadline_s"),
-    heartbeat_s: Annotated[
-        float, typer.Option(help="Workers' seconds between heartbeats.")
-    ] = _default("heartbeat_s"),
-    lease_s: Annotated[float, typer.Option(help="Workers' lease.")] = _default("lease_s"),
-    evict_after_s: Annotated[
-        float, typer.Option(help="Workers' seconds without a heartbeat before eviction.")
-    ] = _default("evict_after_s"),
-    sweep_interval_s: Annotated[
-        float, typer.Option(help="Workers' seconds between sweeps.")
-    ] = _default("sweep_interval_s"),
+        OptRange, typer.Option(metavar="MIN MAX", show_default=False, help=_help("deadline_s"))
+    ] = None,
+    heartbeat_s: Annotated[OptFloat, typer.Option(help=_help("heartbeat_s"))] = None,
+    lease_s: Annotated[OptFloat, typer.Option(help=_help("lease_s"))] = None,
+    evict_after_s: Annotated[OptFloat, typer.Option(help=_help("evict_after_s"))] = None,
+    sweep_interval_s: Annotated[OptFloat, typer.Option(help=_help("sweep_interval_s"))] = None,
     quiet_timeout_s: Annotated[
         float, typer.Option(help="How long the end of the run waits for every message to be done.")
     ] = _default("quiet_timeout_s"),
-    agent: Annotated[str, typer.Option(metavar="MODULE:FACTORY", help=_help("agent"))] = _default(
-        "agent"
-    ),
+    agent: Annotated[OptStr, typer.Option(metavar="MODULE:FACTORY", help=_help("agent"))] = None,
     dir: Annotated[
-        Optional[str],  # noqa: UP045 - typer reads the annotation at run time
+        OptStr,
         typer.Option("--dir", metavar="DIR", show_default=False, help=_help("dir")),
     ] = None,
     keep: Annotated[bool, typer.Option("--keep", help=_help("keep"))] = False,
     json_: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
-    """Kill workers and Redis mid-stream, then check that no message was lost and no side
-    effect ran twice.
+    """Kill workers and Redis mid-stream, or replace every worker by SIGTERM under load; then
+    check that no message was lost, every caller was answered and nothing ran twice.
 
-    Starts its own Redis (AOF everysec) and --workers `reach worker` processes, sends
-    --messages messages whose handlers count a side effect per idempotency key, SIGKILLs
-    workers mid-handler, pauses one past its lease and restarts Redis; then checks nothing
-    was lost, nothing ran twice, every caller was answered and nothing is left pending.
-    Exit code 0 only when every check passed. Example: reach chaos --messages 10000
-    --workers 4 --kills 24 --redis-restarts 2
+    Starts its own Redis (AOF everysec) and --workers `reach worker` processes whose
+    handlers count their runs and side effects per idempotency key. --scenario crash (the
+    default) sends --messages messages, SIGKILLs workers mid-handler, pauses one past its
+    lease and restarts Redis. --scenario rolling-deploy sends continuously (requests,
+    streams, sends; handlers of 0.05-5 s) while every worker is replaced in turn, --rounds
+    times: its successor started and ready, then SIGTERM; with --kills SIGKILLs and a Redis
+    restart among the replacements. Then it checks: nothing lost, every caller answered,
+    each key's handler run once (a second run only after a SIGKILL), no message on two
+    agents at once, nothing left pending. Exit code 0 only when every check passed.
+    Examples: reach chaos --messages 10000 --workers 4 --kills 24 --redis-restarts 2;
+    reach chaos --scenario rolling-deploy --short
     """
     given = dict(locals())
     argv: list[str] = []

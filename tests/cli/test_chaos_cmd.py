@@ -12,6 +12,8 @@ import pytest
 from reach_cli import chaos_cmd
 from reach_cli.app import app, command_line
 from reach_cli.tools.chaos.cli import build_parser, config_from_args
+from reach_cli.tools.chaos.cli import main as harness_main
+from reach_cli.tools.chaos.plan import ChaosConfig, DeployConfig
 from typer.testing import CliRunner
 
 
@@ -60,4 +62,39 @@ def test_a_bad_option_is_a_usage_error(handed: list[list[str]]) -> None:
     res = CliRunner().invoke(app, ["chaos", "--workers", "many"])
     assert res.exit_code == 2 and "--workers" in res.output and not handed
     res = CliRunner().invoke(app, ["chaos", "--no-such-option"])
+    assert res.exit_code == 2 and not handed
+
+
+def test_each_scenario_gets_its_defaults_and_the_options_given() -> None:
+    def cfg(*argv: str) -> ChaosConfig | DeployConfig:
+        return config_from_args(build_parser().parse_args(list(argv)))
+
+    # crash: the medium run by default, ChaosConfig's (the CI run) with --short.
+    assert cfg() == ChaosConfig(messages=2000, workers=4, kills=6)
+    assert cfg("--short") == ChaosConfig()
+    assert cfg("--short", "--kills", "2") == ChaosConfig(kills=2)
+    # rolling-deploy: DeployConfig's, or DeployConfig.short(); options given apply.
+    assert cfg("--scenario", "rolling-deploy") == DeployConfig()
+    assert cfg("--scenario", "rolling-deploy", "--short") == DeployConfig.short()
+    got = cfg(
+        "--scenario", "rolling-deploy", "--rounds", "5", "--workers", "2", "--seed", "9",
+        "--deadline-s", "20", "40", "--lease-s", "2",
+    )  # fmt: skip
+    assert got == DeployConfig(rounds=5, workers=2, seed=9, deadline_s=(20.0, 40.0), lease_s=2.0)
+
+
+def test_an_option_of_the_other_scenario_is_a_usage_error(
+    handed: list[list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    for argv, flag in (
+        (["--scenario", "rolling-deploy", "--messages", "10"], "--messages"),
+        (["--scenario", "rolling-deploy", "--stops", "1"], "--stops"),
+        (["--rounds", "3"], "--rounds"),
+        (["--stream-share", "0.5"], "--stream-share"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            harness_main(argv, prog="reach chaos")
+        assert e.value.code == 2
+        assert flag in capsys.readouterr().err
+    res = CliRunner().invoke(app, ["chaos", "--scenario", "no-such"])
     assert res.exit_code == 2 and not handed

@@ -45,11 +45,11 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import anyio
 from redis import exceptions as rexc
@@ -77,6 +77,7 @@ class _Rec:
     updated_ms: int
     claims: int  # handler runs started (claim.lua counts them)
     agent_id: str  # who completed it
+    fence: int = 0  # the fence of the last claim (once done: of the run that completed it)
 
 
 @dataclass
@@ -108,49 +109,50 @@ class _Worker:
     stopped: bool = False
 
 
-class _Run:
-    def __init__(self, cfg: ChaosConfig, on_progress: Callable[[dict[str, Any]], None] | None):
-        self.cfg = cfg
-        self.on_progress = on_progress
-        plan_rng = random.Random(cfg.seed)  # the plan: the same for the same seed
-        self.rng = random.Random(cfg.seed + 1)  # choices made during the run
-        self.keys = Keys(cfg.namespace)
-        self.specs = plan_messages(cfg, plan_rng)
-        n_events = cfg.kills + cfg.stops + cfg.redis_restarts
-        send_s = cfg.messages / cfg.max_rate
-        if cfg.rate > 0:
-            send_s = cfg.messages / cfg.rate
-        elif n_events:
-            send_s = max(send_s, n_events * cfg.event_gap_s)
-        self.send_s = send_s
-        self.events = plan_events(cfg, plan_rng, send_s)
-        self.outcomes = [_Outcome() for _ in self.specs]
+class WorkerSettings(Protocol):
+    """What starting workers needs from a run's configuration (every scenario has it)."""
+
+    agent: str
+    namespace: str
+    concurrency: int
+    heartbeat_s: float
+    lease_s: float
+    evict_after_s: float
+    sweep_interval_s: float
+    startup_timeout_s: float
+    cwd: str | None
+
+
+class Cluster:
+    """A run's processes and what is read of them: its Redis, its `reach worker`
+    processes (started, ready, their pending entries and inbox contents, killed at the
+    end), and the read-outs every scenario checks (idempotency records, what is left in
+    inboxes and parked/delayed sets, marks in the workers' logs)."""
+
+    def __init__(
+        self, settings: WorkerSettings, data_dir: str | None, capabilities: Sequence[str]
+    ) -> None:
+        self.settings = settings
+        self.capabilities = list(capabilities)
+        self.keys = Keys(settings.namespace)
         self.workers: dict[str, _Worker] = {}  # agent_id -> its current process
         self.procs: list[subprocess.Popen[bytes]] = []
-        self.next_id = cfg.workers
-        self.kill_log: list[KillRecord] = []
-        self.kill_keys: list[list[str]] = []
-        self.stop_log: list[tuple[int, list[str], int]] = []  # (stop_ms, keys, pid)
-        self.stop_windows: list[tuple[int, int, int]] = []  # (pid, stop_ms, cont_ms)
+        self.worker_env: dict[str, str] = {}  # added to every worker's environment
         self.redis_outages: list[float] = []
         self.redis_at: list[float] = []
-        self.evictions: list[tuple[str, int]] = []
-        self.restarts = self.never = self.replacements = 0
-        self.started = self.finished = 0
+        self.redis_windows: list[tuple[int, int]] = []  # (killed_ms, back_ms) per restart
+        self.redis_done = 0
         self.t0 = 0.0
         self.t_start = time.monotonic()
-        self.stops_done = self.redis_done = 0
-        self.dir = Path(cfg.dir) if cfg.dir else Path(tempfile.mkdtemp(prefix="reach-chaos-"))
+        self.dir = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="reach-chaos-"))
         self.logs = self.dir / "logs"
         self.server: RedisServer | None = None
         self.r: AnyRedis = cast(AnyRedis, None)  # connected in run(), before any use
         self.url = ""
-        self.phase = "starting"
-        self.done = anyio.Event()
 
     # -- workers ----------------------------------------------------------------------
     def start_worker(self, agent_id: str) -> _Worker:
-        c = self.cfg
+        c = self.settings
         cmd = [
             sys.executable,
             "-m",
@@ -182,7 +184,7 @@ class _Run:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=err,
-                env={**os.environ, AGENT_ENV: agent_id},
+                env={**os.environ, **self.worker_env, AGENT_ENV: agent_id},
                 preexec_fn=_die_with_parent_hook(),  # noqa: PLW1509 - prctl only
             )
         self.procs.append(proc)
@@ -194,11 +196,14 @@ class _Run:
         return [w for w in self.workers.values() if w.proc.poll() is None and not w.stopped]
 
     async def wait_ready(self, ids: set[str]) -> None:
-        reg = Registry(self.r, self.cfg.namespace)
-        with anyio.fail_after(self.cfg.startup_timeout_s):
+        reg = Registry(self.r, self.settings.namespace)
+        with anyio.fail_after(self.settings.startup_timeout_s):
             while True:
-                got = {a.agent_id for a in await reg.agents(CAPABILITY, ready=True, state="active")}
-                if ids <= got:
+                ready = [
+                    {a.agent_id for a in await reg.agents(cap, ready=True, state="active")}
+                    for cap in self.capabilities
+                ]
+                if all(ids <= got for got in ready):
                     return
                 for i in ids:
                     p = self.workers[i].proc
@@ -228,6 +233,170 @@ class _Run:
                 except BadEnvelope:
                     pass
         return out
+
+    async def restart_redis(self) -> None:
+        assert self.server is not None
+        t = time.monotonic()
+        down_ms = now_ms()
+        self.redis_at.append(round(t - self.t0, 3))
+        await anyio.to_thread.run_sync(self.server.restart)
+        self.redis_outages.append(round(time.monotonic() - t, 3))
+        self.redis_windows.append((down_ms, now_ms()))
+        self.redis_done += 1
+
+    async def shutdown(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.kill(p.pid, signal.SIGCONT)
+                    p.kill()
+                except ProcessLookupError:
+                    pass
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+
+    # -- read-outs ---------------------------------------------------------------------
+    async def scan(self, match: str) -> list[str]:
+        return sorted({as_text(k) async for k in self.r.scan_iter(match=match, count=1000)})
+
+    async def leftovers(self) -> dict[str, int]:
+        inboxes = await admin.inbox_stats(
+            self.r, self.keys, await admin.inbox_agents(self.r, self.keys)
+        )
+        pending = sum(s.pending for s in inboxes)
+        entries = sum(s.queued for s in inboxes)
+        parked = 0
+        for cap in await self.r.smembers(self.keys.parked_caps):
+            parked += int(await self.r.xlen(self.keys.parked(as_text(cap))))
+        for cap in self.capabilities:
+            parked += int(await self.r.xlen(self.keys.parked(cap)))
+        return {
+            "pending": pending,
+            "entries": entries,
+            "parked": parked,
+            "delayed": int(await self.r.zcard(self.keys.delayed)),
+            "reroute": sum(
+                [int(await self.r.scard(self.keys.reroute_of(k))) for k in range(self.keys.shards)]
+            ),
+        }
+
+    async def records(self, keys: Sequence[str], capability: str = CAPABILITY) -> dict[str, _Rec]:
+        """What each key's idempotency record says (done, status, completion time...)."""
+        out: dict[str, _Rec] = {}
+        keys = list(keys)
+        for i in range(0, len(keys), 500):
+            chunk = keys[i : i + 500]
+            pipe = self.r.pipeline(transaction=False)
+            for k in chunk:
+                pipe.hmget(
+                    self.keys.idem(scoped_key(capability, k)),
+                    "done",
+                    "status",
+                    "updated_ms",
+                    "runs",
+                    "agent_id",
+                    "fence",
+                )
+            for k, (d, st, up, runs, agent, fence) in zip(chunk, await pipe.execute(), strict=True):
+                out[k] = _Rec(
+                    d == b"1",
+                    as_text(st or b""),
+                    int(up or 0),
+                    int(runs or 0),
+                    as_text(agent or b""),
+                    int(fence or 0),
+                )
+        return out
+
+    async def eviction_events(self) -> list[tuple[str, int]]:
+        """(agent_id, ts) of every eviction the registry recorded."""
+        return [
+            (as_text(f.get(b"agent_id", b"")), int(f.get(b"ts", 0)))
+            for k in range(self.keys.shards)
+            for _, f in await self.r.xrange(self.keys.events_of(k))
+            if f.get(b"type") == b"evicted"
+        ]
+
+    async def delivered(self, msg_ids: Sequence[str]) -> tuple[int, Counter[str]]:
+        """How many of ``msg_ids`` reached an inbox (their task pointer exists), and the
+        task statuses other than succeeded among them (each must read succeeded)."""
+        not_ok: Counter[str] = Counter()
+        deliveries = 0
+        for i in range(0, len(msg_ids), 500):
+            chunk = msg_ids[i : i + 500]
+            pipe = self.r.pipeline(transaction=False)
+            for m in chunk:
+                pipe.exists(self.keys.task(m))
+            present = [m for m, e in zip(chunk, await pipe.execute(), strict=True) if e]
+            deliveries += len(present)
+            for m in present:
+                status = (await get_status(self.r, self.keys, m)).status
+                if status != "succeeded":
+                    not_ok[status] += 1
+        return deliveries, not_ok
+
+    async def dead_letters(self, told: Mapping[str, str]) -> tuple[dict[str, int], list[str]]:
+        """Dead letters by reason, and those whose caller was not told (``told``: msg_id ->
+        the typed error its caller got): a dead letter is accounted for when the caller of
+        that very message was told and then retried."""
+        dead: dict[str, int] = {}
+        unaccounted: list[str] = []
+        for k in await self.scan(self.keys.dlq_pattern):
+            for _, f in await self.r.xrange(k):
+                reason = as_text(f.get(b"reason", b"?"))
+                dead[reason] = dead.get(reason, 0) + 1
+                if as_text(f.get(b"msg_id", b"")) not in told:
+                    unaccounted.append(f"{reason}:{as_text(f.get(b'msg_id', b''))}")
+        return dead, unaccounted
+
+    def log_markers(self) -> dict[str, int]:
+        marks = {
+            "fenced": b"late completion of ",
+            "inbox_moved": b"inbox of evicted agent ",
+            "re_registered": b"registration lost",
+            "read_failed": b"inbox read failed",
+        }
+        out = dict.fromkeys(marks, 0)
+        for p in self.logs.glob("*.log"):
+            data = p.read_bytes()
+            for name, m in marks.items():
+                out[name] += data.count(m)
+        return out
+
+
+class _Run(Cluster):
+    cfg: ChaosConfig
+
+    def __init__(self, cfg: ChaosConfig, on_progress: Callable[[dict[str, Any]], None] | None):
+        super().__init__(cfg, cfg.dir, (CAPABILITY,))
+        self.cfg = cfg
+        self.on_progress = on_progress
+        plan_rng = random.Random(cfg.seed)  # the plan: the same for the same seed
+        self.rng = random.Random(cfg.seed + 1)  # choices made during the run
+        self.specs = plan_messages(cfg, plan_rng)
+        n_events = cfg.kills + cfg.stops + cfg.redis_restarts
+        send_s = cfg.messages / cfg.max_rate
+        if cfg.rate > 0:
+            send_s = cfg.messages / cfg.rate
+        elif n_events:
+            send_s = max(send_s, n_events * cfg.event_gap_s)
+        self.send_s = send_s
+        self.events = plan_events(cfg, plan_rng, send_s)
+        self.outcomes = [_Outcome() for _ in self.specs]
+        self.next_id = cfg.workers
+        self.kill_log: list[KillRecord] = []
+        self.kill_keys: list[list[str]] = []
+        self.stop_log: list[tuple[int, list[str], int]] = []  # (stop_ms, keys, pid)
+        self.stop_windows: list[tuple[int, int, int]] = []  # (pid, stop_ms, cont_ms)
+        self.evictions: list[tuple[str, int]] = []
+        self.restarts = self.never = self.replacements = 0
+        self.started = self.finished = 0
+        self.stops_done = 0
+        self.phase = "starting"
+        self.done = anyio.Event()
 
     async def pick_victim(self, others_needed: int) -> tuple[_Worker | None, bool]:
         """A live worker with messages in flight, leaving ``others_needed`` live ones."""
@@ -311,14 +480,6 @@ class _Run:
         w.stopped = False
         self.stops_done += 1
 
-    async def restart_redis(self) -> None:
-        assert self.server is not None
-        t = time.monotonic()
-        self.redis_at.append(round(t - self.t0, 3))
-        await anyio.to_thread.run_sync(self.server.restart)
-        self.redis_outages.append(round(time.monotonic() - t, 3))
-        self.redis_done += 1
-
     # -- callers ------------------------------------------------------------------------
     async def produce(self, clients: list[Client], tg: anyio.abc.TaskGroup) -> None:
         limiter = anyio.Semaphore(self.cfg.inflight)
@@ -370,55 +531,6 @@ class _Run:
             limiter.release()
 
     # -- quiet and checks ---------------------------------------------------------------
-    async def scan(self, match: str) -> list[str]:
-        return sorted({as_text(k) async for k in self.r.scan_iter(match=match, count=1000)})
-
-    async def leftovers(self) -> dict[str, int]:
-        inboxes = await admin.inbox_stats(
-            self.r, self.keys, await admin.inbox_agents(self.r, self.keys)
-        )
-        pending = sum(s.pending for s in inboxes)
-        entries = sum(s.queued for s in inboxes)
-        parked = 0
-        for cap in await self.r.smembers(self.keys.parked_caps):
-            parked += int(await self.r.xlen(self.keys.parked(as_text(cap))))
-        parked += int(await self.r.xlen(self.keys.parked(CAPABILITY)))
-        return {
-            "pending": pending,
-            "entries": entries,
-            "parked": parked,
-            "delayed": int(await self.r.zcard(self.keys.delayed)),
-            "reroute": sum(
-                [int(await self.r.scard(self.keys.reroute_of(k))) for k in range(self.keys.shards)]
-            ),
-        }
-
-    async def records(self, keys: Sequence[str]) -> dict[str, _Rec]:
-        """What each key's idempotency record says (done, status, completion time...)."""
-        out: dict[str, _Rec] = {}
-        keys = list(keys)
-        for i in range(0, len(keys), 500):
-            chunk = keys[i : i + 500]
-            pipe = self.r.pipeline(transaction=False)
-            for k in chunk:
-                pipe.hmget(
-                    self.keys.idem(scoped_key(CAPABILITY, k)),
-                    "done",
-                    "status",
-                    "updated_ms",
-                    "runs",
-                    "agent_id",
-                )
-            for k, (d, st, up, runs, agent) in zip(chunk, await pipe.execute(), strict=True):
-                out[k] = _Rec(
-                    d == b"1",
-                    as_text(st or b""),
-                    int(up or 0),
-                    int(runs or 0),
-                    as_text(agent or b""),
-                )
-        return out
-
     async def quiet(self) -> float:
         """Wait until every key is done and the inboxes, parked and delayed sets are empty."""
         t = time.monotonic()
@@ -434,20 +546,6 @@ class _Run:
                     pass
                 await anyio.sleep(0.1)
         return time.monotonic() - t
-
-    def log_markers(self) -> dict[str, int]:
-        marks = {
-            "fenced": b"late completion of ",
-            "inbox_moved": b"inbox of evicted agent ",
-            "re_registered": b"registration lost",
-            "read_failed": b"inbox read failed",
-        }
-        out = dict.fromkeys(marks, 0)
-        for p in self.logs.glob("*.log"):
-            data = p.read_bytes()
-            for name, m in marks.items():
-                out[name] += data.count(m)
-        return out
 
     async def verify(self, quiet_s: float) -> ChaosReport:
         c = self.cfg
@@ -475,12 +573,7 @@ class _Run:
         restarted = sum(1 for k in keys if recs[k].claims > 1)
         # Evictions seen by the registry: a run whose agent was evicted while it ran is a
         # zombie's (its completion is fenced), like the SIGSTOPped worker's.
-        self.evictions = [
-            (as_text(f.get(b"agent_id", b"")), int(f.get(b"ts", 0)))
-            for k in range(self.keys.shards)
-            for _, f in await self.r.xrange(self.keys.events_of(k))
-            if f.get(b"type") == b"evicted"
-        ]
+        self.evictions = await self.eviction_events()
         overlapping = zombie = 0
         overlaps: list[str] = []
         for k, rs in runs_by_key.items():
@@ -494,21 +587,7 @@ class _Run:
                     else:
                         overlapping += 1
                         overlaps.append(f"{k}: {first} / {later}")
-        # Every msg_id that reached an inbox (its task pointer exists) must read succeeded.
-        not_ok: Counter[str] = Counter()
-        deliveries = 0
-        all_ids = [m for o in self.outcomes for m in o.msg_ids]
-        for i in range(0, len(all_ids), 500):
-            chunk = all_ids[i : i + 500]
-            pipe = self.r.pipeline(transaction=False)
-            for m in chunk:
-                pipe.exists(self.keys.task(m))
-            present = [m for m, e in zip(chunk, await pipe.execute(), strict=True) if e]
-            deliveries += len(present)
-            for m in present:
-                status = (await get_status(self.r, self.keys, m)).status
-                if status != "succeeded":
-                    not_ok[status] += 1
+        deliveries, not_ok = await self.delivered([m for o in self.outcomes for m in o.msg_ids])
         errors: Counter[str] = Counter()
         untyped: Counter[str] = Counter()
         for o in self.outcomes:
@@ -520,14 +599,7 @@ class _Run:
         # A dead letter is accounted for when the caller of that very message was told
         # (a typed error, e.g. DeadlineExceeded for an expired attempt) and then retried.
         told = {m: e for o in self.outcomes for m, e in o.failed.items()}
-        dead: dict[str, int] = {}
-        dead_unaccounted: list[str] = []
-        for k in await self.scan(self.keys.dlq_pattern):
-            for _, f in await self.r.xrange(k):
-                reason = as_text(f.get(b"reason", b"?"))
-                dead[reason] = dead.get(reason, 0) + 1
-                if as_text(f.get(b"msg_id", b"")) not in told:
-                    dead_unaccounted.append(f"{reason}:{as_text(f.get(b'msg_id', b''))}")
+        dead, dead_unaccounted = await self.dead_letters(told)
         # Recovery after each kill: until the last message in its inbox at the kill completed.
         for rec, ks in zip(self.kill_log, self.kill_keys, strict=True):
             done_at = [recs[k].updated_ms for k in ks if k in recs and recs[k].done]
@@ -732,20 +804,6 @@ class _Run:
                 self.server.stop()
             if ok and not c.keep and not c.dir:
                 shutil.rmtree(self.dir, ignore_errors=True)
-
-    async def shutdown(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                try:
-                    os.kill(p.pid, signal.SIGCONT)
-                    p.kill()
-                except ProcessLookupError:
-                    pass
-        for p in self.procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
 
 
 async def run_chaos(

@@ -5,10 +5,12 @@ Both are drawn from the run's seed, so one seed gives the same run (tests check 
 
 from __future__ import annotations
 
+import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
-from .agent import DEFAULT_AGENT
+from .agent import DEFAULT_AGENT, DEPLOY_AGENT
 
 
 @dataclass
@@ -58,13 +60,14 @@ class MessageSpec:
 
     i: int
     key: str
-    kind: str  # request | send
+    kind: str  # request | send (| stream in the rolling-deploy scenario)
     priority: str
     session: str
     sleep_ms: int
     n: int
     deadline_s: float
     dup: bool
+    chunks: int = 0  # streams: the chunks its handler yields
 
 
 def plan_messages(cfg: ChaosConfig, rng: random.Random) -> list[MessageSpec]:
@@ -122,3 +125,107 @@ def plan_events(cfg: ChaosConfig, rng: random.Random, send_s: float) -> list[Cha
             ev.delay = round(rng.uniform(*delays[ev.fate]), 3)
         out.append(ev)
     return out
+
+
+# -- the rolling-deploy scenario ------------------------------------------------------------
+@dataclass
+class DeployConfig:
+    """One rolling-deploy run. Defaults are the medium run; :meth:`short` the CI one."""
+
+    workers: int = 4
+    rounds: int = 2  # times every worker is replaced
+    kills: int = 3  # worker SIGKILLs among the replacements
+    redis_restarts: int = 1
+    seed: int = 1
+    rate: float = 25.0  # messages/s, for as long as the deploy goes on
+    request_share: float = 0.6  # the rest: streams (stream_share) and fire-and-forget sends
+    stream_share: float = 0.2
+    session_share: float = 0.1
+    dup_share: float = 0.02
+    sessions: int = 40
+    min_sleep_ms: int = 50  # handler times are log-uniform in [min, max]
+    max_sleep_ms: int = 5000
+    max_chunks: int = 8  # a stream yields 2..max_chunks chunks over its handler time
+    deadline_s: tuple[float, float] = (30.0, 60.0)
+    callers: int = 2
+    inflight: int = 64
+    concurrency: int = 16
+    heartbeat_s: float = 0.2
+    lease_s: float = 1.0
+    evict_after_s: float = 2.0
+    sweep_interval_s: float = 0.2
+    gap_s: float = 0.5  # between one replacement (or kill) and the next step
+    busy_wait_s: float = 3.0  # how long a step waits for its worker to have work in flight
+    tail_s: float = 3.0  # load goes on this long after the last step
+    drain_bound_s: float = 20.0  # a SIGTERMed worker must have exited this long after
+    quiet_timeout_s: float = 120.0
+    caller_give_up_s: float = 180.0
+    startup_timeout_s: float = 60.0
+    agent: str = DEPLOY_AGENT
+    namespace: str = "chaos"
+    dir: str | None = None
+    keep: bool = False
+    cwd: str | None = None
+
+    @classmethod
+    def short(cls, **over: Any) -> DeployConfig:
+        """The CI form (about a minute on a busy 2-core machine): 3 workers replaced twice,
+        2 SIGKILLs, 1 Redis restart, 15 messages/s."""
+        return replace(cls(workers=3, kills=2, rate=15.0, gap_s=0.3), **over)
+
+
+@dataclass
+class DeployStep:
+    """One step of a rolling deploy: replace a worker (a new one started and ready, then
+    SIGTERM to the old one), SIGKILL one, or restart Redis."""
+
+    kind: str  # replace | kill | redis
+    slot: int = -1  # replace: the worker slot whose worker is replaced
+    round: int = 0  # replace: which pass over the workers
+    fate: str = ""  # kill: same_id (restarted with its agent id) | new_id (a new one)
+
+
+def plan_deploy(cfg: DeployConfig, rng: random.Random) -> list[DeployStep]:
+    """The steps: every worker replaced in turn, ``rounds`` times; the SIGKILLs at drawn
+    places in between (never first: the deploy is under way), each Redis restart right
+    after a replacement (its worker is draining then). Kills alternate between a restart
+    with the same agent id and a new one."""
+    steps = [DeployStep("replace", s, r) for r in range(cfg.rounds) for s in range(cfg.workers)]
+    for j in range(cfg.kills):
+        fate = "same_id" if j % 2 == 0 else "new_id"
+        steps.insert(rng.randint(1, len(steps)), DeployStep("kill", fate=fate))
+    for _ in range(cfg.redis_restarts):
+        after = [
+            i + 1
+            for i, st in enumerate(steps)
+            if st.kind == "replace" and (i + 1 == len(steps) or steps[i + 1].kind != "redis")
+        ]
+        steps.insert(rng.choice(after or [len(steps)]), DeployStep("redis"))
+    return steps
+
+
+def deploy_message(
+    cfg: DeployConfig, rng: random.Random, i: int, earlier: list[MessageSpec]
+) -> MessageSpec:
+    """Message ``i`` of a rolling-deploy run (drawn from ``rng``: one seed, one sequence).
+    Handler times are log-uniform in [min_sleep_ms, max_sleep_ms], so most are short and
+    some run for seconds, as real agents' do; a share reuses an earlier key of its kind."""
+    x = rng.random()
+    kind = (
+        "request"
+        if x < cfg.request_share
+        else "stream"
+        if x < cfg.request_share + cfg.stream_share
+        else "send"
+    )
+    prio = rng.choices(("high", "normal", "low"), weights=(2, 6, 2))[0]
+    dl = rng.uniform(*cfg.deadline_s)
+    same = [o for o in earlier[-200:] if o.kind == kind and not o.dup]
+    if i > 20 and same and rng.random() < cfg.dup_share:
+        o = same[rng.randrange(len(same))]
+        return MessageSpec(i, o.key, kind, prio, o.session, o.sleep_ms, o.n, dl, True, o.chunks)
+    session = f"s{rng.randrange(cfg.sessions)}" if rng.random() < cfg.session_share else ""
+    lo, hi = math.log(cfg.min_sleep_ms), math.log(max(cfg.min_sleep_ms, cfg.max_sleep_ms))
+    sleep_ms = round(math.exp(rng.uniform(lo, hi)))
+    chunks = rng.randint(2, max(2, cfg.max_chunks)) if kind == "stream" else 0
+    return MessageSpec(i, f"k{i}", kind, prio, session, sleep_ms, i, dl, False, chunks)

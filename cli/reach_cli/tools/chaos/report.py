@@ -85,6 +85,7 @@ class ChaosReport:
     data_dir: str | None
     kill_log: list[dict[str, Any]] = field(default_factory=list)
     log_markers: dict[str, int] = field(default_factory=dict)
+    scenario: str = "crash"
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -199,6 +200,211 @@ def format_report(r: ChaosReport) -> str:
             "wall time",
             (f"{r.wall_s:.1f} s (sending {r.send_phase_s:.0f} s, quiet {r.quiet_s:.2f} s)"),
         ),
+    ]
+    w = max(len(a) for a, _ in rows)
+    lines = [f"{a:<{w}}  {b}" for a, b in rows]
+    lines += [f"VIOLATION: {x}" for x in r.violations]
+    if not r.ok:
+        lines.append(f"data and worker logs kept in {r.data_dir}")
+    return "\n".join(lines)
+
+
+# -- the rolling-deploy scenario ------------------------------------------------------------
+@dataclass
+class DrainRecord:
+    """One worker replaced: its successor was started and ready, then it got SIGTERM; what
+    it held then, and how its drain ended."""
+
+    agent_id: str
+    pid: int
+    replaced_by: str
+    round: int
+    at_s: float  # since the load started
+    sigterm_ms: int
+    mid_handler: bool  # it had unsettled (pending) entries at the SIGTERM
+    inbox: int  # messages in its inbox at the SIGTERM (pending + unread)
+    exit_code: int | None = None  # None: it had not exited by the end of the run
+    drain_s: float | None = None  # SIGTERM -> process exit
+    runs_in_flight: int = 0  # handler runs of its pid going on at the SIGTERM
+    longest_left_s: float = 0.0  # of those, the longest time still to run after it
+
+
+@dataclass
+class DeployReport:
+    """What one rolling-deploy run measured and checked; ``ok`` is False when any pass
+    criterion failed (``violations`` says which, with examples)."""
+
+    ok: bool
+    violations: list[str]
+    scenario: str
+    config: dict[str, Any]
+    messages: int
+    requests: int
+    sends: int
+    streams: int
+    keys: int
+    sent_twice: int
+    deliveries: int
+    replacements: int  # SIGTERMs, each after the successor was ready
+    sigterms_mid_handler: int
+    runs_in_flight_at_sigterm: int
+    runs_started_after_sigterm: int  # by a worker after its own SIGTERM (read ahead)
+    drain_p50_s: float | None
+    drain_max_s: float | None
+    drain_exit_codes: dict[str, int]  # exit code (or "running") -> workers
+    kills: int
+    kills_mid_handler: int
+    redis_restarts: int
+    redis_outage_s: list[float]
+    redis_restart_at_s: list[float]
+    lost: int  # keys not done and succeeded, or without their side effect
+    effects: int
+    duplicate_side_effects: int
+    runs: int  # handler runs started (the ledger's count)
+    keys_run_more_than_once: int
+    runs_cut_by_kill: int  # runs whose worker was SIGKILLed while they ran (re-run: fine)
+    runs_failed: dict[str, int]  # runs ended by an exception (retried: fine), by its name
+    runs_cancelled_by_drain: int  # runs cancelled after their worker's SIGTERM
+    unexplained_runs: int  # a key's runs besides its completing one, not cut by a SIGKILL
+    keys_completed_twice: int  # keys whose handler ran to its end more than once
+    unfinished_runs: int  # runs that never ended, their worker not SIGKILLed
+    overlapping_runs: int  # two runs of one message at once
+    evictions: int
+    fenced_late_completions: int
+    callers_answered: int
+    answered_first_try: int
+    caller_errors: dict[str, int]
+    deadline_exceeded: int
+    untyped_errors: dict[str, int]
+    wrong_results: int
+    streams_chunks_wrong: int  # streams whose chunks were not 0..n-1, each once, in order
+    callers_gave_up: int
+    not_succeeded: dict[str, int]
+    pending_left: int
+    inbox_entries_left: int
+    parked_left: int
+    delayed_left: int
+    reroute_left: int
+    dead_letters: dict[str, int]
+    dead_letters_unaccounted: int
+    recovery_p50_s: float | None  # after a SIGKILL: until its inbox's messages completed
+    recovery_max_s: float | None
+    load_avg_max_1m: float  # the machine's load average, sampled during the run
+    load_avg_end: list[float]  # 1, 5 and 15 minutes, at the end
+    load_s: float  # how long the load ran
+    quiet_s: float
+    wall_s: float
+    data_dir: str | None
+    drain_log: list[dict[str, Any]] = field(default_factory=list)
+    kill_log: list[dict[str, Any]] = field(default_factory=list)
+    examples: dict[str, list[str]] = field(default_factory=dict)  # per violation kind
+    log_markers: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+
+def format_deploy_report(r: DeployReport) -> str:
+    """The rolling-deploy report as aligned text: the pass criteria first, then the
+    figures, then one line per violated criterion."""
+
+    def sec(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f} s"
+
+    def ok(good: bool) -> str:
+        return "ok" if good else "FAILED"
+
+    errs = ", ".join(f"{k} {v}" for k, v in sorted(r.caller_errors.items())) or "none"
+    codes = ", ".join(f"{k}: {v}" for k, v in sorted(r.drain_exit_codes.items())) or "-"
+    fates = Counter(k["fate"] for k in r.kill_log)
+    calls = r.requests + r.streams + r.sends
+    rows = [
+        ("result", "PASS" if r.ok else "FAIL"),
+        (
+            "0 lost",
+            (
+                f"{ok(r.lost == 0 and not r.not_succeeded)}: {r.lost} lost "
+                f"({r.effects} side effects for {r.keys} keys)"
+            ),
+        ),
+        (
+            "every caller answered",
+            (
+                f"{ok(r.callers_gave_up == 0 and r.deadline_exceeded == 0 and not r.wrong_results)}:"
+                f" {r.callers_answered} of {calls} ({r.answered_first_try} at the first try; "
+                f"{r.deadline_exceeded} DeadlineExceeded, {r.wrong_results} wrong results, "
+                f"{r.streams_chunks_wrong} streams with wrong chunks)"
+            ),
+        ),
+        (
+            "each key's handler run once",
+            (
+                f"{ok(not (r.unexplained_runs or r.unfinished_runs or r.runs_cancelled_by_drain))}: "
+                f"{r.runs} runs for "
+                f"{r.keys} keys; {r.unexplained_runs} runs again without a SIGKILL, "
+                f"{r.runs_cut_by_kill} cut by a SIGKILL and run again, "
+                f"{sum(r.runs_failed.values())} failed and retried, {r.runs_cancelled_by_drain} "
+                f"cancelled by a drain, {r.keys_completed_twice} "
+                f"keys ran to their end twice, {r.unfinished_runs} runs never ended"
+            ),
+        ),
+        (
+            "no message on two agents at once",
+            f"{ok(r.overlapping_runs == 0)}: {r.overlapping_runs} overlapping runs",
+        ),
+        (
+            "messages",
+            (
+                f"{r.messages} ({r.requests} requests, {r.streams} streams, {r.sends} sends; "
+                f"{r.keys} keys, {r.sent_twice} sent twice under one key) over {r.load_s:.0f} s"
+            ),
+        ),
+        ("deliveries", f"{r.deliveries} msg_ids reached an inbox (caller retries included)"),
+        (
+            "replaced by SIGTERM",
+            (
+                f"{r.replacements} workers, each after its successor was ready "
+                f"({r.sigterms_mid_handler} with entries in flight, {r.runs_in_flight_at_sigterm} "
+                f"handler runs going on at their SIGTERM, {r.runs_started_after_sigterm} started "
+                "after it)"
+            ),
+        ),
+        (
+            "drain (SIGTERM to exit)",
+            f"p50 {sec(r.drain_p50_s)}, max {sec(r.drain_max_s)}; exit codes {codes}",
+        ),
+        (
+            "worker SIGKILLs",
+            (
+                f"{r.kills} ({r.kills_mid_handler} mid-handler; {fates['same_id']} restarted with "
+                f"their id, {fates['new_id']} replaced by a new id); recovery p50 "
+                f"{sec(r.recovery_p50_s)}, max {sec(r.recovery_max_s)}"
+            ),
+        ),
+        (
+            "Redis restarts",
+            (
+                f"{r.redis_restarts} (SIGKILL + AOF restart, outage "
+                f"{', '.join(f'{x:.2f} s' for x in r.redis_outage_s) or '-'})"
+            ),
+        ),
+        ("evictions", f"{r.evictions}; fenced late completions {r.fenced_late_completions}"),
+        ("caller errors (typed)", f"{errs} — each retried under its key until answered"),
+        ("untyped errors", str(sum(r.untyped_errors.values()))),
+        ("pending left", str(r.pending_left)),
+        ("inbox/parked/delayed left", f"{r.inbox_entries_left}/{r.parked_left}/{r.delayed_left}"),
+        (
+            "dead letters",
+            f"{sum(r.dead_letters.values())} ("
+            + "".join(f"{k} {v}, " for k, v in sorted(r.dead_letters.items()))
+            + f"{r.dead_letters_unaccounted} whose caller was not told)",
+        ),
+        (
+            "load average",
+            f"max {r.load_avg_max_1m:.2f} (1 min) during the run; at the end "
+            + " / ".join(f"{x:.2f}" for x in r.load_avg_end),
+        ),
+        ("wall time", f"{r.wall_s:.1f} s (load {r.load_s:.0f} s, quiet {r.quiet_s:.2f} s)"),
     ]
     w = max(len(a) for a, _ in rows)
     lines = [f"{a:<{w}}  {b}" for a, b in rows]
