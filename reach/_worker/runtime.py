@@ -646,6 +646,9 @@ class Runtime:
                 await self._drain(liveness, settlement, execution, pool)
                 tg.cancel_scope.cancel()  # every outcome settled (or given up): no settle cut
         finally:
+            if st.plain.running:  # stopped at once (a second signal) while one runs
+                with anyio.CancelScope(shield=True):
+                    await self._wait_plain()
             hooks.on_stop(st)
             liveness.stop_heartbeat()
             await liveness.leave()
@@ -680,11 +683,11 @@ class Runtime:
             await pool.stop(CANCEL_WAIT_S)
             if st.inflight:
                 log.error(
-                    "%d handlers did not end when cancelled (a plain function in a thread, "
-                    "or one that ignores cancellation): they may still be running when "
-                    "their messages run again",
+                    "%d handlers did not end when cancelled (they ignore cancellation): "
+                    "they may still be running when their messages run again",
                     st.inflight,
                 )
+            await self._wait_plain()
         left = await settlement.settle_rest(retry_s=SETTLE_RETRY_S)
         if left:
             log.error(
@@ -693,6 +696,24 @@ class Runtime:
                 left,
                 SETTLE_RETRY_S,
             )
+
+    async def _wait_plain(self) -> None:
+        """Plain handlers go on in their threads when cancelled: the agent stays
+        registered (draining, its heartbeats going) until they return, so that their
+        messages, left pending, do not run elsewhere meanwhile; their results are
+        dropped (those messages run again). Only SIGKILL ends the wait (the agent is then
+        evicted after ``evict_after_s``, the threads gone with the process)."""
+        plain = self.state.plain
+        if not plain.running:
+            return
+        log.warning(
+            "%d plain (non-async) handlers cannot be cancelled: waiting for them to "
+            "return before leaving (SIGKILL to stop now)",
+            plain.running,
+        )
+        while plain.running:  # polled: a thread cannot wake the loop
+            self.state.loop_tick = time.monotonic()  # the ticker may be cancelled already
+            await anyio.sleep(0.1)
 
 
 CANCEL_WAIT_S = 5.0

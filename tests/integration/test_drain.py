@@ -13,6 +13,7 @@ import signal
 import subprocess
 from collections.abc import Iterator
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -301,3 +302,44 @@ async def test_entries_read_ahead_but_not_started_are_handed_back(
     assert sorted(started.values()) == [1, 1], "each ran once"
     assert await effects(r, ns, "drain.overlap") == {}
     await assert_left_clean(r, reg, "sleeper-a")
+
+
+async def test_plain_handler_past_the_grace_never_overlaps_its_second_run(
+    workers: Workers, r: AnyRedis, redis_url: str, ns: str, tmp_path: Path
+) -> None:
+    """A plain (non-async) handler runs in a thread, which the end of the grace cannot
+    cancel. The worker stays registered, draining, until the thread returns, and leaves
+    only then: the message, left pending, runs again on the peer after the first run
+    ended, never beside it. Before, the worker deregistered at once and the peer ran the
+    message while the first run was still in its thread."""
+    reg = Registry(r, ns)
+    procs = await start(workers, reg, ["sleeper-a", "sleeper-b"], "--drain-s", "0.5")
+    runs = tmp_path / "runs.log"
+    runs.touch()
+    got: list[Any] = []
+    async with Client(redis_url=redis_url, namespace=ns) as c:
+        async with anyio.create_task_group() as tg:
+
+            async def call() -> None:
+                payload = {"seconds": 3, "log": str(runs)}
+                got.append(await c.request("test.sleep_plain", payload, timeout_s=60))
+
+            tg.start_soon(call)
+
+            async def first() -> str:
+                lines = runs.read_text().split()
+                return lines[1] if lines else ""
+
+            agent = await wait_until(first, what="the plain handler started")
+            procs[agent].send_signal(signal.SIGTERM)
+        peer = "sleeper-b" if agent == "sleeper-a" else "sleeper-a"
+        assert got == [{"agent": peer, "slept": 3}]
+        assert procs[agent].wait(timeout=30) == 0
+    lines = [line.split() for line in runs.read_text().splitlines()]
+    assert [(what, who) for what, who, _ in lines] == [
+        ("start", agent),
+        ("end", agent),
+        ("start", peer),
+        ("end", peer),
+    ], "the second run starts after the first one ended"
+    await assert_left_clean(r, reg, agent)
