@@ -646,8 +646,11 @@ class Runtime:
                 await self._drain(liveness, settlement, execution, pool)
                 tg.cancel_scope.cancel()  # every outcome settled (or given up): no settle cut
         finally:
-            if st.plain.running:  # stopped at once (a second signal) while one runs
-                with anyio.CancelScope(shield=True):
+            with anyio.CancelScope(shield=True):
+                if settlement.pending:  # stopped at once (a second signal): what is
+                    # computed already is written, briefly; the rest runs again
+                    await settlement.settle_rest(retry_s=STOP_SETTLE_S)
+                if st.plain.running:  # a thread goes on whatever the signal
                     await self._wait_plain()
             hooks.on_stop(st)
             liveness.stop_heartbeat()
@@ -715,6 +718,10 @@ class Runtime:
             self.state.loop_tick = time.monotonic()  # the ticker may be cancelled already
             await anyio.sleep(0.1)
 
+
+STOP_SETTLE_S = 1.0
+"""Stopped at once (a second signal): how long outcomes already computed may take to be
+written before the worker leaves them."""
 
 CANCEL_WAIT_S = 5.0
 """At the end of the drain grace, how long the cancelled handlers get to end."""
