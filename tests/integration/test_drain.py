@@ -19,9 +19,10 @@ import anyio
 import pytest
 
 from reach.client import Client
-from reach.connection import AnyRedis
+from reach.connection import AnyRedis, connect
 from reach.registry import Registry
 from tests.support.agents_messaging import effects
+from tests.support.cluster import RedisTestCluster
 from tests.support.draining import assert_left_clean, assert_ran_once, running, start
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
@@ -150,3 +151,34 @@ async def test_entries_read_ahead_but_not_started_are_handed_back(
     assert sorted(started.values()) == [1, 1], "each ran once"
     assert await effects(r, ns, "drain.overlap") == {}
     await assert_left_clean(r, reg, "sleeper-a")
+
+
+@pytest.mark.cluster
+async def test_sigterm_mid_handler_on_a_cluster(redis_cluster: RedisTestCluster, ns: str) -> None:
+    """The same drain on a 3-master Redis Cluster (settling is pipelined per slot there),
+    a peer beside the worker: the result reaches the caller, the handler ran once."""
+    url = redis_cluster.url
+    w = Workers(url, ns, "tests.support.agents_lifecycle")
+    r = await connect(url)
+    try:
+        reg = Registry(r, ns)
+        procs = await start(w, reg, ["sleeper-a", "sleeper-b"])
+        got: list[Any] = []
+        async with Client(redis_url=url, namespace=ns) as c:
+            async with anyio.create_task_group() as tg:
+
+                async def call() -> None:
+                    got.append(await c.request("test.sleep", {"seconds": 2}, timeout_s=30))
+
+                tg.start_soon(call)
+                key, agent = await running(r, ns, "sleep")
+                procs[agent].send_signal(signal.SIGTERM)
+            assert got == [{"agent": agent, "slept": 2}]
+            assert procs[agent].wait(timeout=30) == 0
+            status = await c.task(key)
+            assert (status.status, status.runs) == ("succeeded", 1)
+        await assert_ran_once(r, ns, "sleep", key)
+        await assert_left_clean(r, reg, agent)
+    finally:
+        w.stop_all()
+        await r.aclose()
