@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from reach import Agent, Context
+from reach import Agent, Context, Reject
 
 
 def blocker() -> Agent:
@@ -26,5 +26,9 @@ def plain() -> Agent:
     @app.handler("test.plain")
     async def handle(payload: Any, ctx: Context) -> Any:
         return payload
+
+    @app.handler("test.other")
+    async def refuse(payload: Any, ctx: Context) -> Any:
+        raise Reject("test.other refuses every message")
 
     return app
