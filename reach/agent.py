@@ -23,6 +23,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypedDict, Unpack
 
+import msgspec
+import msgspec.inspect
+
 from ._emitting import streamed
 from ._worker.runtime import Runtime
 from .config import resolve_redis_url
@@ -68,7 +71,23 @@ def _payload_type(fn: Handler) -> Any:
     if not params:
         return Any
     t = hints.get(params[0], Any)
-    return Any if t in (dict, typing.Any, object) else t
+    if t in (typing.Any, object):
+        return Any
+    # A type msgspec cannot validate into would fail every message: refuse it now.
+    try:
+        info = msgspec.inspect.type_info(t)
+        why = "a class msgspec cannot build" if isinstance(info, msgspec.inspect.CustomType) else ""
+    except TypeError as e:
+        why = str(e)
+    if why:
+        name = getattr(fn, "__qualname__", repr(fn))
+        raise ConfigError(
+            f"Handler {name}: its payload annotation {t!r} is not a type reach can "
+            f"validate payloads into ({why}). Annotate the payload with a msgspec Struct, a "
+            "dataclass, a TypedDict, dict, list or a builtin type, or with typing.Any to "
+            "take it as decoded."
+        ) from None
+    return t
 
 
 @dataclass
@@ -384,6 +403,7 @@ class Agent:
         opts = (options or RuntimeOptions()).replace(**overrides)
         # redis_url=, else REACH_REDIS_URL, else reach.toml/.reach/config (reach.config)
         opts = opts.replace(redis_url=resolve_redis_url(opts.redis_url))
+        self.check_handlers()
         await warn_once(opts.redis_url or "")  # eviction, persistence: once per process
         signing = worker_signing(opts)
         rt = Runtime(self, opts, self.hooks)
@@ -395,6 +415,19 @@ class Agent:
         finally:
             unregister_worker(opts.namespace, self.agent_id, signing)
             self._runtime = None
+
+    def check_handlers(self) -> None:
+        """Refuse (:class:`ConfigError`) an agent that declares a capability without a
+        handler for it: it would be routed messages it can only dead-letter."""
+        missing = [c for c in self.capabilities if c not in self.handlers]
+        if missing:
+            names = ", ".join(repr(c) for c in missing)
+            raise ConfigError(
+                f"Agent {self.agent_id!r} declares {names} but has no handler for "
+                f"{'it' if len(missing) == 1 else 'them'}: decorate a function with "
+                f"@app.handler({missing[0]!r}) (app: this reach.Agent), or remove "
+                f"{'it' if len(missing) == 1 else 'them'} from capabilities=[...]."
+            )
 
     def stop(self) -> None:
         """Ask a running agent to drain and stop (thread-safe)."""

@@ -505,7 +505,7 @@ class Execution(Part):
                 try:
                     payload = decode_payload(env.payload, spec.payload_type)
                 except (msgspec.ValidationError, msgspec.DecodeError) as e:
-                    outcome = oc.invalid_payload(e)
+                    outcome = oc.invalid_payload(e, spec.payload_type)
                 else:
                     run = ctx._cancel = self.cancels.begin(it.idem, env.msg_id)
                     if env.priority == "low" and self.opts.preempt_after_s is not None:

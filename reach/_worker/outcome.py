@@ -88,9 +88,13 @@ def no_handler(env: Envelope, agent_id: str) -> Outcome:
     )
 
 
-def invalid_payload(exc: Exception) -> Outcome:
-    """The payload does not fit the type the handler's first parameter is annotated with."""
-    return Outcome(Status.DEAD, DeadReason.INVALID_PAYLOAD, str(exc), "ValidationError")
+def invalid_payload(exc: Exception, expected: Any = None) -> Outcome:
+    """The payload does not fit ``expected``, the type the handler's first parameter is
+    annotated with: dead at once (another attempt would get the same bytes). msgspec's
+    message names the field (``- at `$.items[2].qty```)."""
+    name = getattr(expected, "__name__", None) or repr(expected)
+    why = f"payload does not fit {name}: {exc}" if expected is not None else str(exc)
+    return Outcome(Status.DEAD, DeadReason.INVALID_PAYLOAD, why, "ValidationError")
 
 
 def returned(result: Any) -> Outcome:

@@ -46,7 +46,7 @@ def cli(url: str, ns: str, *args: str) -> tuple[int, str, str]:
 
 @pytest.fixture
 def plain_worker(redis_url: str, ns: str) -> Iterator[None]:
-    """plain-1 (test.plain echoes; test.other has no handler: its messages dead-letter),
+    """plain-1 (test.plain echoes; test.other refuses: its messages dead-letter),
     after 3 echoes and 1 dead letter."""
     cmd = [
         sys.executable,

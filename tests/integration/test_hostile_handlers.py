@@ -5,19 +5,22 @@ is retried, then dead-lettered with what it did) and every worker goes on servin
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 
 from reach.client import Client
 from reach.connection import AnyRedis
-from reach.errors import NoAgentAvailable
+from reach.errors import NoAgentAvailable, Rejected
 from reach.keys import Keys
 from reach.registry import Registry
 from tests.support.agents_hostile import EXCEPTIONS
 from tests.support.waiting import wait_until
-from tests.support.workers import Workers
+from tests.support.workers import ROOT, Workers
 
 pytestmark = pytest.mark.anyio
 
@@ -101,3 +104,70 @@ async def test_a_handler_raising_base_exception_fails_its_message_not_the_worker
             st = await c.task(msg_id)
             assert st.status == "dead" and st.runs == 3, (name, st)
         await serving(c, workers, *names)
+
+
+# -- mistakes that fail at start, or at once --------------------------------------------
+@pytest.mark.parametrize(
+    ("cap", "payload", "says"),
+    [
+        ("typed.dict", [1, 2, 3], "Expected `object`, got `array`"),
+        ("typed.struct", {"x": "one", "y": 2}, "at `$.x`"),
+        ("typed.typeddict", {"name": "n"}, "missing required field `count`"),
+        ("typed.dataclass", {"sku": 7, "qty": 1}, "at `$.sku`"),
+    ],
+)
+async def test_a_payload_that_does_not_fit_the_annotation_is_dead_at_once(
+    workers: Workers, redis_url: str, ns: str, r: AnyRedis, cap: str, payload: Any, says: str
+) -> None:
+    workers.start("typed")
+    async with Client(redis_url=redis_url, namespace=ns, slow_start_s=0) as c:
+        await ready(c, cap, {"typed"})
+        key = f"{cap}-bad"
+        with pytest.raises(Rejected) as got:
+            await c.request(cap, payload, idempotency_key=key, max_attempts=3, timeout_s=30)
+        # Before the fix a `payload: dict` handler got the list: AttributeError three
+        # times (retried with backoff), then max_attempts.
+        assert got.value.reason == "invalid_payload", got.value
+        assert says in str(got.value), str(got.value)
+        (letter,) = (await dead_letters(r, ns, cap)).values()
+        assert letter["reason"] == "invalid_payload" and letter["attempts"] == "1", letter
+        assert says in letter["error"], letter
+        assert await runs_of(r, ns, key) == 0  # the handler never saw it
+        good = {
+            "typed.dict": {"b": 1, "a": 2},
+            "typed.struct": {"x": 1, "y": 2},
+            "typed.typeddict": {"name": "ab", "count": 2},
+            "typed.dataclass": {"sku": "s", "qty": 4},
+        }[cap]
+        assert await c.request(cap, good, timeout_s=30) in (["a", "b"], 3, "abab", 4)
+
+
+def test_a_capability_without_a_handler_refuses_to_start(redis_url: str, ns: str) -> None:
+    # Before the fix the worker started, advertised half.missing, and dead-lettered each of
+    # its messages `no_handler`.
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "reach_cli.app",
+            "worker",
+            "tests.support.agents_hostile:half",
+            "--redis-url",
+            redis_url,
+            "--namespace",
+            ns,
+        ],
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 2, (out.returncode, out.stderr)
+    assert "'half.missing'" in out.stderr and "@app.handler('half.missing')" in out.stderr
+    r = redis.Redis.from_url(redis_url)
+    try:
+        assert r.exists(Keys(ns).agent("half")) == 0  # never registered
+    finally:
+        r.close()

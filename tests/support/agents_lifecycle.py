@@ -8,7 +8,7 @@ from typing import Any
 
 import anyio
 
-from reach import Agent, Context
+from reach import Agent, Context, Reject
 from tests.support.agents_messaging import bump
 
 
@@ -30,6 +30,10 @@ def plain() -> Agent:
     @app.handler("test.plain")
     async def handle(payload: Any, ctx: Context) -> Any:
         return payload
+
+    @app.handler("test.other")
+    async def refuse(payload: Any, ctx: Context) -> Any:
+        raise Reject("test.other refuses every message")
 
     return app
 
