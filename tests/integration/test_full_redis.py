@@ -20,6 +20,7 @@ import anyio
 import pytest
 from redis import exceptions as rexc
 
+from reach import Agent, Context
 from reach.client import Client
 from reach.connection import AnyRedis, connect
 from reach.embedded import RedisServer
@@ -30,6 +31,7 @@ from reach.registry import Registry
 from reach.scripts import delivery
 from reach.sweeper import move_due, release_parked, reroute_evicted
 from reach.tasks import dead_letter_op
+from tests.support.agents_messaging import FAST, wait_eligible
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
 
@@ -304,3 +306,62 @@ async def test_send_and_request_raise_redis_full(
 
         await mem.free()
         assert await c.request("rec.work", {"sleep_s": 0}, timeout_s=30) == "rec-1"
+
+
+async def test_messages_held_through_an_outage_wait_while_redis_is_full(
+    fresh_redis: RedisServer, ns: str
+) -> None:
+    """Sends a Client accepted into its outage buffer while Redis was away, and Redis
+    comes back full: the flush is refused with RedisFull, and the messages stay held (they
+    were dropped as failed sends); once memory is freed every one is delivered."""
+    seen: list[int] = []
+    agent = Agent("held-1", capabilities=["test.held"])
+
+    @agent.handler("test.held")
+    async def handle(payload: dict[str, int], ctx: Context) -> int:
+        seen.append(payload["i"])
+        return payload["i"]
+
+    # Leases long enough for the outage and the full spell: the agent stays routable.
+    opts = {**FAST, "heartbeat_s": 1.0, "lease_s": 30.0, "evict_after_s": 60.0}
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: agent.run(redis_url=fresh_redis.url, namespace=ns, **opts))
+        async with Client(redis_url=fresh_redis.url, namespace=ns) as c:
+            await wait_eligible(c, "test.held", ["held-1"])
+            r = c.redis
+            ballast = [f"ballast:{ns}:{i}" for i in range(100)]
+            for key in ballast:
+                await r.set(key, b"x" * BALLAST_BYTES)
+            used = int((await r.info("memory"))["used_memory"])
+            await anyio.to_thread.run_sync(fresh_redis.kill)
+            for i in range(5):
+                await c.send("test.held", {"i": i})
+            assert len(c.pending_local()) == 5
+            # Back with its data (AOF) and a maxmemory it is already over.
+            fresh_redis.extra_args = (
+                *fresh_redis.extra_args,
+                "--maxmemory-policy",
+                "noeviction",
+                "--maxmemory",
+                str(used - 2 * MARGIN_BYTES),
+            )
+            await anyio.to_thread.run_sync(fresh_redis.start)
+
+            async def refused() -> bool:
+                with contextlib.suppress(rexc.RedisError):
+                    info = await r.info("stats")
+                    return int(info.get("total_error_replies", 0)) > 0
+                return False
+
+            await wait_until(refused, timeout_s=20, what="Redis refusing the flush")
+            await anyio.sleep(1.0)  # the flusher tries again and again meanwhile
+            assert len(c.pending_local()) == 5, "held messages dropped while Redis was full"
+            assert seen == []
+
+            await r.delete(*ballast)
+            with anyio.fail_after(30):
+                while len(seen) < 5:
+                    await anyio.sleep(0.02)
+            assert sorted(seen) == [0, 1, 2, 3, 4]
+            assert c.pending_local() == []
+        agent.stop()
