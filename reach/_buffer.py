@@ -43,7 +43,14 @@ import anyio.abc
 
 from . import logs, metrics
 from .envelope import Envelope, now_ms
-from .errors import ConfigError, DeadlineExceeded, NoAgentAvailable, Overloaded, RedisUnavailable
+from .errors import (
+    ConfigError,
+    DeadlineExceeded,
+    NoAgentAvailable,
+    Overloaded,
+    RedisFull,
+    RedisUnavailable,
+)
 
 # The client's logger: the buffer's lines are the client's (operators filter on it).
 log = logging.getLogger("reach.client")
@@ -349,7 +356,7 @@ class SendBuffer:
         failures: list[tuple[Held, Exception]] = []
         settling = time.monotonic() - self.last_failed_at < self.settle_s
         for h, res in zip(batch, out, strict=True):
-            if isinstance(res, RedisUnavailable):
+            if isinstance(res, (RedisUnavailable, RedisFull)):  # accepted: held until sent
                 self._note_failed(res)
                 h.state = _HELD  # held still, in its place: tried again
                 continue

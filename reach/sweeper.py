@@ -435,7 +435,15 @@ class _Chores(_Letters):
         place = _Place("", "its agent was down", agent_id)
         where = f"the inbox of {agent_id}"
         for stream in keys.inboxes(agent_id):
-            while rows := await redis.xrange(stream, "-", "+", count=batch):
+            # Up to the entry that ends the stream now, never from the start again: an
+            # agent id that comes back while its inbox moves is routed to, and what this
+            # pass places into its own inbox is its own (moving it again loops).
+            last = await redis.xrevrange(stream, "+", "-", count=1)
+            if not last:
+                continue
+            start, end = "-", as_text(last[0][0])
+            while rows := await redis.xrange(stream, start, end, count=batch):
+                start = f"({as_text(rows[-1][0])}"
                 for entry_id, fields_ in rows:
                     data = fields_.get(b"e") or fields_.get("e") or b""
                     # Deleted only once it is in its new place: a write Redis refused (a

@@ -20,6 +20,7 @@ import anyio
 import pytest
 from redis import exceptions as rexc
 
+from reach import Agent, Context, Rejected
 from reach.client import Client
 from reach.connection import AnyRedis, connect
 from reach.embedded import RedisServer
@@ -30,6 +31,7 @@ from reach.registry import Registry
 from reach.scripts import delivery
 from reach.sweeper import move_due, release_parked, reroute_evicted
 from reach.tasks import dead_letter_op
+from tests.support.agents_messaging import FAST, wait_eligible
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
 
@@ -96,9 +98,9 @@ def workers(small_redis: RedisServer, ns: str) -> Iterator[Workers]:
     w.stop_all()
 
 
-async def ready(c: Client, agent_id: str) -> None:
+async def ready(c: Client, agent_id: str, capability: str = "rec.work") -> None:
     async def up() -> bool:
-        got = await Registry(c.redis, c.namespace).agents("rec.work", ready=True, state="active")
+        got = await Registry(c.redis, c.namespace).agents(capability, ready=True, state="active")
         return agent_id in {a.agent_id for a in got}
 
     await wait_until(up, timeout_s=30, what=f"{agent_id} ready")
@@ -304,3 +306,171 @@ async def test_send_and_request_raise_redis_full(
 
         await mem.free()
         assert await c.request("rec.work", {"sleep_s": 0}, timeout_s=30) == "rec-1"
+
+
+async def test_messages_held_through_an_outage_wait_while_redis_is_full(
+    fresh_redis: RedisServer, ns: str
+) -> None:
+    """Sends a Client accepted into its outage buffer while Redis was away, and Redis
+    comes back full: the flush is refused with RedisFull, and the messages stay held (they
+    were dropped as failed sends); once memory is freed every one is delivered."""
+    seen: list[int] = []
+    agent = Agent("held-1", capabilities=["test.held"])
+
+    @agent.handler("test.held")
+    async def handle(payload: dict[str, int], ctx: Context) -> int:
+        seen.append(payload["i"])
+        return payload["i"]
+
+    # Leases long enough for the outage and the full spell: the agent stays routable.
+    opts = {**FAST, "heartbeat_s": 1.0, "lease_s": 30.0, "evict_after_s": 60.0}
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: agent.run(redis_url=fresh_redis.url, namespace=ns, **opts))
+        async with Client(redis_url=fresh_redis.url, namespace=ns) as c:
+            await wait_eligible(c, "test.held", ["held-1"])
+            r = c.redis
+            ballast = [f"ballast:{ns}:{i}" for i in range(100)]
+            for key in ballast:
+                await r.set(key, b"x" * BALLAST_BYTES)
+            used = int((await r.info("memory"))["used_memory"])
+            await anyio.to_thread.run_sync(fresh_redis.kill)
+            for i in range(5):
+                await c.send("test.held", {"i": i})
+            assert len(c.pending_local()) == 5
+            # Back with its data (AOF) and a maxmemory it is already over.
+            fresh_redis.extra_args = (
+                *fresh_redis.extra_args,
+                "--maxmemory-policy",
+                "noeviction",
+                "--maxmemory",
+                str(used - 2 * MARGIN_BYTES),
+            )
+            await anyio.to_thread.run_sync(fresh_redis.start)
+
+            async def refused() -> bool:
+                with contextlib.suppress(rexc.RedisError):
+                    info = await r.info("stats")
+                    return int(info.get("total_error_replies", 0)) > 0
+                return False
+
+            await wait_until(refused, timeout_s=20, what="Redis refusing the flush")
+            await anyio.sleep(1.0)  # the flusher tries again and again meanwhile
+            assert len(c.pending_local()) == 5, "held messages dropped while Redis was full"
+            assert seen == []
+
+            await r.delete(*ballast)
+            with anyio.fail_after(30):
+                while len(seen) < 5:
+                    await anyio.sleep(0.02)
+            assert sorted(seen) == [0, 1, 2, 3, 4]
+            assert c.pending_local() == []
+        agent.stop()
+
+
+async def test_dead_letters_and_retries_of_a_worker_wait_while_redis_is_full(
+    small_redis: RedisServer, r: AnyRedis, ns: str
+) -> None:
+    """Handlers that finish while Redis is full with a rejection (a dead letter and an
+    error reply to write) or a failure (a retry to write): nothing is acked and nothing
+    is filed while full; once memory is freed each is settled: the rejected ones
+    dead-lettered and their callers told, the failed ones retried and answered."""
+    keys = Keys(ns)
+    mem = Memory(r, ns)
+    workers = Workers(small_redis.url, ns, "tests.support.agents_full")
+    try:
+        # A lease longer than the full spell: the agent stays registered through it (with
+        # the tests' 0.3 s lease, the first sweep after the spell evicts it: its
+        # heartbeats were refused too; its inbox then moves, and a message can run twice).
+        workers.start("w1", "--concurrency", "8", "--lease-s", "10", "--evict-after-s", "20")
+        async with Client(redis_url=small_redis.url, namespace=ns, slow_start_s=0) as c:
+            await ready(c, "full-1", "full.work")
+            modes = ["ok", "reject", "fail_first"] * 2
+            results: dict[int, object] = {}
+
+            async def ask(i: int) -> None:
+                try:
+                    results[i] = await c.request(
+                        "full.work", {"sleep_s": 1.0, "mode": modes[i]}, timeout_s=90
+                    )
+                except Exception as e:  # noqa: BLE001 - checked below
+                    results[i] = e
+
+            async with anyio.create_task_group() as tg:
+                for i in range(len(modes)):
+                    tg.start_soon(ask, i)
+
+                async def running() -> bool:
+                    return int(await r.xlen(keys.inbox("full-1", "normal"))) == len(modes)
+
+                await wait_until(running, timeout_s=20, what="all sent")
+                await anyio.sleep(0.3)  # read and started (1 s handlers)
+                await mem.fill()
+                await anyio.sleep(2.5)  # the handlers end; their outcomes are refused
+                assert await inbox_entries(r, keys, "full-1") == len(modes), "acked while full"
+                assert await r.xlen(keys.dlq("full.work")) == 0
+                assert await r.zcard(keys.delayed) == 0
+                assert results == {}
+                await mem.free()
+        for i, mode in enumerate(modes):
+            got = results[i]
+            if mode == "reject":
+                assert isinstance(got, Rejected), got
+            else:
+                assert got == ("ok:1" if mode == "ok" else "ok:2"), (mode, got)
+        assert await r.xlen(keys.dlq("full.work")) == 2
+
+        async def emptied() -> bool:  # a copy that waited for its busy key replays
+            return await inbox_entries(r, keys, "full-1") == 0
+
+        await wait_until(emptied, timeout_s=30, what="every inbox entry settled")
+        assert await r.xlen(keys.dlq("full.work")) == 2
+    finally:
+        workers.stop_all()
+
+
+async def test_moves_to_a_live_agent_wait_while_redis_is_full(
+    workers: Workers, small_redis: RedisServer, r: AnyRedis, ns: str
+) -> None:
+    """A live agent to place messages on, and Redis full: a retry due in the delayed set,
+    a parked message and an evicted agent's inbox entry are each refused at the agent's
+    inbox, and each stays where it was; once memory is freed the agent runs all three."""
+    keys, reg = Keys(ns), Registry(r, ns)
+    mem = Memory(r, ns)
+    # Its lease outlasts the test: paused, it stays the live agent the moves pick.
+    p = workers.start("w1", "--lease-s", "60", "--evict-after-s", "120")
+    async with Client(redis_url=small_redis.url, namespace=ns, slow_start_s=0) as c:
+        await ready(c, "rec-1")
+        p.send_signal(signal.SIGSTOP)
+        try:
+            envs = [c.build("rec.work", {"sleep_s": 0}) for _ in range(3)]
+            await r.zadd(keys.delayed, {encode(envs[0]): 1})
+            await r.xadd(keys.parked("rec.work"), {"e": encode(envs[1])})
+            await r.sadd(keys.parked_caps, "rec.work")
+            ghost = keys.inbox("ghost-1", "normal")
+            await r.xgroup_create(ghost, GROUP, id="0", mkstream=True)
+            await r.xadd(ghost, {"e": encode(envs[2])})
+            await r.sadd(reg.keys.reroute_of(0), "ghost-1")
+
+            await mem.fill()
+            for chore in (
+                lambda: move_due(r, keys, c),
+                lambda: release_parked(r, keys, c),
+                lambda: reroute_evicted(r, keys, c, reg),
+            ):
+                with pytest.raises(rexc.OutOfMemoryError):
+                    await chore()
+            assert await r.zcard(keys.delayed) == 1
+            assert await r.xlen(keys.parked("rec.work")) == 1
+            assert await inbox_entries(r, keys, "ghost-1") == 1
+            assert await inbox_entries(r, keys, "rec-1") == 0
+            await mem.free()
+        finally:
+            p.send_signal(signal.SIGCONT)
+
+        async def all_done() -> bool:
+            return all([await _status_is(c, e.msg_id, "succeeded") for e in envs])
+
+        await wait_until(all_done, timeout_s=60, what="all three ran")
+        assert (await effects(r, ns))["effects"] == 3
+        assert await r.zcard(keys.delayed) == 0
+        assert await r.xlen(keys.parked("rec.work")) == 0
