@@ -144,6 +144,7 @@ class RegistryView:
         self._tail_ok_at = 0.0
         self._lock = anyio.Lock()
         self._wake = anyio.Event()
+        self._changed = anyio.Event()  # set (and replaced) when the version moves
         self._tg: anyio.abc.TaskGroup | None = None
         self._started = False
         self._running = False
@@ -239,6 +240,19 @@ class RegistryView:
             if c is not None:
                 c.loaded_at = started
 
+    async def wait_changed(self, timeout_s: float) -> bool:
+        """Wait until the view changes in a way that matters to routing (a registration,
+        a state, readiness or drain change: :attr:`version` moves), at most ``timeout_s``.
+        True when it changed. The change comes from the registry events the view tails,
+        so a recovery is seen within a round trip of its heartbeat."""
+        if not self._started:
+            self._start()
+        ev = self._changed
+        with anyio.move_on_after(max(0.0, timeout_s)):
+            await ev.wait()
+            return True
+        return False
+
     async def recheck(self, agent_id: str) -> None:
         """Re-read one agent now (after a failed delivery to it)."""
         self._apply(await self.registry.read_agents([agent_id]))
@@ -276,6 +290,8 @@ class RegistryView:
         self._agents = merged
         if changed:
             self.version += 1
+            self._changed.set()
+            self._changed = anyio.Event()
         self._index()
         if self.on_gone is not None:
             for agent_id in sorted(gone):
