@@ -51,6 +51,7 @@ import anyio
 import anyio.abc
 from redis import exceptions as rexc
 
+from .clock import CLOCK
 from .connection import AnyRedis, as_text
 from .logs import OutageLog
 from .registry import AgentInfo, Registry, decode_id
@@ -58,6 +59,7 @@ from .registry import AgentInfo, Registry, decode_id
 log = logging.getLogger("reach.view")
 
 _EVENTS_PER_READ = 200
+CLOCK_CHECK_S = 30.0  # how often a client measures its clock's offset to Redis's again
 _ADDS = frozenset({"registered", b"registered"})  # the one event that can add an agent to a cap
 
 
@@ -368,6 +370,7 @@ class RegistryView:
         return out
 
     async def _periodic(self) -> None:
+        timed_at = time.monotonic()
         while True:
             with anyio.move_on_after(self.refresh_s):
                 await self._wake.wait()
@@ -375,6 +378,9 @@ class RegistryView:
             try:
                 await self._check()
                 await self._refresh_figures()
+                if time.monotonic() - timed_at >= CLOCK_CHECK_S:
+                    timed_at = time.monotonic()
+                    await CLOCK.measure(self.redis)  # the offset deadlines are set with
             except (rexc.RedisError, OSError) as e:
                 self._refresh_outage.failed(e)
             except Exception:  # noqa: BLE001 - a bug or bad data must not stop the process
