@@ -48,6 +48,9 @@ from .view import RegistryView
 # Policies an agent may advertise for its capability (``metadata={"policies": {cap: p}}``):
 # 'direct' and 'broadcast' need a target or many agents, and anything else is unknown.
 ADVERTISABLE = frozenset({"weighted_rr", "least_conn", "consistent_hash"})
+# A request waiting for an agent on probation picks again at least this often, should an
+# event be missed (the view re-reads what is stale when asked).
+PROBATION_RECHECK_S = 1.0
 
 
 def policy_for(env: Envelope, candidates: list[AgentInfo], default_policy: str) -> str:
@@ -260,6 +263,8 @@ class Delivery:
                 if not rechecked and await self._recheck_target(env, e):
                     rechecked = True
                     continue
+                if track and not refused and await self._wait_for_probation(env, e):
+                    continue
                 if refused:
                     raise overloaded(env, refused, e, max_inbox=q.max_inbox) from e
                 raise
@@ -279,6 +284,30 @@ class Delivery:
             refused[agent.agent_id] = (depth, bound)
         metrics.message_sent(env.capability, env.priority)
         return agent.agent_id
+
+    def _on_probation(self, env: Envelope, e: NoAgentAvailable, agents: list[AgentInfo]) -> bool:
+        """Was ``env`` refused only because the agents that could take it are on
+        probation (their lease ran out, e.g. while Redis was away), with time left?"""
+        if not env.deadline_ms or env.deadline_ms <= now_ms():
+            return False
+        if env.target:
+            return e.reason == Unavailable.TARGET_UNAVAILABLE and any(
+                a.agent_id == env.target and a.state == "probation" for a in agents
+            )
+        return e.reason == Unavailable.NO_AGENT and any(a.state == "probation" for a in agents)
+
+    async def _wait_for_probation(self, env: Envelope, e: NoAgentAvailable) -> bool:
+        """An agent on probation is not gone: its next heartbeat makes it active again.
+        When ``env`` was refused for that alone and has deadline budget, wait for the
+        view to change (an event: the agent recovered, another registered), at most
+        :data:`PROBATION_RECHECK_S` at a time and never past the deadline; True: pick
+        again. False: refuse now."""
+        candidates, _ = await self.view.candidates(env.capability)
+        if not self._on_probation(env, e, candidates):
+            return False
+        left_s = (env.deadline_ms - now_ms()) / 1000.0
+        await self.view.wait_changed(min(left_s, PROBATION_RECHECK_S))
+        return True
 
     async def _recheck_target(self, env: Envelope, e: NoAgentAvailable) -> bool:
         """A targeted send was refused: when the view's record of the target may be behind
@@ -470,6 +499,7 @@ class Delivery:
                 out[i] = over
         picked: list[tuple[int, AgentInfo]] = []
         unknown: NoAgentAvailable | None = None
+        waiting: list[int] = []
         # The same for every message of the batch (its options and the candidates are).
         policy = policy_for(envs[0], candidates, self.default_policy)
         first = envs[0]
@@ -505,6 +535,8 @@ class Delivery:
                             unknown = await self.counted(e, candidates)
                         e = unknown
                     out[i] = e
+                    if track and self._on_probation(env, e, candidates):
+                        waiting.append(i)  # deliver() waits for the agent, per message
                     continue
                 if track:  # counted at the pick, so the next picks see it
                     self.router.inflight.add(agent.agent_id)
@@ -527,7 +559,7 @@ class Delivery:
                 for _, agent in picked:
                     self.router.inflight.done(agent.agent_id)
             raise
-        again: list[int] = []
+        again: list[int] = waiting
         recheck: set[str] = set()
         counted: dict[str, int] = {}  # priority -> messages sent
         for (i, agent), x in zip(picked, sent, strict=True):

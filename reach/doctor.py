@@ -25,6 +25,7 @@ import anyio
 from redis import exceptions as rexc
 
 from .acl import key_patterns, role_probes
+from .clock import skew_s
 from .connection import AnyRedis, connect, is_cluster, is_sentinel_url, redact
 from .embedded import THROWAWAY_PREFIX
 from .keys import KEY_SCHEME, Keys, form_of, scan_patterns
@@ -393,12 +394,10 @@ def _grant(missing: str, keys: Keys) -> str:
 async def check_clock(r: AnyRedis) -> list[Finding]:
     out = []
     for name, reply in await _each(r, "TIME"):
-        t0 = time.time()
-        sec, usec = (int(_text(x)) for x in reply)
         t1 = time.time()
-        # the reply was made between t0 - a round trip and t1; take the middle of what
-        # we know (TIME was sent before t0 but answered within the round trip)
-        skew = sec + usec / 1e6 - t1
+        # the reply was made within the round trip, whose start this loop does not know:
+        # taken at its end (the runtimes' own measurement, reach.clock, knows both ends)
+        skew = skew_s(reply, t1, t1)
         level: Level = (
             "error"
             if abs(skew) >= SKEW_ERROR_S
@@ -406,7 +405,6 @@ async def check_clock(r: AnyRedis) -> list[Finding]:
             if abs(skew) >= SKEW_WARN_S
             else "ok"
         )
-        del t0
         out.append(
             Finding(
                 "clock",

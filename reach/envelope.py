@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
+from .clock import CLOCK
 from .errors import ConfigError
 
 VERSION = 1
@@ -282,4 +283,6 @@ def new_id() -> str:
 
 
 def now_ms() -> int:
-    return time.time_ns() // 1_000_000
+    """Epoch ms on Redis's clock: this host's corrected by its measured offset
+    (:mod:`reach.clock`); deadlines are set and judged on it."""
+    return CLOCK.now_ms()

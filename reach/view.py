@@ -51,6 +51,7 @@ import anyio
 import anyio.abc
 from redis import exceptions as rexc
 
+from .clock import CLOCK
 from .connection import AnyRedis, as_text
 from .logs import OutageLog
 from .registry import AgentInfo, Registry, decode_id
@@ -58,6 +59,7 @@ from .registry import AgentInfo, Registry, decode_id
 log = logging.getLogger("reach.view")
 
 _EVENTS_PER_READ = 200
+CLOCK_CHECK_S = 30.0  # how often a client measures its clock's offset to Redis's again
 _ADDS = frozenset({"registered", b"registered"})  # the one event that can add an agent to a cap
 
 
@@ -144,6 +146,7 @@ class RegistryView:
         self._tail_ok_at = 0.0
         self._lock = anyio.Lock()
         self._wake = anyio.Event()
+        self._changed = anyio.Event()  # set (and replaced) when the version moves
         self._tg: anyio.abc.TaskGroup | None = None
         self._started = False
         self._running = False
@@ -239,6 +242,19 @@ class RegistryView:
             if c is not None:
                 c.loaded_at = started
 
+    async def wait_changed(self, timeout_s: float) -> bool:
+        """Wait until the view changes in a way that matters to routing (a registration,
+        a state, readiness or drain change: :attr:`version` moves), at most ``timeout_s``.
+        True when it changed. The change comes from the registry events the view tails,
+        so a recovery is seen within a round trip of its heartbeat."""
+        if not self._started:
+            self._start()
+        ev = self._changed
+        with anyio.move_on_after(max(0.0, timeout_s)):
+            await ev.wait()
+            return True
+        return False
+
     async def recheck(self, agent_id: str) -> None:
         """Re-read one agent now (after a failed delivery to it)."""
         self._apply(await self.registry.read_agents([agent_id]))
@@ -276,6 +292,8 @@ class RegistryView:
         self._agents = merged
         if changed:
             self.version += 1
+            self._changed.set()
+            self._changed = anyio.Event()
         self._index()
         if self.on_gone is not None:
             for agent_id in sorted(gone):
@@ -352,6 +370,7 @@ class RegistryView:
         return out
 
     async def _periodic(self) -> None:
+        timed_at = time.monotonic()
         while True:
             with anyio.move_on_after(self.refresh_s):
                 await self._wake.wait()
@@ -359,6 +378,9 @@ class RegistryView:
             try:
                 await self._check()
                 await self._refresh_figures()
+                if time.monotonic() - timed_at >= CLOCK_CHECK_S:
+                    timed_at = time.monotonic()
+                    await CLOCK.measure(self.redis)  # the offset deadlines are set with
             except (rexc.RedisError, OSError) as e:
                 self._refresh_outage.failed(e)
             except Exception:  # noqa: BLE001 - a bug or bad data must not stop the process

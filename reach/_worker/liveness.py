@@ -7,7 +7,8 @@
   withholds them. A heartbeat that finds the registration gone registers again; one that
   finds a newer registration stops this agent. One thread per process and Redis
   (:class:`Heartbeats`) renews every agent the process runs: the inbox lengths of all in
-  one pipeline, then one ``heartbeat_many.lua`` call per registry shard (per 100 agents),
+  one pipeline (with, on a standalone Redis, a ``TIME``: the clock offset deadlines are
+  judged with, :mod:`reach.clock`), then one ``heartbeat_many.lua`` call per registry shard (per 100 agents),
   each agent answered as by ``heartbeat.lua``. The round is sent by the agents' event
   loop on its multiplexed connection (no connection of its own); only when that is not
   answered within :data:`LOOP_PICKUP_S` (a handler blocking the loop) does the thread
@@ -31,6 +32,7 @@ from typing import Any, ClassVar
 import anyio
 from redis import exceptions as rexc
 
+from ..clock import CLOCK
 from ..connection import connect_sync
 from ..errors import StaleRegistration
 from ..keys import PRIORITIES
@@ -74,6 +76,8 @@ class Liveness(Part):
         }
 
     async def register(self) -> None:
+        # Deadlines are judged on Redis's clock: know this host's offset before any runs.
+        await CLOCK.measure(self.redis)
         await self.registry.register(self.agent_id, **self._register_kw())
 
     async def set_ready(self, ready: bool) -> None:
@@ -467,9 +471,18 @@ class Heartbeats:
         process's multiplexed connection, one per master on a Cluster)."""
         r = due[0].liveness.redis
         pipe = r.pipeline(transaction=False)
-        for k in self._inboxes(due):
+        inboxes = self._inboxes(due)
+        for k in inboxes:
             pipe.xlen(k)
-        lengths = [int(x) for x in await pipe.execute()]
+        timed = not due[0].liveness.cluster  # keyless TIME: one server, the standalone's
+        if timed:  # the clock offset, measured again in the same round trip
+            pipe.execute_command("TIME")
+        t0 = CLOCK.local_s()
+        replies = await pipe.execute()
+        t1 = CLOCK.local_s()
+        if timed:
+            CLOCK.observe(replies[len(inboxes)], t0, t1)
+        lengths = [int(x) for x in replies[: len(inboxes)]]
         batches, calls = self._plan(due, lengths)
         replies = await run_pipeline(r, [c.op() for c in calls])
         answers = []

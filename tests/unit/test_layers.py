@@ -24,6 +24,7 @@ RANKS: dict[str, int] = {
     # foundations: no Redis logic of their own
     "reach._version": 0,
     "reach.errors": 0,
+    "reach.clock": 0,  # the host's clock corrected by its offset to Redis's TIME
     "reach.untrusted": 0,
     "reach.outcomes": 0,
     "reach.keys": 0,
