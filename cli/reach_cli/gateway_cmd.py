@@ -92,6 +92,29 @@ def gateway(
             "past it; tasks/get then reads the reach task record).",
         ),
     ] = 256 * 1024 * 1024,
+    max_body_bytes: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(
+            min=1024,
+            help="Largest request body taken (413 past it); default: the fabric's payload "
+            "limit as base64, plus 64 KiB.",
+        ),
+    ] = None,
+    max_connections: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Connections served at once (503 past it); lowered to fit the open-files limit.",
+        ),
+    ] = 900,
+    header_timeout_s: Annotated[
+        float,
+        typer.Option(help="Close a connection that sends no request head for this long."),
+    ] = 10.0,
+    send_timeout_s: Annotated[
+        float,
+        typer.Option(help="Cut a response (a stream) its client does not read for this long."),
+    ] = 30.0,
     identity_file: Annotated[
         Optional[Path],  # noqa: UP045
         typer.Option(
@@ -139,6 +162,7 @@ def gateway(
         try:
             import uvicorn
 
+            from reach._http import Limits, raise_open_files_limit, uvicorn_options
             from reach.client import Client
             from reach.gateway import Gateway, Tokens
         except ImportError as e:
@@ -169,6 +193,8 @@ def gateway(
             default_timeout_s=timeout_s,
             max_task_bytes=max_task_bytes,
             max_store_bytes=max_store_bytes,
+            max_body_bytes=max_body_bytes,
+            send_timeout_s=send_timeout_s,
             mtls=tls_client_ca is not None,
         )
         tls: dict[str, Any] = {}
@@ -180,8 +206,23 @@ def gateway(
         if level not in ("debug", "info", "warning", "error"):
             raise ConfigError(f"--log-level {log_level!r}: use debug, info, warning or error.")
         logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(message)s")
+        for name, value in (
+            ("--header-timeout-s", header_timeout_s),
+            ("--send-timeout-s", send_timeout_s),
+        ):
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"{name} must be a number of seconds > 0, not {value}.")
+        open_files = raise_open_files_limit()
+        limits = Limits(max_connections=max_connections, header_timeout_s=header_timeout_s)
+        limits = limits.fitted(open_files)
         config = uvicorn.Config(
-            gw.app, host=host, port=port, log_level=level, lifespan="on", backlog=4096, **tls
+            gw.app,
+            host=host,
+            port=port,
+            log_level=level,
+            lifespan="on",
+            **uvicorn_options(limits),
+            **tls,
         )
         stopped_by: list[int] = []
         server = _server(config, stopped_by)
@@ -191,14 +232,14 @@ def gateway(
             if tokens is not None
             else ("client certificates" if tls_client_ca else "no authentication")
         )
-        print(
+        serving = (
             f"reach gateway: namespace {namespace!r} on {redact(redis_url)}, serving "
-            f"{scheme}://{host}:{port} ({auth})",
-            file=sys.stderr,
-            flush=True,
+            f"{scheme}://{host}:{port} ({auth}; at most {limits.max_connections} connections, "
+            f"open-files limit {open_files})"
         )
+        server.on_started = lambda: print(serving, file=sys.stderr, flush=True)
         try:
-            asyncio.run(server.serve())
+            asyncio.run(_serve(server))
         except SystemExit:  # uvicorn's own exit when it cannot start (e.g. the port is taken)
             if server.started:
                 raise
@@ -211,13 +252,27 @@ def gateway(
         raise typer.Exit(130)
 
 
-def _server(config: uvicorn.Config, stopped_by: list[int]) -> uvicorn.Server:
+async def _serve(server: uvicorn.Server) -> None:
+    from reach._http import quiet_accept_errors
+
+    quiet_accept_errors(asyncio.get_running_loop(), logging.getLogger("reach.gateway"))
+    await server.serve()
+
+
+def _server(config: uvicorn.Config, stopped_by: list[int]) -> Any:
     """uvicorn's Server, stopping on SIGTERM/SIGINT as it does (requests in flight are
     finished) but then returning, as a worker does (exit 0 after SIGTERM, 130 after
     Ctrl-C), instead of raising the signal again; the signals go into ``stopped_by``."""
     import uvicorn
 
     class Server(uvicorn.Server):
+        on_started: Any = None
+
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if self.started and self.on_started is not None:
+                self.on_started()  # "serving" once the port is bound, not before
+
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             if self.should_exit and sig == signal.SIGINT:
                 self.force_exit = True  # a second Ctrl-C: stop waiting for requests

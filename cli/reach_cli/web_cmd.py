@@ -70,6 +70,19 @@ async def web(
     window_s: Annotated[
         float, typer.Option("--window-s", help="Seconds of history the charts show.")
     ] = 600.0,
+    max_body_bytes: Annotated[
+        int, typer.Option(min=1024, help="Largest request body (a form) taken; 413 past it.")
+    ] = 65_536,
+    max_connections: Annotated[
+        int,
+        typer.Option(
+            min=1, help="Connections served at once (503 past it); fitted to the open-files limit."
+        ),
+    ] = 900,
+    header_timeout_s: Annotated[
+        float,
+        typer.Option(help="Close a connection that sends no request head for this long."),
+    ] = 10.0,
     redis_url: RedisUrl = DEFAULT_REDIS,
     namespace: Namespace = DEFAULT_NS,
 ) -> None:
@@ -85,6 +98,8 @@ async def web(
         raise ConfigError(
             f"--window-s must be at least two intervals and at most 86400, not {window_s}."
         )
+    if not (math.isfinite(header_timeout_s) and header_timeout_s > 0):
+        raise ConfigError(f"--header-timeout-s must be seconds > 0, not {header_timeout_s}.")
     try:
         from reach.web import serve
         from reach.web.security import is_loopback
@@ -121,6 +136,9 @@ async def web(
             interval_s=interval,
             history_s=window_s,
             on_ready=ready,
+            max_body_bytes=max_body_bytes,
+            max_connections=max_connections,
+            header_timeout_s=header_timeout_s,
         )
     except OSError as e:
         if e.errno is not None and getattr(e, "strerror", None) and "ddress" in str(e):

@@ -68,6 +68,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .._cancel import CancelOutcome
+from .._http import BodyLimit, SendTimeout
 from .._streaming import Stream
 from .._version import __version__
 from ..card import A2A_PROTOCOL_VERSION, DEFAULT_MODES, agent_card, capability_skill
@@ -87,6 +88,7 @@ GATEWAY_EXTENSION_URI = "urn:reach:gateway:v1"
 TIMEOUT_HEADER = "reach-timeout-s"  # the request's deadline, seconds from now
 CALLER_HEADER = "a2a-caller"  # on the fabric: the token name the caller authenticated with
 MAX_TIMEOUT_S = 86_400.0
+DEFAULT_SEND_TIMEOUT_S = 30.0
 OUTPUT_MODES = ["application/json", TEXT_MODE]
 _TARGET = "reach.target"
 _TERMINAL = frozenset(
@@ -408,6 +410,8 @@ class Gateway:
         max_task_bytes: int = DEFAULT_MAX_TASK_BYTES,
         max_store_bytes: int = DEFAULT_MAX_STORE_BYTES,
         task_ttl_s: float = DEFAULT_TTL_S,
+        max_body_bytes: int | None = None,
+        send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S,
         mtls: bool = False,
     ) -> None:
         self.client = client
@@ -416,6 +420,10 @@ class Gateway:
         self.tokens = tokens
         self.public_url = public_url.rstrip("/") if public_url else None
         self.default_timeout_s = default_timeout_s
+        # A message's payload is at most the client's limit; as JSON text or base64 in a
+        # JSON-RPC body it takes up to 4/3 of that, plus the envelope of the request.
+        self.max_body_bytes = max_body_bytes or client.max_payload_bytes * 4 // 3 + 65_536
+        self.send_timeout_s = send_timeout_s
         self.tasks = RedisTaskStore(
             client, ttl_s=task_ttl_s, max_task_bytes=max_task_bytes, max_store_bytes=max_store_bytes
         )
@@ -470,6 +478,8 @@ class Gateway:
         app = Starlette(routes=routes, lifespan=lifespan)
         if self.tokens is not None:
             app.add_middleware(BearerAuth, tokens=self.tokens)
+        app.add_middleware(SendTimeout, timeout_s=self.send_timeout_s, on_cut=_log_cut)
+        app.add_middleware(BodyLimit, max_bytes=self.max_body_bytes, json_rpc=True)
         return app
 
     # -- routing a message ----------------------------------------------------------------
@@ -692,6 +702,16 @@ class Gateway:
             bare["supportedInterfaces"].insert(0, card["supportedInterfaces"][0])
             bare["capabilities"]["streaming"] = True
             return self._respond({**bare, **self._security()})
+
+
+def _log_cut(scope: Scope) -> None:
+    user = scope.get("user")
+    log.warning(
+        "cut a response its caller did not read (caller %s, %s %s)",
+        getattr(user, "display_name", "") or "-",
+        scope.get("method", ""),
+        scope.get("path", ""),
+    )
 
 
 def _not_found(why: str) -> Response:

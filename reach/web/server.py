@@ -3,16 +3,28 @@ the address is known before the first request)."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import socket
 from collections.abc import Callable
 
 import uvicorn
 
+from .._http import (
+    BodyLimit,
+    Limits,
+    quiet_accept_errors,
+    raise_open_files_limit,
+    uvicorn_options,
+)
 from ..connection import connect, redact
 from .app import create_app
 from .security import Guard, is_loopback, loopback_hosts
 
 GRACE_S = 1  # open live streams never end by themselves: shutdown waits this long
+DEFAULT_MAX_BODY_BYTES = 65_536  # the console's forms are a few fields
+BACKLOG = 511
+log = logging.getLogger("reach.web")
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -22,7 +34,7 @@ def bind(host: str, port: int) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((h, port))
-    sock.listen(128)
+    sock.listen(BACKLOG)
     sock.setblocking(False)
     return sock
 
@@ -47,9 +59,20 @@ async def serve(
     interval_s: float = 1.0,
     history_s: float = 600.0,
     on_ready: Callable[[str], None] | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_connections: int = Limits.max_connections,
+    header_timeout_s: float = Limits.header_timeout_s,
 ) -> None:
     """Run the console until cancelled (or SIGINT/SIGTERM). ``on_ready`` gets its URL once
-    it answers. A non-loopback ``host`` needs a ``token`` (the caller checks)."""
+    it answers. A non-loopback ``host`` needs a ``token`` (the caller checks).
+
+    Bounded against its clients (docs/web.md, *Limits*): the open-files limit is raised to
+    its hard limit, ``max_connections`` (fitted to it) are served at once, a connection
+    without a request head for ``header_timeout_s`` is closed, a body past
+    ``max_body_bytes`` is answered 413 unread."""
+    limits = Limits(max_connections=max_connections, header_timeout_s=header_timeout_s)
+    limits = limits.fitted(raise_open_files_limit())
+    quiet_accept_errors(asyncio.get_running_loop(), log)
     guard = Guard(
         token=token,
         read_only=read_only,
@@ -74,11 +97,12 @@ async def serve(
             on_ready=ready,
         )
         config = uvicorn.Config(
-            app,
+            BodyLimit(app, max_bytes=max_body_bytes),
             log_level="warning",
             access_log=False,
             timeout_graceful_shutdown=GRACE_S,
             lifespan="on",
+            **uvicorn_options(limits),
         )
         await uvicorn.Server(config).serve(sockets=[sock])
     finally:

@@ -96,13 +96,20 @@ def start_gateway_process(
     *extra: str,
     log: Path,
     env: dict[str, str] | None = None,
+    preexec_fn: Any = None,
 ) -> subprocess.Popen[bytes]:
-    """A ``reach gateway`` process (stderr to ``log``); the caller stops it."""
+    """A ``reach gateway`` process (stderr to ``log``); the caller stops it. ``preexec_fn``
+    runs in the child before it starts (e.g. to lower its open-files limit)."""
     cmd = [sys.executable, "-m", "reach_cli.app", "gateway", "--port", str(port)]
     cmd += ["--redis-url", redis_url, "--namespace", ns, *extra]
     with open(log, "wb") as err:
         return subprocess.Popen(
-            cmd, cwd=ROOT, stdin=subprocess.DEVNULL, stderr=err, env={**os.environ, **(env or {})}
+            cmd,
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stderr=err,
+            env={**os.environ, **(env or {})},
+            preexec_fn=preexec_fn,  # noqa: PLW1509 - only sets limits, before exec
         )
 
 
@@ -120,6 +127,23 @@ async def wait_card(
         return r.status_code == 200
 
     await wait_until(served, timeout_s=60, what=f"the card of {url}")
+
+
+def start_web_process(
+    redis_url: str, ns: str, port: int, *extra: str, log: Path, preexec_fn: Any = None
+) -> subprocess.Popen[bytes]:
+    """A ``reach web`` process (its output to ``log``); the caller stops it."""
+    cmd = [sys.executable, "-m", "reach_cli.app", "web", "--port", str(port)]
+    cmd += ["--redis-url", redis_url, "--namespace", ns, *extra]
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            preexec_fn=preexec_fn,  # noqa: PLW1509 - only sets limits, before exec
+        )
 
 
 def stop_process(proc: subprocess.Popen[bytes]) -> int:

@@ -74,6 +74,7 @@ RANKS: dict[str, int] = {
     "reach.a2a": 7,  # reach.a2a.remote: an external A2A agent served as a reach agent
     "reach": 8,
     # faces over the library, never imported by it (optional extras)
+    "reach._http": 9,  # the HTTP faces' limits (fds, connections, bodies, slow readers)
     "reach.web": 9,  # reach web: the operator console (starlette)
     "reach.gateway": 9,  # reach gateway: A2A servers over HTTP (a2a-sdk, starlette)
 }
