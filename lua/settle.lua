@@ -45,7 +45,14 @@
 --   traceback <..>; in its dead letter (if any): a last field traceback <..> after env.
 --   A settled record without a detail that ran more than once loses both fields (HDEL):
 --   they described an earlier attempt.
---   So #ARGV = 3 + what the items describe (+ 1 + 3k with the details).
+--   Then, optional too (only after the details, whose count may be 0), the index of
+--   recent messages (reach.recent), written for the batch whatever became of its items:
+--   ARGV[r] the index stream's key index (1..#KEYS), ARGV[r+1] maxlen (integer 0..2^53),
+--   ARGV[r+2] c: the number of chunks (integer 0..n), then c values, each written as
+--   XADD <stream> MAXLEN ~ <maxlen> * m <chunk> (a chunk: the packed rows of up to 64
+--   messages; its bytes are the caller's, read by nobody here).
+--   So #ARGV = 3 + what the items describe (+ 1 + 3k with the details, + 3 + c with the
+--   index).
 -- Integers are plain decimal digits without sign or leading zero. Text and bytes slots take
 -- any bytes.
 --
@@ -99,6 +106,8 @@ end
 local reads = {}
 -- The failure details, by item number: the ARGV index of the detail's item number.
 local details = {}
+-- The ARGV index of the recent index's section (nil: none).
+local recent
 
 local function check()
   local na, nk = #ARGV, #KEYS
@@ -168,7 +177,7 @@ local function check()
   if p <= na then
     local k = int_memo(ARGV[p], 0, n)
     if not k then return bad('number of details', p, 'want an integer 0..' .. n) end
-    if p + 3 * k ~= na then
+    if p + 3 * k > na then
       return 'arguments: ' .. k .. ' details after ARGV[' .. p .. '] need ' .. (3 * k)
         .. ' ARGV, got ' .. (na - p)
     end
@@ -181,6 +190,24 @@ local function check()
       end
       details[item], last = d, item
     end
+    p = p + 3 * k + 1
+  end
+  if p <= na then
+    if p + 2 > na then
+      return 'arguments: the index after ARGV[' .. (p - 1) .. '] needs 3 ARGV at least, got '
+        .. (na - p + 1)
+    end
+    e = key_index(p, 'recent index', 'stream', 0, 1)
+    if e then return e end
+    if not int_memo(ARGV[p + 1], 0, MAX_INT) then
+      return bad('recent maxlen', p + 1, 'want an integer 0..2^53')
+    end
+    local c = int_memo(ARGV[p + 2], 0, n)
+    if not c then return bad('number of chunks', p + 2, 'want an integer 0..' .. n) end
+    if p + 2 + c ~= na then
+      return 'arguments: ' .. c .. ' chunks after ARGV[' .. (p + 2) .. '], got ' .. (na - p - 2)
+    end
+    recent = p
     p = na + 1
   end
   if p ~= na + 1 then
@@ -287,4 +314,10 @@ for item = 1, tonumber(ARGV[3]) do
   out[item] = code
 end
 for _, ii in ipairs(inboxes) do ack_all(KEYS[ii], acks[ii]) end
+if recent then
+  local key, maxlen = KEYS[tonumber(ARGV[recent])], ARGV[recent + 1]
+  for j = recent + 3, #ARGV do
+    redis.call('XADD', key, 'MAXLEN', '~', maxlen, '*', 'm', ARGV[j])
+  end
+end
 return out

@@ -33,6 +33,7 @@ from .doctor import warn_once
 from .errors import ConfigError
 from .hooks import Hooks
 from .limits import RateLimit, parse_limit
+from .recent import RECENT_MAXLEN
 from .registry import MAX_WEIGHT, agent_key_id, normalize_capabilities, normalize_capability
 from .signing import (
     SecretOption,
@@ -155,6 +156,10 @@ class RuntimeOptions:
     """How often this agent's own read-but-unsettled entries are looked for."""
     dlq_maxlen: int = DLQ_MAXLEN
     """Dead-letter streams are trimmed to about this many entries."""
+    recent_maxlen: int = RECENT_MAXLEN
+    """The index of recent messages (the console's message list, ``reach tasks``) is
+    trimmed to about this many entries (a settled batch writes one per 64 messages);
+    0: this agent writes no index."""
     traceback_max_bytes: int = 8192
     """A handler's traceback is stored with its outcome (task record, dead letter) up to
     its last this many bytes (the frames nearest the error); 0: no tracebacks stored."""
@@ -213,6 +218,7 @@ class RuntimeOptions:
             ("prefetch", 0, 10_000),
             ("dlq_maxlen", 1, 10**9),
             ("traceback_max_bytes", 0, 1024 * 1024),
+            ("recent_maxlen", 0, 10**7),
             ("block_ms", 1, 3_600_000),
             ("max_envelope_bytes", 1, 512 * 1024 * 1024),
         ):
@@ -276,6 +282,7 @@ class RunOptions(TypedDict, total=False):
     max_envelope_bytes: int
     pending_scan_s: float
     dlq_maxlen: int
+    recent_maxlen: int
     traceback_max_bytes: int
     redact_traceback: Callable[[str], str] | None
     handle_signals: bool

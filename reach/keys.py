@@ -272,6 +272,13 @@ class Keys:
         return f"{self._reg}:cancels"
 
     @property
+    def recent(self) -> str:
+        """The namespace's index of recently settled messages (reach.recent): a stream
+        trimmed to about ``RECENT_MAXLEN`` entries, each the packed rows of up to 64
+        messages of one settled batch, written by ``settle.lua`` in the same call."""
+        return f"{self._reg}:recent"
+
+    @property
     def limits(self) -> str:
         """The namespace's rate limits: capability -> ``"<starts>/<seconds>[,<burst>]"``."""
         return f"{self._reg}:limits"

@@ -17,7 +17,13 @@ Nothing is added to the message path for it:
   (such a delta is not counted). Needs Redis >= 7 (older servers lack the two fields:
   rates are None);
 * dead letters per capability: :func:`reach.admin.dead_letter_counts` (the length of each
-  dead-letter stream, and its ``entries-added`` for the rate of new dead letters).
+  dead-letter stream, and its ``entries-added`` for the rate of new dead letters); the
+  cancelled ones among them (:class:`CancelledCounts`: counted from the letters as they
+  are filed, so a view that keeps one reads each letter once), shown apart from failures.
+
+Queued and in-flight figures per capability are those of the inboxes of the agents that
+serve it: an agent serving two capabilities has one inbox, counted under both (``shared``
+names the other capabilities); the totals count each inbox once.
 
 :func:`collect` takes a :class:`Sample`; :func:`frame_data` turns two samples into plain
 data (rates need two): the ``reach top --json`` output, and what the web console renders.
@@ -33,9 +39,20 @@ from . import admin
 from .connection import AnyRedis
 from .envelope import now_ms
 from .keys import PRIORITIES, Keys
+from .outcomes import DeadReason
 from .registry import AgentInfo, Registry
+from .untrusted import safe_text
 
-__all__ = ["ROUTING", "Sample", "collect", "empty_sample", "frame_data", "rate", "routing_of"]
+__all__ = [
+    "ROUTING",
+    "CancelledCounts",
+    "Sample",
+    "collect",
+    "empty_sample",
+    "frame_data",
+    "rate",
+    "routing_of",
+]
 
 ROUTING = ("routable", "starting", "draining", "-")
 """What routing does with an agent, in every view (agents, top, caps, web, docs):
@@ -74,10 +91,67 @@ class Sample:
     read: dict[str, int] = field(default_factory=dict)  # inbox key -> group entries-read
     dlq: dict[str, int] = field(default_factory=dict)  # capability -> dead letters now
     dlq_added: dict[str, int] = field(default_factory=dict)  # capability -> entries-added
+    # capability -> cancelled letters among them (None: not counted, see CancelledCounts)
+    dlq_cancelled: dict[str, int] | None = None
 
 
-async def collect(r: AnyRedis, namespace: str) -> Sample:
-    """Read everything one frame shows (a few pipelined round trips)."""
+CANCELLED_FIRST_SCAN = 10_000
+"""Letters a :class:`CancelledCounts` reads of a stream it has not seen (the newest)."""
+
+
+class CancelledCounts:
+    """How many letters of each dead-letter stream are cancelled messages (reason
+    ``cancelled``), kept up to date by reading only the letters filed since the last
+    update. A stream seen for the first time, or one that shrank (purged, replayed), is
+    read anew: its newest :data:`CANCELLED_FIRST_SCAN` letters. Past a stream's trim
+    (``dlq_maxlen``) the count can run ahead of the letters still kept."""
+
+    def __init__(self, *, first_scan: int = CANCELLED_FIRST_SCAN) -> None:
+        self.first_scan = first_scan
+        self._state: dict[str, tuple[str, int, int | None, int]] = {}  # last id, len, added, n
+
+    async def update(
+        self, r: AnyRedis, keys: Keys, counts: list[admin.DeadLetterCount]
+    ) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for dl in counts:
+            stream = keys.dlq(dl.capability)
+            st = self._state.get(dl.capability)
+            if st is not None and st[1] == dl.count and st[2] == dl.added:
+                out[dl.capability] = st[3]  # nothing filed since
+                continue
+            if st is None or dl.count < st[1]:
+                entries = await r.xrevrange(stream, "+", "-", count=self.first_scan)
+                last = safe_text(entries[0][0]) if entries else "0-0"
+                n = sum(1 for _, f in entries if _cancelled(f))
+            else:
+                last, n = st[0], st[3]
+                while True:
+                    new = await r.xrange(stream, f"({last}", "+", count=1000)
+                    if not new:
+                        break
+                    n += sum(1 for _, f in new if _cancelled(f))
+                    last = safe_text(new[-1][0])
+                    if len(new) < 1000:
+                        break
+            self._state[dl.capability] = (last, dl.count, dl.added, min(n, dl.count))
+            out[dl.capability] = min(n, dl.count)
+        for gone in set(self._state) - {dl.capability for dl in counts}:
+            del self._state[gone]
+        return out
+
+
+def _cancelled(fields: Any) -> bool:
+    reason = fields.get(b"reason") or fields.get("reason") if isinstance(fields, dict) else None
+    return safe_text(reason or b"") == DeadReason.CANCELLED
+
+
+async def collect(
+    r: AnyRedis, namespace: str, *, cancelled: CancelledCounts | None = None
+) -> Sample:
+    """Read everything one frame shows (a few pipelined round trips); with ``cancelled``,
+    also how many dead letters are cancelled messages (the letters filed since its last
+    update are read)."""
     keys = Keys(namespace)
     reg = Registry(r, namespace)
     mono = time.monotonic()
@@ -92,10 +166,13 @@ async def collect(r: AnyRedis, namespace: str) -> Sample:
             s.oldest_pending_ms[st.agent_id] = st.oldest_pending_ms
         s.added.update({keys.inbox(st.agent_id, p): n for p, n in st.added.items()})
         s.read.update({keys.inbox(st.agent_id, p): n for p, n in st.read.items()})
-    for dl in await admin.dead_letter_counts(r, keys):
+    counts = await admin.dead_letter_counts(r, keys)
+    for dl in counts:
         s.dlq[dl.capability] = dl.count
         if dl.added is not None:
             s.dlq_added[dl.capability] = dl.added
+    if cancelled is not None:
+        s.dlq_cancelled = await cancelled.update(r, keys, counts)
     return s
 
 
@@ -148,14 +225,20 @@ def frame_data(cur: Sample, prev: Sample | None, namespace: str) -> dict[str, An
             by_id[a.agent_id] for a in cur.agents if cap in a.capabilities and a.state != "evicted"
         ]
         dl_rate = rate(cur.dlq_added, prev.dlq_added if prev else None, [cap], dt)
+        shared = sorted({c for x in mine for c in x["capabilities"]} - {cap})
+        n_cancelled = None if cur.dlq_cancelled is None else cur.dlq_cancelled.get(cap, 0)
         caps.append(
             {
                 "capability": cap,
                 "agents": live_caps.get(cap, 0),
                 "routable": sum(1 for x in mine if x["routing"] == "routable"),
+                # The inboxes of the agents serving it: shared with ``shared``.
                 "queued": sum(sum(x["queue"].values()) for x in mine),
                 "inflight": sum(x["inflight"] for x in mine),
+                "shared": shared,
                 "dead_letters": cur.dlq.get(cap, 0),
+                "failed": None if n_cancelled is None else cur.dlq.get(cap, 0) - n_cancelled,
+                "cancelled": n_cancelled,
                 "dead_per_s": dl_rate,
             }
         )
@@ -166,6 +249,7 @@ def frame_data(cur: Sample, prev: Sample | None, namespace: str) -> dict[str, An
     for x in agents:
         routing[x["routing"]] = routing.get(x["routing"], 0) + 1
     all_inboxes = [keys.inbox(a.agent_id, p) for a in cur.agents for p in PRIORITIES]
+    n_all = None if cur.dlq_cancelled is None else sum(cur.dlq_cancelled.values())
     return {
         "namespace": namespace,
         "ts_ms": cur.ts_ms,
@@ -178,6 +262,9 @@ def frame_data(cur: Sample, prev: Sample | None, namespace: str) -> dict[str, An
             "queued": sum(sum(x["queue"].values()) for x in agents),
             "inflight": sum(x["inflight"] for x in agents),
             "dead_letters": sum(cur.dlq.values()),
+            # Failed and cancelled apart (None when the sample did not count them).
+            "failed": None if n_all is None else sum(cur.dlq.values()) - n_all,
+            "cancelled": n_all,
         },
         "capabilities": caps,
         "agents": agents,

@@ -469,6 +469,7 @@ class Execution(Part):
 
     async def _handle(self, it: Delivery) -> None:
         scope = logs.enter_message(it.env, self.agent_id)  # ids on log records, OTel span
+        it.started_ms = now_ms()
         try:
             await self._run(it, traced=isinstance(scope, tuple))
         finally:

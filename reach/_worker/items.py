@@ -65,6 +65,7 @@ class Delivery(_Entry):
     complete: Completion | None = None  # set when its idempotency key is to be settled
     reply: bytes = b""  # the reply: stored by a 'done' completion, and published...
     reply_key: str = ""  # ... to this reply stream ('' = nobody waits for it)
+    started_ms: int = 0  # when its handling began (0: not handled here; reach.recent)
 
     @property
     def completion(self) -> Completion | None:

@@ -26,6 +26,7 @@ from ..scripts.delivery import SettleItem, SettleLike
 from ..tasks import TASK_TTL_MS
 from .items import Delivery, Settleable
 from .letters import DeadLetters
+from .recording import recent_rows
 from .state import Part, Shared
 
 log = logging.getLogger("reach.runtime")
@@ -144,6 +145,7 @@ class Settlement(Part):
             ttl_ms=TASK_TTL_MS,
             on_refused=refused,
             on_round_trip=self.hooks.on_round_trip,
+            recent=recent_rows(batch, self.keys, self.agent_id, self.opts.recent_maxlen),
         )
         for it, res in zip(batch, results, strict=True):
             if res is SettleCode.SETTLED:

@@ -357,6 +357,19 @@ FollowUp = DeadLetter | Delayed
 
 
 @dataclass(frozen=True, slots=True)
+class RecentRows:
+    """The index entries of a settled batch (reach.recent): ``XADD stream MAXLEN ~ maxlen
+    * m <chunk>`` for each chunk, in the settle call itself."""
+
+    stream: str
+    maxlen: int
+    chunks: tuple[bytes, ...]
+
+    def ops(self) -> list[Op]:
+        return [("XADD", self.stream, "MAXLEN", "~", self.maxlen, "*", "m", c) for c in self.chunks]
+
+
+@dataclass(frozen=True, slots=True)
 class SettleItem:
     """One handled inbox entry to settle, in this order: its ``completion`` (if any; when
     fenced, nothing else is done for it), its ``reply`` published to ``reply_stream``
@@ -390,11 +403,16 @@ class SettleLike(Protocol):
 
 
 def settle_call(
-    items: Sequence[SettleLike], *, ttl_ms: int, group: str = GROUP
+    items: Sequence[SettleLike],
+    *,
+    ttl_ms: int,
+    group: str = GROUP,
+    recent: RecentRows | None = None,
 ) -> Call[list[SettleCode]]:
     """One ``settle.lua`` call for ``items`` (standalone Redis: any keys). ``ttl_ms``: how
     long records and reply streams live. The slots of each item are fixed (the script's
-    header): 10, then 11 for a dead letter or 3 for a retry."""
+    header): 10, then 11 for a dead letter or 3 for a retry; then the failure details and
+    ``recent``, the batch's rows of the index of recent messages, if any."""
     keys: list[str] = []
     index: dict[str, int] = {}
 
@@ -429,8 +447,10 @@ def settle_call(
             args += [int(FollowUpKind.DEAD_LETTER), ki(f.stream), f.maxlen, *f.values]
         else:
             args += [int(FollowUpKind.RETRY), ki(f.zset), f.due_ms, f.envelope]
-    if details:
+    if details or (recent is not None and recent.chunks):
         args += [len(details) // 3, *details]
+    if recent is not None and recent.chunks:
+        args += [ki(recent.stream), recent.maxlen, len(recent.chunks), *recent.chunks]
     return Call("settle", tuple(keys), tuple(args), _codes)
 
 
@@ -458,6 +478,7 @@ async def settle(
     group: str = GROUP,
     on_refused: Refused | None = None,
     on_round_trip: Callable[[str], None] | None = None,
+    recent: RecentRows | None = None,
 ) -> list[SettleCode | Exception]:
     """Settle ``items``: per item SETTLED (everything written, acked last), FENCED (its
     record was claimed by another owner since: nothing written, not acked), or an error:
@@ -471,16 +492,18 @@ async def settle(
     by ``on_refused``), then one pipeline of the replies and follow-ups, then one of the
     acks of the items whose writes all succeeded: an item with a write refused (a full
     Redis) is not acked (its error in its place; it stays pending and is settled again).
-    ``on_round_trip(script)`` is called before each round trip.
+    ``on_round_trip(script)`` is called before each round trip. ``recent``: the batch's
+    rows of the index of recent messages, written with it (not when a refused batch is
+    settled one by one).
     """
     if not items:
         return []
     trip = on_round_trip or (lambda _name: None)
     if cluster:
-        return await _settle_pipelined(r, list(items), ttl_ms, group, on_refused, trip)
+        return await _settle_pipelined(r, list(items), ttl_ms, group, on_refused, trip, recent)
     trip("settle")
     try:
-        return list(await settle_call(items, ttl_ms=ttl_ms, group=group).run(r))
+        return list(await settle_call(items, ttl_ms=ttl_ms, group=group, recent=recent).run(r))
     except rexc.ResponseError as e:
         if not is_data_error(e):
             raise
@@ -534,6 +557,7 @@ async def _settle_pipelined(
     group: str,
     on_refused: Refused | None,
     trip: Callable[[str], None],
+    recent: RecentRows | None = None,
 ) -> list[SettleCode | Exception]:
     out: list[SettleCode | Exception | None] = [None] * len(items)
     completing = [(i, it, it.completion) for i, it in enumerate(items) if it.completion]
@@ -608,6 +632,8 @@ async def _settle_pipelined(
     ack_ops: list[Op] = []
     for stream, ids in acks.items():  # acks last: after replies, dead letters, retries
         ack_ops += [("XACK", stream, group, *ids), ("XDEL", stream, *ids)]
+    if recent is not None:  # the index of recent messages: a view, written last
+        ack_ops += recent.ops()
     if ack_ops:
         trip("settle")
         errs = [x for x in await run_pipeline(r, ack_ops) if isinstance(x, Exception)]

@@ -20,6 +20,8 @@ from urllib.parse import parse_qsl, quote, urlencode
 
 import anyio
 import jinja2
+import msgspec
+from markupsafe import Markup
 from redis import exceptions as rexc
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -42,8 +44,9 @@ from ..envelope import decode_payload, now_ms
 from ..errors import ReachError
 from ..keys import PRIORITIES, Keys
 from ..outcomes import Status
+from ..recent import DISPLAY_STATUSES, Filters, Row, attempts_of, list_messages, parse_since
 from ..registry import Registry
-from ..tasks import get_status
+from ..tasks import DeadLetter, get_status, parse_dead_letter
 from ..untrusted import safe_text
 from .charts import line_chart
 from .live import Monitor
@@ -53,6 +56,8 @@ HERE = Path(__file__).parent
 LIVE_KEEPALIVE_S = 15.0
 EVENTS_ON_OVERVIEW = 15
 LETTERS_SHOWN = 200
+LETTERS_SEARCHED = 1000  # dead letters of a capability searched for a message's own
+MESSAGES_SHOWN = 50
 TERMINAL = {Status.SUCCEEDED, Status.FAILED, Status.EXPIRED, Status.DEAD, Status.CANCELLED}
 
 
@@ -73,6 +78,32 @@ def _when(ms: Any) -> str:
         return time.strftime("%H:%M:%S", time.localtime(ms / 1000)) + f".{ms % 1000:03d}"
     except (OverflowError, OSError, ValueError):
         return "-"
+
+
+def _iso(ms: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z"
+
+
+def _ago(ms: Any, now: int | None = None) -> Markup:
+    """A time as people read it: ``12 s ago`` (``in 3 s`` ahead), the exact ISO time (UTC)
+    on hover and in ``datetime``."""
+    if not isinstance(ms, int) or isinstance(ms, bool) or not 0 < ms < 2**53:
+        return Markup("-")
+    try:
+        iso = _iso(ms)
+    except (OverflowError, OSError, ValueError):
+        return Markup("-")
+    d = (now_ms() if now is None else now) - ms
+    a = abs(d)
+    if a < 1000:
+        text = "just now"
+    else:
+        for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("min", 60_000), ("s", 1000)):
+            if a >= size:
+                n = a // size
+                text = f"{n} {unit} ago" if d > 0 else f"in {n} {unit}"
+                break
+    return Markup('<time datetime="{0}" title="{0}">{1}</time>').format(iso, text)
 
 
 def _dur(ms: Any) -> str:
@@ -106,6 +137,8 @@ NOTES = {
     "purged": "Purged {n} dead letters.",
     "draining": "Draining: the agent gets no new work, finishes what it has, then leaves.",
     "already-draining": "The agent was already draining.",
+    "cancelled": "Cancelled: the message will not run (or is being stopped).",
+    "not-cancelled": "Not cancelled: it had finished already (its status below).",
 }
 
 
@@ -144,7 +177,9 @@ class Console:
             autoescape=True,
             undefined=jinja2.StrictUndefined,
         )
-        self.env.filters.update(when=_when, dur=_dur, rate=_rate, pretty=_json, text=safe_text)
+        self.env.filters.update(
+            when=_when, ago=_ago, dur=_dur, rate=_rate, pretty=_json, text=safe_text
+        )
         self.env.globals.update(quote=lambda s: quote(safe_text(s), safe=""), q=_q)
         self.env.globals["PRIORITIES"] = PRIORITIES
 
@@ -238,6 +273,9 @@ class Console:
                 "status": status,
                 "task": self.render("_task.html", **(await self.task_ctx(arg))),
             }
+        if view == "messages":
+            mctx = await self.messages_ctx(dict(parse_qsl(arg)))
+            return {"status": status, "messages": self.render("_messages.html", **mctx)}
         if view == "dlq":
             sig = self.monitor.dlq_signature()
             if memo is not None and sig is not None and memo.get("dlq") == sig:
@@ -260,6 +298,69 @@ class Console:
             "ts_ms": self.monitor.frame["ts_ms"],
         }
 
+    def known(self) -> tuple[list[str], list[str]]:
+        """The capabilities and agent ids the last sample saw (for the filters)."""
+        f = self.monitor.frame
+        return (
+            sorted(c["capability"] for c in f["capabilities"]),
+            sorted(a["agent_id"] for a in f["agents"]),
+        )
+
+    async def messages_ctx(self, params: dict[str, str]) -> dict[str, Any]:
+        """The message list for the filters in ``params`` (cap, agent, status, since,
+        cursor); a filter that cannot be read is named in ``problem``."""
+        caps, agents = self.known()
+        problem = ""
+        since = params.get("since", "").strip()
+        try:
+            since_ms = parse_since(since)
+        except ValueError as e:
+            problem, since_ms = str(e), 0
+        status = params.get("status", "")
+        if status and status not in DISPLAY_STATUSES:
+            problem, status = f"unknown status {status!r}", ""
+        f = Filters(
+            capability=params.get("cap", ""),
+            agent_id=params.get("agent", ""),
+            status=status,
+            since_ms=since_ms,
+        )
+        cursor = params.get("cursor", "")
+        base = {"cap": f.capability, "agent": f.agent_id, "status": f.status, "since": since}
+        try:
+            page = await list_messages(
+                self.redis, self.keys, f, limit=MESSAGES_SHOWN, cursor=cursor, agent_ids=agents
+            )
+        except ValueError as e:
+            problem, page = str(e), await list_messages(self.redis, self.keys, f, limit=0)
+        return {
+            "page": page,
+            "f": f,
+            "since": since,
+            "cursor": cursor,
+            "caps": sorted(set(caps) | ({f.capability} - {""})),
+            "agents": sorted(set(agents) | ({f.agent_id} - {""})),
+            "statuses": DISPLAY_STATUSES,
+            "query": _q(**base, cursor=cursor),
+            "older": _q(**base, cursor=page.next),
+            "newest": _q(**base),
+            "problem": problem,
+        }
+
+    async def letter_of(self, capability: str, msg_id: str) -> DeadLetter | None:
+        """The newest dead letter of ``msg_id`` among the last :data:`LETTERS_SEARCHED` of
+        its capability's stream."""
+        if not capability:
+            return None
+        rows = await self.redis.xrevrange(
+            self.keys.dlq(capability), "+", "-", count=LETTERS_SEARCHED
+        )
+        for entry_id, fields in rows:
+            d = parse_dead_letter(entry_id, fields)
+            if d.msg_id == msg_id:
+                return d
+        return None
+
     async def task_ctx(self, msg_id: str) -> dict[str, Any]:
         st = await get_status(self.redis, self.keys, msg_id)
         result: Any = None
@@ -273,13 +374,25 @@ class Console:
         if sent is not None:
             end = st.updated_ms if st.status in TERMINAL and st.updated_ms else now_ms()
             elapsed = max(0, end - sent)
+        attempts = await attempts_of(self.redis, self.keys, msg_id)
+        letter = None
+        if st.status in (Status.DEAD, Status.EXPIRED, Status.CANCELLED):
+            letter = await self.letter_of(st.capability, msg_id)
+        cancelled = st.status == Status.CANCELLED or (
+            letter is not None and letter.reason == "cancelled"
+        )
         return {
             "msg_id": msg_id,
             "st": st,
+            "shown_status": Status.CANCELLED if cancelled else st.status,
             "result": result,
             "sent_ms": sent,
             "elapsed_ms": elapsed,
             "terminal": st.status in TERMINAL,
+            "attempts": attempts,
+            "letter": letter,
+            "payload": _payload_preview(letter, attempts),
+            "can_cancel": st.status in (Status.PENDING, Status.RUNNING, Status.RETRYING),
         }
 
     async def dlq_ctx(self, cap: str) -> dict[str, Any]:
@@ -288,6 +401,26 @@ class Console:
             self.redis, self.keys, capability=cap or None, limit=LETTERS_SHOWN
         )
         return {"counts": counts, "letters": [e.letter for e in letters], "cap": cap}
+
+
+def _payload_preview(letter: DeadLetter | None, attempts: list[Row]) -> str:
+    """The message's payload as JSON, from its dead letter (whole) or the index (its first
+    bytes); a note when neither has it."""
+    if letter is not None and letter.envelope is not None:
+        try:
+            return _json(decode_payload(letter.envelope.payload))
+        except Exception:  # noqa: BLE001 - whatever the bytes, the rest is shown
+            return "<undecodable>"
+    if not attempts:
+        return "(not kept: the index of recent messages has no attempt of it)"
+    a = attempts[-1]
+    if len(a.payload_head) == a.payload_len:
+        try:
+            return _json(decode_payload(msgspec.Raw(a.payload_head)))
+        except Exception:  # noqa: BLE001
+            return "<undecodable>"
+    head = a.payload_head.decode("utf-8", "replace")
+    return f"(the first {len(a.payload_head)} of {a.payload_len} bytes, msgpack) {head!r}"
 
 
 def _view(request: Request) -> Console:
@@ -320,6 +453,48 @@ async def agent_page(request: Request) -> Response:
     ctx = c.agent_ctx(agent_id)
     card = _json(info.card) if info is not None and info.card else ""
     return c.page("agent.html", request, info=info, card=card, **ctx)
+
+
+async def messages_page(request: Request) -> Response:
+    c = _view(request)
+    ctx = await c.messages_ctx(dict(request.query_params))
+    return c.page("messages.html", request, **ctx)
+
+
+async def cancel_confirm(request: Request) -> Response:
+    c = _view(request)
+    if c.guard.read_only:
+        return _read_only(c, request)
+    msg_id = request.query_params.get("id", "")
+    return c.page(
+        "confirm.html",
+        request,
+        action="/message/cancel",
+        verb="Cancel",
+        what=f"message {msg_id}",
+        detail="A message not started yet never runs; a running one's handler is told "
+        "(ctx.cancelled) and stopped after its grace. It ends as cancelled, and its caller "
+        "gets reach.Cancelled.",
+        hidden={"id": msg_id},
+        back="/message?" + _q(id=msg_id),
+        letters=[],
+    )
+
+
+async def cancel_do(request: Request) -> Response:
+    c = _view(request)
+    form = await _checked_form(c, request)
+    if isinstance(form, Response):
+        return form
+    msg_id = form.get("id", "")
+    if c.client is None:
+        return c.page("error.html", request, 503, message="The console is still starting.")
+    try:
+        res = await c.client.cancel(msg_id, by="reach web")
+    except ReachError as e:
+        return c.page("error.html", request, 409, message=str(e))
+    note = "cancelled" if res.cancelled else "not-cancelled"
+    return RedirectResponse("/message?" + _q(id=msg_id, note=note), status_code=303)
 
 
 async def message_page(request: Request) -> Response:
@@ -686,7 +861,10 @@ def create_app(
         Route("/api/frame", frame_json),
         Route("/events", events_page),
         Route("/agent", agent_page),
+        Route("/messages", messages_page),
         Route("/message", message_page),
+        Route("/message/cancel", cancel_confirm, methods=["GET"]),
+        Route("/message/cancel", cancel_do, methods=["POST"]),
         Route("/dlq", dlq_page),
         Route("/dlq/letter", letter_page),
         Route("/dlq/replay", replay_confirm, methods=["GET"]),

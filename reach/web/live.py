@@ -15,7 +15,7 @@ import anyio
 from redis import exceptions as rexc
 
 from ..connection import AnyRedis
-from ..overview import Sample, collect, empty_sample, frame_data
+from ..overview import CancelledCounts, Sample, collect, empty_sample, frame_data
 from ..registry import Event, Registry
 
 log = logging.getLogger("reach.web")
@@ -80,6 +80,7 @@ class Monitor:
         self.error = ""
         self.version = 0
         self.sampled = False
+        self.cancelled = CancelledCounts()  # cancelled letters, shown apart from failures
         self._changed = anyio.Event()
         self._prev: Sample | None = None
         self._last_event = ""  # the newest event read ("$": none yet, "": not read yet)
@@ -102,7 +103,7 @@ class Monitor:
             tg.start_soon(self._event_loop)
 
     async def sample_now(self, prev: Sample | None) -> Sample:
-        cur = await collect(self.redis, self.namespace)
+        cur = await collect(self.redis, self.namespace, cancelled=self.cancelled)
         self.frame = frame_data(cur, prev, self.namespace)
         if prev is not None:
             self.history.append(point_of(self.frame))

@@ -126,7 +126,10 @@ def test_once_json(plain_worker: None, redis_url: str, ns: str) -> None:
         "routable": 1,
         "queued": 0,
         "inflight": 0,
+        "shared": ["test.other"],  # one agent serves both: one inbox
         "dead_letters": 0,
+        "failed": None,  # reach top does not count cancelled letters apart
+        "cancelled": None,
         "dead_per_s": None,
     }
     assert data["totals"]["agents"] == {"active": 1}

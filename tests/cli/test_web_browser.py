@@ -260,3 +260,113 @@ async def test_the_console_in_a_browser(
     await page.goto(base + "/")
     await page.wait_for_selector("#agents td.empty")
     await page.screenshot(path=str(shots / "after-drain.png"))
+
+
+@pytest.fixture
+def console_worker(browser: None, redis_url: str, ns: str) -> Iterator[subprocess.Popen[bytes]]:
+    """A `reach worker` of tests.support.agents_console (echo, a KeyError, a hold)."""
+    p = subprocess.Popen(
+        [sys.executable, "-m", "reach_cli.app", "worker"]
+        + ["tests.support.agents_console:console_agent", "--redis-url", redis_url]
+        + ["--namespace", ns, "--log-level", "warning", *FAST, "--cancel-grace-s", "0.2"],
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        yield p
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+async def _rows(page: Any) -> list[str]:
+    return list(
+        await page.eval_on_selector_all(
+            "#messages tr[data-msg]", "rows => rows.map(r => r.dataset.msg)"
+        )
+    )
+
+
+async def test_the_message_list_in_a_browser(
+    console_worker: subprocess.Popen[bytes],
+    console: Console,
+    page: Any,
+    r: AnyRedis,
+    ns: str,
+    tmp_path: Path,
+) -> None:
+    base = await console.url()
+    shots = _shots(tmp_path)
+    keys = Keys(ns)
+    async with Client(redis=r, namespace=ns) as client:
+        with anyio.fail_after(30):
+            while not await Registry(r, ns).get("console-1"):
+                await anyio.sleep(0.05)
+        echoed = [await client.request("web.echo", {"n": i}, timeout_s=20) for i in range(2)]
+        assert echoed == [{"echo": {"n": 0}}, {"echo": {"n": 1}}]
+        failed_id = await client.send("web.lookup", {"text": "no txt here"}, max_attempts=1)
+        held = await client.send("web.hold", {"wait": True})
+        with anyio.fail_after(20):
+            while (await get_status(r, keys, failed_id)).status != "dead":
+                await anyio.sleep(0.05)
+            while (await get_status(r, keys, held)).status != "running":
+                await anyio.sleep(0.05)
+
+        # The list: the failed message's row leads to its traceback.
+        await page.goto(base + "/messages")
+        await page.wait_for_selector(f'#messages tr[data-msg="{failed_id}"]')
+        await page.wait_for_selector(f'#messages tr[data-msg="{held}"][data-status="running"]')
+        await page.screenshot(path=str(shots / "messages.png"))
+        await page.click(f'#messages tr[data-msg="{failed_id}"] a[href^="/message?"]')
+        await page.wait_for_url(f"**/message?id={failed_id}")
+        tb = await page.inner_text("#traceback")
+        assert "KeyError: 'txt'" in tb and 'payload["txt"]' in tb, tb
+        assert await page.inner_text("#task-error") == "KeyError: 'txt'"
+        assert "console-1" in await page.inner_text("#attempts")
+        assert "no txt here" in await page.inner_text("#payload")
+        assert await page.query_selector("a#dead-letter") is not None
+        assert await page.query_selector("a#replay-msg") is not None
+        await page.screenshot(path=str(shots / "failed-message.png"))
+
+        # The filters: status, then capability; the list follows new messages live.
+        await page.goto(base + "/messages")
+        await page.select_option("#f-status", "failed")
+        await page.click("#f-apply")
+        await page.wait_for_url("**status=failed**")
+        assert await _rows(page) == [failed_id]
+        await page.select_option("#f-status", "")
+        await page.select_option("#f-cap", "web.echo")
+        await page.click("#f-apply")
+        await page.wait_for_url("**cap=web.echo**")
+        assert len(await _rows(page)) == 2
+        third = await client.send("web.echo", {"n": 2})
+        await page.wait_for_selector(f'#messages tr[data-msg="{third}"]')  # no reload
+        assert len(await _rows(page)) == 3
+
+        # A running message, cancelled from its page through the confirmation.
+        await page.goto(base + "/messages?status=running")
+        await page.click(f'#messages tr[data-msg="{held}"] a[href^="/message?"]')
+        await page.wait_for_url(f"**/message?id={held}")
+        assert await page.inner_text("#task-status") == "running"
+        await page.click("#cancel-msg")
+        await page.wait_for_selector("#confirm")
+        assert "Cancel message" in await page.inner_text(".confirm h2")
+        assert (await get_status(r, keys, held)).status == "running"  # not before confirming
+        await page.click("#confirm")
+        await page.wait_for_url(f"**/message?id={held}**")
+        await page.wait_for_function(
+            "() => document.getElementById('task-status')?.textContent === 'cancelled'"
+        )
+        assert (await get_status(r, keys, held)).status == "cancelled"
+        await page.screenshot(path=str(shots / "cancelled-message.png"))
+
+    # The overview shows the cancelled one apart from the failure.
+    with anyio.fail_after(20):
+        while await r.xlen(keys.dlq("web.hold")) < 1:  # the worker reached the cancel
+            await anyio.sleep(0.05)
+    await page.goto(base + "/")
+    await page.wait_for_function(
+        "() => document.querySelector('#tile-cancelled b')?.textContent.trim() === '1'"
+    )
+    assert (await page.inner_text("#tile-failed b")).strip() == "1"

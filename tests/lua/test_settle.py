@@ -267,7 +267,8 @@ def _bad_calls() -> list[tuple[str, int | None, object]]:
     calls: list[tuple[str, int | None, object]] = [("ttl_ms", 0, v) for v in BAD_INTS]
     calls += [("group", 1, "")]
     calls += [("number of items", 2, v) for v in ["4", "x", "", "-1", "1e3", "02"]]
-    calls += [("arguments", 2, "1"), ("arguments", 2, "3"), ("number of details", None, "extra")]
+    # n 1: the second item reads as the failure details, then an index section.
+    calls += [("recent index", 2, "1"), ("arguments", 2, "3"), ("number of details", None, "extra")]
     calls += [("arguments", None, "drop"), ("arguments", 33, "1"), ("number of details", 33, "0")]
     calls += [(f"record index {it2}", 24, v) for v in ["6", "-1", "x", "1.0", ""]]
     calls += [(f"fence {it1}", 4, v) for v in ["abc", "0", "", "-1", "1e3"]]
@@ -493,6 +494,41 @@ async def test_details_out_of_contract_are_refused_before_any_write(
     s = await _scene(r, ns, n=1)
     b = Batch()
     b.complete(s, s.entries[0], status="dead", mode="release")
+    before = await snapshot(r, ns)
+    with pytest.raises(rexc.ResponseError, match=f"^reach: {re.escape(what)}"):
+        await scripts.call(r, "settle", b.keys, [TTL_MS, GROUP, b.n, *b.items, *tail])
+    assert_unchanged(before, await snapshot(r, ns))
+
+
+async def test_the_index_section_adds_one_entry_per_chunk(r: AnyRedis, ns: str) -> None:
+    s = await _scene(r, ns, n=2)
+    recent = s.k.recent
+    b = Batch()
+    b.complete(s, s.entries[0])
+    b.add(inbox=s.inbox, entry=s.entries[1])
+    args = [TTL_MS, GROUP, b.n, *b.items, 0, b.ki(recent), 100, 2, b"C1", b"C2"]
+    assert await scripts.call(r, "settle", b.keys, args) == [1, 1]
+    assert [f[b"m"] for _, f in await r.xrange(recent)] == [b"C1", b"C2"]
+
+
+@pytest.mark.parametrize(
+    ("tail", "what"),
+    [
+        ([0, "x", 100, 1, b"C"], "bad recent index"),
+        ([0, "R", "x", 1, b"C"], "bad recent maxlen"),
+        ([0, "R", 100, 2, b"C"], "bad number of chunks"),
+        ([0, "R", 100, 1], "bad arguments: 1 chunks"),
+        ([0, "R", 100], "bad arguments: the index"),
+    ],
+)
+async def test_an_index_section_out_of_contract_is_refused_before_any_write(
+    r: AnyRedis, ns: str, tail: list[Any], what: str
+) -> None:
+    s = await _scene(r, ns, n=1)
+    b = Batch()
+    b.complete(s, s.entries[0])
+    ri = b.ki(s.k.recent)
+    tail = [ri if v == "R" else v for v in tail]
     before = await snapshot(r, ns)
     with pytest.raises(rexc.ResponseError, match=f"^reach: {re.escape(what)}"):
         await scripts.call(r, "settle", b.keys, [TTL_MS, GROUP, b.n, *b.items, *tail])

@@ -43,6 +43,7 @@ RANKS: dict[str, int] = {
     # state in Redis, read and written through the script layer
     "reach.registry": 2,
     "reach.tasks": 2,
+    "reach.recent": 2,  # the index of recent messages (settle writes it, listings read it)
     "reach.session": 2,
     "reach.view": 2,
     "reach.limits": 2,  # rate limits per capability (set by operators, taken by workers)

@@ -108,3 +108,36 @@ def test_the_static_files_are_small_and_fetch_nothing_elsewhere(name: str) -> No
     text = (ROOT / "reach" / "web" / "static" / name).read_text()
     assert len(text) < 8_000
     assert "http://" not in text and "https://" not in text and "//cdn" not in text
+
+
+def test_totals_count_a_shared_inbox_once_and_cancelled_apart() -> None:
+    from reach.overview import Sample, frame_data
+    from reach.registry import AgentInfo
+
+    agent = AgentInfo(agent_id="a-1", capabilities=["text.a", "text.b"], state="active")
+    s = Sample(
+        mono=1.0,
+        ts_ms=1,
+        agents=[agent],
+        capabilities=[("text.a", 1), ("text.b", 1)],
+        depth={"a-1": {"high": 0, "normal": 35, "low": 0}},
+        dlq={"text.a": 5},
+        dlq_cancelled={"text.a": 2},
+    )
+    f = frame_data(s, None, "ns")
+    a, b = f["capabilities"]
+    assert (a["queued"], a["shared"], b["queued"], b["shared"]) == (35, ["text.b"], 35, ["text.a"])
+    assert f["totals"]["queued"] == 35  # one inbox, counted once
+    assert (a["dead_letters"], a["failed"], a["cancelled"]) == (5, 3, 2)
+    assert (f["totals"]["failed"], f["totals"]["cancelled"]) == (3, 2)
+
+
+def test_times_read_relative_with_the_exact_time_on_hover() -> None:
+    from reach.web.app import _ago
+
+    now = 1_700_000_000_000
+    html = str(_ago(now - 90_000, now))
+    assert ">1 min ago</time>" in html
+    assert 'title="2023-11-14T22:11:50.000Z"' in html and 'datetime="2023-11-14T' in html
+    assert ">just now<" in str(_ago(now, now)) and ">in 5 s<" in str(_ago(now + 5000, now))
+    assert str(_ago(0, now)) == "-" and str(_ago("x", now)) == "-"
