@@ -77,7 +77,21 @@ def test_register_encodes_the_header_layout() -> None:
         max_queue=5,
     )
     assert c.keys == (K.agents, K.agent("a1"), K.caps, K.events, K.cap_prefix, K.agent_prefix)
-    assert c.args == ("a1", "i1", 7, "2.0", "c,d.e", '{"x":1}', 100, 200, 1000, "", "1", 5)
+    assert c.args == (
+        "a1",
+        "i1",
+        7,
+        "2.0",
+        "c,d.e",
+        '{"x":1}',
+        100,
+        200,
+        1000,
+        "",
+        "1",
+        5,
+        1,
+    )  # ..., max_queue, protocol
     assert c.op() == ("EVALSHA", scripts.script("register").sha, 6, *c.keys, *c.args)
 
 
