@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, TypedDict
 
@@ -38,7 +39,7 @@ from .errors import DeadlineExceeded, NoAgentAvailable, Overloaded, ReachError, 
 from .keys import Keys
 from .outcomes import Unavailable
 from .quotas import MAX_TAKE, NO_QUOTAS, QuotaCache, Quotas, SendBucket, take_call
-from .registry import AgentInfo
+from .registry import AgentInfo, unknown_capability
 from .routing import Router
 from .scripts import inbox
 from .signing import Signer
@@ -198,6 +199,7 @@ class Delivery:
         self.redis_url = redis_url
         self.default_policy = default_policy
         self.coalescer = None if commands.cluster else Coalescer(commands, keys, ttl_ms=TASK_TTL_MS)
+        self._figures: tuple[float, int, list[str]] | None = None  # (read at, live, caps)
 
     async def quotas(self) -> Quotas:
         """The namespace's quotas (reach.quotas), as last read (re-read every second)."""
@@ -355,10 +357,16 @@ class Delivery:
         router knew of no agent to count, and so of no capability to suggest."""
         if e.reason != Unavailable.NO_AGENT or candidates:
             return e
-        try:
-            return await self.view.registry.no_agent(e.capability)
-        except (rexc.RedisError, OSError):  # the figures are a courtesy: keep the error
-            return e
+        # Read at most once a second: a caller looping on a misspelt capability must not
+        # make Redis count the registry (up to 1,000 records) per send.
+        f, now = self._figures, time.monotonic()
+        if f is None or now - f[0] > FIGURES_TTL_S:
+            try:
+                live, caps = await self.view.registry.figures()
+            except (rexc.RedisError, OSError):  # the figures are a courtesy: keep the error
+                return e
+            self._figures = f = (now, live, caps)
+        return unknown_capability(e.capability, live_agents=f[1], capabilities=f[2])
 
     async def _add(
         self, env: Envelope, agent: AgentInfo, data: bytes, *, track: bool, bound: int
@@ -612,6 +620,10 @@ class _Route(TypedDict):
     target: str | None
     avoid: str | Collection[str]
 
+
+FIGURES_TTL_S = 1.0
+"""How long the registry's figures in a no-agent error (live agents, capabilities) are
+reused before they are read again."""
 
 SEND_CHUNK = 128
 """``send_many`` on standalone Redis: messages encoded and handed to the connection at a

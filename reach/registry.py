@@ -885,15 +885,17 @@ class Registry:
             routable += r
         return states, routable
 
+    async def figures(self) -> tuple[int, list[str]]:
+        """The namespace's live (active) agents, counted as :meth:`count_states` counts
+        them, and the capabilities live agents declare: what :meth:`no_agent` says."""
+        states, _ = await self.count_states()
+        return states.get("active", 0), [c for c, n in await self.capabilities() if n > 0]
+
     async def no_agent(self, capability: str) -> NoAgentAvailable:
         """The error for ``capability`` when none of its agents is known, with the
-        namespace's live agents and capabilities counted (:func:`unknown_capability`): a
-        few reads, made only on that error's path."""
-        states, _ = await self.count_states()
-        caps = [c for c, n in await self.capabilities() if n > 0]
-        return unknown_capability(
-            capability, live_agents=states.get("active", 0), capabilities=caps
-        )
+        namespace's figures (:meth:`figures`, :func:`unknown_capability`)."""
+        live, caps = await self.figures()
+        return unknown_capability(capability, live_agents=live, capabilities=caps)
 
     async def get(self, agent_id: str) -> AgentInfo | None:
         """The agent's record (live or shadow); None when there is none, or when it cannot

@@ -230,13 +230,30 @@ async def test_a_throwaway_embedded_server_gets_no_persistence_warning(
 async def test_no_key_of_everyday_operations_is_unknown(redis_url: str, ns: str) -> None:
     """A real worker, a client and the CLI do what users do (sends, requests with an
     idempotency key, a session, a stream, a retry, a dead letter, a cancel, a capability's
-    limit and a handler's own, quotas, a sweep): every key they leave has a form in
+    limit and a handler's own, quotas, a worker killed mid-handler whose inbox the sweeps
+    park): every key they leave has a form in
     reach.keys.LAYOUT, and doctor's key scheme check says so."""
     import anyio
+    import redis.asyncio
 
     from reach.keys import Keys, form_of, scan_patterns
     from tests.support.agents_messaging import wait_eligible, wait_status
+    from tests.support.waiting import wait_until
     from tests.support.workers import Workers
+
+    async def keys_known_to_doctor() -> list[str]:
+        """The namespace's keys now, each checked to have a form, and doctor's verdict."""
+        sync = redis.Redis.from_url(redis_url)
+        try:
+            keys = [k.decode() for p in scan_patterns(ns) for k in sync.scan_iter(match=p)]
+        finally:
+            sync.close()
+        unknown = [k for k in keys if form_of(k, ns) is None]
+        assert not unknown, unknown
+        report = (await anyio.to_thread.run_sync(lambda: run_doctor(redis_url, "-n", ns)))[1]
+        (f,) = of(report, "key scheme")
+        assert f["level"] == "ok" and "follow key scheme" in f["message"], f
+        return keys
 
     async def cli(*args: str) -> None:
         argv = [*args, "--redis-url", redis_url, "--namespace", ns]
@@ -263,25 +280,33 @@ async def test_no_key_of_everyday_operations_is_unknown(redis_url: str, ns: str)
             await wait_status(client, held, "running", timeout=30)
             assert (await client.cancel(held)).cancelled
             await wait_status(client, held, "cancelled", timeout=30)
-        await cli("sweep")
+            # the worker killed while it runs one: the sweeps evict it and park its inbox
+            orphan = await client.send("doc.hold", 1)
+            await wait_status(client, orphan, "running", timeout=30)
+            found = await keys_known_to_doctor()
+        proc = workers.procs["ops_agent"]
+        proc.kill()
+        proc.wait(timeout=30)
+
+        async def parked() -> bool:
+            await cli("sweep")
+            return bool(await r.exists(Keys(ns).parked("doc.hold")))
+
+        r = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            await wait_until(parked, timeout_s=60, interval_s=0.2, what="the inbox parked")
+        finally:
+            await r.aclose()
         await cli("dlq", "list")
+        found += await keys_known_to_doctor()
     finally:
         workers.stop_all()
-    r = redis.Redis.from_url(redis_url)
-    try:
-        found = [k.decode() for p in scan_patterns(ns) for k in r.scan_iter(match=p, count=1000)]
-    finally:
-        r.close()
-    unknown = [k for k in found if form_of(k, ns) is None]
-    assert not unknown, unknown
     builders = {f.builder for k in found if (f := form_of(k, ns)) is not None}
     # what the operations above leave behind, so the check below checks them
     assert builders >= {
         "agents_of", "agent", "cap_of", "caps_of", "events_of", "inbox", "replies", "idem",
         "task", "session", "session_history", "effects", "dlq", "cancels", "limits",
-        "quotas", "rate_state", "agent_rate_state", "send_rate_state",
+        "quotas", "rate_state", "agent_rate_state", "send_rate_state", "parked",
+        "parked_caps",
     }, builders  # fmt: skip
     assert len(found) >= 20 and Keys(ns).cancels in found
-    report = (await anyio.to_thread.run_sync(lambda: run_doctor(redis_url, "-n", ns)))[1]
-    (f,) = of(report, "key scheme")
-    assert f["level"] == "ok" and "follow key scheme" in f["message"], f

@@ -9,12 +9,14 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import anyio
 import pytest
 
+from reach._delivery import FIGURES_TTL_S
 from reach.client import Client
 from reach.connection import AnyRedis
 from reach.envelope import encode
@@ -88,6 +90,22 @@ async def test_no_agent_error_counts_the_registry_and_suggests_a_close_name(
         with pytest.raises(NoAgentAvailable) as got:
             await client.request("billing.invoice", {}, timeout_s=10)
         assert "2 live agent(s)" in str(got.value) and "Did you mean" not in str(got.value)
+        # a caller looping on the misspelt name: the registry is counted once a second at
+        # most, not per send
+        reg = client.view.registry
+        reads, read = [0], reg.figures
+
+        async def counted() -> tuple[int, list[str]]:
+            reads[0] += 1
+            return await read()
+
+        reg.figures = counted  # type: ignore[method-assign]
+        t0 = time.monotonic()
+        for _ in range(200):
+            with pytest.raises(NoAgentAvailable, match="Did you mean 'test.echo'"):
+                await client.send(TYPO, {"x": 1})
+        elapsed = time.monotonic() - t0
+        assert reads[0] <= 1 + elapsed / FIGURES_TTL_S, (reads, elapsed)
         # a dead letter of the misspelt capability, replayed: the failure says the same
         env = client.build(TYPO, {"x": 2})
     common = ("--redis-url", redis_url, "--namespace", ns)

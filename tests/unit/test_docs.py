@@ -118,3 +118,42 @@ def test_installed_distribution_is_ours() -> None:
     assert metadata.version("reach-fabric") == reach.__version__
     top = (metadata.distribution("reach-fabric").read_text("top_level.txt") or "").split()
     assert not top or "reach" in top
+
+
+def test_protocol_md_states_what_the_code_does() -> None:
+    """docs/protocol.md, which other implementations are written from, names the protocol
+    version, every claim.lua and cancel.lua answer, and the bounds the runtime writes with,
+    as the code has them."""
+    from reach._delivery import CLAIM_AT_SEND_LEASE_MS
+    from reach._emitting import MAX_ENTRY_CHUNKS
+    from reach._version import PROTOCOL_VERSION
+    from reach.keys import KEY_SCHEME
+    from reach.scripts.cancelling import CANCELS_MAXLEN
+    from reach.scripts.codes import CancelCode, ClaimCode, StreamBound
+    from reach.signing import MIN_SECRET_BYTES
+    from reach.tasks import DLQ_MAXLEN, DLQ_RAW_MAX_BYTES, TASK_TTL_MS
+
+    raw = (ROOT / "docs" / "protocol.md").read_text(encoding="utf-8")
+    text = " ".join(raw.split())  # figures may be wrapped over lines
+    assert (
+        f"**protocol version {PROTOCOL_VERSION}** (envelope version 1, key scheme {KEY_SCHEME})"
+        in text
+    )
+    rows = {line.split("|")[1].strip(): line for line in raw.splitlines() if line.startswith("| `")}
+    answers = ("{1, fence}", "{2, reply}", "{3, owner}", "{4, ''}")
+    for code, answer in zip(ClaimCode, answers, strict=True):
+        assert answer in rows["`claim.lua`"] and answer.startswith("{" + str(int(code))), answer
+    for answer in ("{1, status}", "{2, 'cancelled'}", "{0, status}", "{-1, ''}"):
+        assert answer in rows["`cancel.lua`"], answer
+    assert {int(c) for c in CancelCode} == {1, 2, 0, -1}
+    for figure in (
+        f"MAXLEN ~ {int(StreamBound.REPLIES)}",
+        f"MAXLEN ~ {CANCELS_MAXLEN}",
+        f"MAXLEN ~ {DLQ_MAXLEN}",
+        f"the first {DLQ_RAW_MAX_BYTES} kept",
+        f"PEXPIRE <stream> {TASK_TTL_MS}",
+        f"{CLAIM_AT_SEND_LEASE_MS} ms",
+        f"at most {MAX_ENTRY_CHUNKS} of them",
+        f"At least {MIN_SECRET_BYTES} bytes",
+    ):
+        assert figure in text, figure

@@ -370,9 +370,8 @@ def test_protocol_md_reply_fields_agree() -> None:
     meaning = status_row.group(0).split("|")[4]
     assert _ticked(meaning) == FINAL_STATUSES
     listed = _ticked(reason_row.group(0).split("|")[4])
-    # Every reason protocol.md names is one a reply may carry. It does not name all of them
-    # (unroutable and unprocessable are missing there): a subset, not equality, for now.
-    assert listed and listed <= set(DeadReason) - RAW_REASONS
+    # protocol.md names every reason a reply may carry (all but the raw ones)
+    assert listed == set(DeadReason) - RAW_REASONS
     mapping = re.search(r"`dead` with reason (.*?) → `RemoteError`", reply, re.DOTALL)
     assert mapping and _ticked(mapping.group(1)) == RETRYABLE
 

@@ -78,7 +78,8 @@ def test_register_encodes_the_header_layout() -> None:
         slots=8,
     )
     assert c.keys == (K.agents, K.agent("a1"), K.caps, K.events, K.cap_prefix, K.agent_prefix)
-    assert c.args == ("a1", "i1", 7, "2.0", "c,d.e", '{"x":1}', 100, 200, 1000, "", "1", 5, 8)
+    assert c.args == ("a1", "i1", 7, "2.0", "c,d.e", '{"x":1}', 100, 200, 1000, "", "1", 5, 8, 1)
+    # ..., max_queue, slots, protocol
     assert c.op() == ("EVALSHA", scripts.script("register").sha, 6, *c.keys, *c.args)
 
 
