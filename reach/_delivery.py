@@ -199,7 +199,8 @@ class Delivery:
         self.redis_url = redis_url
         self.default_policy = default_policy
         self.coalescer = None if commands.cluster else Coalescer(commands, keys, ttl_ms=TASK_TTL_MS)
-        self._figures: tuple[float, int, list[str]] | None = None  # (read at, live, caps)
+        # (read at, the view's version then, live agents, capabilities)
+        self._figures: tuple[float, int, int, list[str]] | None = None
 
     async def quotas(self) -> Quotas:
         """The namespace's quotas (reach.quotas), as last read (re-read every second)."""
@@ -357,16 +358,17 @@ class Delivery:
         router knew of no agent to count, and so of no capability to suggest."""
         if e.reason != Unavailable.NO_AGENT or candidates:
             return e
-        # Read at most once a second: a caller looping on a misspelt capability must not
-        # make Redis count the registry (up to 1,000 records) per send.
-        f, now = self._figures, time.monotonic()
-        if f is None or now - f[0] > FIGURES_TTL_S:
+        # Reused for a second while the view saw no change: a caller looping on a misspelt
+        # capability must not make Redis count the registry (up to 1,000 records) per send.
+        # An empty registry (cheap to count) is never reused: agents may be starting.
+        f, now, version = self._figures, time.monotonic(), self.view.version
+        if f is None or now - f[0] > FIGURES_TTL_S or f[1] != version or not f[2]:
             try:
                 live, caps = await self.view.registry.figures()
             except (rexc.RedisError, OSError):  # the figures are a courtesy: keep the error
                 return e
-            self._figures = f = (now, live, caps)
-        return unknown_capability(e.capability, live_agents=f[1], capabilities=f[2])
+            self._figures = f = (now, version, live, caps)
+        return unknown_capability(e.capability, live_agents=f[2], capabilities=f[3])
 
     async def _add(
         self, env: Envelope, agent: AgentInfo, data: bytes, *, track: bool, bound: int
