@@ -230,3 +230,30 @@ async def test_outcome_refused_by_a_redis_restart_is_written_when_redis_is_back(
         await r.aclose()
     finally:
         w.stop_all()
+
+
+async def test_handler_ignoring_its_cancellation_is_waited_for_and_settled(
+    workers: Workers, r: AnyRedis, redis_url: str, ns: str
+) -> None:
+    """A handler that ignores cancellation (it shields itself) for 6.5 s, a 0.5 s grace: the
+    cut at the end of the grace does not end it, and the worker waits for it past the 5 s
+    it gives cancelled handlers, then writes its outcome and leaves. Before, the worker gave
+    up waiting, wrote nothing more, and the message ran a second time on the peer."""
+    reg = Registry(r, ns)
+    procs = await start(workers, reg, ["sleeper-a", "sleeper-b"], "--drain-s", "0.5")
+    got: list[Any] = []
+    async with Client(redis_url=redis_url, namespace=ns) as c:
+        async with anyio.create_task_group() as tg:
+
+            async def call() -> None:
+                got.append(await c.request("test.sleep_shielded", {"seconds": 6.5}, timeout_s=60))
+
+            tg.start_soon(call)
+            key, agent = await running(r, ns, "sleep_shielded")
+            procs[agent].send_signal(signal.SIGTERM)
+        assert got == [{"agent": agent, "slept": 6.5}]
+        assert procs[agent].wait(timeout=30) == 0
+        status = await c.task(key)
+        assert (status.status, status.runs) == ("succeeded", 1)
+    await assert_ran_once(r, ns, "sleep_shielded", key)
+    await assert_left_clean(r, reg, agent)
