@@ -207,7 +207,11 @@ class _Letters:
         if not env.reply_to:
             return []
         rk = self.keys.replies(env.reply_to)
-        if self.signer is not None and not reply.sig:
+        # Signed only for a message that verifies: an entry anyone may have written names
+        # its caller (reply_to, msg_id) without proof, and a signed 'expired' or 'dead'
+        # reply would tell a signing caller, in the runtime's name, that its real message
+        # ended. Unsigned, it reaches callers that sent unsigned messages (no keys) only.
+        if self.signer is not None and not reply.sig and self.signer.check_envelope(env) is None:
             self.signer.sign_reply(reply)
         return [
             ("XADD", rk, "MAXLEN", "~", int(StreamBound.REPLIES), "*", "r", encode(reply)),

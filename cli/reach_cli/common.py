@@ -137,6 +137,13 @@ def explain(exc: BaseException, url: str | None = None) -> str | None:
             "and port in --redis-url (Redis listens on 6379 by default; `reach redis` "
             "on 6390)."
         )
+    if isinstance(exc, rexc.OutOfMemoryError):
+        return (
+            f"Redis{at} is out of memory and refused a write ({exc}): its used memory is over "
+            "its maxmemory setting, and with maxmemory-policy noeviction it refuses writes "
+            "(what it holds is kept). Free memory (reach dlq purge, delete keys you do not "
+            "need), raise maxmemory (CONFIG SET maxmemory) or give Redis more memory."
+        )
     if isinstance(exc, rexc.ReadOnlyError):
         return f"Redis{at} is a read-only replica ({exc}): point --redis-url at the master."
     if isinstance(exc, (rexc.ConnectionError, rexc.TimeoutError)):

@@ -16,7 +16,7 @@ import logging
 import time
 from typing import Any
 
-from ..envelope import BadEnvelope, Envelope, Reply
+from ..envelope import BadEnvelope, Envelope, Reply, encode
 from ..keys import Keys
 from ..outcomes import DeadReason, Outcome, Settled, Status
 from ..scripts.delivery import Completion, DeadLetter, Mode
@@ -141,9 +141,11 @@ class DeadLetters:
             agent_id=self.agent_id,
             attempt=env.attempt,
         )
-        it.answer(
-            self.keys, sign_reply_for(self.keys.namespace, self.agent_id, reply), publish=True
-        )
+        # Unsigned, on purpose: the message names its caller (reply_to, msg_id) without
+        # proof. A caller that sent it unsigned (no keys) reads this reply; a signing caller
+        # drops it, so a forged copy of its message cannot make the agent tell it, in the
+        # agent's name, that its real message was refused.
+        it.answer(self.keys, encode(reply), publish=True)
         it.follow_up = DeadLetter.of_op(
             dead_letter_op(
                 self.keys,

@@ -10,13 +10,16 @@ holds only the namespace's keys (what reach's ``caller`` role grants), no secret
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
+import anyio
+import msgspec
 import pytest
 
 from reach import admin
 from reach.client import Client
 from reach.connection import AnyRedis
-from reach.envelope import Envelope, encode, encode_payload, new_id, now_ms
+from reach.envelope import Envelope, decode_envelope, encode, encode_payload, new_id, now_ms
 from reach.keys import GROUP, Keys
 from reach.registry import Registry
 from reach.tasks import dead_letter_op
@@ -181,3 +184,41 @@ async def test_a_forged_dead_letter_is_not_replayed_as_its_claimed_sender(
 
         await wait_until(fake_ran, timeout_s=30, what="the letter replayed as the operator")
         assert await ran(r, ns, fake.msg_id) == (1, operator.client_id)
+
+
+async def test_a_forged_copy_cannot_end_a_signing_callers_request(
+    workers: Workers, r: AnyRedis, redis_url: str, ns: str
+) -> None:
+    """An attacker copies the msg_id and reply_to of a signing caller's running request
+    into forged, unsigned entries: one in the agent's inbox (refused, unauthenticated) and
+    one in the delayed set with its deadline passed (expired by the sweeper). Neither
+    refusal is signed, so the caller drops both and gets its real result."""
+    keys = Keys(ns)
+    await ready(r, ns)
+    async with Client(redis_url=redis_url, namespace=ns, secret=SECRET) as victim:
+        result: list[object] = []
+
+        async def ask() -> None:
+            result.append(await victim.request(CAP, {"sleep_s": 2.0}, timeout_s=30))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ask)
+
+            async def sent() -> list[Any]:
+                got = await r.xrevrange(keys.inbox("sig-1", "normal"), count=1)
+                return [decode_envelope(f[b"e"]) for _, f in got]
+
+            [real] = await wait_until(sent, timeout_s=20, what="the request in the inbox")
+            refused = msgspec.structs.replace(real, kid="", sig=b"", source="admin")
+            await r.xadd(keys.inbox("sig-1", "normal"), {"e": encode(refused)})
+            stale = msgspec.structs.replace(refused, deadline_ms=now_ms() - 1000)
+            await r.zadd(keys.delayed, {encode(stale): 1})
+
+            async def both_answered() -> bool:
+                replies = await r.xrange(keys.replies(victim.client_id))
+                return len(replies) >= 2 or bool(result)
+
+            await wait_until(both_answered, timeout_s=20, what="the forged refusals")
+        assert result == [victim.client_id]
+        assert victim.forged_replies >= 2
+        assert await ran(r, ns, real.msg_id) == (1, victim.client_id)

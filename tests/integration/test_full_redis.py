@@ -300,7 +300,7 @@ async def test_send_and_request_raise_redis_full(
             check=False,
         )
         err = cli.stderr.decode()
-        assert cli.returncode != 0
+        assert cli.returncode == 2, err
         assert "maxmemory" in err and "Traceback" not in err, err
         assert len(err.strip().splitlines()) == 1, err
 
@@ -474,3 +474,32 @@ async def test_moves_to_a_live_agent_wait_while_redis_is_full(
         assert (await effects(r, ns))["effects"] == 3
         assert await r.zcard(keys.delayed) == 0
         assert await r.xlen(keys.parked("rec.work")) == 0
+
+
+async def test_a_cli_write_on_a_full_redis_is_one_line_that_says_what_to_do(
+    small_redis: RedisServer, r: AnyRedis, ns: str
+) -> None:
+    """An operator command that writes (reach quota set) on a full Redis: exit code 2
+    (an error: docs/cli.md) and one line that names maxmemory and what to do, no traceback."""
+    mem = Memory(r, ns)
+    await mem.fill()
+    cli = await anyio.run_process(
+        [
+            sys.executable,
+            "-m",
+            "reach_cli.app",
+            "quota",
+            "set",
+            "--max-inbox",
+            "5",
+            "--redis-url",
+            small_redis.url,
+            "--namespace",
+            ns,
+        ],
+        check=False,
+    )
+    err = cli.stderr.decode()
+    assert cli.returncode == 2, err
+    assert "out of memory" in err and "raise maxmemory" in err and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1, err

@@ -355,6 +355,8 @@ async def test_replies_the_sweeper_writes_are_signed(r: AnyRedis, ns: str) -> No
     async with Client(redis=r, namespace=ns, client_id="sw-caller", secret=SECRET) as c:
         late = c.build(CAP, 1, timeout_s=5)
         dup = c.build(CAP, 2, idempotency_key="k-done", timeout_s=5)
+    for env in (late, dup):  # as a signing caller's messages wait in Redis
+        ring.sign_envelope(env)
     stored = ring.sign_reply(Reply(msg_id="first", status="succeeded", result=encode_payload(7)))
     await r.hset(keys.idem(dup.key), mapping={"done": "1", "status": "succeeded"})
     await r.hset(keys.idem(dup.key), "reply", encode(stored))
@@ -370,3 +372,8 @@ async def test_replies_the_sweeper_writes_are_signed(r: AnyRedis, ns: str) -> No
     await expire(r, keys, c.build(CAP, 3, timeout_s=5), reason="expired", error="x")
     unsigned = decode_reply((await r.xrevrange(keys.replies("sw-caller"), count=1))[0][1][b"r"])
     assert ring.check_reply(unsigned) is not None
+    # Nor for a message that does not verify: an unsigned (maybe forged) entry naming a
+    # caller is answered unsigned, so a signing caller drops it.
+    await expire(r, keys, c.build(CAP, 4, timeout_s=5), reason="expired", error="x", signer=ring)
+    unsigned = decode_reply((await r.xrevrange(keys.replies("sw-caller"), count=1))[0][1][b"r"])
+    assert ring.check_reply(unsigned) == "unsigned"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
+
 from reach import Agent, Context
 
 
@@ -15,6 +17,7 @@ def w1() -> Agent:
     async def work(payload: dict[str, Any], ctx: Context) -> str:
         # Who ran, as whom, and how often: read by the test.
         key = ctx.keys.effects("sig")
+        await anyio.sleep(float(payload.get("sleep_s", 0)))
         # The sender first: a test that sees the run sees whom it ran as.
         await ctx.redis.hset(key, f"sender:{ctx.msg_id}", ctx.sender or "<none>")
         await ctx.redis.hincrby(key, f"runs:{ctx.msg_id}", 1)
