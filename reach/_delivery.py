@@ -201,6 +201,7 @@ class Delivery:
         self.coalescer = None if commands.cluster else Coalescer(commands, keys, ttl_ms=TASK_TTL_MS)
         # (read at, the view's version then, live agents, capabilities)
         self._figures: tuple[float, int, int, list[str]] | None = None
+        self.waits_for_probation = True  # see _wait_for_probation
 
     async def quotas(self) -> Quotas:
         """The namespace's quotas (reach.quotas), as last read (re-read every second)."""
@@ -291,7 +292,7 @@ class Delivery:
     def _on_probation(self, env: Envelope, e: NoAgentAvailable, agents: list[AgentInfo]) -> bool:
         """Was ``env`` refused only because the agents that could take it are on
         probation (their lease ran out, e.g. while Redis was away), with time left?"""
-        if not env.deadline_ms or env.deadline_ms <= now_ms():
+        if not self.waits_for_probation or not env.deadline_ms or env.deadline_ms <= now_ms():
             return False
         if env.target:
             return e.reason == Unavailable.TARGET_UNAVAILABLE and any(

@@ -290,6 +290,9 @@ class Client:
                 signer=self.signer,
                 identity=self.identity,
             )
+        # A fallback answers at once when nothing is eligible, rather than a request
+        # waiting for an agent on probation.
+        self._sender.waits_for_probation = self.fallback is None
         return self._sender
 
     @property

@@ -14,7 +14,9 @@ a few ms, and a slow round trip must not invent a skew. An offset of
 should be synced (``reach doctor`` reports the skew too), the offset only hides it.
 
 The offset is the process's: a process talking to several Redis servers uses the one it
-measured last.
+measured last. On a Redis Cluster it is not measured (a keyless ``TIME`` would take a
+connection of its own to some master, and the masters' clocks may differ): there the
+clocks must be synced, and ``reach doctor`` checks each master's.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final
+
+from .connection import is_cluster
 
 __all__ = ["APPLY_S", "CLOCK", "WARN_S", "Clock", "now_ms", "skew_s"]
 
@@ -86,7 +90,10 @@ class Clock:
 
     async def measure(self, r: Any) -> float | None:
         """Measure the offset with one ``TIME`` on ``r`` (an asyncio Redis client); the
-        skew in seconds, or None when Redis did not answer (the offset is kept)."""
+        skew in seconds, or None when Redis did not answer (the offset is kept) or is a
+        Cluster (not measured)."""
+        if getattr(r, "cluster", False) is True or is_cluster(r):
+            return None
         try:
             t0 = self.local_s()
             reply = await r.execute_command("TIME")

@@ -362,10 +362,11 @@ class Router:
             st.wrr_ok = True
         sched = st.wrr
         assert sched is not None
-        full = self.capacity.full
-        for _ in range(min(MAX_SKIPS, len(st.ids))):
+        n = len(st.ids)
+        full = self.capacity.full if n > 1 else None  # one agent: nowhere else to go
+        for _ in range(min(MAX_SKIPS, n)):
             a = self._agent(st, candidates, sched.next())
-            if full(a):  # counts as served, like a refused agent
+            if full is not None and full(a):  # counts as served, like a refused agent
                 return self._roomiest(st, candidates, avoid, st.eff)
             if self._usable(a, avoid):
                 return a
@@ -395,7 +396,7 @@ class Router:
                 r = self.rng.randrange(ties)
                 j = next(islice(compress(range(n), map(m.__eq__, scores)), r, None))
             a = self._agent(st, candidates, j)
-            if self.capacity.full(a):
+            if n > 1 and self.capacity.full(a):
                 return self._roomiest(st, candidates, avoid, st.eff, scores)
             if self._usable(a, avoid):
                 return a

@@ -93,3 +93,8 @@ async def test_requests_right_after_a_restart_wait_for_the_agent_on_probation(
         await state_in_view(c, "probation")
         with pytest.raises(reach.NoAgentAvailable, match="probation"):
             await c.send("route.echo", 1)
+        # with a fallback, the fallback answers at once (no wait up to the 10 s deadline)
+        c.fallback = lambda capability, payload: "fallback"
+        t0 = time.monotonic()
+        assert await c.request("route.echo", 2, timeout_s=10) in ("fallback", "fast")
+        assert time.monotonic() - t0 < 1.5
