@@ -29,6 +29,7 @@ from .errors import (
     RemoteError,
     Retry,
     StaleRegistration,
+    StreamTooLarge,
     UnknownAgent,
 )
 from .hooks import Hooks
@@ -75,6 +76,7 @@ __all__ = [
     "StaleRegistration",
     "Status",
     "Stream",
+    "StreamTooLarge",
     "TaskStatus",
     "Unavailable",
     "UnknownAgent",
