@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import math
 import warnings
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
@@ -46,15 +46,19 @@ from a2a.types.a2a_pb2 import (
     Artifact,
     CancelTaskRequest,
     GetTaskRequest,
+    ListTasksRequest,
+    ListTasksResponse,
     Message,
     Part,
     Role,
     SendMessageRequest,
+    SubscribeToTaskRequest,
     Task,
     TaskState,
     TaskStatus,
 )
 from a2a.utils.errors import (
+    A2AError,
     InvalidParamsError,
     TaskNotCancelableError,
     TaskNotFoundError,
@@ -80,6 +84,7 @@ from ..errors import Cancelled, ReachError, Rejected, StreamTooLarge
 from ..outcomes import Status
 from ..registry import AgentInfo, normalize_capability
 from .auth import Tokens
+from .logs import client_error
 from .mapping import TEXT_MODE, error_of, payload_of, result_parts, takes_json_text, task_state
 from .store import (
     DEFAULT_MAX_STORE_BYTES,
@@ -326,6 +331,43 @@ class _Handler(DefaultRequestHandler):
 
     async def on_get_task(self, params: GetTaskRequest, context: ServerCallContext) -> Task | None:
         try:
+            return await self._get_task(params, context)
+        except A2AError as e:
+            client_error(e, context)
+            raise
+
+    async def on_list_tasks(
+        self, params: ListTasksRequest, context: ServerCallContext
+    ) -> ListTasksResponse:
+        try:
+            page: ListTasksResponse = await super().on_list_tasks(params, context)
+        except A2AError as e:
+            client_error(e, context)
+            raise
+        return page
+
+    async def on_message_send_stream(
+        self, params: SendMessageRequest, context: ServerCallContext
+    ) -> AsyncGenerator[Any, None]:
+        try:
+            async for event in super().on_message_send_stream(params, context):
+                yield event
+        except A2AError as e:
+            client_error(e, context)
+            raise
+
+    async def on_subscribe_to_task(
+        self, params: SubscribeToTaskRequest, context: ServerCallContext
+    ) -> AsyncGenerator[Any, None]:
+        try:
+            async for event in super().on_subscribe_to_task(params, context):
+                yield event
+        except A2AError as e:
+            client_error(e, context)
+            raise
+
+    async def _get_task(self, params: GetTaskRequest, context: ServerCallContext) -> Task | None:
+        try:
             task: Task | None = await super().on_get_task(params, context)
         except TaskNotFoundError:
             owner = await self.gw.tasks.owner_of(params.id)
@@ -343,7 +385,11 @@ class _Handler(DefaultRequestHandler):
     ) -> Message | Task:
         """The SDK's, answered with the task as the store has it: whole, the chunks of its
         stream included (the task the SDK holds in memory leaves them out)."""
-        result: Message | Task = await super().on_message_send(params, context)
+        try:
+            result: Message | Task = await super().on_message_send(params, context)
+        except A2AError as e:
+            client_error(e, context)
+            raise
         if isinstance(result, Task):
             stored = await self.gw.tasks.get(result.id, context)
             if stored is not None:
@@ -357,6 +403,13 @@ class _Handler(DefaultRequestHandler):
         """reach's cancellation (``Client.cancel``): a message not started never runs, a
         running handler is told to stop; answered with the task, ``canceled``. A task that
         finished already is not cancelable (-32002)."""
+        try:
+            return await self._cancel_task(params, context)
+        except A2AError as e:
+            client_error(e, context)
+            raise
+
+    async def _cancel_task(self, params: CancelTaskRequest, context: ServerCallContext) -> Task:
         task_id = params.id
         owner = await self.gw.tasks.owner_of(task_id)
         if owner is not None and owner != resolve_user_scope(context):
