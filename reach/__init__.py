@@ -30,6 +30,7 @@ from .errors import (
     RemoteError,
     Retry,
     StaleRegistration,
+    StreamTooLarge,
     UnknownAgent,
 )
 from .hooks import Hooks
@@ -77,6 +78,7 @@ __all__ = [
     "StaleRegistration",
     "Status",
     "Stream",
+    "StreamTooLarge",
     "TaskStatus",
     "Unavailable",
     "UnknownAgent",

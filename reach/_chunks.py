@@ -25,8 +25,13 @@ class ChunkSink:
     """The chunks of one streamed call: :meth:`add` takes each chunk entry read, the call
     takes the chunks from :attr:`chunks` (oldest first) and waits on :meth:`wait`."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_bytes: int | None = None) -> None:
         self.chunks: deque[Any] = deque()
+        # None: unbounded. Else the encoded bytes of chunks this call may receive in all;
+        # past them nothing more is kept and `overflowed` is set (the call then fails).
+        self.max_bytes = max_bytes
+        self.received_bytes = 0
+        self.overflowed = False
         self.next_seq = 0  # the number of the next chunk to keep
         self.duplicates = 0  # chunks dropped: their number was kept already
         self.dropped = 0  # chunk entries dropped: starting past next_seq
@@ -41,6 +46,8 @@ class ChunkSink:
             raise BadEnvelope("malformed", f"chunk entry's chunks do not decode ({e})") from e
         if not isinstance(items, list):
             raise BadEnvelope("malformed", f"chunk entry holds {type(items).__name__}, not a list")
+        if self.overflowed:
+            return
         skip = self.next_seq - entry.seq
         if skip < 0:
             self.dropped += 1
@@ -49,6 +56,12 @@ class ChunkSink:
             self.duplicates += len(items)
             return
         self.duplicates += skip
+        if self.max_bytes is not None:
+            self.received_bytes += len(entry.result)
+            if self.received_bytes > self.max_bytes:
+                self.overflowed = True
+                self.wake()
+                return
         self.chunks.extend(items[skip:] if skip else items)
         self.next_seq = entry.seq + len(items)
         self.wake()

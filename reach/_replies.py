@@ -38,6 +38,10 @@ from .signing import Signer
 log = logging.getLogger("reach.client")
 
 _RETRY_MIN_S, _RETRY_MAX_S = 0.1, 1.0  # the reader's pause after a failed read
+# Entries per read: up to READ_COUNT, fewer while entries are large (chunk entries hold up
+# to 256 KiB: 500 of them made one reply of 128 MB, held several times over while decoded),
+# so that one read brings about READ_BYTES.
+READ_COUNT, READ_MIN_COUNT, READ_BYTES = 500, 4, 4 * 1024 * 1024
 _DROP_LOG_EVERY_S = 60.0
 _DONE_KEPT = 10_000  # msg_ids of calls over, so a late duplicate reply is dropped
 _SENT_KEPT = 100_000  # msg_ids sent with a reply wanted and not answered yet, newest kept
@@ -96,6 +100,7 @@ class ReplyReader:
         self._redis: AnyRedis | None = None
         self._commands: AutoPipeline | None = None
         self._quiet = False  # the last read returned nothing
+        self._count = READ_COUNT  # entries asked for by the next read
         self.verifier = verifier
         # Told the reason of each reply dropped unread ('unauthenticated', 'not_sent'):
         # the client counts them in its metrics.
@@ -140,18 +145,24 @@ class ReplyReader:
         # block): never a round trip between a reply and the next read.
         if delete and (len(delete) >= 64 or self._quiet):
             await self.delete_answered()
-        res = await self._redis.xread({self.key: self.last_id}, block=1000, count=500)
+        res = await self._redis.xread({self.key: self.last_id}, block=1000, count=self._count)
         self._quiet = not res
         self.outage.ok()
         now = time.monotonic()
+        size = 0
         for _, entries in res or ():
             for entry_id, fields in entries:
                 self.last_id = entry_id
+                size += sum(len(v) for v in fields.values() if isinstance(v, bytes))
                 try:
                     self._on_reply(entry_id, fields, now)
                 except Exception as e:  # noqa: BLE001 - one bad entry is dropped alone
                     log.warning("unreadable reply entry %r dropped: %s", entry_id, e)
                     delete.append(entry_id)
+        if size > READ_BYTES:
+            self._count = max(READ_MIN_COUNT, self._count * READ_BYTES // size)
+        elif self._count < READ_COUNT:
+            self._count = min(READ_COUNT, self._count * 2)
         self._expire_unclaimed(now)
         if res:
             # The calls just woken return before the next read is sent (packing and writing

@@ -21,7 +21,7 @@ import anyio
 from . import metrics
 from ._chunks import ChunkSink
 from .envelope import Envelope, now_ms
-from .errors import DeadlineExceeded, NoAgentAvailable
+from .errors import DeadlineExceeded, NoAgentAvailable, StreamTooLarge
 from .outcomes import RequestOutcome, Status, blames_agent
 
 if TYPE_CHECKING:
@@ -43,11 +43,20 @@ class Stream:
     otherwise it is when the stream is garbage-collected, or at the deadline.
     """
 
-    def __init__(self, client: Client, env: Envelope, where: Mapping[str, Any] | None) -> None:
+    def __init__(
+        self,
+        client: Client,
+        env: Envelope,
+        where: Mapping[str, Any] | None,
+        *,
+        max_bytes: int | None = None,
+    ) -> None:
         self._client = client
         self.envelope = env
         self._where = where
-        self._sink = ChunkSink()
+        # max_bytes: the chunks' encoded bytes this stream takes in all (None: no bound);
+        # past them the iteration raises StreamTooLarge.
+        self._sink = ChunkSink(max_bytes=max_bytes)
         self._started = False
         self._done = False
         self._agent_id = ""
@@ -167,6 +176,12 @@ class Stream:
             while True:
                 if sink.chunks:
                     return sink.chunks.popleft()
+                if sink.overflowed:
+                    raise StreamTooLarge(
+                        f"The chunks of {env.capability!r} (msg {env.msg_id}) passed "
+                        f"{sink.max_bytes} bytes, the bound set for this stream: nothing "
+                        "more was kept."
+                    )
                 if env.msg_id in reader.replies:
                     reply = reader.take(env.msg_id)
                     self._end(ok=reply.status == Status.SUCCEEDED or not blames_agent(reply.reason))

@@ -115,6 +115,11 @@ class RemoteError(ReachError):
         self.retryable = retryable
 
 
+class StreamTooLarge(ReachError):
+    """A streamed call's chunks passed the bytes its caller set for it (the A2A gateway's
+    ``--max-task-bytes``): nothing more was kept, and the call ended."""
+
+
 class Cancelled(ReachError):
     """The message was cancelled (``client.cancel``, ``reach cancel``, or its caller gave
     up): it never ran, or its handler was told (``ctx.cancelled``) and stopped. Its dead

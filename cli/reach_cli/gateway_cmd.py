@@ -206,6 +206,10 @@ def gateway(
         if level not in ("debug", "info", "warning", "error"):
             raise ConfigError(f"--log-level {log_level!r}: use debug, info, warning or error.")
         logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(message)s")
+        from reach.gateway import logs
+
+        for handler in logging.getLogger().handlers:
+            logs.install(handler)  # client errors: one line each, not the SDK's tracebacks
         for name, value in (
             ("--header-timeout-s", header_timeout_s),
             ("--send-timeout-s", send_timeout_s),

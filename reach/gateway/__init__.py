@@ -23,7 +23,7 @@ from .server import (
     Gateway,
     Target,
 )
-from .store import RedisTaskStore, TaskTooLarge
+from .store import RedisTaskStore
 
 __all__ = [
     "CALLER_HEADER",
@@ -33,6 +33,5 @@ __all__ = [
     "Gateway",
     "RedisTaskStore",
     "Target",
-    "TaskTooLarge",
     "Tokens",
 ]

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import math
 import warnings
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
@@ -46,18 +46,24 @@ from a2a.types.a2a_pb2 import (
     Artifact,
     CancelTaskRequest,
     GetTaskRequest,
+    ListTasksRequest,
+    ListTasksResponse,
     Message,
     Part,
     Role,
+    SendMessageRequest,
+    SubscribeToTaskRequest,
     Task,
     TaskState,
     TaskStatus,
 )
 from a2a.utils.errors import (
+    A2AError,
     InvalidParamsError,
     TaskNotCancelableError,
     TaskNotFoundError,
 )
+from a2a.utils.task import apply_history_length
 from google.protobuf.json_format import MessageToDict, ParseDict, ParseError
 from starlette.applications import Starlette
 from starlette.authentication import AuthCredentials, SimpleUser
@@ -74,12 +80,20 @@ from .._version import __version__
 from ..card import A2A_PROTOCOL_VERSION, DEFAULT_MODES, agent_card, capability_skill
 from ..client import Client
 from ..envelope import MAX_ID_CHARS, decode_payload, new_id
-from ..errors import Cancelled, ReachError, Rejected
+from ..errors import Cancelled, ReachError, Rejected, StreamTooLarge
 from ..outcomes import Status
 from ..registry import AgentInfo, normalize_capability
 from .auth import Tokens
+from .logs import client_error
 from .mapping import TEXT_MODE, error_of, payload_of, result_parts, takes_json_text, task_state
-from .store import DEFAULT_MAX_STORE_BYTES, DEFAULT_MAX_TASK_BYTES, DEFAULT_TTL_S, RedisTaskStore
+from .store import (
+    DEFAULT_MAX_STORE_BYTES,
+    DEFAULT_MAX_TASK_BYTES,
+    DEFAULT_TTL_S,
+    STREAMED,
+    RedisTaskStore,
+    install_append_hook,
+)
 
 log = logging.getLogger("reach.gateway")
 
@@ -146,7 +160,9 @@ class _Executor(AgentExecutor):
         except ReachError as e:
             raise error_of(e) from e
         env = msgspec.structs.replace(env, msg_id=task_id, trace_id=task_id)
-        stream = Stream(gw.client, env, None)
+        # The task holds the stream's chunks (for tasks/get and a waiting send): bounded by
+        # the store's bytes per task, past which the stream ends (StreamTooLarge).
+        stream = Stream(gw.client, env, None, max_bytes=gw.tasks.max_task_bytes)
         try:
             await stream.start()  # refused before it is sent: an error, and no task
         except ReachError as e:
@@ -203,10 +219,21 @@ class _Executor(AgentExecutor):
                             artifact_id=f"{task_id}-stream",
                             name="stream",
                             append=chunks > 0,
+                            metadata={STREAMED: True},  # appended in Redis, not in memory
                         )
                         chunks += 1
                     result = stream.result
                 except ReachError as e:
+                    if isinstance(e, StreamTooLarge):  # the handler would go on: stop it
+                        with anyio.move_on_after(10):
+                            await self.gw.client.cancel(
+                                task_id, by="the A2A gateway (the task's bytes bound)"
+                            )
+                        e = StreamTooLarge(
+                            f"The task's output passed {self.gw.tasks.max_task_bytes} bytes, "
+                            "the gateway's limit per task (reach gateway --max-task-bytes): "
+                            "the stream was ended and the message cancelled."
+                        )
                     await _finish_failed(updater, e, task if not shown else None, event_queue)
                     return
         if scope.cancelled_caught:  # tasks/cancel cancelled the message in reach
@@ -304,6 +331,43 @@ class _Handler(DefaultRequestHandler):
 
     async def on_get_task(self, params: GetTaskRequest, context: ServerCallContext) -> Task | None:
         try:
+            return await self._get_task(params, context)
+        except A2AError as e:
+            client_error(e, context)
+            raise
+
+    async def on_list_tasks(
+        self, params: ListTasksRequest, context: ServerCallContext
+    ) -> ListTasksResponse:
+        try:
+            page: ListTasksResponse = await super().on_list_tasks(params, context)
+        except A2AError as e:
+            client_error(e, context)
+            raise
+        return page
+
+    async def on_message_send_stream(
+        self, params: SendMessageRequest, context: ServerCallContext
+    ) -> AsyncGenerator[Any, None]:
+        try:
+            async for event in super().on_message_send_stream(params, context):
+                yield event
+        except A2AError as e:
+            client_error(e, context)
+            raise
+
+    async def on_subscribe_to_task(
+        self, params: SubscribeToTaskRequest, context: ServerCallContext
+    ) -> AsyncGenerator[Any, None]:
+        try:
+            async for event in super().on_subscribe_to_task(params, context):
+                yield event
+        except A2AError as e:
+            client_error(e, context)
+            raise
+
+    async def _get_task(self, params: GetTaskRequest, context: ServerCallContext) -> Task | None:
+        try:
             task: Task | None = await super().on_get_task(params, context)
         except TaskNotFoundError:
             owner = await self.gw.tasks.owner_of(params.id)
@@ -316,12 +380,36 @@ class _Handler(DefaultRequestHandler):
                 task.status.state = TaskState.TASK_STATE_WORKING
         return task
 
+    async def on_message_send(
+        self, params: SendMessageRequest, context: ServerCallContext
+    ) -> Message | Task:
+        """The SDK's, answered with the task as the store has it: whole, the chunks of its
+        stream included (the task the SDK holds in memory leaves them out)."""
+        try:
+            result: Message | Task = await super().on_message_send(params, context)
+        except A2AError as e:
+            client_error(e, context)
+            raise
+        if isinstance(result, Task):
+            stored = await self.gw.tasks.get(result.id, context)
+            if stored is not None:
+                whole: Task = apply_history_length(stored.task, params.configuration)
+                return whole
+        return result
+
     async def on_cancel_task(
         self, params: CancelTaskRequest, context: ServerCallContext
     ) -> Task | None:
         """reach's cancellation (``Client.cancel``): a message not started never runs, a
         running handler is told to stop; answered with the task, ``canceled``. A task that
         finished already is not cancelable (-32002)."""
+        try:
+            return await self._cancel_task(params, context)
+        except A2AError as e:
+            client_error(e, context)
+            raise
+
+    async def _cancel_task(self, params: CancelTaskRequest, context: ServerCallContext) -> Task:
         task_id = params.id
         owner = await self.gw.tasks.owner_of(task_id)
         if owner is not None and owner != resolve_user_scope(context):
@@ -414,6 +502,7 @@ class Gateway:
         send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S,
         mtls: bool = False,
     ) -> None:
+        install_append_hook()
         self.client = client
         self.mtls = mtls
         self.namespace = client.namespace

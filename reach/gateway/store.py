@@ -7,7 +7,7 @@ into its artifacts since its last whole save: a streamed chunk (an artifact upda
 ``append``) is one ``RPUSH`` of that chunk, not a copy of the whole task, so a long stream
 costs the store what it streams. Both live ``ttl_s`` (24 h, as reach's task records).
 
-Bounds, in bytes: a task larger than ``max_task_bytes`` is not stored (:class:`TaskTooLarge`;
+Bounds, in bytes: a task larger than ``max_task_bytes`` is not stored (:class:`StreamTooLarge`;
 the executor ends a stream before it gets there); the finished tasks together hold at most
 ``max_store_bytes``, the oldest finished first dropped past it. A dropped task keeps its
 owner (a few dozen bytes, until its TTL), so it stays its caller's: ``tasks/get`` then
@@ -38,7 +38,7 @@ from a2a.types.a2a_pb2 import (
 from a2a.utils.errors import TaskNotFoundError
 
 from ..client import Client
-from ..errors import ReachError
+from ..errors import StreamTooLarge
 from ..keys import Keys
 
 DEFAULT_TTL_S = 86_400.0
@@ -53,11 +53,35 @@ TERMINAL = frozenset(
     }
 )
 _TRIM_BATCH = 64
+STREAMED = "reachStreamed"  # in a streamed artifact's metadata: chunks kept in Redis only
 
 
-class TaskTooLarge(ReachError):
-    """A gateway task grew past the store's ``max_task_bytes`` (``reach gateway
-    --max-task-bytes``): it is not stored any further."""
+def is_streamed(event: object) -> bool:
+    """An artifact update the gateway's executor made of a streamed chunk: the store appends
+    it in Redis, and the SDK's in-memory task does not take it (:func:`install_append_hook`)."""
+    return isinstance(event, TaskArtifactUpdateEvent) and STREAMED in event.artifact.metadata
+
+
+def install_append_hook() -> None:
+    """The SDK's task manager appends every artifact update to the task it holds, and its
+    active task copies that whole task into every event it hands a subscriber: a stream of
+    n chunks cost O(n^2) time and held up to a queue's length of growing copies (GBs for a
+    stream never read). Chunks marked :data:`STREAMED` are left out of the task held in
+    memory (the store has them, and answers the task whole); every other update is the
+    SDK's as before."""
+    from a2a.server.tasks import task_manager
+
+    original = task_manager.append_artifact_to_task
+    if getattr(original, "_reach_hook", False):
+        return
+
+    def append(task: Task, event: TaskArtifactUpdateEvent) -> None:
+        if is_streamed(event):
+            return
+        original(task, event)
+
+    append._reach_hook = True  # type: ignore[attr-defined]
+    task_manager.append_artifact_to_task = append
 
 
 def _text(value: Any) -> str:
@@ -119,6 +143,8 @@ class RedisTaskStore(VersionedTaskStore):
                 if artifact.artifact_id == more.artifact_id:
                     artifact.parts.extend(more.parts)
                     break
+            else:
+                task.artifacts.append(more)
         return task
 
     async def get(self, task_id: str, context: ServerCallContext) -> StoredTask | None:
@@ -171,25 +197,31 @@ class RedisTaskStore(VersionedTaskStore):
         owner = resolve_user_scope(context)
         k = self.keys
         key, parts_key = k.gateway_task(task.id), k.gateway_task_parts(task.id)
-        if isinstance(event, TaskArtifactUpdateEvent) and event.append and prev is not None:
-            # A chunk of a stream: the chunk only (the task it extends is stored).
+        if is_streamed(event):
+            assert isinstance(event, TaskArtifactUpdateEvent)
+            # A chunk of a stream: the chunk only, appended (the task held in memory does
+            # not have it: see install_append_hook).
             blob = Artifact(
-                artifact_id=event.artifact.artifact_id, parts=event.artifact.parts
+                artifact_id=event.artifact.artifact_id,
+                name=event.artifact.name,
+                parts=event.artifact.parts,
             ).SerializeToString()
             pipe = self.client.redis.pipeline(transaction=True)
+            pipe.hincrby(key, "parts_bytes", len(blob))
             pipe.hincrby(key, "size", len(blob))
             pipe.rpush(parts_key, blob)
             pipe.pexpire(parts_key, self.ttl_ms)
-            size, *_ = await pipe.execute()
+            _, size, *_ = await pipe.execute()
             if int(size) > self.max_task_bytes:
-                raise TaskTooLarge(self._too_large(task.id, int(size)))
+                raise StreamTooLarge(self._too_large(task.id, int(size)))
             return TaskVersion.MISSING
         blob = task.SerializeToString()
         if len(blob) > self.max_task_bytes:
-            raise TaskTooLarge(self._too_large(task.id, len(blob)))
-        was_owner, was_state, was_size = await self.client.commands.hmget(
-            key, ["owner", "state", "size"]
+            raise StreamTooLarge(self._too_large(task.id, len(blob)))
+        was_owner, was_state, was_size, parts_bytes = await self.client.commands.hmget(
+            key, ["owner", "state", "size", "parts_bytes"]
         )
+        size = len(blob) + int(_text(parts_bytes) or 0)
         if was_owner is not None and _text(was_owner) != owner:
             raise TaskNotFoundError  # another caller's: the SDK looked it up as ours first
         finished_before = was_state is not None and int(was_state) in TERMINAL
@@ -202,12 +234,11 @@ class RedisTaskStore(VersionedTaskStore):
                 "owner": owner,
                 "ctx": task.context_id,
                 "task": blob,
-                "size": len(blob),
+                "size": size,
                 "state": int(task.status.state),
             },
         )
         pipe.hdel(key, "dropped")
-        pipe.delete(parts_key)
         pipe.pexpire(key, self.ttl_ms)
         owned = k.gateway_owned(owner)
         pipe.zadd(owned, {task.id: now})
@@ -216,8 +247,8 @@ class RedisTaskStore(VersionedTaskStore):
             pipe.zrem(k.gateway_finished, f"{task.id} {_text(was_size) or 0}")
             pipe.decrby(k.gateway_bytes, int(_text(was_size) or 0))
         if finished:
-            pipe.zadd(k.gateway_finished, {f"{task.id} {len(blob)}": now})
-            pipe.incrby(k.gateway_bytes, len(blob))
+            pipe.zadd(k.gateway_finished, {f"{task.id} {size}": now})
+            pipe.incrby(k.gateway_bytes, size)
         results = await pipe.execute()
         if finished and int(results[-1]) > self.max_store_bytes:
             await self.trim()
@@ -254,7 +285,7 @@ class RedisTaskStore(VersionedTaskStore):
                 task_id = _text(member).split(" ", 1)[0]
                 pipe.zrem(finished, member)
                 pipe.decrby(held, _size_of(member))
-                pipe.hdel(k.gateway_task(task_id), "task", "ctx")
+                pipe.hdel(k.gateway_task(task_id), "task", "ctx", "parts_bytes")
                 pipe.hset(k.gateway_task(task_id), "dropped", 1)
                 pipe.delete(k.gateway_task_parts(task_id))
                 over -= _size_of(member)

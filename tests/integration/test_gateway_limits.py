@@ -5,6 +5,7 @@ the process does not grow) (docs/a2a.md and docs/web.md, *Limits*)."""
 
 from __future__ import annotations
 
+import json
 import resource
 import socket
 import subprocess
@@ -16,6 +17,7 @@ import anyio
 import httpx
 import pytest
 
+from reach.client import Client
 from reach.embedded import free_port
 from tests.support.gateway import (
     start_gateway_process,
@@ -217,3 +219,83 @@ async def test_the_console_refuses_a_large_form_and_outlives_idle_sockets(
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def stream_request(port: int, payload: object) -> bytes:
+    body = json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "SendStreamingMessage",
+            "params": {
+                "message": {
+                    "messageId": "m-flood",
+                    "role": "ROLE_USER",
+                    "parts": [{"data": payload}],
+                }
+            },
+        }
+    ).encode()
+    head = (
+        f"POST /caps/gw.flood HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Authorization: Bearer {TOKEN}\r\nA2A-Version: 1.0\r\n"
+        "Content-Type: application/json\r\nAccept: text/event-stream\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+@pytest.mark.timeout(300)
+async def test_a_stream_never_read_does_not_grow_the_gateway(
+    redis_url: str, ns: str, tmp_path: Path, workers: Workers
+) -> None:
+    """A caller opens a stream of 200 MiB (3,200 chunks of 64 KiB) and never reads it: the
+    gateway ends the task past its bytes bound (8 MiB here), cuts the response its caller
+    does not read, and grows by less than 150 MB meanwhile; others are still answered."""
+    workers.start("flood_agent")
+    workers.start("echo_agent")
+    port = free_port()
+    log = tmp_path / "gateway.log"
+    proc = start_gateway_process(
+        redis_url, ns, port, "--max-task-bytes", str(8 * 1024 * 1024),
+        "--send-timeout-s", "3", log=log, env={"REACH_GATEWAY_TOKENS": f"limits:{TOKEN}"},
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with httpx.AsyncClient(headers=AUTH, timeout=60) as h:
+            await wait_card(h, url, proc, log)
+            await wait_card(h, f"{url}/caps/gw.flood", proc, log)
+            base = rss_bytes(proc.pid)
+            s = socket.create_connection(("127.0.0.1", port))
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            peak = 0
+            try:
+                s.sendall(stream_request(port, {"n": 3200, "size": 65536}))
+                async with Client(redis_url=redis_url, namespace=ns) as c:
+                    t0 = time.monotonic()
+                    ended = False
+                    while time.monotonic() - t0 < 60:
+                        peak = max(peak, rss_bytes(proc.pid) - base)
+                        tasks = await c.commands.keys(f"reach:{{{ns}}}:gw:task:*")
+                        states = [await c.commands.hget(k, "state") for k in tasks]
+                        if states and all(
+                            st is not None and int(st) in (4, 5, 6, 7) for st in states
+                        ):
+                            ended = True
+                            break
+                        await anyio.sleep(0.2)
+                    assert ended, "the flooded task did not end"
+                for _ in range(20):  # the cut comes send-timeout after the buffers filled
+                    peak = max(peak, rss_bytes(proc.pid) - base)
+                    if "cut a response" in log.read_text():
+                        break
+                    await anyio.sleep(0.5)
+            finally:
+                s.close()
+            assert peak < 150 * 1024 * 1024, f"the gateway grew {peak} bytes"
+            r = await h.post(f"{url}/caps/gw.echo", json=send_body(10))
+            assert r.status_code == 200 and "result" in r.json()
+        text = log.read_text()
+        assert "cut a response its caller did not read" in text, text[-2000:]
+    finally:
+        assert stop_process(proc) == 0, log.read_text()[-3000:]

@@ -86,3 +86,18 @@ def notes_agent() -> Agent:
         return {"history": await ctx.session.history(), "session": ctx.session_id}
 
     return app
+
+
+def flood_agent() -> Agent:
+    """``gw.flood``: streams ``n`` chunks of ``size`` characters (payload ``{"n", "size"}``),
+    as fast as it can, then ``"flooded"``."""
+    app = Agent("gw-flood-1", capabilities=["gw.flood"])
+
+    @app.handler("gw.flood")
+    async def flood(payload: Any, ctx: Context) -> AsyncIterator[Any]:
+        chunk = "x" * int(payload["size"])
+        for _ in range(int(payload["n"])):
+            yield chunk
+        ctx.result = "flooded"
+
+    return app
