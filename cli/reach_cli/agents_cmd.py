@@ -140,6 +140,7 @@ def agents_list(
             "metadata",
         ],
         rows,
+        optional=("metadata", "weight", "lease age", "routing"),
     )
 
 

@@ -44,6 +44,7 @@ from .common import (
     Namespace,
     RedisUrl,
     add_secret_file_options,
+    add_wide_option,
     age,
     cli_errors,
     command,
@@ -64,6 +65,7 @@ from .doctor_cmd import doctor as doctor_cmd
 from .gateway_cmd import gateway as gateway_cmd
 from .keys_cmd import keys_app
 from .quota_cmd import quota_app
+from .tasks_cmd import tasks as tasks_cmd
 from .top import top as top_cmd
 from .web_cmd import web as web_cmd
 from .worker_cmd import worker
@@ -309,6 +311,7 @@ def init(
 
 # -- worker -------------------------------------------------------------------------------
 app.command()(worker)
+app.command("tasks")(tasks_cmd)  # recent messages, as the console lists them
 
 # -- doctor -------------------------------------------------------------------------------
 app.command("doctor")(doctor_cmd)
@@ -631,6 +634,7 @@ app.command("chaos")(chaos_cmd)  # its options are the harness parser's (chaos_c
 
 
 add_secret_file_options(app)  # --redis-url-file, --redis-password-file wherever --redis-url is
+add_wide_option(app)  # --wide wherever --json is: listings fit the terminal, or not
 
 METAVARS = {"where": "KEY=VALUE", "namespace": "NS", "redis_url": "URL", "timeout_s": "SECONDS"}
 

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import re
+import shutil
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -73,6 +74,15 @@ Namespace = Annotated[
     ),
 ]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+Wide = Annotated[
+    bool,
+    typer.Option(
+        "--wide",
+        help="Every column, whole, however wide the lines get (else a table fits the "
+        "terminal: long cells are cut with …, the least needed columns left out). "
+        "Env: REACH_WIDE=1.",
+    ),
+]
 
 DEFAULT_NS = "default"
 DEFAULT_REDIS = ""  # not given: reach.config finds it (REACH_REDIS_URL, a project file)
@@ -459,16 +469,148 @@ def cell(value: Any) -> Text:
     return Text(readable(value))
 
 
-def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    """The one table helper every listing uses."""
+# --wide of the command running (set by the wrapper add_wide_option puts around it)
+_wide: ContextVar[bool] = ContextVar("reach_wide", default=False)
+PIPED_WIDTH = 200  # piped output: wide lines rather than folded columns
+CUT_AT_LEAST = 20  # a listing leaves optional columns out before it cuts one under this
+
+
+def terminal_width() -> int:
+    """The width tables fit: ``COLUMNS`` when set, else the terminal's, else (piped)
+    :data:`PIPED_WIDTH`."""
+    cols = os.environ.get("COLUMNS", "")
+    if cols.isdigit() and 20 <= int(cols) <= 10_000:
+        return int(cols)
+    if sys.stdout.isatty():
+        return shutil.get_terminal_size().columns
+    return PIPED_WIDTH
+
+
+def _natural(text: Text) -> int:
+    return max((len(line) for line in text.plain.split("\n")), default=0)
+
+
+def table(
+    title: str | None,
+    columns: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    *,
+    optional: Sequence[str] = (),
+    wrap: Sequence[str] = (),
+) -> None:
+    """The one table helper every listing uses. It fits the terminal
+    (:func:`terminal_width`): the ``optional`` columns are left out, in that order, while
+    fitting would cut a column under :data:`CUT_AT_LEAST` characters (a last line names
+    them), then the widest cells are cut with
+    ``…`` (never the first column's: it names the row; a two-column field/value table
+    wraps instead; so do the ``wrap`` columns: their text is already cut to a length, with
+    a note at its end). ``--wide`` (or REACH_WIDE=1):
+    every column, every cell whole."""
+    wide = _wide.get() or os.environ.get("REACH_WIDE") == "1"
+    cells = [[cell(v) for v in row] for row in rows]
+    natural = [
+        max([len(c), *(_natural(r[i]) for r in cells if i < len(r))]) for i, c in enumerate(columns)
+    ]
+    width = terminal_width()
+
+    def total(ix: Sequence[int]) -> int:  # the cells, their padding and the borders
+        return sum(natural[i] + 3 for i in ix) + 1
+
+    shown = list(range(len(columns)))
+    hidden: list[str] = []
+
+    def cramped(ix: Sequence[int]) -> bool:  # a column would be cut under 20 characters
+        fit = _fit([natural[i] for i in ix], [len(columns[i]) for i in ix], width)
+        return total(ix) > width and any(
+            w < min(natural[i], CUT_AT_LEAST) for i, w in zip(ix, fit, strict=True)
+        )
+
+    if not wide:
+        for name in optional:
+            if not cramped(shown):
+                break
+            if name in columns:
+                shown.remove(columns.index(name))
+                hidden.append(name)
     t = Table(
         title=None if title is None else cell(title), header_style="bold", title_justify="left"
     )
-    for c in columns:
-        t.add_column(c, overflow="fold")
-    for row in rows:
-        t.add_row(*(cell(v) for v in row))
-    console.print(t)
+    kv = len(shown) <= 2
+    fitted = _fit([natural[i] for i in shown], [len(columns[i]) for i in shown], width)
+    for i, w in zip(shown, fitted, strict=True):
+        if wide or kv:
+            t.add_column(columns[i], overflow="fold", no_wrap=wide)
+        elif columns[i] in wrap:
+            t.add_column(columns[i], overflow="fold", width=w)
+        else:  # the widest are cut first: short ids and figures stay whole
+            t.add_column(columns[i], overflow="ellipsis", no_wrap=True, width=w)
+    for r in cells:
+        t.add_row(*(r[i] if i < len(r) else Text("") for i in shown))
+    console.print(t, width=max(width, total(shown)) if wide else width)
+    if hidden:
+        console.print(
+            Text(f"(not shown: {', '.join(hidden)}; --wide shows every column)", style="dim"),
+            width=width,
+        )
+
+
+def _fit(natural: Sequence[int], headers: Sequence[int], width: int) -> list[int]:
+    """Column widths that fit ``width`` (with 3 characters a column of padding and border,
+    and 1 more): every column whose natural width is under a common cap keeps it, the
+    wider ones are cut to the cap (never under their header, or 4; the first never)."""
+    room = width - 3 * len(natural) - 1
+    if sum(natural) <= room:
+        return list(natural)
+    floor = [min(n, max(h, 4)) for n, h in zip(natural, headers, strict=True)]
+    floor[0] = natural[0]  # the first column names the row (an id): never cut
+    lo, hi = 0, max(natural)
+    while lo < hi:  # the largest cap whose widths fit
+        cap = (lo + hi + 1) // 2
+        if sum(max(f, min(n, cap)) for n, f in zip(natural, floor, strict=True)) <= room:
+            lo = cap
+        else:
+            hi = cap - 1
+    return [max(f, min(n, lo)) for n, f in zip(natural, floor, strict=True)]
+
+
+def with_wide_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` (a command with ``--json``: a listing) with ``--wide`` after ``--json``, set
+    for :func:`table` while it runs; other commands unchanged."""
+    sig = inspect.signature(fn)
+    if "json_" not in sig.parameters or "wide" in sig.parameters:
+        return fn
+    hints = get_type_hints(fn, include_extras=True)
+    params = [
+        p.replace(annotation=hints.get(p.name, p.annotation)) for p in sig.parameters.values()
+    ]
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD  # typer passes keywords
+    params.append(inspect.Parameter("wide", kind, default=False, annotation=Wide))
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, wide: bool = False, **kwargs: Any) -> Any:
+        token = _wide.set(wide)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _wide.reset(token)
+
+    wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in params}
+    return wrapper
+
+
+def add_wide_option(app: typer.Typer) -> None:
+    """Give every listing of ``app`` (a command with ``--json``; sub-apps included)
+    ``--wide``."""
+    for info in app.registered_commands:
+        if info.callback is not None:
+            info.callback = with_wide_option(info.callback)
+    top = app.registered_callback
+    if top is not None and top.callback is not None:
+        top.callback = with_wide_option(top.callback)
+    for group in app.registered_groups:
+        if group.typer_instance is not None:
+            add_wide_option(group.typer_instance)
 
 
 def print_traceback(text: str) -> None:

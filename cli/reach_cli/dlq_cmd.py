@@ -92,6 +92,7 @@ async def dlq_list(
             )
             for d in letters
         ],
+        wrap=("error",),  # cut to CUT_LIST already, with a note at the end
     )
 
 

@@ -1,0 +1,80 @@
+"""`reach tasks` lists recent messages with the console's filters (and --json); listings fit
+the terminal's width, `--wide` shows everything."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anyio
+import pytest
+from reach_cli.app import app as cli_app
+from typer.testing import CliRunner
+
+import reach
+from tests.support.agents_failing import failing_agent
+from tests.support.agents_messaging import serving, wait_status
+
+pytestmark = pytest.mark.anyio
+
+
+async def cli(
+    url: str, ns: str, *args: str, code: int = 0, env: dict[str, str] | None = None
+) -> str:
+    common = ["--redis-url", url, "--namespace", ns]
+    res = await anyio.to_thread.run_sync(
+        lambda: CliRunner().invoke(cli_app, [*args, *common], env=env)
+    )
+    assert res.exit_code == code, (args, res.exit_code, res.output)
+    return res.stdout if code == 0 else res.output
+
+
+def wide_agent() -> reach.Agent:
+    caps = [f"text.capability_with_a_long_name_{i}" for i in range(4)]
+    app = reach.Agent(
+        "summarizer-with-a-long-agent-id-1",
+        capabilities=caps,
+        metadata={"region": "eu-west-1", "model": "a-model-with-a-long-name", "tier": "gold"},
+    )
+    for c in caps:
+        app.handler(c)(_echo)
+    return app
+
+
+async def _echo(payload: Any, ctx: reach.Context) -> Any:
+    return payload
+
+
+async def test_reach_tasks_lists_and_filters(redis_url: str, ns: str) -> None:
+    async with serving(redis_url, ns, failing_agent()) as client:
+        env = client.build("fail.key", {"no": 1}, timeout_s=15, max_attempts=1)
+        with pytest.raises(reach.RemoteError):
+            await client.call(env)
+        await wait_status(client, env.msg_id, "dead")
+        out = json.loads(await cli(redis_url, ns, "tasks", "--json"))
+        [m] = out["messages"]
+        assert (m["msg_id"], m["status"], m["capability"]) == (env.msg_id, "dead", "fail.key")
+        assert (m["agent_id"], m["error_type"], m["error"]) == ("failing-1", "KeyError", "'txt'")
+        assert out["next"] == ""
+        failed = json.loads(await cli(redis_url, ns, "tasks", "--status", "failed", "--json"))
+        assert [x["msg_id"] for x in failed["messages"]] == [env.msg_id]
+        other = json.loads(await cli(redis_url, ns, "tasks", "--cap", "fail.deep", "--json"))
+        assert other["messages"] == []
+        text = await cli(redis_url, ns, "tasks", "--since", "1h")
+        assert env.msg_id in text and "KeyError: 'txt'" in text
+        bad = await cli(redis_url, ns, "tasks", "--since", "yesterday", code=2)
+        assert "error: --since" in bad
+        bad = await cli(redis_url, ns, "tasks", "--status", "broken", code=2)
+        assert "use one of pending, running" in bad
+
+
+async def test_reach_agents_fits_100_columns_and_wide_shows_all(redis_url: str, ns: str) -> None:
+    async with serving(redis_url, ns, wide_agent()):
+        narrow = await cli(redis_url, ns, "agents", env={"COLUMNS": "100"})
+        wide = await cli(redis_url, ns, "agents", "--wide", env={"COLUMNS": "100"})
+    lines = narrow.rstrip("\n").splitlines()
+    assert max(len(line) for line in lines) <= 100, narrow
+    assert "summarizer-with-a-long-agent-id-1" in narrow  # the id stays whole
+    assert "not shown: metadata" in lines[-1] and "--wide" in lines[-1]
+    assert "region=eu-west-1" in wide and "not shown" not in wide
+    assert max(len(line) for line in wide.splitlines()) > 100  # whole cells, wide lines
