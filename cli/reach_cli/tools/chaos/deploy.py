@@ -401,6 +401,7 @@ class _DeployRun(Cluster):
         # under it); a run the drain cancelled, or a second one for no such reason, is a
         # violation.
         cut = unexplained = unfinished = unmatched = twice = overlapping = by_drain = 0
+        again_outage = again_outage_drain = 0
         failed: Counter[str] = Counter()
         term = {d.pid: d.sigterm_ms for d in self.drain_log}
         for k in keys:
@@ -425,6 +426,14 @@ class _DeployRun(Cluster):
                     example("cancelled by the drain", self._describe(k, rs, rec))
                 elif r.how not in ("", "ok"):
                     failed[r.how] += 1
+                elif self._ended_in_outage(r):
+                    again_outage += 1
+                    if r.pid in term and term[r.pid] <= (r.end_ms or 0):
+                        again_outage_drain += 1
+                        kind = "run again: ended in a drain while Redis was away"
+                    else:
+                        kind = "run again: ended while Redis was away"
+                    example(kind, self._describe(k, rs, rec))
                 else:
                     unexplained += 1
                     example("run again", self._describe(k, rs, rec))
@@ -498,9 +507,16 @@ class _DeployRun(Cluster):
             bad.append(f"callers got untyped errors: {dict(untyped)}")
         if by_drain:
             bad.append(f"{by_drain} handler runs cancelled during their worker's drain")
+        if again_outage:
+            bad.append(
+                f"{again_outage} handler runs ran to their end while Redis was away and their "
+                f"message ran again ({again_outage_drain} of them on a draining worker: the "
+                "message ran again on another agent after the worker left)"
+            )
         if unexplained or unmatched:
             bad.append(
-                f"{unexplained} handler runs besides the completing one without a SIGKILL "
+                f"{unexplained} handler runs besides the completing one for no reason (no "
+                "SIGKILL, no failure, no Redis outage) "
                 f"({twice} keys ran to their end twice; {unmatched} keys whose completing run "
                 "is not one run of the ledger)"
             )
@@ -568,6 +584,8 @@ class _DeployRun(Cluster):
             runs_cut_by_kill=cut,
             runs_failed=dict(failed),
             runs_cancelled_by_drain=by_drain,
+            runs_again_after_redis_outage=again_outage,
+            runs_again_after_outage_in_drain=again_outage_drain,
             unexplained_runs=unexplained,
             keys_completed_twice=twice,
             unfinished_runs=unfinished,
@@ -602,6 +620,16 @@ class _DeployRun(Cluster):
             kill_log=[asdict(k) for k in self.kill_log],
             examples=examples,
             log_markers=markers,
+        )
+
+    def _ended_in_outage(self, r: _Run1) -> bool:
+        """``r``, not its key's completing run, ran to its end while Redis was away (from
+        a second before its SIGKILL to two seconds after it was back: the worker's settle
+        of that outcome failed), so the message ran again."""
+        return (
+            r.how == "ok"
+            and r.end_ms is not None
+            and any(down - 1000 <= r.end_ms <= up + 2000 for down, up in self.redis_windows)
         )
 
     def _describe(self, key: str, rs: list[_Run1], rec: _Rec) -> str:
