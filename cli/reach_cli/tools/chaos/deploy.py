@@ -106,7 +106,6 @@ class _DeployRun(Cluster):
         self.outcomes: list[_Call] = []
         self.slots = [f"w{i}-g0" for i in range(cfg.workers)]
         self.generation = [0] * cfg.workers
-        self.draining: set[str] = set()
         self.drain_log: list[DrainRecord] = []
         self.kill_log: list[KillRecord] = []
         self.kill_keys: list[list[str]] = []
@@ -176,7 +175,6 @@ class _DeployRun(Cluster):
             mid_handler=mid,
             inbox=len(keys),
         )
-        self.draining.add(old.agent_id)
         rec.sigterm_ms = now_ms()
         old.proc.send_signal(signal.SIGTERM)
         self.drain_log.append(rec)
@@ -446,9 +444,12 @@ class _DeployRun(Cluster):
                         overlapping += 1
                         example("overlap", self._describe(k, rs, rec))
         # Runs a worker started after its own SIGTERM (entries it had read ahead).
-        after_term = sum(
-            1 for rs in runs.values() for r in rs if r.pid in term and r.start_ms > term[r.pid]
-        )
+        late = [
+            r.start_ms - term[r.pid]
+            for rs in runs.values()
+            for r in rs
+            if r.pid in term and r.start_ms > term[r.pid]
+        ]
         # What each SIGTERM caught running, and how much of it was still to run.
         for d in self.drain_log:
             going = [
@@ -567,7 +568,8 @@ class _DeployRun(Cluster):
             replacements=self.replaced,
             sigterms_mid_handler=sum(d.mid_handler for d in self.drain_log),
             runs_in_flight_at_sigterm=sum(d.runs_in_flight for d in self.drain_log),
-            runs_started_after_sigterm=after_term,
+            runs_started_after_sigterm=len(late),
+            latest_start_after_sigterm_s=max(late, default=0) / 1000,
             drain_p50_s=_pct(drains, 50),
             drain_max_s=max(drains) if drains else None,
             drain_exit_codes=dict(codes),

@@ -249,6 +249,7 @@ class DeployReport:
     sigterms_mid_handler: int
     runs_in_flight_at_sigterm: int
     runs_started_after_sigterm: int  # by a worker after its own SIGTERM (read ahead)
+    latest_start_after_sigterm_s: float  # ... the latest of them, after the SIGTERM
     drain_p50_s: float | None
     drain_max_s: float | None
     drain_exit_codes: dict[str, int]  # exit code (or "running") -> workers
@@ -377,7 +378,7 @@ def format_deploy_report(r: DeployReport) -> str:
                 f"{r.replacements} workers, each after its successor was ready "
                 f"({r.sigterms_mid_handler} with entries in flight, {r.runs_in_flight_at_sigterm} "
                 f"handler runs going on at their SIGTERM, {r.runs_started_after_sigterm} started "
-                "after it)"
+                f"after it, the latest {r.latest_start_after_sigterm_s:.3f} s after)"
             ),
         ),
         (
