@@ -111,7 +111,11 @@ class RuntimeOptions:
     """Aging: a message preempted this many times is not preempted again (it runs to its
     end), so low priority still progresses under sustained high load."""
     drain_timeout_s: float = 30.0
-    """On stop, how long running handlers may take to finish."""
+    """The drain grace (``reach worker --drain-s``): on stop, how long running handlers
+    may take to finish. Those still running then are cancelled and their messages run
+    again once the agent has left (a plain function, which cannot be cancelled, is waited
+    for); every outcome is written before the agent deregisters (docs/operations.md,
+    "Drain")."""
     shadow_ttl_s: float = 3600.0
     """How long an evicted agent's record is kept (its id is recognised when it returns)."""
     sweep_interval_s: float = 1.0

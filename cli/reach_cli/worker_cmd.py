@@ -185,6 +185,10 @@ def worker(
 ) -> None:
     """Run the reach.Agent found at MODULE:ATTR until SIGTERM/SIGINT (then drain).
 
+    The first SIGTERM/SIGINT drains: the worker stops reading, lets running handlers
+    finish for up to --drain-s (then cancels them: their messages run again elsewhere),
+    writes every outcome and deregisters. A second signal stops at once, at that cost.
+
     Exit code 0 after SIGTERM, 130 after Ctrl-C (SIGINT), 2 on an error (bad target or
     option, Redis unreachable or refusing, a newer instance of the same agent).
 

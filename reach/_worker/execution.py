@@ -465,6 +465,8 @@ class Execution(Part):
         duration_s: float | None = None
         if outcome is None:
             spec = self.agent.handlers.get(env.capability)
+            if spec is not None and not spec.is_async:
+                spec = self.state.plain.tracked(spec)  # a drain waits for its thread
             if spec is None:
                 outcome = oc.no_handler(env, self.agent_id)
             elif self.cancels.heard_of(it.idem) and await self.cancels.confirmed(it.idem):

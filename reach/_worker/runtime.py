@@ -646,6 +646,12 @@ class Runtime:
                 await self._drain(liveness, settlement, execution, pool)
                 tg.cancel_scope.cancel()  # every outcome settled (or given up): no settle cut
         finally:
+            with anyio.CancelScope(shield=True):
+                if settlement.pending:  # stopped at once (a second signal): what is
+                    # computed already is written, briefly; the rest runs again
+                    await settlement.settle_rest(retry_s=STOP_SETTLE_S)
+                if st.plain.running:  # a thread goes on whatever the signal
+                    await self._wait_plain()
             hooks.on_stop(st)
             liveness.stop_heartbeat()
             await liveness.leave()
@@ -680,11 +686,11 @@ class Runtime:
             await pool.stop(CANCEL_WAIT_S)
             if st.inflight:
                 log.error(
-                    "%d handlers did not end when cancelled (a plain function in a thread, "
-                    "or one that ignores cancellation): they may still be running when "
-                    "their messages run again",
+                    "%d handlers did not end when cancelled (they ignore cancellation): "
+                    "they may still be running when their messages run again",
                     st.inflight,
                 )
+            await self._wait_plain()
         left = await settlement.settle_rest(retry_s=SETTLE_RETRY_S)
         if left:
             log.error(
@@ -694,6 +700,28 @@ class Runtime:
                 SETTLE_RETRY_S,
             )
 
+    async def _wait_plain(self) -> None:
+        """Plain handlers go on in their threads when cancelled: the agent stays
+        registered (draining, its heartbeats going) until they return, so that their
+        messages, left pending, do not run elsewhere meanwhile; their results are
+        dropped (those messages run again). Only SIGKILL ends the wait (the agent is then
+        evicted after ``evict_after_s``, the threads gone with the process)."""
+        plain = self.state.plain
+        if not plain.running:
+            return
+        log.warning(
+            "%d plain (non-async) handlers cannot be cancelled: waiting for them to "
+            "return before leaving (SIGKILL to stop now)",
+            plain.running,
+        )
+        while plain.running:  # polled: a thread cannot wake the loop
+            self.state.loop_tick = time.monotonic()  # the ticker may be cancelled already
+            await anyio.sleep(0.1)
+
+
+STOP_SETTLE_S = 1.0
+"""Stopped at once (a second signal): how long outcomes already computed may take to be
+written before the worker leaves them."""
 
 CANCEL_WAIT_S = 5.0
 """At the end of the drain grace, how long the cancelled handlers get to end."""

@@ -3,12 +3,13 @@ counters, flags and the outage log. Bookkeeping only."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from redis import exceptions as rexc
@@ -20,7 +21,7 @@ from .hookchain import HookChain
 from .items import Delivery, Settleable
 
 if TYPE_CHECKING:
-    from ..agent import Agent, RuntimeOptions
+    from ..agent import Agent, HandlerSpec, RuntimeOptions
 
 log = logging.getLogger("reach.runtime")
 
@@ -45,6 +46,7 @@ class WorkerState:
         self.consumer_tick = time.monotonic()  # the consumer came round its loop
         self.loop_tick = time.monotonic()  # the event loop made progress
         self._slot_free = anyio.Event()
+        self.plain = PlainRuns()
 
     def handler_ran(self, duration_s: float) -> None:
         """Note one handler's run time in :attr:`handler_s` (weight 1/16)."""
@@ -70,6 +72,31 @@ class WorkerState:
             self.held.discard((it.stream, as_text(it.entry_id)))
             if isinstance(it, Delivery) and it.fence:
                 self.running.discard(it.env.key)
+
+
+class PlainRuns:
+    """Plain (non-async) handlers running in worker threads. A thread cannot be cancelled:
+    cancelling its handler only stops waiting for it, and it runs on, so a worker that
+    left now would let its message run elsewhere meanwhile. The drain waits for these."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.running = 0
+
+    def tracked(self, spec: HandlerSpec) -> HandlerSpec:
+        """``spec`` with its function counted in :attr:`running` while it runs."""
+        fn = spec.fn
+
+        def counted(payload: Any, ctx: Any) -> Any:
+            with self._lock:
+                self.running += 1
+            try:
+                return fn(payload, ctx)
+            finally:
+                with self._lock:
+                    self.running -= 1
+
+        return dataclasses.replace(spec, fn=counted)
 
 
 class Outages:

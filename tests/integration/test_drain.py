@@ -12,6 +12,8 @@ from __future__ import annotations
 import signal
 import subprocess
 from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -257,4 +259,87 @@ async def test_second_signal_stops_at_once_and_the_message_runs_again(
     assert await effects(r, ns, "sleep.started") == {key: 2}
     assert await effects(r, ns, "sleep.finished") == {key: 1}
     assert await effects(r, ns, "drain.overlap") == {}
+    await assert_left_clean(r, reg, agent)
+
+
+async def test_entries_read_ahead_but_not_started_are_handed_back(
+    workers: Workers, r: AnyRedis, redis_url: str, ns: str
+) -> None:
+    """One handler slot, read-ahead on (quick handlers so far): a 3 s message runs and the
+    quick one behind it waits, claimed, in the worker's queue when SIGTERM comes. The drain
+    does not start it: it stays pending with the agent, and once the agent has left the
+    sweeper moves it to the peer, which takes the claim over and runs it, once. Before,
+    the drain ran it (and, racing its settle, lost the 3 s message's outcome)."""
+    reg = Registry(r, ns)
+    procs = await start(workers, reg, ["sleeper-a"], "--concurrency", "1", "--prefetch", "1")
+    async with Client(redis_url=redis_url, namespace=ns) as c:
+        for _ in range(30):  # quick handlers: the worker reads ahead of its one slot
+            await c.request("test.sleep", {"seconds": 0}, timeout_s=30)
+        await r.delete(c.keys.effects("sleep.started"), c.keys.effects("sleep.agent"))
+        procs["sleeper-b"] = workers.start("sleeper_b")
+        got: dict[str, Any] = {}
+        async with anyio.create_task_group() as tg:
+
+            async def call(name: str, seconds: float, **kw: Any) -> None:
+                got[name] = await c.request("test.sleep", {"seconds": seconds}, **kw)
+
+            tg.start_soon(partial(call, "slow", 3.0, timeout_s=30, target="sleeper-a"))
+            await running(r, ns, "sleep")
+            tg.start_soon(partial(call, "quick", 0.0, timeout_s=30, target="sleeper-a"))
+            inbox = c.keys.inbox("sleeper-a", "normal")
+
+            async def read_ahead() -> bool:
+                return int((await r.xpending(inbox, "reach"))["pending"]) == 2
+
+            await wait_until(read_ahead, what="the quick one read ahead")
+            procs["sleeper-a"].send_signal(signal.SIGTERM)
+        assert got == {
+            "slow": {"agent": "sleeper-a", "slept": 3.0},
+            "quick": {"agent": "sleeper-b", "slept": 0.0},
+        }
+        assert procs["sleeper-a"].wait(timeout=30) == 0
+    started = await effects(r, ns, "sleep.started")
+    assert sorted(started.values()) == [1, 1], "each ran once"
+    assert await effects(r, ns, "drain.overlap") == {}
+    await assert_left_clean(r, reg, "sleeper-a")
+
+
+async def test_plain_handler_past_the_grace_never_overlaps_its_second_run(
+    workers: Workers, r: AnyRedis, redis_url: str, ns: str, tmp_path: Path
+) -> None:
+    """A plain (non-async) handler runs in a thread, which the end of the grace cannot
+    cancel. The worker stays registered, draining, until the thread returns, and leaves
+    only then: the message, left pending, runs again on the peer after the first run
+    ended, never beside it. Before, the worker deregistered at once and the peer ran the
+    message while the first run was still in its thread."""
+    reg = Registry(r, ns)
+    procs = await start(workers, reg, ["sleeper-a", "sleeper-b"], "--drain-s", "0.5")
+    runs = tmp_path / "runs.log"
+    runs.touch()
+    got: list[Any] = []
+    async with Client(redis_url=redis_url, namespace=ns) as c:
+        async with anyio.create_task_group() as tg:
+
+            async def call() -> None:
+                payload = {"seconds": 3, "log": str(runs)}
+                got.append(await c.request("test.sleep_plain", payload, timeout_s=60))
+
+            tg.start_soon(call)
+
+            async def first() -> str:
+                lines = runs.read_text().split()
+                return lines[1] if lines else ""
+
+            agent = await wait_until(first, what="the plain handler started")
+            procs[agent].send_signal(signal.SIGTERM)
+        peer = "sleeper-b" if agent == "sleeper-a" else "sleeper-a"
+        assert got == [{"agent": peer, "slept": 3}]
+        assert procs[agent].wait(timeout=30) == 0
+    lines = [line.split() for line in runs.read_text().splitlines()]
+    assert [(what, who) for what, who, _ in lines] == [
+        ("start", agent),
+        ("end", agent),
+        ("start", peer),
+        ("end", peer),
+    ], "the second run starts after the first one ended"
     await assert_left_clean(r, reg, agent)

@@ -60,8 +60,22 @@ async def _leave(ctx: Context) -> None:
 def _sleeper(agent_id: str) -> Agent:
     """``test.sleep`` returns after ``seconds``; ``test.sleep_emit`` streams with
     ``ctx.emit`` (a chunk every 0.1 s for ``seconds``), ``test.sleep_gen`` is an async
-    generator doing the same."""
-    app = Agent(agent_id, capabilities=["test.sleep", "test.sleep_emit", "test.sleep_gen"])
+    generator doing the same; ``test.sleep_plain`` is a plain function."""
+    app = Agent(
+        agent_id,
+        capabilities=["test.sleep", "test.sleep_emit", "test.sleep_gen", "test.sleep_plain"],
+    )
+
+    @app.handler("test.sleep_plain")
+    def sleep_plain(payload: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        """A plain function (run in a thread, which nothing can cancel): its runs are
+        lines ``start|end <agent> <time>`` in the file ``payload["log"]``."""
+        with open(payload["log"], "a") as f:
+            f.write(f"start {ctx.agent_id} {time.time()}\n")
+        time.sleep(float(payload["seconds"]))
+        with open(payload["log"], "a") as f:
+            f.write(f"end {ctx.agent_id} {time.time()}\n")
+        return {"agent": ctx.agent_id, "slept": payload["seconds"]}
 
     @app.handler("test.sleep")
     async def sleep(payload: dict[str, Any], ctx: Context) -> dict[str, Any]:
