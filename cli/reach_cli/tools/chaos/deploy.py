@@ -85,6 +85,7 @@ class _Run1:
 class _Call(_Outcome):
     first_try: bool = False
     chunks_wrong: bool = False
+    chunks_got: list[Any] = field(default_factory=list)  # a wrong stream's chunks
     deadline_exceeded: int = 0
     error_at: list[float] = field(default_factory=list)
 
@@ -279,6 +280,7 @@ class _DeployRun(Cluster):
                         # the stored result alone.
                         if first and not s.dup and got != list(range(s.chunks)):
                             out.chunks_wrong = True
+                            out.chunks_got = got
                     else:
                         env = c.build(
                             CAPABILITY,
@@ -473,6 +475,12 @@ class _DeployRun(Cluster):
                 example(
                     "deadline",
                     f"{s.key} ({s.kind}, {s.sleep_ms} ms): errors at {o.error_at} s, {self._describe(s.key, runs.get(s.key, []), recs[s.key])}",
+                )
+            if o.chunks_wrong:
+                example(
+                    "stream chunks",
+                    f"{s.key} (msg {o.msg_ids[0]}): chunks {o.chunks_got}, not "
+                    f"0..{s.chunks - 1}; {self._describe(s.key, runs.get(s.key, []), recs[s.key])}",
                 )
         wrong = sum(o.wrong for o in self.outcomes)
         chunks_wrong = sum(o.chunks_wrong for o in self.outcomes)
