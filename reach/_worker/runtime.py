@@ -685,11 +685,15 @@ class Runtime:
             )
             await pool.stop(CANCEL_WAIT_S)
             if st.inflight:
+                # Leaving now would let their messages run elsewhere beside them.
                 log.error(
-                    "%d handlers did not end when cancelled (they ignore cancellation): "
-                    "they may still be running when their messages run again",
+                    "%d handlers did not end %gs after they were cancelled (they ignore "
+                    "cancellation): waiting for them before leaving (SIGKILL to stop now)",
                     st.inflight,
+                    CANCEL_WAIT_S,
                 )
+                while st.inflight:
+                    await anyio.sleep(0.1)
             await self._wait_plain()
         left = await settlement.settle_rest(retry_s=SETTLE_RETRY_S)
         if left:

@@ -4,16 +4,15 @@ outlasts every internal timer (the blocking read, the lease, the heartbeat) stil
 What a drain promises (docs/operations.md, "Drain"): the caller gets the result, the task
 ends `succeeded`, the handler ran exactly once (its starts are counted in Redis, per
 message), no message ran on two agents at once, and the agent deregistered and left
-nothing in its inbox. The handlers are tests.support.agents_lifecycle's sleepers.
+nothing in its inbox. The handlers are tests.support.agents_lifecycle's sleepers; the end
+of the grace, the second signal and the long handler are in test_drain_grace.py.
 """
 
 from __future__ import annotations
 
 import signal
-import subprocess
 from collections.abc import Iterator
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -23,12 +22,12 @@ from reach.client import Client
 from reach.connection import AnyRedis, connect
 from reach.registry import Registry
 from tests.support.agents_messaging import effects
+from tests.support.cluster import RedisTestCluster
+from tests.support.draining import assert_left_clean, assert_ran_once, running, start
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
 
 pytestmark = pytest.mark.anyio
-
-FACTORY = {"sleeper-a": "sleeper_a", "sleeper-b": "sleeper_b"}
 
 
 @pytest.fixture
@@ -36,56 +35,6 @@ def workers(redis_url: str, ns: str) -> Iterator[Workers]:
     w = Workers(redis_url, ns, "tests.support.agents_lifecycle")
     yield w
     w.stop_all()
-
-
-@pytest.fixture
-async def r(redis_url: str) -> Any:
-    client = await connect(redis_url)
-    yield client
-    await client.aclose()
-
-
-async def start(
-    workers: Workers, reg: Registry, agent_ids: list[str], *extra: str
-) -> dict[str, subprocess.Popen[bytes]]:
-    procs = {a: workers.start(FACTORY[a], *extra) for a in agent_ids}
-
-    async def ready() -> bool:
-        infos = [await reg.get(a) for a in agent_ids]
-        return all(i is not None and i.ready for i in infos)
-
-    await wait_until(ready, what="workers ready")
-    return procs
-
-
-async def running(r: AnyRedis, ns: str, name: str) -> tuple[str, str]:
-    """The one message of handler ``name`` once it started: (its key, the agent running it)."""
-
-    async def probe() -> tuple[str, str] | None:
-        agents = await effects_text(r, ns, f"{name}.agent")
-        return next(iter(agents.items()), None)
-
-    return await wait_until(probe, what=f"{name} started")
-
-
-async def effects_text(r: AnyRedis, ns: str, name: str) -> dict[str, str]:
-    from reach.keys import Keys
-
-    raw = await r.hgetall(Keys(ns).effects(name))
-    return {k.decode(): v.decode() for k, v in raw.items()}
-
-
-async def assert_ran_once(r: AnyRedis, ns: str, name: str, key: str) -> None:
-    assert await effects(r, ns, f"{name}.started") == {key: 1}, "the handler started once"
-    assert await effects(r, ns, f"{name}.finished") == {key: 1}
-    assert await effects(r, ns, "drain.overlap") == {}, "no message ran on two agents at once"
-
-
-async def assert_left_clean(r: AnyRedis, reg: Registry, agent_id: str) -> None:
-    """Deregistered, and nothing left in its inbox for anyone to run again."""
-    assert await reg.get(agent_id) is None, f"{agent_id} deregistered"
-    for stream in reg.keys.inboxes(agent_id):
-        assert not await r.exists(stream), f"{stream}: settled and dropped, nothing pending"
 
 
 @pytest.mark.parametrize(
@@ -162,106 +111,6 @@ async def test_sigterm_mid_stream_settles_every_chunk_and_the_result(
     await assert_left_clean(r, reg, agent)
 
 
-async def test_sigterm_during_a_30s_handler_waits_for_it(
-    workers: Workers, r: AnyRedis, redis_url: str, ns: str
-) -> None:
-    """A 30 s handler under a 45 s drain grace, a peer beside it: the drain waits the
-    handler out (every lease and heartbeat renewed meanwhile), settles it, and only then
-    deregisters. Failed before the fix (the message ran again on the peer)."""
-    reg = Registry(r, ns)
-    procs = await start(workers, reg, ["sleeper-a", "sleeper-b"], "--drain-s", "45")
-    got: list[Any] = []
-    async with Client(redis_url=redis_url, namespace=ns) as c:
-        async with anyio.create_task_group() as tg:
-
-            async def call() -> None:
-                got.append(await c.request("test.sleep", {"seconds": 30}, timeout_s=90))
-
-            tg.start_soon(call)
-            key, agent = await running(r, ns, "sleep")
-            procs[agent].send_signal(signal.SIGTERM)
-
-            async def draining() -> bool:
-                a = await reg.get(agent)
-                return a is not None and a.draining
-
-            await wait_until(draining, what="draining flag")
-        assert got == [{"agent": agent, "slept": 30}]
-        assert procs[agent].wait(timeout=30) == 0
-        status = await c.task(key)
-        assert (status.status, status.runs) == ("succeeded", 1)
-    await assert_ran_once(r, ns, "sleep", key)
-    await assert_left_clean(r, reg, agent)
-
-
-async def test_handler_past_the_grace_is_cancelled_and_runs_again_elsewhere(
-    workers: Workers, r: AnyRedis, redis_url: str, ns: str
-) -> None:
-    """A 4 s handler under a 1 s drain grace: at the end of the grace it is cancelled (its
-    run ends there: the sleeper's counter of running copies goes back to 0), its entry
-    stays pending, and once its agent has left the peer runs it: the caller gets the
-    peer's result, and the two runs never overlap."""
-    reg = Registry(r, ns)
-    procs = await start(workers, reg, ["sleeper-a", "sleeper-b"], "--drain-s", "1")
-    got: list[Any] = []
-    async with Client(redis_url=redis_url, namespace=ns) as c:
-        async with anyio.create_task_group() as tg:
-
-            async def call() -> None:
-                got.append(await c.request("test.sleep", {"seconds": 4}, timeout_s=60))
-
-            tg.start_soon(call)
-            key, agent = await running(r, ns, "sleep")
-            procs[agent].send_signal(signal.SIGTERM)
-        peer = "sleeper-b" if agent == "sleeper-a" else "sleeper-a"
-        assert got == [{"agent": peer, "slept": 4}]
-        assert procs[agent].wait(timeout=30) == 0
-        status = await c.task(key)
-        assert (status.status, status.runs, status.agent_id) == ("succeeded", 2, peer)
-    assert await effects(r, ns, "sleep.started") == {key: 2}, "cut at the grace, run again"
-    assert await effects(r, ns, "sleep.finished") == {key: 1}
-    assert await effects(r, ns, "drain.overlap") == {}
-    assert await effects_text(r, ns, "sleep.agent") == {key: peer}
-    await assert_left_clean(r, reg, agent)
-
-
-async def test_second_signal_stops_at_once_and_the_message_runs_again(
-    workers: Workers, r: AnyRedis, redis_url: str, ns: str
-) -> None:
-    """A second SIGTERM during the drain stops the worker at once: its running handler is
-    cancelled (the cost), its entry stays pending and runs again on the peer once the agent
-    has left; the caller still gets a result, from that second run."""
-    reg = Registry(r, ns)
-    procs = await start(workers, reg, ["sleeper-a", "sleeper-b"], "--drain-s", "60")
-    got: list[Any] = []
-    async with Client(redis_url=redis_url, namespace=ns) as c:
-        async with anyio.create_task_group() as tg:
-
-            async def call() -> None:
-                got.append(await c.request("test.sleep", {"seconds": 4}, timeout_s=60))
-
-            tg.start_soon(call)
-            key, agent = await running(r, ns, "sleep")
-            procs[agent].send_signal(signal.SIGTERM)
-
-            async def draining() -> bool:
-                a = await reg.get(agent)
-                return a is not None and a.draining
-
-            await wait_until(draining, what="draining flag")
-            procs[agent].send_signal(signal.SIGTERM)
-            # at once: well before its handler (4 s) or the grace (60 s) would end
-            assert await anyio.to_thread.run_sync(procs[agent].wait, 3.0) == 0
-        peer = "sleeper-b" if agent == "sleeper-a" else "sleeper-a"
-        assert got == [{"agent": peer, "slept": 4}]
-        status = await c.task(key)
-        assert (status.status, status.runs, status.agent_id) == ("succeeded", 2, peer)
-    assert await effects(r, ns, "sleep.started") == {key: 2}
-    assert await effects(r, ns, "sleep.finished") == {key: 1}
-    assert await effects(r, ns, "drain.overlap") == {}
-    await assert_left_clean(r, reg, agent)
-
-
 async def test_entries_read_ahead_but_not_started_are_handed_back(
     workers: Workers, r: AnyRedis, redis_url: str, ns: str
 ) -> None:
@@ -304,42 +153,32 @@ async def test_entries_read_ahead_but_not_started_are_handed_back(
     await assert_left_clean(r, reg, "sleeper-a")
 
 
-async def test_plain_handler_past_the_grace_never_overlaps_its_second_run(
-    workers: Workers, r: AnyRedis, redis_url: str, ns: str, tmp_path: Path
-) -> None:
-    """A plain (non-async) handler runs in a thread, which the end of the grace cannot
-    cancel. The worker stays registered, draining, until the thread returns, and leaves
-    only then: the message, left pending, runs again on the peer after the first run
-    ended, never beside it. Before, the worker deregistered at once and the peer ran the
-    message while the first run was still in its thread."""
-    reg = Registry(r, ns)
-    procs = await start(workers, reg, ["sleeper-a", "sleeper-b"], "--drain-s", "0.5")
-    runs = tmp_path / "runs.log"
-    runs.touch()
-    got: list[Any] = []
-    async with Client(redis_url=redis_url, namespace=ns) as c:
-        async with anyio.create_task_group() as tg:
+@pytest.mark.cluster
+async def test_sigterm_mid_handler_on_a_cluster(redis_cluster: RedisTestCluster, ns: str) -> None:
+    """The same drain on a 3-master Redis Cluster (settling is pipelined per slot there),
+    a peer beside the worker: the result reaches the caller, the handler ran once."""
+    url = redis_cluster.url
+    w = Workers(url, ns, "tests.support.agents_lifecycle")
+    r = await connect(url)
+    try:
+        reg = Registry(r, ns)
+        procs = await start(w, reg, ["sleeper-a", "sleeper-b"])
+        got: list[Any] = []
+        async with Client(redis_url=url, namespace=ns) as c:
+            async with anyio.create_task_group() as tg:
 
-            async def call() -> None:
-                payload = {"seconds": 3, "log": str(runs)}
-                got.append(await c.request("test.sleep_plain", payload, timeout_s=60))
+                async def call() -> None:
+                    got.append(await c.request("test.sleep", {"seconds": 2}, timeout_s=30))
 
-            tg.start_soon(call)
-
-            async def first() -> str:
-                lines = runs.read_text().split()
-                return lines[1] if lines else ""
-
-            agent = await wait_until(first, what="the plain handler started")
-            procs[agent].send_signal(signal.SIGTERM)
-        peer = "sleeper-b" if agent == "sleeper-a" else "sleeper-a"
-        assert got == [{"agent": peer, "slept": 3}]
-        assert procs[agent].wait(timeout=30) == 0
-    lines = [line.split() for line in runs.read_text().splitlines()]
-    assert [(what, who) for what, who, _ in lines] == [
-        ("start", agent),
-        ("end", agent),
-        ("start", peer),
-        ("end", peer),
-    ], "the second run starts after the first one ended"
-    await assert_left_clean(r, reg, agent)
+                tg.start_soon(call)
+                key, agent = await running(r, ns, "sleep")
+                procs[agent].send_signal(signal.SIGTERM)
+            assert got == [{"agent": agent, "slept": 2}]
+            assert procs[agent].wait(timeout=30) == 0
+            status = await c.task(key)
+            assert (status.status, status.runs) == ("succeeded", 1)
+        await assert_ran_once(r, ns, "sleep", key)
+        await assert_left_clean(r, reg, agent)
+    finally:
+        w.stop_all()
+        await r.aclose()

@@ -60,11 +60,28 @@ async def _leave(ctx: Context) -> None:
 def _sleeper(agent_id: str) -> Agent:
     """``test.sleep`` returns after ``seconds``; ``test.sleep_emit`` streams with
     ``ctx.emit`` (a chunk every 0.1 s for ``seconds``), ``test.sleep_gen`` is an async
-    generator doing the same; ``test.sleep_plain`` is a plain function."""
+    generator doing the same; ``test.sleep_plain`` is a plain function, and
+    ``test.sleep_shielded`` ignores cancellation."""
     app = Agent(
         agent_id,
-        capabilities=["test.sleep", "test.sleep_emit", "test.sleep_gen", "test.sleep_plain"],
+        capabilities=[
+            "test.sleep",
+            "test.sleep_emit",
+            "test.sleep_gen",
+            "test.sleep_plain",
+            "test.sleep_shielded",
+        ],
     )
+
+    @app.handler("test.sleep_shielded")
+    async def sleep_shielded(payload: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        """Ignores cancellation: it sleeps ``seconds`` in a shielded scope."""
+        await _begin(ctx, "sleep_shielded")
+        with anyio.CancelScope(shield=True):
+            await anyio.sleep(float(payload["seconds"]))
+            await _leave(ctx)
+            await _end(ctx, "sleep_shielded")
+        return {"agent": ctx.agent_id, "slept": payload["seconds"]}
 
     @app.handler("test.sleep_plain")
     def sleep_plain(payload: dict[str, Any], ctx: Context) -> dict[str, Any]:
