@@ -26,11 +26,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.xfail(
-    strict=True,
-    reason="a SIGTERMed worker's in-flight messages are not settled, and run again on "
-    "another agent: the drain does not settle what it finishes yet",
-)
 def test_rolling_deploy_short(tmp_path: Path) -> None:
     cmd = [
         sys.executable,
@@ -60,12 +55,22 @@ def test_rolling_deploy_short(tmp_path: Path) -> None:
     assert r["callers_gave_up"] == 0 and r["deadline_exceeded"] == 0, text
     assert r["wrong_results"] == 0 and r["streams_chunks_wrong"] == 0, text
     assert r["untyped_errors"] == {}, text
-    assert r["unexplained_runs"] == 0 and r["keys_completed_twice"] == 0, text
+    assert r["unexplained_runs"] == 0, text
     assert r["unfinished_runs"] == 0 and r["runs_cancelled_by_drain"] == 0, text
     assert r["overlapping_runs"] == 0, text
     assert r["drain_exit_codes"] == {"0": 6}, text
     assert r["pending_left"] == 0 and r["inbox_entries_left"] == 0 and r["parked_left"] == 0
     assert r["dead_letters_unaccounted"] == 0, text
+    if r["runs_again_after_redis_outage"]:
+        # The one criterion known to fail: a worker whose settle fails while Redis is away
+        # drops the outcome it holds; the message runs again, on the same worker once Redis
+        # is back, or (in a drain) on another agent after the worker left. Every other
+        # criterion was asserted above.
+        pytest.xfail(
+            f"{r['runs_again_after_redis_outage']} handler runs ended while Redis was away and "
+            f"ran again ({r['runs_again_after_outage_in_drain']} in a drain)\n{text}"
+        )
+    assert r["keys_completed_twice"] == 0, text
     assert r["ok"] and p.returncode == 0, text
 
 

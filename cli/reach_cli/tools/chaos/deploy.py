@@ -85,6 +85,7 @@ class _Run1:
 class _Call(_Outcome):
     first_try: bool = False
     chunks_wrong: bool = False
+    chunks_got: list[Any] = field(default_factory=list)  # a wrong stream's chunks
     deadline_exceeded: int = 0
     error_at: list[float] = field(default_factory=list)
 
@@ -106,7 +107,6 @@ class _DeployRun(Cluster):
         self.outcomes: list[_Call] = []
         self.slots = [f"w{i}-g0" for i in range(cfg.workers)]
         self.generation = [0] * cfg.workers
-        self.draining: set[str] = set()
         self.drain_log: list[DrainRecord] = []
         self.kill_log: list[KillRecord] = []
         self.kill_keys: list[list[str]] = []
@@ -176,7 +176,6 @@ class _DeployRun(Cluster):
             mid_handler=mid,
             inbox=len(keys),
         )
-        self.draining.add(old.agent_id)
         rec.sigterm_ms = now_ms()
         old.proc.send_signal(signal.SIGTERM)
         self.drain_log.append(rec)
@@ -281,6 +280,7 @@ class _DeployRun(Cluster):
                         # the stored result alone.
                         if first and not s.dup and got != list(range(s.chunks)):
                             out.chunks_wrong = True
+                            out.chunks_got = got
                     else:
                         env = c.build(
                             CAPABILITY,
@@ -401,6 +401,7 @@ class _DeployRun(Cluster):
         # under it); a run the drain cancelled, or a second one for no such reason, is a
         # violation.
         cut = unexplained = unfinished = unmatched = twice = overlapping = by_drain = 0
+        again_outage = again_outage_drain = 0
         failed: Counter[str] = Counter()
         term = {d.pid: d.sigterm_ms for d in self.drain_log}
         for k in keys:
@@ -425,6 +426,14 @@ class _DeployRun(Cluster):
                     example("cancelled by the drain", self._describe(k, rs, rec))
                 elif r.how not in ("", "ok"):
                     failed[r.how] += 1
+                elif self._ended_in_outage(r):
+                    again_outage += 1
+                    if r.pid in term and term[r.pid] <= (r.end_ms or 0):
+                        again_outage_drain += 1
+                        kind = "run again: ended in a drain while Redis was away"
+                    else:
+                        kind = "run again: ended while Redis was away"
+                    example(kind, self._describe(k, rs, rec))
                 else:
                     unexplained += 1
                     example("run again", self._describe(k, rs, rec))
@@ -437,9 +446,12 @@ class _DeployRun(Cluster):
                         overlapping += 1
                         example("overlap", self._describe(k, rs, rec))
         # Runs a worker started after its own SIGTERM (entries it had read ahead).
-        after_term = sum(
-            1 for rs in runs.values() for r in rs if r.pid in term and r.start_ms > term[r.pid]
-        )
+        late = [
+            r.start_ms - term[r.pid]
+            for rs in runs.values()
+            for r in rs
+            if r.pid in term and r.start_ms > term[r.pid]
+        ]
         # What each SIGTERM caught running, and how much of it was still to run.
         for d in self.drain_log:
             going = [
@@ -463,6 +475,12 @@ class _DeployRun(Cluster):
                 example(
                     "deadline",
                     f"{s.key} ({s.kind}, {s.sleep_ms} ms): errors at {o.error_at} s, {self._describe(s.key, runs.get(s.key, []), recs[s.key])}",
+                )
+            if o.chunks_wrong:
+                example(
+                    "stream chunks",
+                    f"{s.key} (msg {o.msg_ids[0]}): chunks {o.chunks_got}, not "
+                    f"0..{s.chunks - 1}; {self._describe(s.key, runs.get(s.key, []), recs[s.key])}",
                 )
         wrong = sum(o.wrong for o in self.outcomes)
         chunks_wrong = sum(o.chunks_wrong for o in self.outcomes)
@@ -498,9 +516,16 @@ class _DeployRun(Cluster):
             bad.append(f"callers got untyped errors: {dict(untyped)}")
         if by_drain:
             bad.append(f"{by_drain} handler runs cancelled during their worker's drain")
+        if again_outage:
+            bad.append(
+                f"{again_outage} handler runs ran to their end while Redis was away and their "
+                f"message ran again ({again_outage_drain} of them on a draining worker: the "
+                "message ran again on another agent after the worker left)"
+            )
         if unexplained or unmatched:
             bad.append(
-                f"{unexplained} handler runs besides the completing one without a SIGKILL "
+                f"{unexplained} handler runs besides the completing one for no reason (no "
+                "SIGKILL, no failure, no Redis outage) "
                 f"({twice} keys ran to their end twice; {unmatched} keys whose completing run "
                 "is not one run of the ledger)"
             )
@@ -551,7 +576,8 @@ class _DeployRun(Cluster):
             replacements=self.replaced,
             sigterms_mid_handler=sum(d.mid_handler for d in self.drain_log),
             runs_in_flight_at_sigterm=sum(d.runs_in_flight for d in self.drain_log),
-            runs_started_after_sigterm=after_term,
+            runs_started_after_sigterm=len(late),
+            latest_start_after_sigterm_s=max(late, default=0) / 1000,
             drain_p50_s=_pct(drains, 50),
             drain_max_s=max(drains) if drains else None,
             drain_exit_codes=dict(codes),
@@ -568,6 +594,8 @@ class _DeployRun(Cluster):
             runs_cut_by_kill=cut,
             runs_failed=dict(failed),
             runs_cancelled_by_drain=by_drain,
+            runs_again_after_redis_outage=again_outage,
+            runs_again_after_outage_in_drain=again_outage_drain,
             unexplained_runs=unexplained,
             keys_completed_twice=twice,
             unfinished_runs=unfinished,
@@ -602,6 +630,16 @@ class _DeployRun(Cluster):
             kill_log=[asdict(k) for k in self.kill_log],
             examples=examples,
             log_markers=markers,
+        )
+
+    def _ended_in_outage(self, r: _Run1) -> bool:
+        """``r``, not its key's completing run, ran to its end while Redis was away (from
+        a second before its SIGKILL to two seconds after it was back: the worker's settle
+        of that outcome failed), so the message ran again."""
+        return (
+            r.how == "ok"
+            and r.end_ms is not None
+            and any(down - 1000 <= r.end_ms <= up + 2000 for down, up in self.redis_windows)
         )
 
     def _describe(self, key: str, rs: list[_Run1], rec: _Rec) -> str:

@@ -249,6 +249,7 @@ class DeployReport:
     sigterms_mid_handler: int
     runs_in_flight_at_sigterm: int
     runs_started_after_sigterm: int  # by a worker after its own SIGTERM (read ahead)
+    latest_start_after_sigterm_s: float  # ... the latest of them, after the SIGTERM
     drain_p50_s: float | None
     drain_max_s: float | None
     drain_exit_codes: dict[str, int]  # exit code (or "running") -> workers
@@ -265,6 +266,8 @@ class DeployReport:
     runs_cut_by_kill: int  # runs whose worker was SIGKILLed while they ran (re-run: fine)
     runs_failed: dict[str, int]  # runs ended by an exception (retried: fine), by its name
     runs_cancelled_by_drain: int  # runs cancelled after their worker's SIGTERM
+    runs_again_after_redis_outage: int  # extra runs: the first ended while Redis was away
+    runs_again_after_outage_in_drain: int  # ... of those, on a worker that was draining
     unexplained_runs: int  # a key's runs besides its completing one, not cut by a SIGKILL
     keys_completed_twice: int  # keys whose handler ran to its end more than once
     unfinished_runs: int  # runs that never ended, their worker not SIGKILLed
@@ -318,6 +321,12 @@ def format_deploy_report(r: DeployReport) -> str:
     codes = ", ".join(f"{k}: {v}" for k, v in sorted(r.drain_exit_codes.items())) or "-"
     fates = Counter(k["fate"] for k in r.kill_log)
     calls = r.requests + r.streams + r.sends
+    once = not (
+        r.unexplained_runs
+        or r.unfinished_runs
+        or r.runs_cancelled_by_drain
+        or r.runs_again_after_redis_outage
+    )
     rows = [
         ("result", "PASS" if r.ok else "FAIL"),
         (
@@ -339,11 +348,14 @@ def format_deploy_report(r: DeployReport) -> str:
         (
             "each key's handler run once",
             (
-                f"{ok(not (r.unexplained_runs or r.unfinished_runs or r.runs_cancelled_by_drain))}: "
-                f"{r.runs} runs for "
-                f"{r.keys} keys; {r.unexplained_runs} runs again without a SIGKILL, "
+                f"{ok(once)}: {r.runs} runs for "
+                f"{r.keys} keys; {r.unexplained_runs} run again for no reason, "
+                f"{r.runs_again_after_redis_outage} run again after ending while Redis was away "
+                f"({r.runs_again_after_outage_in_drain} in a drain), "
                 f"{r.runs_cut_by_kill} cut by a SIGKILL and run again, "
-                f"{sum(r.runs_failed.values())} failed and retried, {r.runs_cancelled_by_drain} "
+                f"{sum(r.runs_failed.values())} failed and retried "
+                f"({', '.join(f'{k} {v}' for k, v in sorted(r.runs_failed.items())) or '-'}), "
+                f"{r.runs_cancelled_by_drain} "
                 f"cancelled by a drain, {r.keys_completed_twice} "
                 f"keys ran to their end twice, {r.unfinished_runs} runs never ended"
             ),
@@ -366,7 +378,7 @@ def format_deploy_report(r: DeployReport) -> str:
                 f"{r.replacements} workers, each after its successor was ready "
                 f"({r.sigterms_mid_handler} with entries in flight, {r.runs_in_flight_at_sigterm} "
                 f"handler runs going on at their SIGTERM, {r.runs_started_after_sigterm} started "
-                "after it)"
+                f"after it, the latest {r.latest_start_after_sigterm_s:.3f} s after)"
             ),
         ),
         (
