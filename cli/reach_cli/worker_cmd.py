@@ -138,6 +138,15 @@ def worker(
     stall_s: Annotated[
         float, typer.Option(help="Event loop stuck this long: stop heartbeats.")
     ] = 30.0,
+    max_takeovers: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=1_000_000,
+            help="Times a run that never ended (its agent killed, evicted or stalled) is "
+            "taken over before the message is dead-lettered poisoned.",
+        ),
+    ] = 3,
     drain_timeout_s: Annotated[
         float, typer.Option(help="Time in-flight work gets on SIGTERM.")
     ] = 30.0,
@@ -226,6 +235,7 @@ def worker(
             "lease_s": lease_s,
             "evict_after_s": evict_after_s,
             "stall_s": stall_s,
+            "max_takeovers": max_takeovers,
             "drain_timeout_s": drain_timeout_s,
             "sweep_interval_s": sweep_interval_s,
             "claim_lease_s": claim_lease_s,

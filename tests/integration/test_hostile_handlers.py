@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+import anyio
 import pytest
 import redis
 
@@ -171,3 +172,35 @@ def test_a_capability_without_a_handler_refuses_to_start(redis_url: str, ns: str
         assert r.exists(Keys(ns).agent("half")) == 0  # never registered
     finally:
         r.close()
+
+
+# -- a handler that blocks the event loop ----------------------------------------------
+async def test_a_handler_blocking_the_loop_is_dead_lettered_poisoned_after_the_bound(
+    workers: Workers, redis_url: str, ns: str, r: AnyRedis
+) -> None:
+    names = ("b1", "b2", "b3")
+    for n in names:  # stall-s 0.3 and a 2.5 s block: each run stalls its agent, evicted
+        workers.start(n, "--stall-s", "0.3", "--max-takeovers", "2")
+    async with Client(redis_url=redis_url, namespace=ns, slow_start_s=0) as c:
+        await ready(c, "hostile.block", set(names))
+        key = "block-1"
+        msg_id = await c.send(
+            "hostile.block", {"sleep_s": 2.5}, idempotency_key=key, max_attempts=3
+        )
+
+        async def poisoned() -> dict[str, str] | None:
+            return (await dead_letters(r, ns, "hostile.block")).get(msg_id)
+
+        # Before the fix its run moved from agent to agent (each evicted in turn) with
+        # attempt stuck at 1, never dead-lettered.
+        letter = await wait_until(poisoned, timeout_s=90, what="the message dead-lettered")
+        assert letter["reason"] == "poisoned", letter
+        assert "3 runs never finished" in letter["error"], letter  # the first, 2 takeovers
+        assert "max_takeovers=2" in letter["error"], letter
+        st = await c.task(msg_id)
+        assert st.status == "dead", st
+        assert await runs_of(r, ns, key) == 3
+        await serving(c, workers, *names)  # every worker back, serving
+        # It stays dead: no agent runs it again.
+        await anyio.sleep(3)
+        assert await runs_of(r, ns, key) == 3
