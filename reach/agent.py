@@ -322,6 +322,23 @@ class Agent:
         self.add_hooks(*hooks)
         self._runtime: Runtime | None = None
 
+    def renamed(self, agent_id: str) -> Agent:
+        """A copy of this agent under another ``agent_id``: the same capabilities,
+        handlers, weight, metadata, card, queue bound and hooks. Several copies of one
+        agent each need their own id (a second process with the same id replaces the
+        first): ``reach worker mod:app --agent-id ID`` runs this."""
+        other = Agent(
+            agent_id,
+            capabilities=self.capabilities,
+            weight=self.weight,
+            metadata=self.metadata,
+            card=self.card,
+            max_queue=self.max_queue,
+            hooks=self.hooks,
+        )
+        other.handlers = dict(self.handlers)
+        return other
+
     def add_hooks(self, *hooks: Hooks) -> None:
         """Add hooks (subclasses of :class:`reach.Hooks`), called after the built-in ones
         and those added before, in order. They take effect at the next :meth:`run`."""
