@@ -8,7 +8,9 @@
 -- ARGV[1] owner: "<agent_id>/<instance_id>" of the claiming runtime, 1..1024 bytes
 -- ARGV[2] ttl_ms: how long a record lives, integer 1..31536000000 (365 days)
 -- ARGV[3] agent_id of the claiming agent, 1..1024 bytes
--- then 3 ARGV per key; for KEYS[i], j = 3 * i:
+-- ARGV[4] max_takeovers: how many times a run that never ended (its owner killed, evicted,
+--         stalled) may be taken over, integer 0..1000000; the next takeover poisons the key
+-- then 3 ARGV per key; for KEYS[i], j = 1 + 3 * i:
 --   ARGV[j+1] lease_ms: how long the claim holds without being completed, integer
 --             1..604800000 (7 days)
 --   ARGV[j+2] msg_id of the delivery that claims KEYS[i] (any bytes: stored as they are)
@@ -16,7 +18,7 @@
 --             the caller read from the record and judged gone (dead, restarted, evicted;
 --             any bytes): a claim of exactly that owner does not hold the key, even with
 --             its lease unexpired
--- So #ARGV = 3 + 3 * #KEYS. Integers are plain decimal digits without sign or leading zero
+-- So #ARGV = 4 + 3 * #KEYS. Integers are plain decimal digits without sign or leading zero
 -- (no '', spaces, exponent, hex, inf or nan).
 --
 -- A key is claimed unless it is done (REPLAY), cancelled (CANCELLED), or an unexpired
@@ -27,6 +29,16 @@
 -- read the owner keeps its fresh claim: the answer is BUSY with that runtime as owner (a
 -- read-then-write from the client would be that race). Taking over never skips a done
 -- key, and the new claim's fence is higher, so the old owner's late completion is fenced.
+--
+-- Takeovers are counted in the record's 'takeovers' field: a claim over an owner's claim
+-- that was never completed (owner set: a run started, killed or stuck, never settled;
+-- expired or taken over from; a claim send.lua made counts too, its run possibly started
+-- and not confirmed yet: start.lua never runs on a stuck event loop) counts one; 'runs'
+-- counts only the runs known to have started. The claim that would make it more than
+-- max_takeovers does not run the message: the record is settled 'dead' in the same call
+-- (owner cleared, fence raised so the stuck run's late completion is fenced) and the
+-- answer is POISONED, for the caller to dead-letter it. A later new claim of the key (a
+-- replay of the dead letter) runs again; its own takeovers count on.
 --
 -- Every argument, and the type of every key, is checked before the first write: a refused
 -- call writes nothing. A record whose fence, runs or lease_until field is not a number
@@ -43,6 +55,10 @@
 --               takeover_from; do not run this copy now
 --   {4, ''}: the message was cancelled (cancel.lua: status 'cancelled'), before or while
 --            it ran: do not run it; settle it as cancelled (nothing is written here)
+--   {5, runs, takeovers}: poisoned: its runs were taken over max_takeovers times and this
+--            claim would be one more: not claimed, the record is settled 'dead' here;
+--            runs as the record counts them, takeovers with this one: how many claims of
+--            the key never ended. Do not run it, dead-letter it
 --         (the codes: ClaimCode of lua/includes/codes.lua)
 -- Errors  'reach: bad <argument>: <why>' (an error reply 'ERR reach: ...'; redis-py raises
 --         ResponseError) when the number of ARGV, an argument, or a key's type is out of
@@ -60,40 +76,58 @@ local function counter_ok(v)
 end
 
 local function check()
-  local e = batch_arity(3, 3) or bytes_bad('owner', 1, 1, 1024)
+  local e = batch_arity(4, 3) or bytes_bad('owner', 1, 1, 1024)
     or int_bad('ttl_ms', 2, 1, MAX_TTL) or bytes_bad('agent_id', 3, 1, 1024)
+    or int_bad('max_takeovers', 4, 0, 1000000)
   if e then return e end
   for i = 1, #KEYS do
-    local a = 1 + 3 * i
+    local a = 2 + 3 * i
     if not int_memo(ARGV[a], 1, MAX_LEASE) then
       return bad('lease_ms of KEYS[' .. i .. ']', a, 'want an integer 1..' .. MAX_LEASE)
     end
-    e = read_record(i, 'done', 'reply', 'owner', 'lease_until', 'fence', 'runs', 'status')
+    e = read_record(i, 'done', 'reply', 'owner', 'lease_until', 'fence', 'runs', 'takeovers',
+      'status')
     if e then return e end
   end
 end
 
 -- The answer for KEYS[i] (key), claimed at server time now if no one holds it.
 local function claim(i, key, now)
-  local s = record(i, 'done', 'reply', 'owner', 'lease_until', 'fence', 'runs', 'status')
+  local s = record(i, 'done', 'reply', 'owner', 'lease_until', 'fence', 'runs', 'takeovers',
+    'status')
   if s[1] == '1' then
     return {ClaimCode_REPLAY, s[2] or ''}
   end
-  if s[7] == 'cancelled' then
+  if s[8] == 'cancelled' then
     return {ClaimCode_CANCELLED, ''}
   end
-  local owner, from = s[3], ARGV[3 + 3 * i]
+  local owner, from = s[3], ARGV[4 + 3 * i]
   if owner and owner ~= '' and (tonumber(s[4]) or 0) > now and (from == '' or owner ~= from) then
     return {ClaimCode_BUSY, owner}
   end
   -- The counters as HINCRBY would count them, in the one HSET of the claim (their values
   -- have at most 15 digits, so the sums are exact and '%.0f' writes them as integers).
   local fence = (counter_ok(s[5]) and (tonumber(s[5]) or 0) or now) + 1
-  local runs = (counter_ok(s[6]) and (tonumber(s[6]) or 0) or 0) + 1
+  local ran = counter_ok(s[6]) and (tonumber(s[6]) or 0) or 0
+  local takeovers = counter_ok(s[7]) and (tonumber(s[7]) or 0) or 0
+  if owner and owner ~= '' then  -- a claim never completed: a run that never ended
+    takeovers = takeovers + 1
+    if takeovers > tonumber(ARGV[4]) then
+      local n = string.format('%.0f', takeovers)
+      redis.call('HSET', key, 'fence', string.format('%.0f', fence), 'owner', '',
+        'lease_until', 0, 'status', 'dead', 'msg_id', ARGV[3 + 3 * i],
+        'agent_id', ARGV[3], 'updated_ms', now, 'takeovers', n,
+        'error', 'poisoned: ' .. n .. ' runs never finished')
+      redis.call('PEXPIRE', key, ARGV[2])
+      return {ClaimCode_POISONED, ran, takeovers}
+    end
+  end
+  local runs = ran + 1
   redis.call('HSET', key, 'fence', string.format('%.0f', fence),
     'runs', string.format('%.0f', runs), 'owner', ARGV[1],
-    'lease_until', now + tonumber(ARGV[1 + 3 * i]), 'status', 'running',
-    'msg_id', ARGV[2 + 3 * i], 'agent_id', ARGV[3], 'updated_ms', now)
+    'lease_until', now + tonumber(ARGV[2 + 3 * i]), 'status', 'running',
+    'msg_id', ARGV[3 + 3 * i], 'agent_id', ARGV[3], 'updated_ms', now,
+    'takeovers', string.format('%.0f', takeovers))
   redis.call('PEXPIRE', key, ARGV[2])
   return {ClaimCode_RUN, fence}
 end

@@ -31,6 +31,10 @@
 --          (docs/protocol.md, "Protocol version"): integer 1..1000000, stored as the field
 --          'protocol'; without it (the 12- and 13-ARGV forms of older runtimes) the record
 --          has none
+-- ARGV[15], ARGV[16] (optional, both or neither, after slots and protocol) host: the
+--         process's host name, 0..256 bytes of UTF-8; pid: its process id, integer
+--         0..2^53-1. Stored as 'host' and 'pid', so the registration that replaces this one
+--         can name it
 --
 -- Every argument is checked before the first write: a refused call writes nothing.
 -- Integers are plain decimal digits (no sign, leading zero, exponent, hex, inf or nan).
@@ -38,6 +42,13 @@
 -- Returns {1, now_ms}: registered anew
 --         {2, now_ms}: replaced a registration of the same agent_id (same or older version,
 --                      or a stored record whose version is unreadable)
+--         {2, now_ms, instance_id, host, pid, live}: the same, when the registration
+--                      replaced is another instance's (not a re-registration of this
+--                      one): its instance_id, host and pid ('' if it stored none) and
+--                      live '1' when its lease still ran (state active, lease deadline
+--                      ahead: a process that may still be serving), else '0'. A
+--                      'replaced' event names it (instance_id: the replaced one; detail:
+--                      host, pid and the new instance), before the 'registered' event
 --         {-1, stored_version}: refused, a newer registration exists (stale)
 --         (the codes: RegisterCode of lua/includes/codes.lua)
 -- Errors  'reach: bad <argument>: <why>' (an error reply; redis-py raises ResponseError)
@@ -133,8 +144,12 @@ local function split(s)
 end
 
 local function check()
-  local e = arity(6, (#ARGV >= 12 and #ARGV <= 14) and #ARGV or 14)
+  local e = arity(6, (#ARGV >= 12 and #ARGV <= 16 and #ARGV ~= 15) and #ARGV or 16)
   if e then return e end
+  if #ARGV == 16 then
+    if #ARGV[15] > 256 or not utf8_ok(ARGV[15]) then return 'host: want 0..256 bytes of UTF-8' end
+    if not int(ARGV[16], 0, 9007199254740991) then return 'pid ' .. show(ARGV[16]) .. ': want an integer 0..2^53-1' end
+  end
   if not id_ok(ARGV[1]) then return 'agent_id: want 1..256 bytes of UTF-8, not blank, no braces' end
   if KEYS[2] ~= KEYS[6] .. ARGV[1] then return 'agent_id: KEYS[2] is not the hash of ' .. show(ARGV[1]) end
   if #ARGV[2] < 1 or #ARGV[2] > 256 or not utf8_ok(ARGV[2]) then
@@ -184,8 +199,10 @@ local now = now_ms()
 local id = ARGV[1]
 local version = tonumber(ARGV[3])
 
-local stored = redis.call('HMGET', KEYS[2], 'version', 'caps', 'state')
+local stored = redis.call('HMGET', KEYS[2], 'version', 'caps', 'state', 'instance_id', 'host',
+  'pid')
 local code = RegisterCode_NEW
+local replaced = nil
 if redis.call('EXISTS', KEYS[2]) == 1 then
   -- A stored version that is not a number (a record written behind the scripts' back)
   -- cannot fence anyone: the new registration replaces it.
@@ -194,6 +211,15 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
     return {RegisterCode_STALE, stored[1]}
   end
   code = RegisterCode_REPLACED
+  if stored[4] and stored[4] ~= ARGV[2] then
+    local deadline = tonumber(redis.call('ZSCORE', KEYS[1], id)) or 0
+    local live = (stored[3] == 'active' and deadline > now) and '1' or '0'
+    replaced = {stored[4], stored[5] or '', stored[6] or '', live}
+    redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[9], '*', 'type', 'replaced',
+      'agent_id', id, 'instance_id', stored[4], 'ts', now,
+      'detail', 'host=' .. replaced[2] .. ' pid=' .. replaced[3] .. ' live=' .. live
+        .. ' by=' .. ARGV[2])
+  end
   leave_caps(stored[2], id, KEYS[5], KEYS[3])
   redis.call('DEL', KEYS[2])
 end
@@ -212,6 +238,10 @@ redis.call('HSET', KEYS[2],
   'ready_ms', (ARGV[11] == '1') and now or 0, 'queue_depth', 0, 'inflight', 0,
   'max_queue', ARGV[12], 'slots', ARGV[13] or '0', 'handler_us', 0)
 if ARGV[14] then redis.call('HSET', KEYS[2], 'protocol', ARGV[14]) end
+if #ARGV == 16 then redis.call('HSET', KEYS[2], 'host', ARGV[15], 'pid', ARGV[16]) end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[7]), id)
 event(KEYS[4], ARGV[9], 'registered', id, ARGV[2], now)
+if replaced then
+  return {code, now, replaced[1], replaced[2], replaced[3], replaced[4]}
+end
 return {code, now}

@@ -35,6 +35,7 @@ from .hooks import Hooks
 from .limits import RateLimit, parse_limit
 from .recent import RECENT_MAXLEN
 from .registry import MAX_WEIGHT, agent_key_id, normalize_capabilities, normalize_capability
+from .scripts.delivery import DEFAULT_MAX_TAKEOVERS
 from .signing import (
     SecretOption,
     WorkerSigning,
@@ -110,6 +111,10 @@ class RuntimeOptions:
     """Without a heartbeat for this long the agent is evicted and its inbox moved on."""
     stall_s: float = 30.0
     """An event loop without progress for this long stops the heartbeats."""
+    max_takeovers: int = DEFAULT_MAX_TAKEOVERS
+    """How many times a message's run that never ended (its agent killed, evicted, or its
+    event loop blocked past ``stall_s``) may be taken over by another agent (or a restart of
+    its own); the next takeover dead-letters it ``poisoned`` instead of running it."""
     concurrency: int = 16
     """Handlers running at once."""
     batch: int = 64
@@ -214,6 +219,7 @@ class RuntimeOptions:
             ("claim_lease_s", 0.001, 604_800.0),
             ("cancel_grace_s", 0, 86_400.0),
             ("max_preempts", 0, 1_000),
+            ("max_takeovers", 0, 1_000_000),
             ("batch", 1, 10_000),
             ("prefetch", 0, 10_000),
             ("dlq_maxlen", 1, 10**9),
@@ -265,6 +271,7 @@ class RunOptions(TypedDict, total=False):
     lease_s: float
     evict_after_s: float
     stall_s: float
+    max_takeovers: int
     concurrency: int
     batch: int
     prefetch: int
@@ -334,6 +341,23 @@ class Agent:
         self.hooks: list[Hooks] = []
         self.add_hooks(*hooks)
         self._runtime: Runtime | None = None
+
+    def renamed(self, agent_id: str) -> Agent:
+        """A copy of this agent under another ``agent_id``: the same capabilities,
+        handlers, weight, metadata, card, queue bound and hooks. Several copies of one
+        agent each need their own id (a second process with the same id replaces the
+        first): ``reach worker mod:app --agent-id ID`` runs this."""
+        other = Agent(
+            agent_id,
+            capabilities=self.capabilities,
+            weight=self.weight,
+            metadata=self.metadata,
+            card=self.card,
+            max_queue=self.max_queue,
+            hooks=self.hooks,
+        )
+        other.handlers = dict(self.handlers)
+        return other
 
     def add_hooks(self, *hooks: Hooks) -> None:
         """Add hooks (subclasses of :class:`reach.Hooks`), called after the built-in ones

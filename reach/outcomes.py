@@ -27,6 +27,7 @@ reason               rejection  retryable  blames  refusal  written when
 ``target_gone``      yes        no         yes     no       a broadcast copy's agent was evicted
 ``unroutable``       yes        no         no      no       no policy can place a moved message
 ``unprocessable``    yes        no         no      no       handling failed on data next to it
+``poisoned``         yes        no         yes     no       its runs never ended: taken over too often
 ``max_attempts``     no         yes        yes     no       the handler failed every attempt
 ``timeout``          no         yes        yes     no       the handler ran past the deadline
 ``expired``          no         no         no      no       no time left to run it (again)
@@ -160,6 +161,7 @@ class DeadReason(StrEnum):
     UNPROCESSABLE = "unprocessable"
     UNAUTHENTICATED = "unauthenticated"
     CANCELLED = "cancelled"
+    POISONED = "poisoned"
 
 
 RAW_REASONS: Final = frozenset({DeadReason.MALFORMED, DeadReason.VERSION, DeadReason.TOO_LARGE})

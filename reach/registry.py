@@ -448,6 +448,7 @@ class Event(msgspec.Struct):
     agent_id: str
     instance_id: str
     ts: int
+    detail: str = ""  # replaced: host=, pid=, live= of the replaced instance, by= the new one
 
 
 def _int_arg(name: str, value: Any, lo: int, hi: int) -> int:
@@ -607,8 +608,12 @@ class Registry:
         ready: bool = False,
         max_queue: int = 0,
         slots: int = 0,
+        host: str | None = None,
+        pid: int | None = None,
     ) -> Call[agents.Registration]:
         """The ``register.lua`` call (run it, or its synchronous or pipelined form).
+        ``host`` and ``pid`` name the process (stored; a registration replacing this one
+        reports them).
 
         Raises :class:`ConfigError` for an argument outside the limits (module docstring).
         """
@@ -635,6 +640,8 @@ class Registry:
             ready=ready,
             max_queue=_int_arg("max_queue", max_queue, 0, MAX_QUEUE),
             slots=_int_arg("slots", slots, 0, MAX_QUEUE),
+            host=None if host is None else _text_arg("host", host, 0, 256),
+            pid=None if pid is None else _int_arg("pid", pid, 0, MAX_VERSION),
         )
 
     @staticmethod
@@ -656,8 +663,14 @@ class Registry:
         Raises :class:`StaleRegistration` when a newer version is stored, and
         :class:`ConfigError` for an argument outside the limits (nothing is written).
         """
+        return (await self.register_detail(agent_id, **kw)).code
+
+    async def register_detail(self, agent_id: str, **kw: Any) -> agents.Registration:
+        """As :meth:`register`, with the whole answer: for REPLACED of another instance,
+        the instance, host and pid replaced and whether its lease still ran."""
         registration = await self._run(self.register_call(agent_id, **kw))
-        return self.check_registration(agent_id, kw["version"], registration)
+        self.check_registration(agent_id, kw["version"], registration)
+        return registration
 
     def heartbeat_call(
         self,
@@ -1072,4 +1085,5 @@ def _event(
         agent_id=f.get("agent_id", ""),
         instance_id=f.get("instance_id", ""),
         ts=ts,
+        detail=f.get("detail", ""),
     )

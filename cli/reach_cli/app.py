@@ -147,11 +147,16 @@ def _print_event(e: Any, as_json: bool) -> None:
     stream: whatever a field holds is printed safely (bytes that are not UTF-8 replaced,
     control characters escaped, a time that is not one shown as it is)."""
     fields = {f: getattr(e, f, None) for f in ("id", "type", "agent_id", "instance_id", "ts")}
+    if getattr(e, "detail", ""):  # replaced: the host, pid and successor of an instance
+        fields["detail"] = e.detail
     if as_json:
         print(json_line(fields))
     else:
         text = {k: safe_text(v, oneline=True) for k, v in fields.items()}
-        print(f"{_event_time(fields['ts'])}  {text['type']:<13} {text['agent_id']}")
+        line = f"{_event_time(fields['ts'])}  {text['type']:<13} {text['agent_id']}"
+        if "detail" in fields:
+            line += f"  instance={text['instance_id']} {text['detail']}"
+        print(line)
 
 
 def _event_time(ts: Any) -> str:

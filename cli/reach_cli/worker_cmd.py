@@ -9,6 +9,7 @@ import logging
 import math
 import os
 import signal
+import socket
 import sys
 from typing import Annotated, Any, Literal, Optional
 
@@ -84,8 +85,27 @@ LogLevel = Literal["debug", "info", "warning", "error"]
 LogFormat = Literal["text", "json"]
 
 
-async def _serve(agent: reach.Agent, opts: dict[str, Any]) -> int:
-    """Run ``agent`` until it stops; return the signal that stopped it (0: none).
+def agent_ids(template: str, instances: int) -> list[str]:
+    """The ids of ``--agent-id TEMPLATE --instances N``: ``{hostname}`` is this host's name,
+    ``{n}`` the copy's number, 1..N. Several copies need ``{n}`` (else they would share one
+    id, and each would replace the one before)."""
+    if instances > 1 and "{n}" not in template:
+        raise ConfigError(
+            f"--instances {instances} needs '{{n}}' in --agent-id (got {template!r}), so each "
+            "copy gets its own id, e.g. --agent-id 'summarizer-{hostname}-{n}'."
+        )
+    host = socket.gethostname().split(".")[0] or "host"
+    try:
+        return [template.format(hostname=host, n=n) for n in range(1, instances + 1)]
+    except (KeyError, IndexError, ValueError) as e:
+        raise ConfigError(
+            f"--agent-id {template!r}: only {{hostname}} and {{n}} may be filled in ({e!r})."
+        ) from None
+
+
+async def _serve(agents: list[reach.Agent], opts: dict[str, Any]) -> int:
+    """Run ``agents`` (one or more, in this process) until they stop; return the signal
+    that stopped them (0: none).
 
     The signals are handled here rather than by the runtime, which does the same (first
     signal: drain, second: stop at once) but cannot tell which one it got: a Ctrl-C'd
@@ -101,15 +121,21 @@ async def _serve(agent: reach.Agent, opts: dict[str, Any]) -> int:
                 got.append(int(sig))
                 if len(got) == 1:
                     wlog.info("signal %s: draining (again to stop at once)", sig)
-                    agent.stop()
+                    for agent in agents:
+                        agent.stop()
                 else:
                     wlog.warning("second signal: stopping without draining")
                     scope.cancel()
                     return
 
+    async def one(agent: reach.Agent) -> None:
+        await agent.run(**opts, handle_signals=False)
+
     async with anyio.create_task_group() as tg:
         tg.start_soon(signals, tg.cancel_scope)
-        await agent.run(**opts, handle_signals=False)
+        async with anyio.create_task_group() as running:
+            for agent in agents:
+                running.start_soon(one, agent)
         tg.cancel_scope.cancel()
     return got[0] if got else 0
 
@@ -118,6 +144,23 @@ def worker(
     target: Annotated[
         str, typer.Argument(help="MODULE:ATTR of a reach.Agent, e.g. agents.echo:app")
     ],
+    agent_id: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--agent-id",
+            help="Serve the agent under this id instead of its own; a template with "
+            "{hostname} and {n} (1..--instances), e.g. 'summarizer-{hostname}-{n}'.",
+        ),
+    ] = None,
+    instances: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=1000,
+            help="Copies of the agent served by this process, each under its own id "
+            "(--agent-id with {n}).",
+        ),
+    ] = 1,
     redis_url: RedisUrl = DEFAULT_REDIS,
     namespace: Namespace = DEFAULT_NS,
     concurrency: Annotated[int, typer.Option(min=1, help="Handlers running at once.")] = 16,
@@ -138,6 +181,15 @@ def worker(
     stall_s: Annotated[
         float, typer.Option(help="Event loop stuck this long: stop heartbeats.")
     ] = 30.0,
+    max_takeovers: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=1_000_000,
+            help="Times a run that never ended (its agent killed, evicted or stalled) is "
+            "taken over before the message is dead-lettered poisoned.",
+        ),
+    ] = 3,
     drain_s: Annotated[
         float,
         typer.Option(
@@ -189,8 +241,14 @@ def worker(
     finish for up to --drain-s (then cancels them: their messages run again elsewhere),
     writes every outcome and deregisters. A second signal stops at once, at that cost.
 
-    Exit code 0 after SIGTERM, 130 after Ctrl-C (SIGINT), 2 on an error (bad target or
-    option, Redis unreachable or refusing, a newer instance of the same agent).
+    One agent id is one running process: a second process started with the same id
+    replaces the first, which logs who replaced it and exits 0. Run several copies of one
+    agent with an id each: --agent-id ID, or --agent-id 'NAME-{hostname}-{n}' --instances N
+    (N agents in this process).
+
+    Exit code 0 after SIGTERM and when replaced by a newer process with the same agent id,
+    130 after Ctrl-C (SIGINT), 2 on an error (bad target or option, an agent declaring a
+    capability without a handler, Redis unreachable or refusing).
 
     Example: reach worker examples.summarizer:app --concurrency 32 --lease-s 2 --evict-after-s 4
     """
@@ -228,6 +286,16 @@ def worker(
                 ) from e
             wlog.info("metrics on http://%s:%d/metrics", metrics_addr, srv.server_port)
         agent = load_agent(target)
+        if instances > 1 and agent_id is None:
+            raise ConfigError(
+                f"--instances {instances} needs --agent-id with {{n}}, so each copy gets its "
+                "own id, e.g. --agent-id 'summarizer-{hostname}-{n}'."
+            )
+        agents = (
+            [agent.renamed(i) for i in agent_ids(agent_id, instances)]
+            if agent_id is not None
+            else [agent]
+        )
         opts = {
             "redis_url": redis_url,
             "namespace": namespace,
@@ -237,6 +305,7 @@ def worker(
             "lease_s": lease_s,
             "evict_after_s": evict_after_s,
             "stall_s": stall_s,
+            "max_takeovers": max_takeovers,
             "drain_timeout_s": drain_s,
             "sweep_interval_s": sweep_interval_s,
             "claim_lease_s": claim_lease_s,
@@ -248,24 +317,25 @@ def worker(
         if require_signed:  # else REACH_REQUIRE_SIGNED decides (the secret: REACH_SECRET)
             opts["require_signed"] = True
         where = "" if url_source == "--redis-url" else f" (from {url_source})"
+        ids = ", ".join(a.agent_id for a in agents)
         if log_format == "json":  # stderr stays one JSON object per line
             wlog.info(
                 "reach worker: %s on %s%s ns=%s",
-                agent.agent_id,
+                ids,
                 redact(redis_url),
                 where,
                 namespace,
             )
         else:
             err_console.print(
-                f"reach worker: {agent.agent_id} on {redact(redis_url)}{where} ns={namespace}",
+                f"reach worker: {ids} on {redact(redis_url)}{where} ns={namespace}",
                 highlight=False,
                 markup=False,
             )
         # Everything imported so far lives as long as the process: keep it out of the
         # collector's generations, so collections stay short on the message path.
         gc.freeze()
-        sig = anyio.run(_serve, agent, opts)
+        sig = anyio.run(_serve, agents, opts)
     if sig == signal.SIGINT:
         raise typer.Exit(130)
 

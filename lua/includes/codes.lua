@@ -8,7 +8,7 @@ local DeregisterCode_REMOVED, DeregisterCode_NOT_FOUND, DeregisterCode_OTHER_INS
 local MarkReadyCode_SET, MarkReadyCode_NOT_REGISTERED, MarkReadyCode_OTHER_INSTANCE = 1, 0, -1
 local DrainCode_DRAINING, DrainCode_ALREADY_DRAINING, DrainCode_NOT_FOUND, DrainCode_OTHER_INSTANCE = 1, 2, 0, -1
 local SweepCode_LOCKED = -1
-local ClaimCode_RUN, ClaimCode_REPLAY, ClaimCode_BUSY, ClaimCode_CANCELLED = 1, 2, 3, 4
+local ClaimCode_RUN, ClaimCode_REPLAY, ClaimCode_BUSY, ClaimCode_CANCELLED, ClaimCode_POISONED = 1, 2, 3, 4, 5
 local SettleCode_SETTLED, SettleCode_FENCED = 1, 0
 local FollowUpKind_NONE, FollowUpKind_DEAD_LETTER, FollowUpKind_RETRY = 0, 1, 2
 local DropInboxCode_DROPPED, DropInboxCode_KEPT = 1, 0

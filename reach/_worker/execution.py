@@ -238,6 +238,7 @@ class Execution(Part):
             owner=self.owner,
             ttl_ms=TASK_TTL_MS,
             agent_id=self.agent_id,
+            max_takeovers=self.opts.max_takeovers,
         )
 
     async def _within_limits(self, items: list[Delivery]) -> list[Delivery]:
@@ -369,6 +370,14 @@ class Execution(Part):
             self._replay(it, res.reply)
         elif res.code is ClaimCode.CANCELLED:
             self._finish(it, cancelled_outcome(it.env, running=False))
+        elif res.code is ClaimCode.POISONED:
+            log.error(
+                "message %s (%s) dead-lettered poisoned: %d runs never finished",
+                it.env.msg_id,
+                it.env.capability,
+                res.takeovers,
+            )
+            self._finish(it, oc.poisoned(res.takeovers, self.opts.max_takeovers))
         else:
             return False
         return True
@@ -632,8 +641,8 @@ class Execution(Part):
             traceback_max_bytes=self.opts.traceback_max_bytes,
             redact_traceback=self.opts.redact_traceback,
         )
-        if outcome.reason == DeadReason.CANCELLED:
-            # The record says cancelled already (cancel.lua), and raised its fence: no
+        if outcome.reason in (DeadReason.CANCELLED, DeadReason.POISONED):
+            # The record says so already (cancel.lua, claim.lua), and raised its fence: no
             # completion, only the reply, the dead letter and the ack.
             it.complete = None
         if outcome.dead_letter:

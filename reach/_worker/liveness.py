@@ -22,7 +22,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -73,12 +75,32 @@ class Liveness(Part):
             "ready": self.state.ready,
             "max_queue": a.max_queue,
             "slots": o.concurrency,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
         }
 
     async def register(self) -> None:
         # Deadlines are judged on Redis's clock: know this host's offset before any runs.
         await CLOCK.measure(self.redis)
-        await self.registry.register(self.agent_id, **self._register_kw())
+        got = await self.registry.register_detail(self.agent_id, **self._register_kw())
+        if not got.replaced_instance:
+            return
+        who = (
+            f"instance {got.replaced_instance} on host {got.replaced_host or '?'} "
+            f"(pid {got.replaced_pid or '?'})"
+        )
+        if got.replaced_live:
+            # Two processes with one agent_id: the older stops (exit 0) at its next
+            # heartbeat. Said here, since the older one may log to another place.
+            log.warning(
+                "agent %s: replaced %s, which was still serving: it stops at its next "
+                "heartbeat. To run several copies of one agent, give each its own agent_id "
+                "(reach worker --agent-id ID, or --instances N)",
+                self.agent_id,
+                who,
+            )
+        else:
+            log.info("agent %s: took over the registration of %s (gone)", self.agent_id, who)
 
     async def set_ready(self, ready: bool) -> None:
         self.state.ready = ready
@@ -181,7 +203,11 @@ class Liveness(Part):
                 reg.check_registration(self.agent_id, self.version, call.run_sync(r))
                 create_groups_sync(r, self.keys.inboxes(self.agent_id))
             elif hb.code is HeartbeatCode.STALE:
-                raise StaleRegistration("a newer registration of this agent_id exists")
+                raise StaleRegistration(
+                    f"a newer registration of this agent_id exists ({self._newer(conn)}); "
+                    "this process exits with code 0. To run several copies of one agent, "
+                    "give each its own agent_id (reach worker --agent-id ID, or --instances N)"
+                )
             elif hb.draining and not st.stop_requested.is_set():
                 log.info("agent %s: drain requested by an operator", self.agent_id)
                 st.request_stop()
@@ -192,6 +218,17 @@ class Liveness(Part):
             return False
         self.outages.ok()
         return True
+
+    def _newer(self, conn: Callable[[], Any]) -> str:
+        """Who holds this agent_id now, as its registration says (best effort)."""
+        try:
+            inst, host, pid = (
+                v.decode(errors="replace") if isinstance(v, bytes) else (v or "?")
+                for v in conn().hmget(self.keys.agent(self.agent_id), "instance_id", "host", "pid")
+            )
+        except (rexc.RedisError, OSError, ValueError):
+            return "its holder unknown"
+        return f"instance {inst} on host {host} (pid {pid})"
 
     # -- stopping -----------------------------------------------------------------------
     async def watch_stop(self) -> None:

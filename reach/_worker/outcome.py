@@ -13,7 +13,7 @@ branch with plain values).
   inbox again (another agent preferred);
 * ``dead`` - dead-lettered: ``rejected`` (``reach.Reject``), ``max_attempts`` (it raised
   on its last attempt), ``invalid_payload``, ``no_handler``, ``bad_result`` (a result
-  that cannot be encoded);
+  that cannot be encoded), ``poisoned`` (its runs never ended, taken over too often);
 * ``expired`` - dead-lettered because of the deadline: ``expired`` (passed before the
   start, or no time left for a retry) or ``timeout`` (the handler ran past it).
 """
@@ -95,6 +95,22 @@ def invalid_payload(exc: Exception, expected: Any = None) -> Outcome:
     name = getattr(expected, "__name__", None) or repr(expected)
     why = f"payload does not fit {name}: {exc}" if expected is not None else str(exc)
     return Outcome(Status.DEAD, DeadReason.INVALID_PAYLOAD, why, "ValidationError")
+
+
+def poisoned(unfinished: int, max_takeovers: int) -> Outcome:
+    """``unfinished`` runs of the message never ended: each agent running it stopped first
+    (killed, evicted, its event loop blocked past ``stall_s``), and one more takeover would
+    pass ``max_takeovers``. Dead, not run again: a message that takes down whoever runs it
+    must not go round every agent of its capability."""
+    return Outcome(
+        Status.DEAD,
+        DeadReason.POISONED,
+        f"{unfinished} runs never finished: each agent running it stopped first (killed, "
+        f"evicted, or its event loop blocked past stall_s), max_takeovers={max_takeovers}. "
+        "Not run again: fix the handler (a blocking call in an async handler? make it a "
+        "plain function, run in a thread), then replay it",
+        "Poisoned",
+    )
 
 
 def returned(result: Any) -> Outcome:

@@ -35,11 +35,17 @@ from .codes import (
 @dataclass(frozen=True, slots=True)
 class Registration:
     """``register.lua``'s answer. ``now_ms``: the server time of the registration (NEW,
-    REPLACED); ``stored_version``: the newer version that refused it (STALE)."""
+    REPLACED); ``stored_version``: the newer version that refused it (STALE). REPLACED of
+    another instance's registration: ``replaced_instance``, its ``replaced_host`` and
+    ``replaced_pid`` ('' when it stored none), ``replaced_live``: its lease still ran."""
 
     code: RegisterCode
     now_ms: int = 0
     stored_version: str = ""
+    replaced_instance: str = ""
+    replaced_host: str = ""
+    replaced_pid: str = ""
+    replaced_live: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +74,15 @@ def decode_registration(reply: Any) -> Registration:
     code = RegisterCode(as_int(reply[0]))
     if code is RegisterCode.STALE:
         return Registration(code, stored_version=as_text(reply[1]))
+    if len(reply) >= 6:
+        return Registration(
+            code,
+            now_ms=as_int(reply[1]),
+            replaced_instance=as_text(reply[2]),
+            replaced_host=as_text(reply[3]),
+            replaced_pid=as_text(reply[4]),
+            replaced_live=as_text(reply[5]) == "1",
+        )
     return Registration(code, now_ms=as_int(reply[1]))
 
 
@@ -184,11 +199,15 @@ class RegistryScripts:
         max_queue: int = 0,
         slots: int = 0,
         protocol: int = PROTOCOL_VERSION,
+        host: str | None = None,
+        pid: int | None = None,
     ) -> Call[Registration]:
         """Register ``agent_id``, or replace an older registration of it.
         ``capabilities``: normalised names; ``metadata_json`` and ``card_json`` (``''``:
-        none): JSON objects as text; ``protocol``: the protocol version the record states."""
-        args = (
+        none): JSON objects as text; ``protocol``: the protocol version the record states;
+        ``host`` and ``pid`` (both or neither): the process, stored so that a registration
+        replacing this one can name it."""
+        args: tuple[Any, ...] = (
             agent_id,
             instance_id,
             version,
@@ -204,6 +223,8 @@ class RegistryScripts:
             slots,
             protocol,
         )
+        if host is not None and pid is not None:
+            args = (*args, host, pid)
         return Call("register", self._hash_and_prefixes(agent_id), args, decode_registration)
 
     def heartbeat(

@@ -65,9 +65,10 @@ class ClaimCode(IntEnum):
     the stored bytes, the second item; do not run again), or BUSY (an unexpired claim of
     the owner in the second item holds the key: do not run this copy now), or CANCELLED
     (``cancel.lua`` cancelled the message before or while it ran: do not run it; settle it
-    as cancelled)."""
+    as cancelled), or POISONED (its runs were taken over ``max_takeovers`` times, each
+    owner gone before it ended: not run again; dead-letter it)."""
 
-    RUN, REPLAY, BUSY, CANCELLED = 1, 2, 3, 4
+    RUN, REPLAY, BUSY, CANCELLED, POISONED = 1, 2, 3, 4, 5
 
 
 class SettleCode(IntEnum):

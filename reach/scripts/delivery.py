@@ -89,12 +89,16 @@ class ClaimItem:
 @dataclass(frozen=True, slots=True)
 class Claimed:
     """One key's answer: RUN with ``fence`` (complete with it), REPLAY with the stored
-    ``reply``, or BUSY with the ``owner`` of the claim that holds it."""
+    ``reply``, BUSY with the ``owner`` of the claim that holds it, or POISONED. ``runs``
+    and ``takeovers`` (POISONED): the runs the record counts, and its claims that
+    never ended (the takeovers, this one included)."""
 
     code: ClaimCode
     fence: int = 0
     reply: bytes = b""
     owner: str = ""
+    runs: int = 0
+    takeovers: int = 0
 
 
 # The codes by their integer: a dict lookup per answer instead of an Enum call (a batch
@@ -111,6 +115,8 @@ def decode_claimed(answer: Any) -> Claimed:
         code = ClaimCode(as_int(raw))
     if code is ClaimCode.RUN:
         return Claimed(code, fence=as_int(answer[1]))
+    if code is ClaimCode.POISONED:
+        return Claimed(code, runs=as_int(answer[1]), takeovers=as_int(answer[2]))
     if code is ClaimCode.REPLAY:
         return Claimed(code, reply=as_bytes(answer[1]))
     return Claimed(code, owner=as_text(answer[1]))
@@ -120,12 +126,23 @@ def _claims(reply: Any) -> list[Claimed]:
     return [decode_claimed(a) for a in reply]
 
 
+DEFAULT_MAX_TAKEOVERS = 3
+"""How many times a run that never ended may be taken over (RuntimeOptions.max_takeovers)."""
+
+
 def claim_call(
-    items: Sequence[ClaimItem], *, owner: str, ttl_ms: int, agent_id: str
+    items: Sequence[ClaimItem],
+    *,
+    owner: str,
+    ttl_ms: int,
+    agent_id: str,
+    max_takeovers: int = DEFAULT_MAX_TAKEOVERS,
 ) -> Call[list[Claimed]]:
     """One ``claim.lua`` call for ``items`` (their keys in one slot: one key, or standalone
-    Redis). ``owner``: ``"<agent_id>/<instance_id>"``; ``ttl_ms``: how long records live."""
-    args: list[Any] = [owner, ttl_ms, agent_id]
+    Redis). ``owner``: ``"<agent_id>/<instance_id>"``; ``ttl_ms``: how long records live;
+    ``max_takeovers``: a key whose unfinished runs were taken over this many times is
+    poisoned at the next takeover (not run)."""
+    args: list[Any] = [owner, ttl_ms, agent_id, max_takeovers]
     for it in items:
         args += [it.lease_ms, it.msg_id, it.takeover_from]
     return Call("claim", tuple(it.key for it in items), tuple(args), _claims)
@@ -139,6 +156,7 @@ async def claim(
     owner: str,
     ttl_ms: int,
     agent_id: str,
+    max_takeovers: int = DEFAULT_MAX_TAKEOVERS,
 ) -> list[Claimed | Exception]:
     """Claim ``items``: one answer, or the error that refused it, per item.
 
@@ -150,17 +168,28 @@ async def claim(
     if not items:
         return []
     if cluster:
-        calls = [claim_call([it], owner=owner, ttl_ms=ttl_ms, agent_id=agent_id) for it in items]
+        calls = [
+            claim_call(
+                [it], owner=owner, ttl_ms=ttl_ms, agent_id=agent_id, max_takeovers=max_takeovers
+            )
+            for it in items
+        ]
         return [x if isinstance(x, Exception) else x[0] for x in await run_calls(r, calls)]
     try:
-        return list(await claim_call(items, owner=owner, ttl_ms=ttl_ms, agent_id=agent_id).run(r))
+        return list(
+            await claim_call(
+                items, owner=owner, ttl_ms=ttl_ms, agent_id=agent_id, max_takeovers=max_takeovers
+            ).run(r)
+        )
     except rexc.ResponseError as e:
         if len(items) == 1 or not is_data_error(e):
             return [e] * len(items)
     out: list[Claimed | Exception] = []
     for it in items:
         try:
-            out += await claim_call([it], owner=owner, ttl_ms=ttl_ms, agent_id=agent_id).run(r)
+            out += await claim_call(
+                [it], owner=owner, ttl_ms=ttl_ms, agent_id=agent_id, max_takeovers=max_takeovers
+            ).run(r)
         except rexc.ResponseError as e:
             out.append(e)
     return out

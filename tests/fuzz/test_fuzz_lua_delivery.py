@@ -151,8 +151,8 @@ async def build_world(r: AnyRedis) -> World:
     pending = [eid.decode() for eid, _ in got[0][1]]
     rec = {s: k.idem(s) for s in ["free", "held", "mine", "done", "released", "expired", "damaged"]}
     fences = {"free": 1, "held": 1, "mine": 1, "done": 3, "released": 2, "expired": 5}
-    await scripts.call(r, "claim", [rec["held"]], [OTHER, TTL_MS, "w-2", 60_000, "m-held", ""])
-    await scripts.call(r, "claim", [rec["mine"]], [OWNER, TTL_MS, AGENT, 60_000, "m-mine", ""])
+    await scripts.call(r, "claim", [rec["held"]], [OTHER, TTL_MS, "w-2", 3, 60_000, "m-held", ""])
+    await scripts.call(r, "claim", [rec["mine"]], [OWNER, TTL_MS, AGENT, 3, 60_000, "m-mine", ""])
     await r.hset(
         rec["done"],
         mapping={
@@ -214,7 +214,8 @@ def world_runner(redis_server: RedisServer) -> Iterator[tuple[asyncio.Runner, An
 def claim_call(data: st.DataObject, w: World) -> tuple[list[str], list[Any]]:
     states = data.draw(st.lists(st.sampled_from(sorted(w.records)), min_size=1, max_size=4))
     owner = data.draw(st.sampled_from([OWNER, OTHER]))
-    args: list[Any] = [owner, TTL_MS, owner.split("/")[0]]
+    max_takeovers = data.draw(st.sampled_from([0, 1, 3]))
+    args: list[Any] = [owner, TTL_MS, owner.split("/")[0], max_takeovers]
     for i, _ in enumerate(states):
         args += [
             data.draw(st.sampled_from([1, 1000, 60_000, 604_800_000])),
@@ -339,8 +340,8 @@ async def check_answer(r: AnyRedis, name: str, keys: list[str], args: list[Any],
     unique = {k for k in keys if keys.count(k) == 1}
     if name == "claim":
         assert isinstance(res, list) and len(res) == len(keys)
-        for key, (code, value) in zip(keys, res, strict=True):
-            assert code in (1, 2, 3)
+        for key, (code, value, *counts) in zip(keys, res, strict=True):
+            assert code in (1, 2, 3, 5)
             if key not in unique:
                 continue
             h = await r.hgetall(key)
@@ -351,6 +352,9 @@ async def check_answer(r: AnyRedis, name: str, keys: list[str], args: list[Any],
                 assert h[b"owner"] == _b(args[0]) and h[b"status"] == b"running"
             elif code == 2:
                 assert h[b"done"] == b"1" and value == h.get(b"reply", b"")
+            elif code == 5:  # poisoned: settled dead, no owner, not run
+                assert h[b"status"] == b"dead" and h[b"owner"] == b""
+                assert int(counts[0]) >= int(args[3])
             else:
                 assert value and h[b"owner"] == value
     elif name == "complete":

@@ -5,11 +5,14 @@ is retried, then dead-lettered with what it did) and every worker goes on servin
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 import redis
 
@@ -171,3 +174,116 @@ def test_a_capability_without_a_handler_refuses_to_start(redis_url: str, ns: str
         assert r.exists(Keys(ns).agent("half")) == 0  # never registered
     finally:
         r.close()
+
+
+# -- a handler that blocks the event loop ----------------------------------------------
+async def test_a_handler_blocking_the_loop_is_dead_lettered_poisoned_after_the_bound(
+    workers: Workers, redis_url: str, ns: str, r: AnyRedis
+) -> None:
+    names = ("b1", "b2", "b3")
+    for n in names:  # stall-s 0.3 and a 2.5 s block: each run stalls its agent, evicted
+        workers.start(n, "--stall-s", "0.3", "--max-takeovers", "2")
+    async with Client(redis_url=redis_url, namespace=ns, slow_start_s=0) as c:
+        await ready(c, "hostile.block", set(names))
+        key = "block-1"
+        msg_id = await c.send(
+            "hostile.block", {"sleep_s": 2.5}, idempotency_key=key, max_attempts=3
+        )
+
+        async def poisoned() -> dict[str, str] | None:
+            return (await dead_letters(r, ns, "hostile.block")).get(msg_id)
+
+        # Before the fix its run moved from agent to agent (each evicted in turn) with
+        # attempt stuck at 1, never dead-lettered.
+        letter = await wait_until(poisoned, timeout_s=90, what="the message dead-lettered")
+        assert letter["reason"] == "poisoned", letter
+        assert "3 runs never finished" in letter["error"], letter  # the first, 2 takeovers
+        assert "max_takeovers=2" in letter["error"], letter
+        st = await c.task(msg_id)
+        assert st.status == "dead", st
+        assert await runs_of(r, ns, key) == 3
+        await serving(c, workers, *names)  # every worker back, serving
+        # It stays dead: no agent runs it again.
+        await anyio.sleep(3)
+        assert await runs_of(r, ns, key) == 3
+
+
+# -- one agent id, one process; several copies, several ids -------------------------------
+async def test_a_second_process_with_the_same_id_says_whom_it_replaced(
+    workers: Workers, redis_url: str, ns: str, r: AnyRedis, tmp_path: Path
+) -> None:
+    old = workers.start("x1", log=tmp_path / "old.log")
+    async with Client(redis_url=redis_url, namespace=ns, slow_start_s=0) as c:
+        await ready(c, "hostile.echo", {"x1"})
+        reg = Registry(c.redis, ns)
+        first = await reg.get("x1")
+        assert first is not None
+        new = workers.start("x1", log=tmp_path / "new.log")
+
+        async def replaced() -> bool:
+            now = await reg.get("x1")
+            return now is not None and now.instance_id != first.instance_id
+
+        await wait_until(replaced, timeout_s=30, what="the second x1 registered")
+        # The older stops by itself, exit 0 (as --help and docs/cli.md say).
+        with anyio.fail_after(30):
+            while old.poll() is None:
+                await anyio.sleep(0.05)
+        assert old.returncode == 0
+        assert new.poll() is None
+        await serving(c, workers, "x1")
+        host = socket.gethostname()
+        # Before the fix the newer said nothing and no event recorded the replacement.
+        said = (tmp_path / "new.log").read_text()
+        assert f"replaced instance {first.instance_id} on host {host} (pid {old.pid})" in said
+        assert "still serving" in said
+        heard = (tmp_path / "old.log").read_text()
+        assert f"(pid {new.pid})" in heard and "exits with code 0" in heard, heard
+        events = [e for e in await reg.recent_events(50) if e.type == "replaced"]
+        assert len(events) == 1, events
+        (ev,) = events
+        assert ev.agent_id == "x1" and ev.instance_id == first.instance_id
+        assert f"host={host} pid={old.pid} live=1 by=" in ev.detail, ev.detail
+
+
+async def test_copies_of_one_agent_run_under_their_own_ids(
+    workers: Workers, redis_url: str, ns: str
+) -> None:
+    workers.start("x1")
+    workers.start("x1", "--agent-id", "x1-copy")  # a process of its own
+    p = workers.start("x1", "--agent-id", "pool-{hostname}-{n}", "--instances", "3")
+    host = socket.gethostname().split(".")[0]
+    pool = [f"pool-{host}-{n}" for n in (1, 2, 3)]
+    async with Client(redis_url=redis_url, namespace=ns, slow_start_s=0) as c:
+        await ready(c, "hostile.echo", {"x1", "x1-copy", *pool})
+        for n in ("x1", "x1-copy", *pool):
+            out = await c.request("hostile.echo", {"ping": n}, target=n, timeout_s=20)
+            assert out["agent"] == n
+        assert p.poll() is None  # the three copies share one process
+        info = {a.agent_id: a for a in await Registry(c.redis, ns).agents("hostile.echo")}
+        assert len({info[n].instance_id for n in pool}) == 3
+
+
+def test_instances_without_a_numbered_id_are_refused(redis_url: str, ns: str) -> None:
+    for extra in (["--instances", "2"], ["--instances", "2", "--agent-id", "same"]):
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "reach_cli.app",
+                "worker",
+                "tests.support.agents_hostile:x1",
+                "--redis-url",
+                redis_url,
+                "--namespace",
+                ns,
+                *extra,
+            ],
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert out.returncode == 2 and "{n}" in out.stderr, (extra, out.stderr)

@@ -29,7 +29,7 @@ async def _cancel(r: AnyRedis, rec: str, msg_id: str, notices: str | None = None
 
 
 async def _claim(r: AnyRedis, rec: str, msg_id: str = "m") -> list[object]:
-    [answer] = await scripts.call(r, "claim", [rec], [OWNER, TTL_MS, "w-1", 60_000, msg_id, ""])
+    [answer] = await scripts.call(r, "claim", [rec], [OWNER, TTL_MS, "w-1", 3, 60_000, msg_id, ""])
     return list(answer)
 
 
@@ -63,7 +63,7 @@ async def test_a_running_message_is_fenced_out(r: AnyRedis, ns: str) -> None:
     assert await scripts.call(r, "complete", [rec], args) == [SettleCode.FENCED]
     assert (await r.hget(rec, "status")) == b"cancelled"
     # Even a takeover from its owner cannot run it again.
-    got = await scripts.call(r, "claim", [rec], [OWNER, TTL_MS, "w-1", 60_000, "m", OWNER])
+    got = await scripts.call(r, "claim", [rec], [OWNER, TTL_MS, "w-1", 3, 60_000, "m", OWNER])
     assert [list(a) for a in got] == [[ClaimCode.CANCELLED, b""]]
 
 

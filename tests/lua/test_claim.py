@@ -19,7 +19,7 @@ TTL_MS = 60_000
 
 def _args(owner: str, *items: tuple[int, str] | tuple[int, str, str]) -> list[object]:
     """ARGV of a claim by ``owner`` of keys given as (lease_ms, msg_id[, takeover_from])."""
-    args: list[object] = [owner, TTL_MS, owner.split("/")[0]]
+    args: list[object] = [owner, TTL_MS, owner.split("/")[0], 3]
     for lease_ms, msg_id, *takeover_from in items:
         args += [lease_ms, msg_id, takeover_from[0] if takeover_from else ""]
     return args
@@ -105,7 +105,8 @@ def _bad_calls() -> list[tuple[str, int | None, object]]:
     # (what, ARGV index (0-based) to replace, value); index None: the count is wrong
     calls: list[tuple[str, int | None, object]] = []
     calls += [("ttl_ms", 1, v) for v in BAD_INTS]
-    calls += [("lease_ms", 9, v) for v in [*BAD_INTS, str(8 * 86_400_000)]]  # the 3rd key's
+    calls += [("lease_ms", 10, v) for v in [*BAD_INTS, str(8 * 86_400_000)]]  # the 3rd key's
+    calls += [("max_takeovers", 3, v) for v in ["-1", "1000001", "1.5", "", "x"]]
     calls += [
         ("owner", 0, ""),
         ("agent_id", 2, ""),
@@ -273,3 +274,52 @@ async def test_a_cancelled_key_is_never_claimed(r: AnyRedis, ns: str) -> None:
     )
     assert [list(a) for a in got] == [[4, b""], [4, b""]]
     assert await r.hgetall(rec) == before
+
+
+async def test_a_run_taken_over_past_max_takeovers_is_poisoned_not_claimed(
+    r: AnyRedis, ns: str
+) -> None:
+    rec = Keys(ns).idem("k-poison")
+
+    def args(owner: str, takeover_from: str, max_takeovers: int) -> list[object]:
+        a = _args(owner, (60_000, "m1", takeover_from))
+        a[3] = max_takeovers
+        return a
+
+    assert await scripts.call(r, "claim", [rec], args(OWNER_A, "", 1)) == [[1, 1]]
+    # A's run never ended: B takes it over (1 takeover, within the bound)...
+    assert await scripts.call(r, "claim", [rec], args(OWNER_B, OWNER_A, 1)) == [[1, 2]]
+    assert (await r.hmget(rec, "runs", "takeovers")) == [b"2", b"1"]
+    # ...and B's run never ended either: one more takeover would pass it.
+    got = await scripts.call(r, "claim", [rec], args(OWNER_A, OWNER_B, 1))
+    assert got == [[5, 2, 2]]  # 2 runs, 2 claims that never ended
+    h = await r.hgetall(rec)
+    assert h[b"status"] == b"dead" and h[b"owner"] == b"" and h[b"runs"] == b"2"
+    assert h[b"takeovers"] == b"2"
+    assert int(h[b"fence"]) == 3  # B's late completion (fence 2) is fenced
+    assert b"poisoned" in h[b"error"]
+    # A new claim (a replay of its dead letter) is no takeover: it runs.
+    assert await scripts.call(r, "claim", [rec], args(OWNER_B, "", 1)) == [[1, 4]]
+
+
+async def test_a_claim_made_at_send_counts_its_run_when_taken_over(r: AnyRedis, ns: str) -> None:
+    # send.lua's claim (runs 0): its runtime may have started the handler unconfirmed
+    rec = Keys(ns).idem("k-sent")
+    await r.hset(rec, mapping={"fence": 1, "runs": 0, "owner": OWNER_A, "lease_until": 0})
+    a = _args(OWNER_B, (60_000, "m1"))
+    assert await scripts.call(r, "claim", [rec], a) == [[1, 2]]
+    # runs counts what is known to have started; the unconfirmed run is a takeover
+    assert (await r.hmget(rec, "runs", "takeovers")) == [b"1", b"1"]
+    assert await scripts.call(r, "claim", [rec], _args(OWNER_A, (60_000, "m1", OWNER_B))) == [
+        [1, 3]
+    ]
+    assert await scripts.call(r, "claim", [rec], [*a[:3], 1, 60_000, "m1", OWNER_A]) == [[5, 2, 3]]
+
+
+async def test_a_claim_after_a_completion_is_no_takeover(r: AnyRedis, ns: str) -> None:
+    rec = Keys(ns).idem("k-free")
+    await r.hset(rec, mapping={"fence": 5, "runs": 2, "owner": "", "lease_until": 0})
+    a = _args(OWNER_B, (60_000, "m1"))
+    a[3] = 0
+    assert await scripts.call(r, "claim", [rec], a) == [[1, 6]]
+    assert (await r.hmget(rec, "runs", "takeovers")) == [b"3", b"0"]

@@ -16,7 +16,9 @@ TTL_MS = 60_000
 
 
 async def _claim(r: AnyRedis, rec: str, owner: str) -> int:
-    [[code, fence]] = await scripts.call(r, "claim", [rec], [owner, TTL_MS, "w", 60_000, "m1", ""])
+    [[code, fence]] = await scripts.call(
+        r, "claim", [rec], [owner, TTL_MS, "w", 3, 60_000, "m1", ""]
+    )
     assert code == 1
     return int(fence)
 
@@ -68,7 +70,7 @@ async def test_release_records_the_status_but_lets_the_key_run_again(r: AnyRedis
     h = await r.hgetall(rec)
     assert b"done" not in h and h[b"status"] == b"retrying" and h[b"error"] == b"TimeoutError: slow"
     [[code, next_fence]] = await scripts.call(
-        r, "claim", [rec], ["w-2/i2", TTL_MS, "w", 1_000, "m1", ""]
+        r, "claim", [rec], ["w-2/i2", TTL_MS, "w", 3, 1_000, "m1", ""]
     )
     assert (code, next_fence) == (1, fence + 1)
 

@@ -55,7 +55,7 @@ async def test_a_completed_key_keeps_its_status_and_hands_back_its_reply(
     k = Keys(ns)
     done, bare = k.idem("done"), k.idem("bare")
     [[code, fence]] = await scripts.call(
-        r, "claim", [done], ["w-1/i1", TTL_MS, "w", 60_000, "m", ""]
+        r, "claim", [done], ["w-1/i1", TTL_MS, "w", 3, 60_000, "m", ""]
     )
     assert code == 1
     args = [TTL_MS, fence, "succeeded", b"\x81\xa1r\x01", "done", ""]

@@ -58,7 +58,7 @@ async def test_another_runtime_finds_the_claim_held(r: AnyRedis, ns: str) -> Non
         claim_lease_ms=60_000,
     ).run(r)  # fmt: skip
     [got] = await scripts.call(
-        r, "claim", [k.idem("m2")], ["w-1/inst-b", TTL_MS, "w-1", 1000, "m2", ""]
+        r, "claim", [k.idem("m2")], ["w-1/inst-b", TTL_MS, "w-1", 3, 1000, "m2", ""]
     )
     assert got[0] == ClaimCode.BUSY and got[1] == OWNER.encode()
 

@@ -115,7 +115,7 @@ async def _delivered(r: AnyRedis, inbox: str, n: int) -> list[str]:
 
 async def _claim(r: AnyRedis, rec: str) -> int:
     [[code, fence]] = await scripts.call(
-        r, "claim", [rec], ["w-1/i1", TTL_MS, "w-1", 60_000, "m", ""]
+        r, "claim", [rec], ["w-1/i1", TTL_MS, "w-1", 3, 60_000, "m", ""]
     )
     assert code == 1
     return int(fence)

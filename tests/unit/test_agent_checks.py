@@ -74,3 +74,34 @@ def test_any_and_object_take_the_payload_as_decoded(t: Any) -> None:
     h.__annotations__["payload"] = t
     app.handler("c.x")(h)
     assert app.handlers["c.x"].payload_type is Any
+
+
+def test_a_renamed_agent_keeps_everything_but_its_id() -> None:
+    app = Agent("orig", capabilities=["c.x"], weight=2, metadata={"region": "eu"}, max_queue=5)
+
+    @app.handler("c.x")
+    async def h(payload: dict, ctx: Context) -> None: ...  # type: ignore[type-arg]
+
+    copy = app.renamed("orig-2")
+    assert copy.agent_id == "orig-2" and app.agent_id == "orig"
+    assert (copy.capabilities, copy.weight, copy.metadata, copy.max_queue) == (
+        ["c.x"],
+        2.0,
+        {"region": "eu"},
+        5,
+    )
+    assert copy.handlers == app.handlers and copy.handlers is not app.handlers
+    with pytest.raises(ConfigError, match="agent_id"):
+        app.renamed("has space")
+
+
+def test_agent_id_templates() -> None:
+    from reach_cli.worker_cmd import agent_ids
+
+    assert agent_ids("s-{n}", 3) == ["s-1", "s-2", "s-3"]
+    assert agent_ids("fixed", 1) == ["fixed"]
+    assert agent_ids("s-{hostname}-{n}", 1)[0].startswith("s-")
+    with pytest.raises(ConfigError, match=r"\{n\}"):
+        agent_ids("same", 2)
+    with pytest.raises(ConfigError, match="only"):
+        agent_ids("s-{host}-{n}", 2)

@@ -69,6 +69,7 @@ def test_values_are_the_strings_stored_and_sent() -> None:
         "unprocessable",
         "unauthenticated",
         "cancelled",
+        "poisoned",
     }
     assert {u.value for u in Unavailable} == {
         "no_agent",
@@ -218,8 +219,8 @@ def test_every_status_a_script_writes_is_a_member() -> None:
         written |= set(re.findall(r"'status',\s*'([a-z_]+)'", text))
         for body in re.findall(r"\bSTATUSES\s*=\s*\{([^}]*)\}", text):
             accepted.append(set(re.findall(r"([a-z_]+)\s*=\s*true", body)))
-    # send.lua, claim.lua, cancel.lua
-    assert written == {Status.PENDING, Status.RUNNING, Status.CANCELLED}
+    # send.lua, claim.lua (dead: a poisoned key), cancel.lua
+    assert written == {Status.PENDING, Status.RUNNING, Status.CANCELLED, Status.DEAD}
     assert accepted, "no STATUSES table found in lua/"
     for table in accepted:  # complete / settle: what a completion may set
         assert table == COMPLETION_STATUSES
@@ -274,6 +275,10 @@ def test_the_lists_client_and_card_kept_are_unchanged() -> None:
     # Reasons added since, each a refusal (so a rejection, blameless): unauthenticated,
     # an agent requiring signatures refusing an unsigned or forged message (reach.signing).
     new = {"unauthenticated"}
+    # poisoned: a message whose runs never ended (each agent running it killed, evicted or
+    # stalled) was taken over max_takeovers times: refused for good, blaming the agent
+    # (its handler blocked or crashed it), A2A "failed".
+    poisoned = {"poisoned"}
     # reach.client.REJECTIONS before reach.outcomes (the caller gets reach.Rejected)
     assert (
         REJECTIONS
@@ -290,6 +295,7 @@ def test_the_lists_client_and_card_kept_are_unchanged() -> None:
             "unprocessable",
         }
         | new
+        | poisoned
     )
     # reach.card.REJECTED_REASONS (A2A "rejected")
     assert (

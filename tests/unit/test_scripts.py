@@ -158,11 +158,12 @@ def test_claim_encodes_a_head_and_three_argv_per_key() -> None:
     items = [ClaimItem("k1", 1000, "m1"), ClaimItem("k2", 2000, "m2", takeover_from="b/j")]
     c = delivery.claim_call(items, owner="a/i", ttl_ms=99, agent_id="a")
     assert c.keys == ("k1", "k2")
-    assert c.args == ("a/i", 99, "a", 1000, "m1", "", 2000, "m2", "b/j")
-    assert c.decode([[1, 7], [2, b"r"], [3, b"b/j"]]) == [
+    assert c.args == ("a/i", 99, "a", 3, 1000, "m1", "", 2000, "m2", "b/j")
+    assert c.decode([[1, 7], [2, b"r"], [3, b"b/j"], [5, 4, 3]]) == [
         delivery.Claimed(codes.ClaimCode.RUN, fence=7),
         delivery.Claimed(codes.ClaimCode.REPLAY, reply=b"r"),
         delivery.Claimed(codes.ClaimCode.BUSY, owner="b/j"),
+        delivery.Claimed(codes.ClaimCode.POISONED, runs=4, takeovers=3),
     ]
     assert delivery.decode_claimed([2, b""]).reply == b""
     assert delivery.decode_claimed([3, b"\xff/x"]).owner == "\ufffd/x"  # untrusted bytes
