@@ -399,11 +399,11 @@ async def test_dead_letters_and_retries_of_a_worker_wait_while_redis_is_full(
                 for i in range(len(modes)):
                     tg.start_soon(ask, i)
 
-                async def running() -> bool:
-                    return int(await r.xlen(keys.inbox("full-1", "normal"))) == len(modes)
+                async def read() -> bool:  # every one read by the worker (1 s handlers)
+                    stream = keys.inbox("full-1", "normal")
+                    return int((await r.xpending(stream, GROUP))["pending"]) == len(modes)
 
-                await wait_until(running, timeout_s=20, what="all sent")
-                await anyio.sleep(0.3)  # read and started (1 s handlers)
+                await wait_until(read, timeout_s=20, what="all read by the worker")
                 await mem.fill()
                 await anyio.sleep(2.5)  # the handlers end; their outcomes are refused
                 assert await inbox_entries(r, keys, "full-1") == len(modes), "acked while full"
