@@ -5,8 +5,8 @@ open files, connections, idle sockets, request bodies, readers that never read
 Pure ASGI and uvicorn's own knobs, no framework: both faces use them the same way.
 
 * :func:`raise_open_files_limit`: the soft ``RLIMIT_NOFILE`` up to the hard one, at start.
-* :func:`uvicorn_options`: a bound on connections (``limit_concurrency``: past it a request
-  is answered 503), the keep-alive timeout, a smaller listen backlog, and the protocol
+* :func:`uvicorn_options`: a bound on connections (past it a connection is answered 503
+  and closed as it is accepted; ``limit_concurrency`` too), the keep-alive timeout, a smaller listen backlog, and the protocol
   :func:`protocol_class`, which closes a connection that has not sent a whole request head
   within ``header_timeout_s`` of opening (or of its last response): an idle or trickling
   socket does not hold a file descriptor for ever.
@@ -37,7 +37,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-DEFAULT_MAX_CONNECTIONS = 900
+DEFAULT_MAX_CONNECTIONS = 4096
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_KEEP_ALIVE_S = 5
 DEFAULT_BACKLOG = 511
@@ -80,9 +80,17 @@ class Limits:
         return Limits(room, self.header_timeout_s, self.keep_alive_s, self.backlog)
 
 
-def protocol_class(header_timeout_s: float) -> type[asyncio.Protocol]:
+BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\n"
+    b"Connection: close\r\n\r\n"
+)
+
+
+def protocol_class(header_timeout_s: float, max_connections: int) -> type[asyncio.Protocol]:
     """uvicorn's h11 protocol, closing a connection whose request head has not come
-    within ``header_timeout_s`` of its opening or of its last response."""
+    within ``header_timeout_s`` of its opening or of its last response; a connection past
+    ``max_connections`` is answered 503 (``Retry-After: 1``) and closed at once, so that
+    open connections never take the descriptors Redis and the rest need."""
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -91,6 +99,10 @@ def protocol_class(header_timeout_s: float) -> type[asyncio.Protocol]:
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            if len(self.connections) > max_connections:
+                transport.write(BUSY)
+                transport.close()
+                return
             self._arm()
 
         def _arm(self) -> None:
@@ -127,7 +139,7 @@ def protocol_class(header_timeout_s: float) -> type[asyncio.Protocol]:
 def uvicorn_options(limits: Limits) -> dict[str, Any]:
     """The ``uvicorn.Config`` keyword arguments of ``limits``."""
     return {
-        "http": protocol_class(limits.header_timeout_s),
+        "http": protocol_class(limits.header_timeout_s, limits.max_connections),
         "limit_concurrency": limits.max_connections,
         "timeout_keep_alive": limits.keep_alive_s,
         "backlog": limits.backlog,
@@ -165,6 +177,45 @@ def quiet_accept_errors(
             lp.default_exception_handler(context)
 
     loop.set_exception_handler(handler)
+    quiet_uvicorn(every_s=every_s)
+
+
+# uvicorn's lines per refused request or cut response: one a request, so a flood under
+# attack; kept to one per period, with the count of those left out.
+_UVICORN_REPEATS = (
+    "Exceeded concurrency limit",
+    "ASGI callable returned without completing response",
+)
+
+
+class _Repeats(logging.Filter):
+    def __init__(self, every_s: float) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self.last: dict[str, float] = {}
+        self.left_out: dict[str, int] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        kind = next((k for k in _UVICORN_REPEATS if text.startswith(k)), None)
+        if kind is None:
+            return True
+        now = time.monotonic()
+        if now - self.last.get(kind, -self.every_s) < self.every_s:
+            self.left_out[kind] = self.left_out.get(kind, 0) + 1
+            return False
+        self.last[kind] = now
+        n = self.left_out.pop(kind, 0)
+        if n:
+            record.msg = f"{text} ({n} more like it in the last {self.every_s:.0f} s)"
+            record.args = ()
+        return True
+
+
+def quiet_uvicorn(*, every_s: float = 10.0) -> None:
+    """uvicorn's per-request warnings (a request past the connection bound, a response
+    cut) at most once per ``every_s`` each."""
+    logging.getLogger("uvicorn.error").addFilter(_Repeats(every_s))
 
 
 class BodyLimit:

@@ -106,7 +106,7 @@ def gateway(
             min=1,
             help="Connections served at once (503 past it); lowered to fit the open-files limit.",
         ),
-    ] = 900,
+    ] = 4096,
     header_timeout_s: Annotated[
         float,
         typer.Option(help="Close a connection that sends no request head for this long."),

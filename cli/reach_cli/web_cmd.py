@@ -78,7 +78,7 @@ async def web(
         typer.Option(
             min=1, help="Connections served at once (503 past it); fitted to the open-files limit."
         ),
-    ] = 900,
+    ] = 4096,
     header_timeout_s: Annotated[
         float,
         typer.Option(help="Close a connection that sends no request head for this long."),
