@@ -26,7 +26,7 @@ from ..scripts.delivery import SettleItem, SettleLike
 from ..tasks import TASK_TTL_MS
 from .items import Delivery, Settleable
 from .letters import DeadLetters
-from .recording import recent_rows
+from .recording import RecentIndex
 from .state import Part, Shared
 
 log = logging.getLogger("reach.runtime")
@@ -41,6 +41,7 @@ class Settlement(Part):
         self._queue: list[Settleable] = []
         self._flushing = 0  # flushes under way
         self._wake = anyio.Event()
+        self.index = RecentIndex(self.keys, self.agent_id, self.opts.recent_maxlen)
 
     def queue(self, it: Settleable) -> None:
         """Hand ``it`` over: its outcome is on its way to Redis."""
@@ -56,7 +57,11 @@ class Settlement(Part):
     async def run(self) -> None:
         """The settler task: flush whatever was queued since the last flush."""
         while True:
-            await self._wake.wait()
+            with anyio.move_on_after(self.index.due_in()):  # held index rows: until due
+                await self._wake.wait()
+            if not self._wake.is_set():  # no batch to ride on: the index rows alone
+                await self.index.flush(self.redis)
+                continue
             self._wake = anyio.Event()
             await self.flush()
 
@@ -71,6 +76,7 @@ class Settlement(Part):
         while self._queue:
             batch, self._queue = self._queue, []
             await self._settle(batch)
+        await self.index.flush(self.redis)
 
     async def flush(self) -> None:
         batch, self._queue = self._queue, []
@@ -104,7 +110,7 @@ class Settlement(Part):
             ttl_ms=TASK_TTL_MS,
             on_refused=refused,
             on_round_trip=self.hooks.on_round_trip,
-            recent=recent_rows(batch, self.keys, self.agent_id, self.opts.recent_maxlen),
+            recent=self.index.take(batch),
         )
         for it, res in zip(batch, results, strict=True):
             if res is SettleCode.SETTLED:
