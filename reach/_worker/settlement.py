@@ -26,7 +26,7 @@ from ..scripts.delivery import SettleItem, SettleLike
 from ..tasks import TASK_TTL_MS
 from .items import Delivery, Settleable
 from .letters import DeadLetters
-from .recording import recent_rows
+from .recording import RecentIndex
 from .state import Part, Shared
 
 log = logging.getLogger("reach.runtime")
@@ -44,6 +44,7 @@ class Settlement(Part):
         self._wake = anyio.Event()
         self._flushed = anyio.Event()  # set as each flush ends (what settle_rest waits on)
         self._keep_failed = False  # draining: a batch Redis refused goes back in the queue
+        self.index = RecentIndex(self.keys, self.agent_id, self.opts.recent_maxlen)
 
     def queue(self, it: Settleable) -> None:
         """Hand ``it`` over: its outcome is on its way to Redis."""
@@ -59,7 +60,11 @@ class Settlement(Part):
     async def run(self) -> None:
         """The settler task: flush whatever was queued since the last flush."""
         while True:
-            await self._wake.wait()
+            with anyio.move_on_after(self.index.due_in()):  # held index rows: until due
+                await self._wake.wait()
+            if not self._wake.is_set():  # no batch to ride on: the index rows alone
+                await self.index.flush(self.redis)
+                continue
             self._wake = anyio.Event()
             await self.flush()
 
@@ -90,6 +95,9 @@ class Settlement(Part):
                     continue
                 ev = self._flushed = anyio.Event()
                 await ev.wait()
+            # the index of recent messages: a view, flushed with the last outcomes
+            with anyio.CancelScope(shield=True):
+                await self.index.flush(self.redis)
         left = self.pending
         if self._queue:  # given up: left pending, as a failed flush leaves them
             batch, self._queue = self._queue, []
@@ -145,7 +153,7 @@ class Settlement(Part):
             ttl_ms=TASK_TTL_MS,
             on_refused=refused,
             on_round_trip=self.hooks.on_round_trip,
-            recent=recent_rows(batch, self.keys, self.agent_id, self.opts.recent_maxlen),
+            recent=self.index.take(batch),
         )
         for it, res in zip(batch, results, strict=True):
             if res is SettleCode.SETTLED:

@@ -327,9 +327,15 @@ class Console:
         )
         cursor = params.get("cursor", "")
         base = {"cap": f.capability, "agent": f.agent_id, "status": f.status, "since": since}
+        # Only the inboxes the last sample saw holding entries are read (pending, running).
+        busy = [
+            a["agent_id"]
+            for a in self.monitor.frame["agents"]
+            if a["pending"] or a["inflight"] or any(a["queue"].values())
+        ]
         try:
             page = await list_messages(
-                self.redis, self.keys, f, limit=MESSAGES_SHOWN, cursor=cursor, agent_ids=agents
+                self.redis, self.keys, f, limit=MESSAGES_SHOWN, cursor=cursor, agent_ids=busy
             )
         except ValueError as e:
             problem, page = str(e), await list_messages(self.redis, self.keys, f, limit=0)

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 import reach
 from tests.support.agents_failing import failing_agent
-from tests.support.agents_messaging import serving, wait_status
+from tests.support.agents_messaging import serving, wait_status, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -51,7 +51,12 @@ async def test_reach_tasks_lists_and_filters(redis_url: str, ns: str) -> None:
         with pytest.raises(reach.RemoteError):
             await client.call(env)
         await wait_status(client, env.msg_id, "dead")
-        out = json.loads(await cli(redis_url, ns, "tasks", "--json"))
+
+        async def listed() -> Any:  # the index's row may be held for a moment
+            out = json.loads(await cli(redis_url, ns, "tasks", "--json"))
+            return out if out["messages"] else None
+
+        out = await wait_until(listed, what="the message listed")
         [m] = out["messages"]
         assert (m["msg_id"], m["status"], m["capability"]) == (env.msg_id, "dead", "fail.key")
         assert (m["agent_id"], m["error_type"], m["error"]) == ("failing-1", "KeyError", "'txt'")

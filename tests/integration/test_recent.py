@@ -146,7 +146,30 @@ async def test_the_index_on_a_cluster(redis_cluster: RedisTestCluster, ns: str) 
     try:
         async with serving(url, ns, echo()) as client:
             await client.request("rec.echo", 1, timeout_s=15)
-            page = await wait_until(lambda: list_messages(r, Keys(ns)), what="the message listed")
+
+            async def listed() -> Any:
+                page = await list_messages(r, Keys(ns))
+                return page if page.messages else None
+
+            page = await wait_until(listed, what="the message listed")
     finally:
         await r.aclose()
     assert [(m.capability, m.status) for m in page.messages] == [("rec.echo", "succeeded")]
+
+
+async def test_lone_messages_share_index_entries(redis_url: str, ns: str, r: AnyRedis) -> None:
+    keys = Keys(ns)
+    async with serving(redis_url, ns, echo()) as client:
+        ids = []
+        for i in range(30):  # one at a time: each settled in a batch of its own
+            env = client.build("rec.echo", i, timeout_s=15)
+            await client.call(env)
+            ids.append(env.msg_id)
+
+        async def all_listed() -> Any:
+            page = await list_messages(r, keys, limit=100)
+            return page if len(page.messages) == 30 else None
+
+        page = await wait_until(all_listed, what="30 messages listed")
+    assert [m.msg_id for m in page.messages] == ids[::-1]
+    assert await r.xlen(keys.recent) < 30  # held rows rode along with later settle calls
