@@ -8,6 +8,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -181,21 +182,21 @@ async def test_a_handler_blocking_the_loop_is_dead_lettered_poisoned_after_the_b
     workers: Workers, redis_url: str, ns: str, r: AnyRedis
 ) -> None:
     names = ("b1", "b2", "b3")
-    for n in names:  # stall-s 0.3 and a 2.5 s block: each run stalls its agent, evicted
+    for n in names:  # stall-s 0.3 and a 6 s block: each run stalls its agent, evicted
         workers.start(n, "--stall-s", "0.3", "--max-takeovers", "2")
     async with Client(redis_url=redis_url, namespace=ns, slow_start_s=0) as c:
         await ready(c, "hostile.block", set(names))
         key = "block-1"
-        msg_id = await c.send(
-            "hostile.block", {"sleep_s": 2.5}, idempotency_key=key, max_attempts=3
-        )
+        msg_id = await c.send("hostile.block", {"sleep_s": 6}, idempotency_key=key, max_attempts=3)
 
         async def poisoned() -> dict[str, str] | None:
             return (await dead_letters(r, ns, "hostile.block")).get(msg_id)
 
         # Before the fix its run moved from agent to agent (each evicted in turn) with
         # attempt stuck at 1, never dead-lettered.
+        t0 = time.monotonic()
         letter = await wait_until(poisoned, timeout_s=90, what="the message dead-lettered")
+        print(f"poisoned {time.monotonic() - t0:.1f} s after the send")
         assert letter["reason"] == "poisoned", letter
         assert "3 runs never finished" in letter["error"], letter  # the first, 2 takeovers
         assert "max_takeovers=2" in letter["error"], letter

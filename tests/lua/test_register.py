@@ -508,3 +508,39 @@ async def test_the_form_without_protocol_is_taken_and_states_none(
     assert await r.hget(reg.keys.agent("a1"), "protocol") is None
     a = await reg.get("a1")
     assert a is not None and a.protocol == 0
+
+
+async def test_replacing_another_instance_names_it_and_writes_a_replaced_event(
+    reg: Registry,
+) -> None:
+    kw = {"capabilities": ["x.y"], "lease_ms": 60_000, "evict_after_ms": 120_000}
+    v1 = new_version()
+    first = await reg.register_detail("rp", instance_id="i1", version=v1, host="h1", pid=41, **kw)
+    assert first.code == 1 and not first.replaced_instance
+    again = await reg.register_detail("rp", instance_id="i1", version=v1, host="h1", pid=41, **kw)
+    assert again.code == 2 and not again.replaced_instance  # itself: no replacement
+    got = await reg.register_detail(
+        "rp", instance_id="i2", version=new_version(), host="h2", pid=42, **kw
+    )
+    assert (got.code, got.replaced_instance, got.replaced_host, got.replaced_pid) == (
+        2,
+        "i1",
+        "h1",
+        "41",
+    )
+    assert got.replaced_live  # its lease still ran
+    raw = await reg.redis.hmget(reg.keys.agent("rp"), "host", "pid")
+    assert raw == [b"h2", b"42"]
+    events = [e for e in await reg.recent_events(20) if e.agent_id == "rp"]
+    kinds = [(e.type, e.instance_id) for e in events]
+    assert kinds == [
+        ("registered", "i1"),
+        ("registered", "i1"),
+        ("replaced", "i1"),
+        ("registered", "i2"),
+    ]
+    assert events[2].detail == "host=h1 pid=41 live=1 by=i2"
+    # A registration without host and pid (an older runtime's) is replaced all the same.
+    await reg.register("rq", instance_id="j1", version=new_version(), **kw)
+    got = await reg.register_detail("rq", instance_id="j2", version=new_version(), **kw)
+    assert (got.replaced_instance, got.replaced_host, got.replaced_pid) == ("j1", "", "")
