@@ -104,3 +104,76 @@ def test_deploy_messages() -> None:
     dups = [s for s in specs if s.dup]
     assert dups and all(any(o.key == d.key and not o.dup for o in specs) for d in dups)
     assert all(s.key == f"k{s.i}" for s in specs if not s.dup)
+
+
+def test_the_runs_are_judged_case_by_case(tmp_path: Path) -> None:
+    """The checks of "run once" and "not on two agents at once" can fail, and tell each
+    case apart: a ledger made by hand, one key per case, judged as the harness judges a
+    run's ledger."""
+    from reach_cli.tools.chaos.deploy import _DeployRun, _Run1
+    from reach_cli.tools.chaos.harness import _Rec
+    from reach_cli.tools.chaos.report import DrainRecord
+
+    run = _DeployRun(DeployConfig(dir=str(tmp_path)), None)
+    t = 1_000_000
+    run.killed_pids = {20: t + 500}  # pid 20 SIGKILLed at +0.5 s
+    run.drain_log = [DrainRecord("w0-g0", 10, "w0-g1", 0, 0.0, t + 1000, True, 1)]  # pid 10
+    run.redis_windows = [(t + 10_000, t + 10_300)]  # Redis away from +10 s to +10.3 s
+
+    def r(key: str, n: int, pid: int, fence: int, start: int, end: int | None, how: str) -> _Run1:
+        return _Run1(
+            key, n, f"a{pid}", pid, fence, t + start, None if end is None else t + end, how
+        )
+
+    runs = {
+        "once": [r("once", 1, 30, 1, 0, 900, "ok")],
+        # Killed mid-run, run again elsewhere: fine.
+        "killed": [r("killed", 1, 20, 1, 0, None, ""), r("killed", 2, 30, 2, 3000, 3400, "ok")],
+        # SIGTERMed mid-run, ran to its end, then ran again on another agent: the drain bug.
+        "drained": [
+            r("drained", 1, 10, 1, 500, 2500, "ok"),
+            r("drained", 2, 30, 2, 4000, 6000, "ok"),
+        ],
+        # A stream the runtime closed, retried: fine.
+        "closed": [
+            r("closed", 1, 30, 1, 100, 200, "GeneratorExit"),
+            r("closed", 2, 30, 2, 700, 800, "ok"),
+        ],
+        # Cancelled after its worker's SIGTERM, run again: cut by the drain.
+        "cancelled": [
+            r("cancelled", 1, 10, 1, 0, 1500, "CancelledError"),
+            r("cancelled", 2, 30, 2, 3000, 3100, "ok"),
+        ],
+        # Ended while Redis was away, run again by the same worker: the outage case.
+        "outage": [
+            r("outage", 1, 30, 1, 9000, 10_100, "ok"),
+            r("outage", 2, 30, 2, 10_500, 11_600, "ok"),
+        ],
+        # Two runs at once on two live agents.
+        "overlap": [
+            r("overlap", 1, 30, 1, 0, 2000, "ok"),
+            r("overlap", 2, 40, 2, 1000, 3000, "ok"),
+        ],
+        # Started, never ended, its worker not killed.
+        "hung": [r("hung", 1, 40, 1, 0, None, ""), r("hung", 2, 30, 2, 5000, 5100, "ok")],
+    }
+    recs = {
+        k: _Rec(True, "succeeded", t, len(rs), rs[-1].agent, rs[-1].fence) for k, rs in runs.items()
+    }
+    fx = {f"ends:{k}": str(sum(x.how == "ok" for x in rs)) for k, rs in runs.items()}
+    seen: dict[str, list[str]] = {}
+    j = run.judge_runs(
+        sorted(runs), recs, runs, fx, t + 60_000, lambda k, x: seen.setdefault(k, []).append(x)
+    )
+    assert (j.cut, j.failed, j.by_drain) == (1, {"GeneratorExit": 1}, 1)
+    assert (j.again_outage, j.again_outage_drain) == (1, 0)
+    assert (j.unexplained, j.unfinished, j.overlapping, j.unmatched) == (3, 1, 2, 0)
+    assert j.twice == 3  # drained, outage, overlap ran to their end twice
+    # The examples name the keys: drained (its first run, SIGTERMed while it ran, ended and
+    # the key ran again elsewhere), overlap and hung are run again for no reason; overlap
+    # and hung (its run never ended) overlap their second runs.
+    assert {x.split(" ")[0] for x in seen["run again"]} == {"drained", "overlap", "hung"}
+    assert {x.split(" ")[0] for x in seen["overlap"]} == {"overlap", "hung"}
+    assert [x.split(" ")[0] for x in seen["unfinished"]] == ["hung"]
+    assert [x.split(" ")[0] for x in seen["cancelled by the drain"]] == ["cancelled"]
+    assert [x.split(" ")[0] for x in seen["run again: ended while Redis was away"]] == ["outage"]

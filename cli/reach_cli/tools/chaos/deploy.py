@@ -44,7 +44,7 @@ import shutil
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -88,6 +88,22 @@ class _Call(_Outcome):
     chunks_got: list[Any] = field(default_factory=list)  # a wrong stream's chunks
     deadline_exceeded: int = 0
     error_at: list[float] = field(default_factory=list)
+
+
+@dataclass
+class _Judged:
+    """What :meth:`_DeployRun.judge_runs` found, in counts (see the report's fields)."""
+
+    cut: int
+    unexplained: int
+    unfinished: int
+    unmatched: int
+    twice: int
+    overlapping: int
+    by_drain: int
+    again_outage: int
+    again_outage_drain: int
+    failed: dict[str, int]
 
 
 def _cap(s: MessageSpec) -> str:
@@ -372,29 +388,18 @@ class _DeployRun(Cluster):
             return r.end_ms
         return self.killed_pids.get(r.pid) or self.exited_ms.get(r.pid) or now
 
-    async def verify(self, quiet_s: float) -> DeployReport:
-        c = self.cfg
-        now = now_ms()
-        keys = sorted({s.key for s in self.specs})
-        recs = await self.all_records()
-        runs, fx = await self.ledger_runs()
-        examples: dict[str, list[str]] = {}
-
-        def example(kind: str, text: str) -> None:
-            xs = examples.setdefault(kind, [])
-            if len(xs) < 5 and text not in xs:
-                xs.append(text)
-
-        lost = [
-            k
-            for k in keys
-            if not recs[k].done or recs[k].status != "succeeded" or f"done:{k}" not in fx
-        ]
-        for k in lost[:5]:
-            example("lost", f"{k}: record {asdict(recs[k])}, runs {len(runs.get(k, []))}")
-        effects = int(fx.get("effects", 0))
-        dup = sum(1 for f in fx if f.startswith("done:") and f[5:] not in recs)
-
+    def judge_runs(
+        self,
+        keys: Sequence[str],
+        recs: Mapping[str, _Rec],
+        runs: Mapping[str, list[_Run1]],
+        fx: Mapping[str, str],
+        now: int,
+        example: Callable[[str, str], None],
+    ) -> _Judged:
+        """Each key's runs against the criteria "run once" and "not on two agents at
+        once", from the ledger (``runs``, ``fx``), the idempotency records and what the run
+        did to the workers (SIGKILLs, SIGTERMs) and to Redis (its outages)."""
         # Runs: one completes each key (its fence is the record's, and it ran to its end).
         # Any other was cut by a SIGKILL (its worker died while it ran), or failed and was
         # retried (it raised, or the runtime closed its stream, e.g. when Redis went away
@@ -445,6 +450,44 @@ class _DeployRun(Cluster):
                     if b.start_ms < self.run_end(a, now):
                         overlapping += 1
                         example("overlap", self._describe(k, rs, rec))
+        return _Judged(
+            cut=cut,
+            unexplained=unexplained,
+            unfinished=unfinished,
+            unmatched=unmatched,
+            twice=twice,
+            overlapping=overlapping,
+            by_drain=by_drain,
+            again_outage=again_outage,
+            again_outage_drain=again_outage_drain,
+            failed=dict(failed),
+        )
+
+    async def verify(self, quiet_s: float) -> DeployReport:
+        c = self.cfg
+        now = now_ms()
+        keys = sorted({s.key for s in self.specs})
+        recs = await self.all_records()
+        runs, fx = await self.ledger_runs()
+        examples: dict[str, list[str]] = {}
+
+        def example(kind: str, text: str) -> None:
+            xs = examples.setdefault(kind, [])
+            if len(xs) < 5 and text not in xs:
+                xs.append(text)
+
+        lost = [
+            k
+            for k in keys
+            if not recs[k].done or recs[k].status != "succeeded" or f"done:{k}" not in fx
+        ]
+        for k in lost[:5]:
+            example("lost", f"{k}: record {asdict(recs[k])}, runs {len(runs.get(k, []))}")
+        effects = int(fx.get("effects", 0))
+        dup = sum(1 for f in fx if f.startswith("done:") and f[5:] not in recs)
+
+        j = self.judge_runs(keys, recs, runs, fx, now, example)
+        term = {d.pid: d.sigterm_ms for d in self.drain_log}
         # Runs a worker started after its own SIGTERM (entries it had read ahead).
         late = [
             r.start_ms - term[r.pid]
@@ -514,27 +557,27 @@ class _DeployRun(Cluster):
             )
         if untyped:
             bad.append(f"callers got untyped errors: {dict(untyped)}")
-        if by_drain:
-            bad.append(f"{by_drain} handler runs cancelled during their worker's drain")
-        if again_outage:
+        if j.by_drain:
+            bad.append(f"{j.by_drain} handler runs cancelled during their worker's drain")
+        if j.again_outage:
             bad.append(
-                f"{again_outage} handler runs ran to their end while Redis was away and their "
-                f"message ran again ({again_outage_drain} of them on a draining worker: the "
+                f"{j.again_outage} handler runs ran to their end while Redis was away and their "
+                f"message ran again ({j.again_outage_drain} of them on a draining worker: the "
                 "message ran again on another agent after the worker left)"
             )
-        if unexplained or unmatched:
+        if j.unexplained or j.unmatched:
             bad.append(
-                f"{unexplained} handler runs besides the completing one for no reason (no "
+                f"{j.unexplained} handler runs besides the completing one for no reason (no "
                 "SIGKILL, no failure, no Redis outage) "
-                f"({twice} keys ran to their end twice; {unmatched} keys whose completing run "
+                f"({j.twice} keys ran to their end twice; {j.unmatched} keys whose completing run "
                 "is not one run of the ledger)"
             )
-        if unfinished:
+        if j.unfinished:
             bad.append(
-                f"{unfinished} handler runs started and never ended, their worker not SIGKILLed"
+                f"{j.unfinished} handler runs started and never ended, their worker not SIGKILLed"
             )
-        if overlapping:
-            bad.append(f"{overlapping} times one message ran twice at once")
+        if j.overlapping:
+            bad.append(f"{j.overlapping} times one message ran twice at once")
         if codes.get("0", 0) != len(self.drain_log):
             bad.append(
                 f"SIGTERMed workers' exits: {dict(codes)} (each must exit 0 within {c.drain_bound_s:.0f} s)"
@@ -591,15 +634,15 @@ class _DeployRun(Cluster):
             duplicate_side_effects=dup,
             runs=sum(len(rs) for rs in runs.values()),
             keys_run_more_than_once=sum(1 for rs in runs.values() if len(rs) > 1),
-            runs_cut_by_kill=cut,
-            runs_failed=dict(failed),
-            runs_cancelled_by_drain=by_drain,
-            runs_again_after_redis_outage=again_outage,
-            runs_again_after_outage_in_drain=again_outage_drain,
-            unexplained_runs=unexplained,
-            keys_completed_twice=twice,
-            unfinished_runs=unfinished,
-            overlapping_runs=overlapping,
+            runs_cut_by_kill=j.cut,
+            runs_failed=j.failed,
+            runs_cancelled_by_drain=j.by_drain,
+            runs_again_after_redis_outage=j.again_outage,
+            runs_again_after_outage_in_drain=j.again_outage_drain,
+            unexplained_runs=j.unexplained,
+            keys_completed_twice=j.twice,
+            unfinished_runs=j.unfinished,
+            overlapping_runs=j.overlapping,
             evictions=len(evictions),
             fenced_late_completions=markers["fenced"],
             callers_answered=sum(o.done and not o.wrong for o in self.outcomes),
