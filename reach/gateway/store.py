@@ -216,7 +216,9 @@ class RedisTaskStore(VersionedTaskStore):
                 name=event.artifact.name,
                 parts=event.artifact.parts,
             ).SerializeToString()
-            pipe = self.client.redis.pipeline(transaction=True)
+            # Not a transaction: the auto-pipeline's batch, with whatever else is in flight
+            # (one chunk is one round trip at most, shared).
+            pipe = self.client.commands.pipeline(transaction=False)
             pipe.hincrby(key, "parts_bytes", len(blob))
             pipe.hincrby(key, "size", len(blob))
             pipe.rpush(parts_key, blob)
