@@ -13,7 +13,8 @@ One Starlette application holds:
 
 The JSON-RPC endpoints are the SDK's (``create_jsonrpc_routes``, v1.0 method names and the
 v0.3 ones such as ``message/send``), with its ``DefaultRequestHandler`` (its task life
-cycle, SSE streaming, history) over a bounded task store and an :class:`AgentExecutor`
+cycle, SSE streaming, history) over the Redis task store every gateway process of the
+namespace shares (:mod:`reach.gateway.store`) and an :class:`AgentExecutor`
 that sends each message as a reach streamed request: the A2A task id is the reach msg_id,
 the context id the session_id. Cards are generated per request from the registry (the
 view of the capability, which registry events keep current, or the agent's record), so
@@ -484,8 +485,13 @@ class Gateway:
     ``REACH_*`` variables). ``tokens``: the bearer tokens callers must present (None:
     no authentication). ``public_url``: the gateway's URL as callers reach it, for the
     cards (None: taken from each request's Host). ``default_timeout_s``: a message's
-    deadline when the caller gives no ``Reach-Timeout-S`` header. ``mtls``: the server
-    requires client certificates (the TLS layer does; the cards declare it).
+    deadline when the caller gives no ``Reach-Timeout-S`` header. ``max_task_bytes``,
+    ``max_store_bytes``, ``task_ttl_s``: the bounds of the task store (one task; the
+    finished tasks together; how long a task is kept). ``max_body_bytes``: the largest
+    request body taken (None: the client's payload limit as base64, plus 64 KiB).
+    ``send_timeout_s``: a response its caller does not read for this long is cut.
+    ``mtls``: the server requires client certificates (the TLS layer does; the cards
+    declare it).
     """
 
     def __init__(

@@ -53,6 +53,7 @@ TERMINAL = frozenset(
     }
 )
 _TRIM_BATCH = 64
+LIST_SCAN = 1000  # ListTasks with a filter looks through the caller's newest this many
 STREAMED = "reachStreamed"  # in a streamed artifact's metadata: chunks kept in Redis only
 
 
@@ -159,7 +160,13 @@ class RedisTaskStore(VersionedTaskStore):
         owned = self.keys.gateway_owned(owner)
         cmd = self.client.commands
         await cmd.zremrangebyscore(owned, "-inf", _now_ms() - self.ttl_ms)
-        ids = [_text(i) for i in await cmd.zrevrange(owned, 0, -1)]
+        size = params.page_size or 50
+        start = int(params.page_token) if params.page_token.isdigit() else 0
+        filtered = bool(params.context_id or params.status)
+        # Unfiltered, a page is read as it is (the caller's tasks newest first); filtered,
+        # the newest LIST_SCAN tasks are looked through.
+        first, last = (0, LIST_SCAN - 1) if filtered else (start, start + size - 1)
+        ids = [_text(i) for i in await cmd.zrevrange(owned, first, last)]
         tasks: list[Task] = []
         for task_id in ids:
             fields, parts = await self._load(task_id)
@@ -173,15 +180,18 @@ class RedisTaskStore(VersionedTaskStore):
             if params.status and t.status.state != params.status:
                 continue
             tasks.append(t)
-        size = params.page_size or 50
-        start = int(params.page_token) if params.page_token.isdigit() else 0
-        page = tasks[start : start + size]
-        more = start + size < len(tasks)
+        if filtered:
+            total = len(tasks)
+            page = tasks[start : start + size]
+        else:
+            total = int(await cmd.zcard(owned))
+            page = tasks
+        more = start + size < total
         return ListTasksResponse(
             tasks=page,
             next_page_token=str(start + size) if more else "",
             page_size=size,
-            total_size=len(tasks),
+            total_size=total,
         )
 
     # -- writing ------------------------------------------------------------------------
@@ -206,7 +216,9 @@ class RedisTaskStore(VersionedTaskStore):
                 name=event.artifact.name,
                 parts=event.artifact.parts,
             ).SerializeToString()
-            pipe = self.client.redis.pipeline(transaction=True)
+            # Not a transaction: the auto-pipeline's batch, with whatever else is in flight
+            # (one chunk is one round trip at most, shared).
+            pipe = self.client.commands.pipeline(transaction=False)
             pipe.hincrby(key, "parts_bytes", len(blob))
             pipe.hincrby(key, "size", len(blob))
             pipe.rpush(parts_key, blob)
