@@ -58,6 +58,12 @@ EVENTS_ON_OVERVIEW = 15
 LETTERS_SHOWN = 200
 LETTERS_SEARCHED = 1000  # dead letters of a capability searched for a message's own
 MESSAGES_SHOWN = 50
+# Envelope fields a dead letter's page leaves out: the payload (shown apart), the
+# signature, and the runtime's own bookkeeping (version, retry routing, waits, preemption).
+ENVELOPE_INTERNAL = frozenset(
+    {"payload", "sig", "kid", "v", "avoid", "busy_waits", "preempts", "holds"}
+)
+ENVELOPE_TIMES = frozenset({"sent_ms", "deadline_ms"})
 TERMINAL = {Status.SUCCEEDED, Status.FAILED, Status.EXPIRED, Status.DEAD, Status.CANCELLED}
 
 
@@ -533,7 +539,11 @@ async def letter_page(request: Request) -> Response:
     fields: dict[str, Any] = {}
     payload = ""
     if env is not None:
-        fields = {f: getattr(env, f) for f in env.__struct_fields__ if f not in ("payload", "sig")}
+        fields = {
+            f: getattr(env, f)
+            for f in env.__struct_fields__
+            if f not in ENVELOPE_INTERNAL and getattr(env, f) not in ("", 0, {})
+        }
         try:
             payload = _json(decode_payload(env.payload))
         except Exception:  # noqa: BLE001 - whatever the bytes, the rest is shown
@@ -543,6 +553,7 @@ async def letter_page(request: Request) -> Response:
         request,
         d=d,
         fields=fields,
+        times=ENVELOPE_TIMES,
         payload=payload,
         raw=d.raw[:200].hex(),
     )
