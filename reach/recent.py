@@ -267,7 +267,7 @@ async def list_messages(
     out: list[Message] = []
     seen: set[str] = set()
     if not cursor and (not f.status or f.status in (Status.PENDING, Status.RUNNING)):
-        for m in await _in_inboxes(redis, keys, list(agent_ids), limit):
+        for m in await in_inboxes(redis, keys, list(agent_ids), limit):
             if m.msg_id not in seen and f.keeps(m):
                 seen.add(m.msg_id)
                 out.append(m)
@@ -373,7 +373,7 @@ async def _refresh(redis: AnyRedis, keys: Keys, msgs: list[Message]) -> None:
             m.ended_ms = safe_int(updated) or m.ended_ms
 
 
-async def _in_inboxes(
+async def in_inboxes(
     redis: AnyRedis, keys: Keys, agent_ids: list[str], limit: int
 ) -> list[Message]:
     """Messages still in the inboxes of ``agent_ids`` (at most ``limit`` per inbox): not

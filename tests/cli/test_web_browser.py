@@ -349,6 +349,7 @@ async def test_the_message_list_in_a_browser(
         await page.click(f'#messages tr[data-msg="{held}"] a[href^="/message?"]')
         await page.wait_for_url(f"**/message?id={held}")
         assert await page.inner_text("#task-status") == "running"
+        assert '"wait": true' in await page.inner_text("#payload")  # from its inbox entry
         await page.click("#cancel-msg")
         await page.wait_for_selector("#confirm")
         assert "Cancel message" in await page.inner_text(".confirm h2")
