@@ -29,6 +29,7 @@ from reach.envelope import decode_payload, encode_payload, now_ms
 from reach.errors import ConfigError, ReachError
 from reach.keys import PRIORITIES, Keys
 from reach.outcomes import Status
+from reach.recent import attempts_of
 from reach.registry import Registry
 from reach.tasks import get_status
 
@@ -445,6 +446,7 @@ async def task(
     r = await open_redis(redis_url)
     try:
         st = await get_status(r, Keys(namespace), msg_id)
+        runs = await attempts_of(r, Keys(namespace), msg_id)
     finally:
         await r.aclose()
     result: Any = None
@@ -466,11 +468,39 @@ async def task(
         "idempotency_key": st.idempotency_key or st.msg_id,
         "result": result,
     }
+    attempts: list[dict[str, Any]] = [
+        {
+            "attempt": a.attempt,
+            "agent_id": a.agent_id,
+            "status": a.status,
+            "reason": a.reason,
+            "error_type": a.error_type,
+            "started_ms": a.started_ms,
+            "ended_ms": a.ended_ms,
+        }
+        for a in runs
+    ]
     if json_:
-        print_json({**row, "traceback": st.traceback})
+        print_json({**row, "traceback": st.traceback, "attempts": attempts})
     else:
         shown = {**row, "error": st.error_text}  # `KeyError: 'txt'`, not `'txt'`
         table(f"task {msg_id}", ["field", "value"], [(k, v) for k, v in shown.items()])
+        if attempts:
+            table(
+                "attempts (the index of recent messages)",
+                ["attempt", "agent", "ended as", "error", "ran", "settled"],
+                [
+                    (
+                        a["attempt"],
+                        a["agent_id"],
+                        a["status"] + (f" ({a['reason']})" if a["reason"] else ""),
+                        a["error_type"],
+                        f"{a['ended_ms'] - a['started_ms']}ms" if a["started_ms"] else "-",
+                        age(a["ended_ms"]),
+                    )
+                    for a in attempts
+                ],
+            )
         print_traceback(st.traceback)
     if st.status == Status.UNKNOWN:
         raise typer.Exit(1)

@@ -44,7 +44,7 @@ from ..envelope import decode_payload, now_ms
 from ..errors import ReachError
 from ..keys import PRIORITIES, Keys
 from ..outcomes import Status
-from ..recent import DISPLAY_STATUSES, Filters, Row, attempts_of, list_messages, parse_since
+from ..recent import DISPLAY_STATUSES, Filters, attempts_of, in_inboxes, list_messages, parse_since
 from ..registry import Registry
 from ..tasks import DeadLetter, get_status, parse_dead_letter
 from ..untrusted import safe_text
@@ -58,6 +58,13 @@ EVENTS_ON_OVERVIEW = 15
 LETTERS_SHOWN = 200
 LETTERS_SEARCHED = 1000  # dead letters of a capability searched for a message's own
 MESSAGES_SHOWN = 50
+INBOX_SEARCHED = 1000  # entries of each inbox searched for a pending message's payload
+# Envelope fields a dead letter's page leaves out: the payload (shown apart), the
+# signature, and the runtime's own bookkeeping (version, retry routing, waits, preemption).
+ENVELOPE_INTERNAL = frozenset(
+    {"payload", "sig", "kid", "v", "avoid", "busy_waits", "preempts", "holds"}
+)
+ENVELOPE_TIMES = frozenset({"sent_ms", "deadline_ms"})
 TERMINAL = {Status.SUCCEEDED, Status.FAILED, Status.EXPIRED, Status.DEAD, Status.CANCELLED}
 
 
@@ -384,6 +391,16 @@ class Console:
         letter = None
         if st.status in (Status.DEAD, Status.EXPIRED, Status.CANCELLED):
             letter = await self.letter_of(st.capability, msg_id)
+        head: bytes | None = None
+        length = 0
+        if attempts:
+            head, length = attempts[-1].payload_head, attempts[-1].payload_len
+        elif letter is None and st.status in (Status.PENDING, Status.RUNNING, Status.RETRYING):
+            agents = [st.agent_id] if st.agent_id else self.known()[1]
+            for m in await in_inboxes(self.redis, self.keys, agents, INBOX_SEARCHED):
+                if m.msg_id == msg_id:
+                    head, length = m.payload_head, m.payload_len
+                    break
         cancelled = st.status == Status.CANCELLED or (
             letter is not None and letter.reason == "cancelled"
         )
@@ -397,7 +414,7 @@ class Console:
             "terminal": st.status in TERMINAL,
             "attempts": attempts,
             "letter": letter,
-            "payload": _payload_preview(letter, attempts),
+            "payload": _payload_preview(letter, head, length),
             "can_cancel": st.status in (Status.PENDING, Status.RUNNING, Status.RETRYING),
         }
 
@@ -409,24 +426,21 @@ class Console:
         return {"counts": counts, "letters": [e.letter for e in letters], "cap": cap}
 
 
-def _payload_preview(letter: DeadLetter | None, attempts: list[Row]) -> str:
-    """The message's payload as JSON, from its dead letter (whole) or the index (its first
-    bytes); a note when neither has it."""
+def _payload_preview(letter: DeadLetter | None, head: bytes | None, length: int) -> str:
+    """The message's payload as JSON, from its dead letter (whole), else from the first
+    bytes the index or its inbox entry gave (``head``, of ``length``); a note when none
+    has it."""
     if letter is not None and letter.envelope is not None:
+        head, length = bytes(letter.envelope.payload), len(letter.envelope.payload)
+    if head is None:
+        return "(not kept: no dead letter, inbox entry or index row of it is left)"
+    if len(head) == length:
         try:
-            return _json(decode_payload(letter.envelope.payload))
+            return _json(decode_payload(msgspec.Raw(head)))
         except Exception:  # noqa: BLE001 - whatever the bytes, the rest is shown
             return "<undecodable>"
-    if not attempts:
-        return "(not kept: the index of recent messages has no attempt of it)"
-    a = attempts[-1]
-    if len(a.payload_head) == a.payload_len:
-        try:
-            return _json(decode_payload(msgspec.Raw(a.payload_head)))
-        except Exception:  # noqa: BLE001
-            return "<undecodable>"
-    head = a.payload_head.decode("utf-8", "replace")
-    return f"(the first {len(a.payload_head)} of {a.payload_len} bytes, msgpack) {head!r}"
+    text = head.decode("utf-8", "replace")
+    return f"(the first {len(head)} of {length} bytes, msgpack) {text!r}"
 
 
 def _view(request: Request) -> Console:
@@ -533,7 +547,11 @@ async def letter_page(request: Request) -> Response:
     fields: dict[str, Any] = {}
     payload = ""
     if env is not None:
-        fields = {f: getattr(env, f) for f in env.__struct_fields__ if f not in ("payload", "sig")}
+        fields = {
+            f: getattr(env, f)
+            for f in env.__struct_fields__
+            if f not in ENVELOPE_INTERNAL and getattr(env, f) not in ("", 0, {})
+        }
         try:
             payload = _json(decode_payload(env.payload))
         except Exception:  # noqa: BLE001 - whatever the bytes, the rest is shown
@@ -543,6 +561,7 @@ async def letter_page(request: Request) -> Response:
         request,
         d=d,
         fields=fields,
+        times=ENVELOPE_TIMES,
         payload=payload,
         raw=d.raw[:200].hex(),
     )

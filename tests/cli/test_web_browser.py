@@ -32,6 +32,7 @@ from reach.connection import AnyRedis
 from reach.keys import Keys
 from reach.registry import Registry
 from reach.tasks import get_status
+from tests.support.agents_messaging import wait_eligible
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("REACH_CHROMIUM") or "/usr/bin/chromium"
@@ -300,9 +301,8 @@ async def test_the_message_list_in_a_browser(
     shots = _shots(tmp_path)
     keys = Keys(ns)
     async with Client(redis=r, namespace=ns) as client:
-        with anyio.fail_after(30):
-            while not await Registry(r, ns).get("console-1"):
-                await anyio.sleep(0.05)
+        for cap in ("web.echo", "web.lookup", "web.hold"):  # registered is not yet routable
+            await wait_eligible(client, cap, ["console-1"], timeout=30)
         echoed = [await client.request("web.echo", {"n": i}, timeout_s=20) for i in range(2)]
         assert echoed == [{"echo": {"n": 0}}, {"echo": {"n": 1}}]
         failed_id = await client.send("web.lookup", {"text": "no txt here"}, max_attempts=1)
@@ -349,6 +349,7 @@ async def test_the_message_list_in_a_browser(
         await page.click(f'#messages tr[data-msg="{held}"] a[href^="/message?"]')
         await page.wait_for_url(f"**/message?id={held}")
         assert await page.inner_text("#task-status") == "running"
+        assert '"wait": true' in await page.inner_text("#payload")  # from its inbox entry
         await page.click("#cancel-msg")
         await page.wait_for_selector("#confirm")
         assert "Cancel message" in await page.inner_text(".confirm h2")

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 import reach
 from reach.connection import AnyRedis, connect
 from reach.keys import Keys
+from reach.recent import attempts_of
 from reach.tasks import DeadLetter, get_status, parse_dead_letter
 from tests.support.agents_failing import failing_agent
 from tests.support.agents_messaging import serving, wait_eligible, wait_status, wait_until
@@ -51,6 +52,8 @@ async def test_a_key_error_is_stored_with_its_traceback(
         msg_id = await fail_once(client, "fail.key", {"text": "hi"})
         st = await get_status(r, Keys(ns), msg_id)
         [dl] = await wait_until(lambda: letters(r, ns, "fail.key"), what="dead letter")
+        # Its index row may be held a moment (it rides along with a later settle call).
+        await wait_until(lambda: attempts_of(r, Keys(ns), msg_id), what="its attempt indexed")
     assert (st.error, st.error_type, st.error_text) == ("'txt'", "KeyError", "KeyError: 'txt'")
     for tb in (st.traceback, dl.traceback):
         assert tb.startswith("Traceback (most recent call last):")
@@ -65,6 +68,9 @@ async def test_a_key_error_is_stored_with_its_traceback(
         await anyio.to_thread.run_sync(lambda: cli(redis_url, ns, "task", msg_id, "--json"))
     )
     assert as_json["error_type"] == "KeyError" and "in lookup" in as_json["traceback"]
+    [run] = as_json["attempts"]  # from the index of recent messages
+    assert (run["attempt"], run["agent_id"], run["status"]) == (1, "failing-1", "dead")
+    assert "attempts (the index of recent messages)" in task_out
     show = await anyio.to_thread.run_sync(lambda: cli(redis_url, ns, "dlq", "show", dl.id))
     assert "KeyError: 'txt'" in show and 'return payload["txt"]' in show
 

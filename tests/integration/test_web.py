@@ -21,6 +21,7 @@ from reach.envelope import now_ms
 from reach.keys import Keys
 from reach.registry import Registry
 from reach.tasks import dead_letter_op
+from reach.untrusted import safe_text
 from reach.web.app import create_app, sent_ms_of
 from reach.web.security import Guard, loopback_hosts
 from tests.support.registry_helpers import register
@@ -292,3 +293,37 @@ async def test_the_console_says_when_redis_is_gone_and_recovers(
             assert frame["error"] == "" and frame["frame"]["agents"][0]["agent_id"] == "sum-1"
     finally:
         await r.aclose()
+
+
+async def test_a_dead_letter_page_reads_as_a_person_reads_it(
+    make: Any, r: AnyRedis, ns: str
+) -> None:
+    from reach.envelope import Envelope, encode, encode_payload, now_ms
+
+    env = Envelope(
+        msg_id="m-tb",
+        capability="text.summarize",
+        payload=encode_payload({"text": "hi"}),
+        sent_ms=now_ms() - 120_000,
+        avoid="sum-0",
+        busy_waits=2,
+        holds=1,
+    )
+    op = dead_letter_op(
+        Keys(ns),
+        capability="text.summarize",
+        reason="max_attempts",
+        data=encode(env),
+        error="'txt'",
+        error_type="KeyError",
+        msg_id="m-tb",
+    )
+    entry = await r.execute_command(*op, "traceback", "Traceback ...\nKeyError: 'txt'\n")
+    c = await make()
+    page = (
+        await c.get("/dlq/letter", params={"cap": "text.summarize", "id": safe_text(entry)})
+    ).text
+    assert "KeyError: &#39;txt&#39;" in page and 'id="letter-traceback"' in page
+    assert ">2 min ago</time>" in page  # sent, as a time people read (ISO on hover)
+    for internal in ("busy_waits", "holds", "avoid", "envelope."):
+        assert internal not in page, internal
