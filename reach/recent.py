@@ -266,7 +266,7 @@ async def list_messages(
     f = filters or Filters()
     out: list[Message] = []
     seen: set[str] = set()
-    if not cursor and f.status in ("", "pending", "running"):
+    if not cursor and (not f.status or f.status in (Status.PENDING, Status.RUNNING)):
         for m in await _in_inboxes(redis, keys, list(agent_ids), limit):
             if m.msg_id not in seen and f.keeps(m):
                 seen.add(m.msg_id)
@@ -345,7 +345,7 @@ def _message_of(r: Row) -> Message:
     )
 
 
-_FIELDS = ("status", "error", "error_type", "agent_id", "attempt", "updated_ms")
+_FIELDS = ("error", "error_type", "agent_id", "attempt", "updated_ms", "status")
 
 
 async def _refresh(redis: AnyRedis, keys: Keys, msgs: list[Message]) -> None:
@@ -358,9 +358,9 @@ async def _refresh(redis: AnyRedis, keys: Keys, msgs: list[Message]) -> None:
         pipe.hmget(keys.idem(m.idempotency_key or m.msg_id), *_FIELDS)
     got = await pipe.execute(raise_on_error=False)
     for m, vals in zip(msgs, got, strict=True):
-        if not isinstance(vals, list) or vals[0] is None:
+        if not isinstance(vals, list) or vals[-1] is None:
             continue
-        status, error, etype, agent, attempt, updated = (safe_text(v or b"") for v in vals)
+        error, etype, agent, attempt, updated, status = (safe_text(v or b"") for v in vals)
         if status == Status.DEAD and m.reason == DeadReason.CANCELLED:
             status = Status.CANCELLED
         if status:
