@@ -443,6 +443,18 @@ LAYOUT: tuple[KeyForm, ...] = (
     KeyForm("reach:{<ns>}:rate:<cap>:agent:<id>", "string", "agent_rate_state",
             "the state of the limit an agent declared on its handler (rate=)"),
     KeyForm("reach:{<ns>}:quotas", "hash", "quotas", "the namespace's quotas"),
+    KeyForm("reach:{<ns>}:recent", "stream", "recent",
+            "the index of recently settled messages (packed rows)"),
+    # the A2A gateway's task store (reach.gateway.store)
+    KeyForm("reach:{<ns>}:gw:task:<id>", "hash", "gateway_task", "a gateway task"),
+    KeyForm("reach:{<ns>}:gw:parts:<id>", "list", "gateway_task_parts",
+            "the parts streamed into a gateway task since its last whole save"),
+    KeyForm("reach:{<ns>}:gw:finished", "zset", "gateway_finished",
+            "finished gateway tasks (task id and size) -> finish time (epoch ms)"),
+    KeyForm("reach:{<ns>}:gw:bytes", "string", "gateway_bytes",
+            "the bytes the finished gateway tasks hold"),
+    KeyForm("reach:{<ns>}:gw:owned:<id>", "zset", "gateway_owned",
+            "a caller's gateway tasks -> last save (epoch ms)"),
     # one slot per agent, client, caller, record
     KeyForm("reach:<ns>:{a:<id>}:in:<priority>", "stream", "inbox",
             "an agent's inbox of one priority"),

@@ -307,6 +307,6 @@ async def test_no_key_of_everyday_operations_is_unknown(redis_url: str, ns: str)
         "agents_of", "agent", "cap_of", "caps_of", "events_of", "inbox", "replies", "idem",
         "task", "session", "session_history", "effects", "dlq", "cancels", "limits",
         "quotas", "rate_state", "agent_rate_state", "send_rate_state", "parked",
-        "parked_caps",
+        "parked_caps", "recent",
     }, builders  # fmt: skip
     assert len(found) >= 20 and Keys(ns).cancels in found

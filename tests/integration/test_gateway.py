@@ -174,6 +174,28 @@ async def test_stream_chunks_as_artifact_updates(fabric: tuple[str, Client]) -> 
         assert result_of(only.task)["echo"] == [1]
 
 
+async def test_the_keys_of_the_task_store_are_in_the_key_layout(
+    fabric: tuple[str, Client], ns: str
+) -> None:
+    """Every key the gateway's task store leaves after a streamed and a plain task has a
+    form in reach.keys.LAYOUT (so ``reach doctor`` does not call them unknown)."""
+    from reach.keys import form_of
+
+    url, client = fabric
+    async with http(TOKEN) as h:
+        words, _ = await a2a_client(h, f"{url}/caps/gw.words")
+        [e async for e in words.send_message(message(new_text_part("one two")))]
+        echo, _ = await a2a_client(h, f"{url}/caps/gw.echo", streaming=False)
+        [e async for e in echo.send_message(message(new_data_part([1])))]
+    found = [
+        k.decode() if isinstance(k, bytes) else str(k)
+        async for k in client.commands.scan_iter(match=f"reach:{{{ns}}}:gw:*")
+    ]
+    assert not [k for k in found if form_of(k, ns) is None], found
+    builders = {f.builder for k in found if (f := form_of(k, ns)) is not None}
+    assert builders >= {"gateway_task", "gateway_finished", "gateway_bytes", "gateway_owned"}
+
+
 async def test_return_immediately_then_get(fabric: tuple[str, Client]) -> None:
     """A caller that does not wait gets the task submitted, and follows it with tasks/get:
     working while the handler runs (from the reach task record), then completed."""

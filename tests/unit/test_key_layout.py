@@ -31,6 +31,9 @@ ARGS: dict[str, tuple[object, ...]] = {
     "session": ("s:1",),
     "session_history": ("s:1",),
     "effects": ("echo",),
+    "gateway_task": ("task-1",),
+    "gateway_task_parts": ("task-1",),
+    "gateway_owned": ("caller:ed25519/x",),
 }
 # members that return a key name but are not a kind of key of their own
 NOT_KEYS = {
@@ -49,7 +52,16 @@ NOT_KEYS = {
     "reroute",
     "parked_caps",
 }
-PROPERTIES = {"delayed", "cancels", "limits", "quotas", "parked_caps"}
+PROPERTIES = {
+    "delayed",
+    "cancels",
+    "limits",
+    "quotas",
+    "parked_caps",
+    "recent",
+    "gateway_finished",
+    "gateway_bytes",
+}
 
 
 def built(keys: Keys, builder: str) -> str:
