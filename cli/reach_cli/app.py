@@ -669,7 +669,9 @@ app.command("chaos")(chaos_cmd)  # its options are the harness parser's (chaos_c
 
 
 add_secret_file_options(app)  # --redis-url-file, --redis-password-file wherever --redis-url is
-add_wide_option(app)  # --wide wherever --json is: listings fit the terminal, or not
+# --wide wherever --json is: listings fit the terminal, or not. Not on chaos: it prints no
+# table, and its options are the harness parser's, as bench/chaos.py takes them.
+add_wide_option(app, skip=frozenset({"chaos"}))
 
 METAVARS = {"where": "KEY=VALUE", "namespace": "NS", "redis_url": "URL", "timeout_s": "SECONDS"}
 

@@ -599,18 +599,18 @@ def with_wide_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def add_wide_option(app: typer.Typer) -> None:
+def add_wide_option(app: typer.Typer, *, skip: frozenset[str] = frozenset()) -> None:
     """Give every listing of ``app`` (a command with ``--json``; sub-apps included)
-    ``--wide``."""
+    ``--wide``, but the commands named in ``skip``."""
     for info in app.registered_commands:
-        if info.callback is not None:
+        if info.callback is not None and info.name not in skip:
             info.callback = with_wide_option(info.callback)
     top = app.registered_callback
     if top is not None and top.callback is not None:
         top.callback = with_wide_option(top.callback)
     for group in app.registered_groups:
         if group.typer_instance is not None:
-            add_wide_option(group.typer_instance)
+            add_wide_option(group.typer_instance, skip=skip)
 
 
 def print_traceback(text: str) -> None:
