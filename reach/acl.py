@@ -84,6 +84,9 @@ _CALLER = (
     "pexpire",
     # the wake-up of an agent waiting on a Cluster (enqueue.lua, an unbounded send)
     "spublish",
+    # the no-agent error counts the registry (count_agents.lua) to say what is there
+    "zcard",
+    "zrandmember",
 )
 
 # Per role, the commands reach runs (from ACL LOG of a worker, a client and every CLI
@@ -135,12 +138,10 @@ _ROLE_COMMANDS: dict[str, tuple[str, ...]] = {
         "xpending",
         "xinfo|groups",
         "del",
-        "zcard",
         # reach sweep: the sweeper's chores (sweep.lua, moving evicted agents' inboxes)
         "zrem",
         "srem",
         "scard",
-        "zrandmember",
         "hdel",  # reach caps limit --clear, reach quota clear
         "client|list",  # reach dlq replay: is the caller still connected?
         "script|exists",  # reach doctor: the script cache
