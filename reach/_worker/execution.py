@@ -384,13 +384,22 @@ class Execution(Part):
 
     async def _busy(self, it: Delivery) -> None:
         """The key is claimed by another owner: take it over if that owner is gone,
-        else let this copy wait (the live owner will answer; a later retry replays)."""
+        else let this copy wait (the live owner will answer; a later retry replays). An
+        owner is gone when the registry no longer names it, except the live process this
+        one replaced at its start (:class:`~reach._worker.state.Predecessor`), which is
+        gone only once provably so."""
         rec = await self.redis.hget(it.idem or self.keys.idem(it.env.key), "owner")
         owner = rec.decode() if isinstance(rec, bytes) else (rec or "")
         if owner == self.owner:
             # Claimed by this very runtime: a duplicate while its handler runs waits; but
             # if nothing here runs it (its claim or settle failed), take it up again.
             alive = it.env.key in self.state.running
+        elif (pred := self.state.predecessor) is not None and owner == pred.owner:
+            # The process this one replaced while it served (a rolling restart that
+            # overlaps): the registry names this process now, but the older one drains
+            # and finishes what it runs. Its claims stand until it is provably gone (a
+            # crash restart on this host) or their lease runs out.
+            alive = not pred.provably_gone()
         else:
             # Agent ids may hold '/', instance ids (hex) never: split at the last one.
             agent_id, _, instance = owner.rpartition("/")
