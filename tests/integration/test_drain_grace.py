@@ -299,6 +299,43 @@ async def test_overlapping_start_with_the_same_agent_id_does_not_run_a_message_t
     await assert_ran_once(r, ns, "sleep", key)
 
 
+async def test_overlapping_start_during_a_handler_longer_than_its_claim_lease(
+    workers: Workers, r: AnyRedis, redis_url: str, ns: str
+) -> None:
+    """As above, with a 1 s claim lease and a 4 s handler: the old process renews the
+    claim while its handler runs (and drains), so the copy the new process parked never
+    finds the claim run out, and the message runs once. Failed before the claims were
+    renewed (the parked copy claimed the key once its lease had run out: runs 2)."""
+    reg = Registry(r, ns)
+    lease = ["--claim-lease-s", "1"]
+    procs = await start(workers, reg, ["sleeper-a"], *lease)
+    got: list[Any] = []
+    async with Client(redis_url=redis_url, namespace=ns) as c:
+        async with anyio.create_task_group() as tg:
+
+            async def call() -> None:
+                got.append(await c.request("test.sleep", {"seconds": 4}, timeout_s=60))
+
+            tg.start_soon(call)
+            key, _ = await running(r, ns, "sleep")
+            old = procs["sleeper-a"]
+            first = await reg.get("sleeper-a")
+            assert first is not None
+            new = workers.start("sleeper_a", *lease)
+
+            async def replaced() -> bool:
+                a = await reg.get("sleeper-a")
+                return a is not None and a.instance_id != first.instance_id
+
+            await wait_until(replaced, what="the newer process registered")
+        assert old.wait(timeout=30) == 0
+        assert got == [{"agent": "sleeper-a", "slept": 4}]
+        status = await c.task(key)
+        assert (status.status, status.runs) == ("succeeded", 1)
+    assert new.poll() is None
+    await assert_ran_once(r, ns, "sleep", key)
+
+
 def _zombie(pid: int) -> bool:
     """Whether ``pid`` has exited and is not reaped yet (its state in /proc, Linux)."""
     with open(f"/proc/{pid}/stat", "rb") as f:
