@@ -146,7 +146,9 @@ class RuntimeOptions:
     sweep_interval_s: float = 1.0
     """How often the cluster-wide chores run (by whichever agent holds the sweeper lock)."""
     claim_lease_s: float = 60.0
-    """How long a claim of a message without a deadline holds before another may take it."""
+    """How long a claim of a message without a deadline holds before another may take it.
+    The claims of running handlers are renewed every third of it (however long they run);
+    a worker that died renews nothing, and its claims are taken over once this runs out."""
     retry_base_s: float = 0.2
     """First retry backoff (doubled per attempt, times a random factor in [0.5, 1.5])."""
     retry_max_s: float = 30.0

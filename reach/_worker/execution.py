@@ -7,8 +7,8 @@ fence token), *replay* (the key is done: its stored reply is sent again) or *bus
 is claimed again with that owner as ``takeover_from`` (a compare-and-set on the owner,
 in the claim itself); if it lives, or another owner claimed it meanwhile, this copy is
 parked in the delayed set and asks again later. A claimed message runs in the handler pool under
-its deadline; outcome.py decides what its result or exception means, settlement.py
-writes it.
+its deadline, its claim renewed while it runs (``renew.lua``); outcome.py decides what its
+result or exception means, settlement.py writes it.
 """
 
 from __future__ import annotations
@@ -35,7 +35,15 @@ from ..limits import LimitsCache, RateLimit, take_call
 from ..outcomes import DeadReason, Outcome, Settled, Status
 from ..registry import Registry
 from ..scripts import ClaimCode, delivery
-from ..scripts.delivery import Claimed, ClaimItem, Completion, Delayed, Mode, StartItem
+from ..scripts.delivery import (
+    Claimed,
+    ClaimItem,
+    Completion,
+    Delayed,
+    Mode,
+    RenewItem,
+    StartItem,
+)
 from ..scripts.inbox import CLAIM_AT_SEND_FENCE
 from ..signing import sign_reply_for
 from ..tasks import TASK_TTL_MS
@@ -60,6 +68,15 @@ PREEMPTED = Outcome(
 MARK_RUNNING_AFTER_S = 0.01
 """A message claimed at send whose handler still runs this long after it started is
 marked running (``start.lua``); quicker ones are not (their outcome follows at once)."""
+
+RENEW_PARTS = 3
+"""The claims of running handlers are renewed every ``claim_lease_s / RENEW_PARTS``
+(:meth:`Execution.renew_claims`): a renewal late or lost still leaves a claim a third of
+its lease."""
+
+RENEW_MIN_S = 0.05
+"""The shortest period between renewals (a claim lease of milliseconds must not make the
+renewal a busy loop)."""
 
 
 def _runtime_cancel(exc: BaseException) -> bool:
@@ -162,6 +179,7 @@ class Execution(Part):
         self.letters = letters
         self._work = WorkQueue()
         self._confirming: set[asyncio.Task[None]] = set()
+        self._held: set[Delivery] = set()  # claimed, in the pool: their claims are renewed
         self.limits = LimitsCache()
 
     # -- claiming -----------------------------------------------------------------------
@@ -352,6 +370,40 @@ class Execution(Part):
                 e,
             )
 
+    async def renew_claims(self) -> None:
+        """Keep the claims of the handlers this runtime runs (and of those waiting for a
+        slot) from running out, however long they take: every third of ``claim_lease_s``
+        each is extended to a claim lease from now (``renew.lua``, which leaves a claim
+        that is no longer this runtime's as it is). Without it a handler that runs past its
+        claim's lease has its message claimed and run again beside it by the next copy:
+        a caller's resend, or the copy a newer process of this agent_id parked to wait for
+        it (:meth:`_busy`). A renewal that fails is logged; the next one comes a period
+        later, a third of the lease still left. A process that dies renews nothing: its
+        claims run out as before."""
+        period_s = max(RENEW_MIN_S, self.opts.claim_lease_s / RENEW_PARTS)
+        while True:
+            await anyio.sleep(period_s)
+            renewals = [
+                RenewItem(it.idem, self._claim_lease_ms(it.env), it.fence)
+                for it in self._held
+                if it.fence and it.idem and not it.queued
+            ]
+            if not renewals:
+                continue
+            if self.cluster:  # the records live in different slots: one key per call
+                calls = [delivery.renew_call([x], owner=self.owner) for x in renewals]
+            else:
+                calls = [delivery.renew_call(renewals, owner=self.owner)]
+            try:
+                answers = await scripts.run_calls(self.redis, calls)
+            except (rexc.RedisError, OSError) as e:
+                self.outages.failed("claim renewal", e)
+                continue
+            for answer in answers:
+                if isinstance(answer, Exception):
+                    self.outages.failed("claim renewal", answer)
+                    break
+
     def _claim_lease_ms(self, env: Envelope) -> int:
         lease = int(self.opts.claim_lease_s * 1000)
         if env.deadline_ms:
@@ -384,13 +436,22 @@ class Execution(Part):
 
     async def _busy(self, it: Delivery) -> None:
         """The key is claimed by another owner: take it over if that owner is gone,
-        else let this copy wait (the live owner will answer; a later retry replays)."""
+        else let this copy wait (the live owner will answer; a later retry replays). An
+        owner is gone when the registry no longer names it, except the live process this
+        one replaced at its start (:class:`~reach._worker.state.Predecessor`), which is
+        gone only once provably so."""
         rec = await self.redis.hget(it.idem or self.keys.idem(it.env.key), "owner")
         owner = rec.decode() if isinstance(rec, bytes) else (rec or "")
         if owner == self.owner:
             # Claimed by this very runtime: a duplicate while its handler runs waits; but
             # if nothing here runs it (its claim or settle failed), take it up again.
             alive = it.env.key in self.state.running
+        elif (pred := self.state.predecessor) is not None and owner == pred.owner:
+            # The process this one replaced while it served (a rolling restart that
+            # overlaps): the registry names this process now, but the older one drains
+            # and finishes what it runs. Its claims stand until it is provably gone (a
+            # crash restart on this host) or their lease runs out.
+            alive = not pred.provably_gone()
         else:
             # Agent ids may hold '/', instance ids (hex) never: split at the last one.
             agent_id, _, instance = owner.rpartition("/")
@@ -449,6 +510,7 @@ class Execution(Part):
     def _start(self, it: Delivery) -> None:
         """Hand a claimed item to the handler pool (long-lived tasks: no spawn per message)."""
         self.state.inflight += 1
+        self._held.add(it)
         self._work.put(it)
 
     def hand_back(self) -> int:
@@ -458,6 +520,7 @@ class Execution(Part):
         next start takes them up, or, once this runtime has deregistered, any agent the
         sweeper moves them to takes the claim over. Returns how many."""
         items = self._work.take_all()
+        self._held.difference_update(items)
         if items:
             self.state.inflight -= len(items)
             self.state.release(items)
@@ -482,6 +545,7 @@ class Execution(Part):
         try:
             await self._run(it, traced=isinstance(scope, tuple))
         finally:
+            self._held.discard(it)  # its outcome is queued (or it was cut): settled soon
             logs.exit_message(scope)
             self.state.inflight -= 1
             self.state.slot_freed()

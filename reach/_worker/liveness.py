@@ -44,7 +44,7 @@ from ..scripts._loader import is_noscript
 from ..scripts.agents import Beat, Heartbeat
 from ..scripts.codes import DeregisterCode, DropInboxCode, HeartbeatCode
 from .consumer import create_groups_sync
-from .state import Part, Shared
+from .state import Part, Predecessor, Shared
 
 log = logging.getLogger("reach.runtime")
 
@@ -90,12 +90,20 @@ class Liveness(Part):
             f"(pid {got.replaced_pid or '?'})"
         )
         if got.replaced_live:
-            # Two processes with one agent_id: the older stops (exit 0) at its next
-            # heartbeat. Said here, since the older one may log to another place.
+            # Two processes with one agent_id: the older drains (exit 0) from its next
+            # heartbeat on. Said here, since the older one may log to another place. Its
+            # claims stand meanwhile (Execution._busy): what it runs is not run here too.
+            pid = got.replaced_pid
+            self.state.predecessor = Predecessor(
+                owner=f"{self.agent_id}/{got.replaced_instance}",
+                host=got.replaced_host,
+                pid=int(pid) if pid.isascii() and pid.isdigit() else 0,
+            )
             log.warning(
-                "agent %s: replaced %s, which was still serving: it stops at its next "
-                "heartbeat. To run several copies of one agent, give each its own agent_id "
-                "(reach worker --agent-id ID, or --instances N)",
+                "agent %s: replaced %s, which was still serving: it drains from its next "
+                "heartbeat on, and the messages it runs are left to it. To run several "
+                "copies of one agent, give each its own agent_id (reach worker --agent-id "
+                "ID, or --instances N)",
                 self.agent_id,
                 who,
             )

@@ -622,6 +622,7 @@ class Runtime:
                 tg.start_soon(liveness.watchdog)
                 tg.start_soon(settlement.run)
                 tg.start_soon(cancels.watch_when_free)
+                tg.start_soon(execution.renew_claims)
                 tg.start_soon(preemption.watch)
                 pool = _Pool(execution, o.concurrency)
                 tg.start_soon(pool.run)

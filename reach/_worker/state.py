@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import socket
 import threading
 import time
 from collections.abc import Iterable
@@ -47,6 +49,7 @@ class WorkerState:
         self.loop_tick = time.monotonic()  # the event loop made progress
         self._slot_free = anyio.Event()
         self.plain = PlainRuns()
+        self.predecessor: Predecessor | None = None  # the live process replaced at start
 
     def handler_ran(self, duration_s: float) -> None:
         """Note one handler's run time in :attr:`handler_s` (weight 1/16)."""
@@ -72,6 +75,49 @@ class WorkerState:
             self.held.discard((it.stream, as_text(it.entry_id)))
             if isinstance(it, Delivery) and it.fence:
                 self.running.discard(it.env.key)
+
+
+@dataclass(frozen=True, slots=True)
+class Predecessor:
+    """The process this one replaced at its registration (same agent_id) while that one's
+    lease still ran: a rolling restart that started this process before the older one had
+    finished. Its claims are taken for a live runtime's (its running handlers finish and
+    settle) unless it is provably gone (:meth:`provably_gone`)."""
+
+    owner: str  # "agent_id/instance_id", as its claims name it
+    host: str  # '' when its registration stored none
+    pid: int  # 0 when its registration stored none
+
+    def provably_gone(self) -> bool:
+        """Whether this host can tell the predecessor's process has ended: it ran here
+        (same host name) and its pid runs nothing but a zombie, or its pid is this
+        process's own (a container restarted with the same host name reuses its pid). A
+        predecessor on another host, or one that stored no pid, is never provably gone."""
+        if not self.pid or not self.host or self.host != socket.gethostname():
+            return False
+        if self.pid == os.getpid():
+            return True
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except OSError:  # PermissionError: a process of another user runs there
+            return False
+        return _zombie(self.pid)
+
+
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` has exited and waits for its parent to reap it (Linux /proc; False
+    where it cannot be read): a killed child of a supervisor that has not waited for it yet
+    still answers ``kill(pid, 0)``."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    # "pid (comm) state ...": comm may hold spaces and parentheses, the state follows the last ')'
+    fields = stat[stat.rfind(b")") + 1 :].split()
+    return bool(fields) and fields[0] == b"Z"
 
 
 class PlainRuns:

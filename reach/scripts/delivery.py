@@ -239,6 +239,26 @@ def give_up(key: str, *, status: str, error: str, ttl_ms: int) -> Call[GivenUp]:
     return Call("give_up", (key,), (status, error, ttl_ms), _given_up)
 
 
+@dataclass(frozen=True, slots=True)
+class RenewItem:
+    """A claim of a handler this runtime still runs: its record, the claim's ``fence``,
+    and the ``lease_ms`` (from now) it is extended to."""
+
+    key: str
+    lease_ms: int
+    fence: int
+
+
+def renew_call(items: Sequence[RenewItem], *, owner: str) -> Call[list[bool]]:
+    """One ``renew.lua`` call (one call for a batch on standalone Redis, one key per call on
+    a Cluster): extend each claim of ``items`` still held by ``owner`` with its fence and
+    not done; per item, True when it was."""
+    args: list[Any] = [owner]
+    for it in items:
+        args += [it.lease_ms, it.fence]
+    return Call("renew", tuple(it.key for it in items), tuple(args), _started)
+
+
 # -- complete and settle -------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Completion:

@@ -48,6 +48,7 @@ def test_every_script_has_a_typed_call() -> None:
         delivery.fetch(K, agent_id="a", n=1, keep_normal=0, keep_low=0).script,
         delivery.claim_call([], owner="o", ttl_ms=1, agent_id="a").script,
         delivery.start_call([], owner="o", ttl_ms=1).script,
+        delivery.renew_call([], owner="o").script,
         limits.take_call(K, "c", limits.RateLimit(1, 1), 1).script,
         delivery.complete_call([], ttl_ms=1).script,
         delivery.settle_call([], ttl_ms=1).script,
@@ -175,6 +176,13 @@ def test_give_up() -> None:
     assert c.decode(None) == delivery.GivenUp(done=False)
     assert c.decode(b"R") == delivery.GivenUp(done=True, reply=b"R")
     assert c.decode(b"") == delivery.GivenUp(done=True, reply=b"")
+
+
+def test_renew_encodes_the_owner_then_lease_and_fence_per_key() -> None:
+    items = [delivery.RenewItem("k1", 1000, 3), delivery.RenewItem("k2", 2000, 1)]
+    c = delivery.renew_call(items, owner="a/i")
+    assert (c.keys, c.args) == (("k1", "k2"), ("a/i", 1000, 3, 2000, 1))
+    assert c.decode([1, 0]) == [True, False]
 
 
 def test_cancel_call_names_the_notices_stream_only_when_given() -> None:
