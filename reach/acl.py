@@ -84,6 +84,10 @@ _CALLER = (
     "pexpire",
     # the wake-up of an agent waiting on a Cluster (enqueue.lua, an unbounded send)
     "spublish",
+    # count_agents.lua: the registry's figures a NoAgentAvailable for an unknown
+    # capability gives (reads only, of keys the role reads already)
+    "zcard",
+    "zrandmember",
 )
 
 # Per role, the commands reach runs (from ACL LOG of a worker, a client and every CLI
