@@ -177,7 +177,9 @@ def main() -> None:
             subprocess.Popen([sys.executable, os.path.abspath(__file__), "worker", srv.url]),
             subprocess.Popen(
                 [sys.executable, "-m", "reach_cli.app", "gateway", "--port", str(port),
-                 "--redis-url", srv.url, "--namespace", "bench"],
+                 "--redis-url", srv.url, "--namespace", "bench",
+                 # every one of --concurrent at once (the default, 900, answers 503 past it)
+                 "--max-connections", str(args.concurrent + 100)],
                 env=env,
             ),
         ]  # fmt: skip

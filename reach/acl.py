@@ -84,7 +84,8 @@ _CALLER = (
     "pexpire",
     # the wake-up of an agent waiting on a Cluster (enqueue.lua, an unbounded send)
     "spublish",
-    # the no-agent error counts the registry (count_agents.lua) to say what is there
+    # count_agents.lua: the registry's figures a NoAgentAvailable for an unknown
+    # capability gives (reads only, of keys the role reads already)
     "zcard",
     "zrandmember",
 )
@@ -138,10 +139,12 @@ _ROLE_COMMANDS: dict[str, tuple[str, ...]] = {
         "xpending",
         "xinfo|groups",
         "del",
+        "zcard",
         # reach sweep: the sweeper's chores (sweep.lua, moving evicted agents' inboxes)
         "zrem",
         "srem",
         "scard",
+        "zrandmember",
         "hdel",  # reach caps limit --clear, reach quota clear
         "client|list",  # reach dlq replay: is the caller still connected?
         "script|exists",  # reach doctor: the script cache

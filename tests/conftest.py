@@ -53,6 +53,16 @@ def _no_project_file_left_in_the_repository() -> Iterator[None]:
     assert not left, f"a test wrote {left}: run it in a directory of its own (cwd=tmp_path)"
 
 
+@pytest.fixture(autouse=True)
+def _no_terminal_size_from_the_runner(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pytest-xdist's workers have COLUMNS=80 and LINES=24 in their environment (readline,
+    loaded there, exports them), a plain run has none: CLI tables would fit 80 columns in
+    one and be piped-wide (200) in the other. Every test starts as a plain run does; a test
+    that wants a width sets COLUMNS itself."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.delenv("LINES", raising=False)
+
+
 @pytest.fixture(scope="session")
 def server_binary():  # type: ignore[no-untyped-def]
     return find_server_binary(use_path=os.environ.get("REACH_TEST_NO_PATH_SERVER") != "1")

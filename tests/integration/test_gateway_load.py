@@ -40,8 +40,9 @@ async def test_a_thousand_concurrent_a2a_requests_are_all_answered(
     workers.start("echo_agent", "--concurrency", "64")
     port = free_port()
     log = tmp_path / "gateway.log"
+    # --max-connections: N at once, where the default (900) answers 503 past 900
     gw = start_gateway_process(
-        redis_url, ns, port, "--timeout-s", "300", log=log,
+        redis_url, ns, port, "--timeout-s", "300", "--max-connections", str(N + 100), log=log,
         env={"REACH_GATEWAY_TOKENS": f"load:{TOKEN}"},
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}/caps/gw.echo"
