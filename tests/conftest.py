@@ -34,14 +34,6 @@ _ROOT = Path(__file__).resolve().parent.parent
 _PROJECT_FILES = (_ROOT / "reach.toml", _ROOT / ".reach" / "config")
 
 
-@pytest.fixture(autouse=True)
-def _no_inherited_terminal_width(monkeypatch: pytest.MonkeyPatch) -> None:
-    """pytest-xdist's workers run with ``COLUMNS=80`` in their environment, and the CLI's
-    tables fit ``COLUMNS``: a test sees the width of piped output (what a script reading
-    the CLI gets) unless it sets one itself."""
-    monkeypatch.delenv("COLUMNS", raising=False)
-
-
 @pytest.fixture(scope="session", autouse=True)
 def _no_project_file_left_in_the_repository() -> Iterator[None]:
     """A test that runs `reach redis` or `reach init` in the repository would leave a
