@@ -5,8 +5,10 @@ this module moves work that waits in Redis back into inboxes:
 
 * :func:`move_due` - retries whose backoff is over;
 * :func:`reroute_evicted` - the whole inbox (pending and unread, every priority) of an
-  agent evicted for good goes to live agents of the capability through the normal policy
-  (a session's messages follow their new ring owner); with no live agent they are parked;
+  agent evicted for good, or deregistered, goes to live agents of the capability through
+  the normal policy (a session's messages follow their new ring owner); with no live agent
+  they are parked. For :data:`REROUTE_GRACE_MS` after it left, what callers with a stale
+  registry view still send it is moved the same way;
 * :func:`release_parked` - parked messages go out once an agent of their capability is
   back; parked messages whose deadline passed are dead-lettered as ``expired``.
 
@@ -63,11 +65,12 @@ from .tasks import DLQ_MAXLEN, MALFORMED_CAP, TASK_TTL_MS, dead_letter_op, raw_d
 from .untrusted import strict_text
 
 REROUTE_GRACE_MS = 30_000
-"""How long after its eviction an evicted agent stays in its shard's reroute set: a
-message a caller sends it meanwhile (a registry view that has not read the eviction yet:
-up to its event poll, 0.25 s, or ``max_staleness_s``, 5 s, when its tail broke) is moved
-on by the next pass instead of waiting forever in a stream nobody reads. A pass costs an
-agent in its grace two reads (its record, whether an inbox stream exists)."""
+"""How long after its eviction or deregistration an agent stays in its shard's reroute
+set: a message a caller sends it meanwhile (a registry view that has not read the change
+yet: up to its event poll, 0.25 s, its consistency check, ``refresh_s``, 2 s, when events
+were lost, or ``max_staleness_s``, 5 s, when its tail broke) is moved on by the next pass
+instead of waiting forever in a stream nobody reads. A pass costs an agent in its grace
+three reads (its record, when it left, whether an inbox stream exists)."""
 
 log = logging.getLogger("reach.sweeper")
 _CAP = re.compile(CAPABILITY_PATTERN)
@@ -418,21 +421,30 @@ class _Chores(_Letters):
     async def _reroute_one(
         self, registry: Registry, agent_id: str, batch: int, reroute: str
     ) -> None:
-        """Move one evicted agent's inbox (unless it came back), then drop it when empty
-        and, :data:`REROUTE_GRACE_MS` after its eviction, take it out of ``reroute`` (the set
-        that listed it)."""
+        """Move one evicted or deregistered agent's inbox (unless it came back), then drop
+        it when empty and, :data:`REROUTE_GRACE_MS` after it left, take it out of
+        ``reroute`` (the set that listed it) and of its shard's left zset."""
         redis, keys = self.redis, self.keys
+        left = registry.keys.left_of(registry.shard_of(agent_id))
         info = await registry.get(agent_id)
         if info is not None and info.state != "evicted":
-            await redis.srem(reroute, agent_id)  # it came back: its inbox is its own
+            # It came back: its inbox is its own.
+            await scripts.run_checked(
+                redis, [("SREM", reroute, agent_id), ("ZREM", left, agent_id)]
+            )
             return
+        # Gone since: its eviction (its record's state_ms) or its deregistration (when
+        # deregister.lua listed it; no record is left then).
+        since = info.state_ms if info is not None else await redis.zscore(left, agent_id)
         if await redis.exists(*keys.inboxes(agent_id)):  # (none: dropped, and nothing since)
             await self._move_inbox(agent_id, batch)
-        # Listed until REROUTE_GRACE_MS after its eviction (its record's state_ms): a caller
-        # whose view has not read the eviction yet may still send it a message, which
-        # recreates an inbox stream nobody reads; the next pass moves it on.
-        if info is None or now_ms() - info.state_ms >= REROUTE_GRACE_MS:
-            await redis.srem(reroute, agent_id)
+        # Listed until REROUTE_GRACE_MS after it left: a caller whose view has not read
+        # that yet may still send it a message, which lands in (or recreates) an inbox
+        # stream nobody reads; the next pass moves it on.
+        if since is None or now_ms() - since >= REROUTE_GRACE_MS:
+            await scripts.run_checked(
+                redis, [("SREM", reroute, agent_id), ("ZREM", left, agent_id)]
+            )
 
     async def _move_inbox(self, agent_id: str, batch: int) -> None:
         redis, keys = self.redis, self.keys
