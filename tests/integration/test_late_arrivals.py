@@ -14,8 +14,10 @@ import pytest
 
 from reach.client import Client
 from reach.connection import AnyRedis
-from reach.keys import Keys
+from reach.keys import GROUP, Keys
 from reach.registry import Registry
+from reach.sweeper import REROUTE_GRACE_MS, reroute_evicted
+from tests.support.registry_helpers import register
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
 
@@ -163,3 +165,30 @@ async def test_with_no_agent_left_they_are_parked_and_run_when_one_registers(
         await wait_until(settled, timeout_s=30, what="nothing left to run")
     assert list(counted.values()) == [1, 1]
     assert list((await runs(r, ns)).values()) == [1, 1]
+
+
+async def test_the_sweeper_forgets_a_deregistered_agent_after_the_grace(
+    redis_url: str, r: AnyRedis, ns: str
+) -> None:
+    """Listed while its grace runs (nothing to move: no inbox, no record read), forgotten
+    after it; an agent id that came back (its inbox streams made again) is forgotten at
+    once, its inbox left to it."""
+    reg, keys = Registry(r, ns), Keys(ns)
+    left = reg.keys.left_of(0)
+    for agent_id in ("gone-1", "back-1"):
+        await register(reg, agent_id, ["rec.work"])
+        assert await reg.deregister(agent_id) == 1
+    await register(reg, "back-1", ["rec.work"])
+    for k in keys.inboxes("back-1"):  # as a worker that starts makes them
+        await r.xgroup_create(k, GROUP, id="0", mkstream=True)
+    async with Client(redis_url=redis_url, namespace=ns) as c:
+        await reroute_evicted(r, keys, c, reg)
+        assert await r.smembers(reg.keys.reroute) == {b"gone-1"}
+        assert await r.zrange(left, 0, -1) == [b"gone-1"]
+        # Its grace over (the time it left moved back past it): forgotten.
+        at = await r.zscore(left, "gone-1")
+        assert at is not None
+        await r.zadd(left, {"gone-1": at - REROUTE_GRACE_MS - 1})
+        await reroute_evicted(r, keys, c, reg)
+    assert await r.exists(reg.keys.reroute, left) == 0
+    assert sum([int(await r.exists(k)) for k in keys.inboxes("back-1")]) == 3
