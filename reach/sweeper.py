@@ -69,8 +69,9 @@ REROUTE_GRACE_MS = 30_000
 set: a message a caller sends it meanwhile (a registry view that has not read the change
 yet: up to its event poll, 0.25 s, its consistency check, ``refresh_s``, 2 s, when events
 were lost, or ``max_staleness_s``, 5 s, when its tail broke) is moved on by the next pass
-instead of waiting forever in a stream nobody reads. A pass costs an agent in its grace
-three reads (its record, when it left, whether an inbox stream exists)."""
+instead of waiting forever in a stream nobody reads. A pass reads, in one pipeline per
+registry shard, when the listed agents left and whether their inboxes exist; only an
+evicted one, one with an inbox or one past its grace costs more reads (its record)."""
 
 log = logging.getLogger("reach.sweeper")
 _CAP = re.compile(CAPABILITY_PATTERN)
