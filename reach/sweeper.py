@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, fields
 from functools import partial
 from typing import Any
@@ -358,14 +358,18 @@ class _Chores(_Letters):
         *,
         junk: str,
         refused: str,
+        members: Collection[Any] | None = None,
     ) -> None:
-        """Call ``handle`` for each member of the set ``set_key`` that ``parse`` accepts.
+        """Call ``handle`` for each member of the set ``set_key`` that ``parse`` accepts
+        (``members``: the set as just read, else it is read here).
 
         A member ``parse`` refuses (None) is logged (``junk % member``) and removed, and so
         is one whose keys Redis refuses to handle (``refused % (member, error)``: a key of
         the wrong type); any other error stops the loop.
         """
-        for raw in await self.redis.smembers(set_key):
+        if members is None:
+            members = await self.redis.smembers(set_key)
+        for raw in members:
             member = parse(raw)
             if member is None:
                 log.error(junk, raw)
@@ -403,7 +407,8 @@ class _Chores(_Letters):
     async def reroute_evicted(self, registry: Registry, batch: int) -> Moved:
         for k in range(registry.shards):  # each registry shard lists its own evicted agents
             reroute = registry.keys.reroute_of(k)
-            quiet = await self._quiet(reroute, registry.keys.left_of(k))
+            members = await self.redis.smembers(reroute)
+            quiet = await self._quiet(members, registry.keys.left_of(k))
 
             async def one(agent_id: str, reroute: str = reroute, quiet: set[str] = quiet) -> None:
                 if agent_id in quiet:
@@ -419,15 +424,16 @@ class _Chores(_Letters):
                 junk="reroute set member %r is no agent id: removed",
                 # Its record or an inbox stream of another type: nothing reach can move.
                 refused="inbox of %s cannot be moved (%s): removed from the reroute set",
+                members=members,
             )
         return self.out
 
-    async def _quiet(self, reroute: str, left: str) -> set[str]:
-        """The members of ``reroute`` a pass need not look at: agents that deregistered
+    async def _quiet(self, members: Collection[Any], left: str) -> set[str]:
+        """The ``members`` of a reroute set a pass need not look at: agents that deregistered
         within :data:`REROUTE_GRACE_MS` (their ``left`` score) and have no inbox stream
         (nothing came since). Found in one pipeline, so a deploy that stops many agents
         at once costs a pass one round trip for those, not three per agent."""
-        ids = [a for a in map(_agent_id, await self.redis.smembers(reroute)) if a is not None]
+        ids = [a for a in map(_agent_id, members) if a is not None]
         if not ids:
             return set()
         ops: list[tuple[Any, ...]] = [("ZMSCORE", left, *ids)]
