@@ -501,7 +501,7 @@ class _Chores(_Letters):
         if await inbox.drop_inbox(keys, agent_id=agent_id).run(redis) is DropInboxCode.DROPPED:
             log.info("inbox of %s emptied and dropped", agent_id)
         if self.out != Moved():
-            log.warning("inbox of evicted agent %s moved: %s", agent_id, self.out)
+            log.warning("inbox of %s (evicted or gone) moved: %s", agent_id, self.out)
 
     async def _move_one(self, place: _Place, data: bytes) -> bool:
         """Place one entry of an evicted agent's inbox: rerouted, parked or dead-lettered."""
@@ -510,7 +510,7 @@ class _Chores(_Letters):
             return True
         if env.policy == "broadcast":
             # A broadcast copy belongs to that one agent; the others have theirs.
-            error = f"agent {place.agent_id} was evicted before handling its broadcast copy"
+            error = f"agent {place.agent_id} was evicted or left before handling its broadcast copy"
             await self.dead(env, DeadReason.TARGET_GONE, error)
             return True
         if env.target or env.policy == "direct":
