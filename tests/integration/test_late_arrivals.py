@@ -119,6 +119,50 @@ async def test_a_request_and_a_send_after_the_agent_left_run_once_on_another(
     assert sum([int(await r.exists(k)) for k in keys.inboxes("rec-1")]) == 0  # dropped
 
 
+async def test_a_request_sent_during_the_drain_runs_once_on_another_after_it_left(
+    workers: Workers, redis_url: str, r: AnyRedis, ns: str
+) -> None:
+    """A message that lands while the agent drains (it reads no more) is moved on once it
+    has left, as one that lands after."""
+    reg = Registry(r, ns)
+    p1 = workers.start("w1")
+    workers.start("w2")
+    await wait_until(lambda: routable(reg, "rec-1", "rec-2"), timeout_s=30, what="both ready")
+    async with Client(redis_url=redis_url, namespace=ns, slow_start_s=0, **LONG_VIEW) as c:
+        c.invalidate()
+        assert {a.agent_id for a in await c.eligible("rec.work")} == {"rec-1", "rec-2"}
+        miss_events_of(c, "rec-1")
+        got: dict[str, Any] = {}
+        async with anyio.create_task_group() as tg:
+
+            async def call(name: str, sleep_s: float) -> None:
+                got[name] = await c.request(
+                    "rec.work",
+                    {"sleep_s": sleep_s},
+                    target="rec-1",
+                    idempotency_key=name,
+                    timeout_s=50,
+                )
+
+            tg.start_soon(call, "slow", 2.0)  # keeps the drain going
+
+            async def slow_running() -> bool:
+                return bool(await runs(r, ns))
+
+            await wait_until(slow_running, timeout_s=30, what="the slow one running")
+            p1.send_signal(signal.SIGTERM)
+
+            async def draining() -> bool:
+                a = await reg.get("rec-1")
+                return a is not None and a.draining
+
+            await wait_until(draining, timeout_s=30, what="rec-1 draining")
+            tg.start_soon(call, "during", 0.0)
+        assert got == {"slow": "rec-1", "during": "rec-2"}
+        assert p1.wait(timeout=30) == 0
+    assert await runs(r, ns) == {"slow": 1, "during": 1}
+
+
 async def test_with_no_agent_left_they_are_parked_and_run_when_one_registers(
     workers: Workers, bystander: Workers, redis_url: str, r: AnyRedis, ns: str
 ) -> None:
