@@ -144,10 +144,11 @@ async def test_a_request_sent_during_the_drain_runs_once_on_another_after_it_lef
                     timeout_s=50,
                 )
 
-            tg.start_soon(call, "slow", 2.0)  # keeps the drain going
+            tg.start_soon(call, "slow", 3.0)  # keeps the drain going
+            inbox = Keys(ns).inbox("rec-1", "normal")
 
-            async def slow_running() -> bool:
-                return bool(await runs(r, ns))
+            async def slow_running() -> bool:  # read, not settled: its handler runs
+                return int((await r.xpending(inbox, GROUP))["pending"]) == 1
 
             await wait_until(slow_running, timeout_s=30, what="the slow one running")
             p1.send_signal(signal.SIGTERM)
