@@ -16,8 +16,10 @@ Layout (``ns`` is the namespace, ids are stripped of ``{``/``}`` first):
     reach:S:caps                 zset  capability -> agents of this shard declaring it
     reach:S:events               stream this shard's registry events (bounded)
     reach:S:lock:sweeper         string this shard's sweeper lock
-    reach:S:reroute              set   evicted agents of this shard whose inbox is still
-                                       to be moved
+    reach:S:reroute              set   evicted or deregistered agents of this shard whose
+                                       inbox is still to be moved (or watched)
+    reach:S:left                 zset  agent_id -> when it deregistered (epoch ms): its
+                                       inbox is watched for late arrivals for a grace
 
 * the rest of a namespace, one hash slot (shard 0's)::
 
@@ -214,8 +216,14 @@ class Keys:
         return f"{self._shard(k)}:lock:sweeper"
 
     def reroute_of(self, k: int) -> str:
-        """Shard ``k``'s set of evicted agents whose inboxes still have to be moved."""
+        """Shard ``k``'s set of evicted or deregistered agents whose inboxes still have to
+        be moved (or, for a while after they left, watched for late arrivals)."""
         return f"{self._shard(k)}:reroute"
+
+    def left_of(self, k: int) -> str:
+        """Shard ``k``'s zset of agents that deregistered -> when (epoch ms, Redis's clock):
+        the sweeper moves what callers with a stale view send them for a grace after it."""
+        return f"{self._shard(k)}:left"
 
     # shard 0's names: with one shard, the namespace's registry
     @property
@@ -428,7 +436,9 @@ LAYOUT: tuple[KeyForm, ...] = (
     KeyForm("reach:{<shard>}:lock:sweeper", "string", "sweeper_lock_of",
             "the shard's sweeper lock"),
     KeyForm("reach:{<shard>}:reroute", "set", "reroute_of",
-            "evicted agents of the shard whose inboxes are still to be moved"),
+            "evicted or deregistered agents of the shard whose inboxes are moved"),
+    KeyForm("reach:{<shard>}:left", "zset", "left_of",
+            "agent id -> when it deregistered (epoch ms): its inbox watched a while"),
     # the namespace's own slot (shard 0's)
     KeyForm("reach:{<ns>}:delayed", "zset", "delayed", "retry envelopes -> due (epoch ms)"),
     KeyForm("reach:{<ns>}:dlq:<cap>", "stream", "dlq", "the capability's dead letters"),

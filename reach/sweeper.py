@@ -5,8 +5,10 @@ this module moves work that waits in Redis back into inboxes:
 
 * :func:`move_due` - retries whose backoff is over;
 * :func:`reroute_evicted` - the whole inbox (pending and unread, every priority) of an
-  agent evicted for good goes to live agents of the capability through the normal policy
-  (a session's messages follow their new ring owner); with no live agent they are parked;
+  agent evicted for good, or deregistered, goes to live agents of the capability through
+  the normal policy (a session's messages follow their new ring owner); with no live agent
+  they are parked. For :data:`REROUTE_GRACE_MS` after it left, what callers with a stale
+  registry view still send it is moved the same way;
 * :func:`release_parked` - parked messages go out once an agent of their capability is
   back; parked messages whose deadline passed are dead-lettered as ``expired``.
 
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, fields
 from functools import partial
 from typing import Any
@@ -63,11 +65,13 @@ from .tasks import DLQ_MAXLEN, MALFORMED_CAP, TASK_TTL_MS, dead_letter_op, raw_d
 from .untrusted import strict_text
 
 REROUTE_GRACE_MS = 30_000
-"""How long after its eviction an evicted agent stays in its shard's reroute set: a
-message a caller sends it meanwhile (a registry view that has not read the eviction yet:
-up to its event poll, 0.25 s, or ``max_staleness_s``, 5 s, when its tail broke) is moved
-on by the next pass instead of waiting forever in a stream nobody reads. A pass costs an
-agent in its grace two reads (its record, whether an inbox stream exists)."""
+"""How long after its eviction or deregistration an agent stays in its shard's reroute
+set: a message a caller sends it meanwhile (a registry view that has not read the change
+yet: up to its event poll, 0.25 s, its consistency check, ``refresh_s``, 2 s, when events
+were lost, or ``max_staleness_s``, 5 s, when its tail broke) is moved on by the next pass
+instead of waiting forever in a stream nobody reads. A pass reads, in one pipeline per
+registry shard, when the listed agents left and whether their inboxes exist; only an
+evicted one, one with an inbox or one past its grace costs more reads (its record)."""
 
 log = logging.getLogger("reach.sweeper")
 _CAP = re.compile(CAPABILITY_PATTERN)
@@ -354,14 +358,18 @@ class _Chores(_Letters):
         *,
         junk: str,
         refused: str,
+        members: Collection[Any] | None = None,
     ) -> None:
-        """Call ``handle`` for each member of the set ``set_key`` that ``parse`` accepts.
+        """Call ``handle`` for each member of the set ``set_key`` that ``parse`` accepts
+        (``members``: the set as just read, else it is read here).
 
         A member ``parse`` refuses (None) is logged (``junk % member``) and removed, and so
         is one whose keys Redis refuses to handle (``refused % (member, error)``: a key of
         the wrong type); any other error stops the loop.
         """
-        for raw in await self.redis.smembers(set_key):
+        if members is None:
+            members = await self.redis.smembers(set_key)
+        for raw in members:
             member = parse(raw)
             if member is None:
                 log.error(junk, raw)
@@ -399,8 +407,12 @@ class _Chores(_Letters):
     async def reroute_evicted(self, registry: Registry, batch: int) -> Moved:
         for k in range(registry.shards):  # each registry shard lists its own evicted agents
             reroute = registry.keys.reroute_of(k)
+            members = await self.redis.smembers(reroute)
+            quiet = await self._quiet(members, registry.keys.left_of(k))
 
-            async def one(agent_id: str, reroute: str = reroute) -> None:
+            async def one(agent_id: str, reroute: str = reroute, quiet: set[str] = quiet) -> None:
+                if agent_id in quiet:
+                    return
                 mine = _Chores(self.redis, self.keys, self.client, self.dlq_maxlen)
                 await mine._reroute_one(registry, agent_id, batch, reroute)
                 self.out.add(mine.out)
@@ -412,27 +424,57 @@ class _Chores(_Letters):
                 junk="reroute set member %r is no agent id: removed",
                 # Its record or an inbox stream of another type: nothing reach can move.
                 refused="inbox of %s cannot be moved (%s): removed from the reroute set",
+                members=members,
             )
         return self.out
+
+    async def _quiet(self, members: Collection[Any], left: str) -> set[str]:
+        """The ``members`` of a reroute set a pass need not look at: agents that deregistered
+        within :data:`REROUTE_GRACE_MS` (their ``left`` score) and have no inbox stream
+        (nothing came since). Found in one pipeline, so a deploy that stops many agents
+        at once costs a pass one round trip for those, not three per agent."""
+        ids = [a for a in map(_agent_id, members) if a is not None]
+        if not ids:
+            return set()
+        ops: list[tuple[Any, ...]] = [("ZMSCORE", left, *ids)]
+        ops += [("EXISTS", *self.keys.inboxes(a)) for a in ids]
+        scores, *inboxes = await scripts.run_pipeline(self.redis, ops)
+        if isinstance(scores, Exception):
+            return set()  # a left zset Redis refuses to read: each member's own pass tells
+        recent = now_ms() - REROUTE_GRACE_MS
+        return {
+            a
+            for a, score, n in zip(ids, scores, inboxes, strict=True)
+            if score is not None and float(score) > recent and n == 0
+        }
 
     async def _reroute_one(
         self, registry: Registry, agent_id: str, batch: int, reroute: str
     ) -> None:
-        """Move one evicted agent's inbox (unless it came back), then drop it when empty
-        and, :data:`REROUTE_GRACE_MS` after its eviction, take it out of ``reroute`` (the set
-        that listed it)."""
+        """Move one evicted or deregistered agent's inbox (unless it came back), then drop
+        it when empty and, :data:`REROUTE_GRACE_MS` after it left, take it out of
+        ``reroute`` (the set that listed it) and of its shard's left zset."""
         redis, keys = self.redis, self.keys
+        left = registry.keys.left_of(registry.shard_of(agent_id))
         info = await registry.get(agent_id)
         if info is not None and info.state != "evicted":
-            await redis.srem(reroute, agent_id)  # it came back: its inbox is its own
+            # It came back: its inbox is its own.
+            await scripts.run_checked(
+                redis, [("SREM", reroute, agent_id), ("ZREM", left, agent_id)]
+            )
             return
+        # Gone since: its eviction (its record's state_ms) or its deregistration (when
+        # deregister.lua listed it; no record is left then).
+        since = info.state_ms if info is not None else await redis.zscore(left, agent_id)
         if await redis.exists(*keys.inboxes(agent_id)):  # (none: dropped, and nothing since)
             await self._move_inbox(agent_id, batch)
-        # Listed until REROUTE_GRACE_MS after its eviction (its record's state_ms): a caller
-        # whose view has not read the eviction yet may still send it a message, which
-        # recreates an inbox stream nobody reads; the next pass moves it on.
-        if info is None or now_ms() - info.state_ms >= REROUTE_GRACE_MS:
-            await redis.srem(reroute, agent_id)
+        # Listed until REROUTE_GRACE_MS after it left: a caller whose view has not read
+        # that yet may still send it a message, which lands in (or recreates) an inbox
+        # stream nobody reads; the next pass moves it on.
+        if since is None or now_ms() - since >= REROUTE_GRACE_MS:
+            await scripts.run_checked(
+                redis, [("SREM", reroute, agent_id), ("ZREM", left, agent_id)]
+            )
 
     async def _move_inbox(self, agent_id: str, batch: int) -> None:
         redis, keys = self.redis, self.keys
@@ -459,7 +501,7 @@ class _Chores(_Letters):
         if await inbox.drop_inbox(keys, agent_id=agent_id).run(redis) is DropInboxCode.DROPPED:
             log.info("inbox of %s emptied and dropped", agent_id)
         if self.out != Moved():
-            log.warning("inbox of evicted agent %s moved: %s", agent_id, self.out)
+            log.warning("inbox of %s (evicted or gone) moved: %s", agent_id, self.out)
 
     async def _move_one(self, place: _Place, data: bytes) -> bool:
         """Place one entry of an evicted agent's inbox: rerouted, parked or dead-lettered."""
@@ -468,7 +510,7 @@ class _Chores(_Letters):
             return True
         if env.policy == "broadcast":
             # A broadcast copy belongs to that one agent; the others have theirs.
-            error = f"agent {place.agent_id} was evicted before handling its broadcast copy"
+            error = f"agent {place.agent_id} was evicted or left before handling its broadcast copy"
             await self.dead(env, DeadReason.TARGET_GONE, error)
             return True
         if env.target or env.policy == "direct":

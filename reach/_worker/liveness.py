@@ -140,13 +140,14 @@ class Liveness(Part):
 
     async def _leave_inbox(self) -> None:
         """After a clean deregistration: drop the emptied inbox (an agent id that is not
-        coming back must not leave streams forever), or, if messages came in after the
-        drain, hand them to the sweeper, which moves them to live agents."""
+        coming back must not leave streams forever). Messages that came in during the
+        drain, and those callers whose registry view is behind still send here after it,
+        are the sweeper's: deregister.lua listed this agent in its shard's reroute set, in
+        the same step, and for ``REROUTE_GRACE_MS`` the sweeper moves whatever lands in
+        this inbox to live agents of the capability (or parks it)."""
         dropped = await inbox.drop_inbox(self.keys, agent_id=self.agent_id).run(self.redis)
         if dropped is DropInboxCode.KEPT:
             log.info("messages arrived during shutdown: the sweeper moves them on")
-            keys = self.registry.keys
-            await self.redis.sadd(keys.reroute_of(keys.shard(self.agent_id)), self.agent_id)
 
     # -- progress -----------------------------------------------------------------------
     async def watchdog(self) -> None:

@@ -265,9 +265,12 @@ class RegistryScripts:
         return Call("heartbeat_many", keys, tuple(args), _heartbeats)
 
     def deregister(self, agent_id: str, *, instance_id: str = "") -> Call[DeregisterCode]:
-        """Remove the registration (only ``instance_id``'s, when given)."""
+        """Remove the registration (only ``instance_id``'s, when given); a removed agent is
+        listed in its shard's reroute set and left zset (its late arrivals get moved)."""
         args = (agent_id, instance_id, self.events_maxlen)
-        return Call("deregister", self._hash_and_prefixes(agent_id), args, _deregistered)
+        k, s = self.keys, self.keys.shard(agent_id)
+        keys = (*self._hash_and_prefixes(agent_id), k.reroute_of(s), k.left_of(s))
+        return Call("deregister", keys, args, _deregistered)
 
     def mark_ready(self, agent_id: str, *, instance_id: str, ready: bool) -> Call[MarkReadyCode]:
         """Set the readiness of ``instance_id``'s registration."""

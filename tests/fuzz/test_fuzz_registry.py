@@ -162,7 +162,8 @@ def heartbeat_call(data: st.DataObject, w: World) -> tuple[list[Any], list[Any]]
 def deregister_call(data: st.DataObject, w: World) -> tuple[list[Any], list[Any]]:
     t, k = _target(data), w.k
     inst = data.draw(st.sampled_from([w.t1_instance, "", "other"]))
-    return [k.agents, k.agent(t), k.caps, k.events, k.cap_prefix, k.agent_prefix], [t, inst, MAXLEN]
+    keys = [k.agents, k.agent(t), k.caps, k.events, k.cap_prefix, k.agent_prefix]
+    return [*keys, k.reroute, k.left_of(0)], [t, inst, MAXLEN]
 
 
 def drain_call(data: st.DataObject, w: World) -> tuple[list[Any], list[Any]]:
@@ -202,7 +203,7 @@ VALID = {
 REAL_KEYS = {
     "register": [0, 1, 2, 3],
     "heartbeat": [0, 1, 2],
-    "deregister": [0, 1, 2, 3],
+    "deregister": [0, 1, 2, 3, 6, 7],
     "drain": [0, 1],
     "mark_ready": [0, 1],
     "sweep": [0, 1, 2, 3, 6],

@@ -26,6 +26,12 @@ async def test_deregister_removes_everything_and_returns_1(reg: Registry, r: Any
     assert await r.exists(reg.keys.cap("a")) == 0
     events = [(e.type, e.agent_id, e.instance_id) for e in await reg.events()]
     assert events[-1] == ("deregistered", "a1", inst)
+    # listed for the sweeper, with the time it left (Redis's clock): what a caller with a
+    # stale view sends it afterwards is moved on
+    assert await r.smembers(reg.keys.reroute) == {b"a1"}
+    left = await r.zscore(reg.keys.left_of(0), "a1")
+    now = await r.time()
+    assert left is not None and abs(now[0] * 1000 + now[1] // 1000 - left) < 5000
     # the removed process learns it is no longer registered
     assert await reg.heartbeat("a1", instance_id=inst, version=version) == (0, False)
     await assert_consistent(reg)
@@ -45,9 +51,10 @@ async def test_unknown_agent_returns_0(reg: Registry) -> None:
     assert await reg.events() == []
 
 
-async def test_other_instance_is_refused_with_minus_1(reg: Registry) -> None:
+async def test_other_instance_is_refused_with_minus_1(reg: Registry, r: AnyRedis) -> None:
     _, inst, _ = await register(reg, "a1", ["a"])
     assert await reg.deregister("a1", instance_id="someone-else") == -1
+    assert await r.exists(reg.keys.reroute, reg.keys.left_of(0)) == 0
     a = await reg.get("a1")
     assert a is not None and a.instance_id == inst
     assert await reg.agent_ids("a") == ["a1"]
@@ -98,7 +105,16 @@ async def test_expired_shadow_returns_0_and_clears_the_deadline(reg: Registry, r
 
 def _keys(reg: Registry, agent_id: str) -> list[str]:
     k = reg.keys
-    return [k.agents, k.agent(agent_id), k.caps, k.events, k.cap_prefix, k.agent_prefix]
+    return [
+        k.agents,
+        k.agent(agent_id),
+        k.caps,
+        k.events,
+        k.cap_prefix,
+        k.agent_prefix,
+        k.reroute,
+        k.left_of(0),
+    ]
 
 
 @pytest.mark.parametrize(

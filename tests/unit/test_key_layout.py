@@ -19,6 +19,7 @@ ARGS: dict[str, tuple[object, ...]] = {
     "events_of": (15,),
     "sweeper_lock_of": (2,),
     "reroute_of": (9,),
+    "left_of": (9,),
     "dlq": ("text.summarize",),
     "parked": ("text.summarize",),
     "rate_state": ("text.summarize",),
