@@ -29,6 +29,7 @@ import time
 import anyio
 from redis import exceptions as rexc
 
+from ..connection import as_text
 from ..outcomes import Settled
 from ..scripts import SettleCode, delivery
 from ..scripts.delivery import SettleItem, SettleLike
@@ -64,6 +65,7 @@ class Settlement(Part):
         self._retry_at: float | None = None  # a refused batch waits to be tried again
         self._backoff_s = RETRY_FIRST_S
         self.let_go = 0  # outcomes let go past HOLD_MAX (their messages run again)
+        self._retried: set[Settleable] = set()  # queued again after a refused try
         self.index = RecentIndex(self.keys, self.agent_id, self.opts.recent_maxlen)
 
     def kick(self) -> None:
@@ -127,6 +129,7 @@ class Settlement(Part):
         if self._queue:  # given up: left pending, as they were read
             batch, self._queue = self._queue, []
             self.state.release(batch)
+            self._retried.difference_update(batch)
         return left
 
     async def flush(self) -> bool:
@@ -137,6 +140,7 @@ class Settlement(Part):
         replies within the client's ``socket_timeout``, so this ends."""
         batch, self._queue = self._queue, []
         if not batch:
+            self._retry_at = None  # nothing is left to try again (settled or let go)
             return True
         self._flushing += 1
         self._writing += len(batch)
@@ -149,7 +153,10 @@ class Settlement(Part):
             # is away or full. Keep the outcomes, held, and try again after the backoff.
             self.outages.failed(f"settling {len(batch)} entries", e)
             self._queue[:0] = batch
+            self._retried.update(batch)
             kept = True
+            # Bounded while Redis refuses (counted here, not as outcomes come: those that
+            # come as Redis is back are settled with the next try, not let go).
             if len(self._queue) > HOLD_MAX:
                 self._let_go(len(self._queue) - HOLD_MAX)
             self._retry_at = time.monotonic() + self._backoff_s
@@ -161,6 +168,7 @@ class Settlement(Part):
             self._writing -= len(batch)
             if not kept:
                 self.state.release(batch)
+                self._retried.difference_update(batch)
             self._flushed.set()
         self._retry_at = None
         self._backoff_s = RETRY_FIRST_S
@@ -170,9 +178,14 @@ class Settlement(Part):
         """Hand ``it`` over: its outcome is on its way to Redis."""
         it.queued = True
         self._queue.append(it)
-        if len(self._queue) > HOLD_MAX:
-            self._let_go(len(self._queue) - HOLD_MAX)
         self._wake.set()
+
+    def retry_now(self) -> None:
+        """Redis answers again (the consumer's reads work): a batch it refused is tried
+        now rather than at the end of its backoff."""
+        if self._retry_at is not None:
+            self._retry_at = time.monotonic()
+            self._wake.set()
 
     def _let_go(self, n: int) -> None:
         """Past :data:`HOLD_MAX` held outcomes (Redis refusing them for long): let the
@@ -180,6 +193,7 @@ class Settlement(Part):
         once Redis is back (they run again, or replay a result that was stored)."""
         batch, self._queue = self._queue[:n], self._queue[n:]
         self.state.release(batch)
+        self._retried.difference_update(batch)
         self.state.rescan = True
         self.let_go += n
         for it in batch:
@@ -215,6 +229,8 @@ class Settlement(Part):
         for it, res in zip(batch, results, strict=True):
             if res is SettleCode.SETTLED:
                 self._settled(it)
+            elif res is SettleCode.FENCED and it in self._retried and await self._applied(it):
+                self._settled(it)  # an earlier try was written, its answer lost
             elif res is SettleCode.FENCED and isinstance(it, Delivery):
                 self.hooks.on_fenced(it.env)
                 log.warning(
@@ -225,6 +241,19 @@ class Settlement(Part):
                 log.warning("complete failed for %s: %s", it.env.msg_id, res)
             # Otherwise (standalone) it was refused even as a dead letter: delivery.settle
             # logged, acked and deleted it.
+
+    async def _applied(self, it: Settleable) -> bool:
+        """Whether an earlier try of settling ``it`` was written after all (Redis ran the
+        script, and the connection broke or timed out before its answer came): its
+        record then holds this claim's fence, completed (no owner). Another owner's
+        takeover or a cancel would have raised the fence."""
+        if not isinstance(it, Delivery) or not it.fence:
+            return False
+        try:
+            fence, owner = await self.redis.hmget(it.idem, ["fence", "owner"])
+        except (rexc.RedisError, OSError):
+            return False  # reported as fenced: the safe side (nothing more is written)
+        return fence is not None and as_text(fence) == str(it.fence) and not owner
 
     def _settled(self, it: Settleable) -> None:
         env = it.env if isinstance(it, Delivery) else None
