@@ -1,8 +1,9 @@
 """A handler that ends while Redis refuses its outcome (restarting; full at ``maxmemory``),
 with a real `reach worker` process: the worker keeps the outcome and writes it once Redis
 takes it again, so the caller gets that run's result and the handler ran once (it is not
-run again by the pending scan, which would find its entry unsettled). A SIGTERM during
-the outage still ends the worker within its drain bound.
+run again by the pending scan, which would find its entry unsettled). The held outcome's
+write stays fenced (a worker evicted meanwhile has it refused), at most HOLD_MAX outcomes
+are held, and a SIGTERM during the outage still ends the worker within its drain bound.
 
 The handler is ``test.sleep_plain`` of tests.support.agents_lifecycle: each run writes the
 lines ``start`` and ``end`` in a file of the test's, which outlives any Redis restart.
@@ -248,3 +249,66 @@ async def test_outcomes_past_the_cap_are_let_go_and_run_again(
     again = {m for m, n in runs.items() if n == 2}
     assert again == set(dropped.msg_ids), (runs, dropped.msg_ids)
     assert sorted(runs.values()) == [1, 1, 2, 2]
+
+
+async def test_outcome_held_by_an_evicted_worker_is_fenced(
+    fresh_redis: RedisServer, ns: str, tmp_path: Path
+) -> None:
+    """The held outcome's write stays fenced: the worker holding it is stopped (SIGSTOP)
+    across the Redis restart, evicted meanwhile (short leases), and another agent takes
+    the message over and answers it. Resumed, the worker's late completion is refused
+    (logged, nothing written): the caller has the second run's result."""
+    url = fresh_redis.url
+    w = Workers(url, ns, "tests.support.agents_lifecycle")
+    try:
+        r = await connect(url)
+        reg = Registry(r, ns)
+        a_log = tmp_path / "a.log"
+        a = w.start("sleeper_a", log=a_log)
+
+        async def ready(agent_id: str) -> bool:
+            info = await reg.get(agent_id)
+            return info is not None and info.ready
+
+        await wait_until(lambda: ready("sleeper-a"), what="sleeper-a ready")
+        log = tmp_path / "runs.log"
+        log.touch()
+
+        async def lines(n: int) -> bool:
+            return len(log.read_text().splitlines()) >= n
+
+        got: list[Any] = []
+        async with Client(redis_url=url, namespace=ns) as c:
+            async with anyio.create_task_group() as tg:
+
+                async def call() -> None:
+                    payload = {"seconds": 3, "log": str(log)}
+                    got.append(await c.request("test.sleep_plain", payload, timeout_s=60))
+
+                tg.start_soon(call)
+                await wait_until(lambda: lines(1), what="the handler started on sleeper-a")
+                w.start("sleeper_b")
+                await wait_until(lambda: ready("sleeper-b"), what="sleeper-b ready")
+                await r.aclose()
+                fresh_redis.kill()
+                await wait_until(lambda: lines(2), timeout_s=30, what="the handler returned")
+                await anyio.sleep(0.5)  # its settle refused, the outcome held
+                a.send_signal(signal.SIGSTOP)
+                fresh_redis.start()
+                await wait_until(lambda: lines(4), timeout_s=60, what="the run on sleeper-b")
+            a.send_signal(signal.SIGCONT)
+
+        async def fenced() -> bool:
+            return "late completion of" in a_log.read_text()
+
+        await wait_until(fenced, timeout_s=30, what="sleeper-a's late completion refused")
+        assert got == [{"agent": "sleeper-b", "slept": 3}]
+        starts = [ln.split()[:2] for ln in log.read_text().splitlines()]
+        assert starts == [
+            ["start", "sleeper-a"],
+            ["end", "sleeper-a"],
+            ["start", "sleeper-b"],
+            ["end", "sleeper-b"],
+        ]
+    finally:
+        w.stop_all()
