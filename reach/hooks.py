@@ -128,6 +128,11 @@ class Hooks:
         """This worker's outcome was refused: another worker took the message over
         (its claim had expired). Nothing was written, replied or acked for it."""
 
+    def on_outcome_dropped(self, env: Envelope) -> None:
+        """This worker let the message's outcome go unwritten: Redis refused it for so
+        long that the worker held its most outcomes waiting (a long outage, a full Redis).
+        The message stays pending and runs again, or replays a stored result."""
+
     def after_settle(self, env: Envelope | None, outcome: str, reason: str) -> None:
         """The entry's outcome was written to Redis and the entry acked. ``outcome`` is a
         :class:`reach.outcomes.Settled` value: succeeded, retrying, dead, expired, replayed,

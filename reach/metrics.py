@@ -19,6 +19,7 @@ into ``_other``):
 ``reach_messages_dead_lettered_total``     {capability, reason}
 ``reach_messages_expired_total``           {capability, reason} deadline passed
 ``reach_messages_fenced_total``            {capability} late completion refused
+``reach_outcomes_dropped_total``           {capability} outcome let go unwritten
 ``reach_idempotent_replays_total``         {capability} stored result replayed
 ``reach_handler_duration_seconds``         histogram {capability, outcome}
 ``reach_queue_wait_seconds``               histogram {priority}: handler start - sent_ms
@@ -95,6 +96,7 @@ __all__ = [
     "inbox_depth",
     "message_sent",
     "on_breaker_change",
+    "outcome_dropped",
     "queue_wait",
     "registry_counts",
     "registry_counts_wanted",
@@ -255,6 +257,11 @@ EXPIRED = Counter(
 FENCED = Counter(
     "reach_messages_fenced",
     "Late completions refused because another owner took the message over.",
+    ["capability"],
+)
+DROPPED = Counter(
+    "reach_outcomes_dropped",
+    "Outcomes a worker let go unwritten: Redis refused them past the most it holds.",
     ["capability"],
 )
 REPLAYS = Counter(
@@ -513,6 +520,10 @@ def fenced(capability: str) -> None:
     _TALLY.count(FENCED, (_cap(capability),))
 
 
+def outcome_dropped(capability: str) -> None:
+    _TALLY.count(DROPPED, (_cap(capability),))
+
+
 def settled(capability: str, outcome: str, reason: str = "") -> None:
     """An inbox entry was settled (its completion accepted) and acked.
 
@@ -653,6 +664,9 @@ class MetricsHooks(Hooks):
 
     def on_fenced(self, env: Envelope) -> None:
         fenced(env.capability)
+
+    def on_outcome_dropped(self, env: Envelope) -> None:
+        outcome_dropped(env.capability)
 
     def after_settle(self, env: Envelope | None, outcome: str, reason: str) -> None:
         settled(env.capability if env is not None else MALFORMED_CAP, outcome, reason)

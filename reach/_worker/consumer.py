@@ -123,6 +123,7 @@ class Consumer(Part):
         o, st = self.opts, self.state
         next_scan = time.monotonic() + o.pending_scan_s
         backlog = True
+        failed = False  # the last turn's Redis call failed
         while not st.stopping.is_set():
             st.consumer_tick = time.monotonic()
             ahead = self._read_ahead()
@@ -146,6 +147,9 @@ class Consumer(Part):
                 if not got:
                     got = await self._block(n)
                 self.outages.ok()
+                if failed:  # Redis is back: what it refused meanwhile is written now
+                    failed = False
+                    self.settlement.retry_now()
                 backlog = _count(got) >= n
                 if got and st.stopping.is_set():
                     # Read as the stop came (the blocking read was under way): not started,
@@ -163,6 +167,7 @@ class Consumer(Part):
                 # Never let the consumer die: Redis away, restarted, failing over, or a
                 # reply we did not expect. Log, back off, pick up what was left pending.
                 self.outages.failed("inbox read", e)
+                failed = True
                 st.rescan = True
                 await anyio.sleep(0.2)
             except Exception:  # a bug, not data (entries have their own barrier): go on

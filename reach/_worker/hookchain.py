@@ -50,6 +50,7 @@ class HookChain:
         self._on_retry = calls["on_retry"]
         self._on_dead_letter = calls["on_dead_letter"]
         self._on_fenced = calls["on_fenced"]
+        self._on_outcome_dropped = calls["on_outcome_dropped"]
         self._after_settle = calls["after_settle"]
 
     def _call(self, fns: tuple[Callable[..., None], ...], *args: Any) -> None:
@@ -144,6 +145,10 @@ class HookChain:
     def on_fenced(self, env: Envelope) -> None:
         if self._on_fenced:
             self._call(self._on_fenced, env)
+
+    def on_outcome_dropped(self, env: Envelope) -> None:
+        if self._on_outcome_dropped:
+            self._call(self._on_outcome_dropped, env)
 
     def after_settle(self, env: Envelope | None, outcome: str, reason: str) -> None:
         if self._after_settle:

@@ -11,15 +11,25 @@ module queues entries, hands them over as they are (they read as
 :class:`~reach.scripts.delivery.SettleItem` s), and reports what became of each. An entry
 whose settling is refused for its data (a key of the wrong type) is dead-lettered as it was
 read instead, so only the entry at fault is.
+
+A batch Redis does not take (away, restarting, failing over, full) is kept: it goes back
+to the front of the queue and is tried again with a backoff (:data:`RETRY_FIRST_S`
+doubling to :data:`RETRY_MAX_S`) until it settles. Its entries stay held meanwhile, so the
+pending scan passes them over and a copy of one of their keys waits (parked) as it would
+while the handler runs: a handler whose work is done is not run again because Redis was
+away when it ended. At most :data:`HOLD_MAX` outcomes are kept so; past that the oldest
+are let go (left pending, to run again or replay), with a warning.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 
 import anyio
 from redis import exceptions as rexc
 
+from ..connection import as_text
 from ..outcomes import Settled
 from ..scripts import SettleCode, delivery
 from ..scripts.delivery import SettleItem, SettleLike
@@ -30,6 +40,15 @@ from .recording import RecentIndex
 from .state import Part, Shared
 
 log = logging.getLogger("reach.runtime")
+
+RETRY_FIRST_S = 0.1
+"""After a batch Redis refused, the wait before it is tried again (doubled each time)."""
+RETRY_MAX_S = 2.0
+"""The longest wait between two tries of a refused batch."""
+HOLD_MAX = 10_000
+"""The most outcomes a worker keeps while Redis refuses them (a long outage): past this,
+the oldest are let go, left pending as they were read (they run again, or replay a stored
+result, once Redis is back), so that an outage cannot grow a worker without bound."""
 
 
 class Settlement(Part):
@@ -43,14 +62,11 @@ class Settlement(Part):
         self._writing = 0  # entries in those flushes
         self._wake = anyio.Event()
         self._flushed = anyio.Event()  # set as each flush ends (what settle_rest waits on)
-        self._keep_failed = False  # draining: a batch Redis refused goes back in the queue
+        self._retry_at: float | None = None  # a refused batch waits to be tried again
+        self._backoff_s = RETRY_FIRST_S
+        self.let_go = 0  # outcomes let go past HOLD_MAX (their messages run again)
+        self._retried: set[Settleable] = set()  # queued again after a refused try
         self.index = RecentIndex(self.keys, self.agent_id, self.opts.recent_maxlen)
-
-    def queue(self, it: Settleable) -> None:
-        """Hand ``it`` over: its outcome is on its way to Redis."""
-        it.queued = True
-        self._queue.append(it)
-        self._wake.set()
 
     def kick(self) -> None:
         """Wake the settler if anything waits."""
@@ -60,8 +76,19 @@ class Settlement(Part):
     async def run(self) -> None:
         """The settler task: flush whatever was queued since the last flush."""
         while True:
-            with anyio.move_on_after(self.index.due_in()):  # held index rows: until due
+            wait_s = self.index.due_in()  # held index rows: until due
+            if self._retry_at is not None:
+                retry_s = max(0.0, self._retry_at - time.monotonic())
+                wait_s = retry_s if wait_s is None else min(wait_s, retry_s)
+            with anyio.move_on_after(wait_s):
                 await self._wake.wait()
+            if self._retry_at is not None:
+                # Redis refused the last batch: what came since waits with it for the
+                # retry (each try against an absent Redis costs a connect or a timeout).
+                self._wake = anyio.Event()
+                if time.monotonic() >= self._retry_at:
+                    await self.flush()
+                continue
             if not self._wake.is_set():  # no batch to ride on: the index rows alone
                 await self.index.flush(self.redis)
                 continue
@@ -71,7 +98,7 @@ class Settlement(Part):
     async def flush_if_alone(self) -> None:
         """Settle now when one entry waits and no flush is under way: nothing to batch it
         with, and one event-loop turn sooner than the settler (a lone request's latency)."""
-        if not self._flushing and len(self._queue) == 1:
+        if not self._flushing and len(self._queue) == 1 and self._retry_at is None:
             await self.flush()
 
     @property
@@ -83,15 +110,15 @@ class Settlement(Part):
         """At the end of a drain: settle everything still queued and wait for the flushes
         already under way (each has taken its batch off the queue: returning before they
         end would let the worker leave with those outcomes unwritten). A batch that Redis
-        refuses (restarting, failing over) is tried again for up to ``retry_s``: the
-        consumer has stopped, so no pending scan would redo it. Returns how many outcomes
-        are still unsettled (left pending: the message runs again or replays)."""
-        self._keep_failed = True
+        refuses (restarting, failing over, full) is tried again, with the settler's
+        backoff, for up to ``retry_s``. Returns how many outcomes are still unsettled
+        then: they are let go, left pending (the message runs again or replays)."""
         with anyio.move_on_after(retry_s):
             while self._queue or self._flushing:
                 if self._queue:
-                    if not await self.flush():
-                        await anyio.sleep(0.2)
+                    if self._retry_at is not None:
+                        await anyio.sleep(max(0.0, self._retry_at - time.monotonic()))
+                    await self.flush()
                     continue
                 ev = self._flushed = anyio.Event()
                 await ev.wait()
@@ -99,19 +126,21 @@ class Settlement(Part):
             with anyio.CancelScope(shield=True):
                 await self.index.flush(self.redis)
         left = self.pending
-        if self._queue:  # given up: left pending, as a failed flush leaves them
+        if self._queue:  # given up: left pending, as they were read
             batch, self._queue = self._queue, []
             self.state.release(batch)
+            self._retried.difference_update(batch)
         return left
 
     async def flush(self) -> bool:
-        """Settle what is queued now; False when Redis refused the batch. Shielded from
-        cancellation: a settle cut halfway would leave an outcome computed and never
-        written (the handler's work lost, the message run again), and the worker's stop
-        cancels its tasks. Redis replies within the client's ``socket_timeout``, so this
-        ends."""
+        """Settle what is queued now; False when Redis refused the batch (it is queued
+        again, to be tried after the backoff). Shielded from cancellation: a settle cut
+        halfway would leave an outcome computed and never written (the handler's work
+        lost, the message run again), and the worker's stop cancels its tasks. Redis
+        replies within the client's ``socket_timeout``, so this ends."""
         batch, self._queue = self._queue, []
         if not batch:
+            self._retry_at = None  # nothing is left to try again (settled or let go)
             return True
         self._flushing += 1
         self._writing += len(batch)
@@ -120,22 +149,64 @@ class Settlement(Part):
             with anyio.CancelScope(shield=True):
                 await self._settle(batch)
         except (rexc.RedisError, OSError) as e:
+            # Not its data (delivery.settle dead-letters an entry refused for that): Redis
+            # is away or full. Keep the outcomes, held, and try again after the backoff.
             self.outages.failed(f"settling {len(batch)} entries", e)
-            if self._keep_failed:
-                self._queue[:0] = batch
-                kept = True
-            else:
-                # Entries stay pending: the next pending scan redoes them, and claim finds
-                # the ones whose completion was stored (replay, not run again).
-                self.state.rescan = True
+            self._queue[:0] = batch
+            self._retried.update(batch)
+            kept = True
+            # Bounded while Redis refuses (counted here, not as outcomes come: those that
+            # come as Redis is back are settled with the next try, not let go).
+            if len(self._queue) > HOLD_MAX:
+                self._let_go(len(self._queue) - HOLD_MAX)
+            self._retry_at = time.monotonic() + self._backoff_s
+            self._backoff_s = min(RETRY_MAX_S, self._backoff_s * 2)
+            self._wake.set()  # the settler sleeps until the retry is due
             return False
         finally:
             self._flushing -= 1
             self._writing -= len(batch)
             if not kept:
                 self.state.release(batch)
+                self._retried.difference_update(batch)
             self._flushed.set()
+        self._retry_at = None
+        self._backoff_s = RETRY_FIRST_S
         return True
+
+    def queue(self, it: Settleable) -> None:
+        """Hand ``it`` over: its outcome is on its way to Redis."""
+        it.queued = True
+        self._queue.append(it)
+        self._wake.set()
+
+    def retry_now(self) -> None:
+        """Redis answers again (the consumer's reads work): a batch it refused is tried
+        now rather than at the end of its backoff."""
+        if self._retry_at is not None:
+            self._retry_at = time.monotonic()
+            self._wake.set()
+
+    def _let_go(self, n: int) -> None:
+        """Past :data:`HOLD_MAX` held outcomes (Redis refusing them for long): let the
+        oldest ``n`` go, left pending as they were read, for the pending scan to redo
+        once Redis is back (they run again, or replay a result that was stored)."""
+        batch, self._queue = self._queue[:n], self._queue[n:]
+        self.state.release(batch)
+        self._retried.difference_update(batch)
+        self.state.rescan = True
+        self.let_go += n
+        for it in batch:
+            if isinstance(it, Delivery):
+                self.hooks.on_outcome_dropped(it.env)
+        log.warning(
+            "%d outcomes let go unsettled: Redis refuses them and this worker keeps at "
+            "most %d (%d let go so far); their messages stay pending and run again, or "
+            "replay a stored result, once Redis is back",
+            n,
+            HOLD_MAX,
+            self.let_go,
+        )
 
     async def _settle(self, batch: list[Settleable]) -> None:
         def refused(i: int, _item: SettleLike, e: Exception) -> SettleItem:
@@ -158,6 +229,8 @@ class Settlement(Part):
         for it, res in zip(batch, results, strict=True):
             if res is SettleCode.SETTLED:
                 self._settled(it)
+            elif res is SettleCode.FENCED and it in self._retried and await self._applied(it):
+                self._settled(it)  # an earlier try was written, its answer lost
             elif res is SettleCode.FENCED and isinstance(it, Delivery):
                 self.hooks.on_fenced(it.env)
                 log.warning(
@@ -168,6 +241,19 @@ class Settlement(Part):
                 log.warning("complete failed for %s: %s", it.env.msg_id, res)
             # Otherwise (standalone) it was refused even as a dead letter: delivery.settle
             # logged, acked and deleted it.
+
+    async def _applied(self, it: Settleable) -> bool:
+        """Whether an earlier try of settling ``it`` was written after all (Redis ran the
+        script, and the connection broke or timed out before its answer came): its
+        record then holds this claim's fence, completed (no owner). Another owner's
+        takeover or a cancel would have raised the fence."""
+        if not isinstance(it, Delivery) or not it.fence:
+            return False
+        try:
+            fence, owner = await self.redis.hmget(it.idem, ["fence", "owner"])
+        except (rexc.RedisError, OSError):
+            return False  # reported as fenced: the safe side (nothing more is written)
+        return fence is not None and as_text(fence) == str(it.fence) and not owner
 
     def _settled(self, it: Settleable) -> None:
         env = it.env if isinstance(it, Delivery) else None

@@ -21,7 +21,8 @@ log = logging.getLogger("reach.runtime")
 
 
 class Stats(Hooks):
-    """Counts handled, replayed, fenced, dead-lettered, retried and expired messages and
+    """Counts handled, replayed, fenced, dead-lettered, retried and expired messages,
+    outcomes dropped unwritten, and
     round trips (the names are those of the logged line)."""
 
     def __init__(self) -> None:
@@ -29,6 +30,7 @@ class Stats(Hooks):
             "handled": 0,
             "replayed": 0,
             "fenced": 0,
+            "outcomes_dropped": 0,
             "dead": 0,
             "retried": 0,
             "expired": 0,
@@ -55,6 +57,9 @@ class Stats(Hooks):
 
     def on_fenced(self, env: Envelope) -> None:
         self.counts["fenced"] += 1
+
+    def on_outcome_dropped(self, env: Envelope) -> None:
+        self.counts["outcomes_dropped"] += 1
 
     def on_stop(self, worker: WorkerInfo) -> None:
         log.info("stats: %s", json.dumps(self.counts))

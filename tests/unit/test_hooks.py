@@ -68,6 +68,7 @@ def test_the_hook_methods() -> None:
         "on_retry",
         "on_dead_letter",
         "on_fenced",
+        "on_outcome_dropped",
         "after_settle",
     )
     for name in HOOK_METHODS:  # the chain calls each one
@@ -140,10 +141,12 @@ def test_stats_count_what_the_worker_logs_when_it_stops(caplog: pytest.LogCaptur
     chain.on_retry(e, 0.2, "boom")
     chain.on_replay(e)
     chain.on_fenced(e)
+    chain.on_outcome_dropped(e)
     assert stats.counts == {
         "handled": 1,
         "replayed": 1,
         "fenced": 1,
+        "outcomes_dropped": 1,
         "dead": 2,
         "retried": 1,
         "expired": 2,
