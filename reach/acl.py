@@ -116,6 +116,9 @@ _ROLE_COMMANDS: dict[str, tuple[str, ...]] = {
         "zrem",
         "zcard",
         "zrandmember",
+        # the sweeper's agents in their grace after leaving (when each left: S:left)
+        "zscore",
+        "zmscore",
         "xinfo|stream",  # the sweeper's look at inboxes
         # a handler's session store (ctx.session)
         "hget",
@@ -145,6 +148,8 @@ _ROLE_COMMANDS: dict[str, tuple[str, ...]] = {
         "srem",
         "scard",
         "zrandmember",
+        "zscore",  # reach sweep: agents in their grace after leaving
+        "zmscore",
         "hdel",  # reach caps limit --clear, reach quota clear
         "client|list",  # reach dlq replay: is the caller still connected?
         "script|exists",  # reach doctor: the script cache
@@ -222,6 +227,8 @@ _PROBES: dict[str, Callable[[_Sample], tuple[str, ...]]] = {
     "zrem": lambda s: ("ZREM", s.agents, "x"),
     "zcard": lambda s: ("ZCARD", s.agents),
     "zrandmember": lambda s: ("ZRANDMEMBER", s.agents),
+    "zscore": lambda s: ("ZSCORE", s.agents, "x"),
+    "zmscore": lambda s: ("ZMSCORE", s.agents, "x"),
     "xread": lambda s: ("XREAD", "STREAMS", s.events, "0"),
     "xrevrange": lambda s: ("XREVRANGE", s.inbox, "+", "-", "COUNT", "1"),
     "xrange": lambda s: ("XRANGE", s.dlq, "-", "+"),
