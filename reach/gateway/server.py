@@ -23,6 +23,7 @@ they follow agents as they come and go.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import math
 import warnings
@@ -749,7 +750,10 @@ class Gateway:
             return _not_found(f"{name!r} is not a capability name.")
         agents = _live((await self.client.view.candidates(cap))[0])
         if not agents:
-            return _not_found(f"No live agent of capability {cap!r} in {self.namespace!r}.")
+            known = [c for c, _ in await self.client.registry.capabilities()]
+            close = difflib.get_close_matches(cap, known, n=3, cutoff=0.6)
+            hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+            return _not_found(f"No live agent of capability {cap!r} in {self.namespace!r}.{hint}")
         base = self._base(request)
         skill = capability_skill(cap)
         for a in sorted(agents, key=lambda a: a.agent_id):  # the first that describes it

@@ -131,3 +131,7 @@ async def test_no_agent_error_counts_the_registry_and_suggests_a_close_name(
         [info] = err["data"]
         assert info["metadata"] == {"reachError": "NoAgentAvailable", "reason": "no_agent"}, err
         assert_counted_and_suggested(err["message"])
+        # and the card of the misspelt capability: not found, with the close name
+        card = await h.get(f"{url}/caps/{TYPO}/.well-known/agent-card.json")
+        assert card.status_code == 404, card.text
+        assert "Did you mean 'test.echo'?" in card.text, card.text
