@@ -283,6 +283,17 @@ async def test_no_key_of_everyday_operations_is_unknown(redis_url: str, ns: str)
             # the worker killed while it runs one: the sweeps evict it and park its inbox
             orphan = await client.send("doc.hold", 1)
             await wait_status(client, orphan, "running", timeout=30)
+            # the index of recent messages holds a few rows up to 0.25 s before it writes
+            # them (reach._worker.recording): wait for them, the kill below would drop them
+            index = redis.asyncio.Redis.from_url(redis_url)
+
+            async def indexed() -> bool:
+                return bool(await index.exists(Keys(ns).recent))
+
+            try:
+                await wait_until(indexed, timeout_s=30, what="the index of recent messages")
+            finally:
+                await index.aclose()
             found = await keys_known_to_doctor()
         proc = workers.procs["ops_agent"]
         proc.kill()
