@@ -23,7 +23,14 @@ It measures
   Redis Streams, no guarantees, measured in the same run on the same Redis with the same
   two workloads (streaming throughput: XADD pipelined ``FLOOR_BATCH`` per batch, the
   worker replying to each message in one pipeline with the batch's XACK; sequential
-  request/reply latency), and reach's figures as ratios to it.
+  request/reply latency), and reach's figures as ratios to it;
+* with ``floor=True`` too, the lean floor (:mod:`reach_cli.tools.lean_floor`): the simplest
+  code keeping reach's core guarantees (an idempotency record per message written with its
+  inbox entry, claimed at send; a fenced completion storing the result with the reply,
+  XACK and XDEL, one Lua call per batch at each end), the same workloads in the same
+  rounds, and reach's figures as ratios to it, the CPU per message of each process
+  included (the goals of :data:`LEAN_GOALS`); and the lean floor's figures as ratios to
+  the bare floor's (what the guarantees cost the simplest code keeping them).
 
 "Processed", for both systems in the streaming workload: the stream's consumer group has
 read every entry added and has none pending (XINFO STREAM / XINFO GROUPS, polled every
