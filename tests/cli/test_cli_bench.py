@@ -73,8 +73,20 @@ def test_reach_bench_floor_runs_both_systems_in_one_run() -> None:
     # The CPU each process spent per message, for both systems (the throughput ceiling's
     # model). /proc counts in clock ticks (10 ms), more than a worker may spend on 300
     # messages: its figure may be 0, the caller's and Redis's are finer.
-    for fig in (st, out["send_many"], fs):
+    for fig in (st, out["send_many"], fs, out["lean_floor"]["streaming"]):
         assert fig["cpu_caller_us"] > 0 and fig["cpu_redis_us"] > 0 and fig["cpu_worker_us"] >= 0
+    # The lean floor, in the same run: every message processed, each completed and replied
+    # to once by its worker, none refused; its ratios to reach, and its cost over the bare.
+    ls, llat = out["lean_floor"]["streaming"], out["lean_floor"]["latency"]
+    assert ls["messages"] == ls["processed"] == 300 and ls["batch"] == 500
+    assert ls["worker_stats"]["handled"] == ls["worker_stats"]["replies"] == 300
+    assert ls["worker_stats"]["refused"] == 0
+    assert llat["requests"] == 50 and llat["worker_stats"]["replies"] == 200 + 50
+    assert 0 < llat["p50_ms"] <= llat["p99_ms"]
+    for key in ("lean_ratios", "guarantee_cost"):
+        assert {"throughput", "p50", "p99", "cpu_caller", "cpu_redis"} <= set(out[key])
+        assert all(v > 0 for k, v in out[key].items() if k != "rounds")
+    assert "streaming lean floor: processed 300/300" in err and "lean floor requests 50/50" in err
 
 
 def test_reach_bench_floor_needs_the_streaming_workload() -> None:

@@ -23,7 +23,14 @@ It measures
   Redis Streams, no guarantees, measured in the same run on the same Redis with the same
   two workloads (streaming throughput: XADD pipelined ``FLOOR_BATCH`` per batch, the
   worker replying to each message in one pipeline with the batch's XACK; sequential
-  request/reply latency), and reach's figures as ratios to it.
+  request/reply latency), and reach's figures as ratios to it;
+* with ``floor=True`` too, the lean floor (:mod:`reach_cli.tools.lean_floor`): the simplest
+  code keeping reach's core guarantees (an idempotency record per message written with its
+  inbox entry, claimed at send; a fenced completion storing the result with the reply,
+  XACK and XDEL, one Lua call per batch at each end), the same workloads in the same
+  rounds, and reach's figures as ratios to it, the CPU per message of each process
+  included (the goals of :data:`LEAN_GOALS`); and the lean floor's figures as ratios to
+  the bare floor's (what the guarantees cost the simplest code keeping them).
 
 "Processed", for both systems in the streaming workload: the stream's consumer group has
 read every entry added and has none pending (XINFO STREAM / XINFO GROUPS, polled every
@@ -68,7 +75,7 @@ from reach.scripts import inbox, run_calls
 from reach.signing import Keyring, keygen, make_signer
 from reach.tasks import TASK_TTL_MS
 
-from . import floor
+from . import floor, lean_floor
 
 NS = "bench"
 CAP = "bench.noop"
@@ -138,6 +145,19 @@ async def _wait_ready(url: str) -> None:
                 await anyio.sleep(0.02)
     finally:
         await r.aclose()
+
+
+def _lean_worker_cmd(url: str, stream: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "reach_cli.tools.lean_floor",
+        "worker",
+        "--redis-url",
+        url,
+        "--stream",
+        stream,
+    ]
 
 
 async def _wait_floor_ready(url: str, stream: str) -> None:
@@ -532,6 +552,72 @@ def _floor_latency(stream: str) -> Measure:
     return measure
 
 
+# -- the lean floor: the same workloads, keeping the core guarantees -----------------------
+
+
+def _lean_streaming(stream: str) -> Measure:
+    async def measure(
+        url: str, n: int, worker: subprocess.Popen[bytes], progress: Progress | None
+    ) -> dict[str, Any]:
+        r: Any = aredis.Redis.from_url(url)
+        try:
+            every = max(1, n // 20)
+            cpu = CpuMeter(r, worker.pid)
+            await cpu.start()
+
+            def on_sent(done: int) -> None:
+                if progress and (done % every < FLOOR_BATCH or done == n):
+                    progress("streaming lean floor: sent", done, n)
+
+            t0 = time.perf_counter()
+            await lean_floor.stream(
+                r,
+                stream,
+                n,
+                batch=FLOOR_BATCH,
+                reply=lean_floor.reply_key(stream, "bench"),
+                on_sent=on_sent,
+            )
+            t_sent = time.perf_counter()
+            await _until_processed(
+                r, stream, lean_floor.GROUP, n, "streaming lean floor: processed", progress
+            )
+            t1 = time.perf_counter()
+            used = await cpu.per_msg(n)
+            processed = await entries_added(r, stream)
+        finally:
+            await r.aclose()
+        return {**stream_figures(n, t0, t_sent, t1, processed, batch=FLOOR_BATCH), **used}
+
+    return measure
+
+
+def _lean_latency(stream: str) -> Measure:
+    async def measure(
+        url: str, n: int, worker: subprocess.Popen[bytes], progress: Progress | None
+    ) -> dict[str, Any]:
+        r: Any = aredis.Redis.from_url(url)
+        reply = lean_floor.reply_key(stream, "caller")
+        sender = lean_floor.Sender(r, stream)
+        last = b"0-0"
+        try:
+            for i in range(WARM_UP):
+                last = await lean_floor.request(r, sender, reply, last, b"%d" % i)
+            samples = []
+            every = max(1, n // 20)
+            for i in range(n):
+                t = time.perf_counter()
+                last = await lean_floor.request(r, sender, reply, last, b"%d" % i)
+                samples.append((time.perf_counter() - t) * 1000)
+                if progress and ((i + 1) % every == 0 or i + 1 == n):
+                    progress("lean floor requests", i + 1, n)
+        finally:
+            await r.aclose()
+        return {"requests": n, **_latency_figures(samples)}
+
+    return measure
+
+
 # -- phases and rounds -------------------------------------------------------------------
 
 
@@ -580,7 +666,9 @@ def _round(
     with_floor: bool,
     progress: Progress | None,
 ) -> dict[str, Any]:
-    """Round ``k`` (0-based) of every phase. Reach and the floor alternate which goes first."""
+    """Round ``k`` (0-based) of every phase. With the floors, each workload runs on reach,
+    the bare floor and the lean floor in that order in even rounds and in the reverse
+    order in odd ones, so that no system always runs first (or last) on a warm machine."""
     reach_cmd = _reach_worker_cmd(url, concurrency)
 
     def ready() -> Awaitable[None]:
@@ -608,25 +696,60 @@ def _round(
         )
         return {**out, "worker_stats": stats}
 
+    def lean_phase(name: str, make: Callable[[str], Measure], n: int) -> dict[str, Any]:
+        stream = f"lean:{{{name}-{k}}}"  # fresh, its keys under one hash tag
+
+        def lean_ready() -> Awaitable[None]:
+            return _wait_floor_ready(url, stream)
+
+        out, stats = _phase(
+            url,
+            _lean_worker_cmd(url, stream),
+            lean_ready,
+            tmp / f"lean-{name}-{k}.log",
+            make(stream),
+            n,
+            progress,
+            stats_prefix="lean floor stats: ",
+        )
+        return {**out, "worker_stats": stats}
+
+    def in_order(steps: list[Callable[[], None]]) -> None:
+        for step in steps[::-1] if k % 2 else steps:
+            step()
+
     res: dict[str, Any] = {}
     res["throughput"], res["backlog_stats"] = reach_phase("backlog", _throughput, messages)
-    floor_first = k % 2 == 1
     if stream_messages:
-        if with_floor and floor_first:
+
+        def reach_streaming() -> None:
+            st, st_stats = reach_phase("streaming", _streaming, stream_messages)
+            res["streaming"] = {**st, "worker_stats": st_stats}
+            many, many_stats = reach_phase("streaming_many", _streaming_many, stream_messages)
+            res["streaming_many"] = {**many, "worker_stats": many_stats}
+
+        def floor_streaming() -> None:
             res["floor_streaming"] = floor_phase("streaming", _floor_streaming, stream_messages)
-        st, st_stats = reach_phase("streaming", _streaming, stream_messages)
-        res["streaming"] = {**st, "worker_stats": st_stats}
-        many, many_stats = reach_phase("streaming_many", _streaming_many, stream_messages)
-        res["streaming_many"] = {**many, "worker_stats": many_stats}
-        if with_floor and not floor_first:
-            res["floor_streaming"] = floor_phase("streaming", _floor_streaming, stream_messages)
-    if with_floor and floor_first:
+
+        def lean_streaming() -> None:
+            res["lean_streaming"] = lean_phase("streaming", _lean_streaming, stream_messages)
+
+        in_order([reach_streaming, *([floor_streaming, lean_streaming] if with_floor else [])])
+
+    def reach_latency() -> None:
+        res["latency"], res["requests_stats"] = reach_phase("requests", _latency, requests)
+
+    def floor_latency() -> None:
         res["floor_latency"] = floor_phase("requests", _floor_latency, requests)
-    res["latency"], res["requests_stats"] = reach_phase("requests", _latency, requests)
-    if with_floor and not floor_first:
-        res["floor_latency"] = floor_phase("requests", _floor_latency, requests)
+
+    def lean_latency() -> None:
+        res["lean_latency"] = lean_phase("requests", _lean_latency, requests)
+
+    in_order([reach_latency, *([floor_latency, lean_latency] if with_floor else [])])
     if with_floor:
         res["ratios"] = _ratios(res)
+        res["lean_ratios"] = _lean_ratios(res)
+        res["guarantee_cost"] = _guarantee_cost(res)
         if stream_messages:
             res["send_many_ratios"] = _send_many_ratios(res)
     return res
@@ -653,6 +776,87 @@ def _ratios(res: dict[str, Any]) -> dict[str, float]:
     if "streaming" in res:
         out["throughput"] = res["streaming"]["msgs_per_s"] / res["floor_streaming"]["msgs_per_s"]
     return out
+
+
+# The issue's goals for reach against the lean floor: (ratio, "min" or "max", goal). CPU
+# ratios are per process, per processed message of the streaming workload.
+LEAN_GOALS: tuple[tuple[str, str, float], ...] = (
+    ("throughput", "min", 0.8),
+    ("p50", "max", 1.3),
+    ("p99", "max", 1.5),
+    ("cpu_caller", "max", 2.0),
+    ("cpu_worker", "max", 1.5),
+    ("cpu_redis", "max", 1.25),
+)
+
+
+_RATIO_LABELS = {
+    "throughput": "throughput",
+    "p50": "p50",
+    "p99": "p99",
+    "cpu_caller": "caller",
+    "cpu_worker": "worker",
+    "cpu_redis": "Redis",
+    "cpu_sum": "CPU sum",
+}
+
+
+def _ratio_set(
+    streaming: dict[str, Any] | None,
+    latency: dict[str, Any],
+    base_streaming: dict[str, Any] | None,
+    base_latency: dict[str, Any],
+) -> dict[str, float]:
+    """One system's figures over another's, for one round: ``throughput`` (processed
+    msgs/s; higher is better), ``p50``, ``p99`` and, where both are known and the base is
+    not 0, ``cpu_caller``, ``cpu_worker``, ``cpu_redis`` and ``cpu_sum`` (CPU per processed
+    message; lower is better)."""
+    out = {
+        "p50": latency["p50_ms"] / base_latency["p50_ms"],
+        "p99": latency["p99_ms"] / base_latency["p99_ms"],
+    }
+    if streaming is None or base_streaming is None:
+        return out
+    out["throughput"] = streaming["msgs_per_s"] / base_streaming["msgs_per_s"]
+    for part in ("caller", "worker", "redis"):
+        a, b = streaming.get(f"cpu_{part}_us"), base_streaming.get(f"cpu_{part}_us")
+        if a is not None and b:
+            out[f"cpu_{part}"] = a / b
+    a_sum, b_sum = _cpu_total(streaming), _cpu_total(base_streaming)
+    if a_sum is not None and b_sum:
+        out["cpu_sum"] = a_sum / b_sum
+    return out
+
+
+def _lean_ratios(res: dict[str, Any]) -> dict[str, float]:
+    """reach / the lean floor for one round (goals: :data:`LEAN_GOALS`)."""
+    return _ratio_set(
+        res.get("streaming"), res["latency"], res.get("lean_streaming"), res["lean_latency"]
+    )
+
+
+def _guarantee_cost(res: dict[str, Any]) -> dict[str, float]:
+    """The lean floor / the bare floor for one round: what keeping the guarantees costs
+    the simplest code that keeps them."""
+    return _ratio_set(
+        res.get("lean_streaming"),
+        res["lean_latency"],
+        res.get("floor_streaming"),
+        res["floor_latency"],
+    )
+
+
+def _median_ratios(rounds: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """The median of each ratio over the rounds that have it, and the rounds' own."""
+    per_round = [r[key] for r in rounds]
+    names = {name for x in per_round for name in x}
+    return {
+        **{
+            name: statistics.median(x[name] for x in per_round if name in x)
+            for name in sorted(names)
+        },
+        "rounds": per_round,
+    }
 
 
 def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -803,6 +1007,12 @@ def run_bench(
             **{key: statistics.median(x[key] for x in ratios) for key in ratios[-1]},
             "rounds": ratios,
         }
+        out["lean_floor"] = {
+            "streaming": medians([r["lean_streaming"] for r in rounds]),
+            "latency": medians([r["lean_latency"] for r in rounds]),
+        }
+        out["lean_ratios"] = _median_ratios(rounds, "lean_ratios")
+        out["guarantee_cost"] = _median_ratios(rounds, "guarantee_cost")
     if repeat > 1:
         out["rounds"] = [
             {
@@ -816,6 +1026,8 @@ def run_bench(
                     "streaming_many",
                     "floor_streaming",
                     "floor_latency",
+                    "lean_streaming",
+                    "lean_latency",
                 )
             }
             for r in rounds
@@ -908,7 +1120,81 @@ def format_report(out: dict[str, Any]) -> str:
                 f"send_many / floor: enqueue rate {mr['enqueue']:.2f}x (goal >= 0.80; floor "
                 f"{fs['sent_per_s']:,.0f} msgs/s enqueued), throughput {mr['throughput']:.2f}x"
             )
+    lean = out.get("lean_floor")
+    if lean:
+        lines += _lean_report(out, lean, st, fl, rounds)
     return "\n".join(lines)
+
+
+def _lean_report(
+    out: dict[str, Any],
+    lean: dict[str, Any],
+    st: dict[str, Any] | None,
+    fl: dict[str, Any] | None,
+    rounds: int,
+) -> list[str]:
+    """The lean floor's lines of the report: its figures, reach / lean floor with the
+    goals, lean floor / bare floor, and the CPU table of the three systems."""
+    ls, llat = lean["streaming"], lean["latency"]
+    lr, gc = out["lean_ratios"], out["guarantee_cost"]
+    med = " (medians of the rounds' ratios)" if rounds > 1 else ""
+    lines = [
+        (
+            "lean floor (the simplest code keeping reach's core guarantees: an idempotency "
+            "record per message claimed at send, a fenced completion storing the result "
+            "with the reply, XACK and XDEL; same Redis, same run):"
+        ),
+        (
+            f"  streaming, one send Lua call per {ls['batch']} msgs (XADD + record each), one "
+            f"completion Lua call per XREADGROUP of {lean_floor.READ_COUNT}, "
+            f"{ls['messages']} msgs: {ls['msgs_per_s']:,.0f} msgs/s processed "
+            f"({ls['seconds']:.2f}s)"
+        ),
+        *_cpu_line(ls),
+        (
+            f"  request/reply, {llat['requests']} requests: p50 {llat['p50_ms']:.3f} ms, "
+            f"p99 {llat['p99_ms']:.3f} ms"
+        ),
+    ]
+    goals = []
+    for name, way, goal in LEAN_GOALS:
+        if name in lr:
+            met = lr[name] >= goal if way == "min" else lr[name] <= goal
+            sign = ">=" if way == "min" else "<="
+            goals.append(
+                f"{_RATIO_LABELS[name]} {lr[name]:.2f}x (goal {sign} {goal:g}"
+                + (", met)" if met else ")")
+            )
+    half = 3  # throughput and latency, then the CPU of each process
+    lines.append("reach / lean floor: " + ", ".join(goals[:half]) + med)
+    if goals[half:]:
+        lines.append(
+            "  CPU per processed msg: "
+            + ", ".join(goals[half:])
+            + (f", sum {lr['cpu_sum']:.2f}x" if "cpu_sum" in lr else "")
+        )
+    cost = [
+        f"{_RATIO_LABELS[k]} {gc[k]:.2f}x"
+        for k in ("throughput", "p50", "p99", "cpu_sum")
+        if k in gc
+    ]
+    lines.append("lean floor / bare floor (what the guarantees cost): " + ", ".join(cost) + med)
+    table = [
+        ("reach (Client.send)", st),
+        ("bare floor", fl["streaming"] if fl else None),
+        ("lean floor", ls),
+    ]
+    if all(fig is not None and _cpu_total(fig) is not None for _, fig in table):
+        lines.append(
+            f"  {'CPU µs per processed msg':<26}{'caller':>8}{'worker':>8}{'Redis':>8}{'sum':>8}"
+        )
+        for label, fig in table:
+            assert fig is not None
+            lines.append(
+                f"  {label:<26}{fig['cpu_caller_us']:>8.1f}{fig['cpu_worker_us']:>8.1f}"
+                f"{fig['cpu_redis_us']:>8.1f}{_cpu_total(fig) or 0.0:>8.1f}"
+            )
+    return lines
 
 
 def _cpu_total(fig: dict[str, Any]) -> float | None:
@@ -939,13 +1225,21 @@ def _cpu_ceiling(reach: dict[str, Any], fl: dict[str, Any]) -> tuple[float, floa
 
 
 HELP_EPILOG = """\
-The floor (--floor): the same workloads on the bare redis-py loop on Redis Streams, with
-none of reach's guarantees (reach_cli.tools.floor): the caller pipelines XADD 500 per
-batch; its worker process reads XREADGROUP COUNT 100 and answers each batch with one
-pipeline (a reply XADD per message, one XACK). Both run in the same invocation on the same
-Redis, each phase with a fresh worker process, and reach's figures are printed as ratios
-to the floor's: throughput = reach msgs/s / floor msgs/s (streaming workload), p50 and
-p99 = reach's latency / the floor's. Numbers from separate runs are never compared.
+The floors (--floor): the same workloads on two redis-py loops on Redis Streams.
+The bare floor, with none of reach's guarantees (reach_cli.tools.floor): the caller
+pipelines XADD 500 per batch; its worker process reads XREADGROUP COUNT 100 and answers
+each batch with one pipeline (a reply XADD per message, one XACK). The lean floor, the
+simplest code keeping reach's core guarantees (reach_cli.tools.lean_floor): one Lua call
+per 500 messages adds each inbox entry with its idempotency record (pending, claimed at
+send, fence 1, 24 h TTL); its worker process reads XREADGROUP COUNT 100 and completes each
+batch in one Lua call (fence check, result into the record, reply XADD with its TTL, XACK,
+XDEL). All three systems run in the same invocation on the same Redis, each phase with a
+fresh worker process, in alternating order between rounds, and reach's figures are
+printed as ratios to each floor's: throughput = reach msgs/s / floor msgs/s (streaming
+workload), p50 and p99 = reach's latency / the floor's, and against the lean floor the
+CPU per processed message of each process (caller, worker, Redis) with the goals: throughput
+>= 0.8, p50 <= 1.3, p99 <= 1.5, CPU caller <= 2, worker <= 1.5, Redis <= 1.25. Numbers
+from separate runs are never compared.
 """
 
 
@@ -981,7 +1275,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="messages of the streaming workload (0: skip it; not with --floor)",
     )
     ap.add_argument("--concurrency", type=int, default=64, help="the reach worker's handlers")
-    ap.add_argument("--floor", action="store_true", help="also measure the bare-Streams floor")
+    ap.add_argument(
+        "--floor",
+        action="store_true",
+        help="also measure the bare floor (no guarantees) and the lean floor (the core "
+        "guarantees kept)",
+    )
     ap.add_argument("--repeat", type=int, default=1, help="rounds; figures are medians")
     ap.add_argument("--json", action="store_true")
     ap.add_argument(
