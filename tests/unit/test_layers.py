@@ -40,6 +40,10 @@ RANKS: dict[str, int] = {
     # the script layer: one typed call per Lua script
     "reach.scripts": 1,
     "reach._autopipe": 1,  # auto-pipelining of the commands a Client issues (script layer)
+    "reach._autopipe.pending": 1,  # the queued command and the limits every path shares
+    "reach._autopipe.mux": 1,  # the multiplexed connection (standalone, one per Cluster node)
+    "reach._autopipe.cluster": 1,  # a Cluster's commands routed by slot to the node's mux
+    "reach._autopipe.core": 1,  # AutoPipeline: the client surface, the queue, the pipelines
     # state in Redis, read and written through the script layer
     "reach.registry": 2,
     "reach.tasks": 2,
