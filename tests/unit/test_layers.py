@@ -46,6 +46,8 @@ RANKS: dict[str, int] = {
     "reach._autopipe.core": 1,  # AutoPipeline: the client surface, the queue, the pipelines
     # state in Redis, read and written through the script layer
     "reach.registry": 2,
+    "reach.registry.records": 2,  # AgentInfo, Event, the limits: a record as read from Redis
+    "reach.registry.operations": 2,  # Registry: the scripts and the reads over the shards
     "reach.tasks": 2,
     "reach.recent": 2,  # the index of recent messages (settle writes it, listings read it)
     "reach.session": 2,
