@@ -69,6 +69,8 @@ RANKS: dict[str, int] = {
     "reach._buffer": 4,  # a Client's sends held locally through a Redis outage
     "reach.context": 4,
     "reach._streaming": 4,  # Client.stream: a streamed call's iterator
+    "reach._many": 4,  # Client.send_many, request_many, broadcast: the batch forms
+    "reach._later": 4,  # after a send: cancel on a caller's abort, Client.result later
     "reach._emitting": 4,  # ctx.emit / async-generator handlers: chunks to the caller
     "reach.card": 4,
     # namespace-wide chores and operator operations
