@@ -16,9 +16,8 @@ from typing import Any, Self, TypedDict, Unpack
 
 import anyio
 import msgspec
-from redis import exceptions as rexc
 
-from . import metrics
+from . import _later, _many, metrics
 from ._autopipe import AutoPipeline
 from ._buffer import (
     DEFAULT_CLOSE_WAIT_S,
@@ -47,12 +46,11 @@ from .errors import (
     NoAgentAvailable,
     NotStarted,
     PayloadTooLarge,
-    RateLimited,
     RedisUnavailable,
 )
 from .keys import PRIORITIES, Keys
-from .limits import LimitsCache, take_call
-from .outcomes import DeadReason, RequestOutcome, Status, blames_agent
+from .limits import LimitsCache, check_rate_limit
+from .outcomes import RequestOutcome, Status, blames_agent
 from .quotas import identity_of
 from .registry import AgentInfo, Registry, normalize_capability
 from .routing import POLICIES, Router
@@ -68,9 +66,6 @@ DEFAULT_MAX_PAYLOAD = 1024 * 1024
 # same client_id reads the replies sent while it was away -- but only this many, this long.
 DEFAULT_MAX_UNCLAIMED = 10_000
 DEFAULT_UNCLAIMED_TTL_S = 600.0
-RATE_LIMIT_CHOICES = ("wait", "raise")
-ABORT_CANCEL_S = 2.0
-"""How long a cancelled request() waits for the cancel of its message to be written."""
 
 
 class MessageOptions(TypedDict, total=False):
@@ -518,28 +513,7 @@ class Client:
         rate limit (``reach caps limit``) allows no start now. It only looks (a peek at
         the limit's state, taking nothing): the workers take the starts, so the limit holds
         exactly whatever callers choose; a message sent after the look may still wait."""
-        if on_rate_limit not in RATE_LIMIT_CHOICES:
-            raise ConfigError(
-                f"on_rate_limit={on_rate_limit!r}: use 'wait' (the message waits for its "
-                "turn, up to its deadline) or 'raise' (RateLimited when over the limit now)."
-            )
-        if on_rate_limit == "wait":
-            return
-        limit = (await self._limits.current(self.commands, self.keys)).get(capability)
-        if limit is None:
-            return
-        try:
-            taken = await take_call(self.keys, capability, limit, 0).run(self.commands)
-        except (RedisUnavailable, rexc.ConnectionError, rexc.TimeoutError, OSError):
-            return  # Redis away: no look now; the message goes (or is held) as with "wait"
-        if taken.wait_us > 0:
-            wait_s = taken.wait_us / 1e6
-            raise RateLimited(
-                f"{capability!r} is over its rate limit of {limit}: the next start is "
-                f"allowed in {wait_s:.3f} s. Retry after that, or send with "
-                "on_rate_limit='wait' (the default) to let the message wait for its turn.",
-                retry_after_s=wait_s,
-            )
+        await check_rate_limit(self._limits, self.commands, self.keys, capability, on_rate_limit)
 
     # -- the outage buffer (reach._buffer) --------------------------------------------------
     async def _deliver_or_hold(
@@ -654,17 +628,7 @@ class Client:
         :class:`ConfigError` for options that are wrong for every message (and a length of
         ``idempotency_keys`` that does not match), :class:`NotStarted`.
         """
-        built = self._build_many(capability, payloads, idempotency_keys, opts, reply=False)
-        envs = [b for b in built if isinstance(b, Envelope)]
-        delivered = iter(await self._delivery.deliver_many(envs, where, track=False))
-        out: list[str | Exception] = []
-        for b in built:
-            if isinstance(b, Exception):
-                out.append(b)
-                continue
-            agent = next(delivered)
-            out.append(agent if isinstance(agent, Exception) else b.msg_id)
-        return out
+        return await _many.send_many(self, capability, payloads, where, idempotency_keys, opts)
 
     async def request_many(
         self,
@@ -690,98 +654,7 @@ class Client:
         """
         if opts.get("timeout_s") is None and opts.get("deadline_ms") is None:
             opts["timeout_s"] = self.default_timeout_s
-        built = self._build_many(capability, payloads, idempotency_keys, opts, reply=True)
-        envs = [b for b in built if isinstance(b, Envelope)]
-        self._ensure_reader()
-        events = {env.msg_id: anyio.Event() for env in envs}
-        self._reader.events.update(events)
-        t0 = time.perf_counter()
-        delivered: list[str | Exception] = []
-        over: set[str] = set()  # calls already forgotten (see _forget)
-        results: dict[str, Any] = {}
-        try:
-            delivered = await self._delivery.deliver_many(envs, where, track=True)
-            for env, agent in zip(envs, delivered, strict=True):
-                over.add(env.msg_id)  # _result_of forgets it, whatever happens
-                results[env.msg_id] = await self._result_of(env, agent, events[env.msg_id], t0)
-        finally:
-            # Stopped midway (cancelled): the calls not waited for yet are over too.
-            for k, env in enumerate(envs):
-                if env.msg_id not in over:
-                    agent = delivered[k] if k < len(delivered) else ""
-                    self._forget(env, agent if isinstance(agent, str) else "", ok=True)
-        return [b if isinstance(b, Exception) else results[b.msg_id] for b in built]
-
-    async def _result_of(
-        self, env: Envelope, agent: str | Exception, ev: anyio.Event, t0: float
-    ) -> Any:
-        """One message of :meth:`request_many`: its result, or its error as an instance
-        (counted in the metrics as :meth:`call` counts it); the call is forgotten after."""
-        try:
-            if isinstance(agent, str):
-                res = await self._answer(env, agent, ev)
-            elif isinstance(agent, NoAgentAvailable) and self.fallback is not None:
-                try:
-                    res = await self._run_fallback(env)
-                finally:
-                    self._forget(env, "", ok=True)
-            else:
-                self._forget(env, "", ok=True)
-                raise agent
-        except Exception as e:  # noqa: BLE001 - each message's error is reported in its place
-            metrics.client_reply(
-                env.capability, metrics.client_outcome(e), time.perf_counter() - t0
-            )
-            return e
-        metrics.client_reply(env.capability, RequestOutcome.SUCCEEDED, time.perf_counter() - t0)
-        return res
-
-    def _build_many(
-        self,
-        capability: str,
-        payloads: Iterable[Any],
-        idempotency_keys: Sequence[str | None] | None,
-        opts: MessageOptions,
-        *,
-        reply: bool,
-    ) -> list[Envelope | Exception]:
-        """An envelope per payload, or the error that stopped it (a payload too large...);
-        options wrong for every message raise :class:`ConfigError`."""
-        items = list(payloads)
-        if opts.pop("idempotency_key", None) is not None:
-            raise ConfigError(
-                "send_many and request_many take idempotency_keys=[...] (one key or None per "
-                "payload), not idempotency_key."
-            )
-        if idempotency_keys is not None and len(idempotency_keys) != len(items):
-            raise ConfigError(
-                f"idempotency_keys holds {len(idempotency_keys)} keys for {len(items)} "
-                "payloads: give one key (or None) per payload."
-            )
-        # One envelope built (options wrong for every message raise here), the others copied
-        # from it with their own msg_id, payload and key: what build() would make of each.
-        base = self.build(capability, None, reply=reply, **opts)
-        own_trace = bool(opts.get("trace_id"))
-        replace = msgspec.structs.replace
-        out: list[Envelope | Exception] = []
-        for i, payload in enumerate(items):
-            try:
-                raw = self._encode_payload(payload)
-            except Exception as e:  # noqa: BLE001 - this payload's error, in its place
-                out.append(e)
-                continue
-            msg_id = new_id()
-            out.append(
-                replace(
-                    base,
-                    msg_id=msg_id,
-                    payload=raw,
-                    trace_id=base.trace_id if own_trace else msg_id,
-                    idempotency_key=(idempotency_keys[i] or "") if idempotency_keys else "",
-                    headers=dict(base.headers),
-                )
-            )
-        return out
+        return await _many.request_many(self, capability, payloads, where, idempotency_keys, opts)
 
     async def call(self, env: Envelope, *, where: Mapping[str, Any] | None = None) -> Any:
         """Deliver a built envelope and wait for its reply (see :meth:`request`)."""
@@ -874,29 +747,9 @@ class Client:
         **kw: Any,
     ) -> dict[str, Any]:
         """Send one copy to every eligible agent; returns agent_id -> result or exception."""
-        agents = await self.eligible(capability, where=where)  # every eligible agent
-        base = idempotency_key or new_id()
-        out: dict[str, Any] = {}
-
-        async def one(agent_id: str) -> None:
-            env = self.build(
-                capability,
-                payload,
-                target=agent_id,
-                timeout_s=timeout_s or self.default_timeout_s,
-                idempotency_key=f"{base}:{agent_id}",
-                policy="broadcast",
-                **kw,
-            )
-            try:
-                out[agent_id] = await self.call(env, where=where)
-            except Exception as e:  # noqa: BLE001 - each agent's result or error is reported
-                out[agent_id] = e
-
-        async with anyio.create_task_group() as tg:
-            for a in agents:
-                tg.start_soon(one, a.agent_id)
-        return out
+        return await _many.broadcast(
+            self, capability, payload, where, timeout_s, idempotency_key, kw
+        )
 
     async def cancel(self, msg_id: str, *, by: str = "") -> CancelResult:
         """Cancel a message sent earlier (docs/concepts.md, *Cancellation*).
@@ -916,14 +769,8 @@ class Client:
     async def _abandon(self, env: Envelope) -> None:
         """The caller of ``env`` was cancelled while it waited: cancel the message too
         (unless ``cancel_on_abort`` is off), shielded and bounded, so the caller's own
-        cancellation waits at most :data:`ABORT_CANCEL_S` for it."""
-        if not self.cancel_on_abort or self._redis is None:
-            return
-        with anyio.CancelScope(shield=True), anyio.move_on_after(ABORT_CANCEL_S):
-            try:
-                await self.cancel(env.msg_id, by=f"{self.client_id} (its caller was cancelled)")
-            except Exception as e:  # noqa: BLE001 - the caller's cancellation goes on
-                log.warning("cancelling %s after its caller gave up failed: %s", env.msg_id, e)
+        cancellation waits at most :data:`reach._later.ABORT_CANCEL_S` for it."""
+        await _later.abandon(self, env)
 
     async def task(self, msg_id: str) -> TaskStatus:
         """The status of a message sent earlier (``unknown`` once its record expired)."""
@@ -937,37 +784,4 @@ class Client:
         its task record. Raises like :meth:`request`; :class:`DeadlineExceeded` when no
         result came in time.
         """
-        self._ensure_reader()
-        ev = self._reader.events.setdefault(msg_id, anyio.Event())
-        capability = "message"  # named in errors; known once the task record was read
-        try:
-            with anyio.move_on_after(timeout_s):
-                while True:
-                    if msg_id in self._replies:
-                        reply = self._reader.take(msg_id)
-                        break
-                    st = await self.task(msg_id)
-                    capability = st.capability or capability
-                    if (
-                        st.reply is not None
-                        and st.status == Status.SUCCEEDED
-                        and (self.signer is None or self.signer.check_reply(st.reply) is None)
-                    ):
-                        reply = msgspec.structs.replace(st.reply, msg_id=msg_id)
-                        break
-                    if st.status in (Status.EXPIRED, Status.DEAD):
-                        # The record keeps no dead-letter reason: a dead one reads as a
-                        # RemoteError that is not retryable.
-                        reason = DeadReason.EXPIRED if st.status == Status.EXPIRED else ""
-                        reply = Reply(
-                            msg_id=msg_id, status=st.status, error=st.error, reason=reason
-                        )
-                        break
-                    with anyio.move_on_after(0.5):  # a reply, or look at the record again
-                        await ev.wait()
-                return self._outcome_of(capability, msg_id, reply)
-        finally:
-            self._reader.events.pop(msg_id, None)
-        raise DeadlineExceeded(
-            f"No result for msg {msg_id} within {timeout_s}s; see `reach task {msg_id}`."
-        )
+        return await _later.result(self, msg_id, timeout_s)

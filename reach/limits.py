@@ -28,7 +28,7 @@ from typing import Any
 from redis import exceptions as rexc
 
 from .connection import AnyRedis, as_text
-from .errors import ConfigError
+from .errors import ConfigError, RateLimited, RedisUnavailable
 from .keys import Keys
 from .registry import normalize_capability
 from .scripts._call import Call, as_int
@@ -171,3 +171,38 @@ def take_call(
         (max(0, min(n, 100_000)), limit.interval_us, limit.burst),
         _taken,
     )
+
+
+RATE_LIMIT_CHOICES = ("wait", "raise")
+"""What a caller may do about a capability over its rate limit (``on_rate_limit=``)."""
+
+
+async def check_rate_limit(
+    cache: LimitsCache, commands: AnyRedis, keys: Keys, capability: str, on_rate_limit: str
+) -> None:
+    """``Client``'s check before a send: with ``on_rate_limit="raise"``, raise
+    :class:`~reach.errors.RateLimited` when ``capability``'s rate limit allows no start now
+    (a peek at the limit's state through ``cache``, taking nothing; see
+    ``Client._check_rate_limit``)."""
+    if on_rate_limit not in RATE_LIMIT_CHOICES:
+        raise ConfigError(
+            f"on_rate_limit={on_rate_limit!r}: use 'wait' (the message waits for its "
+            "turn, up to its deadline) or 'raise' (RateLimited when over the limit now)."
+        )
+    if on_rate_limit == "wait":
+        return
+    limit = (await cache.current(commands, keys)).get(capability)
+    if limit is None:
+        return
+    try:
+        taken = await take_call(keys, capability, limit, 0).run(commands)
+    except (RedisUnavailable, rexc.ConnectionError, rexc.TimeoutError, OSError):
+        return  # Redis away: no look now; the message goes (or is held) as with "wait"
+    if taken.wait_us > 0:
+        wait_s = taken.wait_us / 1e6
+        raise RateLimited(
+            f"{capability!r} is over its rate limit of {limit}: the next start is "
+            f"allowed in {wait_s:.3f} s. Retry after that, or send with "
+            "on_rate_limit='wait' (the default) to let the message wait for its turn.",
+            retry_after_s=wait_s,
+        )

@@ -9,11 +9,11 @@ import logging
 import anyio
 import pytest
 
-from reach import registry
 from reach.breaker import Breakers
 from reach.client import Client
 from reach.connection import AnyRedis
-from reach.registry import Registry, _Reporter
+from reach.registry import Registry, records
+from reach.registry.records import _Reporter
 from reach.view import RegistryView
 from tests.support.registry_helpers import register
 from tests.support.waiting import wait_until
@@ -116,7 +116,7 @@ async def test_bad_records_are_skipped_and_reported_once(
 ) -> None:
     """One bad field used to make every reload raise (every worker of the namespace died,
     a new Client failed on its first request): now the agent is skipped, logged once."""
-    monkeypatch.setattr(registry, "_reporter", _Reporter())  # a budget of its own
+    monkeypatch.setattr(records, "_reporter", _Reporter())  # a budget of its own
     reg = Registry(r, ns)
     await register(reg, "good", [CAP], ready=True)
     bad = [await _write_hostile(r, reg, i, f) for i, f in enumerate(HOSTILE_FIELDS)]
