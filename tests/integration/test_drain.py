@@ -42,6 +42,7 @@ def workers(redis_url: str, ns: str) -> Iterator[Workers]:
     [
         pytest.param(1.5, False, False, id="1.5s-alone"),
         pytest.param(1.5, True, False, id="1.5s-with-a-peer"),
+        pytest.param(1.5, True, True, id="1.5s-target-with-a-peer"),
         pytest.param(3.0, False, False, id="3s-alone"),
         pytest.param(3.0, True, True, id="3s-target-with-a-peer"),
     ],

@@ -41,20 +41,31 @@ def workers(redis_url: str, ns: str) -> Iterator[Workers]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    ("peer", "direct"),
+    [
+        pytest.param(False, False, id="alone"),
+        pytest.param(True, False, id="with-a-peer"),
+        pytest.param(True, True, id="target-with-a-peer"),
+    ],
+)
 async def test_sigterm_during_a_30s_handler_waits_for_it(
-    workers: Workers, r: AnyRedis, redis_url: str, ns: str
+    workers: Workers, r: AnyRedis, redis_url: str, ns: str, peer: bool, direct: bool
 ) -> None:
-    """A 30 s handler under a 45 s drain grace, a peer beside it: the drain waits the
-    handler out (every lease and heartbeat renewed meanwhile), settles it, and only then
-    deregisters. Failed before the fix (the message ran again on the peer)."""
+    """A 30 s handler under a 45 s drain grace, alone or with a peer beside it (and sent
+    with target= to the agent that drains): the drain waits the handler out (every lease
+    and heartbeat renewed meanwhile), settles it, and only then deregisters. Failed before
+    the fix (the message ran again on the peer; alone, the caller's deadline passed)."""
     reg = Registry(r, ns)
-    procs = await start(workers, reg, ["sleeper-a", "sleeper-b"], "--drain-s", "45")
+    names = ["sleeper-a", "sleeper-b"] if peer else ["sleeper-a"]
+    procs = await start(workers, reg, names, "--drain-s", "45")
+    kw: dict[str, Any] = {"target": "sleeper-a", "policy": "direct"} if direct else {}
     got: list[Any] = []
     async with Client(redis_url=redis_url, namespace=ns) as c:
         async with anyio.create_task_group() as tg:
 
             async def call() -> None:
-                got.append(await c.request("test.sleep", {"seconds": 30}, timeout_s=90))
+                got.append(await c.request("test.sleep", {"seconds": 30}, timeout_s=90, **kw))
 
             tg.start_soon(call)
             key, agent = await running(r, ns, "sleep")
@@ -68,9 +79,11 @@ async def test_sigterm_during_a_30s_handler_waits_for_it(
         assert got == [{"agent": agent, "slept": 30}]
         assert procs[agent].wait(timeout=30) == 0
         status = await c.task(key)
-        assert (status.status, status.runs) == ("succeeded", 1)
+        assert (status.status, status.runs, status.agent_id) == ("succeeded", 1, agent)
     await assert_ran_once(r, ns, "sleep", key)
     await assert_left_clean(r, reg, agent)
+    if direct:
+        assert agent == "sleeper-a"
 
 
 async def test_handler_past_the_grace_is_cancelled_and_runs_again_elsewhere(
