@@ -85,7 +85,10 @@ def test_reach_bench_floor_runs_both_systems_in_one_run() -> None:
     assert 0 < llat["p50_ms"] <= llat["p99_ms"]
     for key in ("lean_ratios", "guarantee_cost"):
         assert {"throughput", "p50", "p99", "cpu_caller", "cpu_redis"} <= set(out[key])
-        assert all(v > 0 for k, v in out[key].items() if k != "rounds")
+        # a worker's CPU comes in 10 ms ticks: over 300 messages it may count 0
+        assert all(
+            v >= 0 if k == "cpu_worker" else v > 0 for k, v in out[key].items() if k != "rounds"
+        )
     assert "streaming lean floor: processed 300/300" in err and "lean floor requests 50/50" in err
 
 

@@ -80,7 +80,9 @@ async def gateway(
     url = f"http://127.0.0.1:{port}"
     try:
         async with httpx.AsyncClient(timeout=30) as h:
-            await wait_card(h, url, proc, log)
+            # the capability's card is served once its agent is live: requests routed then
+            # find it (the gateway's own card is served before any agent registers)
+            await wait_card(h, f"{url}/caps/gw.echo", proc, log)
         yield url, proc, log
     finally:
         assert stop_process(proc) == 0, log.read_text()[-3000:]
