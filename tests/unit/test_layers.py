@@ -88,6 +88,10 @@ RANKS: dict[str, int] = {
     # faces over the library, never imported by it (optional extras)
     "reach._http": 9,  # the HTTP faces' limits (fds, connections, bodies, slow readers)
     "reach.web": 9,  # reach web: the operator console (starlette)
+    "reach.web.formatting": 9,  # how the pages write times, rates, JSON, query strings
+    "reach.web.console": 9,  # Console: what the pages share, the contexts they render
+    "reach.web.routes": 9,  # the routes by group: overview, messages, dead letters, forms
+    "reach.web.app": 9,  # the app: the guard in front, the route table, the lifespan
     "reach.gateway": 9,  # reach gateway: A2A servers over HTTP (a2a-sdk, starlette)
 }
 
@@ -226,7 +230,6 @@ MAX_LINES = 800
 # Modules not split yet, each held to its size when the check came in: it may shrink,
 # never grow, and its entry goes once it is split (a stale entry fails below).
 NOT_SPLIT_YET: dict[str, int] = {
-    "reach.web.app": 919,  # the console's routes: pages, JSON API, the actions
     "reach.connection": 849,  # URL parsing, Sentinel, Cluster gating, connect
     "reach.gateway.server": 844,  # the A2A gateway's app, executor and card routes
 }
