@@ -34,6 +34,8 @@ RANKS: dict[str, int] = {
     "reach.envelope": 0,
     "reach.signing": 0,  # HMAC signatures of envelopes and replies (no Redis)
     "reach.connection": 0,
+    "reach._redis_url": 0,  # a Redis URL: its scheme, redacted, the errors with hints
+    "reach._sentinel": 0,  # redis+sentinel:// URLs and the clients of the current master
     "reach._pool": 0,
     "reach._redislike": 0,
     "reach.embedded": 0,
@@ -233,9 +235,7 @@ MAX_LINES = 800
 
 # Modules not split yet, each held to its size when the check came in: it may shrink,
 # never grow, and its entry goes once it is split (a stale entry fails below).
-NOT_SPLIT_YET: dict[str, int] = {
-    "reach.connection": 849,  # URL parsing, Sentinel, Cluster gating, connect
-}
+NOT_SPLIT_YET: dict[str, int] = {}  # none now: every module is within the limit
 
 
 def _lines(module: str) -> int:
