@@ -19,6 +19,14 @@ running out of it means the commands holding connections are stuck."""
 
 _POOL_EMPTY = "No connection available."
 
+# The options of every connection reach opens from a URL (a pool's, a Cluster node's, a
+# Sentinel-managed master's health checks).
+_KW: dict[str, Any] = {
+    "socket_connect_timeout": 5.0,
+    "health_check_interval": 15,
+    "retry_on_timeout": True,
+}
+
 
 class _WaitingPool(aredis.ConnectionPool):
     """redis-py's asyncio pool, bounded by ``max_connections``, whose callers wait (first

@@ -34,6 +34,8 @@ RANKS: dict[str, int] = {
     "reach.envelope": 0,
     "reach.signing": 0,  # HMAC signatures of envelopes and replies (no Redis)
     "reach.connection": 0,
+    "reach._redis_url": 0,  # a Redis URL: its scheme, redacted, the errors with hints
+    "reach._sentinel": 0,  # redis+sentinel:// URLs and the clients of the current master
     "reach._pool": 0,
     "reach._redislike": 0,
     "reach.embedded": 0,
@@ -88,7 +90,15 @@ RANKS: dict[str, int] = {
     # faces over the library, never imported by it (optional extras)
     "reach._http": 9,  # the HTTP faces' limits (fds, connections, bodies, slow readers)
     "reach.web": 9,  # reach web: the operator console (starlette)
+    "reach.web.formatting": 9,  # how the pages write times, rates, JSON, query strings
+    "reach.web.console": 9,  # Console: what the pages share, the contexts they render
+    "reach.web.routes": 9,  # the routes by group: overview, messages, dead letters, forms
+    "reach.web.app": 9,  # the app: the guard in front, the route table, the lifespan
     "reach.gateway": 9,  # reach gateway: A2A servers over HTTP (a2a-sdk, starlette)
+    "reach.gateway.executor": 9,  # an A2A message as a reach streamed request
+    "reach.gateway.handler": 9,  # the JSON-RPC methods (tasks/get, tasks/cancel from reach)
+    "reach.gateway.cards": 9,  # the gateway's, a capability's and an agent's card
+    "reach.gateway.server": 9,  # Gateway: the app, its limits and auth, routing a message
 }
 
 # The worker's own data path, in order: a part may call the parts after it, never before.
@@ -225,11 +235,7 @@ MAX_LINES = 800
 
 # Modules not split yet, each held to its size when the check came in: it may shrink,
 # never grow, and its entry goes once it is split (a stale entry fails below).
-NOT_SPLIT_YET: dict[str, int] = {
-    "reach.web.app": 919,  # the console's routes: pages, JSON API, the actions
-    "reach.connection": 849,  # URL parsing, Sentinel, Cluster gating, connect
-    "reach.gateway.server": 844,  # the A2A gateway's app, executor and card routes
-}
+NOT_SPLIT_YET: dict[str, int] = {}  # none now: every module is within the limit
 
 
 def _lines(module: str) -> int:

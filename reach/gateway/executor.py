@@ -1,0 +1,244 @@
+"""One A2A message run as a reach streamed request: the SDK's :class:`AgentExecutor` for the
+gateway, and what it reads from the request (the target, the deadline header, the session).
+
+The A2A task id is the reach msg_id, the context id (scoped by the caller) the session_id;
+the stream's chunks and its outcome become the task's events. Cancellation does not come
+here: ``tasks/cancel`` is the request handler's (:mod:`reach.gateway.handler`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import anyio
+import msgspec
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.context import ServerCallContext
+from a2a.server.events import EventQueue
+from a2a.server.id_generator import IDGenerator, IDGeneratorContext
+from a2a.server.owner_resolver import resolve_user_scope
+from a2a.server.tasks import TaskUpdater
+from a2a.types.a2a_pb2 import Artifact, Part, Task, TaskState, TaskStatus
+from a2a.utils.errors import InvalidParamsError, TaskNotCancelableError
+
+from .._streaming import Stream
+from ..envelope import MAX_ID_CHARS, new_id
+from ..errors import Cancelled, ReachError, Rejected, StreamTooLarge
+from .mapping import error_of, payload_of, result_parts, takes_json_text
+from .store import STREAMED
+
+if TYPE_CHECKING:
+    from .server import Gateway
+
+TIMEOUT_HEADER = "reach-timeout-s"  # the request's deadline, seconds from now
+CALLER_HEADER = "a2a-caller"  # on the fabric: the token name the caller authenticated with
+MAX_TIMEOUT_S = 86_400.0
+_TARGET = "reach.target"
+
+
+class Target(NamedTuple):
+    """Where a request came in: ``kind`` is ``caps``, ``agents`` or ``gateway`` (``/``)."""
+
+    kind: str
+    name: str
+
+
+class _ReachIds(IDGenerator):
+    """A2A task ids are reach msg_ids (time-ordered, 128 bits, hex)."""
+
+    def generate(self, context: IDGeneratorContext) -> str:
+        return new_id()
+
+
+class _Executor(AgentExecutor):
+    """Runs one A2A message as a reach streamed request."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gw = gateway
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        gw = self.gw
+        message = context.message
+        if message is None or not context.task_id or not context.context_id:
+            raise InvalidParamsError(message="A message is needed.")
+        task_id, context_id = context.task_id, context.context_id
+        state = context.call_context.state
+        target: Target = state.get(_TARGET, Target("gateway", ""))
+        capability, agent_id, modes = await gw.route(target, message)
+        payload = payload_of(message.parts, json_text=takes_json_text(modes))
+        timeout_s = _timeout_of(state.get("headers") or {}, gw.default_timeout_s)
+        user = context.call_context.user
+        headers = {CALLER_HEADER: user.user_name} if user.is_authenticated else {}
+        try:
+            env = gw.client.build(
+                capability,
+                payload,
+                session_id=session_of(context.call_context, context_id),
+                timeout_s=timeout_s,
+                target=agent_id,
+                headers=headers,
+            )
+        except ReachError as e:
+            raise error_of(e) from e
+        env = msgspec.structs.replace(env, msg_id=task_id, trace_id=task_id)
+        # The task holds the stream's chunks (for tasks/get and a waiting send): bounded by
+        # the store's bytes per task, past which the stream ends (StreamTooLarge).
+        stream = Stream(gw.client, env, None, max_bytes=gw.tasks.max_task_bytes)
+        try:
+            await stream.start()  # refused before it is sent: an error, and no task
+        except ReachError as e:
+            raise error_of(e) from e
+        # The task is shown once there is something to show: at once when the caller does
+        # not wait (return_immediately), else with the first chunk, or whole at the end (a
+        # handler that does not stream answers in one event). tasks/get meanwhile reads
+        # the reach task record (pending: submitted, running: working).
+        task = Task(
+            id=task_id,
+            context_id=context_id,
+            status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
+            history=[message],
+        )
+        shown = False
+        config = context.configuration
+        if config is not None and config.return_immediately:
+            await event_queue.enqueue_event(task)
+            shown = True
+        updater = TaskUpdater(event_queue, task_id, context_id)
+        scope, done = anyio.CancelScope(), anyio.Event()
+        gw.running[task_id] = (scope, done)  # tasks/cancel stops the wait (_Handler)
+        try:
+            await self._follow(stream, task, shown, updater, event_queue, scope)
+        finally:
+            gw.running.pop(task_id, None)
+            done.set()
+
+    async def _follow(
+        self,
+        stream: Stream,
+        task: Task,
+        shown: bool,
+        updater: TaskUpdater,
+        event_queue: EventQueue,
+        scope: anyio.CancelScope,
+    ) -> None:
+        """Turn the stream's chunks and outcome into the task's events."""
+        task_id = task.id
+        chunks = 0
+        result: Any = None
+        with scope:
+            async with stream:
+                try:
+                    async for chunk in stream:
+                        if not shown:
+                            task.status.state = TaskState.TASK_STATE_WORKING
+                            await event_queue.enqueue_event(task)
+                            shown = True
+                        elif not chunks:
+                            await updater.start_work()
+                        await updater.add_artifact(
+                            result_parts(chunk),
+                            artifact_id=f"{task_id}-stream",
+                            name="stream",
+                            append=chunks > 0,
+                            metadata={STREAMED: True},  # appended in Redis, not in memory
+                        )
+                        chunks += 1
+                    result = stream.result
+                except ReachError as e:
+                    if isinstance(e, StreamTooLarge):  # the handler would go on: stop it
+                        with anyio.move_on_after(10):
+                            await self.gw.client.cancel(
+                                task_id, by="the A2A gateway (the task's bytes bound)"
+                            )
+                        e = StreamTooLarge(
+                            f"The task's output passed {self.gw.tasks.max_task_bytes} bytes, "
+                            "the gateway's limit per task (reach gateway --max-task-bytes): "
+                            "the stream was ended and the message cancelled."
+                        )
+                    await _finish_failed(updater, e, task if not shown else None, event_queue)
+                    return
+        if scope.cancelled_caught:  # tasks/cancel cancelled the message in reach
+            why = Cancelled("cancelled (A2A tasks/cancel)")
+            await _finish_failed(updater, why, task if not shown else None, event_queue)
+            return
+        artifact = Artifact(artifact_id=f"{task_id}-result", name="result")
+        if result is not None:
+            artifact.parts.extend(result_parts(result))
+        if not shown:  # one event: the finished task
+            if result is not None:
+                task.artifacts.append(artifact)
+            task.status.state = TaskState.TASK_STATE_COMPLETED
+            task.status.timestamp.FromDatetime(datetime.now(UTC))
+            await event_queue.enqueue_event(task)
+            return
+        if result is not None:
+            await updater.add_artifact(
+                list(artifact.parts),
+                artifact_id=artifact.artifact_id,
+                name="result",
+                last_chunk=True,
+            )
+        await updater.complete()
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        raise TaskNotCancelableError(message=NOT_CANCELABLE)
+
+
+NOT_CANCELABLE = "tasks/cancel goes to the gateway's request handler (reach cancellation)."
+
+
+async def _finish_failed(
+    updater: TaskUpdater, e: ReachError, unshown: Task | None, event_queue: EventQueue
+) -> None:
+    """End the task with the state of a reach error, its text as the status message: one
+    event, the finished task, when nothing was shown yet (``unshown``)."""
+    why = updater.new_agent_message([Part(text=str(e))], metadata={"reachError": type(e).__name__})
+    if isinstance(e, Cancelled):
+        state = TaskState.TASK_STATE_CANCELED
+    elif isinstance(e, Rejected):
+        state = TaskState.TASK_STATE_REJECTED
+    else:
+        state = TaskState.TASK_STATE_FAILED
+    if unshown is not None:
+        unshown.status.state = state
+        unshown.status.message.CopyFrom(why)
+        unshown.status.timestamp.FromDatetime(datetime.now(UTC))
+        await event_queue.enqueue_event(unshown)
+    else:
+        await updater.update_status(state, message=why)
+
+
+SESSION_PREFIX = "a2a"
+
+
+def session_of(context: ServerCallContext, context_id: str) -> str:
+    """The reach session of an A2A context: scoped by the caller (the token's name, or
+    ``-`` without authentication), so a caller naming another's contextId gets a session
+    of its own. Caller names have no ``:``, so the scoped id is unambiguous."""
+    caller = resolve_user_scope(context) or "-"
+    session = f"{SESSION_PREFIX}:{caller}:{context_id}"
+    if len(session) > MAX_ID_CHARS:
+        raise InvalidParamsError(
+            message=f"contextId is {len(context_id)} characters: use at most "
+            f"{MAX_ID_CHARS - len(session) + len(context_id)}."
+        )
+    return session
+
+
+def _timeout_of(headers: Mapping[str, str], default_s: float) -> float:
+    raw = headers.get(TIMEOUT_HEADER)
+    if raw is None:
+        return default_s
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (0 < value <= MAX_TIMEOUT_S):
+        raise InvalidParamsError(
+            message=f"Header {TIMEOUT_HEADER}: {raw!r} is not a number of seconds in "
+            f"(0, {MAX_TIMEOUT_S:g}]."
+        )
+    return value
