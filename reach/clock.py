@@ -105,7 +105,8 @@ class Clock:
         of its own to some master, so the read is ``keyed()``: a keyed call answering as
         ``TIME`` does, routed like the process's other commands to one key's node
         (:meth:`reach.registry.Registry.measure_clock` passes ``server_time.lua`` keyed by
-        the registry, on the registry's connection)."""
+        the registry, on the registry's connection; it is passed in, not built here, as this
+        module sits below the script layer)."""
         cluster = getattr(r, "cluster", False) is True or is_cluster(r)
         if cluster and keyed is None:
             return None
