@@ -34,7 +34,6 @@ from ._delivery import Delivery, policy_for
 from ._replies import ReplyReader, outcome_of
 from ._streaming import Stream
 from .breaker import Breakers
-from .clock import CLOCK
 from .config import resolve_redis_url
 from .connection import DEFAULT_MAX_CONNECTIONS, AnyRedis, connect, redact
 from .doctor import warn_once
@@ -339,7 +338,7 @@ class Client:
             )
             await warn_once(self.redis_url, self._redis)  # eviction, persistence: once
             with anyio.move_on_after(3.0):  # deadlines are set on Redis's clock
-                await CLOCK.measure(self._redis)
+                await self.registry.measure_clock()  # on a Cluster: the registry's node
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self.view.attach(self._tg)  # its tasks start at the first routing (lazily)

@@ -14,16 +14,19 @@ a few ms, and a slow round trip must not invent a skew. An offset of
 should be synced (``reach doctor`` reports the skew too), the offset only hides it.
 
 The offset is the process's: a process talking to several Redis servers uses the one it
-measured last. On a Redis Cluster it is not measured (a keyless ``TIME`` would take a
-connection of its own to some master, and the masters' clocks may differ): there the
-clocks must be synced, and ``reach doctor`` checks each master's.
+measured last. On a Redis Cluster it is measured against the master holding the
+namespace's registry (``server_time.lua``, keyed by registry shard 0's agents zset: a
+keyless ``TIME`` would take a connection of its own to some master), so every process of
+a namespace judges deadlines on that one master's clock. The scripts on the other masters
+use their own (leases, the ``l`` of a claim made at send): the masters' clocks must agree
+(NTP), and ``reach doctor`` checks each master's.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
 from .connection import is_cluster
@@ -88,15 +91,28 @@ class Clock:
             )
         return skew
 
-    async def measure(self, r: Any) -> float | None:
-        """Measure the offset with one ``TIME`` on ``r`` (an asyncio Redis client); the
-        skew in seconds, or None when Redis did not answer (the offset is kept) or is a
-        Cluster (not measured)."""
-        if getattr(r, "cluster", False) is True or is_cluster(r):
+    async def measure(
+        self, r: Any, keyed: Callable[[], Awaitable[Sequence[Any]]] | None = None
+    ) -> float | None:
+        """Measure the offset with one read of Redis's clock; the skew in seconds, or None
+        when Redis did not answer (the offset is kept) or is a Cluster measured without
+        ``keyed``.
+
+        ``r``: an asyncio Redis client (or the auto-pipeline over one). On a standalone
+        server (or Sentinel's master) the read is a plain ``TIME`` on ``r``: it goes where
+        every other command goes, and needs no script in the server's cache (a restarted
+        server answers it at once). On a Cluster a keyless ``TIME`` would take a connection
+        of its own to some master, so the read is ``keyed()``: a keyed call answering as
+        ``TIME`` does, routed like the process's other commands to one key's node
+        (:meth:`reach.registry.Registry.measure_clock` passes ``server_time.lua`` keyed by
+        the registry, on the registry's connection; it is passed in, not built here, as this
+        module sits below the script layer)."""
+        cluster = getattr(r, "cluster", False) is True or is_cluster(r)
+        if cluster and keyed is None:
             return None
         try:
             t0 = self.local_s()
-            reply = await r.execute_command("TIME")
+            reply = await (keyed() if cluster and keyed is not None else r.execute_command("TIME"))
             t1 = self.local_s()
         except Exception as e:  # noqa: BLE001 - a measurement must never fail its caller
             log.debug("could not read Redis's clock: %s", e)

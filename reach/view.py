@@ -51,7 +51,6 @@ import anyio
 import anyio.abc
 from redis import exceptions as rexc
 
-from .clock import CLOCK
 from .connection import AnyRedis, as_text
 from .logs import OutageLog
 from .registry import AgentInfo, Registry, decode_id
@@ -380,7 +379,7 @@ class RegistryView:
                 await self._refresh_figures()
                 if time.monotonic() - timed_at >= CLOCK_CHECK_S:
                     timed_at = time.monotonic()
-                    await CLOCK.measure(self.redis)  # the offset deadlines are set with
+                    await self.registry.measure_clock()  # the offset deadlines are set with
             except (rexc.RedisError, OSError) as e:
                 self._refresh_outage.failed(e)
             except Exception:  # noqa: BLE001 - a bug or bad data must not stop the process

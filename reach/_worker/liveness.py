@@ -7,9 +7,10 @@
   withholds them. A heartbeat that finds the registration gone registers again; one that
   finds a newer registration stops this agent. One thread per process and Redis
   (:class:`Heartbeats`) renews every agent the process runs: the inbox lengths of all in
-  one pipeline (with, on a standalone Redis, a ``TIME``: the clock offset deadlines are
-  judged with, :mod:`reach.clock`), then one ``heartbeat_many.lua`` call per registry shard (per 100 agents),
-  each agent answered as by ``heartbeat.lua``. The round is sent by the agents' event
+  one pipeline (with a ``TIME``, on a Cluster ``server_time.lua`` keyed to the registry's
+  node: the clock offset deadlines are judged with, :mod:`reach.clock`), then one
+  ``heartbeat_many.lua`` call per registry shard (per 100 agents), each agent answered as
+  by ``heartbeat.lua``. The round is sent by the agents' event
   loop on its multiplexed connection (no connection of its own); only when that is not
   answered within :data:`LOOP_PICKUP_S` (a handler blocking the loop) does the thread
   send it on a connection of its own, kept while the loop stays blocked;
@@ -81,7 +82,7 @@ class Liveness(Part):
 
     async def register(self) -> None:
         # Deadlines are judged on Redis's clock: know this host's offset before any runs.
-        await CLOCK.measure(self.redis)
+        await self.registry.measure_clock()
         got = await self.registry.register_detail(self.agent_id, **self._register_kw())
         if not got.replaced_instance:
             return
@@ -520,14 +521,23 @@ class Heartbeats:
         inboxes = self._inboxes(due)
         for k in inboxes:
             pipe.xlen(k)
-        timed = not due[0].liveness.cluster  # keyless TIME: one server, the standalone's
-        if timed:  # the clock offset, measured again in the same round trip
-            pipe.execute_command("TIME")
+        # The clock offset, measured again in the same round trip: a plain TIME on one
+        # server; on a Cluster server_time.lua, keyed to the registry's node (a keyless
+        # TIME would take a connection of its own to some master).
+        lv = due[0].liveness
+        timer = lv.registry.scripts.server_time().op() if lv.cluster else ("TIME",)
+        pipe.execute_command(*timer)
         t0 = CLOCK.local_s()
-        replies = await pipe.execute()
+        replies = await pipe.execute(raise_on_error=False)
         t1 = CLOCK.local_s()
-        if timed:
-            CLOCK.observe(replies[len(inboxes)], t0, t1)
+        for x in replies[: len(inboxes)]:
+            if isinstance(x, Exception):
+                raise x
+        clock = replies[len(inboxes)]
+        if isinstance(clock, Exception):  # the offset is kept: the leases matter more
+            log.debug("could not read Redis's clock: %s", clock)
+        else:
+            CLOCK.observe(clock, t0, t1)
         lengths = [int(x) for x in replies[: len(inboxes)]]
         batches, calls = self._plan(due, lengths)
         replies = await run_pipeline(r, [c.op() for c in calls])

@@ -26,6 +26,7 @@ from redis import exceptions as rexc
 
 from .. import metrics
 from ..client import Client
+from ..clock import now_ms
 from ..registry import MAX_LOCK_MS, Registry
 from ..sweeper import move_due, sweep_chores
 from .state import Shared
@@ -66,7 +67,7 @@ async def _move_due_between_passes(shared: Shared, client: Client, pause_s: floa
             if not first:
                 await anyio.sleep(left)
                 return
-            due_in = (float(first[0][1]) - time.time() * 1000) / 1000
+            due_in = (float(first[0][1]) - now_ms()) / 1000  # move_due's clock
             if due_in > 0:
                 await anyio.sleep(max(MIN_DUE_SLEEP_S, min(due_in, DUE_POLL_S, left)))
                 continue

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import anyio
 from redis import exceptions as rexc
 
+from ..clock import CLOCK, Clock
 from ..connection import AnyRedis, is_cluster
 from ..errors import (
     ConfigError,
@@ -465,6 +466,15 @@ class Registry:
         return total
 
     # -- reads ------------------------------------------------------------------------
+    async def measure_clock(self, clock: Clock = CLOCK) -> float | None:
+        """Measure this process's clock offset to Redis's (:mod:`reach.clock`) on the
+        registry's connection: a plain ``TIME`` on standalone Redis, on a Cluster
+        ``server_time.lua`` keyed by registry shard 0 (the registry's master, through the
+        same auto-pipelined connection as the registry's calls). The skew in seconds, or
+        None when Redis did not answer."""
+        call = self.scripts.server_time()
+        return await clock.measure(self.redis, lambda: call.run(self.redis))
+
     async def count_shards(self, *, sample: int = 1000) -> list[agents.AgentCounts]:
         """Each shard's agents by lease state and routable, in shard order, reading at most
         ``ceil(sample / shards)`` records of each (1 <= sample <= 100,000): one

@@ -1,12 +1,14 @@
 """Typed calls of the registry scripts: register, heartbeat, heartbeat_many, mark_ready,
-drain, deregister, sweep, count_agents (``lua/<name>.lua``; each header is the contract).
+drain, deregister, sweep, count_agents, and server_time (the clock of the registry's node)
+(``lua/<name>.lua``; each header is the contract).
 
 Each method of :class:`RegistryScripts` encodes its arguments into KEYS and ARGV and
 returns a :class:`~reach.scripts.Call` whose reply decodes into the script's code (an
 IntEnum of :mod:`reach.scripts.codes`) or a small frozen result. Each call touches one
 registry shard (one hash slot, :class:`reach.keys.Keys`): an agent's calls its own shard's,
 ``heartbeat_many`` the one shard of all its agents, ``sweep`` and ``count_agents`` the shard
-named; so these are the same on standalone Redis and on a Cluster.
+named, ``server_time`` shard 0's; so these are the same on standalone Redis and on a
+Cluster.
 
 The values are encoded, not judged: :class:`reach.Registry` checks them against the limits
 of its module (and raises ``ConfigError``); a value out of contract is refused by the
@@ -130,6 +132,11 @@ class AgentCounts:
             "evicted": round(self.evicted * f),
         }
         return counts, round(self.routable * f)
+
+
+def server_time(reply: Any) -> tuple[int, int]:
+    """``server_time.lua``'s reply (``TIME``'s) as ``(seconds, microseconds)``."""
+    return as_int(reply[0]), as_int(reply[1])
 
 
 def _counts(reply: Any) -> AgentCounts:
@@ -308,3 +315,10 @@ class RegistryScripts:
         records (all of them when there are no more; else a uniform random sample)."""
         keys = (self.keys.agents_of(shard), self.keys.agent_prefix_of(shard))
         return Call("count_agents", keys, (sample,), _counts)
+
+    def server_time(self) -> Call[tuple[int, int]]:
+        """Redis's clock (``TIME``: epoch seconds, microseconds) read on the node of
+        registry shard 0, routed by its agents zset like the registry's other calls (on a
+        Cluster a keyless ``TIME`` would take a connection of its own to some master).
+        What :mod:`reach.clock` measures a process's offset with."""
+        return Call("server_time", (self.keys.agents_of(0),), (), server_time)

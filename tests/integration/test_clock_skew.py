@@ -1,6 +1,7 @@
 """A worker whose clock is 30 s ahead of Redis's: deadlines are judged on Redis's clock
 (reach.clock: the offset to Redis's TIME, measured at start and with the heartbeats), so
-its messages are not expired, and it says once that its clock is off."""
+its messages are not expired, and it says once that its clock is off; on standalone Redis
+and on a Cluster (there through server_time.lua, keyed to the registry's master)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import anyio
@@ -16,6 +18,7 @@ import pytest
 import reach
 from reach.client import Client
 from reach.clock import APPLY_S, WARN_S, Clock
+from tests.support.cluster import RedisTestCluster
 from tests.support.workers import FAST, ROOT
 
 pytestmark = pytest.mark.anyio
@@ -42,25 +45,24 @@ def test_an_injected_clock_30_s_ahead_is_corrected_and_warned_once(
     assert WARN_S > APPLY_S
 
 
-@pytest.fixture
-def skewed_worker(redis_url: str, ns: str, tmp_path: Path) -> Iterator[Path]:
-    log = tmp_path / "worker.log"
+@contextmanager
+def skewed_worker(url: str, ns: str, log: Path) -> Iterator[None]:
+    """A ``reach worker`` whose host clock is 30 s ahead, serving ``route.echo``; its
+    warnings go to ``log``."""
     cmd = [sys.executable, "-m", "tests.support.skewed", "30", "worker"]
-    cmd += ["tests.support.agents_routing:fast", "--redis-url", redis_url, "--namespace", ns]
+    cmd += ["tests.support.agents_routing:fast", "--redis-url", url, "--namespace", ns]
     cmd += ["--log-level", "warning", *FAST]
     with open(log, "wb") as err:
         p = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.DEVNULL, stderr=err)
     try:
-        yield log
+        yield
     finally:
         p.kill()
         p.wait(timeout=10)
 
 
-async def test_a_worker_30_s_ahead_does_not_expire_messages_and_warns_once(
-    skewed_worker: Path, redis_url: str, ns: str
-) -> None:
-    async with Client(redis_url=redis_url, namespace=ns) as c:
+async def _answered_in_time_and_warned_once(url: str, ns: str, log: Path) -> None:
+    async with Client(redis_url=url, namespace=ns) as c:
         with anyio.fail_after(60):
             while True:
                 c.invalidate()
@@ -74,10 +76,29 @@ async def test_a_worker_30_s_ahead_does_not_expire_messages_and_warns_once(
         got = [await c.request("route.echo", i, timeout_s=5) for i in range(5)]
         got += await c.request_many("route.echo", [5, 6, 7], timeout_s=2)
     assert got == ["fast"] * 8
-    text = skewed_worker.read_text()
+    text = log.read_text()
     warnings = [line for line in text.splitlines() if "clock is" in line]
     assert len(warnings) == 1, text
     assert re.search(r"clock is (29|30)\.\d s ahead of Redis's", warnings[0]), warnings[0]
+
+
+async def test_a_worker_30_s_ahead_does_not_expire_messages_and_warns_once(
+    redis_url: str, ns: str, tmp_path: Path
+) -> None:
+    log = tmp_path / "worker.log"
+    with skewed_worker(redis_url, ns, log):
+        await _answered_in_time_and_warned_once(redis_url, ns, log)
+
+
+@pytest.mark.cluster
+async def test_on_a_cluster_a_worker_30_s_ahead_does_not_expire_messages_and_warns_once(
+    redis_cluster: RedisTestCluster, ns: str, tmp_path: Path
+) -> None:
+    """On a Cluster the offset is measured with server_time.lua, keyed to the registry's
+    master (a keyless TIME would need a connection of its own): measured all the same."""
+    log = tmp_path / "worker.log"
+    with skewed_worker(redis_cluster.url, ns, log):
+        await _answered_in_time_and_warned_once(redis_cluster.url, ns, log)
 
 
 def test_a_slow_round_trip_does_not_invent_a_skew() -> None:

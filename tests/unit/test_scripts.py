@@ -45,6 +45,7 @@ def test_every_script_has_a_typed_call() -> None:
         R.drain("a").script,
         R.sweep(owner="o", lock_ms=0, shadow_ttl_ms=1, batch=1).script,
         R.count_agents(sample=1).script,
+        R.server_time().script,
         delivery.fetch(K, agent_id="a", n=1, keep_normal=0, keep_low=0).script,
         delivery.claim_call([], owner="o", ttl_ms=1, agent_id="a").script,
         delivery.start_call([], owner="o", ttl_ms=1).script,
@@ -132,6 +133,15 @@ def test_heartbeat_and_the_single_code_replies() -> None:
     assert m.args == ("a", "i", "0", 1000) and m.decode(1) is codes.MarkReadyCode.SET
     with pytest.raises(ValueError):
         m.decode(7)  # not a code of mark_ready.lua
+
+
+def test_server_time_is_routed_by_the_registry_and_reads_times_reply() -> None:
+    c = R.server_time()
+    assert (c.keys, c.args) == ((K.agents,), ())  # shard 0's slot: the registry's node
+    sharded = agents.RegistryScripts(Keys("ns", 16), events_maxlen=1000).server_time()
+    assert sharded.keys == (Keys("ns", 16).agents_of(0),)
+    assert c.op() == ("EVALSHA", scripts.script("server_time").sha, 1, K.agents)
+    assert c.decode([b"1800000000", b"250000"]) == (1_800_000_000, 250_000)
 
 
 def test_sweep_reply() -> None:
