@@ -233,10 +233,6 @@ def test_the_cycle_check_finds_a_cycle() -> None:
 # (a package, or a sibling module) so the path a reader follows fits in one view.
 MAX_LINES = 800
 
-# Modules not split yet, each held to its size when the check came in: it may shrink,
-# never grow, and its entry goes once it is split (a stale entry fails below).
-NOT_SPLIT_YET: dict[str, int] = {}  # none now: every module is within the limit
-
 
 def _lines(module: str) -> int:
     return len(MODULES[module][0].read_text().splitlines())
@@ -244,19 +240,10 @@ def _lines(module: str) -> int:
 
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_no_module_is_over_800_lines(module: str) -> None:
-    limit = NOT_SPLIT_YET.get(module, MAX_LINES)
     lines = _lines(module)
-    assert lines <= limit, (
+    assert lines <= MAX_LINES, (
         f"{MODULES[module][0].relative_to(ROOT.parent)} ({module}) has {lines} lines, over "
-        f"{limit}: split it along its seams (docs/architecture.md, The parts)"
-    )
-
-
-@pytest.mark.parametrize("module", sorted(NOT_SPLIT_YET))
-def test_the_modules_not_split_yet_are_still_over(module: str) -> None:
-    assert module in MODULES and _lines(module) > MAX_LINES, (
-        f"{module} is {_lines(module) if module in MODULES else 'gone'}: take it out of "
-        "NOT_SPLIT_YET, the 800-line check holds it now"
+        f"{MAX_LINES}: split it along its seams (docs/architecture.md, The parts)"
     )
 
 
