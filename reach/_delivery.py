@@ -251,15 +251,19 @@ class Delivery:
         if env.deadline_ms and env.deadline_ms <= now_ms():
             raise DeadlineExceeded(f"Deadline of {env.capability!r} passed before sending.")
         q = await self.quotas() if quota else NO_QUOTAS
-        if not rated:
+        if not rated and q.send_rate is not None:  # no rate: nothing to take
             _, err = await self.take_sends(env, q, 1)
             if err is not None:
                 raise err
         refused: dict[str, tuple[int, int]] = {}  # agent id -> (inbox depth, its bound)
         rechecked = False
+        tracing = logs.tracing()  # asked once: no span is entered per message without it
         while True:
             try:  # a stale registry view is re-read here, from Redis
-                with logs.span("reach.route", attributes={"reach.capability": env.capability}):
+                if tracing:
+                    with logs.span("reach.route", attributes={"reach.capability": env.capability}):
+                        agent = await self._pick(env, where, refused)
+                else:
                     agent = await self._pick(env, where, refused)
             except (rexc.ConnectionError, rexc.TimeoutError) as e:
                 raise unreachable(self.redis_url, e) from e
@@ -278,11 +282,15 @@ class Delivery:
                 self.router.inflight.add(agent.agent_id)
             else:  # no reply will say when it is done: counted until the agent reports
                 self.router.capacity.sent(agent)
-            with logs.span("reach.deliver", kind="producer"):
-                seal(env, self.signer, tracing=True, again=not quota)
-                data = encode(env)
-                bound = inbox_bound(agent, q.max_inbox)
-                depth = await self._add(env, agent, data, track=track, bound=bound)
+            bound = inbox_bound(agent, q.max_inbox)
+            if tracing:
+                with logs.span("reach.deliver", kind="producer"):
+                    seal(env, self.signer, tracing=True, again=not quota)
+                    depth = await self._add(env, agent, encode(env), track=track, bound=bound)
+            else:
+                if self.signer is not None or env.sig:
+                    seal(env, self.signer, tracing=False, again=not quota)
+                depth = await self._add(env, agent, encode(env), track=track, bound=bound)
             if depth is None:
                 break
             refused[agent.agent_id] = (depth, bound)

@@ -19,7 +19,7 @@ import anyio
 import msgspec
 
 from . import metrics
-from .envelope import Envelope, new_id
+from .envelope import Envelope, new_id, new_ids
 from .errors import ConfigError, NoAgentAvailable
 from .outcomes import RequestOutcome
 
@@ -132,13 +132,14 @@ def build_many(
     own_trace = bool(opts.get("trace_id"))
     replace = msgspec.structs.replace
     out: list[Envelope | Exception] = []
+    ids = new_ids(len(items))
     for i, payload in enumerate(items):
         try:
             raw = client._encode_payload(payload)
         except Exception as e:  # noqa: BLE001 - this payload's error, in its place
             out.append(e)
             continue
-        msg_id = new_id()
+        msg_id = ids[i]
         out.append(
             replace(
                 base,

@@ -503,7 +503,8 @@ class Client:
         (:meth:`pending_local`); :class:`RedisUnavailable` when the buffer is full (see the
         class docstring)."""
         env = self.build(capability, payload, reply=False, **opts)
-        await self._check_rate_limit(env.capability, on_rate_limit)
+        if on_rate_limit != "wait":  # "wait" takes no look: no call per message
+            await self._check_rate_limit(env.capability, on_rate_limit)
         await self._deliver_or_hold(env, where, track=False)
         return env.msg_id
 

@@ -67,6 +67,9 @@ def normalize_capability(name: str) -> str:
     >>> normalize_capability("  Text.Summarize ")
     'text.summarize'
     """
+    known = _NORMALIZED.get(name) if type(name) is str else None
+    if known is not None:
+        return known
     if not isinstance(name, str):
         raise InvalidCapability(f"A capability name must be a string, not {type(name).__name__}.")
     norm = name.strip().lower()
@@ -76,7 +79,15 @@ def normalize_capability(name: str) -> str:
             f"'_' joined by dots, at most {MAX_CAPABILITY_BYTES} characters, e.g. "
             "'text.summarize' or 'code.review_python'."
         )
+    if len(_NORMALIZED) >= _NORMALIZED_MAX:  # bounded: names may come from anywhere
+        _NORMALIZED.clear()
+    _NORMALIZED[name] = norm
     return norm
+
+
+# Names checked already (every send checks its capability's): a dict lookup, not a regex.
+_NORMALIZED: dict[str, str] = {}
+_NORMALIZED_MAX = 4096
 
 
 def normalize_capabilities(names: Iterable[str]) -> list[str]:

@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from ..connection import AnyRedis
 from ..envelope import Envelope
 from ..keys import PRIORITIES, Keys
@@ -32,8 +34,9 @@ MAX_BOUND = 999_999_999_999_999
 """The largest max_queue send.lua and enqueue.lua take; a larger bound is sent as this."""
 
 
-@dataclass(frozen=True, slots=True)
-class Sent:
+# The per-message records below are msgspec Structs rather than frozen dataclasses: a
+# sending caller makes several per message, and a Struct is built ten times faster.
+class Sent(msgspec.Struct, frozen=True, gc=False):
     """The inbox entry id of the added message, or (``refused``) the depth of the inbox
     (queued + being handled) that was at or over its bound: nothing was written."""
 
@@ -54,8 +57,7 @@ def _bound(max_queue: int) -> int:
     return min(max(0, max_queue), MAX_BOUND)
 
 
-@dataclass(frozen=True, slots=True)
-class Message:
+class Message(msgspec.Struct, frozen=True, gc=False):
     """A message to add to an agent's inbox: its encoded envelope ``data`` and what its
     idempotency record keeps. ``key``: the record's key (the caller's idempotency key, or
     the msg_id; a caller's key scoped as :func:`reach.envelope.scoped_key` makes it);
@@ -246,8 +248,7 @@ async def send(
     return Sent(entry_id=as_text(out[0]))
 
 
-@dataclass(frozen=True, slots=True)
-class Delivery:
+class Delivery(msgspec.Struct, frozen=True, gc=False):
     """One message of :func:`send_many` and where it goes: the inbox of ``agent_id`` at
     ``priority``, refused at ``max_queue`` entries (0: unbounded)."""
 

@@ -7,13 +7,22 @@ from __future__ import annotations
 import os
 import threading
 
-from reach.envelope import new_id
+from reach.envelope import new_id, new_ids
 
 
 def test_ids_are_unique_and_sort_by_time() -> None:
     ids = [new_id() for _ in range(20_000)]  # several buffers' worth
     assert len(set(ids)) == len(ids)
     assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+    assert [i[:12] for i in ids] == sorted(i[:12] for i in ids)
+
+
+def test_a_batch_of_ids_is_unique_and_apart_from_single_ones() -> None:
+    batch = new_ids(3_000)  # more bits than one buffer holds
+    ids = batch + new_ids(1) + [new_id() for _ in range(2_000)] + new_ids(0)
+    assert len(set(ids)) == len(ids) == 5_001
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+    assert len({i[:12] for i in batch}) == 1  # one clock read for the batch
     assert [i[:12] for i in ids] == sorted(i[:12] for i in ids)
 
 
