@@ -154,12 +154,20 @@ class _Tally:
         self._notes: collections.deque[tuple[Any, tuple[str, ...], float | None]] = (
             collections.deque()
         )
+        # (metric, labels, n): counts a worker added up over a batch
+        self._many: collections.deque[tuple[Any, tuple[str, ...], int]] = collections.deque()
         self._folding = threading.Lock()  # one fold at a time
 
     def count(self, metric: Any, labels: tuple[str, ...]) -> None:
         notes = self._notes
         notes.append((metric, labels, None))
         if len(notes) >= self.FOLD_AT:
+            self.fold(wait=False)
+
+    def count_many(self, metric: Any, labels: tuple[str, ...], n: int) -> None:
+        many = self._many
+        many.append((metric, labels, n))
+        if len(many) >= self.FOLD_AT:
             self.fold(wait=False)
 
     def observe(self, metric: Any, labels: tuple[str, ...], value: float) -> None:
@@ -195,6 +203,14 @@ class _Tally:
                     h = hists[key] = [0.0] * (len(_BOUNDS) + 1)
                 h[bisect.bisect_left(_BOUNDS, value)] += 1  # the first bound >= value
                 h[-1] += value
+            take = self._many.popleft
+            while True:
+                try:
+                    metric, labels, n = take()
+                except IndexError:
+                    break
+                key = (metric, labels)
+                counts[key] = counts.get(key, 0) + n
             for (metric, labels), n in counts.items():
                 _child(metric, *labels).inc(n)
             for (metric, labels), h in hists.items():
@@ -524,20 +540,21 @@ def outcome_dropped(capability: str) -> None:
     _TALLY.count(DROPPED, (_cap(capability),))
 
 
-def settled(capability: str, outcome: str, reason: str = "") -> None:
-    """An inbox entry was settled (its completion accepted) and acked.
+def settled(capability: str, outcome: str, reason: str = "", n: int = 1) -> None:
+    """An inbox entry (``n`` alike) was settled (its completion accepted) and acked.
 
     ``outcome`` (a :class:`reach.outcomes.Settled`) dead, expired and malformed also count
     a dead letter (and expired an expiry), retrying counts a retry.
     """
     cap = _cap(capability)
-    _TALLY.count(ACKED, (cap, outcome))
+    count = _TALLY.count if n == 1 else lambda m, labels: _TALLY.count_many(m, labels, n)
+    count(ACKED, (cap, outcome))
     if outcome in DEAD_LETTERED:
-        _TALLY.count(DEAD, (cap, reason or outcome))
+        count(DEAD, (cap, reason or outcome))
     if outcome == Settled.EXPIRED:
-        _TALLY.count(EXPIRED, (cap, reason or DeadReason.EXPIRED))
+        count(EXPIRED, (cap, reason or DeadReason.EXPIRED))
     elif outcome == Settled.RETRYING:
-        _TALLY.count(RETRIED, (cap,))
+        count(RETRIED, (cap,))
 
 
 def track_inflight(agent_id: str, fn: Callable[[], float]) -> None:
@@ -650,6 +667,15 @@ class MetricsHooks(Hooks):
     def on_delivered(self, env: Envelope) -> None:
         delivered(env.capability, env.priority)
 
+    def on_delivered_many(self, envs: Sequence[Envelope]) -> None:
+        """:meth:`on_delivered` of a batch read at once: one note per series."""
+        by: dict[tuple[str, str], int] = {}
+        for env in envs:
+            key = (env.capability, env.priority)
+            by[key] = by.get(key, 0) + 1
+        for (cap, prio), n in by.items():
+            _TALLY.count_many(DELIVERED, (_cap(cap), prio), n)
+
     def on_replay(self, env: Envelope) -> None:
         replayed(env.capability)
 
@@ -670,6 +696,15 @@ class MetricsHooks(Hooks):
 
     def after_settle(self, env: Envelope | None, outcome: str, reason: str) -> None:
         settled(env.capability if env is not None else MALFORMED_CAP, outcome, reason)
+
+    def after_settle_many(self, rows: Sequence[tuple[Envelope | None, str, str]]) -> None:
+        """:meth:`after_settle` of a batch settled at once: one note per series."""
+        by: dict[tuple[str, str, str], int] = {}
+        for env, outcome, reason in rows:
+            key = (env.capability if env is not None else MALFORMED_CAP, outcome, reason)
+            by[key] = by.get(key, 0) + 1
+        for (cap, outcome, reason), n in by.items():
+            settled(cap, outcome, reason, n)
 
 
 # -- serving --------------------------------------------------------------------------
