@@ -188,12 +188,11 @@ class _Tally:
             counts: dict[tuple[Any, tuple[str, ...]], int] = {}
             # Per histogram child: one count per bucket (the last is +Inf), then the sum.
             hists: dict[tuple[Any, tuple[str, ...]], list[float]] = {}
-            pop = self._notes.popleft
-            while True:
-                try:
-                    metric, labels, value = pop()
-                except IndexError:
-                    break
+            pop, first_at_least = self._notes.popleft, bisect.bisect_left
+            # What was noted when the fold began (notes added meanwhile wait for the next):
+            # counted up front, no IndexError per fold to catch.
+            for _ in range(len(self._notes)):
+                metric, labels, value = pop()
                 key = (metric, labels)
                 if value is None:
                     counts[key] = counts.get(key, 0) + 1
@@ -201,14 +200,11 @@ class _Tally:
                 h = hists.get(key)
                 if h is None:
                     h = hists[key] = [0.0] * (len(_BOUNDS) + 1)
-                h[bisect.bisect_left(_BOUNDS, value)] += 1  # the first bound >= value
+                h[first_at_least(_BOUNDS, value)] += 1  # the first bound >= value
                 h[-1] += value
             take = self._many.popleft
-            while True:
-                try:
-                    metric, labels, n = take()
-                except IndexError:
-                    break
+            for _ in range(len(self._many)):
+                metric, labels, n = take()
                 key = (metric, labels)
                 counts[key] = counts.get(key, 0) + n
             for (metric, labels), n in counts.items():
@@ -681,8 +677,8 @@ class MetricsHooks(Hooks):
 
     def before_handle(self, ctx: Context) -> None:
         env = ctx.envelope
-        if env.sent_ms:
-            queue_wait(env.priority, (now_ms() - env.sent_ms) / 1000)
+        if env.sent_ms:  # queue_wait(), inlined: once per message
+            _TALLY.observe(QUEUE_WAIT, (env.priority,), max(0.0, (now_ms() - env.sent_ms) / 1000))
 
     def after_handle(self, ctx: Context, outcome: Outcome, duration_s: float | None) -> None:
         if duration_s is not None:

@@ -569,7 +569,7 @@ class Execution(Part):
             client=self.client,
         )
         self.hooks.before_handle(ctx)
-        outcome = oc.expired_before_start(env, now_ms())
+        outcome = oc.expired_before_start(env, now_ms()) if env.deadline_ms else None
         duration_s: float | None = None
         if outcome is None:
             spec = self.agent.handlers.get(env.capability)
@@ -710,7 +710,8 @@ class Execution(Part):
             keys=self.keys,
             agent_id=self.agent_id,
             dlq_maxlen=self.opts.dlq_maxlen,
-            now_ms=now_ms(),
+            # the clock is read only for what a retry's due time needs
+            now_ms=now_ms() if outcome.status == Status.RETRYING else 0,
             traceback_max_bytes=self.opts.traceback_max_bytes,
             redact_traceback=self.opts.redact_traceback,
         )
