@@ -154,12 +154,20 @@ class _Tally:
         self._notes: collections.deque[tuple[Any, tuple[str, ...], float | None]] = (
             collections.deque()
         )
+        # (metric, labels, n): counts a worker added up over a batch
+        self._many: collections.deque[tuple[Any, tuple[str, ...], int]] = collections.deque()
         self._folding = threading.Lock()  # one fold at a time
 
     def count(self, metric: Any, labels: tuple[str, ...]) -> None:
         notes = self._notes
         notes.append((metric, labels, None))
         if len(notes) >= self.FOLD_AT:
+            self.fold(wait=False)
+
+    def count_many(self, metric: Any, labels: tuple[str, ...], n: int) -> None:
+        many = self._many
+        many.append((metric, labels, n))
+        if len(many) >= self.FOLD_AT:
             self.fold(wait=False)
 
     def observe(self, metric: Any, labels: tuple[str, ...], value: float) -> None:
@@ -180,12 +188,11 @@ class _Tally:
             counts: dict[tuple[Any, tuple[str, ...]], int] = {}
             # Per histogram child: one count per bucket (the last is +Inf), then the sum.
             hists: dict[tuple[Any, tuple[str, ...]], list[float]] = {}
-            pop = self._notes.popleft
-            while True:
-                try:
-                    metric, labels, value = pop()
-                except IndexError:
-                    break
+            pop, first_at_least = self._notes.popleft, bisect.bisect_left
+            # What was noted when the fold began (notes added meanwhile wait for the next):
+            # counted up front, no IndexError per fold to catch.
+            for _ in range(len(self._notes)):
+                metric, labels, value = pop()
                 key = (metric, labels)
                 if value is None:
                     counts[key] = counts.get(key, 0) + 1
@@ -193,8 +200,13 @@ class _Tally:
                 h = hists.get(key)
                 if h is None:
                     h = hists[key] = [0.0] * (len(_BOUNDS) + 1)
-                h[bisect.bisect_left(_BOUNDS, value)] += 1  # the first bound >= value
+                h[first_at_least(_BOUNDS, value)] += 1  # the first bound >= value
                 h[-1] += value
+            take = self._many.popleft
+            for _ in range(len(self._many)):
+                metric, labels, n = take()
+                key = (metric, labels)
+                counts[key] = counts.get(key, 0) + n
             for (metric, labels), n in counts.items():
                 _child(metric, *labels).inc(n)
             for (metric, labels), h in hists.items():
@@ -524,20 +536,21 @@ def outcome_dropped(capability: str) -> None:
     _TALLY.count(DROPPED, (_cap(capability),))
 
 
-def settled(capability: str, outcome: str, reason: str = "") -> None:
-    """An inbox entry was settled (its completion accepted) and acked.
+def settled(capability: str, outcome: str, reason: str = "", n: int = 1) -> None:
+    """An inbox entry (``n`` alike) was settled (its completion accepted) and acked.
 
     ``outcome`` (a :class:`reach.outcomes.Settled`) dead, expired and malformed also count
     a dead letter (and expired an expiry), retrying counts a retry.
     """
     cap = _cap(capability)
-    _TALLY.count(ACKED, (cap, outcome))
+    count = _TALLY.count if n == 1 else lambda m, labels: _TALLY.count_many(m, labels, n)
+    count(ACKED, (cap, outcome))
     if outcome in DEAD_LETTERED:
-        _TALLY.count(DEAD, (cap, reason or outcome))
+        count(DEAD, (cap, reason or outcome))
     if outcome == Settled.EXPIRED:
-        _TALLY.count(EXPIRED, (cap, reason or DeadReason.EXPIRED))
+        count(EXPIRED, (cap, reason or DeadReason.EXPIRED))
     elif outcome == Settled.RETRYING:
-        _TALLY.count(RETRIED, (cap,))
+        count(RETRIED, (cap,))
 
 
 def track_inflight(agent_id: str, fn: Callable[[], float]) -> None:
@@ -650,13 +663,22 @@ class MetricsHooks(Hooks):
     def on_delivered(self, env: Envelope) -> None:
         delivered(env.capability, env.priority)
 
+    def on_delivered_many(self, envs: Sequence[Envelope]) -> None:
+        """:meth:`on_delivered` of a batch read at once: one note per series."""
+        by: dict[tuple[str, str], int] = {}
+        for env in envs:
+            key = (env.capability, env.priority)
+            by[key] = by.get(key, 0) + 1
+        for (cap, prio), n in by.items():
+            _TALLY.count_many(DELIVERED, (_cap(cap), prio), n)
+
     def on_replay(self, env: Envelope) -> None:
         replayed(env.capability)
 
     def before_handle(self, ctx: Context) -> None:
         env = ctx.envelope
-        if env.sent_ms:
-            queue_wait(env.priority, (now_ms() - env.sent_ms) / 1000)
+        if env.sent_ms:  # queue_wait(), inlined: once per message
+            _TALLY.observe(QUEUE_WAIT, (env.priority,), max(0.0, (now_ms() - env.sent_ms) / 1000))
 
     def after_handle(self, ctx: Context, outcome: Outcome, duration_s: float | None) -> None:
         if duration_s is not None:
@@ -670,6 +692,15 @@ class MetricsHooks(Hooks):
 
     def after_settle(self, env: Envelope | None, outcome: str, reason: str) -> None:
         settled(env.capability if env is not None else MALFORMED_CAP, outcome, reason)
+
+    def after_settle_many(self, rows: Sequence[tuple[Envelope | None, str, str]]) -> None:
+        """:meth:`after_settle` of a batch settled at once: one note per series."""
+        by: dict[tuple[str, str, str], int] = {}
+        for env, outcome, reason in rows:
+            key = (env.capability if env is not None else MALFORMED_CAP, outcome, reason)
+            by[key] = by.get(key, 0) + 1
+        for (cap, outcome, reason), n in by.items():
+            settled(cap, outcome, reason, n)
 
 
 # -- serving --------------------------------------------------------------------------

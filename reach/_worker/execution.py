@@ -529,21 +529,22 @@ class Execution(Part):
 
     async def pool_member(self) -> None:
         """One task of the handler pool."""
+        me = asyncio.current_task()  # looked up once: the task that runs every handler here
         while True:
             it = await self._work.get()
             try:
-                await self._handle(it)
+                await self._handle(it, me)
             except Exception as e:
                 if not it.queued:
                     self._poison(it, e, "running it")
                 else:  # its outcome is on its way: only the report of it failed
                     log.exception("after message %s was handled", it.env.msg_id)
 
-    async def _handle(self, it: Delivery) -> None:
+    async def _handle(self, it: Delivery, task: asyncio.Task[Any] | None = None) -> None:
         scope = logs.enter_message(it.env, self.agent_id)  # ids on log records, OTel span
         it.started_ms = now_ms()
         try:
-            await self._run(it, traced=isinstance(scope, tuple))
+            await self._run(it, traced=isinstance(scope, tuple), task=task)
         finally:
             self._held.discard(it)  # its outcome is queued (or it was cut): settled soon
             logs.exit_message(scope)
@@ -552,9 +553,12 @@ class Execution(Part):
         if not self._work.waiting:  # else the rest of its batch follows: settled together
             await self.settlement.flush_if_alone()
 
-    async def _run(self, it: Delivery, *, traced: bool = False) -> None:
+    async def _run(
+        self, it: Delivery, *, traced: bool = False, task: asyncio.Task[Any] | None = None
+    ) -> None:
         """Handle ``it`` and queue its settling; ``traced``: it has an OpenTelemetry span
-        (logs.enter_message opened one), which gets the outcome."""
+        (logs.enter_message opened one), which gets the outcome. ``task``: the task this
+        runs in, if known (else looked up when needed)."""
         env = it.env
         ctx = Context(
             env,
@@ -565,7 +569,7 @@ class Execution(Part):
             client=self.client,
         )
         self.hooks.before_handle(ctx)
-        outcome = oc.expired_before_start(env, now_ms())
+        outcome = oc.expired_before_start(env, now_ms()) if env.deadline_ms else None
         duration_s: float | None = None
         if outcome is None:
             spec = self.agent.handlers.get(env.capability)
@@ -587,7 +591,7 @@ class Execution(Part):
                             spec.preemptible and preempted_times(env) < self.opts.max_preempts
                         )
                     try:
-                        outcome, duration_s = await self._call(spec, payload, ctx, run)
+                        outcome, duration_s = await self._call(spec, payload, ctx, run, task)
                     finally:
                         self.cancels.end(run)
                     if run.preempted:  # cut for high-priority work: it goes back, as it was
@@ -601,7 +605,12 @@ class Execution(Part):
         self._finish(it, outcome, traced=traced)
 
     async def _call(
-        self, spec: HandlerSpec, payload: Any, ctx: Context, run: Run
+        self,
+        spec: HandlerSpec,
+        payload: Any,
+        ctx: Context,
+        run: Run,
+        task: asyncio.Task[Any] | None = None,
     ) -> tuple[Outcome, float]:
         """Run the handler under the message's deadline, in a cancel scope ``run`` can
         cancel (reach._worker.cancelling): its outcome, and how long it ran."""
@@ -616,7 +625,7 @@ class Execution(Part):
                 # No deadline: no cancel scope to pay for. A cut (Run.cut_now, after a
                 # cancel's grace) cancels this task; the cancel is taken back here (the
                 # message ends cancelled: _run says so).
-                task = run.task = asyncio.current_task()
+                task = run.task = task or asyncio.current_task()
                 try:
                     result = await spec.fn(payload, ctx)
                 except asyncio.CancelledError:
@@ -701,7 +710,8 @@ class Execution(Part):
             keys=self.keys,
             agent_id=self.agent_id,
             dlq_maxlen=self.opts.dlq_maxlen,
-            now_ms=now_ms(),
+            # the clock is read only for what a retry's due time needs
+            now_ms=now_ms() if outcome.status == Status.RETRYING else 0,
             traceback_max_bytes=self.opts.traceback_max_bytes,
             redact_traceback=self.opts.redact_traceback,
         )

@@ -1,7 +1,10 @@
 """Calls the hooks (reach.hooks) of a worker: built-in ones first, then the user's.
 
 For each hook method it keeps only the hooks that override it, so an event nobody
-watches costs one attribute read. A hook that raises is logged (rate-limited per hook
+watches costs one attribute read. A hook that also has ``on_delivered_many(envs)`` or
+``after_settle_many(rows)`` (the built-in metrics) gets a batch read or settled together in
+one call, instead of a call per message; the others get theirs per message, as
+docs/hooks.md says, after it. A hook that raises is logged (rate-limited per hook
 method) and skipped: it never stops the worker nor changes a message's outcome.
 """
 
@@ -52,6 +55,8 @@ class HookChain:
         self._on_fenced = calls["on_fenced"]
         self._on_outcome_dropped = calls["on_outcome_dropped"]
         self._after_settle = calls["after_settle"]
+        self._on_delivered_many, self._on_delivered = _split(self._on_delivered, "on_delivered")
+        self._after_settle_many, self._after_settle = _split(self._after_settle, "after_settle")
 
     def _call(self, fns: tuple[Callable[..., None], ...], *args: Any) -> None:
         for fn in fns:
@@ -119,8 +124,15 @@ class HookChain:
             self._call(self._on_round_trip, op)
 
     def on_delivered(self, env: Envelope) -> None:
+        self.on_delivered_many((env,))
+
+    def on_delivered_many(self, envs: Sequence[Envelope]) -> None:
+        """``on_delivered`` for each of ``envs``, read together."""
+        if self._on_delivered_many and envs:
+            self._call(self._on_delivered_many, envs)
         if self._on_delivered:
-            self._call(self._on_delivered, env)
+            for env in envs:
+                self._call(self._on_delivered, env)
 
     def on_replay(self, env: Envelope) -> None:
         if self._on_replay:
@@ -151,5 +163,35 @@ class HookChain:
             self._call(self._on_outcome_dropped, env)
 
     def after_settle(self, env: Envelope | None, outcome: str, reason: str) -> None:
+        self.after_settle_many(((env, outcome, reason),))
+
+    def after_settle_many(self, rows: Sequence[tuple[Envelope | None, str, str]]) -> None:
+        """``after_settle(env, outcome, reason)`` for each of ``rows``, settled together."""
+        if self._after_settle_many and rows:
+            self._call(self._after_settle_many, rows)
         if self._after_settle:
-            self._call(self._after_settle, env, outcome, reason)
+            for env, outcome, reason in rows:
+                self._call(self._after_settle, env, outcome, reason)
+
+
+def _split(
+    fns: tuple[Callable[..., None], ...], name: str
+) -> tuple[tuple[Callable[..., None], ...], tuple[Callable[..., None], ...]]:
+    """(the ``<name>_many`` methods of the hooks in ``fns`` that have one, the ``name``
+    methods of the others). A batch method counts only where the class that defines
+    ``name`` defines it too: a subclass that overrides ``name`` alone gets its calls."""
+    many, each = [], []
+    for fn in fns:
+        owner = getattr(fn, "__self__", None)
+        m = getattr(owner, f"{name}_many", None)
+        if callable(m) and _defined_in(type(owner), name) is _defined_in(
+            type(owner), f"{name}_many"
+        ):
+            many.append(m)
+        else:
+            each.append(fn)
+    return tuple(many), tuple(each)
+
+
+def _defined_in(cls: type, name: str) -> type | None:
+    return next((c for c in cls.__mro__ if name in vars(c)), None)

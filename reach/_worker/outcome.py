@@ -36,6 +36,9 @@ from ..signing import sign_reply_for
 from ..tasks import dead_letter_op
 from .items import Delivery
 
+_SETTLED: dict[str, Settled] = {s.value: s for s in Settled}
+"""``Settled(status)`` as a look-up (an enum's call costs more, once per message)."""
+
 NIL = msgspec.Raw(b"\xc0")  # msgpack nil: the result of an outcome without one
 
 TRACEBACK_MAX_BYTES = 8192
@@ -231,5 +234,5 @@ def apply(
         # The next attempt prefers another agent than the one it failed on.
         retry = msgspec.structs.replace(env, attempt=env.attempt + 1, avoid=agent_id)
         it.follow_up = Delayed(keys.delayed, now_ms + outcome.retry_delay_ms, encode(retry))
-    it.outcome = Settled(outcome.status)
+    it.outcome = _SETTLED[outcome.status]
     it.reason = outcome.reason

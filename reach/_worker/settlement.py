@@ -30,6 +30,7 @@ import anyio
 from redis import exceptions as rexc
 
 from ..connection import as_text
+from ..envelope import Envelope
 from ..outcomes import Settled
 from ..scripts import SettleCode, delivery
 from ..scripts.delivery import SettleItem, SettleLike
@@ -226,11 +227,12 @@ class Settlement(Part):
             on_round_trip=self.hooks.on_round_trip,
             recent=self.index.take(batch),
         )
+        settled: list[tuple[Envelope | None, str, str]] = []  # after_settle's, once per batch
         for it, res in zip(batch, results, strict=True):
             if res is SettleCode.SETTLED:
-                self._settled(it)
+                settled.append(_settled_row(it))
             elif res is SettleCode.FENCED and it in self._retried and await self._applied(it):
-                self._settled(it)  # an earlier try was written, its answer lost
+                settled.append(_settled_row(it))  # an earlier try was written, its answer lost
             elif res is SettleCode.FENCED and isinstance(it, Delivery):
                 self.hooks.on_fenced(it.env)
                 log.warning(
@@ -241,6 +243,7 @@ class Settlement(Part):
                 log.warning("complete failed for %s: %s", it.env.msg_id, res)
             # Otherwise (standalone) it was refused even as a dead letter: delivery.settle
             # logged, acked and deleted it.
+        self.hooks.after_settle_many(settled)
 
     async def _applied(self, it: Settleable) -> bool:
         """Whether an earlier try of settling ``it`` was written after all (Redis ran the
@@ -255,9 +258,11 @@ class Settlement(Part):
             return False  # reported as fenced: the safe side (nothing more is written)
         return fence is not None and as_text(fence) == str(it.fence) and not owner
 
-    def _settled(self, it: Settleable) -> None:
-        env = it.env if isinstance(it, Delivery) else None
-        self.hooks.after_settle(env, it.outcome or Settled.ACKED, it.reason)
+
+def _settled_row(it: Settleable) -> tuple[Envelope | None, str, str]:
+    """What ``after_settle`` says of ``it``: (its envelope, outcome, reason)."""
+    env = it.env if isinstance(it, Delivery) else None
+    return env, it.outcome or Settled.ACKED, it.reason
 
 
 def settle_item(it: Settleable) -> SettleItem:

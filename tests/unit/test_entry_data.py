@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from reach._worker.consumer import entry_data
+from reach._worker.consumer import entry_claim, entry_data, entry_fields
 
 
 @pytest.mark.parametrize(
@@ -27,3 +27,25 @@ from reach._worker.consumer import entry_data
 )
 def test_entry_data(fields: Any, want: bytes | None) -> None:
     assert entry_data(fields) == want
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        [b"e", b"ENV"],
+        [b"e", b"ENV", b"c", b"a/1", b"l", b"123"],  # send.lua's entry with a claim
+        [b"e", b"ENV", b"c", b"a/1", b"l", b"12x"],  # a lease that is no number
+        [b"e", b"ENV", b"c", b"a/1", b"l", b"1" * 17],  # one too long
+        [b"e", "text", b"c", b"a/1", b"l", b"123"],
+        [b"e", b"ENV", b"c", "a/1", b"l", b"123"],
+        [b"e", b"A", b"c", b"a/1", b"e", b"B"],  # fields out of order: the generic path
+        [b"c", b"a/1", b"l", b"123"],
+        {b"e": b"ENV", b"c": b"a/1", b"l": b"9"},
+        [b"e", b"A", b"e", b"B"],
+        [],
+        None,
+    ],
+)
+def test_entry_fields_as_the_two_looks(fields: Any) -> None:
+    """entry_fields is entry_data and entry_claim at once, whatever the entry holds."""
+    assert entry_fields(fields) == (entry_data(fields), entry_claim(fields))

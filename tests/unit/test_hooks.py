@@ -198,3 +198,41 @@ def test_metrics_are_a_hook() -> None:
 )
 def test_handler_outcome_label(outcome: Outcome, label: str) -> None:
     assert handler_outcome(outcome) == label
+
+
+def test_batches_are_counted_once_and_every_message_is_seen() -> None:
+    """A batch read or settled together: the metrics note each series once (the counts are
+    those of the per-message calls when scraped), a hook of one's own still gets a call per
+    message, after the built-in ones, and a subclass that overrides the per-message method
+    alone is called per message."""
+    calls: list[Any] = []
+
+    class Mine(Hooks):
+        def on_delivered(self, env: Envelope) -> None:
+            calls.append(("delivered", env.capability))
+
+        def after_settle(self, env: Envelope | None, outcome: str, reason: str) -> None:
+            calls.append(("settled", outcome))
+
+    class OwnSettle(MetricsHooks):
+        def after_settle(self, env: Envelope | None, outcome: str, reason: str) -> None:
+            calls.append(("own", outcome))
+
+    cap = f"test.b{uuid.uuid4().hex[:8]}"
+    chain = HookChain([MetricsHooks(), Mine(), OwnSettle()])
+    chain.on_delivered_many([env(cap), env(cap), env(cap)])
+    chain.after_settle_many(
+        [(env(cap), "succeeded", ""), (env(cap), "dead", "rejected"), (env(cap), "succeeded", "")]
+    )
+    assert val("reach_messages_delivered_total", capability=cap, priority="normal") == 6
+    assert val("reach_messages_acked_total", capability=cap, outcome="succeeded") == 2
+    assert val("reach_messages_dead_lettered_total", capability=cap, reason="rejected") == 1
+    assert calls == [
+        *[("delivered", cap)] * 3,
+        ("settled", "succeeded"),
+        ("own", "succeeded"),
+        ("settled", "dead"),
+        ("own", "dead"),
+        ("settled", "succeeded"),
+        ("own", "succeeded"),
+    ]
