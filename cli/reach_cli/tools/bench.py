@@ -495,7 +495,18 @@ def _latency_figures(samples: list[float]) -> dict[str, float]:
 # -- the floor: the same workloads on the bare loop ---------------------------------------
 
 
-def _floor_streaming(stream: str) -> Measure:
+Send = Callable[[Any, int, Callable[[int], None]], Awaitable[None]]
+"""A floor's streaming caller: send ``n`` messages on client ``r``, ``on_sent(total so
+far)`` after each batch."""
+Ask = Callable[[bytes, int], Awaitable[bytes]]
+"""A floor's request: one request/reply after reply entry ``last`` (message number ``i``);
+returns the reply's entry id (the next ``last``)."""
+
+
+def _streaming_measure(stream: str, group: str, label: str, send: Send) -> Measure:
+    """A floor's streaming workload: ``send`` the messages, then wait until ``group`` has
+    processed them all; the figures and the CPU per message of each process."""
+
     async def measure(
         url: str, n: int, worker: subprocess.Popen[bytes], progress: Progress | None
     ) -> dict[str, Any]:
@@ -507,16 +518,12 @@ def _floor_streaming(stream: str) -> Measure:
 
             def on_sent(done: int) -> None:
                 if progress and (done % every < FLOOR_BATCH or done == n):
-                    progress("streaming floor: sent", done, n)
+                    progress(f"streaming {label}: sent", done, n)
 
             t0 = time.perf_counter()
-            await floor.stream(
-                r, stream, n, batch=FLOOR_BATCH, reply_key=f"{stream}:replies", on_sent=on_sent
-            )
+            await send(r, n, on_sent)
             t_sent = time.perf_counter()
-            await _until_processed(
-                r, stream, floor.GROUP, n, "streaming floor: processed", progress
-            )
+            await _until_processed(r, stream, group, n, f"streaming {label}: processed", progress)
             t1 = time.perf_counter()
             used = await cpu.per_msg(n)
             processed = await entries_added(r, stream)
@@ -527,95 +534,75 @@ def _floor_streaming(stream: str) -> Measure:
     return measure
 
 
-def _floor_latency(stream: str) -> Measure:
+def _latency_measure(label: str, ask: Callable[[Any], Ask]) -> Measure:
+    """A floor's latency workload: :data:`WARM_UP` requests, then ``n`` timed ones, one at a
+    time (``ask(r)`` makes the request function for client ``r``)."""
+
     async def measure(
         url: str, n: int, worker: subprocess.Popen[bytes], progress: Progress | None
     ) -> dict[str, Any]:
         r: Any = aredis.Redis.from_url(url)
-        reply = f"{stream}:reply"
+        one = ask(r)
         last = b"0-0"
         try:
             for i in range(WARM_UP):
-                last = await floor.request(r, stream, reply, last, i)
+                last = await one(last, i)
             samples = []
             every = max(1, n // 20)
             for i in range(n):
                 t = time.perf_counter()
-                last = await floor.request(r, stream, reply, last, i)
+                last = await one(last, i)
                 samples.append((time.perf_counter() - t) * 1000)
                 if progress and ((i + 1) % every == 0 or i + 1 == n):
-                    progress("floor requests", i + 1, n)
+                    progress(f"{label} requests", i + 1, n)
         finally:
             await r.aclose()
         return {"requests": n, **_latency_figures(samples)}
 
     return measure
+
+
+def _floor_streaming(stream: str) -> Measure:
+    async def send(r: Any, n: int, on_sent: Callable[[int], None]) -> None:
+        await floor.stream(
+            r, stream, n, batch=FLOOR_BATCH, reply_key=f"{stream}:replies", on_sent=on_sent
+        )
+
+    return _streaming_measure(stream, floor.GROUP, "floor", send)
+
+
+def _floor_latency(stream: str) -> Measure:
+    def ask(r: Any) -> Ask:
+        async def one(last: bytes, i: int) -> bytes:
+            return await floor.request(r, stream, f"{stream}:reply", last, i)
+
+        return one
+
+    return _latency_measure("floor", ask)
 
 
 # -- the lean floor: the same workloads, keeping the core guarantees -----------------------
 
 
 def _lean_streaming(stream: str) -> Measure:
-    async def measure(
-        url: str, n: int, worker: subprocess.Popen[bytes], progress: Progress | None
-    ) -> dict[str, Any]:
-        r: Any = aredis.Redis.from_url(url)
-        try:
-            every = max(1, n // 20)
-            cpu = CpuMeter(r, worker.pid)
-            await cpu.start()
+    async def send(r: Any, n: int, on_sent: Callable[[int], None]) -> None:
+        reply = lean_floor.reply_key(stream, "bench")
+        await lean_floor.stream(r, stream, n, batch=FLOOR_BATCH, reply=reply, on_sent=on_sent)
 
-            def on_sent(done: int) -> None:
-                if progress and (done % every < FLOOR_BATCH or done == n):
-                    progress("streaming lean floor: sent", done, n)
-
-            t0 = time.perf_counter()
-            await lean_floor.stream(
-                r,
-                stream,
-                n,
-                batch=FLOOR_BATCH,
-                reply=lean_floor.reply_key(stream, "bench"),
-                on_sent=on_sent,
-            )
-            t_sent = time.perf_counter()
-            await _until_processed(
-                r, stream, lean_floor.GROUP, n, "streaming lean floor: processed", progress
-            )
-            t1 = time.perf_counter()
-            used = await cpu.per_msg(n)
-            processed = await entries_added(r, stream)
-        finally:
-            await r.aclose()
-        return {**stream_figures(n, t0, t_sent, t1, processed, batch=FLOOR_BATCH), **used}
-
-    return measure
+    return _streaming_measure(stream, lean_floor.GROUP, "lean floor", send)
 
 
 def _lean_latency(stream: str) -> Measure:
-    async def measure(
-        url: str, n: int, worker: subprocess.Popen[bytes], progress: Progress | None
-    ) -> dict[str, Any]:
-        r: Any = aredis.Redis.from_url(url)
-        reply = lean_floor.reply_key(stream, "caller")
+    def ask(r: Any) -> Ask:
         sender = lean_floor.Sender(r, stream)
-        last = b"0-0"
-        try:
-            for i in range(WARM_UP):
-                last = await lean_floor.request(r, sender, reply, last, b"%d" % i)
-            samples = []
-            every = max(1, n // 20)
-            for i in range(n):
-                t = time.perf_counter()
-                last = await lean_floor.request(r, sender, reply, last, b"%d" % i)
-                samples.append((time.perf_counter() - t) * 1000)
-                if progress and ((i + 1) % every == 0 or i + 1 == n):
-                    progress("lean floor requests", i + 1, n)
-        finally:
-            await r.aclose()
-        return {"requests": n, **_latency_figures(samples)}
+        reply = lean_floor.reply_key(stream, "caller")
 
-    return measure
+        async def one(last: bytes, i: int) -> bytes:
+            return await lean_floor.request(r, sender, reply, last, b"%d" % i)
+
+        return one
+
+    return _latency_measure("lean floor", ask)
 
 
 # -- phases and rounds -------------------------------------------------------------------
