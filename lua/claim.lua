@@ -48,8 +48,11 @@
 --
 -- Returns one reply per key, in order:
 --   {1, fence}: claimed; run the handler, then complete with this fence token
---   {2, reply}: already done; reply with the stored bytes ('' if none was stored), do
---               not run again
+--   {2, reply, status, agent_id, msg_id}: already done; do not run again, reply with the
+--               stored reply ('' if none was stored): its bytes and the record's status,
+--               agent_id and msg_id ('' each when absent), from which the reply is rebuilt
+--               (docs/protocol.md, *Stored reply*; a record written by protocol version 1
+--               stores the whole reply instead)
 --   {3, owner}: an unexpired claim holds the key (another runtime's, or this runtime's own
 --               for another copy of the message still running), and its owner is not
 --               takeover_from; do not run this copy now
@@ -86,7 +89,7 @@ local function check()
       return bad('lease_ms of KEYS[' .. i .. ']', a, 'want an integer 1..' .. MAX_LEASE)
     end
     e = read_record(i, 'done', 'reply', 'owner', 'lease_until', 'fence', 'runs', 'takeovers',
-      'status')
+      'agent_id', 'msg_id', 'status')
     if e then return e end
   end
 end
@@ -94,11 +97,12 @@ end
 -- The answer for KEYS[i] (key), claimed at server time now if no one holds it.
 local function claim(i, key, now)
   local s = record(i, 'done', 'reply', 'owner', 'lease_until', 'fence', 'runs', 'takeovers',
-    'status')
+    'agent_id', 'msg_id', 'status')
   if s[1] == '1' then
-    return {ClaimCode_REPLAY, s[2] or ''}
+    -- The record's status, agent_id and msg_id too: the short stored form leaves them out.
+    return {ClaimCode_REPLAY, s[2] or '', s[10] or '', s[8] or '', s[9] or ''}
   end
-  if s[8] == 'cancelled' then
+  if s[10] == 'cancelled' then
     return {ClaimCode_CANCELLED, ''}
   end
   local owner, from = s[3], ARGV[4 + 3 * i]

@@ -56,9 +56,20 @@ async def test_an_expired_lease_is_claimed_again_with_a_higher_fence(r: AnyRedis
 
 async def test_a_done_key_replays_its_stored_reply(r: AnyRedis, ns: str) -> None:
     rec = Keys(ns).idem("k4")
-    await r.hset(rec, mapping={"done": "1", "reply": b"\x81\xa1r\x01", "fence": 3})
+    await r.hset(
+        rec,
+        mapping={
+            "done": "1",
+            "reply": b"\x91\x01",
+            "fence": 3,
+            "status": "succeeded",
+            "agent_id": "w-1",
+            "msg_id": "m1",
+        },
+    )
     got = await scripts.call(r, "claim", [rec], _args(OWNER_B, (60_000, "m9")))
-    assert got == [[2, b"\x81\xa1r\x01"]]
+    # The stored bytes and the record's fields the reply is rebuilt from.
+    assert got == [[2, b"\x91\x01", b"succeeded", b"w-1", b"m1"]]
     assert await r.hget(rec, "fence") == b"3"  # nothing was claimed
 
 
@@ -70,7 +81,7 @@ async def test_a_batch_answers_each_key_in_order(r: AnyRedis, ns: str) -> None:
     got = await scripts.call(
         r, "claim", [fresh, held, done], _args(OWNER_A, (1_000, "m1"), (1_000, "m2"), (1_000, "m3"))
     )
-    assert got == [[1, 1], [3, OWNER_B.encode()], [2, b"R"]]
+    assert got == [[1, 1], [3, OWNER_B.encode()], [2, b"R", b"", b"", b""]]
     # Each key's own lease and msg_id were written, not its neighbour's.
     assert await r.hget(fresh, "msg_id") == b"m1"
     assert await r.hget(held, "msg_id") == b"x"
@@ -221,7 +232,7 @@ async def test_a_takeover_never_skips_a_done_key(r: AnyRedis, ns: str) -> None:
         rec, mapping={"owner": "", "lease_until": 0, "fence": 3, "done": "1", "reply": b"R"}
     )
     got = await scripts.call(r, "claim", [rec], _args(OWNER_A, (60_000, "m1", "w-1/old")))
-    assert got == [[2, b"R"]]
+    assert got == [[2, b"R", b"", b"", b""]]
     assert await r.hget(rec, "fence") == b"3"
 
 
