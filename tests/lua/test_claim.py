@@ -54,6 +54,28 @@ async def test_an_expired_lease_is_claimed_again_with_a_higher_fence(r: AnyRedis
     assert await r.hget(rec, "runs") == b"2"
 
 
+async def test_a_claim_leaves_out_what_the_record_says_without_it(r: AnyRedis, ns: str) -> None:
+    # Named by its msg_id (no caller's key): no msg_id field; sent_msg_id equal to the msg_id
+    # claimed is deleted; takeovers 0 is not written. Each absent field reads as that.
+    k = Keys(ns)
+    named, keyed = k.idem("m7"), k.idem("cap||order-7")
+    for rec in (named, keyed):
+        await r.hset(rec, mapping={"status": "pending", "sent_msg_id": "m7", "msg_id": "old"})
+    got = await scripts.call(
+        r, "claim", [named, keyed], _args(OWNER_A, (5_000, "m7"), (5_000, "m7"))
+    )
+    assert got == [[1, 1], [1, 1]]
+    h = await r.hgetall(named)
+    assert not {b"msg_id", b"sent_msg_id", b"takeovers"} & set(h)
+    h = await r.hgetall(keyed)
+    assert h[b"msg_id"] == b"m7" and not {b"sent_msg_id", b"takeovers"} & set(h)
+    # Another msg_id than the one sent is kept apart: both stay.
+    other = k.idem("cap||order-8")
+    await r.hset(other, mapping={"status": "pending", "sent_msg_id": "m9"})
+    assert await scripts.call(r, "claim", [other], _args(OWNER_A, (5_000, "m8"))) == [[1, 1]]
+    assert await r.hmget(other, "msg_id", "sent_msg_id") == [b"m8", b"m9"]
+
+
 async def test_a_done_key_replays_its_stored_reply(r: AnyRedis, ns: str) -> None:
     rec = Keys(ns).idem("k4")
     await r.hset(
@@ -333,4 +355,4 @@ async def test_a_claim_after_a_completion_is_no_takeover(r: AnyRedis, ns: str) -
     a = _args(OWNER_B, (60_000, "m1"))
     a[3] = 0
     assert await scripts.call(r, "claim", [rec], a) == [[1, 6]]
-    assert (await r.hmget(rec, "runs", "takeovers")) == [b"3", b"0"]
+    assert (await r.hmget(rec, "runs", "takeovers")) == [b"3", None]  # 0: not written
