@@ -30,6 +30,11 @@
 -- read-then-write from the client would be that race). Taking over never skips a done
 -- key, and the new claim's fence is higher, so the old owner's late completion is fenced.
 --
+-- A claim writes fence, runs, owner, lease_until, status 'running', agent_id, updated_ms,
+-- msg_id (not for a record named by that msg_id: its readers take the name's) and
+-- takeovers (only when not 0: absent reads as 0), and deletes sent_msg_id when it is the
+-- msg_id claimed (absent reads as msg_id): fewer fields, a smaller record.
+--
 -- Takeovers are counted in the record's 'takeovers' field: a claim over an owner's claim
 -- that was never completed (owner set: a run started, killed or stuck, never settled;
 -- expired or taken over from; a claim send.lua made counts too, its run possibly started
@@ -48,8 +53,11 @@
 --
 -- Returns one reply per key, in order:
 --   {1, fence}: claimed; run the handler, then complete with this fence token
---   {2, reply}: already done; reply with the stored bytes ('' if none was stored), do
---               not run again
+--   {2, reply, status, agent_id, msg_id}: already done; do not run again, reply with the
+--               stored reply ('' if none was stored): its bytes and the record's status,
+--               agent_id and msg_id ('' each when absent), from which the reply is rebuilt
+--               (docs/protocol.md, *Stored reply*; a record written by protocol version 1
+--               stores the whole reply instead)
 --   {3, owner}: an unexpired claim holds the key (another runtime's, or this runtime's own
 --               for another copy of the message still running), and its owner is not
 --               takeover_from; do not run this copy now
@@ -86,19 +94,29 @@ local function check()
       return bad('lease_ms of KEYS[' .. i .. ']', a, 'want an integer 1..' .. MAX_LEASE)
     end
     e = read_record(i, 'done', 'reply', 'owner', 'lease_until', 'fence', 'runs', 'takeovers',
-      'status')
+      'agent_id', 'msg_id', 'sent_msg_id', 'status')
     if e then return e end
   end
+end
+
+-- Whether record `key` is named by msg_id (reach:<ns>:{i:<msg_id>}:idem: a message sent
+-- without a caller's key), which its readers then take from the name.
+local function named_by(key, msg_id)
+  local suffix = '{i:' .. msg_id .. '}:idem'
+  local head = #key - #suffix
+  return head > 0 and string.sub(key, head + 1) == suffix
+    and not string.find(string.sub(key, 1, head), '{', 1, true)
 end
 
 -- The answer for KEYS[i] (key), claimed at server time now if no one holds it.
 local function claim(i, key, now)
   local s = record(i, 'done', 'reply', 'owner', 'lease_until', 'fence', 'runs', 'takeovers',
-    'status')
+    'agent_id', 'msg_id', 'sent_msg_id', 'status')
   if s[1] == '1' then
-    return {ClaimCode_REPLAY, s[2] or ''}
+    -- The record's status, agent_id and msg_id too: the short stored form leaves them out.
+    return {ClaimCode_REPLAY, s[2] or '', s[11] or '', s[8] or '', s[9] or ''}
   end
-  if s[8] == 'cancelled' then
+  if s[11] == 'cancelled' then
     return {ClaimCode_CANCELLED, ''}
   end
   local owner, from = s[3], ARGV[4 + 3 * i]
@@ -122,12 +140,26 @@ local function claim(i, key, now)
       return {ClaimCode_POISONED, ran, takeovers}
     end
   end
-  local runs = ran + 1
-  redis.call('HSET', key, 'fence', string.format('%.0f', fence),
+  local runs, msg_id = ran + 1, ARGV[3 + 3 * i]
+  local w = {'HSET', key, 'fence', string.format('%.0f', fence),
     'runs', string.format('%.0f', runs), 'owner', ARGV[1],
     'lease_until', now + tonumber(ARGV[2 + 3 * i]), 'status', 'running',
-    'msg_id', ARGV[3 + 3 * i], 'agent_id', ARGV[3], 'updated_ms', now,
-    'takeovers', string.format('%.0f', takeovers))
+    'agent_id', ARGV[3], 'updated_ms', now}
+  -- Fields that would say what is known without them are left out (every field costs
+  -- memory in each record): takeovers 0; msg_id when the record is named by it; and
+  -- sent_msg_id when it is the msg_id claimed. Absent, each reads as that.
+  if takeovers > 0 or s[7] then
+    w[#w + 1], w[#w + 2] = 'takeovers', string.format('%.0f', takeovers)
+  end
+  local gone = {}
+  if named_by(key, msg_id) then
+    if s[9] then gone[#gone + 1] = 'msg_id' end
+  else
+    w[#w + 1], w[#w + 2] = 'msg_id', msg_id
+  end
+  if s[10] == msg_id then gone[#gone + 1] = 'sent_msg_id' end
+  redis.call(unpack(w))
+  if #gone > 0 then redis.call('HDEL', key, unpack(gone)) end
   redis.call('PEXPIRE', key, ARGV[2])
   return {ClaimCode_RUN, fence}
 end

@@ -6,7 +6,8 @@
 -- for KEYS[i], j = 1 + 5 * (i - 1):
 --   ARGV[j+1] fence token returned by claim.lua: integer 1..2^53
 --   ARGV[j+2] task status: succeeded | failed | retrying | expired | dead
---   ARGV[j+3] reply bytes (the stored outcome), or ''
+--   ARGV[j+3] stored reply bytes (the record's short form of the reply, docs/protocol.md:
+--             what later deliveries replay), or ''; stored only with mode 'done'
 --   ARGV[j+4] mode: 'done' (final: later deliveries replay the stored reply) or
 --             'release' (the key may be claimed and run again: retry, dead-letter replay)
 --   ARGV[j+5] error text for the status ('' = none)

@@ -15,8 +15,10 @@
 --
 -- Returns nil: given up: status, error and updated_ms (server time) written, the record
 --              lives ttl_ms
---         the stored reply (bytes, '' when none): the key had completed (done = 1);
---              nothing was written, and the caller gets that reply
+--         {reply, status, agent_id, msg_id}: the key had completed (done = 1): its stored
+--              reply ('' when none) and the record's fields it is rebuilt from ('' each
+--              when absent), as claim.lua's replay answer; nothing was written, and the
+--              caller gets that reply
 -- Errors  'reach: bad <argument>: <why>' (an error reply 'ERR reach: ...'; redis-py raises
 --         ResponseError) when the number of KEYS or ARGV, an argument, or the key's type is
 --         out of contract.
@@ -31,14 +33,14 @@ local function check()
   if why then return why end
   if not GIVEN_UP[ARGV[1]] then return bad('status', 1, 'want expired or dead') end
   if not int(ARGV[3], 1, MAX_TTL) then return bad('ttl_ms', 3, 'want an integer 1..' .. MAX_TTL) end
-  return read_record(1, 'done', 'reply')
+  return read_record(1, 'done', 'reply', 'agent_id', 'msg_id', 'status')
 end
 
 local err = check()
 if err then return refuse(err) end
 
-local done, reply = unpack(record(1, 'done', 'reply'))
-if done == '1' then return reply or '' end
+local s = record(1, 'done', 'reply', 'agent_id', 'msg_id', 'status')
+if s[1] == '1' then return {s[2] or '', s[5] or '', s[3] or '', s[4] or ''} end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'error', ARGV[2], 'updated_ms', now_ms())
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return false

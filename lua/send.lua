@@ -26,7 +26,9 @@
 -- Claiming at send (ARGV[8] ~= ''): when the message's record does not exist yet (the
 -- first send of its key), the record is written claimed as claim.lua would claim it for
 -- that owner (status stays 'pending', fence 1, owner, lease_until = now + lease_ms,
--- msg_id, agent_id, updated_ms; runs 0: the run is counted when it happens, by start.lua
+-- msg_id (only for a record named by a caller's key: one named by the msg_id has none,
+-- its readers take the name's), agent_id, updated_ms, and no sent_msg_id: it would equal
+-- msg_id; runs 0: the run is counted when it happens, by start.lua
 -- or the completion, or by claim.lua's +1 if another owner takes the key over) and the
 -- inbox entry gets two more fields, 'c' the owner and 'l' lease_until (server ms), after
 -- 'e'. The runtime named, reading the
@@ -160,10 +162,15 @@ local function add(k, a, new)
       claim_agent = string.match(claim_for, '^(.+)/[^/]+$')
     end
     id = redis.call('XADD', KEYS[k + 1], '*', 'e', ARGV[a + 1], 'c', claim_for, 'l', until_ms)
-    redis.call('HSET', KEYS[k + 2], 'status', 'pending', 'capability', ARGV[a + 2],
-      'attempt', ARGV[a + 3], 'sent_msg_id', ARGV[a + 4], 'fence', 1, 'runs', 0,
-      'owner', claim_for, 'lease_until', until_ms, 'msg_id', ARGV[a + 4],
-      'agent_id', claim_agent, 'updated_ms', now)
+    -- No sent_msg_id: it would repeat msg_id (absent means so; a later send of the key
+    -- writes it). No msg_id either for a record named by it (no caller's key: ARGV[a + 5]
+    -- is ''): its readers know it from the record's name. Every field costs memory in
+    -- each record, and most records are named by their msg_id.
+    local w = {'HSET', KEYS[k + 2], 'status', 'pending', 'capability', ARGV[a + 2],
+      'attempt', ARGV[a + 3], 'fence', 1, 'runs', 0,
+      'owner', claim_for, 'lease_until', until_ms, 'agent_id', claim_agent, 'updated_ms', now}
+    if ARGV[a + 5] ~= '' then w[#w + 1], w[#w + 2] = 'msg_id', ARGV[a + 4] end
+    redis.call(unpack(w))
   else
     id = redis.call('XADD', KEYS[k + 1], '*', 'e', ARGV[a + 1])
   end

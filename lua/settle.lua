@@ -13,30 +13,32 @@
 --   ARGV[p]   record index: the idempotency record to complete (0 = none)
 --   ARGV[p+1] fence: integer 1..2^53 (read only with a record)
 --   ARGV[p+2] status: succeeded | failed | retrying | expired | dead (only with a record)
---   ARGV[p+3] reply bytes: stored for mode 'done', and published to the reply stream
+--   ARGV[p+3] stored reply bytes: stored for mode 'done' (the record's short form of the
+--             reply, docs/protocol.md), else not read
 --   ARGV[p+4] mode: 'done' (store the reply, later deliveries replay it) | 'release' (the
 --             key may run again) (only with a record)
 --   ARGV[p+5] error text for the status (only with a record)
---   ARGV[p+6] reply stream index (0 = publish no reply): XADD <stream> MAXLEN ~
+--   ARGV[p+6] reply bytes: published to the reply stream (read only with one)
+--   ARGV[p+7] reply stream index (0 = publish no reply): XADD <stream> MAXLEN ~
 --             <StreamBound.REPLIES> * r <reply>, then PEXPIRE <stream> ttl_ms
---   ARGV[p+7] inbox index (0 = no ack): XACK <inbox> <group> <entry id>, XDEL <inbox> <id>
---   ARGV[p+8] entry id: a stream id 'ms-seq' or 'ms' (read only with an inbox)
---   ARGV[p+9] follow-up: 0 none | 1 a dead letter | 2 a delayed copy (a retry, or a
+--   ARGV[p+8] inbox index (0 = no ack): XACK <inbox> <group> <entry id>, XDEL <inbox> <id>
+--   ARGV[p+9] entry id: a stream id 'ms-seq' or 'ms' (read only with an inbox)
+--   ARGV[p+10] follow-up: 0 none | 1 a dead letter | 2 a delayed copy (a retry, or a
 --             parked copy of a busy key) (FollowUpKind of lua/includes/codes.lua); its
 --             slots come next:
 --   dead letter, 11 slots:
---     ARGV[p+10] dead-letter stream index (1..#KEYS), ARGV[p+11] maxlen (integer 0..2^53), then the
---     values of the entry's fields: ARGV[p+12] reason, [p+13] error, [p+14] error_type,
---     [p+15] attempts (integer 0..2^53), [p+16] agent_id, [p+17] msg_id, [p+18] capability,
---     [p+19] ts (epoch ms, integer 0..2^53), [p+20] env (the envelope's bytes)
+--     ARGV[p+11] dead-letter stream index (1..#KEYS), ARGV[p+12] maxlen (integer 0..2^53), then the
+--     values of the entry's fields: ARGV[p+13] reason, [p+14] error, [p+15] error_type,
+--     [p+16] attempts (integer 0..2^53), [p+17] agent_id, [p+18] msg_id, [p+19] capability,
+--     [p+20] ts (epoch ms, integer 0..2^53), [p+21] env (the envelope's bytes)
 --     written as: XADD <stream> MAXLEN ~ <maxlen> * reason <..> error <..> error_type <..>
 --       attempts <..> agent_id <..> msg_id <..> capability <..> ts <..> env <..>
 --     (the fields and their order are those of reach.tasks.dead_letter_op: the CLI, the
 --     admin module and agents in other languages read them)
 --   delayed copy, 3 slots:
---     ARGV[p+10] delayed zset index (1..#KEYS), ARGV[p+11] due (epoch ms, integer 0..2^53),
---     ARGV[p+12] the envelope's bytes; written as: ZADD <zset> <due> <envelope>
---   The next item starts after them: p + 10, p + 21 or p + 13.
+--     ARGV[p+11] delayed zset index (1..#KEYS), ARGV[p+12] due (epoch ms, integer 0..2^53),
+--     ARGV[p+13] the envelope's bytes; written as: ZADD <zset> <due> <envelope>
+--   The next item starts after them: p + 11, p + 22 or p + 14.
 -- After the items, optional (absent: the items use ARGV exactly), from q on:
 --   ARGV[q]   k: the number of failure details that follow (integer 0..n), then k triples:
 --   ARGV[q+1] item number (1..n, ascending, each at most once), ARGV[q+2] the handler's
@@ -66,7 +68,7 @@
 -- was written for this item (not even the ack)
 --         (the codes: SettleCode of lua/includes/codes.lua)
 -- Errors  'reach: bad <argument>: <why>' (an error reply 'ERR reach: ...'; redis-py raises
---         ResponseError), e.g. 'reach: bad follow-up of item 2 (ARGV[23]) 7: want 0, 1 or 2'.
+--         ResponseError), e.g. 'reach: bad follow-up of item 2 (ARGV[25]) 7: want 0, 1 or 2'.
 --         Only a bug or a hostile caller gets one: the runtime never sends such a call.
 --!include fence
 --!include now
@@ -88,7 +90,7 @@ local function stream_id_ok(v)
 end
 
 -- Each follow-up kind: the label of its key index (its first slot), how many slots it
--- takes after the item's 10, the type of the key it writes, and its integer slots (offset
+-- takes after the item's 11, the type of the key it writes, and its integer slots (offset
 -- from the first slot, label).
 local DEAD_LETTER, RETRY = FollowUpKind_DEAD_LETTER, FollowUpKind_RETRY
 local FOLLOW_UPS = {
@@ -114,10 +116,10 @@ local function check()
   if na < 3 then return 'arguments: want at least 3 ARGV, got ' .. na end
   local e = int_bad('ttl_ms', 1, 1, MAX_TTL) or bytes_bad('group', 2, 1, 1024)
   if e then return e end
-  local most = math.floor((na - 3) / 10)
+  local most = math.floor((na - 3) / 11)
   local n = int_memo(ARGV[3], 0, most)
   if not n then
-    return bad('number of items', 3, 'want an integer 0..' .. most .. ' (10 ARGV per item at least)')
+    return bad('number of items', 3, 'want an integer 0..' .. most .. ' (11 ARGV per item at least)')
   end
   -- The type each key index is used as, and its first use (for the error message).
   local need, u_label, u_item = {}, {}, {}
@@ -148,16 +150,16 @@ local function check()
   end
   local p = 4
   for item = 1, n do
-    if p + 9 > na then
-      return 'arguments: item ' .. item .. ' starts at ARGV[' .. p .. '], needs 10 ARGV, ' .. na .. ' in all'
+    if p + 10 > na then
+      return 'arguments: item ' .. item .. ' starts at ARGV[' .. p .. '], needs 11 ARGV, ' .. na .. ' in all'
     end
     e = key_index(p, 'record index', 'hash', item, 0, completion)
-      or key_index(p + 6, 'reply stream index', 'stream', item, 0)
-      or key_index(p + 7, 'inbox index', 'stream', item, 0, entry)
+      or key_index(p + 7, 'reply stream index', 'stream', item, 0)
+      or key_index(p + 8, 'inbox index', 'stream', item, 0, entry)
     if e then return e end
-    local kind = int_memo(ARGV[p + 9], FollowUpKind_NONE, RETRY)
-    if not kind then return bad('follow-up' .. where(item), p + 9, 'want 0, 1 or 2') end
-    p = p + 10
+    local kind = int_memo(ARGV[p + 10], FollowUpKind_NONE, RETRY)
+    if not kind then return bad('follow-up' .. where(item), p + 10, 'want 0, 1 or 2') end
+    p = p + 11
     local f = FOLLOW_UPS[kind]
     if f then
       if p + f[2] - 1 > na then
@@ -284,8 +286,8 @@ local p = 4
 local out = {}
 local seen = {}  -- records completed by this call: a later item of the same one reads again
 for item = 1, tonumber(ARGV[3]) do
-  local ki, ri, ii = tonumber(ARGV[p]), tonumber(ARGV[p + 6]), tonumber(ARGV[p + 7])
-  local reply, entry, kind = ARGV[p + 3], ARGV[p + 8], tonumber(ARGV[p + 9])
+  local ki, ri, ii = tonumber(ARGV[p]), tonumber(ARGV[p + 7]), tonumber(ARGV[p + 8])
+  local reply, entry, kind = ARGV[p + 6], ARGV[p + 9], tonumber(ARGV[p + 10])
   local code = SettleCode_SETTLED
   if ki > 0 then
     local key = KEYS[ki]
@@ -307,10 +309,10 @@ for item = 1, tonumber(ARGV[3]) do
       redis.call('XADD', KEYS[ri], 'MAXLEN', '~', StreamBound_REPLIES, '*', 'r', reply)
       redis.call('PEXPIRE', KEYS[ri], ttl)
     end
-    follow_up(kind, p + 10, details[item])
+    follow_up(kind, p + 11, details[item])
     if ii > 0 then ack_later(ii, entry) end
   end
-  p = p + 10 + (FOLLOW_UPS[kind] and FOLLOW_UPS[kind][2] or 0)
+  p = p + 11 + (FOLLOW_UPS[kind] and FOLLOW_UPS[kind][2] or 0)
   out[item] = code
 end
 for _, ii in ipairs(inboxes) do ack_all(KEYS[ii], acks[ii]) end

@@ -1,6 +1,6 @@
 __version__ = "0.1.0"
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 """The version of the wire protocol this runtime speaks (docs/protocol.md, *Protocol
 version*): what it writes and reads in Redis -- envelope, reply and chunk, the key layout,
 the scripts' contracts. Written into each agent's registry record (field ``protocol``), so

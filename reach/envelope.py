@@ -157,7 +157,26 @@ class Reply(msgspec.Struct, kw_only=True, omit_defaults=True):
     """A chunk entry's first chunk number (0 and absent in a final reply)."""
 
 
+class StoredReply(msgspec.Struct, array_like=True):
+    """A final reply as the idempotency record stores it (field ``reply``, protocol
+    version 2): the array ``[result, attempt, kid, sig, error_type, error, reason]``,
+    trailing defaults left out (a succeeded unsigned first attempt is ``[result]``).
+    ``msg_id``, ``status`` and ``agent_id`` are the record's own fields, which a done
+    record never changes: :func:`decode_stored` rebuilds the :class:`Reply` from both,
+    the same fields that were signed. Kept short so a small result leaves the record in
+    Redis's compact hash encoding (docs/operations.md, *Memory per completed record*)."""
+
+    result: msgspec.Raw
+    attempt: Attempts = 1
+    kid: KeyId = ""
+    sig: Signature = b""
+    error_type: Annotated[str, Meta(max_length=MAX_HEADER_CHARS)] = ""
+    error: str = ""
+    reason: Annotated[str, Meta(max_length=MAX_HEADER_CHARS)] = ""
+
+
 _enc = msgspec.msgpack.Encoder()
+_stored_dec = msgspec.msgpack.Decoder(StoredReply)
 _env_dec = msgspec.msgpack.Decoder(Envelope)
 _ver_dec = msgspec.msgpack.Decoder(_Version)
 _reply_dec = msgspec.msgpack.Decoder(Reply)
@@ -221,6 +240,59 @@ def decode_reply(data: bytes) -> Reply:
     :class:`BadEnvelope` for bytes that are not a valid reply, never anything else."""
     reply: Reply = _decode(_reply_dec, data, "reply")
     return reply
+
+
+def encode_stored(reply: Reply) -> bytes:
+    """The record's ``reply`` field for ``reply`` (a final one: no ``seq``): the
+    :class:`StoredReply` form, its trailing defaults left out (msgspec's ``omit_defaults``
+    does not shorten an array)."""
+    values = [
+        reply.result,
+        reply.attempt,
+        reply.kid,
+        reply.sig,
+        reply.error_type,
+        reply.error,
+        reply.reason,
+    ]
+    n = len(values)
+    while n > 1 and values[n - 1] == _STORED_DEFAULTS[n - 1]:
+        n -= 1
+    return _enc.encode(values[:n])
+
+
+# StoredReply's defaults, by position (result has none).
+_STORED_DEFAULTS: tuple[Any, ...] = (None, 1, "", b"", "", "", "")
+
+
+# The first byte of a msgpack map (fixmap, map 16, map 32): a stored reply of protocol
+# version 1, the whole reply; an array is version 2's StoredReply.
+_MAP_FIRST = frozenset([*range(0x80, 0x90), 0xDE, 0xDF])
+
+
+def decode_stored(data: bytes, *, msg_id: str, status: str, agent_id: str) -> Reply:
+    """The reply an idempotency record stores (field ``reply``), given the record's
+    ``msg_id``, ``status`` and ``agent_id``: version 2's :class:`StoredReply` rebuilt, or
+    version 1's whole reply as it is (records written before an upgrade live on for
+    their TTL). Raises :class:`BadEnvelope` for bytes that are neither, never anything
+    else."""
+    if not isinstance(data, (bytes, bytearray, memoryview)) or not data:
+        raise BadEnvelope("malformed", "a stored reply is empty or not bytes")
+    if data[0] in _MAP_FIRST:
+        return decode_reply(data)
+    s: StoredReply = _decode(_stored_dec, data, "stored reply")
+    return Reply(
+        msg_id=msg_id,
+        status=status,
+        result=s.result,
+        agent_id=agent_id,
+        error_type=s.error_type,
+        error=s.error,
+        reason=s.reason,
+        attempt=s.attempt,
+        kid=s.kid,
+        sig=s.sig,
+    )
 
 
 def encode_payload(payload: Any) -> msgspec.Raw:

@@ -49,7 +49,6 @@ from .envelope import (
     Envelope,
     Reply,
     decode_envelope,
-    decode_reply,
     encode,
     now_ms,
 )
@@ -60,6 +59,7 @@ from .outcomes import DeadReason, Status
 from .registry import Registry
 from .scripts import delivery, inbox
 from .scripts.codes import DropInboxCode, StreamBound
+from .scripts.delivery import GivenUp
 from .signing import Signer
 from .tasks import DLQ_MAXLEN, MALFORMED_CAP, TASK_TTL_MS, dead_letter_op, raw_dead_letter_op
 from .untrusted import strict_text
@@ -178,7 +178,7 @@ class _Letters:
             self.keys.idem(env.key), status=status, error=error, ttl_ms=TASK_TTL_MS
         )
         given = await call.run(self.redis)
-        if given.done and await self._forward_stored(env, given.reply):
+        if given.done and await self._forward_stored(env, given):
             return
         error_type = "DeadlineExceeded" if status == Status.EXPIRED else "Rejected"
         letter = dead_letter_op(
@@ -222,14 +222,14 @@ class _Letters:
             ("PEXPIRE", rk, TASK_TTL_MS),
         ]
 
-    async def _forward_stored(self, env: Envelope, stored: bytes) -> bool:
+    async def _forward_stored(self, env: Envelope, given: GivenUp) -> bool:
         """Hand the stored reply of a key that completed to the caller of ``env`` (a
         duplicate). False when the reply cannot be read."""
-        if env.reply_to and stored:
+        if env.reply_to and given.reply:
             try:
                 # Renamed to this copy's msg_id: the old signature no longer covers it.
                 reply = msgspec.structs.replace(
-                    decode_reply(stored), msg_id=env.msg_id, kid="", sig=b""
+                    given.stored(env.key), msg_id=env.msg_id, kid="", sig=b""
                 )
             except BadEnvelope as e:
                 log.warning("stored reply of key %r unreadable (%s)", env.key, e)

@@ -22,7 +22,7 @@ from .envelope import (
     Reply,
     caller_key,
     decode_envelope,
-    decode_reply,
+    decode_stored,
     now_ms,
 )
 from .keys import Keys
@@ -74,11 +74,24 @@ async def get_status(redis: AnyRedis, keys: Keys, msg_id: str) -> TaskStatus:
     if not h:
         return TaskStatus(msg_id=msg_id, status=Status.UNKNOWN)
     d = {safe_text(k): v for k, v in h.items()}
+    status = safe_text(d.get("status", b""))  # none stored, or not ours: unknown
+    agent_id = safe_text(d.get("agent_id", b""))
     try:
-        reply = decode_reply(d["reply"]) if d.get("reply") else None
+        # Either form (docs/protocol.md, *Stored reply*): the short one is rebuilt from the
+        # record's msg_id (absent: the key it is named by), status and agent_id, as the
+        # worker replays it.
+        reply = (
+            decode_stored(
+                d["reply"],
+                msg_id=safe_text(d.get("msg_id", b"")) or idem_key,
+                status=status,
+                agent_id=agent_id,
+            )
+            if d.get("reply")
+            else None
+        )
     except BadEnvelope:
         reply = None  # a damaged stored reply: the status fields still say what happened
-    status = safe_text(d.get("status", b""))  # none stored, or not ours: unknown
     # A record that succeeded on a later attempt may still hold an earlier one's failure.
     failed = status not in (Status.SUCCEEDED, Status.PENDING, Status.RUNNING)
     return TaskStatus(
@@ -86,7 +99,7 @@ async def get_status(redis: AnyRedis, keys: Keys, msg_id: str) -> TaskStatus:
         status=status if status in STATUSES else Status.UNKNOWN,
         idempotency_key=caller_key(idem_key) if key else "",
         capability=safe_text(d.get("capability", b"")),
-        agent_id=safe_text(d.get("agent_id", b"")),
+        agent_id=agent_id,
         attempt=safe_int(d.get("attempt")),
         runs=safe_int(d.get("runs")),
         error=safe_text(d.get("error", b"")),

@@ -1,6 +1,7 @@
 -- fence.lua: completing a claimed idempotency record, only while the caller still holds
 -- its claim (the fence token claim.lua gave it). complete.lua and settle.lua describe a
--- completion by five ARGV from index f on: fence, status, reply bytes, mode, error text.
+-- completion by five ARGV from index f on: fence, status, stored reply bytes, mode, error
+-- text.
 --!include args
 --!include codes
 local MAX_FENCE = 9007199254740992
@@ -25,18 +26,29 @@ end
 -- Store the completion at ARGV[f..f+4] in record `key`, whose fence, done and runs fields
 -- are rec (HMGET key fence done runs), if the fence still matches and it is not done yet:
 -- its status and error; for mode 'done' also done = 1 and the reply later deliveries
--- replay. A record claimed at send whose run was not counted yet (runs 0: a quick handler
--- gets no start.lua) counts it now. The record then lives ttl ms. Returns
--- SettleCode_SETTLED, or FENCED (nothing written): another owner claimed the key since.
+-- replay (the bytes as given: the runtime sends the short form of docs/protocol.md). A
+-- record claimed at send whose run was not counted yet (runs 0: a quick handler gets no
+-- start.lua) counts it now. Fields left with nothing to say are deleted, not written
+-- empty: owner and lease_until (the claim is over) and an empty error; every reader
+-- takes an absent one as '' (lease_until: 0). Fewer fields, none of them long, keep a
+-- small record in Redis's compact hash encoding (docs/operations.md, *Memory per
+-- completed record*). The record then lives ttl ms. Returns SettleCode_SETTLED, or
+-- FENCED (nothing written): another owner claimed the key since.
 local function complete_record(key, rec, f, ttl, now)
   if not rec[1] or rec[1] ~= ARGV[f] or rec[2] == '1' then return SettleCode_FENCED end
-  local w = {'HSET', key, 'status', ARGV[f + 1], 'updated_ms', now, 'error', ARGV[f + 4],
-    'owner', '', 'lease_until', 0}
+  local w = {'HSET', key, 'status', ARGV[f + 1], 'updated_ms', now}
+  local gone = {'HDEL', key, 'owner', 'lease_until'}
+  if ARGV[f + 4] ~= '' then
+    w[#w + 1], w[#w + 2] = 'error', ARGV[f + 4]
+  else
+    gone[#gone + 1] = 'error'
+  end
   if ARGV[f + 3] == 'done' then
     w[#w + 1], w[#w + 2], w[#w + 3], w[#w + 4] = 'done', '1', 'reply', ARGV[f + 2]
   end
   if rec[3] == '0' then w[#w + 1], w[#w + 2] = 'runs', 1 end
   redis.call(unpack(w))
+  redis.call(unpack(gone))
   redis.call('PEXPIRE', key, ttl)
   return SettleCode_SETTLED
 end

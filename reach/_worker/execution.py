@@ -29,7 +29,7 @@ from redis import exceptions as rexc
 from .. import logs, scripts
 from ..client import Client
 from ..context import Context
-from ..envelope import MAX_ATTEMPTS, Envelope, decode_payload, decode_reply, encode, now_ms
+from ..envelope import MAX_ATTEMPTS, Envelope, decode_payload, encode, now_ms
 from ..errors import Reject, Retry
 from ..limits import LimitsCache, RateLimit, take_call
 from ..outcomes import DeadReason, Outcome, Settled, Status
@@ -419,7 +419,7 @@ class Execution(Part):
             self._start(it)
         elif res.code is ClaimCode.REPLAY:
             self.hooks.on_replay(it.env)
-            self._replay(it, res.reply)
+            self._replay(it, res)
         elif res.code is ClaimCode.CANCELLED:
             self._finish(it, cancelled_outcome(it.env, running=False))
         elif res.code is ClaimCode.POISONED:
@@ -485,14 +485,18 @@ class Execution(Part):
         it.follow_up = Delayed(self.keys.delayed, now_ms() + delay_ms, encode(parked))
         self.settlement.queue(it)
 
-    def _replay(self, it: Delivery, stored: bytes) -> None:
-        reply = decode_reply(stored)
+    def _replay(self, it: Delivery, res: Claimed) -> None:
+        # The stored reply, rebuilt from the record (its short form) or as stored (a record
+        # of protocol version 1): the same reply, signature included, as first published.
+        reply = res.stored(it.env.key)
         if reply.msg_id != it.env.msg_id:
             # Same idempotency key, another message: its caller waits for its own msg_id
             # (signed again when this agent signs: the msg_id is signed).
             renamed = msgspec.structs.replace(reply, msg_id=it.env.msg_id, kid="", sig=b"")
-            stored = sign_reply_for(self.keys.namespace, self.agent_id, renamed)
-        it.answer(self.keys, stored, publish=True)
+            data = sign_reply_for(self.keys.namespace, self.agent_id, renamed)
+        else:
+            data = encode(reply)
+        it.answer(self.keys, data, publish=True)
         it.outcome = Settled.REPLAYED
         self.settlement.queue(it)
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import msgspec
 
-from ..envelope import Envelope, Reply, encode, encode_payload
+from ..envelope import Envelope, Reply, encode, encode_payload, encode_stored
 from ..errors import ConfigError, Reject, Retry
 from ..keys import Keys
 from ..outcomes import DeadReason, Outcome, Settled, Status
@@ -199,6 +199,9 @@ def apply(
         attempt=env.attempt,
     )
     mode = Mode.DONE if outcome.status == Status.SUCCEEDED else Mode.RELEASE
+    # Signed by this agent when it has a secret: the reply is also the one stored for
+    # replays of the key, which then carry this signature.
+    signed = sign_reply_for(keys.namespace, agent_id, reply)
     it.complete = Completion(
         it.idem or keys.idem(env.key),
         it.fence,
@@ -207,10 +210,8 @@ def apply(
         outcome.error[:2000],
         outcome.error_type if tb else "",
         tb,
+        encode_stored(reply) if mode == Mode.DONE else b"",
     )
-    # Signed by this agent when it has a secret: the reply is also the one stored for
-    # replays of the key, which then carry this signature.
-    signed = sign_reply_for(keys.namespace, agent_id, reply)
     it.answer(keys, signed, publish=outcome.status != Status.RETRYING)
     it.follow_up = None
     if outcome.dead_letter:

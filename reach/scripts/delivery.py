@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from redis import exceptions as rexc
 
 from ..connection import AnyRedis
+from ..envelope import Reply, decode_stored
 from ..keys import GROUP, Keys
 from ._call import Arg, Call, as_bytes, as_int, as_text, run_calls
 from ._loader import Op, first_error, is_data_error, run_pipeline
@@ -89,9 +90,10 @@ class ClaimItem:
 @dataclass(frozen=True, slots=True)
 class Claimed:
     """One key's answer: RUN with ``fence`` (complete with it), REPLAY with the stored
-    ``reply``, BUSY with the ``owner`` of the claim that holds it, or POISONED. ``runs``
-    and ``takeovers`` (POISONED): the runs the record counts, and its claims that
-    never ended (the takeovers, this one included)."""
+    ``reply`` and the record's ``status``, ``agent_id`` and ``msg_id`` (:meth:`stored`
+    rebuilds the reply from them), BUSY with the ``owner`` of the claim that holds it, or
+    POISONED. ``runs`` and ``takeovers`` (POISONED): the runs the record counts, and its
+    claims that never ended (the takeovers, this one included)."""
 
     code: ClaimCode
     fence: int = 0
@@ -99,6 +101,15 @@ class Claimed:
     owner: str = ""
     runs: int = 0
     takeovers: int = 0
+    status: str = ""
+    agent_id: str = ""
+    msg_id: str = ""
+
+    def stored(self, key: str) -> Reply:
+        """The stored reply (REPLAY), either form, of the record named by ``key`` (its
+        msg_id when the record has none); raises BadEnvelope if unreadable."""
+        msg_id = self.msg_id or key
+        return decode_stored(self.reply, msg_id=msg_id, status=self.status, agent_id=self.agent_id)
 
 
 # The codes by their integer: a dict lookup per answer instead of an Enum call (a batch
@@ -118,7 +129,13 @@ def decode_claimed(answer: Any) -> Claimed:
     if code is ClaimCode.POISONED:
         return Claimed(code, runs=as_int(answer[1]), takeovers=as_int(answer[2]))
     if code is ClaimCode.REPLAY:
-        return Claimed(code, reply=as_bytes(answer[1]))
+        return Claimed(
+            code,
+            reply=as_bytes(answer[1]),
+            status=as_text(answer[2]),
+            agent_id=as_text(answer[3]),
+            msg_id=as_text(answer[4]),
+        )
     return Claimed(code, owner=as_text(answer[1]))
 
 
@@ -223,14 +240,32 @@ def start_call(items: Sequence[StartItem], *, owner: str, ttl_ms: int) -> Call[l
 @dataclass(frozen=True, slots=True)
 class GivenUp:
     """``give_up.lua``'s answer: ``done`` when the key had completed meanwhile (nothing
-    was written; ``reply`` is its stored reply), else the status was written."""
+    was written; ``reply`` is its stored reply, with the record's ``status``, ``agent_id``
+    and ``msg_id`` it is rebuilt from: :meth:`stored`), else the status was written."""
 
     done: bool
     reply: bytes = b""
+    status: str = ""
+    agent_id: str = ""
+    msg_id: str = ""
+
+    def stored(self, key: str) -> Reply:
+        """The stored reply, either form, of the record named by ``key`` (its msg_id when
+        the record has none); raises BadEnvelope if unreadable."""
+        msg_id = self.msg_id or key
+        return decode_stored(self.reply, msg_id=msg_id, status=self.status, agent_id=self.agent_id)
 
 
 def _given_up(reply: Any) -> GivenUp:
-    return GivenUp(False) if reply is None else GivenUp(True, as_bytes(reply))
+    if reply is None:
+        return GivenUp(False)
+    return GivenUp(
+        True,
+        as_bytes(reply[0]),
+        status=as_text(reply[1]),
+        agent_id=as_text(reply[2]),
+        msg_id=as_text(reply[3]),
+    )
 
 
 def give_up(key: str, *, status: str, error: str, ttl_ms: int) -> Call[GivenUp]:
@@ -275,6 +310,9 @@ class Completion:
     """The handler's exception type, stored with ``traceback`` (``''``: no failure detail)."""
     traceback: str = ""
     """The handler's traceback (bounded and redacted by the worker), stored in the record."""
+    stored: bytes = b""
+    """What the record keeps of the reply for later deliveries to replay (mode DONE only):
+    its short form, :func:`reach.envelope.encode_stored`."""
 
 
 def _settle_code(raw: Any) -> SettleCode:
@@ -289,8 +327,9 @@ def _codes(reply: Any) -> list[SettleCode]:
 def complete_call(
     items: Sequence[tuple[Completion, bytes]], *, ttl_ms: int
 ) -> Call[list[SettleCode]]:
-    """One ``complete.lua`` call for (completion, reply) pairs (their records in one slot).
-    The reply is sent only for DONE: only then is it stored."""
+    """One ``complete.lua`` call for (completion, stored reply) pairs (their records in one
+    slot; the stored reply: :func:`reach.envelope.encode_stored`). It is sent only for
+    DONE: only then is it stored."""
     args: list[Any] = [ttl_ms]
     for c, reply in items:
         args += [c.fence, c.status, reply if c.mode == Mode.DONE else "", c.mode, c.error]
@@ -460,7 +499,7 @@ def settle_call(
 ) -> Call[list[SettleCode]]:
     """One ``settle.lua`` call for ``items`` (standalone Redis: any keys). ``ttl_ms``: how
     long records and reply streams live. The slots of each item are fixed (the script's
-    header): 10, then 11 for a dead letter or 3 for a retry; then the failure details and
+    header): 11, then 11 for a dead letter or 3 for a retry; then the failure details and
     ``recent``, the batch's rows of the index of recent messages, if any."""
     keys: list[str] = []
     index: dict[str, int] = {}
@@ -481,9 +520,10 @@ def settle_call(
         if tb:
             details += [n, tb[0], tb[1]]
         if c is not None:
-            args += [ki(c.key), c.fence, c.status, it.reply, c.mode, c.error]
+            stored = c.stored if c.mode == Mode.DONE else ""
+            args += [ki(c.key), c.fence, c.status, stored, c.mode, c.error, it.reply]
         else:
-            args += [0, "", "", it.reply, "", ""]
+            args += [0, "", "", "", "", "", it.reply]
         args += [
             ki(it.reply_stream) if it.reply_stream else 0,
             ki(it.inbox) if it.inbox else 0,
@@ -614,7 +654,7 @@ async def _settle_pipelined(
     if completing:
         trip("complete")
         res = await complete(
-            r, [(c, it.reply) for _, it, c in completing], cluster=True, ttl_ms=ttl_ms
+            r, [(c, c.stored) for _, _, c in completing], cluster=True, ttl_ms=ttl_ms
         )
         for (i, it, _), x in zip(completing, res, strict=True):
             if is_data_error(x):  # its record is of the wrong type: what replaces it, and ack

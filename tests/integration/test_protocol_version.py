@@ -57,12 +57,12 @@ async def test_an_agents_record_states_its_protocol_version(
 ) -> None:
     async with Client(redis_url=redis_url, namespace=ns) as client:
         await wait_eligible(client, "test.echo", ["proto-1"], timeout=60)
-    assert PROTOCOL_VERSION == 1
-    assert await r.hget(Keys(ns).agent("proto-1"), "protocol") == b"1"
+    assert PROTOCOL_VERSION == 2
+    assert await r.hget(Keys(ns).agent("proto-1"), "protocol") == b"2"
     common = ("--redis-url", redis_url, "--namespace", ns, "--json")
     [row] = json.loads(await anyio.to_thread.run_sync(lambda: reach("agents", *common)))
-    assert row["agent_id"] == "proto-1" and row["protocol"] == 1
+    assert row["agent_id"] == "proto-1" and row["protocol"] == 2
     shown = json.loads(
         await anyio.to_thread.run_sync(lambda: reach("agents", "show", "proto-1", *common))
     )
-    assert shown["protocol"] == 1
+    assert shown["protocol"] == 2

@@ -54,11 +54,44 @@ async def test_an_expired_lease_is_claimed_again_with_a_higher_fence(r: AnyRedis
     assert await r.hget(rec, "runs") == b"2"
 
 
+async def test_a_claim_leaves_out_what_the_record_says_without_it(r: AnyRedis, ns: str) -> None:
+    # Named by its msg_id (no caller's key): no msg_id field; sent_msg_id equal to the msg_id
+    # claimed is deleted; takeovers 0 is not written. Each absent field reads as that.
+    k = Keys(ns)
+    named, keyed = k.idem("m7"), k.idem("cap||order-7")
+    for rec in (named, keyed):
+        await r.hset(rec, mapping={"status": "pending", "sent_msg_id": "m7", "msg_id": "old"})
+    got = await scripts.call(
+        r, "claim", [named, keyed], _args(OWNER_A, (5_000, "m7"), (5_000, "m7"))
+    )
+    assert got == [[1, 1], [1, 1]]
+    h = await r.hgetall(named)
+    assert not {b"msg_id", b"sent_msg_id", b"takeovers"} & set(h)
+    h = await r.hgetall(keyed)
+    assert h[b"msg_id"] == b"m7" and not {b"sent_msg_id", b"takeovers"} & set(h)
+    # Another msg_id than the one sent is kept apart: both stay.
+    other = k.idem("cap||order-8")
+    await r.hset(other, mapping={"status": "pending", "sent_msg_id": "m9"})
+    assert await scripts.call(r, "claim", [other], _args(OWNER_A, (5_000, "m8"))) == [[1, 1]]
+    assert await r.hmget(other, "msg_id", "sent_msg_id") == [b"m8", b"m9"]
+
+
 async def test_a_done_key_replays_its_stored_reply(r: AnyRedis, ns: str) -> None:
     rec = Keys(ns).idem("k4")
-    await r.hset(rec, mapping={"done": "1", "reply": b"\x81\xa1r\x01", "fence": 3})
+    await r.hset(
+        rec,
+        mapping={
+            "done": "1",
+            "reply": b"\x91\x01",
+            "fence": 3,
+            "status": "succeeded",
+            "agent_id": "w-1",
+            "msg_id": "m1",
+        },
+    )
     got = await scripts.call(r, "claim", [rec], _args(OWNER_B, (60_000, "m9")))
-    assert got == [[2, b"\x81\xa1r\x01"]]
+    # The stored bytes and the record's fields the reply is rebuilt from.
+    assert got == [[2, b"\x91\x01", b"succeeded", b"w-1", b"m1"]]
     assert await r.hget(rec, "fence") == b"3"  # nothing was claimed
 
 
@@ -70,7 +103,7 @@ async def test_a_batch_answers_each_key_in_order(r: AnyRedis, ns: str) -> None:
     got = await scripts.call(
         r, "claim", [fresh, held, done], _args(OWNER_A, (1_000, "m1"), (1_000, "m2"), (1_000, "m3"))
     )
-    assert got == [[1, 1], [3, OWNER_B.encode()], [2, b"R"]]
+    assert got == [[1, 1], [3, OWNER_B.encode()], [2, b"R", b"", b"", b""]]
     # Each key's own lease and msg_id were written, not its neighbour's.
     assert await r.hget(fresh, "msg_id") == b"m1"
     assert await r.hget(held, "msg_id") == b"x"
@@ -221,7 +254,7 @@ async def test_a_takeover_never_skips_a_done_key(r: AnyRedis, ns: str) -> None:
         rec, mapping={"owner": "", "lease_until": 0, "fence": 3, "done": "1", "reply": b"R"}
     )
     got = await scripts.call(r, "claim", [rec], _args(OWNER_A, (60_000, "m1", "w-1/old")))
-    assert got == [[2, b"R"]]
+    assert got == [[2, b"R", b"", b"", b""]]
     assert await r.hget(rec, "fence") == b"3"
 
 
@@ -322,4 +355,4 @@ async def test_a_claim_after_a_completion_is_no_takeover(r: AnyRedis, ns: str) -
     a = _args(OWNER_B, (60_000, "m1"))
     a[3] = 0
     assert await scripts.call(r, "claim", [rec], a) == [[1, 6]]
-    assert (await r.hmget(rec, "runs", "takeovers")) == [b"3", b"0"]
+    assert (await r.hmget(rec, "runs", "takeovers")) == [b"3", None]  # 0: not written

@@ -36,7 +36,8 @@ async def test_done_stores_the_reply_and_ends_the_claim(r: AnyRedis, ns: str) ->
     assert got == [1]
     h = await r.hgetall(rec)
     assert h[b"done"] == b"1" and h[b"reply"] == b"ok" and h[b"status"] == b"succeeded"
-    assert h[b"owner"] == b"" and h[b"lease_until"] == b"0"
+    # The claim's fields and an empty error are deleted, not written empty.
+    assert b"owner" not in h and b"lease_until" not in h and b"error" not in h
     # A second completion (a late duplicate) is refused: the first outcome stands.
     again = await scripts.call(
         r, "complete", [rec], [TTL_MS, *_item(fence, "failed", b"no", "done")]

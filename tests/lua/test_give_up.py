@@ -58,14 +58,23 @@ async def test_a_completed_key_keeps_its_status_and_hands_back_its_reply(
         r, "claim", [done], ["w-1/i1", TTL_MS, "w", 3, 60_000, "m", ""]
     )
     assert code == 1
-    args = [TTL_MS, fence, "succeeded", b"\x81\xa1r\x01", "done", ""]
+    args = [TTL_MS, fence, "succeeded", b"\x91\x01", "done", ""]
     assert await scripts.call(r, "complete", [done], args) == [1]
     await r.hset(bare, mapping={"done": "1", "status": "succeeded"})  # no reply stored
     before = await snapshot(r, ns)
-    assert await scripts.call(r, "give_up", [done], ["expired", "late", TTL_MS]) == (
-        b"\x81\xa1r\x01"
-    )
-    assert await scripts.call(r, "give_up", [bare], ["dead", "x", TTL_MS]) == b""
+    # The stored reply and the record's status, agent_id and msg_id it is rebuilt from.
+    assert await scripts.call(r, "give_up", [done], ["expired", "late", TTL_MS]) == [
+        b"\x91\x01",
+        b"succeeded",
+        b"w",
+        b"m",
+    ]
+    assert await scripts.call(r, "give_up", [bare], ["dead", "x", TTL_MS]) == [
+        b"",
+        b"succeeded",
+        b"",
+        b"",
+    ]
     assert_unchanged(before, await snapshot(r, ns))
 
 

@@ -495,7 +495,7 @@ async def test_the_record_states_the_protocol_version(reg: Registry, r: AnyRedis
     await register(reg, "a1")
     assert await r.hget(reg.keys.agent("a1"), "protocol") == str(PROTOCOL_VERSION).encode()
     a = await reg.get("a1")
-    assert a is not None and a.protocol == PROTOCOL_VERSION == 1
+    assert a is not None and a.protocol == PROTOCOL_VERSION == 2
 
 
 async def test_the_form_without_protocol_is_taken_and_states_none(

@@ -44,9 +44,22 @@ async def test_a_first_send_is_claimed_for_the_runtime_named(r: AnyRedis, ns: st
     # still 'pending' until the runtime starts it (start.lua).
     assert h[b"status"] == b"pending" and h[b"fence"] == b"1" and h[b"runs"] == b"0"
     assert h[b"owner"] == OWNER.encode() and int(h[b"lease_until"]) == until
-    assert h[b"agent_id"] == b"w-1" and h[b"msg_id"] == b"m1" and h[b"sent_msg_id"] == b"m1"
+    assert h[b"agent_id"] == b"w-1"
+    # Neither sent_msg_id nor msg_id: the record is named by the msg_id.
+    assert b"sent_msg_id" not in h and b"msg_id" not in h
     assert h[b"capability"] == b"cap" and h[b"attempt"] == b"1"
     assert 0 < await r.pttl(k.idem("m1")) <= TTL_MS
+
+
+async def test_a_first_send_under_a_callers_key_stores_its_msg_id(r: AnyRedis, ns: str) -> None:
+    # The record's name does not say the msg_id then: the field does.
+    k = Keys(ns)
+    await inbox.send_call(
+        k, msg(4, "order-4"), agent_id="w-1", priority="normal", ttl_ms=TTL_MS,
+        claim_for=OWNER, claim_lease_ms=5_000,
+    ).run(r)  # fmt: skip
+    h = await r.hgetall(k.idem("order-4"))
+    assert h[b"msg_id"] == b"m4" and b"sent_msg_id" not in h
 
 
 async def test_another_runtime_finds_the_claim_held(r: AnyRedis, ns: str) -> None:

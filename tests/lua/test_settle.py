@@ -51,16 +51,20 @@ class Batch:
         mode: str = "",
         reply_key: str | None = None,
         follow_up: DeadLetter | Delayed | None = None,
+        stored: bytes | None = None,
     ) -> None:
-        """One item; without ``idem``, one that completes no record (an ack only)."""
+        """One item; without ``idem``, one that completes no record (an ack only).
+        ``stored``: what its record keeps (None: the reply's bytes, as the runtime's short
+        form is bytes the script does not read)."""
         self.n += 1
         self.items += [
             self.ki(idem),
             fence,
             status,
-            reply,
+            reply if stored is None else stored,
             mode,
             "",
+            reply,
             self.ki(reply_key),
             self.ki(inbox),
             entry,
@@ -250,7 +254,7 @@ async def test_a_follow_up_out_of_contract_fails_the_batch_before_any_write(
     args = [TTL_MS, GROUP, b.n, *b.items[:-1], 3]  # a follow-up kind 3: there is none
     with pytest.raises(
         rexc.ResponseError,
-        match=r"^reach: bad follow-up of item 2 \(ARGV\[23\]\) 3: want 0, 1 or 2",
+        match=r"^reach: bad follow-up of item 2 \(ARGV\[25\]\) 3: want 0, 1 or 2",
     ):
         await scripts.call(r, "settle", b.keys, args)
     assert await r.hget(rec, "done") is None and await r.exists(replies) == 0
@@ -269,15 +273,15 @@ def _bad_calls() -> list[tuple[str, int | None, object]]:
     calls += [("number of items", 2, v) for v in ["4", "x", "", "-1", "1e3", "02"]]
     # n 1: the second item reads as the failure details, then an index section.
     calls += [("recent index", 2, "1"), ("arguments", 2, "3"), ("number of details", None, "extra")]
-    calls += [("arguments", None, "drop"), ("arguments", 33, "1"), ("number of details", 33, "0")]
-    calls += [(f"record index {it2}", 24, v) for v in ["6", "-1", "x", "1.0", ""]]
+    calls += [("arguments", None, "drop"), ("arguments", 35, "1"), ("number of details", 35, "0")]
+    calls += [(f"record index {it2}", 25, v) for v in ["6", "-1", "x", "1.0", ""]]
     calls += [(f"fence {it1}", 4, v) for v in ["abc", "0", "", "-1", "1e3"]]
     calls += [(f"status {it1}", 5, v) for v in ["x", "", "running"]]
     calls += [(f"mode {it1}", 7, v) for v in ["x", ""]]
-    calls += [(f"reply stream index {it2}", 30, v) for v in ["6", "x"]]
-    calls += [(f"inbox index {it2}", 31, v) for v in ["6", "-1"]]
+    calls += [(f"reply stream index {it2}", 32, v) for v in ["6", "x"]]
+    calls += [(f"inbox index {it2}", 33, v) for v in ["6", "-1"]]
     calls += [
-        (f"entry id {it2}", 32, v)
+        (f"entry id {it2}", 34, v)
         for v in [
             "abc",
             "",
@@ -290,19 +294,19 @@ def _bad_calls() -> list[tuple[str, int | None, object]]:
             "123456789012345678901-0",
         ]
     ]
-    calls += [(f"follow-up {it1}", 12, v) for v in ["3", "x", "", "-1", "01", "1.0"]]
-    calls += [(f"dead-letter stream index {it1}", 13, v) for v in ["0", "6", "x"]]
-    calls += [(f"maxlen {it1}", 14, v) for v in ["x", "-1", "", "1e3", str(10**16)]]
-    calls += [(f"attempts {it1}", 18, v) for v in ["x", "-1", "", "1.5"]]
-    calls += [(f"ts {it1}", 22, v) for v in ["x", "1.5", "", "nan"]]
-    calls += [(f"delayed index {it2}", 34, v) for v in ["0", "6", "x"]]
+    calls += [(f"follow-up {it1}", 13, v) for v in ["3", "x", "", "-1", "01", "1.0"]]
+    calls += [(f"dead-letter stream index {it1}", 14, v) for v in ["0", "6", "x"]]
+    calls += [(f"maxlen {it1}", 15, v) for v in ["x", "-1", "", "1e3", str(10**16)]]
+    calls += [(f"attempts {it1}", 19, v) for v in ["x", "-1", "", "1.5"]]
+    calls += [(f"ts {it1}", 23, v) for v in ["x", "1.5", "", "nan"]]
+    calls += [(f"delayed index {it2}", 36, v) for v in ["0", "6", "x"]]
     calls += [
-        (f"due {it2}", 35, v)
+        (f"due {it2}", 37, v)
         for v in ["nan", "inf", "-inf", "1e309", "", "abc", " 1", "1e3", "1" * 30, "1.5", "-3"]
     ]
     # One key used as two types: the inbox as the delayed zset; the record as a dead-letter
     # stream.
-    calls += [(f"delayed index {it2}", 34, "3"), (f"dead-letter stream index {it1}", 13, "1")]
+    calls += [(f"delayed index {it2}", 36, "3"), (f"dead-letter stream index {it1}", 14, "1")]
     return calls
 
 
@@ -315,13 +319,13 @@ async def test_a_batch_out_of_contract_is_refused_before_any_write(
     await r.zadd(k.delayed, {b"OLD": 1})
     b = Batch()
     # KEYS: rec 1, replies 2, inbox 3, dlq 4, delayed 5. ARGV (0-based): ttl 0, group 1,
-    # n 2; item 1 at 3..12 (its follow-up kind at 12), its dead letter at 13..23 (stream
-    # index, maxlen, reason, error, error_type, attempts 18, agent_id, msg_id, capability,
-    # ts 22, env); item 2 at 24..33, its delayed copy at 34..36 (zset index, due, envelope).
+    # n 2; item 1 at 3..13 (its follow-up kind at 13), its dead letter at 14..24 (stream
+    # index, maxlen, reason, error, error_type, attempts 19, agent_id, msg_id, capability,
+    # ts 23, env); item 2 at 25..35, its delayed copy at 36..38 (zset index, due, envelope).
     b.complete(s, e1, follow_up=_letter(dlq))
     b.add(inbox=inbox, entry=e2, follow_up=Delayed(k.delayed, 12345, b"ENV"))
     args: list[Any] = [TTL_MS, GROUP, b.n, *b.items]
-    assert len(args) == 37 and args[12] == 1 and args[33] == 2 and args[36] == b"ENV"
+    assert len(args) == 39 and args[13] == 1 and args[35] == 2 and args[38] == b"ENV"
     if at is not None:
         args[at] = value
     elif value == "drop":

@@ -141,7 +141,13 @@ def test_protocol_md_states_what_the_code_does() -> None:
         in text
     )
     rows = {line.split("|")[1].strip(): line for line in raw.splitlines() if line.startswith("| `")}
-    answers = ("{1, fence}", "{2, reply}", "{3, owner}", "{4, ''}", "{5, runs, takeovers}")
+    answers = (
+        "{1, fence}",
+        "{2, reply, status, agent_id, msg_id}",
+        "{3, owner}",
+        "{4, ''}",
+        "{5, runs, takeovers}",
+    )
     for code, answer in zip(ClaimCode, answers, strict=True):
         assert answer in rows["`claim.lua`"] and answer.startswith("{" + str(int(code))), answer
     for answer in ("{1, status}", "{2, 'cancelled'}", "{0, status}", "{-1, ''}"):

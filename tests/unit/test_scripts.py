@@ -80,7 +80,7 @@ def test_register_encodes_the_header_layout() -> None:
         slots=8,
     )
     assert c.keys == (K.agents, K.agent("a1"), K.caps, K.events, K.cap_prefix, K.agent_prefix)
-    assert c.args == ("a1", "i1", 7, "2.0", "c,d.e", '{"x":1}', 100, 200, 1000, "", "1", 5, 8, 1)
+    assert c.args == ("a1", "i1", 7, "2.0", "c,d.e", '{"x":1}', 100, 200, 1000, "", "1", 5, 8, 2)
     # ..., max_queue, slots, protocol
     assert c.op() == ("EVALSHA", scripts.script("register").sha, 6, *c.keys, *c.args)
 
@@ -171,13 +171,16 @@ def test_claim_encodes_a_head_and_three_argv_per_key() -> None:
     c = delivery.claim_call(items, owner="a/i", ttl_ms=99, agent_id="a")
     assert c.keys == ("k1", "k2")
     assert c.args == ("a/i", 99, "a", 3, 1000, "m1", "", 2000, "m2", "b/j")
-    assert c.decode([[1, 7], [2, b"r"], [3, b"b/j"], [5, 4, 3]]) == [
+    replay = [2, b"r", b"succeeded", b"a", b"m0"]
+    assert c.decode([[1, 7], replay, [3, b"b/j"], [5, 4, 3]]) == [
         delivery.Claimed(codes.ClaimCode.RUN, fence=7),
-        delivery.Claimed(codes.ClaimCode.REPLAY, reply=b"r"),
+        delivery.Claimed(
+            codes.ClaimCode.REPLAY, reply=b"r", status="succeeded", agent_id="a", msg_id="m0"
+        ),
         delivery.Claimed(codes.ClaimCode.BUSY, owner="b/j"),
         delivery.Claimed(codes.ClaimCode.POISONED, runs=4, takeovers=3),
     ]
-    assert delivery.decode_claimed([2, b""]).reply == b""
+    assert delivery.decode_claimed([2, b"", b"", b"", b""]).reply == b""
     assert delivery.decode_claimed([3, b"\xff/x"]).owner == "\ufffd/x"  # untrusted bytes
 
 
@@ -185,8 +188,10 @@ def test_give_up() -> None:
     c = delivery.give_up("k", status="expired", error="late", ttl_ms=9)
     assert (c.keys, c.args) == (("k",), ("expired", "late", 9))
     assert c.decode(None) == delivery.GivenUp(done=False)
-    assert c.decode(b"R") == delivery.GivenUp(done=True, reply=b"R")
-    assert c.decode(b"") == delivery.GivenUp(done=True, reply=b"")
+    assert c.decode([b"R", b"succeeded", b"a", b"m0"]) == delivery.GivenUp(
+        done=True, reply=b"R", status="succeeded", agent_id="a", msg_id="m0"
+    )
+    assert c.decode([b"", b"", b"", b""]) == delivery.GivenUp(done=True, reply=b"")
 
 
 def test_renew_encodes_the_owner_then_lease_and_fence_per_key() -> None:
@@ -248,7 +253,7 @@ def test_settle_indexes_each_key_once_in_order_of_first_use() -> None:
         SettleItem(
             "in:1",
             b"1-0",
-            Completion("rec", 2, "succeeded", Mode.DONE),
+            Completion("rec", 2, "succeeded", Mode.DONE, stored=b"S"),
             reply=b"R",
             reply_stream="rep",
             follow_up=LETTER,
@@ -260,11 +265,11 @@ def test_settle_indexes_each_key_once_in_order_of_first_use() -> None:
     assert c.keys == ("rec", "rep", "in:1", "dlq", "delayed")
     assert c.args == (
         *(60, "g", 3),
-        *(1, 2, "succeeded", b"R", "done", "", 2, 3, b"1-0", 1),
+        *(1, 2, "succeeded", b"S", "done", "", b"R", 2, 3, b"1-0", 1),
         *(4, 10, "max_attempts", "boom", "ValueError", 3, "a", "m1", "cap", 99, b"E"),
-        *(0, "", "", b"", "", "", 0, 3, b"2-0", 2),
+        *(0, "", "", "", "", "", b"", 0, 3, b"2-0", 2),
         *(5, 12, b"env"),
-        *(0, "", "", b"", "", "", 2, 0, "3-0", 0),
+        *(0, "", "", "", "", "", b"", 2, 0, "3-0", 0),
     )
     assert c.decode([1, 0, 1]) == [
         codes.SettleCode.SETTLED,
