@@ -35,6 +35,7 @@ from reach.registry import Registry
 
 NS = "bench-mem"
 CAP = "mem.echo"
+LEAN_STREAM = "lean:{mem}"  # the lean floor's inbox; its records share the hash tag
 
 
 def _agent() -> reach.Agent:
@@ -79,7 +80,7 @@ async def _reach(url: str, n: int, result: str) -> None:
 
 async def _lean(url: str, n: int, result: bytes) -> None:
     r: Any = aredis.Redis.from_url(url)
-    stream = "lean:{mem}"
+    stream = LEAN_STREAM
     try:
         await lean_floor.ensure_group(r, stream)
         sender = lean_floor.Sender(r, stream)
@@ -136,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
         idem = Keys(NS).idem("*")
         out["reach"] = _sizes(sync, list(sync.scan_iter(match=idem, count=1000)))
         asyncio.run(_lean(srv.url, a.messages, result.encode()))
-        out["lean_floor"] = _sizes(sync, list(sync.scan_iter(match="lean:{mem}:rec:*", count=1000)))
+        out["lean_floor"] = _sizes(
+            sync, list(sync.scan_iter(match=lean_floor.record_key(LEAN_STREAM, "*"), count=1000))
+        )
         sync.close()
     out["ratio"] = out["reach"]["bytes_median"] / out["lean_floor"]["bytes_median"]
     if a.json:
