@@ -13,7 +13,7 @@ import pytest
 from redis import exceptions as rexc
 
 from reach._autopipe import AutoPipeline
-from reach._delivery import Coalescer
+from reach._delivery import SENDS_IN_FLIGHT, Coalescer
 from reach.connection import AnyRedis, connect
 from reach.envelope import Envelope, encode, new_id
 from reach.keys import Keys
@@ -97,3 +97,34 @@ async def test_a_caller_cancelled_within_its_turn_sends_nothing(
     await asyncio.gather(*tasks, return_exceptions=True)
     assert tasks[3].cancelled()
     assert await r.xlen(keys.inbox("co-1", "normal")) == 4
+
+
+async def test_sends_issued_while_calls_are_in_flight_wait_and_go_out_as_one_batch(
+    commands: AutoPipeline, r: AnyRedis, ns: str
+) -> None:
+    """With SENDS_IN_FLIGHT calls awaiting Redis (held here by CLIENT PAUSE: scripts wait
+    under a WRITE pause), later sends queue, in any number of turns, and go out as one call
+    once a call returns: the batches grow with the load instead of being cut at each turn."""
+    keys = Keys(ns)
+    co = Coalescer(commands, keys, ttl_ms=TTL_MS)
+    await co.send(delivery())  # loads the script
+    before = await script_calls(r)
+    await r.execute_command("CLIENT", "PAUSE", 30_000, "WRITE")
+    try:
+        first = [asyncio.ensure_future(co.send(delivery())) for _ in range(3)]
+        while co._in_flight < SENDS_IN_FLIGHT:  # the first alone, the other two as a batch
+            await asyncio.sleep(0)
+        later: list[asyncio.Future[inbox.Sent]] = []
+        for _ in range(5):  # five turns, two sends each, all while both calls wait
+            later += [asyncio.ensure_future(co.send(delivery())) for _ in range(2)]
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+        assert co._in_flight == SENDS_IN_FLIGHT
+        assert len(co._group) == 10
+    finally:
+        await r.execute_command("CLIENT", "UNPAUSE")
+    sent = await asyncio.gather(*first, *later)
+    assert all(not s.refused for s in sent)
+    # the first alone, the next two together, then the ten queued ones in one call
+    assert await script_calls(r) - before == 3
+    assert await r.xlen(keys.inbox("co-1", "normal")) == 14
