@@ -21,6 +21,7 @@ from .errors import (
     NotStarted,
     Overloaded,
     PayloadTooLarge,
+    QuorumFailed,
     RateLimited,
     ReachError,
     RedisFull,
@@ -33,6 +34,7 @@ from .errors import (
     StreamTooLarge,
     UnknownAgent,
 )
+from .gather import Answer, Failure, Gathered, Vote, vote
 from .hooks import Hooks
 from .outcomes import DeadReason, Status, Unavailable
 from .registry import AgentInfo, Registry, normalize_capability
@@ -43,6 +45,7 @@ __all__ = [
     "Agent",
     "AgentInfo",
     "AmbiguousDeadLetterId",
+    "Answer",
     "BadDeadLetterId",
     "CancelOutcome",
     "CancelResult",
@@ -56,6 +59,8 @@ __all__ = [
     "DeadReason",
     "DeadlineExceeded",
     "Envelope",
+    "Failure",
+    "Gathered",
     "Hooks",
     "InvalidCapability",
     "NoAgentAvailable",
@@ -63,6 +68,7 @@ __all__ = [
     "Overloaded",
     "PayloadTooLarge",
     "PendingLocal",
+    "QuorumFailed",
     "RateLimited",
     "ReachError",
     "RedisFull",
@@ -82,6 +88,8 @@ __all__ = [
     "TaskStatus",
     "Unavailable",
     "UnknownAgent",
+    "Vote",
     "__version__",
     "normalize_capability",
+    "vote",
 ]

@@ -47,6 +47,8 @@ from .errors import (
     PayloadTooLarge,
     RedisUnavailable,
 )
+from .gather import Gathered
+from .gather import gather as _gather
 from .keys import PRIORITIES, Keys
 from .limits import LimitsCache, check_rate_limit
 from .outcomes import RequestOutcome, Status, blames_agent
@@ -115,20 +117,13 @@ class Client:
     Ed25519 key instead and take replies signed by a trusted identity. See
     docs/security.md, *Signed envelopes*.
 
-    When Redis is unreachable, :meth:`send` and :meth:`request` (and :meth:`call`) hold
-    the message in a local buffer, in order, and a background task sends the held
-    messages when Redis is back: at most ``buffer_max_messages`` (10,000; 0 turns the
-    buffer off) and ``buffer_max_bytes`` of payload (64 MiB), beyond which
-    :class:`~reach.errors.RedisUnavailable` is raised at once; none held past its deadline
-    or ``buffer_max_age_s`` (30 s). A request waits for Redis up to its deadline. Closing
-    the client waits ``buffer_close_wait_s`` (5 s) for held messages, then drops them
-    (logged). :meth:`pending_local` lists what waits; docs/concepts.md, *Buffering through
-    outages*.
-
-    ``cancel_on_abort`` (on by default): a :meth:`request` whose own task is cancelled while
-    it waits (``anyio.fail_after``/``asyncio.timeout`` in the caller's code, a task group
-    cancelled) cancels its message too, as :meth:`cancel` does; a reach deadline that passes
-    (:class:`DeadlineExceeded`) does not (the worker ends the message at its deadline itself).
+    When Redis is unreachable, :meth:`send`, :meth:`request` and :meth:`call` hold the
+    message in a local buffer, in order, sent when Redis is back (bounded by
+    ``buffer_max_messages``, ``buffer_max_bytes`` and ``buffer_max_age_s``; beyond them
+    :class:`~reach.errors.RedisUnavailable`; closing waits ``buffer_close_wait_s``):
+    docs/concepts.md, *Buffering through outages*. ``cancel_on_abort`` (on): a
+    :meth:`request` whose own task is cancelled cancels its message too (a reach deadline
+    that passes does not: the worker ends the message then itself).
     """
 
     def __init__(
@@ -749,6 +744,24 @@ class Client:
         """Send one copy to every eligible agent; returns agent_id -> result or exception."""
         return await _many.broadcast(
             self, capability, payload, where, timeout_s, idempotency_key, kw
+        )
+
+    async def gather(
+        self,
+        capability: str,
+        payload: Any,
+        *,
+        quorum: int | str = "majority",
+        n: int | None = None,
+        timeout_s: float | None = None,
+        where: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        **kw: Any,
+    ) -> Gathered:
+        """Ask every eligible agent (or ``n``) and return once ``quorum`` answered (a
+        number, ``"majority"``, ``"all"``): a :class:`reach.Gathered`; :mod:`reach.gather`."""
+        return await _gather(
+            self, capability, payload, quorum, n, timeout_s, where, idempotency_key, kw
         )
 
     async def cancel(self, msg_id: str, *, by: str = "") -> CancelResult:

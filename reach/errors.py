@@ -5,6 +5,8 @@ Each message says what happened and what to do about it.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ReachError(Exception):
     """Base class of every error reach raises on purpose."""
@@ -113,6 +115,16 @@ class RemoteError(ReachError):
         self.type = type
         self.message = message
         self.retryable = retryable
+
+
+class QuorumFailed(ReachError):
+    """:meth:`reach.Client.gather` could not get its quorum of answers: too many copies
+    failed (or too few agents were eligible) for the quorum to be met. ``gathered`` (a
+    :class:`reach.Gathered`) holds the answers and failures there were."""
+
+    def __init__(self, message: str, *, gathered: Any) -> None:
+        super().__init__(message)
+        self.gathered = gathered
 
 
 class StreamTooLarge(ReachError):
