@@ -7,7 +7,7 @@ from ._version import __version__
 from .agent import Agent, RuntimeOptions
 from .client import Client
 from .context import Context
-from .envelope import Envelope, Reply
+from .envelope import Envelope, Hop, Reply
 from .errors import (
     AmbiguousDeadLetterId,
     BadDeadLetterId,
@@ -16,7 +16,9 @@ from .errors import (
     ConnectionsExhausted,
     DeadLetterNotFound,
     DeadlineExceeded,
+    HopLimitExceeded,
     InvalidCapability,
+    LoopDetected,
     NoAgentAvailable,
     NotStarted,
     Overloaded,
@@ -32,6 +34,7 @@ from .errors import (
     StaleRegistration,
     StreamTooLarge,
     UnknownAgent,
+    WouldDeadlock,
 )
 from .hooks import Hooks
 from .outcomes import DeadReason, Status, Unavailable
@@ -57,7 +60,10 @@ __all__ = [
     "DeadlineExceeded",
     "Envelope",
     "Hooks",
+    "Hop",
+    "HopLimitExceeded",
     "InvalidCapability",
+    "LoopDetected",
     "NoAgentAvailable",
     "NotStarted",
     "Overloaded",
@@ -82,6 +88,7 @@ __all__ = [
     "TaskStatus",
     "Unavailable",
     "UnknownAgent",
+    "WouldDeadlock",
     "__version__",
     "normalize_capability",
 ]

@@ -28,9 +28,17 @@ from redis import exceptions as rexc
 from . import logs
 from ._autopipe import AutoPipeline
 from ._chunks import ChunkSink
+from .callpath import path_of
 from .connection import AnyRedis
 from .envelope import CHUNK, Envelope, Reply, decode_payload, decode_reply, now_ms
-from .errors import Cancelled, DeadlineExceeded, Rejected, RemoteError
+from .errors import (
+    Cancelled,
+    DeadlineExceeded,
+    HopLimitExceeded,
+    LoopDetected,
+    Rejected,
+    RemoteError,
+)
 from .outcomes import DeadReason, Status, is_rejection, is_retryable
 from .signing import Signer
 
@@ -351,6 +359,10 @@ def outcome_of(capability: str, msg_id: str, reply: Reply) -> Any:
         raise DeadlineExceeded(f"{capability!r} (msg {msg_id}) passed its deadline: {reply.error}")
     if reply.reason == DeadReason.CANCELLED:
         raise Cancelled(f"{capability!r} (msg {msg_id}) was cancelled: {reply.error}")
+    if reply.reason == DeadReason.HOP_LIMIT:
+        raise HopLimitExceeded(reply.error, path=path_of(reply.error))
+    if reply.reason == DeadReason.LOOP:
+        raise LoopDetected(reply.error, path=path_of(reply.error))
     if reply.status == Status.DEAD and is_rejection(reply.reason):
         raise Rejected(f"{capability!r} was rejected: {reply.error}", reason=reply.reason)
     raise RemoteError(

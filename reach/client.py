@@ -34,6 +34,7 @@ from ._delivery import Delivery, policy_for
 from ._replies import ReplyReader, outcome_of
 from ._streaming import Stream
 from .breaker import Breakers
+from .callpath import DEFAULT_MAX_HOPS, Gate, check_max_hops
 from .config import resolve_redis_url
 from .connection import DEFAULT_MAX_CONNECTIONS, AnyRedis, connect, redact
 from .doctor import warn_once
@@ -129,6 +130,7 @@ class Client:
     it waits (``anyio.fail_after``/``asyncio.timeout`` in the caller's code, a task group
     cancelled) cancels its message too, as :meth:`cancel` does; a reach deadline that passes
     (:class:`DeadlineExceeded`) does not (the worker ends the message at its deadline itself).
+    ``max_hops`` (16): how deep ``ctx.client`` calls may go (docs/concepts.md, *Call graphs*).
     """
 
     def __init__(
@@ -160,6 +162,7 @@ class Client:
         buffer_max_age_s: float = DEFAULT_MAX_AGE_S,
         buffer_close_wait_s: float = DEFAULT_CLOSE_WAIT_S,
         cancel_on_abort: bool = True,
+        max_hops: int = DEFAULT_MAX_HOPS,
     ) -> None:
         if default_policy not in POLICIES:
             raise ConfigError(
@@ -179,6 +182,7 @@ class Client:
             namespace, secret, identity_file, trusted_keys_file
         )
         self.default_timeout_s = default_timeout_s
+        self.max_hops = check_max_hops(max_hops, "Client")
         # A request() whose own task is cancelled (not one whose reach deadline passed)
         # cancels its message too (see cancel()).
         self.cancel_on_abort = cancel_on_abort
@@ -466,6 +470,7 @@ class Client:
         where: Mapping[str, Any] | None = None,
         track: bool = False,
         quota: bool = True,
+        gate: Gate | None = None,
     ) -> str:
         """Route ``env`` and add it to the chosen agent's inbox; returns the agent id.
 
@@ -483,10 +488,11 @@ class Client:
         naming the quota. ``quota=False`` leaves them out, for a message that was accepted
         once and is only placed again (the sweeper's retries and reroutes); it then goes
         as it is, never signed by this client (its sender's signature travels with it).
+        ``gate``: see :class:`reach.callpath.CallGate`.
         """
         if env.reply_to == self.client_id:
             self._reader.sent(env.msg_id)  # its reply is kept until taken (result())
-        return await self._delivery.deliver(env, where=where, track=track, quota=quota)
+        return await self._delivery.deliver(env, where=where, track=track, quota=quota, gate=gate)
 
     async def send(
         self,
@@ -517,7 +523,12 @@ class Client:
 
     # -- the outage buffer (reach._buffer) --------------------------------------------------
     async def _deliver_or_hold(
-        self, env: Envelope, where: Mapping[str, Any] | None, *, track: bool
+        self,
+        env: Envelope,
+        where: Mapping[str, Any] | None,
+        *,
+        track: bool,
+        gate: Gate | None = None,
     ) -> str | Held:
         """:meth:`deliver`, or, when Redis is unreachable or messages are held already (they
         go first), hold ``env`` in the outage buffer (:class:`RedisUnavailable` when it is
@@ -525,7 +536,7 @@ class Client:
         cause: RedisUnavailable | None = None
         if not self._buffer.active:
             try:
-                return await self.deliver(env, where=where, track=track)
+                return await self.deliver(env, where=where, track=track, gate=gate)
             except ConnectionsExhausted:
                 raise  # Redis answers, slowly: holding more would hide the overload
             except RedisUnavailable as e:
@@ -656,11 +667,13 @@ class Client:
             opts["timeout_s"] = self.default_timeout_s
         return await _many.request_many(self, capability, payloads, where, idempotency_keys, opts)
 
-    async def call(self, env: Envelope, *, where: Mapping[str, Any] | None = None) -> Any:
-        """Deliver a built envelope and wait for its reply (see :meth:`request`)."""
+    async def call(
+        self, env: Envelope, *, where: Mapping[str, Any] | None = None, gate: Gate | None = None
+    ) -> Any:
+        """Deliver a built envelope and wait for its reply (:meth:`request`, :meth:`deliver`)."""
         t0 = time.perf_counter()
         try:
-            res = await self._call(env, where)
+            res = await self._call(env, where, gate)
         except BaseException as e:
             metrics.client_reply(
                 env.capability, metrics.client_outcome(e), time.perf_counter() - t0
@@ -669,11 +682,11 @@ class Client:
         metrics.client_reply(env.capability, RequestOutcome.SUCCEEDED, time.perf_counter() - t0)
         return res
 
-    async def _call(self, env: Envelope, where: Mapping[str, Any] | None) -> Any:
+    async def _call(self, env: Envelope, where: Mapping[str, Any] | None, gate: Gate | None) -> Any:
         self._ensure_reader()
         ev = self._reader.expect(env.msg_id)
         try:
-            got = await self._deliver_or_hold(env, where, track=True)
+            got = await self._deliver_or_hold(env, where, track=True, gate=gate)
             if isinstance(got, Held):  # Redis was unreachable: sent when it is back
                 agent_id = await self._buffer.wait(got)
                 self.router.inflight.add(agent_id)
