@@ -56,9 +56,10 @@ __all__ = [
 DEFAULT_MAX_HOPS = 16
 MAX_HOPS_SETTING = 10_000
 
-PATH_MARK = "Path: "
-"""Ends the message of a refused call, followed by its path (oldest first): a caller told
-by a reply reads it back from there (:func:`path_of`)."""
+PATH_MARK = "path: "
+"""Comes before the path (oldest first, ended by a comma: no capability or agent id holds
+one) in the message of a refused call: a caller told by a reply reads it back from there
+(:func:`path_of`), and a log line's first 300 characters show it."""
 
 Gate = Callable[[str], Exception | None]
 """Asked about each agent a message would be routed to (by its id): the error that
@@ -117,18 +118,18 @@ def loop_error(cycle: Sequence[Hop], capability: str, agent_id: str) -> LoopDete
     """The error of a call to ``capability`` on ``agent_id`` closing ``cycle``."""
     path = describe(cycle, capability, agent_id)
     return LoopDetected(
-        f"Call to {capability!r} refused: it would enter agent {agent_id!r} again while "
-        "that agent waits for this very call, a wait that could only end at the deadline. "
-        "Have the inner handler call another capability or agent, or the outer one send() "
-        f"instead of waiting for the result. {PATH_MARK}{path}",
+        f"Call to {capability!r} refused, a loop: {PATH_MARK}{path}, entering agent "
+        f"{agent_id!r} again while it waits for this very call (a wait that could only end "
+        "at the deadline). Have the inner handler call another capability or agent, or the "
+        "outer one send() instead of waiting for the result.",
         path=path,
     )
 
 
 def path_of(error: str) -> str:
-    """The path a refused call's error message ends with ('' when there is none)."""
-    _, mark, path = error.rpartition(PATH_MARK)
-    return path if mark else ""
+    """The path in a refused call's error message ('' when there is none)."""
+    _, mark, rest = error.partition(PATH_MARK)
+    return rest.partition(",")[0] if mark else ""
 
 
 def hop_limit(env: Envelope, max_hops: int, agent_id: str = "") -> HopLimitExceeded | None:
@@ -139,10 +140,10 @@ def hop_limit(env: Envelope, max_hops: int, agent_id: str = "") -> HopLimitExcee
     path = describe(env.path, env.capability, agent_id)
     at = f"agent {agent_id!r} refused it" if agent_id else "not sent"
     return HopLimitExceeded(
-        f"Call to {env.capability!r} is {env.hops} calls deep, past the limit of {max_hops} "
-        f"({at}). Agents handing work back and forth? Break the chain; or raise max_hops "
-        "(Client, Agent or @app.handler) where a chain is meant to be this deep. "
-        f"{PATH_MARK}{path}",
+        f"Call to {env.capability!r} refused, {PATH_MARK}{path}, {env.hops} calls deep, "
+        f"past the limit of {max_hops} ({at}). Agents handing work back and forth? Break "
+        "the chain; or raise max_hops (Client, Agent or @app.handler) where a chain is "
+        "meant to be this deep.",
         hops=env.hops,
         max_hops=max_hops,
         path=path,
