@@ -261,12 +261,12 @@ class Delivery:
             if err is not None:
                 raise err
         refused: dict[str, tuple[int, int]] = {}  # agent id -> (inbox depth, its bound)
-        gated: dict[str, Exception] = {}  # agent id -> why the gate refused it
+        gated: dict[str, Exception] | None = None  # agent id -> why the gate refused it
         rechecked = False
         tracing = logs.tracing()  # asked once: no span is entered per message without it
         while True:
             try:  # a stale registry view is re-read here, from Redis
-                passed = {**refused, **gated} if gated else refused
+                passed = refused if gated is None else {**refused, **gated}
                 if tracing:
                     with logs.span("reach.route", attributes={"reach.capability": env.capability}):
                         agent = await self._pick(env, where, passed)
@@ -283,13 +283,14 @@ class Delivery:
                 if refused:
                     raise overloaded(env, refused, e, max_inbox=q.max_inbox) from e
                 raise
-            if agent.agent_id in gated:  # only agents the gate refused are left
+            if gated is not None and agent.agent_id in gated:  # only those are left
                 raise gated[agent.agent_id]
             if agent.agent_id in refused:  # only refusing agents are left
                 raise overloaded(env, refused, None, max_inbox=q.max_inbox)
             if gate is not None:
                 why = gate(agent.agent_id)
                 if why is not None:
+                    gated = gated or {}
                     gated[agent.agent_id] = why
                     continue
             if track:
