@@ -10,8 +10,10 @@ Every call here has a 60 s deadline: a refusal that came from the deadline would
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
+import anyio
 import msgspec
 import pytest
 
@@ -20,13 +22,14 @@ from reach.connection import AnyRedis
 from reach.envelope import decode_envelope, encode
 from reach.keys import Keys
 from reach.tasks import MALFORMED_CAP
-from tests.support.agents_calls import CHAIN
-from tests.support.agents_messaging import handled_by_agent, wait_eligible
+from tests.support.agents_calls import CHAIN, ping_agent, pong_agent
+from tests.support.agents_messaging import FAST, handled_by_agent, wait_eligible
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
 
 pytestmark = pytest.mark.anyio
 DEADLINE_S = 60
+SECRET = "calls-secret-0123456789abcdef"
 
 
 @pytest.fixture
@@ -247,3 +250,26 @@ async def test_a_forged_call_path_in_an_inbox_is_dead_lettered_malformed(
             "leaf": "a1"
         }
     assert await runs(r, ns, "calls.a") == {"a1": 1}
+
+
+async def test_a_signed_call_path_verifies_on_an_agent_that_requires_signatures(
+    redis_url: str, ns: str, r: AnyRedis
+) -> None:
+    # Both agents require signed messages: the handler's call reaches B only if its
+    # signature, which covers hops and path, verifies there.
+    opts: dict[str, Any] = {**FAST, "secret": SECRET, "require_signed": True}
+    a, b = ping_agent(), pong_agent()
+    async with anyio.create_task_group() as tg:
+        for agent in (a, b):
+            tg.start_soon(partial(agent.run, redis_url=redis_url, namespace=ns, **opts))
+        try:
+            async with Client(redis_url=redis_url, namespace=ns, secret=SECRET) as client:
+                await wait_eligible(client, "calls.a", ["a1"])
+                await wait_eligible(client, "calls.b", ["b1"])
+                got = await client.request("calls.a", {"catch": True}, timeout_s=DEADLINE_S)
+        finally:
+            a.stop()
+            b.stop()
+    assert got["refused"] == "LoopDetected", got  # B's call was refused, not A's
+    assert await runs(r, ns, "calls.b") == {"b1": 1}  # A's signed call reached B
+    assert await _dead_letters(r, ns, "calls.b") == []  # nothing unauthenticated
