@@ -7,7 +7,7 @@ from ._version import __version__
 from .agent import Agent, RuntimeOptions
 from .client import Client
 from .context import Context
-from .envelope import Envelope, Reply
+from .envelope import Envelope, Hop, Reply
 from .errors import (
     AmbiguousDeadLetterId,
     BadDeadLetterId,
@@ -16,7 +16,9 @@ from .errors import (
     ConnectionsExhausted,
     DeadLetterNotFound,
     DeadlineExceeded,
+    HopLimitExceeded,
     InvalidCapability,
+    LoopDetected,
     NoAgentAvailable,
     NotStarted,
     Overloaded,
@@ -33,6 +35,7 @@ from .errors import (
     StaleRegistration,
     StreamTooLarge,
     UnknownAgent,
+    WouldDeadlock,
 )
 from .gather import Answer, Failure, Gathered, Vote, vote
 from .hooks import Hooks
@@ -62,7 +65,10 @@ __all__ = [
     "Failure",
     "Gathered",
     "Hooks",
+    "Hop",
+    "HopLimitExceeded",
     "InvalidCapability",
+    "LoopDetected",
     "NoAgentAvailable",
     "NotStarted",
     "Overloaded",
@@ -89,6 +95,7 @@ __all__ = [
     "Unavailable",
     "UnknownAgent",
     "Vote",
+    "WouldDeadlock",
     "__version__",
     "normalize_capability",
     "vote",

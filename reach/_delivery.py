@@ -36,6 +36,7 @@ from redis import exceptions as rexc
 
 from . import logs, metrics
 from ._autopipe import AutoPipeline
+from .callpath import Gate
 from .connection import redact, unreachable
 from .envelope import Envelope, encode, now_ms
 from .errors import DeadlineExceeded, NoAgentAvailable, Overloaded, ReachError, RedisFull
@@ -281,11 +282,15 @@ class Delivery:
         track: bool = False,
         quota: bool = True,
         rated: bool = False,
+        gate: Gate | None = None,
     ) -> str:
         """Route ``env`` and add it to the chosen agent's inbox; returns the agent id
         (``Client.deliver`` documents it). ``quota=False``: a message accepted once, placed
         again: the namespace's quotas do not apply, and it goes as it is, never signed
-        here (:func:`seal`); ``rated``: its send was taken from the send rate already."""
+        here (:func:`seal`); ``rated``: its send was taken from the send rate already.
+        ``gate``: asked about each agent the policy proposes (a handler's call,
+        :class:`reach.callpath.CallGate`); an agent it refuses is passed over, and when
+        only refused agents are left, the error it gave is raised (nothing was sent)."""
         if env.deadline_ms and env.deadline_ms <= now_ms():
             raise DeadlineExceeded(f"Deadline of {env.capability!r} passed before sending.")
         q = await self.quotas() if quota else NO_QUOTAS
@@ -294,15 +299,17 @@ class Delivery:
             if err is not None:
                 raise err
         refused: dict[str, tuple[int, int]] = {}  # agent id -> (inbox depth, its bound)
+        gated: dict[str, Exception] | None = None  # agent id -> why the gate refused it
         rechecked = False
         tracing = logs.tracing()  # asked once: no span is entered per message without it
         while True:
             try:  # a stale registry view is re-read here, from Redis
+                passed = refused if gated is None else {**refused, **gated}
                 if tracing:
                     with logs.span("reach.route", attributes={"reach.capability": env.capability}):
-                        agent = await self._pick(env, where, refused)
+                        agent = await self._pick(env, where, passed)
                 else:
-                    agent = await self._pick(env, where, refused)
+                    agent = await self._pick(env, where, passed)
             except (rexc.ConnectionError, rexc.TimeoutError) as e:
                 raise unreachable(self.redis_url, e) from e
             except NoAgentAvailable as e:
@@ -314,8 +321,16 @@ class Delivery:
                 if refused:
                     raise overloaded(env, refused, e, max_inbox=q.max_inbox) from e
                 raise
+            if gated is not None and agent.agent_id in gated:  # only those are left
+                raise gated[agent.agent_id]
             if agent.agent_id in refused:  # only refusing agents are left
                 raise overloaded(env, refused, None, max_inbox=q.max_inbox)
+            if gate is not None:
+                why = gate(agent.agent_id)
+                if why is not None:
+                    gated = gated or {}
+                    gated[agent.agent_id] = why
+                    continue
             if track:
                 self.router.inflight.add(agent.agent_id)
             else:  # no reply will say when it is done: counted until the agent reports

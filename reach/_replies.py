@@ -28,9 +28,17 @@ from redis import exceptions as rexc
 from . import logs
 from ._autopipe import AutoPipeline
 from ._chunks import ChunkSink
+from .callpath import path_of
 from .connection import AnyRedis
 from .envelope import CHUNK, Envelope, Reply, decode_payload, decode_reply, now_ms
-from .errors import Cancelled, DeadlineExceeded, Rejected, RemoteError
+from .errors import (
+    Cancelled,
+    DeadlineExceeded,
+    HopLimitExceeded,
+    LoopDetected,
+    Rejected,
+    RemoteError,
+)
 from .outcomes import DeadReason, Status, is_rejection, is_retryable
 from .signing import Signer
 
@@ -351,6 +359,10 @@ def outcome_of(capability: str, msg_id: str, reply: Reply) -> Any:
         raise DeadlineExceeded(f"{capability!r} (msg {msg_id}) passed its deadline: {reply.error}")
     if reply.reason == DeadReason.CANCELLED:
         raise Cancelled(f"{capability!r} (msg {msg_id}) was cancelled: {reply.error}")
+    if reply.reason == DeadReason.HOP_LIMIT:
+        raise HopLimitExceeded(reply.error, path=path_of(reply.error))
+    if reply.reason == DeadReason.LOOP:
+        raise LoopDetected(reply.error, path=path_of(reply.error))
     if reply.status == Status.DEAD and is_rejection(reply.reason):
         raise Rejected(f"{capability!r} was rejected: {reply.error}", reason=reply.reason)
     raise RemoteError(
@@ -358,3 +370,43 @@ def outcome_of(capability: str, msg_id: str, reply: Reply) -> Any:
         type=reply.error_type or "Error",
         retryable=is_retryable(reply.reason),
     )
+
+
+class ReplyFigures:
+    """What a :class:`~reach.client.Client` shows of its reply reader (``_reader``): the
+    replies it dropped and the bounds on the unclaimed ones it keeps."""
+
+    _reader: ReplyReader
+
+    @property
+    def forged_replies(self) -> int:
+        """Replies dropped because they were unsigned or their signature did not verify
+        (only a client with a secret checks)."""
+        return self._reader.forged
+
+    @property
+    def stray_replies(self) -> int:
+        """Replies dropped because this client never sent their message (or sent more
+        than 100,000 unanswered since): an earlier run's, or written by someone else.
+        ``result()`` of such a message reads its task record instead."""
+        return self._reader.strays
+
+    @property
+    def max_unclaimed_replies(self) -> int:
+        return self._reader.max_unclaimed
+
+    @max_unclaimed_replies.setter
+    def max_unclaimed_replies(self, n: int) -> None:
+        self._reader.max_unclaimed = n
+
+    @property
+    def unclaimed_reply_ttl_s(self) -> float:
+        return self._reader.unclaimed_ttl_s
+
+    @unclaimed_reply_ttl_s.setter
+    def unclaimed_reply_ttl_s(self, seconds: float) -> None:
+        self._reader.unclaimed_ttl_s = seconds
+
+    @property
+    def _last_reply_id(self) -> Any:
+        return self._reader.last_id

@@ -20,6 +20,7 @@ import anyio
 
 from . import metrics
 from ._chunks import ChunkSink
+from .callpath import CallGate
 from .envelope import Envelope, now_ms
 from .errors import DeadlineExceeded, NoAgentAvailable, StreamTooLarge
 from .outcomes import RequestOutcome, Status, blames_agent
@@ -50,8 +51,10 @@ class Stream:
         where: Mapping[str, Any] | None,
         *,
         max_bytes: int | None = None,
+        gate: CallGate | None = None,
     ) -> None:
         self._client = client
+        self._gate = gate  # a handler's call (ctx.client.stream): reach.callpath
         self.envelope = env
         self._where = where
         # max_bytes: the chunks' encoded bytes this stream takes in all (None: no bound);
@@ -153,7 +156,9 @@ class Stream:
         reader.streams[env.msg_id] = self._sink
         reader.expect(env.msg_id)  # the final reply is kept for this call, and wakes it
         try:
-            self._agent_id = await client.deliver(env, where=self._where, track=True)
+            self._agent_id = await client.deliver(
+                env, where=self._where, track=True, gate=self._gate
+            )
         except NoAgentAvailable:
             if client.fallback is None:
                 raise
@@ -196,6 +201,8 @@ class Stream:
 
     def _end(self, *, ok: bool) -> None:
         self._done = True
+        if self._gate is not None:
+            self._gate.release()
         if self._abandon is not None:
             self._abandon.detach()
         self._client._forget(self.envelope, self._agent_id, ok=ok)

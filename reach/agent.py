@@ -28,6 +28,7 @@ import msgspec.inspect
 
 from ._emitting import streamed
 from ._worker.runtime import Runtime
+from .callpath import DEFAULT_MAX_HOPS, check_max_hops
 from .config import resolve_redis_url
 from .doctor import warn_once
 from .errors import ConfigError
@@ -62,6 +63,7 @@ class HandlerSpec:
     payload_type: Any  # what payloads are validated into (Any: only decoded)
     limit: RateLimit | None = None  # the agent's own limit on starts (rate=, burst=)
     preemptible: bool = True  # a low-priority run may be cut and requeued for high work
+    max_hops: int | None = None  # deepest call path it takes (None: the agent's max_hops)
 
 
 def _payload_type(fn: Handler) -> Any:
@@ -310,6 +312,10 @@ class Agent:
     messages). ``weight`` scales its share of weighted routing; ``metadata`` is matched by
     callers' ``where=`` filters; ``max_queue`` bounds its inbox (0 = unbounded).
     ``hooks`` watch it at work (:mod:`reach.hooks`): metrics, tracing, your own.
+    ``max_hops`` (16) bounds call paths (docs/concepts.md, *Call graphs*): its handlers'
+    calls through ``ctx.client`` go at most this many calls below the first message
+    (:class:`~reach.HopLimitExceeded`), and a message deeper than that reaching it (or
+    than its handler's own ``max_hops``) is dead-lettered ``hop_limit`` without running.
     """
 
     def __init__(
@@ -322,6 +328,7 @@ class Agent:
         card: Mapping[str, Any] | None = None,
         max_queue: int = 0,
         hooks: Iterable[Hooks] = (),
+        max_hops: int = DEFAULT_MAX_HOPS,
     ) -> None:
         if not agent_id or not isinstance(agent_id, str) or any(c in agent_id for c in "{}, "):
             raise ConfigError(
@@ -339,6 +346,7 @@ class Agent:
         self.metadata = dict(metadata or {})
         self.card = dict(card) if card else None
         self.max_queue = max_queue
+        self.max_hops = check_max_hops(max_hops, f"Agent {agent_id!r}")
         self.handlers: dict[str, HandlerSpec] = {}
         self.hooks: list[Hooks] = []
         self.add_hooks(*hooks)
@@ -357,6 +365,7 @@ class Agent:
             card=self.card,
             max_queue=self.max_queue,
             hooks=self.hooks,
+            max_hops=self.max_hops,
         )
         other.handlers = dict(self.handlers)
         return other
@@ -379,6 +388,7 @@ class Agent:
         rate: str | None = None,
         burst: int | None = None,
         preemptible: bool = True,
+        max_hops: int | None = None,
     ) -> Callable[[Handler], Handler]:
         """Decorator: ``fn(payload, ctx)`` answers messages of ``capability``.
 
@@ -399,7 +409,14 @@ class Agent:
         ``preemptible=False``: with the agent's ``preempt_after_s`` set, a low-priority run
         of this handler is never cut to make room for high-priority work (docs/concepts.md,
         *Priority preemption*).
+
+        ``max_hops``: a message of this capability more than this many calls below the
+        first one (the call path, docs/concepts.md *Call graphs*) is dead-lettered
+        ``hop_limit`` without running, its caller told with :class:`~reach.HopLimitExceeded`
+        (default: the agent's ``max_hops``).
         """
+        if max_hops is not None:
+            check_max_hops(max_hops, f"@app.handler({capability!r})")
         if burst is not None and rate is None:
             raise ConfigError(f"burst={burst} needs a rate, e.g. rate='100/s', burst={burst}.")
         limit = parse_limit(rate, burst=burst) if rate is not None else None
@@ -413,11 +430,11 @@ class Agent:
         def deco(fn: Handler) -> Handler:
             if inspect.isasyncgenfunction(fn):  # a streaming handler: each yield is a chunk
                 self.handlers[cap] = HandlerSpec(
-                    streamed(fn), True, _payload_type(fn), limit, preemptible
+                    streamed(fn), True, _payload_type(fn), limit, preemptible, max_hops
                 )
                 return fn
             self.handlers[cap] = HandlerSpec(
-                fn, inspect.iscoroutinefunction(fn), _payload_type(fn), limit, preemptible
+                fn, inspect.iscoroutinefunction(fn), _payload_type(fn), limit, preemptible, max_hops
             )
             return fn
 

@@ -31,9 +31,10 @@ from ._buffer import (
 from ._cancel import CancelResult, cancel_message
 from ._delivery import ADVERTISABLE as ADVERTISABLE  # noqa: PLC0414 (re-exported)
 from ._delivery import Delivery, policy_for
-from ._replies import ReplyReader, outcome_of
+from ._replies import ReplyFigures, ReplyReader, outcome_of
 from ._streaming import Stream
 from .breaker import Breakers
+from .callpath import DEFAULT_MAX_HOPS, Gate, check_max_hops
 from .config import resolve_redis_url
 from .connection import DEFAULT_MAX_CONNECTIONS, AnyRedis, connect, redact
 from .doctor import warn_once
@@ -86,7 +87,7 @@ class MessageOptions(TypedDict, total=False):
     source: str
 
 
-class Client:
+class Client(ReplyFigures):
     """Send messages by capability.
 
     Use as ``async with reach.Client(redis_url=..., namespace=...) as client:``.
@@ -124,6 +125,7 @@ class Client:
     docs/concepts.md, *Buffering through outages*. ``cancel_on_abort`` (on): a
     :meth:`request` whose own task is cancelled cancels its message too (a reach deadline
     that passes does not: the worker ends the message then itself).
+    ``max_hops`` (16): how deep ``ctx.client`` calls may go (docs/concepts.md, *Call graphs*).
     """
 
     def __init__(
@@ -155,6 +157,7 @@ class Client:
         buffer_max_age_s: float = DEFAULT_MAX_AGE_S,
         buffer_close_wait_s: float = DEFAULT_CLOSE_WAIT_S,
         cancel_on_abort: bool = True,
+        max_hops: int = DEFAULT_MAX_HOPS,
     ) -> None:
         if default_policy not in POLICIES:
             raise ConfigError(
@@ -174,6 +177,7 @@ class Client:
             namespace, secret, identity_file, trusted_keys_file
         )
         self.default_timeout_s = default_timeout_s
+        self.max_hops = check_max_hops(max_hops, "Client")
         # A request() whose own task is cancelled (not one whose reach deadline passed)
         # cancels its message too (see cancel()).
         self.cancel_on_abort = cancel_on_abort
@@ -290,39 +294,6 @@ class Client:
         Ed25519 identity when it signs with one, else its ``client_id`` (docs/security.md,
         *Quotas*)."""
         return identity_of(self.signer, self.client_id)
-
-    @property
-    def forged_replies(self) -> int:
-        """Replies dropped because they were unsigned or their signature did not verify
-        (only a client with a secret checks)."""
-        return self._reader.forged
-
-    @property
-    def stray_replies(self) -> int:
-        """Replies dropped because this client never sent their message (or sent more
-        than 100,000 unanswered since): an earlier run's, or written by someone else.
-        ``result()`` of such a message reads its task record instead."""
-        return self._reader.strays
-
-    @property
-    def max_unclaimed_replies(self) -> int:
-        return self._reader.max_unclaimed
-
-    @max_unclaimed_replies.setter
-    def max_unclaimed_replies(self, n: int) -> None:
-        self._reader.max_unclaimed = n
-
-    @property
-    def unclaimed_reply_ttl_s(self) -> float:
-        return self._reader.unclaimed_ttl_s
-
-    @unclaimed_reply_ttl_s.setter
-    def unclaimed_reply_ttl_s(self, seconds: float) -> None:
-        self._reader.unclaimed_ttl_s = seconds
-
-    @property
-    def _last_reply_id(self) -> Any:
-        return self._reader.last_id
 
     async def __aenter__(self) -> Self:
         if self._redis is None:
@@ -461,6 +432,7 @@ class Client:
         where: Mapping[str, Any] | None = None,
         track: bool = False,
         quota: bool = True,
+        gate: Gate | None = None,
     ) -> str:
         """Route ``env`` and add it to the chosen agent's inbox; returns the agent id.
 
@@ -478,10 +450,11 @@ class Client:
         naming the quota. ``quota=False`` leaves them out, for a message that was accepted
         once and is only placed again (the sweeper's retries and reroutes); it then goes
         as it is, never signed by this client (its sender's signature travels with it).
+        ``gate``: see :class:`reach.callpath.CallGate`.
         """
         if env.reply_to == self.client_id:
             self._reader.sent(env.msg_id)  # its reply is kept until taken (result())
-        return await self._delivery.deliver(env, where=where, track=track, quota=quota)
+        return await self._delivery.deliver(env, where=where, track=track, quota=quota, gate=gate)
 
     async def send(
         self,
@@ -512,7 +485,12 @@ class Client:
 
     # -- the outage buffer (reach._buffer) --------------------------------------------------
     async def _deliver_or_hold(
-        self, env: Envelope, where: Mapping[str, Any] | None, *, track: bool
+        self,
+        env: Envelope,
+        where: Mapping[str, Any] | None,
+        *,
+        track: bool,
+        gate: Gate | None = None,
     ) -> str | Held:
         """:meth:`deliver`, or, when Redis is unreachable or messages are held already (they
         go first), hold ``env`` in the outage buffer (:class:`RedisUnavailable` when it is
@@ -520,7 +498,7 @@ class Client:
         cause: RedisUnavailable | None = None
         if not self._buffer.active:
             try:
-                return await self.deliver(env, where=where, track=track)
+                return await self.deliver(env, where=where, track=track, gate=gate)
             except ConnectionsExhausted:
                 raise  # Redis answers, slowly: holding more would hide the overload
             except RedisUnavailable as e:
@@ -651,11 +629,13 @@ class Client:
             opts["timeout_s"] = self.default_timeout_s
         return await _many.request_many(self, capability, payloads, where, idempotency_keys, opts)
 
-    async def call(self, env: Envelope, *, where: Mapping[str, Any] | None = None) -> Any:
-        """Deliver a built envelope and wait for its reply (see :meth:`request`)."""
+    async def call(
+        self, env: Envelope, *, where: Mapping[str, Any] | None = None, gate: Gate | None = None
+    ) -> Any:
+        """Deliver a built envelope and wait for its reply (:meth:`request`, :meth:`deliver`)."""
         t0 = time.perf_counter()
         try:
-            res = await self._call(env, where)
+            res = await self._call(env, where, gate)
         except BaseException as e:
             metrics.client_reply(
                 env.capability, metrics.client_outcome(e), time.perf_counter() - t0
@@ -664,11 +644,11 @@ class Client:
         metrics.client_reply(env.capability, RequestOutcome.SUCCEEDED, time.perf_counter() - t0)
         return res
 
-    async def _call(self, env: Envelope, where: Mapping[str, Any] | None) -> Any:
+    async def _call(self, env: Envelope, where: Mapping[str, Any] | None, gate: Gate | None) -> Any:
         self._ensure_reader()
         ev = self._reader.expect(env.msg_id)
         try:
-            got = await self._deliver_or_hold(env, where, track=True)
+            got = await self._deliver_or_hold(env, where, track=True, gate=gate)
             if isinstance(got, Held):  # Redis was unreachable: sent when it is back
                 agent_id = await self._buffer.wait(got)
                 self.router.inflight.add(agent_id)

@@ -8,20 +8,19 @@ session and trace (:class:`ChildClient`), and the worker's Redis connection.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import anyio
 
 from ._emitting import ChunkWriter
+from ._streaming import Stream
+from .callpath import CallGate, SelfSlots, child_path, hop_limit
 from .client import Client
 from .connection import AnyRedis
 from .envelope import Envelope, now_ms
 from .keys import Keys
 from .session import Session
 from .signing import worker as worker_signing
-
-if TYPE_CHECKING:
-    from ._streaming import Stream
 
 
 class CancelState(Protocol):
@@ -68,6 +67,7 @@ class Context:
         unless the handler sets it (docs/concepts.md, *Streamed results*)."""
 
     _cancel: CancelState | None = None  # set by the worker (reach._worker.cancelling)
+    _slots: SelfSlots | None = None  # set by the worker: its slots, for self-calls
 
     @property
     def cancelled(self) -> bool:
@@ -125,8 +125,11 @@ class Context:
 
     @property
     def client(self) -> ChildClient:
-        """A client whose calls inherit this message's deadline, session and trace."""
-        return ChildClient(self._client, self.envelope, self._cancel)
+        """A client whose calls inherit this message's deadline, session and trace, and
+        carry its call path (docs/concepts.md, *Call graphs*)."""
+        return ChildClient(
+            self._client, self.envelope, self._cancel, agent_id=self.agent_id, slots=self._slots
+        )
 
     async def emit(self, chunk: Any) -> None:
         """Stream ``chunk`` to the caller now, before the final result: chunks reach a
@@ -149,12 +152,40 @@ class Context:
 
 
 class ChildClient:
-    """``ctx.client``: calls made inside a handler inherit its deadline, session and trace."""
+    """``ctx.client``: calls made inside a handler inherit its deadline, session and trace,
+    and carry the call path (:mod:`reach.callpath`): one past the client's ``max_hops``
+    raises :class:`~reach.HopLimitExceeded`, one closing a loop
+    :class:`~reach.LoopDetected`, one to the handler's own agent with no free slot
+    :class:`~reach.WouldDeadlock` (each before anything is sent)."""
 
-    def __init__(self, client: Client, parent: Envelope, cancel: CancelState | None = None) -> None:
+    def __init__(
+        self,
+        client: Client,
+        parent: Envelope,
+        cancel: CancelState | None = None,
+        *,
+        agent_id: str = "",
+        slots: SelfSlots | None = None,
+    ) -> None:
         self._client = client
         self._parent = parent
         self._cancel = cancel  # the parent's: its children are cancelled with it
+        self._agent_id = agent_id  # the agent the parent runs on ('' : no call path kept)
+        self._slots = slots
+
+    def _child(
+        self, capability: str, payload: Any, kw: dict[str, Any], *, waits: bool
+    ) -> tuple[Envelope, CallGate | None]:
+        """Build the call's envelope with its call path, and the gate its routing asks;
+        :class:`~reach.HopLimitExceeded` when it would be too deep."""
+        env = self._client.build(capability, payload, reply=waits, **kw)
+        if not self._agent_id:
+            return env, None
+        env.hops, env.path = child_path(self._parent, self._agent_id, waits=waits)
+        too_deep = hop_limit(env, self._client.max_hops)
+        if too_deep is not None:
+            raise too_deep
+        return env, CallGate(env, self._agent_id, self._slots if waits else None)
 
     def _inherit(self, kw: dict[str, Any]) -> dict[str, Any]:
         p = self._parent
@@ -171,26 +202,43 @@ class ChildClient:
         return kw
 
     async def request(self, capability: str, payload: Any, **kw: Any) -> Any:
-        """``Client.request`` with the parent message's deadline, session and trace (and
-        cancelled with the parent)."""
+        """``Client.request`` with the parent message's deadline, session, trace and call
+        path (and cancelled with the parent)."""
         kw = self._inherit(kw)
-        if self._cancel is None:
-            return await self._client.request(capability, payload, **kw)
+        where = kw.pop("where", None)
+        on_rate_limit = kw.pop("on_rate_limit", "wait")
+        if kw.get("timeout_s") is None and kw.get("deadline_ms") is None:
+            kw["timeout_s"] = self._client.default_timeout_s
+        env, gate = self._child(capability, payload, kw, waits=True)
+        await self._client._check_rate_limit(env.capability, on_rate_limit)
+        if self._cancel is not None:
+            self._cancel.child(env.msg_id)
+        try:
+            return await self._client.call(env, where=where, gate=gate)
+        finally:
+            if gate is not None:
+                gate.release()
+
+    async def send(self, capability: str, payload: Any, **kw: Any) -> str:
+        """``Client.send`` with the parent message's deadline, session, trace and call
+        path (and cancelled with the parent)."""
+        kw = self._inherit(kw)
+        where = kw.pop("where", None)
+        on_rate_limit = kw.pop("on_rate_limit", "wait")
+        env, gate = self._child(capability, payload, kw, waits=False)
+        if on_rate_limit != "wait":
+            await self._client._check_rate_limit(env.capability, on_rate_limit)
+        await self._client._deliver_or_hold(env, where, track=False, gate=gate)
+        if self._cancel is not None:
+            self._cancel.child(env.msg_id)
+        return env.msg_id
+
+    def stream(self, capability: str, payload: Any, **kw: Any) -> Stream:
+        """``Client.stream`` with the parent message's deadline, session, trace and call
+        path."""
+        kw = self._inherit(kw)
         where = kw.pop("where", None)
         if kw.get("timeout_s") is None and kw.get("deadline_ms") is None:
             kw["timeout_s"] = self._client.default_timeout_s
-        env = self._client.build(capability, payload, **kw)
-        self._cancel.child(env.msg_id)
-        return await self._client.call(env, where=where)
-
-    async def send(self, capability: str, payload: Any, **kw: Any) -> str:
-        """``Client.send`` with the parent message's deadline, session and trace (and
-        cancelled with the parent)."""
-        msg_id = await self._client.send(capability, payload, **self._inherit(kw))
-        if self._cancel is not None:
-            self._cancel.child(msg_id)
-        return msg_id
-
-    def stream(self, capability: str, payload: Any, **kw: Any) -> Stream:
-        """``Client.stream`` with the parent message's deadline, session and trace."""
-        return self._client.stream(capability, payload, **self._inherit(kw))
+        env, gate = self._child(capability, payload, kw, waits=True)
+        return Stream(self._client, env, where, gate=gate)

@@ -32,6 +32,8 @@ MAX_HEADERS = 64
 MAX_HEADER_CHARS = 4096
 MAX_EPOCH_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
 CAPABILITY_PATTERN = r"^[a-z0-9_]+(\.[a-z0-9_]+)*$"
+MAX_PATH = 32  # the call path keeps this many hops, the nearest (docs/concepts.md, Call graphs)
+MAX_HOPS = 1_000_000
 
 Id = Annotated[str, Meta(max_length=MAX_ID_CHARS)]
 EpochMs = Annotated[int, Meta(ge=0, le=MAX_EPOCH_MS)]
@@ -45,6 +47,17 @@ Priority = Annotated[str, Meta(pattern="^(high|normal|low)$")]
 Policy = Annotated[
     str, Meta(pattern="^(|weighted_rr|least_conn|consistent_hash|direct|broadcast)$")
 ]
+
+
+class Hop(msgspec.Struct, array_like=True, frozen=True):
+    """One call a message descends from: the ``capability`` a handler ran, the
+    ``agent_id`` it ran on, and whether it ``waits`` for the result of its call
+    (``request``, ``stream``) or sent it and went on (``send``). On the wire
+    ``[capability, agent_id, waits]``."""
+
+    capability: Annotated[str, Meta(max_length=MAX_CAPABILITY_CHARS, pattern=CAPABILITY_PATTERN)]
+    agent_id: Annotated[str, Meta(min_length=1, max_length=MAX_ID_CHARS)]
+    waits: bool
 
 
 class Envelope(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=False):
@@ -82,6 +95,12 @@ class Envelope(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_
     """How often a rate limit held this copy back. Each held copy's bytes differ from the
     last one's, so the sweeper, removing a copy it moved from the delayed set (by its
     bytes, after the move), never removes the next hold of the same message."""
+    # The call graph (reach.callpath): set by ``ctx.client`` on a handler's calls, absent
+    # on a top-level message, so a message that is no child call carries nothing more.
+    hops: Annotated[int, Meta(ge=0, le=MAX_HOPS)] = 0
+    """How many calls this message descends from (0: sent by a caller, not a handler)."""
+    path: Annotated[list[Hop], Meta(max_length=MAX_PATH)] = []
+    """The calls it descends from, oldest first, the last :data:`MAX_PATH` of them."""
     # Signing (reach.signing): absent unless the sender has a secret, so an unsigned
     # envelope is byte for byte what it was before signing existed.
     kid: KeyId = ""

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .outcomes import DeadReason, Unavailable
+
 
 class ReachError(Exception):
     """Base class of every error reach raises on purpose."""
@@ -151,6 +153,46 @@ class PayloadTooLarge(Rejected, ConfigError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, reason="too_large")
+
+
+# -- call graphs (reach.callpath: calls made by handlers through ctx.client) ----------------
+class HopLimitExceeded(Rejected):
+    """A handler's call would go deeper than ``max_hops`` calls below the first message
+    (the Client's, the Agent's or the capability's limit, 16 by default): nothing was sent,
+    or, found by the agent that received it, it was dead-lettered (reason ``hop_limit``)
+    without running. A chain this deep is usually agents handing work back and forth: look
+    at ``path`` (the calls it descends from) and break the chain, or raise ``max_hops``
+    where a chain is meant to be this deep."""
+
+    def __init__(self, message: str, *, hops: int = 0, max_hops: int = 0, path: str = "") -> None:
+        super().__init__(message, reason=DeadReason.HOP_LIMIT)
+        self.hops = hops
+        self.max_hops = max_hops
+        self.path = path
+
+
+class LoopDetected(Rejected):
+    """A handler's call would enter a capability on an agent that is already waiting, on
+    the same call path, for this very call to finish: A -> B -> A. It could only wait until
+    its deadline, so it was refused at once (nothing ran; found by the agent that received
+    it, dead-lettered with reason ``loop``). ``path`` names the cycle. Route the inner call
+    elsewhere (another capability, or another agent of it), or have the outer handler
+    ``send()`` instead of waiting for the result."""
+
+    def __init__(self, message: str, *, path: str = "") -> None:
+        super().__init__(message, reason=DeadReason.LOOP)
+        self.path = path
+
+
+class WouldDeadlock(NoAgentAvailable):
+    """A handler called a capability of its own agent while none of that agent's handler
+    slots is free, and no other agent of the capability could take the call: the call
+    would wait for a slot its own caller holds. Nothing was sent. Start another agent of
+    the capability, raise the agent's ``concurrency``, or do the work in the handler
+    itself instead of calling through ``ctx.client``."""
+
+    def __init__(self, message: str, *, capability: str = "") -> None:
+        super().__init__(message, capability=capability, reason=Unavailable.WOULD_DEADLOCK)
 
 
 # -- operator operations (reach.admin) -----------------------------------------------------

@@ -28,6 +28,8 @@ reason               rejection  retryable  blames  refusal  written when
 ``unroutable``       yes        no         no      no       no policy can place a moved message
 ``unprocessable``    yes        no         no      no       handling failed on data next to it
 ``poisoned``         yes        no         yes     no       its runs never ended: taken over too often
+``hop_limit``        yes        no         no      yes      a handler's call deeper than ``max_hops``
+``loop``             yes        no         no      yes      a handler's call entering a waiting caller
 ``max_attempts``     no         yes        yes     no       the handler failed every attempt
 ``timeout``          no         yes        yes     no       the handler ran past the deadline
 ``expired``          no         no         no      no       no time left to run it (again)
@@ -162,6 +164,8 @@ class DeadReason(StrEnum):
     UNAUTHENTICATED = "unauthenticated"
     CANCELLED = "cancelled"
     POISONED = "poisoned"
+    HOP_LIMIT = "hop_limit"
+    LOOP = "loop"
 
 
 RAW_REASONS: Final = frozenset({DeadReason.MALFORMED, DeadReason.VERSION, DeadReason.TOO_LARGE})
@@ -179,6 +183,8 @@ REFUSALS: Final = RAW_REASONS | {
     DeadReason.INVALID_PAYLOAD,
     DeadReason.NO_HANDLER,
     DeadReason.UNAUTHENTICATED,
+    DeadReason.HOP_LIMIT,
+    DeadReason.LOOP,
 }
 """The agent refused the message for what it is: A2A ``rejected`` (else ``failed``)."""
 
@@ -233,6 +239,9 @@ class Unavailable(StrEnum):
     """All of them are at their queue bound (``reach.Overloaded``): back off."""
     TARGET_UNAVAILABLE = "target_unavailable"
     """The ``direct`` target cannot take it (the message says why)."""
+    WOULD_DEADLOCK = "would_deadlock"
+    """A handler's call to its own agent, which has no free slot, and no other agent
+    (``reach.WouldDeadlock``)."""
 
 
 class Settled(StrEnum):

@@ -13,7 +13,8 @@ a rollover). No secret: nothing is signed or checked, and nothing here runs per 
 What is signed (docs/security.md, *Signed envelopes*): a canonical msgpack array of the
 namespace and the fields the sender decides and nobody rewrites -- ``v, msg_id,
 capability, payload bytes, session_id, trace_id, source, priority, deadline_ms,
-max_attempts, idempotency_key, reply_to, headers, sent_ms``. Left out, because the runtime
+max_attempts, idempotency_key, reply_to, headers, sent_ms`` (and ``hops, path`` when a
+handler's call carries them: :func:`envelope_data`). Left out, because the runtime
 rewrites them on its own copies without the sender's key (a retry, a parked copy, the
 sweeper's reroute of an evicted agent's inbox): ``attempt``, ``avoid``, ``busy_waits``, ``preempts``, ``holds``,
 ``target`` and ``policy``. Changing them only changes where, or how often, an authentic
@@ -113,27 +114,33 @@ def key_id(secret: bytes) -> str:
 
 
 def envelope_data(namespace: str, env: Envelope) -> bytes:
-    """The bytes an envelope's signature covers (docs/protocol.md, *Envelope*)."""
-    return _enc.encode(
-        (
-            _ENV_LABEL,
-            namespace,
-            env.v,
-            env.msg_id,
-            env.capability,
-            env.payload,
-            env.session_id,
-            env.trace_id,
-            env.source,
-            env.priority,
-            env.deadline_ms,
-            env.max_attempts,
-            env.idempotency_key,
-            env.reply_to,
-            env.headers,
-            env.sent_ms,
-        )
+    """The bytes an envelope's signature covers (docs/protocol.md, *Envelope*).
+
+    A child call's ``hops`` and ``path`` are appended when present (a message that
+    carries neither is signed over the same bytes as before they existed, so its
+    signature still verifies); once present they are covered: stripping or changing
+    them breaks the signature."""
+    fields: tuple[Any, ...] = (
+        _ENV_LABEL,
+        namespace,
+        env.v,
+        env.msg_id,
+        env.capability,
+        env.payload,
+        env.session_id,
+        env.trace_id,
+        env.source,
+        env.priority,
+        env.deadline_ms,
+        env.max_attempts,
+        env.idempotency_key,
+        env.reply_to,
+        env.headers,
+        env.sent_ms,
     )
+    if env.hops or env.path:
+        fields += (env.hops, env.path)
+    return _enc.encode(fields)
 
 
 def reply_data(namespace: str, r: Reply) -> bytes:

@@ -19,7 +19,7 @@ from reach.client import Client
 from reach.connection import connect
 from reach.embedded import resolve_url
 from reach.envelope import Envelope
-from reach.errors import Cancelled, NoAgentAvailable, ReachError
+from reach.errors import Cancelled, LoopDetected, NoAgentAvailable, ReachError
 from reach.keys import Keys
 from reach.registry import Registry
 
@@ -298,6 +298,16 @@ async def _messaging(url: str, pause: float) -> dict[str, str]:
 
         _step("5b. a streaming summariser: each word reaches the caller as it is produced")
         await _stream(c)
+
+        _step("5c. agents calling agents: a loop (A -> B -> A) is refused, not waited for")
+        t0 = time.perf_counter()
+        try:
+            await c.request("code.explain", {"text": "def f(): ...", "explain_first": True})
+        except LoopDetected as e:
+            console.print(
+                f"  caller got LoopDetected after {time.perf_counter() - t0:.3f} s "
+                f"(its deadline: 30 s)\n  the path: {e.path}"
+            )
     return owners
 
 

@@ -27,6 +27,11 @@ def summarizer(agent_id: str = "summarizer-1", region: str = "eu", weight: float
                 await ctx.wait_cancelled()
             if ctx.cancelled:
                 await ctx.redis.hset(ctx.keys.effects("demo"), "saw_cancel", ctx.msg_id)
+        if payload.get("explain_first"):
+            # A summariser that wants the code explained before it summarises: it asks
+            # code.explain, whose handler (the caller, waiting) asks for this summary:
+            # a loop, refused at once with reach.LoopDetected instead of waiting.
+            await ctx.client.request("code.explain", payload)
         return {
             "summary": " ".join(words[:5]) + (" ..." if len(words) > 5 else ""),
             "by": ctx.agent_id,
@@ -55,7 +60,18 @@ def summarizer(agent_id: str = "summarizer-1", region: str = "eu", weight: float
 
 
 def reviewer() -> Agent:
-    app = Agent("reviewer-1", capabilities=["code.review", "code.audit"], metadata={"region": "us"})
+    app = Agent(
+        "reviewer-1",
+        capabilities=["code.review", "code.audit", "code.explain"],
+        metadata={"region": "us"},
+    )
+
+    @app.handler("code.explain")
+    async def explain(payload: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        # Explaining starts from a summary of the code (text.summarize, which here wants
+        # the explanation first: the loop of the demo's step 5c).
+        summary = await ctx.client.request("text.summarize", payload)
+        return {"explanation": f"in short: {summary['summary']}"}
 
     @app.handler("code.audit")
     async def audit(payload: dict[str, Any], ctx: Context) -> dict[str, Any]:

@@ -27,6 +27,7 @@ import msgspec
 from redis import exceptions as rexc
 
 from .. import logs, scripts
+from ..callpath import find_loop, hop_limit, loop_error
 from ..client import Client
 from ..context import Context
 from ..envelope import MAX_ATTEMPTS, Envelope, decode_payload, encode, now_ms
@@ -514,6 +515,9 @@ class Execution(Part):
     def _start(self, it: Delivery) -> None:
         """Hand a claimed item to the handler pool (long-lived tasks: no spawn per message)."""
         self.state.inflight += 1
+        slots = self.state.self_slots
+        if slots is not None and slots.pending:  # a call of one of its own handlers
+            slots.pending.discard(it.env.msg_id)
         self._held.add(it)
         self._work.put(it)
 
@@ -572,6 +576,7 @@ class Execution(Part):
             keys=self.keys,
             client=self.client,
         )
+        ctx._slots = self.state.self_slots
         self.hooks.before_handle(ctx)
         outcome = oc.expired_before_start(env, now_ms()) if env.deadline_ms else None
         duration_s: float | None = None
@@ -581,6 +586,8 @@ class Execution(Part):
                 spec = self.state.plain.tracked(spec)  # a drain waits for its thread
             if spec is None:
                 outcome = oc.no_handler(env, self.agent_id)
+            elif (env.hops or env.path) and (refused := self._refuse_call(env, spec)):
+                outcome = refused
             elif self.cancels.heard_of(it.idem) and await self.cancels.confirmed(it.idem):
                 outcome = cancelled_outcome(env, running=False)  # cancelled before it started
             else:
@@ -607,6 +614,17 @@ class Execution(Part):
                     self.state.handler_ran(duration_s)
         self.hooks.after_handle(ctx, outcome, duration_s)
         self._finish(it, outcome, traced=traced)
+
+    def _refuse_call(self, env: Envelope, spec: HandlerSpec) -> Outcome | None:
+        """A handler's call that is too deep for this handler, or that re-enters a caller
+        on this agent waiting for it (reach.callpath): its outcome, else None."""
+        err = hop_limit(env, spec.max_hops or self.agent.max_hops, self.agent_id)
+        if err is not None:
+            return oc.refused_call(err)
+        cycle = find_loop(env.path, env.capability, self.agent_id)
+        if cycle is not None:
+            return oc.refused_call(loop_error(cycle, env.capability, self.agent_id))
+        return None
 
     async def _call(
         self,

@@ -28,7 +28,7 @@ from typing import Any
 import msgspec
 
 from ..envelope import Envelope, Reply, encode, encode_payload, encode_stored
-from ..errors import ConfigError, Reject, Retry
+from ..errors import ConfigError, HopLimitExceeded, LoopDetected, Reject, Rejected, Retry
 from ..keys import Keys
 from ..outcomes import DeadReason, Outcome, Settled, Status
 from ..scripts.delivery import Completion, DeadLetter, Delayed, Mode
@@ -91,6 +91,12 @@ def no_handler(env: Envelope, agent_id: str) -> Outcome:
     )
 
 
+def refused_call(err: Rejected) -> Outcome:
+    """A handler's call refused for its call path (reach.callpath: ``hop_limit``,
+    ``loop``): dead at once, without running; the caller gets ``err``'s type back."""
+    return Outcome(Status.DEAD, err.reason, str(err), type(err).__name__)
+
+
 def invalid_payload(exc: Exception, expected: Any = None) -> Outcome:
     """The payload does not fit ``expected``, the type the handler's first parameter is
     annotated with: dead at once (another attempt would get the same bytes). msgspec's
@@ -130,7 +136,9 @@ def raised(
 ) -> Outcome:
     """The handler raised ``exc`` (``timed_out``: it ran past the deadline).
 
-    ``reach.Reject`` is dead-lettered at once; any other exception is retried while
+    ``reach.Reject`` is dead-lettered at once, and so is a ``HopLimitExceeded`` or
+    ``LoopDetected`` of one of the handler's own calls (reason ``hop_limit`` / ``loop``,
+    passed up the path to every waiting caller); any other exception is retried while
     attempts remain (then dead-lettered ``max_attempts``), after ``backoff_ms`` or the
     ``delay_s`` of a ``reach.Retry``, unless the deadline would pass before the retry
     (then it expires).
@@ -142,6 +150,10 @@ def raised(
         )
     if isinstance(exc, Reject):
         return Outcome(Status.DEAD, DeadReason.REJECTED, str(exc) or "rejected", etype)
+    if isinstance(exc, (HopLimitExceeded, LoopDetected)):
+        # A call of this handler was refused for its path (reach.callpath): every attempt
+        # would make the same call, so its caller is told at once, up the whole path.
+        return refused_call(exc)
     if env.attempt >= env.max_attempts:
         return Outcome(Status.DEAD, DeadReason.MAX_ATTEMPTS, str(exc), etype, exc=exc)
     delay_ms = backoff_ms

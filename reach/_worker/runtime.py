@@ -31,6 +31,7 @@ import anyio
 from redis import exceptions as rexc
 
 from .._autopipe import AutoPipeline
+from ..callpath import SelfSlots
 from ..client import Client
 from ..connection import AnyRedis, as_text, connect, is_cluster
 from ..envelope import new_id
@@ -587,7 +588,9 @@ class Runtime:
             secret=o.secret,
             identity_file=o.identity_file,
             trusted_keys_file=o.trusted_keys_file,
+            max_hops=self.agent.max_hops,  # how deep its handlers' calls may go
         )
+        st.self_slots = SelfSlots(o.concurrency, lambda: st.inflight)
         hooks = self.hooks
         outages = Outages(self.agent.agent_id)
         letters = DeadLetters(

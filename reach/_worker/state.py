@@ -17,6 +17,7 @@ import anyio
 from redis import exceptions as rexc
 
 from .. import logs
+from ..callpath import SelfSlots
 from ..connection import AnyRedis, as_text
 from ..keys import Keys
 from .hookchain import HookChain
@@ -50,6 +51,7 @@ class WorkerState:
         self._slot_free = anyio.Event()
         self.plain = PlainRuns()
         self.predecessor: Predecessor | None = None  # the live process replaced at start
+        self.self_slots: SelfSlots | None = None  # handlers' calls to this agent (callpath)
 
     def handler_ran(self, duration_s: float) -> None:
         """Note one handler's run time in :attr:`handler_s` (weight 1/16)."""

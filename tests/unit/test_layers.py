@@ -42,6 +42,7 @@ RANKS: dict[str, int] = {
     "reach.breaker": 0,
     "reach.logs": 0,
     "reach.config": 0,  # where the Redis is: redis_url=, REACH_REDIS_URL, project file
+    "reach.callpath": 0,  # call paths: hop limit, loops, self-calls (no Redis)
     # the script layer: one typed call per Lua script
     "reach.scripts": 1,
     "reach._autopipe": 1,  # auto-pipelining of the commands a Client issues (script layer)

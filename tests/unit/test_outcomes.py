@@ -70,6 +70,8 @@ def test_values_are_the_strings_stored_and_sent() -> None:
         "unauthenticated",
         "cancelled",
         "poisoned",
+        "hop_limit",
+        "loop",
     }
     assert {u.value for u in Unavailable} == {
         "no_agent",
@@ -79,6 +81,7 @@ def test_values_are_the_strings_stored_and_sent() -> None:
         "breaker_open",
         "overloaded",
         "target_unavailable",
+        "would_deadlock",
     }
     assert [s.value for s in STORED_STATUSES] == [
         "pending",
@@ -274,7 +277,9 @@ def test_a_reason_reach_does_not_know_gets_the_conservative_answer(reason: str) 
 def test_the_lists_client_and_card_kept_are_unchanged() -> None:
     # Reasons added since, each a refusal (so a rejection, blameless): unauthenticated,
     # an agent requiring signatures refusing an unsigned or forged message (reach.signing).
-    new = {"unauthenticated"}
+    # hop_limit and loop: a handler's call deeper than max_hops, or entering a caller that
+    # waits for it (reach.callpath): refused for what the message is.
+    new = {"unauthenticated", "hop_limit", "loop"}
     # poisoned: a message whose runs never ended (each agent running it killed, evicted or
     # stalled) was taken over max_takeovers times: refused for good, blaming the agent
     # (its handler blocked or crashed it), A2A "failed".
