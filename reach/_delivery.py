@@ -31,7 +31,7 @@ from typing import Any, TypedDict
 import anyio
 from redis import exceptions as rexc
 
-from . import logs, metrics
+from . import _reroute, logs, metrics
 from ._autopipe import AutoPipeline
 from .connection import redact, unreachable
 from .envelope import Envelope, encode, now_ms
@@ -202,6 +202,9 @@ class Delivery:
         # (read at, the view's version then, live agents, capabilities)
         self._figures: tuple[float, int, int, list[str]] | None = None
         self.waits_for_probation = True  # see _wait_for_probation
+        self.reroute = _reroute.Rerouter(
+            router=router, commands=commands, keys=keys, cluster=commands.cluster, pick=self.repick
+        )
 
     async def quotas(self) -> Quotas:
         """The namespace's quotas (reach.quotas), as last read (re-read every second)."""
@@ -286,14 +289,15 @@ class Delivery:
             if tracing:
                 with logs.span("reach.deliver", kind="producer"):
                     seal(env, self.signer, tracing=True, again=not quota)
-                    depth = await self._add(env, agent, encode(env), track=track, bound=bound)
+                    sent = await self._add(env, agent, encode(env), track=track, bound=bound)
             else:
                 if self.signer is not None or env.sig:
                     seal(env, self.signer, tracing=False, again=not quota)
-                depth = await self._add(env, agent, encode(env), track=track, bound=bound)
-            if depth is None:
+                sent = await self._add(env, agent, encode(env), track=track, bound=bound)
+            if not sent.refused:
+                self.reroute.placed(env, agent, sent.entry_id, tracked=track, where=where)
                 break
-            refused[agent.agent_id] = (depth, bound)
+            refused[agent.agent_id] = (sent.depth, bound)
         metrics.message_sent(env.capability, env.priority)
         return agent.agent_id
 
@@ -381,8 +385,8 @@ class Delivery:
 
     async def _add(
         self, env: Envelope, agent: AgentInfo, data: bytes, *, track: bool, bound: int
-    ) -> int | None:
-        """Add the entry (and its pending record); None when added, else the depth of the
+    ) -> inbox.Sent:
+        """Add the entry (and its pending record): its entry id, or the depth of the
         agent's inbox that refused it (at its ``bound``). The script layer
         (:func:`reach.scripts.inbox.send`) chooses the standalone or Cluster form."""
         agent_id = agent.agent_id
@@ -413,11 +417,31 @@ class Delivery:
             if isinstance(e, rexc.ResponseError):
                 await self.view.recheck(agent_id)
             raise
-        if sent.refused:
-            if track:
-                self.router.inflight.done(agent_id)
-            return sent.depth
-        return None
+        if sent.refused and track:
+            self.router.inflight.done(agent_id)
+        return sent
+
+    async def repick(
+        self, env: Envelope, where: Mapping[str, Any] | None, avoid: set[str]
+    ) -> AgentInfo | None:
+        """Another agent for ``env`` (a move: :mod:`reach._reroute`), passing over
+        ``avoid``: one with a free slot by this client's estimate, else None."""
+        candidates, version = await self.view.candidates(env.capability)
+        policy = policy_for(env, candidates, self.default_policy)
+        if policy == "direct":
+            return None
+        a = self.router.pick(
+            env.capability,
+            candidates,
+            policy=policy,
+            session_id=env.session_id or None,
+            where=where,
+            version=version,
+            avoid=avoid,
+        )
+        if a.agent_id in avoid or self.router.capacity.full(a):
+            return None
+        return a
 
     def _items(
         self, envs: Sequence[Envelope], picked: Sequence[tuple[int, AgentInfo]], max_inbox: int
