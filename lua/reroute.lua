@@ -84,9 +84,10 @@ if #got == 0 then return {RerouteCode_GONE, ''} end
 local last = last_delivered(KEYS[1])
 if last and not above(id, last) then return {RerouteCode_READ, ''} end
 
-local rec = redis.call('HMGET', KEYS[2], 'done', 'status', 'fence')
-if rec[1] == '1' or rec[2] == 'cancelled' or rec[2] == 'running' or rec[2] == 'succeeded' then
-  return {RerouteCode_SETTLED, rec[2] or ''}
+local rec = redis.call('HMGET', KEYS[2], 'done', 'fence', 'status')
+local status = rec[3]
+if rec[1] == '1' or status == 'cancelled' or status == 'running' or status == 'succeeded' then
+  return {RerouteCode_SETTLED, status or ''}
 end
 
 local max = tonumber(ARGV[2])
@@ -105,10 +106,10 @@ if not env then return {RerouteCode_GONE, ''} end  -- not an envelope entry: its
 
 local new = redis.call('XADD', KEYS[3], '*', 'e', env)
 redis.call('XDEL', KEYS[1], id)
-if rec[2] then
+if status then
   local now = now_ms()
   redis.call('HDEL', KEYS[2], 'owner', 'lease_until')
-  local fence = tonumber(rec[3] or '')
+  local fence = tonumber(rec[2] or '')
   if fence and fence >= 1 and fence < 9007199254740992 and fence == math.floor(fence) then
     redis.call('HSET', KEYS[2], 'fence', fence + 1)
   else  -- unreadable: restart above any fence handed out (claim.lua does the same)

@@ -359,6 +359,7 @@ class Delivery:
                 where=where,
                 version=version,
                 avoid=avoid,
+                cost=env.cost,
             )
         except NoAgentAvailable as e:
             raise await self.counted(e, candidates) from None
@@ -438,6 +439,7 @@ class Delivery:
             where=where,
             version=version,
             avoid=avoid,
+            cost=env.cost,
         )
         if a.agent_id in avoid or self.router.capacity.full(a):
             return None
@@ -561,6 +563,7 @@ class Delivery:
                         env.session_id == first.session_id
                         and env.target == first.target
                         and env.avoid == first.avoid
+                        and env.cost == first.cost
                     ):
                         agent = pick_next()
                     else:
@@ -646,14 +649,20 @@ class Delivery:
 
 def _route_of(env: Envelope) -> _Route:
     """The routing arguments a message carries itself (its session, target, agents to
-    avoid), as :meth:`Router.pick` takes them."""
-    return {"session_id": env.session_id or None, "target": env.target or None, "avoid": env.avoid}
+    avoid, cost), as :meth:`Router.pick` takes them."""
+    return {
+        "session_id": env.session_id or None,
+        "target": env.target or None,
+        "avoid": env.avoid,
+        "cost": env.cost,
+    }
 
 
 class _Route(TypedDict):
     session_id: str | None
     target: str | None
     avoid: str | Collection[str]
+    cost: float
 
 
 FIGURES_TTL_S = 1.0

@@ -17,7 +17,7 @@ from typing import Any, Self, TypedDict, Unpack
 import anyio
 import msgspec
 
-from . import _later, _many, _reroute, metrics
+from . import _later, _many, _reroute, envelope, metrics
 from ._autopipe import AutoPipeline
 from ._buffer import (
     DEFAULT_CLOSE_WAIT_S,
@@ -82,6 +82,7 @@ class MessageOptions(TypedDict, total=False):
     max_attempts: int | None
     headers: Mapping[str, str] | None
     source: str
+    cost: float | None
 
 
 class Client:
@@ -420,6 +421,7 @@ class Client:
         headers: Mapping[str, str] | None = None,
         reply: bool = True,
         source: str = "",
+        cost: float | None = None,
     ) -> Envelope:
         """Validate the arguments and build an envelope (nothing is sent)."""
         cap = normalize_capability(capability)
@@ -449,6 +451,7 @@ class Client:
             reply_to=self.client_id if reply else "",
             headers=dict(headers or {}),
             sent_ms=now,
+            cost=envelope.checked_cost(cost),
         )
 
     def _encode_payload(self, payload: Any) -> msgspec.Raw:
