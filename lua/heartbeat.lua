@@ -16,6 +16,10 @@
 -- ARGV[7] handler_us: its handlers' recent mean run time, microseconds, integer
 --         0..2^53-1 (0: not known yet)
 -- ARGV[8] events stream max length (approximate): integer 1..10000000
+-- ARGV[9] (optional) cap_us: its per-capability mean run times of a message of cost 1,
+--         '<capability>=<µs>' items separated by one space (each capability 1..200 bytes
+--         of [a-z0-9_.], each µs an integer 0..2^53-1), at most 65536 bytes; written to
+--         the record's field cap_us, '' deletes it; absent: the field is left as it is
 --
 -- Every argument is checked before the first write: a refused call writes nothing.
 -- Integers are plain decimal digits (no sign, leading zero, exponent, hex, inf or nan).
@@ -34,12 +38,16 @@
 --!include lease
 
 local function check()
-  return arity(3, 8) or beat_bad(1) or maxlen_bad(ARGV[8])
+  if #ARGV == 9 then
+    local e = cap_us_bad(ARGV[9])
+    if e then return e end
+  end
+  return arity(3, #ARGV == 9 and 9 or 8) or beat_bad(1) or maxlen_bad(ARGV[8])
     or keys_typed({[1] = 'zset', [2] = 'hash', [3] = 'stream'})
 end
 
 local err = check()
 if err then return refuse(err) end
 
-local code, draining = beat(KEYS[1], KEYS[2], KEYS[3], ARGV[8], 1, now_ms())
+local code, draining = beat(KEYS[1], KEYS[2], KEYS[3], ARGV[8], 1, now_ms(), ARGV[9])
 return {code, draining}

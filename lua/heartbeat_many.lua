@@ -14,6 +14,8 @@
 --         version (integer 0..2^53-1), queue depth (integer 0..2^53-1),
 --         handlers in flight (integer 0..2^53-1), slots (its concurrency, integer
 --         0..2^53-1), handler_us (mean handler run time, µs, integer 0..2^53-1)
+--         or, with 8 ARGV per agent (ARGV[2+8(i-1)..9+8(i-1)]), those 7 and cap_us, as
+--         heartbeat.lua's ARGV[9] (every agent of a call has 7, or every one has 8)
 -- n is 1..1000; KEYS[2+i] must be the hash of the i-th agent_id (the caller builds both).
 --
 -- Every argument of every agent is checked before the first write: a refused call writes
@@ -29,17 +31,20 @@
 --         position named), or a key holds another type than the one above.
 --!include lease
 
+local each = 7  -- ARGV per agent: 7, or 8 with cap_us
+
 local function check()
   local n = #KEYS - 2
-  if n < 1 or n > 1000 or #ARGV ~= 1 + 7 * n then
-    return 'arguments: want 2+n KEYS and 1+7n ARGV (n 1..1000), got ' .. #KEYS .. ' and '
-      .. #ARGV
+  if n >= 1 and #ARGV == 1 + 8 * n then each = 8 end
+  if n < 1 or n > 1000 or #ARGV ~= 1 + each * n then
+    return 'arguments: want 2+n KEYS and 1+7n (or 1+8n) ARGV (n 1..1000), got ' .. #KEYS
+      .. ' and ' .. #ARGV
   end
   local e = maxlen_bad(ARGV[1])
   if e then return e end
   local wanted = {[1] = 'zset', [2] = 'stream'}
   for i = 1, n do
-    e = beat_bad(2 + 7 * (i - 1))
+    e = beat_bad(2 + each * (i - 1)) or (each == 8 and cap_us_bad(ARGV[9 + 8 * (i - 1)]))
     if e then return 'agent ' .. i .. ': ' .. e end
     wanted[2 + i] = 'hash'
   end
@@ -52,7 +57,9 @@ if err then return refuse(err) end
 local now = now_ms()
 local out = {}
 for i = 1, #KEYS - 2 do
-  local code, draining = beat(KEYS[1], KEYS[2 + i], KEYS[2], ARGV[1], 2 + 7 * (i - 1), now)
+  local p = 2 + each * (i - 1)
+  local code, draining = beat(KEYS[1], KEYS[2 + i], KEYS[2], ARGV[1], p, now,
+    each == 8 and ARGV[p + 7] or nil)
   out[#out + 1] = code
   out[#out + 1] = draining
 end

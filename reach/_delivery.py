@@ -7,15 +7,9 @@ the script layer (:mod:`reach.scripts.inbox`), one message at a time or a batch 
 pipeline. The part knows nothing of the client: it is given the view, the router and the
 connection it uses, and it is called, never calls back.
 
-Single deliveries coalesce (:class:`Coalescer`, standalone Redis): the first one of an
-event-loop turn goes out at once, as its own ``send.lua`` call; the others issued in the
-same turn (concurrent ``send``/``request`` calls) go out together at the end of the turn,
-one ``send.lua`` call of the batch form per agent, as ``send_many`` sends them. At most
-``SENDS_IN_FLIGHT`` such calls await Redis at once: the messages issued while they do wait
-for one to return and then go out together, so a busy client's batches grow with its load
-(as Nagle's algorithm groups a socket's small writes) instead of being cut at every turn.
-A lone call waits for nothing; many concurrent ones cost Redis and the client one script
-call per agent and batch instead of one per message.
+Single deliveries coalesce (:class:`reach._coalesce.Coalescer`, standalone Redis): the
+messages of concurrent ``send``/``request`` calls go out together, one ``send.lua`` call
+of the batch form per agent, while a lone call waits for nothing.
 
 Every message is also claimed at send for the runtime it is routed to (the
 ``agent_id/instance_id`` of the view's record; standalone Redis, a key's first send):
@@ -34,8 +28,9 @@ from typing import Any, TypedDict
 import anyio
 from redis import exceptions as rexc
 
-from . import logs, metrics
+from . import _reroute, logs, metrics
 from ._autopipe import AutoPipeline
+from ._coalesce import Coalescer
 from .callpath import Gate
 from .connection import redact, unreachable
 from .envelope import Envelope, encode, now_ms
@@ -77,110 +72,6 @@ def policy_for(env: Envelope, candidates: list[AgentInfo], default_policy: str) 
     if default_policy == "consistent_hash" and not env.session_id:
         return "weighted_rr"
     return default_policy
-
-
-# Coalesced single deliveries: at most this many send.lua calls of one client await Redis
-# at once; messages issued meanwhile wait for one to return and go out together. Two keep
-# Redis busy while the client reads an answer and writes the next batch; one more call
-# (a third in flight) only splits the same messages into smaller batches, each paying a
-# script call's fixed cost in Redis.
-SENDS_IN_FLIGHT = 2
-
-
-class Coalescer:
-    """Adds single messages to inboxes through ``commands`` (standalone Redis), coalescing
-    concurrent ones: see the module docstring."""
-
-    def __init__(self, commands: AutoPipeline, keys: Keys, *, ttl_ms: int) -> None:
-        self.commands = commands
-        self.keys = keys
-        self.ttl_ms = ttl_ms
-        self._turn = False  # an end-of-turn flush is scheduled
-        self._in_flight = 0  # send.lua calls awaiting Redis (at most SENDS_IN_FLIGHT)
-        self._group: list[tuple[inbox.Delivery, asyncio.Future[inbox.Sent]]] = []
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    async def send(self, d: inbox.Delivery) -> inbox.Sent:
-        """Add ``d.message`` to the inbox of ``d.agent_id`` (see :func:`reach.scripts.inbox.send`;
-        errors raise as there)."""
-        loop = asyncio.get_running_loop()
-        if not self._turn and not self._group and self._in_flight < SENDS_IN_FLIGHT:
-            # The first of a turn, nothing waiting, a call free: at once, alone (a lone
-            # caller waits for nothing).
-            self._turn = True
-            loop.call_soon(self._end_turn)
-            self._in_flight += 1
-            try:
-                return await inbox.send(
-                    self.commands,
-                    self.keys,
-                    d.message,
-                    cluster=False,
-                    agent_id=d.agent_id,
-                    priority=d.priority,
-                    ttl_ms=self.ttl_ms,
-                    max_queue=d.max_queue,
-                    claim_for=d.claim_for,
-                    claim_lease_ms=d.claim_lease_ms,
-                )
-            finally:
-                self._returned()
-        fut: asyncio.Future[inbox.Sent] = loop.create_future()
-        self._group.append((d, fut))
-        if not self._turn:
-            self._turn = True
-            loop.call_soon(self._end_turn)
-        return await fut
-
-    def _end_turn(self) -> None:
-        self._turn = False
-        if self._in_flight < SENDS_IN_FLIGHT:
-            self._flush()
-        # else the group waits for a call to return (_returned flushes it)
-
-    def _returned(self) -> None:
-        """A send.lua call returned: what waits goes out now, unless the turn's end will
-        send it anyway."""
-        self._in_flight -= 1
-        if not self._turn:
-            self._flush()
-
-    def _flush(self) -> None:
-        group, self._group = self._group, []
-        group = [(d, f) for d, f in group if not f.done()]  # a cancelled caller: not sent
-        if group:
-            self._in_flight += 1
-            task = asyncio.get_running_loop().create_task(self._send_group(group))
-            self._tasks.add(task)  # held until done (the loop keeps weak references)
-            task.add_done_callback(self._group_done)
-
-    def _group_done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        self._returned()
-
-    async def _send_group(
-        self, group: list[tuple[inbox.Delivery, asyncio.Future[inbox.Sent]]]
-    ) -> None:
-        try:
-            sent = await inbox.send_many(
-                self.commands, self.keys, [d for d, _ in group], cluster=False, ttl_ms=self.ttl_ms
-            )
-        except BaseException as e:  # send_many reports in place: only a bug or cancellation
-            for _, fut in group:
-                if fut.done():
-                    continue
-                if isinstance(e, Exception):
-                    fut.set_exception(e)
-                else:
-                    fut.cancel()
-            raise
-        for (_, fut), x in zip(group, sent, strict=True):
-            if fut.done():
-                continue
-            if isinstance(x, Exception):
-                fut.set_exception(x)
-            else:
-                fut.set_result(x)
 
 
 def seal(env: Envelope, signer: Signer | None, *, tracing: bool, again: bool = False) -> None:
@@ -241,6 +132,9 @@ class Delivery:
         # (read at, the view's version then, live agents, capabilities)
         self._figures: tuple[float, int, int, list[str]] | None = None
         self.waits_for_probation = True  # see _wait_for_probation
+        self.reroute = _reroute.Rerouter(
+            router=router, commands=commands, keys=keys, cluster=commands.cluster, pick=self.repick
+        )
 
     async def quotas(self) -> Quotas:
         """The namespace's quotas (reach.quotas), as last read (re-read every second)."""
@@ -339,14 +233,15 @@ class Delivery:
             if tracing:
                 with logs.span("reach.deliver", kind="producer"):
                     seal(env, self.signer, tracing=True, again=not quota)
-                    depth = await self._add(env, agent, encode(env), track=track, bound=bound)
+                    sent = await self._add(env, agent, encode(env), track=track, bound=bound)
             else:
                 if self.signer is not None or env.sig:
                     seal(env, self.signer, tracing=False, again=not quota)
-                depth = await self._add(env, agent, encode(env), track=track, bound=bound)
-            if depth is None:
+                sent = await self._add(env, agent, encode(env), track=track, bound=bound)
+            if not sent.refused:
+                self.reroute.placed(env, agent, sent.entry_id, tracked=track, where=where)
                 break
-            refused[agent.agent_id] = (depth, bound)
+            refused[agent.agent_id] = (sent.depth, bound)
         metrics.message_sent(env.capability, env.priority)
         return agent.agent_id
 
@@ -408,6 +303,7 @@ class Delivery:
                 where=where,
                 version=version,
                 avoid=avoid,
+                cost=env.cost,
             )
         except NoAgentAvailable as e:
             raise await self.counted(e, candidates) from None
@@ -434,8 +330,8 @@ class Delivery:
 
     async def _add(
         self, env: Envelope, agent: AgentInfo, data: bytes, *, track: bool, bound: int
-    ) -> int | None:
-        """Add the entry (and its pending record); None when added, else the depth of the
+    ) -> inbox.Sent:
+        """Add the entry (and its pending record): its entry id, or the depth of the
         agent's inbox that refused it (at its ``bound``). The script layer
         (:func:`reach.scripts.inbox.send`) chooses the standalone or Cluster form."""
         agent_id = agent.agent_id
@@ -466,11 +362,32 @@ class Delivery:
             if isinstance(e, rexc.ResponseError):
                 await self.view.recheck(agent_id)
             raise
-        if sent.refused:
-            if track:
-                self.router.inflight.done(agent_id)
-            return sent.depth
-        return None
+        if sent.refused and track:
+            self.router.inflight.done(agent_id)
+        return sent
+
+    async def repick(
+        self, env: Envelope, where: Mapping[str, Any] | None, avoid: set[str]
+    ) -> AgentInfo | None:
+        """Another agent for ``env`` (a move: :mod:`reach._reroute`), passing over
+        ``avoid``: one with a free slot by this client's estimate, else None."""
+        candidates, version = await self.view.candidates(env.capability)
+        policy = policy_for(env, candidates, self.default_policy)
+        if policy == "direct":
+            return None
+        a = self.router.pick(
+            env.capability,
+            candidates,
+            policy=policy,
+            session_id=env.session_id or None,
+            where=where,
+            version=version,
+            avoid=avoid,
+            cost=env.cost,
+        )
+        if a.agent_id in avoid or self.router.capacity.full(a):
+            return None
+        return a
 
     def _items(
         self, envs: Sequence[Envelope], picked: Sequence[tuple[int, AgentInfo]], max_inbox: int
@@ -590,6 +507,7 @@ class Delivery:
                         env.session_id == first.session_id
                         and env.target == first.target
                         and env.avoid == first.avoid
+                        and env.cost == first.cost
                     ):
                         agent = pick_next()
                     else:
@@ -675,14 +593,20 @@ class Delivery:
 
 def _route_of(env: Envelope) -> _Route:
     """The routing arguments a message carries itself (its session, target, agents to
-    avoid), as :meth:`Router.pick` takes them."""
-    return {"session_id": env.session_id or None, "target": env.target or None, "avoid": env.avoid}
+    avoid, cost), as :meth:`Router.pick` takes them."""
+    return {
+        "session_id": env.session_id or None,
+        "target": env.target or None,
+        "avoid": env.avoid,
+        "cost": env.cost,
+    }
 
 
 class _Route(TypedDict):
     session_id: str | None
     target: str | None
     avoid: str | Collection[str]
+    cost: float
 
 
 FIGURES_TTL_S = 1.0

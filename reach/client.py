@@ -17,7 +17,7 @@ from typing import Any, Self, TypedDict, Unpack
 import anyio
 import msgspec
 
-from . import _later, _many, metrics
+from . import _later, _many, _reroute, envelope, metrics
 from ._autopipe import AutoPipeline
 from ._buffer import (
     DEFAULT_CLOSE_WAIT_S,
@@ -85,6 +85,7 @@ class MessageOptions(TypedDict, total=False):
     max_attempts: int | None
     headers: Mapping[str, str] | None
     source: str
+    cost: float | None
 
 
 class Client(ReplyFigures):
@@ -286,6 +287,7 @@ class Client(ReplyFigures):
         # A fallback answers at once when nothing is eligible, rather than a request
         # waiting for an agent on probation.
         self._sender.waits_for_probation = self.fallback is None
+        self._sender.reroute.tg = self._tg
         return self._sender
 
     @property
@@ -385,6 +387,7 @@ class Client(ReplyFigures):
         headers: Mapping[str, str] | None = None,
         reply: bool = True,
         source: str = "",
+        cost: float | None = None,
     ) -> Envelope:
         """Validate the arguments and build an envelope (nothing is sent)."""
         cap = normalize_capability(capability)
@@ -414,6 +417,7 @@ class Client(ReplyFigures):
             reply_to=self.client_id if reply else "",
             headers=dict(headers or {}),
             sent_ms=now,
+            cost=envelope.checked_cost(cost),
         )
 
     def _encode_payload(self, payload: Any) -> msgspec.Raw:
@@ -463,17 +467,20 @@ class Client(ReplyFigures):
         *,
         where: Mapping[str, Any] | None = None,
         on_rate_limit: str = "wait",
+        reroute_after_s: float | None = None,
         **opts: Unpack[MessageOptions],
     ) -> str:
         """Send without waiting; returns the msg_id (see :meth:`task` for its outcome).
-        ``opts`` as for :meth:`build`; ``on_rate_limit`` as for :meth:`request`. With Redis
+        ``opts`` as for :meth:`build`; ``on_rate_limit``, ``reroute_after_s`` as for
+        :meth:`request`. With Redis
         unreachable the message is held locally and sent when Redis is back
         (:meth:`pending_local`); :class:`RedisUnavailable` when the buffer is full (see the
         class docstring)."""
         env = self.build(capability, payload, reply=False, **opts)
         if on_rate_limit != "wait":  # "wait" takes no look: no call per message
             await self._check_rate_limit(env.capability, on_rate_limit)
-        await self._deliver_or_hold(env, where, track=False)
+        with _reroute.asking(reroute_after_s, env, cluster=self.commands.cluster):
+            await self._deliver_or_hold(env, where, track=False)
         return env.msg_id
 
     async def _check_rate_limit(self, capability: str, on_rate_limit: str) -> None:
@@ -531,6 +538,7 @@ class Client(ReplyFigures):
         *,
         where: Mapping[str, Any] | None = None,
         on_rate_limit: str = "wait",
+        reroute_after_s: float | None = None,
         **opts: Unpack[MessageOptions],
     ) -> Any:
         """Send and wait for the handler's result.
@@ -547,13 +555,15 @@ class Client(ReplyFigures):
         A capability over its rate limit (``reach caps limit``): by default
         (``on_rate_limit="wait"``) the message waits for its turn, up to its deadline; with
         ``on_rate_limit="raise"``, :class:`RateLimited` (its ``retry_after_s`` says when a
-        start is allowed again) is raised at once and nothing is sent.
+        start is allowed again) is raised at once and nothing is sent. ``reroute_after_s``:
+        not started within it, the message moves to another agent (docs/routing.md).
         """
         if opts.get("timeout_s") is None and opts.get("deadline_ms") is None:
             opts["timeout_s"] = self.default_timeout_s
         env = self.build(capability, payload, **opts)
         await self._check_rate_limit(env.capability, on_rate_limit)
-        return await self.call(env, where=where)
+        with _reroute.asking(reroute_after_s, env, cluster=self.commands.cluster):
+            return await self.call(env, where=where)
 
     def stream(
         self,
@@ -694,6 +704,8 @@ class Client(ReplyFigures):
         """The call of ``env`` is over: no longer waited for, no longer in flight to
         ``agent_id`` ('' when it was not delivered), its outcome counted by the breaker."""
         self._reader.forget(env.msg_id)
+        if self._sender is not None:  # the agent it is with now, if it was moved
+            agent_id = self._sender.reroute.end(env.msg_id, agent_id)
         if agent_id:
             self.router.inflight.done(agent_id)
             self.breakers.record(agent_id, ok)

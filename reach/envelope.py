@@ -34,6 +34,8 @@ MAX_EPOCH_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
 CAPABILITY_PATTERN = r"^[a-z0-9_]+(\.[a-z0-9_]+)*$"
 MAX_PATH = 32  # the call path keeps this many hops, the nearest (docs/concepts.md, Call graphs)
 MAX_HOPS = 1_000_000
+MIN_COST = 0.01  # a message's cost, in multiples of its capability's typical message
+MAX_COST = 1000.0
 
 Id = Annotated[str, Meta(max_length=MAX_ID_CHARS)]
 EpochMs = Annotated[int, Meta(ge=0, le=MAX_EPOCH_MS)]
@@ -101,6 +103,11 @@ class Envelope(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_
     """How many calls this message descends from (0: sent by a caller, not a handler)."""
     path: Annotated[list[Hop], Meta(max_length=MAX_PATH)] = []
     """The calls it descends from, oldest first, the last :data:`MAX_PATH` of them."""
+    cost: Annotated[float, Meta(ge=MIN_COST, le=MAX_COST)] = 1.0
+    """How much work this message is, in multiples of a typical message of its capability
+    (1: typical; 0.1 a short answer, 10 a long report): ``least_conn`` weighs its own run
+    time by it, and the agent that runs it divides its run time by it before averaging
+    (docs/routing.md, *Cost-aware routing*). A routing hint the caller sets, not signed."""
     # Signing (reach.signing): absent unless the sender has a secret, so an unsigned
     # envelope is byte for byte what it was before signing existed.
     kid: KeyId = ""
@@ -125,6 +132,23 @@ class Envelope(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_
 
 
 ED25519_SIG_BYTES = 64
+
+
+def checked_cost(cost: float | None) -> float:
+    """A caller's ``cost=`` as the envelope holds it (None: 1, a typical message);
+    :class:`ConfigError` outside :data:`MIN_COST`..:data:`MAX_COST`."""
+    if cost is None:
+        return 1.0
+    if isinstance(cost, bool) or not isinstance(cost, (int, float)):
+        raise ConfigError(f"cost must be a number (1 = a typical message), got {cost!r}.")
+    if not MIN_COST <= cost <= MAX_COST:  # also refuses nan
+        raise ConfigError(
+            f"cost must be within {MIN_COST:g}..{MAX_COST:g} (a multiple of a typical "
+            f"message of the capability: 0.1 a short answer, 10 a long report), got {cost!r}."
+        )
+    return float(cost)
+
+
 _SCOPE_SEP = "|"  # in neither a capability's nor an identity name's alphabet
 
 

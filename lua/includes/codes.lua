@@ -14,3 +14,4 @@ local FollowUpKind_NONE, FollowUpKind_DEAD_LETTER, FollowUpKind_RETRY = 0, 1, 2
 local DropInboxCode_DROPPED, DropInboxCode_KEPT = 1, 0
 local StreamBound_REPLIES = 100000
 local CancelCode_CANCELLED, CancelCode_ALREADY_CANCELLED, CancelCode_DONE, CancelCode_UNKNOWN = 1, 2, 0, -1
+local RerouteCode_MOVED, RerouteCode_GONE, RerouteCode_READ, RerouteCode_FULL, RerouteCode_SETTLED = 1, 0, 2, 3, 4

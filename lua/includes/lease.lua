@@ -30,10 +30,30 @@ local function beat_bad(p)
   return nil
 end
 
+-- Why cap_us, the per-capability mean run times an agent reports, is refused, or nil: ''
+-- (none measured) or '<capability>=<µs>' items separated by one space, at most 65536
+-- bytes, each capability 1..200 bytes of [a-z0-9_.], each µs an integer 0..2^53-1.
+local function cap_us_bad(v)
+  if #v > 65536 then return 'cap_us: want at most 65536 bytes' end
+  if v == '' then return nil end
+  local n = 0
+  for item in string.gmatch(v, '[^ ]+') do
+    n = n + #item + 1
+    local cap, us = string.match(item, '^([a-z0-9_.]+)=(%d+)$')
+    if not cap or #cap > 200 or not int(us, 0, MAX) then
+      return 'cap_us ' .. show(item) .. ": want '<capability>=<integer µs>' items"
+    end
+  end
+  if n ~= #v + 1 then return "cap_us: want items separated by one space" end
+  return nil
+end
+
 -- Renew the lease of the agent whose (checked) arguments are at ARGV[p..p+6], its hash
 -- `hash`, in agents zset `zset`; a recovery is written to events stream `events`.
+-- cap_us (checked; nil: not reported, the record's field is left as it is) is written to
+-- the record's field cap_us ('' deletes it).
 -- Returns code, draining (HeartbeatCode).
-local function beat(zset, hash, events, maxlen, p, now)
+local function beat(zset, hash, events, maxlen, p, now, cap_us)
   local id, instance = ARGV[p], ARGV[p + 1]
   local s = redis.call('HMGET', hash, 'version', 'state', 'lease_ms', 'draining', 'instance_id',
     'agent_id')
@@ -62,6 +82,11 @@ local function beat(zset, hash, events, maxlen, p, now)
   end
   redis.call('HSET', hash, 'last_heartbeat_ms', now, 'queue_depth', ARGV[p + 3],
     'inflight', ARGV[p + 4], 'slots', ARGV[p + 5], 'handler_us', ARGV[p + 6])
+  if cap_us == '' then
+    redis.call('HDEL', hash, 'cap_us')
+  elseif cap_us then
+    redis.call('HSET', hash, 'cap_us', cap_us)
+  end
   redis.call('ZADD', zset, now + lease, id)
   local draining = (s[4] == '1') and 1 or 0
   if s[2] == 'probation' then

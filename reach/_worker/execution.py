@@ -611,7 +611,7 @@ class Execution(Part):
                         return
                     if run.requested:  # cancelled while it ran: so it ends, whatever it did
                         outcome = cancelled_outcome(env, running=True)
-                    self.state.handler_ran(duration_s)
+                    self.state.handler_ran(duration_s, env.capability, env.cost)
         self.hooks.after_handle(ctx, outcome, duration_s)
         self._finish(it, outcome, traced=traced)
 

@@ -499,6 +499,7 @@ class Heartbeats:
                 st.inflight,
                 lv.opts.concurrency,
                 handler_us,
+                st.cap_us(),
             )
             where = (lv.registry.namespace, lv.registry.shard_of(lv.agent_id))
             by_shard.setdefault(where, []).append((m, beat))

@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("reach.runtime")
 
+CAP_US_MAX_BYTES = 65536
+"""The most a heartbeat reports of per-capability run times (heartbeat.lua's bound)."""
+
 
 class WorkerState:
     """The running worker's shared state (also what hooks see as ``WorkerInfo``)."""
@@ -38,6 +41,9 @@ class WorkerState:
         self.namespace = namespace
         self.inflight = 0  # handed to the handler pool: running, or queued for a slot
         self.handler_s: float | None = None  # recent handlers' mean run time (EWMA)
+        # per capability: the mean run time of a message of cost 1 (EWMA), what callers
+        # route by (docs/routing.md, "Cost-aware routing")
+        self.cap_s: dict[str, float] = {}
         self.ready = False  # as last set in the registry
         self.draining = False
         self.stale = False  # a newer registration of this agent_id exists: do not deregister
@@ -53,10 +59,27 @@ class WorkerState:
         self.predecessor: Predecessor | None = None  # the live process replaced at start
         self.self_slots: SelfSlots | None = None  # handlers' calls to this agent (callpath)
 
-    def handler_ran(self, duration_s: float) -> None:
-        """Note one handler's run time in :attr:`handler_s` (weight 1/16)."""
+    def handler_ran(self, duration_s: float, capability: str = "", cost: float = 1.0) -> None:
+        """Note one handler's run time in :attr:`handler_s` and, divided by the message's
+        ``cost``, in its ``capability``'s :attr:`cap_s` (weight 1/16 each)."""
         h = self.handler_s
         self.handler_s = duration_s if h is None else h + (duration_s - h) * 0.0625
+        if capability:
+            unit = duration_s / cost
+            c = self.cap_s.get(capability)
+            self.cap_s[capability] = unit if c is None else c + (unit - c) * 0.0625
+
+    def cap_us(self) -> str:
+        """:attr:`cap_s` as a heartbeat reports it: ``"<capability>=<µs> ..."``, sorted,
+        at most :data:`CAP_US_MAX_BYTES` of it (``""``: nothing measured yet)."""
+        out, size = [], 0
+        for cap in sorted(self.cap_s):
+            item = f"{cap}={round(self.cap_s[cap] * 1e6)}"
+            size += len(item) + 1
+            if size > CAP_US_MAX_BYTES:
+                break
+            out.append(item)
+        return " ".join(out)
 
     def request_stop(self) -> None:
         self.stop_requested.set()

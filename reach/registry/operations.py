@@ -286,9 +286,11 @@ class Registry:
         inflight: int,
         slots: int = 0,
         handler_us: int = 0,
+        cap_us: str | None = None,
     ) -> Call[agents.Heartbeat]:
         """The ``heartbeat.lua`` call. Load figures (queue depth, in flight, slots, mean
-        handler time) are clamped to 0..2^53-1 (a heartbeat must not fail over a counter)."""
+        handler time) are clamped to 0..2^53-1 (a heartbeat must not fail over a counter);
+        ``cap_us``: per-capability mean run times (:class:`~reach.scripts.agents.Beat`)."""
         return self.scripts.heartbeat(
             agent_key_id(agent_id),
             instance_id=_text_arg("instance_id", instance_id),
@@ -297,6 +299,7 @@ class Registry:
             inflight=_load(inflight),
             slots=_load(slots),
             handler_us=_load(handler_us),
+            cap_us=cap_us,
         )
 
     def heartbeat_many_call(self, beats: Iterable[agents.Beat]) -> Call[list[agents.Heartbeat]]:
@@ -313,6 +316,7 @@ class Registry:
                 _load(b.inflight),
                 _load(b.slots),
                 _load(b.handler_us),
+                b.cap_us,
             )
             for b in beats
         ]
@@ -354,6 +358,7 @@ class Registry:
         inflight: int = 0,
         slots: int = 0,
         handler_us: int = 0,
+        cap_us: str | None = None,
     ) -> tuple[HeartbeatCode, bool]:
         """Renew the lease. Returns ``(code, draining)``: RENEWED (1), RECOVERED (2, after
         probation), NOT_REGISTERED (0: register again), STALE (-1: a newer registration of
@@ -367,6 +372,7 @@ class Registry:
                 inflight=inflight,
                 slots=slots,
                 handler_us=handler_us,
+                cap_us=cap_us,
             )
         )
         return hb.code, hb.draining

@@ -158,6 +158,9 @@ class AgentInfo(msgspec.Struct, kw_only=True):
     """Handlers it runs at once (its concurrency); 0: not reported (an older agent)."""
     handler_us: int = 0
     """Its handlers' recent mean run time (µs) at its last heartbeat; 0: not known yet."""
+    cap_us: dict[str, int] = {}
+    """Per capability, the recent mean run time (µs) of a message of cost 1, at its last
+    heartbeat (empty: not reported, an older agent or nothing run yet)."""
     protocol: int = 0
     """The protocol version the agent's runtime states (docs/protocol.md, *Protocol
     version*); 0: none stated (a runtime from before protocol versions: version 1)."""
@@ -206,8 +209,14 @@ class AgentInfo(msgspec.Struct, kw_only=True):
             state=state,
             ready=_flag(d, "ready"),
             draining=_flag(d, "draining"),
+            cap_us=_cap_us(d.get("cap_us", "")),
             **ints,
         )
+
+    def mean_us(self, capability: str) -> int:
+        """The mean run time (µs) of a typical message of ``capability`` here: its own
+        figure, else the agent's overall one (0: not known)."""
+        return self.cap_us.get(capability, self.handler_us)
 
     def matches(self, where: Mapping[str, Any] | None) -> bool:
         """True when every ``key=value`` of ``where`` equals this agent's metadata."""
@@ -246,6 +255,7 @@ _TEXT_FIELDS = (
     "state",
     "ready",
     "draining",
+    "cap_us",
     *(name for name, _ in _INT_FIELDS),
 )
 # A record's field names as Redis returns them (bytes) or as text, to the name: the one
@@ -289,6 +299,17 @@ def _number(d: Mapping[str, str], name: str, default: float) -> float:
     if not math.isfinite(x):
         raise BadRecord(f"{name}: {_show(v)} is not a finite number")
     return x
+
+
+def _cap_us(v: str) -> dict[str, int]:
+    """The record's ``cap_us`` (``"<capability>=<µs> ..."``, heartbeat.lua's ARGV[9])."""
+    out: dict[str, int] = {}
+    for item in v.split(" ") if v else ():
+        cap, _, us = item.partition("=")
+        if not (CAPABILITY_RE.match(cap) and us.isdigit() and us.isascii() and len(us) <= 16):
+            raise BadRecord(f"cap_us: {_show(item)} is not '<capability>=<µs>'")
+        out[cap] = int(us)
+    return out
 
 
 def _flag(d: Mapping[str, str], name: str) -> bool:

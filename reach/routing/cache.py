@@ -64,7 +64,10 @@ class State:
         "idx",
         "inv_eff",
         "lc_base",
+        "lc_cost",
+        "lc_entry",
         "lc_qd",
+        "lc_reports",
         "n",
         "pos",
         "ready_ms",
@@ -98,8 +101,11 @@ class State:
         self.ring: Ring | None = None
         self.ring_ok = False
         self.ring_w = 0.0
-        self.lc_qd: list[int] | None = None
-        self.lc_base: list[float] = []
+        self.lc_reports: list[Any] | None = None  # the agents' load reports the below are of
+        self.lc_qd: list[int] = []
+        self.lc_entry: list[float] = []  # least_conn.factors()
+        self.lc_cost: list[float] = []
+        self.lc_base: list[float] = []  # the scores of a message of cost 1 before in flight
 
 
 class StateCache:
@@ -197,7 +203,7 @@ class StateCache:
                 st.wrr_ok = False
             st.eff = eff
             st.inv_eff = [1.0 / w for w in eff]
-            st.lc_qd = None
+            st.lc_reports = None
         if not same_members:
             st.ring_ok = False
         if ids != st.ids:

@@ -78,22 +78,26 @@ class Capacity:
         """True when the agent reports its slots and has none free."""
         return a.slots > 0 and self.load(a) >= a.slots
 
-    def least_wait(self, agents: Iterable[AgentInfo]) -> list[AgentInfo]:
-        """The agents (of ``agents``) where a message placed now waits least (ties: all).
+    def least_wait(
+        self, agents: Iterable[AgentInfo], capability: str = "", cost: float = 1.0
+    ) -> list[AgentInfo]:
+        """The agents (of ``agents``) where a message of ``cost`` placed now ends first,
+        its wait plus its own run (``cost`` x the mean), ties: all.
 
-        An agent without a reported mean handler time is taken to have the mean of those
-        that report one (all alike when none does); one without reported slots waits 0.
+        The mean is the agent's for ``capability`` (:meth:`AgentInfo.mean_us`); an agent
+        without one is taken to have the mean of those that report one (all alike when
+        none does); one without reported slots waits 0.
         """
         pool = list(agents)
-        known = [a.handler_us for a in pool if a.handler_us > 0]
+        means = [a.mean_us(capability) for a in pool]
+        known = [m for m in means if m > 0]
         default = sum(known) / len(known) if known else 1.0
         best: list[AgentInfo] = []
         best_w = 0.0
-        for a in pool:
-            w = (
-                expected_wait_us(self.load(a), a.slots, a.handler_us or default)
-                if a.slots > 0
-                else 0.0
+        for a, m in zip(pool, means, strict=True):
+            mean = m or default
+            w = cost * mean + (
+                expected_wait_us(self.load(a), a.slots, mean) if a.slots > 0 else 0.0
             )
             if not best or w < best_w:
                 best, best_w = [a], w

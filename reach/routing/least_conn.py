@@ -1,13 +1,24 @@
-"""The scores behind policy ``least_conn``.
+"""The scores behind policy ``least_conn``: the expected time to finish the message placed.
 
-The router picks the minimum of ``(outstanding + 1) / effective_weight``, where outstanding
-is this client's in-flight count to the agent plus the queue depth it last reported; ties
-are broken at random. The ``+ 1`` (the request being placed) makes weights matter at zero
-load and makes slow start effective: a fresh agent with 10 % weight is only chosen once the
-others hold ~9 outstanding each. It is an exact O(N) scan done with C-level ``map``/``min``:
-the queue-depth part of the scores (:func:`base_scores`) is cached until a depth changes,
-and this client's in-flight counts are added (:func:`scores`) only for the agents that have
-some.
+An agent's score is the time the message would take there, wait and run, per unit of
+weight::
+
+    score = ((queued + in flight) x mean / slots + cost x mean) / effective weight
+
+``mean`` is the agent's reported mean run time of a typical message of the capability
+(:meth:`~reach.registry.AgentInfo.mean_us`; an agent that reports none is taken to have the
+mean of those that do, all alike when none does), ``slots`` its concurrency (1 when not
+reported), ``queued`` the queue depth it last reported and ``in flight`` this client's
+requests to it, ``cost`` the message's own (1 = typical). So an agent twice as slow gets
+about half the traffic of a fast one of equal slots once its mean is known, and a costly
+message (a long report) leans harder towards fast agents than a cheap one (a short answer,
+which may as well wait less at a slow but idle agent). With equal means and slots it is the
+classic least-connections: the fewest outstanding per unit of weight; the weight keeps
+slow start working (a fresh agent at 10 % weight is chosen once the others hold ~9 each).
+
+The per-agent factors (:func:`factors`) and the queue-depth part of the scores are cached
+until a report changes; this client's in-flight counts are added (:func:`scores`) only for
+the agents that have some. Ties are broken at random by the router.
 """
 
 from __future__ import annotations
@@ -16,22 +27,46 @@ from collections.abc import Mapping, Sequence
 from itertools import repeat
 from operator import add, mul
 
-__all__ = ["base_scores", "scores"]
+from ..registry import AgentInfo
+
+__all__ = ["base_scores", "factors", "scores"]
 
 
-def base_scores(queue_depths: Sequence[int], inv_weights: Sequence[float]) -> list[float]:
-    """``(queue_depth + 1) / weight`` per agent (``inv_weights``: 1 / effective weight)."""
-    return list(map(mul, map(add, queue_depths, repeat(1)), inv_weights))
+def factors(
+    agents: Sequence[AgentInfo], capability: str, inv_weights: Sequence[float]
+) -> tuple[list[float], list[float]]:
+    """Per agent: the time one queued entry adds (``mean / slots / weight``) and the time
+    a message of cost 1 runs (``mean / weight``), both in µs per unit of weight."""
+    means = [a.mean_us(capability) for a in agents]
+    known = [m for m in means if m > 0]
+    default = sum(known) / len(known) if known else 1.0
+    per_entry: list[float] = []
+    per_cost: list[float] = []
+    for a, m, inv in zip(agents, means, inv_weights, strict=True):
+        t = (m or default) * inv
+        per_cost.append(t)
+        per_entry.append(t / (a.slots or 1))
+    return per_entry, per_cost
+
+
+def base_scores(
+    queue_depths: Sequence[int], per_entry: Sequence[float], per_cost: Sequence[float], cost: float
+) -> list[float]:
+    """``queue_depth x per_entry + cost x per_cost`` per agent."""
+    queued = map(mul, queue_depths, per_entry)
+    if cost == 1.0:
+        return list(map(add, queued, per_cost))
+    return list(map(add, queued, map(mul, per_cost, repeat(cost))))
 
 
 def scores(
     base: list[float],
-    inv_weights: Sequence[float],
+    per_entry: Sequence[float],
     ids: Sequence[str],
     pos: Mapping[str, int],
     inflight: Mapping[str, int],
 ) -> list[float]:
-    """``base`` plus each agent's in-flight count / weight (a new list).
+    """``base`` plus each agent's in-flight count x ``per_entry`` (a new list).
 
     ``ids`` are the agents in score order and ``pos`` their index; with few agents in flight
     only those are visited.
@@ -43,7 +78,7 @@ def scores(
         for aid, n in inflight.items():
             j = pos.get(aid)
             if j is not None and n:
-                out[j] += n * inv_weights[j]
+                out[j] += n * per_entry[j]
         return out
-    local = map(mul, map(inflight.get, ids, repeat(0)), inv_weights)
+    local = map(mul, map(inflight.get, ids, repeat(0)), per_entry)
     return list(map(add, out, local))

@@ -28,10 +28,11 @@ Free capacity
     ``weighted_rr`` and ``least_conn`` pass over an agent that is full (no free slot, by
     :class:`~reach.routing.capacity.Capacity`'s estimate) while another usable agent has
     room: a full proposal is skipped like a refused one, and the first one sends the pick
-    to one O(N) scan (:meth:`Router._roomiest`): an agent with room (``weighted_rr``: a
-    weight-proportional random one; ``least_conn``: the lowest score), else, every usable
-    agent being full, one where the message waits least (expected wait = queued x mean
-    handler time / slots). ``consistent_hash`` and ``direct`` do not look at capacity
+    to one O(N) scan (:meth:`Router._roomiest`): ``weighted_rr`` takes a
+    weight-proportional random agent with room, else, every usable agent being full, one
+    where the message ends first (expected wait = queued x mean handler time / slots, plus
+    its own cost x mean); ``least_conn`` takes where the message ends first among all of
+    them (its scores are that estimate already, without this client's untracked sends). ``consistent_hash`` and ``direct`` do not look at capacity
     (they choose the agent for other reasons).
 
 Breakers
@@ -76,6 +77,8 @@ DEFAULT_POLICY: Final = "weighted_rr"
 MAX_SKIPS: Final = 8
 
 _qd = attrgetter("queue_depth")
+# What an agent's heartbeat reports (least_conn's cache is kept while none changes).
+_report = attrgetter("queue_depth", "slots", "handler_us", "cap_us", "last_heartbeat_ms")
 _id = attrgetter("agent_id")
 
 
@@ -146,6 +149,7 @@ class Router:
         where: Mapping[str, Any] | None = None,
         version: object = None,
         avoid: str | Collection[str] = (),
+        cost: float = 1.0,
     ) -> AgentInfo:
         """The agent that gets the next message for ``capability``.
 
@@ -153,6 +157,8 @@ class Router:
         snapshot, or the capability's list); see :mod:`reach.routing.cache` for ``version``.
         ``avoid`` names agents (one id or a collection) to pass over when another one is usable
         (a retry preferring another agent); they are still used when nothing else is.
+        ``cost``: the message's (:attr:`reach.envelope.Envelope.cost`), weighed by
+        ``least_conn`` and where every agent is full.
         Raises :class:`NoAgentAvailable` / :class:`Overloaded` with a reason, and
         :class:`~reach.errors.ConfigError` for a bad policy or a missing session_id/target.
         """
@@ -178,10 +184,10 @@ class Router:
                     return self._pick_direct(capability, candidates, where, version, now, target)
                 st = self._states.get(capability, candidates, where, version, now)
                 if policy == "weighted_rr":
-                    return self._pick_wrr(st, candidates, avoid)
+                    return self._pick_wrr(st, candidates, avoid, cost)
                 if policy == "consistent_hash":
                     return self._pick_hash(st, candidates, str(session_id), avoid)
-                return self._pick_least(st, candidates, avoid)
+                return self._pick_least(st, candidates, avoid, cost)
             except _Stale:
                 version = None  # the caller's version lied: fall back to a full rebuild
         raise AssertionError("unreachable: a rebuild without version cannot be stale")
@@ -197,6 +203,7 @@ class Router:
         where: Mapping[str, Any] | None = None,
         version: object = None,
         avoid: str | Collection[str] = (),
+        cost: float = 1.0,
     ) -> Callable[[], AgentInfo]:
         """:meth:`pick` for a batch of messages with the same arguments (``send_many``):
         each call of the function returned picks the next message's agent as :meth:`pick`
@@ -212,6 +219,7 @@ class Router:
             target=target,
             where=where,
             avoid=avoid,
+            cost=cost,
         )
         if policy is None:
             policy = DEFAULT_POLICY
@@ -227,7 +235,7 @@ class Router:
 
         def pick() -> AgentInfo:
             try:
-                return one(st, candidates, avoid)
+                return one(st, candidates, avoid, cost)
             except _Stale:  # the list changed under its version: pick() rebuilds the state
                 return full(version=None)
 
@@ -318,29 +326,26 @@ class Router:
         avoid: Collection[str],
         weights: Sequence[float],
         scores: Sequence[float] | None = None,
+        cost: float = 1.0,
     ) -> AgentInfo:
         """The proposed agent is full: an agent with room, else where the wait is least.
 
-        Among the usable agents (raises when there is none), those with a free slot: the
-        lowest of ``scores`` (least_conn) or a ``weights``-proportional random one
-        (weighted_rr); when all are full, the one (a random one of those tied) where a
-        message placed now waits least."""
+        Among the usable agents (raises when there is none): with ``scores`` (least_conn)
+        the one where a message of ``cost`` placed now ends first, by this client's
+        estimate of each load (:meth:`Capacity.least_wait`: a long report may rather
+        wait for a fast agent than run at an idle slow one); else (weighted_rr) a
+        ``weights``-proportional random one of those with a free slot, or, all being full,
+        one where the message ends first."""
         ok = self._diagnose(st, candidates)
         if avoid:
             ok = [a for a in ok if a.agent_id not in avoid] or ok
         cap, pos = self.capacity, st.pos
-        room = [a for a in ok if not cap.full(a)]
-        if room and scores is not None:
-            inf = math.inf
-            best = min(scores[pos[a.agent_id]] if a.agent_id in pos else inf for a in room)
-            a = self.rng.choice(
-                [x for x in room if (scores[pos[x.agent_id]] if x.agent_id in pos else inf) == best]
-            )
-        elif room:
+        room = [] if scores is not None else [a for a in ok if not cap.full(a)]
+        if room:
             w = [weights[pos[a.agent_id]] if a.agent_id in pos else MIN_WEIGHT for a in room]
             a = self.rng.choices(room, weights=w)[0]
         else:
-            a = self.rng.choice(cap.least_wait(ok))
+            a = self.rng.choice(cap.least_wait(ok, st.capability, cost))
         if self.breakers is not None:
             self.breakers.allow(a.agent_id)  # not open per the filter: takes the probe slot
         return a
@@ -355,7 +360,7 @@ class Router:
 
     # -- policies -----------------------------------------------------------------------------
     def _pick_wrr(
-        self, st: State, candidates: Sequence[AgentInfo], avoid: Collection[str]
+        self, st: State, candidates: Sequence[AgentInfo], avoid: Collection[str], cost: float
     ) -> AgentInfo:
         if not st.wrr_ok:
             st.wrr = Scheduler.succeeding(st.wrr, st.ids, st.eff, random=self.rng.random)
@@ -367,19 +372,27 @@ class Router:
         for _ in range(min(MAX_SKIPS, n)):
             a = self._agent(st, candidates, sched.next())
             if full is not None and full(a):  # counts as served, like a refused agent
-                return self._roomiest(st, candidates, avoid, st.eff)
+                return self._roomiest(st, candidates, avoid, st.eff, cost=cost)
             if self._usable(a, avoid):
                 return a
         return self._fallback(st, candidates, avoid, st.eff)
 
     def _pick_least(
-        self, st: State, candidates: Sequence[AgentInfo], avoid: Collection[str]
+        self, st: State, candidates: Sequence[AgentInfo], avoid: Collection[str], cost: float
     ) -> AgentInfo:
-        qd = list(map(_qd, st.getter(candidates)))
-        if qd != st.lc_qd:  # queue depths change with heartbeats only: cache their part
-            st.lc_qd = qd
-            st.lc_base = least_conn.base_scores(qd, st.inv_eff)
-        scores = least_conn.scores(st.lc_base, st.inv_eff, st.ids, st.pos, self.inflight)
+        agents = st.getter(candidates)
+        reports = list(map(_report, agents))
+        if reports != st.lc_reports:  # they change with heartbeats only: cache their part
+            st.lc_reports = reports
+            st.lc_qd = list(map(_qd, agents))
+            st.lc_entry, st.lc_cost = least_conn.factors(agents, st.capability, st.inv_eff)
+            st.lc_base = least_conn.base_scores(st.lc_qd, st.lc_entry, st.lc_cost, 1.0)
+        base = (
+            st.lc_base
+            if cost == 1.0
+            else least_conn.base_scores(st.lc_qd, st.lc_entry, st.lc_cost, cost)
+        )
+        scores = least_conn.scores(base, st.lc_entry, st.ids, st.pos, self.inflight)
         inf = math.inf
         n = len(scores)
         for tries in range(n):
@@ -397,7 +410,7 @@ class Router:
                 j = next(islice(compress(range(n), map(m.__eq__, scores)), r, None))
             a = self._agent(st, candidates, j)
             if n > 1 and self.capacity.full(a):
-                return self._roomiest(st, candidates, avoid, st.eff, scores)
+                return self._roomiest(st, candidates, avoid, st.eff, scores, cost)
             if self._usable(a, avoid):
                 return a
             scores[j] = inf

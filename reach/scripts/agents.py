@@ -100,6 +100,9 @@ class Beat:
     inflight: int = 0
     slots: int = 0
     handler_us: int = 0
+    cap_us: str | None = None
+    """Per-capability mean run times, ``"<capability>=<µs> ..."`` (heartbeat.lua's
+    ARGV[9]); None: not reported (the record's are left as they are)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,12 +247,16 @@ class RegistryScripts:
         inflight: int,
         slots: int = 0,
         handler_us: int = 0,
+        cap_us: str | None = None,
     ) -> Call[Heartbeat]:
-        """Renew the lease of ``instance_id``'s registration and report its load."""
+        """Renew the lease of ``instance_id``'s registration and report its load
+        (``cap_us``: per-capability mean run times, as :class:`Beat` says)."""
         s = self.keys.shard(agent_id)
         keys = (self.keys.agents_of(s), self.keys.agent(agent_id), self.keys.events_of(s))
         load = (queue_depth, inflight, slots, handler_us)
-        args = (agent_id, instance_id, version, *load, self.events_maxlen)
+        args: tuple[str | int, ...] = (agent_id, instance_id, version, *load, self.events_maxlen)
+        if cap_us is not None:
+            args += (cap_us,)
         return Call("heartbeat", keys, args, _heartbeat)
 
     def heartbeat_many(self, beats: Sequence[Beat]) -> Call[list[Heartbeat]]:
@@ -266,9 +273,13 @@ class RegistryScripts:
         k = self.keys
         keys = (k.agents_of(s), k.events_of(s), *(k.agent(b.agent_id) for b in beats))
         args: list[str | int] = [self.events_maxlen]
+        # Per-capability run times (an 8th argument per agent) when any beat reports them.
+        caps = any(b.cap_us is not None for b in beats)
         for b in beats:
             args += [b.agent_id, b.instance_id, b.version, b.queue_depth, b.inflight]
             args += [b.slots, b.handler_us]
+            if caps:
+                args.append(b.cap_us or "")
         return Call("heartbeat_many", keys, tuple(args), _heartbeats)
 
     def deregister(self, agent_id: str, *, instance_id: str = "") -> Call[DeregisterCode]:

@@ -110,6 +110,16 @@ class CancelCode(IntEnum):
     CANCELLED, ALREADY_CANCELLED, DONE, UNKNOWN = 1, 2, 0, -1
 
 
+class RerouteCode(IntEnum):
+    """``reroute.lua``, the first item of its reply: MOVED (then the new entry id), GONE
+    (the entry is no longer in its inbox: settled, or moved already), READ (its agent read
+    it: it may be running; left where it is), FULL (then the new inbox's depth: at its
+    bound, nothing written), or SETTLED (the record is done, cancelled or running: left to
+    its agent, which replays or settles it)."""
+
+    MOVED, GONE, READ, FULL, SETTLED = 1, 0, 2, 3, 4
+
+
 CODES: tuple[type[IntEnum], ...] = (
     RegisterCode,
     HeartbeatCode,
@@ -123,6 +133,7 @@ CODES: tuple[type[IntEnum], ...] = (
     DropInboxCode,
     StreamBound,
     CancelCode,
+    RerouteCode,
 )
 
 REGENERATE = ".venv/bin/python -c 'from reach.scripts import codes; codes.write_lua()'"

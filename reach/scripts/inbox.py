@@ -1,4 +1,4 @@
-"""Typed calls of the inbox scripts: send, enqueue, mark_pending, drop_inbox
+"""Typed calls of the inbox scripts: send, enqueue, mark_pending, drop_inbox, reroute
 (``lua/<name>.lua``; each header is the contract), and :func:`send_many` (many sends in
 one pipeline).
 
@@ -25,7 +25,7 @@ from ..envelope import Envelope
 from ..keys import PRIORITIES, Keys
 from ._call import Call, as_int, as_text, code_of, run_calls
 from ._loader import Op, is_data_error, run_pipeline
-from .codes import DropInboxCode
+from .codes import DropInboxCode, RerouteCode
 
 CLAIM_AT_SEND_FENCE = 1
 """The fence of a claim send.lua makes at send (always a fresh record's first claim)."""
@@ -409,3 +409,46 @@ def drop_inbox(keys: Keys, *, agent_id: str) -> Call[DropInboxCode]:
     """Delete ``agent_id``'s three inbox streams (and their group) if all are empty:
     DROPPED (or nothing to drop), or KEPT."""
     return Call("drop_inbox", tuple(keys.inboxes(agent_id)), (), code_of(DropInboxCode))
+
+
+@dataclass(frozen=True, slots=True)
+class Rerouted:
+    """``reroute.lua``'s answer: its ``code``; the new entry id when MOVED, the new inbox's
+    depth when FULL, the record's status when SETTLED."""
+
+    code: RerouteCode
+    entry_id: str = ""
+    depth: int = 0
+    status: str = ""
+
+
+def _rerouted(reply: Any) -> Rerouted:
+    code = RerouteCode(as_int(reply[0]))
+    if code == RerouteCode.MOVED:
+        return Rerouted(code, entry_id=as_text(reply[1]))
+    if code == RerouteCode.FULL:
+        return Rerouted(code, depth=as_int(reply[1]))
+    return Rerouted(code, status=as_text(reply[1]))
+
+
+def reroute_call(
+    keys: Keys,
+    *,
+    record: str,
+    from_agent: str,
+    entry_id: str,
+    to_agent: str,
+    priority: str,
+    max_queue: int = 0,
+) -> Call[Rerouted]:
+    """One ``reroute.lua`` call (standalone Redis): move the entry ``entry_id`` of
+    ``from_agent``'s inbox at ``priority`` to ``to_agent``'s, unless ``from_agent`` read it
+    already or ``to_agent``'s inbox holds ``max_queue`` entries (0: unbounded); ``record``
+    is the message's idempotency record key (:meth:`reach.keys.Keys.idem`)."""
+    k = (
+        keys.inbox(from_agent, priority),
+        record,
+        keys.inbox(to_agent, priority),
+        *keys.inboxes(to_agent),
+    )
+    return Call("reroute", k, (entry_id, _bound(max_queue), to_agent), _rerouted)

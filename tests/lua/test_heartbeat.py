@@ -169,15 +169,15 @@ async def test_bad_argument_is_refused_and_the_record_is_untouched(
     assert await reg.get("a1") is not None
 
 
-@pytest.mark.parametrize("shape", ["argv-1", "argv+1", "keys-1"])
+@pytest.mark.parametrize("shape", ["argv-1", "argv+2", "keys-1"])
 async def test_wrong_shape_is_refused(reg: Registry, r: AnyRedis, shape: str) -> None:
     _, inst, version = await register(reg, "a1", ["c"])
     c = reg.heartbeat_call("a1", instance_id=inst, version=version, queue_depth=1, inflight=1)
     keys, args = list(c.keys), list(c.args)
     if shape == "argv-1":
         args = args[:-1]
-    elif shape == "argv+1":
-        args = [*args, "x"]
+    elif shape == "argv+2":  # one more is the optional cap_us
+        args = [*args, "x", "y"]
     else:
         keys = keys[:-1]
     with pytest.raises(redis.ResponseError, match="^reach: bad arguments"):
@@ -235,3 +235,38 @@ async def test_unreadable_stored_record_asks_to_register_again(
     assert code == 2
     assert await reg.heartbeat("a1", instance_id=inst, version=version) == (1, False)
     await assert_consistent(reg)
+
+
+# -- per-capability run times (cap_us, the optional ARGV[9]) ------------------------------
+
+
+async def test_cap_us_is_stored_kept_when_absent_and_deleted_when_empty(
+    reg: Registry, r: AnyRedis
+) -> None:
+    _, inst, version = await register(reg, "a1", ["c", "d"])
+    hb = {"instance_id": inst, "version": version, "handler_us": 7}
+    assert (await reg.heartbeat("a1", cap_us="c=100 d.e=2500", **hb))[0] == 1
+    assert await r.hget(reg.keys.agent("a1"), "cap_us") == b"c=100 d.e=2500"
+    a = await reg.get("a1")
+    assert a is not None and a.cap_us == {"c": 100, "d.e": 2500}
+    assert (a.mean_us("c"), a.mean_us("d.e"), a.mean_us("other")) == (100, 2500, 7)
+    await reg.heartbeat("a1", **hb)  # an older runtime's heartbeat: the field stays
+    assert await r.hget(reg.keys.agent("a1"), "cap_us") == b"c=100 d.e=2500"
+    await reg.heartbeat("a1", cap_us="", **hb)
+    assert await r.hget(reg.keys.agent("a1"), "cap_us") is None
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["c", "c=", "=5", "C=5", "c=-1", "c=1.5", "c=5  d=6", " c=5", "c=5 ", "c{x}=1", "c=1e3",
+     "c=" + "9" * 17, "x" * 201 + "=1", ("c=1 " * 17000).strip()],
+)  # fmt: skip
+async def test_a_bad_cap_us_is_refused_and_the_record_is_untouched(
+    reg: Registry, r: AnyRedis, value: str
+) -> None:
+    _, inst, version = await register(reg, "a1", ["c"])
+    before = await r.hgetall(reg.keys.agent("a1"))
+    c = reg.heartbeat_call("a1", instance_id=inst, version=version, queue_depth=1, inflight=1)
+    with pytest.raises(redis.ResponseError, match="^reach: bad cap_us"):
+        await scripts.call(r, "heartbeat", list(c.keys), [*c.args, value])
+    assert await r.hgetall(reg.keys.agent("a1")) == before

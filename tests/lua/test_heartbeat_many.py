@@ -99,15 +99,15 @@ async def test_a_key_of_another_type_refuses_the_whole_call(reg: Registry, r: An
     assert await r.hgetall(reg.keys.agent("a1")) == before
 
 
-@pytest.mark.parametrize("shape", ["argv-1", "argv+1", "keys-1", "none"])
+@pytest.mark.parametrize("shape", ["argv-1", "argv+2", "keys-1", "none"])
 async def test_wrong_shape_is_refused(reg: Registry, r: AnyRedis, shape: str) -> None:
     _, inst, version = await register(reg, "a1", ["c"])
     call = reg.heartbeat_many_call([Beat("a1", inst, version)])
     keys, args = list(call.keys), list(call.args)
     if shape == "argv-1":
         args = args[:-1]
-    elif shape == "argv+1":
-        args = [*args, "x"]
+    elif shape == "argv+2":  # one more is the optional cap_us
+        args = [*args, "x", "y"]
     elif shape == "keys-1":
         keys = keys[:-1]
     else:
@@ -131,3 +131,22 @@ async def test_load_figures_are_clamped(reg: Registry) -> None:
     assert await reg.heartbeat_many([Beat("a1", inst, version, -5, 2**70)]) == [(1, False)]
     a = await reg.get("a1")
     assert a is not None and (a.queue_depth, a.inflight) == (0, 2**53 - 1)
+
+
+async def test_cap_us_per_agent_when_every_beat_has_eight_arguments(
+    reg: Registry, r: AnyRedis
+) -> None:
+    _, i1, v1 = await register(reg, "a1", ["c"])
+    _, i2, v2 = await register(reg, "a2", ["c"])
+    beats = [Beat("a1", i1, v1, cap_us="c=10"), Beat("a2", i2, v2)]  # a2: '' (deleted)
+    await r.hset(reg.keys.agent("a2"), "cap_us", "c=99")
+    assert [h.code for h in await reg._run(reg.heartbeat_many_call(beats))] == [1, 1]
+    assert await r.hget(reg.keys.agent("a1"), "cap_us") == b"c=10"
+    assert await r.hget(reg.keys.agent("a2"), "cap_us") is None
+    call = reg.heartbeat_many_call([Beat("a1", i1, v1, cap_us="c=10"), Beat("a2", i2, v2)])
+    args = list(call.args)
+    args[-1] = "bad item"
+    before = await r.hgetall(reg.keys.agent("a1"))
+    with pytest.raises(redis.ResponseError, match="^reach: bad agent 2: cap_us"):
+        await scripts.call(r, "heartbeat_many", list(call.keys), args)
+    assert await r.hgetall(reg.keys.agent("a1")) == before

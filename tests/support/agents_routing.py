@@ -81,3 +81,13 @@ def cap_small() -> Agent:
 def cap_big() -> Agent:
     """Run with ``--concurrency 16`` beside :func:`cap_small`."""
     return _echo("cap-big", delay_s=0.4)
+
+
+def cost_fast() -> Agent:
+    """Run with ``--concurrency 2`` beside :func:`cost_slow` (cost-aware routing)."""
+    return _echo("cost-fast", delay_s=0.1)
+
+
+def cost_slow() -> Agent:
+    """Twice as slow as :func:`cost_fast`, the same slots."""
+    return _echo("cost-slow", delay_s=0.2)

@@ -57,6 +57,9 @@ def test_every_script_has_a_typed_call() -> None:
         inbox.enqueue_call(K, b"", agent_id="a", priority="high", max_queue=1).script,
         inbox.drop_inbox(K, agent_id="a").script,
         inbox.mark_pending_call(K, _msg(), ttl_ms=1).script,
+        inbox.reroute_call(
+            K, record="r", from_agent="a", entry_id="1-0", to_agent="b", priority="high"
+        ).script,
     }
     made.add(delivery.give_up("k", status="dead", error="", ttl_ms=1).script)
     made.add(cancelling.cancel_call("k", msg_id="m", error="", ttl_ms=1).script)
