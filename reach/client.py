@@ -7,7 +7,6 @@ own reply stream, which one background task reads for every waiting call.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import random
 import time
@@ -29,6 +28,14 @@ from ._buffer import (
     SendBuffer,
 )
 from ._cancel import CancelResult, cancel_message
+from ._defaults import (
+    DEFAULT_FALLBACK_ON,
+    DEFAULT_SEND_TIMEOUT_S,
+    AdvertisedTimeouts,
+    CallDefaults,
+    check_send_timeout,
+    fallback_kinds,
+)
 from ._delivery import ADVERTISABLE as ADVERTISABLE  # noqa: PLC0414 (re-exported)
 from ._delivery import Delivery, policy_for
 from ._replies import ReplyReader, outcome_of
@@ -37,7 +44,7 @@ from .breaker import Breakers
 from .config import resolve_redis_url
 from .connection import DEFAULT_MAX_CONNECTIONS, AnyRedis, connect, redact
 from .doctor import warn_once
-from .envelope import Envelope, Reply, decode_payload, encode_payload, new_id, now_ms
+from .envelope import Envelope, Reply, encode_payload, new_id, now_ms
 from .errors import (
     ConfigError,
     ConnectionsExhausted,
@@ -84,7 +91,7 @@ class MessageOptions(TypedDict, total=False):
     source: str
 
 
-class Client:
+class Client(CallDefaults):
     """Send messages by capability.
 
     Use as ``async with reach.Client(redis_url=..., namespace=...) as client:``.
@@ -129,6 +136,10 @@ class Client:
     it waits (``anyio.fail_after``/``asyncio.timeout`` in the caller's code, a task group
     cancelled) cancels its message too, as :meth:`cancel` does; a reach deadline that passes
     (:class:`DeadlineExceeded`) does not (the worker ends the message at its deadline itself).
+
+    Without a deadline a request gets its capability's advertised timeout, else
+    ``default_timeout_s``; a send ``default_send_timeout_s``. ``fallback(capability, payload)``
+    answers the failures ``fallback_on`` names (:mod:`reach._defaults`; default: no agent).
     """
 
     def __init__(
@@ -143,6 +154,8 @@ class Client:
         max_attempts: int = 3,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD,
         fallback: Callable[[str, Any], Any] | None = None,
+        fallback_on: Iterable[str] = DEFAULT_FALLBACK_ON,
+        default_send_timeout_s: float | None = DEFAULT_SEND_TIMEOUT_S,
         slow_start_s: float = 10.0,
         hash_load_factor: float | None = None,
         breakers: Breakers | None = None,
@@ -179,6 +192,8 @@ class Client:
             namespace, secret, identity_file, trusted_keys_file
         )
         self.default_timeout_s = default_timeout_s
+        self.default_send_timeout_s = check_send_timeout(default_send_timeout_s)
+        self._timeouts = AdvertisedTimeouts()
         # A request() whose own task is cancelled (not one whose reach deadline passed)
         # cancels its message too (see cancel()).
         self.cancel_on_abort = cancel_on_abort
@@ -186,6 +201,7 @@ class Client:
         self.max_attempts = max_attempts
         self.max_payload_bytes = max_payload_bytes
         self.fallback = fallback
+        self.fallback_on = fallback_kinds(fallback_on)
         self.breakers = breakers if breakers is not None else Breakers()
         self.breakers.listeners.append(self._on_breaker_change)
         self.router = Router(
@@ -286,7 +302,7 @@ class Client:
             )
         # A fallback answers at once when nothing is eligible, rather than a request
         # waiting for an agent on probation.
-        self._sender.waits_for_probation = self.fallback is None
+        self._sender.waits_for_probation = not self._falls_back_on("no_agent")
         return self._sender
 
     @property
@@ -501,7 +517,9 @@ class Client:
         ``opts`` as for :meth:`build`; ``on_rate_limit`` as for :meth:`request`. With Redis
         unreachable the message is held locally and sent when Redis is back
         (:meth:`pending_local`); :class:`RedisUnavailable` when the buffer is full (see the
-        class docstring)."""
+        class docstring). With neither ``timeout_s`` nor ``deadline_ms`` the message gets the
+        client's ``default_send_timeout_s`` (an hour): not run by then, it expires."""
+        self._send_deadline(opts)
         env = self.build(capability, payload, reply=False, **opts)
         if on_rate_limit != "wait":  # "wait" takes no look: no call per message
             await self._check_rate_limit(env.capability, on_rate_limit)
@@ -577,7 +595,7 @@ class Client:
         start is allowed again) is raised at once and nothing is sent.
         """
         if opts.get("timeout_s") is None and opts.get("deadline_ms") is None:
-            opts["timeout_s"] = self.default_timeout_s
+            opts["timeout_s"] = await self.timeout_for(capability)
         env = self.build(capability, payload, **opts)
         await self._check_rate_limit(env.capability, on_rate_limit)
         return await self.call(env, where=where)
@@ -626,8 +644,10 @@ class Client:
         :class:`DeadlineExceeded`, :class:`~reach.errors.RedisUnavailable`, or a refusal of
         Redis. One message's error never stops the others. Raised, for the whole call:
         :class:`ConfigError` for options that are wrong for every message (and a length of
-        ``idempotency_keys`` that does not match), :class:`NotStarted`.
+        ``idempotency_keys`` that does not match), :class:`NotStarted`. Without a deadline,
+        ``default_send_timeout_s`` applies, as for :meth:`send`.
         """
+        self._send_deadline(opts)
         return await _many.send_many(self, capability, payloads, where, idempotency_keys, opts)
 
     async def request_many(
@@ -644,7 +664,7 @@ class Client:
         writes in one pipeline).
 
         ``opts`` as for :meth:`request` (with neither ``timeout_s`` nor ``deadline_ms``, the
-        client's ``default_timeout_s`` applies to each message); ``idempotency_keys`` as
+        capability's advertised timeout, else ``default_timeout_s``, applies to each message); ``idempotency_keys`` as
         for :meth:`send_many`. Returns one item per payload, in order: the handler's result,
         or the error of that message as an exception *instance* (not raised): what
         :meth:`request` would raise (:class:`RemoteError`, :class:`DeadlineExceeded`,
@@ -653,14 +673,14 @@ class Client:
         for the whole call: what :meth:`send_many` raises, and cancellation.
         """
         if opts.get("timeout_s") is None and opts.get("deadline_ms") is None:
-            opts["timeout_s"] = self.default_timeout_s
+            opts["timeout_s"] = await self.timeout_for(capability)
         return await _many.request_many(self, capability, payloads, where, idempotency_keys, opts)
 
     async def call(self, env: Envelope, *, where: Mapping[str, Any] | None = None) -> Any:
         """Deliver a built envelope and wait for its reply (see :meth:`request`)."""
         t0 = time.perf_counter()
         try:
-            res = await self._call(env, where)
+            res = await self._call_with_fallback(env, where)
         except BaseException as e:
             metrics.client_reply(
                 env.capability, metrics.client_outcome(e), time.perf_counter() - t0
@@ -680,7 +700,7 @@ class Client:
             else:
                 agent_id = got
         except NoAgentAvailable:
-            if self.fallback is None:
+            if not self._falls_back_on("no_agent"):
                 self._forget(env, "", ok=True)
                 raise
             log.info("no agent for %s: the fallback answers", env.capability)
@@ -722,13 +742,6 @@ class Client:
         if agent_id:
             self.router.inflight.done(agent_id)
             self.breakers.record(agent_id, ok)
-
-    async def _run_fallback(self, env: Envelope) -> Any:
-        assert self.fallback is not None
-        res = self.fallback(env.capability, decode_payload(env.payload))
-        if inspect.isawaitable(res):
-            res = await res
-        return res
 
     @classmethod
     def _outcome(cls, env: Envelope, reply: Reply) -> Any:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
+from ._defaults import child_deadline
 from ._emitting import ChunkWriter
 from .client import Client
 from .connection import AnyRedis
@@ -149,36 +150,52 @@ class Context:
 
 
 class ChildClient:
-    """``ctx.client``: calls made inside a handler inherit its deadline, session and trace."""
+    """``ctx.client``: calls made inside a handler inherit its deadline, session and trace.
+
+    A child call ends before its parent: at the earliest of its own deadline and the
+    parent's less :data:`reach._defaults.CHILD_MARGIN_SHARE` of the time the parent has
+    left (at most :data:`reach._defaults.CHILD_MARGIN_MAX_MS`), so the parent still hears
+    its outcome in time to answer its own caller (docs/concepts.md, *Call graphs*)."""
 
     def __init__(self, client: Client, parent: Envelope, cancel: CancelState | None = None) -> None:
         self._client = client
         self._parent = parent
         self._cancel = cancel  # the parent's: its children are cancelled with it
 
-    def _inherit(self, kw: dict[str, Any]) -> dict[str, Any]:
+    def _inherit(self, kw: dict[str, Any], advertised_s: float | None = None) -> dict[str, Any]:
+        """``kw`` with the parent's session and trace, and a deadline: the earliest of the
+        call's own (its ``timeout_s``/``deadline_ms``, else ``advertised_s``, its
+        capability's advertised timeout) and the parent's less the margin for the parent's
+        reply (:func:`reach._defaults.child_deadline`)."""
         p = self._parent
         kw.setdefault("session_id", p.session_id or None)
         kw.setdefault("trace_id", p.trace_id)
         own = kw.pop("deadline_ms", None)
         timeout_s = kw.pop("timeout_s", None)
+        now = now_ms()
+        if timeout_s is None and not own:
+            timeout_s = advertised_s
         if timeout_s is not None:
-            t = now_ms() + int(timeout_s * 1000)
+            t = now + int(timeout_s * 1000)
             own = min(own, t) if own else t
-        deadlines = [d for d in (own, p.deadline_ms) if d]
+        parent = child_deadline(p.deadline_ms, now) if p.deadline_ms else 0
+        deadlines = [d for d in (own, parent) if d]
         if deadlines:
             kw["deadline_ms"] = min(deadlines)
         return kw
 
     async def request(self, capability: str, payload: Any, **kw: Any) -> Any:
-        """``Client.request`` with the parent message's deadline, session and trace (and
-        cancelled with the parent)."""
-        kw = self._inherit(kw)
+        """``Client.request`` with the parent message's deadline (less a margin for the
+        parent's reply), session and trace (and cancelled with the parent)."""
+        if kw.get("timeout_s") is None and kw.get("deadline_ms") is None:
+            kw = self._inherit(kw, await self._client.advertised_timeout(capability))
+        else:
+            kw = self._inherit(kw)
         if self._cancel is None:
             return await self._client.request(capability, payload, **kw)
         where = kw.pop("where", None)
         if kw.get("timeout_s") is None and kw.get("deadline_ms") is None:
-            kw["timeout_s"] = self._client.default_timeout_s
+            kw["timeout_s"] = await self._client.timeout_for(capability)
         env = self._client.build(capability, payload, **kw)
         self._cancel.child(env.msg_id)
         return await self._client.call(env, where=where)
