@@ -615,9 +615,9 @@ class Client(CallDefaults):
         ``result`` then holds the final result. Raises as :meth:`request` does, from the
         loop (the handler's error after the chunks it sent); :class:`ConfigError` at once
         for bad options. The message is sent at the first iteration."""
-        if opts.get("timeout_s") is None and opts.get("deadline_ms") is None:
-            opts["timeout_s"] = self.default_timeout_s
-        return Stream(self, self.build(capability, payload, **opts), where)
+        told = opts.get("timeout_s") is not None or opts.get("deadline_ms") is not None
+        env = self.build(capability, payload, **opts)  # else its deadline is set at the send
+        return Stream(self, env, where, timeout_for=not told)
 
     async def send_many(
         self,

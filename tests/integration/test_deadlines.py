@@ -99,6 +99,8 @@ async def test_an_advertised_timeout_is_what_a_caller_that_names_none_gets(
         assert got["budget_ms"] == 2000  # a caller's own timeout wins
         [got] = await client.request_many("test.adv", [{}])
         assert got["budget_ms"] == 7000
+        stream = client.stream("test.adv", {})
+        assert [c async for c in stream] == [] and stream.result["budget_ms"] == 7000
         # a child call naming none: the advertised 7 s, being nearer than its parent's
         got = await client.request("test.parent", {}, timeout_s=60)
         assert got["child"]["budget_ms"] == 7000
