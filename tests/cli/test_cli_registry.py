@@ -146,7 +146,8 @@ def test_agents_table_shows_lease_age(populated: None, redis_url: str, ns: str) 
 
 def test_agents_show_and_drain(populated: None, redis_url: str, ns: str) -> None:
     code, out, _ = cli(redis_url, ns, "agents", "show", "sum-1", "--json")
-    assert code == 0 and json.loads(out)["metadata"] == {"region": "eu"}
+    assert code == 0
+    assert json.loads(out)["metadata"] == {"region": "eu", "timeouts": {"text.summarize": 15}}
     code, out, _ = cli(redis_url, ns, "agents", "drain", "sum-1")
     assert code == 0 and "draining" in out
     code, out, _ = cli(redis_url, ns, "agents", "show", "sum-1", "--json")
