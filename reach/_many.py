@@ -20,7 +20,7 @@ import msgspec
 
 from . import metrics
 from .envelope import Envelope, new_id, new_ids
-from .errors import ConfigError, NoAgentAvailable
+from .errors import ConfigError, DeadlineExceeded, NoAgentAvailable, RemoteError
 from .outcomes import RequestOutcome
 
 if TYPE_CHECKING:  # annotations only: reach.client imports this module
@@ -88,8 +88,13 @@ async def result_of(
     (counted in the metrics as :meth:`Client.call` counts it); the call is forgotten after."""
     try:
         if isinstance(agent, str):
-            res = await client._answer(env, agent, ev)
-        elif isinstance(agent, NoAgentAvailable) and client.fallback is not None:
+            try:
+                res = await client._answer(env, agent, ev)
+            except (DeadlineExceeded, RemoteError) as e:
+                if not client._falls_back(e):
+                    raise
+                res = await client._run_fallback(env)
+        elif isinstance(agent, NoAgentAvailable) and client._falls_back(agent):
             try:
                 res = await client._run_fallback(env)
             finally:
@@ -166,13 +171,14 @@ async def broadcast(
     agents = await client.eligible(capability, where=where)  # every eligible agent
     base = idempotency_key or new_id()
     out: dict[str, Any] = {}
+    timeout_s = timeout_s or await client.timeout_for(capability)
 
     async def one(agent_id: str) -> None:
         env = client.build(
             capability,
             payload,
             target=agent_id,
-            timeout_s=timeout_s or client.default_timeout_s,
+            timeout_s=timeout_s,
             idempotency_key=f"{base}:{agent_id}",
             policy="broadcast",
             **kw,

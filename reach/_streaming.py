@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Self
 
 import anyio
+import msgspec
 
 from . import metrics
 from ._chunks import ChunkSink
@@ -52,9 +53,13 @@ class Stream:
         *,
         max_bytes: int | None = None,
         gate: CallGate | None = None,
+        timeout_for: bool = False,
     ) -> None:
         self._client = client
         self._gate = gate  # a handler's call (ctx.client.stream): reach.callpath
+        # timeout_for: its caller named no deadline: the capability's advertised timeout
+        # (else the client's default) is set when it is sent (Client.timeout_for).
+        self._timeout_for = timeout_for
         self.envelope = env
         self._where = where
         # max_bytes: the chunks' encoded bytes this stream takes in all (None: no bound);
@@ -151,6 +156,9 @@ class Stream:
         client, env = self._client, self.envelope
         self._started = True
         self._t0 = time.perf_counter()
+        if self._timeout_for:
+            timeout_ms = int(await client.timeout_for(env.capability) * 1000)
+            env = self.envelope = msgspec.structs.replace(env, deadline_ms=now_ms() + timeout_ms)
         client._ensure_reader()
         reader = client._reader
         reader.streams[env.msg_id] = self._sink
@@ -159,8 +167,8 @@ class Stream:
             self._agent_id = await client.deliver(
                 env, where=self._where, track=True, gate=self._gate
             )
-        except NoAgentAvailable:
-            if client.fallback is None:
+        except NoAgentAvailable as e:
+            if not client._falls_back(e):
                 raise
             try:
                 self._result = await client._run_fallback(env)

@@ -35,7 +35,14 @@ from .errors import ConfigError
 from .hooks import Hooks
 from .limits import RateLimit, parse_limit
 from .recent import RECENT_MAXLEN
-from .registry import MAX_WEIGHT, agent_key_id, normalize_capabilities, normalize_capability
+from .registry import (
+    MAX_ADVERTISED_TIMEOUT_S,
+    MAX_WEIGHT,
+    TIMEOUTS_KEY,
+    agent_key_id,
+    normalize_capabilities,
+    normalize_capability,
+)
 from .scripts.delivery import DEFAULT_MAX_TAKEOVERS
 from .signing import (
     SecretOption,
@@ -389,6 +396,7 @@ class Agent:
         burst: int | None = None,
         preemptible: bool = True,
         max_hops: int | None = None,
+        timeout_s: float | None = None,
     ) -> Callable[[Handler], Handler]:
         """Decorator: ``fn(payload, ctx)`` answers messages of ``capability``.
 
@@ -414,9 +422,25 @@ class Agent:
         first one (the call path, docs/concepts.md *Call graphs*) is dead-lettered
         ``hop_limit`` without running, its caller told with :class:`~reach.HopLimitExceeded`
         (default: the agent's ``max_hops``).
+
+        ``timeout_s`` advertises how long a call of ``capability`` should be given: a
+        caller that passes no ``timeout_s``/``deadline_ms`` gets it instead of its client's
+        ``default_timeout_s`` (docs/concepts.md, *Call graphs*). It is stored with the
+        registration (``metadata["timeouts"]``) and shown by ``reach caps``, the agent's
+        card and the A2A gateway. It does not bound a message whose caller chose a deadline.
         """
         if max_hops is not None:
             check_max_hops(max_hops, f"@app.handler({capability!r})")
+        if timeout_s is not None and (
+            isinstance(timeout_s, bool)
+            or not isinstance(timeout_s, int | float)
+            or not 0 < timeout_s <= MAX_ADVERTISED_TIMEOUT_S
+        ):
+            raise ConfigError(
+                f"timeout_s={timeout_s!r}: give a number of seconds above 0 and at most "
+                f"{MAX_ADVERTISED_TIMEOUT_S:g} (a day), e.g. timeout_s=15, or leave it out "
+                "for the callers' own default."
+            )
         if burst is not None and rate is None:
             raise ConfigError(f"burst={burst} needs a rate, e.g. rate='100/s', burst={burst}.")
         limit = parse_limit(rate, burst=burst) if rate is not None else None
@@ -426,6 +450,12 @@ class Agent:
                 f"Agent {self.agent_id!r} does not declare capability {cap!r}; add it to "
                 f"capabilities=[...] (now {self.capabilities})."
             )
+        if timeout_s is not None:  # advertised with the registration, as policies are
+            adv = self.metadata.get(TIMEOUTS_KEY)
+            self.metadata[TIMEOUTS_KEY] = {
+                **(adv if isinstance(adv, dict) else {}),
+                cap: float(timeout_s),
+            }
 
         def deco(fn: Handler) -> Handler:
             if inspect.isasyncgenfunction(fn):  # a streaming handler: each yield is a chunk

@@ -9,8 +9,15 @@ States::
 
     closed --(>= min_requests in the window and error rate >= error_rate)--> open
     open --(cool-down elapsed; checked lazily on the next allow/state call)--> half_open
-    half_open --(half_open_probes successes)--> closed   (window cleared)
+    half_open --(half_open_probes successes)--> closed   (window cleared, then a ramp)
     half_open --(one failure)--> open                    (cool-down doubles, up to max_cooldown_s)
+
+Ramp after recovery: a breaker that closes after a probe does not give its agent its whole
+share at once (a recovered agent may still be cold, or fail again under full load). For
+``ramp_s`` seconds its share is scaled by :meth:`Breakers.ramp`, a factor that grows
+linearly from ``ramp_floor`` to 1 in :data:`RAMP_STEPS` steps, as slow start does for a new
+agent; the weighted policies (``weighted_rr``, ``least_conn``) apply it to its weight. A
+failure that opens the breaker again ends the ramp; the next close starts a new one.
 
 Window: **time-based**, ``window_s`` seconds split into ``buckets`` buckets (default 30 s in
 10 buckets of 3 s). A time window was chosen over a count window because agents see very
@@ -44,6 +51,7 @@ __all__ = [
     "CLOSED",
     "HALF_OPEN",
     "OPEN",
+    "RAMP_STEPS",
     "BreakerChange",
     "BreakerState",
     "Breakers",
@@ -55,6 +63,9 @@ BreakerState = Literal["closed", "open", "half_open"]
 CLOSED: Final = "closed"
 OPEN: Final = "open"
 HALF_OPEN: Final = "half_open"
+RAMP_STEPS: Final = 20
+"""Steps of the ramp after a close: the factor changes at most this many times, so the
+routing structures built on it are rebuilt at most that often."""
 
 
 class BreakerChange(NamedTuple):
@@ -72,6 +83,7 @@ class BreakerChange(NamedTuple):
 
 class _Breaker:
     __slots__ = (
+        "closed_at",
         "cooldown",
         "failures",
         "opened_at",
@@ -96,6 +108,7 @@ class _Breaker:
         self.probes = 0  # probes in flight (half-open)
         self.probe_at = 0.0
         self.successes = 0  # probe successes (half-open)
+        self.closed_at = 0.0  # when a probe closed it (0: not ramping)
 
 
 def _bad(name: str, value: object, wanted: str) -> ConfigError:
@@ -113,6 +126,9 @@ class Breakers:
     :param max_cooldown_s: cap for the cool-down, which doubles each time a probe fails
         (default: ``cooldown_s``, i.e. no growth).
     :param half_open_probes: probes admitted in half-open; that many successes close it.
+    :param ramp_s: after a close, how long the agent's share takes to grow back from
+        ``ramp_floor`` to whole (:meth:`ramp`; 0: at once).
+    :param ramp_floor: the share factor at the start of the ramp, in (0, 1].
     :param clock: monotonic seconds; inject a fake one in tests.
     :param on_change: called with a :class:`BreakerChange` on every state change
         (also reachable as ``listeners``, a list the caller may append to).
@@ -129,6 +145,8 @@ class Breakers:
         cooldown_s: float = 5.0,
         max_cooldown_s: float | None = None,
         half_open_probes: int = 1,
+        ramp_s: float = 10.0,
+        ramp_floor: float = 0.1,
         clock: Callable[[], float] = time.monotonic,
         on_change: Callable[[BreakerChange], None] | None = None,
     ) -> None:
@@ -165,6 +183,15 @@ class Breakers:
                 "cool-down at cooldown_s",
             )
         self.half_open_probes = int(half_open_probes)
+        if not 0 <= ramp_s < math.inf:
+            raise _bad("ramp_s", ramp_s, "a number of seconds >= 0 (default 10; 0: no ramp)")
+        if not 0.0 < ramp_floor <= 1.0:
+            raise _bad("ramp_floor", ramp_floor, "a share above 0 and at most 1 (default 0.1)")
+        self.ramp_s = float(ramp_s)
+        self.ramp_floor = float(ramp_floor)
+        self.changes = 0
+        """Counts state changes: a cache of what depends on the states keys on it."""
+        self._ramping: set[str] = set()
         self.clock = clock
         self.listeners: list[Callable[[BreakerChange], None]] = []
         if on_change is not None:
@@ -197,6 +224,31 @@ class Breakers:
             return 0, 0
         self._expire(b, self.clock())
         return b.total, b.failures
+
+    @property
+    def ramping(self) -> bool:
+        """True while some agent's share is ramping back after a close (:meth:`ramp`)."""
+        return bool(self._ramping)
+
+    def ramp(self, agent_id: str) -> tuple[float, float]:
+        """``(factor, hold_s)``: the share of its weight ``agent_id`` gets now (1.0 unless
+        its breaker closed less than ``ramp_s`` ago: then from ``ramp_floor`` to 1, linear in
+        :data:`RAMP_STEPS` steps) and for how many more seconds that factor holds (``inf``
+        once whole)."""
+        b = self._b.get(agent_id)
+        if b is None or not b.closed_at:
+            return 1.0, math.inf
+        if b.state != CLOSED:
+            return 1.0, math.inf  # open or probing: routing filters it, no share to scale
+        now = self.clock()
+        age = max(0.0, now - b.closed_at)
+        if age >= self.ramp_s:
+            b.closed_at = 0.0
+            self._ramping.discard(agent_id)
+            return 1.0, math.inf
+        step = int(age * RAMP_STEPS // self.ramp_s)
+        factor = self.ramp_floor + (1.0 - self.ramp_floor) * step / RAMP_STEPS
+        return factor, b.closed_at + (step + 1) * self.ramp_s / RAMP_STEPS - now
 
     def snapshot(self) -> dict[str, BreakerState]:
         """State of every breaker that is not closed (for the CLI / metrics)."""
@@ -243,15 +295,22 @@ class Breakers:
             b.window.clear()
             b.total = b.failures = 0
             b.opens = 0
+            if self.ramp_s > 0:
+                b.closed_at = now or 1e-9  # 0 means "not ramping"
+                self._ramping.add(agent_id)
             self._set(agent_id, b, CLOSED, now)
 
     def forget(self, agent_id: str) -> None:
         """Drop an agent's breaker (e.g. it deregistered)."""
         self._b.pop(agent_id, None)
+        self._ramping.discard(agent_id)
+        self.changes += 1
 
     def reset(self) -> None:
         """Drop every breaker (all closed, empty windows)."""
         self._b.clear()
+        self._ramping.clear()
+        self.changes += 1
 
     # -- internals --------------------------------------------------------------------
     def _add(self, b: _Breaker, now: float, ok: bool) -> None:
@@ -286,6 +345,8 @@ class Breakers:
             self._set(agent_id, b, HALF_OPEN, now)
 
     def _open(self, agent_id: str, b: _Breaker, now: float) -> None:
+        b.closed_at = 0.0  # a ramp ends when it fails again
+        self._ramping.discard(agent_id)
         b.opens += 1
         b.cooldown = min(self.cooldown_s * 2.0 ** (b.opens - 1), self.max_cooldown_s)
         b.opened_at = now
@@ -298,6 +359,7 @@ class Breakers:
         if old == new:
             return
         b.state = new
+        self.changes += 1
         change = BreakerChange(agent_id, old, new, now, b.total, b.failures)
         for fn in list(self.listeners):
             try:

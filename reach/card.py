@@ -106,11 +106,23 @@ def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def _merge_skills(capabilities: list[str], given: Any) -> list[dict[str, Any]]:
+def timeout_note(timeout_s: float) -> str:
+    """How a card's skill says the timeout its capability advertises."""
+    return f" A call that names no timeout gets {timeout_s:g} s."
+
+
+def _merge_skills(
+    capabilities: list[str], given: Any, timeouts: Mapping[str, float]
+) -> list[dict[str, Any]]:
     """One skill per capability (given fields win), then given skills of other ids."""
     given_list = [s for s in _list(given) if isinstance(s, Mapping)]
     by_id = {str(s.get("id")): dict(s) for s in given_list if s.get("id")}
-    skills = [{**capability_skill(c), **by_id.pop(c, {})} for c in capabilities]
+    skills = []
+    for c in capabilities:
+        skill = capability_skill(c)
+        if c in timeouts:  # A2A skills have no field for it: the description says it
+            skill["description"] += timeout_note(timeouts[c])
+        skills.append({**skill, **by_id.pop(c, {})})
     skills += [dict(s) for s in given_list if str(s.get("id")) in by_id]
     return skills
 
@@ -121,12 +133,14 @@ def agent_card(info: AgentInfo, *, namespace: str) -> dict[str, Any]:
     Every field of the card the agent registered with is kept as given; reach fills what
     is missing (name = agent id, version = ``metadata["version"]`` or the registration
     stamp, ...), adds a skill per capability it lacks, its ``reach://`` interface after
-    the given ones, and its registration as an extension in ``capabilities``.
+    the given ones, and its registration as an extension in ``capabilities`` (with the
+    timeouts it advertises, ``timeouts``: capability -> seconds, when it advertises any).
     """
     given: dict[str, Any] = dict(info.card or {})
     meta = info.metadata
     url = reach_url(namespace, info.agent_id)
     caps = ", ".join(info.capabilities)
+    timeouts = {c: t for c in info.capabilities if (t := info.timeout_s(c)) is not None}
 
     interfaces = [
         dict(i) for i in _list(given.get("supportedInterfaces")) if isinstance(i, Mapping)
@@ -157,6 +171,7 @@ def agent_card(info: AgentInfo, *, namespace: str) -> dict[str, Any]:
             "weight": info.weight,
             "capabilities": list(info.capabilities),
             "metadata": dict(meta),
+            **({"timeouts": timeouts} if timeouts else {}),
         },
     }
     extensions = [
@@ -176,7 +191,7 @@ def agent_card(info: AgentInfo, *, namespace: str) -> dict[str, Any]:
         "capabilities": capabilities,
         "defaultInputModes": list(given.get("defaultInputModes") or DEFAULT_MODES),
         "defaultOutputModes": list(given.get("defaultOutputModes") or DEFAULT_MODES),
-        "skills": _merge_skills(info.capabilities, given.get("skills")),
+        "skills": _merge_skills(info.capabilities, given.get("skills"), timeouts),
     }
     for key, value in given.items():  # provider, documentationUrl, iconUrl, security...
         card.setdefault(key, value)

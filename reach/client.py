@@ -7,7 +7,6 @@ own reply stream, which one background task reads for every waiting call.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import random
 import time
@@ -29,6 +28,14 @@ from ._buffer import (
     SendBuffer,
 )
 from ._cancel import CancelResult, cancel_message
+from ._defaults import (
+    DEFAULT_FALLBACK_ON,
+    DEFAULT_SEND_TIMEOUT_S,
+    AdvertisedTimeouts,
+    CallDefaults,
+    check_send_timeout,
+    fallback_kinds,
+)
 from ._delivery import ADVERTISABLE as ADVERTISABLE  # noqa: PLC0414 (re-exported)
 from ._delivery import Delivery, policy_for
 from ._replies import ReplyFigures, ReplyReader, outcome_of
@@ -38,7 +45,7 @@ from .callpath import DEFAULT_MAX_HOPS, Gate, check_max_hops
 from .config import resolve_redis_url
 from .connection import DEFAULT_MAX_CONNECTIONS, AnyRedis, connect, redact
 from .doctor import warn_once
-from .envelope import Envelope, Reply, decode_payload, encode_payload, new_id, now_ms
+from .envelope import Envelope, Reply, encode_payload, new_id, now_ms
 from .errors import (
     ConfigError,
     ConnectionsExhausted,
@@ -88,7 +95,7 @@ class MessageOptions(TypedDict, total=False):
     cost: float | None
 
 
-class Client(ReplyFigures):
+class Client(CallDefaults, ReplyFigures):
     """Send messages by capability.
 
     Use as ``async with reach.Client(redis_url=..., namespace=...) as client:``.
@@ -127,6 +134,9 @@ class Client(ReplyFigures):
     :meth:`request` whose own task is cancelled cancels its message too (a reach deadline
     that passes does not: the worker ends the message then itself).
     ``max_hops`` (16): how deep ``ctx.client`` calls may go (docs/concepts.md, *Call graphs*).
+    Without a deadline a request gets its capability's advertised timeout, else
+    ``default_timeout_s``; a send ``default_send_timeout_s``. ``fallback(capability, payload)``
+    answers the failures ``fallback_on`` names (:mod:`reach._defaults`; default: no agent).
     """
 
     def __init__(
@@ -141,6 +151,8 @@ class Client(ReplyFigures):
         max_attempts: int = 3,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD,
         fallback: Callable[[str, Any], Any] | None = None,
+        fallback_on: Iterable[str] = DEFAULT_FALLBACK_ON,
+        default_send_timeout_s: float | None = DEFAULT_SEND_TIMEOUT_S,
         slow_start_s: float = 10.0,
         hash_load_factor: float | None = None,
         breakers: Breakers | None = None,
@@ -179,6 +191,8 @@ class Client(ReplyFigures):
         )
         self.default_timeout_s = default_timeout_s
         self.max_hops = check_max_hops(max_hops, "Client")
+        self.default_send_timeout_s = check_send_timeout(default_send_timeout_s)
+        self._timeouts = AdvertisedTimeouts()
         # A request() whose own task is cancelled (not one whose reach deadline passed)
         # cancels its message too (see cancel()).
         self.cancel_on_abort = cancel_on_abort
@@ -186,6 +200,7 @@ class Client(ReplyFigures):
         self.max_attempts = max_attempts
         self.max_payload_bytes = max_payload_bytes
         self.fallback = fallback
+        self.fallback_on = fallback_kinds(fallback_on)
         self.breakers = breakers if breakers is not None else Breakers()
         self.breakers.listeners.append(self._on_breaker_change)
         self.router = Router(
@@ -286,7 +301,7 @@ class Client(ReplyFigures):
             )
         # A fallback answers at once when nothing is eligible, rather than a request
         # waiting for an agent on probation.
-        self._sender.waits_for_probation = self.fallback is None
+        self._sender.waits_for_probation = not self._falls_back_on("no_agent")
         self._sender.reroute.tg = self._tg
         return self._sender
 
@@ -357,17 +372,6 @@ class Client(ReplyFigures):
     def _policy_for(self, env: Envelope, candidates: list[AgentInfo]) -> str:
         """Per call, else what the capability's agents advertise, else the client default."""
         return policy_for(env, candidates, self.default_policy)
-
-    def _on_breaker_change(self, change: Any) -> None:
-        metrics.breaker_transition(change.agent_id, change.old, change.new)
-        log.warning(
-            "circuit breaker for %s: %s -> %s (%d of %d failed)",
-            change.agent_id,
-            change.old,
-            change.new,
-            change.failures,
-            change.requests,
-        )
 
     # -- sending ----------------------------------------------------------------------
     def build(
@@ -475,7 +479,9 @@ class Client(ReplyFigures):
         :meth:`request`. With Redis
         unreachable the message is held locally and sent when Redis is back
         (:meth:`pending_local`); :class:`RedisUnavailable` when the buffer is full (see the
-        class docstring)."""
+        class docstring). With neither ``timeout_s`` nor ``deadline_ms`` the message gets the
+        client's ``default_send_timeout_s`` (an hour): not run by then, it expires."""
+        self._send_deadline(opts)
         env = self.build(capability, payload, reply=False, **opts)
         if on_rate_limit != "wait":  # "wait" takes no look: no call per message
             await self._check_rate_limit(env.capability, on_rate_limit)
@@ -559,7 +565,7 @@ class Client(ReplyFigures):
         not started within it, the message moves to another agent (docs/routing.md).
         """
         if opts.get("timeout_s") is None and opts.get("deadline_ms") is None:
-            opts["timeout_s"] = self.default_timeout_s
+            opts["timeout_s"] = await self.timeout_for(capability)
         env = self.build(capability, payload, **opts)
         await self._check_rate_limit(env.capability, on_rate_limit)
         with _reroute.asking(reroute_after_s, env, cluster=self.commands.cluster):
@@ -580,9 +586,9 @@ class Client(ReplyFigures):
         ``result`` then holds the final result. Raises as :meth:`request` does, from the
         loop (the handler's error after the chunks it sent); :class:`ConfigError` at once
         for bad options. The message is sent at the first iteration."""
-        if opts.get("timeout_s") is None and opts.get("deadline_ms") is None:
-            opts["timeout_s"] = self.default_timeout_s
-        return Stream(self, self.build(capability, payload, **opts), where)
+        told = opts.get("timeout_s") is not None or opts.get("deadline_ms") is not None
+        env = self.build(capability, payload, **opts)  # else its deadline is set at the send
+        return Stream(self, env, where, timeout_for=not told)
 
     async def send_many(
         self,
@@ -609,8 +615,10 @@ class Client(ReplyFigures):
         :class:`DeadlineExceeded`, :class:`~reach.errors.RedisUnavailable`, or a refusal of
         Redis. One message's error never stops the others. Raised, for the whole call:
         :class:`ConfigError` for options that are wrong for every message (and a length of
-        ``idempotency_keys`` that does not match), :class:`NotStarted`.
+        ``idempotency_keys`` that does not match), :class:`NotStarted`. Without a deadline,
+        ``default_send_timeout_s`` applies, as for :meth:`send`.
         """
+        self._send_deadline(opts)
         return await _many.send_many(self, capability, payloads, where, idempotency_keys, opts)
 
     async def request_many(
@@ -627,7 +635,7 @@ class Client(ReplyFigures):
         writes in one pipeline).
 
         ``opts`` as for :meth:`request` (with neither ``timeout_s`` nor ``deadline_ms``, the
-        client's ``default_timeout_s`` applies to each message); ``idempotency_keys`` as
+        capability's advertised timeout, else ``default_timeout_s``, applies to each message); ``idempotency_keys`` as
         for :meth:`send_many`. Returns one item per payload, in order: the handler's result,
         or the error of that message as an exception *instance* (not raised): what
         :meth:`request` would raise (:class:`RemoteError`, :class:`DeadlineExceeded`,
@@ -636,7 +644,7 @@ class Client(ReplyFigures):
         for the whole call: what :meth:`send_many` raises, and cancellation.
         """
         if opts.get("timeout_s") is None and opts.get("deadline_ms") is None:
-            opts["timeout_s"] = self.default_timeout_s
+            opts["timeout_s"] = await self.timeout_for(capability)
         return await _many.request_many(self, capability, payloads, where, idempotency_keys, opts)
 
     async def call(
@@ -645,7 +653,7 @@ class Client(ReplyFigures):
         """Deliver a built envelope and wait for its reply (:meth:`request`, :meth:`deliver`)."""
         t0 = time.perf_counter()
         try:
-            res = await self._call(env, where, gate)
+            res = await self._call_with_fallback(env, where, gate)
         except BaseException as e:
             metrics.client_reply(
                 env.capability, metrics.client_outcome(e), time.perf_counter() - t0
@@ -665,7 +673,7 @@ class Client(ReplyFigures):
             else:
                 agent_id = got
         except NoAgentAvailable:
-            if self.fallback is None:
+            if not self._falls_back_on("no_agent"):
                 self._forget(env, "", ok=True)
                 raise
             log.info("no agent for %s: the fallback answers", env.capability)
@@ -709,13 +717,6 @@ class Client(ReplyFigures):
         if agent_id:
             self.router.inflight.done(agent_id)
             self.breakers.record(agent_id, ok)
-
-    async def _run_fallback(self, env: Envelope) -> Any:
-        assert self.fallback is not None
-        res = self.fallback(env.capability, decode_payload(env.payload))
-        if inspect.isawaitable(res):
-            res = await res
-        return res
 
     @classmethod
     def _outcome(cls, env: Envelope, reply: Reply) -> Any:

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 import anyio
 
+from ._defaults import child_deadline
 from ._emitting import ChunkWriter
 from ._streaming import Stream
 from .callpath import CallGate, SelfSlots, child_path, hop_limit
@@ -156,7 +157,12 @@ class ChildClient:
     and carry the call path (:mod:`reach.callpath`): one past the client's ``max_hops``
     raises :class:`~reach.HopLimitExceeded`, one closing a loop
     :class:`~reach.LoopDetected`, one to the handler's own agent with no free slot
-    :class:`~reach.WouldDeadlock` (each before anything is sent)."""
+    :class:`~reach.WouldDeadlock` (each before anything is sent).
+
+    A child call ends before its parent: at the earliest of its own deadline and the
+    parent's less :data:`reach._defaults.CHILD_MARGIN_SHARE` of the time the parent has
+    left (at most :data:`reach._defaults.CHILD_MARGIN_MAX_MS`), so the parent still hears
+    its outcome in time to answer its own caller (docs/concepts.md, *Call graphs*)."""
 
     def __init__(
         self,
@@ -187,28 +193,39 @@ class ChildClient:
             raise too_deep
         return env, CallGate(env, self._agent_id, self._slots if waits else None)
 
-    def _inherit(self, kw: dict[str, Any]) -> dict[str, Any]:
+    def _inherit(self, kw: dict[str, Any], advertised_s: float | None = None) -> dict[str, Any]:
+        """``kw`` with the parent's session and trace, and a deadline: the earliest of the
+        call's own (its ``timeout_s``/``deadline_ms``, else ``advertised_s``, its
+        capability's advertised timeout) and the parent's less the margin for the parent's
+        reply (:func:`reach._defaults.child_deadline`)."""
         p = self._parent
         kw.setdefault("session_id", p.session_id or None)
         kw.setdefault("trace_id", p.trace_id)
         own = kw.pop("deadline_ms", None)
         timeout_s = kw.pop("timeout_s", None)
+        now = now_ms()
+        if timeout_s is None and not own:
+            timeout_s = advertised_s
         if timeout_s is not None:
-            t = now_ms() + int(timeout_s * 1000)
+            t = now + int(timeout_s * 1000)
             own = min(own, t) if own else t
-        deadlines = [d for d in (own, p.deadline_ms) if d]
+        parent = child_deadline(p.deadline_ms, now) if p.deadline_ms else 0
+        deadlines = [d for d in (own, parent) if d]
         if deadlines:
             kw["deadline_ms"] = min(deadlines)
         return kw
 
     async def request(self, capability: str, payload: Any, **kw: Any) -> Any:
-        """``Client.request`` with the parent message's deadline, session, trace and call
-        path (and cancelled with the parent)."""
-        kw = self._inherit(kw)
+        """``Client.request`` with the parent message's deadline (less a margin for the
+        parent's reply), session, trace and call path (and cancelled with the parent)."""
+        if kw.get("timeout_s") is None and kw.get("deadline_ms") is None:
+            kw = self._inherit(kw, await self._client.advertised_timeout(capability))
+        else:
+            kw = self._inherit(kw)
         where = kw.pop("where", None)
         on_rate_limit = kw.pop("on_rate_limit", "wait")
         if kw.get("timeout_s") is None and kw.get("deadline_ms") is None:
-            kw["timeout_s"] = self._client.default_timeout_s
+            kw["timeout_s"] = await self._client.timeout_for(capability)
         env, gate = self._child(capability, payload, kw, waits=True)
         await self._client._check_rate_limit(env.capability, on_rate_limit)
         if self._cancel is not None:
@@ -220,11 +237,13 @@ class ChildClient:
                 gate.release()
 
     async def send(self, capability: str, payload: Any, **kw: Any) -> str:
-        """``Client.send`` with the parent message's deadline, session, trace and call
-        path (and cancelled with the parent)."""
+        """``Client.send`` with the parent message's deadline (else the client's
+        ``default_send_timeout_s``), session, trace and call path (and cancelled with the
+        parent)."""
         kw = self._inherit(kw)
         where = kw.pop("where", None)
         on_rate_limit = kw.pop("on_rate_limit", "wait")
+        self._client._send_deadline(kw)
         env, gate = self._child(capability, payload, kw, waits=False)
         if on_rate_limit != "wait":
             await self._client._check_rate_limit(env.capability, on_rate_limit)
@@ -235,10 +254,9 @@ class ChildClient:
 
     def stream(self, capability: str, payload: Any, **kw: Any) -> Stream:
         """``Client.stream`` with the parent message's deadline, session, trace and call
-        path."""
+        path (with neither deadline, the capability's advertised timeout at the send)."""
         kw = self._inherit(kw)
         where = kw.pop("where", None)
-        if kw.get("timeout_s") is None and kw.get("deadline_ms") is None:
-            kw["timeout_s"] = self._client.default_timeout_s
+        told = kw.get("timeout_s") is not None or kw.get("deadline_ms") is not None
         env, gate = self._child(capability, payload, kw, waits=True)
-        return Stream(self._client, env, where, gate=gate)
+        return Stream(self._client, env, where, gate=gate, timeout_for=not told)

@@ -8,7 +8,7 @@ import typer
 
 from reach.keys import Keys
 from reach.limits import RateLimit, get_limits, parse_limit, set_limit
-from reach.registry import Registry, normalize_capability
+from reach.registry import Registry, advertised_timeout, normalize_capability
 
 from .common import (
     DEFAULT_NS,
@@ -42,7 +42,8 @@ def caps_list(
     json_: Json = False,
 ) -> None:
     """List capabilities, how many live agents declare each (and how many of them are
-    routable), and their rate limits.
+    routable), the timeout their agents advertise (what a call that names none gets; the
+    longest when they differ) and their rate limits.
 
     Examples: reach caps --namespace prod;  reach caps limit text.summarize 50/s
     """
@@ -51,19 +52,24 @@ def caps_list(
     require_text({"redis_url": redis_url, "namespace": namespace})
     url = find_redis(redis_url)
 
-    async def body() -> tuple[list[tuple[str, int]], dict[str, int], dict[str, RateLimit]]:
+    Found = tuple[list[tuple[str, int]], dict[str, int], dict[str, float | None]]
+
+    async def body() -> tuple[Found, dict[str, RateLimit]]:
         r = await open_redis(url)
         try:
             reg = Registry(r, namespace)
             rows = await reg.capabilities()
             ready: dict[str, int] = {}
+            timeouts: dict[str, float | None] = {}
             for cap, _ in rows:
-                ready[cap] = sum(a.routable for a in await reg.agents(cap, state="active"))
-            return rows, ready, await get_limits(r, Keys(namespace))
+                agents = await reg.agents(cap, state="active")
+                ready[cap] = sum(a.routable for a in agents)
+                timeouts[cap] = advertised_timeout(agents, cap)
+            return (rows, ready, timeouts), await get_limits(r, Keys(namespace))
         finally:
             await r.aclose()
 
-    rows, ready, limits = run(body, url=url)
+    (rows, ready, timeouts), limits = run(body, url=url)
     if json_:
         print_json(
             [
@@ -71,6 +77,7 @@ def caps_list(
                     "capability": c,
                     "agents": n,
                     "routable": ready[c],
+                    "timeout_s": timeouts[c],
                     "limit": str(limits[c]) if c in limits else None,
                 }
                 for c, n in rows
@@ -79,9 +86,16 @@ def caps_list(
         return
     table(
         f"capabilities in {namespace!r}",
-        ["capability", "agents", "routable", "limit"],
-        [(c, n, ready[c], str(limits[c]) if c in limits else "") for c, n in rows],
+        ["capability", "agents", "routable", "timeout", "limit"],
+        [
+            (c, n, ready[c], _seconds(timeouts[c]), str(limits[c]) if c in limits else "")
+            for c, n in rows
+        ],
     )
+
+
+def _seconds(value: float | None) -> str:
+    return f"{value:g} s" if value is not None else ""
 
 
 def _limit_row(cap: str, limit: RateLimit | None) -> dict[str, object]:

@@ -74,7 +74,10 @@ def gateway(
     ] = None,
     timeout_s: Annotated[
         float,
-        typer.Option(help="A message's deadline when the caller sends no Reach-Timeout-S."),
+        typer.Option(
+            help="A message's deadline when the caller sends no Reach-Timeout-S and its "
+            "capability's agents advertise no timeout."
+        ),
     ] = 30.0,
     max_task_bytes: Annotated[
         int,

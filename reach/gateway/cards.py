@@ -24,7 +24,7 @@ from .._version import __version__
 from ..card import A2A_PROTOCOL_VERSION, DEFAULT_MODES, agent_card, capability_skill
 from ..client import Client
 from ..errors import ReachError
-from ..registry import AgentInfo, normalize_capability
+from ..registry import AgentInfo, advertised_timeout, normalize_capability
 from .auth import Tokens
 from .mapping import TEXT_MODE
 
@@ -141,12 +141,14 @@ class CardRoutes:
         registry = self.client.registry
         caps = [c for c, _ in await registry.capabilities()]
         agents = [a for a in await registry.agents() if a.state != "evicted"]
+        timeouts = {c: t for c in sorted(caps) if (t := advertised_timeout(agents, c))}
         return self._respond(
             self._gateway_card_dict(
                 base,
                 sorted(caps),
                 capabilities={c: f"{base}/caps/{c}" for c in sorted(caps)},
                 agents={a.agent_id: f"{base}/agents/{a.agent_id}" for a in agents},
+                **({"timeouts": timeouts} if timeouts else {}),
             )
         )
 
@@ -170,6 +172,8 @@ class CardRoutes:
                 skill = {**skill, **given}
                 break
         ids = sorted(a.agent_id for a in agents)
+        timeout_s = advertised_timeout(agents, cap)
+        more = {"timeoutS": timeout_s} if timeout_s is not None else {}
         card = {
             "name": cap,
             "description": skill.get("description")
@@ -180,7 +184,9 @@ class CardRoutes:
                 "streaming": True,
                 "pushNotifications": False,
                 "extensions": [
-                    self._extension(capability=cap, agents={i: f"{base}/agents/{i}" for i in ids})
+                    self._extension(
+                        capability=cap, agents={i: f"{base}/agents/{i}" for i in ids}, **more
+                    )
                 ],
             },
             "defaultInputModes": input_modes(cap, agents),

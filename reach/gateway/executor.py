@@ -69,7 +69,11 @@ class _Executor(AgentExecutor):
         target: Target = state.get(_TARGET, Target("gateway", ""))
         capability, agent_id, modes = await gw.route(target, message)
         payload = payload_of(message.parts, json_text=takes_json_text(modes))
-        timeout_s = _timeout_of(state.get("headers") or {}, gw.default_timeout_s)
+        # The caller's header, else the capability's advertised timeout, else the gateway's.
+        advertised = await gw.client.advertised_timeout(capability)
+        timeout_s = _timeout_of(
+            state.get("headers") or {}, gw.default_timeout_s if advertised is None else advertised
+        )
         user = context.call_context.user
         headers = {CALLER_HEADER: user.user_name} if user.is_authenticated else {}
         try:

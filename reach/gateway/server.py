@@ -82,7 +82,8 @@ class Gateway(CardRoutes):
     ``REACH_*`` variables). ``tokens``: the bearer tokens callers must present (None:
     no authentication). ``public_url``: the gateway's URL as callers reach it, for the
     cards (None: taken from each request's Host). ``default_timeout_s``: a message's
-    deadline when the caller gives no ``Reach-Timeout-S`` header. ``max_task_bytes``,
+    deadline when the caller gives no ``Reach-Timeout-S`` header and its capability's
+    agents advertise no timeout (``@app.handler(cap, timeout_s=...)``). ``max_task_bytes``,
     ``max_store_bytes``, ``task_ttl_s``: the bounds of the task store (one task; the
     finished tasks together; how long a task is kept). ``max_body_bytes``: the largest
     request body taken (None: the client's payload limit as base64, plus 64 KiB).

@@ -229,6 +229,41 @@ class AgentInfo(msgspec.Struct, kw_only=True):
         """Active, ready and not draining: may be given new work."""
         return self.state == "active" and self.ready and not self.draining
 
+    def timeout_s(self, capability: str) -> float | None:
+        """The default timeout this agent advertises for ``capability``
+        (``@app.handler(cap, timeout_s=...)``, stored in its metadata under
+        :data:`TIMEOUTS_KEY`); None when it advertises none, or a value that is not a
+        number of seconds within (0, :data:`MAX_ADVERTISED_TIMEOUT_S`] (a hostile or
+        older record is read, never trusted)."""
+        adv = self.metadata.get(TIMEOUTS_KEY)
+        if not isinstance(adv, dict):
+            return None
+        value = adv.get(capability)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return None
+        return float(value) if 0 < value <= MAX_ADVERTISED_TIMEOUT_S else None
+
+
+TIMEOUTS_KEY = "timeouts"
+"""The metadata key under which an agent advertises its capabilities' default timeouts:
+``{"timeouts": {"text.summarize": 15.0}}`` (as ``"policies"`` advertises policies)."""
+MAX_ADVERTISED_TIMEOUT_S = 86_400.0
+"""The longest default timeout an agent may advertise (a day: a task record's life)."""
+
+
+def advertised_timeout(agents: Iterable[AgentInfo], capability: str) -> float | None:
+    """The default timeout of ``capability`` as its agents advertise it: the longest any
+    agent that is not evicted advertises (a caller cannot know which of them its message
+    reaches, so its deadline fits the slowest); None when none advertises one."""
+    best: float | None = None
+    for a in agents:
+        if a.state == "evicted" or capability not in a.capabilities:
+            continue
+        t = a.timeout_s(capability)
+        if t is not None and (best is None or t > best):
+            best = t
+    return best
+
 
 _INT_FIELDS: tuple[tuple[str, int], ...] = (
     ("version", MAX_VERSION),

@@ -14,7 +14,10 @@ Validity
     is caught by the router's agent-id check, and rebuilt). Without ``version`` the static
     filter runs on every lookup (O(N), ~200 µs at 1,000 agents) and the policy structures
     are still reused when the filtered ids and weights are unchanged. An entry also expires
-    when a slow-start step of one of its agents is due.
+    when a slow-start step of one of its agents is due, when a breaker changes state
+    (:attr:`~reach.breaker.Breakers.changes`), and when a step of the ramp of an agent
+    whose breaker closed is due (:meth:`~reach.breaker.Breakers.ramp`: the effective
+    weights are the slowed ones times that factor).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from operator import attrgetter, itemgetter
 from typing import Any, Final, TypeAlias
 
+from ..breaker import Breakers
 from ..registry import AgentInfo
 from .eligibility import eligible
 from .ring import Ring
@@ -57,6 +61,7 @@ class State:
     """
 
     __slots__ = (
+        "breaker_changes",
         "capability",
         "eff",
         "getter",
@@ -70,6 +75,8 @@ class State:
         "lc_reports",
         "n",
         "pos",
+        "ramp_until",
+        "ramps",
         "ready_ms",
         "ring",
         "ring_ok",
@@ -106,6 +113,9 @@ class State:
         self.lc_entry: list[float] = []  # least_conn.factors()
         self.lc_cost: list[float] = []
         self.lc_base: list[float] = []  # the scores of a message of cost 1 before in flight
+        self.breaker_changes = -1  # the breakers' change count it was built at
+        self.ramps: list[float] | None = None  # breaker ramp factors in effect (None: none)
+        self.ramp_until = math.inf  # on the breakers' clock: when a ramp step is due
 
 
 class StateCache:
@@ -115,11 +125,15 @@ class StateCache:
 
     :param slow_start_ms: ramp time of a freshly ready agent's weight (0: none).
     :param slow_start_floor: the weight factor at the start of the ramp.
+    :param breakers: the client's breakers, whose ramps after a close scale the weights.
     """
 
-    def __init__(self, *, slow_start_ms: float, slow_start_floor: float) -> None:
+    def __init__(
+        self, *, slow_start_ms: float, slow_start_floor: float, breakers: Breakers | None = None
+    ) -> None:
         self.slow_start_ms = slow_start_ms
         self.slow_start_floor = slow_start_floor
+        self.breakers = breakers
         self._states: dict[_Key, State] = {}
 
     def get(
@@ -142,6 +156,8 @@ class StateCache:
             and st.version == version
             and st.n == len(candidates)
             and now_ms < st.valid_until
+            and (self.breakers is None or st.breaker_changes == self.breakers.changes)
+            and (st.ramps is None or self._ramps_hold(st))
         ):
             st.where = where
             return st
@@ -154,6 +170,25 @@ class StateCache:
         self._rebuild(st, candidates, now_ms)
         st.version = version
         return st
+
+    def _ramps(self, ids: list[str]) -> tuple[list[float] | None, float]:
+        """The breaker ramp factor of each of ``ids`` and until when they hold, on the
+        breakers' clock (``None`` when no agent ramps: O(1) then)."""
+        b = self.breakers
+        if b is None or not b.ramping:
+            return None, math.inf
+        factors, hold_s = [], math.inf
+        for agent_id in ids:
+            f, h = b.ramp(agent_id)
+            factors.append(f)
+            hold_s = min(hold_s, h)
+        if hold_s == math.inf:
+            return None, math.inf
+        return factors, b.clock() + hold_s
+
+    def _ramps_hold(self, st: State) -> bool:
+        """Do the ramp factors ``st`` was built with still hold?"""
+        return self.breakers is not None and self.breakers.clock() < st.ramp_until
 
     def __iter__(self) -> Iterator[_Key]:
         return iter(self._states)
@@ -195,10 +230,21 @@ class StateCache:
         weights = floored(list(map(_weight, sub)))
         ready_ms = list(map(_ready_ms, sub))
         same_members = ids == st.ids and weights == st.weights
-        if not (same_members and ready_ms == st.ready_ms and now_ms < st.valid_until):
+        ramps, st.ramp_until = self._ramps(ids)
+        if self.breakers is not None:
+            st.breaker_changes = self.breakers.changes
+        if not (
+            same_members
+            and ready_ms == st.ready_ms
+            and now_ms < st.valid_until
+            and ramps == st.ramps
+        ):
             eff, st.valid_until = slowed(
                 weights, ready_ms, now_ms, self.slow_start_ms, floor=self.slow_start_floor
             )
+            if ramps is not None:
+                eff = [w * f for w, f in zip(eff, ramps, strict=True)]
+            st.ramps = ramps
             if eff != st.eff or not same_members:
                 st.wrr_ok = False
             st.eff = eff

@@ -133,7 +133,7 @@ class Router:
         self.rng = rng if rng is not None else random.Random()
         self.clock = clock
         self._states = StateCache(
-            slow_start_ms=self.slow_start_ms, slow_start_floor=slow_start_floor
+            slow_start_ms=self.slow_start_ms, slow_start_floor=slow_start_floor, breakers=breakers
         )
         self._points: ring.PointCache = {}
 

@@ -40,7 +40,7 @@ def populated(redis_url: str, ns: str) -> Iterator[None]:
             ready=True,
             weight=2,
             capabilities=["text.summarize"],
-            metadata={"region": "eu"},
+            metadata={"region": "eu", "timeouts": {"text.summarize": 15}},
             **common,
         )
         await reg.register(
@@ -49,7 +49,7 @@ def populated(redis_url: str, ns: str) -> Iterator[None]:
             version=1,
             ready=False,
             capabilities=["text.summarize", "text.translate"],
-            metadata={"region": "us"},
+            metadata={"region": "us", "timeouts": {"text.summarize": 40, "text.translate": "x"}},
             **common,
         )
         await reg.register(
@@ -73,16 +73,20 @@ def test_caps_table_and_json(populated: None, redis_url: str, ns: str) -> None:
     code, out, _ = cli(redis_url, ns, "caps", "--json")
     assert code == 0
     rows = {r["capability"]: r for r in json.loads(out)}
+    # the timeout: the longest the agents advertise (40 s of the two); none readable: null
     assert rows == {
         "text.summarize": {
-            "capability": "text.summarize", "agents": 2, "routable": 1, "limit": None,
+            "capability": "text.summarize", "agents": 2, "routable": 1, "timeout_s": 40.0,
+            "limit": None,
         },
         "text.translate": {
-            "capability": "text.translate", "agents": 1, "routable": 0, "limit": None,
+            "capability": "text.translate", "agents": 1, "routable": 0, "timeout_s": None,
+            "limit": None,
         },
     }  # fmt: skip
     code, out, _ = cli(redis_url, ns, "caps")
     assert code == 0 and "text.summarize" in out and "text.translate" in out
+    assert "40 s" in out
 
 
 def test_agents_json_has_the_documented_fields(populated: None, redis_url: str, ns: str) -> None:
@@ -142,7 +146,8 @@ def test_agents_table_shows_lease_age(populated: None, redis_url: str, ns: str) 
 
 def test_agents_show_and_drain(populated: None, redis_url: str, ns: str) -> None:
     code, out, _ = cli(redis_url, ns, "agents", "show", "sum-1", "--json")
-    assert code == 0 and json.loads(out)["metadata"] == {"region": "eu"}
+    assert code == 0
+    assert json.loads(out)["metadata"] == {"region": "eu", "timeouts": {"text.summarize": 15}}
     code, out, _ = cli(redis_url, ns, "agents", "drain", "sum-1")
     assert code == 0 and "draining" in out
     code, out, _ = cli(redis_url, ns, "agents", "show", "sum-1", "--json")

@@ -163,12 +163,14 @@ async def test_documented_outputs(
         }  # fmt: skip
         title_and_columns(
             await cli("caps"), f"capabilities in {ns!r}", "capability", "agents", "routable",
-            "limit",
+            "timeout", "limit",
         )  # fmt: skip
         assert await cli.json("caps") == [
-            {"capability": "docs.echo", "agents": 1, "routable": 1, "limit": "600/m (burst 10)"},
-            {"capability": "docs.refuse", "agents": 1, "routable": 1, "limit": None},
-        ]
+            {"capability": "docs.echo", "agents": 1, "routable": 1, "timeout_s": None,
+             "limit": "600/m (burst 10)"},
+            {"capability": "docs.refuse", "agents": 1, "routable": 1, "timeout_s": None,
+             "limit": None},
+        ]  # fmt: skip
         out = await cli("caps", "limit", "docs.echo", "--clear")
         assert out.strip() == "docs.echo: no rate limit (removed)"
         [a] = await cli.json(

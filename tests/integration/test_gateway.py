@@ -476,3 +476,27 @@ async def test_the_gateway_signs_what_it_sends(
             task, _ = await final_task(a2a.send_message(message(new_data_part({"x": 2}))))
             assert task.status.state == TaskState.TASK_STATE_REJECTED  # refused, never run
             assert "unsigned" in task.status.message.parts[0].text
+
+
+async def test_a_capabilitys_advertised_timeout_is_shown_and_used(redis_url: str, ns: str) -> None:
+    adv = Agent("gw-adv-1", capabilities=["gw.adv"])
+
+    @adv.handler("gw.adv", timeout_s=7)
+    async def budget(payload: Any, ctx: Context) -> dict[str, int]:
+        return {"budget_ms": ctx.deadline_ms - ctx.envelope.sent_ms}
+
+    async with serving(redis_url, ns, adv):
+        gw = Gateway(Client(redis_url=redis_url, namespace=ns), default_timeout_s=30)
+        async with gateway_served(gw) as url, http() as h:
+            raw = (await h.get(f"{url}/caps/gw.adv/.well-known/agent-card.json")).json()
+            [ext] = raw["capabilities"]["extensions"]
+            assert ext["params"]["timeoutS"] == 7
+            card = await resolve(h, f"{url}/agents/gw-adv-1")
+            assert "gets 7 s" in card.skills[0].description
+            a2a, _ = await a2a_client(h, f"{url}/caps/gw.adv", streaming=False)
+            # no Reach-Timeout-S header: the advertised 7 s, not the gateway's 30 s
+            task, _ = await final_task(a2a.send_message(message(new_data_part({}))))
+            assert result_of(task) == {"budget_ms": 7000}
+            h.headers["Reach-Timeout-S"] = "2"  # the caller's own wins
+            task, _ = await final_task(a2a.send_message(message(new_data_part({}))))
+            assert result_of(task) == {"budget_ms": 2000}

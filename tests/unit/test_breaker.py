@@ -239,3 +239,60 @@ def test_bad_settings(kw: dict[str, float]) -> None:
     # A ConfigError (a ReachError, still a ValueError) naming the setting.
     with pytest.raises(ConfigError, match=next(iter(kw))):
         Breakers(**kw)  # type: ignore[arg-type]
+
+
+# -- the ramp after a close -------------------------------------------------------------------
+def close_after_probe(b: Breakers, clock: FakeClock, agent: str = "a") -> None:
+    trip(b, agent)
+    clock.advance(5.0)
+    assert b.allow(agent)  # the half-open probe
+    b.record(agent, ok=True)
+    assert b.state(agent) == CLOSED
+
+
+def test_a_closed_breaker_ramps_its_share_back_in_steps() -> None:
+    clock = FakeClock()
+    b, _ = make(clock, ramp_s=10.0, ramp_floor=0.1)
+    assert b.ramp("a") == (1.0, math.inf) and not b.ramping  # never opened: whole
+    close_after_probe(b, clock)
+    assert b.ramping
+    factor, hold_s = b.ramp("a")
+    assert factor == pytest.approx(0.1) and hold_s == pytest.approx(0.5)  # 20 steps of 0.5 s
+    clock.advance(5.0)
+    assert b.ramp("a")[0] == pytest.approx(0.55)
+    clock.advance(4.99)
+    assert b.ramp("a") == (pytest.approx(0.1 + 0.9 * 19 / 20), pytest.approx(0.01))
+    clock.advance(0.01)
+    assert b.ramp("a") == (1.0, math.inf) and not b.ramping  # whole again: the ramp is over
+    assert b.ramp("other") == (1.0, math.inf)
+
+
+def test_a_failure_during_the_ramp_opens_it_and_the_next_close_ramps_anew() -> None:
+    clock = FakeClock()
+    b, _ = make(clock, ramp_s=10.0, min_requests=1)
+    close_after_probe(b, clock)
+    clock.advance(6.0)
+    b.record("a", ok=False)  # 1 of 1 failed: open again
+    assert b.state("a") == OPEN and not b.ramping
+    assert b.ramp("a") == (1.0, math.inf)  # open: routing filters it, nothing to scale
+    clock.advance(10.0)  # the cool-down (doubled) passed
+    close_after_probe(b, clock)
+    assert b.ramp("a")[0] == pytest.approx(0.1)
+
+
+def test_ramp_s_zero_closes_at_full_share_and_bad_ramps_are_refused() -> None:
+    clock = FakeClock()
+    b, _ = make(clock, ramp_s=0)
+    close_after_probe(b, clock)
+    assert b.ramp("a") == (1.0, math.inf) and not b.ramping
+    for kw in ({"ramp_s": -1}, {"ramp_s": math.inf}, {"ramp_floor": 0}, {"ramp_floor": 1.5}):
+        with pytest.raises(ConfigError, match=next(iter(kw))):
+            Breakers(**kw)  # type: ignore[arg-type]
+
+
+def test_every_state_change_is_counted_for_the_routing_caches() -> None:
+    clock = FakeClock()
+    b, changes = make(clock)
+    before = b.changes
+    close_after_probe(b, clock)  # closed -> open -> half_open -> closed
+    assert b.changes - before == len(changes) == 3

@@ -778,6 +778,45 @@ def test_breaker_opens_on_real_failures_then_probes_and_closes() -> None:
     assert "a1" in {r.pick(CAP, pool, version=1).agent_id for _ in range(6)}
 
 
+def test_a_closed_breaker_ramps_its_agent_back_in_wrr_and_least_conn() -> None:
+    clock = FakeClock(0.0)  # the breakers' clock (the router keeps its own)
+    br = Breakers(min_requests=4, error_rate=0.5, cooldown_s=5.0, ramp_s=10.0, clock=clock)
+    r = router(breakers=br)
+    pool = agents([1, 1])
+    r.pick(CAP, pool, version=1)  # the routing state is cached before the breaker moves
+    for _ in range(4):
+        br.record("a1", ok=False)
+    assert {r.pick(CAP, pool, version=1).agent_id for _ in range(20)} == {"a0"}  # open
+    clock.t += 5.0
+    assert br.allow("a1")  # the half-open probe
+    br.record("a1", ok=True)
+
+    def share() -> float:
+        return Counter(r.pick(CAP, pool, version=1).agent_id for _ in range(2000))["a1"] / 2000
+
+    shares = []
+    for t in (0.0, 2.5, 5.0, 7.5, 10.0):  # seconds since the close
+        clock.t = 5.0 + t
+        shares.append(share())
+    # its weight times the ramp factor (0.1 -> 1 over 10 s), against the other's whole 1
+    expected = [0.1 / 1.1, 0.325 / 1.325, 0.55 / 1.55, 0.775 / 1.775, 0.5]
+    for got, want in zip(shares, expected, strict=True):
+        assert got == pytest.approx(want, abs=0.01)
+    assert shares == sorted(shares)
+
+    # least_conn scales by the same factor: a ramping agent is spared extra work
+    for _ in range(4):
+        br.record("a0", ok=False)
+    clock.t += 5.0
+    assert br.allow("a0")
+    br.record("a0", ok=True)  # a0 closed now: its ramp starts at 0.1
+    busy = [agent("a0"), agent("a1", queue_depth=5)]
+    # (0+1)/0.1 = 10 for a0 vs (5+1)/1 = 6 for a1
+    assert r.pick(CAP, busy, policy="least_conn").agent_id == "a1"
+    clock.t += 10.0
+    assert r.pick(CAP, busy, policy="least_conn").agent_id == "a0"
+
+
 # -- the continuum itself -------------------------------------------------------------------
 def test_ring_incremental_updates_equal_a_fresh_build() -> None:
     rnd = random.Random(3)
