@@ -36,6 +36,7 @@ from .hooks import Hooks
 from .limits import RateLimit, parse_limit
 from .recent import RECENT_MAXLEN
 from .registry import (
+    IDEMPOTENT_KEY,
     MAX_ADVERTISED_TIMEOUT_S,
     MAX_WEIGHT,
     TIMEOUTS_KEY,
@@ -397,6 +398,7 @@ class Agent:
         preemptible: bool = True,
         max_hops: int | None = None,
         timeout_s: float | None = None,
+        idempotent: bool = False,
     ) -> Callable[[Handler], Handler]:
         """Decorator: ``fn(payload, ctx)`` answers messages of ``capability``.
 
@@ -428,6 +430,12 @@ class Agent:
         ``default_timeout_s`` (docs/concepts.md, *Call graphs*). It is stored with the
         registration (``metadata["timeouts"]``) and shown by ``reach caps``, the agent's
         card and the A2A gateway. It does not bound a message whose caller chose a deadline.
+
+        ``idempotent=True`` declares that running a message of ``capability`` twice does no
+        harm (a lookup, an embedding, a pure computation): it is advertised with the
+        registration (``metadata["idempotent"]``), and a caller may then hedge a slow
+        request with ``hedge_after_s`` (a second copy to another agent; the first answer
+        wins). Without it, reach never runs a started message twice on purpose.
         """
         if max_hops is not None:
             check_max_hops(max_hops, f"@app.handler({capability!r})")
@@ -450,6 +458,10 @@ class Agent:
                 f"Agent {self.agent_id!r} does not declare capability {cap!r}; add it to "
                 f"capabilities=[...] (now {self.capabilities})."
             )
+        if idempotent:  # advertised with the registration, as the timeouts are
+            listed = self.metadata.get(IDEMPOTENT_KEY)
+            listed = listed if isinstance(listed, list) else []
+            self.metadata[IDEMPOTENT_KEY] = [*listed, cap] if cap not in listed else listed
         if timeout_s is not None:  # advertised with the registration, as policies are
             adv = self.metadata.get(TIMEOUTS_KEY)
             self.metadata[TIMEOUTS_KEY] = {

@@ -16,7 +16,7 @@ from typing import Any, Self, TypedDict, Unpack
 import anyio
 import msgspec
 
-from . import _later, _many, _reroute, envelope, metrics
+from . import _hedge, _later, _many, _reroute, envelope, metrics
 from ._autopipe import AutoPipeline
 from ._buffer import (
     DEFAULT_CLOSE_WAIT_S,
@@ -545,6 +545,7 @@ class Client(CallDefaults, ReplyFigures):
         where: Mapping[str, Any] | None = None,
         on_rate_limit: str = "wait",
         reroute_after_s: float | None = None,
+        hedge_after_s: float | None = None,
         **opts: Unpack[MessageOptions],
     ) -> Any:
         """Send and wait for the handler's result.
@@ -563,12 +564,17 @@ class Client(CallDefaults, ReplyFigures):
         ``on_rate_limit="raise"``, :class:`RateLimited` (its ``retry_after_s`` says when a
         start is allowed again) is raised at once and nothing is sent. ``reroute_after_s``:
         not started within it, the message moves to another agent (docs/routing.md).
+        ``hedge_after_s`` (an idempotent capability only): no answer by then, a second copy
+        goes to another agent and the first answer wins (:mod:`reach._hedge`).
         """
         if opts.get("timeout_s") is None and opts.get("deadline_ms") is None:
             opts["timeout_s"] = await self.timeout_for(capability)
         env = self.build(capability, payload, **opts)
+        hedge = _hedge.check_after(hedge_after_s, env)
         await self._check_rate_limit(env.capability, on_rate_limit)
         with _reroute.asking(reroute_after_s, env, cluster=self.commands.cluster):
+            if hedge is not None:
+                return await _hedge.request(self, env, where, hedge)
             return await self.call(env, where=where)
 
     def stream(

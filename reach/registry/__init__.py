@@ -36,6 +36,7 @@ from .operations import (
 from .records import (
     CAPABILITY_RE,
     EVENTS_MAXLEN,
+    IDEMPOTENT_KEY,
     MAX_ADVERTISED_TIMEOUT_S,
     MAX_BATCH,
     MAX_CAPABILITIES,
@@ -69,6 +70,7 @@ from .records import (
 __all__ = [
     "CAPABILITY_RE",
     "EVENTS_MAXLEN",
+    "IDEMPOTENT_KEY",
     "MAX_ADVERTISED_TIMEOUT_S",
     "MAX_BATCH",
     "MAX_CAPABILITIES",

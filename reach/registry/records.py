@@ -229,6 +229,12 @@ class AgentInfo(msgspec.Struct, kw_only=True):
         """Active, ready and not draining: may be given new work."""
         return self.state == "active" and self.ready and not self.draining
 
+    def idempotent(self, capability: str) -> bool:
+        """Whether this agent declares ``capability`` idempotent (a message of it may run
+        twice without harm): listed in its metadata under :data:`IDEMPOTENT_KEY`."""
+        listed = self.metadata.get(IDEMPOTENT_KEY)
+        return isinstance(listed, list) and capability in listed
+
     def timeout_s(self, capability: str) -> float | None:
         """The default timeout this agent advertises for ``capability``
         (``@app.handler(cap, timeout_s=...)``, stored in its metadata under
@@ -243,6 +249,11 @@ class AgentInfo(msgspec.Struct, kw_only=True):
             return None
         return float(value) if 0 < value <= MAX_ADVERTISED_TIMEOUT_S else None
 
+
+IDEMPOTENT_KEY = "idempotent"
+"""The metadata key under which an agent lists the capabilities it declares idempotent
+(``@app.handler(cap, idempotent=True)``): ``{"idempotent": ["text.embed"]}``. A caller may
+hedge a request of such a capability (``hedge_after_s``: reach._hedge)."""
 
 TIMEOUTS_KEY = "timeouts"
 """The metadata key under which an agent advertises its capabilities' default timeouts:
