@@ -10,14 +10,15 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Self, TypedDict, Unpack
 
 import anyio
 import msgspec
 
-from . import _hedge, _later, _many, _reroute, envelope, metrics
+from . import _hedge, _later, _reroute, envelope, metrics
 from ._autopipe import AutoPipeline
+from ._batches import ManyCalls
 from ._buffer import (
     DEFAULT_CLOSE_WAIT_S,
     DEFAULT_MAX_AGE_S,
@@ -32,7 +33,6 @@ from ._defaults import (
     DEFAULT_FALLBACK_ON,
     DEFAULT_SEND_TIMEOUT_S,
     AdvertisedTimeouts,
-    CallDefaults,
     check_send_timeout,
     fallback_kinds,
 )
@@ -55,8 +55,6 @@ from .errors import (
     PayloadTooLarge,
     RedisUnavailable,
 )
-from .gather import Gathered
-from .gather import gather as _gather
 from .keys import PRIORITIES, Keys
 from .limits import LimitsCache, check_rate_limit
 from .outcomes import RequestOutcome, Status, blames_agent
@@ -95,7 +93,7 @@ class MessageOptions(TypedDict, total=False):
     cost: float | None
 
 
-class Client(CallDefaults, ReplyFigures):
+class Client(ManyCalls, ReplyFigures):
     """Send messages by capability.
 
     Use as ``async with reach.Client(redis_url=..., namespace=...) as client:``.
@@ -596,63 +594,6 @@ class Client(CallDefaults, ReplyFigures):
         env = self.build(capability, payload, **opts)  # else its deadline is set at the send
         return Stream(self, env, where, timeout_for=not told)
 
-    async def send_many(
-        self,
-        capability: str,
-        payloads: Iterable[Any],
-        *,
-        where: Mapping[str, Any] | None = None,
-        idempotency_keys: Sequence[str | None] | None = None,
-        **opts: Unpack[MessageOptions],
-    ) -> list[str | Exception]:
-        """Send one message per payload without waiting; the batch form of :meth:`send`.
-
-        Each message is routed on its own (its policy picks an agent per message, as
-        :meth:`send` would) and the inbox writes of the whole batch go to Redis together:
-        the messages to one agent in ``send.lua`` calls of its batch form, on standalone
-        Redis handed to the connection 128 at a time while the next are encoded (on a
-        Cluster, one pipeline grouped per node). ``opts`` are the options of every message, as for :meth:`build`; a
-        per-message ``idempotency_keys`` (one key or None per payload, as many as the
-        payloads) replaces the single ``idempotency_key``, which is refused here.
-
-        Returns one item per payload, in order: the message's msg_id when it was added to
-        an inbox, else the error that stopped it, as an exception *instance* (not raised):
-        :class:`PayloadTooLarge`, :class:`NoAgentAvailable`, :class:`Overloaded`,
-        :class:`DeadlineExceeded`, :class:`~reach.errors.RedisUnavailable`, or a refusal of
-        Redis. One message's error never stops the others. Raised, for the whole call:
-        :class:`ConfigError` for options that are wrong for every message (and a length of
-        ``idempotency_keys`` that does not match), :class:`NotStarted`. Without a deadline,
-        ``default_send_timeout_s`` applies, as for :meth:`send`.
-        """
-        self._send_deadline(opts)
-        return await _many.send_many(self, capability, payloads, where, idempotency_keys, opts)
-
-    async def request_many(
-        self,
-        capability: str,
-        payloads: Iterable[Any],
-        *,
-        where: Mapping[str, Any] | None = None,
-        idempotency_keys: Sequence[str | None] | None = None,
-        **opts: Unpack[MessageOptions],
-    ) -> list[Any]:
-        """Send one message per payload and wait for every result; the batch form of
-        :meth:`request` (sent as :meth:`send_many` sends: routed per message, the inbox
-        writes in one pipeline).
-
-        ``opts`` as for :meth:`request` (with neither ``timeout_s`` nor ``deadline_ms``, the
-        capability's advertised timeout, else ``default_timeout_s``, applies to each message); ``idempotency_keys`` as
-        for :meth:`send_many`. Returns one item per payload, in order: the handler's result,
-        or the error of that message as an exception *instance* (not raised): what
-        :meth:`request` would raise (:class:`RemoteError`, :class:`DeadlineExceeded`,
-        :class:`Rejected`, :class:`NoAgentAvailable`, ...) or :meth:`send_many` would report.
-        With a ``fallback``, a message no agent can take gets the fallback's answer. Raised
-        for the whole call: what :meth:`send_many` raises, and cancellation.
-        """
-        if opts.get("timeout_s") is None and opts.get("deadline_ms") is None:
-            opts["timeout_s"] = await self.timeout_for(capability)
-        return await _many.request_many(self, capability, payloads, where, idempotency_keys, opts)
-
     async def call(
         self, env: Envelope, *, where: Mapping[str, Any] | None = None, gate: Gate | None = None
     ) -> Any:
@@ -729,39 +670,6 @@ class Client(CallDefaults, ReplyFigures):
         return cls._outcome_of(env.capability, env.msg_id, reply)
 
     _outcome_of = staticmethod(outcome_of)
-
-    async def broadcast(
-        self,
-        capability: str,
-        payload: Any,
-        *,
-        where: Mapping[str, Any] | None = None,
-        timeout_s: float | None = None,
-        idempotency_key: str | None = None,
-        **kw: Any,
-    ) -> dict[str, Any]:
-        """Send one copy to every eligible agent; returns agent_id -> result or exception."""
-        return await _many.broadcast(
-            self, capability, payload, where, timeout_s, idempotency_key, kw
-        )
-
-    async def gather(
-        self,
-        capability: str,
-        payload: Any,
-        *,
-        quorum: int | str = "majority",
-        n: int | None = None,
-        timeout_s: float | None = None,
-        where: Mapping[str, Any] | None = None,
-        idempotency_key: str | None = None,
-        **kw: Any,
-    ) -> Gathered:
-        """Ask every eligible agent (or ``n``) and return once ``quorum`` answered (a
-        number, ``"majority"``, ``"all"``): a :class:`reach.Gathered`; :mod:`reach.gather`."""
-        return await _gather(
-            self, capability, payload, quorum, n, timeout_s, where, idempotency_key, kw
-        )
 
     async def cancel(self, msg_id: str, *, by: str = "") -> CancelResult:
         """Cancel a message sent earlier (docs/concepts.md, *Cancellation*).
