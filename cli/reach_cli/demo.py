@@ -20,6 +20,7 @@ from reach.connection import connect
 from reach.embedded import resolve_url
 from reach.envelope import Envelope
 from reach.errors import Cancelled, LoopDetected, NoAgentAvailable, ReachError
+from reach.gather import vote
 from reach.keys import Keys
 from reach.registry import Registry
 
@@ -308,6 +309,18 @@ async def _messaging(url: str, pause: float) -> dict[str, str]:
                 f"  caller got LoopDetected after {time.perf_counter() - t0:.3f} s "
                 f"(its deadline: 30 s)\n  the path: {e.path}"
             )
+
+        _step("5d. a gather: every summarizer asked at once (quorum: all), the answers voted on")
+        g = await c.gather(
+            "text.summarize", {"text": "agents reach each other by capability"}, quorum="all"
+        )
+        for a in g.answers:
+            console.print(f"  {a.agent_id} answered {a.result['summary']!r}")
+        v = vote(g, key=lambda r: r["summary"])
+        console.print(
+            f"  vote: {v.value['summary']!r}, {v.support} of {v.total}"
+            + (" (a majority)" if v.majority else "")
+        )
     return owners
 
 
