@@ -483,6 +483,9 @@ class Client(ManyCalls, ReplyFigures):
         env = self.build(capability, payload, reply=False, **opts)
         if on_rate_limit != "wait":  # "wait" takes no look: no call per message
             await self._check_rate_limit(env.capability, on_rate_limit)
+        if reroute_after_s is None:  # the common case: no context to enter per message
+            await self._deliver_or_hold(env, where, track=False)
+            return env.msg_id
         with _reroute.asking(reroute_after_s, env, cluster=self.commands.cluster):
             await self._deliver_or_hold(env, where, track=False)
         return env.msg_id
@@ -570,6 +573,8 @@ class Client(ManyCalls, ReplyFigures):
         env = self.build(capability, payload, **opts)
         hedge = _hedge.check_after(hedge_after_s, env)
         await self._check_rate_limit(env.capability, on_rate_limit)
+        if reroute_after_s is None and hedge is None:  # no context to enter per message
+            return await self.call(env, where=where)
         with _reroute.asking(reroute_after_s, env, cluster=self.commands.cluster):
             if hedge is not None:
                 return await _hedge.request(self, env, where, hedge)

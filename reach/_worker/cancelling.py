@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections import OrderedDict
 from typing import Any
 
@@ -57,15 +58,17 @@ READ_COUNT = 256
 
 class Run:
     """One handler run that may be cancelled: ``requested`` once its message is
-    (``ctx.cancelled``; :meth:`wait` returns then); the handler's cancel scope (``scope``,
-    with a deadline) or task (``task``, without one: no scope to pay for) is cancelled
-    after the grace (``cut``); ``children`` are the msg_ids it sent through ``ctx.client``."""
+    (``ctx.cancelled``; :meth:`wait` returns then); the handler's task (``task``: an async
+    handler) or cancel scope (``scope``: a plain one, in a thread) is cancelled after the
+    grace (``cut``) or at the deadline (``expired``, an async handler: :meth:`expire`);
+    ``children`` are the msg_ids it sent through ``ctx.client``."""
 
     __slots__ = (
         "_cancels",
         "_event",
         "children",
         "cut",
+        "expired",
         "msg_id",
         "preempted",
         "preemptible",
@@ -86,6 +89,7 @@ class Run:
         self.task: asyncio.Task[Any] | None = None
         self.children: list[str] = []
         self.cut = False  # the grace passed and the handler was cancelled
+        self.expired = False  # its deadline passed and the handler was cancelled
         self.timer: asyncio.TimerHandle | None = None
         self.preemptible = False  # a low-priority run that may be cut for high work
         self.preempted = False  # it was cut for high work: requeued, not cancelled
@@ -106,12 +110,60 @@ class Run:
         if self._event is not None:
             self._event.set()
 
+    def expire(self) -> None:
+        """The message's deadline passed while its async handler ran: cancel its task
+        (the worker's loop timer calls this; reach._worker.execution ends it timed out)."""
+        if self.task is not None and not self.cut:
+            self.expired = True
+            self.task.cancel()
+
     def cut_now(self) -> None:
         self.cut = True
         if self.scope is not None:
             self.scope.cancel()
         elif self.task is not None:
             self.task.cancel()  # the handler's own task: _call takes the cancel back
+
+
+class Deadlines:
+    """Ends async handlers at their message's deadline (:meth:`Run.expire`) with one loop
+    timer for every run of a worker, armed for the earliest deadline of the runs going on.
+    A timer (or an anyio cancel scope) per message cost more than a quick handler: most
+    deadlines are far off (a send's default is an hour) and their runs end long before,
+    so adding and removing a run is a dict write, and the timer moves only when a run
+    with an earlier deadline starts."""
+
+    def __init__(self) -> None:
+        self._runs: dict[Run, float] = {}  # run -> its deadline on the loop's clock
+        self._timer: asyncio.TimerHandle | None = None
+        self._at = math.inf  # when the timer fires
+
+    def add(self, run: Run, timeout_s: float) -> None:
+        """``run``'s handler must end within ``timeout_s`` (<= 0: at once)."""
+        loop = asyncio.get_running_loop()
+        at = loop.time() + max(timeout_s, 0.0)
+        self._runs[run] = at
+        if at < self._at:
+            self._arm(loop, at)
+
+    def discard(self, run: Run) -> None:
+        """``run`` ended (its timer, if it is the earliest, fires later and finds none)."""
+        self._runs.pop(run, None)
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._at = at
+        self._timer = loop.call_at(at, self._fire, loop)
+
+    def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer, self._at = None, math.inf
+        now = loop.time()
+        for run, at in [(r, a) for r, a in self._runs.items() if a <= now]:
+            del self._runs[run]
+            run.expire()
+        if self._runs:
+            self._arm(loop, min(self._runs.values()))
 
 
 def cancelled_outcome(env: Envelope, *, running: bool) -> Outcome:

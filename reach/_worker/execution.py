@@ -49,7 +49,7 @@ from ..scripts.inbox import CLAIM_AT_SEND_FENCE
 from ..signing import sign_reply_for
 from ..tasks import TASK_TTL_MS
 from . import outcome as oc
-from .cancelling import Cancels, Run, cancelled_outcome
+from .cancelling import Cancels, Deadlines, Run, cancelled_outcome
 from .items import Delivery
 from .letters import DeadLetters
 from .preempting import preempted_times
@@ -173,6 +173,7 @@ class Execution(Part):
     ) -> None:
         super().__init__(shared)
         self.cancels = cancels if cancels is not None else Cancels(shared, client=client)
+        self.deadlines = Deadlines()  # ends async handlers at their message's deadline
         self.registry = registry
         self.client = client
         self.owner = owner  # "agent_id/instance_id": who holds the claims made here
@@ -643,30 +644,37 @@ class Execution(Part):
         timed_out = False
         t0 = time.perf_counter()
         try:
-            if timeout is None and spec.is_async:
-                # No deadline: no cancel scope to pay for. A cut (Run.cut_now, after a
-                # cancel's grace) cancels this task; the cancel is taken back here (the
-                # message ends cancelled: _run says so).
+            if spec.is_async:
+                # No cancel scope to pay for (an anyio scope per message cost more than the
+                # handler of a quick message): at the deadline the worker's one timer
+                # (Deadlines) cancels this task (Run.expire), as a cut (Run.cut_now, after
+                # a cancel's grace) does; either cancel is taken back here, and the message
+                # ends timed out or cancelled (_run says so).
                 task = run.task = task or asyncio.current_task()
+                if timeout is not None:
+                    self.deadlines.add(run, timeout)
                 try:
                     result = await spec.fn(payload, ctx)
                 except asyncio.CancelledError:
-                    if not run.cut:
+                    if run.cut:
+                        pass  # cancelled: _run ends the message so
+                    elif run.expired:
+                        raise TimeoutError(f"deadline of {env.capability!r} passed") from None
+                    else:
                         raise  # not ours: the worker is stopping
                 finally:
+                    if timeout is not None:
+                        self.deadlines.discard(run)
                     run.task = None
-                    if run.cut and task is not None and task.cancelling():
+                    if (run.cut or run.expired) and task is not None and task.cancelling():
                         task.uncancel()  # ours only: the worker's own cancel stays pending
             else:
                 with anyio.fail_after(timeout) as run.scope:  # a cut cancels the scope
-                    if spec.is_async:
-                        result = await spec.fn(payload, ctx)
-                    else:
-                        result = await anyio.to_thread.run_sync(
-                            _in_thread, spec.fn, payload, ctx, abandon_on_cancel=True
-                        )
-                        if isinstance(result, _Raised):
-                            raise result.exc
+                    result = await anyio.to_thread.run_sync(
+                        _in_thread, spec.fn, payload, ctx, abandon_on_cancel=True
+                    )
+                    if isinstance(result, _Raised):
+                        raise result.exc
         except TimeoutError as e:
             timed_out = True
             err = e
