@@ -18,12 +18,13 @@ import pytest
 
 import reach
 from reach import Agent, Client, Context
-from reach.connection import AnyRedis
+from reach.connection import AnyRedis, connect
 from reach.keys import Keys
 from reach.scripts import ClaimCode, delivery
 from reach.steps import MAX_STEPS, RESULT_MAX_BYTES, StepJournal
 from tests.support.agents_messaging import effects, serving, wait_eligible
 from tests.support.agents_steps import CAP
+from tests.support.cluster import RedisTestCluster
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
 
@@ -261,3 +262,31 @@ async def test_a_stale_run_s_step_is_refused(r: AnyRedis, ns: str) -> None:
     assert await current.run("charge", charge, ("b",), {}) == "b"
     assert calls == ["a", "b"]
     assert msgspec.msgpack.decode(await r.hget(key, "s:charge")) == "b"
+
+
+@pytest.mark.cluster
+async def test_steps_on_a_cluster(redis_cluster: RedisTestCluster, ns: str) -> None:
+    """On a Redis Cluster (records in slots of their own, claimed by claim.lua): a retry
+    gets the first attempt's step from the journal, and the journal goes at completion."""
+    url = redis_cluster.url
+    calls: list[int] = []
+
+    async def charge(attempt: int) -> int:
+        calls.append(attempt)
+        return attempt
+
+    async def handler(payload: Any, ctx: Context) -> Any:
+        charged_on = await ctx.step("charge", charge, ctx.attempt)
+        if ctx.attempt == 1:
+            raise RuntimeError("failing after the step on attempt 1")
+        return [charged_on, ctx.attempt]
+
+    r = await connect(url)
+    try:
+        async with serving(url, ns, _app(handler)) as c:
+            env = c.build("steps.local", {}, timeout_s=30)
+            assert await c.call(env) == [1, 2]
+        assert calls == [1]
+        assert await journal_fields(r, ns, env.key) == set()
+    finally:
+        await r.aclose()
