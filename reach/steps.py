@@ -42,7 +42,11 @@ def check_name(name: object) -> str:
     :data:`NAME_MAX_BYTES` bytes of UTF-8), else :class:`~reach.ConfigError`."""
     if not isinstance(name, str) or not name:
         raise ConfigError(f"A step name must be a non-empty string, got {name!r}.")
-    if len(name.encode("utf-8", "surrogatepass")) > NAME_MAX_BYTES:
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError as e:  # a lone surrogate: Redis would never get it
+        raise ConfigError(f"The step name {name!r} is not valid UTF-8 text ({e}).") from e
+    if size > NAME_MAX_BYTES:
         raise ConfigError(
             f"The step name {name[:40]!r}... is over {NAME_MAX_BYTES} bytes of UTF-8: "
             "use a short fixed name per step (it is a label, not data)."
