@@ -29,12 +29,11 @@ end
 -- deliveries replay (the bytes as given: the runtime sends the short form of
 -- docs/protocol.md), and the step journal (step.lua: 'steps' and each 's:<name>') is
 -- deleted, since a done key is replayed and never run again (a 'release' keeps it for the
--- next run). A
--- record claimed at send whose run was not counted yet (runs 0: a quick handler gets no
--- start.lua) counts it now. Fields left with nothing to say are deleted, not written
--- empty: owner and lease_until (the claim is over) and an empty error; every reader
--- takes an absent one as '' (lease_until: 0). Fewer fields, none of them long, keep a
--- small record in Redis's compact hash encoding (docs/operations.md, *Memory per
+-- next run). A record claimed at send whose run was not counted yet (runs 0: a quick
+-- handler gets no start.lua) counts it now. Fields left with nothing to say are deleted,
+-- not written empty: owner and lease_until (the claim is over) and an empty error; every
+-- reader takes an absent one as '' (lease_until: 0). Fewer fields, none of them long, keep
+-- a small record in Redis's compact hash encoding (docs/operations.md, *Memory per
 -- completed record*). The record then lives ttl ms. Returns SettleCode_SETTLED, or
 -- FENCED (nothing written): another owner claimed the key since.
 local function complete_record(key, rec, f, ttl, now)
