@@ -37,11 +37,13 @@ local function check()
   local e = batch_arity(1, 5) or int_bad('ttl_ms', 1, 1, MAX_TTL)
   if e then return e end
   for i = 1, #KEYS do
-    e = completion_bad(2 + 5 * (i - 1), of_key, i) or read_record(i, 'fence', 'done', 'runs')
+    e = completion_bad(2 + 5 * (i - 1), of_key, i)
+      or read_record(i, 'fence', 'done', 'runs', 'steps')
     if e then return e end
   end
 end
 
 return batch(check, function(i, key, now)
-  return complete_record(key, record(i, 'fence', 'done', 'runs'), 2 + 5 * (i - 1), ARGV[1], now)
+  local rec = record(i, 'fence', 'done', 'runs', 'steps')
+  return complete_record(key, rec, 2 + 5 * (i - 1), ARGV[1], now)
 end)

@@ -221,7 +221,7 @@ local function check()
     if want == 'hash' then
       -- A record is read here (kept for the write pass) instead of asked its TYPE: one
       -- command, and HMGET fails on exactly what is not a hash.
-      local rec = redis.pcall('HMGET', KEYS[i], 'fence', 'done', 'runs')
+      local rec = redis.pcall('HMGET', KEYS[i], 'fence', 'done', 'runs', 'steps')
       if rec['err'] then kind = redis.call('TYPE', KEYS[i])['ok'] else reads[i] = rec end
     elseif want then
       kind = redis.call('TYPE', KEYS[i])['ok']
@@ -292,7 +292,7 @@ for item = 1, tonumber(ARGV[3]) do
   if ki > 0 then
     local key = KEYS[ki]
     local rec = reads[ki]
-    if seen[key] then rec = redis.call('HMGET', key, 'fence', 'done', 'runs') end
+    if seen[key] then rec = redis.call('HMGET', key, 'fence', 'done', 'runs', 'steps') end
     seen[key] = true
     code = complete_record(key, rec, p + 1, ttl, now)
     if code == SettleCode_SETTLED then

@@ -8,6 +8,7 @@ session and trace (:class:`ChildClient`), and the worker's Redis connection.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import anyio
@@ -19,9 +20,11 @@ from .callpath import CallGate, SelfSlots, child_path, hop_limit
 from .client import Client
 from .connection import AnyRedis
 from .envelope import Envelope, now_ms
+from .errors import ConfigError
 from .keys import Keys
 from .session import Session
 from .signing import worker as worker_signing
+from .steps import StepJournal, check_name
 
 
 class CancelState(Protocol):
@@ -69,6 +72,9 @@ class Context:
 
     _cancel: CancelState | None = None  # set by the worker (reach._worker.cancelling)
     _slots: SelfSlots | None = None  # set by the worker: its slots, for self-calls
+    _record: str = ""  # set by the worker: the message's idempotency record, for steps
+    _owner: str = ""  # set by the worker: who holds the claim, "<agent_id>/<instance_id>"
+    _journal: StepJournal | None = None  # made by the first step()
 
     @property
     def cancelled(self) -> bool:
@@ -140,6 +146,45 @@ class Context:
         if self.chunks is None:
             self.chunks = ChunkWriter(self._redis, self._keys, self.envelope, self.agent_id)
         await self.chunks.emit(chunk)
+
+    async def step(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` as the durable step ``name``, once per idempotency key:
+
+            receipt = await ctx.step("charge", payments.charge, order_id, cents)
+
+        Its result is journaled in the message's record before it is returned, and any
+        later run of the message (taken over after a crash, retried, redelivered) gets the
+        journaled result back without calling ``fn``. ``fn`` may be async, or a plain
+        function (run in a worker thread). The result is any value a handler may return,
+        at most 64 KiB encoded, and comes back decoded from the journal on every run (a
+        tuple as a list, a Struct as a dict). At most 100 steps per message; a name is a
+        non-empty string of at most 200 bytes; calling a name again in the same run
+        returns its first result. A ``fn`` that raises journals nothing: the exception is
+        the handler's, and the next run calls ``fn`` again.
+
+        Raises :class:`~reach.StepTooLarge`, :class:`~reach.TooManySteps` or
+        :class:`~reach.StepRefused` (a result that cannot be encoded; raised out of the
+        handler, each dead-letters the message at once, no retry),
+        :class:`~reach.StaleRun` (this run lost its claim: stop), and
+        :class:`~reach.ConfigError` for a bad name. docs/concepts.md, *Durable steps*."""
+        if self._journal is None:
+            if not self._record or not self._owner:
+                check_name(name)
+                raise ConfigError(
+                    "ctx.step needs a message claimed by a reach worker: this context has "
+                    "no idempotency record to journal in."
+                )
+            self._journal = StepJournal(
+                self._redis, record=self._record, owner=self._owner, fence=self.fence
+            )
+        return await self._journal.run(name, fn, args, kwargs)
+
+    def step_key(self, name: str) -> str:
+        """A key for step ``name`` of this message that is the same in every run of it:
+        pass it to an outside service that takes idempotency keys (a payment API), so
+        that the one case a journal cannot cover - a run that stops after ``fn`` and
+        before its result is journaled - is not charged twice either."""
+        return f"{self.envelope.key}/{check_name(name)}"
 
     @property
     def redis(self) -> AnyRedis:

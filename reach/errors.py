@@ -239,3 +239,36 @@ class Retry(Exception):
             )
         super().__init__(message or "the handler asked for a retry")
         self.delay_s = delay_s
+
+
+# -- durable steps (ctx.step, reach.steps) ----------------------------------------------------
+class StepRefused(ReachError, Reject):
+    """``ctx.step`` could not journal a step's result, and no later run could either: its
+    result cannot be encoded (use JSON-like values or msgspec Structs, as for a handler's
+    result), or a subclass's bound is passed. Also a :class:`Reject`: raised out of the
+    handler, the message is dead-lettered at once (reason ``rejected``, no retry: each
+    retry would run the step's function again, outside effect included, and be refused
+    again). The function did run this time: its effect, if it has one, happened."""
+
+
+class StepTooLarge(StepRefused):
+    """A step's result, encoded, is over the journal's bound for one result (64 KiB,
+    ``reach.steps.RESULT_MAX_BYTES``). Journal a reference to the data (a key, a URL, an
+    id the outside service gave) instead of the data itself."""
+
+
+class TooManySteps(StepRefused):
+    """The message already has the most results its journal keeps (100,
+    ``reach.steps.MAX_STEPS``, counted per idempotency key across its runs): the step's
+    function was not called. Group small steps into one (a step may return a list), or
+    split the work over several messages."""
+
+
+class StaleRun(ReachError):
+    """This run of the message no longer holds its claim, so ``ctx.step`` could not
+    journal the step's result: another run took the message over (this worker was paused
+    or cut off from Redis past the claim's lease), or the message was cancelled or is
+    done. The step's function did run; the other run will not find its result and runs it
+    again, which is why a step with an outside effect should also pass an idempotency key
+    to the outside service (``ctx.step_key(name)``). Stop: this run's outcome is not
+    recorded, the other run's is."""

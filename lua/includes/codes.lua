@@ -15,3 +15,5 @@ local DropInboxCode_DROPPED, DropInboxCode_KEPT = 1, 0
 local StreamBound_REPLIES = 100000
 local CancelCode_CANCELLED, CancelCode_ALREADY_CANCELLED, CancelCode_DONE, CancelCode_UNKNOWN = 1, 2, 0, -1
 local RerouteCode_MOVED, RerouteCode_GONE, RerouteCode_READ, RerouteCode_FULL, RerouteCode_SETTLED = 1, 0, 2, 3, 4
+local StepCode_JOURNALED, StepCode_KEPT, StepCode_FULL, StepCode_FENCED = 1, 2, 3, 0
+local StepBound_RESULT_BYTES, StepBound_STEPS, StepBound_NAME_BYTES = 65536, 100, 200

@@ -23,15 +23,17 @@ local function completion_bad(f, where, n)
   return nil
 end
 
--- Store the completion at ARGV[f..f+4] in record `key`, whose fence, done and runs fields
--- are rec (HMGET key fence done runs), if the fence still matches and it is not done yet:
--- its status and error; for mode 'done' also done = 1 and the reply later deliveries
--- replay (the bytes as given: the runtime sends the short form of docs/protocol.md). A
--- record claimed at send whose run was not counted yet (runs 0: a quick handler gets no
--- start.lua) counts it now. Fields left with nothing to say are deleted, not written
--- empty: owner and lease_until (the claim is over) and an empty error; every reader
--- takes an absent one as '' (lease_until: 0). Fewer fields, none of them long, keep a
--- small record in Redis's compact hash encoding (docs/operations.md, *Memory per
+-- Store the completion at ARGV[f..f+4] in record `key`, whose fence, done, runs and steps
+-- fields are rec (HMGET key fence done runs steps), if the fence still matches and it is
+-- not done yet: its status and error; for mode 'done' also done = 1 and the reply later
+-- deliveries replay (the bytes as given: the runtime sends the short form of
+-- docs/protocol.md), and the step journal (step.lua: 'steps' and each 's:<name>') is
+-- deleted, since a done key is replayed and never run again (a 'release' keeps it for the
+-- next run). A record claimed at send whose run was not counted yet (runs 0: a quick
+-- handler gets no start.lua) counts it now. Fields left with nothing to say are deleted,
+-- not written empty: owner and lease_until (the claim is over) and an empty error; every
+-- reader takes an absent one as '' (lease_until: 0). Fewer fields, none of them long, keep
+-- a small record in Redis's compact hash encoding (docs/operations.md, *Memory per
 -- completed record*). The record then lives ttl ms. Returns SettleCode_SETTLED, or
 -- FENCED (nothing written): another owner claimed the key since.
 local function complete_record(key, rec, f, ttl, now)
@@ -45,6 +47,12 @@ local function complete_record(key, rec, f, ttl, now)
   end
   if ARGV[f + 3] == 'done' then
     w[#w + 1], w[#w + 2], w[#w + 3], w[#w + 4] = 'done', '1', 'reply', ARGV[f + 2]
+    if rec[4] then  -- only a record with a journal pays for listing its fields
+      gone[#gone + 1] = 'steps'
+      for _, name in ipairs(redis.call('HKEYS', key)) do
+        if string.sub(name, 1, 2) == 's:' then gone[#gone + 1] = name end
+      end
+    end
   end
   if rec[3] == '0' then w[#w + 1], w[#w + 2] = 'runs', 1 end
   redis.call(unpack(w))

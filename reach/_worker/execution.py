@@ -578,6 +578,7 @@ class Execution(Part):
             client=self.client,
         )
         ctx._slots = self.state.self_slots
+        ctx._record, ctx._owner = it.idem, self.owner  # for ctx.step's journal
         self.hooks.before_handle(ctx)
         outcome = oc.expired_before_start(env, now_ms()) if env.deadline_ms else None
         duration_s: float | None = None

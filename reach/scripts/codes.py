@@ -120,6 +120,24 @@ class RerouteCode(IntEnum):
     MOVED, GONE, READ, FULL, SETTLED = 1, 0, 2, 3, 4
 
 
+class StepCode(IntEnum):
+    """``step.lua``, the first item of its reply: JOURNALED (the step's result is stored;
+    then how many are), KEPT (a result of that name was stored already and stays; then its
+    bytes), FULL (the journal holds its most results: nothing written), or FENCED (the run
+    no longer holds the message's claim, or the key is done: nothing written)."""
+
+    JOURNALED, KEPT, FULL, FENCED = 1, 2, 3, 0
+
+
+class StepBound(IntEnum):
+    """The bounds of a message's step journal (``ctx.step``, docs/concepts.md, *Durable
+    steps*), taken by ``step.lua`` as by the runtime: RESULT_BYTES, the most bytes of one
+    step's encoded result; STEPS, the most results journaled per idempotency key;
+    NAME_BYTES, the longest step name (UTF-8)."""
+
+    RESULT_BYTES, STEPS, NAME_BYTES = 65_536, 100, 200
+
+
 CODES: tuple[type[IntEnum], ...] = (
     RegisterCode,
     HeartbeatCode,
@@ -134,6 +152,8 @@ CODES: tuple[type[IntEnum], ...] = (
     StreamBound,
     CancelCode,
     RerouteCode,
+    StepCode,
+    StepBound,
 )
 
 REGENERATE = ".venv/bin/python -c 'from reach.scripts import codes; codes.write_lua()'"

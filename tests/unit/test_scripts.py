@@ -9,7 +9,7 @@ import pytest
 
 from reach import limits, scripts
 from reach.keys import Keys
-from reach.scripts import agents, cancelling, codes, delivery, inbox
+from reach.scripts import agents, cancelling, codes, delivery, inbox, steps
 from reach.scripts.delivery import (
     ClaimItem,
     Completion,
@@ -63,6 +63,7 @@ def test_every_script_has_a_typed_call() -> None:
     }
     made.add(delivery.give_up("k", status="dead", error="", ttl_ms=1).script)
     made.add(cancelling.cancel_call("k", msg_id="m", error="", ttl_ms=1).script)
+    made.add(steps.step_call("k", owner="o", fence=1, name="n", result=b"\xc0").script)
     assert made == set(scripts.names())
 
 
@@ -225,6 +226,15 @@ def test_cancel_call_names_the_notices_stream_only_when_given() -> None:
 
 
 LETTER = DeadLetter("dlq", 10, "max_attempts", "boom", "ValueError", 3, "a", "m1", "cap", 99, b"E")
+
+
+def test_step_encodes_owner_fence_name_result_and_reads_each_answer() -> None:
+    c = steps.step_call("rec", owner="a/i", fence=7, name="charge", result=b"\x01")
+    assert (c.keys, c.args) == (("rec",), ("a/i", 7, "charge", b"\x01"))
+    assert c.decode([1, 3]) == steps.StepAnswer(codes.StepCode.JOURNALED, count=3)
+    assert c.decode([2, b"\x02"]) == steps.StepAnswer(codes.StepCode.KEPT, stored=b"\x02")
+    assert c.decode([3, 100]) == steps.StepAnswer(codes.StepCode.FULL, count=100)
+    assert c.decode([0, b""]) == steps.StepAnswer(codes.StepCode.FENCED)
 
 
 def test_a_dead_letter_is_the_xadd_of_reach_tasks() -> None:
