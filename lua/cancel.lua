@@ -40,6 +40,7 @@
 --         out of contract.
 --!include args
 --!include record
+--!include announce
 --!include key_types
 --!include codes
 local MAX_TTL = 31536000000
@@ -81,6 +82,7 @@ if fence then
   redis.call('HSET', KEYS[1], 'fence', string.format('%.0f', f + 1))
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
+announce(KEYS[1], 'cancelled')
 if #KEYS == 2 then
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'm', ARGV[1], 'k', KEYS[1])
 end

@@ -77,6 +77,7 @@ local MAX_TTL, MAX_LEASE = 31536000000, 604800000
 --!include args
 --!include record
 --!include codes
+--!include announce
 
 -- A stored counter HINCRBY can take (and whose increment stays exact in Lua).
 local function counter_ok(v)
@@ -137,6 +138,7 @@ local function claim(i, key, now)
         'agent_id', ARGV[3], 'updated_ms', now, 'takeovers', n,
         'error', 'poisoned: ' .. n .. ' runs never finished')
       redis.call('PEXPIRE', key, ARGV[2])
+      announce(key, 'dead')
       return {ClaimCode_POISONED, ran, takeovers}
     end
   end
@@ -161,6 +163,7 @@ local function claim(i, key, now)
   redis.call(unpack(w))
   if #gone > 0 then redis.call('HDEL', key, unpack(gone)) end
   redis.call('PEXPIRE', key, ARGV[2])
+  announce(key, 'running')
   return {ClaimCode_RUN, fence}
 end
 

@@ -25,6 +25,7 @@
 --!include args
 --!include record
 --!include now
+--!include announce
 local MAX_TTL = 31536000000
 local GIVEN_UP = {expired = true, dead = true}
 
@@ -43,4 +44,5 @@ local s = record(1, 'done', 'reply', 'agent_id', 'msg_id', 'status')
 if s[1] == '1' then return {s[2] or '', s[5] or '', s[3] or '', s[4] or ''} end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'error', ARGV[2], 'updated_ms', now_ms())
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
+announce(KEYS[1], ARGV[1])
 return false

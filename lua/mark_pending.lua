@@ -27,6 +27,7 @@ local MAX_TTL, MAX_INT = 31536000000, 999999999999999
 
 --!include args
 --!include key_types
+--!include announce
 
 local err = arity(1, 4) or int_bad('attempt', 2, 0, MAX_INT) or int_bad('ttl_ms', 4, 1, MAX_TTL)
   or keys_typed({'hash'})
@@ -37,6 +38,7 @@ local marked = 0
 if had[1] ~= '1' and had[3] ~= 'succeeded' and had[3] ~= 'running'
     and not (had[3] == 'cancelled' and had[2] == ARGV[3]) then
   redis.call('HSET', KEYS[1], 'status', 'pending')
+  announce(KEYS[1], 'pending')
   marked = 1
 end
 redis.call('HSET', KEYS[1], 'capability', ARGV[1], 'attempt', ARGV[2], 'sent_msg_id', ARGV[3])

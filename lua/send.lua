@@ -59,6 +59,7 @@ local MAX_TTL, MAX_INT, MAX_LEASE = 31536000000, 999999999999999, 604800000
 --!include args
 --!include key_types
 --!include now
+--!include announce
 
 -- The batch form: the ARGV of the claim (0, or 2 with ARGV[8..9]) before message 2's.
 local fixed = 0
@@ -187,6 +188,7 @@ local function add(k, a, new)
     if had[1] ~= '1' and had[3] ~= 'succeeded' and had[3] ~= 'running'
         and not (had[3] == 'cancelled' and had[2] == ARGV[a + 4]) then
       redis.call('HSET', KEYS[k + 2], 'status', 'pending')
+      announce(KEYS[k + 2], 'pending')
     end
     redis.call('HSET', KEYS[k + 2], 'capability', ARGV[a + 2], 'attempt', ARGV[a + 3],
       'sent_msg_id', ARGV[a + 4])

@@ -31,6 +31,7 @@ local MAX_TTL, MAX_LEASE, MAX_FENCE = 31536000000, 604800000, 9007199254740992
 
 --!include args
 --!include now
+--!include announce
 
 local reads = {}  -- each record's owner, fence, done and status, as the check read them
 
@@ -73,6 +74,7 @@ for i = 1, #KEYS do
     redis.call('HSET', KEYS[i], 'status', 'running', 'lease_until',
       now + tonumber(ARGV[j + 1]), 'updated_ms', now, 'runs', 1)
     redis.call('PEXPIRE', KEYS[i], ARGV[2])
+    announce(KEYS[i], 'running')
     out[i] = 1
   else
     out[i] = 0

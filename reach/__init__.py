@@ -43,6 +43,7 @@ from .outcomes import DeadReason, Status, Unavailable
 from .registry import AgentInfo, Registry, normalize_capability
 from .session import Session
 from .tasks import DeadLetter, TaskStatus
+from .watch import TaskChange
 
 __all__ = [
     "Agent",
@@ -91,6 +92,7 @@ __all__ = [
     "Status",
     "Stream",
     "StreamTooLarge",
+    "TaskChange",
     "TaskStatus",
     "Unavailable",
     "UnknownAgent",

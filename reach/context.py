@@ -22,6 +22,7 @@ from .envelope import Envelope, now_ms
 from .keys import Keys
 from .session import Session
 from .signing import worker as worker_signing
+from .watch import report_progress
 
 
 class CancelState(Protocol):
@@ -140,6 +141,21 @@ class Context:
         if self.chunks is None:
             self.chunks = ChunkWriter(self._redis, self._keys, self.envelope, self.agent_id)
         await self.chunks.emit(chunk)
+
+    async def progress(self, fraction: float, note: str = "") -> None:
+        """Report how far the handler has got: ``fraction`` done, 0..1 (ConfigError
+        otherwise), with an optional ``note`` (cut to 512 UTF-8 bytes). The task record
+        keeps the latest (``client.task(msg_id)``) and every watcher of the task gets it
+        (``client.watch``, ``reach task MSG_ID --follow``). A report of a run that no
+        longer holds the message (cancelled, or taken over) is dropped. One write per
+        call: report steps, not every token."""
+        await report_progress(
+            self._redis,
+            self._keys.idem(self.envelope.key),
+            fence=self.fence,
+            fraction=fraction,
+            note=note,
+        )
 
     @property
     def redis(self) -> AnyRedis:

@@ -4,6 +4,7 @@
 -- text.
 --!include args
 --!include codes
+--!include announce
 local MAX_FENCE = 9007199254740992
 local STATUSES = {succeeded = true, failed = true, retrying = true, expired = true, dead = true}
 local MODES = {done = true, release = true}
@@ -50,5 +51,6 @@ local function complete_record(key, rec, f, ttl, now)
   redis.call(unpack(w))
   redis.call(unpack(gone))
   redis.call('PEXPIRE', key, ttl)
+  announce(key, ARGV[f + 1])
   return SettleCode_SETTLED
 end

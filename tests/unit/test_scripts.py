@@ -9,7 +9,7 @@ import pytest
 
 from reach import limits, scripts
 from reach.keys import Keys
-from reach.scripts import agents, cancelling, codes, delivery, inbox
+from reach.scripts import agents, cancelling, codes, delivery, inbox, watching
 from reach.scripts.delivery import (
     ClaimItem,
     Completion,
@@ -63,6 +63,7 @@ def test_every_script_has_a_typed_call() -> None:
     }
     made.add(delivery.give_up("k", status="dead", error="", ttl_ms=1).script)
     made.add(cancelling.cancel_call("k", msg_id="m", error="", ttl_ms=1).script)
+    made.add(watching.progress_call("k", fence=1, fraction="0", note="").script)
     assert made == set(scripts.names())
 
 
