@@ -26,6 +26,9 @@
 -- cancelled. A fence that is not a number restarts from the server time in ms (as
 -- claim.lua does).
 --
+-- A record cancelled announces 'cancelled' to the task's watchers
+-- (lua/includes/announce.lua).
+--
 -- Every argument, and the types of the keys, are checked before the first write: a
 -- refused call writes nothing.
 --

@@ -45,6 +45,9 @@
 -- answer is POISONED, for the caller to dead-letter it. A later new claim of the key (a
 -- replay of the dead letter) runs again; its own takeovers count on.
 --
+-- A claim announces 'running', a poisoned key 'dead', on the record's channel to the
+-- task's watchers (lua/includes/announce.lua).
+--
 -- Every argument, and the type of every key, is checked before the first write: a refused
 -- call writes nothing. A record whose fence, runs or lease_until field is not a number
 -- (written behind the scripts' back) is claimed anew: an unreadable lease counts as

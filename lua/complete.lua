@@ -13,6 +13,9 @@
 --   ARGV[j+5] error text for the status ('' = none)
 -- So #ARGV = 1 + 5 * #KEYS. Integers are plain decimal digits without sign or leading zero.
 --
+-- A record settled announces its new status to the task's watchers
+-- (lua/includes/announce.lua); a fenced one announces nothing.
+--
 -- Every argument, and the type of every key, is checked before the first write: a refused
 -- call writes nothing.
 --

@@ -10,6 +10,8 @@
 -- ARGV[3] ttl_ms: how long the record lives from now, integer 1..31536000000 (365 days)
 -- Integers are plain decimal digits without sign or leading zero.
 --
+-- A status written is announced to the task's watchers (lua/includes/announce.lua).
+--
 -- Every argument, and the type of KEYS[1], is checked before the first write: a refused
 -- call writes nothing.
 --

@@ -19,6 +19,9 @@
 -- (send.lua's KEYS[3]) is in a third slot and holds no status: the client writes it with a
 -- plain SET.
 --
+-- A record that had a status and is now 'pending' again announces it to the task's
+-- watchers (lua/includes/announce.lua); a new record has none yet.
+--
 -- Returns 1: the status is now 'pending'; 0: the record's status (done, running or
 -- cancelled), kept.
 -- Errors  'ERR reach: bad <argument>: <why>' when an argument or the key's type is out of
@@ -38,7 +41,7 @@ local marked = 0
 if had[1] ~= '1' and had[3] ~= 'succeeded' and had[3] ~= 'running'
     and not (had[3] == 'cancelled' and had[2] == ARGV[3]) then
   redis.call('HSET', KEYS[1], 'status', 'pending')
-  announce(KEYS[1], 'pending')
+  if had[3] then announce(KEYS[1], 'pending') end  -- a new record has no watcher yet
   marked = 1
 end
 redis.call('HSET', KEYS[1], 'capability', ARGV[1], 'attempt', ARGV[2], 'sent_msg_id', ARGV[3])

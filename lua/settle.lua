@@ -58,6 +58,9 @@
 -- Integers are plain decimal digits without sign or leading zero. Text and bytes slots take
 -- any bytes.
 --
+-- A record settled announces its new status to the task's watchers
+-- (lua/includes/announce.lua); a fenced item announces nothing.
+--
 -- Everything is checked before the first write, so a refused batch writes nothing (Redis
 -- does not roll a script back): every count, index, number and word above, and the type
 -- of every key against each use of it (record: a hash; reply stream, inbox, dead-letter

@@ -20,6 +20,8 @@
 -- quick handler whose settle came first), or the claim is not this runtime's any more (a
 -- record changed behind the scripts' back), which the fenced completion then finds.
 --
+-- A record started announces 'running' to the task's watchers (lua/includes/announce.lua).
+--
 -- Every argument, and the type of every key, is checked before the first write: a refused
 -- call writes nothing.
 --
