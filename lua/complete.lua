@@ -13,8 +13,8 @@
 --   ARGV[j+5] error text for the status ('' = none)
 -- So #ARGV = 1 + 5 * #KEYS. Integers are plain decimal digits without sign or leading zero.
 --
--- A record settled announces its new status to the task's watchers
--- (lua/includes/announce.lua); a fenced one announces nothing.
+-- A watched record settled announces its new status (lua/includes/announce.lua); a
+-- fenced one announces nothing.
 --
 -- Every argument, and the type of every key, is checked before the first write: a refused
 -- call writes nothing.
@@ -40,11 +40,11 @@ local function check()
   local e = batch_arity(1, 5) or int_bad('ttl_ms', 1, 1, MAX_TTL)
   if e then return e end
   for i = 1, #KEYS do
-    e = completion_bad(2 + 5 * (i - 1), of_key, i) or read_record(i, 'fence', 'done', 'runs')
+    e = completion_bad(2 + 5 * (i - 1), of_key, i) or read_record(i, 'fence', 'done', 'runs', 'watched')
     if e then return e end
   end
 end
 
 return batch(check, function(i, key, now)
-  return complete_record(key, record(i, 'fence', 'done', 'runs'), 2 + 5 * (i - 1), ARGV[1], now)
+  return complete_record(key, record(i, 'fence', 'done', 'runs', 'watched'), 2 + 5 * (i - 1), ARGV[1], now)
 end)

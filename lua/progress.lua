@@ -11,15 +11,16 @@
 -- The record takes the progress when its fence is ARGV[1], it is not done, and its status
 -- is 'pending' (claimed at send, not confirmed running yet) or 'running': fields
 -- 'progress' (ARGV[2]) and 'progress_note' (ARGV[3]; deleted when empty, so a record
--- without a note stays small), updated_ms; its TTL is kept. Then the change is announced
--- on the record's channel as 'progress:<fraction>:<note>' (lua/includes/announce.lua).
+-- without a note stays small), updated_ms; its TTL is kept. Then, if the record is
+-- watched, the change is announced as 'progress:<fraction>:<note>'
+-- (lua/includes/announce.lua).
 -- Anything else (another run holds the record, it was cancelled, it finished, it is
 -- absent) is left as it is: a late report of a run fenced out must not show.
 --
 -- Every argument, and the type of KEYS[1], is checked before the first write: a refused
 -- call writes nothing.
 --
--- Returns 1: recorded and announced; 0: left as it was.
+-- Returns 1: recorded (and announced if watched); 0: left as it was.
 -- Errors  'reach: bad <argument>: <why>' (an error reply 'ERR reach: ...'; redis-py raises
 --         ResponseError) when the number of KEYS or ARGV, an argument, or the key's type is
 --         out of contract.
@@ -42,13 +43,13 @@ local function check()
   if not fraction_ok(ARGV[2]) then
     return bad('fraction', 2, 'want a decimal number 0..1 of at most 12 bytes')
   end
-  return bytes_bad('note', 3, 0, MAX_NOTE) or read_record(1, 'fence', 'done', 'status')
+  return bytes_bad('note', 3, 0, MAX_NOTE) or read_record(1, 'fence', 'done', 'status', 'watched')
 end
 
 local err = check()
 if err then return refuse(err) end
 
-local s = record(1, 'fence', 'done', 'status')
+local s = record(1, 'fence', 'done', 'status', 'watched')
 if s[1] ~= ARGV[1] or s[2] == '1' or not OPEN[s[3] or ''] then return 0 end
 redis.call('HSET', KEYS[1], 'progress', ARGV[2], 'updated_ms', now_ms())
 if ARGV[3] ~= '' then
@@ -56,5 +57,5 @@ if ARGV[3] ~= '' then
 else
   redis.call('HDEL', KEYS[1], 'progress_note')
 end
-announce(KEYS[1], 'progress:' .. ARGV[2] .. ':' .. ARGV[3])
+if s[4] then announce(KEYS[1], 'progress:' .. ARGV[2] .. ':' .. ARGV[3]) end
 return 1

@@ -48,8 +48,8 @@
 -- entry once it is settled, so this is queued + being handled), at the moment of the add:
 -- concurrent senders can never push an inbox past it.
 --
--- A record that had a status and is now 'pending' again (a resend under a released key)
--- announces it to the task's watchers (lua/includes/announce.lua); a new one has none yet.
+-- A watched record made 'pending' again (a resend under a released key) announces it
+-- (lua/includes/announce.lua).
 --
 -- Returns the inbox entry id (a string), or, when the inbox holds max_queue entries or
 -- more, that number of entries (an integer) and nothing is written. The batch form returns
@@ -187,12 +187,11 @@ local function add(k, a, new)
     -- is pending from now, so nobody reads the last run's outcome as this send's.
     -- A cancelled one stays cancelled for a copy of the msg_id cancelled (a retry, a moved
     -- entry: cancel.lua's cancel_of), so claim.lua never runs it; a new msg_id runs again.
-    local had = redis.call('HMGET', KEYS[k + 2], 'done', 'cancel_of', 'status')
+    local had = redis.call('HMGET', KEYS[k + 2], 'done', 'cancel_of', 'status', 'watched')
     if had[1] ~= '1' and had[3] ~= 'succeeded' and had[3] ~= 'running'
         and not (had[3] == 'cancelled' and had[2] == ARGV[a + 4]) then
       redis.call('HSET', KEYS[k + 2], 'status', 'pending')
-      -- a record new here has no watcher yet (its msg_id is not out): nothing to tell
-      if had[3] then announce(KEYS[k + 2], 'pending') end
+      if had[4] then announce(KEYS[k + 2], 'pending') end
     end
     redis.call('HSET', KEYS[k + 2], 'capability', ARGV[a + 2], 'attempt', ARGV[a + 3],
       'sent_msg_id', ARGV[a + 4])

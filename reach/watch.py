@@ -2,12 +2,13 @@
 
 The scripts that change a record (send/mark_pending, claim, start, progress, complete,
 settle, give_up, cancel) announce the change on a sharded pub/sub channel named as the
-record (``lua/includes/announce.lua``, :meth:`reach.keys.Keys.task_changes`). A watcher
-subscribes first, then reads the record: what it read is the first change it yields, and
-every change after it arrives on the channel, in the order the scripts ran. Nobody
-subscribed, Redis drops the message, so a message nobody watches costs one channel lookup
-per change and no memory (docs/concepts.md, *Watching a task*, says why it is not a stream
-per task). A connection lost is survived: the watcher subscribes again and reads the
+record (``lua/includes/announce.lua``, :meth:`reach.keys.Keys.task_changes`) when the
+record is watched (its ``watched`` field, set by ``lua/watch.lua``). A watcher subscribes
+first, then marks the record watched, then reads it: what it read is the first change it
+yields, and every change after it arrives on the channel, in the order the scripts ran.
+A message nobody watches costs nothing more than a field the scripts read anyway
+(docs/concepts.md, *Watching a task*, says why it is not a stream per task, with the
+measurement). A connection lost is survived: the watcher subscribes again and reads the
 record again, yielding what changed meanwhile as one change.
 """
 
@@ -26,7 +27,7 @@ from .connection import AnyRedis, as_text, is_cluster
 from .errors import ConfigError, DeadlineExceeded
 from .keys import Keys
 from .outcomes import FINAL_STATUSES, Status
-from .scripts.watching import MAX_NOTE_BYTES, progress_call
+from .scripts.watching import MAX_NOTE_BYTES, progress_call, watch_call
 from .tasks import TaskStatus, get_status
 from .untrusted import safe_text
 
@@ -211,12 +212,17 @@ async def watch_task(
         raise ConfigError(f"watch timeout_s must be a number > 0 (or None), got {timeout_s!r}.")
     end = None if timeout_s is None else time.monotonic() + timeout_s
     pointer = await commands.get(keys.task(msg_id))
-    channel = _Channel(raw, keys.task_changes(as_text(pointer) if pointer else msg_id))
+    key = as_text(pointer) if pointer else msg_id
+    record = keys.idem(key)
+    channel = _Channel(raw, keys.task_changes(key))
     last: TaskChange | None = None
     try:
         while True:  # one pass per connection: subscribe, read the record, follow
             await _open(channel, end)
-            task = await get_status(commands, keys, msg_id)
+            if await watch_call(record).run(commands):
+                task = await get_status(commands, keys, msg_id)
+            else:  # nothing will announce a record that did not exist when it was marked
+                task = TaskStatus(msg_id=msg_id, status=Status.UNKNOWN)
             change = _current(msg_id, task)
             if last is None or (change.status, change.progress, change.note) != (
                 last.status,

@@ -24,8 +24,8 @@ local function completion_bad(f, where, n)
   return nil
 end
 
--- Store the completion at ARGV[f..f+4] in record `key`, whose fence, done and runs fields
--- are rec (HMGET key fence done runs), if the fence still matches and it is not done yet:
+-- Store the completion at ARGV[f..f+4] in record `key`, whose fence, done, runs and watched
+-- fields are rec (HMGET key fence done runs watched), if the fence still matches and it is not done yet:
 -- its status and error; for mode 'done' also done = 1 and the reply later deliveries
 -- replay (the bytes as given: the runtime sends the short form of docs/protocol.md). A
 -- record claimed at send whose run was not counted yet (runs 0: a quick handler gets no
@@ -51,6 +51,6 @@ local function complete_record(key, rec, f, ttl, now)
   redis.call(unpack(w))
   redis.call(unpack(gone))
   redis.call('PEXPIRE', key, ttl)
-  announce(key, ARGV[f + 1])
+  if rec[4] then announce(key, ARGV[f + 1]) end
   return SettleCode_SETTLED
 end

@@ -134,7 +134,7 @@ async def test_a_cancel_and_a_dead_letter_end_a_watch(
     async with Client(redis_url=redis_url, namespace=ns) as client:
         await wait_eligible(client, "watch.hold", [AGENT])
         held = await client.send("watch.hold", "g2")
-        await wait_effect(r, ns, "held", held)
+        await wait_status(client, held, "running")  # started, and confirmed running
         waiting = await client.send("watch.fail", None, max_attempts=1)
         got: dict[str, list[TaskChange]] = {held: [], waiting: []}
 
@@ -170,7 +170,7 @@ async def test_a_watch_times_out_and_refuses_a_bad_timeout(
     async with Client(redis_url=redis_url, namespace=ns) as client:
         await wait_eligible(client, "watch.hold", [AGENT])
         held = await client.send("watch.hold", "g3")
-        await wait_effect(r, ns, "held", held)
+        await wait_status(client, held, "running")  # started, and confirmed running
         seen: list[TaskChange] = []
         with pytest.raises(DeadlineExceeded, match="still running"):
             async for c in client.watch(held, timeout_s=0.3):
@@ -188,7 +188,7 @@ async def test_a_watch_survives_its_connection_killed(
     async with Client(redis_url=redis_url, namespace=ns) as client:
         await wait_eligible(client, "watch.hold", [AGENT])
         held = await client.send("watch.hold", "g4")
-        await wait_effect(r, ns, "held", held)
+        await wait_status(client, held, "running")  # started, and confirmed running
         seen: list[TaskChange] = []
         async with anyio.create_task_group() as tg:
             first = anyio.Event()

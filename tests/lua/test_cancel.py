@@ -192,6 +192,7 @@ async def test_a_cancel_is_announced_a_refused_one_not(
 ) -> None:
     rec = Keys(ns).idem("k-announced")
     await _claim(r, rec)
+    await r.hset(rec, "watched", 1)
     async with listening(redis_url, rec) as heard:
         assert (await _cancel(r, rec, "m"))[0] == CancelCode.CANCELLED
         assert (await _cancel(r, rec, "m"))[0] == CancelCode.ALREADY_CANCELLED

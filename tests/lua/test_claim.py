@@ -362,7 +362,11 @@ async def test_a_claim_after_a_completion_is_no_takeover(r: AnyRedis, ns: str) -
 async def test_a_claim_announces_running_and_a_poisoned_one_dead(
     r: AnyRedis, redis_url: str, ns: str
 ) -> None:
-    rec = Keys(ns).idem("k-announced")
+    rec, quiet = Keys(ns).idem("k-announced"), Keys(ns).idem("k-quiet")
+    await r.hset(rec, "watched", 1)  # what watch.lua writes
+    async with listening(redis_url, quiet) as heard:  # not watched: nothing announced
+        assert await scripts.call(r, "claim", [quiet], _args(OWNER_A, (60_000, "m2"))) == [[1, 1]]
+        assert await heard() == []
     busy = _args(OWNER_B, (60_000, "m1"))
     poison = _args(OWNER_B, (60_000, "m1", OWNER_A))
     poison[3] = 0

@@ -152,6 +152,7 @@ async def test_a_completion_is_announced_a_fenced_one_not(
 ) -> None:
     rec = Keys(ns).idem("k-announced")
     fence = await _claim(r, rec, "w-1/i1")
+    await r.hset(rec, "watched", 1)
     async with listening(redis_url, rec) as heard:
         args = [TTL_MS, *_item(fence, "retrying", b"", "release", "boom")]
         assert await scripts.call(r, "complete", [rec], args) == [1]

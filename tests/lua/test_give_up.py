@@ -126,7 +126,8 @@ async def test_giving_up_is_announced_a_completed_key_not(
 ) -> None:
     k = Keys(ns)
     rec, done = k.idem("k-announced"), k.idem("k-done")
-    await r.hset(done, mapping={"done": "1", "status": "succeeded"})
+    await r.hset(done, mapping={"done": "1", "status": "succeeded", "watched": 1})
+    await r.hset(rec, "watched", 1)
     async with listening(redis_url, rec) as heard, listening(redis_url, done) as heard_done:
         assert await scripts.call(r, "give_up", [rec], ["expired", "late", TTL_MS]) is None
         assert await scripts.call(r, "give_up", [done], ["dead", "", TTL_MS]) is not None

@@ -183,7 +183,7 @@ async def test_a_copy_of_a_cancelled_msg_id_stays_cancelled(r: AnyRedis, ns: str
 async def test_pending_is_announced_a_kept_status_not(r: AnyRedis, redis_url: str, ns: str) -> None:
     k = Keys(ns)
     rec = k.idem("m-announced")
-    await r.hset(rec, mapping={"status": "dead"})
+    await r.hset(rec, mapping={"status": "dead", "watched": 1})
     async with listening(redis_url, rec) as heard:
         assert await inbox.mark_pending_call(k, _msg("m-announced"), ttl_ms=TTL_MS).run(r)
         await r.hset(rec, "status", "running")

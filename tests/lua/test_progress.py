@@ -31,6 +31,10 @@ async def test_progress_is_recorded_and_announced(r: AnyRedis, redis_url: str, n
     rec = Keys(ns).idem("p1")
     fence = await _running(r, rec)
     ttl = await r.pttl(rec)
+    async with listening(redis_url, rec) as heard:  # not watched yet: recorded, not announced
+        assert await progress_call(rec, fence=fence, fraction="0.1", note="").run(r)
+        assert await heard() == []
+    await r.hset(rec, "watched", 1)
     async with listening(redis_url, rec) as heard:
         assert await progress_call(rec, fence=fence, fraction="0.25", note="reading").run(r)
         assert await progress_call(rec, fence=fence, fraction="1", note="").run(r)

@@ -252,8 +252,8 @@ async def test_enqueue_wakes_the_agent_on_its_shard_channel_and_a_refusal_does_n
 async def test_a_send_announces_only_a_record_it_turns_pending_again(
     r: AnyRedis, redis_url: str, ns: str
 ) -> None:
-    # A new record has no watcher yet (its msg_id is not known before the send returns):
-    # nothing is published for it, which keeps the cost of a plain send as it was.
+    # Only a watched record announces: a new one has no watcher yet (its msg_id is not out
+    # before the send returns), an unwatched one nobody listens to.
     k = Keys(ns)
     inbox, rec, ptr = k.inbox("w-1", "normal"), k.idem("order-9"), k.task("m9")
     args = [b"ENV", "cap", 1, "m9", "order-9", TTL_MS]
@@ -261,5 +261,8 @@ async def test_a_send_announces_only_a_record_it_turns_pending_again(
         await scripts.call(r, "send", [inbox, rec, ptr], args)
         assert await heard() == []
         await r.hset(rec, "status", "dead")  # released: a send under the key runs again
+        await scripts.call(r, "send", [inbox, rec, ptr], args)
+        assert await heard() == []
+        await r.hset(rec, mapping={"status": "dead", "watched": 1})
         await scripts.call(r, "send", [inbox, rec, ptr], args)
         assert await heard() == [b"pending"]

@@ -544,6 +544,7 @@ async def test_a_settled_item_is_announced_a_fenced_one_not(
     r: AnyRedis, redis_url: str, ns: str
 ) -> None:
     s = await _scene(r, ns, n=2)
+    await r.hset(s.rec, "watched", 1)
     async with listening(redis_url, s.rec) as heard:
         b = Batch()
         b.complete(s, s.entries[0])

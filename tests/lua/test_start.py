@@ -106,6 +106,7 @@ async def test_a_start_is_announced_a_start_left_alone_not(
 ) -> None:
     k = Keys(ns)
     rec = await claimed_at_send(r, k, 12)
+    await r.hset(rec, "watched", 1)
     async with listening(redis_url, rec) as heard:
         item = delivery.StartItem(rec, 2_000, 1)
         assert await delivery.start_call([item], owner=OWNER, ttl_ms=TTL_MS).run(r) == [True]

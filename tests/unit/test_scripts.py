@@ -64,6 +64,7 @@ def test_every_script_has_a_typed_call() -> None:
     made.add(delivery.give_up("k", status="dead", error="", ttl_ms=1).script)
     made.add(cancelling.cancel_call("k", msg_id="m", error="", ttl_ms=1).script)
     made.add(watching.progress_call("k", fence=1, fraction="0", note="").script)
+    made.add(watching.watch_call("k").script)
     assert made == set(scripts.names())
 
 
