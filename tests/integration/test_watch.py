@@ -18,7 +18,9 @@ from reach import Client, ConfigError, DeadlineExceeded, TaskChange
 from reach.connection import AnyRedis
 from reach.keys import Keys
 from tests.integration.test_cancel import wait_effect
-from tests.support.agents_messaging import wait_eligible, wait_status
+from tests.support.agents_messaging import serving, wait_eligible, wait_status
+from tests.support.agents_watch import make
+from tests.support.cluster import RedisTestCluster
 from tests.support.waiting import wait_until
 from tests.support.workers import ROOT, Workers
 
@@ -214,4 +216,39 @@ async def test_a_watch_survives_its_connection_killed(
         assert [(c.kind, c.status, c.final) for c in seen] == [
             ("current", "running", False),
             ("status", "succeeded", True),
+        ]
+
+
+@pytest.mark.cluster
+async def test_a_watch_on_a_cluster_sees_every_change(
+    redis_cluster: RedisTestCluster, ns: str
+) -> None:
+    """On a Cluster the channel is subscribed on the master of the record's slot, and a
+    caller's idempotency key (its record named by the key, found through the msg_id's
+    pointer) is followed as well as a msg_id."""
+    url = redis_cluster.url
+    async with serving(url, ns, make(), concurrency=1, prefetch=0) as client:
+        r = client.commands
+        held = await client.send("watch.hold", "c1")
+        await wait_status(client, held, "running")
+        msg_id = await client.send("watch.steps", STEPS, idempotency_key="order-1")
+        got: list[tuple[str, str, float | None]] = []
+        async with anyio.create_task_group() as tg:
+            first = anyio.Event()
+
+            async def follow() -> None:
+                async for c in client.watch(msg_id, timeout_s=60):
+                    got.append((c.kind, c.status, c.progress))
+                    first.set()
+
+            tg.start_soon(follow)
+            await first.wait()
+            await r.hset(Keys(ns).effects("gate"), "c1", 1)
+        assert got == [
+            ("current", "pending", None),
+            ("status", "running", None),
+            ("progress", "running", 0.25),
+            ("progress", "running", 0.5),
+            ("progress", "running", 1.0),
+            ("status", "succeeded", None),
         ]
