@@ -26,6 +26,8 @@
 -- cancelled. A fence that is not a number restarts from the server time in ms (as
 -- claim.lua does).
 --
+-- A watched record cancelled announces 'cancelled' (lua/includes/announce.lua).
+--
 -- Every argument, and the types of the keys, are checked before the first write: a
 -- refused call writes nothing.
 --
@@ -40,6 +42,7 @@
 --         out of contract.
 --!include args
 --!include record
+--!include announce
 --!include key_types
 --!include codes
 local MAX_TTL = 31536000000
@@ -58,13 +61,13 @@ local function check()
     local why = key_type(KEYS[2], 'stream')
     if why then return 'KEYS[2]: ' .. why end
   end
-  return read_record(1, 'done', 'fence', 'status')
+  return read_record(1, 'done', 'fence', 'status', 'watched')
 end
 
 local err = check()
 if err then return refuse(err) end
 
-local done, fence, status = unpack(record(1, 'done', 'fence', 'status'))
+local done, fence, status, watched = unpack(record(1, 'done', 'fence', 'status', 'watched'))
 if not done and not fence and not status then
   return {CancelCode_UNKNOWN, ''}
 end
@@ -81,6 +84,7 @@ if fence then
   redis.call('HSET', KEYS[1], 'fence', string.format('%.0f', f + 1))
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
+if watched then announce(KEYS[1], 'cancelled') end
 if #KEYS == 2 then
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'm', ARGV[1], 'k', KEYS[1])
 end

@@ -45,6 +45,9 @@
 -- answer is POISONED, for the caller to dead-letter it. A later new claim of the key (a
 -- replay of the dead letter) runs again; its own takeovers count on.
 --
+-- A claim of a watched record announces 'running', a poisoned one 'dead'
+-- (lua/includes/announce.lua).
+--
 -- Every argument, and the type of every key, is checked before the first write: a refused
 -- call writes nothing. A record whose fence, runs or lease_until field is not a number
 -- (written behind the scripts' back) is claimed anew: an unreadable lease counts as
@@ -77,6 +80,7 @@ local MAX_TTL, MAX_LEASE = 31536000000, 604800000
 --!include args
 --!include record
 --!include codes
+--!include announce
 
 -- A stored counter HINCRBY can take (and whose increment stays exact in Lua).
 local function counter_ok(v)
@@ -94,7 +98,7 @@ local function check()
       return bad('lease_ms of KEYS[' .. i .. ']', a, 'want an integer 1..' .. MAX_LEASE)
     end
     e = read_record(i, 'done', 'reply', 'owner', 'lease_until', 'fence', 'runs', 'takeovers',
-      'agent_id', 'msg_id', 'sent_msg_id', 'status')
+      'agent_id', 'msg_id', 'sent_msg_id', 'status', 'watched')
     if e then return e end
   end
 end
@@ -111,7 +115,7 @@ end
 -- The answer for KEYS[i] (key), claimed at server time now if no one holds it.
 local function claim(i, key, now)
   local s = record(i, 'done', 'reply', 'owner', 'lease_until', 'fence', 'runs', 'takeovers',
-    'agent_id', 'msg_id', 'sent_msg_id', 'status')
+    'agent_id', 'msg_id', 'sent_msg_id', 'status', 'watched')
   if s[1] == '1' then
     -- The record's status, agent_id and msg_id too: the short stored form leaves them out.
     return {ClaimCode_REPLAY, s[2] or '', s[11] or '', s[8] or '', s[9] or ''}
@@ -137,6 +141,7 @@ local function claim(i, key, now)
         'agent_id', ARGV[3], 'updated_ms', now, 'takeovers', n,
         'error', 'poisoned: ' .. n .. ' runs never finished')
       redis.call('PEXPIRE', key, ARGV[2])
+      if s[12] then announce(key, 'dead') end
       return {ClaimCode_POISONED, ran, takeovers}
     end
   end
@@ -161,6 +166,7 @@ local function claim(i, key, now)
   redis.call(unpack(w))
   if #gone > 0 then redis.call('HDEL', key, unpack(gone)) end
   redis.call('PEXPIRE', key, ARGV[2])
+  if s[12] then announce(key, 'running') end
   return {ClaimCode_RUN, fence}
 end
 

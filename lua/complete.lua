@@ -13,6 +13,9 @@
 --   ARGV[j+5] error text for the status ('' = none)
 -- So #ARGV = 1 + 5 * #KEYS. Integers are plain decimal digits without sign or leading zero.
 --
+-- A watched record settled announces its new status (lua/includes/announce.lua); a
+-- fenced one announces nothing.
+--
 -- Every argument, and the type of every key, is checked before the first write: a refused
 -- call writes nothing.
 --
@@ -38,12 +41,12 @@ local function check()
   if e then return e end
   for i = 1, #KEYS do
     e = completion_bad(2 + 5 * (i - 1), of_key, i)
-      or read_record(i, 'fence', 'done', 'runs', 'steps')
+      or read_record(i, 'fence', 'done', 'runs', 'steps', 'watched')
     if e then return e end
   end
 end
 
 return batch(check, function(i, key, now)
-  local rec = record(i, 'fence', 'done', 'runs', 'steps')
+  local rec = record(i, 'fence', 'done', 'runs', 'steps', 'watched')
   return complete_record(key, rec, 2 + 5 * (i - 1), ARGV[1], now)
 end)

@@ -10,6 +10,8 @@
 -- ARGV[3] ttl_ms: how long the record lives from now, integer 1..31536000000 (365 days)
 -- Integers are plain decimal digits without sign or leading zero.
 --
+-- A status written in a watched record is announced (lua/includes/announce.lua).
+--
 -- Every argument, and the type of KEYS[1], is checked before the first write: a refused
 -- call writes nothing.
 --
@@ -25,6 +27,7 @@
 --!include args
 --!include record
 --!include now
+--!include announce
 local MAX_TTL = 31536000000
 local GIVEN_UP = {expired = true, dead = true}
 
@@ -33,14 +36,15 @@ local function check()
   if why then return why end
   if not GIVEN_UP[ARGV[1]] then return bad('status', 1, 'want expired or dead') end
   if not int(ARGV[3], 1, MAX_TTL) then return bad('ttl_ms', 3, 'want an integer 1..' .. MAX_TTL) end
-  return read_record(1, 'done', 'reply', 'agent_id', 'msg_id', 'status')
+  return read_record(1, 'done', 'reply', 'agent_id', 'msg_id', 'status', 'watched')
 end
 
 local err = check()
 if err then return refuse(err) end
 
-local s = record(1, 'done', 'reply', 'agent_id', 'msg_id', 'status')
+local s = record(1, 'done', 'reply', 'agent_id', 'msg_id', 'status', 'watched')
 if s[1] == '1' then return {s[2] or '', s[5] or '', s[3] or '', s[4] or ''} end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'error', ARGV[2], 'updated_ms', now_ms())
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
+if s[6] then announce(KEYS[1], ARGV[1]) end
 return false

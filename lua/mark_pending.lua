@@ -19,6 +19,8 @@
 -- (send.lua's KEYS[3]) is in a third slot and holds no status: the client writes it with a
 -- plain SET.
 --
+-- A watched record made 'pending' again announces it (lua/includes/announce.lua).
+--
 -- Returns 1: the status is now 'pending'; 0: the record's status (done, running or
 -- cancelled), kept.
 -- Errors  'ERR reach: bad <argument>: <why>' when an argument or the key's type is out of
@@ -27,16 +29,18 @@ local MAX_TTL, MAX_INT = 31536000000, 999999999999999
 
 --!include args
 --!include key_types
+--!include announce
 
 local err = arity(1, 4) or int_bad('attempt', 2, 0, MAX_INT) or int_bad('ttl_ms', 4, 1, MAX_TTL)
   or keys_typed({'hash'})
 if err then return refuse(err) end
 
-local had = redis.call('HMGET', KEYS[1], 'done', 'cancel_of', 'status')
+local had = redis.call('HMGET', KEYS[1], 'done', 'cancel_of', 'status', 'watched')
 local marked = 0
 if had[1] ~= '1' and had[3] ~= 'succeeded' and had[3] ~= 'running'
     and not (had[3] == 'cancelled' and had[2] == ARGV[3]) then
   redis.call('HSET', KEYS[1], 'status', 'pending')
+  if had[4] then announce(KEYS[1], 'pending') end
   marked = 1
 end
 redis.call('HSET', KEYS[1], 'capability', ARGV[1], 'attempt', ARGV[2], 'sent_msg_id', ARGV[3])

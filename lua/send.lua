@@ -48,6 +48,9 @@
 -- entry once it is settled, so this is queued + being handled), at the moment of the add:
 -- concurrent senders can never push an inbox past it.
 --
+-- A watched record made 'pending' again (a resend under a released key) announces it
+-- (lua/includes/announce.lua).
+--
 -- Returns the inbox entry id (a string), or, when the inbox holds max_queue entries or
 -- more, that number of entries (an integer) and nothing is written. The batch form returns
 -- an array of those, one per message in order (the messages past the bound are refused,
@@ -59,6 +62,7 @@ local MAX_TTL, MAX_INT, MAX_LEASE = 31536000000, 999999999999999, 604800000
 --!include args
 --!include key_types
 --!include now
+--!include announce
 
 -- The batch form: the ARGV of the claim (0, or 2 with ARGV[8..9]) before message 2's.
 local fixed = 0
@@ -183,10 +187,11 @@ local function add(k, a, new)
     -- is pending from now, so nobody reads the last run's outcome as this send's.
     -- A cancelled one stays cancelled for a copy of the msg_id cancelled (a retry, a moved
     -- entry: cancel.lua's cancel_of), so claim.lua never runs it; a new msg_id runs again.
-    local had = redis.call('HMGET', KEYS[k + 2], 'done', 'cancel_of', 'status')
+    local had = redis.call('HMGET', KEYS[k + 2], 'done', 'cancel_of', 'status', 'watched')
     if had[1] ~= '1' and had[3] ~= 'succeeded' and had[3] ~= 'running'
         and not (had[3] == 'cancelled' and had[2] == ARGV[a + 4]) then
       redis.call('HSET', KEYS[k + 2], 'status', 'pending')
+      if had[4] then announce(KEYS[k + 2], 'pending') end
     end
     redis.call('HSET', KEYS[k + 2], 'capability', ARGV[a + 2], 'attempt', ARGV[a + 3],
       'sent_msg_id', ARGV[a + 4])

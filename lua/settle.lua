@@ -58,6 +58,9 @@
 -- Integers are plain decimal digits without sign or leading zero. Text and bytes slots take
 -- any bytes.
 --
+-- A watched record settled announces its new status (lua/includes/announce.lua); a
+-- fenced item announces nothing.
+--
 -- Everything is checked before the first write, so a refused batch writes nothing (Redis
 -- does not roll a script back): every count, index, number and word above, and the type
 -- of every key against each use of it (record: a hash; reply stream, inbox, dead-letter
@@ -221,7 +224,7 @@ local function check()
     if want == 'hash' then
       -- A record is read here (kept for the write pass) instead of asked its TYPE: one
       -- command, and HMGET fails on exactly what is not a hash.
-      local rec = redis.pcall('HMGET', KEYS[i], 'fence', 'done', 'runs', 'steps')
+      local rec = redis.pcall('HMGET', KEYS[i], 'fence', 'done', 'runs', 'steps', 'watched')
       if rec['err'] then kind = redis.call('TYPE', KEYS[i])['ok'] else reads[i] = rec end
     elseif want then
       kind = redis.call('TYPE', KEYS[i])['ok']
@@ -292,7 +295,7 @@ for item = 1, tonumber(ARGV[3]) do
   if ki > 0 then
     local key = KEYS[ki]
     local rec = reads[ki]
-    if seen[key] then rec = redis.call('HMGET', key, 'fence', 'done', 'runs', 'steps') end
+    if seen[key] then rec = redis.call('HMGET', key, 'fence', 'done', 'runs', 'steps', 'watched') end
     seen[key] = true
     code = complete_record(key, rec, p + 1, ttl, now)
     if code == SettleCode_SETTLED then

@@ -20,6 +20,8 @@
 -- quick handler whose settle came first), or the claim is not this runtime's any more (a
 -- record changed behind the scripts' back), which the fenced completion then finds.
 --
+-- A watched record started announces 'running' (lua/includes/announce.lua).
+--
 -- Every argument, and the type of every key, is checked before the first write: a refused
 -- call writes nothing.
 --
@@ -31,8 +33,9 @@ local MAX_TTL, MAX_LEASE, MAX_FENCE = 31536000000, 604800000, 9007199254740992
 
 --!include args
 --!include now
+--!include announce
 
-local reads = {}  -- each record's owner, fence, done and status, as the check read them
+local reads = {}  -- each record's owner, fence, done, status and watched, as the check read them
 
 local function check()
   if #KEYS < 1 or #ARGV ~= 2 + 2 * #KEYS then
@@ -51,7 +54,7 @@ local function check()
     end
     -- Read here (kept for the write pass) instead of asked its TYPE: one command, and
     -- HMGET fails on exactly what is not a hash.
-    local rec = redis.pcall('HMGET', KEYS[i], 'owner', 'fence', 'done', 'status')
+    local rec = redis.pcall('HMGET', KEYS[i], 'owner', 'fence', 'done', 'status', 'watched')
     if rec['err'] then
       return 'KEYS[' .. i .. ']: holds a ' .. redis.call('TYPE', KEYS[i])['ok']
         .. ', want a hash'
@@ -73,6 +76,7 @@ for i = 1, #KEYS do
     redis.call('HSET', KEYS[i], 'status', 'running', 'lease_until',
       now + tonumber(ARGV[j + 1]), 'updated_ms', now, 'runs', 1)
     redis.call('PEXPIRE', KEYS[i], ARGV[2])
+    if s[5] then announce(KEYS[i], 'running') end
     out[i] = 1
   else
     out[i] = 0

@@ -47,6 +47,7 @@ from .outcomes import DeadReason, Status, Unavailable
 from .registry import AgentInfo, Registry, normalize_capability
 from .session import Session
 from .tasks import DeadLetter, TaskStatus
+from .watch import TaskChange
 
 __all__ = [
     "Agent",
@@ -98,6 +99,7 @@ __all__ = [
     "StepTooLarge",
     "Stream",
     "StreamTooLarge",
+    "TaskChange",
     "TaskStatus",
     "TooManySteps",
     "Unavailable",

@@ -82,8 +82,11 @@ _CALLER = (
     "sadd",
     "zadd",
     "pexpire",
-    # the wake-up of an agent waiting on a Cluster (enqueue.lua, an unbounded send)
+    # the wake-up of an agent waiting on a Cluster (enqueue.lua, an unbounded send); a
+    # task's changes announced by cancel.lua, followed by client.watch / reach task -f
     "spublish",
+    "ssubscribe",
+    "sunsubscribe",
     # count_agents.lua: the registry's figures a NoAgentAvailable for an unknown
     # capability gives (reads only, of keys the role reads already)
     "zcard",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any, Self, TypedDict, Unpack
 
 import anyio
@@ -64,6 +64,7 @@ from .routing import POLICIES, Router
 from .signing import SecretOption, Signer, make_signer
 from .tasks import TaskStatus, get_status
 from .view import RegistryView
+from .watch import TaskChange, watch_task
 
 log = logging.getLogger("reach.client")
 
@@ -700,6 +701,19 @@ class Client(ManyCalls, ReplyFigures):
     async def task(self, msg_id: str) -> TaskStatus:
         """The status of a message sent earlier (``unknown`` once its record expired)."""
         return await get_status(self.commands, self.keys, msg_id)
+
+    def watch(self, msg_id: str, *, timeout_s: float | None = None) -> AsyncIterator[TaskChange]:
+        """Follow a message sent earlier, from this or any other process: ``async for
+        change in client.watch(msg_id)`` yields first the task as it is now (its status
+        and latest progress), then each change as it happens (``running``, the
+        handler's ``ctx.progress(...)``, ``retrying``...), and ends after the final one
+        (succeeded, dead, expired, cancelled; or ``unknown``: no such message, or its
+        record expired), which carries the whole record (reply, error). Each is a
+        :class:`reach.TaskChange`. ``timeout_s`` bounds the whole watch: past it,
+        :class:`DeadlineExceeded`. docs/concepts.md, *Watching a task*."""
+        return watch_task(
+            self.commands, self.commands.redis, self.keys, msg_id, timeout_s=timeout_s
+        )
 
     async def result(self, msg_id: str, *, timeout_s: float | None = None) -> Any:
         """The result of a message sent earlier, waiting up to ``timeout_s`` for it.

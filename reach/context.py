@@ -25,6 +25,7 @@ from .keys import Keys
 from .session import Session
 from .signing import worker as worker_signing
 from .steps import StepJournal, check_name
+from .watch import report_progress
 
 
 class CancelState(Protocol):
@@ -185,6 +186,21 @@ class Context:
         that the one case a journal cannot cover - a run that stops after ``fn`` and
         before its result is journaled - is not charged twice either."""
         return f"{self.envelope.key}/{check_name(name)}"
+
+    async def progress(self, fraction: float, note: str = "") -> None:
+        """Report how far the handler has got: ``fraction`` done, 0..1 (ConfigError
+        otherwise), with an optional ``note`` (cut to 512 UTF-8 bytes). The task record
+        keeps the latest (``client.task(msg_id)``) and every watcher of the task gets it
+        (``client.watch``, ``reach task MSG_ID --follow``). A report of a run that no
+        longer holds the message (cancelled, or taken over) is dropped. One write per
+        call: report steps, not every token."""
+        await report_progress(
+            self._redis,
+            self._keys.idem(self.envelope.key),
+            fence=self.fence,
+            fraction=fraction,
+            note=note,
+        )
 
     @property
     def redis(self) -> AnyRedis:

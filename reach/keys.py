@@ -378,6 +378,13 @@ class Keys:
     def task(self, msg_id: str) -> str:
         return f"{PREFIX}:{self.namespace}:{{t:{clean_id(msg_id)}}}:task"
 
+    def task_changes(self, idempotency_key: str) -> str:
+        """The sharded pub/sub channel (``SSUBSCRIBE``) on which the scripts announce each
+        change of a task record (lua/includes/announce.lua): named as the record itself
+        (:meth:`idem`), so it is in the record's slot and a script given the record in
+        KEYS publishes on it. A channel, not a key: it holds nothing."""
+        return self.idem(idempotency_key)
+
     def session(self, session_id: str) -> str:
         return f"{PREFIX}:{self.namespace}:{{s:{clean_id(session_id)}}}:session"
 

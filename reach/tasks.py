@@ -51,6 +51,11 @@ class TaskStatus(msgspec.Struct, kw_only=True):
     and passed through ``RuntimeOptions.redact_traceback``)."""
     updated_ms: int = 0
     reply: Reply | None = None
+    progress: float | None = None
+    """The latest fraction done its handler reported (``ctx.progress``), 0..1; None when it
+    reported none."""
+    progress_note: str = ""
+    """The note that came with it."""
 
     @property
     def error_text(self) -> str:
@@ -107,7 +112,18 @@ async def get_status(redis: AnyRedis, keys: Keys, msg_id: str) -> TaskStatus:
         traceback=safe_text(d.get("traceback", b"")) if failed else "",
         updated_ms=safe_int(d.get("updated_ms")),
         reply=reply,
+        progress=_fraction(d.get("progress")),
+        progress_note=safe_text(d.get("progress_note", b"")),
     )
+
+
+def _fraction(value: bytes | None) -> float | None:
+    """A stored progress fraction, or None (none stored, or not one ``progress.lua`` wrote)."""
+    try:
+        x = float(safe_text(value)) if value else None
+    except ValueError:
+        return None
+    return x if x is not None and 0 <= x <= 1 else None
 
 
 # -- dead letters --------------------------------------------------------------------

@@ -63,6 +63,7 @@ from .common import (
 from .completion import complete_agent_id, complete_capability
 from .dlq_cmd import dlq_app
 from .doctor_cmd import doctor as doctor_cmd
+from .follow import follow
 from .gateway_cmd import gateway as gateway_cmd
 from .keys_cmd import keys_app
 from .quota_cmd import quota_app
@@ -437,13 +438,30 @@ async def task(
     redis_url: RedisUrl = DEFAULT_REDIS,
     namespace: Namespace = DEFAULT_NS,
     json_: Json = False,
+    follow_: Annotated[
+        bool,
+        typer.Option(
+            "--follow",
+            "-f",
+            help="Print each change as it happens (status, the handler's progress) until the "
+            "final one; with --json one JSON object per line.",
+        ),
+    ] = False,
 ) -> None:
     """Show a message's status: pending, running, succeeded, failed, retrying, expired, dead,
     cancelled.
 
-    Example: reach task 019a...e3 --json
+    Example: reach task 019a...e3 --json; reach task 019a...e3 --follow
     """
     r = await open_redis(redis_url)
+    if follow_:
+        try:
+            final = await follow(r, Keys(namespace), msg_id, json_=json_)
+        finally:
+            await r.aclose()
+        if final == Status.UNKNOWN:
+            raise typer.Exit(1)
+        return
     try:
         st = await get_status(r, Keys(namespace), msg_id)
         runs = await attempts_of(r, Keys(namespace), msg_id)
@@ -467,6 +485,8 @@ async def task(
         "updated_ms": st.updated_ms,
         "idempotency_key": st.idempotency_key or st.msg_id,
         "result": result,
+        "progress": st.progress,
+        "progress_note": st.progress_note,
     }
     attempts: list[dict[str, Any]] = [
         {

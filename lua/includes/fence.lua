@@ -4,6 +4,7 @@
 -- text.
 --!include args
 --!include codes
+--!include announce
 local MAX_FENCE = 9007199254740992
 local STATUSES = {succeeded = true, failed = true, retrying = true, expired = true, dead = true}
 local MODES = {done = true, release = true}
@@ -23,9 +24,9 @@ local function completion_bad(f, where, n)
   return nil
 end
 
--- Store the completion at ARGV[f..f+4] in record `key`, whose fence, done, runs and steps
--- fields are rec (HMGET key fence done runs steps), if the fence still matches and it is
--- not done yet: its status and error; for mode 'done' also done = 1 and the reply later
+-- Store the completion at ARGV[f..f+4] in record `key`, whose fence, done, runs, steps and
+-- watched fields are rec (HMGET key fence done runs steps watched), if the fence still
+-- matches and it is not done yet: its status and error; for mode 'done' also done = 1 and the reply later
 -- deliveries replay (the bytes as given: the runtime sends the short form of
 -- docs/protocol.md), and the step journal (step.lua: 'steps' and each 's:<name>') is
 -- deleted, since a done key is replayed and never run again (a 'release' keeps it for the
@@ -34,8 +35,9 @@ end
 -- not written empty: owner and lease_until (the claim is over) and an empty error; every
 -- reader takes an absent one as '' (lease_until: 0). Fewer fields, none of them long, keep
 -- a small record in Redis's compact hash encoding (docs/operations.md, *Memory per
--- completed record*). The record then lives ttl ms. Returns SettleCode_SETTLED, or
--- FENCED (nothing written): another owner claimed the key since.
+-- completed record*). The record then lives ttl ms; a watched one announces its new status
+-- (lua/includes/announce.lua). Returns SettleCode_SETTLED, or FENCED (nothing written):
+-- another owner claimed the key since.
 local function complete_record(key, rec, f, ttl, now)
   if not rec[1] or rec[1] ~= ARGV[f] or rec[2] == '1' then return SettleCode_FENCED end
   local w = {'HSET', key, 'status', ARGV[f + 1], 'updated_ms', now}
@@ -58,5 +60,6 @@ local function complete_record(key, rec, f, ttl, now)
   redis.call(unpack(w))
   redis.call(unpack(gone))
   redis.call('PEXPIRE', key, ttl)
+  if rec[5] then announce(key, ARGV[f + 1]) end
   return SettleCode_SETTLED
 end

@@ -1,6 +1,7 @@
 """The gateway's JSON-RPC methods: the SDK's request handler, with ``tasks/get`` answering
 for tasks this process does not hold (from the reach task record), ``tasks/cancel`` as
-reach's cancellation, and each client error logged as one.
+reach's cancellation, ``SubscribeToTask`` (``tasks/resubscribe``) following a task another
+gateway process runs (``Client.watch``), and each client error logged as one.
 
 Also the context builder that tells the executor which server a request came in on
 (``/caps/<capability>``, ``/agents/<agent_id>`` or ``/``).
@@ -22,21 +23,31 @@ from a2a.types.a2a_pb2 import (
     ListTasksRequest,
     ListTasksResponse,
     Message,
+    Part,
+    Role,
     SendMessageRequest,
     SubscribeToTaskRequest,
     Task,
     TaskState,
+    TaskStatus,
+    TaskStatusUpdateEvent,
 )
-from a2a.utils.errors import A2AError, TaskNotCancelableError, TaskNotFoundError
+from a2a.utils.errors import (
+    A2AError,
+    TaskNotCancelableError,
+    TaskNotFoundError,
+    UnsupportedOperationError,
+)
 from a2a.utils.task import apply_history_length
 from starlette.requests import Request
 
 from .._cancel import CancelOutcome
+from ..envelope import new_id
 from ..errors import ReachError
 from ..outcomes import Status
 from .executor import _TARGET, Target
 from .logs import client_error
-from .mapping import error_of
+from .mapping import error_of, task_state
 
 if TYPE_CHECKING:
     from .server import Gateway
@@ -90,12 +101,62 @@ class _Handler(DefaultRequestHandler):
     async def on_subscribe_to_task(
         self, params: SubscribeToTaskRequest, context: ServerCallContext
     ) -> AsyncGenerator[Any, None]:
+        """The SDK's for a task this process runs (its event queue has every chunk); for
+        one another gateway process runs, the task from the shared store, then each change
+        of its reach task as ``Client.watch`` sees it, then the finished task."""
         try:
-            async for event in super().on_subscribe_to_task(params, context):
+            if params.id in self.gw.running:
+                events = super().on_subscribe_to_task(params, context)
+            else:
+                events = self._follow(params.id, context)
+            async for event in events:
                 yield event
         except A2AError as e:
             client_error(e, context)
             raise
+
+    async def _follow(self, task_id: str, context: ServerCallContext) -> AsyncGenerator[Any, None]:
+        stored = await self.gw.tasks.get(task_id, context)  # None for another caller's
+        if stored is None:
+            raise TaskNotFoundError
+        task = stored.task
+        if task.status.state in _TERMINAL:  # as the SDK answers it
+            raise UnsupportedOperationError(
+                message=f"Task {task_id} is in terminal state: {TaskState.Name(task.status.state)}"
+            )
+        shown: TaskState | None = None
+        # The task is yielded once the watch has read the record: every change after it
+        # reaches this subscriber.
+        async for change in self.gw.client.watch(task_id):
+            if change.final:
+                final = await self.gw.task_from_reach(task_id)
+                final.context_id = task.context_id
+                yield final
+                return
+            state = task_state(change.status)
+            if shown is None:
+                if state != TaskState.TASK_STATE_SUBMITTED:
+                    task.status.state = state
+                shown = task.status.state
+                yield task
+                continue
+            if change.kind != "progress" and state == shown:
+                continue
+            shown = state
+            status = TaskStatus(state=state)
+            if change.kind == "progress":
+                text = f"{100 * (change.progress or 0):.0f}%" + (
+                    f" {change.note}" if change.note else ""
+                )
+                status.message.CopyFrom(
+                    Message(
+                        message_id=new_id(),
+                        role=Role.ROLE_AGENT,
+                        task_id=task_id,
+                        parts=[Part(text=text)],
+                    )
+                )
+            yield TaskStatusUpdateEvent(task_id=task_id, context_id=task.context_id, status=status)
 
     async def _get_task(self, params: GetTaskRequest, context: ServerCallContext) -> Task | None:
         try:

@@ -257,6 +257,8 @@ async def test_each_role_runs_under_its_user_and_nothing_is_refused(
             ]
             assert (await client.task(msg_id)).status
             await client.result(msg_id, timeout_s=10)
+            [end] = [c async for c in client.watch(msg_id, timeout_s=10)]
+            assert end.final and end.status == "succeeded"
             await wait_until(lambda: client.eligible("acl.other"), timeout_s=10)
             assert await client.request("acl.other", "x", timeout_s=10) == "x"
             await anyio.sleep(0.3)  # both idle a while: the shared wait
@@ -268,6 +270,7 @@ async def test_each_role_runs_under_its_user_and_nothing_is_refused(
         for args in (
             ("send", "acl.echo", '"cli"', *caller),
             ("task", msg_id, *caller),
+            ("task", msg_id, "--follow", *caller),
             ("agents", *op),
             ("agents", "show", agent.agent_id, *op),
             ("caps", *op),

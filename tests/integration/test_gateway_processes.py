@@ -25,6 +25,7 @@ from reach.client import Client
 from reach.embedded import free_port
 from reach.envelope import new_id
 from reach.keys import Keys
+from tests.support.agents_messaging import wait_eligible
 from tests.support.gateway import a2a_client, start_gateway_process, stop_process, wait_card
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
@@ -145,6 +146,56 @@ async def test_a_finished_task_is_read_from_every_process(
         t = await a2.get_task(GetTaskRequest(id=resp.task.id))
         assert t.status.state == TaskState.TASK_STATE_COMPLETED
         assert len(t.history) == 1  # the gateway's own task (its history), not the record's
+
+
+async def test_a_task_run_by_another_process_is_followed_by_subscribe(
+    two_gateways: tuple[str, str], redis_url: str, ns: str
+) -> None:
+    """SubscribeToTask through the process that does not run the task: the task, then each
+    change of its reach task (``Client.watch``) as status updates, progress as a working
+    status with its note, then the finished task with its result."""
+    one, two = two_gateways
+    agent = Workers(redis_url, ns, "tests.support.agents_watch")
+    agent.start("app", "--concurrency", "1", "--prefetch", "0")
+    auth = {"Authorization": f"Bearer {ALICE}"}
+    try:
+        async with (
+            httpx.AsyncClient(headers=auth, timeout=60) as ha,
+            Client(redis_url=redis_url, namespace=ns) as reach_client,
+        ):
+            await wait_eligible(reach_client, "watch.steps", ["watch-1"], timeout=60)
+            held = await reach_client.send("watch.hold", "gw")  # the agent's only slot
+            a1, _ = await a2a_client(ha, f"{one}/caps/watch.steps", streaming=False)
+            a2, _ = await a2a_client(ha, f"{two}/caps/watch.steps")
+            req = message([[0.5, "halfway"], [1.0, "done"]])
+            req.configuration.return_immediately = True
+            [first] = [e async for e in a1.send_message(req)]
+            task_id = first.task.id
+            events = a2.subscribe(SubscribeToTaskRequest(id=task_id))
+            head = await anext(events)  # the watch has read the record: nothing is missed
+            assert head.task.id == task_id
+            assert head.task.status.state == TaskState.TASK_STATE_SUBMITTED
+            await reach_client.commands.hset(Keys(ns).effects("gate"), "gw", 1)
+            seen = []
+            async for e in events:
+                kind = e.WhichOneof("payload")
+                if kind == "status_update":
+                    u = e.status_update
+                    note = u.status.message.parts[0].text if u.status.message.parts else ""
+                    seen.append((TaskState.Name(u.status.state), note))
+                else:
+                    assert kind == "task"
+                    seen.append((TaskState.Name(e.task.status.state), "final"))
+                    assert [a.name for a in e.task.artifacts] == ["result"]
+            assert seen == [
+                ("TASK_STATE_WORKING", ""),
+                ("TASK_STATE_WORKING", "50% halfway"),
+                ("TASK_STATE_WORKING", "100% done"),
+                ("TASK_STATE_COMPLETED", "final"),
+            ]
+            assert (await reach_client.task(held)).status == "succeeded"
+    finally:
+        agent.stop_all()
 
 
 def rss_bytes(pid: int) -> int:

@@ -14,6 +14,7 @@ from reach import scripts
 from reach.connection import AnyRedis
 from reach.keys import Keys
 from reach.scripts import CancelCode, ClaimCode, SettleCode
+from tests.lua.announced import listening
 from tests.lua.snapshot import assert_unchanged, snapshot
 
 pytestmark = pytest.mark.anyio
@@ -184,3 +185,15 @@ async def test_keys_of_the_wrong_type_or_number_are_refused(r: AnyRedis, ns: str
         with pytest.raises(rexc.ResponseError, match=f"^reach: bad {why}"):
             await scripts.call(r, "cancel", keys, args)
     assert_unchanged(before, await snapshot(r, ns))
+
+
+async def test_a_cancel_is_announced_a_refused_one_not(
+    r: AnyRedis, redis_url: str, ns: str
+) -> None:
+    rec = Keys(ns).idem("k-announced")
+    await _claim(r, rec)
+    await r.hset(rec, "watched", 1)
+    async with listening(redis_url, rec) as heard:
+        assert (await _cancel(r, rec, "m"))[0] == CancelCode.CANCELLED
+        assert (await _cancel(r, rec, "m"))[0] == CancelCode.ALREADY_CANCELLED
+        assert await heard() == [b"cancelled"]

@@ -9,6 +9,7 @@ import redis.exceptions as rexc
 from reach import scripts
 from reach.connection import AnyRedis
 from reach.keys import Keys
+from tests.lua.announced import listening
 from tests.lua.snapshot import assert_unchanged, snapshot
 
 pytestmark = pytest.mark.anyio
@@ -356,3 +357,21 @@ async def test_a_claim_after_a_completion_is_no_takeover(r: AnyRedis, ns: str) -
     a[3] = 0
     assert await scripts.call(r, "claim", [rec], a) == [[1, 6]]
     assert (await r.hmget(rec, "runs", "takeovers")) == [b"3", None]  # 0: not written
+
+
+async def test_a_claim_announces_running_and_a_poisoned_one_dead(
+    r: AnyRedis, redis_url: str, ns: str
+) -> None:
+    rec, quiet = Keys(ns).idem("k-announced"), Keys(ns).idem("k-quiet")
+    await r.hset(rec, "watched", 1)  # what watch.lua writes
+    async with listening(redis_url, quiet) as heard:  # not watched: nothing announced
+        assert await scripts.call(r, "claim", [quiet], _args(OWNER_A, (60_000, "m2"))) == [[1, 1]]
+        assert await heard() == []
+    busy = _args(OWNER_B, (60_000, "m1"))
+    poison = _args(OWNER_B, (60_000, "m1", OWNER_A))
+    poison[3] = 0
+    async with listening(redis_url, rec) as heard:
+        assert await scripts.call(r, "claim", [rec], _args(OWNER_A, (60_000, "m1"))) == [[1, 1]]
+        assert (await scripts.call(r, "claim", [rec], busy))[0][0] == 3  # BUSY: no change
+        assert (await scripts.call(r, "claim", [rec], poison))[0][0] == 5
+        assert await heard() == [b"running", b"dead"]

@@ -8,6 +8,7 @@ import redis.exceptions as rexc
 from reach import scripts
 from reach.connection import AnyRedis
 from reach.keys import Keys
+from tests.lua.announced import listening
 from tests.lua.snapshot import assert_unchanged, snapshot
 
 pytestmark = pytest.mark.anyio
@@ -144,3 +145,17 @@ async def test_a_key_that_is_not_a_hash_is_refused_before_any_write(r: AnyRedis,
             [TTL_MS, *_item(fa, "succeeded", b"A", "done"), *_item(1, "succeeded", b"B", "done")],
         )
     assert_unchanged(before, await snapshot(r, ns))
+
+
+async def test_a_completion_is_announced_a_fenced_one_not(
+    r: AnyRedis, redis_url: str, ns: str
+) -> None:
+    rec = Keys(ns).idem("k-announced")
+    fence = await _claim(r, rec, "w-1/i1")
+    await r.hset(rec, "watched", 1)
+    async with listening(redis_url, rec) as heard:
+        args = [TTL_MS, *_item(fence, "retrying", b"", "release", "boom")]
+        assert await scripts.call(r, "complete", [rec], args) == [1]
+        stale = [TTL_MS, *_item(fence - 1 or fence + 1, "succeeded", b"ok", "done")]
+        assert await scripts.call(r, "complete", [rec], stale) == [0]
+        assert await heard() == [b"retrying"]

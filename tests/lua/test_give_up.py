@@ -10,6 +10,7 @@ import redis.exceptions as rexc
 from reach import scripts
 from reach.connection import AnyRedis
 from reach.keys import Keys
+from tests.lua.announced import listening
 from tests.lua.snapshot import assert_unchanged, snapshot
 
 pytestmark = pytest.mark.anyio
@@ -118,3 +119,17 @@ async def test_a_key_that_is_not_a_hash_is_refused_before_any_write(r: AnyRedis,
     with pytest.raises(rexc.ResponseError, match=r"^reach: bad KEYS\[1\]: holds a list"):
         await scripts.call(r, "give_up", [rec], ["dead", "", TTL_MS])
     assert_unchanged(before, await snapshot(r, ns))
+
+
+async def test_giving_up_is_announced_a_completed_key_not(
+    r: AnyRedis, redis_url: str, ns: str
+) -> None:
+    k = Keys(ns)
+    rec, done = k.idem("k-announced"), k.idem("k-done")
+    await r.hset(done, mapping={"done": "1", "status": "succeeded", "watched": 1})
+    await r.hset(rec, "watched", 1)
+    async with listening(redis_url, rec) as heard, listening(redis_url, done) as heard_done:
+        assert await scripts.call(r, "give_up", [rec], ["expired", "late", TTL_MS]) is None
+        assert await scripts.call(r, "give_up", [done], ["dead", "", TTL_MS]) is not None
+        assert await heard() == [b"expired"]
+        assert await heard_done() == []

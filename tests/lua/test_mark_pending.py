@@ -13,6 +13,7 @@ from reach import scripts
 from reach.connection import AnyRedis, connect
 from reach.keys import Keys
 from reach.scripts import inbox
+from tests.lua.announced import listening
 from tests.support.cluster import RedisTestCluster
 
 pytestmark = pytest.mark.anyio
@@ -177,3 +178,14 @@ async def test_a_copy_of_a_cancelled_msg_id_stays_cancelled(r: AnyRedis, ns: str
     # Another message under the key runs again.
     assert await inbox.mark_pending_call(k, _msg("m2", "c1"), ttl_ms=TTL_MS).run(r) is True
     assert await r.hget(k.idem("c1"), "status") == b"pending"
+
+
+async def test_pending_is_announced_a_kept_status_not(r: AnyRedis, redis_url: str, ns: str) -> None:
+    k = Keys(ns)
+    rec = k.idem("m-announced")
+    await r.hset(rec, mapping={"status": "dead", "watched": 1})
+    async with listening(redis_url, rec) as heard:
+        assert await inbox.mark_pending_call(k, _msg("m-announced"), ttl_ms=TTL_MS).run(r)
+        await r.hset(rec, "status", "running")
+        assert not await inbox.mark_pending_call(k, _msg("m-announced"), ttl_ms=TTL_MS).run(r)
+        assert await heard() == [b"pending"]

@@ -14,6 +14,7 @@ from redis.exceptions import ResponseError
 from reach import scripts
 from reach.connection import AnyRedis, connect
 from reach.keys import Keys
+from tests.lua.announced import listening
 
 pytestmark = pytest.mark.anyio
 
@@ -246,3 +247,22 @@ async def test_enqueue_wakes_the_agent_on_its_shard_channel_and_a_refusal_does_n
     finally:
         await ps.aclose()
         await sub.aclose()
+
+
+async def test_a_send_announces_only_a_record_it_turns_pending_again(
+    r: AnyRedis, redis_url: str, ns: str
+) -> None:
+    # Only a watched record announces: a new one has no watcher yet (its msg_id is not out
+    # before the send returns), an unwatched one nobody listens to.
+    k = Keys(ns)
+    inbox, rec, ptr = k.inbox("w-1", "normal"), k.idem("order-9"), k.task("m9")
+    args = [b"ENV", "cap", 1, "m9", "order-9", TTL_MS]
+    async with listening(redis_url, rec) as heard:
+        await scripts.call(r, "send", [inbox, rec, ptr], args)
+        assert await heard() == []
+        await r.hset(rec, "status", "dead")  # released: a send under the key runs again
+        await scripts.call(r, "send", [inbox, rec, ptr], args)
+        assert await heard() == []
+        await r.hset(rec, mapping={"status": "dead", "watched": 1})
+        await scripts.call(r, "send", [inbox, rec, ptr], args)
+        assert await heard() == [b"pending"]

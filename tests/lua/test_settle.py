@@ -17,6 +17,7 @@ from reach.keys import GROUP, Keys
 from reach.scripts.codes import StreamBound
 from reach.scripts.delivery import DeadLetter, Delayed
 from reach.tasks import dead_letter_op
+from tests.lua.announced import listening
 from tests.lua.snapshot import assert_unchanged, snapshot
 
 pytestmark = pytest.mark.anyio
@@ -537,3 +538,18 @@ async def test_an_index_section_out_of_contract_is_refused_before_any_write(
     with pytest.raises(rexc.ResponseError, match=f"^reach: {re.escape(what)}"):
         await scripts.call(r, "settle", b.keys, [TTL_MS, GROUP, b.n, *b.items, *tail])
     assert_unchanged(before, await snapshot(r, ns))
+
+
+async def test_a_settled_item_is_announced_a_fenced_one_not(
+    r: AnyRedis, redis_url: str, ns: str
+) -> None:
+    s = await _scene(r, ns, n=2)
+    await r.hset(s.rec, "watched", 1)
+    async with listening(redis_url, s.rec) as heard:
+        b = Batch()
+        b.complete(s, s.entries[0])
+        assert await b.run(r) == [1]
+        again = Batch()
+        again.complete(s, s.entries[1])  # the same fence: the record is done, so fenced
+        assert await again.run(r) == [0]
+        assert await heard() == [b"succeeded"]

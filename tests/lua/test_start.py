@@ -12,6 +12,7 @@ from reach import scripts
 from reach.connection import AnyRedis
 from reach.keys import Keys
 from reach.scripts import delivery, inbox
+from tests.lua.announced import listening
 
 pytestmark = pytest.mark.anyio
 
@@ -98,3 +99,16 @@ async def test_a_key_of_another_type_is_refused_before_any_write(r: AnyRedis, ns
             ttl_ms=TTL_MS,
         ).run(r)
     assert (await r.hget(rec, "status")) == b"pending"
+
+
+async def test_a_start_is_announced_a_start_left_alone_not(
+    r: AnyRedis, redis_url: str, ns: str
+) -> None:
+    k = Keys(ns)
+    rec = await claimed_at_send(r, k, 12)
+    await r.hset(rec, "watched", 1)
+    async with listening(redis_url, rec) as heard:
+        item = delivery.StartItem(rec, 2_000, 1)
+        assert await delivery.start_call([item], owner=OWNER, ttl_ms=TTL_MS).run(r) == [True]
+        assert await delivery.start_call([item], owner=OWNER, ttl_ms=TTL_MS).run(r) == [False]
+        assert await heard() == [b"running"]

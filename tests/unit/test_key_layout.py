@@ -39,6 +39,7 @@ ARGS: dict[str, tuple[object, ...]] = {
 # members that return a key name but are not a kind of key of their own
 NOT_KEYS = {
     "wake",  # a pub/sub channel, named as the high-priority inbox
+    "task_changes",  # a pub/sub channel, named as the task record
     "agent_prefix_of",  # prefixes Lua appends an id to (their keys: agent, cap_of)
     "cap_prefix_of",
     "agent_prefix",

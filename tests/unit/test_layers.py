@@ -66,6 +66,7 @@ RANKS: dict[str, int] = {
     "reach._chunks": 2,  # a streamed call's chunks, reassembled in order, each once
     "reach._cancel": 2,  # cancelling a message: cancel.lua and the workers' notice
     "reach.steps": 2,  # ctx.step: a handler's durable steps, journaled in its record
+    "reach.watch": 2,  # following a task's changes (client.watch, ctx.progress)
     # routing: pure picks over the view
     "reach.routing": 3,
     # the caller side and what watches it

@@ -218,7 +218,8 @@ def test_every_status_a_script_writes_is_a_member() -> None:
     written: set[str] = set()
     accepted: list[set[str]] = []
     for path in scripts:
-        text = path.read_text()
+        # The fields a script reads ('status', 'watched' in an HMGET) are no status written.
+        text = re.sub(r"(?:'HMGET'|\bread_record\b|\brecord\b)[^)]*\)", "", path.read_text())
         written |= set(re.findall(r"'status',\s*'([a-z_]+)'", text))
         for body in re.findall(r"\bSTATUSES\s*=\s*\{([^}]*)\}", text):
             accepted.append(set(re.findall(r"([a-z_]+)\s*=\s*true", body)))

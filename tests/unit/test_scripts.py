@@ -9,7 +9,7 @@ import pytest
 
 from reach import limits, scripts
 from reach.keys import Keys
-from reach.scripts import agents, cancelling, codes, delivery, inbox, steps
+from reach.scripts import agents, cancelling, codes, delivery, inbox, steps, watching
 from reach.scripts.delivery import (
     ClaimItem,
     Completion,
@@ -64,6 +64,8 @@ def test_every_script_has_a_typed_call() -> None:
     made.add(delivery.give_up("k", status="dead", error="", ttl_ms=1).script)
     made.add(cancelling.cancel_call("k", msg_id="m", error="", ttl_ms=1).script)
     made.add(steps.step_call("k", owner="o", fence=1, name="n", result=b"\xc0").script)
+    made.add(watching.progress_call("k", fence=1, fraction="0", note="").script)
+    made.add(watching.watch_call("k").script)
     assert made == set(scripts.names())
 
 
