@@ -24,6 +24,9 @@ Layout (``ns`` is the namespace, ids are stripped of ``{``/``}`` first):
 * the rest of a namespace, one hash slot (shard 0's)::
 
     reach:{ns}:delayed           zset  retry envelopes due at (epoch ms)
+    reach:{ns}:scheduled         zset  msg_id of a scheduled send -> due (epoch ms)
+    reach:{ns}:scheduled:env     hash  msg_id of a scheduled send -> its sealed envelope
+    reach:{ns}:scheduled:wake    stream wake-ups of the scheduler (an earlier due time)
     reach:{ns}:dlq:<cap>         stream dead letters of <cap>
     reach:{ns}:parked:<cap>      stream messages waiting for an agent of <cap>
     reach:{ns}:parked            set   capabilities with parked messages
@@ -259,6 +262,24 @@ class Keys:
     def delayed(self) -> str:
         return f"{self._reg}:delayed"
 
+    @property
+    def scheduled(self) -> str:
+        """Scheduled sends (``Client.send(at=...)``): msg_id -> due time (epoch ms); a
+        mover pushes the score of an entry it took forward by its lease."""
+        return f"{self._reg}:scheduled"
+
+    @property
+    def scheduled_envelopes(self) -> str:
+        """Scheduled sends' envelopes, sealed at schedule time: msg_id -> bytes."""
+        return f"{self._reg}:scheduled:env"
+
+    @property
+    def scheduled_wake(self) -> str:
+        """A stream (one entry kept) that ``schedule.lua`` adds to when a new send is the
+        earliest due, so a scheduler blocked on it (``XREAD BLOCK``) wakes before its
+        planned time."""
+        return f"{self._reg}:scheduled:wake"
+
     def dlq(self, capability: str) -> str:
         return f"{self._reg}:dlq:{capability}"
 
@@ -441,6 +462,12 @@ LAYOUT: tuple[KeyForm, ...] = (
             "agent id -> when it deregistered (epoch ms): its inbox watched a while"),
     # the namespace's own slot (shard 0's)
     KeyForm("reach:{<ns>}:delayed", "zset", "delayed", "retry envelopes -> due (epoch ms)"),
+    KeyForm("reach:{<ns>}:scheduled", "zset", "scheduled",
+            "msg ids of scheduled sends -> due (epoch ms)"),
+    KeyForm("reach:{<ns>}:scheduled:env", "hash", "scheduled_envelopes",
+            "msg id of a scheduled send -> its sealed envelope"),
+    KeyForm("reach:{<ns>}:scheduled:wake", "stream", "scheduled_wake",
+            "wake-ups of the scheduler (a new earliest due time)"),
     KeyForm("reach:{<ns>}:dlq:<cap>", "stream", "dlq", "the capability's dead letters"),
     KeyForm("reach:{<ns>}:parked:<cap>", "stream", "parked",
             "messages waiting for an agent of the capability"),

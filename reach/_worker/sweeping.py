@@ -7,7 +7,8 @@ about ``shards / 4`` refused sweep calls per process and pass, not one per shard
 shards of a holder that died are taken over within 4 passes of its locks' expiry (leases,
 evictions, the lock: on a Cluster several processes may sweep different shards). For the
 holder of shard 0's lock,
-the chores of reach.sweeper (due retries, evicted inboxes, parked messages...). Every few
+the chores of reach.sweeper (due retries, evicted inboxes, parked messages...), and
+between passes due retries and scheduled sends as they come due. Every few
 seconds the registry is counted for the ``on_registry_counts`` hook (shard 0's lock
 holder's counts; the others report none): one ``count_agents.lua`` call per shard reading
 at most ``metrics.COUNT_SAMPLE`` records in all, so the count costs the same at 10,000
@@ -28,7 +29,7 @@ from .. import metrics
 from ..client import Client
 from ..clock import now_ms
 from ..registry import MAX_LOCK_MS, Registry
-from ..sweeper import move_due, sweep_chores
+from ..sweeper import SCHEDULED_BATCH, move_due, move_scheduled, sweep_chores
 from .state import Shared
 
 log = logging.getLogger("reach.runtime")
@@ -83,6 +84,41 @@ async def _move_due_between_passes(shared: Shared, client: Client, pause_s: floa
             return
 
 
+async def _move_scheduled_between_passes(shared: Shared, client: Client, pause_s: float) -> None:
+    """For ``pause_s``, send scheduled sends as they come due (reach.scheduling).
+
+    Each round takes what is due (``take_due.lua``), then blocks reading the scheduled
+    set's wake-up stream (``XREAD BLOCK``, on a connection of its own) until the next due
+    time: a send scheduled meanwhile with an earlier due time adds to that stream and wakes
+    it at once. An idle namespace costs one script call and one blocking read per pass."""
+    redis, keys = shared.redis, shared.keys
+    end = time.monotonic() + pause_s
+    while (left := end - time.monotonic()) > 0:
+        try:
+            _, taken = await move_scheduled(redis, keys, client, dlq_maxlen=shared.opts.dlq_maxlen)
+            if len(taken.entries) >= SCHEDULED_BATCH:  # more may be due already
+                await anyio.lowlevel.checkpoint()
+                continue
+            wait_ms = left * 1000
+            if taken.next_ms >= 0:
+                wait_ms = min(wait_ms, taken.next_ms - taken.now_ms)
+            if wait_ms < 1:
+                await anyio.sleep(MIN_DUE_SLEEP_S)
+                continue
+            await redis.xread({keys.scheduled_wake: taken.wake_id}, count=1, block=int(wait_ms))
+        except (rexc.RedisError, OSError, ValueError, TypeError, IndexError) as e:
+            # Redis away or keys that are not ours to read: the pass deals with it.
+            log.debug("moving scheduled sends between passes failed: %s", e)
+            await anyio.sleep(max(0.0, min(DUE_POLL_S, end - time.monotonic())))
+
+
+async def _chores_between_passes(shared: Shared, client: Client, pause_s: float) -> None:
+    """The chores' holder's pause: due retries and due scheduled sends, side by side."""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_move_due_between_passes, shared, client, pause_s)
+        tg.start_soon(_move_scheduled_between_passes, shared, client, pause_s)
+
+
 async def sweep_forever(shared: Shared, *, client: Client, registry: Registry) -> None:
     """Sweep until cancelled; failures are logged and the next pass tries again."""
     opts, redis, keys, hooks = shared.opts, shared.redis, shared.keys, shared.hooks
@@ -94,7 +130,7 @@ async def sweep_forever(shared: Shared, *, client: Client, registry: Registry) -
     while True:
         pause_s = opts.sweep_interval_s * (0.8 + 0.4 * random.random())
         if chores:
-            await _move_due_between_passes(shared, client, pause_s)
+            await _chores_between_passes(shared, client, pause_s)
         else:
             await anyio.sleep(pause_s)
         turn += 1

@@ -55,6 +55,9 @@ NOT_KEYS = {
 }
 PROPERTIES = {
     "delayed",
+    "scheduled",
+    "scheduled_envelopes",
+    "scheduled_wake",
     "cancels",
     "limits",
     "quotas",

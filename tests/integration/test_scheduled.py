@@ -1,0 +1,141 @@
+"""Scheduled sends (issue 29, item 2), in-process agents on a real Redis: a send kept until
+its due time has a ``scheduled`` task record and a listing entry, runs once and not before
+it is due; a cancelled one never runs; a due time already past sends at once; bad
+``at``/``delay_s`` are refused before anything is written; a signed send keeps its
+sender's signature. Side effects are counted in Redis (tests/support/agents_schedule.py).
+The restarts (every process, and Redis with AOF) are in tests/chaos/test_scheduled_restarts.py."""
+
+from __future__ import annotations
+
+import math
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from reach import Client, ConfigError
+from reach.connection import AnyRedis
+from reach.keys import Keys
+from reach.scheduling import list_scheduled
+from tests.support.agents_messaging import effects, serving, wait_status
+from tests.support.agents_schedule import CAP, make
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.anyio
+
+
+async def ran(r: AnyRedis, ns: str, msg_id: str) -> int:
+    return (await effects(r, ns, "work")).get(msg_id, 0)
+
+
+async def ran_at_ms(r: AnyRedis, ns: str, msg_id: str) -> int:
+    return int(await r.hget(Keys(ns).effects("ran_ms"), msg_id) or 0)
+
+
+async def test_a_scheduled_send_waits_in_redis_then_runs_once(
+    redis_url: str, ns: str, r: AnyRedis
+) -> None:
+    async with serving(redis_url, ns, make()) as c:
+        before_ms = int(time.time() * 1000)
+        msg_id = await c.send(CAP, {"n": 1}, delay_s=1.0)
+        st = await c.task(msg_id)
+        assert st.status == "scheduled" and st.capability == CAP
+        [listed] = await list_scheduled(r, Keys(ns))
+        assert (listed.msg_id, listed.capability) == (msg_id, CAP)
+        assert listed.due_ms >= before_ms + 1000
+        await wait_status(c, msg_id, "succeeded", timeout=30)
+        assert await ran(r, ns, msg_id) == 1
+        assert await ran_at_ms(r, ns, msg_id) >= listed.due_ms  # never before its due time
+        assert await list_scheduled(r, Keys(ns)) == []
+        k = Keys(ns)
+        assert await r.exists(k.scheduled, k.scheduled_envelopes) == 0  # nothing left behind
+
+
+async def test_at_takes_a_datetime_and_epoch_seconds(redis_url: str, ns: str, r: AnyRedis) -> None:
+    async with serving(redis_url, ns, make()) as c:
+        a = await c.send(CAP, 1, at=datetime.now(UTC) + timedelta(seconds=0.5))
+        b = await c.send(CAP, 2, at=time.time() + 0.5)
+        for m in (a, b):
+            await wait_status(c, m, "succeeded", timeout=30)
+            assert await ran(r, ns, m) == 1
+
+
+async def test_a_cancelled_scheduled_send_never_runs(redis_url: str, ns: str, r: AnyRedis) -> None:
+    async with serving(redis_url, ns, make()) as c:
+        cancelled = await c.send(CAP, "no", delay_s=0.5)
+        later = await c.send(CAP, "yes", delay_s=1.0)  # due after it: its run is our event
+        res = await c.cancel(cancelled)
+        assert res.cancelled and res.status == "scheduled"
+        assert [s.msg_id for s in await list_scheduled(r, Keys(ns))] == [later]
+        await wait_status(c, later, "succeeded", timeout=30)
+        assert await ran(r, ns, cancelled) == 0
+        assert (await c.task(cancelled)).status == "cancelled"
+        assert (await c.cancel(cancelled)).outcome == "already_cancelled"
+
+
+async def test_a_due_time_already_past_sends_at_once(redis_url: str, ns: str, r: AnyRedis) -> None:
+    async with serving(redis_url, ns, make()) as c:
+        m1 = await c.send(CAP, 1, at=time.time() - 60)
+        m2 = await c.send(CAP, 2, delay_s=0)
+        assert await r.zcard(Keys(ns).scheduled) == 0  # never kept: sent as any message
+        for m in (m1, m2):
+            await wait_status(c, m, "succeeded", timeout=30)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"at": datetime(2030, 1, 1)},  # naive: whose 1 January?
+        {"at": time.time() + 60, "delay_s": 1},
+        {"delay_s": -1},
+        {"delay_s": math.nan},
+        {"delay_s": math.inf},
+        {"delay_s": True},
+        {"at": -5},
+        {"at": "tomorrow"},
+        {"delay_s": 400 * 86400},  # more than a year ahead
+        {"delay_s": 10, "deadline_ms": int(time.time() * 1000) + 5000},  # expires before due
+        {"delay_s": 10, "timeout_s": 0},
+        {"delay_s": 10, "where": {"region": "eu"}},
+        {"delay_s": 10, "reroute_after_s": 1.0},
+    ],
+    ids=repr,
+)
+async def test_bad_at_or_delay_is_refused_before_anything_is_written(
+    redis_url: str, ns: str, r: AnyRedis, kwargs: dict[str, object]
+) -> None:
+    async with Client(redis_url=redis_url, namespace=ns) as c:
+        with pytest.raises(ConfigError):
+            await c.send(CAP, 1, **kwargs)  # type: ignore[arg-type]
+    assert await r.keys(f"*{ns}*") == []
+
+
+async def test_the_deadline_counts_from_the_due_time(redis_url: str, ns: str, r: AnyRedis) -> None:
+    async with serving(redis_url, ns, make()) as c:
+        # timeout_s shorter than the delay: counted from now it would expire unrun.
+        m = await c.send(CAP, 1, delay_s=1.0, timeout_s=0.5)
+        await wait_status(c, m, "succeeded", timeout=30)
+        assert await ran(r, ns, m) == 1
+
+
+async def test_a_send_with_its_own_idempotency_key_is_found_by_msg_id(
+    redis_url: str, ns: str, r: AnyRedis
+) -> None:
+    async with serving(redis_url, ns, make()) as c:
+        m = await c.send(CAP, 1, delay_s=0.5, idempotency_key="order-7")
+        st = await c.task(m)
+        assert (st.status, st.idempotency_key) == ("scheduled", "order-7")
+        await wait_status(c, m, "succeeded", timeout=30)
+
+
+async def test_many_sends_due_together_each_run_once(redis_url: str, ns: str, r: AnyRedis) -> None:
+    async with serving(redis_url, ns, make()) as c:
+        due = time.time() + 1.0
+        ids = [await c.send(CAP, i, at=due) for i in range(300)]
+
+        async def all_ran() -> bool:
+            return len(await effects(r, ns, "work")) == len(ids)
+
+        await wait_until(all_ran, timeout_s=60, what="every scheduled send ran")
+        counts = await effects(r, ns, "work")
+        assert sorted(counts) == sorted(ids) and set(counts.values()) == {1}
