@@ -15,8 +15,10 @@ import pytest
 
 from reach import Client, ConfigError
 from reach.connection import AnyRedis
+from reach.envelope import decode_envelope
 from reach.keys import Keys
 from reach.scheduling import list_scheduled
+from reach.scripts.scheduling import take_due_call
 from tests.support.agents_messaging import effects, serving, wait_status
 from tests.support.agents_schedule import CAP, make
 from tests.support.waiting import wait_until
@@ -139,3 +141,55 @@ async def test_many_sends_due_together_each_run_once(redis_url: str, ns: str, r:
         await wait_until(all_ran, timeout_s=60, what="every scheduled send ran")
         counts = await effects(r, ns, "work")
         assert sorted(counts) == sorted(ids) and set(counts.values()) == {1}
+
+
+async def test_a_mover_that_died_after_placing_is_healed_by_the_lease(
+    redis_url: str, ns: str, r: AnyRedis
+) -> None:
+    """A mover took a due send and placed it, then died before removing it: the entry is
+    taken again when its lease ends and placed a second time, and idempotency runs it once."""
+    k = Keys(ns)
+    async with serving(redis_url, ns, make()) as c:
+        m = await c.send(CAP, 1, at=time.time() + 3600)
+        await r.zadd(k.scheduled, {m: 1})  # due now, for the dead mover below
+        # The dead mover: its take (a short lease), its placement, and no removal.
+        taken = await take_due_call(k, limit=10, lease_ms=300).run(r)
+        [(msg_id, data)] = taken.entries
+        await c.deliver(decode_envelope(data), quota=False)
+        await wait_status(c, m, "succeeded", timeout=30)
+
+        async def healed() -> bool:  # taken again after the lease, placed, removed
+            return await r.zcard(k.scheduled) == 0
+
+        await wait_until(healed, timeout_s=30, what="the leased entry taken again")
+
+        async def inbox_empty() -> bool:  # the second copy was read and settled
+            return sum([await r.xlen(s) for s in k.inboxes("sch-1")]) == 0
+
+        await wait_until(inbox_empty, timeout_s=30, what="the second copy settled")
+        assert msg_id == m and await ran(r, ns, m) == 1
+
+
+SECRET = "team-secret-0123456789abcdef"
+
+
+async def test_signed_by_its_sender_at_schedule_time_never_by_the_mover(
+    redis_url: str, ns: str, r: AnyRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("REACH_SECRET", raising=False)
+    async with (
+        serving(redis_url, ns, make(), secret=SECRET, require_signed=True),
+        Client(redis_url=redis_url, namespace=ns, secret=SECRET) as signed,
+        Client(redis_url=redis_url, namespace=ns) as unsigned,
+    ):
+        good = await signed.send(CAP, "signed", delay_s=0.5)
+        # The runtime that moves it holds the secret too: it must not sign it.
+        bad = await unsigned.send(CAP, "unsigned", delay_s=0.5)
+        await wait_status(signed, good, "succeeded", timeout=30)
+
+        async def letters() -> list[object]:
+            return list(await r.xrange(Keys(ns).dlq(CAP)))
+
+        [(_, letter)] = await wait_until(letters, timeout_s=30, what="the dead letter")
+        assert await ran(r, ns, good) == 1 and await ran(r, ns, bad) == 0
+        assert letter[b"reason"] == b"unauthenticated" and letter[b"msg_id"] == bad.encode()
