@@ -438,8 +438,8 @@ async def task(
     namespace: Namespace = DEFAULT_NS,
     json_: Json = False,
 ) -> None:
-    """Show a message's status: pending, running, succeeded, failed, retrying, expired, dead,
-    cancelled.
+    """Show a message's status: scheduled, pending, running, succeeded, failed, retrying,
+    expired, dead, cancelled.
 
     Example: reach task 019a...e3 --json
     """
@@ -468,6 +468,8 @@ async def task(
         "idempotency_key": st.idempotency_key or st.msg_id,
         "result": result,
     }
+    if st.due_ms:  # a scheduled send (send(at=...)): when it is (or was) due
+        row["due_ms"] = st.due_ms
     attempts: list[dict[str, Any]] = [
         {
             "attempt": a.attempt,

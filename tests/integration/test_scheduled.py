@@ -44,7 +44,7 @@ async def test_a_scheduled_send_waits_in_redis_then_runs_once(
         assert st.status == "scheduled" and st.capability == CAP
         [listed] = await list_scheduled(r, Keys(ns))
         assert (listed.msg_id, listed.capability) == (msg_id, CAP)
-        assert listed.due_ms >= before_ms + 1000
+        assert listed.due_ms >= before_ms + 1000 and st.due_ms == listed.due_ms
         await wait_status(c, msg_id, "succeeded", timeout=30)
         assert await ran(r, ns, msg_id) == 1
         assert await ran_at_ms(r, ns, msg_id) >= listed.due_ms  # never before its due time
