@@ -41,6 +41,7 @@ from .gather import Answer, Failure, Gathered, Vote, vote
 from .hooks import Hooks
 from .outcomes import DeadReason, Status, Unavailable
 from .registry import AgentInfo, Registry, normalize_capability
+from .scheduling import ScheduledSend
 from .session import Session
 from .tasks import DeadLetter, TaskStatus
 
@@ -86,6 +87,7 @@ __all__ = [
     "Reply",
     "Retry",
     "RuntimeOptions",
+    "ScheduledSend",
     "Session",
     "StaleRegistration",
     "Status",

@@ -88,6 +88,10 @@ _CALLER = (
     # capability gives (reads only, of keys the role reads already)
     "zcard",
     "zrandmember",
+    # a scheduled send (schedule.lua: is it there already?) and its cancel (unschedule.lua)
+    "zscore",
+    "zrem",
+    "hdel",
 )
 
 # Per role, the commands reach runs (from ACL LOG of a worker, a client and every CLI

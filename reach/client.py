@@ -705,6 +705,10 @@ class Client(ManyCalls, ReplyFigures):
         """The status of a message sent earlier (``unknown`` once its record expired)."""
         return await get_status(self.commands, self.keys, msg_id)
 
+    async def scheduled(self, *, limit: int = 100) -> list[scheduling.ScheduledSend]:
+        """The sends waiting for their due time (``send(at=...)``), the earliest first."""
+        return await scheduling.list_scheduled(self.commands, self.keys, limit=limit)
+
     async def result(self, msg_id: str, *, timeout_s: float | None = None) -> Any:
         """The result of a message sent earlier, waiting up to ``timeout_s`` for it.
 

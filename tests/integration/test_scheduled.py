@@ -44,7 +44,8 @@ async def test_a_scheduled_send_waits_in_redis_then_runs_once(
         msg_id = await c.send(CAP, {"n": 1}, delay_s=1.0)
         st = await c.task(msg_id)
         assert st.status == "scheduled" and st.capability == CAP
-        [listed] = await list_scheduled(r, Keys(ns))
+        [listed] = await c.scheduled()
+        assert [listed] == await list_scheduled(r, Keys(ns))
         assert (listed.msg_id, listed.capability) == (msg_id, CAP)
         assert listed.due_ms >= before_ms + 1000 and st.due_ms == listed.due_ms
         await wait_status(c, msg_id, "succeeded", timeout=30)
