@@ -3,7 +3,8 @@
 
 At schedule time the envelope is built and sealed (signed by its sender when signing is
 on, its deadline counted from the due time), its task record is written with status
-``scheduled`` (``mark_scheduled.lua``, in the record's slot), then the envelope goes to
+``scheduled`` (``mark_scheduled.lua``, in the record's slot; a caller's idempotency key
+gets its msg_id pointer first), then the envelope goes to
 the namespace's scheduled set (``schedule.lua``: a zset msg_id -> due ms and a hash
 msg_id -> envelope, in the namespace's slot). Nothing is held in the caller's process:
 every process may restart, and Redis too (with AOF), before it is due.
@@ -130,14 +131,10 @@ async def schedule(
     keys, redis = client.keys, client.commands
     key = env.key
     ttl_ms = min(max(0, due_ms - now_ms()) + TASK_TTL_MS, 365 * 86_400_000)
+    if env.idempotency_key:  # the msg_id -> key pointer, in the msg_id's slot
+        await redis.set(keys.task(env.msg_id), key, px=ttl_ms)
     await mark_scheduled_call(
-        keys.idem(key),
-        keys.task(env.msg_id),
-        capability=env.capability,
-        msg_id=env.msg_id,
-        record_key=key if env.idempotency_key else "",
-        due_ms=due_ms,
-        ttl_ms=ttl_ms,
+        keys.idem(key), capability=env.capability, msg_id=env.msg_id, due_ms=due_ms, ttl_ms=ttl_ms
     ).run(redis)
     await schedule_call(keys, msg_id=env.msg_id, due_ms=due_ms, envelope=data).run(redis)
     return env.msg_id

@@ -16,22 +16,14 @@ UNSCHEDULE_MAX = 1000
 
 
 def mark_scheduled_call(
-    record: str,
-    pointer: str,
-    *,
-    capability: str,
-    msg_id: str,
-    record_key: str,
-    due_ms: int,
-    ttl_ms: int,
+    record: str, *, capability: str, msg_id: str, due_ms: int, ttl_ms: int
 ) -> Call[bool]:
-    """Write the task record of a scheduled send (status ``scheduled``) unless it exists;
-    ``record_key`` (the caller's idempotency key, scoped) also writes the msg_id pointer.
+    """Write the task record of a scheduled send (status ``scheduled``) unless it exists.
     True: written; False: the record existed."""
     return Call(
         "mark_scheduled",
-        (record, pointer),
-        (capability, msg_id, record_key, due_ms, ttl_ms),
+        (record,),
+        (capability, msg_id, due_ms, ttl_ms),
         lambda reply: as_int(reply) == 1,
     )
 

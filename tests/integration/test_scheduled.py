@@ -16,13 +16,14 @@ from typing import Any
 import pytest
 
 from reach import Client, ConfigError
-from reach.connection import AnyRedis
+from reach.connection import AnyRedis, connect
 from reach.envelope import decode_envelope
 from reach.keys import Keys
 from reach.scheduling import list_scheduled
 from reach.scripts.scheduling import take_due_call
 from tests.support.agents_messaging import effects, serving, wait_status
 from tests.support.agents_schedule import CAP, make
+from tests.support.cluster import RedisTestCluster
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.anyio
@@ -196,3 +197,23 @@ async def test_signed_by_its_sender_at_schedule_time_never_by_the_mover(
         [(_, letter)] = await wait_until(letters, timeout_s=30, what="the dead letter")
         assert await ran(r, ns, good) == 1 and await ran(r, ns, bad) == 0
         assert letter[b"reason"] == b"unauthenticated" and letter[b"msg_id"] == bad.encode()
+
+
+@pytest.mark.cluster
+async def test_scheduled_sends_on_a_cluster(redis_cluster: RedisTestCluster, ns: str) -> None:
+    """The record in its own slot, the scheduled set in the namespace's: scheduled, listed,
+    cancelled, and run once when due, on the 3-master test cluster."""
+    url = redis_cluster.url
+    r = await connect(url)
+    try:
+        async with serving(url, ns, make()) as c:
+            kept = await c.send(CAP, 1, delay_s=1.0, idempotency_key="c-1")
+            gone = await c.send(CAP, 2, delay_s=0.5)
+            assert (await c.task(kept)).status == "scheduled"
+            assert {s.msg_id for s in await c.scheduled()} == {kept, gone}
+            assert (await c.cancel(gone)).cancelled
+            await wait_status(c, kept, "succeeded", timeout=30)
+            assert await effects(r, ns, "work") == {"c-1": 1}  # the kept one's key, once
+            assert await c.scheduled() == []
+    finally:
+        await r.aclose()

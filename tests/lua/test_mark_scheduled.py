@@ -1,6 +1,6 @@
 """mark_scheduled.lua: a scheduled send's task record is written 'scheduled' with its due
 time when it does not exist; an existing record (a caller's key used before) is left as it
-is; the msg_id pointer is written for a caller's key; bad arguments write nothing."""
+is; bad arguments write nothing."""
 
 from __future__ import annotations
 
@@ -17,20 +17,16 @@ pytestmark = pytest.mark.anyio
 TTL_MS = 60_000
 
 
-async def _mark(r: AnyRedis, k: Keys, key: str, msg_id: str, record_key: str = "") -> object:
-    return await scripts.call(
-        r,
-        "mark_scheduled",
-        [k.idem(key), k.task(msg_id)],
-        ["c.x", msg_id, record_key, 1234, TTL_MS],
-    )
+async def _mark(r: AnyRedis, k: Keys, key: str, msg_id: str) -> object:
+    return await scripts.call(r, "mark_scheduled", [k.idem(key)], ["c.x", msg_id, 1234, TTL_MS])
 
 
 async def test_a_new_record_is_scheduled(r: AnyRedis, ns: str) -> None:
     k = Keys(ns)
     assert await _mark(r, k, "m", "m") == 1
     h = await r.hgetall(k.idem("m"))
-    assert {f: h[f] for f in (b"status", b"capability", b"attempt", b"sent_msg_id", b"due_ms")} == {
+    fields = (b"status", b"capability", b"attempt", b"sent_msg_id", b"due_ms")
+    assert {f: h[f] for f in fields} == {
         b"status": b"scheduled",
         b"capability": b"c.x",
         b"attempt": b"0",
@@ -39,26 +35,31 @@ async def test_a_new_record_is_scheduled(r: AnyRedis, ns: str) -> None:
     }
     assert int(h[b"updated_ms"]) > 0
     assert 0 < await r.pttl(k.idem("m")) <= TTL_MS
-    assert await r.exists(k.task("m")) == 0  # named by its msg_id: no pointer
 
 
-async def test_an_existing_record_is_kept_and_the_pointer_written(r: AnyRedis, ns: str) -> None:
+async def test_an_existing_record_is_kept(r: AnyRedis, ns: str) -> None:
     k = Keys(ns)
     await r.hset(k.idem("c.x||key"), mapping={"status": "succeeded", "done": "1"})
-    assert await _mark(r, k, "c.x||key", "m2", "c.x||key") == 0
+    assert await _mark(r, k, "c.x||key", "m2") == 0
     assert await r.hgetall(k.idem("c.x||key")) == {b"status": b"succeeded", b"done": b"1"}
-    assert await r.get(k.task("m2")) == b"c.x||key"
-    assert 0 < await r.pttl(k.task("m2")) <= TTL_MS
+    assert await r.pttl(k.idem("c.x||key")) == -1  # its TTL untouched too
 
 
 @pytest.mark.parametrize(
-    "args",
-    [["", "m", "", 1, 1], ["c", "", "", 1, 1], ["c", "m", "", "x", 1], ["c", "m", "", 1, 0]],
-    ids=repr,
+    "args", [["", "m", 1, 1], ["c", "", 1, 1], ["c", "m", "x", 1], ["c", "m", 1, 0]], ids=repr
 )
 async def test_bad_arguments_write_nothing(r: AnyRedis, ns: str, args: list[object]) -> None:
     k = Keys(ns)
     before = await snapshot(r, ns)
     with pytest.raises(rexc.ResponseError, match="reach: bad"):
-        await scripts.call(r, "mark_scheduled", [k.idem("m"), k.task("m")], args)
+        await scripts.call(r, "mark_scheduled", [k.idem("m")], args)
+    assert_unchanged(before, await snapshot(r, ns))
+
+
+async def test_a_key_of_another_type_is_refused(r: AnyRedis, ns: str) -> None:
+    k = Keys(ns)
+    await r.set(k.idem("m"), "x")
+    before = await snapshot(r, ns)
+    with pytest.raises(rexc.ResponseError, match="KEYS\\[1\\]: holds a string"):
+        await _mark(r, k, "m", "m")
     assert_unchanged(before, await snapshot(r, ns))

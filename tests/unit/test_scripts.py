@@ -64,9 +64,7 @@ def test_every_script_has_a_typed_call() -> None:
     made.add(delivery.give_up("k", status="dead", error="", ttl_ms=1).script)
     made.add(cancelling.cancel_call("k", msg_id="m", error="", ttl_ms=1).script)
     made |= {
-        scheduling.mark_scheduled_call(
-            "k", "p", capability="c", msg_id="m", record_key="", due_ms=1, ttl_ms=1
-        ).script,
+        scheduling.mark_scheduled_call("k", capability="c", msg_id="m", due_ms=1, ttl_ms=1).script,
         scheduling.schedule_call(K, msg_id="m", due_ms=1, envelope=b"e").script,
         scheduling.take_due_call(K, limit=1, lease_ms=1).script,
         scheduling.unschedule_call(K, ["m"]).script,
