@@ -155,6 +155,7 @@ _ROLE_COMMANDS: dict[str, tuple[str, ...]] = {
         "zscore",  # reach sweep: agents in their grace after leaving
         "zmscore",
         "hdel",  # reach caps limit --clear, reach quota clear
+        "hget",  # reach sweep: a due scheduled send's envelope (take_due.lua)
         "client|list",  # reach dlq replay: is the caller still connected?
         "script|exists",  # reach doctor: the script cache
         "acl|whoami",  # reach doctor: which user to check

@@ -30,9 +30,11 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+from redis import exceptions as rexc
 
 from . import logs
 from ._delivery import seal
+from ._redis_url import unreachable
 from .connection import AnyRedis
 from .envelope import BadEnvelope, decode_envelope, encode, now_ms
 from .errors import ConfigError
@@ -131,12 +133,20 @@ async def schedule(
     keys, redis = client.keys, client.commands
     key = env.key
     ttl_ms = min(max(0, due_ms - now_ms()) + TASK_TTL_MS, 365 * 86_400_000)
-    if env.idempotency_key:  # the msg_id -> key pointer, in the msg_id's slot
-        await redis.set(keys.task(env.msg_id), key, px=ttl_ms)
-    await mark_scheduled_call(
-        keys.idem(key), capability=env.capability, msg_id=env.msg_id, due_ms=due_ms, ttl_ms=ttl_ms
-    ).run(redis)
-    await schedule_call(keys, msg_id=env.msg_id, due_ms=due_ms, envelope=data).run(redis)
+    try:
+        if env.idempotency_key:  # the msg_id -> key pointer, in the msg_id's slot
+            await redis.set(keys.task(env.msg_id), key, px=ttl_ms)
+        await mark_scheduled_call(
+            keys.idem(key),
+            capability=env.capability,
+            msg_id=env.msg_id,
+            due_ms=due_ms,
+            ttl_ms=ttl_ms,
+        ).run(redis)
+        await schedule_call(keys, msg_id=env.msg_id, due_ms=due_ms, envelope=data).run(redis)
+    except (rexc.ConnectionError, rexc.TimeoutError) as e:
+        # Not held in the outage buffer: the caller learns now that nothing was kept.
+        raise unreachable(client.redis_url, e) from e
     return env.msg_id
 
 

@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from reach import Client, ConfigError
+from reach import Client, ConfigError, RedisUnavailable
 from reach.connection import AnyRedis, connect
+from reach.embedded import RedisServer
 from reach.envelope import decode_envelope
 from reach.keys import Keys
 from reach.scheduling import list_scheduled
@@ -217,3 +218,12 @@ async def test_scheduled_sends_on_a_cluster(redis_cluster: RedisTestCluster, ns:
             assert await c.scheduled() == []
     finally:
         await r.aclose()
+
+
+async def test_with_redis_away_scheduling_fails_at_once(fresh_redis: RedisServer, ns: str) -> None:
+    """Not held in the outage buffer: the caller is told nothing was kept."""
+    async with Client(redis_url=fresh_redis.url, namespace=ns) as c:
+        fresh_redis.kill()
+        with pytest.raises(RedisUnavailable):
+            await c.send(CAP, 1, delay_s=60)
+        assert c.pending_local() == []
