@@ -4,6 +4,7 @@ the terminal's width, `--wide` shows everything."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
@@ -107,3 +108,24 @@ async def test_reach_tasks_scheduled_lists_the_waiting_sends(redis_url: str, ns:
         await client.cancel(first)
         out = json.loads(await cli(redis_url, ns, "tasks", "--scheduled", "--json"))
         assert [s["msg_id"] for s in out["scheduled"]] == [later]
+
+
+async def test_reach_send_at_or_delay_schedules(redis_url: str, ns: str) -> None:
+    by_delay = (
+        await cli(redis_url, ns, "send", "sch.cli", '{"a": 1}', "--delay-s", "3600")
+    ).strip()
+    when = (datetime.now(UTC) + timedelta(days=100)).replace(microsecond=0)
+    due_ms = int(when.timestamp()) * 1000
+    by_at = json.loads(
+        await cli(redis_url, ns, "send", "sch.cli", "2", "--at", when.isoformat(), "--json")
+    )["msg_id"]
+    out = json.loads(await cli(redis_url, ns, "tasks", "--scheduled", "--json"))
+    assert [s["msg_id"] for s in out["scheduled"]] == [by_delay, by_at]
+    assert out["scheduled"][1]["due_ms"] == due_ms
+    task = json.loads(await cli(redis_url, ns, "task", by_at, "--json"))
+    assert (task["status"], task["due_ms"]) == ("scheduled", due_ms)
+    naive = when.replace(tzinfo=None).isoformat()
+    for bad in (["--at", "tomorrow"], ["--at", naive], ["--delay-s", "-1"]):
+        err = await cli(redis_url, ns, "send", "sch.cli", "1", *bad, code=2)
+        assert "at" in err or "delay_s" in err
+    await cli(redis_url, ns, "send", "sch.cli", "1", "--delay-s", "5", "--wait", code=2)
