@@ -4,9 +4,9 @@
 At schedule time the envelope is built and sealed (signed by its sender when signing is
 on, its deadline counted from the due time), its task record is written with status
 ``scheduled`` (``mark_scheduled.lua``, in the record's slot; a caller's idempotency key
-gets its msg_id pointer first), then the envelope goes to
-the namespace's scheduled set (``schedule.lua``: a zset msg_id -> due ms and a hash
-msg_id -> envelope, in the namespace's slot). Nothing is held in the caller's process:
+gets its msg_id pointer first), then the envelope goes to the namespace's scheduled set
+(``schedule.lua``: a zset msg_id -> due ms and a hash msg_id -> envelope, in the
+namespace's slot). Nothing is held in the caller's process:
 every process may restart, and Redis too (with AOF), before it is due.
 
 When it is due, a mover (:func:`reach.sweeper.move_scheduled`: the runtime holding the
@@ -16,9 +16,8 @@ retry (its sender's signature travels, nothing is re-signed), and removes it
 (``unschedule.lua``). A mover that dies between the take and the removal leaves the entry
 to be taken again once its lease is over: placed twice at worst, run once (idempotency).
 
-:func:`cancel_scheduled` is what ``Client.cancel`` adds for a message still scheduled:
-the record is cancelled by ``cancel.lua`` first, then the entry is removed, so it is
-never sent (a mover that took it just before sends a copy that no worker runs: its record
+``Client.cancel`` of a message still scheduled (reach._cancel) cancels its record with
+``cancel.lua`` first, then removes the entry (``unschedule.lua``), so it is never sent (a mover that took it just before sends a copy that no worker runs: its record
 says cancelled).
 """
 
@@ -39,7 +38,7 @@ from .connection import AnyRedis
 from .envelope import BadEnvelope, decode_envelope, encode, now_ms
 from .errors import ConfigError
 from .keys import Keys
-from .scripts.scheduling import mark_scheduled_call, schedule_call, unschedule_call
+from .scripts.scheduling import mark_scheduled_call, schedule_call
 from .tasks import TASK_TTL_MS
 from .untrusted import safe_text
 
@@ -148,11 +147,6 @@ async def schedule(
         # Not held in the outage buffer: the caller learns now that nothing was kept.
         raise unreachable(client.redis_url, e) from e
     return env.msg_id
-
-
-async def unschedule(redis: AnyRedis, keys: Keys, msg_id: str) -> bool:
-    """Remove ``msg_id`` from the scheduled set; True when it was there."""
-    return await unschedule_call(keys, [msg_id]).run(redis) > 0
 
 
 class ScheduledSend(msgspec.Struct, kw_only=True):
