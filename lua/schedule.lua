@@ -1,9 +1,7 @@
--- schedule.lua: keep a sealed envelope until it is due: add it to the namespace's
--- scheduled set and wake the scheduler when it is now the earliest due.
+-- schedule.lua: keep a sealed envelope until it is due, in the namespace's scheduled set.
 --
 -- KEYS[1] the scheduled set (zset: msg_id -> due, epoch ms)
 -- KEYS[2] the scheduled envelopes (hash: msg_id -> envelope bytes)
--- KEYS[3] the scheduler's wake-up stream (one entry kept)
 -- ARGV[1] msg_id, 1..1024 bytes
 -- ARGV[2] due time, epoch ms, integer 0..999999999999999
 -- ARGV[3] envelope bytes (msgpack, sealed: signed by its sender when signing is on),
@@ -11,9 +9,7 @@
 -- Integers are plain decimal digits without sign or leading zero.
 --
 -- A msg_id already in the set is left as it is (its due time and envelope unchanged): a
--- scheduled send is written once. When the new entry is the set's first (the earliest
--- due), an entry 'd' <due> is added to the wake-up stream (MAXLEN 1), so a scheduler
--- blocked reading it (XREAD BLOCK after the id take_due.lua gave it) plans again.
+-- scheduled send is written once.
 --
 -- Returns 1: scheduled; 0: that msg_id was scheduled already (nothing written).
 -- Errors  'ERR reach: bad <argument>: <why>' when an argument or a key's type is out of
@@ -22,10 +18,10 @@
 --!include key_types
 
 local function check()
-  local e = arity(3, 3) or bytes_bad('msg_id', 1, 1, 1024)
+  local e = arity(2, 3) or bytes_bad('msg_id', 1, 1, 1024)
     or int_bad('due_ms', 2, 0, 999999999999999) or bytes_bad('envelope', 3, 1, 536870912)
   if e then return e end
-  return keys_typed({'zset', 'hash', 'stream'})
+  return keys_typed({'zset', 'hash'})
 end
 
 local err = check()
@@ -34,8 +30,4 @@ if err then return refuse(err) end
 if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
-local first = redis.call('ZRANGE', KEYS[1], 0, 0)
-if first[1] == ARGV[1] then
-  redis.call('XADD', KEYS[3], 'MAXLEN', 1, '*', 'd', ARGV[2])
-end
 return 1

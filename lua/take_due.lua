@@ -5,7 +5,6 @@
 --
 -- KEYS[1] the scheduled set (zset: msg_id -> due, epoch ms)
 -- KEYS[2] the scheduled envelopes (hash: msg_id -> envelope bytes)
--- KEYS[3] the scheduler's wake-up stream (read only)
 -- ARGV[1] limit: how many to take at most, integer 1..10000
 -- ARGV[2] lease_ms, integer 1..86400000
 -- Integers are plain decimal digits without sign or leading zero.
@@ -13,12 +12,9 @@
 -- Due means a due time at or before the server's time. A due msg_id without an envelope
 -- (written behind the scripts' back) is removed from the set and not returned.
 --
--- Returns {now, next, wake_id, msg_id_1, envelope_1, ..., msg_id_n, envelope_n}: the
--- server time (epoch ms), the earliest due time left in the set after the take (taken
--- entries included, at their lease end) or -1 when the set is empty, the id of the
--- wake-up stream's last entry ('0-0' when it has none: a scheduler that blocks reading
--- after it wakes at the next schedule.lua that makes an earlier due time), and the
--- entries taken.
+-- Returns {now, next, msg_id_1, envelope_1, ..., msg_id_n, envelope_n}: the server time
+-- (epoch ms), the earliest due time left in the set after the take (taken entries
+-- included, at their lease end) or -1 when the set is empty, and the entries taken.
 -- Errors  'ERR reach: bad <argument>: <why>' when an argument or a key's type is out of
 --         contract; nothing is written then.
 --!include args
@@ -26,9 +22,9 @@
 --!include now
 
 local function check()
-  local e = arity(3, 2) or int_bad('limit', 1, 1, 10000) or int_bad('lease_ms', 2, 1, 86400000)
+  local e = arity(2, 2) or int_bad('limit', 1, 1, 10000) or int_bad('lease_ms', 2, 1, 86400000)
   if e then return e end
-  return keys_typed({'zset', 'hash', 'stream'})
+  return keys_typed({'zset', 'hash'})
 end
 
 local err = check()
@@ -36,8 +32,7 @@ if err then return refuse(err) end
 
 local now = now_ms()
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
-local last = redis.call('XREVRANGE', KEYS[3], '+', '-', 'COUNT', 1)
-local out = {now, -1, last[1] and last[1][1] or '0-0'}
+local out = {now, -1}
 local until_ms = now + tonumber(ARGV[2])
 for _, id in ipairs(due) do
   local env = redis.call('HGET', KEYS[2], id)

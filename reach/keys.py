@@ -26,7 +26,6 @@ Layout (``ns`` is the namespace, ids are stripped of ``{``/``}`` first):
     reach:{ns}:delayed           zset  retry envelopes due at (epoch ms)
     reach:{ns}:scheduled         zset  msg_id of a scheduled send -> due (epoch ms)
     reach:{ns}:scheduled:env     hash  msg_id of a scheduled send -> its sealed envelope
-    reach:{ns}:scheduled:wake    stream wake-ups of the scheduler (an earlier due time)
     reach:{ns}:dlq:<cap>         stream dead letters of <cap>
     reach:{ns}:parked:<cap>      stream messages waiting for an agent of <cap>
     reach:{ns}:parked            set   capabilities with parked messages
@@ -273,13 +272,6 @@ class Keys:
         """Scheduled sends' envelopes, sealed at schedule time: msg_id -> bytes."""
         return f"{self._reg}:scheduled:env"
 
-    @property
-    def scheduled_wake(self) -> str:
-        """A stream (one entry kept) that ``schedule.lua`` adds to when a new send is the
-        earliest due, so a scheduler blocked on it (``XREAD BLOCK``) wakes before its
-        planned time."""
-        return f"{self._reg}:scheduled:wake"
-
     def dlq(self, capability: str) -> str:
         return f"{self._reg}:dlq:{capability}"
 
@@ -466,8 +458,6 @@ LAYOUT: tuple[KeyForm, ...] = (
             "msg ids of scheduled sends -> due (epoch ms)"),
     KeyForm("reach:{<ns>}:scheduled:env", "hash", "scheduled_envelopes",
             "msg id of a scheduled send -> its sealed envelope"),
-    KeyForm("reach:{<ns>}:scheduled:wake", "stream", "scheduled_wake",
-            "wake-ups of the scheduler (a new earliest due time)"),
     KeyForm("reach:{<ns>}:dlq:<cap>", "stream", "dlq", "the capability's dead letters"),
     KeyForm("reach:{<ns>}:parked:<cap>", "stream", "parked",
             "messages waiting for an agent of the capability"),

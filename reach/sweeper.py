@@ -675,7 +675,7 @@ async def move_scheduled(
     route each to an agent live now, and remove the placed ones from the scheduled set
     (reach.scheduling). A send with no agent now is taken again when its lease is over;
     one whose deadline passed is dead-lettered ``expired``. Returns what was moved
-    (``scheduled``) and the take (the server time, the next due time, the wake-up id)."""
+    (``scheduled``) and the take (the server time, the next due time)."""
     chores = _Chores(redis, keys, client, dlq_maxlen)
     taken = await chores.move_scheduled(limit, lease_ms)
     return chores.out, taken

@@ -46,13 +46,12 @@ SCHEDULE_ROUND_S = 0.01
 of each other are taken and placed together (each round costs a script call, the
 placements and a removal), so a steady stream of due sends is moved in rounds of many,
 each at most this late on their account."""
-SCHEDULE_IDLE_S = 1.0
-"""With nothing due sooner, how long the mover waits before it takes again (it looks
-whether it still holds the chores as often)."""
-BLOCK_SLACK_MS = 150
-"""A blocking read's timeout fires up to one server tick late (``1000 / hz`` ms: 100 ms at
-Redis's default ``hz 10``; measured here), so the mover blocks only until this long before
-the next due time, and sleeps locally the rest of the way."""
+SCHEDULE_POLL_S = 0.05
+"""The longest the mover waits between two takes: a send scheduled meanwhile with an
+earlier due time than the mover knew of (one due in less than this, scheduled while the
+set was idle) is seen within it. The mover sleeps locally, never in a blocking read: a
+worker process keeps its two connections per node (a blocking read would hold a third,
+and its timeout fires up to a server tick late: 100 ms at Redis's default ``hz 10``)."""
 
 
 def shards_to_try(shards: int, held: set[int], turn: int) -> list[int]:
@@ -101,12 +100,10 @@ class _Scheduler:
     """Sends scheduled sends as they come due (reach.scheduling), while this process holds
     the namespace's chores (:meth:`hold`, after each sweep pass).
 
-    Each round takes what is due (``take_due.lua``) and places it. Until the next due time
-    it then blocks reading the scheduled set's wake-up stream (``XREAD BLOCK``, on a
-    connection of its own): a send scheduled meanwhile with an earlier due time adds to
-    that stream and wakes it at once. Close to a due time it sleeps locally instead and
-    takes again (see :data:`BLOCK_SLACK_MS`). Idle, it costs a script call and a blocking
-    read every :data:`SCHEDULE_IDLE_S`; in another process than the holder, nothing."""
+    Each round takes what is due (``take_due.lua``) and places it, then sleeps until the
+    next due time the take reported, at most :data:`SCHEDULE_POLL_S` and at least
+    :data:`SCHEDULE_ROUND_S`. Idle, it costs one script call every ``SCHEDULE_POLL_S``,
+    in the one process holding the chores; in the others, nothing."""
 
     def __init__(self, shared: Shared, client: Client) -> None:
         self.shared, self.client = shared, client
@@ -132,7 +129,7 @@ class _Scheduler:
                 await anyio.sleep(DUE_POLL_S)
             except Exception:  # entries have their own barrier: this is a bug, not data
                 log.exception("moving scheduled sends failed; trying again")
-                await anyio.sleep(SCHEDULE_IDLE_S)
+                await anyio.sleep(self.shared.opts.sweep_interval_s)
 
     async def _round(self) -> None:
         shared = self.shared
@@ -141,18 +138,11 @@ class _Scheduler:
         if len(taken.entries) >= SCHEDULED_BATCH:  # more may be due already
             await anyio.lowlevel.checkpoint()
             return
-        wait_ms = SCHEDULE_IDLE_S * 1000
+        wait_s = SCHEDULE_POLL_S
         if taken.next_ms >= 0:
-            wait_ms = min(wait_ms, taken.next_ms - taken.now_ms)
-        if wait_ms < BLOCK_SLACK_MS + SCHEDULE_ROUND_S * 1000:
-            # Due soon: a local sleep, then a new take (which also sees any send scheduled
-            # meanwhile); sends due close together go in one round.
-            await anyio.sleep(max(SCHEDULE_ROUND_S, wait_ms / 1000))
-            return
-        # Due later: wait on the server, woken at once by an earlier send, and back before
-        # the due time whatever the server's timer resolution.
-        block_ms = int(wait_ms - BLOCK_SLACK_MS)
-        await redis.xread({keys.scheduled_wake: taken.wake_id}, count=1, block=block_ms)
+            wait_s = min(wait_s, (taken.next_ms - taken.now_ms) / 1000)
+        # Sends due close together go in one round.
+        await anyio.sleep(max(SCHEDULE_ROUND_S, wait_s))
 
 
 async def sweep_forever(shared: Shared, *, client: Client, registry: Registry) -> None:

@@ -32,7 +32,7 @@ def schedule_call(keys: Keys, *, msg_id: str, due_ms: int, envelope: bytes) -> C
     """Keep ``envelope`` until ``due_ms``. True: scheduled; False: that msg_id was already."""
     return Call(
         "schedule",
-        (keys.scheduled, keys.scheduled_envelopes, keys.scheduled_wake),
+        (keys.scheduled, keys.scheduled_envelopes),
         (msg_id, due_ms, envelope),
         lambda reply: as_int(reply) == 1,
     )
@@ -40,26 +40,25 @@ def schedule_call(keys: Keys, *, msg_id: str, due_ms: int, envelope: bytes) -> C
 
 @dataclass(frozen=True, slots=True)
 class Taken:
-    """``take_due.lua``'s answer: the server time, the earliest due time left (-1: none),
-    the wake-up stream's last id and the entries taken (msg_id, envelope bytes)."""
+    """``take_due.lua``'s answer: the server time, the earliest due time left (-1: none)
+    and the entries taken (msg_id, envelope bytes)."""
 
     now_ms: int
     next_ms: int
-    wake_id: str
     entries: tuple[tuple[str, bytes], ...]
 
 
 def _taken(reply: Any) -> Taken:
-    rest = reply[3:]
+    rest = reply[2:]
     entries = tuple((as_text(rest[i]), as_bytes(rest[i + 1])) for i in range(0, len(rest), 2))
-    return Taken(as_int(reply[0]), as_int(reply[1]), as_text(reply[2]), entries)
+    return Taken(as_int(reply[0]), as_int(reply[1]), entries)
 
 
 def take_due_call(keys: Keys, *, limit: int, lease_ms: int) -> Call[Taken]:
     """Take up to ``limit`` due scheduled sends, each leased for ``lease_ms``."""
     return Call(
         "take_due",
-        (keys.scheduled, keys.scheduled_envelopes, keys.scheduled_wake),
+        (keys.scheduled, keys.scheduled_envelopes),
         (limit, lease_ms),
         _taken,
     )

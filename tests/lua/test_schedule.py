@@ -1,5 +1,4 @@
-"""schedule.lua: a sealed envelope is kept by msg_id until its due time, written once; the
-scheduler's wake-up stream gets an entry only when the new send is the earliest due; bad
+"""schedule.lua: a sealed envelope is kept by msg_id until its due time, written once; bad
 arguments and keys of the wrong type are refused before any write."""
 
 from __future__ import annotations
@@ -16,28 +15,20 @@ pytestmark = pytest.mark.anyio
 
 
 async def _schedule(r: AnyRedis, k: Keys, msg_id: str, due: object, env: bytes = b"E") -> object:
-    keys = [k.scheduled, k.scheduled_envelopes, k.scheduled_wake]
+    keys = [k.scheduled, k.scheduled_envelopes]
     return await scripts.call(r, "schedule", keys, [msg_id, due, env])
 
 
-async def test_kept_once_and_the_earliest_wakes_the_scheduler(r: AnyRedis, ns: str) -> None:
+async def test_kept_once_by_msg_id(r: AnyRedis, ns: str) -> None:
     k = Keys(ns)
     assert await _schedule(r, k, "m2", 2000, b"two") == 1
-    assert await r.xlen(k.scheduled_wake) == 1  # the first: the earliest
-    [(first_id, fields)] = await r.xrange(k.scheduled_wake)
-    assert fields == {b"d": b"2000"}
-    assert await _schedule(r, k, "m3", 3000) == 1  # later than m2: no wake-up
-    assert (await r.xrange(k.scheduled_wake))[0][0] == first_id
-    assert await _schedule(r, k, "m1", 1000, b"one") == 1  # earlier: a new wake-up
-    [(woke_id, fields)] = await r.xrange(k.scheduled_wake)  # one entry kept
-    assert woke_id != first_id and fields == {b"d": b"1000"}
+    assert await _schedule(r, k, "m1", 1000, b"one") == 1
     assert await _schedule(r, k, "m2", 5, b"other") == 0  # written once
     assert await r.zrange(k.scheduled, 0, -1, withscores=True) == [
         (b"m1", 1000.0),
         (b"m2", 2000.0),
-        (b"m3", 3000.0),
     ]
-    assert await r.hget(k.scheduled_envelopes, "m2") == b"two"
+    assert await r.hgetall(k.scheduled_envelopes) == {b"m1": b"one", b"m2": b"two"}
 
 
 @pytest.mark.parametrize(
@@ -49,16 +40,14 @@ async def test_bad_arguments_write_nothing(r: AnyRedis, ns: str, args: list[obje
     k = Keys(ns)
     before = await snapshot(r, ns)
     with pytest.raises(rexc.ResponseError, match="reach: bad"):
-        await scripts.call(
-            r, "schedule", [k.scheduled, k.scheduled_envelopes, k.scheduled_wake], args
-        )
+        await scripts.call(r, "schedule", [k.scheduled, k.scheduled_envelopes], args)
     assert_unchanged(before, await snapshot(r, ns))
 
 
 async def test_a_key_of_another_type_is_refused(r: AnyRedis, ns: str) -> None:
     k = Keys(ns)
-    await r.set(k.scheduled_wake, "x")
+    await r.set(k.scheduled_envelopes, "x")
     before = await snapshot(r, ns)
-    with pytest.raises(rexc.ResponseError, match="KEYS\\[3\\]: holds a string"):
+    with pytest.raises(rexc.ResponseError, match="KEYS\\[2\\]: holds a string"):
         await _schedule(r, k, "m", 1)
     assert_unchanged(before, await snapshot(r, ns))

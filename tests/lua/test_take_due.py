@@ -1,7 +1,7 @@
 """take_due.lua: the due scheduled sends are taken, each leased (its score pushed to the
 server time + lease) so a second mover does not take it; the answer carries the server
-time, the next due time and the wake-up stream's last id; a due id without an envelope is
-dropped; bad arguments write nothing."""
+time and the next due time; a due id without an envelope is dropped; bad arguments write
+nothing."""
 
 from __future__ import annotations
 
@@ -25,7 +25,6 @@ async def test_due_entries_are_taken_once_under_a_lease(r: AnyRedis, ns: str) ->
     await r.hset(k.scheduled_envelopes, mapping={"a": b"A", "b": b"B", "c": b"C"})
     taken = await take_due_call(k, limit=10, lease_ms=60_000).run(r)
     assert taken.entries == (("a", b"A"), ("b", b"B"))
-    assert taken.wake_id == "0-0"  # no wake-up stream yet
     assert taken.next_ms == taken.now_ms + 60_000  # the leased ones come first
     scores = dict(await r.zrange(k.scheduled, 0, -1, withscores=True))
     assert scores == {b"a": taken.now_ms + 60_000, b"b": taken.now_ms + 60_000, b"c": FAR}
@@ -34,15 +33,13 @@ async def test_due_entries_are_taken_once_under_a_lease(r: AnyRedis, ns: str) ->
     assert await r.hlen(k.scheduled_envelopes) == 3  # kept until unschedule.lua
 
 
-async def test_the_limit_and_the_wake_id(r: AnyRedis, ns: str) -> None:
+async def test_the_limit(r: AnyRedis, ns: str) -> None:
     k = Keys(ns)
     await r.zadd(k.scheduled, {f"m{i}": i + 1 for i in range(5)})
     await r.hset(k.scheduled_envelopes, mapping={f"m{i}": b"e" for i in range(5)})
-    wake = await r.xadd(k.scheduled_wake, {"d": 1})
     taken = await take_due_call(k, limit=2, lease_ms=1000).run(r)
     assert [m for m, _ in taken.entries] == ["m0", "m1"]
     assert taken.next_ms == 3  # m2 is still due: the caller takes again at once
-    assert taken.wake_id == wake.decode()
 
 
 async def test_an_empty_set_and_an_id_without_envelope(r: AnyRedis, ns: str) -> None:
@@ -61,7 +58,5 @@ async def test_bad_arguments_write_nothing(r: AnyRedis, ns: str, args: list[obje
     await r.hset(k.scheduled_envelopes, "a", b"A")
     before = await snapshot(r, ns)
     with pytest.raises(rexc.ResponseError, match="reach: bad"):
-        await scripts.call(
-            r, "take_due", [k.scheduled, k.scheduled_envelopes, k.scheduled_wake], args
-        )
+        await scripts.call(r, "take_due", [k.scheduled, k.scheduled_envelopes], args)
     assert_unchanged(before, await snapshot(r, ns))

@@ -57,7 +57,6 @@ PROPERTIES = {
     "delayed",
     "scheduled",
     "scheduled_envelopes",
-    "scheduled_wake",
     "cancels",
     "limits",
     "quotas",
