@@ -15,11 +15,11 @@
 -- ARGV[4] maxlen of the notices stream, integer 1..10000000 (read only with KEYS[2])
 -- Integers are plain decimal digits without sign or leading zero.
 --
--- The rule (docs/concepts.md, Cancellation): a record that is pending, retrying or running
--- becomes 'cancelled' (error, updated_ms, cancel_of written), and its fence, when it has
--- one, goes up by one: the claim that runs it, or the claim send.lua made at send, can no
--- longer complete it (its completion is fenced; the entry stays pending, and the next
--- claim of it answers CANCELLED), and start.lua no longer confirms it. claim.lua answers
+-- The rule (docs/concepts.md, Cancellation): a record that is scheduled, pending, retrying
+-- or running becomes 'cancelled' (error, updated_ms, cancel_of written), and its fence,
+-- when it has one, goes up by one: the claim that runs it, or the claim send.lua made at
+-- send, can no longer complete it (its completion is fenced; the entry stays pending, and
+-- the next claim of it answers CANCELLED), and start.lua no longer confirms it. claim.lua answers
 -- CANCELLED for a cancelled record, so a copy read later is never run. A record that is
 -- done, or whose status says the message is over (succeeded, failed, expired, dead, or a
 -- status these scripts do not write), is left as it is: a completed message cannot be
@@ -32,7 +32,8 @@
 -- refused call writes nothing.
 --
 -- Returns {code, status}:
---   {1, status}: cancelled now; status: the one it had (pending, retrying or running)
+--   {1, status}: cancelled now; status: the one it had (scheduled, pending, retrying or
+--         running)
 --   {2, 'cancelled'}: it was cancelled already (nothing written, no notice)
 --   {0, status}: over before the cancel (status: succeeded when done, else the stored one)
 --   {-1, ''}: no record (never sent, or expired)
@@ -46,7 +47,7 @@
 --!include key_types
 --!include codes
 local MAX_TTL = 31536000000
-local OPEN = {pending = true, retrying = true, running = true}
+local OPEN = {scheduled = true, pending = true, retrying = true, running = true}
 
 local function check()
   if (#KEYS ~= 1 and #KEYS ~= 2) or #ARGV ~= 4 then

@@ -45,6 +45,7 @@ from .gather import Answer, Failure, Gathered, Vote, vote
 from .hooks import Hooks
 from .outcomes import DeadReason, Status, Unavailable
 from .registry import AgentInfo, Registry, normalize_capability
+from .scheduling import ScheduledSend
 from .session import Session
 from .tasks import DeadLetter, TaskStatus
 from .watch import TaskChange
@@ -91,6 +92,7 @@ __all__ = [
     "Reply",
     "Retry",
     "RuntimeOptions",
+    "ScheduledSend",
     "Session",
     "StaleRegistration",
     "StaleRun",

@@ -17,8 +17,10 @@ from enum import StrEnum
 
 from .connection import AnyRedis
 from .keys import Keys
+from .outcomes import Status
 from .scripts.cancelling import CANCELS_MAXLEN, cancel_call
 from .scripts.codes import CancelCode
+from .scripts.scheduling import unschedule_call
 from .tasks import TASK_TTL_MS
 from .untrusted import safe_text
 
@@ -48,7 +50,7 @@ _OUTCOMES = {
 class CancelResult:
     """The answer of ``Client.cancel(msg_id)``: ``outcome`` says what the cancel did;
     ``status`` is the task status the message had when it was cancelled (``pending``,
-    ``retrying``, ``running``), or the one it had ended with (``already_done``)."""
+    ``retrying``, ``running``, ``scheduled``), or the one it had ended with (``already_done``)."""
 
     msg_id: str
     outcome: CancelOutcome
@@ -72,7 +74,9 @@ async def cancel_message(
     answer = await cancel_call(
         record, msg_id=msg_id, error=error, ttl_ms=TASK_TTL_MS, notices=notices
     ).run(redis)
-    if cluster and answer.code is CancelCode.CANCELLED:
+    if answer.code is CancelCode.CANCELLED and answer.status == Status.SCHEDULED:
+        await unschedule_call(keys, [msg_id]).run(redis)  # never sent now (reach.scheduling)
+    elif cluster and answer.code is CancelCode.CANCELLED:
         await notify(redis, keys, msg_id, record)
     return CancelResult(msg_id, _OUTCOMES[answer.code], answer.status)
 

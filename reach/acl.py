@@ -91,6 +91,10 @@ _CALLER = (
     # capability gives (reads only, of keys the role reads already)
     "zcard",
     "zrandmember",
+    # a scheduled send (schedule.lua: is it there already?) and its cancel (unschedule.lua)
+    "zscore",
+    "zrem",
+    "hdel",
 )
 
 # Per role, the commands reach runs (from ACL LOG of a worker, a client and every CLI
@@ -154,6 +158,7 @@ _ROLE_COMMANDS: dict[str, tuple[str, ...]] = {
         "zscore",  # reach sweep: agents in their grace after leaving
         "zmscore",
         "hdel",  # reach caps limit --clear, reach quota clear
+        "hget",  # reach sweep: a due scheduled send's envelope (take_due.lua)
         "client|list",  # reach dlq replay: is the caller still connected?
         "script|exists",  # reach doctor: the script cache
         "acl|whoami",  # reach doctor: which user to check

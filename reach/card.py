@@ -54,6 +54,7 @@ class A2ATaskState(StrEnum):
 # INPUT_REQUIRED and AUTH_REQUIRED have no reach counterpart (reach has no mid-task
 # questions).
 A2A_TASK_STATES: dict[str, str] = {
+    Status.SCHEDULED: A2ATaskState.SUBMITTED,  # kept until its due time, then sent
     Status.PENDING: A2ATaskState.SUBMITTED,  # in an inbox (or re-sent), no handler has it yet
     Status.RUNNING: A2ATaskState.WORKING,  # claimed by a worker, the handler runs
     # an attempt failed; it waits for its backoff, then runs again

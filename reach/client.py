@@ -16,7 +16,7 @@ from typing import Any, Self, TypedDict, Unpack
 import anyio
 import msgspec
 
-from . import _hedge, _later, _reroute, envelope, metrics
+from . import _hedge, _later, _reroute, envelope, metrics, scheduling
 from ._autopipe import AutoPipeline
 from ._batches import ManyCalls
 from ._buffer import (
@@ -471,15 +471,24 @@ class Client(ManyCalls, ReplyFigures):
         where: Mapping[str, Any] | None = None,
         on_rate_limit: str = "wait",
         reroute_after_s: float | None = None,
+        at: scheduling.At | None = None,
+        delay_s: float | None = None,
         **opts: Unpack[MessageOptions],
     ) -> str:
         """Send without waiting; returns the msg_id (see :meth:`task` for its outcome).
+        ``at`` (an aware datetime or epoch seconds) or ``delay_s``: kept in Redis and sent
+        when due (docs/concepts.md, *Scheduled sends*; a due time already past sends now).
         ``opts`` as for :meth:`build`; ``on_rate_limit``, ``reroute_after_s`` as for
         :meth:`request`. With Redis
         unreachable the message is held locally and sent when Redis is back
         (:meth:`pending_local`); :class:`RedisUnavailable` when the buffer is full (see the
         class docstring). With neither ``timeout_s`` nor ``deadline_ms`` the message gets the
         client's ``default_send_timeout_s`` (an hour): not run by then, it expires."""
+        due = scheduling.due_ms_of(at, delay_s, now=now_ms())
+        if due is not None and due > now_ms():
+            if reroute_after_s is not None:
+                raise ConfigError("reroute_after_s does not apply to a scheduled send.")
+            return await scheduling.schedule(self, capability, payload, due, where, opts)
         self._send_deadline(opts)
         env = self.build(capability, payload, reply=False, **opts)
         if on_rate_limit != "wait":  # "wait" takes no look: no call per message
@@ -714,6 +723,10 @@ class Client(ManyCalls, ReplyFigures):
         return watch_task(
             self.commands, self.commands.redis, self.keys, msg_id, timeout_s=timeout_s
         )
+
+    async def scheduled(self, *, limit: int = 100) -> list[scheduling.ScheduledSend]:
+        """The sends waiting for their due time (``send(at=...)``), the earliest first."""
+        return await scheduling.list_scheduled(self.commands, self.keys, limit=limit)
 
     async def result(self, msg_id: str, *, timeout_s: float | None = None) -> Any:
         """The result of a message sent earlier, waiting up to ``timeout_s`` for it.

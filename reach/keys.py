@@ -24,6 +24,8 @@ Layout (``ns`` is the namespace, ids are stripped of ``{``/``}`` first):
 * the rest of a namespace, one hash slot (shard 0's)::
 
     reach:{ns}:delayed           zset  retry envelopes due at (epoch ms)
+    reach:{ns}:scheduled         zset  msg_id of a scheduled send -> due (epoch ms)
+    reach:{ns}:scheduled:env     hash  msg_id of a scheduled send -> its sealed envelope
     reach:{ns}:dlq:<cap>         stream dead letters of <cap>
     reach:{ns}:parked:<cap>      stream messages waiting for an agent of <cap>
     reach:{ns}:parked            set   capabilities with parked messages
@@ -259,6 +261,17 @@ class Keys:
     def delayed(self) -> str:
         return f"{self._reg}:delayed"
 
+    @property
+    def scheduled(self) -> str:
+        """Scheduled sends (``Client.send(at=...)``): msg_id -> due time (epoch ms); a
+        mover pushes the score of an entry it took forward by its lease."""
+        return f"{self._reg}:scheduled"
+
+    @property
+    def scheduled_envelopes(self) -> str:
+        """Scheduled sends' envelopes, sealed at schedule time: msg_id -> bytes."""
+        return f"{self._reg}:scheduled:env"
+
     def dlq(self, capability: str) -> str:
         return f"{self._reg}:dlq:{capability}"
 
@@ -448,6 +461,10 @@ LAYOUT: tuple[KeyForm, ...] = (
             "agent id -> when it deregistered (epoch ms): its inbox watched a while"),
     # the namespace's own slot (shard 0's)
     KeyForm("reach:{<ns>}:delayed", "zset", "delayed", "retry envelopes -> due (epoch ms)"),
+    KeyForm("reach:{<ns>}:scheduled", "zset", "scheduled",
+            "msg ids of scheduled sends -> due (epoch ms)"),
+    KeyForm("reach:{<ns>}:scheduled:env", "hash", "scheduled_envelopes",
+            "msg id of a scheduled send -> its sealed envelope"),
     KeyForm("reach:{<ns>}:dlq:<cap>", "stream", "dlq", "the capability's dead letters"),
     KeyForm("reach:{<ns>}:parked:<cap>", "stream", "parked",
             "messages waiting for an agent of the capability"),

@@ -101,6 +101,9 @@ class Status(StrEnum):
     """The task status of a message, kept in its idempotency record (docs/protocol.md,
     *Task status*)."""
 
+    SCHEDULED = "scheduled"
+    """Kept in the scheduled set until its due time (``Client.send(at=...)``), then sent
+    and ``pending`` (``mark_scheduled.lua``)."""
     PENDING = "pending"
     """Sent: in an inbox, no handler has it yet (``send.lua``, the client's pipeline)."""
     RUNNING = "running"
@@ -124,6 +127,7 @@ class Status(StrEnum):
 
 
 STORED_STATUSES: Final[tuple[Status, ...]] = (
+    Status.SCHEDULED,
     Status.PENDING,
     Status.RUNNING,
     Status.SUCCEEDED,

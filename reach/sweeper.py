@@ -4,6 +4,7 @@ Lease sweeping itself is ``lua/sweep.lua`` (via :meth:`reach.registry.Registry.s
 this module moves work that waits in Redis back into inboxes:
 
 * :func:`move_due` - retries whose backoff is over;
+* :func:`move_scheduled` - scheduled sends that are due (reach.scheduling);
 * :func:`reroute_evicted` - the whole inbox (pending and unread, every priority) of an
   agent evicted for good, or deregistered, goes to live agents of the capability through
   the normal policy (a session's messages follow their new ring owner); with no live agent
@@ -37,6 +38,7 @@ from dataclasses import dataclass, fields
 from functools import partial
 from typing import Any
 
+import anyio
 import msgspec
 from redis import exceptions as rexc
 
@@ -60,6 +62,7 @@ from .registry import Registry
 from .scripts import delivery, inbox
 from .scripts.codes import DropInboxCode, StreamBound
 from .scripts.delivery import GivenUp
+from .scripts.scheduling import UNSCHEDULE_MAX, Taken, take_due_call, unschedule_call
 from .signing import Signer
 from .tasks import DLQ_MAXLEN, MALFORMED_CAP, TASK_TTL_MS, dead_letter_op, raw_dead_letter_op
 from .untrusted import strict_text
@@ -92,6 +95,8 @@ class Moved:
     dead: int = 0
     retried: int = 0
     """Retries moved from the delayed set to an inbox (:func:`move_due`)."""
+    scheduled: int = 0
+    """Scheduled sends moved to an inbox when due (:func:`move_scheduled`)."""
 
     def add(self, other: Moved) -> None:
         """Count what ``other`` did in this one too."""
@@ -115,6 +120,10 @@ async def sweep_chores(
     out = Moved()
     chores: list[tuple[str, Callable[[], Awaitable[Moved]]]] = [
         ("retries", partial(move_due, redis, keys, client, dlq_maxlen=dlq_maxlen)),
+        (
+            "scheduled sends",
+            partial(move_all_scheduled, redis, keys, client, dlq_maxlen=dlq_maxlen),
+        ),
         (
             "evicted inboxes",
             partial(reroute_evicted, redis, keys, client, registry, dlq_maxlen=dlq_maxlen),
@@ -272,6 +281,7 @@ class _Place:
 
 
 _DELAYED = _Place("in the delayed set", "waiting")
+_SCHEDULED = _Place("in the scheduled set", "scheduled")
 
 
 class _Chores(_Letters):
@@ -401,6 +411,42 @@ class _Chores(_Letters):
             log.info("retry of %s waits: no agent for %s", env.msg_id, env.capability)
             return False
         self.out.retried += bool(placed)
+        return True
+
+    # -- scheduled sends ------------------------------------------------------------------
+    async def move_scheduled(self, limit: int, lease_ms: int) -> Taken:
+        taken = await take_due_call(self.keys, limit=limit, lease_ms=lease_ms).run(self.redis)
+        if not taken.entries:
+            return taken
+        placed: list[str] = []
+        errors: list[Exception] = []
+
+        async def one(msg_id: str, data: bytes) -> None:
+            try:
+                if await self.guarded(data, "the scheduled set", self._scheduled_one(data)):
+                    placed.append(msg_id)
+            except Exception as e:  # noqa: BLE001 - raised below, once the others are done
+                errors.append(e)
+
+        # Placed side by side: their inbox writes go out in the client's shared pipelines.
+        async with anyio.create_task_group() as tg:
+            for msg_id, data in taken.entries:
+                tg.start_soon(one, msg_id, data)
+        for i in range(0, len(placed), UNSCHEDULE_MAX):
+            await unschedule_call(self.keys, placed[i : i + UNSCHEDULE_MAX]).run(self.redis)
+        if errors:  # Redis away or refusing writes: the rest waits for their lease to end
+            raise errors[0]
+        return taken
+
+    async def _scheduled_one(self, data: bytes) -> bool:
+        env = await self.live_envelope(data, _SCHEDULED)
+        if env is None:
+            return True
+        placed = await self.place(env)
+        if placed is False:
+            log.info("scheduled %s waits: no agent for %s", env.msg_id, env.capability)
+            return False  # taken again when its lease is over
+        self.out.scheduled += bool(placed)
         return True
 
     # -- inboxes of evicted agents -------------------------------------------------------
@@ -607,6 +653,44 @@ async def move_due(
     for a later sweep.
     """
     return await _Chores(redis, keys, client, dlq_maxlen).move_due(limit)
+
+
+SCHEDULED_BATCH = 500
+"""Scheduled sends one ``take_due.lua`` call takes (and places side by side) at most."""
+SCHEDULED_LEASE_MS = 10_000
+"""How long a mover holds the scheduled sends it took: one that dies (or finds no agent)
+leaves them to be taken again after this."""
+
+
+async def move_scheduled(
+    redis: AnyRedis,
+    keys: Keys,
+    client: Client,
+    *,
+    limit: int = SCHEDULED_BATCH,
+    lease_ms: int = SCHEDULED_LEASE_MS,
+    dlq_maxlen: int = DLQ_MAXLEN,
+) -> tuple[Moved, Taken]:
+    """Take the scheduled sends that are due (at most ``limit``, leased ``lease_ms``),
+    route each to an agent live now, and remove the placed ones from the scheduled set
+    (reach.scheduling). A send with no agent now is taken again when its lease is over;
+    one whose deadline passed is dead-lettered ``expired``. Returns what was moved
+    (``scheduled``) and the take (the server time, the next due time)."""
+    chores = _Chores(redis, keys, client, dlq_maxlen)
+    taken = await chores.move_scheduled(limit, lease_ms)
+    return chores.out, taken
+
+
+async def move_all_scheduled(
+    redis: AnyRedis, keys: Keys, client: Client, *, dlq_maxlen: int = DLQ_MAXLEN
+) -> Moved:
+    """:func:`move_scheduled` until nothing more is due (a sweep pass's chore)."""
+    out = Moved()
+    while True:
+        moved, taken = await move_scheduled(redis, keys, client, dlq_maxlen=dlq_maxlen)
+        out.add(moved)
+        if len(taken.entries) < SCHEDULED_BATCH:
+            return out
 
 
 async def reroute_evicted(

@@ -50,6 +50,8 @@ class TaskStatus(msgspec.Struct, kw_only=True):
     """Its traceback as the worker stored it (bounded: ``RuntimeOptions.traceback_max_bytes``,
     and passed through ``RuntimeOptions.redact_traceback``)."""
     updated_ms: int = 0
+    due_ms: int = 0
+    """A scheduled send's due time (epoch ms; 0: it was sent at once)."""
     reply: Reply | None = None
     progress: float | None = None
     """The latest fraction done its handler reported (``ctx.progress``), 0..1; None when it
@@ -111,6 +113,7 @@ async def get_status(redis: AnyRedis, keys: Keys, msg_id: str) -> TaskStatus:
         error_type=safe_text(d.get("error_type", b"")) if failed else "",
         traceback=safe_text(d.get("traceback", b"")) if failed else "",
         updated_ms=safe_int(d.get("updated_ms")),
+        due_ms=safe_int(d.get("due_ms")),
         reply=reply,
         progress=_fraction(d.get("progress")),
         progress_note=safe_text(d.get("progress_note", b"")),

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Optional, TypedDict
 
@@ -363,15 +364,34 @@ async def send(
         Optional[str],  # noqa: UP045
         typer.Option(help="Send to this agent id.", autocompletion=complete_agent_id),
     ] = None,
+    at: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--at",
+            metavar="WHEN",
+            help="Send it then: ISO 8601 with a timezone (2030-01-01T09:00:00+00:00) or epoch "
+            "seconds; kept in Redis until due (see `reach tasks --scheduled`).",
+        ),
+    ] = None,
+    delay_s: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option("--delay-s", help="Send it this many seconds from now (kept in Redis)."),
+    ] = None,
     redis_url: RedisUrl = DEFAULT_REDIS,
     namespace: Namespace = DEFAULT_NS,
     json_: Json = False,
 ) -> None:
     """Send one message to a capability (and with --wait, print the result; with
-    --stream, each streamed chunk as it comes, then the result).
+    --stream, each streamed chunk as it comes, then the result; with --at or --delay-s,
+    later: --timeout-s then counts from its due time).
 
     Example: reach send text.summarize '{"text": "long text"}' --wait --timeout-s 10
     """
+    when = _when(at)
+    if (when is not None or delay_s is not None) and (wait or stream):
+        raise ConfigError(
+            "--at and --delay-s schedule a send: use them without --wait or --stream."
+        )
     if timeout_s is not None and not (math.isfinite(timeout_s) and timeout_s > 0):
         raise ConfigError(f"--timeout-s must be a number of seconds > 0, not {timeout_s}.")
     try:
@@ -404,11 +424,28 @@ async def send(
             else:
                 print(json.dumps(result, default=str))
         else:
-            msg_id = await client.send(capability, body, **kw)
+            msg_id = await client.send(capability, body, at=when, delay_s=delay_s, **kw)
             if json_:
                 print_json({"msg_id": msg_id})
             else:
                 print(msg_id)
+
+
+def _when(at: str | None) -> datetime | float | None:
+    """``--at``: epoch seconds, or an ISO 8601 time (its timezone is checked by the send)."""
+    if at is None:
+        return None
+    try:
+        return float(at)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(at)
+    except ValueError as e:
+        raise ConfigError(
+            f"--at {at!r}: give ISO 8601 with a timezone (2030-01-01T09:00:00+00:00) or epoch "
+            "seconds."
+        ) from e
 
 
 async def print_stream(
@@ -448,8 +485,8 @@ async def task(
         ),
     ] = False,
 ) -> None:
-    """Show a message's status: pending, running, succeeded, failed, retrying, expired, dead,
-    cancelled.
+    """Show a message's status: scheduled, pending, running, succeeded, failed, retrying,
+    expired, dead, cancelled.
 
     Example: reach task 019a...e3 --json; reach task 019a...e3 --follow
     """
@@ -488,6 +525,8 @@ async def task(
         "progress": st.progress,
         "progress_note": st.progress_note,
     }
+    if st.due_ms:  # a scheduled send (send(at=...)): when it is (or was) due
+        row["due_ms"] = st.due_ms
     attempts: list[dict[str, Any]] = [
         {
             "attempt": a.attempt,

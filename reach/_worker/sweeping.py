@@ -7,7 +7,8 @@ about ``shards / 4`` refused sweep calls per process and pass, not one per shard
 shards of a holder that died are taken over within 4 passes of its locks' expiry (leases,
 evictions, the lock: on a Cluster several processes may sweep different shards). For the
 holder of shard 0's lock,
-the chores of reach.sweeper (due retries, evicted inboxes, parked messages...). Every few
+the chores of reach.sweeper (due retries, evicted inboxes, parked messages...), and
+between passes due retries and scheduled sends as they come due. Every few
 seconds the registry is counted for the ``on_registry_counts`` hook (shard 0's lock
 holder's counts; the others report none): one ``count_agents.lua`` call per shard reading
 at most ``metrics.COUNT_SAMPLE`` records in all, so the count costs the same at 10,000
@@ -27,8 +28,9 @@ from redis import exceptions as rexc
 from .. import metrics
 from ..client import Client
 from ..clock import now_ms
+from ..errors import RedisUnavailable
 from ..registry import MAX_LOCK_MS, Registry
-from ..sweeper import move_due, sweep_chores
+from ..sweeper import SCHEDULED_BATCH, move_due, move_scheduled, sweep_chores
 from .state import Shared
 
 log = logging.getLogger("reach.runtime")
@@ -39,6 +41,17 @@ entries: a retry or a message held back by a rate limit is moved when it is due,
 to a whole sweep interval later (a rate-limited backlog would otherwise drain at one start
 per pass)."""
 MIN_DUE_SLEEP_S = 0.005
+SCHEDULE_ROUND_S = 0.01
+"""The shortest time between two rounds of the scheduled sends' mover: sends due within it
+of each other are taken and placed together (each round costs a script call, the
+placements and a removal), so a steady stream of due sends is moved in rounds of many,
+each at most this late on their account."""
+SCHEDULE_POLL_S = 0.05
+"""The longest the mover waits between two takes: a send scheduled meanwhile with an
+earlier due time than the mover knew of (one due in less than this, scheduled while the
+set was idle) is seen within it. The mover sleeps locally, never in a blocking read: a
+worker process keeps its two connections per node (a blocking read would hold a third,
+and its timeout fires up to a server tick late: 100 ms at Redis's default ``hz 10``)."""
 
 
 def shards_to_try(shards: int, held: set[int], turn: int) -> list[int]:
@@ -83,8 +96,68 @@ async def _move_due_between_passes(shared: Shared, client: Client, pause_s: floa
             return
 
 
+class _Scheduler:
+    """Sends scheduled sends as they come due (reach.scheduling), while this process holds
+    the namespace's chores (:meth:`hold`, after each sweep pass).
+
+    Each round takes what is due (``take_due.lua``) and places it, then sleeps until the
+    next due time the take reported, at most :data:`SCHEDULE_POLL_S` and at least
+    :data:`SCHEDULE_ROUND_S`. Idle, it costs one script call every ``SCHEDULE_POLL_S``,
+    in the one process holding the chores; in the others, nothing."""
+
+    def __init__(self, shared: Shared, client: Client) -> None:
+        self.shared, self.client = shared, client
+        self.holding = False
+        self._changed = anyio.Event()
+
+    def hold(self, holding: bool) -> None:
+        if holding != self.holding:
+            self.holding = holding
+            self._changed.set()
+
+    async def run(self) -> None:
+        while True:
+            if not self.holding:
+                self._changed = anyio.Event()
+                await self._changed.wait()
+                continue
+            try:
+                await self._round()
+            except (rexc.RedisError, OSError, RedisUnavailable) as e:
+                # Redis away, or keys that are not ours to read: the passes log it.
+                log.debug("moving scheduled sends failed: %s", e)
+                await anyio.sleep(DUE_POLL_S)
+            except Exception:  # entries have their own barrier: this is a bug, not data
+                log.exception("moving scheduled sends failed; trying again")
+                await anyio.sleep(self.shared.opts.sweep_interval_s)
+
+    async def _round(self) -> None:
+        shared = self.shared
+        redis, keys = shared.redis, shared.keys
+        _, taken = await move_scheduled(redis, keys, self.client, dlq_maxlen=shared.opts.dlq_maxlen)
+        if len(taken.entries) >= SCHEDULED_BATCH:  # more may be due already
+            await anyio.lowlevel.checkpoint()
+            return
+        wait_s = SCHEDULE_POLL_S
+        if taken.next_ms >= 0:
+            wait_s = min(wait_s, (taken.next_ms - taken.now_ms) / 1000)
+        # Sends due close together go in one round.
+        await anyio.sleep(max(SCHEDULE_ROUND_S, wait_s))
+
+
 async def sweep_forever(shared: Shared, *, client: Client, registry: Registry) -> None:
-    """Sweep until cancelled; failures are logged and the next pass tries again."""
+    """Sweep until cancelled; failures are logged and the next pass tries again. While
+    this process holds the chores, its :class:`_Scheduler` sends scheduled sends as they
+    come due, beside the passes."""
+    scheduler = _Scheduler(shared, client)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(scheduler.run)
+        await _sweep_passes(shared, client, registry, scheduler)
+
+
+async def _sweep_passes(
+    shared: Shared, client: Client, registry: Registry, scheduler: _Scheduler
+) -> None:
     opts, redis, keys, hooks = shared.opts, shared.redis, shared.keys, shared.hooks
     lock_ms = min(int(max(opts.sweep_interval_s * 3, 1.0) * 1000), MAX_LOCK_MS)
     counted = 0.0
@@ -107,6 +180,7 @@ async def sweep_forever(shared: Shared, *, client: Client, registry: Registry) -
             )
             held = set(res.held)
             chores = res.chores
+            scheduler.hold(res.chores)
             if res.evicted:
                 log.warning("evicted: %s", ", ".join(res.evicted))
             if res.chores:

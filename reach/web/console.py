@@ -295,7 +295,8 @@ class Console:
             "attempts": attempts,
             "letter": letter,
             "payload": _payload_preview(letter, head, length),
-            "can_cancel": st.status in (Status.PENDING, Status.RUNNING, Status.RETRYING),
+            "can_cancel": st.status
+            in (Status.SCHEDULED, Status.PENDING, Status.RUNNING, Status.RETRYING),
         }
 
     async def dlq_ctx(self, cap: str) -> dict[str, Any]:

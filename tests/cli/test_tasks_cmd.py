@@ -4,6 +4,7 @@ the terminal's width, `--wide` shows everything."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
@@ -83,3 +84,48 @@ async def test_reach_agents_fits_100_columns_and_wide_shows_all(redis_url: str, 
     assert "not shown: metadata" in lines[-1] and "--wide" in lines[-1]
     assert "region=eu-west-1" in wide and "not shown" not in wide
     assert max(len(line) for line in wide.splitlines()) > 100  # whole cells, wide lines
+
+
+async def test_reach_tasks_scheduled_lists_the_waiting_sends(redis_url: str, ns: str) -> None:
+    async with reach.Client(redis_url=redis_url, namespace=ns) as client:
+        later = await client.send("sch.b", 2, delay_s=7200)
+        first = await client.send("sch.a", 1, delay_s=3600, priority="high")
+        out = json.loads(await cli(redis_url, ns, "tasks", "--scheduled", "--json"))
+        assert out["total"] == 2
+        assert [(s["msg_id"], s["capability"]) for s in out["scheduled"]] == [
+            (first, "sch.a"),
+            (later, "sch.b"),
+        ]
+        assert out["scheduled"][0]["priority"] == "high"
+        assert out["scheduled"][0]["due_ms"] < out["scheduled"][1]["due_ms"]
+        only = json.loads(
+            await cli(redis_url, ns, "tasks", "--scheduled", "--cap", "sch.b", "--json")
+        )
+        assert [s["msg_id"] for s in only["scheduled"]] == [later]
+        text = await cli(redis_url, ns, "tasks", "--scheduled", "--wide")
+        assert first in text and "sch.a" in text and "in 59m" in text  # 3600 s ahead, less now
+        await cli(redis_url, ns, "tasks", "--scheduled", "--status", "dead", code=2)
+        await client.cancel(first)
+        out = json.loads(await cli(redis_url, ns, "tasks", "--scheduled", "--json"))
+        assert [s["msg_id"] for s in out["scheduled"]] == [later]
+
+
+async def test_reach_send_at_or_delay_schedules(redis_url: str, ns: str) -> None:
+    by_delay = (
+        await cli(redis_url, ns, "send", "sch.cli", '{"a": 1}', "--delay-s", "3600")
+    ).strip()
+    when = (datetime.now(UTC) + timedelta(days=100)).replace(microsecond=0)
+    due_ms = int(when.timestamp()) * 1000
+    by_at = json.loads(
+        await cli(redis_url, ns, "send", "sch.cli", "2", "--at", when.isoformat(), "--json")
+    )["msg_id"]
+    out = json.loads(await cli(redis_url, ns, "tasks", "--scheduled", "--json"))
+    assert [s["msg_id"] for s in out["scheduled"]] == [by_delay, by_at]
+    assert out["scheduled"][1]["due_ms"] == due_ms
+    task = json.loads(await cli(redis_url, ns, "task", by_at, "--json"))
+    assert (task["status"], task["due_ms"]) == ("scheduled", due_ms)
+    naive = when.replace(tzinfo=None).isoformat()
+    for bad in (["--at", "tomorrow"], ["--at", naive], ["--delay-s", "-1"]):
+        err = await cli(redis_url, ns, "send", "sch.cli", "1", *bad, code=2)
+        assert "at" in err or "delay_s" in err
+    await cli(redis_url, ns, "send", "sch.cli", "1", "--delay-s", "5", "--wait", code=2)

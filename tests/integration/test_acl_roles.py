@@ -248,6 +248,8 @@ async def test_each_role_runs_under_its_user_and_nothing_is_refused(
             await wait_until(ready, timeout_s=10, what="the agent routable")
             assert await client.request("acl.echo", "hi", timeout_s=10) == {"echo": "hi"}
             msg_id = await client.send("acl.echo", "later")
+            scheduled = await client.send("acl.echo", "scheduled", delay_s=0.3)
+            assert (await client.cancel(await client.send("acl.echo", "x", delay_s=60))).cancelled
             assert await client.request("acl.echo", "session", session_id="s1", timeout_s=10)
             assert await client.request("acl.echo", "again", idempotency_key="k1", timeout_s=10)
             await client.send_many("acl.echo", ["m1", "m2"])
@@ -259,6 +261,7 @@ async def test_each_role_runs_under_its_user_and_nothing_is_refused(
             await client.result(msg_id, timeout_s=10)
             [end] = [c async for c in client.watch(msg_id, timeout_s=10)]
             assert end.final and end.status == "succeeded"
+            assert await client.result(scheduled, timeout_s=10) == {"echo": "scheduled"}
             await wait_until(lambda: client.eligible("acl.other"), timeout_s=10)
             assert await client.request("acl.other", "x", timeout_s=10) == "x"
             await anyio.sleep(0.3)  # both idle a while: the shared wait
@@ -275,6 +278,7 @@ async def test_each_role_runs_under_its_user_and_nothing_is_refused(
             ("agents", "show", agent.agent_id, *op),
             ("caps", *op),
             ("queues", *op),
+            ("tasks", "--scheduled", *op),
             ("dlq", "list", *op),
             ("dlq", "show", "DLQ_ID", *op),  # the failed request's, written as it failed
             ("dlq", "replay", "--all", *op),

@@ -34,7 +34,7 @@ async def _claim(r: AnyRedis, rec: str, msg_id: str = "m") -> list[object]:
     return list(answer)
 
 
-@pytest.mark.parametrize("status", ["pending", "retrying"])
+@pytest.mark.parametrize("status", ["scheduled", "pending", "retrying"])
 async def test_a_queued_message_is_cancelled_and_never_claimed(
     r: AnyRedis, ns: str, status: str
 ) -> None:

@@ -56,6 +56,8 @@ NOT_KEYS = {
 }
 PROPERTIES = {
     "delayed",
+    "scheduled",
+    "scheduled_envelopes",
     "cancels",
     "limits",
     "quotas",

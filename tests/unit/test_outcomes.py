@@ -43,6 +43,7 @@ DOCS = ROOT / "docs"
 # -- the values are today's strings ----------------------------------------------------------
 def test_values_are_the_strings_stored_and_sent() -> None:
     assert [s.value for s in Status] == [
+        "scheduled",
         "pending",
         "running",
         "retrying",
@@ -84,6 +85,7 @@ def test_values_are_the_strings_stored_and_sent() -> None:
         "would_deadlock",
     }
     assert [s.value for s in STORED_STATUSES] == [
+        "scheduled",
         "pending",
         "running",
         "succeeded",
@@ -223,8 +225,14 @@ def test_every_status_a_script_writes_is_a_member() -> None:
         written |= set(re.findall(r"'status',\s*'([a-z_]+)'", text))
         for body in re.findall(r"\bSTATUSES\s*=\s*\{([^}]*)\}", text):
             accepted.append(set(re.findall(r"([a-z_]+)\s*=\s*true", body)))
-    # send.lua, claim.lua (dead: a poisoned key), cancel.lua
-    assert written == {Status.PENDING, Status.RUNNING, Status.CANCELLED, Status.DEAD}
+    # send.lua, claim.lua (dead: a poisoned key), cancel.lua, mark_scheduled.lua
+    assert written == {
+        Status.PENDING,
+        Status.RUNNING,
+        Status.CANCELLED,
+        Status.DEAD,
+        Status.SCHEDULED,
+    }
     assert accepted, "no STATUSES table found in lua/"
     for table in accepted:  # complete / settle: what a completion may set
         assert table == COMPLETION_STATUSES
