@@ -144,7 +144,9 @@ async def gather(
         raise QuorumFailed(_impossible(out, f"only {len(agents)} eligible"), gathered=out)
     base = idempotency_key or new_id()
     # One deadline for every copy: the gather ends by it, whatever each copy does.
-    deadline_ms = now_ms() + int(1000 * (timeout_s or client.default_timeout_s))
+    if timeout_s is None:  # the capability's advertised timeout, else the client's default
+        timeout_s = await client.timeout_for(capability)
+    deadline_ms = now_ms() + int(1000 * timeout_s)
     running = set(agents)
 
     async def one(agent_id: str, scope: anyio.CancelScope) -> None:

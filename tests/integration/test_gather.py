@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 
 import anyio
@@ -16,8 +17,9 @@ from reach import Gathered, QuorumFailed, RemoteError, vote
 from reach.client import Client
 from reach.connection import AnyRedis
 from reach.errors import ConfigError
+from reach.keys import Keys
 from reach.registry import Registry
-from tests.support.agents_gather import CAP
+from tests.support.agents_gather import ADVERTISED_S, CAP
 from tests.support.agents_messaging import effects
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
@@ -161,3 +163,23 @@ async def test_n_agents_are_asked_and_the_vote_names_the_majority(
             await c.gather(CAP, {"answer": ANSWER}, quorum=5)
         with pytest.raises(ConfigError, match="quorum"):
             await c.gather(CAP, {"answer": ANSWER}, quorum=0)
+
+
+async def test_a_gather_without_timeout_s_takes_the_capability_s_advertised_timeout(
+    workers: Workers, r: AnyRedis, redis_url: str, ns: str
+) -> None:
+    """The agents advertise 45 s and the client's default is 30 s: every copy of a gather
+    that names no timeout gets the advertised one, as a request would."""
+    await start(workers, r, ns, "voter_1", "voter_2")
+    async with Client(redis_url=redis_url, namespace=ns, default_timeout_s=30) as c:
+        before_ms = time.time() * 1000
+        g = await c.gather(CAP, {"answer": ANSWER}, quorum="all")
+        after_ms = time.time() * 1000
+    assert g.met
+    raw = await r.hgetall(Keys(ns).effects("vote.deadline"))
+    deadlines = {k.decode(): int(v) for k, v in raw.items()}
+    assert set(deadlines) == {"voter-1", "voter-2"}
+    assert len(set(deadlines.values())) == 1  # one deadline shared by every copy
+    (d,) = set(deadlines.values())
+    # clocks of one host (Redis-corrected, within a second): 45 s, not the default 30 s
+    assert before_ms + (ADVERTISED_S - 1) * 1000 <= d <= after_ms + (ADVERTISED_S + 1) * 1000

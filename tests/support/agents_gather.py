@@ -6,7 +6,8 @@ be recognised whatever their key order); ``dissenter`` answers something else;
 ``slow_voter`` sleeps ``REACH_TEST_SLOW_S`` (600 s unless set) before it answers;
 ``failing_voter`` raises; ``sleepy_voter_<i>`` sleeps ``seconds`` from the payload. Every
 handler counts its start (``vote.started``) and its end (``vote.finished``) per agent,
-and a cancelled one counts ``vote.cancelled``.
+and a cancelled one counts ``vote.cancelled``; each notes its message's deadline
+(``vote.deadline``), and all advertise a ``timeout_s`` of :data:`ADVERTISED_S`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import anyio
 from reach import Agent, Context
 
 CAP = "vote.pick"
+ADVERTISED_S = 45  # every agent here advertises it: a gather with no timeout_s takes it
 
 
 async def _count(ctx: Context, what: str) -> None:
@@ -30,9 +32,10 @@ def _agent(
 ) -> Agent:
     app = Agent(agent_id, capabilities=[CAP])
 
-    @app.handler(CAP)
+    @app.handler(CAP, timeout_s=ADVERTISED_S)
     async def pick(payload: Any, ctx: Context) -> Any:
         await _count(ctx, "started")
+        await ctx.redis.hset(ctx.keys.effects("vote.deadline"), ctx.agent_id, ctx.deadline_ms)
         try:
             seconds = payload.get("seconds") if sleep_s is None else sleep_s
             if seconds:
