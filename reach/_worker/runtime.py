@@ -419,9 +419,13 @@ class _ShardWakeups:
             await sub.unsubscribe(channel)
 
     async def close(self) -> None:
-        for sub in self.nodes.values():
-            await sub.close()
-        self.nodes.clear()
+        # A copy per round: another agent of the process may subscribe (and add a node)
+        # while a close awaits; what it added is closed in the next round.
+        while self.nodes:
+            nodes = list(self.nodes.values())
+            self.nodes.clear()
+            for sub in nodes:
+                await sub.close()
 
 
 class _ClusterAgentRedis:
