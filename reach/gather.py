@@ -23,7 +23,7 @@ import anyio
 import msgspec
 
 from .envelope import new_id, now_ms
-from .errors import ConfigError, NoAgentAvailable, QuorumFailed
+from .errors import ConfigError, QuorumFailed
 
 if TYPE_CHECKING:
     from .client import Client
@@ -128,14 +128,8 @@ async def gather(
         raise ConfigError(f"n={n!r} must be a whole number of agents of 1 or more (or None: all).")
     if timeout_s is not None and not timeout_s > 0:
         raise ConfigError(f"timeout_s={timeout_s!r} must be a number of seconds above 0.")
+    # NoAgentAvailable (with the registry's figures) when none is eligible.
     agents = [a.agent_id for a in await client.eligible(capability, where=where)]
-    if not agents:
-        raise NoAgentAvailable(
-            f"No live agent can take {capability!r}: nothing to gather from. Start an agent "
-            "that declares it (`reach caps` lists what is registered).",
-            capability=capability,
-            reason="no_agent",
-        )
     if n is not None and n < len(agents):
         agents = random.sample(agents, n)  # spread over the agents, call after call
     need = quorum_of(quorum, len(agents))

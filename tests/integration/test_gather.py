@@ -16,7 +16,7 @@ import pytest
 from reach import Gathered, QuorumFailed, RemoteError, vote
 from reach.client import Client
 from reach.connection import AnyRedis
-from reach.errors import ConfigError
+from reach.errors import ConfigError, NoAgentAvailable
 from reach.keys import Keys
 from reach.registry import Registry
 from tests.support.agents_gather import ADVERTISED_S, CAP
@@ -183,3 +183,9 @@ async def test_a_gather_without_timeout_s_takes_the_capability_s_advertised_time
     (d,) = set(deadlines.values())
     # clocks of one host (Redis-corrected, within a second): 45 s, not the default 30 s
     assert before_ms + (ADVERTISED_S - 1) * 1000 <= d <= after_ms + (ADVERTISED_S + 1) * 1000
+
+
+async def test_a_gather_with_no_agent_says_so_before_sending(redis_url: str, ns: str) -> None:
+    async with Client(redis_url=redis_url, namespace=ns) as c:
+        with pytest.raises(NoAgentAvailable, match=CAP):
+            await c.gather(CAP, {"answer": ANSWER})
