@@ -22,7 +22,16 @@ from ..connection import AnyRedis
 from ..envelope import decode_payload, now_ms
 from ..keys import PRIORITIES, Keys
 from ..outcomes import Status
-from ..recent import DISPLAY_STATUSES, Filters, attempts_of, in_inboxes, list_messages, parse_since
+from ..recent import (
+    DISPLAY_STATUSES,
+    Filters,
+    Page,
+    attempts_of,
+    in_inboxes,
+    list_messages,
+    parse_since,
+)
+from ..scheduling import ScheduledSend, count_scheduled, list_scheduled
 from ..tasks import DeadLetter, get_status, parse_dead_letter
 from ..untrusted import safe_text
 from .charts import line_chart
@@ -36,6 +45,10 @@ LETTERS_SHOWN = 200
 LETTERS_SEARCHED = 1000  # dead letters of a capability searched for a message's own
 MESSAGES_SHOWN = 50
 INBOX_SEARCHED = 1000  # entries of each inbox searched for a pending message's payload
+SCHEDULED_SEARCHED = 10_000  # scheduled sends read when the list is filtered
+CONSOLE_STATUSES = ("scheduled", *DISPLAY_STATUSES)
+"""The message list's status filter: ``scheduled`` lists the sends waiting for their due
+time (``send(at=...)``), the others read the index of recent messages."""
 TERMINAL = {Status.SUCCEEDED, Status.FAILED, Status.EXPIRED, Status.DEAD, Status.CANCELLED}
 
 
@@ -204,7 +217,7 @@ class Console:
         except ValueError as e:
             problem, since_ms = str(e), 0
         status = params.get("status", "")
-        if status and status not in DISPLAY_STATUSES:
+        if status and status not in CONSOLE_STATUSES:
             problem, status = f"unknown status {status!r}", ""
         f = Filters(
             capability=params.get("cap", ""),
@@ -214,6 +227,10 @@ class Console:
         )
         cursor = params.get("cursor", "")
         base = {"cap": f.capability, "agent": f.agent_id, "status": f.status, "since": since}
+        scheduled: list[ScheduledSend] = []
+        scheduled_total = await count_scheduled(self.redis, self.keys)
+        if status == "scheduled":
+            scheduled = await self.scheduled_rows(f, scheduled_total)
         # Only the inboxes the last sample saw holding entries are read (pending, running).
         busy = [
             a["agent_id"]
@@ -221,24 +238,47 @@ class Console:
             if a["pending"] or a["inflight"] or any(a["queue"].values())
         ]
         try:
-            page = await list_messages(
-                self.redis, self.keys, f, limit=MESSAGES_SHOWN, cursor=cursor, agent_ids=busy
+            page = (
+                Page(messages=[])
+                if status == "scheduled"
+                else await list_messages(
+                    self.redis, self.keys, f, limit=MESSAGES_SHOWN, cursor=cursor, agent_ids=busy
+                )
             )
         except ValueError as e:
             problem, page = str(e), await list_messages(self.redis, self.keys, f, limit=0)
         return {
             "page": page,
+            "scheduled": scheduled,
+            "scheduled_total": scheduled_total,
+            "listing_scheduled": status == "scheduled",
+            "scheduled_query": _q(cap=f.capability, agent=f.agent_id, status="scheduled"),
             "f": f,
             "since": since,
             "cursor": cursor,
             "caps": sorted(set(caps) | ({f.capability} - {""})),
             "agents": sorted(set(agents) | ({f.agent_id} - {""})),
-            "statuses": DISPLAY_STATUSES,
+            "statuses": CONSOLE_STATUSES,
             "query": _q(**base, cursor=cursor),
             "older": _q(**base, cursor=page.next),
             "newest": _q(**base),
             "problem": problem,
         }
+
+    async def scheduled_rows(self, f: Filters, total: int) -> list[ScheduledSend]:
+        """The first :data:`MESSAGES_SHOWN` scheduled sends, earliest due first, of the
+        capability and target agent in ``f`` (filtered among the first
+        :data:`SCHEDULED_SEARCHED` due)."""
+        if not total:
+            return []
+        filtered = bool(f.capability or f.agent_id)
+        limit = min(total, SCHEDULED_SEARCHED) if filtered else MESSAGES_SHOWN
+        rows = await list_scheduled(self.redis, self.keys, limit=max(limit, 1))
+        if f.capability:
+            rows = [r for r in rows if r.capability == f.capability]
+        if f.agent_id:
+            rows = [r for r in rows if r.target == f.agent_id]
+        return rows[:MESSAGES_SHOWN]
 
     async def letter_of(self, capability: str, msg_id: str) -> DeadLetter | None:
         """The newest dead letter of ``msg_id`` among the last :data:`LETTERS_SEARCHED` of

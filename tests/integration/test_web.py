@@ -327,3 +327,29 @@ async def test_a_dead_letter_page_reads_as_a_person_reads_it(
     assert ">2 min ago</time>" in page  # sent, as a time people read (ISO on hover)
     for internal in ("busy_waits", "holds", "avoid", "envelope."):
         assert internal not in page, internal
+
+
+async def test_the_message_list_lists_scheduled_sends(make: Any, r: AnyRedis, ns: str) -> None:
+    await _ready_agent(r, ns)
+    async with Client(redis=r, namespace=ns) as client:
+        later = await client.send("text.summarize", {"text": "later"}, delay_s=3600)
+        sooner = await client.send("text.summarize", {"text": "sooner"}, delay_s=600)
+        other = await client.send("text.translate", {"text": "x"}, delay_s=60)
+    c = await make()
+    # Any other listing says how many wait and links to them.
+    res = await c.get("/messages")
+    assert 'id="scheduled-link"' in res.text and ">3 scheduled sends</a> wait" in res.text
+    res = await c.get("/messages", params={"status": "scheduled"})
+    assert res.status_code == 200
+    rows = re.findall(r'<tr data-msg="([^"]+)" data-status="scheduled">', res.text)
+    assert rows == [other, sooner, later]  # the earliest due first
+    # Due times read as people read them (a few ms have passed since the send).
+    assert re.search(r">in (59 min|1 h)</time>", res.text) and "3 scheduled in all" in res.text
+    res = await c.get("/messages", params={"status": "scheduled", "cap": "text.summarize"})
+    rows = re.findall(r'<tr data-msg="([^"]+)" data-status="scheduled">', res.text)
+    assert rows == [sooner, later]
+    res = await c.get("/messages", params={"status": "scheduled", "agent": "nobody"})
+    assert "no scheduled send matches these filters" in res.text
+    # Its page says scheduled and offers the cancel.
+    page = await c.get("/message", params={"id": later})
+    assert 'id="task-status">scheduled<' in page.text and 'id="cancel-msg"' in page.text
