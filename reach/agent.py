@@ -17,6 +17,8 @@ the private package ``reach._worker`` (its ``__init__`` maps the parts);
 from __future__ import annotations
 
 import inspect
+import json
+import logging
 import threading
 import typing
 from collections.abc import Callable, Iterable, Mapping
@@ -38,12 +40,14 @@ from .recent import RECENT_MAXLEN
 from .registry import (
     IDEMPOTENT_KEY,
     MAX_ADVERTISED_TIMEOUT_S,
+    MAX_METADATA_BYTES,
     MAX_WEIGHT,
     TIMEOUTS_KEY,
     agent_key_id,
     normalize_capabilities,
     normalize_capability,
 )
+from .schemas import SCHEMAS_KEY, handler_schemas
 from .scripts.delivery import DEFAULT_MAX_TAKEOVERS
 from .signing import (
     SecretOption,
@@ -57,6 +61,8 @@ from .tasks import DLQ_MAXLEN
 
 if typing.TYPE_CHECKING:
     from .context import Context
+
+log = logging.getLogger("reach.agent")
 
 Handler = Callable[[Any, "Context"], Any]
 """``fn(payload, ctx)``: async (runs on the event loop) or plain (runs in a worker thread)."""
@@ -470,17 +476,44 @@ class Agent:
             }
 
         def deco(fn: Handler) -> Handler:
+            payload_type = _payload_type(fn)
+            self._publish_schemas(cap, handler_schemas(fn, payload_type))
             if inspect.isasyncgenfunction(fn):  # a streaming handler: each yield is a chunk
                 self.handlers[cap] = HandlerSpec(
-                    streamed(fn), True, _payload_type(fn), limit, preemptible, max_hops
+                    streamed(fn), True, payload_type, limit, preemptible, max_hops
                 )
                 return fn
             self.handlers[cap] = HandlerSpec(
-                fn, inspect.iscoroutinefunction(fn), _payload_type(fn), limit, preemptible, max_hops
+                fn, inspect.iscoroutinefunction(fn), payload_type, limit, preemptible, max_hops
             )
             return fn
 
         return deco
+
+    def _publish_schemas(self, cap: str, schemas: dict[str, Any]) -> None:
+        """Advertise ``cap``'s schemas with the registration (``metadata["schemas"]``,
+        :mod:`reach.schemas`), as the timeouts are; a handler registered again replaces
+        them. Left out, with a warning, when they would take the metadata past what a
+        registration holds."""
+        given = self.metadata.get(SCHEMAS_KEY)
+        every = {k: v for k, v in (given if isinstance(given, dict) else {}).items() if k != cap}
+        if schemas:
+            every[cap] = schemas
+            size = len(json.dumps({**self.metadata, SCHEMAS_KEY: every}, default=str))
+            if size > MAX_METADATA_BYTES:
+                log.warning(
+                    "agent %s: the schemas of %s are not published (the registration's "
+                    "metadata would be %d bytes, over %d)",
+                    self.agent_id,
+                    cap,
+                    size,
+                    MAX_METADATA_BYTES,
+                )
+                del every[cap]
+        if every:
+            self.metadata[SCHEMAS_KEY] = every
+        else:
+            self.metadata.pop(SCHEMAS_KEY, None)
 
     async def run(
         self, options: RuntimeOptions | None = None, /, **overrides: Unpack[RunOptions]

@@ -28,6 +28,7 @@ from urllib.parse import quote
 
 from .outcomes import DeadReason, Status, is_refusal
 from .registry import AgentInfo
+from .schemas import published
 
 A2A_PROTOCOL_VERSION = "1.0"
 PROTOCOL_BINDING = "REACH"
@@ -113,7 +114,10 @@ def timeout_note(timeout_s: float) -> str:
 
 
 def _merge_skills(
-    capabilities: list[str], given: Any, timeouts: Mapping[str, float]
+    capabilities: list[str],
+    given: Any,
+    timeouts: Mapping[str, float],
+    schemas: Mapping[str, Mapping[str, Any]],
 ) -> list[dict[str, Any]]:
     """One skill per capability (given fields win), then given skills of other ids."""
     given_list = [s for s in _list(given) if isinstance(s, Mapping)]
@@ -123,6 +127,9 @@ def _merge_skills(
         skill = capability_skill(c)
         if c in timeouts:  # A2A skills have no field for it: the description says it
             skill["description"] += timeout_note(timeouts[c])
+        for kind in ("input", "output"):  # reach's own fields (A2A has none for a schema)
+            if kind in schemas.get(c, {}):
+                skill[f"{kind}Schema"] = schemas[c][kind]
         skills.append({**skill, **by_id.pop(c, {})})
     skills += [dict(s) for s in given_list if str(s.get("id")) in by_id]
     return skills
@@ -136,12 +143,16 @@ def agent_card(info: AgentInfo, *, namespace: str) -> dict[str, Any]:
     stamp, ...), adds a skill per capability it lacks, its ``reach://`` interface after
     the given ones, and its registration as an extension in ``capabilities`` (with the
     timeouts it advertises, ``timeouts``: capability -> seconds, when it advertises any).
+    A skill whose capability publishes schemas (:mod:`reach.schemas`) carries them as
+    ``inputSchema`` / ``outputSchema`` (reach's fields: A2A skills have none for it; the
+    registration extension's ``metadata.schemas`` holds them too, which an A2A SDK keeps).
     """
     given: dict[str, Any] = dict(info.card or {})
     meta = info.metadata
     url = reach_url(namespace, info.agent_id)
     caps = ", ".join(info.capabilities)
     timeouts = {c: t for c in info.capabilities if (t := info.timeout_s(c)) is not None}
+    schemas = {c: s for c in info.capabilities if (s := published(meta, c))}
 
     interfaces = [
         dict(i) for i in _list(given.get("supportedInterfaces")) if isinstance(i, Mapping)
@@ -192,7 +203,7 @@ def agent_card(info: AgentInfo, *, namespace: str) -> dict[str, Any]:
         "capabilities": capabilities,
         "defaultInputModes": list(given.get("defaultInputModes") or DEFAULT_MODES),
         "defaultOutputModes": list(given.get("defaultOutputModes") or DEFAULT_MODES),
-        "skills": _merge_skills(info.capabilities, given.get("skills"), timeouts),
+        "skills": _merge_skills(info.capabilities, given.get("skills"), timeouts, schemas),
     }
     for key, value in given.items():  # provider, documentationUrl, iconUrl, security...
         card.setdefault(key, value)

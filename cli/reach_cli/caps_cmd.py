@@ -1,4 +1,5 @@
-"""``reach caps``: list the capabilities of a namespace, and set their rate limits."""
+"""``reach caps``: list the capabilities of a namespace, show one (its agents, timeout,
+limit and schemas), and set their rate limits."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import typer
 from reach.keys import Keys
 from reach.limits import RateLimit, get_limits, parse_limit, set_limit
 from reach.registry import Registry, advertised_timeout, normalize_capability
+from reach.schemas import capability_schemas
 
 from .common import (
     DEFAULT_NS,
@@ -19,6 +21,7 @@ from .common import (
     command,
     fail,
     find_redis,
+    json_line,
     open_redis,
     print_json,
     require_text,
@@ -168,3 +171,63 @@ async def limit_cmd(
             f"{cap}: at most {new} ({new.per_second:g} starts/s over every agent)"
             + ("; workers apply it within a second" if rate is not None else "")
         )
+
+
+@caps_app.command("show")
+@command
+async def show_cmd(
+    capability: Annotated[
+        str,
+        typer.Argument(
+            help="The capability, e.g. text.summarize.", autocompletion=complete_capability
+        ),
+    ],
+    redis_url: RedisUrl = DEFAULT_REDIS,
+    namespace: Namespace = DEFAULT_NS,
+    json_: Json = False,
+) -> None:
+    """Show one capability: its live agents, the timeout they advertise, its rate limit,
+    and the JSON Schemas of what it takes and returns (from its handler's annotations:
+    docs/concepts.md, *Capability schemas*; the newest registration's when agents differ).
+
+    Example: reach caps show text.summarize --json
+    """
+    cap = normalize_capability(capability)
+    r = await open_redis(redis_url)
+    try:
+        agents = [a for a in await Registry(r, namespace).agents(cap) if a.state != "evicted"]
+        limit = (await get_limits(r, Keys(namespace))).get(cap)
+    finally:
+        await r.aclose()
+    if not agents:
+        fail(f"no live agent has capability {cap!r} in namespace {namespace!r} (see reach caps)")
+    schemas = capability_schemas(agents, cap)
+    timeout = advertised_timeout(agents, cap)
+    if json_:
+        print_json(
+            {
+                "capability": cap,
+                "agents": [
+                    {"agent_id": a.agent_id, "state": a.state, "routable": a.routable}
+                    for a in agents
+                ],
+                "timeout_s": timeout,
+                "limit": str(limit) if limit else None,
+                "input_schema": schemas.get("input"),
+                "output_schema": schemas.get("output"),
+            }
+        )
+        return
+    table(
+        cap,
+        ["field", "value"],
+        [
+            ("agents", ", ".join(f"{a.agent_id} ({a.state})" for a in agents)),
+            ("routable", sum(a.routable for a in agents)),
+            ("timeout", _seconds(timeout) or "(the caller's default)"),
+            ("limit", str(limit) if limit else ""),
+        ],
+    )
+    for kind in ("input", "output"):
+        body = schemas.get(kind)
+        print(f"{kind} schema:", json_line(body, indent=2) if body else "(none published)")

@@ -44,6 +44,7 @@ RUN_HERE = {
     "doctor",
     "caps",
     "caps limit",
+    "caps show",
     "quota set",
     "quota show",
     "quota clear",
@@ -171,6 +172,14 @@ async def test_documented_outputs(
             {"capability": "docs.refuse", "agents": 1, "routable": 1, "timeout_s": None,
              "limit": None},
         ]  # fmt: skip
+        # caps show: a field/value table, then the schemas; --json its fields
+        title_and_columns(
+            await cli("caps", "show", "docs.echo"), "docs.echo",
+            "field", "value",
+        )  # fmt: skip
+        assert set(await cli.json("caps", "show", "docs.echo")) == {
+            "capability", "agents", "timeout_s", "limit", "input_schema", "output_schema",
+        }  # fmt: skip
         out = await cli("caps", "limit", "docs.echo", "--clear")
         assert out.strip() == "docs.echo: no rate limit (removed)"
         [a] = await cli.json(

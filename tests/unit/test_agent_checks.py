@@ -87,7 +87,7 @@ def test_a_renamed_agent_keeps_everything_but_its_id() -> None:
     assert (copy.capabilities, copy.weight, copy.metadata, copy.max_queue) == (
         ["c.x"],
         2.0,
-        {"region": "eu"},
+        {"region": "eu", "schemas": {"c.x": {"input": {"type": "object"}}}},  # reach.schemas
         5,
     )
     assert copy.handlers == app.handlers and copy.handlers is not app.handlers

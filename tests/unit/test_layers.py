@@ -57,6 +57,7 @@ RANKS: dict[str, int] = {
     "reach.tasks": 2,
     "reach.recent": 2,  # the index of recent messages (settle writes it, listings read it)
     "reach.session": 2,
+    "reach.schemas": 2,  # capability schemas from handler annotations (msgspec JSON Schema)
     "reach.view": 2,
     "reach.limits": 2,  # rate limits per capability (set by operators, taken by workers)
     "reach.quotas": 2,  # per-tenant quotas (set by operators, applied by clients)
