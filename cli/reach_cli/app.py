@@ -67,6 +67,7 @@ from .doctor_cmd import doctor as doctor_cmd
 from .follow import follow
 from .gateway_cmd import gateway as gateway_cmd
 from .keys_cmd import keys_app
+from .mcp_cmd import mcp as mcp_cmd
 from .quota_cmd import quota_app
 from .tasks_cmd import tasks as tasks_cmd
 from .top import top as top_cmd
@@ -325,6 +326,7 @@ app.command("tasks")(tasks_cmd)  # recent messages, as the console lists them
 app.command("doctor")(doctor_cmd)
 app.command("acl")(acl_cmd)  # least-privilege Redis users (docs/security.md)
 app.command("gateway")(gateway_cmd)  # A2A servers over HTTP (the gateway extra; docs/a2a.md)
+app.command("mcp")(mcp_cmd)  # capabilities as MCP tools (the mcp extra; docs/mcp.md)
 
 
 # -- messaging ----------------------------------------------------------------------------

@@ -37,6 +37,7 @@ ELSEWHERE = {
     "acl": ("tests/integration/test_acl_roles.py", '"acl"'),
     "web": ("tests/cli/test_web_browser.py", '"web"'),  # a server, read in a browser
     "gateway": ("tests/cli/test_gateway_cmd.py", "start_gateway_process"),
+    "mcp": ("tests/integration/test_mcp.py", '"mcp"'),
     "tasks": ("tests/cli/test_tasks_cmd.py", '"tasks"'),
 }
 RUN_HERE = {

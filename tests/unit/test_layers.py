@@ -43,6 +43,7 @@ RANKS: dict[str, int] = {
     "reach.logs": 0,
     "reach.config": 0,  # where the Redis is: redis_url=, REACH_REDIS_URL, project file
     "reach.callpath": 0,  # call paths: hop limit, loops, self-calls (no Redis)
+    "reach._tokens": 0,  # bearer tokens of the HTTP faces (gateway, MCP), constant-time checks
     # the script layer: one typed call per Lua script
     "reach.scripts": 1,
     "reach._autopipe": 1,  # auto-pipelining of the commands a Client issues (script layer)
@@ -110,6 +111,9 @@ RANKS: dict[str, int] = {
     "reach.gateway.handler": 9,  # the JSON-RPC methods (tasks/get, tasks/cancel from reach)
     "reach.gateway.cards": 9,  # the gateway's, a capability's and an agent's card
     "reach.gateway.server": 9,  # Gateway: the app, its limits and auth, routing a message
+    "reach.mcp": 9,  # reach mcp and reach.mcp.remote: MCP both ways (the mcp SDK)
+    "reach.mcp.mapping": 9,  # capabilities, calls, chunks and errors in MCP terms
+    "reach.mcp.server": 9,  # McpFace: the tools, the calls, stdio and streamable HTTP
 }
 
 # The worker's own data path, in order: a part may call the parts after it, never before.

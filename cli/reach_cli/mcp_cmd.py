@@ -1,0 +1,200 @@
+"""``reach mcp``: a namespace's capabilities as MCP tools, over stdio or streamable HTTP;
+``reach mcp-proxy``: an outside MCP server's tools as reach capabilities (reach.mcp; the
+``mcp`` extra; docs/mcp.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from reach.connection import redact
+from reach.errors import ConfigError
+
+from .common import (
+    DEFAULT_NS,
+    DEFAULT_REDIS,
+    Namespace,
+    RedisUrl,
+    cli_errors,
+    fail,
+    find_redis_source,
+    require_text,
+)
+from .gateway_cmd import _loopback, _server
+
+EXTRA = "reach mcp needs the mcp extra: pip install 'reach-fabric[mcp]'"
+
+
+def _where(values: list[str] | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for w in values or []:
+        if "=" not in w:
+            fail(f"--where takes KEY=VALUE, got {w!r}")
+        k, v = w.split("=", 1)
+        out[k] = v
+    return out
+
+
+def _seconds(name: str, value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"{name} must be a number of seconds > 0, not {value}.")
+
+
+def _logging(log_level: str) -> None:
+    level = log_level.lower()
+    if level not in ("debug", "info", "warning", "error"):
+        raise ConfigError(f"--log-level {log_level!r}: use debug, info, warning or error.")
+    # stderr only: over stdio, stdout is the MCP wire
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr
+    )
+
+
+def mcp(
+    stdio: Annotated[
+        bool,
+        typer.Option(
+            "--stdio", help="Serve one MCP client on stdin/stdout (a model client starts it)."
+        ),
+    ] = False,
+    port: Annotated[
+        int, typer.Option(min=0, max=65535, help="TCP port of the streamable HTTP endpoint.")
+    ] = 8091,
+    host: Annotated[
+        str, typer.Option(help="Address to listen on (0.0.0.0: every interface).")
+    ] = "127.0.0.1",
+    path: Annotated[str, typer.Option(help="The MCP endpoint's path.")] = "/mcp",
+    token_file: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(
+            metavar="FILE",
+            help="Bearer tokens HTTP clients must present, one a line (TOKEN or NAME:TOKEN); "
+            "also REACH_MCP_TOKENS (comma-separated).",
+        ),
+    ] = None,
+    no_auth: Annotated[
+        bool,
+        typer.Option(
+            "--no-auth",
+            help="Serve HTTP without tokens (refused otherwise: every tool reaches agents).",
+        ),
+    ] = False,
+    cap: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Option("--cap", help="Offer only this capability (repeatable)."),
+    ] = None,
+    where: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Option(
+            "--where", help="Only agents whose metadata has KEY=VALUE (repeatable); calls too."
+        ),
+    ] = None,
+    timeout_s: Annotated[
+        float,
+        typer.Option(help="A call's deadline when its capability's agents advertise none."),
+    ] = 30.0,
+    poll_s: Annotated[
+        float,
+        typer.Option(help="How often the registry's events are read for tool-list changes."),
+    ] = 0.5,
+    identity_file: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(
+            metavar="FILE",
+            help="Sign the calls with this Ed25519 identity (else REACH_IDENTITY_FILE, or "
+            "REACH_SECRET's shared secret).",
+        ),
+    ] = None,
+    trusted_keys_file: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(
+            metavar="FILE",
+            help="Public keys of the agents whose replies are taken (with --identity-file).",
+        ),
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "warning",
+    redis_url: RedisUrl = DEFAULT_REDIS,
+    namespace: Namespace = DEFAULT_NS,
+) -> None:
+    """Serve the namespace's capabilities as MCP tools (their input schemas from the
+    handlers' annotations; the list follows agents as they come and go): over stdio with
+    --stdio, else over streamable HTTP at http://HOST:PORT/mcp (a token required).
+
+    Examples: reach mcp --stdio;  reach mcp --port 8091 --token-file tokens.txt
+    """
+    require_text({"host": host, "path": path, "namespace": namespace, "cap": cap, "where": where})
+    filt = _where(where)
+    redis_url, _ = find_redis_source(redis_url)
+    with cli_errors(redis_url):
+        try:
+            import uvicorn
+
+            from reach.client import Client
+            from reach.mcp import TOKENS_ENV, McpFace
+        except ImportError as e:
+            raise ConfigError(f"{EXTRA} ({e}).") from e
+        from reach._tokens import Tokens
+
+        _seconds("--timeout-s", timeout_s)
+        _seconds("--poll-s", poll_s)
+        _logging(log_level)
+        client = Client(
+            redis_url=redis_url,
+            namespace=namespace,
+            default_timeout_s=timeout_s,
+            identity_file=str(identity_file) if identity_file else None,
+            trusted_keys_file=str(trusted_keys_file) if trusted_keys_file else None,
+        )
+        face = McpFace(client, capabilities=cap or None, where=filt or None, poll_s=poll_s)
+        if stdio:
+            print(
+                f"reach mcp: namespace {namespace!r} on {redact(redis_url)}, serving stdio",
+                file=sys.stderr,
+                flush=True,
+            )
+            asyncio.run(face.serve_stdio())
+            return
+        tokens = Tokens.load(token_file, env_name=TOKENS_ENV)
+        if tokens is None and not no_auth:
+            raise ConfigError(
+                "No tokens: anyone who reaches the port could call every agent. Give "
+                f"--token-file (or {TOKENS_ENV}), or --no-auth if something in front "
+                "authenticates."
+            )
+        if not path.startswith("/"):
+            raise ConfigError(f"--path must start with '/', not {path!r}.")
+        config = uvicorn.Config(
+            face.http_app(tokens=tokens, host=host, path=path),
+            host=host,
+            port=port,
+            log_level=log_level.lower(),
+            lifespan="on",
+        )
+        stopped_by: list[int] = []
+        server = _server(config, stopped_by)
+        auth = f"{len(tokens)} token(s)" if tokens is not None else "no authentication"
+        where_note = "" if _loopback(host) else " (not loopback: DNS-rebinding checks off)"
+        serving = (
+            f"reach mcp: namespace {namespace!r} on {redact(redis_url)}, serving "
+            f"http://{host}:{port}{path} ({auth}){where_note}"
+        )
+        server.on_started = lambda: print(serving, file=sys.stderr, flush=True)
+        try:
+            asyncio.run(server.serve())
+        except SystemExit:  # uvicorn's own exit when it cannot start (a port in use)
+            if server.started:
+                raise
+        if not server.started:
+            raise ConfigError(
+                f"reach mcp could not serve on {host}:{port} (the line above says why; a "
+                "port in use: choose another with --port)."
+            )
+    if signal.SIGINT in stopped_by:
+        raise typer.Exit(130)
