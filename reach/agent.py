@@ -477,7 +477,7 @@ class Agent:
 
         def deco(fn: Handler) -> Handler:
             payload_type = _payload_type(fn)
-            self._publish_schemas(cap, handler_schemas(fn, payload_type))
+            self.publish_schemas(cap, handler_schemas(fn, payload_type))
             if inspect.isasyncgenfunction(fn):  # a streaming handler: each yield is a chunk
                 self.handlers[cap] = HandlerSpec(
                     streamed(fn), True, payload_type, limit, preemptible, max_hops
@@ -490,7 +490,7 @@ class Agent:
 
         return deco
 
-    def _publish_schemas(self, cap: str, schemas: dict[str, Any]) -> None:
+    def publish_schemas(self, cap: str, schemas: dict[str, Any]) -> None:
         """Advertise ``cap``'s schemas with the registration (``metadata["schemas"]``,
         :mod:`reach.schemas`), as the timeouts are; a handler registered again replaces
         them. Left out, with a warning, when they would take the metadata past what a

@@ -68,6 +68,7 @@ from .follow import follow
 from .gateway_cmd import gateway as gateway_cmd
 from .keys_cmd import keys_app
 from .mcp_cmd import mcp as mcp_cmd
+from .mcp_cmd import mcp_proxy as mcp_proxy_cmd
 from .quota_cmd import quota_app
 from .tasks_cmd import tasks as tasks_cmd
 from .top import top as top_cmd
@@ -327,6 +328,7 @@ app.command("doctor")(doctor_cmd)
 app.command("acl")(acl_cmd)  # least-privilege Redis users (docs/security.md)
 app.command("gateway")(gateway_cmd)  # A2A servers over HTTP (the gateway extra; docs/a2a.md)
 app.command("mcp")(mcp_cmd)  # capabilities as MCP tools (the mcp extra; docs/mcp.md)
+app.command("mcp-proxy")(mcp_proxy_cmd)  # an MCP server's tools as capabilities (docs/mcp.md)
 
 
 # -- messaging ----------------------------------------------------------------------------

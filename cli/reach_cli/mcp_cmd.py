@@ -198,3 +198,113 @@ def mcp(
             )
     if signal.SIGINT in stopped_by:
         raise typer.Exit(130)
+
+
+def mcp_proxy(
+    target: Annotated[
+        list[str],
+        typer.Argument(
+            help="The MCP server: a URL (http://host/mcp) or a command and its arguments "
+            "(after --), run over stdio."
+        ),
+    ],
+    cap: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Option(
+            "--cap",
+            help="Serve this capability (repeatable): CAP (a tool giving that name) or "
+            "CAP=TOOL_NAME; default: every tool.",
+        ),
+    ] = None,
+    agent_id: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option("--agent-id", help="The proxy agent's id (default: mcp-SERVER_NAME)."),
+    ] = None,
+    token_file: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(
+            metavar="FILE", help="Send the token on its first line as Authorization: Bearer."
+        ),
+    ] = None,
+    timeout_s: Annotated[float, typer.Option(help="Seconds per HTTP request.")] = 60.0,
+    concurrency: Annotated[int, typer.Option(min=1, help="Tool calls running at once.")] = 16,
+    heartbeat_s: Annotated[float, typer.Option(help="Seconds between heartbeats.")] = 3.0,
+    lease_s: Annotated[float, typer.Option(help="Without a heartbeat this long: probation.")] = 9.0,
+    evict_after_s: Annotated[
+        float, typer.Option(help="Without a heartbeat this long: evicted.")
+    ] = 18.0,
+    sweep_interval_s: Annotated[float, typer.Option(help="Seconds between sweeps.")] = 1.0,
+    drain_s: Annotated[
+        float, typer.Option("--drain-s", help="Drain grace on SIGTERM/SIGINT.")
+    ] = 30.0,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
+    redis_url: RedisUrl = DEFAULT_REDIS,
+    namespace: Namespace = DEFAULT_NS,
+) -> None:
+    """Serve an outside MCP server's tools as reach capabilities: a proxy agent forwards
+    each message to its tool (reach.mcp.remote), until SIGTERM/SIGINT (then drain).
+
+    Examples: reach mcp-proxy -- npx -y @modelcontextprotocol/server-everything;
+    reach mcp-proxy https://tools.example/mcp --token-file t.txt --cap weather.today=get_weather
+    """
+    require_text({"target": target, "cap": cap, "agent_id": agent_id, "namespace": namespace})
+    redis_url, _ = find_redis_source(redis_url)
+    with cli_errors(redis_url):
+        try:
+            import anyio
+
+            from reach.mcp import remote
+        except ImportError as e:
+            raise ConfigError(f"{EXTRA} ({e}).") from e
+        from reach import logs
+
+        from .worker_cmd import _check_times, _serve
+
+        _check_times(
+            heartbeat_s=heartbeat_s,
+            lease_s=lease_s,
+            evict_after_s=evict_after_s,
+            sweep_interval_s=sweep_interval_s,
+            drain_s=drain_s,
+        )
+        _seconds("--timeout-s", timeout_s)
+        logs.setup_logging(log_level.lower(), "text")
+        token = None
+        if token_file is not None:
+            try:
+                token = (token_file.read_text().splitlines() or [""])[0].strip() or None
+            except OSError as e:
+                raise ConfigError(f"Cannot read the token file {token_file}: {e}") from e
+        caps: list[str] | dict[str, str] | None = None
+        if cap:
+            if all("=" in c for c in cap):
+                caps = dict(c.split("=", 1) for c in cap)
+            elif any("=" in c for c in cap):
+                raise ConfigError("--cap: give every one as CAP=TOOL_NAME, or none of them.")
+            else:
+                caps = list(cap)
+        server = target[0] if len(target) == 1 and "://" in target[0] else target
+        agent = anyio.run(
+            lambda: remote(
+                server, capabilities=caps, agent_id=agent_id, token=token, timeout_s=timeout_s
+            )
+        )
+        opts = {
+            "redis_url": redis_url,
+            "namespace": namespace,
+            "concurrency": concurrency,
+            "heartbeat_s": heartbeat_s,
+            "lease_s": lease_s,
+            "evict_after_s": evict_after_s,
+            "sweep_interval_s": sweep_interval_s,
+            "drain_timeout_s": drain_s,
+        }
+        print(
+            f"reach mcp-proxy: {agent.agent_id} serving {', '.join(agent.capabilities)} on "
+            f"{redact(redis_url)} ns={namespace}",
+            file=sys.stderr,
+            flush=True,
+        )
+        sig = anyio.run(_serve, [agent], opts)
+    if sig == signal.SIGINT:
+        raise typer.Exit(130)

@@ -7,6 +7,16 @@ Not imported by ``import reach``: it needs the ``mcp`` extra (the official ``mcp
 
 from __future__ import annotations
 
+from .remote import RemoteMCPError, capability_of, proxy_agent, remote
 from .server import CALLER_HEADER, TOKENS_ENV, BearerAuth, McpFace
 
-__all__ = ["CALLER_HEADER", "TOKENS_ENV", "BearerAuth", "McpFace"]
+__all__ = [
+    "CALLER_HEADER",
+    "TOKENS_ENV",
+    "BearerAuth",
+    "McpFace",
+    "RemoteMCPError",
+    "capability_of",
+    "proxy_agent",
+    "remote",
+]

@@ -38,6 +38,7 @@ ELSEWHERE = {
     "web": ("tests/cli/test_web_browser.py", '"web"'),  # a server, read in a browser
     "gateway": ("tests/cli/test_gateway_cmd.py", "start_gateway_process"),
     "mcp": ("tests/integration/test_mcp.py", '"mcp"'),
+    "mcp-proxy": ("tests/integration/test_mcp_remote.py", '"mcp-proxy"'),
     "tasks": ("tests/cli/test_tasks_cmd.py", '"tasks"'),
 }
 RUN_HERE = {

@@ -114,6 +114,7 @@ RANKS: dict[str, int] = {
     "reach.mcp": 9,  # reach mcp and reach.mcp.remote: MCP both ways (the mcp SDK)
     "reach.mcp.mapping": 9,  # capabilities, calls, chunks and errors in MCP terms
     "reach.mcp.server": 9,  # McpFace: the tools, the calls, stdio and streamable HTTP
+    "reach.mcp.remote": 9,  # reach.mcp.remote: an outside MCP server's tools as capabilities
 }
 
 # The worker's own data path, in order: a part may call the parts after it, never before.
