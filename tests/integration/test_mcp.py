@@ -245,3 +245,33 @@ async def test_handshake_era_clients_get_list_changed_and_a_session(
         with anyio.fail_after(30):
             await changed.wait()
         assert "mcp.extra" in await _tool_names(c)
+
+
+async def test_the_face_signs_with_its_own_identity(
+    workers: Workers, redis_url: str, ns: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Signing on: the worker takes signed messages only, and the face's calls are signed
+    with the face's own Ed25519 identity (ctx.sender names it)."""
+    from reach.signing import keygen
+
+    lines = []
+    for name in ("mcp-face", "mcp-tools"):
+        private, line = keygen(name)
+        (tmp_path / name).write_text(private)
+        lines.append(line)
+    trusted = tmp_path / "trusted"
+    trusted.write_text("\n".join(lines) + "\n")
+    monkeypatch.setenv("REACH_IDENTITY_FILE", str(tmp_path / "mcp-tools"))
+    monkeypatch.setenv("REACH_TRUSTED_KEYS_FILE", str(trusted))
+    monkeypatch.setenv("REACH_REQUIRE_SIGNED", "1")
+    workers.start("tools_agent")
+    await _ready(redis_url, ns, "mcp.add", "mcp-tools-1")
+    face = ["--identity-file", str(tmp_path / "mcp-face"), "--trusted-keys-file", str(trusted)]
+    async with mcp_client("stdio", redis_url, ns, tmp_path, *face) as c:
+        res = await c.call_tool("mcp.add", {"a": 1, "b": 2})
+        assert not res.is_error, res
+        assert msgspec.convert(res.structured_content, Sum).signed_by == "mcp-face"
+    # without the face's identity, the worker refuses its calls (unauthenticated)
+    async with mcp_client("stdio", redis_url, ns, tmp_path) as c:
+        res = await c.call_tool("mcp.add", {"a": 1, "b": 2})
+        assert res.is_error and "unauthenticated" in _text(res)

@@ -1,0 +1,70 @@
+"""``reach mcp`` on the command line: it refuses HTTP without tokens, and the endpoint
+answers 401 to every request without a valid token (docs/mcp.md, *Security*)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx2
+import pytest
+from reach_cli.app import app
+from typer.testing import CliRunner
+
+from tests.support.gateway import stop_process
+from tests.support.waiting import wait_until
+from tests.support.workers import ROOT
+
+pytestmark = pytest.mark.anyio
+TOKEN = "mcp-cli-token-0123456789abcdef"
+
+
+def test_http_without_tokens_is_refused(
+    redis_url: str, ns: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("REACH_MCP_TOKENS", raising=False)
+    res = CliRunner().invoke(app, ["mcp", "--redis-url", redis_url, "--namespace", ns])
+    assert res.exit_code == 2
+    assert "No tokens" in res.stderr and "--no-auth" in res.stderr
+    res = CliRunner().invoke(
+        app, ["mcp", "--redis-url", redis_url, "--namespace", ns, "--where", "nokeyvalue"]
+    )
+    assert res.exit_code == 2 and "--where takes KEY=VALUE" in res.stderr
+
+
+async def test_the_endpoint_needs_a_token(redis_url: str, ns: str, tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"model:{TOKEN}\n")
+    log = tmp_path / "mcp.log"
+    cmd = [sys.executable, "-m", "reach_cli.app", "mcp", "--port", str(port), "--token-file",
+           str(tokens), "--redis-url", redis_url, "--namespace", ns]  # fmt: skip
+    with open(log, "wb") as err:  # noqa: ASYNC230 - a local file, before the process
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.DEVNULL, stderr=err)  # noqa: ASYNC220
+    try:
+
+        async def serving() -> bool:
+            assert proc.poll() is None, log.read_text()
+            return "serving http://" in log.read_text()
+
+        await wait_until(serving, timeout_s=60, what="reach mcp serving")
+        assert "(1 token(s))" in log.read_text()
+        url = f"http://127.0.0.1:{port}/mcp"
+        body = {"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {}}
+        headers = {"Accept": "application/json, text/event-stream"}
+        async with httpx2.AsyncClient(timeout=30) as h:
+            for auth in ({}, {"Authorization": "Bearer wrong-token-0123456789"}):
+                for method in ("POST", "GET", "DELETE"):
+                    r = await h.request(method, url, json=body, headers={**headers, **auth})
+                    assert r.status_code == 401, (method, auth, r.text)
+                    assert r.headers["www-authenticate"].startswith("Bearer")
+            r = await h.post(
+                url, json=body, headers={**headers, "Authorization": f"Bearer {TOKEN}"}
+            )
+            assert r.status_code != 401, r.text
+    finally:
+        stop_process(proc)
