@@ -414,6 +414,9 @@ class Agent:
         set); any handler may also stream with ``await ctx.emit(chunk)``. When
         the first parameter is annotated with a type (a msgspec Struct, ``list[int]``...),
         payloads are validated into it and a payload that does not fit is dead-lettered.
+        That type's JSON Schema, and the result annotation's, are published with the
+        registration (``metadata["schemas"]``, :mod:`reach.schemas`): ``reach caps show``,
+        the card's skills and ``reach mcp`` show them.
 
         ``rate`` (``"100/s"``, ``"600/m"``, ``"3/10s"``) limits how often this agent starts
         the handler, ``burst`` at once after a quiet spell (default 1: evenly spaced): an

@@ -173,9 +173,9 @@ class McpFace:
                 return last
             last = got[-1].id
 
-    async def _watch(self) -> None:
-        """Re-read the tools whenever registry events come; tell the clients of a change."""
-        last = await self._last_event()
+    async def _watch(self, last: str) -> None:
+        """Re-read the tools whenever registry events after ``last`` come; tell the
+        clients of a change."""
         while True:
             await anyio.sleep(self.poll_s)
             try:
@@ -184,7 +184,7 @@ class McpFace:
                     continue
                 last = got[-1].id
                 tools = await self.load()
-            except ReachError as e:  # Redis away: the tools stay as they were
+            except Exception as e:  # noqa: BLE001 - Redis away: the tools stay as they were
                 log.warning("mcp: could not read the registry (%s); will retry", e)
                 continue
             if _fingerprint(tools) != _fingerprint(self._tools):
@@ -271,8 +271,9 @@ class McpFace:
     async def running(self) -> AsyncIterator[McpFace]:
         """The client started, the tools read, the registry watched; all closed after."""
         async with self.client, anyio.create_task_group() as tg:
+            last = await self._last_event()  # first: a change while the tools load is seen
             self._tools = await self.load()
-            tg.start_soon(self._watch)
+            tg.start_soon(self._watch, last)
             try:
                 yield self
             finally:
