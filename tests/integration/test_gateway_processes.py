@@ -250,8 +250,13 @@ async def test_finished_tasks_are_held_in_redis_bounded_in_bytes(
             grown = rss_bytes(procs[0][0].pid) - base
             assert grown < 30 * 1024 * 1024, f"the gateway grew {grown} bytes for 35 tasks"
             async with Client(redis_url=redis_url, namespace=ns) as c:
-                held = int(await c.commands.get(Keys(ns).gateway_bytes) or 0)
+                k = Keys(ns)
+                held = int(await c.commands.get(k.gateway_bytes) or 0)
+                # every task's state lives in Redis for a day at most, the dropped ones too
+                ttls = [await c.commands.pttl(k.gateway_task(t)) for t in (ids[0], ids[-1])]
+                ttls.append(await c.commands.pttl(k.gateway_owned("alice")))
             assert 0 < held <= bound, held
+            assert all(0 < t <= 86_400_000 for t in ttls), ttls
             last = await a2.get_task(GetTaskRequest(id=ids[-1]))  # the other process
             assert len(last.history) == 1 and last.artifacts  # from the gateway's store
             first = await a2.get_task(GetTaskRequest(id=ids[0]))  # dropped: the record
