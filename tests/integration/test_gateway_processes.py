@@ -9,7 +9,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from a2a.helpers.proto_helpers import new_data_part
+from a2a.client.client import Client as A2AClient
+from a2a.helpers.proto_helpers import get_data_parts, new_data_part
 from a2a.types.a2a_pb2 import (
     CancelTaskRequest,
     GetTaskRequest,
@@ -196,6 +197,44 @@ async def test_a_task_run_by_another_process_is_followed_by_subscribe(
             assert (await reach_client.task(held)).status == "succeeded"
     finally:
         agent.stop_all()
+
+
+async def test_another_callers_context_id_opens_a_session_of_ones_own(
+    two_gateways: tuple[str, str], redis_url: str, ns: str
+) -> None:
+    """bob sends under alice's contextId through the other gateway process, to a worker
+    process keeping a session history: he gets a session of his own under that id,
+    never alice's history."""
+    one, two = two_gateways
+    notes = Workers(redis_url, ns, "tests.support.agents_gateway")
+    notes.start("notes_agent")
+    try:
+        async with (
+            httpx.AsyncClient(headers={"Authorization": f"Bearer {ALICE}"}, timeout=60) as ha,
+            httpx.AsyncClient(headers={"Authorization": f"Bearer {BOB}"}, timeout=60) as hb,
+            Client(redis_url=redis_url, namespace=ns) as reach_client,
+        ):
+            await wait_eligible(reach_client, "gw.notes", ["gw-notes-1"], timeout=60)
+            alice, _ = await a2a_client(ha, f"{one}/caps/gw.notes", streaming=False)
+            bob, _ = await a2a_client(hb, f"{two}/caps/gw.notes", streaming=False)
+
+            async def note(a2a: A2AClient, text: str) -> dict[str, object]:
+                req = message(text)
+                req.message.context_id = "ctx-shared"
+                [resp] = [e async for e in a2a.send_message(req)]
+                assert resp.task.status.state == TaskState.TASK_STATE_COMPLETED
+                assert resp.task.context_id == "ctx-shared"
+                [art] = [a for a in resp.task.artifacts if a.name == "result"]
+                got: dict[str, object] = get_data_parts(art.parts)[0]
+                return got
+
+            await note(alice, "alice's secret")
+            mine = await note(alice, "alice's second")
+            assert mine["history"] == ["alice's secret", "alice's second"]
+            theirs = await note(bob, "bob's note")
+            assert theirs == {"history": ["bob's note"], "session": "a2a:bob:ctx-shared"}
+    finally:
+        notes.stop_all()
 
 
 def rss_bytes(pid: int) -> int:
