@@ -94,3 +94,28 @@ def test_uvicorn_repeats_are_one_line_per_period_with_the_count_left_out() -> No
     time.sleep(0.25)  # the period is time itself: nothing to await
     log.warning("Exceeded concurrency limit.")
     assert seen[-1].startswith("Exceeded concurrency limit. (49 more like it in the last")
+
+
+RAISED = """
+import resource
+from reach._http import Limits, raise_open_files_limit
+
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, 1024))
+soft = raise_open_files_limit()
+print(soft, resource.getrlimit(resource.RLIMIT_NOFILE)[0], Limits().fitted(soft).max_connections)
+"""
+
+
+def test_the_soft_open_files_limit_is_raised_and_connections_fitted_to_it() -> None:
+    """A face starting with a soft limit of 256 under a hard one of 1,024 serves with
+    1,024, and at most 924 connections (100 descriptors kept for Redis and the rest)."""
+    out = subprocess.run(
+        [sys.executable, "-c", RAISED],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1024", "1024", "924"]
