@@ -1,6 +1,7 @@
-"""reach._http's log bounds: a face out of file descriptors writes one warning line per
-period, not a traceback per failed accept; uvicorn's per-request warnings likewise (docs/a2a.md
-and docs/web.md, *Limits*)."""
+"""reach._http, in processes of its own where limits are set: the open-files limit raised at
+start and the connection bound fitted to it; a face out of file descriptors writes one
+warning line per period, not a traceback per failed accept; uvicorn's per-request warnings
+likewise (docs/a2a.md and docs/web.md, *Limits*)."""
 
 from __future__ import annotations
 
