@@ -178,7 +178,8 @@ def main() -> None:
             subprocess.Popen(
                 [sys.executable, "-m", "reach_cli.app", "gateway", "--port", str(port),
                  "--redis-url", srv.url, "--namespace", "bench",
-                 # every one of --concurrent at once (the default, 900, answers 503 past it)
+                 # every one of --concurrent at once (503 past the bound); the gateway
+                 # lowers it to its open-files limit less 100 (924 under a 1,024 limit)
                  "--max-connections", str(args.concurrent + 100)],
                 env=env,
             ),

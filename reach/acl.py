@@ -95,6 +95,20 @@ _CALLER = (
     "zscore",
     "zrem",
     "hdel",
+    # the A2A gateway, a caller with a task store in the namespace (reach/gateway/store.py):
+    # a task's owner, the chunks of its stream (a list), the store's byte count, a caller's
+    # task list, a task dropped or deleted. DEL ends no more than PEXPIRE already could.
+    "hget",
+    "hincrby",
+    "rpush",
+    "lrange",
+    "incrby",
+    "decrby",
+    "zrevrange",
+    "zremrangebyscore",
+    "del",
+    "multi",  # its saves and trims are transactions (each command in them checked as well)
+    "exec",
 )
 
 # Per role, the commands reach runs (from ACL LOG of a worker, a client and every CLI
@@ -237,6 +251,8 @@ _PROBES: dict[str, Callable[[_Sample], tuple[str, ...]]] = {
     "zrandmember": lambda s: ("ZRANDMEMBER", s.agents),
     "zscore": lambda s: ("ZSCORE", s.agents, "x"),
     "zmscore": lambda s: ("ZMSCORE", s.agents, "x"),
+    "zrevrange": lambda s: ("ZREVRANGE", s.agents, "0", "-1"),
+    "zremrangebyscore": lambda s: ("ZREMRANGEBYSCORE", s.agents, "0", "1"),
     "xread": lambda s: ("XREAD", "STREAMS", s.events, "0"),
     "xrevrange": lambda s: ("XREVRANGE", s.inbox, "+", "-", "COUNT", "1"),
     "xrange": lambda s: ("XRANGE", s.dlq, "-", "+"),
@@ -261,6 +277,11 @@ _PROBES: dict[str, Callable[[_Sample], tuple[str, ...]]] = {
     "xinfo|groups": lambda s: ("XINFO", "GROUPS", s.inbox),
     "hget": lambda s: ("HGET", s.session, "k"),
     "hdel": lambda s: ("HDEL", s.session, "k"),
+    "hincrby": lambda s: ("HINCRBY", s.session, "k", "1"),
+    "incrby": lambda s: ("INCRBY", s.task, "1"),
+    "decrby": lambda s: ("DECRBY", s.task, "1"),
+    "multi": lambda s: ("MULTI",),
+    "exec": lambda s: ("EXEC",),
     "rpush": lambda s: ("RPUSH", s.history, "v"),
     "ltrim": lambda s: ("LTRIM", s.history, "0", "9"),
     "lrange": lambda s: ("LRANGE", s.history, "0", "-1"),

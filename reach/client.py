@@ -596,6 +596,7 @@ class Client(ManyCalls, ReplyFigures):
         payload: Any,
         *,
         where: Mapping[str, Any] | None = None,
+        max_bytes: int | None = None,
         **opts: Unpack[MessageOptions],
     ) -> Stream:
         """Send one message and iterate over its handler's chunks as they come:
@@ -604,10 +605,12 @@ class Client(ManyCalls, ReplyFigures):
         whole stream). The loop ends with the final reply; the returned :class:`Stream`'s
         ``result`` then holds the final result. Raises as :meth:`request` does, from the
         loop (the handler's error after the chunks it sent); :class:`ConfigError` at once
-        for bad options. The message is sent at the first iteration."""
+        for bad options. The message is sent at the first iteration. ``max_bytes``: the
+        encoded bytes of chunks the stream takes in all, read or not (None: no bound);
+        past them nothing more is kept and the loop raises :class:`StreamTooLarge`."""
         told = opts.get("timeout_s") is not None or opts.get("deadline_ms") is not None
         env = self.build(capability, payload, **opts)  # else its deadline is set at the send
-        return Stream(self, env, where, timeout_for=not told)
+        return Stream(self, env, where, max_bytes=max_bytes, timeout_for=not told)
 
     async def call(
         self, env: Envelope, *, where: Mapping[str, Any] | None = None, gate: Gate | None = None

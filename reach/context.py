@@ -318,6 +318,9 @@ class ChildClient:
         path (with neither deadline, the capability's advertised timeout at the send)."""
         kw = self._inherit(kw)
         where = kw.pop("where", None)
+        max_bytes = kw.pop("max_bytes", None)
         told = kw.get("timeout_s") is not None or kw.get("deadline_ms") is not None
         env, gate = self._child(capability, payload, kw, waits=True)
-        return Stream(self._client, env, where, gate=gate, timeout_for=not told)
+        return Stream(
+            self._client, env, where, max_bytes=max_bytes, gate=gate, timeout_for=not told
+        )

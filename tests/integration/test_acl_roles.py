@@ -545,3 +545,102 @@ def test_the_lines_piped_to_redis_cli_make_the_users(
     for bad in ("team a", 'team"q'):
         code, _, err = cli("acl", "-n", bad)
         assert code == 2 and err.startswith("error:") and "Invalid namespace" in err
+
+
+# -- the HTTP faces under their users: the gateway a caller, the console an operator ------
+@pytest.mark.anyio
+@pytest.mark.timeout(300)
+async def test_the_gateway_runs_as_a_caller_and_the_console_as_an_operator(
+    admin: redis.Redis, users: dict[str, str], tmp_path: Path
+) -> None:
+    """docs/security.md: the gateway's Redis user is a ``caller``, the console's an
+    ``operator``. A ``reach gateway`` process under the caller user serves A2A calls that
+    touch every part of its task store (a blocking send, a stream, get, list, cancel), a
+    ``reach web`` process under the operator user serves its pages, and Redis refuses
+    nothing."""
+    import httpx
+    from a2a.helpers.proto_helpers import new_data_part, new_text_part
+    from a2a.types.a2a_pb2 import (
+        CancelTaskRequest,
+        GetTaskRequest,
+        ListTasksRequest,
+        Message,
+        Role,
+        SendMessageRequest,
+        TaskState,
+    )
+
+    from reach.embedded import free_port
+    from reach.envelope import new_id
+    from tests.support.gateway import (
+        a2a_client,
+        start_gateway_process,
+        start_web_process,
+        stop_process,
+        wait_card,
+    )
+    from tests.support.workers import Workers
+
+    def message(part: Any) -> SendMessageRequest:
+        return SendMessageRequest(
+            message=Message(role=Role.ROLE_USER, message_id=new_id(), parts=[part])
+        )
+
+    token = "acl-gateway-token-0123456789"
+    admin.acl_log_reset()
+    workers = Workers(users["agent"], "ns1", "tests.support.agents_gateway")
+    for name in ("echo_agent", "words_agent", "slow_agent"):
+        workers.start(name)
+    gw_port, web_port = free_port(), free_port()
+    gw_log, web_log = tmp_path / "gateway.log", tmp_path / "web.log"
+    gw = start_gateway_process(
+        users["caller"], "ns1", gw_port, log=gw_log, env={"REACH_GATEWAY_TOKENS": f"t:{token}"}
+    )
+    web = start_web_process(users["operator"], "ns1", web_port, log=web_log)
+    url = f"http://127.0.0.1:{gw_port}"
+    try:
+        auth = {"Authorization": f"Bearer {token}"}
+        async with httpx.AsyncClient(headers=auth, timeout=60) as h:
+            for cap in ("gw.echo", "gw.words", "gw.slow"):
+                await wait_card(h, f"{url}/caps/{cap}", gw, gw_log)
+            echo, _ = await a2a_client(h, f"{url}/caps/gw.echo", streaming=False)
+            [resp] = [e async for e in echo.send_message(message(new_data_part({"k": "v"})))]
+            task = resp.task
+            assert task.status.state == TaskState.TASK_STATE_COMPLETED, task
+            got = await echo.get_task(GetTaskRequest(id=task.id))
+            assert got.status.state == TaskState.TASK_STATE_COMPLETED
+            listed = await echo.list_tasks(ListTasksRequest())
+            assert task.id in [t.id for t in listed.tasks]
+            words, _ = await a2a_client(h, f"{url}/caps/gw.words")
+            seen = [e async for e in words.send_message(message(new_text_part("a b c")))]
+            last = seen[-1]
+            final = (
+                last.task.status.state if last.HasField("task") else last.status_update.status.state
+            )
+            assert final == TaskState.TASK_STATE_COMPLETED, seen[-1]
+            slow, _ = await a2a_client(h, f"{url}/caps/gw.slow", streaming=False)
+            req = message(new_data_part(60))
+            req.configuration.return_immediately = True
+            [first] = [e async for e in slow.send_message(req)]
+            done = await slow.cancel_task(CancelTaskRequest(id=first.task.id))
+            assert done.status.state == TaskState.TASK_STATE_CANCELED
+        async with httpx.AsyncClient(timeout=60) as h:
+
+            async def served() -> bool:
+                assert web.poll() is None, web_log.read_text()
+                try:
+                    return (await h.get(f"http://127.0.0.1:{web_port}/")).status_code == 200
+                except httpx.TransportError:
+                    return False
+
+            await wait_until(served, timeout_s=60, what="the console to serve")
+            agent_page = "/agent?id=gw-echo-1"
+            for path in ("/messages", f"/message?id={task.id}", "/dlq", "/events", agent_page):
+                r = await h.get(f"http://127.0.0.1:{web_port}{path}")
+                assert r.status_code == 200, (path, r.text[-500:])
+    finally:
+        assert stop_process(gw) == 0, gw_log.read_text()[-3000:]
+        stop_process(web)
+        workers.stop_all()
+    log = refused(admin)
+    assert not log, log

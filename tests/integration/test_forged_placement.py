@@ -3,22 +3,23 @@
 operator replays: none of them is signed for its writer.
 
 The agent is a real ``reach worker`` process with ``REACH_SECRET`` and
-``--require-signed``; its own sweeper (holding the secret) does the moves. The attacker
-holds only the namespace's keys (what reach's ``caller`` role grants), no secret.
+``--require-signed``; its own sweeper and scheduler (holding the secret) do the moves. The
+attacker is a Redis user of reach's ``caller`` role (``reach acl``) without the secret.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import uuid
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import anyio
 import msgspec
 import pytest
 
-from reach import admin
+from reach import acl, admin
 from reach.client import Client
-from reach.connection import AnyRedis
+from reach.connection import AnyRedis, connect
 from reach.envelope import Envelope, decode_envelope, encode, encode_payload, new_id, now_ms
 from reach.keys import GROUP, Keys
 from reach.registry import Registry
@@ -73,31 +74,52 @@ async def dead_reason(r: AnyRedis, ns: str, msg_id: str) -> str:
     return ""
 
 
-async def place_everywhere(r: AnyRedis, ns: str, envs: list[Envelope]) -> None:
-    """``envs[0]`` into the delayed set (due now), ``envs[1]`` into the capability's parked
-    stream, ``envs[2]`` into the inbox of an agent the registry lists for rerouting."""
+@pytest.fixture
+async def attacker(r: AnyRedis, redis_url: str, ns: str) -> AsyncIterator[AnyRedis]:
+    """A connection as a user of reach's ``caller`` role in ``ns`` (the rules ``reach acl``
+    prints), holding no secret: what a leaked caller password gives."""
+    user, password = f"attacker-{uuid.uuid4().hex[:8]}", "attacker-pw-0123456789"
+    await r.execute_command("ACL", "SETUSER", user, *acl.rules(ns, "caller", password=password))
+    conn = await connect(redis_url.replace("redis://", f"redis://{user}:{password}@", 1))
+    try:
+        yield conn
+    finally:
+        await conn.aclose()
+        await r.execute_command("ACL", "DELUSER", user)
+
+
+PLACES = ("delayed", "parked", "evicted inbox", "scheduled")
+
+
+async def place_everywhere(w: AnyRedis, r: AnyRedis, ns: str, envs: list[Envelope]) -> None:
+    """Written by ``w``: ``envs[0]`` into the delayed set (due now), ``envs[1]`` into the
+    capability's parked stream, ``envs[2]`` into the inbox of an agent the registry lists
+    for rerouting, ``envs[3]`` into the scheduled set (due now). ``r`` only makes that
+    inbox's consumer group, as its agent did before it was evicted."""
     keys = Keys(ns)
-    await r.zadd(keys.delayed, {encode(envs[0]): now_ms()})
-    await r.xadd(keys.parked(CAP), {"e": encode(envs[1])})
-    await r.sadd(keys.parked_caps, CAP)
     inbox = keys.inbox("ghost-1", "normal")
     await r.xgroup_create(inbox, GROUP, id="0", mkstream=True)
-    await r.xadd(inbox, {"e": encode(envs[2])})
-    await r.sadd(Registry(r, ns).keys.reroute_of(0), "ghost-1")
+    await w.zadd(keys.delayed, {encode(envs[0]): now_ms()})
+    await w.xadd(keys.parked(CAP), {"e": encode(envs[1])})
+    await w.sadd(keys.parked_caps, CAP)
+    await w.xadd(inbox, {"e": encode(envs[2])})
+    await w.sadd(Registry(r, ns).keys.reroute_of(0), "ghost-1")
+    await w.hset(keys.scheduled_envelopes, envs[3].msg_id, encode(envs[3]))
+    await w.zadd(keys.scheduled, {envs[3].msg_id: now_ms()})
 
 
 async def test_forged_entries_placed_again_are_dead_lettered_unauthenticated(
-    workers: Workers, r: AnyRedis, ns: str
+    workers: Workers, r: AnyRedis, attacker: AnyRedis, ns: str
 ) -> None:
     await ready(r, ns)
-    fakes = [forged() for _ in range(3)]
-    await place_everywhere(r, ns, fakes)
+    fakes = [forged() for _ in PLACES]
+    await place_everywhere(attacker, r, ns, fakes)
 
     async def all_dead() -> bool:
         return all([await dead_reason(r, ns, e.msg_id) for e in fakes])
 
     await wait_until(all_dead, timeout_s=30, what="the forged entries dead-lettered")
-    for where, e in zip(("delayed", "parked", "evicted inbox"), fakes, strict=True):
+    for where, e in zip(PLACES, fakes, strict=True):
         assert await dead_reason(r, ns, e.msg_id) == "unauthenticated", where
         assert await ran(r, ns, e.msg_id) == (0, ""), f"forged entry in {where} ran"
 
@@ -109,10 +131,10 @@ async def test_signed_entries_placed_again_keep_their_signature_and_run(
     await ready(r, ns)
     async with Client(redis_url=redis_url, namespace=ns, secret=SECRET) as alice:
         assert alice.signer is not None
-        envs = [alice.build(CAP, {}, reply=False, source="alice") for _ in range(3)]
+        envs = [alice.build(CAP, {}, reply=False, source="alice") for _ in PLACES]
         for env in envs:
             alice.signer.sign_envelope(env)
-        await place_everywhere(r, ns, envs)
+        await place_everywhere(r, r, ns, envs)
 
         async def all_ran() -> bool:
             return all([(await ran(r, ns, e.msg_id))[0] for e in envs])

@@ -40,7 +40,8 @@ async def test_a_thousand_concurrent_a2a_requests_are_all_answered(
     workers.start("echo_agent", "--concurrency", "64")
     port = free_port()
     log = tmp_path / "gateway.log"
-    # --max-connections: N at once, where the default (900) answers 503 past 900
+    # --max-connections: N at once (503 past the bound); the gateway lowers it to its
+    # open-files limit less 100, so this needs an open-files limit above N + 100
     gw = start_gateway_process(
         redis_url, ns, port, "--timeout-s", "300", "--max-connections", str(N + 100), log=log,
         env={"REACH_GATEWAY_TOKENS": f"load:{TOKEN}"},

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from a2a.helpers.proto_helpers import new_data_part
+from a2a.client.client import Client as A2AClient
+from a2a.helpers.proto_helpers import get_data_parts, new_data_part
 from a2a.types.a2a_pb2 import (
     CancelTaskRequest,
     GetTaskRequest,
@@ -198,6 +199,44 @@ async def test_a_task_run_by_another_process_is_followed_by_subscribe(
         agent.stop_all()
 
 
+async def test_another_callers_context_id_opens_a_session_of_ones_own(
+    two_gateways: tuple[str, str], redis_url: str, ns: str
+) -> None:
+    """bob sends under alice's contextId through the other gateway process, to a worker
+    process keeping a session history: he gets a session of his own under that id,
+    never alice's history."""
+    one, two = two_gateways
+    notes = Workers(redis_url, ns, "tests.support.agents_gateway")
+    notes.start("notes_agent")
+    try:
+        async with (
+            httpx.AsyncClient(headers={"Authorization": f"Bearer {ALICE}"}, timeout=60) as ha,
+            httpx.AsyncClient(headers={"Authorization": f"Bearer {BOB}"}, timeout=60) as hb,
+            Client(redis_url=redis_url, namespace=ns) as reach_client,
+        ):
+            await wait_eligible(reach_client, "gw.notes", ["gw-notes-1"], timeout=60)
+            alice, _ = await a2a_client(ha, f"{one}/caps/gw.notes", streaming=False)
+            bob, _ = await a2a_client(hb, f"{two}/caps/gw.notes", streaming=False)
+
+            async def note(a2a: A2AClient, text: str) -> dict[str, object]:
+                req = message(text)
+                req.message.context_id = "ctx-shared"
+                [resp] = [e async for e in a2a.send_message(req)]
+                assert resp.task.status.state == TaskState.TASK_STATE_COMPLETED
+                assert resp.task.context_id == "ctx-shared"
+                [art] = [a for a in resp.task.artifacts if a.name == "result"]
+                got: dict[str, object] = get_data_parts(art.parts)[0]
+                return got
+
+            await note(alice, "alice's secret")
+            mine = await note(alice, "alice's second")
+            assert mine["history"] == ["alice's secret", "alice's second"]
+            theirs = await note(bob, "bob's note")
+            assert theirs == {"history": ["bob's note"], "session": "a2a:bob:ctx-shared"}
+    finally:
+        notes.stop_all()
+
+
 def rss_bytes(pid: int) -> int:
     """The resident set of process ``pid`` now (Linux: /proc/<pid>/status)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -250,8 +289,13 @@ async def test_finished_tasks_are_held_in_redis_bounded_in_bytes(
             grown = rss_bytes(procs[0][0].pid) - base
             assert grown < 30 * 1024 * 1024, f"the gateway grew {grown} bytes for 35 tasks"
             async with Client(redis_url=redis_url, namespace=ns) as c:
-                held = int(await c.commands.get(Keys(ns).gateway_bytes) or 0)
+                k = Keys(ns)
+                held = int(await c.commands.get(k.gateway_bytes) or 0)
+                # every task's state lives in Redis for a day at most, the dropped ones too
+                ttls = [await c.commands.pttl(k.gateway_task(t)) for t in (ids[0], ids[-1])]
+                ttls.append(await c.commands.pttl(k.gateway_owned("alice")))
             assert 0 < held <= bound, held
+            assert all(0 < t <= 86_400_000 for t in ttls), ttls
             last = await a2.get_task(GetTaskRequest(id=ids[-1]))  # the other process
             assert len(last.history) == 1 and last.artifacts  # from the gateway's store
             first = await a2.get_task(GetTaskRequest(id=ids[0]))  # dropped: the record

@@ -15,7 +15,7 @@ import anyio
 import msgspec
 import pytest
 
-from reach import Agent, Context, Reject, Rejected, RemoteError
+from reach import Agent, Context, Reject, Rejected, RemoteError, StreamTooLarge
 from reach.client import Client
 from reach.connection import AnyRedis
 from reach.envelope import CHUNK, Reply, encode
@@ -130,6 +130,30 @@ async def test_a_replay_of_a_completed_key_gives_the_final_result_and_no_chunks(
         again = client.stream("test.count", {"n": 3}, timeout_s=30, idempotency_key="k-1")
         assert [c async for c in again] == []
         assert again.result == first.result == {"chunks": 3}
+
+
+async def test_a_stream_bounded_in_bytes_holds_no_more_while_unread(
+    redis_url: str, ns: str
+) -> None:
+    """A caller that reads nothing while its handler streams 20,000 chunks holds at most
+    ``max_bytes`` of them (what the A2A gateway bounds each task's stream with): its loop
+    gets the chunks kept, then StreamTooLarge, not the 20,000."""
+    async with serving(redis_url, ns, streaming_agent()) as client:
+        async with client.stream("test.count", {"n": 20_000}, timeout_s=60, max_bytes=4096) as s:
+            it = aiter(s)
+            assert await anext(it) == {"i": 0}  # sent, and its chunks coming
+
+            async def finished() -> bool:
+                return (await client.task(s.msg_id)).status == "succeeded"
+
+            await wait_until(finished, timeout_s=60, what="the handler to end")
+            got = [{"i": 0}]
+            with pytest.raises(StreamTooLarge, match="4096 bytes"):
+                async for chunk in s:
+                    got.append(chunk)
+        assert 1 < len(got) <= 4096 // 4, len(got)  # a chunk {"i": i} is at least 4 bytes
+        assert got == [{"i": i} for i in range(len(got))]
+        assert await client.request("test.emit", {"words": ["ok"]}, timeout_s=30) == "ok"
 
 
 async def test_leaving_the_loop_early_forgets_the_call(redis_url: str, ns: str) -> None:

@@ -69,3 +69,25 @@ def test_a_chunk_signature_covers_seq_and_differs_from_a_reply_s() -> None:
     assert reply_data("ns", final) == encode(
         (b"reach/reply/1", "ns", "m", "succeeded", final.result, "", "", "", "", 1)
     )
+
+
+def test_a_sink_bounded_in_bytes_keeps_nothing_past_its_bound() -> None:
+    """``max_bytes`` counts the encoded chunk entries taken: the entry that would pass it
+    and every one after it are not kept, and the sink says so (the caller's loop then
+    raises StreamTooLarge); what came before stays to be read."""
+    first, second = entry(0, ["a" * 40]), entry(1, ["b" * 40])
+    size = len(first.result)
+    sink = ChunkSink(max_bytes=size + 10)
+    sink.add(first)
+    assert list(sink.chunks) == ["a" * 40] and not sink.overflowed
+    sink.add(second)
+    sink.add(entry(2, ["c"]))
+    assert list(sink.chunks) == ["a" * 40] and sink.overflowed
+    assert sink.next_seq == 1 and sink.received_bytes == 2 * size
+
+
+def test_a_sink_without_a_bound_keeps_everything() -> None:
+    sink = ChunkSink()
+    for i in range(1000):
+        sink.add(entry(i, ["x" * 1000]))
+    assert len(sink.chunks) == 1000 and not sink.overflowed
