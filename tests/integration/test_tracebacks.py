@@ -239,3 +239,48 @@ async def test_dead_letter_lines_are_rate_limited_and_tracebacks_logged_at_debug
         assert 'return payload["txt"]' in tb and tb.endswith("KeyError: 'txt'")
     levels = {r.levelno for r in caplog.records if r.getMessage().startswith("traceback of ")}
     assert levels == {logging.DEBUG}
+
+
+async def test_reach_worker_takes_the_bound_and_the_redaction_hook(
+    redis_url: str, ns: str, r: AnyRedis
+) -> None:
+    """`reach worker --traceback-max-bytes N --redact-traceback MODULE:ATTR` (a real
+    process): the stored tracebacks are cut to N bytes and pass through the hook."""
+    workers = Workers(redis_url, ns, "tests.support.agents_failing")
+    hook = "tests.support.agents_failing:mask_tokens"
+    try:
+        workers.start("failing_agent", "--traceback-max-bytes", "600", "--redact-traceback", hook)
+        async with reach.Client(redis_url=redis_url, namespace=ns) as client:
+            for cap in ("fail.deep", "fail.secret"):
+                await wait_eligible(client, cap, ["failing-1"], timeout=30)
+            deep = await get_status(
+                r, Keys(ns), await fail_once(client, "fail.deep", {"depth": 200})
+            )
+            secret = await fail_once(client, "fail.secret", {"token": "s3cr3t"})
+            masked = await get_status(r, Keys(ns), secret)
+            [dl] = await wait_until(lambda: letters(r, ns, "fail.secret"), what="dead letter")
+    finally:
+        workers.stop_all()
+    assert 0 < len(deep.traceback.encode()) <= 600
+    assert deep.traceback.startswith("[... earlier lines cut]\n")
+    for tb in (masked.traceback, dl.traceback):
+        assert "s3cr3t" not in tb and "RuntimeError: upstream refused token ***" in tb
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--redact-traceback", "tests.support.agents_failing:no_such_hook"], "no attribute"),
+        (["--redact-traceback", "tests.support.agents_failing:os"], "is module, not a function"),
+        (["--redact-traceback", "no_colon_here"], "expected MODULE:ATTR"),
+        (["--redact-traceback", "no_such_module_here:mask"], "cannot import"),
+        (["--traceback-max-bytes", "-1"], "traceback-max-bytes"),
+    ],
+)
+def test_reach_worker_refuses_a_bad_traceback_setting(
+    redis_url: str, ns: str, args: list[str], says: str
+) -> None:
+    argv = ["worker", "tests.support.agents_failing:failing_agent", *args]
+    res = CliRunner().invoke(cli_app, [*argv, "--redis-url", redis_url, "--namespace", ns])
+    assert res.exit_code == 2, res.output
+    assert says in " ".join(res.output.split()), res.output
