@@ -82,6 +82,11 @@ async def test_reach_tasks_lists_and_filters(redis_url: str, ns: str) -> None:
         assert other["messages"] == []
         text = await cli(redis_url, ns, "tasks", "--since", "1h")
         assert env.msg_id in text and "KeyError: 'txt'" in text
+        narrow = await cli(redis_url, ns, "tasks", env={"COLUMNS": "80"})
+        assert max(len(line) for line in narrow.splitlines()) <= 80, narrow
+        assert env.msg_id in narrow and "--wide" in narrow  # the id whole, a column left out
+        # too narrow for the columns' floors: wider lines, never a cut id
+        assert env.msg_id in await cli(redis_url, ns, "tasks", env={"COLUMNS": "50"})
         future = str(int(time.time() * 1000) + 3_600_000)  # --since an hour from now
         later = json.loads(await cli(redis_url, ns, "tasks", "--since", future, "--json"))
         assert later["messages"] == []
