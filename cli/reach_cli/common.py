@@ -504,8 +504,9 @@ def table(
     them), then the widest cells are cut with
     ``…`` (never the first column's: it names the row; a two-column field/value table
     wraps instead; so do the ``wrap`` columns: their text is already cut to a length, with
-    a note at its end). ``--wide`` (or REACH_WIDE=1):
-    every column, every cell whole."""
+    a note at its end). A terminal too narrow even for those gets lines wider than itself,
+    not a cut first column. ``--wide`` (or REACH_WIDE=1): every column, every cell
+    whole."""
     wide = _wide.get() or os.environ.get("REACH_WIDE") == "1"
     cells = [[cell(v) for v in row] for row in rows]
     natural = [
@@ -546,7 +547,10 @@ def table(
             t.add_column(columns[i], overflow="ellipsis", no_wrap=True, width=w)
     for r in cells:
         t.add_row(*(r[i] if i < len(r) else Text("") for i in shown))
-    console.print(t, width=max(width, total(shown)) if wide else width)
+    # A terminal narrower than the columns' floors (the whole first column, each header)
+    # gets lines wider than itself rather than a cut id: Rich would shrink every column.
+    least = sum(fitted) + 3 * len(shown) + 1
+    console.print(t, width=max(width, total(shown)) if wide else max(width, least))
     if hidden:
         console.print(
             Text(f"(not shown: {', '.join(hidden)}; --wide shows every column)", style="dim"),

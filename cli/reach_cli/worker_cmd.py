@@ -11,7 +11,8 @@ import os
 import signal
 import socket
 import sys
-from typing import Annotated, Any, Literal, Optional
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, Optional, cast
 
 import anyio
 import typer
@@ -79,6 +80,39 @@ def load_agent(target: str) -> reach.Agent:
             raise ConfigError(f"{target}() returned {type(made).__name__}, not {want}.")
         return made
     raise ConfigError(f"{target} is {type(obj).__name__}, not {want}.")
+
+
+def load_redactor(target: str) -> Callable[[str], str]:
+    """Import ``module:attr`` for ``--redact-traceback``: a plain function taking the
+    traceback's text and returning the text to store. Anything else is a
+    :class:`ConfigError` that says what was found."""
+    want = "a function taking the traceback's text and returning the text to keep"
+    mod_name, _, attr = target.partition(":")
+    if not mod_name or not attr:
+        raise ConfigError(
+            f"--redact-traceback: expected MODULE:ATTR (e.g. myagents.safety:mask), got {target!r}."
+        )
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        mod = importlib.import_module(mod_name)
+    except (ImportError, TypeError, ValueError) as e:
+        raise ConfigError(f"--redact-traceback: cannot import {mod_name!r}: {e}") from e
+    fn = getattr(mod, attr, None)
+    if fn is None:
+        raise ConfigError(f"--redact-traceback: module {mod_name!r} has no attribute {attr!r}.")
+    if inspect.iscoroutinefunction(fn) or not callable(fn):
+        kind = "an async function" if callable(fn) else type(fn).__name__
+        raise ConfigError(f"--redact-traceback: {target} is {kind}, not {want}.")
+    try:
+        inspect.signature(fn).bind("text")
+    except TypeError:
+        raise ConfigError(
+            f"--redact-traceback: {target} does not take one argument: {want}."
+        ) from None
+    except ValueError:  # no signature to look at (some builtins): try it
+        pass
+    return cast(Callable[[str], str], fn)
 
 
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -234,6 +268,24 @@ def worker(
             "(also: REACH_REQUIRE_SIGNED=1).",
         ),
     ] = False,
+    traceback_max_bytes: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=1024 * 1024,
+            help="A failed handler's traceback is stored with its outcome (task record, "
+            "dead letter) up to its last this many bytes; 0: none stored.",
+        ),
+    ] = 8192,
+    redact_traceback: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--redact-traceback",
+            metavar="MODULE:ATTR",
+            help="A function each traceback passes through before it is stored or logged "
+            "(text in, the text to keep out), e.g. to mask tokens.",
+        ),
+    ] = None,
 ) -> None:
     """Run the reach.Agent found at MODULE:ATTR until SIGTERM/SIGINT (then drain).
 
@@ -316,6 +368,9 @@ def worker(
             opts["preempt_after_s"] = preempt_after_s
         if require_signed:  # else REACH_REQUIRE_SIGNED decides (the secret: REACH_SECRET)
             opts["require_signed"] = True
+        opts["traceback_max_bytes"] = traceback_max_bytes
+        if redact_traceback is not None:
+            opts["redact_traceback"] = load_redactor(redact_traceback)
         where = "" if url_source == "--redis-url" else f" (from {url_source})"
         ids = ", ".join(a.agent_id for a in agents)
         if log_format == "json":  # stderr stays one JSON object per line

@@ -4,6 +4,7 @@ the terminal's width, `--wide` shows everything."""
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -46,19 +47,32 @@ async def _echo(payload: Any, ctx: reach.Context) -> Any:
     return payload
 
 
+def echo_agent() -> reach.Agent:
+    app = reach.Agent("echo-t1", capabilities=["tasks.echo"])
+    app.handler("tasks.echo")(_echo)
+    return app
+
+
 async def test_reach_tasks_lists_and_filters(redis_url: str, ns: str) -> None:
-    async with serving(redis_url, ns, failing_agent()) as client:
+    async with serving(redis_url, ns, failing_agent(), echo_agent()) as client:
         env = client.build("fail.key", {"no": 1}, timeout_s=15, max_attempts=1)
         with pytest.raises(reach.RemoteError):
             await client.call(env)
         await wait_status(client, env.msg_id, "dead")
+        echo = client.build("tasks.echo", 1, timeout_s=15)
+        assert await client.call(echo) == 1
 
-        async def listed() -> Any:  # the index's row may be held for a moment
-            out = json.loads(await cli(redis_url, ns, "tasks", "--json"))
-            return out if out["messages"] else None
+        async def listed() -> Any:  # the index's rows may be held for a moment
+            out = json.loads(await cli(redis_url, ns, "tasks", "--agent", "failing-1", "--json"))
+            mine = json.loads(await cli(redis_url, ns, "tasks", "--agent", "echo-t1", "--json"))
+            return out if out["messages"] and mine["messages"] else None
 
-        out = await wait_until(listed, what="the message listed")
-        [m] = out["messages"]
+        out = await wait_until(listed, what="the messages listed")
+        [m] = out["messages"]  # --agent: not the echo agent's message
+        everything = json.loads(await cli(redis_url, ns, "tasks", "--json"))
+        assert [x["msg_id"] for x in everything["messages"]] == [echo.msg_id, env.msg_id]
+        echoed = json.loads(await cli(redis_url, ns, "tasks", "--agent", "echo-t1", "--json"))
+        assert [x["msg_id"] for x in echoed["messages"]] == [echo.msg_id]
         assert (m["msg_id"], m["status"], m["capability"]) == (env.msg_id, "dead", "fail.key")
         assert (m["agent_id"], m["error_type"], m["error"]) == ("failing-1", "KeyError", "'txt'")
         assert out["next"] == ""
@@ -68,6 +82,14 @@ async def test_reach_tasks_lists_and_filters(redis_url: str, ns: str) -> None:
         assert other["messages"] == []
         text = await cli(redis_url, ns, "tasks", "--since", "1h")
         assert env.msg_id in text and "KeyError: 'txt'" in text
+        narrow = await cli(redis_url, ns, "tasks", env={"COLUMNS": "80"})
+        assert max(len(line) for line in narrow.splitlines()) <= 80, narrow
+        assert env.msg_id in narrow and "--wide" in narrow  # the id whole, a column left out
+        # too narrow for the columns' floors: wider lines, never a cut id
+        assert env.msg_id in await cli(redis_url, ns, "tasks", env={"COLUMNS": "50"})
+        future = str(int(time.time() * 1000) + 3_600_000)  # --since an hour from now
+        later = json.loads(await cli(redis_url, ns, "tasks", "--since", future, "--json"))
+        assert later["messages"] == []
         bad = await cli(redis_url, ns, "tasks", "--since", "yesterday", code=2)
         assert "error: --since" in bad
         bad = await cli(redis_url, ns, "tasks", "--status", "broken", code=2)

@@ -229,9 +229,9 @@ async def test_a_throwaway_embedded_server_gets_no_persistence_warning(
 @pytest.mark.anyio
 async def test_no_key_of_everyday_operations_is_unknown(redis_url: str, ns: str) -> None:
     """A real worker, a client and the CLI do what users do (sends, requests with an
-    idempotency key, a session, a stream, a retry, a dead letter, a cancel, a capability's
-    limit and a handler's own, quotas, a worker killed mid-handler whose inbox the sweeps
-    park): every key they leave has a form in
+    idempotency key, a session, a stream, a retry, a dead letter, a cancel, a scheduled
+    send, a capability's limit and a handler's own, quotas, a worker killed mid-handler
+    whose inbox the sweeps park): every key they leave has a form in
     reach.keys.LAYOUT, and doctor's key scheme check says so."""
     import anyio
     import redis.asyncio
@@ -280,6 +280,7 @@ async def test_no_key_of_everyday_operations_is_unknown(redis_url: str, ns: str)
             await wait_status(client, held, "running", timeout=30)
             assert (await client.cancel(held)).cancelled
             await wait_status(client, held, "cancelled", timeout=30)
+            await client.send("doc.echo", 3, delay_s=3600)  # a scheduled send, due later
             # the worker killed while it runs one: the sweeps evict it and park its inbox
             orphan = await client.send("doc.hold", 1)
             await wait_status(client, orphan, "running", timeout=30)
@@ -318,6 +319,6 @@ async def test_no_key_of_everyday_operations_is_unknown(redis_url: str, ns: str)
         "agents_of", "agent", "cap_of", "caps_of", "events_of", "inbox", "replies", "idem",
         "task", "session", "session_history", "effects", "dlq", "cancels", "limits",
         "quotas", "rate_state", "agent_rate_state", "send_rate_state", "parked",
-        "parked_caps", "recent",
+        "parked_caps", "recent", "scheduled", "scheduled_envelopes",
     }, builders  # fmt: skip
     assert len(found) >= 20 and Keys(ns).cancels in found

@@ -6,7 +6,10 @@ log."""
 from __future__ import annotations
 
 import json
+import logging
+from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import anyio
@@ -15,6 +18,7 @@ from reach_cli.app import app as cli_app
 from typer.testing import CliRunner
 
 import reach
+from reach._worker import letters as worker_letters
 from reach.connection import AnyRedis, connect
 from reach.keys import Keys
 from reach.recent import attempts_of
@@ -187,3 +191,96 @@ async def test_a_worker_logs_one_warning_line_per_dead_letter(
         assert "WARNING" in line and msg_id in line
         assert "max_attempts" in line and "KeyError: 'txt'" in line
     assert "Traceback" not in log.read_text()  # the traceback is logged at DEBUG only
+
+
+async def test_dead_letter_lines_are_rate_limited_and_tracebacks_logged_at_debug(
+    redis_url: str, ns: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """At DEBUG each dead letter's WARNING line is followed by its traceback; past the
+    window's lines the rest are counted, and the first line of the next window says how
+    many were left out. The worker's limit gets 2 lines a window here and a clock the test
+    moves (the runtime's: 10 lines per 10 s of time.monotonic)."""
+    clock = [1000.0]
+    monkeypatch.setattr(worker_letters, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr(
+        worker_letters, "ReportLimit", partial(worker_letters.ReportLimit, per_window=2)
+    )
+    caplog.set_level(logging.DEBUG, logger="reach.runtime")
+
+    def logged(start: str) -> list[str]:
+        return [
+            r.getMessage()
+            for r in caplog.records
+            if r.name == "reach.runtime" and r.getMessage().startswith(start)
+        ]
+
+    async def lines(n: int) -> list[str]:
+        async def enough() -> list[str]:
+            got = logged("dead-lettered ")
+            return got if len(got) >= n else []
+
+        return await wait_until(enough, what=f"{n} dead-letter lines")
+
+    async with serving(redis_url, ns, failing_agent()) as client:
+        burst = [await fail_once(client, "fail.key", {"n": i}) for i in range(4)]
+        first = await lines(2)
+        clock[0] += 60  # a new window
+        later = await fail_once(client, "fail.key", {"n": 4})
+        every = await lines(3)
+    assert every[:2] == first and len(every) == 3, every
+    for msg_id, line in zip(burst[:2], first, strict=True):
+        assert msg_id in line and "max_attempts: KeyError: 'txt'" in line
+        assert "not logged" not in line
+    assert later in every[2] and every[2].endswith("[2 more dead letter(s) not logged]")
+    tracebacks = logged("traceback of ")
+    assert len(tracebacks) == 3, tracebacks  # one per line logged, at DEBUG
+    for msg_id, tb in zip([*burst[:2], later], tracebacks, strict=True):
+        assert tb.startswith(f"traceback of {msg_id}:\nTraceback (most recent call last):")
+        assert 'return payload["txt"]' in tb and tb.endswith("KeyError: 'txt'")
+    levels = {r.levelno for r in caplog.records if r.getMessage().startswith("traceback of ")}
+    assert levels == {logging.DEBUG}
+
+
+async def test_reach_worker_takes_the_bound_and_the_redaction_hook(
+    redis_url: str, ns: str, r: AnyRedis
+) -> None:
+    """`reach worker --traceback-max-bytes N --redact-traceback MODULE:ATTR` (a real
+    process): the stored tracebacks are cut to N bytes and pass through the hook."""
+    workers = Workers(redis_url, ns, "tests.support.agents_failing")
+    hook = "tests.support.agents_failing:mask_tokens"
+    try:
+        workers.start("failing_agent", "--traceback-max-bytes", "600", "--redact-traceback", hook)
+        async with reach.Client(redis_url=redis_url, namespace=ns) as client:
+            for cap in ("fail.deep", "fail.secret"):
+                await wait_eligible(client, cap, ["failing-1"], timeout=30)
+            deep = await get_status(
+                r, Keys(ns), await fail_once(client, "fail.deep", {"depth": 200})
+            )
+            secret = await fail_once(client, "fail.secret", {"token": "s3cr3t"})
+            masked = await get_status(r, Keys(ns), secret)
+            [dl] = await wait_until(lambda: letters(r, ns, "fail.secret"), what="dead letter")
+    finally:
+        workers.stop_all()
+    assert 0 < len(deep.traceback.encode()) <= 600
+    assert deep.traceback.startswith("[... earlier lines cut]\n")
+    for tb in (masked.traceback, dl.traceback):
+        assert "s3cr3t" not in tb and "RuntimeError: upstream refused token ***" in tb
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--redact-traceback", "tests.support.agents_failing:no_such_hook"], "no attribute"),
+        (["--redact-traceback", "tests.support.agents_failing:os"], "is module, not a function"),
+        (["--redact-traceback", "no_colon_here"], "expected MODULE:ATTR"),
+        (["--redact-traceback", "no_such_module_here:mask"], "cannot import"),
+        (["--traceback-max-bytes", "-1"], "traceback-max-bytes"),
+    ],
+)
+def test_reach_worker_refuses_a_bad_traceback_setting(
+    redis_url: str, ns: str, args: list[str], says: str
+) -> None:
+    argv = ["worker", "tests.support.agents_failing:failing_agent", *args]
+    res = CliRunner().invoke(cli_app, [*argv, "--redis-url", redis_url, "--namespace", ns])
+    assert res.exit_code == 2, res.output
+    assert says in " ".join(res.output.split()), res.output

@@ -353,3 +353,48 @@ async def test_the_message_list_lists_scheduled_sends(make: Any, r: AnyRedis, ns
     # Its page says scheduled and offers the cancel.
     page = await c.get("/message", params={"id": later})
     assert 'id="task-status">scheduled<' in page.text and 'id="cancel-msg"' in page.text
+
+
+async def test_the_message_list_filters_by_agent_and_time(
+    make: Any, r: AnyRedis, ns: str, redis_url: str
+) -> None:
+    """/messages with the agent and since filters (the browser test clicks the status and
+    capability ones), and a time it cannot read named on the page."""
+    import reach
+    from reach.recent import list_messages
+    from tests.support.agents_failing import failing_agent
+    from tests.support.agents_messaging import serving, wait_status, wait_until
+
+    echo = reach.Agent("echo-w1", capabilities=["web.echo"])
+
+    @echo.handler("web.echo")
+    async def run(payload: Any, ctx: reach.Context) -> Any:
+        return payload
+
+    async with serving(redis_url, ns, failing_agent(), echo) as client:
+        failed = client.build("fail.key", {"no": "txt"}, timeout_s=15, max_attempts=1)
+        with pytest.raises(reach.RemoteError):
+            await client.call(failed)
+        await wait_status(client, failed.msg_id, "dead")
+        ok = client.build("web.echo", 1, timeout_s=15)
+        assert await client.call(ok) == 1
+
+        async def both() -> bool:  # the index's rows may be held for a moment
+            return len((await list_messages(r, Keys(ns))).messages) == 2
+
+        await wait_until(both, what="both messages indexed")
+    c = await make()
+
+    async def rows(**params: str) -> list[str]:
+        page = await c.get("/messages", params=params)
+        assert page.status_code == 200 and 'id="problem"' not in page.text, page.text
+        return re.findall(r'<tr data-msg="([0-9a-f]+)"', page.text)
+
+    assert await rows() == [ok.msg_id, failed.msg_id]
+    assert await rows(agent="failing-1") == [failed.msg_id]
+    assert await rows(agent="echo-w1") == [ok.msg_id]
+    assert await rows(since="1h") == [ok.msg_id, failed.msg_id]
+    assert await rows(since=str(now_ms() + 3_600_000)) == []  # from an hour ahead: none
+    assert await rows(agent="echo-w1", status="failed") == []
+    bad = await c.get("/messages", params={"since": "yesterday"})
+    assert 'id="problem"' in bad.text and "is not a time" in bad.text

@@ -39,3 +39,9 @@ def failing_agent(agent_id: str | None = None) -> Agent:
         raise RuntimeError(f"upstream refused token {token}")
 
     return app
+
+
+def mask_tokens(text: str) -> str:
+    """A redaction hook for ``reach worker --redact-traceback``: masks the token
+    ``fail.secret`` raises with in the tests."""
+    return text.replace("s3cr3t", "***")

@@ -93,3 +93,43 @@ def test_errors_map_to_json_rpc_errors() -> None:
     assert isinstance(e, InternalError) and e.data is not None and e.data["retryAfterS"] == 1.5
     assert isinstance(error_of(PayloadTooLarge("big")), InvalidParamsError)
     assert isinstance(error_of(ConfigError("bad")), InvalidParamsError)
+
+
+def test_the_log_filter_drops_client_errors_and_keeps_the_gateways_own_faults() -> None:
+    """What reach.gateway.logs lets through a handler: the SDK's records of an error a
+    caller gets go (reach logs one line for it instead); a fault of the gateway itself,
+    logged with any other exception, keeps its traceback."""
+    import io
+    import logging
+    import sys
+
+    from a2a.utils.errors import TaskNotFoundError
+
+    from reach.gateway import logs
+
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    logs.install(handler)
+
+    def emit(name: str, exc: BaseException | None, msg: str = "request failed") -> None:
+        info = None
+        if exc is not None:
+            try:
+                raise exc
+            except BaseException:  # noqa: BLE001 - the record wants it with its traceback
+                info = sys.exc_info()
+        record = logging.LogRecord(name, logging.ERROR, __file__, 1, msg, None, info)
+        if handler.filter(record):
+            handler.handle(record)
+
+    emit("a2a.server.request_handlers", TaskNotFoundError())
+    emit("a2a.server.request_handlers", InvalidParamsError(message="bad capability name"))
+    emit("a2a.server.events", None, "Dispatcher task was cancelled or finished")
+    assert out.getvalue() == ""  # a caller's errors: nothing from the SDK
+    emit("a2a.server.request_handlers", RuntimeError("the store is broken"))
+    emit("reach.gateway", None, "client error: code -32001, caller ops, method GetTask: x")
+    text = out.getvalue()
+    assert (
+        "Traceback (most recent call last)" in text and "RuntimeError: the store is broken" in text
+    )
+    assert "client error: code -32001" in text
