@@ -19,10 +19,16 @@
 -- (send.lua's KEYS[3]) is in a third slot and holds no status: the client writes it with a
 -- plain SET.
 --
+-- A run that got there first keeps its status: on a Cluster the inbox entry and this
+-- script are on different nodes, so a worker may claim, run and settle the message before
+-- this mark lands. A record with a fence (a claim was made) and no attempt (no send has
+-- marked it: only this script and send.lua write attempt) is such a run's, and saying
+-- 'pending' would be wrong for as long as the record lives.
+--
 -- A watched record made 'pending' again announces it (lua/includes/announce.lua).
 --
--- Returns 1: the status is now 'pending'; 0: the record's status (done, running or
--- cancelled), kept.
+-- Returns 1: the status is now 'pending'; 0: the record's status (done, running,
+-- cancelled, or settled by a run before this mark), kept.
 -- Errors  'ERR reach: bad <argument>: <why>' when an argument or the key's type is out of
 --         contract; nothing is written then.
 local MAX_TTL, MAX_INT = 31536000000, 999999999999999
@@ -35,9 +41,11 @@ local err = arity(1, 4) or int_bad('attempt', 2, 0, MAX_INT) or int_bad('ttl_ms'
   or keys_typed({'hash'})
 if err then return refuse(err) end
 
-local had = redis.call('HMGET', KEYS[1], 'done', 'cancel_of', 'status', 'watched')
+local had = redis.call('HMGET', KEYS[1], 'done', 'cancel_of', 'status', 'watched', 'fence',
+  'attempt')
+local ran_first = had[5] and not had[6]
 local marked = 0
-if had[1] ~= '1' and had[3] ~= 'succeeded' and had[3] ~= 'running'
+if had[1] ~= '1' and had[3] ~= 'succeeded' and had[3] ~= 'running' and not ran_first
     and not (had[3] == 'cancelled' and had[2] == ARGV[3]) then
   redis.call('HSET', KEYS[1], 'status', 'pending')
   if had[4] then announce(KEYS[1], 'pending') end

@@ -87,6 +87,25 @@ async def test_a_released_key_is_pending_again_a_running_one_kept(
         assert (await r.hget(k.idem(key), "status")).decode() == want, name
 
 
+@pytest.mark.parametrize("status", ["dead", "failed", "expired", "retrying"])
+async def test_a_run_settled_before_the_mark_keeps_its_outcome(
+    r: AnyRedis, ns: str, status: str
+) -> None:
+    # On a Cluster the inbox entry may be read, run and settled before the record step of
+    # the send lands on the record's node: the late mark must not say 'pending' again.
+    k = Keys(ns)
+    rec = k.idem("m9")
+    await r.hset(rec, mapping={"status": status, "fence": "1", "runs": "1", "error": "no"})
+    marked = await inbox.mark_pending_call(k, _msg("m9"), ttl_ms=TTL_MS).run(r)
+    assert marked is False
+    h = await r.hgetall(rec)
+    assert h[b"status"] == status.encode() and h[b"attempt"] == b"1"
+    # Once a send has marked the record (attempt written), a released key runs again.
+    await r.hset(rec, mapping={"status": status})
+    assert await inbox.mark_pending_call(k, _msg("m9", attempt=2), ttl_ms=TTL_MS).run(r)
+    assert await r.hget(rec, "status") == b"pending"
+
+
 async def test_the_same_record_as_send_lua_writes(r: AnyRedis, ns: str) -> None:
     """The Cluster step and send.lua leave the same record (the pointer apart)."""
     k1, k2 = Keys(ns + "a"), Keys(ns + "b")
