@@ -305,9 +305,12 @@ class _NodeWakeups:
 
     async def unsubscribe(self, channel: str) -> None:
         self.channels.discard(channel)
-        if self._conn is not None:
+        conn = self._conn
+        # A connection the reader already lost has no writer left (redis-py then raises
+        # AttributeError): there is nothing to unsubscribe from.
+        if conn is not None and conn.is_connected:
             try:
-                await self._conn.send_command("SUNSUBSCRIBE", channel)
+                await conn.send_command("SUNSUBSCRIBE", channel)
             except (rexc.RedisError, OSError):  # the connection is going anyway
                 pass
 
