@@ -11,6 +11,10 @@ go many to a round trip, with no timer. One write at a time, each awaited before
 next, so the entries reach the stream in order; the runtime waits for the last one
 before it settles the message, so the final reply comes after every chunk.
 
+Each entry is also kept in the message's kept-chunks stream (``lua/keep_chunks.lua``, in
+the slot of its idempotency record), in the same round trip, so that the stream can be
+resumed from any process (:mod:`reach.resume`), bounded by :class:`KeepBounds`.
+
 A chunk is not part of the atomic settle: a chunk written by a run that later fails, or
 by a worker killed mid-stream, stays written. A redelivered message runs again from the
 start and numbers its chunks from 0 again; the caller drops the numbers it has seen
@@ -22,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -31,6 +36,7 @@ from .envelope import CHUNK, Envelope, Reply, encode, encode_payload
 from .errors import ReachError, RedisUnavailable
 from .keys import Keys
 from .scripts.codes import StreamBound
+from .scripts.keeping import keep_call
 from .signing import sign_reply_for
 from .tasks import TASK_TTL_MS
 
@@ -38,6 +44,27 @@ if TYPE_CHECKING:
     from .context import Context
 
 REPLIES = int(StreamBound.REPLIES)
+
+KEEP_CHUNKS = 10_000
+"""Default of ``RuntimeOptions.stream_keep_chunks``: the newest chunks kept per message."""
+KEEP_BYTES = 8 * 1024 * 1024
+"""Default of ``RuntimeOptions.stream_keep_bytes``: the newest entries' bytes kept per
+message."""
+KEEP_S = 3600.0
+"""Default of ``RuntimeOptions.stream_keep_s``: how long the kept chunks stay after the
+latest was written."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeepBounds:
+    """How much of a streamed message's output is kept for a resume: at most ``chunks``
+    chunks and ``bytes`` bytes of entries (the oldest go first), for ``seconds`` after the
+    latest write. ``chunks`` 0: nothing is kept."""
+
+    chunks: int = KEEP_CHUNKS
+    bytes: int = KEEP_BYTES
+    seconds: float = KEEP_S
+
 
 MAX_ENTRY_CHUNKS = 256
 """At most this many chunks in one chunk entry."""
@@ -53,10 +80,30 @@ class ChunkWriter:
     the reply stream of ``env.reply_to`` through ``redis`` (nothing is written when the
     message has no ``reply_to``: the chunks are only counted)."""
 
-    def __init__(self, redis: AnyRedis, keys: Keys, env: Envelope, agent_id: str) -> None:
+    def __init__(
+        self,
+        redis: AnyRedis,
+        keys: Keys,
+        env: Envelope,
+        agent_id: str,
+        *,
+        record: str = "",
+        keep: KeepBounds | None = None,
+    ) -> None:
         self.redis = redis
         self.namespace = keys.namespace
         self.stream = keys.replies(env.reply_to) if env.reply_to else ""
+        # record: the message's idempotency record ("": none, nothing is kept); the kept
+        # chunks go to the stream in its slot, whatever reply_to is (a send() is resumable).
+        self.record = record if keep is not None and keep.chunks > 0 else ""
+        self.kept = keys.kept_chunks(env.key) if self.record else ""
+        self.keep = keep or KeepBounds()
+        # Past a bound whole entries go, the oldest first: entries of at most a quarter of
+        # each bound keep three quarters of it at least (the defaults leave them as they are).
+        self.entry_chunks, self.entry_bytes = MAX_ENTRY_CHUNKS, MAX_ENTRY_BYTES
+        if self.kept:
+            self.entry_chunks = min(MAX_ENTRY_CHUNKS, max(1, self.keep.chunks // 4))
+            self.entry_bytes = min(MAX_ENTRY_BYTES, max(1, self.keep.bytes // 4))
         self.msg_id = env.msg_id
         self.attempt = env.attempt
         self.agent_id = agent_id
@@ -86,7 +133,7 @@ class ChunkWriter:
         if self._error is not None:
             raise self._failed()
         self.emitted += 1
-        if not self.stream:
+        if not self.stream and not self.kept:
             return
         self._pending.append(raw)
         if self._task is None:
@@ -103,7 +150,7 @@ class ChunkWriter:
             while self._pending:
                 take, size = 0, 0
                 for raw in self._pending:
-                    if take >= MAX_ENTRY_CHUNKS or (take and size + len(raw) > MAX_ENTRY_BYTES):
+                    if take >= self.entry_chunks or (take and size + len(raw) > self.entry_bytes):
                         break
                     take += 1
                     size += len(raw)
@@ -117,13 +164,31 @@ class ChunkWriter:
                     seq=self.written,
                 )
                 data = sign_reply_for(self.namespace, self.agent_id, reply)
-                # Bounded as settle bounds the stream's replies (StreamBound.REPLIES).
-                add = self.redis.xadd(self.stream, {"r": data}, maxlen=REPLIES, approximate=True)
-                if self._expire:
-                    self._expire = False
-                    await asyncio.gather(add, self.redis.pexpire(self.stream, TASK_TTL_MS))
-                else:
-                    await add
+                writes: list[Awaitable[Any]] = []
+                if self.stream:
+                    # Bounded as settle bounds the stream's replies (StreamBound.REPLIES).
+                    writes.append(
+                        self.redis.xadd(self.stream, {"r": data}, maxlen=REPLIES, approximate=True)
+                    )
+                    if self._expire:
+                        self._expire = False
+                        writes.append(self.redis.pexpire(self.stream, TASK_TTL_MS))
+                if self.kept:
+                    keep = self.keep
+                    writes.append(
+                        keep_call(
+                            self.record,
+                            self.kept,
+                            seq=self.written,
+                            n=take,
+                            entry=data,
+                            max_chunks=keep.chunks,
+                            max_bytes=keep.bytes,
+                            keep_ms=max(1, int(keep.seconds * 1000)),
+                        ).run(self.redis)
+                    )
+                # One round trip: the caller's entry and the kept one go out together.
+                await (writes[0] if len(writes) == 1 else asyncio.gather(*writes))
                 del self._pending[:take]
                 self.written += take
         except Exception as e:  # noqa: BLE001 - kept for the handler: its run fails with it

@@ -84,6 +84,7 @@ RANKS: dict[str, int] = {
     "reach._streaming": 4,  # Client.stream: a streamed call's iterator
     "reach._many": 4,  # Client.send_many, request_many, broadcast: the batch forms
     "reach._later": 4,  # after a send: cancel on a caller's abort, Client.result later
+    "reach.resume": 4,  # Client.resume: a streamed message's kept chunks, from any process
     "reach.scheduling": 4,  # scheduled sends: kept in Redis until due (Client.send(at=))
     "reach.gather": 4,  # Client.gather (a quorum of agents' answers) and vote
     "reach._emitting": 4,  # ctx.emit / async-generator handlers: chunks to the caller
