@@ -109,6 +109,7 @@ RANKS: dict[str, int] = {
     "reach.gateway.executor": 9,  # an A2A message as a reach streamed request
     "reach.gateway.handler": 9,  # the JSON-RPC methods (tasks/get, tasks/cancel from reach)
     "reach.gateway.cards": 9,  # the gateway's, a capability's and an agent's card
+    "reach.gateway.resuming": 9,  # SSE event ids and Last-Event-ID on the A2A streams
     "reach.gateway.server": 9,  # Gateway: the app, its limits and auth, routing a message
 }
 
