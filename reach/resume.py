@@ -86,6 +86,7 @@ class Resumed:
         self._kept = ""
         self._channel: _Channel | None = None
         self._opened = False
+        self._skipped: tuple[int, int] | None = None  # the last entry read that gave nothing
         self._done = False
         self._result: Any = _NOT_YET
 
@@ -192,8 +193,12 @@ class Resumed:
             )
 
     async def _read(self, commands: AnyRedis, have: int) -> bool:
-        """Read the kept entries past chunk ``have``; True when chunks came."""
-        res = await commands.xread({self._kept: f"{have}-{LAST_OF_ID}"}, count=READ_ENTRIES)
+        """Read the kept entries past chunk ``have`` (and past those read already that gave
+        nothing: unsigned or unreadable, never read twice); True when chunks came."""
+        start = (have, LAST_OF_ID)
+        if self._skipped is not None and self._skipped > start:
+            start = self._skipped
+        res = await commands.xread({self._kept: f"{start[0]}-{start[1]}"}, count=READ_ENTRIES)
         entries = [e for _, es in res or () for e in es]
         if not entries:
             # The record counts chunks the stream no longer has: it expired (keep_s).
@@ -218,6 +223,9 @@ class Resumed:
             if sink.dropped != before:  # it starts past what we have: trimmed meanwhile
                 first = safe_int(safe_text(entry_id).rpartition("-")[2])
                 self._check_kept(sink.next_seq, max(first, sink.next_seq + 2))
+        if not sink.chunks:
+            last, _, first_new = safe_text(entries[-1][0]).partition("-")
+            self._skipped = (safe_int(last), safe_int(first_new))
         return bool(sink.chunks)
 
     async def _wait(self) -> None:

@@ -198,3 +198,20 @@ async def test_resume_on_a_cluster(redis_cluster: RedisTestCluster, ns: str) -> 
         r = client.resume(s.msg_id, after=s.seq, timeout_s=30)
         assert [c["i"] async for c in r] == list(range(10, 300))
         assert r.result == {"chunks": 300}
+
+
+async def test_an_entry_that_is_not_reachs_is_skipped_not_read_forever(
+    redis_url: str, ns: str, r: AnyRedis
+) -> None:
+    async with serving(redis_url, ns, resumable()) as client:
+        s = client.stream("test.count", {"n": 5}, timeout_s=30)
+        assert len([c async for c in s]) == 5
+        keys = Keys(ns)
+        await r.xadd(keys.kept_chunks(s.msg_id), {"r": b"not an entry"}, id="6-6")
+        await r.hset(keys.idem(s.msg_id), "chunks", 6)
+        with anyio.fail_after(10):
+            got: list[Any] = []
+            with pytest.raises(ChunksNotKept):
+                async for c in client.resume(s.msg_id, after=0, timeout_s=30):
+                    got.append(c)
+        assert got == [{"i": i} for i in range(5)]
