@@ -12,8 +12,11 @@ next, so the entries reach the stream in order; the runtime waits for the last o
 before it settles the message, so the final reply comes after every chunk.
 
 Each entry is also kept in the message's kept-chunks stream (``lua/keep_chunks.lua``, in
-the slot of its idempotency record), in the same round trip, so that the stream can be
-resumed from any process (:mod:`reach.resume`), bounded by :class:`KeepBounds`.
+the slot of its idempotency record), so that the stream can be resumed from any process
+(:mod:`reach.resume`), bounded by :class:`KeepBounds`: by a task of its own, beside the
+writes, every entry written since its last call in one call, the calls at least
+:data:`KEEP_INTERVAL_S` apart (a slow producer's one-chunk entries share a call); the run
+waits for the last one before it settles, as for its last write.
 
 A chunk is not part of the atomic settle: a chunk written by a run that later fails, or
 by a worker killed mid-stream, stays written. A redelivered message runs again from the
@@ -70,6 +73,12 @@ MAX_ENTRY_CHUNKS = 256
 """At most this many chunks in one chunk entry."""
 MAX_ENTRY_BYTES = 256 * 1024
 """A chunk entry stops taking chunks once it holds this many bytes of them."""
+KEEP_INTERVAL_S = 0.1
+"""A run's ``keep_chunks.lua`` calls start at least this far apart: the entries written
+meanwhile go in the next call (a resume sees a chunk this much later at most; the run's
+end keeps what waits at once)."""
+KEEP_CALL_ENTRIES = 256
+"""At most this many entries per ``keep_chunks.lua`` call."""
 MAX_PENDING_CHUNKS = 4096
 """Chunks emitted and not written yet past which ``emit`` waits for the writes (a handler
 producing faster than Redis takes them is slowed down, not buffered without bound)."""
@@ -113,6 +122,10 @@ class ChunkWriter:
         """Chunks written to the reply stream so far."""
         self._pending: list[msgspec.Raw] = []
         self._task: asyncio.Task[None] | None = None
+        # Entries written and not kept yet (seq, chunks, bytes), and the task keeping them.
+        self._to_keep: list[tuple[int, int, bytes]] = []
+        self._keep_task: asyncio.Task[None] | None = None
+        self._hurry = asyncio.Event()
         self._error: BaseException | None = None
         self._closed = False
         self._expire = True  # the first write also gives the reply stream its TTL
@@ -143,6 +156,8 @@ class ChunkWriter:
             await asyncio.sleep(0)
         elif len(self._pending) >= MAX_PENDING_CHUNKS:
             await asyncio.wait({self._task})
+        if len(self._to_keep) >= MAX_PENDING_CHUNKS and self._keep_task is not None:
+            await asyncio.wait({self._keep_task})  # keeping lags far behind: wait for it
 
     async def _write_all(self) -> None:
         """Write the pending chunks, an entry at a time, until none is left."""
@@ -164,31 +179,20 @@ class ChunkWriter:
                     seq=self.written,
                 )
                 data = sign_reply_for(self.namespace, self.agent_id, reply)
-                writes: list[Awaitable[Any]] = []
+                if self.kept:
+                    self._to_keep.append((self.written, take, data))
+                    if self._keep_task is None:
+                        self._keep_task = asyncio.get_running_loop().create_task(self._keep_all())
                 if self.stream:
                     # Bounded as settle bounds the stream's replies (StreamBound.REPLIES).
-                    writes.append(
-                        self.redis.xadd(self.stream, {"r": data}, maxlen=REPLIES, approximate=True)
+                    add = self.redis.xadd(
+                        self.stream, {"r": data}, maxlen=REPLIES, approximate=True
                     )
                     if self._expire:
                         self._expire = False
-                        writes.append(self.redis.pexpire(self.stream, TASK_TTL_MS))
-                if self.kept:
-                    keep = self.keep
-                    writes.append(
-                        keep_call(
-                            self.record,
-                            self.kept,
-                            seq=self.written,
-                            n=take,
-                            entry=data,
-                            max_chunks=keep.chunks,
-                            max_bytes=keep.bytes,
-                            keep_ms=max(1, int(keep.seconds * 1000)),
-                        ).run(self.redis)
-                    )
-                # One round trip: the caller's entry and the kept one go out together.
-                await (writes[0] if len(writes) == 1 else asyncio.gather(*writes))
+                        await asyncio.gather(add, self.redis.pexpire(self.stream, TASK_TTL_MS))
+                    else:
+                        await add
                 del self._pending[:take]
                 self.written += take
         except Exception as e:  # noqa: BLE001 - kept for the handler: its run fails with it
@@ -196,6 +200,36 @@ class ChunkWriter:
             self._pending.clear()
         finally:
             self._task = None
+
+    async def _keep_all(self) -> None:
+        """Keep the entries written since the last keep, one ``keep_chunks.lua`` call for
+        all of them (up to :data:`KEEP_CALL_ENTRIES`), until none is left; after a call,
+        the next waits :data:`KEEP_INTERVAL_S` from its start (unless the run is ending),
+        so that a slow producer's entries, one chunk each, share a call."""
+        loop = asyncio.get_running_loop()
+        keep = self.keep
+        try:
+            while self._to_keep:
+                batch = self._to_keep[:KEEP_CALL_ENTRIES]
+                t0 = loop.time()
+                await keep_call(
+                    self.record,
+                    self.kept,
+                    batch,
+                    max_chunks=keep.chunks,
+                    max_bytes=keep.bytes,
+                    keep_ms=max(1, int(keep.seconds * 1000)),
+                ).run(self.redis)
+                del self._to_keep[: len(batch)]
+                wait = KEEP_INTERVAL_S - (loop.time() - t0)
+                if wait > 0 and not self._closed:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._hurry.wait(), wait)
+        except Exception as e:  # noqa: BLE001 - kept for the handler: its run fails with it
+            self._error = e
+            self._to_keep.clear()
+        finally:
+            self._keep_task = None
 
     def _failed(self) -> RedisUnavailable:
         err = RedisUnavailable(
@@ -209,8 +243,9 @@ class ChunkWriter:
         """Wait until every chunk emitted is written (later ``emit`` calls raise); raises
         :class:`~reach.errors.RedisUnavailable` when a write failed."""
         self._closed = True
-        while self._task is not None:
-            await asyncio.wait({self._task})
+        self._hurry.set()  # what waits to be kept goes now
+        while (task := self._task or self._keep_task) is not None:
+            await asyncio.wait({task})
         if self._error is not None:
             raise self._failed()
 

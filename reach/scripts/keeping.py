@@ -3,10 +3,11 @@ message's kept-chunks stream, bounded (reach._emitting writes, reach.resume read
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._call import Call, as_int
+from ._call import Arg, Call, as_int
 from .codes import KeepCode
 
 
@@ -27,16 +28,16 @@ def _kept(reply: Any) -> Kept:
 def keep_call(
     record: str,
     stream: str,
+    entries: Sequence[tuple[int, int, bytes]],
     *,
-    seq: int,
-    n: int,
-    entry: bytes,
     max_chunks: int,
     max_bytes: int,
     keep_ms: int,
 ) -> Call[Kept]:
-    """Keep chunk entry ``entry`` (chunks ``seq``.. of its run, ``n`` of them) of the
-    message whose idempotency record is ``record`` in ``stream``, within the bounds."""
-    return Call(
-        "keep_chunks", (record, stream), (seq, n, entry, max_chunks, max_bytes, keep_ms), _kept
-    )
+    """Keep ``entries`` (1..256 of one run, in order: each ``(seq, n, bytes)``, chunks
+    ``seq``.. of its run, ``n`` of them) of the message whose idempotency record is
+    ``record`` in ``stream``, within the bounds."""
+    args: list[Arg] = [max_chunks, max_bytes, keep_ms]
+    for seq, n, entry in entries:
+        args += [seq, n, entry]
+    return Call("keep_chunks", (record, stream), tuple(args), _kept)

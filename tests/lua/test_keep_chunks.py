@@ -36,9 +36,7 @@ async def keep(
     call = keep_call(
         k.idem(key),
         k.kept_chunks(key),
-        seq=seq,
-        n=n,
-        entry=entry,
+        [(seq, n, entry)],
         max_chunks=chunks,
         max_bytes=size,
         keep_ms=keep_ms,
@@ -72,6 +70,24 @@ async def test_entries_are_kept_each_number_once(r: AnyRedis, ns: str) -> None:
     assert int(h[b"chunks_bytes"]) == len(b"run1-a") + len(b"run1-b") + len(b"run2-b")
     assert 0 < await r.pttl(Keys(ns).kept_chunks("m1")) <= 60_000
     assert await r.ttl(rec) == -1  # the record's TTL is not touched
+
+
+async def test_one_call_keeps_several_entries_in_order(
+    r: AnyRedis, redis_url: str, ns: str
+) -> None:
+    rec = await running(r, ns)
+    k = Keys(ns)
+    await r.hset(rec, "watched", 1)
+    entries = [(0, 2, b"a"), (2, 3, b"bb"), (0, 1, b"again"), (7, 1, b"gap"), (5, 1, b"c")]
+    async with listening(redis_url, rec) as heard:
+        got = await keep_call(
+            rec, k.kept_chunks("m1"), entries, max_chunks=4, max_bytes=BIG, keep_ms=1000
+        ).run(r)
+        assert await heard() == [b"chunks:6"]  # one announcement per call
+    # 6 chunks kept, at most 4 held: the entry of 1..2 went.
+    assert got == Kept(KeepCode.KEPT, 6, 3)
+    assert await ids(r, ns) == [b"5-3", b"6-6"]
+    assert (await r.hgetall(rec))[b"chunks_bytes"] == b"3"
 
 
 @pytest.mark.parametrize("status", ["succeeded", "dead", "expired", "cancelled", "done"])
@@ -158,6 +174,12 @@ async def test_bad_arguments_are_refused_before_any_write(
         await keep(r, ns, 0, 1, chunks=0)
     with pytest.raises(ResponseError, match="reach: bad keep ms"):
         await keep(r, ns, 0, 1, keep_ms=0)
+    k = Keys(ns)
+    for entries in ([], [(i, 1, b"x") for i in range(257)]):
+        with pytest.raises(ResponseError, match="reach: bad arguments"):
+            await keep_call(
+                k.idem("m1"), k.kept_chunks("m1"), entries, max_chunks=1, max_bytes=1, keep_ms=1
+            ).run(r)
     assert_unchanged(before, await snapshot(r, ns))
     await r.set(Keys(ns).idem("str"), "x")
     before = await snapshot(r, ns)

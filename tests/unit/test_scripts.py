@@ -77,9 +77,7 @@ def test_every_script_has_a_typed_call() -> None:
     made.add(watching.progress_call("k", fence=1, fraction="0", note="").script)
     made.add(watching.watch_call("k").script)
     made.add(
-        keeping.keep_call(
-            "k", "c", seq=0, n=1, entry=b"e", max_chunks=1, max_bytes=1, keep_ms=1
-        ).script
+        keeping.keep_call("k", "c", [(0, 1, b"e")], max_chunks=1, max_bytes=1, keep_ms=1).script
     )
     made |= {
         scheduling.mark_scheduled_call("k", capability="c", msg_id="m", due_ms=1, ttl_ms=1).script,
