@@ -215,3 +215,31 @@ async def test_an_entry_that_is_not_reachs_is_skipped_not_read_forever(
                 async for c in client.resume(s.msg_id, after=0, timeout_s=30):
                     got.append(c)
         assert got == [{"i": i} for i in range(5)]
+
+
+async def test_a_watch_of_a_streaming_message_does_not_yield_its_chunks(
+    redis_url: str, ns: str
+) -> None:
+    gate = Gate()
+    async with serving(redis_url, ns, resumable(gate)) as client:
+        s = client.stream("test.held", {"before": 2, "after": 50}, timeout_s=60)
+        await s.start()
+        await gate.entered.wait()
+        changes: list[Any] = []
+        watching = anyio.Event()
+
+        async def watch() -> None:
+            async for change in client.watch(s.msg_id, timeout_s=60):
+                changes.append(change)
+                watching.set()  # the watch read the record: it is watched
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch)
+            with anyio.fail_after(30):
+                await watching.wait()
+            gate.open()  # 50 chunk entries kept and announced on the watched record
+            assert len([c async for c in s]) == 52
+        assert [(c.kind, c.status) for c in changes] == [
+            ("current", "running"),
+            ("status", "succeeded"),
+        ]
