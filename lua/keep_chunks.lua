@@ -31,7 +31,9 @@
 -- The stream gets PEXPIRE keep ms; the record's TTL is kept. A watched record announces
 -- 'chunks:<last>' once per call (lua/includes/announce.lua), so a resume waiting for
 -- chunks wakes. A record without 'chunks' whose stream exists (left by an earlier record
--- of the same key, whose TTL was longer) has that stream deleted first.
+-- of the same key, whose TTL was longer) has that stream deleted first; a record with
+-- 'chunks' whose stream is gone (it expired between two writes) holds none any more
+-- ('chunks_from' = 'chunks' + 1, no bytes) before the entries are added.
 -- A record that is done, or whose status is final (succeeded, expired, dead, cancelled,
 -- failed: a resume ends there), or absent, keeps nothing: a run fenced out (cancelled, or
 -- taken over by a run that finished) adds nothing after the end.
@@ -84,6 +86,9 @@ end
 
 local function fmt(x) return string.format('%.0f', x) end
 local bytes, added = tonumber(s[5]) or 0, false
+if kept > 0 and redis.call('EXISTS', KEYS[2]) == 0 then
+  from, bytes = kept + 1, 0  -- it expired (keep ms passed without a write): none is held
+end
 for p = 4, #ARGV, 3 do
   local seq = tonumber(ARGV[p])
   local last = seq + tonumber(ARGV[p + 1])

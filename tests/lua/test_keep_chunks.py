@@ -141,6 +141,17 @@ async def test_a_stream_left_by_an_earlier_record_of_the_key_is_dropped(
     assert await ids(r, ns) == [b"2-1"]
 
 
+async def test_a_stream_that_expired_between_two_writes_held_nothing(r: AnyRedis, ns: str) -> None:
+    rec = await running(r, ns)
+    for seq in range(3):
+        await keep(r, ns, seq, 1, b"y" * 100, size=250)
+    await r.delete(Keys(ns).kept_chunks("m1"))  # as its TTL does
+    # The bytes it held are not counted any more: the new entry stays.
+    assert await keep(r, ns, 3, 1, b"z" * 100, size=250) == Kept(KeepCode.KEPT, 4, 4)
+    assert await ids(r, ns) == [b"4-4"]
+    assert (await r.hgetall(rec))[b"chunks_bytes"] == b"100"
+
+
 async def test_a_watched_record_announces_each_entry_kept(
     r: AnyRedis, redis_url: str, ns: str
 ) -> None:
