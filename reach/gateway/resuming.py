@@ -3,9 +3,10 @@
 
 Every event of a streaming response (``message/stream`` / ``SendStreamingMessage``,
 ``tasks/resubscribe`` / ``SubscribeToTask``) carries the SSE id ``<task_id>/<n>``: ``n`` is
-the number of the task's stream chunks (artifact updates of its ``<task_id>-stream``
+the number of the task's last stream chunk (artifact update of its ``<task_id>-stream``
 artifact) sent up to and including that event, as reach numbers them (chunk ``n`` of the
-message, :meth:`reach.Client.resume`). A caller that lost the connection sends the same
+message, :meth:`reach.Client.resume`; each chunk's update has it in its metadata,
+:data:`CHUNK_NO`, so a subscriber that joined a running task late gets true numbers). A caller that lost the connection sends the same
 request again with ``Last-Event-ID: <task_id>/<n>``: the gateway answers, from whichever
 process gets the request, with the chunks after ``n`` (read from the chunks reach kept,
 ``Client.resume``), then the task's end: the result artifact and the final status. The
@@ -48,6 +49,10 @@ from .mapping import result_parts
 if TYPE_CHECKING:
     from .server import Gateway
 
+CHUNK_NO = "reachChunk"
+"""In a stream chunk's artifact update's metadata: its number (the first chunk is 1), which
+its SSE id carries, whichever path the event took (the SDK's queue for a subscriber that
+joined late, a resume)."""
 SSE_IDS = "reach.sse_ids"
 """The key, in the ASGI scope and in the call context's state, of a streaming request's
 queue of event ids (:class:`EventIds`)."""
@@ -142,7 +147,8 @@ async def tag(
             elif isinstance(event, TaskArtifactUpdateEvent):
                 task_id = event.task_id
                 if event.artifact.artifact_id == stream_artifact_id(task_id):
-                    chunks += 1
+                    number = event.artifact.metadata.fields.get(CHUNK_NO)
+                    chunks = int(number.number_value) if number is not None else chunks + 1
             elif isinstance(event, TaskStatusUpdateEvent):
                 task_id = event.task_id
             ids.append(f"{task_id}/{chunks}" if task_id else "")
@@ -161,15 +167,12 @@ async def continue_after(
     resumed = gw.client.resume(task_id, after=after)
     try:
         async for chunk in resumed:
+            artifact = Artifact(
+                artifact_id=stream_artifact_id(task_id), name="stream", parts=result_parts(chunk)
+            )
+            artifact.metadata.update({CHUNK_NO: resumed.seq})
             yield TaskArtifactUpdateEvent(
-                task_id=task_id,
-                context_id=context_id,
-                artifact=Artifact(
-                    artifact_id=stream_artifact_id(task_id),
-                    name="stream",
-                    parts=result_parts(chunk),
-                ),
-                append=resumed.seq > 1,
+                task_id=task_id, context_id=context_id, artifact=artifact, append=resumed.seq > 1
             )
         result = resumed.result
     except ChunksNotKept as e:

@@ -162,3 +162,31 @@ async def test_v1_streams_carry_ids_and_a_foreign_last_event_id_is_refused(
                 f"{url}/caps/gw.gated", json=body, headers={"Last-Event-ID": f"{task_id}/3"}
             )
             assert r.status_code == 401
+
+
+async def test_a_late_subscriber_in_the_running_process_gets_true_chunk_numbers(
+    fabric: tuple[str, Client, Gate],
+) -> None:
+    """tasks/resubscribe without Last-Event-ID of a task this gateway process runs (the SDK's
+    queue, joined after five chunks): each chunk's id carries its number in the stream, not
+    a count from the subscription, so a reconnect from it loses and repeats nothing."""
+    url, _, gate = fabric
+    body = v03_stream(new_id())
+    async with http(TOKEN) as h:
+        async with h.stream("POST", f"{url}/caps/gw.gated", json=body) as resp:
+            async for _, data in events(resp):
+                task_id = data["result"]["id"]
+                break
+        await gate.entered.wait()  # five chunks written, the handler held
+        sub = {"jsonrpc": "2.0", "id": 2, "method": "tasks/resubscribe", "params": {"id": task_id}}
+        rows: list[tuple[str, dict[str, Any]]] = []
+        async with h.stream("POST", f"{url}/caps/gw.gated", json=sub) as resp:
+            async for event_id, data in events(resp):
+                rows.append((event_id, data["result"]))
+                if len(rows) == 1:
+                    gate.open()
+        numbered = [(i, t) for i, r in rows if (t := chunk_text(r)) is not None]
+        assert numbered, rows
+        for event_id, text in numbered:  # chunk k is w{k-1}
+            assert event_id == f"{task_id}/{int(text[1:]) + 1}"
+        assert numbered[-1][1] == f"w{BEFORE + AFTER - 1}"
