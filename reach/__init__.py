@@ -12,6 +12,7 @@ from .errors import (
     AmbiguousDeadLetterId,
     BadDeadLetterId,
     Cancelled,
+    ChunksNotKept,
     ConfigError,
     ConnectionsExhausted,
     DeadLetterNotFound,
@@ -45,6 +46,7 @@ from .gather import Answer, Failure, Gathered, Vote, vote
 from .hooks import Hooks
 from .outcomes import DeadReason, Status, Unavailable
 from .registry import AgentInfo, Registry, normalize_capability
+from .resume import Resumed
 from .scheduling import ScheduledSend
 from .session import Session
 from .tasks import DeadLetter, TaskStatus
@@ -59,6 +61,7 @@ __all__ = [
     "CancelOutcome",
     "CancelResult",
     "Cancelled",
+    "ChunksNotKept",
     "Client",
     "ConfigError",
     "ConnectionsExhausted",
@@ -90,6 +93,7 @@ __all__ = [
     "Rejected",
     "RemoteError",
     "Reply",
+    "Resumed",
     "Retry",
     "RuntimeOptions",
     "ScheduledSend",

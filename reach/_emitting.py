@@ -11,6 +11,13 @@ go many to a round trip, with no timer. One write at a time, each awaited before
 next, so the entries reach the stream in order; the runtime waits for the last one
 before it settles the message, so the final reply comes after every chunk.
 
+Each entry is also kept in the message's kept-chunks stream (``lua/keep_chunks.lua``, in
+the slot of its idempotency record), so that the stream can be resumed from any process
+(:mod:`reach.resume`), bounded by :class:`KeepBounds`: by a task of its own, beside the
+writes, every entry written since its last call in one call, the calls at least
+:data:`KEEP_INTERVAL_S` apart (a slow producer's one-chunk entries share a call); the run
+waits for the last one before it settles, as for its last write.
+
 A chunk is not part of the atomic settle: a chunk written by a run that later fails, or
 by a worker killed mid-stream, stays written. A redelivered message runs again from the
 start and numbers its chunks from 0 again; the caller drops the numbers it has seen
@@ -22,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -31,6 +39,7 @@ from .envelope import CHUNK, Envelope, Reply, encode, encode_payload
 from .errors import ReachError, RedisUnavailable
 from .keys import Keys
 from .scripts.codes import StreamBound
+from .scripts.keeping import keep_call
 from .signing import sign_reply_for
 from .tasks import TASK_TTL_MS
 
@@ -39,10 +48,37 @@ if TYPE_CHECKING:
 
 REPLIES = int(StreamBound.REPLIES)
 
+KEEP_CHUNKS = 10_000
+"""Default of ``RuntimeOptions.stream_keep_chunks``: the newest chunks kept per message."""
+KEEP_BYTES = 8 * 1024 * 1024
+"""Default of ``RuntimeOptions.stream_keep_bytes``: the newest entries' bytes kept per
+message."""
+KEEP_S = 3600.0
+"""Default of ``RuntimeOptions.stream_keep_s``: how long the kept chunks stay after the
+latest was written."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeepBounds:
+    """How much of a streamed message's output is kept for a resume: at most ``chunks``
+    chunks and ``bytes`` bytes of entries (the oldest go first), for ``seconds`` after the
+    latest write. ``chunks`` 0: nothing is kept."""
+
+    chunks: int = KEEP_CHUNKS
+    bytes: int = KEEP_BYTES
+    seconds: float = KEEP_S
+
+
 MAX_ENTRY_CHUNKS = 256
 """At most this many chunks in one chunk entry."""
 MAX_ENTRY_BYTES = 256 * 1024
 """A chunk entry stops taking chunks once it holds this many bytes of them."""
+KEEP_INTERVAL_S = 0.1
+"""A run's ``keep_chunks.lua`` calls start at least this far apart: the entries written
+meanwhile go in the next call (a resume sees a chunk this much later at most; the run's
+end keeps what waits at once)."""
+KEEP_CALL_ENTRIES = 256
+"""At most this many entries per ``keep_chunks.lua`` call."""
 MAX_PENDING_CHUNKS = 4096
 """Chunks emitted and not written yet past which ``emit`` waits for the writes (a handler
 producing faster than Redis takes them is slowed down, not buffered without bound)."""
@@ -53,10 +89,30 @@ class ChunkWriter:
     the reply stream of ``env.reply_to`` through ``redis`` (nothing is written when the
     message has no ``reply_to``: the chunks are only counted)."""
 
-    def __init__(self, redis: AnyRedis, keys: Keys, env: Envelope, agent_id: str) -> None:
+    def __init__(
+        self,
+        redis: AnyRedis,
+        keys: Keys,
+        env: Envelope,
+        agent_id: str,
+        *,
+        record: str = "",
+        keep: KeepBounds | None = None,
+    ) -> None:
         self.redis = redis
         self.namespace = keys.namespace
         self.stream = keys.replies(env.reply_to) if env.reply_to else ""
+        # record: the message's idempotency record ("": none, nothing is kept); the kept
+        # chunks go to the stream in its slot, whatever reply_to is (a send() is resumable).
+        self.record = record if keep is not None and keep.chunks > 0 else ""
+        self.kept = keys.kept_chunks(env.key) if self.record else ""
+        self.keep = keep or KeepBounds()
+        # Past a bound whole entries go, the oldest first: entries of at most a quarter of
+        # each bound keep three quarters of it at least (the defaults leave them as they are).
+        self.entry_chunks, self.entry_bytes = MAX_ENTRY_CHUNKS, MAX_ENTRY_BYTES
+        if self.kept:
+            self.entry_chunks = min(MAX_ENTRY_CHUNKS, max(1, self.keep.chunks // 4))
+            self.entry_bytes = min(MAX_ENTRY_BYTES, max(1, self.keep.bytes // 4))
         self.msg_id = env.msg_id
         self.attempt = env.attempt
         self.agent_id = agent_id
@@ -66,6 +122,10 @@ class ChunkWriter:
         """Chunks written to the reply stream so far."""
         self._pending: list[msgspec.Raw] = []
         self._task: asyncio.Task[None] | None = None
+        # Entries written and not kept yet (seq, chunks, bytes), and the task keeping them.
+        self._to_keep: list[tuple[int, int, bytes]] = []
+        self._keep_task: asyncio.Task[None] | None = None
+        self._hurry = asyncio.Event()
         self._error: BaseException | None = None
         self._closed = False
         self._expire = True  # the first write also gives the reply stream its TTL
@@ -86,7 +146,7 @@ class ChunkWriter:
         if self._error is not None:
             raise self._failed()
         self.emitted += 1
-        if not self.stream:
+        if not self.stream and not self.kept:
             return
         self._pending.append(raw)
         if self._task is None:
@@ -96,6 +156,8 @@ class ChunkWriter:
             await asyncio.sleep(0)
         elif len(self._pending) >= MAX_PENDING_CHUNKS:
             await asyncio.wait({self._task})
+        if len(self._to_keep) >= MAX_PENDING_CHUNKS and self._keep_task is not None:
+            await asyncio.wait({self._keep_task})  # keeping lags far behind: wait for it
 
     async def _write_all(self) -> None:
         """Write the pending chunks, an entry at a time, until none is left."""
@@ -103,7 +165,7 @@ class ChunkWriter:
             while self._pending:
                 take, size = 0, 0
                 for raw in self._pending:
-                    if take >= MAX_ENTRY_CHUNKS or (take and size + len(raw) > MAX_ENTRY_BYTES):
+                    if take >= self.entry_chunks or (take and size + len(raw) > self.entry_bytes):
                         break
                     take += 1
                     size += len(raw)
@@ -117,13 +179,20 @@ class ChunkWriter:
                     seq=self.written,
                 )
                 data = sign_reply_for(self.namespace, self.agent_id, reply)
-                # Bounded as settle bounds the stream's replies (StreamBound.REPLIES).
-                add = self.redis.xadd(self.stream, {"r": data}, maxlen=REPLIES, approximate=True)
-                if self._expire:
-                    self._expire = False
-                    await asyncio.gather(add, self.redis.pexpire(self.stream, TASK_TTL_MS))
-                else:
-                    await add
+                if self.kept:
+                    self._to_keep.append((self.written, take, data))
+                    if self._keep_task is None:
+                        self._keep_task = asyncio.get_running_loop().create_task(self._keep_all())
+                if self.stream:
+                    # Bounded as settle bounds the stream's replies (StreamBound.REPLIES).
+                    add = self.redis.xadd(
+                        self.stream, {"r": data}, maxlen=REPLIES, approximate=True
+                    )
+                    if self._expire:
+                        self._expire = False
+                        await asyncio.gather(add, self.redis.pexpire(self.stream, TASK_TTL_MS))
+                    else:
+                        await add
                 del self._pending[:take]
                 self.written += take
         except Exception as e:  # noqa: BLE001 - kept for the handler: its run fails with it
@@ -131,6 +200,36 @@ class ChunkWriter:
             self._pending.clear()
         finally:
             self._task = None
+
+    async def _keep_all(self) -> None:
+        """Keep the entries written since the last keep, one ``keep_chunks.lua`` call for
+        all of them (up to :data:`KEEP_CALL_ENTRIES`), until none is left; after a call,
+        the next waits :data:`KEEP_INTERVAL_S` from its start (unless the run is ending),
+        so that a slow producer's entries, one chunk each, share a call."""
+        loop = asyncio.get_running_loop()
+        keep = self.keep
+        try:
+            while self._to_keep:
+                batch = self._to_keep[:KEEP_CALL_ENTRIES]
+                t0 = loop.time()
+                await keep_call(
+                    self.record,
+                    self.kept,
+                    batch,
+                    max_chunks=keep.chunks,
+                    max_bytes=keep.bytes,
+                    keep_ms=max(1, int(keep.seconds * 1000)),
+                ).run(self.redis)
+                del self._to_keep[: len(batch)]
+                wait = KEEP_INTERVAL_S - (loop.time() - t0)
+                if wait > 0 and not self._closed:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._hurry.wait(), wait)
+        except Exception as e:  # noqa: BLE001 - kept for the handler: its run fails with it
+            self._error = e
+            self._to_keep.clear()
+        finally:
+            self._keep_task = None
 
     def _failed(self) -> RedisUnavailable:
         err = RedisUnavailable(
@@ -144,8 +243,9 @@ class ChunkWriter:
         """Wait until every chunk emitted is written (later ``emit`` calls raise); raises
         :class:`~reach.errors.RedisUnavailable` when a write failed."""
         self._closed = True
-        while self._task is not None:
-            await asyncio.wait({self._task})
+        self._hurry.set()  # what waits to be kept goes now
+        while (task := self._task or self._keep_task) is not None:
+            await asyncio.wait({task})
         if self._error is not None:
             raise self._failed()
 

@@ -72,6 +72,9 @@ class Stream:
         self._t0 = 0.0
         self._abandon: weakref.finalize[Any, Stream] | None = None
         self._fast = 0  # chunks handed out without waiting
+        self.seq = 0
+        """The number of the chunk last handed out (the first chunk is 1; 0 before it): a
+        caller that stops here resumes with ``client.resume(msg_id, after=stream.seq)``."""
 
     @property
     def msg_id(self) -> str:
@@ -114,6 +117,7 @@ class Stream:
             self._fast += 1
             if self._fast % 256 == 0:  # a long run of read chunks still lets others run
                 await anyio.lowlevel.checkpoint()
+            self.seq += 1
             return chunks.popleft()
         if self._done:
             raise StopAsyncIteration
@@ -188,6 +192,7 @@ class Stream:
         with anyio.move_on_after(None if timeout is None else max(timeout, 0) + 0.5):
             while True:
                 if sink.chunks:
+                    self.seq += 1
                     return sink.chunks.popleft()
                 if sink.overflowed:
                     raise StreamTooLarge(

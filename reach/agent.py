@@ -28,7 +28,7 @@ from typing import Any, TypedDict, Unpack
 import msgspec
 import msgspec.inspect
 
-from ._emitting import streamed
+from ._emitting import KEEP_BYTES, KEEP_CHUNKS, KEEP_S, streamed
 from ._worker.runtime import Runtime
 from .callpath import DEFAULT_MAX_HOPS, check_max_hops
 from .config import resolve_redis_url
@@ -189,6 +189,14 @@ class RuntimeOptions:
     redact_traceback: Callable[[str], str] | None = field(default=None, repr=False)
     """Called with each traceback before it is stored or logged; returns the text to keep
     (e.g. with secrets masked). A hook that raises stores a note instead of the text."""
+    stream_keep_chunks: int = KEEP_CHUNKS
+    """A streaming handler's chunks are kept in Redis so that the stream can be resumed
+    from any process (``Client.resume``, docs/concepts.md, *Resuming a stream*): at most
+    this many per message, the newest (0: none kept, no resume)."""
+    stream_keep_bytes: int = KEEP_BYTES
+    """...and at most this many bytes of them per message (the newest)."""
+    stream_keep_s: float = KEEP_S
+    """...for this long after the latest chunk was written."""
     handle_signals: bool = True
     """SIGTERM/SIGINT drain the agent (a second one stops it at once); main thread only."""
     sweeper: bool = True
@@ -245,6 +253,10 @@ class RuntimeOptions:
             ("recent_maxlen", 0, 10**7),
             ("block_ms", 1, 3_600_000),
             ("max_envelope_bytes", 1, 512 * 1024 * 1024),
+            # keep_chunks.lua's ranges
+            ("stream_keep_chunks", 0, 10**9),
+            ("stream_keep_bytes", 1, 2**40),
+            ("stream_keep_s", 0.001, 30 * 86_400.0),
         ):
             value = getattr(self, name)
             if not (lo <= value <= hi):
@@ -310,6 +322,9 @@ class RunOptions(TypedDict, total=False):
     recent_maxlen: int
     traceback_max_bytes: int
     redact_traceback: Callable[[str], str] | None
+    stream_keep_chunks: int
+    stream_keep_bytes: int
+    stream_keep_s: float
     handle_signals: bool
     sweeper: bool
     ready_event: threading.Event | None

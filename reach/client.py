@@ -60,6 +60,7 @@ from .limits import LimitsCache, check_rate_limit
 from .outcomes import RequestOutcome, Status, blames_agent
 from .quotas import identity_of
 from .registry import AgentInfo, Registry, normalize_capability
+from .resume import Resumed
 from .routing import POLICIES, Router
 from .signing import SecretOption, Signer, make_signer
 from .tasks import TaskStatus, get_status
@@ -726,6 +727,20 @@ class Client(ManyCalls, ReplyFigures):
         return watch_task(
             self.commands, self.commands.redis, self.keys, msg_id, timeout_s=timeout_s
         )
+
+    def resume(self, msg_id: str, *, after: int = 0, timeout_s: float | None = None) -> Resumed:
+        """Read a streamed message's chunks again, from this or any other process, after
+        chunk ``after``: ``async for chunk in client.resume(msg_id, after=n)`` yields chunk
+        ``n + 1``, ``n + 2``, ... (chunks are numbered from 1; a caller that has seen ``n``
+        chunks, ``stream.seq`` of its :class:`Stream`, resumes with ``after=n``), those
+        written while nobody read included, each once and in order, then ends when the
+        message ended, as :meth:`stream` does: the returned :class:`reach.Resumed`'s
+        ``result`` holds the final result, or the loop raises its error after the last
+        chunk. The worker keeps a stream's newest chunks only (``stream_keep_chunks``,
+        ``stream_keep_bytes``, ``stream_keep_s``): asking for older ones raises
+        :class:`ChunksNotKept` (so does a message with no record). ``timeout_s`` bounds the
+        whole resume (:class:`DeadlineExceeded`). docs/concepts.md, *Resuming a stream*."""
+        return Resumed(self, msg_id, after=after, timeout_s=timeout_s)
 
     async def scheduled(self, *, limit: int = 100) -> list[scheduling.ScheduledSend]:
         """The sends waiting for their due time (``send(at=...)``), the earliest first."""

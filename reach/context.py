@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import anyio
 
 from ._defaults import child_deadline
-from ._emitting import ChunkWriter
+from ._emitting import ChunkWriter, KeepBounds
 from ._streaming import Stream
 from .callpath import CallGate, SelfSlots, child_path, hop_limit
 from .client import Client
@@ -75,6 +75,7 @@ class Context:
     _slots: SelfSlots | None = None  # set by the worker: its slots, for self-calls
     _record: str = ""  # set by the worker: the message's idempotency record, for steps
     _owner: str = ""  # set by the worker: who holds the claim, "<agent_id>/<instance_id>"
+    _keep: KeepBounds | None = None  # set by the worker: what of a stream is kept to resume
     _journal: StepJournal | None = None  # made by the first step()
 
     @property
@@ -145,7 +146,14 @@ class Context:
         gets only the final result). ``chunk`` is any value a payload may be. See
         :meth:`reach._emitting.ChunkWriter.emit` for what it raises."""
         if self.chunks is None:
-            self.chunks = ChunkWriter(self._redis, self._keys, self.envelope, self.agent_id)
+            self.chunks = ChunkWriter(
+                self._redis,
+                self._keys,
+                self.envelope,
+                self.agent_id,
+                record=self._record,
+                keep=self._keep,
+            )
         await self.chunks.emit(chunk)
 
     async def step(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:

@@ -134,6 +134,20 @@ class StreamTooLarge(ReachError):
     ``--max-task-bytes``): nothing more was kept, and the call ended."""
 
 
+class ChunksNotKept(ReachError, LookupError):
+    """:meth:`reach.Client.resume` asked for chunks that are no longer kept: a stream keeps
+    its newest chunks only (the worker's ``stream_keep_chunks`` and ``stream_keep_bytes``),
+    for ``stream_keep_s`` after the latest; or there is no such message (never sent, or
+    its record expired). ``first`` is the oldest chunk still kept (0: not known);
+    ``after`` the chunk the resume had."""
+
+    def __init__(self, message: str, *, msg_id: str, after: int, first: int = 0) -> None:
+        super().__init__(message)
+        self.msg_id = msg_id
+        self.after = after
+        self.first = first
+
+
 class Cancelled(ReachError):
     """The message was cancelled (``client.cancel``, ``reach cancel``, or its caller gave
     up): it never ran, or its handler was told (``ctx.cancelled``) and stopped. Its dead

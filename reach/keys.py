@@ -53,7 +53,8 @@ Layout (``ns`` is the namespace, ids are stripped of ``{``/``}`` first):
 
     reach:ns:{q:<identity>}:rate
 
-* idempotency / task / session records, each in the slot of its own id.
+* idempotency / task / session records, each in the slot of its own id (a streamed
+  message's kept chunks in its record's).
 
 :data:`LAYOUT` lists every kind of key with its type and builder: ``reach doctor`` checks a
 namespace's keys against it, so a key added here without a form there fails a test.
@@ -391,6 +392,12 @@ class Keys:
     def task(self, msg_id: str) -> str:
         return f"{PREFIX}:{self.namespace}:{{t:{clean_id(msg_id)}}}:task"
 
+    def kept_chunks(self, idempotency_key: str) -> str:
+        """The chunks kept of a streamed message (``lua/keep_chunks.lua``), so that its
+        stream can be resumed from any process (:meth:`reach.Client.resume`): in the slot
+        of its idempotency record (:meth:`idem`), which holds how many are kept."""
+        return f"{PREFIX}:{self.namespace}:{{i:{clean_id(idempotency_key)}}}:chunks"
+
     def task_changes(self, idempotency_key: str) -> str:
         """The sharded pub/sub channel (``SSUBSCRIBE``) on which the scripts announce each
         change of a task record (lua/includes/announce.lua): named as the record itself
@@ -497,6 +504,8 @@ LAYOUT: tuple[KeyForm, ...] = (
             "a caller identity's send-rate quota state (GCRA TAT, µs)"),
     KeyForm("reach:<ns>:{i:<id>}:idem", "hash", "idem",
             "a message's idempotency record (its task status, result, fence)"),
+    KeyForm("reach:<ns>:{i:<id>}:chunks", "stream", "kept_chunks",
+            "the chunks kept of a streamed message, for a resume (bounded)"),
     KeyForm("reach:<ns>:{t:<id>}:task", "string", "task",
             "msg id -> idempotency record key, for a caller-chosen idempotency key"),
     KeyForm("reach:<ns>:{s:<id>}:session", "hash", "session", "a session's values"),

@@ -18,6 +18,7 @@ import anyio
 import typer
 
 import reach
+from reach._emitting import KEEP_BYTES, KEEP_CHUNKS, KEEP_S
 from reach.connection import redact
 from reach.errors import ConfigError
 
@@ -249,6 +250,24 @@ def worker(
         float, typer.Option(help="Claim lease of messages without deadline.")
     ] = 60.0,
     retry_base_s: Annotated[float, typer.Option(help="First retry backoff.")] = 0.2,
+    stream_keep_chunks: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=10**9,
+            help="A streamed message's newest chunks kept for client.resume (0: none).",
+        ),
+    ] = KEEP_CHUNKS,
+    stream_keep_bytes: Annotated[
+        int,
+        typer.Option(min=1, max=2**40, help="...and at most this many bytes of them."),
+    ] = KEEP_BYTES,
+    stream_keep_s: Annotated[
+        float,
+        typer.Option(
+            min=0.001, max=30 * 86_400.0, help="...kept this long after the latest chunk."
+        ),
+    ] = KEEP_S,
     log_level: Annotated[
         LogLevel, typer.Option(case_sensitive=False, help="debug, info, warning, error.")
     ] = "info",
@@ -363,6 +382,9 @@ def worker(
             "claim_lease_s": claim_lease_s,
             "retry_base_s": retry_base_s,
             "cancel_grace_s": cancel_grace_s,
+            "stream_keep_chunks": stream_keep_chunks,
+            "stream_keep_bytes": stream_keep_bytes,
+            "stream_keep_s": stream_keep_s,
         }
         if preempt_after_s is not None:
             opts["preempt_after_s"] = preempt_after_s

@@ -17,3 +17,5 @@ local CancelCode_CANCELLED, CancelCode_ALREADY_CANCELLED, CancelCode_DONE, Cance
 local RerouteCode_MOVED, RerouteCode_GONE, RerouteCode_READ, RerouteCode_FULL, RerouteCode_SETTLED = 1, 0, 2, 3, 4
 local StepCode_JOURNALED, StepCode_KEPT, StepCode_FULL, StepCode_FENCED = 1, 2, 3, 0
 local StepBound_RESULT_BYTES, StepBound_STEPS, StepBound_NAME_BYTES = 65536, 100, 200
+local KeepCode_KEPT, KeepCode_KNOWN, KeepCode_CLOSED = 1, 0, -1
+local ChunkBound_ENTRY_BYTES = 536870912

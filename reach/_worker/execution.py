@@ -27,6 +27,7 @@ import msgspec
 from redis import exceptions as rexc
 
 from .. import logs, scripts
+from .._emitting import KeepBounds
 from ..callpath import find_loop, hop_limit, loop_error
 from ..client import Client
 from ..context import Context
@@ -177,6 +178,8 @@ class Execution(Part):
         self.registry = registry
         self.client = client
         self.owner = owner  # "agent_id/instance_id": who holds the claims made here
+        o = shared.opts
+        self.keep = KeepBounds(o.stream_keep_chunks, o.stream_keep_bytes, o.stream_keep_s)
         self.settlement = settlement
         self.letters = letters
         self._work = WorkQueue()
@@ -579,6 +582,7 @@ class Execution(Part):
         )
         ctx._slots = self.state.self_slots
         ctx._record, ctx._owner = it.idem, self.owner  # for ctx.step's journal
+        ctx._keep = self.keep  # a streaming handler's chunks kept to resume (keep_chunks.lua)
         self.hooks.before_handle(ctx)
         outcome = oc.expired_before_start(env, now_ms()) if env.deadline_ms else None
         duration_s: float | None = None

@@ -28,6 +28,7 @@ from .._streaming import Stream
 from ..envelope import MAX_ID_CHARS, new_id
 from ..errors import Cancelled, ReachError, Rejected, StreamTooLarge
 from .mapping import error_of, payload_of, result_parts, takes_json_text
+from .resuming import CHUNK_NO
 from .store import STREAMED
 
 if TYPE_CHECKING:
@@ -147,7 +148,8 @@ class _Executor(AgentExecutor):
                             artifact_id=f"{task_id}-stream",
                             name="stream",
                             append=chunks > 0,
-                            metadata={STREAMED: True},  # appended in Redis, not in memory
+                            # appended in Redis, not in memory; its number (SSE ids, resuming)
+                            metadata={STREAMED: True, CHUNK_NO: stream.seq},
                         )
                         chunks += 1
                     result = stream.result

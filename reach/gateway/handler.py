@@ -1,7 +1,8 @@
 """The gateway's JSON-RPC methods: the SDK's request handler, with ``tasks/get`` answering
 for tasks this process does not hold (from the reach task record), ``tasks/cancel`` as
 reach's cancellation, ``SubscribeToTask`` (``tasks/resubscribe``) following a task another
-gateway process runs (``Client.watch``), and each client error logged as one.
+gateway process runs (``Client.watch``), the streams' SSE ids and ``Last-Event-ID``
+(:mod:`reach.gateway.resuming`), and each client error logged as one.
 
 Also the context builder that tells the executor which server a request came in on
 (``/caps/<capability>``, ``/agents/<agent_id>`` or ``/``).
@@ -48,6 +49,7 @@ from ..outcomes import Status
 from .executor import _TARGET, Target
 from .logs import client_error
 from .mapping import error_of, task_state
+from .resuming import SSE_IDS, continue_after, last_event, tag
 
 if TYPE_CHECKING:
     from .server import Gateway
@@ -91,8 +93,16 @@ class _Handler(DefaultRequestHandler):
     async def on_message_send_stream(
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> AsyncGenerator[Any, None]:
+        """The SDK's, each event with its SSE id; a request sent again with
+        ``Last-Event-ID`` continues its task after that event instead (the message is not
+        sent again): :mod:`reach.gateway.resuming`."""
         try:
-            async for event in super().on_message_send_stream(params, context):
+            last = last_event(context)
+            if last is not None:
+                events = tag(continue_after(self.gw, *last, context), context, chunks=last[1])
+            else:
+                events = tag(super().on_message_send_stream(params, context), context)
+            async for event in events:
                 yield event
         except A2AError as e:
             client_error(e, context)
@@ -105,10 +115,13 @@ class _Handler(DefaultRequestHandler):
         one another gateway process runs, the task from the shared store, then each change
         of its reach task as ``Client.watch`` sees it, then the finished task."""
         try:
-            if params.id in self.gw.running:
-                events = super().on_subscribe_to_task(params, context)
+            last = last_event(context)
+            if last is not None and last[0] == params.id:  # a reconnect: after that event
+                events = tag(continue_after(self.gw, *last, context), context, chunks=last[1])
+            elif params.id in self.gw.running:
+                events = tag(super().on_subscribe_to_task(params, context), context)
             else:
-                events = self._follow(params.id, context)
+                events = tag(self._follow(params.id, context), context)
             async for event in events:
                 yield event
         except A2AError as e:
@@ -239,4 +252,5 @@ class _TargetContext(DefaultServerCallContextBuilder):
     def build(self, request: Request) -> ServerCallContext:
         ctx = super().build(request)
         ctx.state[_TARGET] = Target(self.kind, str(request.path_params.get("name", "")))
+        ctx.state[SSE_IDS] = request.scope.get(SSE_IDS)  # resuming.EventIds's queue
         return ctx

@@ -59,6 +59,7 @@ from .cards import CARD_PATH, CardRoutes, _live, input_modes
 from .executor import CALLER_HEADER, TIMEOUT_HEADER, Target, _Executor, _ReachIds
 from .handler import _Handler, _TargetContext
 from .mapping import error_of, result_parts, task_state
+from .resuming import EventIds
 from .store import (
     DEFAULT_MAX_STORE_BYTES,
     DEFAULT_MAX_TASK_BYTES,
@@ -169,6 +170,7 @@ class Gateway(CardRoutes):
                     await self.handler.aclose()
 
         app = Starlette(routes=routes, lifespan=lifespan)
+        app.add_middleware(EventIds)  # innermost: the SSE ids (reach.gateway.resuming)
         if self.tokens is not None:
             app.add_middleware(BearerAuth, tokens=self.tokens)
         app.add_middleware(SendTimeout, timeout_s=self.send_timeout_s, on_cut=_log_cut)

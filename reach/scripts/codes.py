@@ -138,6 +138,21 @@ class StepBound(IntEnum):
     RESULT_BYTES, STEPS, NAME_BYTES = 65_536, 100, 200
 
 
+class KeepCode(IntEnum):
+    """``keep_chunks.lua``, the first item of its reply: KEPT (the entry holds chunks not
+    kept before: added), KNOWN (every chunk of it is kept already, or it starts past them:
+    nothing written), CLOSED (the record is done, or absent: nothing written)."""
+
+    KEPT, KNOWN, CLOSED = 1, 0, -1
+
+
+class ChunkBound(IntEnum):
+    """``keep_chunks.lua``'s bound on one chunk entry's bytes (the most a Redis bulk string
+    holds): the runtime's own entries are far smaller (256 chunks, 256 KiB past the first)."""
+
+    ENTRY_BYTES = 512 * 1024 * 1024
+
+
 CODES: tuple[type[IntEnum], ...] = (
     RegisterCode,
     HeartbeatCode,
@@ -154,6 +169,8 @@ CODES: tuple[type[IntEnum], ...] = (
     RerouteCode,
     StepCode,
     StepBound,
+    KeepCode,
+    ChunkBound,
 )
 
 REGENERATE = ".venv/bin/python -c 'from reach.scripts import codes; codes.write_lua()'"

@@ -191,6 +191,10 @@ def make_agent(name: str) -> reach.Agent:
     async def echo(payload: Any, ctx: reach.Context) -> Any:
         if payload == "fail":
             raise ValueError("asked to fail")
+        if payload == "stream":  # chunks kept for a resume (keep_chunks.lua), as the agent
+            for word in ("one", "two", "three"):
+                await ctx.emit(word)
+            return "streamed"
         if payload == "session":  # a handler's session store, under the agent's user
             await ctx.session.set("turns", 1)
             await ctx.session.append("hello", max_len=10)
@@ -261,6 +265,11 @@ async def test_each_role_runs_under_its_user_and_nothing_is_refused(
             await client.result(msg_id, timeout_s=10)
             [end] = [c async for c in client.watch(msg_id, timeout_s=10)]
             assert end.final and end.status == "succeeded"
+            streamed = client.stream("acl.echo", "stream", timeout_s=10)
+            assert [c async for c in streamed] == ["one", "two", "three"]
+            resumed = client.resume(streamed.msg_id, after=1, timeout_s=10)  # as the caller
+            assert [c async for c in resumed] == ["two", "three"]
+            assert resumed.result == "streamed"
             assert await client.result(scheduled, timeout_s=10) == {"echo": "scheduled"}
             await wait_until(lambda: client.eligible("acl.other"), timeout_s=10)
             assert await client.request("acl.other", "x", timeout_s=10) == "x"
@@ -442,6 +451,10 @@ async def test_on_a_cluster_each_role_runs_under_its_user(
             await wait_until(ready, timeout_s=15, what="the agents routable on the cluster")
             got = await client.request_many("acl.echo", list(range(8)), timeout_s=10)
             assert got == [{"echo": i} for i in range(8)]
+            streamed = client.stream("acl.echo", "stream", timeout_s=10)
+            assert [c async for c in streamed] == ["one", "two", "three"]
+            resumed = client.resume(streamed.msg_id, after=2, timeout_s=10)
+            assert [c async for c in resumed] == ["three"] and resumed.result == "streamed"
         op = ("--redis-url", users["operator"], "-n", "ns1")
         for args in (
             ("agents", *op),

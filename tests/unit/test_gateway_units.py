@@ -133,3 +133,40 @@ def test_the_log_filter_drops_client_errors_and_keeps_the_gateways_own_faults() 
         "Traceback (most recent call last)" in text and "RuntimeError: the store is broken" in text
     )
     assert "client error: code -32001" in text
+
+
+# -- SSE ids (reach.gateway.resuming) ------------------------------------------------------
+def test_each_data_event_gets_the_next_id_and_comments_none() -> None:
+    from collections import deque
+
+    from reach.gateway.resuming import _split
+
+    ids = deque(["t/0", "", "t/1"])
+    data = b"data: a\r\n\r\n: ping\r\n\r\ndata: b\r\n\r\ndata: c\n\ndata: d"
+    out, rest = _split(data, ids)
+    assert out == (
+        b"id: t/0\r\ndata: a\r\n\r\n"  # the first id
+        b": ping\r\n\r\n"  # a comment takes none
+        b"data: b\r\n\r\n"  # an event the handler gave no id to ("")
+        b"id: t/1\ndata: c\n\n"  # the separator of the event itself
+    )
+    assert rest == b"data: d" and not ids  # not complete yet: kept for the next body
+    out, rest = _split(rest + b"\r\n\r\n", ids)
+    assert out == b"data: d\r\n\r\n" and rest == b""  # no id left: none written
+
+
+def test_last_event_id_is_read_as_the_gateway_writes_it() -> None:
+    from a2a.server.context import ServerCallContext
+    from a2a.utils.errors import InvalidParamsError
+
+    from reach.gateway.resuming import last_event
+
+    def ctx(value: str | None) -> ServerCallContext:
+        headers = {} if value is None else {"last-event-id": value}
+        return ServerCallContext(state={"headers": headers})
+
+    assert last_event(ctx(None)) is None and last_event(ctx("")) is None
+    assert last_event(ctx("01abc/12")) == ("01abc", 12)
+    for bad in ("12", "/3", "t/", "t/-1", "t/x", "t/" + "9" * 17):
+        with pytest.raises(InvalidParamsError):
+            last_event(ctx(bad))

@@ -29,6 +29,7 @@ ARGS: dict[str, tuple[object, ...]] = {
     "send_rate_state": ("ed25519:abc",),
     "idem": ("order:42",),
     "task": ("0190-msg",),
+    "kept_chunks": ("order:42",),
     "session": ("s:1",),
     "session_history": ("s:1",),
     "effects": ("echo",),

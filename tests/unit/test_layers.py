@@ -86,6 +86,7 @@ RANKS: dict[str, int] = {
     "reach._streaming": 4,  # Client.stream: a streamed call's iterator
     "reach._many": 4,  # Client.send_many, request_many, broadcast: the batch forms
     "reach._later": 4,  # after a send: cancel on a caller's abort, Client.result later
+    "reach.resume": 4,  # Client.resume: a streamed message's kept chunks, from any process
     "reach.scheduling": 4,  # scheduled sends: kept in Redis until due (Client.send(at=))
     "reach.gather": 4,  # Client.gather (a quorum of agents' answers) and vote
     "reach._emitting": 4,  # ctx.emit / async-generator handlers: chunks to the caller
@@ -110,6 +111,7 @@ RANKS: dict[str, int] = {
     "reach.gateway.executor": 9,  # an A2A message as a reach streamed request
     "reach.gateway.handler": 9,  # the JSON-RPC methods (tasks/get, tasks/cancel from reach)
     "reach.gateway.cards": 9,  # the gateway's, a capability's and an agent's card
+    "reach.gateway.resuming": 9,  # SSE event ids and Last-Event-ID on the A2A streams
     "reach.gateway.server": 9,  # Gateway: the app, its limits and auth, routing a message
     "reach.mcp": 9,  # reach mcp and reach.mcp.remote: MCP both ways (the mcp SDK)
     "reach.mcp.mapping": 9,  # capabilities, calls, chunks and errors in MCP terms
