@@ -16,7 +16,9 @@
 --
 -- A record is started when it is still 'pending', held by ARGV[1] with that fence, and not
 -- done: status 'running', lease_until = now + lease_ms, updated_ms = now, runs 1 (its
--- first run, which send.lua's claim did not count), and it lives ttl_ms. Anything else is left as it is: the handler's completion is done already (a
+-- first run, which send.lua's claim did not count), and it lives ttl_ms. A record whose
+-- handler asked a question before this ran (status 'input_required', ask.lua) gets the
+-- same but keeps its status and updated_ms. Anything else is left as it is: the handler's completion is done already (a
 -- quick handler whose settle came first), or the claim is not this runtime's any more (a
 -- record changed behind the scripts' back), which the fenced completion then finds.
 --
@@ -35,6 +37,7 @@ local MAX_TTL, MAX_LEASE, MAX_FENCE = 31536000000, 604800000, 9007199254740992
 --!include now
 --!include announce
 
+local STARTABLE = {pending = true, input_required = true}
 local reads = {}  -- each record's owner, fence, done, status and watched, as the check read them
 
 local function check()
@@ -72,11 +75,15 @@ local out = {}
 for i = 1, #KEYS do
   local j = 2 * i
   local s = reads[i]
-  if s[4] == 'pending' and s[1] == ARGV[1] and s[2] == ARGV[j + 2] and s[3] ~= '1' then
-    redis.call('HSET', KEYS[i], 'status', 'running', 'lease_until',
-      now + tonumber(ARGV[j + 1]), 'updated_ms', now, 'runs', 1)
+  if STARTABLE[s[4] or ''] and s[1] == ARGV[1] and s[2] == ARGV[j + 2] and s[3] ~= '1' then
+    if s[4] == 'pending' then
+      redis.call('HSET', KEYS[i], 'status', 'running', 'lease_until',
+        now + tonumber(ARGV[j + 1]), 'updated_ms', now, 'runs', 1)
+      if s[5] then announce(KEYS[i], 'running') end
+    else  -- it asked already (ask.lua): the question stays shown
+      redis.call('HSET', KEYS[i], 'lease_until', now + tonumber(ARGV[j + 1]), 'runs', 1)
+    end
     redis.call('PEXPIRE', KEYS[i], ARGV[2])
-    if s[5] then announce(KEYS[i], 'running') end
     out[i] = 1
   else
     out[i] = 0

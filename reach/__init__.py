@@ -9,7 +9,10 @@ from .client import Client
 from .context import Context
 from .envelope import Envelope, Hop, Reply
 from .errors import (
+    AlreadyAnswered,
     AmbiguousDeadLetterId,
+    AnswerRefused,
+    AskTimeout,
     BadDeadLetterId,
     Cancelled,
     ConfigError,
@@ -21,6 +24,7 @@ from .errors import (
     LoopDetected,
     NoAgentAvailable,
     NotStarted,
+    NotWaitingForInput,
     Overloaded,
     PayloadTooLarge,
     QuorumFailed,
@@ -37,8 +41,10 @@ from .errors import (
     StepRefused,
     StepTooLarge,
     StreamTooLarge,
+    TooManyAsks,
     TooManySteps,
     UnknownAgent,
+    UnknownTask,
     WouldDeadlock,
 )
 from .gather import Answer, Failure, Gathered, Vote, vote
@@ -53,8 +59,11 @@ from .watch import TaskChange
 __all__ = [
     "Agent",
     "AgentInfo",
+    "AlreadyAnswered",
     "AmbiguousDeadLetterId",
     "Answer",
+    "AnswerRefused",
+    "AskTimeout",
     "BadDeadLetterId",
     "CancelOutcome",
     "CancelResult",
@@ -77,6 +86,7 @@ __all__ = [
     "LoopDetected",
     "NoAgentAvailable",
     "NotStarted",
+    "NotWaitingForInput",
     "Overloaded",
     "PayloadTooLarge",
     "PendingLocal",
@@ -103,9 +113,11 @@ __all__ = [
     "StreamTooLarge",
     "TaskChange",
     "TaskStatus",
+    "TooManyAsks",
     "TooManySteps",
     "Unavailable",
     "UnknownAgent",
+    "UnknownTask",
     "Vote",
     "WouldDeadlock",
     "__version__",
