@@ -250,13 +250,17 @@ def _stale(n: int) -> StaleRun:
     )
 
 
-async def answer_task(redis: AnyRedis, keys: Keys, msg_id: str, value: Any) -> int:
+async def answer_task(
+    redis: AnyRedis, keys: Keys, msg_id: str, value: Any, *, ask: int | None = None
+) -> int:
     """Answer the question ``msg_id``'s handler waits on with ``value`` (see
     :meth:`reach.Client.answer`): the number of the ask answered."""
     data = encode_answer(value)
+    if ask is not None and (isinstance(ask, bool) or not isinstance(ask, int) or ask < 1):
+        raise ConfigError(f"ask must be an ask's number (1 or more) or None, got {ask!r}.")
     pointer = await redis.get(keys.task(msg_id))
     key = as_text(pointer) if pointer else msg_id
-    got = await answer_call(keys.idem(key), answer=data).run(redis)
+    got = await answer_call(keys.idem(key), answer=data, n=ask).run(redis)
     if got.code == AnswerCode.ANSWERED:
         return got.n
     if got.code == AnswerCode.UNKNOWN:

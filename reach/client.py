@@ -725,16 +725,18 @@ class Client(ManyCalls, ReplyFigures):
             self.commands, self.commands.redis, self.keys, msg_id, timeout_s=timeout_s
         )
 
-    async def answer(self, msg_id: str, value: Any) -> int:
+    async def answer(self, msg_id: str, value: Any, *, ask: int | None = None) -> int:
         """Answer the question ``msg_id``'s handler asked (``ctx.ask``) with ``value``, any
         JSON value: it is stored in the task's record, the task is ``running`` again and
         the handler goes on with it. Returns the number of the ask answered (a handler's
-        first is 1). Raises :class:`reach.UnknownTask` (no such task),
+        first is 1). ``ask``: the number of the ask this answers (``task.asking`` when the
+        question was shown), so an answer meant for one question never lands on a later
+        one; None: whichever waits. Raises :class:`reach.UnknownTask` (no such task),
         :class:`reach.NotWaitingForInput` (it waits for no answer: its ``status`` says
         what it is), :class:`reach.AlreadyAnswered` (the first answer stands), all
         :class:`reach.AnswerRefused`; :class:`reach.ConfigError` for a value that is no
         JSON or over 64 KiB. docs/concepts.md, *Human input*."""
-        return await answer_task(self.commands, self.keys, msg_id, value)
+        return await answer_task(self.commands, self.keys, msg_id, value, ask=ask)
 
     async def scheduled(self, *, limit: int = 100) -> list[scheduling.ScheduledSend]:
         """The sends waiting for their due time (``send(at=...)``), the earliest first."""
