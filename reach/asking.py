@@ -275,6 +275,12 @@ async def answer_task(
             n=got.n,
         )
     status = got.status or "unknown"
+    if ask is not None and status == "input_required":
+        raise NotWaitingForInput(
+            f"Task {msg_id} waits for the answer to another question, not to ask {ask}: "
+            "reach task MSG_ID shows the one it asks now.",
+            status=status,
+        )
     raise NotWaitingForInput(
         f"Task {msg_id} waits for no answer (it is {status}): its handler asked nothing, "
         "or the question's timeout_s passed, or it finished. reach task MSG_ID shows it.",
