@@ -45,7 +45,7 @@ from .._cancel import CancelOutcome
 from ..envelope import new_id
 from ..errors import ReachError
 from ..outcomes import Status
-from .executor import _TARGET, Target
+from .executor import _TARGET, Target, ask_metadata
 from .logs import client_error
 from .mapping import error_of, task_state
 
@@ -144,7 +144,18 @@ class _Handler(DefaultRequestHandler):
                 continue
             shown = state
             status = TaskStatus(state=state)
-            if change.kind == "progress":
+            if change.status == Status.INPUT_REQUIRED and change.question:
+                n = change.task.asking if change.task is not None else 0
+                status.message.CopyFrom(
+                    Message(
+                        message_id=new_id(),
+                        role=Role.ROLE_AGENT,
+                        task_id=task_id,
+                        parts=[Part(text=change.question)],
+                        metadata=ask_metadata(n),
+                    )
+                )
+            elif change.kind == "progress":
                 text = f"{100 * (change.progress or 0):.0f}%" + (
                     f" {change.note}" if change.note else ""
                 )
