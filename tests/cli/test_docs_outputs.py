@@ -38,6 +38,7 @@ ELSEWHERE = {
     "web": ("tests/cli/test_web_browser.py", '"web"'),  # a server, read in a browser
     "gateway": ("tests/cli/test_gateway_cmd.py", "start_gateway_process"),
     "tasks": ("tests/cli/test_tasks_cmd.py", '"tasks"'),
+    "task answer": ("tests/cli/test_answer_cmd.py", '"answer"'),
 }
 RUN_HERE = {
     "init",
@@ -57,7 +58,7 @@ RUN_HERE = {
     "queues",
     "top",
     "send",
-    "task",
+    "task show",
     "cancel",
     "dlq list",
     "dlq show",

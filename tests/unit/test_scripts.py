@@ -9,7 +9,17 @@ import pytest
 
 from reach import limits, scripts
 from reach.keys import Keys
-from reach.scripts import agents, cancelling, codes, delivery, inbox, scheduling, steps, watching
+from reach.scripts import (
+    agents,
+    asking,
+    cancelling,
+    codes,
+    delivery,
+    inbox,
+    scheduling,
+    steps,
+    watching,
+)
 from reach.scripts.delivery import (
     ClaimItem,
     Completion,
@@ -66,6 +76,11 @@ def test_every_script_has_a_typed_call() -> None:
     made.add(steps.step_call("k", owner="o", fence=1, name="n", result=b"\xc0").script)
     made.add(watching.progress_call("k", fence=1, fraction="0", note="").script)
     made.add(watching.watch_call("k").script)
+    made |= {
+        asking.ask_call("k", owner="o", fence=1, n=1, question="q", until_ms=0).script,
+        asking.withdraw_call("k", owner="o", fence=1, n=1).script,
+        asking.answer_call("k", answer=b"1").script,
+    }
     made |= {
         scheduling.mark_scheduled_call("k", capability="c", msg_id="m", due_ms=1, ttl_ms=1).script,
         scheduling.schedule_call(K, msg_id="m", due_ms=1, envelope=b"e").script,
