@@ -202,3 +202,61 @@ async def test_answer_refusals(workers: Workers, redis_url: str, ns: str) -> Non
             await c.answer(echo, {1, 2})
         assert issubclass(reach.UnknownTask, reach.AnswerRefused)
         assert issubclass(reach.AnswerRefused, reach.ReachError)
+
+
+async def test_a_task_waiting_for_input_can_be_cancelled(
+    workers: Workers, r: AnyRedis, redis_url: str, ns: str
+) -> None:
+    """client.cancel of a task waiting for input ends it cancelled (its handler stopped in
+    ctx.ask, after the grace); the worker's count of handlers in flight, which its
+    drain reads, comes back to 0 (the slot it gave back is not counted twice: SIGTERM ends
+    it at once), and its one slot still serves."""
+    workers.start("ask_a", "--concurrency", "1", "--cancel-grace-s", "0")
+    async with Client(redis_url=redis_url, namespace=ns) as c:
+        await wait_eligible(c, REFUND, ["ask-a"])
+        waiting = await c.send(REFUND, {"order": "X-1"}, timeout_s=60)
+        await question_of(c, waiting)
+        res = await c.cancel(waiting)
+        assert res.cancelled and res.status == "input_required"
+
+        async def stopped() -> bool:  # its handler ended: the worker filed its dead letter
+            return int(await r.xlen(Keys(ns).dlq(REFUND))) == 1
+
+        await wait_until(stopped, what="the cancelled handler's dead letter")
+        [(_, fields)] = await r.xrange(Keys(ns).dlq(REFUND))
+        assert fields[b"reason"] == b"cancelled" and fields[b"msg_id"] == waiting.encode()
+        with pytest.raises(reach.NotWaitingForInput):
+            await c.answer(waiting, True)
+        assert await c.request(ECHO, "after", timeout_s=20) == "after"
+
+    # Its drain ends at once: no handler is counted in flight (a count left at -1 would
+    # have it wait for a handler that does not exist, forever).
+    proc = workers.procs["ask_a"]
+    proc.send_signal(signal.SIGTERM)
+    assert await anyio.to_thread.run_sync(lambda: proc.wait(timeout=20)) == 0
+
+
+async def test_a_drain_stops_a_waiting_handler_and_its_message_asks_again_elsewhere(
+    workers: Workers, redis_url: str, ns: str
+) -> None:
+    """SIGTERM to a worker whose handler waits for input: the drain does not wait for it
+    (exit 0 at once); its message runs again on the other agent, which puts the same
+    question again (the count of questions stays 1), and the answer finishes it there."""
+    procs = {"ask-a": workers.start("ask_a"), "ask-b": workers.start("ask_b")}
+    async with Client(redis_url=redis_url, namespace=ns) as c:
+        await wait_eligible(c, REFUND, ["ask-a", "ask-b"])
+        msg_id = await c.send(REFUND, {"order": "D-1"}, timeout_s=90, target="ask-a")
+        await question_of(c, msg_id)
+        procs["ask-a"].send_signal(signal.SIGTERM)
+        code = await anyio.to_thread.run_sync(lambda: procs["ask-a"].wait(timeout=20))
+        assert code == 0
+
+        async def asked_by_b() -> bool:
+            t = await c.task(msg_id)
+            return t.status == "input_required" and t.agent_id == "ask-b"
+
+        await wait_until(asked_by_b, timeout_s=40, what="ask-b asking again")
+        task = await c.task(msg_id)
+        assert (task.question, task.asking, task.asked) == ("Refund order D-1?", 1, 1)
+        assert await c.answer(msg_id, "fine") == 1
+        assert await c.result(msg_id, timeout_s=30) == {"answer": "fine", "agent": "ask-b"}
