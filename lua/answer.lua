@@ -56,7 +56,8 @@ if not done and not status and redis.call('EXISTS', KEYS[1]) == 0 then
 end
 
 local n = ARGV[2] ~= '' and ARGV[2] or asking or asked
-if n and redis.call('HEXISTS', KEYS[1], 'a:' .. n) == 1 then
+-- HMGET, not HEXISTS: the commands a caller's least-privilege user runs (reach/acl.py)
+if n and redis.call('HMGET', KEYS[1], 'a:' .. n)[1] then
   return {AnswerCode_ALREADY, tonumber(n)}
 end
 if done == '1' or not OPEN[status or ''] or not asking or n ~= asking then
