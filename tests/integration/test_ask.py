@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Iterator
+from typing import Any
 
 import anyio
 import pytest
 
 import reach
-from reach import Client, TaskChange
+from reach import Agent, Client, Context, TaskChange
 from reach.connection import AnyRedis
 from reach.keys import Keys
 from tests.support.agents_ask import ECHO, REFUND, TWICE
-from tests.support.agents_messaging import effects, wait_eligible
+from tests.support.agents_messaging import effects, serving, wait_eligible
+from tests.support.cluster import RedisTestCluster
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
 
@@ -260,3 +262,29 @@ async def test_a_drain_stops_a_waiting_handler_and_its_message_asks_again_elsewh
         assert (task.question, task.asking, task.asked) == ("Refund order D-1?", 1, 1)
         assert await c.answer(msg_id, "fine") == 1
         assert await c.result(msg_id, timeout_s=30) == {"answer": "fine", "agent": "ask-b"}
+
+
+@pytest.mark.cluster
+async def test_ask_on_a_cluster(redis_cluster: RedisTestCluster, ns: str) -> None:
+    """On a Redis Cluster (the record in a slot of its own, its channel on that slot's
+    node, a caller's idempotency key behind a pointer in another slot): the question shows,
+    the answer wakes the handler, a retry gets the answer back without asking again."""
+    runs: list[int] = []
+
+    async def handler(payload: Any, ctx: Context) -> Any:
+        runs.append(ctx.attempt)
+        answer = await ctx.ask("which one?", timeout_s=30)
+        if ctx.attempt == 1:
+            raise RuntimeError("failing after the answer on attempt 1")
+        return [answer, ctx.attempt]
+
+    app = Agent("ask-cluster", capabilities=["ask.cluster"])
+    app.handler("ask.cluster")(handler)
+    async with serving(redis_cluster.url, ns, app) as c:
+        msg_id = await c.send("ask.cluster", {}, timeout_s=60, idempotency_key="order-7")
+        change = await question_of(c, msg_id)
+        assert change.question == "which one?"
+        assert await c.answer(msg_id, "the blue one") == 1
+        assert await c.result(msg_id, timeout_s=30) == ["the blue one", 2]
+        assert (await c.task(msg_id)).asked == 1
+    assert runs == [1, 2]
