@@ -288,3 +288,21 @@ async def test_ask_on_a_cluster(redis_cluster: RedisTestCluster, ns: str) -> Non
         assert await c.result(msg_id, timeout_s=30) == ["the blue one", 2]
         assert (await c.task(msg_id)).asked == 1
     assert runs == [1, 2]
+
+
+async def test_a_plain_handler_asks_through_the_event_loop(redis_url: str, ns: str) -> None:
+    import functools
+
+    import anyio.from_thread
+
+    def handler(payload: Any, ctx: Context) -> Any:
+        ask = functools.partial(ctx.ask, "from a thread?", timeout_s=30)
+        return {"answer": anyio.from_thread.run(ask)}
+
+    app = Agent("ask-plain", capabilities=["ask.plain"])
+    app.handler("ask.plain")(handler)
+    async with serving(redis_url, ns, app, concurrency=1) as c:
+        msg_id = await c.send("ask.plain", {}, timeout_s=60)
+        await question_of(c, msg_id)
+        await c.answer(msg_id, "yes")
+        assert await c.result(msg_id, timeout_s=30) == {"answer": "yes"}
