@@ -181,6 +181,15 @@ class _Handler(DefaultRequestHandler):
             st = await self.gw.client.task(params.id)
             if st.status in (Status.RUNNING, Status.RETRYING):
                 task.status.state = TaskState.TASK_STATE_WORKING
+        elif task is not None and task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED:
+            # Nobody follows a task between its question and its answer: what became of it
+            # meanwhile (cancelled, its question timed out and it finished) is in reach.
+            st = await self.gw.client.task(params.id)
+            if st.status not in (Status.INPUT_REQUIRED, Status.UNKNOWN):
+                now = await self.gw.task_from_reach(params.id)
+                now.context_id = task.context_id
+                now.history.extend(task.history)
+                return now
         return task
 
     async def on_message_send(

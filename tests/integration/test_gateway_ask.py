@@ -113,3 +113,19 @@ async def test_a_streaming_caller_sees_input_required(gateway: tuple[str, Client
             if e.HasField("artifact_update") and e.artifact_update.artifact.name == "result"
         ]
         assert get_data_parts(result.parts) == [{"answer": True, "agent": "ask-a"}]
+
+
+async def test_a_task_cancelled_while_it_waits_reads_canceled(gateway: tuple[str, Client]) -> None:
+    """Between the question and an answer nobody follows the task: cancelled meanwhile
+    (reach cancel), tasks/get reads it from reach, canceled; a message on it is refused."""
+    url, client = gateway
+    async with http(TOKEN) as h:
+        a2a, _ = await a2a_client(h, f"{url}/caps/{REFUND}", streaming=False)
+        task, _ = await final_task(a2a.send_message(message(new_data_part({"order": "C-1"}))))
+        assert task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+        assert (await client.cancel(task.id)).cancelled
+        got = await a2a.get_task(GetTaskRequest(id=task.id))
+        assert got.status.state == TaskState.TASK_STATE_CANCELED
+        assert got.context_id == task.context_id
+        with pytest.raises(Exception, match="waits for no answer"):
+            await final_task(a2a.send_message(on_task(task, new_text_part("late"))))
