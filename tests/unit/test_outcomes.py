@@ -89,6 +89,7 @@ def test_values_are_the_strings_stored_and_sent() -> None:
         "scheduled",
         "pending",
         "running",
+        "input_required",
         "succeeded",
         "failed",
         "retrying",
