@@ -220,8 +220,8 @@ async def test_a_key_that_is_no_hash_is_refused(r: AnyRedis, ns: str, script: st
 async def test_start_confirms_a_claim_made_at_send_whose_handler_asked(
     r: AnyRedis, ns: str
 ) -> None:
-    """start.lua on a record claimed at send that asked before it ran: its run counted and
-    its lease set, its status still input_required."""
+    """start.lua on a record claimed at send that asked before it ran (and, the second,
+    was answered too): its run counted and its lease set, its status kept."""
     from reach.scripts import delivery, inbox
     from reach.scripts.delivery import StartItem
 
@@ -236,3 +236,22 @@ async def test_start_confirms_a_claim_made_at_send_whose_handler_asked(
     started = delivery.start_call([StartItem(rec, 60_000, 1)], owner=OWNER, ttl_ms=TTL_MS)
     assert await started.run(r) == [1]
     assert await r.hmget(rec, "status", "runs") == [b"input_required", b"1"]
+    assert await started.run(r) == [0], "counted once"
+
+    m2 = inbox.Message(data=b"env", capability="cap", attempt=1, msg_id="s2", key="s2")
+    call = inbox.send_call(
+        k,
+        m2,
+        agent_id="w-1",
+        priority="normal",
+        ttl_ms=TTL_MS,
+        claim_for=OWNER,
+        claim_lease_ms=9000,
+    )
+    await call.run(r)
+    rec2 = k.idem("s2")
+    await ask(r, rec2, 1)
+    await answer_call(rec2, answer=b"1").run(r)  # answered within start.lua's 10 ms
+    started = delivery.start_call([StartItem(rec2, 60_000, 1)], owner=OWNER, ttl_ms=TTL_MS)
+    assert await started.run(r) == [1]
+    assert await r.hmget(rec2, "status", "runs") == [b"running", b"1"]
