@@ -306,3 +306,31 @@ async def test_a_plain_handler_asks_through_the_event_loop(redis_url: str, ns: s
         await question_of(c, msg_id)
         await c.answer(msg_id, "yes")
         assert await c.result(msg_id, timeout_s=30) == {"answer": "yes"}
+
+
+async def test_a_long_wait_keeps_its_claim(
+    workers: Workers, r: AnyRedis, redis_url: str, ns: str
+) -> None:
+    """Claims of 0.3 s: a handler waits for input ten times that long, its claim renewed
+    all along, so a second copy of the message (the caller sending again with its key)
+    sent meanwhile to the other agent finds it held and waits: one run, one question, and
+    both copies get the answer ask-a's handler returned."""
+    lease = ("--claim-lease-s", "0.3")
+    workers.start("ask_a", *lease)
+    workers.start("ask_b", *lease)
+    async with Client(redis_url=redis_url, namespace=ns) as c:
+        await wait_eligible(c, REFUND, ["ask-a", "ask-b"])
+        kw: dict[str, Any] = {"timeout_s": 60, "idempotency_key": "refund-R-1"}
+        first = await c.send(REFUND, {"order": "R-1"}, target="ask-a", **kw)
+        await question_of(c, first)
+        await anyio.sleep(3.0)  # the point: ten claim leases pass while it waits
+        again = await c.send(REFUND, {"order": "R-1"}, target="ask-b", **kw)
+        await anyio.sleep(0.5)  # ask-b had time to claim it, were the claim not renewed
+        assert (await c.task(first)).status == "input_required"
+        await c.answer(first, "ok")
+        want = {"answer": "ok", "agent": "ask-a"}
+        assert await c.result(first, timeout_s=30) == want
+        assert await c.result(again, timeout_s=30) == want
+        task = await c.task(first)
+        assert (task.runs, task.asked) == (1, 1)
+    assert await effects(r, ns, "ask.started") == {"refund-R-1": 1}, "one run"
