@@ -26,6 +26,7 @@ from a2a.utils.errors import InvalidParamsError, TaskNotCancelableError
 from google.protobuf import struct_pb2
 
 from .._streaming import Stream
+from ..connection import as_text
 from ..envelope import MAX_ID_CHARS, new_id
 from ..errors import Cancelled, ReachError, Rejected, StreamTooLarge
 from ..outcomes import Status
@@ -248,25 +249,41 @@ ASK_KEY = "reachAsk"
 """The metadata key of an ``input-required`` status message: the number of the ask
 (``ctx.ask``) it shows, so the answer lands on that question and no later one."""
 
-QUESTION_AFTER_S = 1.0
-"""How long a task the gateway runs goes before it is watched for a question (``ctx.ask``):
-a quick task is never watched, a longer one holds a watch (a Redis connection of its own)
-while it runs (docs/a2a.md, *Human input*)."""
+QUESTION_POLLS_S = (0.5, 1.0, 2.0)
+"""While a task the gateway runs has no outcome, its record is read for a question
+(``ctx.ask``) after 0.5 s, 1 s later, then every 2 s: one ``HMGET`` each, on the gateway's
+pooled connections (a watch per task would hold a connection of its own for as long as the
+task runs: a thousand slow tasks, a thousand connections). A quick task is never read;
+a question shows at most 2 s after it is asked (docs/a2a.md, *Human input*)."""
 
 
 async def _watch_for_question(
     gw: Gateway, task_id: str, asked: list[TaskChange], following: anyio.CancelScope
 ) -> None:
-    """Once the task has run :data:`QUESTION_AFTER_S`, watch it; when its handler asks a
-    question, note the change in ``asked`` and stop following its stream."""
-    await anyio.sleep(QUESTION_AFTER_S)
-    async for change in gw.client.watch(task_id):
-        if change.status == Status.INPUT_REQUIRED and change.question:
-            asked.append(change)
-            following.cancel()
-            return
-        if change.final:
-            return
+    """Read the task's record now and then (:data:`QUESTION_POLLS_S`); when its handler
+    asks a question, note it in ``asked`` and stop following the task's stream."""
+    record = gw.client.keys.idem(task_id)  # the gateway sends with no key of its own
+    n = 0
+    while True:
+        await anyio.sleep(QUESTION_POLLS_S[min(n, len(QUESTION_POLLS_S) - 1)])
+        n += 1
+        status, question = await gw.client.commands.hmget(record, ["status", "question"])
+        if status is None:
+            continue
+        if as_text(status) == Status.INPUT_REQUIRED and question:
+            task = await gw.client.task(task_id)
+            if task.status == Status.INPUT_REQUIRED:
+                asked.append(
+                    TaskChange(
+                        msg_id=task_id,
+                        kind="status",
+                        status=task.status,
+                        task=task,
+                        question=task.question,
+                    )
+                )
+                following.cancel()
+                return
 
 
 def ask_metadata(n: int) -> struct_pb2.Struct:
