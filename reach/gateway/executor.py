@@ -267,7 +267,7 @@ async def _watch_for_question(
     while True:
         await anyio.sleep(QUESTION_POLLS_S[min(n, len(QUESTION_POLLS_S) - 1)])
         n += 1
-        status, question = await gw.client.commands.hmget(record, ["status", "question"])
+        question, status = await gw.client.commands.hmget(record, ["question", "status"])
         if status is None:
             continue
         if as_text(status) == Status.INPUT_REQUIRED and question:
