@@ -15,8 +15,8 @@
 -- ARGV[4] maxlen of the notices stream, integer 1..10000000 (read only with KEYS[2])
 -- Integers are plain decimal digits without sign or leading zero.
 --
--- The rule (docs/concepts.md, Cancellation): a record that is scheduled, pending, retrying
--- or running becomes 'cancelled' (error, updated_ms, cancel_of written), and its fence,
+-- The rule (docs/concepts.md, Cancellation): a record that is scheduled, pending, retrying,
+-- running or input_required (its handler waits for an answer, ask.lua) becomes 'cancelled' (error, updated_ms, cancel_of written), and its fence,
 -- when it has one, goes up by one: the claim that runs it, or the claim send.lua made at
 -- send, can no longer complete it (its completion is fenced; the entry stays pending, and
 -- the next claim of it answers CANCELLED), and start.lua no longer confirms it. claim.lua answers
@@ -32,8 +32,8 @@
 -- refused call writes nothing.
 --
 -- Returns {code, status}:
---   {1, status}: cancelled now; status: the one it had (scheduled, pending, retrying or
---         running)
+--   {1, status}: cancelled now; status: the one it had (scheduled, pending, retrying,
+--         running or input_required)
 --   {2, 'cancelled'}: it was cancelled already (nothing written, no notice)
 --   {0, status}: over before the cancel (status: succeeded when done, else the stored one)
 --   {-1, ''}: no record (never sent, or expired)
@@ -47,7 +47,8 @@
 --!include key_types
 --!include codes
 local MAX_TTL = 31536000000
-local OPEN = {scheduled = true, pending = true, retrying = true, running = true}
+local OPEN = {scheduled = true, pending = true, retrying = true, running = true,
+  input_required = true}
 
 local function check()
   if (#KEYS ~= 1 and #KEYS ~= 2) or #ARGV ~= 4 then

@@ -10,7 +10,7 @@
 -- Integers are plain decimal digits without sign or leading zero.
 --
 -- As send.lua: the status of a done key (a duplicate send under a finished key must not
--- turn 'succeeded' back into 'pending') or a running one is kept; any other (dead,
+-- turn 'succeeded' back into 'pending') or a running one (or input_required) is kept; any other (dead,
 -- failed, expired, retrying: the key was released and runs again) becomes 'pending', so
 -- the last run's outcome is not read as this send's; a cancelled one stays cancelled when
 -- this is a copy of the msg_id cancelled (cancel_of: a retry, a moved entry), so it is
@@ -28,7 +28,7 @@
 -- A watched record made 'pending' again announces it (lua/includes/announce.lua).
 --
 -- Returns 1: the status is now 'pending'; 0: the record's status (done, running,
--- cancelled, or settled by a run before this mark), kept.
+-- input_required, cancelled, or settled by a run before this mark), kept.
 -- Errors  'ERR reach: bad <argument>: <why>' when an argument or the key's type is out of
 --         contract; nothing is written then.
 local MAX_TTL, MAX_INT = 31536000000, 999999999999999
@@ -45,7 +45,8 @@ local had = redis.call('HMGET', KEYS[1], 'done', 'cancel_of', 'status', 'watched
   'attempt')
 local ran_first = had[5] and not had[6]
 local marked = 0
-if had[1] ~= '1' and had[3] ~= 'succeeded' and had[3] ~= 'running' and not ran_first
+if had[1] ~= '1' and had[3] ~= 'succeeded' and had[3] ~= 'running'
+    and had[3] ~= 'input_required' and not ran_first
     and not (had[3] == 'cancelled' and had[2] == ARGV[3]) then
   redis.call('HSET', KEYS[1], 'status', 'pending')
   if had[4] then announce(KEYS[1], 'pending') end

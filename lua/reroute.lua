@@ -30,7 +30,7 @@
 --         {0, ''}: the entry is not in KEYS[1] (settled, moved before, or never there)
 --         {2, ''}: the entry was read by its agent (running, or about to): not moved
 --         {3, depth}: the new agent's inbox holds max_queue entries or more: not moved
---         {4, status}: the record is done, cancelled or running (another copy of its
+--         {4, status}: the record is done, cancelled, running or input_required (another copy of its
 --                 key): not moved, its agent settles it
 --         (the codes: RerouteCode of lua/includes/codes.lua)
 -- Errors  'ERR reach: bad <argument>: <why>' when an argument, the number of KEYS or
@@ -86,7 +86,8 @@ if last and not above(id, last) then return {RerouteCode_READ, ''} end
 
 local rec = redis.call('HMGET', KEYS[2], 'done', 'fence', 'status')
 local status = rec[3]
-if rec[1] == '1' or status == 'cancelled' or status == 'running' or status == 'succeeded' then
+if rec[1] == '1' or status == 'cancelled' or status == 'running' or status == 'succeeded'
+    or status == 'input_required' then
   return {RerouteCode_SETTLED, status or ''}
 end
 

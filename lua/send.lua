@@ -183,13 +183,13 @@ local function add(k, a, new)
       'attempt', ARGV[a + 3], 'sent_msg_id', ARGV[a + 4])
   elseif not new then
     -- A done key (succeeded: its result stored, later copies replay it) and a running one
-    -- keep their status; any other (dead, failed, expired, retrying: released, it runs again)
+    -- (or one whose handler waits for input, ask.lua) keep their status; any other (dead, failed, expired, retrying: released, it runs again)
     -- is pending from now, so nobody reads the last run's outcome as this send's.
     -- A cancelled one stays cancelled for a copy of the msg_id cancelled (a retry, a moved
     -- entry: cancel.lua's cancel_of), so claim.lua never runs it; a new msg_id runs again.
     local had = redis.call('HMGET', KEYS[k + 2], 'done', 'cancel_of', 'status', 'watched')
     if had[1] ~= '1' and had[3] ~= 'succeeded' and had[3] ~= 'running'
-        and not (had[3] == 'cancelled' and had[2] == ARGV[a + 4]) then
+        and had[3] ~= 'input_required' and not (had[3] == 'cancelled' and had[2] == ARGV[a + 4]) then
       redis.call('HSET', KEYS[k + 2], 'status', 'pending')
       if had[4] then announce(KEYS[k + 2], 'pending') end
     end

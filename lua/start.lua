@@ -16,7 +16,10 @@
 --
 -- A record is started when it is still 'pending', held by ARGV[1] with that fence, and not
 -- done: status 'running', lease_until = now + lease_ms, updated_ms = now, runs 1 (its
--- first run, which send.lua's claim did not count), and it lives ttl_ms. Anything else is left as it is: the handler's completion is done already (a
+-- first run, which send.lua's claim did not count), and it lives ttl_ms. A record whose
+-- handler asked a question before this ran (ask.lua: status 'input_required', or 'running'
+-- once answer.lua answered it), held the same way with its run not counted yet (runs 0),
+-- gets the same but keeps its status and updated_ms. Anything else is left as it is: the handler's completion is done already (a
 -- quick handler whose settle came first), or the claim is not this runtime's any more (a
 -- record changed behind the scripts' back), which the fenced completion then finds.
 --
@@ -35,7 +38,7 @@ local MAX_TTL, MAX_LEASE, MAX_FENCE = 31536000000, 604800000, 9007199254740992
 --!include now
 --!include announce
 
-local reads = {}  -- each record's owner, fence, done, status and watched, as the check read them
+local reads = {}  -- each record's owner, fence, done, status, watched and runs, as read
 
 local function check()
   if #KEYS < 1 or #ARGV ~= 2 + 2 * #KEYS then
@@ -54,7 +57,8 @@ local function check()
     end
     -- Read here (kept for the write pass) instead of asked its TYPE: one command, and
     -- HMGET fails on exactly what is not a hash.
-    local rec = redis.pcall('HMGET', KEYS[i], 'owner', 'fence', 'done', 'status', 'watched')
+    local rec = redis.pcall('HMGET', KEYS[i], 'owner', 'fence', 'done', 'status', 'watched',
+      'runs')
     if rec['err'] then
       return 'KEYS[' .. i .. ']: holds a ' .. redis.call('TYPE', KEYS[i])['ok']
         .. ', want a hash'
@@ -72,11 +76,16 @@ local out = {}
 for i = 1, #KEYS do
   local j = 2 * i
   local s = reads[i]
-  if s[4] == 'pending' and s[1] == ARGV[1] and s[2] == ARGV[j + 2] and s[3] ~= '1' then
-    redis.call('HSET', KEYS[i], 'status', 'running', 'lease_until',
-      now + tonumber(ARGV[j + 1]), 'updated_ms', now, 'runs', 1)
+  local held = s[1] == ARGV[1] and s[2] == ARGV[j + 2] and s[3] ~= '1'
+  if held and (s[4] == 'pending' or s[6] == '0') then
+    if s[4] == 'pending' then
+      redis.call('HSET', KEYS[i], 'status', 'running', 'lease_until',
+        now + tonumber(ARGV[j + 1]), 'updated_ms', now, 'runs', 1)
+      if s[5] then announce(KEYS[i], 'running') end
+    else  -- it asked already (ask.lua), maybe was answered too: its status stays
+      redis.call('HSET', KEYS[i], 'lease_until', now + tonumber(ARGV[j + 1]), 'runs', 1)
+    end
     redis.call('PEXPIRE', KEYS[i], ARGV[2])
-    if s[5] then announce(KEYS[i], 'running') end
     out[i] = 1
   else
     out[i] = 0

@@ -9,7 +9,10 @@ from .client import Client
 from .context import Context
 from .envelope import Envelope, Hop, Reply
 from .errors import (
+    AlreadyAnswered,
     AmbiguousDeadLetterId,
+    AnswerRefused,
+    AskTimeout,
     BadDeadLetterId,
     Cancelled,
     ChunksNotKept,
@@ -22,6 +25,7 @@ from .errors import (
     LoopDetected,
     NoAgentAvailable,
     NotStarted,
+    NotWaitingForInput,
     Overloaded,
     PayloadTooLarge,
     QuorumFailed,
@@ -38,8 +42,10 @@ from .errors import (
     StepRefused,
     StepTooLarge,
     StreamTooLarge,
+    TooManyAsks,
     TooManySteps,
     UnknownAgent,
+    UnknownTask,
     WouldDeadlock,
 )
 from .gather import Answer, Failure, Gathered, Vote, vote
@@ -55,8 +61,11 @@ from .watch import TaskChange
 __all__ = [
     "Agent",
     "AgentInfo",
+    "AlreadyAnswered",
     "AmbiguousDeadLetterId",
     "Answer",
+    "AnswerRefused",
+    "AskTimeout",
     "BadDeadLetterId",
     "CancelOutcome",
     "CancelResult",
@@ -80,6 +89,7 @@ __all__ = [
     "LoopDetected",
     "NoAgentAvailable",
     "NotStarted",
+    "NotWaitingForInput",
     "Overloaded",
     "PayloadTooLarge",
     "PendingLocal",
@@ -107,9 +117,11 @@ __all__ = [
     "StreamTooLarge",
     "TaskChange",
     "TaskStatus",
+    "TooManyAsks",
     "TooManySteps",
     "Unavailable",
     "UnknownAgent",
+    "UnknownTask",
     "Vote",
     "WouldDeadlock",
     "__version__",

@@ -133,6 +133,11 @@ class RuntimeOptions:
     its own); the next takeover dead-letters it ``poisoned`` instead of running it."""
     concurrency: int = 16
     """Handlers running at once."""
+    max_waiting_handlers: int = 100
+    """Handlers waiting for input (``ctx.ask``) that give their slot back while they wait,
+    at most (0: none; each waits in its slot). One more waits in its slot, so up to
+    ``concurrency + max_waiting_handlers`` handlers may be waiting; each one holds a Redis
+    connection of its own to hear its answer (docs/concepts.md, *Human input*)."""
     batch: int = 64
     """Most inbox entries read at once."""
     prefetch: int = 64
@@ -247,6 +252,7 @@ class RuntimeOptions:
             ("max_preempts", 0, 1_000),
             ("max_takeovers", 0, 1_000_000),
             ("batch", 1, 10_000),
+            ("max_waiting_handlers", 0, 100_000),
             ("prefetch", 0, 10_000),
             ("dlq_maxlen", 1, 10**9),
             ("traceback_max_bytes", 0, 1024 * 1024),
@@ -303,6 +309,7 @@ class RunOptions(TypedDict, total=False):
     stall_s: float
     max_takeovers: int
     concurrency: int
+    max_waiting_handlers: int
     batch: int
     prefetch: int
     cancel_grace_s: float

@@ -52,12 +52,12 @@ class A2ATaskState(StrEnum):
 
 
 # reach task status (every reach.outcomes.Status) -> A2A TaskState.
-# INPUT_REQUIRED and AUTH_REQUIRED have no reach counterpart (reach has no mid-task
-# questions).
+# AUTH_REQUIRED has no reach counterpart.
 A2A_TASK_STATES: dict[str, str] = {
     Status.SCHEDULED: A2ATaskState.SUBMITTED,  # kept until its due time, then sent
     Status.PENDING: A2ATaskState.SUBMITTED,  # in an inbox (or re-sent), no handler has it yet
     Status.RUNNING: A2ATaskState.WORKING,  # claimed by a worker, the handler runs
+    Status.INPUT_REQUIRED: A2ATaskState.INPUT_REQUIRED,  # its handler waits (ctx.ask)
     # an attempt failed; it waits for its backoff, then runs again
     Status.RETRYING: A2ATaskState.WORKING,
     Status.SUCCEEDED: A2ATaskState.COMPLETED,

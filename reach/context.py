@@ -16,6 +16,7 @@ import anyio
 from ._defaults import child_deadline
 from ._emitting import ChunkWriter, KeepBounds
 from ._streaming import Stream
+from .asking import Asker, Slots
 from .callpath import CallGate, SelfSlots, child_path, hop_limit
 from .client import Client
 from .connection import AnyRedis
@@ -77,6 +78,8 @@ class Context:
     _owner: str = ""  # set by the worker: who holds the claim, "<agent_id>/<instance_id>"
     _keep: KeepBounds | None = None  # set by the worker: what of a stream is kept to resume
     _journal: StepJournal | None = None  # made by the first step()
+    _waiting: Slots | None = None  # set by the worker: where a waiting handler's slot goes
+    _asker: Asker | None = None  # made by the first ask()
 
     @property
     def cancelled(self) -> bool:
@@ -187,6 +190,49 @@ class Context:
                 self._redis, record=self._record, owner=self._owner, fence=self.fence
             )
         return await self._journal.run(name, fn, args, kwargs)
+
+    async def ask(self, question: str, *, timeout_s: float | None = None) -> Any:
+        """Ask a person (or any process) ``question`` and return the answer:
+
+            ok = await ctx.ask("Refund order 1234 for 310 EUR?", timeout_s=3600)
+
+        The task's status becomes ``input_required`` with the question (``reach task``,
+        ``client.watch``, the console, the A2A gateway's ``input-required``) until
+        ``client.answer(msg_id, value)`` (``reach task answer``, the console, an A2A
+        ``message/send`` on the task) stores the answer, any JSON value, in the message's
+        record; then the task is ``running`` again and the value is returned. Any later run
+        of the message (taken over after a crash, retried) gets the stored answer back at
+        once: the question is not put again. A handler's asks are numbered in the order it
+        makes them, which is how a re-run matches them: make them in the same order on
+        every run, one at a time. ``question`` is non-empty text of at most 4096 bytes;
+        at most 100 asks per message.
+
+        While it waits the handler gives its slot back (up to the worker's
+        ``max_waiting_handlers``; beyond it, it waits in its slot) and takes one again once
+        answered. The message's deadline still applies: send a message that may wait for
+        a person with a ``timeout_s`` long enough.
+
+        Raises :class:`~reach.AskTimeout` when no answer came within ``timeout_s`` (None:
+        no bound but the message's deadline), :class:`~reach.TooManyAsks`,
+        :class:`~reach.StaleRun` (this run lost its claim: stop), and
+        :class:`~reach.ConfigError` for a bad question or timeout. docs/concepts.md,
+        *Human input*."""
+        if self._asker is None:
+            if not self._record or not self._owner:
+                raise ConfigError(
+                    "ctx.ask needs a message claimed by a reach worker: this context has "
+                    "no task record to put the question in."
+                )
+            self._asker = Asker(
+                self._redis,
+                self._client.commands.redis,
+                self._keys,
+                key=self.envelope.key,
+                owner=self._owner,
+                fence=self.fence,
+                slots=self._waiting,
+            )
+        return await self._asker.ask(question, timeout_s)
 
     def step_key(self, name: str) -> str:
         """A key for step ``name`` of this message that is the same in every run of it:

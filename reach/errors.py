@@ -286,3 +286,49 @@ class StaleRun(ReachError):
     again, which is why a step with an outside effect should also pass an idempotency key
     to the outside service (``ctx.step_key(name)``). Stop: this run's outcome is not
     recorded, the other run's is."""
+
+
+# -- human input (ctx.ask, client.answer, reach.asking) ---------------------------------------
+class AskTimeout(ReachError):
+    """No answer came to a handler's question (``ctx.ask``) within its ``timeout_s``: the
+    question was taken back and the task is ``running`` again (a late ``client.answer``
+    gets :class:`NotWaitingForInput`). Catch it to go on without the answer (a default, a
+    reminder, another channel). Raised out of the handler it is a failure like any other:
+    retried per ``max_attempts`` (the retry asks again), then dead-lettered."""
+
+
+class TooManyAsks(ReachError, Reject):
+    """The message has already put the most questions one idempotency key may (100,
+    ``reach.asking.MAX_ASKS``, counted across its runs): this one was not put. Ask for
+    several things in one question, or split the work over several messages. Also a
+    :class:`Reject`: raised out of the handler, the message is dead-lettered at once."""
+
+
+class AnswerRefused(ReachError):
+    """``client.answer`` (``reach task answer``, the console, the A2A gateway) could not
+    answer the task: a subclass says why. Nothing was stored."""
+
+
+class UnknownTask(AnswerRefused, LookupError):
+    """No task of that msg_id: never sent, or its record expired (a day after it
+    finished). Check the msg_id (``reach tasks`` lists recent ones)."""
+
+
+class NotWaitingForInput(AnswerRefused):
+    """The task waits for no answer: its handler asked nothing, or its question was taken
+    back (its ``timeout_s`` passed), or it finished. ``status`` is the task's status;
+    ``reach task MSG_ID`` shows what it is doing."""
+
+    def __init__(self, message: str, *, status: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class AlreadyAnswered(AnswerRefused):
+    """The question was answered already (by another person, process or retry of this
+    call): the first answer stands and was not replaced. ``n`` is the number of the ask
+    (the handler's first ask is 1)."""
+
+    def __init__(self, message: str, *, n: int = 0) -> None:
+        super().__init__(message)
+        self.n = n

@@ -108,6 +108,9 @@ class Status(StrEnum):
     """Sent: in an inbox, no handler has it yet (``send.lua``, the client's pipeline)."""
     RUNNING = "running"
     """Claimed by a worker; the handler runs (``claim.lua``)."""
+    INPUT_REQUIRED = "input_required"
+    """Its handler asked a question (``ctx.ask``, ``ask.lua``) and waits for the answer
+    (``client.answer``, ``answer.lua``), which sets it ``running`` again."""
     RETRYING = "retrying"
     """An attempt failed; a retry waits in the delayed set."""
     SUCCEEDED = "succeeded"
@@ -130,6 +133,7 @@ STORED_STATUSES: Final[tuple[Status, ...]] = (
     Status.SCHEDULED,
     Status.PENDING,
     Status.RUNNING,
+    Status.INPUT_REQUIRED,
     Status.SUCCEEDED,
     Status.FAILED,
     Status.RETRYING,

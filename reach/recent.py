@@ -138,6 +138,7 @@ def _entry_ms(entry_id: Any) -> int:
 DISPLAY_STATUSES = (
     "pending",
     "running",
+    "input_required",
     "retrying",
     "succeeded",
     "failed",
@@ -369,7 +370,7 @@ async def _refresh(redis: AnyRedis, keys: Keys, msgs: list[Message]) -> None:
         m.error_type = etype or m.error_type
         m.agent_id = agent or m.agent_id
         m.attempt = safe_int(attempt) or m.attempt
-        if status not in (Status.PENDING, Status.RUNNING):
+        if status not in (Status.PENDING, Status.RUNNING, Status.INPUT_REQUIRED):
             m.ended_ms = safe_int(updated) or m.ended_ms
 
 
@@ -412,6 +413,10 @@ async def in_inboxes(
                 )
             )
     await _refresh(redis, keys, msgs)
-    msgs = [m for m in msgs if m.status in (Status.PENDING, Status.RUNNING, Status.RETRYING)]
+    msgs = [
+        m
+        for m in msgs
+        if m.status in (Status.PENDING, Status.RUNNING, Status.INPUT_REQUIRED, Status.RETRYING)
+    ]
     msgs.sort(key=lambda m: m.sent_ms, reverse=True)
     return msgs

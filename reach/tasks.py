@@ -58,6 +58,15 @@ class TaskStatus(msgspec.Struct, kw_only=True):
     reported none."""
     progress_note: str = ""
     """The note that came with it."""
+    question: str = ""
+    """While ``input_required``: the question its handler asked (``ctx.ask``), which
+    ``client.answer(msg_id, value)`` answers."""
+    asking: int = 0
+    """The number of the ask waiting for its answer (a handler's first is 1; 0: none)."""
+    asked: int = 0
+    """How many questions its handler put (0: it asked none)."""
+    ask_until_ms: int = 0
+    """When the waiting ask gives up (epoch ms; 0: it waits until the message's deadline)."""
 
     @property
     def error_text(self) -> str:
@@ -100,7 +109,15 @@ async def get_status(redis: AnyRedis, keys: Keys, msg_id: str) -> TaskStatus:
     except BadEnvelope:
         reply = None  # a damaged stored reply: the status fields still say what happened
     # A record that succeeded on a later attempt may still hold an earlier one's failure.
-    failed = status not in (Status.SUCCEEDED, Status.PENDING, Status.RUNNING)
+    failed = status not in (
+        Status.SUCCEEDED,
+        Status.PENDING,
+        Status.RUNNING,
+        Status.INPUT_REQUIRED,
+    )
+    # A question stays in the record of a run cut off while it waited: shown only while
+    # the task waits for it.
+    waiting = status == Status.INPUT_REQUIRED
     return TaskStatus(
         msg_id=msg_id,
         status=status if status in STATUSES else Status.UNKNOWN,
@@ -117,6 +134,10 @@ async def get_status(redis: AnyRedis, keys: Keys, msg_id: str) -> TaskStatus:
         reply=reply,
         progress=_fraction(d.get("progress")),
         progress_note=safe_text(d.get("progress_note", b"")),
+        question=safe_text(d.get("question", b"")) if waiting else "",
+        asking=safe_int(d.get("asking")) if waiting else 0,
+        asked=safe_int(d.get("asked")),
+        ask_until_ms=safe_int(d.get("ask_until_ms")) if waiting else 0,
     )
 
 

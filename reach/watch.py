@@ -56,6 +56,9 @@ class TaskChange(msgspec.Struct, kw_only=True, frozen=True):
     note: str = ""
     final: bool = False
     task: TaskStatus | None = None
+    question: str = ""
+    """With status ``input_required``: the question its handler asked (``ctx.ask``);
+    ``client.answer(msg_id, value)`` answers it."""
 
 
 def parse_fraction(fraction: float) -> str:
@@ -151,6 +154,7 @@ def _current(msg_id: str, task: TaskStatus) -> TaskChange:
         note=task.progress_note,
         final=task.status in ENDS or task.status == Status.UNKNOWN,
         task=task,
+        question=task.question,
     )
 
 
@@ -253,6 +257,9 @@ async def watch_task(
                     if got.status in ENDS:
                         task = await get_status(commands, keys, msg_id)
                         got = msgspec.structs.replace(got, final=True, task=task)
+                    elif got.status == Status.INPUT_REQUIRED and got.kind == "status":
+                        task = await get_status(commands, keys, msg_id)
+                        got = msgspec.structs.replace(got, task=task, question=task.question)
                     yield got
                     last = got
                     if got.final:

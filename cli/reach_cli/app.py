@@ -26,13 +26,10 @@ from reach.client import Client
 from reach.config import ENV_URL, PROJECT_FILES, URL_KEY, read_project_file, write_project_url
 from reach.connection import redact
 from reach.embedded import RedisServer, free_port, port_free
-from reach.envelope import decode_payload, encode_payload, now_ms
+from reach.envelope import encode_payload, now_ms
 from reach.errors import ConfigError, ReachError
 from reach.keys import PRIORITIES, Keys
-from reach.outcomes import Status
-from reach.recent import attempts_of
 from reach.registry import Registry
-from reach.tasks import get_status
 
 from .acl_cmd import acl_cmd
 from .agents_cmd import agents_app
@@ -55,7 +52,6 @@ from .common import (
     json_line,
     open_redis,
     print_json,
-    print_traceback,
     progress,
     require_text,
     safe_text,
@@ -64,12 +60,12 @@ from .common import (
 from .completion import complete_agent_id, complete_capability
 from .dlq_cmd import dlq_app
 from .doctor_cmd import doctor as doctor_cmd
-from .follow import follow
 from .gateway_cmd import gateway as gateway_cmd
 from .keys_cmd import keys_app
 from .mcp_cmd import mcp as mcp_cmd
 from .mcp_cmd import mcp_proxy as mcp_proxy_cmd
 from .quota_cmd import quota_app
+from .task_cmd import task_app
 from .tasks_cmd import tasks as tasks_cmd
 from .top import top as top_cmd
 from .web_cmd import web as web_cmd
@@ -474,103 +470,6 @@ async def print_stream(
 
 @app.command()
 @command
-async def task(
-    msg_id: Annotated[str, typer.Argument(help="The msg_id printed by `reach send`.")],
-    redis_url: RedisUrl = DEFAULT_REDIS,
-    namespace: Namespace = DEFAULT_NS,
-    json_: Json = False,
-    follow_: Annotated[
-        bool,
-        typer.Option(
-            "--follow",
-            "-f",
-            help="Print each change as it happens (status, the handler's progress) until the "
-            "final one; with --json one JSON object per line.",
-        ),
-    ] = False,
-) -> None:
-    """Show a message's status: scheduled, pending, running, succeeded, failed, retrying,
-    expired, dead, cancelled.
-
-    Example: reach task 019a...e3 --json; reach task 019a...e3 --follow
-    """
-    r = await open_redis(redis_url)
-    if follow_:
-        try:
-            final = await follow(r, Keys(namespace), msg_id, json_=json_)
-        finally:
-            await r.aclose()
-        if final == Status.UNKNOWN:
-            raise typer.Exit(1)
-        return
-    try:
-        st = await get_status(r, Keys(namespace), msg_id)
-        runs = await attempts_of(r, Keys(namespace), msg_id)
-    finally:
-        await r.aclose()
-    result: Any = None
-    if st.reply is not None and st.reply.status == Status.SUCCEEDED:
-        try:
-            result = decode_payload(st.reply.result)
-        except Exception:  # noqa: BLE001 - whatever the stored bytes are, the rest is shown
-            result = "<undecodable>"
-    row = {
-        "msg_id": st.msg_id,
-        "status": st.status,
-        "capability": st.capability,
-        "agent_id": st.agent_id,
-        "attempt": st.attempt,
-        "runs": st.runs,
-        "error": st.error,
-        "error_type": st.error_type,
-        "updated_ms": st.updated_ms,
-        "idempotency_key": st.idempotency_key or st.msg_id,
-        "result": result,
-        "progress": st.progress,
-        "progress_note": st.progress_note,
-    }
-    if st.due_ms:  # a scheduled send (send(at=...)): when it is (or was) due
-        row["due_ms"] = st.due_ms
-    attempts: list[dict[str, Any]] = [
-        {
-            "attempt": a.attempt,
-            "agent_id": a.agent_id,
-            "status": a.status,
-            "reason": a.reason,
-            "error_type": a.error_type,
-            "started_ms": a.started_ms,
-            "ended_ms": a.ended_ms,
-        }
-        for a in runs
-    ]
-    if json_:
-        print_json({**row, "traceback": st.traceback, "attempts": attempts})
-    else:
-        shown = {**row, "error": st.error_text}  # `KeyError: 'txt'`, not `'txt'`
-        table(f"task {msg_id}", ["field", "value"], [(k, v) for k, v in shown.items()])
-        if attempts:
-            table(
-                "attempts (the index of recent messages)",
-                ["attempt", "agent", "ended as", "error", "ran", "settled"],
-                [
-                    (
-                        a["attempt"],
-                        a["agent_id"],
-                        a["status"] + (f" ({a['reason']})" if a["reason"] else ""),
-                        a["error_type"],
-                        f"{a['ended_ms'] - a['started_ms']}ms" if a["started_ms"] else "-",
-                        age(a["ended_ms"]),
-                    )
-                    for a in attempts
-                ],
-            )
-        print_traceback(st.traceback)
-    if st.status == Status.UNKNOWN:
-        raise typer.Exit(1)
-
-
-@app.command()
-@command
 async def queues(
     redis_url: RedisUrl = DEFAULT_REDIS, namespace: Namespace = DEFAULT_NS, json_: Json = False
 ) -> None:
@@ -611,6 +510,7 @@ async def queues(
 
 
 # -- top ----------------------------------------------------------------------------------
+app.add_typer(task_app(), name="task")  # reach task MSG_ID, reach task answer MSG_ID JSON
 app.command("cancel")(cancel_cmd)  # reach cancel MSG_ID (reach task MSG_ID shows it)
 app.command("top")(top_cmd)  # the live view lives in top.py
 

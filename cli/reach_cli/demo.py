@@ -321,7 +321,22 @@ async def _messaging(url: str, pause: float) -> dict[str, str]:
             f"  vote: {v.value['summary']!r}, {v.support} of {v.total}"
             + (" (a majority)" if v.majority else "")
         )
+
+        _step("5e. human input: the reviewer asks before it merges; the demo answers")
+        await _ask_and_answer(c)
     return owners
+
+
+async def _ask_and_answer(c: Client) -> None:
+    msg_id = await c.send("code.merge", {"change": "PR-42"}, timeout_s=60)
+    async for change in c.watch(msg_id, timeout_s=30):
+        if change.status == "input_required":
+            console.print(f"  task {msg_id} is input_required: {change.question!r}")
+            break
+    console.print(f"  answering: reach task answer {msg_id} '{{\"merge\": true}}'")
+    await c.answer(msg_id, {"merge": True})
+    result = await c.result(msg_id, timeout_s=30)
+    console.print(f"  the handler went on: {result}")
 
 
 async def _breaker(url: str) -> None:

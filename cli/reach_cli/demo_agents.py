@@ -62,7 +62,7 @@ def summarizer(agent_id: str = "summarizer-1", region: str = "eu", weight: float
 def reviewer() -> Agent:
     app = Agent(
         "reviewer-1",
-        capabilities=["code.review", "code.audit", "code.explain"],
+        capabilities=["code.review", "code.audit", "code.explain", "code.merge"],
         metadata={"region": "us"},
     )
 
@@ -84,6 +84,14 @@ def reviewer() -> Agent:
         with anyio.move_on_after(60):
             await ctx.wait_cancelled()
         return {"child": child}
+
+    @app.handler("code.merge")
+    async def merge(payload: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        # A person decides (ctx.ask): the task waits input_required, its slot given back,
+        # until someone answers (client.answer, reach task answer, the console, A2A).
+        answer = await ctx.ask(f"Merge {payload['change']} into main?", timeout_s=60)
+        merged = answer is True or (isinstance(answer, dict) and answer.get("merge") is True)
+        return {"change": payload["change"], "merged": merged, "answer": answer}
 
     @app.handler("code.review")
     def review(payload: dict[str, Any], ctx: Context) -> dict[str, Any]:

@@ -38,6 +38,8 @@ def row(change: TaskChange) -> dict[str, Any]:
         "final": change.final,
         "ts_ms": int(time.time() * 1000),
     }
+    if change.question:  # input_required: what `reach task answer` answers
+        out["question"] = change.question
     if change.final and change.task is not None:
         out["error"] = change.task.error_text
         out["result"] = _result(change)
@@ -53,6 +55,8 @@ def line(change: TaskChange) -> str:
         text += f"  {100 * (change.progress or 0):.0f}%"
         if change.note:
             text += f"  {change.note}"
+    if change.question:
+        text += f"  asks: {change.question}"
     if change.final and change.task is not None:
         if change.task.error_text:
             text += f"  {change.task.error_text}"

@@ -199,6 +199,15 @@ def worker(
     redis_url: RedisUrl = DEFAULT_REDIS,
     namespace: Namespace = DEFAULT_NS,
     concurrency: Annotated[int, typer.Option(min=1, help="Handlers running at once.")] = 16,
+    max_waiting_handlers: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=100_000,
+            help="Handlers waiting for input (ctx.ask) that give their slot back while "
+            "they wait, at most; each holds a Redis connection (0: they wait in their slots).",
+        ),
+    ] = 100,
     prefetch: Annotated[
         int,
         typer.Option(
@@ -371,6 +380,7 @@ def worker(
             "redis_url": redis_url,
             "namespace": namespace,
             "concurrency": concurrency,
+            "max_waiting_handlers": max_waiting_handlers,
             "prefetch": prefetch,
             "heartbeat_s": heartbeat_s,
             "lease_s": lease_s,

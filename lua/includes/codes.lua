@@ -19,3 +19,6 @@ local StepCode_JOURNALED, StepCode_KEPT, StepCode_FULL, StepCode_FENCED = 1, 2, 
 local StepBound_RESULT_BYTES, StepBound_STEPS, StepBound_NAME_BYTES = 65536, 100, 200
 local KeepCode_KEPT, KeepCode_KNOWN, KeepCode_CLOSED = 1, 0, -1
 local ChunkBound_ENTRY_BYTES = 536870912
+local AskCode_ASKED, AskCode_ANSWERED, AskCode_WITHDRAWN, AskCode_FULL, AskCode_FENCED = 1, 2, 3, 4, 0
+local AnswerCode_ANSWERED, AnswerCode_ALREADY, AnswerCode_NOT_WAITING, AnswerCode_UNKNOWN = 1, 2, 0, -1
+local AskBound_QUESTION_BYTES, AskBound_ANSWER_BYTES, AskBound_ASKS = 4096, 65536, 100

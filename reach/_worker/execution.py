@@ -56,6 +56,7 @@ from .letters import DeadLetters
 from .preempting import preempted_times
 from .settlement import Settlement
 from .state import Part, Shared
+from .waiting import WaitingSlots
 
 if TYPE_CHECKING:
     from ..agent import HandlerSpec
@@ -121,6 +122,7 @@ class WorkQueue:
     def __init__(self) -> None:
         self._items: deque[Delivery] = deque()
         self._idle: deque[asyncio.Future[None]] = deque()
+        self._retiring: deque[asyncio.Future[None]] = deque()
 
     @property
     def waiting(self) -> int:
@@ -144,18 +146,38 @@ class WorkQueue:
         self._items.clear()
         return items
 
-    async def get(self) -> Delivery:
-        """The next item, waiting for one if none is there."""
+    def retire(self) -> asyncio.Future[None]:
+        """Ask one task to leave the pool (a handler that waited for input takes its
+        slot): the next task to ask for an item, ahead of the items queued, gets None and
+        ends. The future is done once one has."""
+        fut = asyncio.get_running_loop().create_future()
+        self._retiring.append(fut)
+        self._wake()
+        return fut
+
+    async def get(self) -> Delivery | None:
+        """The next item, waiting for one if none is there; None: this task retires."""
         while not self._items:
+            if self._retiring:
+                self._retire()
+                return None
             fut = asyncio.get_running_loop().create_future()
             self._idle.append(fut)
             try:
                 await fut
             except BaseException:
-                if fut.done() and not fut.cancelled() and self._items:
+                if fut.done() and not fut.cancelled() and (self._items or self._retiring):
                     self._wake()  # woken as it was cancelled: pass the item on
                 raise
+        if self._retiring:
+            self._retire()
+            return None
         return self._items.popleft()
+
+    def _retire(self) -> None:
+        fut = self._retiring.popleft()
+        if not fut.done():
+            fut.set_result(None)
 
 
 class Execution(Part):
@@ -183,6 +205,7 @@ class Execution(Part):
         self.settlement = settlement
         self.letters = letters
         self._work = WorkQueue()
+        self.waiting = WaitingSlots(self.state, self._work, limit=self.opts.max_waiting_handlers)
         self._confirming: set[asyncio.Task[None]] = set()
         self._held: set[Delivery] = set()  # claimed, in the pool: their claims are renewed
         self.limits = LimitsCache()
@@ -544,6 +567,8 @@ class Execution(Part):
         me = asyncio.current_task()  # looked up once: the task that runs every handler here
         while True:
             it = await self._work.get()
+            if it is None:  # a handler that waited for input took this task's slot
+                return
             try:
                 await self._handle(it, me)
             except Exception as e:
@@ -581,8 +606,9 @@ class Execution(Part):
             client=self.client,
         )
         ctx._slots = self.state.self_slots
-        ctx._record, ctx._owner = it.idem, self.owner  # for ctx.step's journal
+        ctx._record, ctx._owner = it.idem, self.owner  # for ctx.step's journal and ctx.ask
         ctx._keep = self.keep  # a streaming handler's chunks kept to resume (keep_chunks.lua)
+        ctx._waiting = self.waiting
         self.hooks.before_handle(ctx)
         outcome = oc.expired_before_start(env, now_ms()) if env.deadline_ms else None
         duration_s: float | None = None

@@ -684,6 +684,13 @@ class Runtime:
         handed = execution.hand_back()
         if handed:
             log.info("drain: %d entries read but not started are left pending", handed)
+        if execution.waiting.waiting:
+            log.info(
+                "drain: %d handlers waiting for input are stopped with the agent; their "
+                "messages run again elsewhere and ask again (an answer given meanwhile is "
+                "kept, not asked for twice)",
+                execution.waiting.waiting,
+            )
         with anyio.move_on_after(o.drain_timeout_s):
             while st.inflight > 0:
                 await st.wait_slot()
@@ -760,6 +767,8 @@ class _Pool:
         try:
             async with anyio.create_task_group() as tg:
                 self._scope = tg.cancel_scope
+                # a handler waiting for input lends its slot to one more task
+                self.execution.waiting.spawn = lambda: tg.start_soon(self.execution.pool_member)
                 for _ in range(self.size):
                     tg.start_soon(self.execution.pool_member)
         finally:

@@ -21,12 +21,16 @@ from a2a.server.events import EventQueue
 from a2a.server.id_generator import IDGenerator, IDGeneratorContext
 from a2a.server.owner_resolver import resolve_user_scope
 from a2a.server.tasks import TaskUpdater
-from a2a.types.a2a_pb2 import Artifact, Part, Task, TaskState, TaskStatus
+from a2a.types.a2a_pb2 import Artifact, Message, Part, Task, TaskState, TaskStatus
 from a2a.utils.errors import InvalidParamsError, TaskNotCancelableError
+from google.protobuf import struct_pb2
 
 from .._streaming import Stream
+from ..connection import as_text
 from ..envelope import MAX_ID_CHARS, new_id
 from ..errors import Cancelled, ReachError, Rejected, StreamTooLarge
+from ..outcomes import Status
+from ..watch import TaskChange
 from .mapping import error_of, payload_of, result_parts, takes_json_text
 from .resuming import CHUNK_NO
 from .store import STREAMED
@@ -66,6 +70,9 @@ class _Executor(AgentExecutor):
         if message is None or not context.task_id or not context.context_id:
             raise InvalidParamsError(message="A message is needed.")
         task_id, context_id = context.task_id, context.context_id
+        if context.current_task is not None:  # a message on a task: the answer it asked for
+            await self._resume(context.current_task, message, event_queue)
+            return
         state = context.call_context.state
         target: Target = state.get(_TARGET, Target("gateway", ""))
         capability, agent_id, modes = await gw.route(target, message)
@@ -114,8 +121,53 @@ class _Executor(AgentExecutor):
         updater = TaskUpdater(event_queue, task_id, context_id)
         scope, done = anyio.CancelScope(), anyio.Event()
         gw.running[task_id] = (scope, done)  # tasks/cancel stops the wait (_Handler)
+        asked: list[TaskChange] = []
         try:
-            await self._follow(stream, task, shown, updater, event_queue, scope)
+            with anyio.CancelScope() as following:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_watch_for_question, gw, task_id, asked, following)
+                    await self._follow(stream, task, shown, updater, event_queue, scope)
+                    tg.cancel_scope.cancel()
+            if asked and following.cancelled_caught:  # the caller's turn: it answers with a
+                # message on the task, which _resume takes
+                await _ask_caller(updater, asked[0], task, event_queue, shown=shown)
+        finally:
+            gw.running.pop(task_id, None)
+            done.set()
+
+    async def _resume(self, task: Task, message: Message, event_queue: EventQueue) -> None:
+        """A message on a task waiting for input (``input-required``): its text or data is
+        the answer (``Client.answer``); the task is then followed (``Client.watch``) to its
+        end, or to its next question."""
+        gw, task_id = self.gw, task.id
+        if task.status.state != TaskState.TASK_STATE_INPUT_REQUIRED:
+            raise InvalidParamsError(
+                message=f"Task {task_id} is {TaskState.Name(task.status.state)}: a message on "
+                "a task answers its question, and it asks none now."
+            )
+        asked = task.status.message.metadata.fields.get(ASK_KEY)
+        ask = int(asked.number_value) if asked is not None and asked.number_value >= 1 else None
+        try:
+            await gw.client.answer(task_id, payload_of(message.parts, json_text=False), ask=ask)
+        except ReachError as e:
+            raise InvalidParamsError(message=str(e)) from e
+        updater = TaskUpdater(event_queue, task_id, task.context_id)
+        await updater.start_work()
+        scope, done = anyio.CancelScope(), anyio.Event()
+        gw.running[task_id] = (scope, done)
+        try:
+            with scope:
+                async for change in gw.client.watch(task_id):
+                    asks_again = change.task is not None and change.task.asking != ask
+                    if change.status == Status.INPUT_REQUIRED and asks_again:  # its next one
+                        await _ask_caller(updater, change, task, event_queue, shown=True)
+                        return
+                    if change.final:
+                        await _finish_from_reach(gw, updater, task_id)
+                        return
+            if scope.cancelled_caught:
+                why = Cancelled("cancelled (A2A tasks/cancel)")
+                await _finish_failed(updater, why, None, event_queue)
         finally:
             gw.running.pop(task_id, None)
             done.set()
@@ -194,6 +246,90 @@ class _Executor(AgentExecutor):
 
 
 NOT_CANCELABLE = "tasks/cancel goes to the gateway's request handler (reach cancellation)."
+
+ASK_KEY = "reachAsk"
+"""The metadata key of an ``input-required`` status message: the number of the ask
+(``ctx.ask``) it shows, so the answer lands on that question and no later one."""
+
+QUESTION_POLLS_S = (0.5, 1.0, 2.0)
+"""While a task the gateway runs has no outcome, its record is read for a question
+(``ctx.ask``) after 0.5 s, 1 s later, then every 2 s: one ``HMGET`` each, on the gateway's
+pooled connections (a watch per task would hold a connection of its own for as long as the
+task runs: a thousand slow tasks, a thousand connections). A quick task is never read;
+a question shows at most 2 s after it is asked (docs/a2a.md, *Human input*)."""
+
+
+async def _watch_for_question(
+    gw: Gateway, task_id: str, asked: list[TaskChange], following: anyio.CancelScope
+) -> None:
+    """Read the task's record now and then (:data:`QUESTION_POLLS_S`); when its handler
+    asks a question, note it in ``asked`` and stop following the task's stream."""
+    record = gw.client.keys.idem(task_id)  # the gateway sends with no key of its own
+    n = 0
+    while True:
+        await anyio.sleep(QUESTION_POLLS_S[min(n, len(QUESTION_POLLS_S) - 1)])
+        n += 1
+        question, status = await gw.client.commands.hmget(record, ["question", "status"])
+        if status is None:
+            continue
+        if as_text(status) == Status.INPUT_REQUIRED and question:
+            task = await gw.client.task(task_id)
+            if task.status == Status.INPUT_REQUIRED:
+                asked.append(
+                    TaskChange(
+                        msg_id=task_id,
+                        kind="status",
+                        status=task.status,
+                        task=task,
+                        question=task.question,
+                    )
+                )
+                following.cancel()
+                return
+
+
+def ask_metadata(n: int) -> struct_pb2.Struct:
+    """The metadata of a status message showing ask ``n``: ``{"reachAsk": n}``."""
+    meta = struct_pb2.Struct()
+    meta.update({ASK_KEY: n})
+    return meta
+
+
+def question_message(updater: TaskUpdater, change: TaskChange) -> Message:
+    """The status message of an ``input-required`` task: the question, and its number."""
+    n = change.task.asking if change.task is not None else 0
+    return updater.new_agent_message([Part(text=change.question)], metadata={ASK_KEY: n})
+
+
+async def _ask_caller(
+    updater: TaskUpdater, change: TaskChange, task: Task, event_queue: EventQueue, *, shown: bool
+) -> None:
+    """End this call with the task ``input-required``, the question its status message."""
+    why = question_message(updater, change)
+    if shown:
+        await updater.requires_input(message=why)
+        return
+    task.status.state = TaskState.TASK_STATE_INPUT_REQUIRED
+    task.status.message.CopyFrom(why)
+    task.status.timestamp.FromDatetime(datetime.now(UTC))
+    await event_queue.enqueue_event(task)
+
+
+async def _finish_from_reach(gw: Gateway, updater: TaskUpdater, task_id: str) -> None:
+    """End a resumed task as its reach task record says: its result, or its error."""
+    final = await gw.task_from_reach(task_id)
+    if final.status.state == TaskState.TASK_STATE_COMPLETED:
+        for artifact in final.artifacts:
+            await updater.add_artifact(
+                list(artifact.parts),
+                artifact_id=artifact.artifact_id,
+                name=artifact.name,
+                last_chunk=True,
+            )
+        await updater.complete()
+        return
+    message = final.status.message if final.status.HasField("message") else None
+    await updater.update_status(final.status.state, message=message)
 
 
 async def _finish_failed(

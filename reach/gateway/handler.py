@@ -46,7 +46,7 @@ from .._cancel import CancelOutcome
 from ..envelope import new_id
 from ..errors import ReachError
 from ..outcomes import Status
-from .executor import _TARGET, Target
+from .executor import _TARGET, Target, ask_metadata
 from .logs import client_error
 from .mapping import error_of, task_state
 from .resuming import SSE_IDS, continue_after, last_event, tag
@@ -157,7 +157,18 @@ class _Handler(DefaultRequestHandler):
                 continue
             shown = state
             status = TaskStatus(state=state)
-            if change.kind == "progress":
+            if change.status == Status.INPUT_REQUIRED and change.question:
+                n = change.task.asking if change.task is not None else 0
+                status.message.CopyFrom(
+                    Message(
+                        message_id=new_id(),
+                        role=Role.ROLE_AGENT,
+                        task_id=task_id,
+                        parts=[Part(text=change.question)],
+                        metadata=ask_metadata(n),
+                    )
+                )
+            elif change.kind == "progress":
                 text = f"{100 * (change.progress or 0):.0f}%" + (
                     f" {change.note}" if change.note else ""
                 )
@@ -183,6 +194,15 @@ class _Handler(DefaultRequestHandler):
             st = await self.gw.client.task(params.id)
             if st.status in (Status.RUNNING, Status.RETRYING):
                 task.status.state = TaskState.TASK_STATE_WORKING
+        elif task is not None and task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED:
+            # Nobody follows a task between its question and its answer: what became of it
+            # meanwhile (cancelled, its question timed out and it finished) is in reach.
+            st = await self.gw.client.task(params.id)
+            if st.status not in (Status.INPUT_REQUIRED, Status.UNKNOWN):
+                now = await self.gw.task_from_reach(params.id)
+                now.context_id = task.context_id
+                now.history.extend(task.history)
+                return now
         return task
 
     async def on_message_send(

@@ -56,7 +56,14 @@ from ..outcomes import Status
 from ..registry import normalize_capability
 from .auth import Tokens
 from .cards import CARD_PATH, CardRoutes, _live, input_modes
-from .executor import CALLER_HEADER, TIMEOUT_HEADER, Target, _Executor, _ReachIds
+from .executor import (
+    CALLER_HEADER,
+    TIMEOUT_HEADER,
+    Target,
+    _Executor,
+    _ReachIds,
+    ask_metadata,
+)
 from .handler import _Handler, _TargetContext
 from .mapping import error_of, result_parts, task_state
 from .resuming import EventIds
@@ -248,7 +255,17 @@ class Gateway(CardRoutes):
                         artifact_id=f"{msg_id}-result", name="result", parts=result_parts(result)
                     )
                 )
-        if st.error:
+        if st.status == Status.INPUT_REQUIRED and st.question:
+            task.status.message.CopyFrom(
+                Message(
+                    message_id=new_id(),
+                    role=Role.ROLE_AGENT,
+                    task_id=msg_id,
+                    parts=[Part(text=st.question)],
+                    metadata=ask_metadata(st.asking),
+                )
+            )
+        elif st.error:
             task.status.message.CopyFrom(
                 Message(
                     message_id=new_id(),

@@ -153,6 +153,35 @@ class ChunkBound(IntEnum):
     ENTRY_BYTES = 512 * 1024 * 1024
 
 
+class AskCode(IntEnum):
+    """``ask.lua`` and ``withdraw_ask.lua``, the first item of their reply: ASKED (the
+    question is put, the task waits for input; then 1 when this ask was never put before,
+    0 when a re-run put it again), ANSWERED (the ask has its answer; then its bytes),
+    WITHDRAWN (``withdraw_ask.lua``: no answer came, the question is taken back), FULL
+    (the message has put its most questions: nothing written), or FENCED (the run no longer
+    holds the message's claim, or the key is done or cancelled: nothing written)."""
+
+    ASKED, ANSWERED, WITHDRAWN, FULL, FENCED = 1, 2, 3, 4, 0
+
+
+class AnswerCode(IntEnum):
+    """``answer.lua``, the first item of its reply: ANSWERED (stored; then the number of
+    the ask it answers), ALREADY (that ask has its answer already: the first one stays;
+    then its number), NOT_WAITING (the task waits for no answer; then its status), or
+    UNKNOWN (no record: never sent, or expired)."""
+
+    ANSWERED, ALREADY, NOT_WAITING, UNKNOWN = 1, 2, 0, -1
+
+
+class AskBound(IntEnum):
+    """The bounds of human input (``ctx.ask``, docs/concepts.md, *Human input*), taken by
+    the scripts as by the runtime: QUESTION_BYTES, the longest question (UTF-8);
+    ANSWER_BYTES, the most bytes of one answer (JSON); ASKS, the most questions per
+    idempotency key."""
+
+    QUESTION_BYTES, ANSWER_BYTES, ASKS = 4096, 65_536, 100
+
+
 CODES: tuple[type[IntEnum], ...] = (
     RegisterCode,
     HeartbeatCode,
@@ -171,6 +200,9 @@ CODES: tuple[type[IntEnum], ...] = (
     StepBound,
     KeepCode,
     ChunkBound,
+    AskCode,
+    AnswerCode,
+    AskBound,
 )
 
 REGENERATE = ".venv/bin/python -c 'from reach.scripts import codes; codes.write_lua()'"

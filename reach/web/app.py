@@ -40,7 +40,14 @@ from .routes.dead_letters import (
     replay_do,
 )
 from .routes.forms import login_do, login_page, read_form
-from .routes.messages import cancel_confirm, cancel_do, message_page, messages_page
+from .routes.messages import (
+    answer_do,
+    answer_form,
+    cancel_confirm,
+    cancel_do,
+    message_page,
+    messages_page,
+)
 from .routes.overview import (
     agent_page,
     drain_confirm,
@@ -174,6 +181,8 @@ def create_app(
         Route("/message", message_page),
         Route("/message/cancel", cancel_confirm, methods=["GET"]),
         Route("/message/cancel", cancel_do, methods=["POST"]),
+        Route("/message/answer", answer_form, methods=["GET"]),
+        Route("/message/answer", answer_do, methods=["POST"]),
         Route("/dlq", dlq_page),
         Route("/dlq/letter", letter_page),
         Route("/dlq/replay", replay_confirm, methods=["GET"]),

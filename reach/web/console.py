@@ -315,7 +315,12 @@ class Console:
         length = 0
         if attempts:
             head, length = attempts[-1].payload_head, attempts[-1].payload_len
-        elif letter is None and st.status in (Status.PENDING, Status.RUNNING, Status.RETRYING):
+        elif letter is None and st.status in (
+            Status.PENDING,
+            Status.RUNNING,
+            Status.INPUT_REQUIRED,
+            Status.RETRYING,
+        ):
             agents = [st.agent_id] if st.agent_id else self.known()[1]
             for m in await in_inboxes(self.redis, self.keys, agents, INBOX_SEARCHED):
                 if m.msg_id == msg_id:
@@ -336,7 +341,13 @@ class Console:
             "letter": letter,
             "payload": _payload_preview(letter, head, length),
             "can_cancel": st.status
-            in (Status.SCHEDULED, Status.PENDING, Status.RUNNING, Status.RETRYING),
+            in (
+                Status.SCHEDULED,
+                Status.PENDING,
+                Status.RUNNING,
+                Status.INPUT_REQUIRED,
+                Status.RETRYING,
+            ),
         }
 
     async def dlq_ctx(self, cap: str) -> dict[str, Any]:

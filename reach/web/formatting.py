@@ -97,6 +97,7 @@ NOTES = {
     "already-draining": "The agent was already draining.",
     "cancelled": "Cancelled: the message will not run (or is being stopped).",
     "not-cancelled": "Not cancelled: it had finished already (its status below).",
+    "answered": "Answered: its handler goes on with the answer (its status below).",
 }
 
 

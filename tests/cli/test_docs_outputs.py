@@ -40,6 +40,7 @@ ELSEWHERE = {
     "mcp": ("tests/integration/test_mcp.py", '"mcp"'),
     "mcp-proxy": ("tests/integration/test_mcp_remote.py", '"mcp-proxy"'),
     "tasks": ("tests/cli/test_tasks_cmd.py", '"tasks"'),
+    "task answer": ("tests/cli/test_answer_cmd.py", '"answer"'),
 }
 RUN_HERE = {
     "init",
@@ -60,7 +61,7 @@ RUN_HERE = {
     "queues",
     "top",
     "send",
-    "task",
+    "task show",
     "cancel",
     "dlq list",
     "dlq show",

@@ -195,6 +195,13 @@ def make_agent(name: str) -> reach.Agent:
             for word in ("one", "two", "three"):
                 await ctx.emit(word)
             return "streamed"
+        if payload == "ask":  # human input: ask.lua, its channel, the answer read back
+            return {"answer": await ctx.ask("ok?", timeout_s=30)}
+        if payload == "ask-late":  # and withdraw_ask.lua
+            try:
+                await ctx.ask("anyone?", timeout_s=0.2)
+            except reach.AskTimeout:
+                return "no answer"
         if payload == "session":  # a handler's session store, under the agent's user
             await ctx.session.set("turns", 1)
             await ctx.session.append("hello", max_len=10)
@@ -273,6 +280,17 @@ async def test_each_role_runs_under_its_user_and_nothing_is_refused(
             assert await client.result(scheduled, timeout_s=10) == {"echo": "scheduled"}
             await wait_until(lambda: client.eligible("acl.other"), timeout_s=10)
             assert await client.request("acl.other", "x", timeout_s=10) == "x"
+            asking = await client.send("acl.echo", "ask")
+
+            async def waits(m: str) -> bool:
+                return (await client.task(m)).status == "input_required"
+
+            await wait_until(lambda: waits(asking), timeout_s=10, what="the handler asking")
+            assert await client.answer(asking, True) == 1  # answer.lua, as the caller
+            assert await client.result(asking, timeout_s=10) == {"answer": True}
+            assert await client.request("acl.echo", "ask-late", timeout_s=10) == "no answer"
+            by_cli = await client.send("acl.echo", "ask")
+            await wait_until(lambda: waits(by_cli), timeout_s=10, what="the handler asking")
             await anyio.sleep(0.3)  # both idle a while: the shared wait
             with pytest.raises(reach.ReachError):
                 await client.request("acl.echo", "fail", timeout_s=10)
@@ -283,6 +301,7 @@ async def test_each_role_runs_under_its_user_and_nothing_is_refused(
             ("send", "acl.echo", '"cli"', *caller),
             ("task", msg_id, *caller),
             ("task", msg_id, "--follow", *caller),
+            ("task", "answer", by_cli, "true", *caller),
             ("agents", *op),
             ("agents", "show", agent.agent_id, *op),
             ("caps", *op),

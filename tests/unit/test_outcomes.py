@@ -46,6 +46,7 @@ def test_values_are_the_strings_stored_and_sent() -> None:
         "scheduled",
         "pending",
         "running",
+        "input_required",
         "retrying",
         "succeeded",
         "failed",
@@ -88,6 +89,7 @@ def test_values_are_the_strings_stored_and_sent() -> None:
         "scheduled",
         "pending",
         "running",
+        "input_required",
         "succeeded",
         "failed",
         "retrying",
@@ -225,10 +227,11 @@ def test_every_status_a_script_writes_is_a_member() -> None:
         written |= set(re.findall(r"'status',\s*'([a-z_]+)'", text))
         for body in re.findall(r"\bSTATUSES\s*=\s*\{([^}]*)\}", text):
             accepted.append(set(re.findall(r"([a-z_]+)\s*=\s*true", body)))
-    # send.lua, claim.lua (dead: a poisoned key), cancel.lua, mark_scheduled.lua
+    # send.lua, claim.lua (dead: a poisoned key), cancel.lua, mark_scheduled.lua, ask.lua
     assert written == {
         Status.PENDING,
         Status.RUNNING,
+        Status.INPUT_REQUIRED,
         Status.CANCELLED,
         Status.DEAD,
         Status.SCHEDULED,

@@ -11,6 +11,7 @@ from reach import limits, scripts
 from reach.keys import Keys
 from reach.scripts import (
     agents,
+    asking,
     cancelling,
     codes,
     delivery,
@@ -79,6 +80,11 @@ def test_every_script_has_a_typed_call() -> None:
     made.add(
         keeping.keep_call("k", "c", [(0, 1, b"e")], max_chunks=1, max_bytes=1, keep_ms=1).script
     )
+    made |= {
+        asking.ask_call("k", owner="o", fence=1, n=1, question="q", until_ms=0).script,
+        asking.withdraw_call("k", owner="o", fence=1, n=1).script,
+        asking.answer_call("k", answer=b"1").script,
+    }
     made |= {
         scheduling.mark_scheduled_call("k", capability="c", msg_id="m", due_ms=1, ttl_ms=1).script,
         scheduling.schedule_call(K, msg_id="m", due_ms=1, envelope=b"e").script,

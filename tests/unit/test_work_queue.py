@@ -88,3 +88,31 @@ async def test_a_raw_cancellation_after_the_wake_up_passes_it_on() -> None:
     assert await second == item(0)
     with pytest.raises(asyncio.CancelledError):
         await first
+
+
+async def test_a_retirement_goes_ahead_of_the_items_queued() -> None:
+    """A handler resuming after it waited for input takes a slot back: the next task to
+    ask for work gets None (it leaves the pool) before any item queued, and the resumer's
+    future is done then."""
+    q = WorkQueue()
+    q.put(item(0))
+    turn = q.retire()
+    assert not turn.done()
+    assert await q.get() is None
+    assert turn.done()
+    assert await q.get() == item(0)
+
+
+async def test_a_retirement_wakes_an_idle_task() -> None:
+    q = WorkQueue()
+    got: list[Any] = []
+
+    async def taker() -> None:
+        got.append(await q.get())
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(taker)
+        await anyio.wait_all_tasks_blocked()
+        turn = q.retire()
+        await turn  # the idle task retired
+    assert got == [None]
