@@ -22,6 +22,16 @@ A chunk is not part of the atomic settle: a chunk written by a run that later fa
 by a worker killed mid-stream, stays written. A redelivered message runs again from the
 start and numbers its chunks from 0 again; the caller drops the numbers it has seen
 (:mod:`reach._chunks`), so it gets each number once.
+
+A write Redis refuses because it is away or full (a restart, a failover, ``maxmemory``)
+is tried again, every :data:`RETRY_FIRST_S` doubling to :data:`RETRY_MAX_S`, until it
+goes through or the message's deadline passes; the chunks emitted meanwhile wait with it
+(``emit`` waits past :data:`MAX_PENDING_CHUNKS`). The handler runs on, and its outcome is
+held as any outcome Redis refuses (reach/_worker/settlement.py): failing the run for it
+would run the handler again, on another agent when there is one. A write resent after
+its answer was lost repeats chunk numbers the caller already has, which it drops. The
+same holds for keeping the chunks for a resume (``keep_chunks.lua``): a keep refused is
+tried again, and one resent keeps each chunk number once.
 """
 
 from __future__ import annotations
@@ -30,12 +40,14 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+from redis import exceptions as rexc
 
 from .connection import AnyRedis
-from .envelope import CHUNK, Envelope, Reply, encode, encode_payload
+from .envelope import CHUNK, Envelope, Reply, encode, encode_payload, now_ms
 from .errors import ReachError, RedisUnavailable
 from .keys import Keys
 from .scripts.codes import StreamBound
@@ -82,6 +94,19 @@ KEEP_CALL_ENTRIES = 256
 MAX_PENDING_CHUNKS = 4096
 """Chunks emitted and not written yet past which ``emit`` waits for the writes (a handler
 producing faster than Redis takes them is slowed down, not buffered without bound)."""
+RETRY_FIRST_S = 0.1
+"""First pause before a chunk write Redis refused (away or full) is tried again."""
+RETRY_MAX_S = 2.0
+"""The pause doubles up to this."""
+
+_AWAY = (
+    rexc.ConnectionError,  # BusyLoadingError too: a restarted Redis loading its data
+    rexc.TimeoutError,
+    rexc.OutOfMemoryError,
+    rexc.ReadOnlyError,  # a failover: the old master's connection
+    OSError,
+)
+"""What a write meets while Redis is away or full, not a fault of the write itself."""
 
 
 class ChunkWriter:
@@ -115,6 +140,7 @@ class ChunkWriter:
             self.entry_bytes = min(MAX_ENTRY_BYTES, max(1, self.keep.bytes // 4))
         self.msg_id = env.msg_id
         self.attempt = env.attempt
+        self.deadline_ms = env.deadline_ms
         self.agent_id = agent_id
         self.emitted = 0
         """Chunks emitted so far (the next chunk's number)."""
@@ -134,9 +160,10 @@ class ChunkWriter:
         """Queue ``chunk`` for the caller: written at once if no write is under way, else
         with the chunks emitted meanwhile right after it. Raises
         :class:`~reach.errors.ConfigError` for a chunk that cannot be encoded,
-        :class:`~reach.errors.RedisUnavailable` once a write of an earlier chunk failed
-        (the run fails and is retried: its chunks are then sent again, and the caller drops
-        those it has), :class:`~reach.errors.ReachError` after the handler returned."""
+        :class:`~reach.errors.RedisUnavailable` once a write of an earlier chunk failed for
+        good (refused for itself, or Redis away or full up to the deadline: the run fails
+        and is retried, its chunks are then sent again, and the caller drops those it has),
+        :class:`~reach.errors.ReachError` after the handler returned."""
         if self._closed:
             raise ReachError(
                 f"ctx.emit() after the handler of msg {self.msg_id} returned: emit chunks "
@@ -155,7 +182,7 @@ class ChunkWriter:
             # not wait between chunks would otherwise hold its first chunk back.
             await asyncio.sleep(0)
         elif len(self._pending) >= MAX_PENDING_CHUNKS:
-            await asyncio.wait({self._task})
+            await self._wait_writes()
         if len(self._to_keep) >= MAX_PENDING_CHUNKS and self._keep_task is not None:
             await asyncio.wait({self._keep_task})  # keeping lags far behind: wait for it
 
@@ -184,15 +211,7 @@ class ChunkWriter:
                     if self._keep_task is None:
                         self._keep_task = asyncio.get_running_loop().create_task(self._keep_all())
                 if self.stream:
-                    # Bounded as settle bounds the stream's replies (StreamBound.REPLIES).
-                    add = self.redis.xadd(
-                        self.stream, {"r": data}, maxlen=REPLIES, approximate=True
-                    )
-                    if self._expire:
-                        self._expire = False
-                        await asyncio.gather(add, self.redis.pexpire(self.stream, TASK_TTL_MS))
-                    else:
-                        await add
+                    await self._write(data)
                 del self._pending[:take]
                 self.written += take
         except Exception as e:  # noqa: BLE001 - kept for the handler: its run fails with it
@@ -212,14 +231,15 @@ class ChunkWriter:
             while self._to_keep:
                 batch = self._to_keep[:KEEP_CALL_ENTRIES]
                 t0 = loop.time()
-                await keep_call(
+                call = keep_call(
                     self.record,
                     self.kept,
                     batch,
                     max_chunks=keep.chunks,
                     max_bytes=keep.bytes,
                     keep_ms=max(1, int(keep.seconds * 1000)),
-                ).run(self.redis)
+                )
+                await self._retrying(partial(call.run, self.redis))
                 del self._to_keep[: len(batch)]
                 wait = KEEP_INTERVAL_S - (loop.time() - t0)
                 if wait > 0 and not self._closed:
@@ -230,6 +250,45 @@ class ChunkWriter:
             self._to_keep.clear()
         finally:
             self._keep_task = None
+
+    async def _write(self, data: bytes) -> None:
+        """One chunk entry to the caller's reply stream."""
+
+        async def add() -> None:
+            # Bounded as settle bounds the stream's replies (StreamBound.REPLIES).
+            xadd = self.redis.xadd(self.stream, {"r": data}, maxlen=REPLIES, approximate=True)
+            if self._expire:
+                await asyncio.gather(xadd, self.redis.pexpire(self.stream, TASK_TTL_MS))
+                self._expire = False
+            else:
+                await xadd
+
+        await self._retrying(add)
+
+    async def _retrying(self, write: Callable[[], Awaitable[Any]]) -> None:
+        """``write()``, tried again while Redis is away or full, up to the deadline (a
+        refused chunk or keep must not fail the run: its retry would run the handler again)."""
+        pause_s = RETRY_FIRST_S
+        while True:
+            try:
+                await write()
+                return
+            except _AWAY:
+                if self.deadline_ms and now_ms() + pause_s * 1000 >= self.deadline_ms:
+                    raise  # the run ends at its deadline anyway
+                await asyncio.sleep(pause_s)
+                pause_s = min(RETRY_MAX_S, pause_s * 2)
+
+    async def _wait_writes(self) -> None:
+        """Wait for the writer; cancelled, stop it too (nothing waits for its chunks)."""
+        task = self._task
+        if task is None:
+            return
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
 
     def _failed(self) -> RedisUnavailable:
         err = RedisUnavailable(
@@ -244,8 +303,10 @@ class ChunkWriter:
         :class:`~reach.errors.RedisUnavailable` when a write failed."""
         self._closed = True
         self._hurry.set()  # what waits to be kept goes now
-        while (task := self._task or self._keep_task) is not None:
-            await asyncio.wait({task})
+        while self._task is not None:
+            await self._wait_writes()
+        while self._keep_task is not None:  # the writer hands entries to keep: it ends first
+            await asyncio.wait({self._keep_task})
         if self._error is not None:
             raise self._failed()
 

@@ -387,6 +387,9 @@ class Agent:
         self.hooks: list[Hooks] = []
         self.add_hooks(*hooks)
         self._runtime: Runtime | None = None
+        # A stop asked for before the runtime exists (a SIGTERM while `reach worker` still
+        # starts): the run stops as soon as it has started instead of serving on.
+        self._stop_asked = threading.Event()
 
     def renamed(self, agent_id: str) -> Agent:
         """A copy of this agent under another ``agent_id``: the same capabilities,
@@ -558,6 +561,8 @@ class Agent:
         signing = worker_signing(opts)
         rt = Runtime(self, opts, self.hooks)
         self._runtime = rt
+        if self._stop_asked.is_set():  # set before stop() looked for the runtime
+            rt.request_stop()
         if signing is not None:
             register_worker(opts.namespace, self.agent_id, signing)
         try:
@@ -565,6 +570,7 @@ class Agent:
         finally:
             unregister_worker(opts.namespace, self.agent_id, signing)
             self._runtime = None
+            self._stop_asked.clear()  # it was for this run
 
     def check_handlers(self) -> None:
         """Refuse (:class:`ConfigError`) an agent that declares a capability without a
@@ -580,9 +586,12 @@ class Agent:
             )
 
     def stop(self) -> None:
-        """Ask a running agent to drain and stop (thread-safe)."""
-        if self._runtime is not None:
-            self._runtime.request_stop()
+        """Ask a running agent to drain and stop (thread-safe). Asked while :meth:`run`
+        is still starting (or before it), the run stops as soon as it has started."""
+        self._stop_asked.set()  # first: run() reads it after it sets the runtime
+        rt = self._runtime
+        if rt is not None:
+            rt.request_stop()
 
     @property
     def runtime(self) -> Runtime | None:

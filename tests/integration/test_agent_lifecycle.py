@@ -242,3 +242,48 @@ async def test_same_agent_id_started_twice_keeps_the_newer(
     a = await reg.get("plain-1")
     assert a is not None and a.instance_id == second.instance_id and a.routable
     await r.aclose()
+
+
+async def test_a_stop_before_the_run_has_started_is_not_lost(redis_url: str, ns: str) -> None:
+    """`reach worker` turns its first SIGTERM into ``agent.stop()``; a signal that came
+    while the agent was still starting (before its runtime existed: the start-up checks,
+    a slow import under load) was dropped, and the worker then served on, never drained
+    (seen in a long rolling-deploy run: a worker SIGTERMed while it started served 130 s
+    more). The stop is kept: the run stops as soon as it has started, and leaves."""
+    from reach import Agent, Context
+
+    app = Agent("early-stop", capabilities=["test.early"])
+
+    @app.handler("test.early")
+    async def early(payload: object, ctx: Context) -> object:
+        return payload
+
+    app.stop()
+    with anyio.fail_after(30):
+        await app.run(
+            redis_url=redis_url,
+            namespace=ns,
+            handle_signals=False,
+            heartbeat_s=0.1,
+            lease_s=0.3,
+            evict_after_s=0.6,
+        )
+    r = await connect(redis_url)
+    try:
+        assert await Registry(r, ns).get("early-stop") is None, "left the registry"
+    finally:
+        await r.aclose()
+    # A stop is for the run it was meant for: the next run serves until stopped again.
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: app.run(redis_url=redis_url, namespace=ns, handle_signals=False))
+        async with Client(redis_url=redis_url, namespace=ns) as c:
+
+            async def answered() -> bool:
+                try:
+                    return bool(await c.request("test.early", 7, timeout_s=5) == 7)
+                except Exception:  # noqa: BLE001 - not registered yet
+                    c.invalidate()
+                    return False
+
+            await wait_until(answered, what="the next run serving")
+        app.stop()

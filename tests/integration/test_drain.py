@@ -38,22 +38,32 @@ def workers(redis_url: str, ns: str) -> Iterator[Workers]:
 
 
 @pytest.mark.parametrize(
-    ("seconds", "peer", "direct"),
+    ("seconds", "peer", "direct", "sig"),
     [
-        pytest.param(1.5, False, False, id="1.5s-alone"),
-        pytest.param(1.5, True, False, id="1.5s-with-a-peer"),
-        pytest.param(1.5, True, True, id="1.5s-target-with-a-peer"),
-        pytest.param(3.0, False, False, id="3s-alone"),
-        pytest.param(3.0, True, True, id="3s-target-with-a-peer"),
+        pytest.param(1.5, False, False, signal.SIGTERM, id="1.5s-alone"),
+        pytest.param(1.5, True, False, signal.SIGTERM, id="1.5s-with-a-peer"),
+        pytest.param(1.5, True, True, signal.SIGTERM, id="1.5s-target-with-a-peer"),
+        pytest.param(3.0, False, False, signal.SIGTERM, id="3s-alone"),
+        pytest.param(3.0, True, False, signal.SIGTERM, id="3s-with-a-peer"),
+        pytest.param(3.0, True, True, signal.SIGTERM, id="3s-target-with-a-peer"),
+        pytest.param(1.5, True, False, signal.SIGINT, id="1.5s-ctrl-c-with-a-peer"),
     ],
 )
 async def test_sigterm_mid_handler_settles_its_outcome(
-    workers: Workers, r: AnyRedis, redis_url: str, ns: str, seconds: float, peer: bool, direct: bool
+    workers: Workers,
+    r: AnyRedis,
+    redis_url: str,
+    ns: str,
+    seconds: float,
+    peer: bool,
+    direct: bool,
+    sig: signal.Signals,
 ) -> None:
     """Failed before the fix, 9 of 9 times: the handler finished during the drain, but its
     settle (taken off the queue by a flush still awaiting Redis) was cancelled with the
     worker's tasks; alone the caller got DeadlineExceeded and the task stayed `running`,
-    with a peer the message ran a second time there (even sent with target=)."""
+    with a peer the message ran a second time there (even sent with target=). Ctrl-C
+    (SIGINT) drains the same way; the worker then exits 130, as an interrupted command."""
     reg = Registry(r, ns)
     procs = await start(workers, reg, ["sleeper-a", "sleeper-b"] if peer else ["sleeper-a"])
     kw: dict[str, Any] = {"target": "sleeper-a", "policy": "direct"} if direct else {}
@@ -66,9 +76,9 @@ async def test_sigterm_mid_handler_settles_its_outcome(
 
             tg.start_soon(call)
             key, agent = await running(r, ns, "sleep")
-            procs[agent].send_signal(signal.SIGTERM)
+            procs[agent].send_signal(sig)
         assert got == [{"agent": agent, "slept": seconds}]
-        assert procs[agent].wait(timeout=30) == 0
+        assert procs[agent].wait(timeout=30) == (130 if sig == signal.SIGINT else 0)
         status = await c.task(key)
         assert (status.status, status.runs, status.agent_id) == ("succeeded", 1, agent)
     await assert_ran_once(r, ns, "sleep", key)

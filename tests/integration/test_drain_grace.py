@@ -378,6 +378,13 @@ async def test_sigkilled_worker_restarted_on_this_host_takes_its_message_over_at
 
             tg.start_soon(call)
             key, _ = await running(r, ns, "sleep")
+
+            # The first run is counted (start.lua, ~10 ms after the handler starts) before
+            # the kill: killed sooner, it is not known to have run, and runs ends at 1.
+            async def counted() -> bool:
+                return (await c.task(key)).runs == 1
+
+            await wait_until(counted, what="the first run counted")
             first = await reg.get("sleeper-a")
             assert first is not None
             old = procs["sleeper-a"]

@@ -119,6 +119,59 @@ async def test_outcome_held_through_a_redis_restart_is_written_and_not_run_again
         w.stop_all()
 
 
+@pytest.mark.parametrize("cap", ["test.emit_logged", "test.gen_logged"])
+async def test_stream_through_a_redis_restart_is_written_and_not_run_again(
+    fresh_redis: RedisServer, ns: str, tmp_path: Path, cap: str
+) -> None:
+    """A streaming handler (``ctx.emit``, and an async generator) whose chunk writes Redis
+    refuses mid-stream: the worker keeps the chunks and writes them once Redis is back,
+    the handler runs on and is not failed for it. Before, the first refused chunk write
+    failed the run (RedisUnavailable, 'writing the chunks ... failed'): it was retried,
+    on another agent when there was one (the rolling-deploy scenario's "run again: ended
+    while Redis was away"), and the handler ran twice."""
+    url = fresh_redis.url
+    w = Workers(url, ns, "tests.support.agents_lifecycle")
+    try:
+        r = await connect(url)
+        procs = await start(w, Registry(r, ns), ["sleeper-a"], *LONG_LEASE)
+        await r.aclose()
+        log = tmp_path / "runs.log"
+        log.touch()
+        chunks: list[Any] = []
+        result: list[Any] = []
+        async with Client(redis_url=url, namespace=ns) as c, anyio.create_task_group() as tg:
+
+            async def call() -> None:
+                s = c.stream(cap, {"seconds": 2, "log": str(log)}, timeout_s=60)
+                async for chunk in s:
+                    chunks.append(chunk)
+                result.append(s.result)
+
+            tg.start_soon(call)
+
+            async def streaming() -> bool:
+                return len(chunks) >= 3
+
+            await wait_until(streaming, what="the first chunks")
+            fresh_redis.kill()
+
+            async def returned() -> bool:
+                return len(runs(log)) >= 2
+
+            await wait_until(returned, what="the handler returned")
+            await anyio.sleep(1.0)  # its chunks and outcome are refused meanwhile
+            fresh_redis.start()
+        assert runs(log) == ["start", "end"], "the handler ran once"
+        assert chunks == [{"i": i} for i in range(20)]
+        assert result == [{"agent": "sleeper-a"}]
+        r = await connect(url)
+        await assert_ran_once(r, ns, log)
+        assert procs["sleeper-a"].poll() is None
+        await r.aclose()
+    finally:
+        w.stop_all()
+
+
 @pytest.fixture
 def small_redis(server_binary) -> Iterator[RedisServer]:  # type: ignore[no-untyped-def]
     with RedisServer(binary=server_binary, extra_args=("--maxmemory-policy", "noeviction")) as s:

@@ -65,7 +65,10 @@ def _sleeper(agent_id: str) -> Agent:
     """``test.sleep`` returns after ``seconds``; ``test.sleep_emit`` streams with
     ``ctx.emit`` (a chunk every 0.1 s for ``seconds``), ``test.sleep_gen`` is an async
     generator doing the same; ``test.sleep_plain`` is a plain function, and
-    ``test.sleep_shielded`` ignores cancellation."""
+    ``test.sleep_shielded`` ignores cancellation. ``test.emit_logged`` and
+    ``test.gen_logged`` stream as ``sleep_emit`` and ``sleep_gen`` do but log their runs
+    as ``sleep_plain`` does (in a file: no Redis call of their own, so they run on while
+    Redis is away)."""
     app = Agent(
         agent_id,
         capabilities=[
@@ -74,6 +77,8 @@ def _sleeper(agent_id: str) -> Agent:
             "test.sleep_gen",
             "test.sleep_plain",
             "test.sleep_shielded",
+            "test.emit_logged",
+            "test.gen_logged",
         ],
     )
 
@@ -132,7 +137,34 @@ def _sleeper(agent_id: str) -> Agent:
         await _end(ctx, "sleep_gen")
         ctx.result = {"agent": ctx.agent_id}
 
+    @app.handler("test.emit_logged")
+    async def emit_logged(payload: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        _log_run(payload, ctx, "start")
+        try:
+            for i in range(max(1, round(float(payload["seconds"]) / 0.1))):
+                await ctx.emit({"i": i})
+                await anyio.sleep(0.1)
+        finally:
+            _log_run(payload, ctx, "end")
+        return {"agent": ctx.agent_id}
+
+    @app.handler("test.gen_logged")
+    async def gen_logged(payload: dict[str, Any], ctx: Context) -> AsyncIterator[Any]:
+        _log_run(payload, ctx, "start")
+        try:
+            for i in range(max(1, round(float(payload["seconds"]) / 0.1))):
+                yield {"i": i}
+                await anyio.sleep(0.1)
+        finally:
+            _log_run(payload, ctx, "end")
+        ctx.result = {"agent": ctx.agent_id}
+
     return app
+
+
+def _log_run(payload: dict[str, Any], ctx: Context, what: str) -> None:
+    with open(payload["log"], "a") as f:
+        f.write(f"{what} {ctx.agent_id} {time.time()}\n")
 
 
 def sleeper_a() -> Agent:

@@ -57,7 +57,7 @@ from reach.connection import AnyRedis, as_text, connect
 from reach.embedded import RedisServer
 from reach.envelope import now_ms
 from reach.errors import ConfigError, DeadlineExceeded, ReachError
-from reach.registry import default_shards
+from reach.registry import Registry, default_shards
 
 from .agent import CAPABILITY, LEDGER, LEDGER_ENV, STREAM_CAPABILITY
 from .harness import Cluster, _Outcome, _pct, _Rec, _Worker
@@ -233,6 +233,8 @@ class _DeployRun(Cluster):
                 return
             if victim is None:
                 await anyio.sleep(0.02)
+        reg = Registry(self.r, self.settings.namespace)
+        before = await reg.get(victim.agent_id)
         kill_ms = now_ms()
         at = time.monotonic() - self.t0
         victim.proc.send_signal(signal.SIGKILL)
@@ -253,6 +255,13 @@ class _DeployRun(Cluster):
             new_id = f"w{slot}-g{self.generation[slot]}"
             self.slots[slot] = new_id
         self.start_worker(new_id)
+        if step.fate == "same_id" and before is not None:
+            # The killed process's record stays active and ready until its lease runs
+            # out: wait for the restarted process's own registration.
+            gone = before.instance_id
+            with anyio.fail_after(self.settings.startup_timeout_s):
+                while (a := await reg.get(new_id)) is None or a.instance_id == gone:
+                    await anyio.sleep(0.05)
         await self.wait_ready({new_id})
 
     # -- the load -----------------------------------------------------------------------
