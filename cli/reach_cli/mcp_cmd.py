@@ -15,7 +15,7 @@ from typing import Annotated, Optional
 import typer
 
 from reach.connection import redact
-from reach.errors import ConfigError
+from reach.errors import ConfigError, ReachError
 
 from .common import (
     DEFAULT_NS,
@@ -284,11 +284,20 @@ def mcp_proxy(
             else:
                 caps = list(cap)
         server = target[0] if len(target) == 1 and "://" in target[0] else target
-        agent = anyio.run(
-            lambda: remote(
-                server, capabilities=caps, agent_id=agent_id, token=token, timeout_s=timeout_s
+        from reach.mcp.remote import RemoteMCPError
+
+        try:
+            agent = anyio.run(
+                lambda: remote(
+                    server, capabilities=caps, agent_id=agent_id, token=token, timeout_s=timeout_s
+                )
             )
-        )
+        except RemoteMCPError as e:
+            # One line, as for every error the user or the environment caused.
+            raise ReachError(
+                f"{e}. Give the server's URL (reach mcp-proxy http://host:port/mcp) or the "
+                "command that starts it after -- (reach mcp-proxy -- python server.py)."
+            ) from e
         opts = {
             "redis_url": redis_url,
             "namespace": namespace,

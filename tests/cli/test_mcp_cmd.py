@@ -1,5 +1,6 @@
 """``reach mcp`` on the command line: it refuses HTTP without tokens, and the endpoint
-answers 401 to every request without a valid token (docs/mcp.md, *Security*)."""
+answers 401 to every request without a valid token (docs/mcp.md, *Security*); ``reach
+mcp-proxy`` says in one line when its server cannot be started."""
 
 from __future__ import annotations
 
@@ -32,6 +33,19 @@ def test_http_without_tokens_is_refused(
         app, ["mcp", "--redis-url", redis_url, "--namespace", ns, "--where", "nokeyvalue"]
     )
     assert res.exit_code == 2 and "--where takes KEY=VALUE" in res.stderr
+
+
+def test_a_proxy_whose_server_cannot_start_says_so_in_one_line(redis_url: str, ns: str) -> None:
+    # Found by the CLI fuzzer: a command that is no program ended in a traceback.
+    res = CliRunner().invoke(
+        app, ["mcp-proxy", "--redis-url", redis_url, "--namespace", ns, "--", "no-such-mcp-server"]
+    )
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+    assert res.exit_code == 2, res.output
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "could not be reached" in errors[0], res.stderr
+    assert "reach mcp-proxy -- python server.py" in errors[0]
+    assert "Traceback" not in res.output
 
 
 async def test_the_endpoint_needs_a_token(redis_url: str, ns: str, tmp_path: Path) -> None:
