@@ -127,12 +127,13 @@ async def events(
     reg = Registry(r, namespace)
     try:
         evs = await reg.recent_events(count) if count else []  # XREVRANGE refuses COUNT 0
-        last = evs[-1].id if evs else "$"
         if json_ and not follow:
             print_json(evs)
             return
         for e in evs:
             _print_event(e, json_)
+        # From a position, not "$": an event landing between two reads is not missed.
+        last = evs[-1].id if evs else (await reg.events_position() if follow else "")
         while follow:
             new = await reg.tail_events(last_id=last, block_ms=1000)
             for e in new:

@@ -623,6 +623,13 @@ class Registry:
         merged = self._merged(parts)
         return merged[max(0, len(merged) - count) :]
 
+    async def events_position(self) -> str:
+        """The id of the newest event (``0-0`` when there is none yet): a follower that
+        passes it to :meth:`tail_events` misses nothing written after this call, where
+        ``$`` would miss what lands between two of its reads."""
+        last = await self.recent_events(1)
+        return last[-1].id if last else "0-0"
+
     async def tail_events(self, *, last_id: str = "$", block_ms: int = 1000) -> list[Event]:
         """Wait up to ``block_ms`` for events newer than ``last_id`` (``$``: from now).
         One blocking read with one shard; with more (their streams are in several slots,

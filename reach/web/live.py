@@ -128,7 +128,9 @@ class Monitor:
     async def _past_events(self) -> None:
         past = await Registry(self.redis, self.namespace).recent_events(50)
         self.events.extend(past)
-        self._last_event = past[-1].id if past else "$"
+        # Not "$" when there is none: each read would then start from its own moment, and
+        # an event landing between two reads (an agent registering) would never be seen.
+        self._last_event = past[-1].id if past else "0-0"
         self._notify()
 
     async def _sample_once(self) -> None:
