@@ -53,6 +53,11 @@ Layout (``ns`` is the namespace, ids are stripped of ``{``/``}`` first):
 
     reach:ns:{q:<identity>}:rate
 
+* an HTTP face's caller's rate-limit bucket (``reach gateway --rate-per-caller``), one slot
+  per caller::
+
+    reach:ns:{h:<face>/<caller>}:rate
+
 * idempotency / task / session records, each in the slot of its own id (a streamed
   message's kept chunks in its record's).
 
@@ -385,6 +390,11 @@ class Keys:
         so on a Cluster the callers' buckets spread over the masters."""
         return f"{PREFIX}:{self.namespace}:{{q:{clean_id(identity)}}}:rate"
 
+    def caller_rate_state(self, face: str, caller: str) -> str:
+        """The state (GCRA's TAT) of one caller's rate limit at an HTTP face (``gateway``,
+        ``mcp``): every process of the face shares it, each caller in a slot of its own."""
+        return f"{PREFIX}:{self.namespace}:{{h:{clean_id(face)}/{clean_id(caller)}}}:rate"
+
     # -- per-record slots -------------------------------------------------------------
     def idem(self, idempotency_key: str) -> str:
         return f"{PREFIX}:{self.namespace}:{{i:{clean_id(idempotency_key)}}}:idem"
@@ -502,6 +512,8 @@ LAYOUT: tuple[KeyForm, ...] = (
     KeyForm("reach:<ns>:{c:<id>}:replies", "stream", "replies", "a client's reply stream"),
     KeyForm("reach:<ns>:{q:<id>}:rate", "string", "send_rate_state",
             "a caller identity's send-rate quota state (GCRA TAT, µs)"),
+    KeyForm("reach:<ns>:{h:<id>}:rate", "string", "caller_rate_state",
+            "an HTTP face's caller's rate limit state (GCRA TAT, µs)"),
     KeyForm("reach:<ns>:{i:<id>}:idem", "hash", "idem",
             "a message's idempotency record (its task status, result, fence)"),
     KeyForm("reach:<ns>:{i:<id>}:chunks", "stream", "kept_chunks",

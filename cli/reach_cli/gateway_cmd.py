@@ -28,6 +28,22 @@ from .common import (
     find_redis_source,
     require_text,
 )
+from .identity_opts import (
+    AllowIp,
+    Burst,
+    DenyIp,
+    Jwks,
+    JwtAlgorithms,
+    JwtAudience,
+    JwtCallerClaim,
+    JwtIssuer,
+    JwtLeewayS,
+    JwtSecretFile,
+    RatePerCaller,
+    TrustProxy,
+    caller_rate,
+    jwt_verifier,
+)
 
 if TYPE_CHECKING:
     import uvicorn
@@ -149,6 +165,18 @@ def gateway(
             "declare it).",
         ),
     ] = None,
+    jwks: Jwks = None,
+    jwt_audience: JwtAudience = None,
+    jwt_issuer: JwtIssuer = None,
+    jwt_algorithms: JwtAlgorithms = None,
+    jwt_caller_claim: JwtCallerClaim = "sub",
+    jwt_leeway_s: JwtLeewayS = 30.0,
+    jwt_secret_file: JwtSecretFile = None,
+    rate_per_caller: RatePerCaller = None,
+    burst: Burst = None,
+    allow_ip: AllowIp = None,
+    deny_ip: DenyIp = None,
+    trust_proxy: TrustProxy = False,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "warning",
     redis_url: RedisUrl = DEFAULT_REDIS,
     namespace: Namespace = DEFAULT_NS,
@@ -167,7 +195,7 @@ def gateway(
 
             from reach._http import Limits, raise_open_files_limit, uvicorn_options
             from reach.client import Client
-            from reach.gateway import Gateway, Tokens
+            from reach.gateway import Gateway, IpRules, Tokens
         except ImportError as e:
             raise ConfigError(f"{EXTRA} ({e}).") from e
         if not (math.isfinite(timeout_s) and timeout_s > 0):
@@ -177,12 +205,24 @@ def gateway(
         if tls_client_ca is not None and tls_cert is None:
             raise ConfigError("--tls-client-ca (mutual TLS) needs --tls-cert and --tls-key.")
         tokens = Tokens.load(token_file)
-        if tokens is None and tls_client_ca is None and not no_auth and not _loopback(host):
+        verifier = jwt_verifier(
+            jwks, jwt_audience, jwt_issuer, jwt_algorithms, jwt_caller_claim, jwt_leeway_s,
+            jwt_secret_file,
+        )  # fmt: skip
+        if (
+            tokens is None
+            and verifier is None
+            and tls_client_ca is None
+            and not no_auth
+            and not _loopback(host)
+        ):
             raise ConfigError(
                 f"No tokens and {host} is not a loopback address: anyone who reaches it could "
-                "call every agent. Give --token-file (or REACH_GATEWAY_TOKENS) or "
+                "call every agent. Give --token-file (or REACH_GATEWAY_TOKENS), --jwks or "
                 "--tls-client-ca, or --no-auth if something in front authenticates."
             )
+        rate = caller_rate(rate_per_caller, burst)
+        ips = IpRules(allow_ip or [], deny_ip or [], trust_proxy=trust_proxy)
         client = Client(
             redis_url=redis_url,
             namespace=namespace,
@@ -199,6 +239,9 @@ def gateway(
             max_body_bytes=max_body_bytes,
             send_timeout_s=send_timeout_s,
             mtls=tls_client_ca is not None,
+            jwt=verifier,
+            rate_per_caller=rate,
+            ips=ips,
         )
         tls: dict[str, Any] = {}
         if tls_cert is not None:
@@ -228,17 +271,26 @@ def gateway(
             port=port,
             log_level=level,
             lifespan="on",
+            # the client's address is the peer's, or with --trust-proxy reach._access reads
+            # X-Forwarded-For itself: uvicorn's own reading would let a caller on loopback
+            # choose its address
+            proxy_headers=False,
             **uvicorn_options(limits),
             **tls,
         )
         stopped_by: list[int] = []
         server = _server(config, stopped_by)
         scheme = "https" if tls else "http"
-        auth = (
-            f"{len(tokens)} token(s)"
-            if tokens is not None
-            else ("client certificates" if tls_client_ca else "no authentication")
-        )
+        parts = [f"{len(tokens)} token(s)"] if tokens is not None else []
+        if verifier is not None:
+            parts.append(f"JWTs ({', '.join(verifier.algorithms)})")
+        if tls_client_ca:
+            parts.append("client certificates")
+        auth = " and ".join(parts) or "no authentication"
+        if rate is not None:
+            auth += f"; at most {rate} per caller"
+        if ips.active:
+            auth += f"; {len(ips.allow)} allow and {len(ips.deny)} deny IP rule(s)"
         serving = (
             f"reach gateway: namespace {namespace!r} on {redact(redis_url)}, serving "
             f"{scheme}://{host}:{port} ({auth}; at most {limits.max_connections} connections, "

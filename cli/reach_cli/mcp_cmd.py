@@ -28,6 +28,22 @@ from .common import (
     require_text,
 )
 from .gateway_cmd import _loopback, _server
+from .identity_opts import (
+    AllowIp,
+    Burst,
+    DenyIp,
+    Jwks,
+    JwtAlgorithms,
+    JwtAudience,
+    JwtCallerClaim,
+    JwtIssuer,
+    JwtLeewayS,
+    JwtSecretFile,
+    RatePerCaller,
+    TrustProxy,
+    caller_rate,
+    jwt_verifier,
+)
 
 EXTRA = "reach mcp needs the mcp extra: pip install 'reach-fabric[mcp]'"
 
@@ -119,6 +135,18 @@ def mcp(
             help="Public keys of the agents whose replies are taken (with --identity-file).",
         ),
     ] = None,
+    jwks: Jwks = None,
+    jwt_audience: JwtAudience = None,
+    jwt_issuer: JwtIssuer = None,
+    jwt_algorithms: JwtAlgorithms = None,
+    jwt_caller_claim: JwtCallerClaim = "sub",
+    jwt_leeway_s: JwtLeewayS = 30.0,
+    jwt_secret_file: JwtSecretFile = None,
+    rate_per_caller: RatePerCaller = None,
+    burst: Burst = None,
+    allow_ip: AllowIp = None,
+    deny_ip: DenyIp = None,
+    trust_proxy: TrustProxy = False,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "warning",
     redis_url: RedisUrl = DEFAULT_REDIS,
     namespace: Namespace = DEFAULT_NS,
@@ -161,25 +189,43 @@ def mcp(
             )
             asyncio.run(face.serve_stdio())
             return
+        from reach._access import IpRules
+
         tokens = Tokens.load(token_file, env_name=TOKENS_ENV)
-        if tokens is None and not no_auth:
+        verifier = jwt_verifier(
+            jwks, jwt_audience, jwt_issuer, jwt_algorithms, jwt_caller_claim, jwt_leeway_s,
+            jwt_secret_file,
+        )  # fmt: skip
+        if tokens is None and verifier is None and not no_auth:
             raise ConfigError(
                 "No tokens: anyone who reaches the port could call every agent. Give "
-                f"--token-file (or {TOKENS_ENV}), or --no-auth if something in front "
-                "authenticates."
+                f"--token-file (or {TOKENS_ENV}) or --jwks, or --no-auth if something in "
+                "front authenticates."
             )
+        rate = caller_rate(rate_per_caller, burst)
+        ips = IpRules(allow_ip or [], deny_ip or [], trust_proxy=trust_proxy)
         if not path.startswith("/"):
             raise ConfigError(f"--path must start with '/', not {path!r}.")
         config = uvicorn.Config(
-            face.http_app(tokens=tokens, host=host, path=path),
+            face.http_app(
+                tokens=tokens, host=host, path=path, jwt=verifier, rate_per_caller=rate, ips=ips
+            ),
             host=host,
             port=port,
             log_level=log_level.lower(),
             lifespan="on",
+            proxy_headers=False,  # the peer's address, or X-Forwarded-For with --trust-proxy
         )
         stopped_by: list[int] = []
         server = _server(config, stopped_by)
-        auth = f"{len(tokens)} token(s)" if tokens is not None else "no authentication"
+        parts = [f"{len(tokens)} token(s)"] if tokens is not None else []
+        if verifier is not None:
+            parts.append(f"JWTs ({', '.join(verifier.algorithms)})")
+        auth = " and ".join(parts) or "no authentication"
+        if rate is not None:
+            auth += f"; at most {rate} per caller"
+        if ips.active:
+            auth += f"; {len(ips.allow)} allow and {len(ips.deny)} deny IP rule(s)"
         where_note = "" if _loopback(host) else " (not loopback: DNS-rebinding checks off)"
         serving = (
             f"reach mcp: namespace {namespace!r} on {redact(redis_url)}, serving "

@@ -15,6 +15,8 @@ import os
 # read when the SDK is first imported, hence here, before it.
 os.environ.setdefault("OTEL_INSTRUMENTATION_A2A_SDK_ENABLED", "false")
 
+from .._access import IpRules
+from .._jwt import JwtVerifier, KeySource
 from .auth import TOKENS_ENV, Tokens
 from .server import (
     CALLER_HEADER,
@@ -31,6 +33,9 @@ __all__ = [
     "TOKENS_ENV",
     "BearerAuth",
     "Gateway",
+    "IpRules",
+    "JwtVerifier",
+    "KeySource",
     "RedisTaskStore",
     "Target",
     "Tokens",

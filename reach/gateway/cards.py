@@ -20,6 +20,7 @@ from google.protobuf.json_format import ParseDict, ParseError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from .._jwt import JwtVerifier
 from .._version import __version__
 from ..card import A2A_PROTOCOL_VERSION, DEFAULT_MODES, agent_card, capability_skill
 from ..client import Client
@@ -66,6 +67,7 @@ class CardRoutes:
     client: Client
     namespace: str
     tokens: Tokens | None
+    jwt: JwtVerifier | None
     public_url: str | None
     mtls: bool
 
@@ -73,17 +75,24 @@ class CardRoutes:
         return self.public_url or str(request.base_url).rstrip("/")
 
     def _security(self) -> dict[str, Any]:
-        """The cards' security: a bearer token when tokens are set, a client certificate
-        when mutual TLS is on; both when both are (one requirement naming each)."""
+        """The cards' security: a bearer token when tokens or JWTs are taken, a client
+        certificate when mutual TLS is on; both when both are (one requirement naming
+        each)."""
         schemes: dict[str, Any] = {}
-        if self.tokens is not None:
-            schemes["bearer"] = {
-                "httpAuthSecurityScheme": {
-                    "scheme": "Bearer",
-                    "description": "A token the gateway's operator gave you "
-                    "(reach gateway --token-file / REACH_GATEWAY_TOKENS).",
-                }
-            }
+        if self.tokens is not None or self.jwt is not None:
+            given = []
+            if self.tokens is not None:
+                given.append(
+                    "a token the gateway's operator gave you (reach gateway --token-file / "
+                    "REACH_GATEWAY_TOKENS)"
+                )
+            if self.jwt is not None:
+                given.append(f"a JWT of {self.jwt.issuer} for the audience {self.jwt.audience}")
+            text = " or ".join(given) + "."
+            scheme: dict[str, Any] = {"scheme": "Bearer", "description": text[0].upper() + text[1:]}
+            if self.tokens is None:
+                scheme["bearerFormat"] = "JWT"
+            schemes["bearer"] = {"httpAuthSecurityScheme": scheme}
         if self.mtls:
             schemes["mtls"] = {
                 "mtlsSecurityScheme": {

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from .server import Gateway
 
 TIMEOUT_HEADER = "reach-timeout-s"  # the request's deadline, seconds from now
-CALLER_HEADER = "a2a-caller"  # on the fabric: the token name the caller authenticated with
+CALLER_HEADER = "a2a-caller"  # on the fabric: the caller (a token's name, a JWT's claim)
 MAX_TIMEOUT_S = 86_400.0
 _TARGET = "reach.target"
 
@@ -357,9 +357,10 @@ SESSION_PREFIX = "a2a"
 
 
 def session_of(context: ServerCallContext, context_id: str) -> str:
-    """The reach session of an A2A context: scoped by the caller (the token's name, or
-    ``-`` without authentication), so a caller naming another's contextId gets a session
-    of its own. Caller names have no ``:``, so the scoped id is unambiguous."""
+    """The reach session of an A2A context: scoped by the caller (the token's name, the
+    JWT's caller claim, or ``-`` without authentication), so a caller naming another's
+    contextId gets a session of its own. Caller names have no ``:`` (a JWT claim's is
+    percent-encoded: reach._jwt.caller_of), so the scoped id is unambiguous."""
     caller = resolve_user_scope(context) or "-"
     session = f"{SESSION_PREFIX}:{caller}:{context_id}"
     if len(session) > MAX_ID_CHARS:

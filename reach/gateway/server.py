@@ -23,7 +23,8 @@ they follow agents as they come and go.
 The parts: :mod:`reach.gateway.executor` (a message as a reach streamed request),
 :mod:`reach.gateway.handler` (the JSON-RPC methods), :mod:`reach.gateway.cards` (the
 cards); here, :class:`Gateway` puts them in one application behind its limits and
-authentication (:class:`BearerAuth`), and routes each message to its capability or agent.
+authentication (:class:`reach._access.Access`: tokens, JWTs, rate per caller, IP lists),
+and routes each message to its capability or agent.
 """
 
 from __future__ import annotations
@@ -42,16 +43,16 @@ from a2a.types.a2a_pb2 import Artifact, Message, Part, Role, Task, TaskStatus
 from a2a.utils.errors import InvalidParamsError, TaskNotFoundError
 from google.protobuf.json_format import MessageToDict
 from starlette.applications import Starlette
-from starlette.authentication import AuthCredentials, SimpleUser
-from starlette.datastructures import Headers
-from starlette.responses import JSONResponse
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Scope
 
+from .._access import Access, Authenticator, IpRules, redis_take
 from .._http import BodyLimit, SendTimeout
+from .._jwt import JwtVerifier
 from ..client import Client
 from ..envelope import decode_payload, new_id
 from ..errors import ReachError
+from ..limits import RateLimit
 from ..outcomes import Status
 from ..registry import normalize_capability
 from .auth import Tokens
@@ -97,7 +98,9 @@ class Gateway(CardRoutes):
     request body taken (None: the client's payload limit as base64, plus 64 KiB).
     ``send_timeout_s``: a response its caller does not read for this long is cut.
     ``mtls``: the server requires client certificates (the TLS layer does; the cards
-    declare it).
+    declare it). ``jwt``: JWT bearer tokens taken beside ``tokens`` (docs/a2a.md,
+    *Identity*). ``rate_per_caller``: each caller's rate limit (429 past it). ``ips``: the
+    IP allow and deny lists (403).
     """
 
     def __init__(
@@ -113,8 +116,14 @@ class Gateway(CardRoutes):
         max_body_bytes: int | None = None,
         send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S,
         mtls: bool = False,
+        jwt: JwtVerifier | None = None,
+        rate_per_caller: RateLimit | None = None,
+        ips: IpRules | None = None,
     ) -> None:
         install_append_hook()
+        self.jwt = jwt
+        self.rate_per_caller = rate_per_caller
+        self.ips = ips
         self.client = client
         self.mtls = mtls
         self.namespace = client.namespace
@@ -178,10 +187,26 @@ class Gateway(CardRoutes):
 
         app = Starlette(routes=routes, lifespan=lifespan)
         app.add_middleware(EventIds)  # innermost: the SSE ids (reach.gateway.resuming)
-        if self.tokens is not None:
-            app.add_middleware(BearerAuth, tokens=self.tokens)
         app.add_middleware(SendTimeout, timeout_s=self.send_timeout_s, on_cut=_log_cut)
         app.add_middleware(BodyLimit, max_bytes=self.max_body_bytes, json_rpc=True)
+        auth = None
+        if self.tokens is not None or self.jwt is not None:
+            auth = Authenticator(self.tokens, self.jwt)
+        take = None
+        if self.rate_per_caller is not None:
+            take = redis_take(
+                lambda: self.client.commands, self.namespace, "gateway", self.rate_per_caller
+            )
+        if auth is not None or take is not None or (self.ips is not None and self.ips.active):
+            # outermost: a request refused here has none of its body read
+            app.add_middleware(
+                Access,
+                realm="reach gateway",
+                ips=self.ips,
+                auth=auth,
+                take=take,
+                json_rpc=True,
+            )
         return app
 
     # -- routing a message ----------------------------------------------------------------
@@ -287,28 +312,12 @@ def _log_cut(scope: Scope) -> None:
     )
 
 
-class BearerAuth:
+class BearerAuth(Access):
     """ASGI middleware: every request but a card's (``GET``) needs ``Authorization: Bearer
     TOKEN`` with a token of :class:`~reach.gateway.auth.Tokens`; the caller is then the
-    token's name (``request.user``), which the SDK scopes tasks by."""
+    token's name (``request.user``), which the SDK scopes tasks by. (:class:`Gateway` puts
+    :class:`reach._access.Access` in front, which also takes JWTs, limits each caller's
+    rate and holds the IP lists.)"""
 
     def __init__(self, app: ASGIApp, *, tokens: Tokens) -> None:
-        self.app = app
-        self.tokens = tokens
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD"):
-            await self.app(scope, receive, send)
-            return
-        name = self.tokens.check(Headers(scope=scope).get("authorization"))
-        if name is None:
-            response = JSONResponse(
-                {"error": "Authentication required: send Authorization: Bearer <token>."},
-                status_code=401,
-                headers={"WWW-Authenticate": 'Bearer realm="reach gateway"'},
-            )
-            await response(scope, receive, send)
-            return
-        scope["user"] = SimpleUser(name)
-        scope["auth"] = AuthCredentials(["authenticated"])
-        await self.app(scope, receive, send)
+        super().__init__(app, realm="reach gateway", auth=Authenticator(tokens))

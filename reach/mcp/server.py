@@ -17,9 +17,10 @@ low-level server, over stdio or streamable HTTP (docs/mcp.md).
   is a progress notification; a cancelled call (``notifications/cancelled``, a client
   gone) cancels the reach message (the handler sees ``ctx.cancelled``); a reach error is
   a tool result with ``isError``.
-* Over HTTP, every request needs ``Authorization: Bearer TOKEN`` (:class:`BearerAuth`)
-  when tokens are given; the token's name goes with each message in the ``mcp-caller``
-  header. The client signs what it sends when signing is configured (its own identity).
+* Over HTTP, every request needs ``Authorization: Bearer TOKEN`` when tokens are given
+  (or a JWT, with a verifier), and the IP lists and the rate per caller apply
+  (:class:`reach._access.Access`); the token's name (the JWT's caller claim) goes with
+  each message in the ``mcp-caller`` header. The client signs what it sends when signing is configured (its own identity).
 """
 
 from __future__ import annotations
@@ -44,14 +45,16 @@ from mcp_types import (
 )
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.applications import Starlette
-from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Scope
 
+from .._access import Access, Authenticator, IpRules, redis_take
+from .._jwt import JwtVerifier
 from .._tokens import Tokens
 from .._version import __version__
 from ..client import Client
 from ..envelope import new_id
 from ..errors import ConfigError, ReachError
+from ..limits import RateLimit
 from ..registry import normalize_capability
 from .mapping import ToolSpec, error_of, payload_of, progress_message, result_of, tool_of
 from .mapping import unknown_tool as unknown_tool_result
@@ -287,12 +290,21 @@ class McpFace:
             await self.server.run(read, write, self.server.create_initialization_options())
 
     def http_app(
-        self, *, tokens: Tokens | None = None, host: str = "127.0.0.1", path: str = "/mcp"
+        self,
+        *,
+        tokens: Tokens | None = None,
+        host: str = "127.0.0.1",
+        path: str = "/mcp",
+        jwt: JwtVerifier | None = None,
+        rate_per_caller: RateLimit | None = None,
+        ips: IpRules | None = None,
     ) -> Starlette:
         """The streamable HTTP application (the MCP endpoint at ``path``); its lifespan
         runs the face. ``tokens``: required of every request (None: no authentication).
         ``host``: where it listens (on loopback, the SDK's DNS-rebinding protection is
-        on: only loopback Host and Origin headers are taken)."""
+        on: only loopback Host and Origin headers are taken). ``jwt``, ``rate_per_caller``,
+        ``ips``: JWT bearer tokens beside ``tokens``, each caller's rate (429), the IP
+        lists (403), as the A2A gateway has them (docs/a2a.md, *Identity*)."""
         app = self.server.streamable_http_app(streamable_http_path=path, host=host)
         sessions = app.router.lifespan_context
 
@@ -302,8 +314,24 @@ class McpFace:
                 yield
 
         app.router.lifespan_context = lifespan
-        if tokens is not None:
-            app.add_middleware(BearerAuth, tokens=tokens)
+        auth = None
+        if tokens is not None or jwt is not None:
+            auth = Authenticator(tokens, jwt)
+        take = None
+        if rate_per_caller is not None:
+            take = redis_take(
+                lambda: self.client.commands, self.client.namespace, "mcp", rate_per_caller
+            )
+        if auth is not None or take is not None or (ips is not None and ips.active):
+            app.add_middleware(
+                Access,
+                realm="reach mcp",
+                ips=ips,
+                auth=auth,
+                take=take,
+                open_methods=(),
+                mark=_mark,
+            )
         return app
 
 
@@ -320,28 +348,18 @@ def _caller(ctx: ServerRequestContext[Any, Any]) -> str:
 SCOPE_CALLER = "reach.mcp.caller"
 
 
-class BearerAuth:
+class BearerAuth(Access):
     """ASGI middleware: every HTTP request needs ``Authorization: Bearer TOKEN`` with a
     token of ``tokens`` (the MCP endpoint's GET stream and DELETE too); the token's name
-    is the caller (``mcp-caller`` on the fabric)."""
+    is the caller (``mcp-caller`` on the fabric). (:meth:`McpFace.http_app` puts
+    :class:`reach._access.Access` in front, which also takes JWTs, limits each caller's
+    rate and holds the IP lists.)"""
 
     def __init__(self, app: ASGIApp, *, tokens: Tokens) -> None:
-        self.app = app
-        self.tokens = tokens
+        super().__init__(
+            app, realm="reach mcp", auth=Authenticator(tokens), open_methods=(), mark=_mark
+        )
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        auth = next((v for k, v in scope["headers"] if k == b"authorization"), None)
-        name = self.tokens.check(auth.decode("latin-1") if auth is not None else None)
-        if name is None:
-            response = JSONResponse(
-                {"error": "Authentication required: send Authorization: Bearer <token>."},
-                status_code=401,
-                headers={"WWW-Authenticate": 'Bearer realm="reach mcp"'},
-            )
-            await response(scope, receive, send)
-            return
-        scope[SCOPE_CALLER] = name
-        await self.app(scope, receive, send)
+
+def _mark(scope: Scope, caller: str) -> None:
+    scope[SCOPE_CALLER] = caller

@@ -23,10 +23,13 @@ from a2a.types.a2a_pb2 import (
     TaskState,
 )
 from a2a.utils.errors import TaskNotCancelableError
+from reach_cli.app import app
+from typer.testing import CliRunner
 
 from reach.embedded import free_port
 from reach.envelope import new_id
 from tests.support.gateway import a2a_client, http, start_gateway_process, stop_process
+from tests.support.jwts import RSA_KEY, jwk_of, write_jwks
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
 
@@ -163,3 +166,31 @@ def test_a_port_in_use_is_one_error_line(redis_url: str, ns: str, tmp_path: Path
         assert len(errors) == 1 and "choose another with --port" in errors[0], log.read_text()
     finally:
         taken.close()
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--jwks", "JWKS"], "need --jwt-audience and --jwt-issuer"),
+        (["--jwks", "JWKS", "--jwt-audience", "a", "--jwt-issuer", "i", "--jwt-algorithms",
+          "none"], "never 'none'"),
+        (["--jwks", "JWKS", "--jwt-audience", "a", "--jwt-issuer", "i", "--jwt-algorithms",
+          "HS256"], "need an explicit shared secret"),
+        (["--jwks", "missing.json", "--jwt-audience", "a", "--jwt-issuer", "i"],
+         "Cannot read the JWKS file"),
+        (["--jwks", "http://keys.example/jwks", "--jwt-audience", "a", "--jwt-issuer", "i"],
+         "https"),
+        (["--jwt-audience", "a"], "need --jwks"),
+        (["--burst", "5"], "--burst goes with --rate-per-caller"),
+        (["--rate-per-caller", "fast"], "Invalid rate limit"),
+        (["--deny-ip", "10.0.0.0/99"], "--deny-ip"),
+    ],
+)  # fmt: skip
+def test_identity_options_are_checked_at_start(
+    redis_url: str, ns: str, tmp_path: Path, args: list[str], says: str
+) -> None:
+    jwks = write_jwks(tmp_path / "jwks.json", jwk_of(RSA_KEY, "k", "RS256"))
+    args = [jwks if a == "JWKS" else a for a in args]
+    res = CliRunner().invoke(app, ["gateway", "--redis-url", redis_url, "--namespace", ns, *args])
+    assert res.exit_code == 2, res.output
+    assert says in res.stderr

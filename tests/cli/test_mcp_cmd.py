@@ -1,6 +1,6 @@
 """``reach mcp`` on the command line: it refuses HTTP without tokens, and the endpoint
-answers 401 to every request without a valid token (docs/mcp.md, *Security*); ``reach
-mcp-proxy`` says in one line when its server cannot be started."""
+answers 401 to every request without a valid token or JWT (docs/mcp.md, *Security*);
+``reach mcp-proxy`` says in one line when its server cannot be started."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from reach_cli.app import app
 from typer.testing import CliRunner
 
 from tests.support.gateway import stop_process
+from tests.support.jwts import AUD, ISS, RSA_KEY, jwk_of, sign, write_jwks
 from tests.support.waiting import wait_until
 from tests.support.workers import ROOT
 
@@ -79,6 +80,42 @@ async def test_the_endpoint_needs_a_token(redis_url: str, ns: str, tmp_path: Pat
             r = await h.post(
                 url, json=body, headers={**headers, "Authorization": f"Bearer {TOKEN}"}
             )
+            assert r.status_code != 401, r.text
+    finally:
+        stop_process(proc)
+
+
+async def test_the_endpoint_takes_a_jwt(redis_url: str, ns: str, tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    jwks = write_jwks(tmp_path / "jwks.json", jwk_of(RSA_KEY, "k", "RS256"))
+    log = tmp_path / "mcp.log"
+    cmd = [sys.executable, "-m", "reach_cli.app", "mcp", "--port", str(port), "--jwks", jwks,
+           "--jwt-audience", AUD, "--jwt-issuer", ISS, "--redis-url", redis_url,
+           "--namespace", ns]  # fmt: skip
+    with open(log, "wb") as err:  # noqa: ASYNC230 - a local file, before the process
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.DEVNULL, stderr=err)  # noqa: ASYNC220
+    try:
+
+        async def serving() -> bool:
+            assert proc.poll() is None, log.read_text()
+            return "serving http://" in log.read_text()
+
+        await wait_until(serving, timeout_s=60, what="reach mcp serving")
+        assert "(JWTs (RS256, ES256, EdDSA))" in log.read_text()
+        url = f"http://127.0.0.1:{port}/mcp"
+        body = {"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {}}
+        headers = {"Accept": "application/json, text/event-stream"}
+        async with httpx2.AsyncClient(timeout=30) as h:
+            wrong = {"Authorization": f"Bearer {sign(RSA_KEY, 'RS256', 'k', aud='other')}"}
+            for method in ("POST", "GET"):
+                r = await h.request(method, url, json=body, headers={**headers, **wrong})
+                assert r.status_code == 401, (method, r.text)
+                assert r.headers["www-authenticate"].startswith('Bearer realm="reach mcp"')
+                assert "Wrong audience" in r.headers["www-authenticate"]
+            good = {"Authorization": f"Bearer {sign(RSA_KEY, 'RS256', 'k')}"}
+            r = await h.post(url, json=body, headers={**headers, **good})
             assert r.status_code != 401, r.text
     finally:
         stop_process(proc)

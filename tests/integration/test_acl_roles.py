@@ -625,9 +625,11 @@ async def test_the_gateway_runs_as_a_caller_and_the_console_as_an_operator(
         workers.start(name)
     gw_port, web_port = free_port(), free_port()
     gw_log, web_log = tmp_path / "gateway.log", tmp_path / "web.log"
+    # with a rate per caller: its bucket (reach:ns1:{h:gateway/t}:rate) is the caller's too
     gw = start_gateway_process(
-        users["caller"], "ns1", gw_port, log=gw_log, env={"REACH_GATEWAY_TOKENS": f"t:{token}"}
-    )
+        users["caller"], "ns1", gw_port, "--rate-per-caller", "1000/s", "--burst", "1000",
+        log=gw_log, env={"REACH_GATEWAY_TOKENS": f"t:{token}"},
+    )  # fmt: skip
     web = start_web_process(users["operator"], "ns1", web_port, log=web_log)
     url = f"http://127.0.0.1:{gw_port}"
     try:

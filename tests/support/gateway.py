@@ -45,8 +45,16 @@ async def gateway_served_app(
     sock.bind((host, 0))
     port = int(sock.getsockname()[1])
     url = f"http://{host}:{port}"
+    # proxy_headers off, as reach gateway serves: the client's address is the peer's
+    # (tests/integration/test_gateway_identity.py sends X-Forwarded-For from loopback)
     config = uvicorn.Config(
-        make(url), host=host, port=port, log_level="warning", lifespan="on", backlog=4096
+        make(url),
+        host=host,
+        port=port,
+        log_level="warning",
+        lifespan="on",
+        backlog=4096,
+        proxy_headers=False,
     )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))

@@ -27,6 +27,7 @@ ARGS: dict[str, tuple[object, ...]] = {
     "inbox": ("a-{1}", "low"),
     "replies": ("c-1",),
     "send_rate_state": ("ed25519:abc",),
+    "caller_rate_state": ("gateway", "alice"),
     "idem": ("order:42",),
     "task": ("0190-msg",),
     "kept_chunks": ("order:42",),

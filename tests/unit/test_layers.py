@@ -44,6 +44,7 @@ RANKS: dict[str, int] = {
     "reach.config": 0,  # where the Redis is: redis_url=, REACH_REDIS_URL, project file
     "reach.callpath": 0,  # call paths: hop limit, loops, self-calls (no Redis)
     "reach._tokens": 0,  # bearer tokens of the HTTP faces (gateway, MCP), constant-time checks
+    "reach._jwt": 0,  # JWT bearer tokens of the HTTP faces (PyJWT, a JWKS file or URL)
     # the script layer: one typed call per Lua script
     "reach.scripts": 1,
     "reach._autopipe": 1,  # auto-pipelining of the commands a Client issues (script layer)
@@ -103,6 +104,7 @@ RANKS: dict[str, int] = {
     "reach": 8,
     # faces over the library, never imported by it (optional extras)
     "reach._http": 9,  # the HTTP faces' limits (fds, connections, bodies, slow readers)
+    "reach._access": 9,  # the HTTP faces' IP lists, bearer tokens and JWTs, rate per caller
     "reach.web": 9,  # reach web: the operator console (starlette)
     "reach.web.formatting": 9,  # how the pages write times, rates, JSON, query strings
     "reach.web.console": 9,  # Console: what the pages share, the contexts they render
