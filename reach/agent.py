@@ -29,6 +29,7 @@ import msgspec
 import msgspec.inspect
 
 from ._emitting import KEEP_BYTES, KEEP_CHUNKS, KEEP_S, streamed
+from ._worker.readiness import READINESS_TIMEOUT_S, ReadinessCheck
 from ._worker.runtime import Runtime
 from .callpath import DEFAULT_MAX_HOPS, check_max_hops
 from .config import resolve_redis_url
@@ -386,6 +387,8 @@ class Agent:
         self.handlers: dict[str, HandlerSpec] = {}
         self.hooks: list[Hooks] = []
         self.add_hooks(*hooks)
+        self.readiness_check: ReadinessCheck | None = None  # @app.readiness
+        self._paused = False  # set_ready(False): routing to it paused by hand
         self._runtime: Runtime | None = None
         # A stop asked for before the runtime exists (a SIGTERM while `reach worker` still
         # starts): the run stops as soon as it has started instead of serving on.
@@ -407,6 +410,7 @@ class Agent:
             max_hops=self.max_hops,
         )
         other.handlers = dict(self.handlers)
+        other.readiness_check = self.readiness_check
         return other
 
     def add_hooks(self, *hooks: Hooks) -> None:
@@ -517,6 +521,78 @@ class Agent:
             return fn
 
         return deco
+
+    def readiness(
+        self, fn: Callable[[], Any] | None = None, /, *, timeout_s: float = READINESS_TIMEOUT_S
+    ) -> Any:
+        """Decorator: ``fn()`` decides whether this agent may be given new work, e.g.
+        whether a database or model server it needs answers::
+
+            @app.readiness
+            async def db_up() -> bool:
+                return await db.ping()
+
+        It runs with each heartbeat (every ``heartbeat_s``, and once before the agent is
+        first marked ready). Returning False, raising, or taking over ``timeout_s``
+        (``@app.readiness(timeout_s=2)``; 5 s by default) marks the agent not ready:
+        callers route around it (to other agents of the capability, or wait for one with
+        ``NoAgentAvailable`` reason ``not_ready``) while it still finishes what reached
+        it. The first run that passes makes it ready again. Async functions run on the
+        event loop, plain ones in a worker thread (one at a time: a plain check still
+        running at the next heartbeat keeps the agent not ready). Each flip is logged
+        once, and ``/readyz`` of ``reach worker --metrics-port`` says why.
+        """
+        if (
+            isinstance(timeout_s, bool)
+            or not isinstance(timeout_s, int | float)
+            or not 0 < timeout_s <= 3600
+        ):
+            raise ConfigError(
+                f"@app.readiness(timeout_s={timeout_s!r}): give a number of seconds above 0 "
+                "and at most 3600, e.g. timeout_s=2."
+            )
+
+        def deco(f: Callable[[], Any]) -> Callable[[], Any]:
+            if not callable(f) or inspect.isasyncgenfunction(f) or inspect.isgeneratorfunction(f):
+                raise ConfigError(
+                    f"@app.readiness takes a function returning True/False (async or plain), "
+                    f"got {f!r}."
+                )
+            try:
+                inspect.signature(f).bind()
+            except TypeError:
+                raise ConfigError(
+                    f"@app.readiness: {getattr(f, '__qualname__', f)!r} must take no "
+                    "arguments (it is called as fn())."
+                ) from None
+            except ValueError:  # no signature to look at (some builtins): try it
+                pass
+            self.readiness_check = ReadinessCheck(
+                f, inspect.iscoroutinefunction(f), float(timeout_s)
+            )
+            return f
+
+        return deco if fn is None else deco(fn)
+
+    def set_ready(self, ready: bool = True) -> None:
+        """Pause (False) or resume (True) routing new work to this agent, by hand
+        (thread-safe: from a handler, ``ctx.agent.set_ready(False)``; from any thread).
+
+        Applied at once while the agent runs (one registry write: callers' views read it
+        within a round trip), and kept until the next call, whatever the readiness check
+        says: ready needs both. Set before :meth:`run`, the agent starts paused. A paused
+        agent stays registered and alive and finishes what reached it (running handlers,
+        its inbox); only new routing avoids it.
+        """
+        self._paused = not ready
+        rt = self._runtime
+        if rt is not None and rt.readiness is not None:
+            rt.readiness.poke()
+
+    @property
+    def paused(self) -> bool:
+        """True while routing to this agent is paused by :meth:`set_ready` (False)."""
+        return self._paused
 
     def publish_schemas(self, cap: str, schemas: dict[str, Any]) -> None:
         """Advertise ``cap``'s schemas with the registration (``metadata["schemas"]``,

@@ -9,7 +9,7 @@ session and trace (:class:`ChildClient`), and the worker's Redis connection.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
@@ -27,6 +27,9 @@ from .session import Session
 from .signing import worker as worker_signing
 from .steps import StepJournal, check_name
 from .watch import report_progress
+
+if TYPE_CHECKING:
+    from .agent import Agent
 
 
 class CancelState(Protocol):
@@ -80,6 +83,15 @@ class Context:
     _journal: StepJournal | None = None  # made by the first step()
     _waiting: Slots | None = None  # set by the worker: where a waiting handler's slot goes
     _asker: Asker | None = None  # made by the first ask()
+    _agent: Agent | None = None  # set by the worker: the agent handling the message
+
+    @property
+    def agent(self) -> Agent:
+        """The :class:`reach.Agent` handling this message: e.g.
+        ``ctx.agent.set_ready(False)`` pauses routing new work to it."""
+        if self._agent is None:
+            raise ConfigError("This context was not made by a running agent: it has no agent.")
+        return self._agent
 
     @property
     def cancelled(self) -> bool:

@@ -7,6 +7,9 @@ endpoint per process shows reach's series next to the process's own. Serve it wi
     import reach.metrics
     reach.metrics.serve(9464)
 
+(``reach worker`` serves the probes ``/healthz`` and ``/readyz`` on the same port:
+:mod:`reach.health`.)
+
 Series (labels in braces; every label has a small, bounded set of values: never a msg_id,
 session or trace id, and capability names beyond :data:`MAX_CAPABILITIES` are folded
 into ``_other``):

@@ -285,9 +285,16 @@ def worker(
     ] = "text",
     metrics_port: Annotated[
         Optional[int],  # noqa: UP045
-        typer.Option(min=0, max=65535, help="Serve Prometheus /metrics on this port."),
+        typer.Option(
+            min=0,
+            max=65535,
+            help="Serve Prometheus /metrics on this port, and the probes /healthz (liveness) "
+            "and /readyz (readiness).",
+        ),
     ] = None,
-    metrics_addr: Annotated[str, typer.Option(help="Address /metrics listens on.")] = "0.0.0.0",
+    metrics_addr: Annotated[
+        str, typer.Option(help="Address /metrics, /healthz and /readyz listen on.")
+    ] = "0.0.0.0",
     require_signed: Annotated[
         bool,
         typer.Option(
@@ -332,7 +339,7 @@ def worker(
 
     Example: reach worker examples.summarizer:app --concurrency 32 --lease-s 2 --evict-after-s 4
     """
-    from reach import logs, metrics
+    from reach import health, logs
 
     require_text(
         {
@@ -357,14 +364,19 @@ def worker(
         )
         logs.setup_logging(log_level.lower(), log_format)
         wlog = logging.getLogger("reach.worker")
+        probes = health.Health()  # the agents join once loaded: /readyz is 503 until then
         if metrics_port is not None:
             try:
-                srv = metrics.serve(metrics_port, metrics_addr)
+                srv = health.serve(metrics_port, metrics_addr, probes)
             except (OSError, ValueError, OverflowError) as e:
                 raise ConfigError(
                     f"Cannot serve /metrics on {metrics_addr}:{metrics_port}: {e}"
                 ) from e
-            wlog.info("metrics on http://%s:%d/metrics", metrics_addr, srv.server_port)
+            wlog.info(
+                "metrics on http://%s:%d/metrics (probes: /healthz, /readyz)",
+                metrics_addr,
+                srv.server_port,
+            )
         agent = load_agent(target)
         if instances > 1 and agent_id is None:
             raise ConfigError(
@@ -376,6 +388,7 @@ def worker(
             if agent_id is not None
             else [agent]
         )
+        probes.agents = agents
         opts = {
             "redis_url": redis_url,
             "namespace": namespace,

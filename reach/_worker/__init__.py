@@ -3,8 +3,10 @@
 One inbox entry goes forward through them, never back up:
 
 * ``runtime``    - wires the parts below and owns the task group and the lifecycle;
-* ``liveness``   - registration, the heartbeat thread, the progress watchdog, signals,
-  readiness, the drain flag and leaving the inbox on a clean stop;
+* ``liveness``   - registration, the heartbeat thread, signals, the drain flag and
+  leaving the inbox on a clean stop;
+* ``readiness``  - the ``ready`` flag: the progress watchdog, the application's readiness
+  check and pause, and what ``/healthz`` and ``/readyz`` read;
 * ``consumer``   - reads the inbox (priority fetch, blocking read, its own pending
   entries), decodes entries and hands them on;
 * ``execution``  - claims idempotency keys (taking over a dead owner's), runs handlers

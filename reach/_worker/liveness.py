@@ -14,7 +14,6 @@
   loop on its multiplexed connection (no connection of its own); only when that is not
   answered within :data:`LOOP_PICKUP_S` (a handler blocking the loop) does the thread
   send it on a connection of its own, kept while the loop stays blocked;
-* the watchdog: a consumer alive but stuck (a read that hangs) is marked not ready;
 * signals: the first SIGTERM/SIGINT drains, a second one stops at once.
 """
 
@@ -84,6 +83,7 @@ class Liveness(Part):
         # Deadlines are judged on Redis's clock: know this host's offset before any runs.
         await self.registry.measure_clock()
         got = await self.registry.register_detail(self.agent_id, **self._register_kw())
+        self.state.beat_ok_at = time.monotonic()
         if not got.replaced_instance:
             return
         who = (
@@ -151,27 +151,6 @@ class Liveness(Part):
             log.info("messages arrived during shutdown: the sweeper moves them on")
 
     # -- progress -----------------------------------------------------------------------
-    async def watchdog(self) -> None:
-        """Readiness follows the consumer: a consumer that is alive but has not come round
-        its loop for ``consumer_stall_s`` (a read that hangs) is marked not ready, so
-        routing avoids it, and ready again once it moves."""
-        st = self.state
-        unready_by_us = False
-        while True:
-            await anyio.sleep(self.opts.heartbeat_s)
-            stuck_s = time.monotonic() - st.consumer_tick
-            try:
-                if stuck_s > self.opts.consumer_stall_s and st.ready and not st.draining:
-                    log.error("consumer made no progress for %.1fs: marked not ready", stuck_s)
-                    await self.set_ready(False)
-                    unready_by_us = True
-                elif stuck_s <= self.opts.consumer_stall_s and unready_by_us:
-                    log.warning("consumer moves again: ready")
-                    await self.set_ready(True)
-                    unready_by_us = False
-            except (rexc.RedisError, OSError) as e:
-                self.outages.failed("readiness update", e)
-
     async def ticker(self) -> None:
         """Proof of event-loop progress, read by the heartbeat thread."""
         period = min(self.opts.heartbeat_s, self.opts.stall_s / 4)
@@ -185,6 +164,11 @@ class Liveness(Part):
         agent, stopped when the last one leaves); its rounds go out on this event loop."""
         self.loop = asyncio.get_running_loop()
         self._hb = Heartbeats.join(self.url, self)
+
+    @property
+    def heartbeats(self) -> Heartbeats | None:
+        """The heartbeat thread renewing this agent (None before it joins, after it leaves)."""
+        return self._hb
 
     def stop_heartbeat(self) -> None:
         hb, self._hb = self._hb, None
@@ -226,6 +210,7 @@ class Liveness(Part):
             st.stale = True
             st.request_stop()
             return False
+        st.beat_ok_at = time.monotonic()
         self.outages.ok()
         return True
 
@@ -331,6 +316,7 @@ class Heartbeats:
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="reach-heartbeat", daemon=True)
         self._r: Any = None  # the thread's own connection, while a loop is blocked
+        self.turned_at = time.monotonic()  # the thread last came round its loop
         self.rounds = 0  # rounds sent (for tests and benchmarks)
         self.fallbacks = 0  # rounds the thread sent itself (a blocked loop)
 
@@ -368,6 +354,12 @@ class Heartbeats:
         with cls._hubs_lock:
             return len(cls._hubs)
 
+    def quiet_s(self) -> float | None:
+        """How long since the thread last came round its loop (None: it has ended)."""
+        if not self._thread.is_alive():
+            return None
+        return time.monotonic() - self.turned_at
+
     def _next_wait(self) -> float:
         with self._lock:
             if not self._members:
@@ -386,6 +378,7 @@ class Heartbeats:
 
     def _run(self) -> None:
         while not self._stopped:
+            self.turned_at = time.monotonic()
             self._wake.wait(self._next_wait())
             self._wake.clear()
             if self._stopped:

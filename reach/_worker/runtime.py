@@ -2,7 +2,8 @@
 tasks in one task group, and owns the lifecycle.
 
 Start: connect, register (not ready), create the inbox groups, start the heartbeat
-thread and the tasks, resume this agent_id's pending entries, mark ready, serve.
+thread and the tasks, resume this agent_id's pending entries, mark ready (unless the
+application's readiness check fails or it paused itself: ``readiness``), serve.
 Stop (``stop()``, a signal, an operator's drain, a newer registration): the consumer
 stops reading, entries read but not started are left pending, running handlers get
 ``drain_timeout_s`` to finish (then they are cancelled), every outcome is settled, and
@@ -47,6 +48,7 @@ from .hookchain import HookChain
 from .letters import DeadLetters
 from .liveness import Liveness
 from .preempting import Preemption
+from .readiness import Readiness
 from .settlement import Settlement
 from .state import Outages, Shared, WorkerState
 from .stats import Stats
@@ -566,6 +568,7 @@ class Runtime:
         self.consumer: Consumer | None = None
         self.cancels: Cancels | None = None
         self.preemption: Preemption | None = None
+        self.readiness: Readiness | None = None  # what /healthz and /readyz read
 
     @property
     def instance_id(self) -> str:
@@ -622,6 +625,7 @@ class Runtime:
             shared, execution=execution, settlement=settlement, letters=letters
         )
         liveness = Liveness(shared, url=url, registry=registry, version=self.version)
+        readiness = self.readiness = Readiness(shared, liveness=liveness)
         hooks.on_start(st)
         try:
             await liveness.register()
@@ -629,7 +633,7 @@ class Runtime:
             async with client, anyio.create_task_group() as tg:
                 liveness.start_heartbeat()
                 tg.start_soon(liveness.ticker)
-                tg.start_soon(liveness.watchdog)
+                tg.start_soon(readiness.run)
                 tg.start_soon(settlement.run)
                 tg.start_soon(cancels.watch_when_free)
                 tg.start_soon(execution.renew_claims)
@@ -647,12 +651,9 @@ class Runtime:
                     tg.start_soon(liveness.signals, tg.cancel_scope)
                 tg.start_soon(liveness.watch_stop)
                 await consumer.resume_pending()
-                await liveness.set_ready(True)
+                await readiness.start()  # ready, unless its check or a pause says otherwise
                 if o.ready_event is not None:
                     o.ready_event.set()
-                log.info(
-                    "agent %s ready (%s)", self.agent.agent_id, ", ".join(self.agent.capabilities)
-                )
                 await consumer.run()
                 await self._drain(liveness, settlement, execution, pool)
                 tg.cancel_scope.cancel()  # every outcome settled (or given up): no settle cut

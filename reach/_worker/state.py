@@ -54,6 +54,7 @@ class WorkerState:
         self.rescan = False  # look for this agent's pending entries at the next turn
         self.consumer_tick = time.monotonic()  # the consumer came round its loop
         self.loop_tick = time.monotonic()  # the event loop made progress
+        self.beat_ok_at = time.monotonic()  # registered, or a heartbeat answered (its lease runs)
         self._slot_free = anyio.Event()
         self.plain = PlainRuns()
         self.predecessor: Predecessor | None = None  # the live process replaced at start

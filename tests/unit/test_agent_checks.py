@@ -11,6 +11,8 @@ import msgspec
 import pytest
 
 from reach import Agent, ConfigError, Context
+from reach.envelope import Envelope
+from reach.keys import Keys
 
 
 class Opaque:
@@ -105,3 +107,50 @@ def test_agent_id_templates() -> None:
         agent_ids("same", 2)
     with pytest.raises(ConfigError, match="only"):
         agent_ids("s-{host}-{n}", 2)
+
+
+def test_a_readiness_check_takes_no_arguments_and_a_bounded_timeout() -> None:
+    app = Agent("r-1", capabilities=["c.x"])
+
+    @app.readiness
+    async def up() -> bool:
+        return True
+
+    assert app.readiness_check is not None and app.readiness_check.is_async
+    assert app.readiness_check.timeout_s == 5.0
+
+    @app.readiness(timeout_s=2)
+    def plain_up() -> bool:
+        return True
+
+    assert app.readiness_check.fn is plain_up and not app.readiness_check.is_async
+    assert app.readiness_check.timeout_s == 2.0
+    assert app.renamed("r-2").readiness_check is app.readiness_check  # copies keep it
+
+    def takes(x: int) -> bool:
+        return True
+
+    with pytest.raises(ConfigError, match="no arguments"):
+        app.readiness(takes)
+    for bad in (0, -1, 3601, float("nan"), True):
+        with pytest.raises(ConfigError, match="timeout_s"):
+            app.readiness(timeout_s=bad)
+
+
+def test_set_ready_before_run_starts_paused_and_a_bare_context_has_no_agent() -> None:
+    app = Agent("r-3", capabilities=["c.x"])
+    assert not app.paused
+    app.set_ready(False)  # no runtime yet: kept for the run
+    assert app.paused
+    app.set_ready(True)
+    assert not app.paused
+    ctx = Context(
+        Envelope(msg_id="m", capability="c.x"),
+        0,
+        agent_id="r-3",
+        redis=None,  # type: ignore[arg-type]
+        keys=Keys("ns"),
+        client=None,  # type: ignore[arg-type]
+    )
+    with pytest.raises(ConfigError, match="no agent"):
+        _ = ctx.agent

@@ -100,6 +100,7 @@ RANKS: dict[str, int] = {
     # the worker process, and the public face of it
     "reach._worker": 6,
     "reach.agent": 7,
+    "reach.health": 7,  # /healthz and /readyz of a process's agents, beside /metrics
     "reach.a2a": 7,  # reach.a2a.remote: an external A2A agent served as a reach agent
     "reach": 8,
     # faces over the library, never imported by it (optional extras)
