@@ -98,8 +98,13 @@ async def test_each_way_the_check_fails_and_passing_again(
         # A check that hangs: timed out, then (its thread still running) not run twice.
         mode["now"] = "hang"
         await wait_until(lambda: ready_in_registry(r, ns, "rd-1", False), what="timed out")
-        flips = [m for m in caplog.messages if "not ready, routing avoids it" in m]
-        assert flips[-1].endswith("readiness check did not answer within 0.3s"), flips
+
+        async def timeout_logged() -> bool:
+            # The flip's log line follows its registry write: wait for it, not just read.
+            flips = [m for m in caplog.messages if "not ready, routing avoids it" in m]
+            return bool(flips) and flips[-1].endswith("readiness check did not answer within 0.3s")
+
+        await wait_until(timeout_logged, what="the timeout logged as the reason")
 
         async def still_running() -> bool:
             _, body = probes.ready()
