@@ -26,10 +26,10 @@ from a2a.utils.errors import InvalidParamsError, TaskNotCancelableError
 from google.protobuf import struct_pb2
 
 from .._streaming import Stream
-from ..connection import as_text
 from ..envelope import MAX_ID_CHARS, new_id
 from ..errors import Cancelled, ReachError, Rejected, StreamTooLarge
 from ..outcomes import Status
+from ..untrusted import safe_text
 from ..watch import TaskChange
 from .mapping import error_of, payload_of, result_parts, takes_json_text
 from .resuming import CHUNK_NO
@@ -272,7 +272,8 @@ async def _watch_for_question(
         question, status = await gw.client.commands.hmget(record, ["question", "status"])
         if status is None:
             continue
-        if as_text(status) == Status.INPUT_REQUIRED and question:
+        # A record's bytes may be anyone's: read leniently, never raising on bad UTF-8.
+        if safe_text(status) == Status.INPUT_REQUIRED and question:
             task = await gw.client.task(task_id)
             if task.status == Status.INPUT_REQUIRED:
                 asked.append(
