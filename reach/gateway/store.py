@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import redis.exceptions as rexc
 from a2a.server.cluster.task_store import StoredTask, VersionedTaskStore
 from a2a.server.cluster.version import TaskVersion
 from a2a.server.context import ServerCallContext
@@ -36,10 +37,12 @@ from a2a.types.a2a_pb2 import (
     TaskState,
 )
 from a2a.utils.errors import TaskNotFoundError
+from google.protobuf.message import DecodeError
 
 from ..client import Client
 from ..errors import StreamTooLarge
 from ..keys import Keys
+from ..untrusted import safe_int, safe_text
 
 DEFAULT_TTL_S = 86_400.0
 DEFAULT_MAX_TASK_BYTES = 16 * 1024 * 1024
@@ -86,9 +89,8 @@ def install_append_hook() -> None:
 
 
 def _text(value: Any) -> str:
-    if value is None:
-        return ""
-    return value.decode() if isinstance(value, bytes) else str(value)
+    # Read leniently: the caller role may write these keys (docs/security.md).
+    return "" if value is None else safe_text(value)
 
 
 class RedisTaskStore(VersionedTaskStore):
@@ -136,10 +138,16 @@ class RedisTaskStore(VersionedTaskStore):
         if blob is None:
             return None
         task = Task()
-        task.ParseFromString(blob)
+        try:
+            task.ParseFromString(blob)
+        except DecodeError:  # garbled in Redis: as if not there, not an error for everyone
+            return None
         for raw in parts:
             more = Artifact()
-            more.ParseFromString(raw)
+            try:
+                more.ParseFromString(raw)
+            except DecodeError:
+                continue
             for artifact in task.artifacts:
                 if artifact.artifact_id == more.artifact_id:
                     artifact.parts.extend(more.parts)
@@ -224,8 +232,8 @@ class RedisTaskStore(VersionedTaskStore):
             pipe.rpush(parts_key, blob)
             pipe.pexpire(parts_key, self.ttl_ms)
             _, size, *_ = await pipe.execute()
-            if int(size) > self.max_task_bytes:
-                raise StreamTooLarge(self._too_large(task.id, int(size)))
+            if safe_int(size) > self.max_task_bytes:
+                raise StreamTooLarge(self._too_large(task.id, safe_int(size)))
             return TaskVersion.MISSING
         blob = task.SerializeToString()
         if len(blob) > self.max_task_bytes:
@@ -233,10 +241,10 @@ class RedisTaskStore(VersionedTaskStore):
         was_owner, was_state, was_size, parts_bytes = await self.client.commands.hmget(
             key, ["owner", "state", "size", "parts_bytes"]
         )
-        size = len(blob) + int(_text(parts_bytes) or 0)
+        size = len(blob) + safe_int(parts_bytes, lo=0)
         if was_owner is not None and _text(was_owner) != owner:
             raise TaskNotFoundError  # another caller's: the SDK looked it up as ours first
-        finished_before = was_state is not None and int(was_state) in TERMINAL
+        finished_before = was_state is not None and safe_int(was_state, -1) in TERMINAL
         finished = task.status.state in TERMINAL
         now = _now_ms()
         pipe = self.client.redis.pipeline(transaction=True)
@@ -257,14 +265,30 @@ class RedisTaskStore(VersionedTaskStore):
         pipe.pexpire(owned, self.ttl_ms)
         if finished_before:
             pipe.zrem(k.gateway_finished, f"{task.id} {_text(was_size) or 0}")
-            pipe.decrby(k.gateway_bytes, int(_text(was_size) or 0))
+            pipe.decrby(k.gateway_bytes, safe_int(was_size, lo=0))
         if finished:
             pipe.zadd(k.gateway_finished, {f"{task.id} {size}": now})
             pipe.incrby(k.gateway_bytes, size)
-        results = await pipe.execute()
-        if finished and int(results[-1]) > self.max_store_bytes:
+        # A counter that is no integer (written by another hand) fails only its own command
+        # in the transaction: it is counted again, and the task is saved either way.
+        results = await pipe.execute(raise_on_error=False)
+        for r in results:
+            if isinstance(r, Exception) and not _not_an_integer(r):
+                raise r
+        held = results[-1] if (finished or finished_before) else 0
+        if isinstance(held, Exception):
+            held = await self.recount()
+        if finished and safe_int(held) > self.max_store_bytes:
             await self.trim()
         return TaskVersion.MISSING
+
+    async def recount(self) -> int:
+        """Set the held-bytes counter from the finished tasks' list (their sizes are in
+        its members): what it should hold. For a counter found not to be an integer."""
+        members = await self.client.commands.zrange(self.keys.gateway_finished, 0, -1)
+        held = sum(_size_of(m) for m in members)
+        await self.client.commands.set(self.keys.gateway_bytes, held)
+        return held
 
     def _too_large(self, task_id: str, size: int) -> str:
         return (
@@ -284,8 +308,11 @@ class RedisTaskStore(VersionedTaskStore):
             for member in expired:
                 pipe.zrem(finished, member)
                 pipe.decrby(held, _size_of(member))
-            await pipe.execute()
-        over = int(_text(await cmd.get(held)) or 0) - self.max_store_bytes
+            await pipe.execute(raise_on_error=False)
+        now_held = await cmd.get(held)
+        if now_held is not None and safe_int(now_held, -1) < 0:
+            now_held = await self.recount()
+        over = safe_int(now_held) - self.max_store_bytes
         while over > 0:
             oldest = await cmd.zrange(finished, 0, _TRIM_BATCH - 1)
             if not oldest:
@@ -302,18 +329,22 @@ class RedisTaskStore(VersionedTaskStore):
                 pipe.delete(k.gateway_task_parts(task_id))
                 over -= _size_of(member)
                 dropped += 1
-            await pipe.execute()
+            await pipe.execute(raise_on_error=False)
         return dropped
 
     async def held_bytes(self) -> int:
         """The bytes the finished tasks hold now."""
-        return int(_text(await self.client.commands.get(self.keys.gateway_bytes)) or 0)
+        return safe_int(await self.client.commands.get(self.keys.gateway_bytes), lo=0)
 
     async def delete(self, task_id: str, context: ServerCallContext) -> None:
         if await self.owner_of(task_id) == resolve_user_scope(context):
             await self.client.commands.delete(
                 self.keys.gateway_task(task_id), self.keys.gateway_task_parts(task_id)
             )
+
+
+def _not_an_integer(e: Exception) -> bool:
+    return isinstance(e, rexc.ResponseError) and "not an integer" in str(e)
 
 
 def _size_of(member: Any) -> int:

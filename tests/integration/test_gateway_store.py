@@ -92,3 +92,37 @@ async def test_streamed_chunks_are_appended_and_answered_whole(redis_url: str, n
         assert stored is not None
         [stream] = [x for x in stored.task.artifacts if x.name == "stream"]
         assert [p.text for p in stream.parts] == ["0", "1", "2"]
+
+
+async def test_garbled_values_in_redis_break_no_save(redis_url: str, ns: str) -> None:
+    """The store's keys are writable by the caller role (docs/security.md): a counter that
+    is no integer, a task hash with garbage in it, must not stop every caller's saves."""
+    a = ServerCallContext(user=Named("a"))
+    async with Client(redis_url=redis_url, namespace=ns) as c:
+        store = RedisTaskStore(c, max_store_bytes=30_000)
+        k = store.keys
+        await c.redis.set(k.gateway_bytes, b"\xff not a number")
+        await save(store, task(1, TaskState.TASK_STATE_COMPLETED, 10_000), a)
+        # counted again from the finished tasks: the one just saved
+        assert 10_000 < await store.held_bytes() < 11_000
+        await c.redis.set(k.gateway_bytes, "abc")
+        for i in range(2, 5):  # over the bound: trimmed although the counter was garbage
+            await save(store, task(i, TaskState.TASK_STATE_COMPLETED, 10_000), a)
+        assert await store.get("t1", a) is None and await store.get("t4", a) is not None
+        assert 0 < await store.held_bytes() <= 30_000
+        # a task hash with garbage in every field: read as missing, saved over
+        await c.redis.hset(
+            k.gateway_task("t9"),
+            mapping={
+                "owner": "a",
+                "task": b"\xff\x00garbage",
+                "state": "x",
+                "size": "y",
+                "parts_bytes": b"\xfe",
+            },
+        )
+        assert await store.get("t9", a) is None
+        await save(store, task(9, TaskState.TASK_STATE_COMPLETED), a)
+        assert (await store.get("t9", a)) is not None
+        page = await store.list(ListTasksRequest(), a)
+        assert "t9" in [t.id for t in page.tasks]
