@@ -41,7 +41,9 @@
 --
 -- Returns {1, now_ms}: registered anew
 --         {2, now_ms}: replaced a registration of the same agent_id (same or older version,
---                      or a stored record whose version is unreadable)
+--                      or a stored record whose version is unreadable); a re-registration
+--                      of the same instance keeps its 'draining' flag (an operator's drain
+--                      outlives an eviction), any other starts not draining
 --         {2, now_ms, instance_id, host, pid, live}: the same, when the registration
 --                      replaced is another instance's (not a re-registration of this
 --                      one): its instance_id, host and pid ('' if it stored none) and
@@ -200,9 +202,10 @@ local id = ARGV[1]
 local version = tonumber(ARGV[3])
 
 local stored = redis.call('HMGET', KEYS[2], 'version', 'caps', 'state', 'instance_id', 'host',
-  'pid')
+  'pid', 'draining')
 local code = RegisterCode_NEW
 local replaced = nil
+local draining = '0'
 if redis.call('EXISTS', KEYS[2]) == 1 then
   -- A stored version that is not a number (a record written behind the scripts' back)
   -- cannot fence anyone: the new registration replaces it.
@@ -211,6 +214,9 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
     return {RegisterCode_STALE, stored[1]}
   end
   code = RegisterCode_REPLACED
+  -- The same process registering again (after an eviction it outlived) keeps a drain an
+  -- operator asked of it: it may have been evicted before a heartbeat told it.
+  if stored[4] == ARGV[2] and stored[7] == '1' then draining = '1' end
   if stored[4] and stored[4] ~= ARGV[2] then
     local deadline = tonumber(redis.call('ZSCORE', KEYS[1], id)) or 0
     local live = (stored[3] == 'active' and deadline > now) and '1' or '0'
@@ -233,7 +239,7 @@ end
 redis.call('HSET', KEYS[2],
   'agent_id', id, 'instance_id', ARGV[2], 'version', ARGV[3], 'weight', ARGV[4],
   'caps', ARGV[5], 'metadata', ARGV[6], 'lease_ms', ARGV[7], 'evict_after_ms', ARGV[8],
-  'card', ARGV[10], 'ready', ARGV[11], 'draining', '0', 'state', 'active',
+  'card', ARGV[10], 'ready', ARGV[11], 'draining', draining, 'state', 'active',
   'registered_ms', now, 'last_heartbeat_ms', now, 'state_ms', now,
   'ready_ms', (ARGV[11] == '1') and now or 0, 'queue_depth', 0, 'inflight', 0,
   'max_queue', ARGV[12], 'slots', ARGV[13] or '0', 'handler_us', 0)

@@ -201,6 +201,27 @@ async def test_register_after_eviction_keeps_shadow_ttl_off(reg: Registry, r: An
     await assert_consistent(reg)
 
 
+async def test_a_drain_outlives_an_eviction_of_the_same_instance(reg: Registry) -> None:
+    """An operator drains an agent, which is evicted before a heartbeat tells it: the same
+    process registering again is still draining; a new process (another instance) is not."""
+    _, inst, version = await register(reg, "a1", ["c"], lease_ms=1, evict_after_ms=1)
+    assert await reg.drain("a1") == 1
+
+    async def evicted() -> bool:
+        res = await reg.sweep(shadow_ttl_ms=LONG_EVICT_MS)
+        return "a1" in res.evicted
+
+    await wait_until(evicted, what="eviction")
+    code, _, _ = await register(reg, "a1", ["c"], instance_id=inst, version=version)
+    assert code == 2
+    a = await reg.get("a1")
+    assert a is not None and a.draining and a.state == "active"
+    code, _, _ = await register(reg, "a1", ["c"])  # a new process: starts afresh
+    a = await reg.get("a1")
+    assert a is not None and not a.draining
+    await assert_consistent(reg)
+
+
 async def test_query_by_capability_state_ready_and_metadata(reg: Registry) -> None:
     _, i1, _ = await register(reg, "eu1", ["text.summarize"], metadata={"region": "eu", "gpu": 1})
     _, i2, _ = await register(
