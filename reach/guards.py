@@ -313,13 +313,13 @@ class Schema(Guard):
                 if ret not in (Any, object, None, type(None)):
                     out = ret
         inp = None if self.input is DERIVED else self.input  # typed: validated already
-        if inp is None and out is None and self.input is DERIVED and payload_type is Any:
+        if inp is None and out is None:
             name = getattr(handler, "__qualname__", repr(handler))
             raise ConfigError(
-                f"Schema() on {capability!r} ({name}): the handler's annotations give no "
-                "schema to check (an untyped payload, no return annotation). Give one: "
-                "Schema(input={...JSON Schema...}) or Schema(input=MyStruct), or annotate "
-                "the handler's result."
+                f"Schema() on {capability!r} ({name}) would check nothing: the handler's "
+                "result has no annotation to derive a schema from (a typed payload is "
+                "validated already). Give one: Schema(input={...JSON Schema...}) or "
+                "Schema(input=MyStruct), or annotate the handler's result."
             )
         return Schema(inp, out, rule=self.rule)
 
