@@ -385,6 +385,8 @@ _INVISIBLE = re.compile("[\u00ad\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\uf
 def normalized(text: str) -> str:
     """``text`` as deny patterns see it: NFKC (full-width and other look-alike forms
     folded) without zero-width and direction-control characters."""
+    if text.isascii():  # NFKC leaves ASCII as it is, and it holds none of those
+        return text
     return _INVISIBLE.sub("", unicodedata.normalize("NFKC", text))
 
 
