@@ -291,7 +291,7 @@ class HandlerResult(StrEnum):
     TIMEOUT = DeadReason.TIMEOUT.value
     """It ran past the message's deadline."""
     REJECTED = DeadReason.REJECTED.value
-    """It raised ``reach.Reject``."""
+    """It raised ``reach.Reject``, or a guard refused its content (``refused_by_guard``)."""
     CANCELLED = DeadReason.CANCELLED.value
     """Its message was cancelled while it ran (``client.cancel``), whatever it did then."""
     ERROR = "error"
