@@ -189,6 +189,18 @@ async def test_the_refusal_sticks_once_the_handler_caught_it() -> None:
     assert "may not call 'other.cap' (allowed: ok.cap)" in str(e.value)
 
 
+def test_every_allow_list_applies() -> None:
+    agent_list, handler_list = OnwardCalls(["a.b", "c.d"]), OnwardCalls(["c.d", "e.f"], rule="own")
+    run = GuardRun(HandlerGuards("x.y", [agent_list, handler_list]), fake_ctx())
+    run.onward("c.d")  # in both
+    with pytest.raises(reach.GuardRefused) as e:
+        run.onward("a.b")  # the handler's list lacks it
+    assert e.value.rule == "own" and "(allowed: c.d, e.f)" in str(e.value)
+    run = GuardRun(HandlerGuards("x.y", [OnwardCalls([])]), fake_ctx())
+    with pytest.raises(reach.GuardRefused, match="allowed: none"):
+        run.onward("c.d")
+
+
 async def test_input_is_checked_before_and_output_after_the_handler() -> None:
     ran: list[Any] = []
 
