@@ -20,6 +20,7 @@ from .errors import (
     ConnectionsExhausted,
     DeadLetterNotFound,
     DeadlineExceeded,
+    GuardRefused,
     HopLimitExceeded,
     InvalidCapability,
     LoopDetected,
@@ -49,6 +50,7 @@ from .errors import (
     WouldDeadlock,
 )
 from .gather import Answer, Failure, Gathered, Vote, vote
+from .guards import Guard, Refuse
 from .hooks import Hooks
 from .outcomes import DeadReason, Status, Unavailable
 from .registry import AgentInfo, Registry, normalize_capability
@@ -82,6 +84,8 @@ __all__ = [
     "Envelope",
     "Failure",
     "Gathered",
+    "Guard",
+    "GuardRefused",
     "Hooks",
     "Hop",
     "HopLimitExceeded",
@@ -98,6 +102,7 @@ __all__ = [
     "ReachError",
     "RedisFull",
     "RedisUnavailable",
+    "Refuse",
     "Registry",
     "Reject",
     "Rejected",

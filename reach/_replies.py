@@ -34,11 +34,13 @@ from .envelope import CHUNK, Envelope, Reply, decode_payload, decode_reply, now_
 from .errors import (
     Cancelled,
     DeadlineExceeded,
+    GuardRefused,
     HopLimitExceeded,
     LoopDetected,
     Rejected,
     RemoteError,
 )
+from .guards import rule_of
 from .outcomes import DeadReason, Status, is_rejection, is_retryable
 from .signing import Signer
 
@@ -363,6 +365,8 @@ def outcome_of(capability: str, msg_id: str, reply: Reply) -> Any:
         raise HopLimitExceeded(reply.error, path=path_of(reply.error))
     if reply.reason == DeadReason.LOOP:
         raise LoopDetected(reply.error, path=path_of(reply.error))
+    if reply.reason == DeadReason.REFUSED_BY_GUARD:
+        raise GuardRefused(reply.error, rule=rule_of(reply.error))
     if reply.status == Status.DEAD and is_rejection(reply.reason):
         raise Rejected(f"{capability!r} was rejected: {reply.error}", reason=reply.reason)
     raise RemoteError(

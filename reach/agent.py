@@ -29,12 +29,14 @@ import msgspec
 import msgspec.inspect
 
 from ._emitting import KEEP_BYTES, KEEP_CHUNKS, KEEP_S, streamed
+from ._worker.guarding import check_guards, guarded
 from ._worker.readiness import READINESS_TIMEOUT_S, ReadinessCheck
 from ._worker.runtime import Runtime
 from .callpath import DEFAULT_MAX_HOPS, check_max_hops
 from .config import resolve_redis_url
 from .doctor import warn_once
 from .errors import ConfigError
+from .guards import Guard
 from .hooks import Hooks
 from .limits import RateLimit, parse_limit
 from .recent import RECENT_MAXLEN
@@ -353,6 +355,9 @@ class Agent:
     calls through ``ctx.client`` go at most this many calls below the first message
     (:class:`~reach.HopLimitExceeded`), and a message deeper than that reaching it (or
     than its handler's own ``max_hops``) is dead-lettered ``hop_limit`` without running.
+    ``guards`` (:mod:`reach.guards`) check the content of every capability's messages,
+    before the guards of each handler (``@app.handler(..., guards=[...])``); they apply
+    to the handlers decorated after (docs/security.md, *Guards*).
     """
 
     def __init__(
@@ -366,6 +371,7 @@ class Agent:
         max_queue: int = 0,
         hooks: Iterable[Hooks] = (),
         max_hops: int = DEFAULT_MAX_HOPS,
+        guards: Iterable[Guard | Callable[..., Any]] = (),
     ) -> None:
         if not agent_id or not isinstance(agent_id, str) or any(c in agent_id for c in "{}, "):
             raise ConfigError(
@@ -384,6 +390,7 @@ class Agent:
         self.card = dict(card) if card else None
         self.max_queue = max_queue
         self.max_hops = check_max_hops(max_hops, f"Agent {agent_id!r}")
+        self.guards = check_guards(guards, f"Agent {agent_id!r}")
         self.handlers: dict[str, HandlerSpec] = {}
         self.hooks: list[Hooks] = []
         self.add_hooks(*hooks)
@@ -408,6 +415,7 @@ class Agent:
             max_queue=self.max_queue,
             hooks=self.hooks,
             max_hops=self.max_hops,
+            guards=self.guards,
         )
         other.handlers = dict(self.handlers)
         other.readiness_check = self.readiness_check
@@ -434,6 +442,7 @@ class Agent:
         max_hops: int | None = None,
         timeout_s: float | None = None,
         idempotent: bool = False,
+        guards: Iterable[Guard | Callable[..., Any]] = (),
     ) -> Callable[[Handler], Handler]:
         """Decorator: ``fn(payload, ctx)`` answers messages of ``capability``.
 
@@ -474,6 +483,12 @@ class Agent:
         registration (``metadata["idempotent"]``), and a caller may then hedge a slow
         request with ``hedge_after_s`` (a second copy to another agent; the first answer
         wins). Without it, reach never runs a started message twice on purpose.
+
+        ``guards`` (:mod:`reach.guards`: ``Size``, ``Schema``, ``Deny``, ``OnwardCalls``, or
+        a function ``fn(value, ctx)``) check the input before the handler runs, its output
+        before the reply, its streamed chunks and its onward calls, after the agent's own
+        ``guards``: a refusal is dead-lettered ``refused_by_guard`` at once and the caller
+        gets :class:`~reach.GuardRefused` naming the rule (docs/security.md, *Guards*).
         """
         if max_hops is not None:
             check_max_hops(max_hops, f"@app.handler({capability!r})")
@@ -491,6 +506,7 @@ class Agent:
             raise ConfigError(f"burst={burst} needs a rate, e.g. rate='100/s', burst={burst}.")
         limit = parse_limit(rate, burst=burst) if rate is not None else None
         cap = normalize_capability(capability)
+        own_guards = check_guards(guards, f"@app.handler({capability!r})")
         if cap not in self.capabilities:
             raise ConfigError(
                 f"Agent {self.agent_id!r} does not declare capability {cap!r}; add it to "
@@ -510,13 +526,12 @@ class Agent:
         def deco(fn: Handler) -> Handler:
             payload_type = _payload_type(fn)
             self.publish_schemas(cap, handler_schemas(fn, payload_type))
-            if inspect.isasyncgenfunction(fn):  # a streaming handler: each yield is a chunk
-                self.handlers[cap] = HandlerSpec(
-                    streamed(fn), True, payload_type, limit, preemptible, max_hops
-                )
-                return fn
+            is_async = inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn)
+            # a streaming handler: each yield is a chunk
+            run = streamed(fn) if inspect.isasyncgenfunction(fn) else fn
+            run = guarded(run, is_async, [*self.guards, *own_guards], cap, fn, payload_type)
             self.handlers[cap] = HandlerSpec(
-                fn, inspect.iscoroutinefunction(fn), payload_type, limit, preemptible, max_hops
+                run, is_async, payload_type, limit, preemptible, max_hops
             )
             return fn
 

@@ -45,6 +45,16 @@ class CancelState(Protocol):
         """The handler sent ``msg_id`` through ``ctx.client``."""
 
 
+class GuardHook(Protocol):
+    """The guards of a guarded handler's message (reach._worker.guarding.GuardRun):
+    asked before a chunk is written and before an onward call is sent; each raises
+    :class:`~reach.GuardRefused` to refuse."""
+
+    async def chunk(self, value: Any) -> None: ...
+
+    def onward(self, capability: str) -> None: ...
+
+
 class Context:
     """What a handler knows about the message it is handling.
 
@@ -84,6 +94,7 @@ class Context:
     _waiting: Slots | None = None  # set by the worker: where a waiting handler's slot goes
     _asker: Asker | None = None  # made by the first ask()
     _agent: Agent | None = None  # set by the worker: the agent handling the message
+    _guards: GuardHook | None = None  # set by a guarded handler (reach._worker.guarding)
 
     @property
     def agent(self) -> Agent:
@@ -152,14 +163,22 @@ class Context:
         """A client whose calls inherit this message's deadline, session and trace, and
         carry its call path (docs/concepts.md, *Call graphs*)."""
         return ChildClient(
-            self._client, self.envelope, self._cancel, agent_id=self.agent_id, slots=self._slots
+            self._client,
+            self.envelope,
+            self._cancel,
+            agent_id=self.agent_id,
+            slots=self._slots,
+            guards=self._guards,
         )
 
     async def emit(self, chunk: Any) -> None:
         """Stream ``chunk`` to the caller now, before the final result: chunks reach a
         :meth:`reach.Client.stream` caller in the order emitted (a ``request()`` caller
         gets only the final result). ``chunk`` is any value a payload may be. See
-        :meth:`reach._emitting.ChunkWriter.emit` for what it raises."""
+        :meth:`reach._emitting.ChunkWriter.emit` for what it raises, and
+        :class:`~reach.GuardRefused` when a guard of the handler refuses it."""
+        if self._guards is not None:
+            await self._guards.chunk(chunk)
         if self.chunks is None:
             self.chunks = ChunkWriter(
                 self._redis,
@@ -299,8 +318,10 @@ class ChildClient:
         *,
         agent_id: str = "",
         slots: SelfSlots | None = None,
+        guards: GuardHook | None = None,
     ) -> None:
         self._client = client
+        self._guards = guards  # the handler's guards: its allow-list of onward calls
         self._parent = parent
         self._cancel = cancel  # the parent's: its children are cancelled with it
         self._agent_id = agent_id  # the agent the parent runs on ('' : no call path kept)
@@ -312,6 +333,8 @@ class ChildClient:
         """Build the call's envelope with its call path, and the gate its routing asks;
         :class:`~reach.HopLimitExceeded` when it would be too deep."""
         env = self._client.build(capability, payload, reply=waits, **kw)
+        if self._guards is not None:  # an allow-list refuses it before anything is sent
+            self._guards.onward(env.capability)
         if not self._agent_id:
             return env, None
         env.hops, env.path = child_path(self._parent, self._agent_id, waits=waits)

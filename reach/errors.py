@@ -198,6 +198,20 @@ class LoopDetected(Rejected):
         self.path = path
 
 
+class GuardRefused(Rejected):
+    """A guard refused the message's content (docs/security.md, *Guards*): its input
+    before the handler ran, its output before the reply, a streamed chunk, or a call its
+    handler made through ``ctx.client`` to a capability outside the handler's allow-list
+    (raised in the handler, before anything is sent). Dead-lettered ``refused_by_guard``
+    at once, not retried: sending the same content again meets the same guard. ``rule``
+    names the rule that refused it (also in the message and the dead letter). Change the
+    content, or ask the agent's operator about the rule."""
+
+    def __init__(self, message: str, *, rule: str = "") -> None:
+        super().__init__(message, reason=DeadReason.REFUSED_BY_GUARD)
+        self.rule = rule
+
+
 class WouldDeadlock(NoAgentAvailable):
     """A handler called a capability of its own agent while none of that agent's handler
     slots is free, and no other agent of the capability could take the call: the call

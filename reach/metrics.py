@@ -636,8 +636,8 @@ def handler_outcome(outcome: Outcome) -> HandlerResult:
         return HandlerResult.SUCCEEDED
     if outcome.reason == DeadReason.TIMEOUT:
         return HandlerResult.TIMEOUT
-    if outcome.reason == DeadReason.REJECTED:
-        return HandlerResult.REJECTED
+    if outcome.reason in (DeadReason.REJECTED, DeadReason.REFUSED_BY_GUARD):
+        return HandlerResult.REJECTED  # refused for what it is: not the handler's error
     if outcome.reason == DeadReason.CANCELLED:
         return HandlerResult.CANCELLED
     return HandlerResult.ERROR

@@ -30,6 +30,7 @@ reason               rejection  retryable  blames  refusal  written when
 ``poisoned``         yes        no         yes     no       its runs never ended: taken over too often
 ``hop_limit``        yes        no         no      yes      a handler's call deeper than ``max_hops``
 ``loop``             yes        no         no      yes      a handler's call entering a waiting caller
+``refused_by_guard`` yes        no         no      yes      a guard refused its content (reach.guards)
 ``max_attempts``     no         yes        yes     no       the handler failed every attempt
 ``timeout``          no         yes        yes     no       the handler ran past the deadline
 ``expired``          no         no         no      no       no time left to run it (again)
@@ -174,6 +175,7 @@ class DeadReason(StrEnum):
     POISONED = "poisoned"
     HOP_LIMIT = "hop_limit"
     LOOP = "loop"
+    REFUSED_BY_GUARD = "refused_by_guard"
 
 
 RAW_REASONS: Final = frozenset({DeadReason.MALFORMED, DeadReason.VERSION, DeadReason.TOO_LARGE})
@@ -193,6 +195,7 @@ REFUSALS: Final = RAW_REASONS | {
     DeadReason.UNAUTHENTICATED,
     DeadReason.HOP_LIMIT,
     DeadReason.LOOP,
+    DeadReason.REFUSED_BY_GUARD,
 }
 """The agent refused the message for what it is: A2A ``rejected`` (else ``failed``)."""
 
@@ -288,7 +291,7 @@ class HandlerResult(StrEnum):
     TIMEOUT = DeadReason.TIMEOUT.value
     """It ran past the message's deadline."""
     REJECTED = DeadReason.REJECTED.value
-    """It raised ``reach.Reject``."""
+    """It raised ``reach.Reject``, or a guard refused its content (``refused_by_guard``)."""
     CANCELLED = DeadReason.CANCELLED.value
     """Its message was cancelled while it ran (``client.cancel``), whatever it did then."""
     ERROR = "error"

@@ -34,6 +34,7 @@ from ..outcomes import DeadReason, Outcome, Settled, Status
 from ..scripts.delivery import Completion, DeadLetter, Delayed, Mode
 from ..signing import sign_reply_for
 from ..tasks import dead_letter_op
+from .guarding import refused_here
 from .items import Delivery
 
 _SETTLED: dict[str, Settled] = {s.value: s for s in Settled}
@@ -138,7 +139,8 @@ def raised(
 
     ``reach.Reject`` is dead-lettered at once, and so is a ``HopLimitExceeded`` or
     ``LoopDetected`` of one of the handler's own calls (reason ``hop_limit`` / ``loop``,
-    passed up the path to every waiting caller); any other exception is retried while
+    passed up the path to every waiting caller), and a refusal of the agent's own guards
+    (``refused_by_guard``, reach._worker.guarding); any other exception is retried while
     attempts remain (then dead-lettered ``max_attempts``), after ``backoff_ms`` or the
     ``delay_s`` of a ``reach.Retry``, unless the deadline would pass before the retry
     (then it expires).
@@ -154,6 +156,8 @@ def raised(
         # A call of this handler was refused for its path (reach.callpath): every attempt
         # would make the same call, so its caller is told at once, up the whole path.
         return refused_call(exc)
+    if refused_here(exc):  # this agent's guard refused its content: told at once
+        return refused_call(exc)  # type: ignore[arg-type]
     if env.attempt >= env.max_attempts:
         return Outcome(Status.DEAD, DeadReason.MAX_ATTEMPTS, str(exc), etype, exc=exc)
     delay_ms = backoff_ms

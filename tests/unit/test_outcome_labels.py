@@ -69,6 +69,7 @@ def test_handler_outcome_labels() -> None:
     assert label(Status.DEAD, DeadReason.BAD_RESULT) == "succeeded"
     assert label(Status.EXPIRED, DeadReason.TIMEOUT) == "timeout"
     assert label(Status.DEAD, DeadReason.REJECTED) == "rejected"
+    assert label(Status.DEAD, DeadReason.REFUSED_BY_GUARD) == "rejected"  # not an error
     assert label(Status.DEAD, DeadReason.MAX_ATTEMPTS) == "error"
     assert label(Status.RETRYING) == "error"
     assert label(Status.DEAD, "max_attempts") == "error"  # a plain str read back from Redis
