@@ -31,6 +31,7 @@ from ..client import Client
 from ..connection import AnyRedis
 from .console import HERE, Console
 from .formatting import _ago, _q, note_text, sent_ms_of
+from .routes.audit import audit_page
 from .routes.dead_letters import (
     dlq_page,
     letter_page,
@@ -183,6 +184,7 @@ def create_app(
         Route("/message/cancel", cancel_do, methods=["POST"]),
         Route("/message/answer", answer_form, methods=["GET"]),
         Route("/message/answer", answer_do, methods=["POST"]),
+        Route("/audit", audit_page),
         Route("/dlq", dlq_page),
         Route("/dlq/letter", letter_page),
         Route("/dlq/replay", replay_confirm, methods=["GET"]),

@@ -71,6 +71,7 @@ RANKS: dict[str, int] = {
     "reach.steps": 2,  # ctx.step: a handler's durable steps, journaled in its record
     "reach.watch": 2,  # following a task's changes (client.watch, ctx.progress)
     "reach.asking": 2,  # ctx.ask / client.answer: human input, kept in the task record
+    "reach.audit": 2,  # the audit trail: operator actions and audited calls (reach audit)
     # routing: pure picks over the view
     "reach.routing": 3,
     # the caller side and what watches it
