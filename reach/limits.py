@@ -110,7 +110,7 @@ async def set_limit(redis: AnyRedis, keys: Keys, capability: str, limit: RateLim
     :data:`LIMITS_REFRESH_S`."""
     cap = normalize_capability(capability)
     action = "caps.limit.clear" if limit is None else "caps.limit"
-    detail = {} if limit is None else {"limit": limit.stored()}
+    detail = {} if limit is None else {"limit": str(limit)}
     async with audit.operator_action(redis, keys, action, target=cap, detail=detail):
         if limit is None:
             await redis.hdel(keys.limits, cap)
