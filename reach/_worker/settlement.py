@@ -230,14 +230,16 @@ class Settlement(Part):
             recent=self.index.take(batch),
         )
         settled: list[tuple[Envelope | None, str, str]] = []  # after_settle's, once per batch
-        written: list[Settleable] = []  # what the audit trail may record
+        written: list[Settleable] | None = [] if self.audit.capabilities else None
         for it, res in zip(batch, results, strict=True):
             if res is SettleCode.SETTLED:
                 settled.append(_settled_row(it))
-                written.append(it)
+                if written is not None:  # what the audit trail may record
+                    written.append(it)
             elif res is SettleCode.FENCED and it in self._retried and await self._applied(it):
                 settled.append(_settled_row(it))  # an earlier try was written, its answer lost
-                written.append(it)
+                if written is not None:
+                    written.append(it)
             elif res is SettleCode.FENCED and isinstance(it, Delivery):
                 self.hooks.on_fenced(it.env)
                 log.warning(
@@ -249,7 +251,8 @@ class Settlement(Part):
             # Otherwise (standalone) it was refused even as a dead letter: delivery.settle
             # logged, acked and deleted it.
         self.hooks.after_settle_many(settled)
-        await self.audit.write(written)
+        if written:
+            await self.audit.write(written)
 
     async def _applied(self, it: Settleable) -> bool:
         """Whether an earlier try of settling ``it`` was written after all (Redis ran the
