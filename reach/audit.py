@@ -72,6 +72,7 @@ __all__ = [
     "read_audit",
     "record",
     "record_many",
+    "reset_operator",
     "retention_s",
     "tail_audit",
 ]
@@ -166,9 +167,14 @@ def acting_as(
 ) -> contextvars.Token[Operator | None]:
     """Name who acts from now on in this task (and the tasks it starts): ``name``, else
     ``REACH_OPERATOR``, else the OS user at the host. Returns the token that undoes it
-    (``_acting.reset``), for code that must."""
+    (:func:`reset_operator`), for code that must."""
     who = (name or "").strip() or os.environ.get(ENV_OPERATOR, "").strip() or _os_identity()
     return _acting.set(Operator(who[:200], via, session, address))
+
+
+def reset_operator(token: contextvars.Token[Operator | None]) -> None:
+    """Undo an :func:`acting_as` (its token): who acted before is who acts again."""
+    _acting.reset(token)
 
 
 def current_operator() -> Operator:
@@ -476,4 +482,4 @@ def operator_scope(name: str | None = None, *, via: str = "api") -> Iterator[Ope
         assert op is not None
         yield op
     finally:
-        _acting.reset(token)
+        reset_operator(token)

@@ -264,7 +264,7 @@ hedge a request of such a capability (``hedge_after_s``: reach._hedge)."""
 AUDITED_KEY = "audited"
 """The metadata key under which an agent lists the capabilities whose calls it records in
 the audit trail (``@app.handler(cap, audited=True)``): ``{"audited": ["payments.refund"]}``
-(reach.audit; shown by ``reach caps show``)."""
+(reach.audit)."""
 
 TIMEOUTS_KEY = "timeouts"
 """The metadata key under which an agent advertises its capabilities' default timeouts:

@@ -152,6 +152,7 @@ async def test_every_console_action_is_recorded_as_the_consoles(
     assert (await post("/message/cancel", id=pending)).status_code == 303
     assert (await post("/message/answer", id="no-such-task", answer="yes")).status_code == 409
     assert (await post("/agents/drain", id="sum-1")).status_code == 303
+    assert audit.current_operator().via == "api"  # the console's name ends with its request
 
     entries = await audit.read_audit(r, keys, kind="operator", limit=100)
     by_action = {e.action: e for e in entries}
@@ -252,3 +253,35 @@ async def test_a_trail_redis_refuses_never_fails_the_action(
     assert (await get_quotas(r, keys)).max_inbox == 5
     assert "audit trail of" in caplog.text and "not written" in caplog.text
     assert await audit.read_audit(r, keys) == []
+
+
+async def test_the_trail_on_a_cluster(redis_cluster: Any, ns: str) -> None:
+    """The trail is one stream in the namespace's slot: an operator action, a cancel
+    through a Client's pipelined commands and an audited call all land in it."""
+    from reach.connection import connect
+    from reach.quotas import set_quotas
+
+    url = redis_cluster.url
+    r = await connect(url)
+    try:
+        keys = Keys(ns)
+        with audit.operator_scope("ops"):
+            await set_quotas(r, keys, max_inbox=50)
+            async with serving(url, ns, audited_agent()) as c:
+                assert (await c.cancel("never-sent")).outcome == "unknown"
+                msg = c.build(AUDITED, "C-1", timeout_s=20)
+                assert await c.call(msg) == {"refunded": "C-1"}
+
+                async def three() -> list[audit.AuditEntry] | None:
+                    got = await audit.read_audit(r, keys)
+                    return got if len(got) >= 3 else None
+
+                got = await wait_until(three, what="three entries on the cluster")
+        assert [(e.action, e.who) for e in got] == [
+            ("quota.set", "ops"),
+            ("cancel", "ops"),
+            ("call", c.client_id),
+        ]
+        assert got[1].outcome == "error" and got[2].msg_id == msg.msg_id
+    finally:
+        await r.aclose()

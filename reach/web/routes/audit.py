@@ -4,6 +4,7 @@ and who the console's actions are recorded as.
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 
 from starlette.requests import Request
@@ -11,23 +12,23 @@ from starlette.responses import Response
 
 from ... import audit
 from ...recent import parse_since
-from ..console import Console, _view
+from ..console import _view
 from ..security import Session
 
 SHOWN = 200
 """The most entries the page lists (``reach audit --limit N`` reads more)."""
 
 
-def act_for(c: Console, request: Request) -> None:
-    """Name who acts for the rest of this request: the console's operator (``reach --as``,
-    ``REACH_OPERATOR``, else the OS user at the host of the console's process), through
-    ``web``, with a digest of the browser's session (never the cookie itself: it
-    tells one browser's actions from another's) and the client's address."""
-    s: Session = request.state.session
-    session = hashlib.sha256(b"reach-web-session:" + s.sid.encode()).hexdigest()[:12]
-    address = request.client.host if request.client is not None else ""
-    base = audit.current_operator()
-    audit.acting_as(base.name, via="web", session=session, address=address)
+def acting_for(session: Session, address: str) -> contextvars.Token[audit.Operator | None]:
+    """Name who acts while one request is handled: the console's operator (``reach
+    --as``, ``REACH_OPERATOR``, else the OS user at the host of the console's process),
+    through ``web``, with a digest of the browser's session (never the cookie itself: it
+    tells one browser's actions from another's) and the client's address. Returns the
+    token that ends it (:class:`reach.web.app.GuardMiddleware` resets it after the
+    request)."""
+    digest = hashlib.sha256(b"reach-web-session:" + session.sid.encode()).hexdigest()[:12]
+    name = audit.current_operator().name
+    return audit.acting_as(name, via="web", session=digest, address=address)
 
 
 async def audit_page(request: Request) -> Response:

@@ -14,7 +14,6 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
 from ..console import Console, _view
 from ..security import Session
-from .audit import act_for
 
 
 def _read_only(c: Console, request: Request) -> Response:
@@ -54,7 +53,6 @@ async def _checked_form(c: Console, request: Request) -> dict[str, str] | Respon
             "another site): reload the page and try again.",
             status_code=403,
         )
-    act_for(c, request)  # the action about to run is recorded as this console's
     return form
 
 
