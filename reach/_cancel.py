@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from . import audit
 from .connection import AnyRedis
 from .keys import Keys
 from .outcomes import Status
@@ -63,10 +64,33 @@ class CancelResult:
 
 
 async def cancel_message(
-    redis: AnyRedis, keys: Keys, msg_id: str, *, cluster: bool, by: str = ""
+    redis: AnyRedis,
+    keys: Keys,
+    msg_id: str,
+    *,
+    cluster: bool,
+    by: str = "",
+    audited: bool = True,
 ) -> CancelResult:
     """Cancel ``msg_id`` (see the module docstring); ``by`` names who asked, kept in the
-    record's error text."""
+    record's error text. Recorded in the audit trail (reach.audit), but for the cancels
+    reach makes by itself (``audited=False``: a cancelled parent's children, a caller
+    that gave up waiting)."""
+    if not audited:
+        return await _cancel(redis, keys, msg_id, cluster=cluster, by=by)
+    async with audit.operator_action(
+        redis, keys, "cancel", target=msg_id, msg_id=msg_id, detail={"by": by} if by else None
+    ) as note:
+        res = await _cancel(redis, keys, msg_id, cluster=cluster, by=by)
+        note.detail.update(result=str(res.outcome), status=res.status)
+        if not res.cancelled:
+            note.outcome, note.error = "error", f"not cancelled: {res.outcome}"
+    return res
+
+
+async def _cancel(
+    redis: AnyRedis, keys: Keys, msg_id: str, *, cluster: bool, by: str
+) -> CancelResult:
     pointer = await redis.get(keys.task(msg_id))
     record = keys.idem(safe_text(pointer) if pointer else msg_id)
     error = f"cancelled by {by}" if by else "cancelled"

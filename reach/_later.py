@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import msgspec
 
+from ._cancel import cancel_message
 from .envelope import Envelope, Reply
 from .errors import DeadlineExceeded
 from .outcomes import DeadReason, Status
@@ -33,7 +34,14 @@ async def abandon(client: Client, env: Envelope) -> None:
         return
     with anyio.CancelScope(shield=True), anyio.move_on_after(ABORT_CANCEL_S):
         try:
-            await client.cancel(env.msg_id, by=f"{client.client_id} (its caller was cancelled)")
+            await cancel_message(
+                client.commands,
+                client.keys,
+                env.msg_id,
+                cluster=client.commands.cluster,
+                by=f"{client.client_id} (its caller was cancelled)",
+                audited=False,  # reach's own cancel, not an action of anyone's
+            )
         except Exception as e:  # noqa: BLE001 - the caller's cancellation goes on
             log.warning("cancelling %s after its caller gave up failed: %s", env.msg_id, e)
 

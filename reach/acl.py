@@ -72,6 +72,7 @@ _COMMON = (
 _CALLER = (
     *_COMMON,
     "xadd",
+    "xtrim",  # the audit trail's retention (reach.audit): a cancel, an answer are recorded
     "xdel",
     "xinfo|stream",
     "xlen",
@@ -124,6 +125,7 @@ _ROLE_COMMANDS: dict[str, tuple[str, ...]] = {
         "xpending",
         "xlen",
         "xadd",
+        "xtrim",  # the audit trail of audited capabilities' calls (reach.audit)
         "hset",
         "hsetnx",
         "set",
@@ -258,6 +260,7 @@ _PROBES: dict[str, Callable[[_Sample], tuple[str, ...]]] = {
     "xrange": lambda s: ("XRANGE", s.dlq, "-", "+"),
     "xadd": lambda s: ("XADD", s.replies, "*", "f", "v"),
     "xdel": lambda s: ("XDEL", s.inbox, "0-1"),
+    "xtrim": lambda s: ("XTRIM", s.dlq, "MAXLEN", "~", "1000"),
     "xlen": lambda s: ("XLEN", s.inbox),
     "xack": lambda s: ("XACK", s.inbox, GROUP, "0-1"),
     "xpending": lambda s: ("XPENDING", s.inbox, GROUP),

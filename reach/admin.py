@@ -35,6 +35,7 @@ import msgspec
 from redis import exceptions as rexc
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
+from . import audit
 from .client import Client
 from .connection import AnyRedis, as_text
 from .connection import _safe_name as safe_client_name
@@ -59,6 +60,7 @@ __all__ = [
     "client_name",
     "dead_letter_counts",
     "dead_letter_streams",
+    "drain_agent",
     "find_dead_letter",
     "inbox_agents",
     "inbox_stats",
@@ -287,6 +289,36 @@ async def replay_dead_letters(
     client's id, signed by it): the handler's ``ctx.sender`` then names the operator.
     """
     out = ReplayResult()
+    caps = sorted({keys.capability_of_dlq(safe_text(e.stream)) for e in entries})
+    async with audit.operator_action(
+        redis,
+        keys,
+        "dlq.replay",
+        target=",".join(caps)[:200],
+        detail={"letters": [e.letter.id for e in entries][:50], "as_operator": as_operator},
+    ) as note:
+        await _replay_all(redis, keys, entries, out, on_each, reply_to, fallback_reply_to,
+                          client, as_operator)  # fmt: skip
+        note.detail.update(replayed=out.replayed, failed=len(out.failed))
+        note.detail["msg_ids"] = [s.msg_id for s in out.sent][:50]
+        if len(entries) == 1 and entries[0].letter.msg_id:
+            note.msg_id = entries[0].letter.msg_id
+        if out.failed and not out.replayed:
+            note.outcome, note.error = "error", out.failed[0].error
+    return out
+
+
+async def _replay_all(
+    redis: AnyRedis,
+    keys: Keys,
+    entries: Sequence[DeadLetterEntry],
+    out: ReplayResult,
+    on_each: Callable[[], None] | None,
+    reply_to: str | None,
+    fallback_reply_to: str,
+    client: Client | None,
+    as_operator: bool,
+) -> None:
     live = await live_clients(redis, keys) if reply_to is None else set()
     async with contextlib.AsyncExitStack() as stack:
         if client is None:
@@ -302,7 +334,6 @@ async def replay_dead_letters(
                 out.failed.append(ReplayFailure(d.id, failed))
             if on_each is not None:
                 on_each()
-    return out
 
 
 def _reply_target(
@@ -364,11 +395,24 @@ async def _replay_one(
 
 async def purge_dead_letters(redis: AnyRedis, keys: Keys, *, capability: str | None = None) -> int:
     """Delete dead letters for good (every capability's, or one's); returns how many."""
-    n = 0
-    for stream in await dead_letter_streams(redis, keys, capability=capability):
-        n += int(await redis.xlen(stream))
-        await redis.delete(stream)
+    async with audit.operator_action(redis, keys, "dlq.purge", target=capability or "*") as note:
+        n = 0
+        for stream in await dead_letter_streams(redis, keys, capability=capability):
+            n += int(await redis.xlen(stream))
+            await redis.delete(stream)
+        note.detail["purged"] = n
     return n
+
+
+async def drain_agent(redis: AnyRedis, keys: Keys, agent_id: str) -> int:
+    """An operator's drain of ``agent_id`` (``reach agents drain``, the console): no new
+    work is routed to it, it finishes what it holds, then deregisters. Returns
+    :meth:`reach.registry.Registry.drain`'s code (2: it was draining already). Recorded
+    in the audit trail (an agent draining itself as it stops is not)."""
+    async with audit.operator_action(redis, keys, "agents.drain", target=agent_id) as note:
+        code = await Registry(redis, keys.namespace).drain(agent_id)
+        note.detail["already_draining"] = code == 2
+    return code
 
 
 async def dead_letter_counts(redis: AnyRedis, keys: Keys) -> list[DeadLetterCount]:
@@ -572,6 +616,19 @@ async def sweep_once(
     ``lock_ms=0`` sweeps whoever holds the lock (what ``reach sweep`` does when no agent
     runs); with ``lock_ms > 0`` only the lock's holder (``owner``) sweeps.
     """
+    async with audit.operator_action(redis, keys, "sweep", target=keys.namespace) as note:
+        report = await _sweep(redis, keys, owner, lock_ms, dlq_maxlen)
+        note.detail.update(
+            {k: v for k, v in dataclasses.asdict(report).items() if v and k != "evicted"}
+        )
+        if report.evicted:
+            note.detail["evicted"] = report.evicted[:50]
+    return report
+
+
+async def _sweep(
+    redis: AnyRedis, keys: Keys, owner: str, lock_ms: int, dlq_maxlen: int
+) -> SweepReport:
     registry = Registry(redis, keys.namespace)
     res = await registry.sweep(owner=owner, lock_ms=lock_ms)
     leases = SweepReport(

@@ -41,6 +41,7 @@ from .hooks import Hooks
 from .limits import RateLimit, parse_limit
 from .recent import RECENT_MAXLEN
 from .registry import (
+    AUDITED_KEY,
     IDEMPOTENT_KEY,
     MAX_ADVERTISED_TIMEOUT_S,
     MAX_METADATA_BYTES,
@@ -443,6 +444,7 @@ class Agent:
         timeout_s: float | None = None,
         idempotent: bool = False,
         guards: Iterable[Guard | Callable[..., Any]] = (),
+        audited: bool = False,
     ) -> Callable[[Handler], Handler]:
         """Decorator: ``fn(payload, ctx)`` answers messages of ``capability``.
 
@@ -489,6 +491,11 @@ class Agent:
         before the reply, its streamed chunks and its onward calls, after the agent's own
         ``guards``: a refusal is dead-lettered ``refused_by_guard`` at once and the caller
         gets :class:`~reach.GuardRefused` naming the rule (docs/security.md, *Guards*).
+
+        ``audited=True`` records every call of ``capability`` in the namespace's audit
+        trail as the agent settles it: who (the verified signer, else the claimed
+        source), the agent, the outcome and msg_id (reach.audit; ``reach audit``). It is
+        advertised with the registration (``metadata["audited"]``).
         """
         if max_hops is not None:
             check_max_hops(max_hops, f"@app.handler({capability!r})")
@@ -516,6 +523,10 @@ class Agent:
             listed = self.metadata.get(IDEMPOTENT_KEY)
             listed = listed if isinstance(listed, list) else []
             self.metadata[IDEMPOTENT_KEY] = [*listed, cap] if cap not in listed else listed
+        if audited:  # advertised, and read by the settler (reach._worker.auditing)
+            marked = self.metadata.get(AUDITED_KEY)
+            marked = marked if isinstance(marked, list) else []
+            self.metadata[AUDITED_KEY] = [*marked, cap] if cap not in marked else marked
         if timeout_s is not None:  # advertised with the registration, as policies are
             adv = self.metadata.get(TIMEOUTS_KEY)
             self.metadata[TIMEOUTS_KEY] = {

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from redis import exceptions as rexc
 
+from . import audit
 from .connection import AnyRedis, as_text
 from .envelope import now_ms
 from .errors import (
@@ -258,6 +259,15 @@ async def answer_task(
     data = encode_answer(value)
     if ask is not None and (isinstance(ask, bool) or not isinstance(ask, int) or ask < 1):
         raise ConfigError(f"ask must be an ask's number (1 or more) or None, got {ask!r}.")
+    async with audit.operator_action(
+        redis, keys, "task.answer", target=msg_id, msg_id=msg_id, detail={"ask": ask}
+    ) as note:
+        n = await _answer(redis, keys, msg_id, data, ask)
+        note.detail["ask"] = n
+    return n
+
+
+async def _answer(redis: AnyRedis, keys: Keys, msg_id: str, data: bytes, ask: int | None) -> int:
     pointer = await redis.get(keys.task(msg_id))
     key = as_text(pointer) if pointer else msg_id
     got = await answer_call(keys.idem(key), answer=data, n=ask).run(redis)

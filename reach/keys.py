@@ -40,6 +40,8 @@ Layout (``ns`` is the namespace, ids are stripped of ``{``/``}`` first):
     reach:{ns}:gw:bytes          string bytes the finished gateway tasks hold
     reach:{ns}:gw:owned:<owner>  zset  a gateway caller's tasks by last save
     reach:{ns}:cancels           stream cancel notices every worker reads
+    reach:{ns}:audit             stream the audit trail: operator actions and audited
+                                       calls (trimmed by age, bounded: reach.audit)
 
 * an agent's inbox, one slot per agent::
 
@@ -299,6 +301,13 @@ class Keys:
         return f"{self._reg}:cancels"
 
     @property
+    def audit(self) -> str:
+        """The namespace's audit trail (reach.audit): operator actions and calls of
+        capabilities marked ``audited``, trimmed by age (``REACH_AUDIT_RETENTION``) and
+        bounded in length."""
+        return f"{self._reg}:audit"
+
+    @property
     def recent(self) -> str:
         """The namespace's index of recently settled messages (reach.recent): a stream
         trimmed to about ``RECENT_MAXLEN`` entries, each the packed rows of up to 64
@@ -494,6 +503,8 @@ LAYOUT: tuple[KeyForm, ...] = (
     KeyForm("reach:{<ns>}:rate:<cap>:agent:<id>", "string", "agent_rate_state",
             "the state of the limit an agent declared on its handler (rate=)"),
     KeyForm("reach:{<ns>}:quotas", "hash", "quotas", "the namespace's quotas"),
+    KeyForm("reach:{<ns>}:audit", "stream", "audit",
+            "the audit trail: operator actions and audited calls (trimmed by age)"),
     KeyForm("reach:{<ns>}:recent", "stream", "recent",
             "the index of recently settled messages (packed rows)"),
     # the A2A gateway's task store (reach.gateway.store)

@@ -27,6 +27,7 @@ from typing import Any
 
 from redis import exceptions as rexc
 
+from . import audit
 from .connection import AnyRedis, as_text
 from .errors import ConfigError, RateLimited, RedisUnavailable
 from .keys import Keys
@@ -108,11 +109,14 @@ async def set_limit(redis: AnyRedis, keys: Keys, capability: str, limit: RateLim
     """Set (or with None, remove) ``capability``'s rate limit; workers apply it within
     :data:`LIMITS_REFRESH_S`."""
     cap = normalize_capability(capability)
-    if limit is None:
-        await redis.hdel(keys.limits, cap)
-        await redis.delete(keys.rate_state(cap))
-    else:
-        await redis.hset(keys.limits, cap, limit.stored())
+    action = "caps.limit.clear" if limit is None else "caps.limit"
+    detail = {} if limit is None else {"limit": str(limit)}
+    async with audit.operator_action(redis, keys, action, target=cap, detail=detail):
+        if limit is None:
+            await redis.hdel(keys.limits, cap)
+            await redis.delete(keys.rate_state(cap))
+        else:
+            await redis.hset(keys.limits, cap, limit.stored())
 
 
 async def get_limits(redis: AnyRedis, keys: Keys) -> dict[str, RateLimit]:

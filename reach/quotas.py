@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from . import audit
 from .connection import AnyRedis, as_text
 from .errors import ConfigError
 from .keys import Keys
@@ -99,7 +100,10 @@ async def set_quotas(
     if send_rate is not None:
         fields[SEND_RATE_FIELD] = send_rate.stored()
     if fields:
-        await redis.hset(keys.quotas, mapping=fields)
+        async with audit.operator_action(
+            redis, keys, "quota.set", target=keys.namespace, detail=fields
+        ):
+            await redis.hset(keys.quotas, mapping=fields)
 
 
 async def clear_quotas(
@@ -108,7 +112,10 @@ async def clear_quotas(
     """Remove the quotas named (both by default)."""
     fields = [f for f, on in ((MAX_INBOX_FIELD, max_inbox), (SEND_RATE_FIELD, send_rate)) if on]
     if fields:
-        await redis.hdel(keys.quotas, *fields)
+        async with audit.operator_action(
+            redis, keys, "quota.clear", target=keys.namespace, detail={"quotas": fields}
+        ):
+            await redis.hdel(keys.quotas, *fields)
 
 
 def parse_quotas(raw: Any) -> Quotas:

@@ -7,8 +7,10 @@ from typing import Annotated, Any, Optional
 import typer
 
 import reach
+from reach import admin
 from reach.envelope import now_ms
 from reach.errors import UnknownAgent
+from reach.keys import Keys
 from reach.overview import routing_of
 from reach.registry import STATES, Registry
 
@@ -267,7 +269,7 @@ async def agents_drain(
     """
     r = await open_redis(redis_url)
     try:
-        code = await Registry(r, namespace).drain(agent_id)
+        code = await admin.drain_agent(r, Keys(namespace), agent_id)
     finally:
         await r.aclose()
     print(f"{agent_id}: {'already draining' if code == 2 else 'draining'}")

@@ -21,7 +21,7 @@ import typer
 from typer.core import TyperArgument, TyperGroup, TyperOption
 
 import reach
-from reach import admin
+from reach import admin, audit
 from reach.client import Client
 from reach.config import ENV_URL, PROJECT_FILES, URL_KEY, read_project_file, write_project_url
 from reach.connection import redact
@@ -33,6 +33,7 @@ from reach.registry import Registry
 
 from .acl_cmd import acl_cmd
 from .agents_cmd import agents_app
+from .audit_cmd import audit_cmd
 from .cancel_cmd import cancel as cancel_cmd
 from .caps_cmd import caps_app
 from .chaos_cmd import chaos as chaos_cmd
@@ -98,11 +99,27 @@ def main_callback(
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
     ] = False,
+    as_: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--as",
+            metavar="NAME",
+            envvar=audit.ENV_OPERATOR,
+            show_envvar=True,
+            help="Who you are, for the audit trail (reach audit): the operator named in "
+            "the entries of the changes you make. Default: your OS user at this host.",
+        ),
+    ] = None,
 ) -> None:
     """reach command line."""
+    require_text({"as": as_})
+    audit.acting_as(as_, via="cli")
 
 
 # -- caps: cli/reach_cli/caps_cmd.py ------------------------------------------------------
+
+# -- audit: cli/reach_cli/audit_cmd.py ----------------------------------------------------
+app.command("audit")(audit_cmd)
 
 
 # -- events -------------------------------------------------------------------------------

@@ -345,6 +345,7 @@ class Cancels(Part):
                     child,
                     cluster=self.cluster,
                     by=f"the cancel of its parent {parent[:64]}",
+                    audited=False,  # the parent's own cancel is recorded
                 )
             except Exception as e:  # noqa: BLE001 - one child's failure is logged alone
                 log.warning("cancelling child %s of %s failed: %s", child, parent, e)

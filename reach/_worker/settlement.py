@@ -35,6 +35,7 @@ from ..outcomes import Settled
 from ..scripts import SettleCode, delivery
 from ..scripts.delivery import SettleItem, SettleLike
 from ..tasks import TASK_TTL_MS
+from .auditing import CallAudit
 from .items import Delivery, Settleable
 from .letters import DeadLetters
 from .recording import RecentIndex
@@ -68,6 +69,7 @@ class Settlement(Part):
         self.let_go = 0  # outcomes let go past HOLD_MAX (their messages run again)
         self._retried: set[Settleable] = set()  # queued again after a refused try
         self.index = RecentIndex(self.keys, self.agent_id, self.opts.recent_maxlen)
+        self.audit = CallAudit(shared)  # calls of capabilities marked audited=True
 
     def kick(self) -> None:
         """Wake the settler if anything waits."""
@@ -228,11 +230,16 @@ class Settlement(Part):
             recent=self.index.take(batch),
         )
         settled: list[tuple[Envelope | None, str, str]] = []  # after_settle's, once per batch
+        written: list[Settleable] | None = [] if self.audit.capabilities else None
         for it, res in zip(batch, results, strict=True):
             if res is SettleCode.SETTLED:
                 settled.append(_settled_row(it))
+                if written is not None:  # what the audit trail may record
+                    written.append(it)
             elif res is SettleCode.FENCED and it in self._retried and await self._applied(it):
                 settled.append(_settled_row(it))  # an earlier try was written, its answer lost
+                if written is not None:
+                    written.append(it)
             elif res is SettleCode.FENCED and isinstance(it, Delivery):
                 self.hooks.on_fenced(it.env)
                 log.warning(
@@ -244,6 +251,8 @@ class Settlement(Part):
             # Otherwise (standalone) it was refused even as a dead letter: delivery.settle
             # logged, acked and deleted it.
         self.hooks.after_settle_many(settled)
+        if written:
+            await self.audit.write(written)
 
     async def _applied(self, it: Settleable) -> bool:
         """Whether an earlier try of settling ``it`` was written after all (Redis ran the

@@ -34,6 +34,7 @@ from .operations import (
     refusal,
 )
 from .records import (
+    AUDITED_KEY,
     CAPABILITY_RE,
     EVENTS_MAXLEN,
     IDEMPOTENT_KEY,
@@ -68,6 +69,7 @@ from .records import (
 )
 
 __all__ = [
+    "AUDITED_KEY",
     "CAPABILITY_RE",
     "EVENTS_MAXLEN",
     "IDEMPOTENT_KEY",

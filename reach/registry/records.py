@@ -235,6 +235,12 @@ class AgentInfo(msgspec.Struct, kw_only=True):
         listed = self.metadata.get(IDEMPOTENT_KEY)
         return isinstance(listed, list) and capability in listed
 
+    def audited(self, capability: str) -> bool:
+        """Whether this agent records the calls of ``capability`` in the audit trail
+        (listed in its metadata under :data:`AUDITED_KEY`)."""
+        listed = self.metadata.get(AUDITED_KEY)
+        return isinstance(listed, list) and capability in listed
+
     def timeout_s(self, capability: str) -> float | None:
         """The default timeout this agent advertises for ``capability``
         (``@app.handler(cap, timeout_s=...)``, stored in its metadata under
@@ -254,6 +260,11 @@ IDEMPOTENT_KEY = "idempotent"
 """The metadata key under which an agent lists the capabilities it declares idempotent
 (``@app.handler(cap, idempotent=True)``): ``{"idempotent": ["text.embed"]}``. A caller may
 hedge a request of such a capability (``hedge_after_s``: reach._hedge)."""
+
+AUDITED_KEY = "audited"
+"""The metadata key under which an agent lists the capabilities whose calls it records in
+the audit trail (``@app.handler(cap, audited=True)``): ``{"audited": ["payments.refund"]}``
+(reach.audit)."""
 
 TIMEOUTS_KEY = "timeouts"
 """The metadata key under which an agent advertises its capabilities' default timeouts:

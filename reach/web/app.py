@@ -27,10 +27,12 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..audit import reset_operator
 from ..client import Client
 from ..connection import AnyRedis
 from .console import HERE, Console
 from .formatting import _ago, _q, note_text, sent_ms_of
+from .routes.audit import acting_for, audit_page
 from .routes.dead_letters import (
     dlq_page,
     letter_page,
@@ -135,7 +137,14 @@ class GuardMiddleware:
                 message["headers"] = hs
             await send(message)
 
-        await self.app(scope, receive, send_with_cookie)
+        # The request's actions are recorded in the audit trail as this console's, for
+        # this request only (reset: a task serving several requests keeps none of it).
+        client = scope.get("client")
+        token = acting_for(session, str(client[0]) if client else "")
+        try:
+            await self.app(scope, receive, send_with_cookie)
+        finally:
+            reset_operator(token)
 
 
 def create_app(
@@ -183,6 +192,7 @@ def create_app(
         Route("/message/cancel", cancel_do, methods=["POST"]),
         Route("/message/answer", answer_form, methods=["GET"]),
         Route("/message/answer", answer_do, methods=["POST"]),
+        Route("/audit", audit_page),
         Route("/dlq", dlq_page),
         Route("/dlq/letter", letter_page),
         Route("/dlq/replay", replay_confirm, methods=["GET"]),

@@ -41,6 +41,7 @@ ELSEWHERE = {
     "mcp-proxy": ("tests/integration/test_mcp_remote.py", '"mcp-proxy"'),
     "tasks": ("tests/cli/test_tasks_cmd.py", '"tasks"'),
     "task answer": ("tests/cli/test_answer_cmd.py", '"answer"'),
+    "audit": ("tests/cli/test_audit_cmd.py", '"audit", "--json"'),
 }
 RUN_HERE = {
     "init",

@@ -230,7 +230,7 @@ async def test_each_role_runs_under_its_user_and_nothing_is_refused(
 
     other = reach.Agent(f"acl-other-{uuid.uuid4().hex[:6]}", capabilities=["acl.other"])
 
-    @other.handler("acl.other")
+    @other.handler("acl.other", audited=True)  # its calls go to the audit trail
     async def other_handler(payload: Any, ctx: reach.Context) -> Any:
         return payload
 
@@ -320,6 +320,7 @@ async def test_each_role_runs_under_its_user_and_nothing_is_refused(
             ("quota", "set", "--max-inbox", "500", "--send-rate", "50/s", *op),
             ("quota", "show", *op),
             ("quota", "clear", *op),
+            ("audit", "--json", *op),
         ):
             if "DLQ_ID" in args:  # the dead letter of the failed request
                 code, out, err = await anyio.to_thread.run_sync(
@@ -337,6 +338,11 @@ async def test_each_role_runs_under_its_user_and_nothing_is_refused(
     assert not failed, failed
     log = refused(admin)
     assert not log, log
+    # the trail written by each role: the agent's audited call, the caller's cancel and
+    # answers, the operator's changes
+    trail = [f for _, f in admin.xrange(Keys("ns1").audit)]
+    actions = {f[b"action"].decode() for f in trail}
+    assert {"call", "cancel", "task.answer", "dlq.purge", "quota.set"} <= actions, actions
 
 
 def test_doctor_and_reach_acl_agree(server: RedisServer, users: dict[str, str]) -> None:

@@ -65,6 +65,7 @@ PROPERTIES = {
     "quotas",
     "parked_caps",
     "recent",
+    "audit",
     "gateway_finished",
     "gateway_bytes",
 }

@@ -72,6 +72,7 @@ RANKS: dict[str, int] = {
     "reach.watch": 2,  # following a task's changes (client.watch, ctx.progress)
     "reach.asking": 2,  # ctx.ask / client.answer: human input, kept in the task record
     "reach.guards": 2,  # guards on content: what a guard is, the built-ins (no Redis)
+    "reach.audit": 2,  # the audit trail: operator actions and audited calls (reach audit)
     # routing: pure picks over the view
     "reach.routing": 3,
     # the caller side and what watches it

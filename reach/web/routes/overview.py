@@ -12,6 +12,7 @@ from redis import exceptions as rexc
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 
+from ... import admin
 from ...errors import ReachError
 from ...registry import Registry
 from ..console import _view
@@ -72,7 +73,7 @@ async def drain_do(request: Request) -> Response:
         return form
     agent_id = form.get("id", "")
     try:
-        code = await Registry(c.redis, c.namespace).drain(agent_id)
+        code = await admin.drain_agent(c.redis, c.keys, agent_id)
     except ReachError as e:
         return c.page("error.html", request, 400, message=str(e))
     note = "already-draining" if code == 2 else "draining"
