@@ -96,6 +96,7 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def main_callback(
+    ctx: typer.Context,
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
     ] = False,
@@ -113,7 +114,10 @@ def main_callback(
 ) -> None:
     """reach command line."""
     require_text({"as": as_})
-    audit.acting_as(as_, via="cli")
+    token = audit.acting_as(as_, via="cli")
+    # Undone when the command ends: a program (or a test) running commands in-process
+    # does not stay "the CLI" afterwards.
+    ctx.call_on_close(lambda: audit.reset_operator(token))
 
 
 # -- caps: cli/reach_cli/caps_cmd.py ------------------------------------------------------
