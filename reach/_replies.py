@@ -34,6 +34,7 @@ from .envelope import CHUNK, Envelope, Reply, decode_payload, decode_reply, now_
 from .errors import (
     Cancelled,
     DeadlineExceeded,
+    Forbidden,
     HopLimitExceeded,
     LoopDetected,
     Rejected,
@@ -363,6 +364,8 @@ def outcome_of(capability: str, msg_id: str, reply: Reply) -> Any:
         raise HopLimitExceeded(reply.error, path=path_of(reply.error))
     if reply.reason == DeadReason.LOOP:
         raise LoopDetected(reply.error, path=path_of(reply.error))
+    if reply.reason == DeadReason.FORBIDDEN:
+        raise Forbidden(f"{capability!r} refused this caller: {reply.error}")
     if reply.status == Status.DEAD and is_rejection(reply.reason):
         raise Rejected(f"{capability!r} was rejected: {reply.error}", reason=reply.reason)
     raise RemoteError(

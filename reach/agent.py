@@ -28,6 +28,7 @@ from typing import Any, TypedDict, Unpack
 import msgspec
 import msgspec.inspect
 
+from . import authz
 from ._emitting import KEEP_BYTES, KEEP_CHUNKS, KEEP_S, streamed
 from ._worker.readiness import READINESS_TIMEOUT_S, ReadinessCheck
 from ._worker.runtime import Runtime
@@ -434,6 +435,8 @@ class Agent:
         max_hops: int | None = None,
         timeout_s: float | None = None,
         idempotent: bool = False,
+        allow: Iterable[str] | None = None,
+        security: str | None = None,
     ) -> Callable[[Handler], Handler]:
         """Decorator: ``fn(payload, ctx)`` answers messages of ``capability``.
 
@@ -474,6 +477,15 @@ class Agent:
         registration (``metadata["idempotent"]``), and a caller may then hedge a slow
         request with ``hedge_after_s`` (a second copy to another agent; the first answer
         wins). Without it, reach never runs a started message twice on purpose.
+
+        ``allow`` says who may call ``capability``, from the message's verified signer:
+        ``"id:NAME"`` (an identity), ``"role:NAME"`` (a role the trusted-keys file gives),
+        ``"*"`` (any verified signer). ``security``: ``"public"`` (default), ``"internal"``
+        (verified signers only) or ``"sensitive"`` (verified signers of the allow list
+        only, even where signing is otherwise optional; needs ``allow``). A refused message
+        is dead-lettered ``forbidden`` without running, its caller gets
+        :class:`reach.Forbidden`; both are published with the registration
+        (docs/security.md, *Who may call what*).
         """
         if max_hops is not None:
             check_max_hops(max_hops, f"@app.handler({capability!r})")
@@ -496,6 +508,8 @@ class Agent:
                 f"Agent {self.agent_id!r} does not declare capability {cap!r}; add it to "
                 f"capabilities=[...] (now {self.capabilities})."
             )
+        if allow is not None or security is not None:  # enforced by reach._worker.authz
+            authz.declare(self.metadata, cap, authz.declared_for(cap, allow, security))
         if idempotent:  # advertised with the registration, as the timeouts are
             listed = self.metadata.get(IDEMPOTENT_KEY)
             listed = listed if isinstance(listed, list) else []
@@ -635,6 +649,9 @@ class Agent:
         self.check_handlers()
         await warn_once(opts.redis_url or "")  # eviction, persistence: once per process
         signing = worker_signing(opts)
+        authz.check_declared_keys(
+            authz.declared_rules(self.metadata), self.agent_id, signing is not None
+        )
         rt = Runtime(self, opts, self.hooks)
         self._runtime = rt
         if self._stop_asked.is_set():  # set before stop() looked for the runtime

@@ -23,6 +23,7 @@ reason               rejection  retryable  blames  refusal  written when
 ``version``          yes        no         no      yes      raw: an unknown envelope version
 ``too_large``        yes        no         no      yes      raw: over ``max_envelope_bytes``
 ``unauthenticated``  yes        no         no      yes      unsigned or forged, signing required
+``forbidden``        yes        no         no      yes      its verified signer may not call it
 ``bad_result``       yes        no         yes     no       the result cannot be encoded
 ``target_gone``      yes        no         yes     no       a broadcast copy's agent was evicted
 ``unroutable``       yes        no         no      no       no policy can place a moved message
@@ -174,6 +175,7 @@ class DeadReason(StrEnum):
     POISONED = "poisoned"
     HOP_LIMIT = "hop_limit"
     LOOP = "loop"
+    FORBIDDEN = "forbidden"
 
 
 RAW_REASONS: Final = frozenset({DeadReason.MALFORMED, DeadReason.VERSION, DeadReason.TOO_LARGE})
@@ -193,6 +195,7 @@ REFUSALS: Final = RAW_REASONS | {
     DeadReason.UNAUTHENTICATED,
     DeadReason.HOP_LIMIT,
     DeadReason.LOOP,
+    DeadReason.FORBIDDEN,
 }
 """The agent refused the message for what it is: A2A ``rejected`` (else ``failed``)."""
 

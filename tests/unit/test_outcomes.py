@@ -74,6 +74,7 @@ def test_values_are_the_strings_stored_and_sent() -> None:
         "poisoned",
         "hop_limit",
         "loop",
+        "forbidden",
     }
     assert {u.value for u in Unavailable} == {
         "no_agent",
@@ -291,7 +292,8 @@ def test_the_lists_client_and_card_kept_are_unchanged() -> None:
     # an agent requiring signatures refusing an unsigned or forged message (reach.signing).
     # hop_limit and loop: a handler's call deeper than max_hops, or entering a caller that
     # waits for it (reach.callpath): refused for what the message is.
-    new = {"unauthenticated", "hop_limit", "loop"}
+    # forbidden: the verified signer is not allowed to call the capability (reach.authz).
+    new = {"unauthenticated", "hop_limit", "loop", "forbidden"}
     # poisoned: a message whose runs never ended (each agent running it killed, evicted or
     # stalled) was taken over max_takeovers times: refused for good, blaming the agent
     # (its handler blocked or crashed it), A2A "failed".
