@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 import pytest
 
-from reach import Client, Forbidden, Rejected
+from reach import Agent, Client, ConfigError, Context, Forbidden, Rejected
 from reach.authz import Prechecks
 from reach.connection import AnyRedis
 from reach.keys import Keys
@@ -27,6 +27,7 @@ from reach.registry import Registry
 from reach.signing import keygen
 from reach.tasks import parse_dead_letter
 from tests.support.agents_authz import AGENT, QUOTE, REFUND, SECRET
+from tests.support.agents_messaging import serving
 from tests.support.waiting import wait_until
 from tests.support.workers import ROOT, Workers
 
@@ -254,3 +255,46 @@ async def test_a_caller_the_registry_says_is_refused_gets_forbidden_before_sendi
     # Nothing reached the agent: no dead letter, nothing in its inboxes.
     assert await letters(r, ns, REFUND) == [] and await letters(r, ns, SECRET) == []
     assert await runs(r, ns, SECRET) == 0 and await runs(r, ns, REFUND) == 1  # alice's
+
+
+TEAM_SECRET = "team-secret-for-authz-0123456789"
+
+
+async def test_with_a_shared_secret_only_any_signer_can_be_allowed(
+    redis_url: str, ns: str, r: AnyRedis, monkeypatch: pytest.MonkeyPatch, no_precheck: None
+) -> None:
+    # Every holder of the secret is one identity: '*' matches it, an id: entry never does
+    # (its `source` is its own choice).
+    monkeypatch.delenv("REACH_SECRET", raising=False)
+    app = Agent("team-1", capabilities=["team.any", "team.named"])
+
+    async def run(payload: Any, ctx: Context) -> str:
+        return ctx.sender or "<unsigned>"
+
+    app.handler("team.any", allow=["*"])(run)
+    app.handler("team.named", allow=["id:alice"])(run)
+    async with (
+        serving(redis_url, ns, app, secret=TEAM_SECRET),
+        Client(redis_url=redis_url, namespace=ns, secret=TEAM_SECRET, client_id="alice") as team,
+        Client(redis_url=redis_url, namespace=ns) as anon,
+    ):
+        assert await team.request("team.any", {}, timeout_s=20) == "alice"  # its source
+        with pytest.raises(Forbidden, match="the namespace's team"):
+            await team.request("team.named", {}, timeout_s=20)
+        with pytest.raises(Forbidden, match="unsigned"):
+            await anon.request("team.any", {}, timeout_s=20)
+    assert [d.reason for d in await letters(r, ns, "team.named")] == ["forbidden"]
+
+
+async def test_an_agent_with_rules_and_no_keys_does_not_start(
+    redis_url: str, ns: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for var in ("REACH_SECRET", "REACH_IDENTITY_FILE", "REACH_TRUSTED_KEYS_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    app = Agent("nokeys-1", capabilities=["x.y"])
+
+    @app.handler("x.y", security="internal")
+    async def run(payload: Any, ctx: Context) -> None: ...
+
+    with pytest.raises(ConfigError, match="no keys to verify its callers"):
+        await app.run(redis_url=redis_url, namespace=ns)
