@@ -49,6 +49,7 @@ from .registry import AgentInfo, normalize_capability
 from .signing import NAME_PATTERN, ROLE_PATTERN, IdentityKeys, Signer
 
 if TYPE_CHECKING:
+    from .envelope import Envelope
     from .view import RegistryView
 
 log = logging.getLogger("reach.authz")
@@ -427,9 +428,13 @@ class Prechecks:
     def __init__(self) -> None:
         self._seen: dict[str, tuple[int, str | None]] = {}
 
-    async def check(self, view: RegistryView, signer: Signer | None, capability: str) -> None:
-        """Raise :class:`Forbidden` (nothing sent) when every live agent of ``capability``
-        publishes rules that refuse this caller."""
+    async def check(self, view: RegistryView, signer: Signer | None, env: Envelope) -> None:
+        """Raise :class:`Forbidden` (nothing sent) when every live agent of ``env``'s
+        capability publishes rules that refuse this caller. An envelope another signed (a
+        dead letter replayed as it was) is judged by the agent alone."""
+        if env.sig and env.kid != (signer.kid if signer is not None else ""):
+            return
+        capability = env.capability
         try:
             agents, version = await view.candidates(capability)
         except RedisUnavailable:

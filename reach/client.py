@@ -464,7 +464,7 @@ class Client(ManyCalls, ReplyFigures):
         ``gate``: see :class:`reach.callpath.CallGate`.
         """
         if quota:  # a first send: refused early when its agents publish that they refuse it
-            await self._prechecks.check(self.view, self.signer, env.capability)
+            await self._prechecks.check(self.view, self.signer, env)
         if env.reply_to == self.client_id:
             self._reader.sent(env.msg_id)  # its reply is kept until taken (result())
         return await self._delivery.deliver(env, where=where, track=track, quota=quota, gate=gate)
