@@ -35,6 +35,7 @@ from .errors import (
     Cancelled,
     DeadlineExceeded,
     GuardRefused,
+    Forbidden,
     HopLimitExceeded,
     LoopDetected,
     Rejected,
@@ -367,6 +368,8 @@ def outcome_of(capability: str, msg_id: str, reply: Reply) -> Any:
         raise LoopDetected(reply.error, path=path_of(reply.error))
     if reply.reason == DeadReason.REFUSED_BY_GUARD:
         raise GuardRefused(reply.error, rule=rule_of(reply.error))
+    if reply.reason == DeadReason.FORBIDDEN:
+        raise Forbidden(f"{capability!r} refused this caller: {reply.error}")
     if reply.status == Status.DEAD and is_rejection(reply.reason):
         raise Rejected(f"{capability!r} was rejected: {reply.error}", reason=reply.reason)
     raise RemoteError(

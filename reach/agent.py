@@ -28,6 +28,7 @@ from typing import Any, TypedDict, Unpack
 import msgspec
 import msgspec.inspect
 
+from . import authz
 from ._emitting import KEEP_BYTES, KEEP_CHUNKS, KEEP_S, streamed
 from ._worker.guarding import check_guards, guarded
 from ._worker.readiness import READINESS_TIMEOUT_S, ReadinessCheck
@@ -445,6 +446,8 @@ class Agent:
         idempotent: bool = False,
         guards: Iterable[Guard | Callable[..., Any]] = (),
         audited: bool = False,
+        allow: Iterable[str] | None = None,
+        security: str | None = None,
     ) -> Callable[[Handler], Handler]:
         """Decorator: ``fn(payload, ctx)`` answers messages of ``capability``.
 
@@ -496,6 +499,15 @@ class Agent:
         trail as the agent settles it: who (the verified signer, else the claimed
         source), the agent, the outcome and msg_id (reach.audit; ``reach audit``). It is
         advertised with the registration (``metadata["audited"]``).
+
+        ``allow`` says who may call ``capability``, from the message's verified signer:
+        ``"id:NAME"`` (an identity), ``"role:NAME"`` (a role the trusted-keys file gives),
+        ``"*"`` (any verified signer). ``security``: ``"public"`` (default), ``"internal"``
+        (verified signers only) or ``"sensitive"`` (verified signers of the allow list
+        only, even where signing is otherwise optional; needs ``allow``). A refused message
+        is dead-lettered ``forbidden`` without running, its caller gets
+        :class:`reach.Forbidden`; both are published with the registration
+        (docs/security.md, *Who may call what*).
         """
         if max_hops is not None:
             check_max_hops(max_hops, f"@app.handler({capability!r})")
@@ -519,6 +531,8 @@ class Agent:
                 f"Agent {self.agent_id!r} does not declare capability {cap!r}; add it to "
                 f"capabilities=[...] (now {self.capabilities})."
             )
+        if allow is not None or security is not None:  # enforced by reach._worker.authz
+            authz.declare(self.metadata, cap, authz.declared_for(cap, allow, security))
         if idempotent:  # advertised with the registration, as the timeouts are
             listed = self.metadata.get(IDEMPOTENT_KEY)
             listed = listed if isinstance(listed, list) else []
@@ -661,6 +675,9 @@ class Agent:
         self.check_handlers()
         await warn_once(opts.redis_url or "")  # eviction, persistence: once per process
         signing = worker_signing(opts)
+        authz.check_declared_keys(
+            authz.declared_rules(self.metadata), self.agent_id, signing is not None
+        )
         rt = Runtime(self, opts, self.hooks)
         self._runtime = rt
         if self._stop_asked.is_set():  # set before stop() looked for the runtime

@@ -26,6 +26,7 @@ from enum import StrEnum
 from typing import Any
 from urllib.parse import quote
 
+from .authz import declared_rules
 from .outcomes import DeadReason, Status, is_refusal
 from .registry import AgentInfo
 from .schemas import published
@@ -118,8 +119,10 @@ def _merge_skills(
     given: Any,
     timeouts: Mapping[str, float],
     schemas: Mapping[str, Mapping[str, Any]],
+    security: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
-    """One skill per capability (given fields win), then given skills of other ids."""
+    """One skill per capability (given fields win), then given skills of other ids. A
+    capability that says who may call it (reach.authz) is tagged ``security:<level>``."""
     given_list = [s for s in _list(given) if isinstance(s, Mapping)]
     by_id = {str(s.get("id")): dict(s) for s in given_list if s.get("id")}
     skills = []
@@ -130,7 +133,11 @@ def _merge_skills(
         for kind in ("input", "output"):  # reach's own fields (A2A has none for a schema)
             if kind in schemas.get(c, {}):
                 skill[f"{kind}Schema"] = schemas[c][kind]
-        skills.append({**skill, **by_id.pop(c, {})})
+        merged = {**skill, **by_id.pop(c, {})}
+        if security and c in security:  # the agent's rule, whatever a given skill says
+            tags = [t for t in _list(merged.get("tags")) if not str(t).startswith("security:")]
+            merged["tags"] = [*tags, f"security:{security[c]}"]
+        skills.append(merged)
     skills += [dict(s) for s in given_list if str(s.get("id")) in by_id]
     return skills
 
@@ -153,6 +160,7 @@ def agent_card(info: AgentInfo, *, namespace: str) -> dict[str, Any]:
     caps = ", ".join(info.capabilities)
     timeouts = {c: t for c in info.capabilities if (t := info.timeout_s(c)) is not None}
     schemas = {c: s for c in info.capabilities if (s := published(meta, c))}
+    security = {c: d.security for c, d in declared_rules(meta).items() if c in info.capabilities}
 
     interfaces = [
         dict(i) for i in _list(given.get("supportedInterfaces")) if isinstance(i, Mapping)
@@ -203,7 +211,9 @@ def agent_card(info: AgentInfo, *, namespace: str) -> dict[str, Any]:
         "capabilities": capabilities,
         "defaultInputModes": list(given.get("defaultInputModes") or DEFAULT_MODES),
         "defaultOutputModes": list(given.get("defaultOutputModes") or DEFAULT_MODES),
-        "skills": _merge_skills(info.capabilities, given.get("skills"), timeouts, schemas),
+        "skills": _merge_skills(
+            info.capabilities, given.get("skills"), timeouts, schemas, security
+        ),
     }
     for key, value in given.items():  # provider, documentationUrl, iconUrl, security...
         card.setdefault(key, value)

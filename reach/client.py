@@ -41,6 +41,7 @@ from ._delivery import Delivery, policy_for
 from ._replies import ReplyFigures, ReplyReader, outcome_of
 from ._streaming import Stream
 from .asking import answer_task
+from .authz import Prechecks
 from .breaker import Breakers
 from .callpath import DEFAULT_MAX_HOPS, Gate, check_max_hops
 from .config import resolve_redis_url
@@ -194,6 +195,7 @@ class Client(ManyCalls, ReplyFigures):
         self.max_hops = check_max_hops(max_hops, "Client")
         self.default_send_timeout_s = check_send_timeout(default_send_timeout_s)
         self._timeouts = AdvertisedTimeouts()
+        self._prechecks = Prechecks()  # reach.authz: who may call what, as published
         # A request() whose own task is cancelled (not one whose reach deadline passed)
         # cancels its message too (see cancel()).
         self.cancel_on_abort = cancel_on_abort
@@ -461,6 +463,8 @@ class Client(ManyCalls, ReplyFigures):
         as it is, never signed by this client (its sender's signature travels with it).
         ``gate``: see :class:`reach.callpath.CallGate`.
         """
+        if quota:  # a first send: refused early when its agents publish that they refuse it
+            await self._prechecks.check(self.view, self.signer, env)
         if env.reply_to == self.client_id:
             self._reader.sent(env.msg_id)  # its reply is kept until taken (result())
         return await self._delivery.deliver(env, where=where, track=track, quota=quota, gate=gate)

@@ -170,6 +170,18 @@ class PayloadTooLarge(Rejected, ConfigError):
 
 
 # -- call graphs (reach.callpath: calls made by handlers through ctx.client) ----------------
+class Forbidden(Rejected):
+    """The capability's agent does not let this caller call it (docs/security.md, *Who
+    may call what*): the caller's verified identity is not in its allow list, an operator
+    denied it (``reach caps deny``), or the message is unsigned and the capability takes
+    only signed callers. Raised before sending when the registry already says so (nothing
+    was sent), else from the agent's reply (the message is dead-lettered ``forbidden``
+    without running). Call as an identity it allows, or ask its owner to allow yours."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, reason=DeadReason.FORBIDDEN)
+
+
 class HopLimitExceeded(Rejected):
     """A handler's call would go deeper than ``max_hops`` calls below the first message
     (the Client's, the Agent's or the capability's limit, 16 by default): nothing was sent,

@@ -34,6 +34,8 @@ Layout (``ns`` is the namespace, ids are stripped of ``{``/``}`` first):
     reach:{ns}:rate:<cap>:agent:<id>  string the state of the limit agent <id> declared
                                        on its handler of <cap> (rate=)
     reach:{ns}:quotas            hash  the namespace's quotas (max_inbox, send_rate)
+    reach:{ns}:access            hash  the operator's allow/deny rules per capability
+                                       (``allow:<cap>:<entry>``) and their ``version``
     reach:{ns}:gw:task:<id>      hash  an A2A gateway task (owner, context, task, size)
     reach:{ns}:gw:parts:<id>     list  parts streamed into that task since its last save
     reach:{ns}:gw:finished       zset  finished gateway tasks by finish time
@@ -338,6 +340,12 @@ class Keys:
         return f"{self._reg}:parked:{capability}"
 
     @property
+    def access(self) -> str:
+        """The operator's access rules (reach.authz): ``allow:<cap>:<entry>`` and
+        ``deny:<cap>:<entry>`` -> ``"1"``, and ``version`` (moved by every change)."""
+        return f"{self._reg}:access"
+
+    @property
     def parked_caps(self) -> str:
         """Set of capabilities that have parked messages."""
         return f"{self._reg}:parked"
@@ -505,6 +513,8 @@ LAYOUT: tuple[KeyForm, ...] = (
     KeyForm("reach:{<ns>}:quotas", "hash", "quotas", "the namespace's quotas"),
     KeyForm("reach:{<ns>}:audit", "stream", "audit",
             "the audit trail: operator actions and audited calls (trimmed by age)"),
+    KeyForm("reach:{<ns>}:access", "hash", "access",
+            "the operator's allow/deny rules per capability, and their version"),
     KeyForm("reach:{<ns>}:recent", "stream", "recent",
             "the index of recently settled messages (packed rows)"),
     # the A2A gateway's task store (reach.gateway.store)

@@ -23,6 +23,7 @@ reason               rejection  retryable  blames  refusal  written when
 ``version``          yes        no         no      yes      raw: an unknown envelope version
 ``too_large``        yes        no         no      yes      raw: over ``max_envelope_bytes``
 ``unauthenticated``  yes        no         no      yes      unsigned or forged, signing required
+``forbidden``        yes        no         no      yes      its verified signer may not call it
 ``bad_result``       yes        no         yes     no       the result cannot be encoded
 ``target_gone``      yes        no         yes     no       a broadcast copy's agent was evicted
 ``unroutable``       yes        no         no      no       no policy can place a moved message
@@ -176,6 +177,7 @@ class DeadReason(StrEnum):
     HOP_LIMIT = "hop_limit"
     LOOP = "loop"
     REFUSED_BY_GUARD = "refused_by_guard"
+    FORBIDDEN = "forbidden"
 
 
 RAW_REASONS: Final = frozenset({DeadReason.MALFORMED, DeadReason.VERSION, DeadReason.TOO_LARGE})
@@ -196,6 +198,7 @@ REFUSALS: Final = RAW_REASONS | {
     DeadReason.HOP_LIMIT,
     DeadReason.LOOP,
     DeadReason.REFUSED_BY_GUARD,
+    DeadReason.FORBIDDEN,
 }
 """The agent refused the message for what it is: A2A ``rejected`` (else ``failed``)."""
 

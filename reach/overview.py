@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import admin
+from .authz import capability_security
 from .connection import AnyRedis
 from .envelope import now_ms
 from .keys import PRIORITIES, Keys
@@ -240,6 +241,7 @@ def frame_data(cur: Sample, prev: Sample | None, namespace: str) -> dict[str, An
                 "failed": None if n_cancelled is None else cur.dlq.get(cap, 0) - n_cancelled,
                 "cancelled": n_cancelled,
                 "dead_per_s": dl_rate,
+                "security": capability_security(cur.agents, cap),  # reach.authz's level
             }
         )
     states: dict[str, int] = {}

@@ -334,32 +334,59 @@ def load_identity(path: str | Path) -> tuple[str, Ed25519PrivateKey]:
     return name, ed.Ed25519PrivateKey.from_private_bytes(seed)
 
 
-def load_trusted(path: str | Path) -> dict[str, list[Ed25519PublicKey]]:
-    """The trusted public keys, one ``NAME BASE64-KEY`` a line (``#`` comments); a name may
-    have two keys during a rollover."""
+ROLE_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+"""A role name (the trusted-keys file's third column, ``role:NAME`` in an allow list)."""
+
+
+def _check_roles(text: str, where: str) -> frozenset[str]:
+    roles = frozenset(r for r in (p.strip() for p in text.split(",")) if r)
+    for r in roles:
+        if not ROLE_PATTERN.match(r):
+            raise ConfigError(
+                f"{where}: role {r[:80]!r} must be 1-64 letters, digits or _.- "
+                "(roles are comma-separated, e.g. billing,ops)."
+            )
+    return roles
+
+
+def read_trusted(
+    path: str | Path,
+) -> tuple[dict[str, list[Ed25519PublicKey]], dict[str, frozenset[str]]]:
+    """The trusted public keys and the roles of each identity: one ``NAME BASE64-KEY
+    [ROLE,ROLE...]`` a line (``#`` comments). A name may have two keys during a rollover;
+    its roles are those of all its lines. Roles are as trusted as the keys: whoever may
+    edit this file may make any identity anything (docs/security.md, *Who may call what*)."""
     ed = _ed25519()
     try:
         lines = Path(path).read_text().splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"Cannot read the trusted keys file {path}: {e}") from e
     out: dict[str, list[Ed25519PublicKey]] = {}
+    roles: dict[str, frozenset[str]] = {}
     for i, line in enumerate(lines, 1):
         words = line.split("#", 1)[0].split()
         if not words:
             continue
-        if len(words) != 2:
-            raise ConfigError(f"{path}:{i}: expected `NAME BASE64-PUBLIC-KEY`.")
+        if len(words) not in (2, 3):
+            raise ConfigError(f"{path}:{i}: expected `NAME BASE64-PUBLIC-KEY [ROLE,ROLE...]`.")
         name = _check_name(words[0], f"{path}:{i}")
         key = ed.Ed25519PublicKey.from_public_bytes(_unb64(words[1], f"{path}:{i}", 32))
         out.setdefault(name, []).append(key)
-    return out
+        got = _check_roles(words[2], f"{path}:{i}") if len(words) == 3 else frozenset()
+        roles[name] = roles.get(name, frozenset()) | got
+    return out, roles
+
+
+def load_trusted(path: str | Path) -> dict[str, list[Ed25519PublicKey]]:
+    """The trusted public keys of :func:`read_trusted` (without the roles)."""
+    return read_trusted(path)[0]
 
 
 class IdentityKeys:
     """Ed25519: signs as one identity (``kid`` = its name), verifies the identities of a
     trusted-keys file. The signed bytes are the HMAC mode's."""
 
-    __slots__ = ("_invalid", "_sk", "kid", "namespace", "trusted")
+    __slots__ = ("_invalid", "_sk", "kid", "namespace", "roles", "trusted")
 
     def __init__(
         self,
@@ -367,6 +394,7 @@ class IdentityKeys:
         name: str,
         private_key: Ed25519PrivateKey,
         trusted: dict[str, list[Ed25519PublicKey]],
+        roles: dict[str, frozenset[str]] | None = None,
     ) -> None:
         from cryptography.exceptions import InvalidSignature
 
@@ -374,6 +402,7 @@ class IdentityKeys:
         self.kid = name
         self._sk = private_key
         self.trusted = trusted
+        self.roles = roles or {}  # identity -> its roles (the trusted-keys file's 3rd column)
         self._invalid = InvalidSignature
 
     def __repr__(self) -> str:
@@ -400,7 +429,8 @@ class IdentityKeys:
                 "trusted_keys_file=) to the file of the identities' public keys."
             )
         name, sk = load_identity(identity_file)
-        return cls(namespace, name, sk, load_trusted(trusted_file))
+        trusted, roles = read_trusted(trusted_file)
+        return cls(namespace, name, sk, trusted, roles)
 
     def _check(self, kid: str, sig: bytes, data: bytes) -> str | None:
         if not sig:

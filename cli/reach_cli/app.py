@@ -31,6 +31,7 @@ from reach.errors import ConfigError, ReachError
 from reach.keys import PRIORITIES, Keys
 from reach.registry import Registry
 
+from . import caps_access_cmd  # noqa: F401 - adds allow, deny and access to `reach caps`
 from .acl_cmd import acl_cmd
 from .agents_cmd import agents_app
 from .audit_cmd import audit_cmd

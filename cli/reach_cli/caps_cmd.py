@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from reach.authz import capability_security
 from reach.keys import Keys
 from reach.limits import RateLimit, get_limits, parse_limit, set_limit
 from reach.registry import Registry, advertised_timeout, normalize_capability
@@ -31,7 +32,7 @@ from .common import (
 from .completion import complete_capability
 
 caps_app = typer.Typer(
-    help="List capabilities; set their rate limits.",
+    help="List capabilities; set their rate limits; say who may call them.",
     invoke_without_command=True,
     no_args_is_help=False,
 )
@@ -46,7 +47,8 @@ def caps_list(
 ) -> None:
     """List capabilities, how many live agents declare each (and how many of them are
     routable), the timeout their agents advertise (what a call that names none gets; the
-    longest when they differ) and their rate limits.
+    longest when they differ), their rate limits and their security level (public,
+    internal, sensitive: `reach caps access` shows who may call them).
 
     Examples: reach caps --namespace prod;  reach caps limit text.summarize 50/s
     """
@@ -55,7 +57,7 @@ def caps_list(
     require_text({"redis_url": redis_url, "namespace": namespace})
     url = find_redis(redis_url)
 
-    Found = tuple[list[tuple[str, int]], dict[str, int], dict[str, float | None]]
+    Found = tuple[list[tuple[str, int]], dict[str, int], dict[str, float | None], dict[str, str]]
 
     async def body() -> tuple[Found, dict[str, RateLimit]]:
         r = await open_redis(url)
@@ -64,15 +66,17 @@ def caps_list(
             rows = await reg.capabilities()
             ready: dict[str, int] = {}
             timeouts: dict[str, float | None] = {}
+            security: dict[str, str] = {}  # reach.authz: public, internal, sensitive
             for cap, _ in rows:
                 agents = await reg.agents(cap, state="active")
                 ready[cap] = sum(a.routable for a in agents)
                 timeouts[cap] = advertised_timeout(agents, cap)
-            return (rows, ready, timeouts), await get_limits(r, Keys(namespace))
+                security[cap] = capability_security(agents, cap)
+            return (rows, ready, timeouts, security), await get_limits(r, Keys(namespace))
         finally:
             await r.aclose()
 
-    (rows, ready, timeouts), limits = run(body, url=url)
+    (rows, ready, timeouts, security), limits = run(body, url=url)
     if json_:
         print_json(
             [
@@ -82,6 +86,7 @@ def caps_list(
                     "routable": ready[c],
                     "timeout_s": timeouts[c],
                     "limit": str(limits[c]) if c in limits else None,
+                    "security": security[c],
                 }
                 for c, n in rows
             ]
@@ -89,9 +94,16 @@ def caps_list(
         return
     table(
         f"capabilities in {namespace!r}",
-        ["capability", "agents", "routable", "timeout", "limit"],
+        ["capability", "agents", "routable", "timeout", "limit", "security"],
         [
-            (c, n, ready[c], _seconds(timeouts[c]), str(limits[c]) if c in limits else "")
+            (
+                c,
+                n,
+                ready[c],
+                _seconds(timeouts[c]),
+                str(limits[c]) if c in limits else "",
+                security[c],
+            )
             for c, n in rows
         ],
     )

@@ -28,7 +28,6 @@ from redis import exceptions as rexc
 
 from .. import logs, scripts
 from .._emitting import KeepBounds
-from ..callpath import find_loop, hop_limit, loop_error
 from ..client import Client
 from ..context import Context
 from ..envelope import MAX_ATTEMPTS, Envelope, decode_payload, encode, now_ms
@@ -50,6 +49,7 @@ from ..scripts.inbox import CLAIM_AT_SEND_FENCE
 from ..signing import sign_reply_for
 from ..tasks import TASK_TTL_MS
 from . import outcome as oc
+from .authz import Gate
 from .cancelling import Cancels, Deadlines, Run, cancelled_outcome
 from .items import Delivery
 from .letters import DeadLetters
@@ -209,6 +209,7 @@ class Execution(Part):
         self._confirming: set[asyncio.Task[None]] = set()
         self._held: set[Delivery] = set()  # claimed, in the pool: their claims are renewed
         self.limits = LimitsCache()
+        self.gate = Gate(self.agent, self.keys, self.redis)  # refusals before a handler runs
 
     # -- claiming -----------------------------------------------------------------------
     async def take(self, items: list[Delivery]) -> None:
@@ -618,7 +619,7 @@ class Execution(Part):
                 spec = self.state.plain.tracked(spec)  # a drain waits for its thread
             if spec is None:
                 outcome = oc.no_handler(env, self.agent_id)
-            elif (env.hops or env.path) and (refused := self._refuse_call(env, spec)):
+            elif refused := await self.gate.refuse(env, ctx, spec):  # who, how deep (authz)
                 outcome = refused
             elif self.cancels.heard_of(it.idem) and await self.cancels.confirmed(it.idem):
                 outcome = cancelled_outcome(env, running=False)  # cancelled before it started
@@ -646,17 +647,6 @@ class Execution(Part):
                     self.state.handler_ran(duration_s, env.capability, env.cost)
         self.hooks.after_handle(ctx, outcome, duration_s)
         self._finish(it, outcome, traced=traced)
-
-    def _refuse_call(self, env: Envelope, spec: HandlerSpec) -> Outcome | None:
-        """A handler's call that is too deep for this handler, or that re-enters a caller
-        on this agent waiting for it (reach.callpath): its outcome, else None."""
-        err = hop_limit(env, spec.max_hops or self.agent.max_hops, self.agent_id)
-        if err is not None:
-            return oc.refused_call(err)
-        cycle = find_loop(env.path, env.capability, self.agent_id)
-        if cycle is not None:
-            return oc.refused_call(loop_error(cycle, env.capability, self.agent_id))
-        return None
 
     async def _call(
         self,

@@ -77,11 +77,11 @@ def test_caps_table_and_json(populated: None, redis_url: str, ns: str) -> None:
     assert rows == {
         "text.summarize": {
             "capability": "text.summarize", "agents": 2, "routable": 1, "timeout_s": 40.0,
-            "limit": None,
+            "limit": None, "security": "public",
         },
         "text.translate": {
             "capability": "text.translate", "agents": 1, "routable": 0, "timeout_s": None,
-            "limit": None,
+            "limit": None, "security": "public",
         },
     }  # fmt: skip
     code, out, _ = cli(redis_url, ns, "caps")

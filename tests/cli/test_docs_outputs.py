@@ -42,6 +42,10 @@ ELSEWHERE = {
     "tasks": ("tests/cli/test_tasks_cmd.py", '"tasks"'),
     "task answer": ("tests/cli/test_answer_cmd.py", '"answer"'),
     "audit": ("tests/cli/test_audit_cmd.py", '"audit", "--json"'),
+    # with an agent whose handlers declare rules (reach.authz)
+    "caps allow": ("tests/cli/test_caps_access.py", '"allow"'),
+    "caps deny": ("tests/cli/test_caps_access.py", '"deny"'),
+    "caps access": ("tests/cli/test_caps_access.py", '"access"'),
 }
 RUN_HERE = {
     "init",
@@ -168,13 +172,13 @@ async def test_documented_outputs(
         }  # fmt: skip
         title_and_columns(
             await cli("caps"), f"capabilities in {ns!r}", "capability", "agents", "routable",
-            "timeout", "limit",
+            "timeout", "limit", "security",
         )  # fmt: skip
         assert await cli.json("caps") == [
             {"capability": "docs.echo", "agents": 1, "routable": 1, "timeout_s": None,
-             "limit": "600/m (burst 10)"},
+             "limit": "600/m (burst 10)", "security": "public"},
             {"capability": "docs.refuse", "agents": 1, "routable": 1, "timeout_s": None,
-             "limit": None},
+             "limit": None, "security": "public"},
         ]  # fmt: skip
         # caps show: a field/value table, then the schemas; --json its fields
         title_and_columns(

@@ -398,3 +398,19 @@ async def test_the_message_list_filters_by_agent_and_time(
     assert await rows(agent="echo-w1", status="failed") == []
     bad = await c.get("/messages", params={"since": "yesterday"})
     assert 'id="problem"' in bad.text and "is not a time" in bad.text
+
+
+async def test_the_capability_list_shows_each_security_level(
+    make: Any, r: AnyRedis, ns: str
+) -> None:
+    access = {"pay.refund": {"allow": ["role:billing"], "security": "sensitive"}}
+    await register(
+        Registry(r, ns), "pay-1", ["pay.refund", "pay.quote"], metadata={"access": access}
+    )
+    c = await make()
+    frame = (await c.get("/api/frame")).json()["frame"]
+    levels = {x["capability"]: x["security"] for x in frame["capabilities"]}
+    assert levels == {"pay.refund": "sensitive", "pay.quote": "public"}
+    page = (await c.get("/")).text
+    assert ">security</abbr></th>" in page
+    assert '<td class="security sensitive">sensitive</td>' in page

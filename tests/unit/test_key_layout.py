@@ -62,6 +62,7 @@ PROPERTIES = {
     "scheduled_envelopes",
     "cancels",
     "limits",
+    "access",
     "quotas",
     "parked_caps",
     "recent",

@@ -70,6 +70,7 @@ RANKS: dict[str, int] = {
     "reach._cancel": 2,  # cancelling a message: cancel.lua and the workers' notice
     "reach.steps": 2,  # ctx.step: a handler's durable steps, journaled in its record
     "reach.watch": 2,  # following a task's changes (client.watch, ctx.progress)
+    "reach.authz": 2,  # who may call what: allow lists, levels, the operator's rules
     "reach.asking": 2,  # ctx.ask / client.answer: human input, kept in the task record
     "reach.guards": 2,  # guards on content: what a guard is, the built-ins (no Redis)
     "reach.audit": 2,  # the audit trail: operator actions and audited calls (reach audit)

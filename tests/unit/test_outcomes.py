@@ -75,6 +75,7 @@ def test_values_are_the_strings_stored_and_sent() -> None:
         "hop_limit",
         "loop",
         "refused_by_guard",
+        "forbidden",
     }
     assert {u.value for u in Unavailable} == {
         "no_agent",
@@ -293,7 +294,8 @@ def test_the_lists_client_and_card_kept_are_unchanged() -> None:
     # hop_limit and loop: a handler's call deeper than max_hops, or entering a caller that
     # waits for it (reach.callpath): refused for what the message is.
     # refused_by_guard: a guard of the agent refused the content (reach.guards).
-    new = {"unauthenticated", "hop_limit", "loop", "refused_by_guard"}
+    # forbidden: the verified signer is not allowed to call the capability (reach.authz).
+    new = {"unauthenticated", "hop_limit", "loop", "refused_by_guard", "forbidden"}
     # poisoned: a message whose runs never ended (each agent running it killed, evicted or
     # stalled) was taken over max_takeovers times: refused for good, blaming the agent
     # (its handler blocked or crashed it), A2A "failed".
