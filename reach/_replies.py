@@ -34,8 +34,8 @@ from .envelope import CHUNK, Envelope, Reply, decode_payload, decode_reply, now_
 from .errors import (
     Cancelled,
     DeadlineExceeded,
-    GuardRefused,
     Forbidden,
+    GuardRefused,
     HopLimitExceeded,
     LoopDetected,
     Rejected,
