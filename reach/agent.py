@@ -29,6 +29,7 @@ import msgspec
 import msgspec.inspect
 
 from ._emitting import KEEP_BYTES, KEEP_CHUNKS, KEEP_S, streamed
+from ._sessions.tiers import DEFAULT_TIER, SessionTier, parse_tier
 from ._worker.readiness import READINESS_TIMEOUT_S, ReadinessCheck
 from ._worker.runtime import Runtime
 from .callpath import DEFAULT_MAX_HOPS, check_max_hops
@@ -79,6 +80,7 @@ class HandlerSpec:
     limit: RateLimit | None = None  # the agent's own limit on starts (rate=, burst=)
     preemptible: bool = True  # a low-priority run may be cut and requeued for high work
     max_hops: int | None = None  # deepest call path it takes (None: the agent's max_hops)
+    session: SessionTier = DEFAULT_TIER  # ctx.session's consistency (reach._sessions)
 
 
 def _payload_type(fn: Handler) -> Any:
@@ -119,6 +121,9 @@ class RuntimeOptions:
 
     redis_url: str | None = None
     """Redis to serve on; else ``REACH_REDIS_URL``, else the project file (reach.config)."""
+    session_url: str | None = None
+    """Redis of the session store (``ctx.session``), when not ``redis_url``'s: a
+    ``best_effort`` session then survives that Redis being down (docs/operations.md)."""
     namespace: str = "default"
     heartbeat_s: float = 3.0
     """How often the lease is renewed (from a thread of its own)."""
@@ -303,6 +308,7 @@ class RunOptions(TypedDict, total=False):
     """The keywords :meth:`Agent.run` takes: the fields of :class:`RuntimeOptions`."""
 
     redis_url: str | None
+    session_url: str | None
     namespace: str
     heartbeat_s: float
     lease_s: float
@@ -434,6 +440,7 @@ class Agent:
         max_hops: int | None = None,
         timeout_s: float | None = None,
         idempotent: bool = False,
+        session: SessionTier | str = "strong",
     ) -> Callable[[Handler], Handler]:
         """Decorator: ``fn(payload, ctx)`` answers messages of ``capability``.
 
@@ -474,7 +481,15 @@ class Agent:
         registration (``metadata["idempotent"]``), and a caller may then hedge a slow
         request with ``hedge_after_s`` (a second copy to another agent; the first answer
         wins). Without it, reach never runs a started message twice on purpose.
+
+        ``session``: the consistency of ``ctx.session`` in this handler: ``"strong"``
+        (every read and write a round trip), ``"cached"`` (reads from a copy in this
+        process, dropped when the session is written; writes sent in one round trip when
+        the handler returns) or ``"best_effort"`` (writes as cached; on a Redis error an
+        empty session, ``ctx.session.degraded``), or a :class:`reach.SessionTier` for its
+        ``cache_ttl_s`` / ``timeout_s`` (docs/concepts.md, *Sessions*).
         """
+        tier = parse_tier(session)
         if max_hops is not None:
             check_max_hops(max_hops, f"@app.handler({capability!r})")
         if timeout_s is not None and (
@@ -512,11 +527,17 @@ class Agent:
             self.publish_schemas(cap, handler_schemas(fn, payload_type))
             if inspect.isasyncgenfunction(fn):  # a streaming handler: each yield is a chunk
                 self.handlers[cap] = HandlerSpec(
-                    streamed(fn), True, payload_type, limit, preemptible, max_hops
+                    streamed(fn), True, payload_type, limit, preemptible, max_hops, tier
                 )
                 return fn
             self.handlers[cap] = HandlerSpec(
-                fn, inspect.iscoroutinefunction(fn), payload_type, limit, preemptible, max_hops
+                fn,
+                inspect.iscoroutinefunction(fn),
+                payload_type,
+                limit,
+                preemptible,
+                max_hops,
+                tier,
             )
             return fn
 

@@ -15,6 +15,7 @@ import anyio
 
 from ._defaults import child_deadline
 from ._emitting import ChunkWriter, KeepBounds
+from ._sessions.buffered import settle_session
 from ._streaming import Stream
 from .asking import Asker, Slots
 from .callpath import CallGate, SelfSlots, child_path, hop_limit
@@ -29,6 +30,7 @@ from .steps import StepJournal, check_name
 from .watch import report_progress
 
 if TYPE_CHECKING:
+    from ._sessions.store import SessionStore
     from .agent import Agent
 
 
@@ -84,6 +86,8 @@ class Context:
     _waiting: Slots | None = None  # set by the worker: where a waiting handler's slot goes
     _asker: Asker | None = None  # made by the first ask()
     _agent: Agent | None = None  # set by the worker: the agent handling the message
+    _sessions: SessionStore | None = None  # set by the worker: the tier and Redis of sessions
+    _session: Session | None = None  # made by the first ctx.session
 
     @property
     def agent(self) -> Agent:
@@ -144,8 +148,28 @@ class Context:
     @property
     def session(self) -> Session:
         """The store of this message's session (its calls raise ConfigError when the
-        message has no session_id)."""
-        return Session(self._redis, self._keys, self.envelope.session_id)
+        message has no session_id), of the tier the handler declares (``strong`` unless
+        ``@app.handler(cap, session=...)`` says otherwise: docs/concepts.md, *Sessions*).
+        One object per run: a tier that writes behind holds the run's writes in it."""
+        s = self._session
+        if s is None:
+            store = self._sessions
+            s = self._session = (
+                store.open_session(self.envelope)
+                if store is not None
+                else Session(self._redis, self._keys, self.envelope.session_id)
+            )
+        return s
+
+    async def finish_run(self, err: BaseException | None) -> BaseException | None:
+        """Before a run's outcome is written: its stream's last chunks (a streaming
+        handler), then the session writes its tier held back. The run's error, else the
+        error that kept them from Redis (the run then fails, and is retried)."""
+        if self.chunks is not None:
+            err = await self.chunks.finish(err)
+        if self._session is not None:
+            err = await settle_session(self._session, err)
+        return err
 
     @property
     def client(self) -> ChildClient:
