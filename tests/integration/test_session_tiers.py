@@ -182,7 +182,7 @@ def workers(redis_url: str, ns: str) -> Iterator[Workers]:
 async def test_a_cached_session_is_served_locally_and_fresh_after_another_agents_write(
     redis_url: str, ns: str, fresh_redis: RedisServer, sr: AnyRedis, workers: Workers
 ) -> None:
-    app = Agent("reader-1", capabilities=["t.read"])
+    app = Agent("reader-1", capabilities=["t.read", "t.note"])
 
     @app.handler("t.read", session="cached")
     async def read(payload: Any, ctx: Context) -> dict[str, Any]:
@@ -190,6 +190,11 @@ async def test_a_cached_session_is_served_locally_and_fresh_after_another_agents
             "color": await ctx.session.get("color"),
             "history": await ctx.session.history(),
         }
+
+    @app.handler("t.note", session="cached")
+    async def note(payload: Any, ctx: Context) -> None:
+        await ctx.session.set("color", "green")
+        await ctx.session.append(payload)
 
     workers.start("writer", "--session-url", fresh_redis.url)
     async with serving(redis_url, ns, app, session_url=fresh_redis.url) as client:
@@ -229,6 +234,12 @@ async def test_a_cached_session_is_served_locally_and_fresh_after_another_agents
         await sr.config_resetstat()
         assert await read_now() == {"color": "blue", "history": ["one", "two"]}
         assert _calls(await _command_stats(sr), "evalsha") == 0  # cached again
+
+        # its own write (written through when the handler returned) keeps its copy true
+        await client.request("t.note", "three", session_id="s-c", timeout_s=10)
+        await sr.config_resetstat()
+        assert await read_now() == {"color": "green", "history": ["one", "two", "three"]}
+        assert _calls(await _command_stats(sr), "evalsha") == 0
 
 
 async def test_a_cached_copy_is_read_again_after_its_ttl(
