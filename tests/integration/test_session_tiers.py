@@ -29,6 +29,7 @@ from reach.connection import AnyRedis, connect
 from reach.embedded import RedisServer
 from reach.keys import Keys
 from tests.support.agents_messaging import serving, wait_eligible
+from tests.support.cluster import RedisTestCluster
 from tests.support.workers import Workers
 
 pytestmark = pytest.mark.anyio
@@ -281,6 +282,40 @@ async def test_a_cached_copy_is_read_again_after_its_ttl(
         with anyio.fail_after(20):
             while await call("t.read") != 40:
                 await anyio.sleep(0.05)
+
+
+async def test_cached_sessions_on_a_cluster(redis_cluster: RedisTestCluster, ns: str) -> None:
+    """On a 3-master Cluster: a write of one agent reaches the other's copy (PUBLISH from
+    the script reaches every node; the cache listens on any one), whatever slot the
+    session is in."""
+    reader = Agent("c-reader", capabilities=["t.read"])
+    writer = Agent("c-writer", capabilities=["t.write"])
+
+    @reader.handler("t.read", session="cached")
+    async def read(payload: Any, ctx: Context) -> Any:
+        return await ctx.session.get("n", 0)
+
+    @writer.handler("t.write", session="best_effort")
+    async def write(payload: int, ctx: Context) -> None:
+        await ctx.session.set("n", payload)
+
+    async with serving(redis_cluster.url, ns, reader, writer) as client:
+        store = reader.runtime.state.sessions if reader.runtime else None
+        assert store is not None and store.cache is not None
+        with anyio.fail_after(20):
+            await store.cache.subscribed.wait()
+        sessions = [f"s-{i}" for i in range(6)]  # spread over the masters' slots
+        for n in (1, 2):
+            for sid in sessions:
+                await client.request("t.write", n, session_id=sid, timeout_s=10)
+            for sid in sessions:
+                with anyio.fail_after(20):
+                    while await client.request("t.read", None, session_id=sid, timeout_s=10) != n:
+                        await anyio.sleep(0.01)
+        hits = _cache_reads("hit")
+        for sid in sessions:
+            assert await client.request("t.read", None, session_id=sid, timeout_s=10) == 2
+        assert _cache_reads("hit") - hits == len(sessions)
 
 
 def _degraded(cap: str, op: str) -> float:
