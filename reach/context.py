@@ -8,7 +8,7 @@ session and trace (:class:`ChildClient`), and the worker's Redis connection.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
@@ -161,6 +161,10 @@ class Context:
             )
         return s
 
+    async def _flush_session(self) -> None:
+        if self._session is not None:
+            await self._session.flush()
+
     async def finish_run(self, err: BaseException | None) -> BaseException | None:
         """Before a run's outcome is written: its stream's last chunks (a streaming
         handler), then the session writes its tier held back. The run's error, else the
@@ -175,9 +179,11 @@ class Context:
     def client(self) -> ChildClient:
         """A client whose calls inherit this message's deadline, session and trace, and
         carry its call path (docs/concepts.md, *Call graphs*)."""
-        return ChildClient(
+        child = ChildClient(
             self._client, self.envelope, self._cancel, agent_id=self.agent_id, slots=self._slots
         )
+        child._before = self._flush_session  # held writes go before a call (the callee may read)
+        return child
 
     async def emit(self, chunk: Any) -> None:
         """Stream ``chunk`` to the caller now, before the final result: chunks reach a
@@ -330,6 +336,14 @@ class ChildClient:
         self._agent_id = agent_id  # the agent the parent runs on ('' : no call path kept)
         self._slots = slots
 
+    _before: Callable[[], Awaitable[None]] | None = None  # the parent's _flush_session
+
+    async def _flush(self) -> None:
+        """The parent's held session writes, sent before a call whose handler may read
+        them (a tier that writes behind: docs/concepts.md, *Session tiers*)."""
+        if self._before is not None:
+            await self._before()
+
     def _child(
         self, capability: str, payload: Any, kw: dict[str, Any], *, waits: bool
     ) -> tuple[Envelope, CallGate | None]:
@@ -377,6 +391,7 @@ class ChildClient:
         on_rate_limit = kw.pop("on_rate_limit", "wait")
         if kw.get("timeout_s") is None and kw.get("deadline_ms") is None:
             kw["timeout_s"] = await self._client.timeout_for(capability)
+        await self._flush()
         env, gate = self._child(capability, payload, kw, waits=True)
         await self._client._check_rate_limit(env.capability, on_rate_limit)
         if self._cancel is not None:
@@ -395,6 +410,7 @@ class ChildClient:
         where = kw.pop("where", None)
         on_rate_limit = kw.pop("on_rate_limit", "wait")
         self._client._send_deadline(kw)
+        await self._flush()
         env, gate = self._child(capability, payload, kw, waits=False)
         if on_rate_limit != "wait":
             await self._client._check_rate_limit(env.capability, on_rate_limit)

@@ -106,6 +106,7 @@ class Session:
 
     async def flush(self) -> None:
         """Send the writes held back so far (the ``cached`` and ``best_effort`` tiers write
-        behind: their run's writes go in one round trip when the handler returns). Call it
-        before something else must see them, e.g. a ``ctx.client`` call whose handler
-        reads the session. Nothing to do for this tier: each write was sent when made."""
+        behind: their run's writes go in one round trip when the handler returns, or
+        before a ``ctx.client.request`` / ``send``). Call it before something else must
+        see them, e.g. a ``ctx.client.stream`` whose handler reads the session. Nothing to
+        do for this tier: each write was sent when made."""

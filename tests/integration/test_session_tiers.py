@@ -125,6 +125,37 @@ async def test_strong_writes_at_once_the_others_when_the_handler_returns(
 _IN_SCRIPT = {"type", "hset", "hdel", "del", "rpush", "ltrim", "incr", "pexpire", "publish", "llen"}
 
 
+@pytest.mark.parametrize("tier", ["cached", "best_effort"])
+async def test_a_call_made_by_the_handler_sees_its_held_writes(
+    redis_url: str, ns: str, tier: str
+) -> None:
+    """ctx.client.request and send send the run's held writes first: the callee, reading
+    the same session, finds them."""
+    app = Agent("p-1", capabilities=["t.parent", "t.child"])
+    heard: list[Any] = []
+
+    @app.handler("t.parent", session=tier)
+    async def parent(payload: Any, ctx: Context) -> Any:
+        calls = ctx.client  # taken before the session is first used
+        await ctx.session.set("plan", "draft")
+        seen = await calls.request("t.child", None)  # same session, inherited
+        await ctx.session.set("plan", "final")
+        await calls.send("t.child", None)
+        return seen
+
+    @app.handler("t.child")
+    async def child(payload: Any, ctx: Context) -> Any:
+        heard.append(got := await ctx.session.get("plan"))
+        return got
+
+    async with serving(redis_url, ns, app) as client:
+        assert await client.request("t.parent", None, session_id="s-p", timeout_s=20) == "draft"
+        with anyio.fail_after(20):
+            while len(heard) < 2:
+                await anyio.sleep(0.01)
+    assert heard == ["draft", "final"]
+
+
 def _calls(stats: dict[str, Any], command: str) -> int:
     entry = stats.get(f"cmdstat_{command}")
     return int(entry["calls"]) if entry else 0
