@@ -247,6 +247,8 @@ async def test_a_cached_session_is_served_locally_and_fresh_after_another_agents
 
         await write(set={"color": "red"}, append=["one"])
         assert await read_now() == {"color": "red", "history": ["one"]}  # read through
+        # (a read that met the write's announcement on its way is not kept: read again)
+        assert await read_now() == {"color": "red", "history": ["one"]}
         await sr.config_resetstat()
         hits = _cache_reads("hit")
         for _ in range(5):
@@ -263,6 +265,7 @@ async def test_a_cached_session_is_served_locally_and_fresh_after_another_agents
             while (got := await read_now())["color"] != "blue":
                 await anyio.sleep(0.01)
         assert got == {"color": "blue", "history": ["one", "two"]}
+        assert await read_now() == got
         await sr.config_resetstat()
         assert await read_now() == {"color": "blue", "history": ["one", "two"]}
         assert _calls(await _command_stats(sr), "evalsha") == 0  # cached again
@@ -343,6 +346,8 @@ async def test_cached_sessions_on_a_cluster(redis_cluster: RedisTestCluster, ns:
                 with anyio.fail_after(20):
                     while await client.request("t.read", None, session_id=sid, timeout_s=10) != n:
                         await anyio.sleep(0.01)
+        for sid in sessions:  # kept now (a read that met its announcement is not kept)
+            assert await client.request("t.read", None, session_id=sid, timeout_s=10) == 2
         hits = _cache_reads("hit")
         for sid in sessions:
             assert await client.request("t.read", None, session_id=sid, timeout_s=10) == 2
