@@ -87,6 +87,28 @@ async def test_every_tier_keeps_a_conversation(
 
 
 @pytest.mark.parametrize("tier", TIERS)
+async def test_a_run_reads_its_clear_and_appends(redis_url: str, ns: str, tier: str) -> None:
+    app = Agent("c-1", capabilities=["t.redo"])
+
+    @app.handler("t.redo", session=tier)
+    async def redo(payload: Any, ctx: Context) -> Any:
+        before = await ctx.session.history()
+        await ctx.session.append("a")
+        await ctx.session.set("k", 1)
+        await ctx.session.clear()
+        n = await ctx.session.append("b", max_len=2)
+        n = await ctx.session.append("c", max_len=2)
+        n = await ctx.session.append("d", max_len=2)
+        return [before, n, await ctx.session.history(), await ctx.session.all()]
+
+    async with serving(redis_url, ns, app) as client:
+        first = await client.request("t.redo", None, session_id="s-r", timeout_s=10)
+        second = await client.request("t.redo", None, session_id="s-r", timeout_s=10)
+    assert first == [[], 2, ["c", "d"], {}]
+    assert second == [["c", "d"], 2, ["c", "d"], {}]
+
+
+@pytest.mark.parametrize("tier", TIERS)
 async def test_strong_writes_at_once_the_others_when_the_handler_returns(
     redis_url: str, ns: str, r: AnyRedis, tier: str
 ) -> None:
