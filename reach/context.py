@@ -165,7 +165,7 @@ class Context:
         if self._session is not None:
             await self._session.flush()
 
-    async def finish_run(self, err: BaseException | None) -> BaseException | None:
+    async def _finish_run(self, err: BaseException | None) -> BaseException | None:
         """Before a run's outcome is written: its stream's last chunks (a streaming
         handler), then the session writes its tier held back. The run's error, else the
         error that kept them from Redis (the run then fails, and is retried)."""

@@ -717,7 +717,7 @@ class Execution(Part):
             # dead-lettered like any other. Let through, one such message would stop this
             # worker, its inbox would move to the next worker, which would stop in turn.
             err = e
-        err = await ctx.finish_run(err)  # its chunks and held session writes, then its outcome
+        err = await ctx._finish_run(err)  # its chunks and held session writes, then its outcome
         duration_s = time.perf_counter() - t0
         if err is None:
             return oc.returned(result), duration_s
