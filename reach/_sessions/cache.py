@@ -237,6 +237,8 @@ class SessionCache:
                         "cached sessions are read from Redis until it is back",
                         e,
                     )
+            except Exception:  # the worker goes on: its sessions are read from Redis
+                log.exception("session cache: the subscription to session writes failed")
             finally:
                 self._forget_all()
                 if conn is not None:
