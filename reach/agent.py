@@ -487,7 +487,7 @@ class Agent:
         process, dropped when the session is written; writes sent in one round trip when
         the handler returns) or ``"best_effort"`` (writes as cached; on a Redis error an
         empty session, ``ctx.session.degraded``), or a :class:`reach.SessionTier` for its
-        ``cache_ttl_s`` / ``timeout_s`` (docs/concepts.md, *Sessions*).
+        ``cache_ttl_s`` / ``timeout_s`` (docs/concepts.md, *Session tiers*).
         """
         tier = parse_tier(session)
         if max_hops is not None:
@@ -527,7 +527,7 @@ class Agent:
             self.publish_schemas(cap, handler_schemas(fn, payload_type))
             if inspect.isasyncgenfunction(fn):  # a streaming handler: each yield is a chunk
                 self.handlers[cap] = HandlerSpec(
-                    streamed(fn), True, payload_type, limit, preemptible, max_hops, tier
+                    streamed(fn), True, payload_type, limit, preemptible, max_hops, session=tier
                 )
                 return fn
             self.handlers[cap] = HandlerSpec(
@@ -537,7 +537,7 @@ class Agent:
                 limit,
                 preemptible,
                 max_hops,
-                tier,
+                session=tier,
             )
             return fn
 

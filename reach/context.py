@@ -149,7 +149,7 @@ class Context:
     def session(self) -> Session:
         """The store of this message's session (its calls raise ConfigError when the
         message has no session_id), of the tier the handler declares (``strong`` unless
-        ``@app.handler(cap, session=...)`` says otherwise: docs/concepts.md, *Sessions*).
+        ``@app.handler(cap, session=...)`` says otherwise: docs/concepts.md, *Session tiers*).
         One object per run: a tier that writes behind holds the run's writes in it."""
         s = self._session
         if s is None:

@@ -6,7 +6,7 @@ its history here (``append`` / ``history``) while every message carries only the
 :class:`Session` is the ``strong`` tier (every read and write a round trip to Redis, seen
 by every agent at once); ``@app.handler(cap, session="cached")`` or ``"best_effort"``
 gives a handler's runs a session of another tier (:mod:`reach._sessions`,
-docs/concepts.md *Sessions*). Every write, whatever its tier, goes through
+docs/concepts.md *Session tiers*). Every write, whatever its tier, goes through
 ``lua/session_write.lua``: it raises the session's version and announces it, so agents
 caching the session drop their copy.
 """
@@ -35,7 +35,7 @@ class Session:
     """
 
     consistency = "strong"
-    """The tier: ``strong``, ``cached`` or ``best_effort`` (docs/concepts.md, *Sessions*)."""
+    """The tier: ``strong``, ``cached`` or ``best_effort`` (docs/concepts.md, *Session tiers*)."""
 
     def __init__(
         self, redis: AnyRedis, keys: Keys, session_id: str, *, ttl_s: float = DEFAULT_TTL_S

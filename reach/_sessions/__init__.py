@@ -1,5 +1,5 @@
 """Session tiers: what ``ctx.session`` is in a handler declared with
-``@app.handler(cap, session=...)`` (docs/concepts.md, *Sessions*).
+``@app.handler(cap, session=...)`` (docs/concepts.md, *Session tiers*).
 
 * :mod:`reach._sessions.tiers` - :class:`~reach._sessions.tiers.SessionTier`, the choice;
 * :mod:`reach._sessions.buffered` - the write-behind session of the ``cached`` and
