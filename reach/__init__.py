@@ -2,6 +2,7 @@
 
 from ._buffer import PendingLocal
 from ._cancel import CancelOutcome, CancelResult
+from ._sessions.tiers import SessionTier
 from ._streaming import Stream
 from ._version import __version__
 from .agent import Agent, RuntimeOptions
@@ -115,6 +116,7 @@ __all__ = [
     "RuntimeOptions",
     "ScheduledSend",
     "Session",
+    "SessionTier",
     "StaleRegistration",
     "StaleRun",
     "Status",

@@ -149,6 +149,11 @@ _ROLE_COMMANDS: dict[str, tuple[str, ...]] = {
         "rpush",
         "ltrim",
         "lrange",
+        "llen",
+        "incr",  # its version (session_write.lua), announced to the agents caching it
+        "publish",
+        "subscribe",  # the 'cached' tier hears every session write of its namespace
+        "unsubscribe",
         # agents of one process waiting together: one XREAD, restarted when one joins
         "client|id",
         "client|unblock",
@@ -200,6 +205,8 @@ class _Sample:
     scan: str
     session: str
     history: str
+    version: str
+    changes: str
 
 
 def _sample(keys: Keys) -> _Sample:
@@ -218,6 +225,8 @@ def _sample(keys: Keys) -> _Sample:
         scan=keys.inbox_pattern,
         session=keys.session(probe),
         history=keys.session_history(probe),
+        version=keys.session_version(probe),
+        changes=keys.session_changes,
     )
 
 
@@ -232,6 +241,9 @@ _PROBES: dict[str, Callable[[_Sample], tuple[str, ...]]] = {
     "client|id": lambda s: ("CLIENT", "ID"),
     "client|unblock": lambda s: ("CLIENT", "UNBLOCK", "1"),
     "spublish": lambda s: ("SPUBLISH", s.wake, ""),
+    "publish": lambda s: ("PUBLISH", s.changes, ""),
+    "subscribe": lambda s: ("SUBSCRIBE", s.changes),
+    "unsubscribe": lambda s: ("UNSUBSCRIBE", s.changes),
     "ssubscribe": lambda s: ("SSUBSCRIBE", s.wake),
     "sunsubscribe": lambda s: ("SUNSUBSCRIBE", s.wake),
     "client|list": lambda s: ("CLIENT", "LIST"),
@@ -288,6 +300,8 @@ _PROBES: dict[str, Callable[[_Sample], tuple[str, ...]]] = {
     "rpush": lambda s: ("RPUSH", s.history, "v"),
     "ltrim": lambda s: ("LTRIM", s.history, "0", "9"),
     "lrange": lambda s: ("LRANGE", s.history, "0", "-1"),
+    "llen": lambda s: ("LLEN", s.history),
+    "incr": lambda s: ("INCR", s.version),
     "script|exists": lambda s: ("SCRIPT", "EXISTS", _SHA),
     "acl|whoami": lambda s: ("ACL", "WHOAMI"),
     "get": lambda s: ("GET", s.task),

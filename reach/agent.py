@@ -30,6 +30,7 @@ import msgspec.inspect
 
 from . import authz
 from ._emitting import KEEP_BYTES, KEEP_CHUNKS, KEEP_S, streamed
+from ._sessions.tiers import DEFAULT_TIER, SessionTier, parse_tier
 from ._worker.guarding import check_guards, guarded
 from ._worker.readiness import READINESS_TIMEOUT_S, ReadinessCheck
 from ._worker.runtime import Runtime
@@ -83,6 +84,7 @@ class HandlerSpec:
     limit: RateLimit | None = None  # the agent's own limit on starts (rate=, burst=)
     preemptible: bool = True  # a low-priority run may be cut and requeued for high work
     max_hops: int | None = None  # deepest call path it takes (None: the agent's max_hops)
+    session: SessionTier = DEFAULT_TIER  # ctx.session's consistency (reach._sessions)
 
 
 def _payload_type(fn: Handler) -> Any:
@@ -123,6 +125,9 @@ class RuntimeOptions:
 
     redis_url: str | None = None
     """Redis to serve on; else ``REACH_REDIS_URL``, else the project file (reach.config)."""
+    session_url: str | None = None
+    """Redis of the session store (``ctx.session``), when not ``redis_url``'s: a
+    ``best_effort`` session then survives that Redis being down (docs/operations.md)."""
     namespace: str = "default"
     heartbeat_s: float = 3.0
     """How often the lease is renewed (from a thread of its own)."""
@@ -307,6 +312,7 @@ class RunOptions(TypedDict, total=False):
     """The keywords :meth:`Agent.run` takes: the fields of :class:`RuntimeOptions`."""
 
     redis_url: str | None
+    session_url: str | None
     namespace: str
     heartbeat_s: float
     lease_s: float
@@ -448,6 +454,7 @@ class Agent:
         audited: bool = False,
         allow: Iterable[str] | None = None,
         security: str | None = None,
+        session: SessionTier | str = "strong",
     ) -> Callable[[Handler], Handler]:
         """Decorator: ``fn(payload, ctx)`` answers messages of ``capability``.
 
@@ -508,7 +515,15 @@ class Agent:
         is dead-lettered ``forbidden`` without running, its caller gets
         :class:`reach.Forbidden`; both are published with the registration
         (docs/security.md, *Who may call what*).
+
+        ``session``: the consistency of ``ctx.session`` in this handler: ``"strong"``
+        (every read and write a round trip), ``"cached"`` (reads from a copy in this
+        process, dropped when the session is written; writes sent in one round trip when
+        the handler returns) or ``"best_effort"`` (writes as cached; on a Redis error an
+        empty session, ``ctx.session.degraded``), or a :class:`reach.SessionTier` for its
+        ``cache_ttl_s`` / ``timeout_s`` (docs/concepts.md, *Session tiers*).
         """
+        tier = parse_tier(session)
         if max_hops is not None:
             check_max_hops(max_hops, f"@app.handler({capability!r})")
         if timeout_s is not None and (
@@ -556,7 +571,7 @@ class Agent:
             run = streamed(fn) if inspect.isasyncgenfunction(fn) else fn
             run = guarded(run, is_async, [*self.guards, *own_guards], cap, fn, payload_type)
             self.handlers[cap] = HandlerSpec(
-                run, is_async, payload_type, limit, preemptible, max_hops
+                run, is_async, payload_type, limit, preemptible, max_hops, session=tier
             )
             return fn
 

@@ -8,13 +8,14 @@ session and trace (:class:`ChildClient`), and the worker's Redis connection.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
 from ._defaults import child_deadline
 from ._emitting import ChunkWriter, KeepBounds
+from ._sessions.buffered import settle_session
 from ._streaming import Stream
 from .asking import Asker, Slots
 from .callpath import CallGate, SelfSlots, child_path, hop_limit
@@ -29,6 +30,7 @@ from .steps import StepJournal, check_name
 from .watch import report_progress
 
 if TYPE_CHECKING:
+    from ._sessions.store import SessionStore
     from .agent import Agent
 
 
@@ -95,6 +97,8 @@ class Context:
     _asker: Asker | None = None  # made by the first ask()
     _agent: Agent | None = None  # set by the worker: the agent handling the message
     _guards: GuardHook | None = None  # set by a guarded handler (reach._worker.guarding)
+    _sessions: SessionStore | None = None  # set by the worker: the tier and Redis of sessions
+    _session: Session | None = None  # made by the first ctx.session
 
     @property
     def agent(self) -> Agent:
@@ -155,14 +159,38 @@ class Context:
     @property
     def session(self) -> Session:
         """The store of this message's session (its calls raise ConfigError when the
-        message has no session_id)."""
-        return Session(self._redis, self._keys, self.envelope.session_id)
+        message has no session_id), of the tier the handler declares (``strong`` unless
+        ``@app.handler(cap, session=...)`` says otherwise: docs/concepts.md, *Session tiers*).
+        One object per run: a tier that writes behind holds the run's writes in it."""
+        s = self._session
+        if s is None:
+            store = self._sessions
+            s = self._session = (
+                store.open_session(self.envelope)
+                if store is not None
+                else Session(self._redis, self._keys, self.envelope.session_id)
+            )
+        return s
+
+    async def _flush_session(self) -> None:
+        if self._session is not None:
+            await self._session.flush()
+
+    async def _finish_run(self, err: BaseException | None) -> BaseException | None:
+        """Before a run's outcome is written: its stream's last chunks (a streaming
+        handler), then the session writes its tier held back. The run's error, else the
+        error that kept them from Redis (the run then fails, and is retried)."""
+        if self.chunks is not None:
+            err = await self.chunks.finish(err)
+        if self._session is not None:
+            err = await settle_session(self._session, err)
+        return err
 
     @property
     def client(self) -> ChildClient:
         """A client whose calls inherit this message's deadline, session and trace, and
         carry its call path (docs/concepts.md, *Call graphs*)."""
-        return ChildClient(
+        child = ChildClient(
             self._client,
             self.envelope,
             self._cancel,
@@ -170,6 +198,8 @@ class Context:
             slots=self._slots,
             guards=self._guards,
         )
+        child._before = self._flush_session  # held writes go before a call (the callee may read)
+        return child
 
     async def emit(self, chunk: Any) -> None:
         """Stream ``chunk`` to the caller now, before the final result: chunks reach a
@@ -327,6 +357,14 @@ class ChildClient:
         self._agent_id = agent_id  # the agent the parent runs on ('' : no call path kept)
         self._slots = slots
 
+    _before: Callable[[], Awaitable[None]] | None = None  # the parent's _flush_session
+
+    async def _flush(self) -> None:
+        """The parent's held session writes, sent before a call whose handler may read
+        them (a tier that writes behind: docs/concepts.md, *Session tiers*)."""
+        if self._before is not None:
+            await self._before()
+
     def _child(
         self, capability: str, payload: Any, kw: dict[str, Any], *, waits: bool
     ) -> tuple[Envelope, CallGate | None]:
@@ -376,6 +414,7 @@ class ChildClient:
         on_rate_limit = kw.pop("on_rate_limit", "wait")
         if kw.get("timeout_s") is None and kw.get("deadline_ms") is None:
             kw["timeout_s"] = await self._client.timeout_for(capability)
+        await self._flush()
         env, gate = self._child(capability, payload, kw, waits=True)
         await self._client._check_rate_limit(env.capability, on_rate_limit)
         if self._cancel is not None:
@@ -394,6 +433,7 @@ class ChildClient:
         where = kw.pop("where", None)
         on_rate_limit = kw.pop("on_rate_limit", "wait")
         self._client._send_deadline(kw)
+        await self._flush()
         env, gate = self._child(capability, payload, kw, waits=False)
         if on_rate_limit != "wait":
             await self._client._check_rate_limit(env.capability, on_rate_limit)

@@ -438,6 +438,19 @@ class Keys:
     def session_history(self, session_id: str) -> str:
         return f"{PREFIX}:{self.namespace}:{{s:{clean_id(session_id)}}}:history"
 
+    def session_version(self, session_id: str) -> str:
+        """A counter raised by every write of the session (``lua/session_write.lua``): an
+        agent caching the session knows from it which write its copy follows."""
+        return f"{PREFIX}:{self.namespace}:{{s:{clean_id(session_id)}}}:version"
+
+    @property
+    def session_changes(self) -> str:
+        """The pub/sub channel (``PUBLISH``, not sharded: one subscription hears every
+        session of the namespace, on any node of a Cluster) on which
+        ``lua/session_write.lua`` announces each write, ``<version>:<session id>``, to the
+        agents caching sessions. A channel, not a key: it holds nothing."""
+        return f"{PREFIX}:{self.namespace}:{{s}}:changes"
+
     def effects(self, name: str) -> str:
         """A counter hash for test and chaos handlers that count side effects."""
         return f"{PREFIX}:{self.namespace}:{{x:{clean_id(name)}}}:effects"
@@ -543,6 +556,8 @@ LAYOUT: tuple[KeyForm, ...] = (
             "msg id -> idempotency record key, for a caller-chosen idempotency key"),
     KeyForm("reach:<ns>:{s:<id>}:session", "hash", "session", "a session's values"),
     KeyForm("reach:<ns>:{s:<id>}:history", "list", "session_history", "a session's history"),
+    KeyForm("reach:<ns>:{s:<id>}:version", "string", "session_version",
+            "a session's write counter (what a cached copy follows)"),
     KeyForm("reach:<ns>:{x:<id>}:effects", "hash", "effects",
             "side-effect counters of test and chaos handlers"),
 )  # fmt: skip

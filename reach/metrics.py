@@ -37,6 +37,8 @@ into ``_other``):
 ``reach_client_buffered_total``            {capability} held locally: Redis unreachable
 ``reach_client_buffer_dropped_total``      {capability, reason} held, never sent
 ``reach_client_buffer_messages``           gauge: messages held locally now
+``reach_session_degraded_total``           {capability, op} best-effort session ops failed
+``reach_session_cache_total``              {result} cached-tier reads: hit, miss
 =========================================  ===========================================
 
 ``outcome`` of acked messages: succeeded, dead, expired, retrying, replayed, parked,
@@ -400,6 +402,19 @@ BUFFER_HELD = Gauge(
     "reach_client_buffer_messages", "Messages the clients of this process hold locally now."
 )
 
+SESSION_DEGRADED = Counter(
+    "reach_session_degraded",
+    "Best-effort session operations that met a Redis error (op: read, a run's first read "
+    "that failed, its context then empty; write, a run's writes let go).",
+    ["capability", "op"],
+)
+SESSION_CACHE = Counter(
+    "reach_session_cache",
+    "Reads of cached-tier sessions: hit (served from the process's copy) or miss (read "
+    "from Redis).",
+    ["result"],
+)
+
 _lock = threading.Lock()
 _caps: set[str] = set()
 _children: dict[tuple[Any, ...], Any] = {}
@@ -463,6 +478,17 @@ def buffer_dropped(capability: str, reason: str) -> None:
     """A message held locally will never be sent: ``reason`` is deadline, age, error or
     closed."""
     _child(BUFFER_DROPPED, _cap(capability), reason).inc()
+
+
+def session_degraded(capability: str, op: str) -> None:
+    """A best-effort session met a Redis error: ``op`` is read (its run goes on with an
+    empty context) or write (its run's writes were let go)."""
+    _child(SESSION_DEGRADED, _cap(capability), op).inc()
+
+
+def session_cache(result: str) -> None:
+    """A cached-tier session read: ``hit`` or ``miss``."""
+    _TALLY.count(SESSION_CACHE, (result,))
 
 
 def client_outcome(exc: BaseException | None) -> RequestOutcome:

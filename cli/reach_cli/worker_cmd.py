@@ -198,6 +198,13 @@ def worker(
     ] = 1,
     redis_url: RedisUrl = DEFAULT_REDIS,
     namespace: Namespace = DEFAULT_NS,
+    session_url: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            help="Redis of the session store (ctx.session) when not --redis-url's: a "
+            "best_effort session then answers empty while that Redis is down.",
+        ),
+    ] = None,
     concurrency: Annotated[int, typer.Option(min=1, help="Handlers running at once.")] = 16,
     max_waiting_handlers: Annotated[
         int,
@@ -411,6 +418,8 @@ def worker(
         }
         if preempt_after_s is not None:
             opts["preempt_after_s"] = preempt_after_s
+        if session_url is not None:
+            opts["session_url"] = session_url
         if require_signed:  # else REACH_REQUIRE_SIGNED decides (the secret: REACH_SECRET)
             opts["require_signed"] = True
         opts["traceback_max_bytes"] = traceback_max_bytes

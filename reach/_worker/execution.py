@@ -606,7 +606,7 @@ class Execution(Part):
             keys=self.keys,
             client=self.client,
         )
-        ctx._slots = self.state.self_slots
+        ctx._slots, ctx._sessions = self.state.self_slots, self.state.sessions
         ctx._record, ctx._owner = it.idem, self.owner  # for ctx.step's journal and ctx.ask
         ctx._keep = self.keep  # a streaming handler's chunks kept to resume (keep_chunks.lua)
         ctx._waiting, ctx._agent = self.waiting, self.agent
@@ -707,8 +707,7 @@ class Execution(Part):
             # dead-lettered like any other. Let through, one such message would stop this
             # worker, its inbox would move to the next worker, which would stop in turn.
             err = e
-        if ctx.chunks is not None:  # it streamed: every chunk is written before its outcome
-            err = await ctx.chunks.finish(err)
+        err = await ctx._finish_run(err)  # its chunks and held session writes, then its outcome
         duration_s = time.perf_counter() - t0
         if err is None:
             return oc.returned(result), duration_s

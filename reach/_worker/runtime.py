@@ -32,6 +32,7 @@ import anyio
 from redis import exceptions as rexc
 
 from .._autopipe import AutoPipeline
+from .._sessions.store import SessionStore
 from ..callpath import SelfSlots
 from ..client import Client
 from ..connection import AnyRedis, as_text, connect, is_cluster
@@ -628,9 +629,13 @@ class Runtime:
         readiness = self.readiness = Readiness(shared, liveness=liveness)
         hooks.on_start(st)
         try:
+            sessions = st.sessions = await SessionStore.open(
+                self.agent, keys, url=o.session_url, redis=host.redis, raw=host.raw
+            )
             await liveness.register()
             await create_groups(redis, keys.inboxes(self.agent.agent_id))
             async with client, anyio.create_task_group() as tg:
+                tg.start_soon(sessions.run)  # the cached tier's subscription, if any
                 liveness.start_heartbeat()
                 tg.start_soon(liveness.ticker)
                 tg.start_soon(readiness.run)
@@ -665,6 +670,8 @@ class Runtime:
                 if st.plain.running:  # a thread goes on whatever the signal
                     await self._wait_plain()
             hooks.on_stop(st)
+            if st.sessions is not None:
+                await st.sessions.aclose()
             liveness.stop_heartbeat()
             await liveness.leave()
             await host.leave(url, wake_channel)

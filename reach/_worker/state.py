@@ -24,6 +24,7 @@ from .hookchain import HookChain
 from .items import Delivery, Settleable
 
 if TYPE_CHECKING:
+    from .._sessions.store import SessionStore
     from ..agent import Agent, HandlerSpec, RuntimeOptions
 
 log = logging.getLogger("reach.runtime")
@@ -59,6 +60,7 @@ class WorkerState:
         self.plain = PlainRuns()
         self.predecessor: Predecessor | None = None  # the live process replaced at start
         self.self_slots: SelfSlots | None = None  # handlers' calls to this agent (callpath)
+        self.sessions: SessionStore | None = None  # what ctx.session is (reach._sessions)
 
     def handler_ran(self, duration_s: float, capability: str = "", cost: float = 1.0) -> None:
         """Note one handler's run time in :attr:`handler_s` and, divided by the message's

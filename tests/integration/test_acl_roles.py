@@ -230,8 +230,11 @@ async def test_each_role_runs_under_its_user_and_nothing_is_refused(
 
     other = reach.Agent(f"acl-other-{uuid.uuid4().hex[:6]}", capabilities=["acl.other"])
 
-    @other.handler("acl.other", audited=True)  # its calls go to the audit trail
+    # its calls go to the audit trail; its session cached (a subscription, reads with versions)
+    @other.handler("acl.other", audited=True, session="cached")
     async def other_handler(payload: Any, ctx: reach.Context) -> Any:
+        if ctx.session_id:
+            await ctx.session.set("seen", await ctx.session.get("seen", 0) + 1)
         return payload
 
     async def serve() -> None:
@@ -280,6 +283,8 @@ async def test_each_role_runs_under_its_user_and_nothing_is_refused(
             assert await client.result(scheduled, timeout_s=10) == {"echo": "scheduled"}
             await wait_until(lambda: client.eligible("acl.other"), timeout_s=10)
             assert await client.request("acl.other", "x", timeout_s=10) == "x"
+            for _ in range(2):
+                assert await client.request("acl.other", "x", session_id="s", timeout_s=10) == "x"
             asking = await client.send("acl.echo", "ask")
 
             async def waits(m: str) -> bool:

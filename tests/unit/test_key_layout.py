@@ -33,6 +33,7 @@ ARGS: dict[str, tuple[object, ...]] = {
     "kept_chunks": ("order:42",),
     "session": ("s:1",),
     "session_history": ("s:1",),
+    "session_version": ("s:1",),
     "effects": ("echo",),
     "gateway_task": ("task-1",),
     "gateway_task_parts": ("task-1",),
@@ -42,6 +43,7 @@ ARGS: dict[str, tuple[object, ...]] = {
 NOT_KEYS = {
     "wake",  # a pub/sub channel, named as the high-priority inbox
     "task_changes",  # a pub/sub channel, named as the task record
+    "session_changes",  # a pub/sub channel: every session write, announced
     "agent_prefix_of",  # prefixes Lua appends an id to (their keys: agent, cap_of)
     "cap_prefix_of",
     "agent_prefix",

@@ -88,6 +88,11 @@ RANKS: dict[str, int] = {
     "reach._defaults": 4,  # what a call gets unsaid: its deadline, the fallback per failure
     "reach._buffer": 4,  # a Client's sends held locally through a Redis outage
     "reach.context": 4,
+    "reach._sessions": 4,  # session tiers: cached copies, write-behind, best effort
+    "reach._sessions.tiers": 4,  # SessionTier: the consistency a handler declares
+    "reach._sessions.cache": 4,  # a process's copies of cached sessions, and their channel
+    "reach._sessions.buffered": 4,  # the write-behind session (cached, best_effort)
+    "reach._sessions.store": 4,  # what a worker gives its contexts: ctx.session by tier
     "reach._streaming": 4,  # Client.stream: a streamed call's iterator
     "reach._many": 4,  # Client.send_many, request_many, broadcast: the batch forms
     "reach._later": 4,  # after a send: cancel on a caller's abort, Client.result later

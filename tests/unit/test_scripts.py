@@ -18,6 +18,7 @@ from reach.scripts import (
     inbox,
     keeping,
     scheduling,
+    sessions,
     steps,
     watching,
 )
@@ -90,6 +91,10 @@ def test_every_script_has_a_typed_call() -> None:
         scheduling.schedule_call(K, msg_id="m", due_ms=1, envelope=b"e").script,
         scheduling.take_due_call(K, limit=1, lease_ms=1).script,
         scheduling.unschedule_call(K, ["m"]).script,
+    }
+    made |= {
+        sessions.write_call(K, "s", ["C"], ttl_ms=1).script,
+        sessions.read_values_call(K, "s").script,
     }
     assert made == set(scripts.names())
 
