@@ -42,6 +42,7 @@ RANKS: dict[str, int] = {
     "reach.breaker": 0,
     "reach.logs": 0,
     "reach.config": 0,  # where the Redis is: redis_url=, REACH_REDIS_URL, project file
+    "reach.tenants": 1,  # the tenant map: tenant id -> Redis URL and namespace
     "reach.callpath": 0,  # call paths: hop limit, loops, self-calls (no Redis)
     "reach._tokens": 0,  # bearer tokens of the HTTP faces (gateway, MCP), constant-time checks
     "reach._jwt": 0,  # JWT bearer tokens of the HTTP faces (PyJWT, a JWKS file or URL)

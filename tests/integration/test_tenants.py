@@ -1,0 +1,113 @@
+"""Tenants on their own Redis (issue 32 item 1): one Client sends each tenant's messages
+to that tenant's Redis server and namespace, and neither server holds the other's keys."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from functools import partial
+
+import anyio
+import pytest
+import redis as redis_sync
+
+import reach
+from reach import Agent, Context
+from reach.client import Client
+from reach.embedded import RedisServer
+from tests.support.agents_messaging import FAST, wait_eligible
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def two_servers(server_binary) -> Iterator[tuple[RedisServer, RedisServer]]:  # type: ignore[no-untyped-def]
+    with RedisServer(binary=server_binary) as a, RedisServer(binary=server_binary) as b:
+        yield a, b
+
+
+def keys_of(url: str, ns: str) -> list[str]:
+    with redis_sync.Redis.from_url(url) as r:
+        return sorted(k.decode() for k in r.scan_iter(match=f"*{ns}*", count=1000))
+
+
+def where_am_i(label: str) -> Agent:
+    """An agent that answers with the label of the Redis it serves."""
+    app = Agent(f"echo-{label}", capabilities=["where"])
+
+    @app.handler("where")
+    async def where(payload: dict[str, str], ctx: Context) -> dict[str, str]:
+        return {"served_by": label, "tenant": payload["tenant"]}
+
+    return app
+
+
+@asynccontextmanager
+async def agents_on(*placed: tuple[Agent, str, str]) -> AsyncIterator[None]:
+    async with anyio.create_task_group() as tg:
+        for app, url, ns in placed:
+            tg.start_soon(partial(app.run, redis_url=url, namespace=ns, **FAST))
+        try:
+            for app, url, ns in placed:
+                async with Client(redis_url=url, namespace=ns) as c:
+                    await wait_eligible(c, "where", [app.agent_id])
+            yield
+        finally:
+            for app, _, _ in placed:
+                app.stop()
+
+
+async def test_one_client_two_tenants_two_servers(
+    two_servers: tuple[RedisServer, RedisServer], ns: str
+) -> None:
+    a, b = two_servers
+    ns_a, ns_b = f"{ns}-acme", f"{ns}-beta"
+    tenants = reach.Tenants({"acme": (a.url, ns_a), "beta": (b.url, ns_b)})
+    async with (
+        agents_on((where_am_i("A"), a.url, ns_a), (where_am_i("B"), b.url, ns_b)),
+        Client(redis_url=a.url, namespace=f"{ns}-own", tenants=tenants) as client,
+    ):
+        got_a = await client.request("where", {"tenant": "acme"}, tenant="acme", timeout_s=20)
+        got_b = await client.request("where", {"tenant": "beta"}, tenant="beta", timeout_s=20)
+        assert got_a == {"served_by": "A", "tenant": "acme"}
+        assert got_b == {"served_by": "B", "tenant": "beta"}
+        sent = await client.send("where", {"tenant": "beta"}, tenant="beta")
+        assert (await client.result(sent, tenant="beta", timeout_s=20))["served_by"] == "B"
+        assert (await client.task(sent, tenant="beta")).status == reach.Status.SUCCEEDED
+        # beta's task is not in acme's namespace, nor in the client's own
+        assert (await client.task(sent, tenant="acme")).status == reach.Status.UNKNOWN
+        assert (await client.task(sent)).status == reach.Status.UNKNOWN
+        chunks = [c async for c in client.stream("where", {"tenant": "acme"}, tenant="acme")]
+        assert chunks == []  # a plain handler streams no chunks; the call went through
+        many = await client.request_many("where", [{"tenant": "beta"}] * 3, tenant="beta")
+        assert [m["served_by"] for m in many] == ["B", "B", "B"]
+        with pytest.raises(reach.UnknownTenant) as e:
+            await client.request("where", {}, tenant="gamma")
+        assert e.value.known == ("acme", "beta")
+        assert len(client.tenants.opened) == 2  # one inner client per tenant, reused
+    # each tenant's keys are on its own server only
+    assert keys_of(a.url, ns_a) and keys_of(b.url, ns_b)
+    assert keys_of(b.url, ns_a) == [] and keys_of(a.url, ns_b) == []
+
+
+async def test_default_puts_each_other_tenant_in_its_own_namespace(
+    two_servers: tuple[RedisServer, RedisServer], ns: str
+) -> None:
+    a, b = two_servers
+    tenants = {"big": (a.url, f"{ns}-big"), "default": (b.url, f"{ns}-{{tenant}}")}
+    small = f"{ns}-small"
+    async with (
+        agents_on((where_am_i("shared"), b.url, small)),
+        Client(redis_url=a.url, namespace=f"{ns}-own", tenants=tenants) as client,
+    ):
+        got: list[dict[str, str]] = []
+
+        async def ask() -> None:
+            got.append(await client.request("where", {"tenant": "small"}, tenant="small"))
+
+        async with anyio.create_task_group() as tg:  # first calls from tasks that then end
+            for _ in range(3):
+                tg.start_soon(ask)
+        assert [g["served_by"] for g in got] == ["shared"] * 3
+        assert len(client.tenants.opened) == 1
+    assert keys_of(b.url, small) and keys_of(a.url, small) == []
