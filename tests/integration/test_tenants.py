@@ -3,19 +3,15 @@ to that tenant's Redis server and namespace, and neither server holds the other'
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
-from functools import partial
+from collections.abc import Iterator
 
 import anyio
 import pytest
-import redis as redis_sync
 
 import reach
-from reach import Agent, Context
 from reach.client import Client
 from reach.embedded import RedisServer
-from tests.support.agents_messaging import FAST, wait_eligible
+from tests.support.tenants import agents_on, keys_of, where_am_i
 
 pytestmark = pytest.mark.anyio
 
@@ -24,37 +20,6 @@ pytestmark = pytest.mark.anyio
 def two_servers(server_binary) -> Iterator[tuple[RedisServer, RedisServer]]:  # type: ignore[no-untyped-def]
     with RedisServer(binary=server_binary) as a, RedisServer(binary=server_binary) as b:
         yield a, b
-
-
-def keys_of(url: str, ns: str) -> list[str]:
-    with redis_sync.Redis.from_url(url) as r:
-        return sorted(k.decode() for k in r.scan_iter(match=f"*{ns}*", count=1000))
-
-
-def where_am_i(label: str) -> Agent:
-    """An agent that answers with the label of the Redis it serves."""
-    app = Agent(f"echo-{label}", capabilities=["where"])
-
-    @app.handler("where")
-    async def where(payload: dict[str, str], ctx: Context) -> dict[str, str]:
-        return {"served_by": label, "tenant": payload["tenant"]}
-
-    return app
-
-
-@asynccontextmanager
-async def agents_on(*placed: tuple[Agent, str, str]) -> AsyncIterator[None]:
-    async with anyio.create_task_group() as tg:
-        for app, url, ns in placed:
-            tg.start_soon(partial(app.run, redis_url=url, namespace=ns, **FAST))
-        try:
-            for app, url, ns in placed:
-                async with Client(redis_url=url, namespace=ns) as c:
-                    await wait_eligible(c, "where", [app.agent_id])
-            yield
-        finally:
-            for app, _, _ in placed:
-                app.stop()
 
 
 async def test_one_client_two_tenants_two_servers(
