@@ -55,3 +55,13 @@ def write_map(directory: Path, tenants: dict[str, tuple[str, str]]) -> Path:
     f = directory / "reach.toml"
     f.write_text("\n".join(lines))
     return f
+
+
+tenant_worker = Agent("tenant-worker", capabilities=["where"])
+"""``reach worker tests.support.tenants:tenant_worker --tenant a --tenant b``: it answers
+with the namespace that served the message."""
+
+
+@tenant_worker.handler("where")
+async def _where_served(payload: dict[str, str], ctx: Context) -> dict[str, str]:
+    return {"served_by": ctx.keys.namespace, "tenant": payload["tenant"]}
