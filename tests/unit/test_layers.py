@@ -118,6 +118,7 @@ RANKS: dict[str, int] = {
     "reach.gateway.cards": 9,  # the gateway's, a capability's and an agent's card
     "reach.gateway.resuming": 9,  # SSE event ids and Last-Event-ID on the A2A streams
     "reach.gateway.server": 9,  # Gateway: the app, its limits and auth, routing a message
+    "reach.gateway.tenants": 9,  # every tenant of the map behind one gateway (a header)
     "reach.mcp": 9,  # reach mcp and reach.mcp.remote: MCP both ways (the mcp SDK)
     "reach.mcp.mapping": 9,  # capabilities, calls, chunks and errors in MCP terms
     "reach.mcp.server": 9,  # McpFace: the tools, the calls, stdio and streamable HTTP
