@@ -107,6 +107,7 @@ RANKS: dict[str, int] = {
     # faces over the library, never imported by it (optional extras)
     "reach._http": 9,  # the HTTP faces' limits (fds, connections, bodies, slow readers)
     "reach._access": 9,  # the HTTP faces' IP lists, bearer tokens and JWTs, rate per caller
+    "reach._tenant_apps": 9,  # every tenant behind one HTTP face (X-Reach-Tenant)
     "reach.web": 9,  # reach web: the operator console (starlette)
     "reach.web.formatting": 9,  # how the pages write times, rates, JSON, query strings
     "reach.web.console": 9,  # Console: what the pages share, the contexts they render
