@@ -333,18 +333,28 @@ def by_tenant(
     fn: Callable[P, Coroutine[Any, Any, R]],
 ) -> Callable[P, Coroutine[Any, Any, R]]:
     """A client method that takes ``tenant=``: named, the call runs on that tenant's
-    client (:class:`TenantClients`), else on the client itself."""
+    client (:class:`TenantClients`), else on the client itself. Without a tenant the
+    method's own coroutine is returned as it is: no extra frame on the message path."""
 
     @functools.wraps(fn)
-    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]:
         tenant = kwargs.pop("tenant", None)
         if tenant is None:
-            return await fn(*args, **kwargs)
-        me = cast("Client", args[0])
-        inner = await me.tenants.client(cast(str, tenant))
-        return await fn(*(inner, *args[1:]), **kwargs)  # type: ignore[arg-type]
+            return fn(*args, **kwargs)
+        return _on_tenant(fn, cast(str, tenant), args, kwargs)
 
     return wrapper
+
+
+async def _on_tenant(
+    fn: Callable[..., Coroutine[Any, Any, R]],
+    tenant: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> R:
+    me = cast("Client", args[0])
+    inner = await me.tenants.client(tenant)
+    return await fn(inner, *args[1:], **kwargs)
 
 
 def by_tenant_lazily(fn: Callable[P, R]) -> Callable[P, R]:
