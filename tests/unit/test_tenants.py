@@ -122,3 +122,22 @@ def test_a_call_naming_a_tenant_without_a_map_says_how_to_give_one(
     c = reach.Client(redis_url="redis://x:1/0")
     with pytest.raises(ConfigError, match="tenant= needs a tenant map"):
         c.tenants.resolve("acme")
+
+
+def test_writing_the_url_keeps_the_tenant_map(tmp_path: Path) -> None:
+    from reach.config import write_project_url
+
+    f = write(
+        tmp_path,
+        'redis_url = "redis://old:1/0"\nretries = [1, 2]\n'
+        '[tenants.acme]\nredis_url = "redis://a:1/0"\nnamespace = "acme"\n'
+        '[tenants."x.y"]\nredis_url = "redis://xy:1/0"\n',
+    )
+    write_project_url("redis://new:1/0", f)
+    m = read_tenants(f)
+    assert m.resolve("acme") == Tenant("redis://a:1/0", "acme")
+    assert m.resolve("x.y") == Tenant("redis://xy:1/0", "x.y")
+    import tomllib
+
+    data = tomllib.loads(f.read_text())
+    assert data["redis_url"] == "redis://new:1/0" and data["retries"] == [1, 2]
