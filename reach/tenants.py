@@ -358,9 +358,9 @@ async def _on_tenant(
 
 
 def by_tenant_lazily(fn: Callable[P, R]) -> Callable[P, R]:
-    """:func:`by_tenant` for a method that returns an async iterator at once (``stream``,
-    ``watch``, ``resume``): with ``tenant=`` it returns a :class:`Deferred` that opens the
-    tenant's client at its first iteration (or ``async with``)."""
+    """:func:`by_tenant` for a method that returns an async iterator at once
+    (:meth:`~reach.Client.stream`): with ``tenant=`` it returns a :class:`Deferred` that
+    opens the tenant's client at its first iteration (or ``async with``, ``start()``)."""
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -380,8 +380,8 @@ def by_tenant_lazily(fn: Callable[P, R]) -> Callable[P, R]:
 
 
 class Deferred:
-    """An async iterator (a :class:`~reach.Stream`, a watch, a resume) made on a tenant's
-    client once that client is open: at the first iteration, ``async with`` or
+    """An async iterator (a :class:`~reach.Stream`) made on a tenant's client once that
+    client is open: at the first iteration, ``async with`` or
     :meth:`start`. Its other attributes (``msg_id``, ``result``, ``seq``...) are the inner
     iterator's, there once it is made."""
 
