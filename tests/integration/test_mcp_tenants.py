@@ -74,7 +74,10 @@ async def test_http_all_tenants_by_header(
                 headers = {"Authorization": f"Bearer {TOKEN}", "X-Reach-Tenant": tenant}
                 http = httpx2.AsyncClient(headers=headers, timeout=30)
                 async with http, Client(streamable_http_client(url, http_client=http)) as c:
-                    assert [t.name for t in (await c.list_tools()).tools] == ["where"]
+                    assert [t.name for t in (await c.list_tools()).tools] == [
+                        "where",
+                        "where.chunks",
+                    ]
                     got = answer(await c.call_tool("where", {"tenant": tenant}))
                     assert got == {"served_by": label, "tenant": tenant}
             async with httpx2.AsyncClient(timeout=30) as h:

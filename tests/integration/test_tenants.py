@@ -42,8 +42,9 @@ async def test_one_client_two_tenants_two_servers(
         # beta's task is not in acme's namespace, nor in the client's own
         assert (await client.task(sent, tenant="acme")).status == reach.Status.UNKNOWN
         assert (await client.task(sent)).status == reach.Status.UNKNOWN
-        chunks = [c async for c in client.stream("where", {"tenant": "acme"}, tenant="acme")]
-        assert chunks == []  # a plain handler streams no chunks; the call went through
+        stream = client.stream("where.chunks", {"tenant": "beta"}, tenant="beta")
+        assert [c async for c in stream] == ["B0", "B1", "B2"]
+        assert stream.seq == 3 and stream.msg_id  # the inner stream's, once it ran
         many = await client.request_many("where", [{"tenant": "beta"}] * 3, tenant="beta")
         assert [m["served_by"] for m in many] == ["B", "B", "B"]
         with pytest.raises(reach.UnknownTenant) as e:

@@ -23,11 +23,16 @@ def keys_of(url: str, ns: str) -> list[str]:
 
 def where_am_i(label: str) -> Agent:
     """An agent that answers with the label of the Redis it serves."""
-    app = Agent(f"echo-{label}", capabilities=["where"])
+    app = Agent(f"echo-{label}", capabilities=["where", "where.chunks"])
 
     @app.handler("where")
     async def where(payload: dict[str, str], ctx: Context) -> dict[str, str]:
         return {"served_by": label, "tenant": payload["tenant"]}
+
+    @app.handler("where.chunks")
+    async def chunks(payload: dict[str, str], ctx: Context) -> AsyncIterator[str]:
+        for i in range(3):
+            yield f"{label}{i}"
 
     return app
 
