@@ -43,7 +43,6 @@ from ._streaming import Stream
 from .asking import answer_task
 from .breaker import Breakers
 from .callpath import DEFAULT_MAX_HOPS, Gate, check_max_hops
-from .config import resolve_redis_url
 from .connection import DEFAULT_MAX_CONNECTIONS, AnyRedis, connect, redact
 from .doctor import warn_once
 from .envelope import Envelope, Reply, encode_payload, new_id, now_ms
@@ -188,8 +187,8 @@ class Client(ManyCalls, ReplyFigures):
             raise ConfigError(f"max_connections must be >= 1 (got {max_connections}).")
         if max_unclaimed_replies < 0 or unclaimed_reply_ttl_s < 0:
             raise ConfigError("max_unclaimed_replies and unclaimed_reply_ttl_s must be >= 0.")
-        if redis is None:  # redis_url=, else REACH_REDIS_URL, else reach.toml/.reach/config
-            redis_url = resolve_redis_url(redis_url)
+        if redis is None:  # redis_url=, REACH_REDIS_URL, reach.toml, else the default tenant's
+            redis_url, namespace = self.tenants.own(redis_url, namespace)
         self.redis_url = redis_url or ""
         self.namespace = namespace
         self.keys = Keys(namespace)

@@ -39,7 +39,13 @@ from typing import TYPE_CHECKING, Any, ParamSpec, Self, TypeVar, Union, cast
 import anyio
 import anyio.abc
 
-from .config import PROJECT_FILES, URL_KEY, read_project_file, read_secret_file
+from .config import (
+    PROJECT_FILES,
+    URL_KEY,
+    read_project_file,
+    read_secret_file,
+    resolve_redis_url,
+)
 from .errors import ConfigError, NotStarted, UnknownTenant
 from .keys import Keys
 
@@ -270,6 +276,29 @@ class TenantClients:
 
     def resolve(self, tenant: str) -> Tenant:
         return self.map.resolve(tenant)
+
+    def own(self, redis_url: str | None, namespace: str) -> tuple[str, str]:
+        """The client's own Redis URL and namespace (its calls without ``tenant=``): found
+        as without tenants (``redis_url=``, ``REACH_REDIS_URL``, the project file's
+        ``redis_url``); where none is, the tenant ``default``'s, when the map (given, or
+        the project file's) has one, with its namespace unless ``namespace`` names one."""
+        try:
+            return resolve_redis_url(redis_url), namespace
+        except ConfigError as e:
+            found = self._map or Tenants.load()
+            if found is None:
+                raise
+            try:
+                t = found.resolve(DEFAULT_TENANT)
+            except UnknownTenant:
+                raise ConfigError(
+                    f"{e} A Client with a tenant map has a Redis of its own too, for the "
+                    f"calls without tenant=: pass redis_url=, or give the map ({found.source}) "
+                    "a default."
+                ) from None
+            self._map = found
+            named = namespace != "default"  # the Client's own default: none was named
+            return t.redis_url, (namespace if named else t.namespace)
 
     async def client(self, tenant: str) -> Client:
         """The started client of ``tenant``'s Redis and namespace."""

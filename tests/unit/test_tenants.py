@@ -141,3 +141,26 @@ def test_writing_the_url_keeps_the_tenant_map(tmp_path: Path) -> None:
 
     data = tomllib.loads(f.read_text())
     assert data["redis_url"] == "redis://new:1/0" and data["retries"] == [1, 2]
+
+
+def test_a_client_with_a_map_and_no_redis_is_the_default_tenant_s(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    for var in ("REACH_REDIS_URL", "REACH_REDIS_URL_FILE", "REACH_REDIS_PASSWORD_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    tenants = {"acme": ("redis://a:1/0", "acme"), "default": ("redis://s:1/0", "t-{tenant}")}
+    c = reach.Client(tenants=tenants)
+    assert (c.redis_url, c.namespace) == ("redis://s:1/0", "t-default")
+    c = reach.Client(tenants=tenants, namespace="ops")
+    assert (c.redis_url, c.namespace) == ("redis://s:1/0", "ops")
+    with pytest.raises(ConfigError, match="has a Redis of its own too"):
+        reach.Client(tenants={"acme": ("redis://a:1/0", "acme")})
+    # the project file's map, when it has a default and no top-level redis_url
+    write(tmp_path, '[tenants.default]\nredis_url = "redis://f:1/0"\nnamespace = "shared"\n')
+    c = reach.Client()
+    assert (c.redis_url, c.namespace) == ("redis://f:1/0", "shared")
+    assert c.tenants.resolve("zzz") == Tenant("redis://f:1/0", "shared")
+    # a Redis configured the usual way wins
+    monkeypatch.setenv("REACH_REDIS_URL", "redis://env:1/0")
+    assert reach.Client(tenants=tenants).redis_url == "redis://env:1/0"
