@@ -205,19 +205,6 @@ def worker(
     ] = 1,
     redis_url: RedisUrl = DEFAULT_REDIS,
     namespace: Namespace = DEFAULT_NS,
-    tenant: Annotated[
-        Optional[list[str]],  # noqa: UP045
-        typer.Option(
-            "--tenant",
-            envvar="REACH_TENANT",
-            show_envvar=True,
-            show_default=False,
-            metavar="ID",
-            help="Serve this tenant: its Redis URL and namespace from the tenant map "
-            "([tenants.ID] in reach.toml), instead of --redis-url and --namespace. Repeat "
-            "it to serve several tenants from one process, each on its own Redis.",
-        ),
-    ] = None,
     concurrency: Annotated[int, typer.Option(min=1, help="Handlers running at once.")] = 16,
     max_waiting_handlers: Annotated[
         int,
@@ -339,6 +326,19 @@ def worker(
             metavar="MODULE:ATTR",
             help="A function each traceback passes through before it is stored or logged "
             "(text in, the text to keep out), e.g. to mask tokens.",
+        ),
+    ] = None,
+    tenant: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Option(
+            "--tenant",
+            envvar="REACH_TENANT",
+            show_envvar=True,
+            show_default=False,
+            metavar="ID",
+            help="Serve this tenant: its Redis URL and namespace from the tenant map "
+            "([tenants.ID] in reach.toml), instead of --redis-url and --namespace. Repeat "
+            "it to serve several tenants from one process, each on its own Redis.",
         ),
     ] = None,
 ) -> None:
