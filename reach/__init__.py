@@ -49,6 +49,7 @@ from .errors import (
     TooManySteps,
     UnknownAgent,
     UnknownTask,
+    UnknownTenant,
     WouldDeadlock,
 )
 from .gather import Answer, Failure, Gathered, Vote, vote
@@ -60,6 +61,7 @@ from .resume import Resumed
 from .scheduling import ScheduledSend
 from .session import Session
 from .tasks import DeadLetter, TaskStatus
+from .tenants import Tenant, Tenants
 from .watch import TaskChange
 
 __all__ = [
@@ -126,11 +128,14 @@ __all__ = [
     "StreamTooLarge",
     "TaskChange",
     "TaskStatus",
+    "Tenant",
+    "Tenants",
     "TooManyAsks",
     "TooManySteps",
     "Unavailable",
     "UnknownAgent",
     "UnknownTask",
+    "UnknownTenant",
     "Vote",
     "WouldDeadlock",
     "__version__",

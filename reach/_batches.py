@@ -12,6 +12,7 @@ from . import _many
 from ._defaults import CallDefaults
 from .gather import Gathered
 from .gather import gather as _gather
+from .tenants import by_tenant
 
 if TYPE_CHECKING:
     from .client import Client, MessageOptions
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 class ManyCalls(CallDefaults):
     """``send_many``, ``request_many``, ``broadcast`` and ``gather`` of a client."""
 
+    @by_tenant
     async def send_many(
         self,
         capability: str,
@@ -52,6 +54,7 @@ class ManyCalls(CallDefaults):
         me = cast("Client", self)
         return await _many.send_many(me, capability, payloads, where, idempotency_keys, opts)
 
+    @by_tenant
     async def request_many(
         self,
         capability: str,
@@ -79,6 +82,7 @@ class ManyCalls(CallDefaults):
         me = cast("Client", self)
         return await _many.request_many(me, capability, payloads, where, idempotency_keys, opts)
 
+    @by_tenant
     async def broadcast(
         self,
         capability: str,
@@ -94,6 +98,7 @@ class ManyCalls(CallDefaults):
             cast("Client", self), capability, payload, where, timeout_s, idempotency_key, kw
         )
 
+    @by_tenant
     async def gather(
         self,
         capability: str,

@@ -44,7 +44,6 @@ from .asking import answer_task
 from .authz import Prechecks
 from .breaker import Breakers
 from .callpath import DEFAULT_MAX_HOPS, Gate, check_max_hops
-from .config import resolve_redis_url
 from .connection import DEFAULT_MAX_CONNECTIONS, AnyRedis, connect, redact
 from .doctor import warn_once
 from .envelope import Envelope, Reply, encode_payload, new_id, now_ms
@@ -66,6 +65,7 @@ from .resume import Resumed
 from .routing import POLICIES, Router
 from .signing import SecretOption, Signer, make_signer
 from .tasks import TaskStatus, get_status
+from .tenants import TenantClients, TenantsOption, by_tenant, by_tenant_lazily
 from .view import RegistryView
 from .watch import TaskChange, watch_task
 
@@ -95,6 +95,7 @@ class MessageOptions(TypedDict, total=False):
     headers: Mapping[str, str] | None
     source: str
     cost: float | None
+    tenant: str | None  # the tenant map's entry to send to (reach.tenants)
 
 
 class Client(ManyCalls, ReplyFigures):
@@ -139,6 +140,8 @@ class Client(ManyCalls, ReplyFigures):
     Without a deadline a request gets its capability's advertised timeout, else
     ``default_timeout_s``; a send ``default_send_timeout_s``. ``fallback(capability, payload)``
     answers the failures ``fallback_on`` names (:mod:`reach._defaults`; default: no agent).
+    ``tenants`` (:class:`~reach.Tenants`, ``{id: (redis_url, namespace)}``, else reach.toml's):
+    ``tenant="acme"`` sends on that tenant's Redis and namespace (:mod:`reach.tenants`).
     """
 
     def __init__(
@@ -173,7 +176,10 @@ class Client(ManyCalls, ReplyFigures):
         buffer_close_wait_s: float = DEFAULT_CLOSE_WAIT_S,
         cancel_on_abort: bool = True,
         max_hops: int = DEFAULT_MAX_HOPS,
+        tenants: TenantsOption = None,
     ) -> None:
+        # first: locals() is the options then, which a tenant's inner client is made with
+        self.tenants = TenantClients(self, tenants, locals())
         if default_policy not in POLICIES:
             raise ConfigError(
                 f"Unknown default_policy {default_policy!r}: use one of {', '.join(POLICIES)}."
@@ -182,8 +188,8 @@ class Client(ManyCalls, ReplyFigures):
             raise ConfigError(f"max_connections must be >= 1 (got {max_connections}).")
         if max_unclaimed_replies < 0 or unclaimed_reply_ttl_s < 0:
             raise ConfigError("max_unclaimed_replies and unclaimed_reply_ttl_s must be >= 0.")
-        if redis is None:  # redis_url=, else REACH_REDIS_URL, else reach.toml/.reach/config
-            redis_url = resolve_redis_url(redis_url)
+        if redis is None:  # redis_url=, REACH_REDIS_URL, reach.toml, else the default tenant's
+            redis_url, namespace = self.tenants.own(redis_url, namespace)
         self.redis_url = redis_url or ""
         self.namespace = namespace
         self.keys = Keys(namespace)
@@ -331,6 +337,7 @@ class Client(ManyCalls, ReplyFigures):
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        await self.tenants.aclose()
         if self._buffer.active:
             await self._buffer.close(self.buffer_close_wait_s)
         if self._tg is not None:
@@ -395,8 +402,13 @@ class Client(ManyCalls, ReplyFigures):
         reply: bool = True,
         source: str = "",
         cost: float | None = None,
+        tenant: str | None = None,
     ) -> Envelope:
         """Validate the arguments and build an envelope (nothing is sent)."""
+        if tenant is not None:  # the envelope is this client's namespace's (its signer)
+            raise ConfigError(
+                "build() takes no tenant=: build on `await client.tenants.client(t)`."
+            )
         cap = normalize_capability(capability)
         if priority not in PRIORITIES:
             raise ConfigError(f"Unknown priority {priority!r}: use one of {', '.join(PRIORITIES)}.")
@@ -469,6 +481,7 @@ class Client(ManyCalls, ReplyFigures):
             self._reader.sent(env.msg_id)  # its reply is kept until taken (result())
         return await self._delivery.deliver(env, where=where, track=track, quota=quota, gate=gate)
 
+    @by_tenant
     async def send(
         self,
         capability: str,
@@ -554,6 +567,7 @@ class Client(ManyCalls, ReplyFigures):
         deadline_ms, expires_ms, reply); empty when everything was sent."""
         return self._buffer.pending()
 
+    @by_tenant
     async def request(
         self,
         capability: str,
@@ -596,6 +610,7 @@ class Client(ManyCalls, ReplyFigures):
                 return await _hedge.request(self, env, where, hedge)
             return await self.call(env, where=where)
 
+    @by_tenant_lazily
     def stream(
         self,
         capability: str,
@@ -695,7 +710,8 @@ class Client(ManyCalls, ReplyFigures):
 
     _outcome_of = staticmethod(outcome_of)
 
-    async def cancel(self, msg_id: str, *, by: str = "") -> CancelResult:
+    @by_tenant
+    async def cancel(self, msg_id: str, *, by: str = "", tenant: str | None = None) -> CancelResult:
         """Cancel a message sent earlier (docs/concepts.md, *Cancellation*).
 
         Not started yet: it never runs; the worker that reaches it dead-letters it (reason
@@ -716,7 +732,8 @@ class Client(ManyCalls, ReplyFigures):
         cancellation waits at most :data:`reach._later.ABORT_CANCEL_S` for it."""
         await _later.abandon(self, env)
 
-    async def task(self, msg_id: str) -> TaskStatus:
+    @by_tenant
+    async def task(self, msg_id: str, *, tenant: str | None = None) -> TaskStatus:
         """The status of a message sent earlier (``unknown`` once its record expired)."""
         return await get_status(self.commands, self.keys, msg_id)
 
@@ -764,7 +781,10 @@ class Client(ManyCalls, ReplyFigures):
         """The sends waiting for their due time (``send(at=...)``), the earliest first."""
         return await scheduling.list_scheduled(self.commands, self.keys, limit=limit)
 
-    async def result(self, msg_id: str, *, timeout_s: float | None = None) -> Any:
+    @by_tenant
+    async def result(
+        self, msg_id: str, *, timeout_s: float | None = None, tenant: str | None = None
+    ) -> Any:
         """The result of a message sent earlier, waiting up to ``timeout_s`` for it.
 
         For a caller that restarted with the same ``client_id``: replies sent while it was

@@ -198,7 +198,8 @@ def resolve_redis_url(
 
 def write_project_url(url: str, path: Path) -> Path:
     """Set ``redis_url`` in the project file ``path`` (made with its directory if need be),
-    keeping the file's other top-level settings. Returns ``path``."""
+    keeping the file's other settings, its tables (``[tenants.acme]``...) included.
+    Returns ``path``."""
     data: dict[str, Any] = {}
     if path.is_file():
         try:
@@ -207,14 +208,32 @@ def write_project_url(url: str, path: Path) -> Path:
             data = {}  # an unreadable file is replaced: it named no usable Redis anyway
     data[URL_KEY] = url
     lines = ["# reach project settings (see docs/cli.md, 'Which Redis')"]
-    for k, v in data.items():
-        if isinstance(v, (str, int, float, bool)):
-            lines.append(f"{k} = {_toml_value(v)}")
+    _toml_table(data, (), lines)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("\n".join(lines) + "\n")
     tmp.replace(path)
     return path
+
+
+def _toml_table(table: dict[str, Any], where: tuple[str, ...], lines: list[str]) -> None:
+    """``table``'s values as TOML lines: its plain values, then each table under it."""
+    for k, v in table.items():
+        if isinstance(v, (str, int, float, bool)):
+            lines.append(f"{_toml_key(k)} = {_toml_value(v)}")
+        elif isinstance(v, list) and all(isinstance(x, (str, int, float, bool)) for x in v):
+            lines.append(f"{_toml_key(k)} = [{', '.join(_toml_value(x) for x in v)}]")
+    for k, v in table.items():
+        if isinstance(v, dict):
+            here = (*where, k)
+            lines.append("")
+            lines.append(f"[{'.'.join(_toml_key(p) for p in here)}]")
+            _toml_table(v, here, lines)
+
+
+def _toml_key(k: str) -> str:
+    bare = k and all(c.isascii() and (c.isalnum() or c in "-_") for c in k)
+    return k if bare else json.dumps(k)
 
 
 def _toml_value(v: str | float | bool) -> str:

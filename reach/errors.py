@@ -358,3 +358,15 @@ class AlreadyAnswered(AnswerRefused):
     def __init__(self, message: str, *, n: int = 0) -> None:
         super().__init__(message)
         self.n = n
+
+
+class UnknownTenant(ConfigError, LookupError):
+    """A tenant id the tenant map does not name, and the map has no default for the rest
+    (``[tenants.default]`` in reach.toml). ``tenant`` is the id asked for, ``known`` the
+    ids the map names: add the tenant to the map, or give the map a default
+    (docs/operations.md, *Tenants on their own Redis*)."""
+
+    def __init__(self, message: str, *, tenant: str = "", known: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.tenant = tenant
+        self.known = known

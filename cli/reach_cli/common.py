@@ -29,7 +29,8 @@ from rich.text import Text
 
 from reach.config import locate_redis_url
 from reach.connection import AnyRedis, connect, redact, unreachable
-from reach.errors import ReachError
+from reach.errors import ConfigError, ReachError
+from reach.tenants import Tenant, Tenants
 
 RedisUrl = Annotated[
     str,
@@ -61,6 +62,20 @@ RedisPasswordFile = Annotated[
         metavar="FILE",
         help="A file holding the Redis password, put into the URL in memory only (the URL "
         "then has none). Env: REACH_REDIS_PASSWORD_FILE.",
+    ),
+]
+TenantOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--tenant",
+        envvar="REACH_TENANT",
+        show_envvar=True,
+        show_default=False,
+        metavar="ID",
+        help="The tenant to work on: its Redis URL and namespace come from the tenant map "
+        "([tenants.ID] in reach.toml here or in a parent; [tenants.default] for the rest), "
+        "instead of --redis-url and --namespace. See docs/operations.md, Tenants on their "
+        "own Redis.",
     ),
 ]
 Namespace = Annotated[
@@ -313,6 +328,10 @@ def with_secret_file_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                     "redis_password_file", kind, default=None, annotation=RedisPasswordFile
                 )
             )
+            if "tenant" not in sig.parameters:  # a command with its own (reach worker's)
+                params.append(
+                    inspect.Parameter("tenant", kind, default=None, annotation=TenantOption)
+                )
 
     @functools.wraps(fn)
     def wrapper(
@@ -321,6 +340,10 @@ def with_secret_file_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         redis_password_file: Path | None = None,
         **kwargs: Any,
     ) -> Any:
+        if "tenant" not in sig.parameters:
+            tenant = kwargs.pop("tenant", None)
+            if tenant:
+                apply_tenant(tenant, kwargs, url_file=redis_url_file)
         token = _secret_files.set((redis_url_file, redis_password_file))
         try:
             return fn(*args, **kwargs)
@@ -332,9 +355,38 @@ def with_secret_file_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def tenant_location(tenant: str) -> Tenant:
+    """The Redis URL and namespace of ``tenant`` in the project file's tenant map; no map
+    or an unknown tenant is one ``error:`` line, exit 2."""
+    with cli_errors():
+        found = Tenants.load()
+        if found is None:
+            raise ConfigError(
+                f"--tenant {tenant}: no tenant map here: add [tenants.{tenant}] (redis_url, "
+                "namespace) to reach.toml in this directory or a parent."
+            )
+        return found.resolve(tenant)
+
+
+def apply_tenant(tenant: str, kwargs: dict[str, Any], *, url_file: Path | None = None) -> None:
+    """Put ``tenant``'s Redis URL and namespace into a command's arguments; a
+    ``--redis-url`` or ``--namespace`` that says otherwise is an error (which one is meant?)."""
+    t = tenant_location(tenant)
+    if kwargs.get("redis_url") or url_file is not None:
+        fail(f"Give --tenant {tenant} or --redis-url/--redis-url-file, not both.")
+    kwargs["redis_url"] = t.redis_url
+    if "namespace" in kwargs:
+        if kwargs["namespace"] not in (DEFAULT_NS, t.namespace):
+            fail(
+                f"--tenant {tenant} is namespace {t.namespace!r}, but --namespace (or "
+                f"REACH_NAMESPACE) says {kwargs['namespace']!r}: give one."
+            )
+        kwargs["namespace"] = t.namespace
+
+
 def add_secret_file_options(app: typer.Typer) -> None:
     """Give every command of ``app`` (sub-apps included) that takes ``--redis-url`` the
-    options ``--redis-url-file`` and ``--redis-password-file``."""
+    options ``--redis-url-file``, ``--redis-password-file`` and ``--tenant``."""
     for info in app.registered_commands:
         if info.callback is not None:
             info.callback = with_secret_file_options(info.callback)

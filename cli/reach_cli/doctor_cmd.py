@@ -9,6 +9,8 @@ from rich.text import Text
 
 from reach.acl import check_role
 from reach.doctor import Finding, diagnose, worst
+from reach.errors import ConfigError
+from reach.tenants import Tenants
 
 from .common import (
     DEFAULT_NS,
@@ -16,10 +18,15 @@ from .common import (
     Json,
     Namespace,
     RedisUrl,
-    command,
+    cli_errors,
     console,
+    explain,
+    fail,
+    find_redis,
     open_redis,
     print_json,
+    require_text,
+    run,
     safe_text,
 )
 
@@ -31,8 +38,7 @@ MARK = {
 }
 
 
-@command
-async def doctor(
+def doctor(
     acl_user: Annotated[
         Optional[str],  # noqa: UP045
         typer.Option(
@@ -51,6 +57,14 @@ async def doctor(
             "(default: every role; a user fit for one of them is fine).",
         ),
     ] = None,
+    all_tenants: Annotated[
+        bool,
+        typer.Option(
+            "--all-tenants",
+            help="Check the Redis and namespace of every tenant of the tenant map "
+            "([tenants] in reach.toml), a section each (instead of --redis-url).",
+        ),
+    ] = False,
     redis_url: RedisUrl = DEFAULT_REDIS,
     namespace: Namespace = DEFAULT_NS,
     json_: Json = False,
@@ -59,10 +73,24 @@ async def doctor(
     persistence, memory headroom, replication, cluster slots, ACL permissions per role,
     clock skew, script cache, key scheme. Exit code 1 when a check finds an error.
 
-    Example: reach doctor;  reach doctor --json
+    Example: reach doctor;  reach doctor --json;  reach doctor --all-tenants
     """
+    require_text({"redis_url": redis_url, "namespace": namespace, "acl_user": acl_user})
     if acl_role is not None:
-        check_role(acl_role)
+        with cli_errors():
+            check_role(acl_role)
+    if all_tenants:
+        if redis_url:
+            fail("Give --all-tenants or --redis-url/--tenant, not both.")
+        run(_each_tenant, acl_user, acl_role, json_)
+        return
+    redis_url = find_redis(redis_url)
+    run(_one, acl_user, acl_role, redis_url, namespace, json_, url=redis_url)
+
+
+async def _one(
+    acl_user: str | None, acl_role: str | None, redis_url: str, namespace: str, json_: bool
+) -> None:
     r = await open_redis(redis_url)
     try:
         findings = await diagnose(r, redis_url, namespace, acl_user=acl_user, acl_role=acl_role)
@@ -80,6 +108,57 @@ async def doctor(
         )
     else:
         _print(findings, redis_url, namespace)
+    if level == "error":
+        raise typer.Exit(1)
+
+
+async def _each_tenant(acl_user: str | None, acl_role: str | None, json_: bool) -> None:
+    """A section per entry of the tenant map (the default's Redis with the namespace the
+    tenant id ``default`` gets); one Redis unreachable is that section's error."""
+    found = Tenants.load()
+    if found is None:
+        raise ConfigError(
+            "--all-tenants: no tenant map here: add [tenants.<id>] tables (redis_url, "
+            "namespace) to reach.toml in this directory or a parent."
+        )
+    sections = []
+    for tid in found.targets():
+        t = found.resolve(tid)
+        try:
+            r = await open_redis(t.redis_url)
+        except Exception as e:  # noqa: BLE001 (what explain() cannot say is shown as it is)
+            why = explain(e, t.redis_url) or f"{type(e).__name__}: {e}"
+            findings = [Finding("connection", "error", why, "start it or fix its URL in the map")]
+        else:
+            try:
+                findings = await diagnose(
+                    r, t.redis_url, t.namespace, acl_user=acl_user, acl_role=acl_role
+                )
+            finally:
+                await r.aclose()
+        sections.append((tid, t, findings))
+    level = worst([f for _, _, fs in sections for f in fs])
+    if json_:
+        print_json(
+            {
+                "status": level,
+                "tenants": [
+                    {
+                        "tenant": tid,
+                        "redis_url": _redacted(t.redis_url),
+                        "namespace": t.namespace,
+                        "status": worst(fs),
+                        "findings": [f.as_dict() for f in fs],
+                    }
+                    for tid, t, fs in sections
+                ],
+            }
+        )
+    else:
+        for tid, t, fs in sections:
+            console.print(Text(f"tenant {tid}"), style="bold", highlight=False)
+            _print(fs, t.redis_url, t.namespace)
+            console.print()
     if level == "error":
         raise typer.Exit(1)
 

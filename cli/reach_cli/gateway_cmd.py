@@ -18,6 +18,7 @@ import typer
 
 from reach.connection import redact
 from reach.errors import ConfigError
+from reach.tenants import Tenants
 
 from .common import (
     DEFAULT_NS,
@@ -25,6 +26,7 @@ from .common import (
     Namespace,
     RedisUrl,
     cli_errors,
+    fail,
     find_redis_source,
     require_text,
 )
@@ -178,6 +180,15 @@ def gateway(
     deny_ip: DenyIp = None,
     trust_proxy: TrustProxy = False,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "warning",
+    all_tenants: Annotated[
+        bool,
+        typer.Option(
+            "--all-tenants",
+            help="Serve every tenant of the tenant map ([tenants] in reach.toml), each on "
+            "its own Redis and namespace, picked per request by the X-Reach-Tenant header "
+            "(none: the tenant 'default'); instead of --redis-url/--tenant.",
+        ),
+    ] = False,
     redis_url: RedisUrl = DEFAULT_REDIS,
     namespace: Namespace = DEFAULT_NS,
 ) -> None:
@@ -188,8 +199,20 @@ def gateway(
     Example: reach gateway --port 8080 --token-file tokens.txt
     """
     require_text({"host": host, "public_url": public_url, "namespace": namespace})
-    redis_url, _ = find_redis_source(redis_url)
-    with cli_errors(redis_url):
+    tenants = None
+    if all_tenants:
+        if redis_url:
+            fail("Give --all-tenants or --redis-url/--tenant, not both.")
+        with cli_errors():
+            tenants = Tenants.load()
+            if tenants is None:
+                raise ConfigError(
+                    "--all-tenants: no tenant map here: add [tenants.<id>] tables (redis_url, "
+                    "namespace) to reach.toml in this directory or a parent."
+                )
+    else:
+        redis_url, _ = find_redis_source(redis_url)
+    with cli_errors(redis_url or None):
         try:
             import uvicorn
 
@@ -223,26 +246,33 @@ def gateway(
             )
         rate = caller_rate(rate_per_caller, burst)
         ips = IpRules(allow_ip or [], deny_ip or [], trust_proxy=trust_proxy)
-        client = Client(
-            redis_url=redis_url,
-            namespace=namespace,
-            identity_file=str(identity_file) if identity_file else None,
-            trusted_keys_file=str(trusted_keys_file) if trusted_keys_file else None,
-        )
-        gw = Gateway(
-            client,
-            tokens=tokens,
-            public_url=public_url,
-            default_timeout_s=timeout_s,
-            max_task_bytes=max_task_bytes,
-            max_store_bytes=max_store_bytes,
-            max_body_bytes=max_body_bytes,
-            send_timeout_s=send_timeout_s,
-            mtls=tls_client_ca is not None,
-            jwt=verifier,
-            rate_per_caller=rate,
-            ips=ips,
-        )
+        client_opts: dict[str, Any] = {
+            "identity_file": str(identity_file) if identity_file else None,
+            "trusted_keys_file": str(trusted_keys_file) if trusted_keys_file else None,
+        }
+        gw_opts: dict[str, Any] = {
+            "tokens": tokens,
+            "public_url": public_url,
+            "default_timeout_s": timeout_s,
+            "max_task_bytes": max_task_bytes,
+            "max_store_bytes": max_store_bytes,
+            "max_body_bytes": max_body_bytes,
+            "send_timeout_s": send_timeout_s,
+            "mtls": tls_client_ca is not None,
+            "jwt": verifier,
+            "rate_per_caller": rate,
+            "ips": ips,
+        }
+        app: Any
+        if tenants is not None:
+            from reach.gateway.tenants import TenantGateways, gateway_maker
+
+            app = TenantGateways(tenants, gateway_maker(client_opts, gw_opts))
+            where = f"tenants {', '.join(tenants.targets())} (by X-Reach-Tenant)"
+        else:
+            client = Client(redis_url=redis_url, namespace=namespace, **client_opts)
+            app = Gateway(client, **gw_opts).app
+            where = f"namespace {namespace!r} on {redact(redis_url)}"
         tls: dict[str, Any] = {}
         if tls_cert is not None:
             tls = {"ssl_certfile": str(tls_cert), "ssl_keyfile": str(tls_key)}
@@ -266,7 +296,7 @@ def gateway(
         limits = Limits(max_connections=max_connections, header_timeout_s=header_timeout_s)
         limits = limits.fitted(open_files)
         config = uvicorn.Config(
-            gw.app,
+            app,
             host=host,
             port=port,
             log_level=level,
@@ -292,7 +322,7 @@ def gateway(
         if ips.active:
             auth += f"; {len(ips.allow)} allow and {len(ips.deny)} deny IP rule(s)"
         serving = (
-            f"reach gateway: namespace {namespace!r} on {redact(redis_url)}, serving "
+            f"reach gateway: {where}, serving "
             f"{scheme}://{host}:{port} ({auth}; at most {limits.max_connections} connections, "
             f"open-files limit {open_files})"
         )

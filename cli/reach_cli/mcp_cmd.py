@@ -10,12 +10,13 @@ import math
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
 from reach.connection import redact
 from reach.errors import ConfigError, ReachError
+from reach.tenants import Tenants
 
 from .common import (
     DEFAULT_NS,
@@ -71,6 +72,17 @@ def _logging(log_level: str) -> None:
     logging.basicConfig(
         level=level.upper(), format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr
     )
+
+
+def _tenant_map() -> Tenants:
+    with cli_errors():
+        found = Tenants.load()
+        if found is None:
+            raise ConfigError(
+                "--all-tenants: no tenant map here: add [tenants.<id>] tables (redis_url, "
+                "namespace) to reach.toml in this directory or a parent."
+            )
+        return found
 
 
 def mcp(
@@ -148,6 +160,15 @@ def mcp(
     deny_ip: DenyIp = None,
     trust_proxy: TrustProxy = False,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "warning",
+    all_tenants: Annotated[
+        bool,
+        typer.Option(
+            "--all-tenants",
+            help="Over HTTP: serve every tenant of the tenant map ([tenants] in reach.toml), "
+            "each its own Redis, namespace and tools, picked per request by the "
+            "X-Reach-Tenant header (none: the tenant 'default'). Over stdio: --tenant.",
+        ),
+    ] = False,
     redis_url: RedisUrl = DEFAULT_REDIS,
     namespace: Namespace = DEFAULT_NS,
 ) -> None:
@@ -159,8 +180,16 @@ def mcp(
     """
     require_text({"host": host, "path": path, "namespace": namespace, "cap": cap, "where": where})
     filt = _where(where)
-    redis_url, _ = find_redis_source(redis_url)
-    with cli_errors(redis_url):
+    tenants = None
+    if all_tenants:
+        if stdio:
+            fail("--all-tenants serves HTTP: over stdio give one --tenant.")
+        if redis_url:
+            fail("Give --all-tenants or --redis-url/--tenant, not both.")
+        tenants = _tenant_map()
+    else:
+        redis_url, _ = find_redis_source(redis_url)
+    with cli_errors(redis_url or None):
         try:
             import uvicorn
 
@@ -173,15 +202,18 @@ def mcp(
         _seconds("--timeout-s", timeout_s)
         _seconds("--poll-s", poll_s)
         _logging(log_level)
-        client = Client(
-            redis_url=redis_url,
-            namespace=namespace,
-            default_timeout_s=timeout_s,
-            identity_file=str(identity_file) if identity_file else None,
-            trusted_keys_file=str(trusted_keys_file) if trusted_keys_file else None,
-        )
-        face = McpFace(client, capabilities=cap or None, where=filt or None, poll_s=poll_s)
+        client_opts: dict[str, Any] = {
+            "default_timeout_s": timeout_s,
+            "identity_file": str(identity_file) if identity_file else None,
+            "trusted_keys_file": str(trusted_keys_file) if trusted_keys_file else None,
+        }
+
+        def face_of(url: str, ns: str) -> McpFace:
+            client = Client(redis_url=url, namespace=ns, **client_opts)
+            return McpFace(client, capabilities=cap or None, where=filt or None, poll_s=poll_s)
+
         if stdio:
+            face = face_of(redis_url, namespace)
             print(
                 f"reach mcp: namespace {namespace!r} on {redact(redis_url)}, serving stdio",
                 file=sys.stderr,
@@ -206,10 +238,27 @@ def mcp(
         ips = IpRules(allow_ip or [], deny_ip or [], trust_proxy=trust_proxy)
         if not path.startswith("/"):
             raise ConfigError(f"--path must start with '/', not {path!r}.")
+        http: dict[str, Any] = {
+            "tokens": tokens,
+            "host": host,
+            "path": path,
+            "jwt": verifier,
+            "rate_per_caller": rate,
+            "ips": ips,
+        }
+        app: Any
+        if tenants is not None:
+            from reach._tenant_apps import TenantApps
+
+            app = TenantApps(
+                tenants, lambda t: face_of(t.redis_url, t.namespace), lambda f: f.http_app(**http)
+            )
+            served = f"tenants {', '.join(tenants.targets())} (by X-Reach-Tenant)"
+        else:
+            app = face_of(redis_url, namespace).http_app(**http)
+            served = f"namespace {namespace!r} on {redact(redis_url)}"
         config = uvicorn.Config(
-            face.http_app(
-                tokens=tokens, host=host, path=path, jwt=verifier, rate_per_caller=rate, ips=ips
-            ),
+            app,
             host=host,
             port=port,
             log_level=log_level.lower(),
@@ -227,10 +276,7 @@ def mcp(
         if ips.active:
             auth += f"; {len(ips.allow)} allow and {len(ips.deny)} deny IP rule(s)"
         where_note = "" if _loopback(host) else " (not loopback: DNS-rebinding checks off)"
-        serving = (
-            f"reach mcp: namespace {namespace!r} on {redact(redis_url)}, serving "
-            f"http://{host}:{port}{path} ({auth}){where_note}"
-        )
+        serving = f"reach mcp: {served}, serving http://{host}:{port}{path} ({auth}){where_note}"
         server.on_started = lambda: print(serving, file=sys.stderr, flush=True)
         try:
             asyncio.run(server.serve())

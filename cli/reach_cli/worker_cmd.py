@@ -29,8 +29,10 @@ from .common import (
     RedisUrl,
     cli_errors,
     err_console,
+    fail,
     find_redis_source,
     require_text,
+    tenant_location,
 )
 
 
@@ -138,9 +140,14 @@ def agent_ids(template: str, instances: int) -> list[str]:
         ) from None
 
 
-async def _serve(agents: list[reach.Agent], opts: dict[str, Any]) -> int:
+async def _serve(
+    agents: list[reach.Agent],
+    opts: dict[str, Any],
+    overrides: list[dict[str, Any]] | None = None,
+) -> int:
     """Run ``agents`` (one or more, in this process) until they stop; return the signal
-    that stopped them (0: none).
+    that stopped them (0: none). ``overrides``: each agent's own options over ``opts``
+    (the Redis URL and namespace of its tenant, for --tenant).
 
     The signals are handled here rather than by the runtime, which does the same (first
     signal: drain, second: stop at once) but cannot tell which one it got: a Ctrl-C'd
@@ -163,14 +170,14 @@ async def _serve(agents: list[reach.Agent], opts: dict[str, Any]) -> int:
                     scope.cancel()
                     return
 
-    async def one(agent: reach.Agent) -> None:
-        await agent.run(**opts, handle_signals=False)
+    async def one(agent: reach.Agent, extra: dict[str, Any]) -> None:
+        await agent.run(**{**opts, **extra}, handle_signals=False)
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(signals, tg.cancel_scope)
         async with anyio.create_task_group() as running:
-            for agent in agents:
-                running.start_soon(one, agent)
+            for i, agent in enumerate(agents):
+                running.start_soon(one, agent, overrides[i] if overrides else {})
         tg.cancel_scope.cancel()
     return got[0] if got else 0
 
@@ -328,6 +335,19 @@ def worker(
             "(text in, the text to keep out), e.g. to mask tokens.",
         ),
     ] = None,
+    tenant: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Option(
+            "--tenant",
+            envvar="REACH_TENANT",
+            show_envvar=True,
+            show_default=False,
+            metavar="ID",
+            help="Serve this tenant: its Redis URL and namespace from the tenant map "
+            "([tenants.ID] in reach.toml), instead of --redis-url and --namespace. Repeat "
+            "it to serve several tenants from one process, each on its own Redis.",
+        ),
+    ] = None,
 ) -> None:
     """Run the reach.Agent found at MODULE:ATTR until SIGTERM/SIGINT (then drain).
 
@@ -356,7 +376,11 @@ def worker(
             "metrics_addr": metrics_addr,
         }
     )
-    redis_url, url_source = find_redis_source(redis_url)
+    placed = _tenants(tenant or [], redis_url, namespace)
+    if placed:
+        redis_url, url_source = placed[0][1], "the tenant map"
+    else:
+        redis_url, url_source = find_redis_source(redis_url)
     with cli_errors(redis_url):
         _check_times(
             heartbeat_s=heartbeat_s,
@@ -395,6 +419,10 @@ def worker(
             if agent_id is not None
             else [agent]
         )
+        overrides: list[dict[str, Any]] | None = None
+        if placed:  # a copy of every agent per tenant: an Agent runs once at a time
+            overrides = [{"redis_url": u, "namespace": n} for _, u, n in placed for _ in agents]
+            agents = [a.renamed(a.agent_id) for _ in placed for a in agents]
         probes.agents = agents
         opts = {
             "redis_url": redis_url,
@@ -425,28 +453,39 @@ def worker(
         opts["traceback_max_bytes"] = traceback_max_bytes
         if redact_traceback is not None:
             opts["redact_traceback"] = load_redactor(redact_traceback)
-        where = "" if url_source == "--redis-url" else f" (from {url_source})"
-        ids = ", ".join(a.agent_id for a in agents)
-        if log_format == "json":  # stderr stays one JSON object per line
-            wlog.info(
-                "reach worker: %s on %s%s ns=%s",
-                ids,
-                redact(redis_url),
-                where,
-                namespace,
-            )
-        else:
-            err_console.print(
-                f"reach worker: {ids} on {redact(redis_url)}{where} ns={namespace}",
-                highlight=False,
-                markup=False,
-            )
+        src = "" if url_source == "--redis-url" else f" (from {url_source})"
+        ids = ", ".join(dict.fromkeys(a.agent_id for a in agents))
+        lines = [(redact(u), f" (tenant {tid})", n) for tid, u, n in placed]
+        for url, where, ns in lines or [(redact(redis_url), src, namespace)]:
+            _say(log_format, f"reach worker: {ids} on {url}{where} ns={ns}")
         # Everything imported so far lives as long as the process: keep it out of the
         # collector's generations, so collections stay short on the message path.
         gc.freeze()
-        sig = anyio.run(_serve, agents, opts)
+        sig = anyio.run(_serve, agents, opts, overrides)
     if sig == signal.SIGINT:
         raise typer.Exit(130)
+
+
+def _say(log_format: str, line: str) -> None:
+    if log_format == "json":  # stderr stays one JSON object per line
+        logging.getLogger("reach.worker").info("%s", line)
+    else:
+        err_console.print(line, highlight=False, markup=False)
+
+
+def _tenants(ids: list[str], redis_url: str, namespace: str) -> list[tuple[str, str, str]]:
+    """(tenant, Redis URL, namespace) of each ``--tenant``, once each."""
+    if not ids:
+        return []
+    if redis_url:
+        fail("Give --tenant or --redis-url, not both.")
+    if namespace != DEFAULT_NS:
+        fail("Give --tenant or --namespace, not both: each tenant names its namespace.")
+    placed = {}
+    for tid in dict.fromkeys(ids):
+        t = tenant_location(tid)
+        placed[(t.redis_url, t.namespace)] = tid  # two ids on one namespace: served once
+    return [(tid, u, n) for (u, n), tid in placed.items()]
 
 
 def _check_times(**seconds: float) -> None:

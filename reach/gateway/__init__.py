@@ -26,6 +26,7 @@ from .server import (
     Target,
 )
 from .store import RedisTaskStore
+from .tenants import TenantGateways
 
 __all__ = [
     "CALLER_HEADER",
@@ -38,5 +39,6 @@ __all__ = [
     "KeySource",
     "RedisTaskStore",
     "Target",
+    "TenantGateways",
     "Tokens",
 ]

@@ -18,6 +18,7 @@ COMMON = {  # documented once, at the top
     "--redis-url-file",
     "--redis-password-file",
     "--namespace",
+    "--tenant",
     "--json",
     "--wide",
     "--help",

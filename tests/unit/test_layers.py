@@ -42,6 +42,7 @@ RANKS: dict[str, int] = {
     "reach.breaker": 0,
     "reach.logs": 0,
     "reach.config": 0,  # where the Redis is: redis_url=, REACH_REDIS_URL, project file
+    "reach.tenants": 1,  # the tenant map: tenant id -> Redis URL and namespace
     "reach.callpath": 0,  # call paths: hop limit, loops, self-calls (no Redis)
     "reach._tokens": 0,  # bearer tokens of the HTTP faces (gateway, MCP), constant-time checks
     "reach._jwt": 0,  # JWT bearer tokens of the HTTP faces (PyJWT, a JWKS file or URL)
@@ -114,6 +115,7 @@ RANKS: dict[str, int] = {
     # faces over the library, never imported by it (optional extras)
     "reach._http": 9,  # the HTTP faces' limits (fds, connections, bodies, slow readers)
     "reach._access": 9,  # the HTTP faces' IP lists, bearer tokens and JWTs, rate per caller
+    "reach._tenant_apps": 9,  # every tenant behind one HTTP face (X-Reach-Tenant)
     "reach.web": 9,  # reach web: the operator console (starlette)
     "reach.web.formatting": 9,  # how the pages write times, rates, JSON, query strings
     "reach.web.console": 9,  # Console: what the pages share, the contexts they render
@@ -125,6 +127,7 @@ RANKS: dict[str, int] = {
     "reach.gateway.cards": 9,  # the gateway's, a capability's and an agent's card
     "reach.gateway.resuming": 9,  # SSE event ids and Last-Event-ID on the A2A streams
     "reach.gateway.server": 9,  # Gateway: the app, its limits and auth, routing a message
+    "reach.gateway.tenants": 9,  # every tenant of the map behind one gateway (a header)
     "reach.mcp": 9,  # reach mcp and reach.mcp.remote: MCP both ways (the mcp SDK)
     "reach.mcp.mapping": 9,  # capabilities, calls, chunks and errors in MCP terms
     "reach.mcp.server": 9,  # McpFace: the tools, the calls, stdio and streamable HTTP
