@@ -19,6 +19,7 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import os
 import threading
 import typing
 from collections.abc import Callable, Iterable, Mapping
@@ -45,6 +46,7 @@ from .registry import (
     MAX_WEIGHT,
     TIMEOUTS_KEY,
     agent_key_id,
+    check_app_version,
     normalize_capabilities,
     normalize_capability,
 )
@@ -342,6 +344,11 @@ class RunOptions(TypedDict, total=False):
     require_signed: bool | None
 
 
+VERSION_ENV = "REACH_AGENT_VERSION"
+"""The environment variable an :class:`Agent` made without ``version=`` takes its version
+from."""
+
+
 class Agent:
     """A registered agent: an id, what it can do, and the handlers that do it.
 
@@ -353,6 +360,10 @@ class Agent:
     calls through ``ctx.client`` go at most this many calls below the first message
     (:class:`~reach.HopLimitExceeded`), and a message deeper than that reaching it (or
     than its handler's own ``max_hops``) is dead-lettered ``hop_limit`` without running.
+    ``version`` is the application version it runs, registered with it (``reach agents``)
+    and routed by when its capability is split between versions (``reach caps split``,
+    docs/routing.md, *Version canaries*); without it, ``REACH_AGENT_VERSION`` from the
+    environment, else none (``""``). ``reach worker --version`` overrides both.
     """
 
     def __init__(
@@ -366,6 +377,7 @@ class Agent:
         max_queue: int = 0,
         hooks: Iterable[Hooks] = (),
         max_hops: int = DEFAULT_MAX_HOPS,
+        version: str | None = None,
     ) -> None:
         if not agent_id or not isinstance(agent_id, str) or any(c in agent_id for c in "{}, "):
             raise ConfigError(
@@ -384,6 +396,9 @@ class Agent:
         self.card = dict(card) if card else None
         self.max_queue = max_queue
         self.max_hops = check_max_hops(max_hops, f"Agent {agent_id!r}")
+        self.version = check_app_version(
+            version if version is not None else os.environ.get(VERSION_ENV, "")
+        )
         self.handlers: dict[str, HandlerSpec] = {}
         self.hooks: list[Hooks] = []
         self.add_hooks(*hooks)
@@ -408,6 +423,7 @@ class Agent:
             max_queue=self.max_queue,
             hooks=self.hooks,
             max_hops=self.max_hops,
+            version=self.version,
         )
         other.handlers = dict(self.handlers)
         other.readiness_check = self.readiness_check

@@ -34,6 +34,7 @@ from .operations import (
     refusal,
 )
 from .records import (
+    APP_VERSION_RE,
     CAPABILITY_RE,
     EVENTS_MAXLEN,
     IDEMPOTENT_KEY,
@@ -60,6 +61,7 @@ from .records import (
     SweepResult,
     advertised_timeout,
     agent_key_id,
+    check_app_version,
     decode_id,
     normalize_capabilities,
     normalize_capability,
@@ -68,6 +70,7 @@ from .records import (
 )
 
 __all__ = [
+    "APP_VERSION_RE",
     "CAPABILITY_RE",
     "EVENTS_MAXLEN",
     "IDEMPOTENT_KEY",
@@ -95,6 +98,7 @@ __all__ = [
     "SweepResult",
     "advertised_timeout",
     "agent_key_id",
+    "check_app_version",
     "decode_id",
     "default_shards",
     "normalize_capabilities",
