@@ -29,9 +29,10 @@ from .common import (
     table,
 )
 from .completion import complete_capability
+from .split_cmd import split
 
 caps_app = typer.Typer(
-    help="List capabilities; set their rate limits.",
+    help="List capabilities; set their rate limits; split them between versions.",
     invoke_without_command=True,
     no_args_is_help=False,
 )
@@ -231,3 +232,6 @@ async def show_cmd(
     for kind in ("input", "output"):
         body = schemas.get(kind)
         print(f"{kind} schema:", json_line(body, indent=2) if body else "(none published)")
+
+
+caps_app.command("split")(split)  # its own module: version canaries (reach.splits)

@@ -316,7 +316,10 @@ class Router:
 
     # -- the dynamic checks ---------------------------------------------------------------
     def _diagnose(self, st: State, candidates: Sequence[AgentInfo]) -> list[AgentInfo]:
-        """Full eligibility check: raises with the reason, or returns what is usable."""
+        """Full eligibility check: raises with the reason, or returns what is usable (of
+        the state's application version, when it has one)."""
+        if st.app_version is not None:
+            candidates = [a for a in candidates if a.app_version == st.app_version]
         return eligible(
             candidates,
             capability=st.capability,
