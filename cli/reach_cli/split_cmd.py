@@ -122,8 +122,16 @@ async def split(
         )
     if new is not None:
         print(f"{cap}: clients apply the split within a second")
-        for v in new.live:
-            if not any(a.app_version == v and a.routable for a in agents):
+        missing = [
+            v for v in new.live if not any(a.app_version == v and a.routable for a in agents)
+        ]
+        if len(missing) == len(new.live):
+            warn(
+                f"no routable agent of {cap!r} runs a version with a share: its messages fail "
+                "(NoAgentAvailable, reason 'version') until one does"
+            )
+        else:
+            for v in missing:
                 warn(
                     f"no routable agent of {cap!r} runs version {v!r}: its share goes to the "
                     "other versions until one does"
