@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import anyio
+
 from ._autopipe import AutoPipeline
 from .envelope import Envelope
 from .keys import Keys
@@ -66,10 +68,18 @@ class Versions:
     async def pins(
         self, envs: list[Envelope], split: Split, where: Mapping[str, Any] | None
     ) -> dict[str, str | None]:
-        """:meth:`pin` of each session of ``envs`` (a batch of one capability), once each."""
+        """:meth:`pin` of each session of ``envs`` (a batch of one capability), once each,
+        concurrently (the auto-pipeline sends the calls together)."""
+        sessions = sorted({env.session_id for env in envs if env.session_id})
         out: dict[str, str | None] = {}
-        for env in envs:
-            sid = env.session_id
-            if sid and sid not in out:
-                out[sid] = await self.pin(sid, env.capability, split, where)
+        if not sessions:
+            return out
+        capability = envs[0].capability
+
+        async def one(sid: str) -> None:
+            out[sid] = await self.pin(sid, capability, split, where)
+
+        async with anyio.create_task_group() as tg:
+            for sid in sessions:
+                tg.start_soon(one, sid)
         return out

@@ -220,3 +220,23 @@ async def test_every_policy_picks_within_the_chosen_version(redis_url: str, ns: 
             )
             assert got == "1.5"
     assert seen.by_version["1.4"] == 0
+
+
+async def test_a_batch_keeps_each_session_on_its_version(redis_url: str, ns: str) -> None:
+    """send_many of messages of many sessions (the batch form pins each session once):
+    every message of a session lands where its first one did, and a second batch finds
+    the pins the first made."""
+    seen = Seen()
+    async with serving(redis_url, ns, seen.agent("cb-a", "1.4"), seen.agent("cb-b", "1.5")) as c:
+        await set_split(c.redis, Keys(ns), CAP, Split.parse("1.4=50 1.5=50"))
+        for sid in (f"b{i}" for i in range(100)):
+            out = await c.send_many(CAP, [1, 2, 3], session_id=sid)
+            assert all(isinstance(x, str) for x in out), out
+        await seen.until(300)
+        await set_split(c.redis, Keys(ns), CAP, Split.parse("1.4=1 1.5=99"))
+        c._delivery.versions.cache.invalidate()
+        for sid in (f"b{i}" for i in range(100)):
+            await c.send_many(CAP, [4], session_id=sid)
+        await seen.until(400)
+    assert all(len(set(vs)) == 1 and len(vs) == 4 for vs in seen.sessions.values())
+    assert 20 <= sum(vs[0] == "1.4" for vs in seen.sessions.values()) <= 80
