@@ -240,3 +240,29 @@ async def test_a_batch_keeps_each_session_on_its_version(redis_url: str, ns: str
         await seen.until(400)
     assert all(len(set(vs)) == 1 and len(vs) == 4 for vs in seen.sessions.values())
     assert 20 <= sum(vs[0] == "1.4" for vs in seen.sessions.values()) <= 80
+
+
+async def test_a_hedge_stays_on_the_first_copys_version(redis_url: str, ns: str) -> None:
+    """hedge_after_s on a split capability: the first copy (1.4) stalls, the hedge goes to
+    the other 1.4 agent, never to the 1.6 one (not named: share 0), 12 times over."""
+    ran: Counter[str] = Counter()
+
+    def hedged(agent_id: str, version: str) -> Agent:
+        app = Agent(agent_id, capabilities=[CAP], version=version)
+
+        @app.handler(CAP, idempotent=True)
+        async def work(payload: Any, ctx: Context) -> Any:
+            ran[version] += 1
+            if not ctx.envelope.idempotency_key.endswith(":hedge"):
+                await anyio.sleep(60)  # the first copy stalls: the hedge answers
+            return version
+
+        return app
+
+    agents = [hedged("ch-a", "1.4"), hedged("ch-b", "1.4"), hedged("ch-c", "1.6")]
+    async with serving(redis_url, ns, *agents) as c:
+        await set_split(c.redis, Keys(ns), CAP, Split.parse("1.4=100"))
+        for i in range(12):
+            with anyio.fail_after(30):
+                assert await c.request(CAP, i, timeout_s=60, hedge_after_s=0.1) == "1.4"
+    assert ran["1.6"] == 0 and ran["1.4"] == 24
