@@ -36,7 +36,11 @@ class Versions:
         """The split ``env`` is routed by (None: none, or it names its target)."""
         if env.target:
             return None
-        return (await self.cache.get(self.commands)).get(env.capability)
+        return await self.split_for(env.capability)
+
+    async def split_for(self, capability: str) -> Split | None:
+        """``capability``'s split (None: none), as last read."""
+        return (await self.cache.get(self.commands)).get(capability)
 
     async def route(
         self, env: Envelope, where: Mapping[str, Any] | None

@@ -266,3 +266,18 @@ async def test_a_hedge_stays_on_the_first_copys_version(redis_url: str, ns: str)
             with anyio.fail_after(30):
                 assert await c.request(CAP, i, timeout_s=60, hedge_after_s=0.1) == "1.4"
     assert ran["1.6"] == 0 and ran["1.4"] == 24
+
+
+async def test_gather_asks_the_versions_with_a_share_and_broadcast_every_agent(
+    redis_url: str, ns: str
+) -> None:
+    seen = Seen()
+    agents = [seen.agent("cg-a", "1.4"), seen.agent("cg-b", "1.4"), seen.agent("cg-c", "1.6")]
+    async with serving(redis_url, ns, *agents) as c:
+        await set_split(c.redis, Keys(ns), CAP, Split.parse("1.4=100"))
+        got = await c.gather(CAP, 1, quorum="all", timeout_s=30)
+        assert sorted(got.asked) == ["cg-a", "cg-b"]
+        sent = await c.broadcast(CAP, 2)
+        assert len(sent) == 3
+        await seen.until(5)
+    assert seen.by_version == {"1.4": 4, "1.6": 1}
