@@ -141,6 +141,7 @@ class Delivery:
 
     async def quotas(self) -> Quotas:
         """The namespace's quotas (reach.quotas), as last read (re-read every second)."""
+        self.versions.cache.prefetch(self.commands)  # the splits' read goes with this one
         try:
             return await self.quota_cache.get(self.commands)
         except (rexc.ConnectionError, rexc.TimeoutError) as e:

@@ -121,15 +121,23 @@ class SplitCache:
         self._value = None
 
     async def get(self, redis: AnyRedis) -> Mapping[str, Split]:
-        stale = time.monotonic() - self._read_at >= self.refresh_s
-        if self._value is not None and not stale:
-            return self._value
+        task = self.prefetch(redis)
+        if self._value is not None:
+            return self._value  # fresh, or stale and refreshed in the background
+        assert task is not None
+        return await asyncio.shield(task)
+
+    def prefetch(self, redis: AnyRedis) -> asyncio.Task[Mapping[str, Split]] | None:
+        """Start a read when the copy is stale (none running yet): a caller about to read
+        the quotas starts it first, so both reads go to Redis together. The read, or None
+        when the copy is fresh."""
+        if self._value is not None and time.monotonic() - self._read_at < self.refresh_s:
+            return None
         task = self._reading
         if task is None or task.done():
             task = self._reading = asyncio.ensure_future(self._read(redis))
-        if self._value is not None:
-            return self._value  # stale: refreshed in the background
-        return await asyncio.shield(task)
+            task.add_done_callback(_retrieved)  # a read nobody awaited fails quietly
+        return task
 
     async def _read(self, redis: AnyRedis) -> Mapping[str, Split]:
         try:
@@ -140,3 +148,8 @@ class SplitCache:
             raise
         self._value, self._read_at = value, time.monotonic()
         return value
+
+
+def _retrieved(task: asyncio.Task[Mapping[str, Split]]) -> None:
+    if not task.cancelled():
+        task.exception()  # the caller waiting for it (if any) gets it; nobody else must

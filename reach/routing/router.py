@@ -439,13 +439,15 @@ class Router:
             first = split.draw(self.rng, among)
         if first is None:  # no version with a share has an agent passing the static checks
             raise self._split_refusal(capability, candidates, split, where)
-        error: NoAgentAvailable | None = None
-        for v in [first, *split.fallbacks(first, among)]:
+        try:
+            return pick(app_version=first)
+        except NoAgentAvailable as e:
+            error = e
+        for v in split.fallbacks(first, among):
             try:
                 return pick(app_version=v)
-            except NoAgentAvailable as e:
-                error = error or e
-        assert error is not None
+            except NoAgentAvailable:
+                continue
         raise error
 
     @staticmethod

@@ -125,3 +125,13 @@ def test_a_full_proposal_does_not_leave_the_version() -> None:
     s = Split.parse("1.4=0 1.5=1")
     for _ in range(100):
         assert r.pick(CAP, fleet, split=s, version=1).app_version == "1.5"
+
+
+def test_a_split_written_behind_reachs_back_counts_as_none() -> None:
+    from reach.splits import parse_splits
+
+    got = parse_splits(
+        {b"a.b": b"1.4=90 1.5=10", b"c.d": b"garbage", b"e.f": b"\xff=1", "g.h": "1=0"}
+    )
+    assert got == {"a.b": Split.parse("1.4=90 1.5=10")}
+    assert parse_splits(None) == {}
