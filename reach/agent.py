@@ -396,9 +396,12 @@ class Agent:
         self.card = dict(card) if card else None
         self.max_queue = max_queue
         self.max_hops = check_max_hops(max_hops, f"Agent {agent_id!r}")
-        self.version = check_app_version(
-            version if version is not None else os.environ.get(VERSION_ENV, "")
-        )
+        if version is None and os.environ.get(VERSION_ENV):
+            try:
+                version = check_app_version(os.environ[VERSION_ENV])
+            except ConfigError as e:
+                raise ConfigError(f"{VERSION_ENV}: {e}") from None
+        self.version = check_app_version(version)
         self.handlers: dict[str, HandlerSpec] = {}
         self.hooks: list[Hooks] = []
         self.add_hooks(*hooks)

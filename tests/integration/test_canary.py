@@ -281,3 +281,23 @@ async def test_gather_asks_the_versions_with_a_share_and_broadcast_every_agent(
         assert len(sent) == 3
         await seen.until(5)
     assert seen.by_version == {"1.4": 4, "1.6": 1}
+
+
+@pytest.mark.cluster
+async def test_splits_and_session_pins_on_a_cluster(redis_cluster: Any, ns: str) -> None:
+    """On the 3-master cluster: the split is read from the namespace's slot, each
+    session's pin lives in its own slot, and sessions stay on their version."""
+    seen = Seen()
+    agents = [seen.agent("cc-a", "1.4"), seen.agent("cc-b", "1.5")]
+    async with serving(redis_cluster.url, ns, *agents) as c:
+        await set_split(c.redis, Keys(ns), CAP, Split.parse("1.4=50 1.5=50"))
+        for i in range(40):
+            for k in range(3):
+                await c.request(CAP, k, session_id=f"cl-{i}", timeout_s=30)
+        await set_split(c.redis, Keys(ns), CAP, Split.parse("1.4=0 1.5=100"))
+        c._delivery.versions.cache.invalidate()
+        for i in range(40):
+            assert await c.request(CAP, 0, timeout_s=30) == "1.5"
+    firsts = [vs[0] for vs in seen.sessions.values()]
+    assert all(len(set(vs[:3])) == 1 for vs in seen.sessions.values())
+    assert {"1.4", "1.5"} == set(firsts)

@@ -135,3 +135,21 @@ def test_a_split_written_behind_reachs_back_counts_as_none() -> None:
     )
     assert got == {"a.b": Split.parse("1.4=90 1.5=10")}
     assert parse_splits(None) == {}
+
+
+def test_an_agents_version_from_its_argument_or_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from reach import Agent
+
+    monkeypatch.delenv("REACH_AGENT_VERSION", raising=False)
+    assert Agent("a", capabilities=["c"]).version == ""
+    assert Agent("a", capabilities=["c"], version="1.5").version == "1.5"
+    monkeypatch.setenv("REACH_AGENT_VERSION", "2.0")
+    assert Agent("a", capabilities=["c"]).version == "2.0"
+    assert Agent("a", capabilities=["c"], version="1.5").renamed("b").version == "1.5"
+    monkeypatch.setenv("REACH_AGENT_VERSION", "2 0")
+    with pytest.raises(ConfigError, match="REACH_AGENT_VERSION"):
+        Agent("a", capabilities=["c"])
+    with pytest.raises(ConfigError, match="Invalid version"):
+        Agent("a", capabilities=["c"], version="1=5")
