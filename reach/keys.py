@@ -428,7 +428,7 @@ class Keys:
     def version_pins(self, session_id: str) -> str:
         """The application version each split capability's messages of a session go to:
         capability -> version (:mod:`reach.splits`), in the session's slot."""
-        return f"{PREFIX}:{self.namespace}:{{s:{clean_id(session_id)}}}:versions"
+        return f"{PREFIX}:{self.namespace}:{{s:{clean_id(session_id)}}}:pins"
 
     def session_history(self, session_id: str) -> str:
         return f"{PREFIX}:{self.namespace}:{{s:{clean_id(session_id)}}}:history"
@@ -534,7 +534,7 @@ LAYOUT: tuple[KeyForm, ...] = (
             "the chunks kept of a streamed message, for a resume (bounded)"),
     KeyForm("reach:<ns>:{t:<id>}:task", "string", "task",
             "msg id -> idempotency record key, for a caller-chosen idempotency key"),
-    KeyForm("reach:<ns>:{s:<id>}:versions", "hash", "version_pins",
+    KeyForm("reach:<ns>:{s:<id>}:pins", "hash", "version_pins",
             "capability -> the application version a session's messages go to (a split)"),
     KeyForm("reach:<ns>:{s:<id>}:session", "hash", "session", "a session's values"),
     KeyForm("reach:<ns>:{s:<id>}:history", "list", "session_history", "a session's history"),
