@@ -35,6 +35,10 @@
 --         process's host name, 0..256 bytes of UTF-8; pid: its process id, integer
 --         0..2^53-1. Stored as 'host' and 'pid', so the registration that replaces this one
 --         can name it
+-- ARGV[17] (optional, after host and pid) app_version: the application version the agent
+--          runs (Agent(version=...), version canaries: docs/routing.md), 0..64 bytes of
+--          [A-Za-z0-9._+-]; stored as 'app_version' when not empty (a record without it:
+--          version "")
 --
 -- Every argument is checked before the first write: a refused call writes nothing.
 -- Integers are plain decimal digits (no sign, leading zero, exponent, hex, inf or nan).
@@ -146,9 +150,12 @@ local function split(s)
 end
 
 local function check()
-  local e = arity(6, (#ARGV >= 12 and #ARGV <= 16 and #ARGV ~= 15) and #ARGV or 16)
+  local e = arity(6, (#ARGV >= 12 and #ARGV <= 17 and #ARGV ~= 15) and #ARGV or 16)
   if e then return e end
-  if #ARGV == 16 then
+  if #ARGV == 17 and (#ARGV[17] > 64 or string.find(ARGV[17], '[^A-Za-z0-9._+%-]')) then
+    return 'app_version ' .. show(ARGV[17]) .. ': want 0..64 characters of A-Z a-z 0-9 . _ + -'
+  end
+  if #ARGV >= 16 then
     if #ARGV[15] > 256 or not utf8_ok(ARGV[15]) then return 'host: want 0..256 bytes of UTF-8' end
     if not int(ARGV[16], 0, 9007199254740991) then return 'pid ' .. show(ARGV[16]) .. ': want an integer 0..2^53-1' end
   end
@@ -244,7 +251,8 @@ redis.call('HSET', KEYS[2],
   'ready_ms', (ARGV[11] == '1') and now or 0, 'queue_depth', 0, 'inflight', 0,
   'max_queue', ARGV[12], 'slots', ARGV[13] or '0', 'handler_us', 0)
 if ARGV[14] then redis.call('HSET', KEYS[2], 'protocol', ARGV[14]) end
-if #ARGV == 16 then redis.call('HSET', KEYS[2], 'host', ARGV[15], 'pid', ARGV[16]) end
+if #ARGV >= 16 then redis.call('HSET', KEYS[2], 'host', ARGV[15], 'pid', ARGV[16]) end
+if #ARGV == 17 and ARGV[17] ~= '' then redis.call('HSET', KEYS[2], 'app_version', ARGV[17]) end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[7]), id)
 event(KEYS[4], ARGV[9], 'registered', id, ARGV[2], now)
 if replaced then

@@ -31,6 +31,7 @@ from redis import exceptions as rexc
 from . import _reroute, logs, metrics
 from ._autopipe import AutoPipeline
 from ._coalesce import Coalescer
+from ._versions import Versions
 from .callpath import Gate
 from .connection import redact, unreachable
 from .envelope import Envelope, encode, now_ms
@@ -40,6 +41,7 @@ from .outcomes import Unavailable
 from .quotas import MAX_TAKE, NO_QUOTAS, QuotaCache, Quotas, SendBucket, take_call
 from .registry import AgentInfo, unknown_capability
 from .routing import Router
+from .routing.split import Split
 from .scripts import inbox
 from .signing import Signer
 from .tasks import TASK_TTL_MS
@@ -135,9 +137,11 @@ class Delivery:
         self.reroute = _reroute.Rerouter(
             router=router, commands=commands, keys=keys, cluster=commands.cluster, pick=self.repick
         )
+        self.versions = Versions(view=view, router=router, commands=commands, keys=keys)
 
     async def quotas(self) -> Quotas:
         """The namespace's quotas (reach.quotas), as last read (re-read every second)."""
+        self.versions.cache.prefetch(self.commands)  # the splits' read goes with this one
         try:
             return await self.quota_cache.get(self.commands)
         except (rexc.ConnectionError, rexc.TimeoutError) as e:
@@ -192,6 +196,10 @@ class Delivery:
             _, err = await self.take_sends(env, q, 1)
             if err is not None:
                 raise err
+        try:  # the capability's split between versions, the session's pinned version
+            split, pinned = await self.versions.route(env, where)
+        except (rexc.ConnectionError, rexc.TimeoutError) as e:
+            raise unreachable(self.redis_url, e) from e
         refused: dict[str, tuple[int, int]] = {}  # agent id -> (inbox depth, its bound)
         gated: dict[str, Exception] | None = None  # agent id -> why the gate refused it
         rechecked = False
@@ -201,9 +209,9 @@ class Delivery:
                 passed = refused if gated is None else {**refused, **gated}
                 if tracing:
                     with logs.span("reach.route", attributes={"reach.capability": env.capability}):
-                        agent = await self._pick(env, where, passed)
+                        agent = await self._pick(env, where, passed, split, pinned)
                 else:
-                    agent = await self._pick(env, where, passed)
+                    agent = await self._pick(env, where, passed, split, pinned)
             except (rexc.ConnectionError, rexc.TimeoutError) as e:
                 raise unreachable(self.redis_url, e) from e
             except NoAgentAvailable as e:
@@ -287,7 +295,12 @@ class Delivery:
         return True
 
     async def _pick(
-        self, env: Envelope, where: Mapping[str, Any] | None, refused: Mapping[str, Any]
+        self,
+        env: Envelope,
+        where: Mapping[str, Any] | None,
+        refused: Mapping[str, Any],
+        split: Split | None = None,
+        pinned: str | None = None,
     ) -> AgentInfo:
         candidates, version = await self.view.candidates(env.capability)
         avoid: str | set[str] = env.avoid
@@ -304,6 +317,8 @@ class Delivery:
                 version=version,
                 avoid=avoid,
                 cost=env.cost,
+                split=split,
+                app_version=pinned,
             )
         except NoAgentAvailable as e:
             raise await self.counted(e, candidates) from None
@@ -375,6 +390,7 @@ class Delivery:
         policy = policy_for(env, candidates, self.default_policy)
         if policy == "direct":
             return None
+        split, pinned = await self.versions.route(env, where)  # a move keeps to the split
         a = self.router.pick(
             env.capability,
             candidates,
@@ -384,6 +400,8 @@ class Delivery:
             version=version,
             avoid=avoid,
             cost=env.cost,
+            split=split,
+            app_version=pinned,
         )
         if a.agent_id in avoid or self.router.capacity.full(a):
             return None
@@ -479,10 +497,14 @@ class Delivery:
         now = now_ms()
         try:
             q = await self.quotas()
+            split = await self.versions.split_of(envs[0])
+            pins = await self.versions.pins(list(envs), split, where) if split else {}
             live = [i for i, env in enumerate(envs) if not env.deadline_ms or env.deadline_ms > now]
             granted, over = await self.take_sends(envs[0], q, len(live)) if live else (0, None)
         except ReachError as e:
             return [e] * len(envs)
+        except (rexc.ConnectionError, rexc.TimeoutError) as e:
+            return [unreachable(self.redis_url, e)] * len(envs)
         if over is not None:  # the sends past the caller's rate: refused, in order
             for i in live[granted:]:
                 out[i] = over
@@ -503,7 +525,18 @@ class Delivery:
                 if out[i]:  # refused by the send rate
                     continue
                 try:
-                    if (
+                    if split is not None:  # a version per message (its session's, or drawn)
+                        agent = self.router.pick(
+                            cap,
+                            candidates,
+                            policy=policy,
+                            where=where,
+                            version=version,
+                            split=split,
+                            app_version=pins.get(env.session_id),
+                            **_route_of(env),
+                        )
+                    elif (
                         env.session_id == first.session_id
                         and env.target == first.target
                         and env.avoid == first.avoid

@@ -76,6 +76,26 @@ def _not_idempotent(agents: list[AgentInfo], capability: str) -> list[str]:
     return [a.agent_id for a in agents if not a.idempotent(capability)]
 
 
+async def same_version(
+    client: Client,
+    env: Envelope,
+    first: str,
+    agents: list[AgentInfo],
+    others: list[AgentInfo],
+) -> list[AgentInfo]:
+    """``others`` narrowed, when the capability is split between versions
+    (docs/routing.md, *Version canaries*), to the version of the agent the first copy went
+    to (``first``; unknown: to the versions with a share): a hedge is the same request,
+    and a version with share 0 gets none."""
+    split = await client._delivery.versions.split_of(env)
+    if split is None:
+        return others
+    version = next((a.app_version for a in agents if a.agent_id == first), None)
+    if version is not None and version in split.live:
+        return [a for a in others if a.app_version == version]
+    return [a for a in others if a.app_version in split.live]
+
+
 async def request(
     client: Client, env: Envelope, where: Mapping[str, Any] | None, after_s: float
 ) -> Any:
@@ -122,6 +142,7 @@ async def request(
                 except NoAgentAvailable:
                     agents = []
                 others = [a for a in agents if a.agent_id != st.agent_id and a.idempotent(cap)]
+                others = await same_version(client, env, st.agent_id, agents, others)
                 if others:
                     break
                 await anyio.sleep(min(after_s, MAX_LOOK_S))

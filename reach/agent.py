@@ -19,6 +19,7 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import os
 import threading
 import typing
 from collections.abc import Callable, Iterable, Mapping
@@ -50,6 +51,7 @@ from .registry import (
     MAX_WEIGHT,
     TIMEOUTS_KEY,
     agent_key_id,
+    check_app_version,
     normalize_capabilities,
     normalize_capability,
 )
@@ -352,6 +354,11 @@ class RunOptions(TypedDict, total=False):
     require_signed: bool | None
 
 
+VERSION_ENV = "REACH_AGENT_VERSION"
+"""The environment variable an :class:`Agent` made without ``version=`` takes its version
+from."""
+
+
 class Agent:
     """A registered agent: an id, what it can do, and the handlers that do it.
 
@@ -366,6 +373,11 @@ class Agent:
     ``guards`` (:mod:`reach.guards`) check the content of every capability's messages,
     before the guards of each handler (``@app.handler(..., guards=[...])``); they apply
     to the handlers decorated after (docs/security.md, *Guards*).
+
+    ``version`` is the application version it runs, registered with it (``reach agents``)
+    and routed by when its capability is split between versions (``reach caps split``,
+    docs/routing.md, *Version canaries*); without it, ``REACH_AGENT_VERSION`` from the
+    environment, else none (``""``). ``reach worker --version`` overrides both.
     """
 
     def __init__(
@@ -380,6 +392,7 @@ class Agent:
         hooks: Iterable[Hooks] = (),
         max_hops: int = DEFAULT_MAX_HOPS,
         guards: Iterable[Guard | Callable[..., Any]] = (),
+        version: str | None = None,
     ) -> None:
         if not agent_id or not isinstance(agent_id, str) or any(c in agent_id for c in "{}, "):
             raise ConfigError(
@@ -399,6 +412,12 @@ class Agent:
         self.max_queue = max_queue
         self.max_hops = check_max_hops(max_hops, f"Agent {agent_id!r}")
         self.guards = check_guards(guards, f"Agent {agent_id!r}")
+        if version is None and os.environ.get(VERSION_ENV):
+            try:
+                version = check_app_version(os.environ[VERSION_ENV])
+            except ConfigError as e:
+                raise ConfigError(f"{VERSION_ENV}: {e}") from None
+        self.version = check_app_version(version)
         self.handlers: dict[str, HandlerSpec] = {}
         self.hooks: list[Hooks] = []
         self.add_hooks(*hooks)
@@ -424,6 +443,7 @@ class Agent:
             hooks=self.hooks,
             max_hops=self.max_hops,
             guards=self.guards,
+            version=self.version,
         )
         other.handlers = dict(self.handlers)
         other.readiness_check = self.readiness_check

@@ -207,7 +207,9 @@ def agent_card(info: AgentInfo, *, namespace: str) -> dict[str, Any]:
         or meta.get("description")
         or f"reach agent {info.agent_id} ({caps}).",
         "supportedInterfaces": interfaces,
-        "version": str(given.get("version") or meta.get("version") or info.version),
+        "version": str(
+            given.get("version") or meta.get("version") or info.app_version or info.version
+        ),
         "capabilities": capabilities,
         "defaultInputModes": list(given.get("defaultInputModes") or DEFAULT_MODES),
         "defaultOutputModes": list(given.get("defaultOutputModes") or DEFAULT_MODES),

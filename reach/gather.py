@@ -24,6 +24,7 @@ import msgspec
 
 from .envelope import new_id, now_ms
 from .errors import ConfigError, QuorumFailed
+from .registry import normalize_capability
 
 if TYPE_CHECKING:
     from .client import Client
@@ -129,7 +130,11 @@ async def gather(
     if timeout_s is not None and not timeout_s > 0:
         raise ConfigError(f"timeout_s={timeout_s!r} must be a number of seconds above 0.")
     # NoAgentAvailable (with the registry's figures) when none is eligible.
-    agents = [a.agent_id for a in await client.eligible(capability, where=where)]
+    eligible = await client.eligible(capability, where=where)
+    split = await client._delivery.versions.split_for(normalize_capability(capability))
+    if split is not None:  # a version with share 0 is not asked (docs/routing.md)
+        eligible = [a for a in eligible if a.app_version in split.live]
+    agents = [a.agent_id for a in eligible]
     if n is not None and n < len(agents):
         agents = random.sample(agents, n)  # spread over the agents, call after call
     need = quorum_of(quorum, len(agents))

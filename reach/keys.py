@@ -36,6 +36,7 @@ Layout (``ns`` is the namespace, ids are stripped of ``{``/``}`` first):
     reach:{ns}:quotas            hash  the namespace's quotas (max_inbox, send_rate)
     reach:{ns}:access            hash  the operator's allow/deny rules per capability
                                        (``allow:<cap>:<entry>``) and their ``version``
+    reach:{ns}:splits            hash  capability -> its split between versions
     reach:{ns}:gw:task:<id>      hash  an A2A gateway task (owner, context, task, size)
     reach:{ns}:gw:parts:<id>     list  parts streamed into that task since its last save
     reach:{ns}:gw:finished       zset  finished gateway tasks by finish time
@@ -63,7 +64,7 @@ Layout (``ns`` is the namespace, ids are stripped of ``{``/``}`` first):
     reach:ns:{h:<face>/<caller>}:rate
 
 * idempotency / task / session records, each in the slot of its own id (a streamed
-  message's kept chunks in its record's).
+  message's kept chunks in its record's; a session's version pins in its session's).
 
 :data:`LAYOUT` lists every kind of key with its type and builder: ``reach doctor`` checks a
 namespace's keys against it, so a key added here without a form there fails a test.
@@ -336,6 +337,12 @@ class Keys:
         -> ``"<sends>/<seconds>s,<burst>"``."""
         return f"{self._reg}:quotas"
 
+    @property
+    def splits(self) -> str:
+        """The capabilities' splits between application versions (``reach caps split``):
+        capability -> ``"<version>=<share> ..."`` (:mod:`reach.splits`)."""
+        return f"{self._reg}:splits"
+
     def parked(self, capability: str) -> str:
         return f"{self._reg}:parked:{capability}"
 
@@ -435,6 +442,11 @@ class Keys:
     def session(self, session_id: str) -> str:
         return f"{PREFIX}:{self.namespace}:{{s:{clean_id(session_id)}}}:session"
 
+    def version_pins(self, session_id: str) -> str:
+        """The application version each split capability's messages of a session go to:
+        capability -> version (:mod:`reach.splits`), in the session's slot."""
+        return f"{PREFIX}:{self.namespace}:{{s:{clean_id(session_id)}}}:pins"
+
     def session_history(self, session_id: str) -> str:
         return f"{PREFIX}:{self.namespace}:{{s:{clean_id(session_id)}}}:history"
 
@@ -516,6 +528,8 @@ LAYOUT: tuple[KeyForm, ...] = (
     KeyForm("reach:{<ns>}:parked:<cap>", "stream", "parked",
             "messages waiting for an agent of the capability"),
     KeyForm("reach:{<ns>}:parked", "set", "parked_caps", "capabilities with parked messages"),
+    KeyForm("reach:{<ns>}:splits", "hash", "splits",
+            "capability -> its split of new sessions between application versions"),
     KeyForm("reach:{<ns>}:cancels", "stream", "cancels",
             "cancel notices (msg id, record key) every worker reads"),
     KeyForm("reach:{<ns>}:limits", "hash", "limits", "capability -> its rate limit"),
@@ -554,6 +568,8 @@ LAYOUT: tuple[KeyForm, ...] = (
             "the chunks kept of a streamed message, for a resume (bounded)"),
     KeyForm("reach:<ns>:{t:<id>}:task", "string", "task",
             "msg id -> idempotency record key, for a caller-chosen idempotency key"),
+    KeyForm("reach:<ns>:{s:<id>}:pins", "hash", "version_pins",
+            "capability -> the application version a session's messages go to (a split)"),
     KeyForm("reach:<ns>:{s:<id>}:session", "hash", "session", "a session's values"),
     KeyForm("reach:<ns>:{s:<id>}:history", "list", "session_history", "a session's history"),
     KeyForm("reach:<ns>:{s:<id>}:version", "string", "session_version",

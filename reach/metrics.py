@@ -24,7 +24,7 @@ into ``_other``):
 ``reach_messages_fenced_total``            {capability} late completion refused
 ``reach_outcomes_dropped_total``           {capability} outcome let go unwritten
 ``reach_idempotent_replays_total``         {capability} stored result replayed
-``reach_handler_duration_seconds``         histogram {capability, outcome}
+``reach_handler_duration_seconds``         histogram {capability, outcome, version}
 ``reach_queue_wait_seconds``               histogram {priority}: handler start - sent_ms
 ``reach_inflight_messages``                gauge {agent_id}: handlers running
 ``reach_inbox_depth``                      gauge {agent_id, priority}: XLEN at heartbeat
@@ -44,6 +44,10 @@ into ``_other``):
 ``outcome`` of acked messages: succeeded, dead, expired, retrying, replayed, parked,
 malformed. ``outcome`` of handlers: succeeded, error, timeout, rejected. ``outcome`` of
 client requests: succeeded, remote_error, rejected, deadline, no_agent, error.
+``version`` of handlers: the application version the agent runs (``Agent(version=)``,
+``""`` when none; one per process), so a canary's errors and latency compare with the
+stable version's (``sum by (version) (rate(reach_handler_duration_seconds_count[5m]))``
+counts the messages each version handled).
 
 Counters and histograms are noted as they happen and added to their series when the
 registry is read (a scrape): a message costs an append per series, not prometheus-client's
@@ -289,7 +293,7 @@ REPLAYS = Counter(
 HANDLER = Histogram(
     "reach_handler_duration_seconds",
     "Time a handler ran.",
-    ["capability", "outcome"],
+    ["capability", "outcome", "version"],
     buckets=DURATION_BUCKETS,
 )
 QUEUE_WAIT = Histogram(
@@ -540,9 +544,10 @@ def queue_wait(priority: str, seconds: float) -> None:
     _TALLY.observe(QUEUE_WAIT, (priority,), max(0.0, seconds))
 
 
-def handler_done(capability: str, outcome: str, seconds: float) -> None:
-    """A handler returned or raised: ``outcome`` is a :class:`reach.outcomes.HandlerResult`."""
-    _TALLY.observe(HANDLER, (_cap(capability), outcome), max(0.0, seconds))
+def handler_done(capability: str, outcome: str, seconds: float, version: str = "") -> None:
+    """A handler returned or raised: ``outcome`` is a :class:`reach.outcomes.HandlerResult`;
+    ``version`` the application version of the agent that ran it."""
+    _TALLY.observe(HANDLER, (_cap(capability), outcome, version), max(0.0, seconds))
 
 
 def dead_lettered(capability: str, reason: str) -> None:
@@ -670,7 +675,11 @@ def handler_outcome(outcome: Outcome) -> HandlerResult:
 
 
 class MetricsHooks(Hooks):
-    """The agent side of the series above, fed by the worker's hook calls."""
+    """The agent side of the series above, fed by the worker's hook calls; ``version``:
+    the agent's application version (the ``version`` label of its handlers' series)."""
+
+    def __init__(self, version: str = "") -> None:
+        self.version = version
 
     def on_start(self, worker: WorkerInfo) -> None:
         track_inflight(worker.agent_id, lambda: worker.inflight)
@@ -711,7 +720,9 @@ class MetricsHooks(Hooks):
 
     def after_handle(self, ctx: Context, outcome: Outcome, duration_s: float | None) -> None:
         if duration_s is not None:
-            handler_done(ctx.envelope.capability, handler_outcome(outcome), duration_s)
+            handler_done(
+                ctx.envelope.capability, handler_outcome(outcome), duration_s, self.version
+            )
 
     def on_fenced(self, env: Envelope) -> None:
         fenced(env.capability)

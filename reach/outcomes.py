@@ -256,6 +256,9 @@ class Unavailable(StrEnum):
     WOULD_DEADLOCK = "would_deadlock"
     """A handler's call to its own agent, which has no free slot, and no other agent
     (``reach.WouldDeadlock``)."""
+    VERSION = "version"
+    """The capability is split between versions (``reach caps split``) and no agent runs a
+    version with a share above 0."""
 
 
 class Settled(StrEnum):

@@ -206,6 +206,7 @@ def frame_data(cur: Sample, prev: Sample | None, namespace: str) -> dict[str, An
                 "state": a.state,
                 "routing": routing_of(a),
                 "weight": a.weight,
+                "version": a.app_version,
                 "inflight": a.inflight,
                 "queue": dict(depth),
                 "pending": cur.pending.get(a.agent_id, 0),

@@ -72,6 +72,7 @@ def _static(a: AgentInfo) -> tuple[Any, ...]:
         tuple(a.capabilities),
         repr(sorted(a.metadata.items())),
         a.instance_id,
+        a.app_version,
     )
 
 

@@ -49,6 +49,7 @@ def _agent_row(a: reach.AgentInfo, now: int) -> dict[str, Any]:
         "draining": a.draining,
         "weight": a.weight,
         "version": a.version,
+        "app_version": a.app_version,
         "instance_id": a.instance_id,
         "capabilities": a.capabilities,
         "metadata": a.metadata,
@@ -83,7 +84,8 @@ def agents_list(
     namespace: Namespace = DEFAULT_NS,
     json_: Json = False,
 ) -> None:
-    """List agents with state, readiness, weight and lease age.
+    """List agents with state, readiness, weight, application version (Agent(version=),
+    reach worker --version: what reach caps split routes by) and lease age.
 
     Examples: reach agents --cap text.summarize --state active;  reach agents --json
     """
@@ -120,6 +122,7 @@ def agents_list(
             a.state,
             routing_of(a),
             _number(a.weight),
+            a.app_version,
             a.capabilities,
             age(a.last_heartbeat_ms, now),
             a.queue_depth,
@@ -135,6 +138,7 @@ def agents_list(
             "state",
             "routing",
             "weight",
+            "version",
             "capabilities",
             "lease age",
             "queue",
@@ -142,7 +146,7 @@ def agents_list(
             "metadata",
         ],
         rows,
-        optional=("metadata", "weight", "lease age", "routing"),
+        optional=("metadata", "weight", "version", "lease age", "routing"),
     )
 
 

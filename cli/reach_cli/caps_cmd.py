@@ -30,9 +30,10 @@ from .common import (
     table,
 )
 from .completion import complete_capability
+from .split_cmd import split
 
 caps_app = typer.Typer(
-    help="List capabilities; set their rate limits; say who may call them.",
+    help="List capabilities; set their rate limits; say who may call them; split them between versions.",
     invoke_without_command=True,
     no_args_is_help=False,
 )
@@ -243,3 +244,6 @@ async def show_cmd(
     for kind in ("input", "output"):
         body = schemas.get(kind)
         print(f"{kind} schema:", json_line(body, indent=2) if body else "(none published)")
+
+
+caps_app.command("split")(split)  # its own module: version canaries (reach.splits)

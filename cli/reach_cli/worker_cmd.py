@@ -21,6 +21,7 @@ import reach
 from reach._emitting import KEEP_BYTES, KEEP_CHUNKS, KEEP_S
 from reach.connection import redact
 from reach.errors import ConfigError
+from reach.registry import check_app_version
 
 from .common import (
     DEFAULT_NS,
@@ -203,6 +204,15 @@ def worker(
             "(--agent-id with {n}).",
         ),
     ] = 1,
+    app_version: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--version",
+            help="The application version the agent registers (e.g. 1.5; reach agents shows "
+            "it, reach caps split routes by it). Overrides the agent's Agent(version=...); "
+            "without either, REACH_AGENT_VERSION.",
+        ),
+    ] = None,
     redis_url: RedisUrl = DEFAULT_REDIS,
     namespace: Namespace = DEFAULT_NS,
     session_url: Annotated[
@@ -364,6 +374,9 @@ def worker(
     130 after Ctrl-C (SIGINT), 2 on an error (bad target or option, an agent declaring a
     capability without a handler, Redis unreachable or refusing).
 
+    A canary: run the new code with --version 1.5 beside the old (--version 1.4), then
+    reach caps split CAP 1.4=90 1.5=10 (docs/routing.md, "Version canaries").
+
     Example: reach worker examples.summarizer:app --concurrency 32 --lease-s 2 --evict-after-s 4
     """
     from reach import health, logs
@@ -409,6 +422,8 @@ def worker(
                 srv.server_port,
             )
         agent = load_agent(target)
+        if app_version is not None:
+            agent.version = check_app_version(app_version)
         if instances > 1 and agent_id is None:
             raise ConfigError(
                 f"--instances {instances} needs --agent-id with {{n}}, so each copy gets its "

@@ -77,6 +77,7 @@ class Liveness(Part):
             "slots": o.concurrency,
             "host": socket.gethostname(),
             "pid": os.getpid(),
+            "app_version": a.version,
         }
 
     async def register(self) -> None:

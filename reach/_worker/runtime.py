@@ -565,7 +565,7 @@ class Runtime:
         self.state = WorkerState(agent.agent_id, new_id(), opts.namespace)
         self.owner = f"{agent.agent_id}/{self.state.instance_id}"
         self.stats = Stats()
-        self.hooks = HookChain([self.stats, MetricsHooks(), *hooks])
+        self.hooks = HookChain([self.stats, MetricsHooks(agent.version), *hooks])
         self.consumer: Consumer | None = None
         self.cancels: Cancels | None = None
         self.preemption: Preemption | None = None

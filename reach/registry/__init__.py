@@ -34,6 +34,7 @@ from .operations import (
     refusal,
 )
 from .records import (
+    APP_VERSION_RE,
     AUDITED_KEY,
     CAPABILITY_RE,
     EVENTS_MAXLEN,
@@ -61,6 +62,7 @@ from .records import (
     SweepResult,
     advertised_timeout,
     agent_key_id,
+    check_app_version,
     decode_id,
     normalize_capabilities,
     normalize_capability,
@@ -69,6 +71,7 @@ from .records import (
 )
 
 __all__ = [
+    "APP_VERSION_RE",
     "AUDITED_KEY",
     "CAPABILITY_RE",
     "EVENTS_MAXLEN",
@@ -97,6 +100,7 @@ __all__ = [
     "SweepResult",
     "advertised_timeout",
     "agent_key_id",
+    "check_app_version",
     "decode_id",
     "default_shards",
     "normalize_capabilities",

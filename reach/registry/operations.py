@@ -58,6 +58,7 @@ from .records import (
     _event,
     _show,
     agent_key_id,
+    check_app_version,
     decode_id,
     normalize_capabilities,
     normalize_capability,
@@ -214,10 +215,12 @@ class Registry:
         slots: int = 0,
         host: str | None = None,
         pid: int | None = None,
+        app_version: str = "",
     ) -> Call[agents.Registration]:
         """The ``register.lua`` call (run it, or its synchronous or pipelined form).
         ``host`` and ``pid`` name the process (stored; a registration replacing this one
-        reports them).
+        reports them). ``app_version``: the application version the agent runs (version
+        canaries; ``''``: none).
 
         Raises :class:`ConfigError` for an argument outside the limits (module docstring).
         """
@@ -246,6 +249,7 @@ class Registry:
             slots=_int_arg("slots", slots, 0, MAX_QUEUE),
             host=None if host is None else _text_arg("host", host, 0, 256),
             pid=None if pid is None else _int_arg("pid", pid, 0, MAX_VERSION),
+            app_version=check_app_version(app_version),
         )
 
     @staticmethod

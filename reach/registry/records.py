@@ -164,6 +164,10 @@ class AgentInfo(msgspec.Struct, kw_only=True):
     protocol: int = 0
     """The protocol version the agent's runtime states (docs/protocol.md, *Protocol
     version*); 0: none stated (a runtime from before protocol versions: version 1)."""
+    app_version: str = ""
+    """The application version the agent runs (``Agent(version=...)``, ``reach worker
+    --version``): what a capability's split routes by (docs/routing.md, *Version
+    canaries*); ``""``: none given, or a record from before the field."""
 
     @classmethod
     def from_hash(
@@ -210,6 +214,7 @@ class AgentInfo(msgspec.Struct, kw_only=True):
             ready=_flag(d, "ready"),
             draining=_flag(d, "draining"),
             cap_us=_cap_us(d.get("cap_us", "")),
+            app_version=_app_version(d.get("app_version", "")),
             **ints,
         )
 
@@ -313,6 +318,7 @@ _TEXT_FIELDS = (
     "ready",
     "draining",
     "cap_us",
+    "app_version",
     *(name for name, _ in _INT_FIELDS),
 )
 # A record's field names as Redis returns them (bytes) or as text, to the name: the one
@@ -367,6 +373,30 @@ def _cap_us(v: str) -> dict[str, int]:
             raise BadRecord(f"cap_us: {_show(item)} is not '<capability>=<µs>'")
         out[cap] = int(us)
     return out
+
+
+APP_VERSION_RE = re.compile(r"[A-Za-z0-9._+-]{0,64}")
+"""An application version: up to 64 letters, digits, ``.``, ``_``, ``+`` or ``-`` (no
+``=``, ``,`` or space: a split names versions as ``1.4=90``)."""
+
+
+def check_app_version(value: object) -> str:
+    """``value`` as an application version (``None``: ``""``); :class:`ConfigError`
+    when it is not one (:data:`APP_VERSION_RE`)."""
+    if value is None:
+        return ""
+    if not isinstance(value, str) or not APP_VERSION_RE.fullmatch(value):
+        raise ConfigError(
+            f"Invalid version {value!r}: use up to 64 letters, digits, '.', '_', '+' or '-', "
+            "e.g. '1.5' or '2024-06-01'."
+        )
+    return value
+
+
+def _app_version(v: str) -> str:
+    if not APP_VERSION_RE.fullmatch(v):
+        raise BadRecord(f"app_version: {_show(v)} is not a version (A-Z a-z 0-9 . _ + -)")
+    return v
 
 
 def _flag(d: Mapping[str, str], name: str) -> bool:

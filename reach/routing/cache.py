@@ -3,7 +3,9 @@
 The *static* checks of eligibility (capability, state, filter, draining, ready) depend only
 on the registry snapshot, so their result is kept, with the structures the policies build on
 it (the round-robin scheduler, the ketama ring, the least-connections scores), in one
-:class:`State` per ``(capability, where)``.
+:class:`State` per ``(capability, where)``, or per ``(capability, where, app_version)``
+when a split chose the agents' application version (:mod:`reach.routing.split`): each
+version then has its own rotation, ring and scores.
 
 Validity
     Pass ``version=`` (the registry view's change counter) to make a lookup O(1): the same
@@ -29,7 +31,7 @@ from typing import Any, Final, TypeAlias
 
 from ..breaker import Breakers
 from ..registry import AgentInfo
-from .eligibility import eligible
+from .eligibility import eligible, version_missing
 from .ring import Ring
 from .weights import floored, slowed
 from .wrr import Scheduler
@@ -39,7 +41,7 @@ __all__ = ["State", "StateCache"]
 MAX_ENTRIES: Final = 256  # (capability, where) entries kept per router
 
 Where: TypeAlias = Mapping[str, Any] | None
-_Key: TypeAlias = tuple[str, tuple[tuple[str, str], ...]]
+_Key: TypeAlias = tuple[str, tuple[tuple[str, str], ...], str | None]
 
 _id = attrgetter("agent_id")
 _weight = attrgetter("weight")
@@ -57,10 +59,12 @@ class State:
     ``ids``/``weights``/``eff`` (effective, after slow start) their ids and weights in that
     order, ``pos`` id -> index into those lists, ``getter`` picks them out of the list.
     ``where`` is the filter of the call being served (calls whose filters print alike share
-    one entry). The ``*_ok`` flags say whether a policy's structure is still current.
+    one entry). ``app_version``: only agents of that application version (None: any).
+    The ``*_ok`` flags say whether a policy's structure is still current.
     """
 
     __slots__ = (
+        "app_version",
         "breaker_changes",
         "capability",
         "eff",
@@ -89,8 +93,9 @@ class State:
         "wrr_ok",
     )
 
-    def __init__(self, capability: str) -> None:
+    def __init__(self, capability: str, app_version: str | None = None) -> None:
         self.capability = capability
+        self.app_version = app_version
         self.where: Where = None
         self.version: object = None
         self.n = -1
@@ -121,7 +126,7 @@ class State:
 class StateCache:
     """The :class:`State` of each ``(capability, where)`` a router was asked for (at most
     ``MAX_ENTRIES``, the oldest dropped first). Iterating gives the keys,
-    ``(capability, where as sorted (str, str) pairs)``.
+    ``(capability, where as sorted (str, str) pairs, app_version)``.
 
     :param slow_start_ms: ramp time of a freshly ready agent's weight (0: none).
     :param slow_start_floor: the weight factor at the start of the ramp.
@@ -143,12 +148,14 @@ class StateCache:
         where: Where,
         version: object,
         now_ms: float,
+        app_version: str | None = None,
     ) -> State:
-        """The state of ``(capability, where)`` over ``candidates``, rebuilt unless
-        ``version`` vouches for the cached one; raises :class:`~reach.errors.NoAgentAvailable`
-        (with the reason) when no candidate passes the static checks."""
+        """The state of ``(capability, where)`` over ``candidates`` (only the agents of
+        ``app_version`` when given), rebuilt unless ``version`` vouches for the cached one;
+        raises :class:`~reach.errors.NoAgentAvailable` (with the reason) when no candidate
+        passes the static checks."""
         wkey = tuple(sorted((str(k), str(v)) for k, v in where.items())) if where else ()
-        key = (capability, wkey)
+        key = (capability, wkey, app_version)
         st = self._states.get(key)
         if (
             st is not None
@@ -162,7 +169,7 @@ class StateCache:
             st.where = where
             return st
         if st is None:
-            st = State(capability)
+            st = State(capability, app_version)
             if len(self._states) >= MAX_ENTRIES:
                 del self._states[next(iter(self._states))]
             self._states[key] = st
@@ -209,7 +216,7 @@ class StateCache:
         return (r for st in self._states.values() if (r := st.ring) is not None)
 
     def _rebuild(self, st: State, candidates: Sequence[AgentInfo], now_ms: float) -> None:
-        capability, where = st.capability, st.where
+        capability, where, app_version = st.capability, st.where, st.app_version
         st.version = None
         # The static checks of eligible(), in one pass (this runs per pick without version).
         idx = [
@@ -220,10 +227,16 @@ class StateCache:
             and a.state == "active"
             and capability in a.capabilities
             and (not where or a.matches(where))
+            and (app_version is None or a.app_version == app_version)
         ]
         if not idx:
             st.n = -1
-            eligible(candidates, capability=capability, where=where)  # raises with the reason
+            pool = candidates
+            if app_version is not None and any(capability in a.capabilities for a in pool):
+                pool = [a for a in candidates if a.app_version == app_version]
+                if not any(capability in a.capabilities for a in pool):
+                    raise version_missing(capability, [app_version], candidates)
+            eligible(pool, capability=capability, where=where)  # raises with the reason
             raise AssertionError("eligible() found agents the static filter did not")
         sub = [candidates[i] for i in idx]
         ids = list(map(_id, sub))

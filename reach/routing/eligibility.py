@@ -27,7 +27,7 @@ from ..errors import NoAgentAvailable, Overloaded
 from ..outcomes import Unavailable
 from ..registry import AgentInfo, unknown_capability
 
-__all__ = ["Inflight", "eligible", "over_bound", "target_refusal"]
+__all__ = ["Inflight", "eligible", "over_bound", "target_refusal", "version_missing"]
 
 _EMPTY: Mapping[str, int] = {}
 
@@ -175,6 +175,21 @@ def target_refusal(
     else:
         why = "its half-open breaker probe is already in flight."
     return _unavailable(capability, Unavailable.TARGET_UNAVAILABLE, msg + why)
+
+
+def version_missing(
+    capability: str, versions: Sequence[str], agents: Sequence[AgentInfo]
+) -> NoAgentAvailable:
+    """The error of a message of a split capability when none of its agents runs one of
+    ``versions`` (those with a share above 0): reason ``version``."""
+    have = _count(repr(a.app_version) for a in agents if capability in a.capabilities)
+    return _unavailable(
+        capability,
+        Unavailable.VERSION,
+        f"No agent of {capability!r} runs a version its split sends messages to "
+        f"({', '.join(map(repr, versions))}); its agents run {_fmt_counts(have) or 'none'}. "
+        f"Start agents of those versions, or change the split (reach caps split {capability}).",
+    )
 
 
 def _no_agent(agents: Sequence[AgentInfo], capability: str) -> NoAgentAvailable:

@@ -24,6 +24,14 @@ Policies
     target is only over its queue bound).
     broadcast: :meth:`Router.pick_many` returns every eligible agent.
 
+Version splits
+    With ``split=`` (a capability's :class:`~reach.routing.split.Split`, docs/routing.md,
+    *Version canaries*) every policy but ``direct`` picks among the agents of one
+    application version: ``app_version=`` (a session's pinned version), else one drawn by
+    share; when that version has no agent that can take the message, the other versions
+    with a share, largest first. Versions with share 0 are never picked. ``direct`` and
+    broadcast do not look at the split.
+
 Free capacity
     ``weighted_rr`` and ``least_conn`` pass over an agent that is full (no free slot, by
     :class:`~reach.routing.capacity.Capacity`'s estimate) while another usable agent has
@@ -64,8 +72,9 @@ from ..registry import AgentInfo
 from . import least_conn, ring
 from .cache import State, StateCache
 from .capacity import Capacity
-from .eligibility import Inflight, eligible, over_bound, target_refusal
+from .eligibility import Inflight, eligible, over_bound, target_refusal, version_missing
 from .ring import TAG_MASK, Ring
+from .split import Split
 from .weights import MIN_WEIGHT
 from .wrr import Scheduler
 
@@ -150,6 +159,8 @@ class Router:
         version: object = None,
         avoid: str | Collection[str] = (),
         cost: float = 1.0,
+        split: Split | None = None,
+        app_version: str | None = None,
     ) -> AgentInfo:
         """The agent that gets the next message for ``capability``.
 
@@ -158,7 +169,10 @@ class Router:
         ``avoid`` names agents (one id or a collection) to pass over when another one is usable
         (a retry preferring another agent); they are still used when nothing else is.
         ``cost``: the message's (:attr:`reach.envelope.Envelope.cost`), weighed by
-        ``least_conn`` and where every agent is full.
+        ``least_conn`` and where every agent is full. ``split``: the capability's split
+        between application versions, ``app_version`` the version to try first (module
+        docstring, *Version splits*); without a split, ``app_version`` alone restricts
+        the pick to that version's agents.
         Raises :class:`NoAgentAvailable` / :class:`Overloaded` with a reason, and
         :class:`~reach.errors.ConfigError` for a bad policy or a missing session_id/target.
         """
@@ -176,13 +190,33 @@ class Router:
             raise ConfigError(
                 f"Unknown routing policy {policy!r}: use one of {', '.join(POLICIES)}."
             )
+        if split is not None and policy != "direct":
+            return self._pick_split(
+                capability,
+                candidates,
+                split,
+                app_version,
+                partial(
+                    self.pick,
+                    capability,
+                    candidates,
+                    policy=policy,
+                    session_id=session_id,
+                    where=where,
+                    version=version,
+                    avoid=avoid,
+                    cost=cost,
+                ),
+                where=where,
+                version=version,
+            )
         for _ in range(3):
             now = self.clock() * 1000.0
             try:
                 if policy == "direct":
                     assert target
                     return self._pick_direct(capability, candidates, where, version, now, target)
-                st = self._states.get(capability, candidates, where, version, now)
+                st = self._states.get(capability, candidates, where, version, now, app_version)
                 if policy == "weighted_rr":
                     return self._pick_wrr(st, candidates, avoid, cost)
                 if policy == "consistent_hash":
@@ -204,6 +238,7 @@ class Router:
         version: object = None,
         avoid: str | Collection[str] = (),
         cost: float = 1.0,
+        split: Split | None = None,
     ) -> Callable[[], AgentInfo]:
         """:meth:`pick` for a batch of messages with the same arguments (``send_many``):
         each call of the function returned picks the next message's agent as :meth:`pick`
@@ -223,6 +258,8 @@ class Router:
         )
         if policy is None:
             policy = DEFAULT_POLICY
+        if split is not None:  # a version drawn per message: each one picks on its own
+            return partial(full, version=version, split=split)
         if policy not in ("weighted_rr", "least_conn"):
             return partial(full, version=version)
         try:
@@ -279,7 +316,10 @@ class Router:
 
     # -- the dynamic checks ---------------------------------------------------------------
     def _diagnose(self, st: State, candidates: Sequence[AgentInfo]) -> list[AgentInfo]:
-        """Full eligibility check: raises with the reason, or returns what is usable."""
+        """Full eligibility check: raises with the reason, or returns what is usable (of
+        the state's application version, when it has one)."""
+        if st.app_version is not None:
+            candidates = [a for a in candidates if a.app_version == st.app_version]
         return eligible(
             candidates,
             capability=st.capability,
@@ -357,6 +397,79 @@ class Router:
         if a.agent_id != st.ids[j]:
             raise _Stale
         return a
+
+    # -- version splits -------------------------------------------------------------------------
+    def split_versions(
+        self,
+        capability: str,
+        candidates: Sequence[AgentInfo],
+        split: Split,
+        *,
+        where: Mapping[str, Any] | None = None,
+        version: object = None,
+    ) -> list[str]:
+        """The versions of ``split`` with a share above 0 that have an agent passing the
+        static checks (O(1) each with ``version``), in the split's order."""
+        now = self.clock() * 1000.0
+        out = []
+        for v in split.live:
+            try:
+                self._states.get(capability, candidates, where, version, now, v)
+            except NoAgentAvailable:
+                continue
+            out.append(v)
+        return out
+
+    def _pick_split(
+        self,
+        capability: str,
+        candidates: Sequence[AgentInfo],
+        split: Split,
+        first: str | None,
+        pick: Callable[..., AgentInfo],
+        *,
+        where: Mapping[str, Any] | None,
+        version: object,
+    ) -> AgentInfo:
+        """``pick(app_version=v)`` for ``first`` (or a version drawn by share), then the
+        other versions with a share and an agent, largest share first; the error of the
+        first version tried when none can take it."""
+        among = self.split_versions(capability, candidates, split, where=where, version=version)
+        if first is None or first not in split.live:
+            first = split.draw(self.rng, among)
+        if first is None:  # no version with a share has an agent passing the static checks
+            raise self._split_refusal(capability, candidates, split, where)
+        try:
+            return pick(app_version=first)
+        except NoAgentAvailable as e:
+            error = e
+        for v in split.fallbacks(first, among):
+            try:
+                return pick(app_version=v)
+            except NoAgentAvailable:
+                continue
+        raise error
+
+    @staticmethod
+    def _split_refusal(
+        capability: str,
+        candidates: Sequence[AgentInfo],
+        split: Split,
+        where: Mapping[str, Any] | None,
+    ) -> NoAgentAvailable:
+        """Why no version with a share has an agent: the reason among the agents of those
+        versions (not ready, draining, filter...), or ``version`` when there are none."""
+        mine = [a for a in candidates if capability in a.capabilities]
+        if not mine:  # the capability itself is unknown: the usual error
+            eligible(candidates, capability=capability, where=where)
+        pool = [a for a in mine if a.app_version in split.live]
+        if not pool:
+            return version_missing(capability, split.live, mine)
+        try:
+            eligible(pool, capability=capability, where=where)
+        except NoAgentAvailable as e:
+            return e
+        return version_missing(capability, split.live, mine)  # a view changed meanwhile
 
     # -- policies -----------------------------------------------------------------------------
     def _pick_wrr(

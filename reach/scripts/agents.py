@@ -211,12 +211,14 @@ class RegistryScripts:
         protocol: int = PROTOCOL_VERSION,
         host: str | None = None,
         pid: int | None = None,
+        app_version: str = "",
     ) -> Call[Registration]:
         """Register ``agent_id``, or replace an older registration of it.
         ``capabilities``: normalised names; ``metadata_json`` and ``card_json`` (``''``:
         none): JSON objects as text; ``protocol``: the protocol version the record states;
         ``host`` and ``pid`` (both or neither): the process, stored so that a registration
-        replacing this one can name it."""
+        replacing this one can name it; ``app_version``: the application version the agent
+        runs (``''``: none; sent with host and pid, ``''`` and 0 when they are not given)."""
         args: tuple[Any, ...] = (
             agent_id,
             instance_id,
@@ -235,6 +237,8 @@ class RegistryScripts:
         )
         if host is not None and pid is not None:
             args = (*args, host, pid)
+        if app_version:  # ARGV[17] comes after host and pid
+            args = (*args, app_version) if len(args) == 16 else (*args, "", 0, app_version)
         return Call("register", self._hash_and_prefixes(agent_id), args, decode_registration)
 
     def heartbeat(

@@ -40,6 +40,7 @@ ELSEWHERE = {
     "mcp": ("tests/integration/test_mcp.py", '"mcp"'),
     "mcp-proxy": ("tests/integration/test_mcp_remote.py", '"mcp-proxy"'),
     "tasks": ("tests/cli/test_tasks_cmd.py", '"tasks"'),
+    "caps split": ("tests/cli/test_split_cmd.py", '"split"'),
     "task answer": ("tests/cli/test_answer_cmd.py", '"answer"'),
     "audit": ("tests/cli/test_audit_cmd.py", '"audit", "--json"'),
     # with an agent whose handlers declare rules (reach.authz)

@@ -230,7 +230,8 @@ async def test_a_throwaway_embedded_server_gets_no_persistence_warning(
 async def test_no_key_of_everyday_operations_is_unknown(redis_url: str, ns: str) -> None:
     """A real worker, a client and the CLI do what users do (sends, requests with an
     idempotency key, a session, a stream, a retry, a dead letter, a cancel, a scheduled
-    send, a capability's limit and a handler's own, quotas, a worker killed mid-handler
+    send, a capability's limit and a handler's own, quotas, a version split with a
+    session pinned to a version, a worker killed mid-handler
     whose inbox the sweeps park): every key they leave has a form in
     reach.keys.LAYOUT, and doctor's key scheme check says so."""
     import anyio
@@ -263,6 +264,7 @@ async def test_no_key_of_everyday_operations_is_unknown(redis_url: str, ns: str)
     # the limits' states outlive the test: one start a minute, bursts that let it through
     await cli("caps", "limit", "doc.echo", "1/m", "--burst", "100")
     await cli("quota", "set", "--max-inbox", "1000", "--send-rate", "1/m", "--burst", "1000")
+    await cli("caps", "split", "doc.session", "=100")  # the agent states no version
     workers = Workers(redis_url, ns, "tests.support.agents_doctor")
     workers.start("ops_agent")
     try:
@@ -319,6 +321,6 @@ async def test_no_key_of_everyday_operations_is_unknown(redis_url: str, ns: str)
         "agents_of", "agent", "cap_of", "caps_of", "events_of", "inbox", "replies", "idem",
         "task", "session", "session_history", "effects", "dlq", "cancels", "limits",
         "quotas", "rate_state", "agent_rate_state", "send_rate_state", "parked",
-        "parked_caps", "recent", "scheduled", "scheduled_envelopes",
+        "parked_caps", "recent", "scheduled", "scheduled_envelopes", "splits", "version_pins",
     }, builders  # fmt: skip
     assert len(found) >= 20 and Keys(ns).cancels in found

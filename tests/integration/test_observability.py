@@ -165,7 +165,13 @@ async def test_metrics_scraped_from_a_worker_change_as_messages_flow(
     assert m(after, "reach_messages_delivered_total", capability="obs.echo", priority="normal") == n
     assert m(after, "reach_messages_delivered_total", capability="obs.echo", priority="high") == 1
     assert (
-        m(after, "reach_handler_duration_seconds_count", capability="obs.echo", outcome="succeeded")
+        m(
+            after,
+            "reach_handler_duration_seconds_count",
+            capability="obs.echo",
+            outcome="succeeded",
+            version="",
+        )
         == n + 1
     )
     assert (
@@ -174,6 +180,7 @@ async def test_metrics_scraped_from_a_worker_change_as_messages_flow(
             "reach_handler_duration_seconds_count",
             capability="obs.reject",
             outcome="rejected",
+            version="",
         )
         == 1
     )

@@ -414,3 +414,18 @@ async def test_the_capability_list_shows_each_security_level(
     page = (await c.get("/")).text
     assert ">security</abbr></th>" in page
     assert '<td class="security sensitive">sensitive</td>' in page
+
+
+async def test_the_agents_page_shows_each_agents_version(make: Any, r: AnyRedis, ns: str) -> None:
+    reg = Registry(r, ns)
+    await register(reg, "sum-old", ["text.summarize"], app_version="1.4")
+    await register(reg, "sum-new", ["text.summarize"], app_version="1.5-rc.2")
+    c = await make()
+    frame = (await c.get("/api/frame")).json()["frame"]
+    assert {a["agent_id"]: a["version"] for a in frame["agents"]} == {
+        "sum-old": "1.4",
+        "sum-new": "1.5-rc.2",
+    }
+    page = (await c.get("/")).text
+    assert "<th>version</th>" in page and "<td>1.5-rc.2</td>" in page
+    assert "1.5-rc.2" in (await c.get("/agent", params={"id": "sum-new"})).text

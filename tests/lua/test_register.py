@@ -565,3 +565,46 @@ async def test_replacing_another_instance_names_it_and_writes_a_replaced_event(
     await reg.register("rq", instance_id="j1", version=new_version(), **kw)
     got = await reg.register_detail("rq", instance_id="j2", version=new_version(), **kw)
     assert (got.replaced_instance, got.replaced_host, got.replaced_pid) == ("j1", "", "")
+
+
+async def test_the_application_version_is_stored_and_read(reg: Registry, r: AnyRedis) -> None:
+    # with host and pid (what a runtime sends), and without them (filled in as '' and 0)
+    await register(reg, "a1", app_version="1.5", host="h", pid=7)
+    await register(reg, "a2", app_version="2024-06-01+b.3")
+    assert await r.hget(reg.keys.agent("a1"), "app_version") == b"1.5"
+    assert await r.hget(reg.keys.agent("a1"), "host") == b"h"
+    a1, a2 = await reg.get("a1"), await reg.get("a2")
+    assert a1 is not None and a1.app_version == "1.5"
+    assert a2 is not None and a2.app_version == "2024-06-01+b.3"
+    # a re-registration without a version leaves none behind
+    await register(reg, "a1")
+    assert await r.hget(reg.keys.agent("a1"), "app_version") is None
+    a1 = await reg.get("a1")
+    assert a1 is not None and a1.app_version == ""
+
+
+async def test_an_old_record_without_a_version_is_read_as_version_none(
+    reg: Registry, r: AnyRedis
+) -> None:
+    """A record written before app_version (the 16-ARGV form, or HDEL of the field) reads
+    as version ''; a garbled one is left out like any unreadable record."""
+    keys, args = _good_args(reg)
+    args += ["host", 1]
+    assert len(args) == 16
+    assert (await scripts.call(reg.redis, "register", keys, args))[0] == 1
+    assert await r.hget(reg.keys.agent("a1"), "app_version") is None
+    a = await reg.get("a1")
+    assert a is not None and a.app_version == ""
+    await r.hset(reg.keys.agent("a1"), "app_version", "1 5")
+    assert [x.agent_id for x in await reg.agents()] == []
+
+
+@pytest.mark.parametrize("bad", ["1 5", "1=5", "a,b", "x" * 65, "é"])
+async def test_a_bad_application_version_is_refused(reg: Registry, bad: str) -> None:
+    keys, args = _good_args(reg)
+    args += ["host", 1, bad]
+    with pytest.raises(redis.ResponseError, match="^reach: bad app_version"):
+        await scripts.call(reg.redis, "register", keys, args)
+    assert await reg.get("a1") is None
+    with pytest.raises(reach.ConfigError):
+        await register(reg, "a1", app_version=bad)

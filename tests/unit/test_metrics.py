@@ -66,11 +66,10 @@ def test_histograms_and_replays_and_fences() -> None:
     metrics.queue_wait("low", -1)  # clock skew between hosts: clamped to 0
     metrics.replayed(c)
     metrics.fenced(c)
-    assert val("reach_handler_duration_seconds_count", capability=c, outcome="succeeded") == 1
-    assert val("reach_handler_duration_seconds_sum", capability=c, outcome="error") == 1.5
-    assert (
-        val("reach_handler_duration_seconds_bucket", capability=c, outcome="error", le="2.5") == 1
-    )
+    h = "reach_handler_duration_seconds"
+    assert val(f"{h}_count", capability=c, outcome="succeeded", version="") == 1
+    assert val(f"{h}_sum", capability=c, outcome="error", version="") == 1.5
+    assert val(f"{h}_bucket", capability=c, outcome="error", version="", le="2.5") == 1
     assert val("reach_queue_wait_seconds_count", priority="low") == before + 2
     assert val("reach_idempotent_replays_total", capability=c) == 1
     assert val("reach_messages_fenced_total", capability=c) == 1
@@ -226,7 +225,7 @@ def test_counts_are_folded_into_the_series_when_the_registry_is_read() -> None:
     metrics.delivered(c, "normal")
     text = generate_latest(REGISTRY).decode()
     assert f'reach_messages_delivered_total{{capability="{c}",priority="normal"}} 1.0' in text
-    labels = {"capability": c, "outcome": "succeeded"}
+    labels = {"capability": c, "outcome": "succeeded", "version": ""}
     assert val("reach_handler_duration_seconds_count", **labels) == 4
     assert val("reach_handler_duration_seconds_sum", **labels) == pytest.approx(400.201)
     assert val("reach_handler_duration_seconds_bucket", **labels, le="0.001") == 2

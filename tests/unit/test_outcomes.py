@@ -86,6 +86,7 @@ def test_values_are_the_strings_stored_and_sent() -> None:
         "overloaded",
         "target_unavailable",
         "would_deadlock",
+        "version",
     }
     assert [s.value for s in STORED_STATUSES] == [
         "scheduled",

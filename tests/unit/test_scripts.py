@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from reach import limits, scripts
+from reach import limits, scripts, splits
 from reach.keys import Keys
 from reach.scripts import (
     agents,
@@ -63,6 +63,7 @@ def test_every_script_has_a_typed_call() -> None:
         delivery.start_call([], owner="o", ttl_ms=1).script,
         delivery.renew_call([], owner="o").script,
         limits.take_call(K, "c", limits.RateLimit(1, 1), 1).script,
+        splits.pin_call(K, "s", "c", chosen="1", split=splits.Split.parse("1=1")).script,
         delivery.complete_call([], ttl_ms=1).script,
         delivery.settle_call([], ttl_ms=1).script,
         inbox.send_call(K, _msg(), agent_id="a", priority="high", ttl_ms=1).script,
