@@ -291,9 +291,11 @@ CHILD = textwrap.dedent(
         server = RedisServer(die_with_parent=die_with_parent).start()
     if mode == "raise":
         print(server.pid, server.port, flush=True)
+        sys.stdin.readline()  # the test has seen the server running
         raise RuntimeError("boom")
     if mode == "drop":
         print(server.pid, server.port, flush=True)
+        sys.stdin.readline()
         del server  # nobody holds the server any more; exit must still stop it
         sys.exit(0)
     try:
@@ -322,6 +324,7 @@ def spawn_child(server_binary: ServerBinary, tmp_path: Path) -> Iterator[object]
         env["TMPDIR"] = str(tmp_path)  # a SIGKILLed child cannot remove its server's temp dir
         child = subprocess.Popen(
             [sys.executable, "-c", CHILD, mode, "1" if die_with_parent else "0"],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -339,6 +342,10 @@ def spawn_child(server_binary: ServerBinary, tmp_path: Path) -> Iterator[object]
         pid, port = map(int, line.split())
         started.append((child, [(pid, port)]))
         assert _running(pid, port)
+        # "raise" and "drop" go on only now: they could end the server before it was seen
+        assert child.stdin is not None
+        child.stdin.write("go\n")
+        child.stdin.flush()
         return child, pid, port
 
     yield spawn
@@ -347,6 +354,8 @@ def spawn_child(server_binary: ServerBinary, tmp_path: Path) -> Iterator[object]
         if child.poll() is None:
             child.kill()
         child.wait(timeout=10)
+        if child.stdin is not None and not child.stdin.closed:
+            child.stdin.close()
         for pid, port in servers:
             if _running(pid, port):
                 os.kill(pid, signal.SIGKILL)
