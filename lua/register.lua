@@ -45,9 +45,10 @@
 --
 -- Returns {1, now_ms}: registered anew
 --         {2, now_ms}: replaced a registration of the same agent_id (same or older version,
---                      or a stored record whose version is unreadable); a re-registration
---                      of the same instance keeps its 'draining' flag (an operator's drain
---                      outlives an eviction), any other starts not draining
+--                      or a stored record whose version is unreadable); the same
+--                      instance registering over its evicted record keeps its 'draining'
+--                      flag (an operator's drain outlives an eviction); any other
+--                      registration starts not draining
 --         {2, now_ms, instance_id, host, pid, live}: the same, when the registration
 --                      replaced is another instance's (not a re-registration of this
 --                      one): its instance_id, host and pid ('' if it stored none) and
@@ -221,9 +222,12 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
     return {RegisterCode_STALE, stored[1]}
   end
   code = RegisterCode_REPLACED
-  -- The same process registering again (after an eviction it outlived) keeps a drain an
-  -- operator asked of it: it may have been evicted before a heartbeat told it.
-  if stored[4] == ARGV[2] and stored[7] == '1' then draining = '1' end
+  -- The same process registering again after an eviction it outlived keeps a drain an
+  -- operator asked of it: it may have been evicted before a heartbeat told it. (A live
+  -- record registered again is one the agent found unreadable: it starts afresh.)
+  if stored[4] == ARGV[2] and stored[3] == 'evicted' and stored[7] == '1' then
+    draining = '1'
+  end
   if stored[4] and stored[4] ~= ARGV[2] then
     local deadline = tonumber(redis.call('ZSCORE', KEYS[1], id)) or 0
     local live = (stored[3] == 'active' and deadline > now) and '1' or '0'

@@ -245,11 +245,13 @@ async def record_many(
     entries: Sequence[Mapping[str, str]],
     *,
     retention: int | None = None,
+    quiet: bool = False,
 ) -> list[str] | None:
     """Append ``entries`` (their fields as text) in one pipelined round trip, then trim
     the stream: entries older than the retention (``retention`` seconds, else
     :func:`retention_s`) go, and at most about :data:`AUDIT_MAXLEN` stay. Returns their
-    ids; None when Redis refused (logged: the actions they record are done)."""
+    ids; None when Redis refused (logged: the actions they record are done; at DEBUG with
+    ``quiet``, for the entry of an action that failed and says so itself)."""
     if not entries:
         return []
     keep_s = retention if retention is not None else retention_s()
@@ -265,7 +267,8 @@ async def record_many(
         pipe.execute_command("XTRIM", keys.audit, "MINID", "=", max(0, cutoff))
         replies = await pipe.execute()
     except (rexc.RedisError, OSError) as e:
-        log.warning(
+        log.log(
+            logging.DEBUG if quiet else logging.WARNING,
             "audit trail of %s: %d entr%s not written (%s: %s)",
             keys.namespace,
             len(entries),
@@ -289,6 +292,7 @@ async def record(
     msg_id: str = "",
     operator: Operator | None = None,
     retention: int | None = None,
+    quiet: bool = False,
 ) -> str | None:
     """Record one operator action: ``action`` (``dlq.replay``, ``caps.allow``...), its
     ``target`` (a capability, an agent, a msg_id), ``detail`` (its arguments and result:
@@ -305,7 +309,7 @@ async def record(
         msg_id=msg_id,
         operator=operator,
     )
-    ids = await record_many(redis, keys, [fields], retention=retention)
+    ids = await record_many(redis, keys, [fields], retention=retention, quiet=quiet)
     return ids[0] if ids else None
 
 
@@ -346,6 +350,7 @@ async def operator_action(
             outcome="error",
             error=f"{type(e).__name__}: {e}",
             msg_id=note.msg_id,
+            quiet=True,  # the action's own error is what its caller hears of
         )
         raise
     await record(

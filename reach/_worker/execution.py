@@ -55,7 +55,7 @@ from .items import Delivery
 from .letters import DeadLetters
 from .preempting import preempted_times
 from .settlement import Settlement
-from .state import Part, Shared
+from .state import Part, Shared, owner_may_run
 from .waiting import WaitingSlots
 
 if TYPE_CHECKING:
@@ -485,7 +485,7 @@ class Execution(Part):
             # Agent ids may hold '/', instance ids (hex) never: split at the last one.
             agent_id, _, instance = owner.rpartition("/")
             info = await self.registry.get(agent_id) if agent_id else None
-            alive = info is not None and info.instance_id == instance and info.state != "evicted"
+            alive = info is not None and owner_may_run(info, instance, now_ms())
         if alive:
             self._park(it)
             return

@@ -20,6 +20,7 @@ from .. import logs
 from ..callpath import SelfSlots
 from ..connection import AnyRedis, as_text
 from ..keys import Keys
+from ..registry import AgentInfo
 from .hookchain import HookChain
 from .items import Delivery, Settleable
 
@@ -103,6 +104,26 @@ class WorkerState:
             self.held.discard((it.stream, as_text(it.entry_id)))
             if isinstance(it, Delivery) and it.fence:
                 self.running.discard(it.env.key)
+
+
+EVICTED_GRACE_MIN_MS = 1_000
+"""The least time an evicted owner's claims still stand after its eviction (see
+:func:`owner_may_run`)."""
+
+
+def owner_may_run(info: AgentInfo, instance_id: str, now_ms: int) -> bool:
+    """Whether the runtime ``instance_id`` of the registration ``info`` may still be running
+    a message it claimed. Registered as that instance and not evicted: yes. Evicted: for
+    one lease (at least :data:`EVICTED_GRACE_MIN_MS`) after its eviction, still yes. An
+    agent is evicted when its heartbeats stop reaching Redis, which a Redis outage longer
+    than its lease does to a live process as well as a crash does to a dead one; the live
+    one registers again at its next heartbeat once Redis is back, and until then a peer
+    taking its claims over would run its messages a second time beside it."""
+    if info.instance_id != instance_id:
+        return False
+    if info.state != "evicted":
+        return True
+    return now_ms - info.state_ms < max(info.lease_ms, EVICTED_GRACE_MIN_MS)
 
 
 @dataclass(frozen=True, slots=True)

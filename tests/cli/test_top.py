@@ -131,6 +131,7 @@ def test_once_json(plain_worker: None, redis_url: str, ns: str) -> None:
         "failed": None,  # reach top does not count cancelled letters apart
         "cancelled": None,
         "dead_per_s": None,
+        "security": "public",  # who may call it (reach.authz)
     }
     assert data["totals"]["agents"] == {"active": 1}
     assert data["totals"]["routing"] == {"routable": 1}

@@ -1,5 +1,6 @@
 """When a worker may take over the claims of the live process it replaced at its start
-(reach._worker.state.Predecessor): only once that process is provably gone."""
+(reach._worker.state.Predecessor): only once that process is provably gone; and the claims of
+an owner the registry says was evicted (reach._worker.state.owner_may_run)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ import subprocess
 import sys
 import time
 
-from reach._worker.state import Predecessor
+import msgspec
+
+from reach._worker.state import EVICTED_GRACE_MIN_MS, Predecessor, owner_may_run
+from reach.registry import AgentInfo
 
 HOST = socket.gethostname()
 
@@ -48,3 +52,20 @@ def test_another_host_or_no_pid_is_never_provably_gone() -> None:
     assert not _pred(os.getpid(), host=HOST + "-elsewhere").provably_gone()
     assert not _pred(0).provably_gone()
     assert not _pred(os.getpid(), host="").provably_gone()
+
+
+def test_an_evicted_owner_keeps_its_claims_for_a_lease_after_its_eviction() -> None:
+    """A live agent evicted by a Redis outage registers again at its next heartbeat: until
+    a lease has passed since its eviction a peer must not take its running messages over
+    (it would run them a second time beside it)."""
+    info = AgentInfo(
+        agent_id="a", instance_id="i1", state="evicted", state_ms=10_000, lease_ms=3_000
+    )
+    assert owner_may_run(info, "i1", 10_000 + 2_999)
+    assert not owner_may_run(info, "i1", 10_000 + 3_000)
+    assert not owner_may_run(info, "i0", 10_000)  # another instance: the one replaced
+    short = msgspec.structs.replace(info, lease_ms=300)  # sub-second leases: a second at least
+    assert owner_may_run(short, "i1", 10_000 + EVICTED_GRACE_MIN_MS - 1)
+    assert not owner_may_run(short, "i1", 10_000 + EVICTED_GRACE_MIN_MS)
+    live = msgspec.structs.replace(info, state="active")
+    assert owner_may_run(live, "i1", 10**12)
