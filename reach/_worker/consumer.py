@@ -307,6 +307,7 @@ class Consumer(Part):
         max_bytes = self.opts.max_envelope_bytes
         mine = self.execution.owner.encode()
         now = now_ms() if new else 0
+        epoch = self.state.lost_registrations
         # Signatures are checked here, before anything runs: a claim made at send ('c'
         # and 'l' next to 'e') lets an entry skip claim.lua, never this check.
         signing = worker_signing(self.keys.namespace, self.agent_id)
@@ -341,7 +342,7 @@ class Consumer(Part):
                             self.letters.unauthenticated(stream, entry_id, data, env, why)
                         )
                         continue
-                it = Delivery(stream=stream, entry_id=entry_id, env=env, raw=data)
+                it = Delivery(stream=stream, entry_id=entry_id, env=env, raw=data, epoch=epoch)
                 if new and claim is not None and claim[0] == mine:
                     it.claimed_at_send = claim[1] - now >= CLAIM_MIN_LEASE_MS
                 items.append(it)

@@ -17,7 +17,6 @@ import asyncio
 import logging
 import random
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -57,6 +56,7 @@ from .preempting import preempted_times
 from .settlement import Settlement
 from .state import Part, Shared, owner_may_run
 from .waiting import WaitingSlots
+from .workqueue import WorkQueue
 
 if TYPE_CHECKING:
     from ..agent import HandlerSpec
@@ -110,76 +110,6 @@ def _in_thread(fn: Callable[[Any, Context], Any], payload: Any, ctx: Context) ->
         return _Raised(e)
 
 
-class WorkQueue:
-    """The handler pool's queue: claimed deliveries in order, for the pool's tasks.
-
-    An item put wakes one idle task; a task that finishes a handler takes the next item
-    at once, without a trip through the event loop, so a batch of quick handlers runs in
-    one go (an anyio memory stream pays a checkpoint and a wake-up per item). The worker
-    runs on asyncio (redis-py's asyncio client), hence asyncio futures.
-    """
-
-    def __init__(self) -> None:
-        self._items: deque[Delivery] = deque()
-        self._idle: deque[asyncio.Future[None]] = deque()
-        self._retiring: deque[asyncio.Future[None]] = deque()
-
-    @property
-    def waiting(self) -> int:
-        """Items put and not taken yet."""
-        return len(self._items)
-
-    def put(self, it: Delivery) -> None:
-        self._items.append(it)
-        self._wake()
-
-    def _wake(self) -> None:
-        while self._idle:
-            fut = self._idle.popleft()
-            if not fut.done():
-                fut.set_result(None)
-                return
-
-    def take_all(self) -> list[Delivery]:
-        """Every item put and not taken yet (the queue is left empty)."""
-        items = list(self._items)
-        self._items.clear()
-        return items
-
-    def retire(self) -> asyncio.Future[None]:
-        """Ask one task to leave the pool (a handler that waited for input takes its
-        slot): the next task to ask for an item, ahead of the items queued, gets None and
-        ends. The future is done once one has."""
-        fut = asyncio.get_running_loop().create_future()
-        self._retiring.append(fut)
-        self._wake()
-        return fut
-
-    async def get(self) -> Delivery | None:
-        """The next item, waiting for one if none is there; None: this task retires."""
-        while not self._items:
-            if self._retiring:
-                self._retire()
-                return None
-            fut = asyncio.get_running_loop().create_future()
-            self._idle.append(fut)
-            try:
-                await fut
-            except BaseException:
-                if fut.done() and not fut.cancelled() and (self._items or self._retiring):
-                    self._wake()  # woken as it was cancelled: pass the item on
-                raise
-        if self._retiring:
-            self._retire()
-            return None
-        return self._items.popleft()
-
-    def _retire(self) -> None:
-        fut = self._retiring.popleft()
-        if not fut.done():
-            fut.set_result(None)
-
-
 class Execution(Part):
     """Claims deliveries and runs them in a pool of ``concurrency`` handler tasks."""
 
@@ -224,9 +154,12 @@ class Execution(Part):
             # A key this runtime runs already (an entry read anew, its group recreated),
             # or a second entry of one key in this batch (entries are untrusted), goes the
             # claim path, where it waits as a duplicate does.
+            # So does one this runtime may have lost its claim of (see _stale).
             running, keys = self.state.running, set()
             at_send = []
             for it in items:
+                if it.claimed_at_send and self._stale(it):
+                    it.claimed_at_send = False
                 if it.claimed_at_send and it.env.key not in running and it.env.key not in keys:
                     keys.add(it.env.key)
                     at_send.append(it)
@@ -570,6 +503,9 @@ class Execution(Part):
             it = await self._work.get()
             if it is None:  # a handler that waited for input took this task's slot
                 return
+            if self._stale(it):
+                await self._judge_again(it)
+                continue
             try:
                 await self._handle(it, me)
             except Exception as e:
@@ -577,6 +513,34 @@ class Execution(Part):
                     self._poison(it, e, "running it")
                 else:  # its outcome is on its way: only the report of it failed
                     log.exception("after message %s was handled", it.env.msg_id)
+
+    def _stale(self, it: Delivery) -> bool:
+        """Whether this runtime may have lost ``it``'s claim since it read it: its
+        registration was found lost since (evicted: its inbox moved, a peer may have taken
+        the key over), or no heartbeat has been answered for as long as eviction takes
+        (this process stopped or starved: it may be evicted now without knowing it)."""
+        st = self.state
+        return not it.judged_again and (
+            it.epoch != st.lost_registrations
+            or time.monotonic() - st.beat_ok_at > self.opts.evict_after_s
+        )
+
+    async def _judge_again(self, it: Delivery) -> None:
+        """A message this runtime may have lost its claim of (:meth:`_stale`) goes the
+        claim path again before it runs: its own claim still there is taken up again with a
+        new fence; a live peer's stands, and this copy waits."""
+        it.judged_again = True
+        self._held.discard(it)
+        self.state.running.discard(it.env.key)
+        self.state.inflight -= 1
+        self.state.slot_freed()
+        it.claimed_at_send = False
+        try:
+            await self.take([it])
+        except Exception as e:  # noqa: BLE001 - left pending: the next scan takes it up
+            log.warning("message %s: claiming it again failed (%s)", it.env.msg_id, e)
+            self.state.release([it])
+            self.state.rescan = True
 
     async def _handle(self, it: Delivery, task: asyncio.Task[Any] | None = None) -> None:
         scope = logs.enter_message(it.env, self.agent_id)  # ids on log records, OTel span

@@ -62,6 +62,8 @@ class Delivery(_Entry):
     idem: str = ""  # its idempotency record's key (set when it is claimed)
     fence: int = 0  # the claim's fence token (0: not claimed by this worker)
     claimed_at_send: bool = False  # send.lua claimed it for this runtime (fence 1)
+    epoch: int = 0  # the runtime's registrations lost when it was read (see WorkerState)
+    judged_again: bool = False  # its claim taken up again after it may have been lost
     complete: Completion | None = None  # set when its idempotency key is to be settled
     reply: bytes = b""  # the reply: stored by a 'done' completion, and published...
     reply_key: str = ""  # ... to this reply stream ('' = nobody waits for it)

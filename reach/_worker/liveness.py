@@ -189,6 +189,7 @@ class Liveness(Part):
         st, reg = self.state, self.registry
         try:
             if hb.code is HeartbeatCode.NOT_REGISTERED:
+                st.lost_registrations += 1  # what it read before is judged again (execution)
                 log.warning(
                     "agent %s: registration lost (evicted or flushed): registering again",
                     self.agent_id,

@@ -57,6 +57,8 @@ class WorkerState:
         self.consumer_tick = time.monotonic()  # the consumer came round its loop
         self.loop_tick = time.monotonic()  # the event loop made progress
         self.beat_ok_at = time.monotonic()  # registered, or a heartbeat answered (its lease runs)
+        # Times its registration was found lost (evicted: its claims may have been taken over)
+        self.lost_registrations = 0
         self._slot_free = anyio.Event()
         self.plain = PlainRuns()
         self.predecessor: Predecessor | None = None  # the live process replaced at start

@@ -5,7 +5,7 @@ that waits for an answer would hold its task, and so its slot, for as long as a 
 takes; instead its slot is given back: the pool gets one more task (which takes the next
 message), and the inflight count, which the consumer reads ahead by, drops by one. When the
 answer comes the handler takes a slot again: the pool's next task to come round for work
-retires instead (:meth:`reach._worker.execution.WorkQueue.retire`), ahead of any message
+retires instead (:meth:`reach._worker.workqueue.WorkQueue.retire`), ahead of any message
 queued, and the handler goes on in the slot it left. At most ``max_waiting_handlers``
 handlers wait so; the next ones wait in their slots.
 """
@@ -17,8 +17,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .execution import WorkQueue
     from .state import WorkerState
+    from .workqueue import WorkQueue
 
 
 class WaitingSlots:

@@ -81,9 +81,7 @@ async def test_set_show_and_clear(redis_url: str, ns: str, r: AnyRedis) -> None:
     assert json.loads(res.output)["split"] is None
     # each change is in the audit trail (showing one is not a change)
     trail = await audit.read_audit(r, Keys(ns), kind="operator", limit=10)
-    assert [(e.action, e.target, e.outcome) for e in trail] == [
-        ("caps.split", CAP, "ok")
-    ] * 3
+    assert [(e.action, e.target, e.outcome) for e in trail] == [("caps.split", CAP, "ok")] * 3
     assert [json.loads(e.detail) for e in trail] == [
         {"split": "1.4=90 1.5=10"}, {"split": "1.4=50 2.0=50"}, {"split": None}
     ]  # fmt: skip

@@ -6,17 +6,22 @@ claim.lua path, so each message still runs once."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import anyio
 import pytest
+import redis
 
 from reach import Agent, Client, Context, Hooks
 from reach.connection import AnyRedis
-from reach.envelope import encode
+from reach.envelope import Envelope, encode, encode_payload
 from reach.keys import Keys
+from reach.registry import Registry
 from reach.scripts import inbox
+from reach.scripts.delivery import ClaimItem, claim_call
 from tests.support.agents_messaging import Gate, bump, effects, serving, wait_status
+from tests.support.registry_helpers import register
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.anyio
@@ -179,3 +184,71 @@ async def test_a_copied_entry_of_a_running_key_does_not_run_twice(redis_url: str
 
         await wait_until(both_settled, what="both entries settled")
         assert await effects(r, ns, "cas") == {msg_id: 1}
+
+
+class Stall(Hooks):
+    """Stands for this process stopped (SIGSTOP) or starved between reading an entry
+    claimed at send for it and starting its handler: meanwhile it is evicted, a live peer
+    takes the key over, and the agent's heartbeat finds its registration lost and
+    registers again, all before the event loop goes on."""
+
+    def __init__(self, url: str, keys: Keys, peer: str) -> None:
+        self.url, self.keys, self.peer = url, keys, peer
+        self.owner = ""
+        self.stalled = False
+
+    def on_delivered(self, env: Envelope) -> None:
+        if bytes(env.payload) != bytes(encode_payload("stall")) or self.stalled:
+            return
+        self.stalled = True
+        r = redis.Redis.from_url(self.url)
+        try:
+            call = claim_call(
+                [ClaimItem(self.keys.idem(env.key), 60_000, env.msg_id, takeover_from=self.owner)],
+                owner=self.peer,
+                ttl_ms=86_400_000,
+                agent_id=self.peer.split("/")[0],
+            )
+            [taken] = call.run_sync(r)
+            assert taken.fence == 2, taken  # the peer holds it now
+            record = self.keys.agent(self.owner.split("/")[0])
+            r.hset(record, "state", "evicted")  # as the sweeper marks an agent it evicts
+            deadline = time.monotonic() + 20
+            # The event loop stays blocked (as a stopped process's) until the heartbeat
+            # thread, which renews the lease on its own connection meanwhile, has found
+            # the registration lost and registered again.
+            while r.hget(record, "state") != b"active":
+                assert time.monotonic() < deadline, "the agent never registered again"
+                time.sleep(0.02)
+        finally:
+            r.close()
+
+
+async def test_an_entry_read_before_the_agent_was_evicted_is_claimed_again(
+    redis_url: str, ns: str
+) -> None:
+    """A claim this runtime holds is trusted without a round trip only while it cannot
+    have been taken over: an entry read before the agent found its registration lost
+    (evicted) takes the claim path and finds the live peer that took the key over in the
+    meantime, so the handler does not run it beside that peer (a chaos run saw a
+    SIGSTOPped worker, resumed, run such a message a second time)."""
+    gate, trips = Gate(), RoundTrips()
+    app = agent(gate, trips)
+    keys = Keys(ns)
+    stall = Stall(redis_url, keys, "peer-1/p1")
+    app.add_hooks(stall)
+    async with serving(redis_url, ns, app) as client:
+        stall.owner = await owner_of(client)
+        reg = Registry(client.redis, ns)
+        await register(reg, "peer-1", ["other.cap"], instance_id="p1")  # the peer is alive
+        await client.send(CAP, "stall", idempotency_key="k-stall")
+
+        async def stalled() -> bool:
+            return stall.stalled
+
+        await wait_until(stalled, what="the entry read and the stall over")
+        assert await client.request(CAP, "after", timeout_s=20) == "after"  # the agent serves on
+        await anyio.sleep(1.0)  # time for a wrongly started run to show
+        assert "claim" in trips.ops  # the stale entry took the claim path
+        counts = await effects(client.redis, ns, "cas")
+        assert "k-stall" not in counts, counts  # the peer holds it: not run here

@@ -1,4 +1,4 @@
-"""reach._worker.execution.WorkQueue: the handler pool's queue."""
+"""reach._worker.workqueue.WorkQueue: the handler pool's queue."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import anyio
 import pytest
 
-from reach._worker.execution import WorkQueue
+from reach._worker.workqueue import WorkQueue
 
 pytestmark = pytest.mark.anyio
 

@@ -1,0 +1,79 @@
+"""The handler pool's queue (:class:`WorkQueue`): claimed deliveries in order, for the
+pool's tasks of :class:`reach._worker.execution.Execution`."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+from .items import Delivery
+
+
+class WorkQueue:
+    """The handler pool's queue: claimed deliveries in order, for the pool's tasks.
+
+    An item put wakes one idle task; a task that finishes a handler takes the next item
+    at once, without a trip through the event loop, so a batch of quick handlers runs in
+    one go (an anyio memory stream pays a checkpoint and a wake-up per item). The worker
+    runs on asyncio (redis-py's asyncio client), hence asyncio futures.
+    """
+
+    def __init__(self) -> None:
+        self._items: deque[Delivery] = deque()
+        self._idle: deque[asyncio.Future[None]] = deque()
+        self._retiring: deque[asyncio.Future[None]] = deque()
+
+    @property
+    def waiting(self) -> int:
+        """Items put and not taken yet."""
+        return len(self._items)
+
+    def put(self, it: Delivery) -> None:
+        self._items.append(it)
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._idle:
+            fut = self._idle.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+
+    def take_all(self) -> list[Delivery]:
+        """Every item put and not taken yet (the queue is left empty)."""
+        items = list(self._items)
+        self._items.clear()
+        return items
+
+    def retire(self) -> asyncio.Future[None]:
+        """Ask one task to leave the pool (a handler that waited for input takes its
+        slot): the next task to ask for an item, ahead of the items queued, gets None and
+        ends. The future is done once one has."""
+        fut = asyncio.get_running_loop().create_future()
+        self._retiring.append(fut)
+        self._wake()
+        return fut
+
+    async def get(self) -> Delivery | None:
+        """The next item, waiting for one if none is there; None: this task retires."""
+        while not self._items:
+            if self._retiring:
+                self._retire()
+                return None
+            fut = asyncio.get_running_loop().create_future()
+            self._idle.append(fut)
+            try:
+                await fut
+            except BaseException:
+                if fut.done() and not fut.cancelled() and (self._items or self._retiring):
+                    self._wake()  # woken as it was cancelled: pass the item on
+                raise
+        if self._retiring:
+            self._retire()
+            return None
+        return self._items.popleft()
+
+    def _retire(self) -> None:
+        fut = self._retiring.popleft()
+        if not fut.done():
+            fut.set_result(None)
