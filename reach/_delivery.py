@@ -117,11 +117,15 @@ class Delivery:
         default_policy: str,
         signer: Signer | None = None,
         identity: str = "",
+        control: AutoPipeline | None = None,
     ) -> None:
         self.view = view
         self.identity = identity  # whose send-rate quota the sends count against
+        # Quotas and their buckets are the control plane's (reach.planes): ``commands``
+        # unless it is on a Redis of its own.
+        self.control = commands if control is None else control
         self.quota_cache = QuotaCache(keys)
-        self.bucket = SendBucket(commands, keys, identity)
+        self.bucket = SendBucket(self.control, keys, identity)
         self.signer = signer  # signs each envelope as it is encoded (None: not signed)
         self.router = router
         self.commands = commands
@@ -139,7 +143,7 @@ class Delivery:
     async def quotas(self) -> Quotas:
         """The namespace's quotas (reach.quotas), as last read (re-read every second)."""
         try:
-            return await self.quota_cache.get(self.commands)
+            return await self.quota_cache.get(self.control)
         except (rexc.ConnectionError, rexc.TimeoutError) as e:
             raise unreachable(self.redis_url, e) from e
 
@@ -156,7 +160,7 @@ class Delivery:
             while 1 < n and granted < n:  # a batch: 100,000 a call at most
                 ask = min(n - granted, MAX_TAKE)
                 call = take_call(self.keys, self.identity, q.send_rate, ask)
-                taken = await call.run(self.commands)
+                taken = await call.run(self.control)
                 granted, wait_us = granted + taken.granted, taken.wait_us
                 if taken.granted < ask:
                     break

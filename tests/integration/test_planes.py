@@ -1,0 +1,197 @@
+"""The control plane apart from the data plane (issue 32, item 2): a namespace's registry,
+events, limits, quotas and audit on one Redis (``registry_url``), its inboxes, records,
+replies and sessions on another, here the 3-master test Cluster.
+
+* each plane's keys are found on their own Redis only (standalone and Cluster data);
+* a ``reach worker`` process SIGKILLed mid-handler and restarted: its messages are done
+  again, each side effect once;
+* the registry Redis restarted having lost everything: the worker registers again, the
+  caller routes again, nothing sent is lost.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import pytest
+import redis
+
+import reach
+from reach import Agent, Context
+from reach.audit import operator_action
+from reach.client import Client
+from reach.connection import AnyRedis, connect
+from reach.embedded import RedisServer
+from reach.keys import CONTROL, DATA, GROUP, Keys
+from reach.limits import parse_limit, set_limit
+from reach.quotas import set_quotas
+from reach.registry import Registry
+from tests.support.agents_messaging import (
+    REPO,
+    bump,
+    effects,
+    serving,
+    wait_eligible,
+    wait_status,
+    worker_cmd,
+)
+from tests.support.cluster import RedisTestCluster
+from tests.support.planes import assert_apart, planes_on
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.anyio
+
+CRASH = "crash-1"
+
+
+@pytest.fixture
+async def rc(redis_cluster: RedisTestCluster) -> AsyncIterator[AnyRedis]:
+    client = await connect(redis_cluster.url)
+    yield client
+    await client.aclose()
+
+
+def echo_agent(agent_id: str) -> Agent:
+    app = Agent(agent_id, capabilities=["pl.echo"])
+
+    @app.handler("pl.echo", audited=True)
+    async def echo(payload: Any, ctx: Context) -> Any:
+        await bump(ctx, "echo")
+        if ctx.session_id:
+            await ctx.session.set("seen", payload)
+        return payload
+
+    return app
+
+
+async def test_each_planes_keys_are_on_their_own_redis_only(
+    redis_url: str, split_planes: str, ns: str
+) -> None:
+    async with serving(redis_url, ns, echo_agent("pl-1")) as c:
+        assert await c.request("pl.echo", 1, session_id="s1") == 1
+        await c.send("pl.echo", 2)
+        with pytest.raises(reach.NoAgentAvailable):
+            await c.send("pl.none", 3)
+        control = await connect(split_planes)
+        try:
+            await set_limit(control, Keys(ns), "pl.echo", parse_limit("1000/1"))
+            await set_quotas(control, Keys(ns), max_inbox=1000)
+            async with operator_action(control, Keys(ns), "test.action", target="x"):
+                pass
+        finally:
+            await control.aclose()
+        assert await c.request("pl.echo", 4) == 4
+        on_registry = planes_on(split_planes, ns)  # while the agent serves
+        on_data = planes_on(redis_url, ns)
+    assert_apart(redis_url, split_planes, ns)
+    k = Keys(ns)
+    assert {k.agents, k.events, k.limits, k.quotas, k.audit} <= on_registry[CONTROL]
+    assert {k.session("s1"), *k.inboxes("pl-1")[1:2]} <= on_data[DATA]
+
+
+async def test_a_cluster_data_plane_survives_a_worker_sigkill_and_a_registry_restart(
+    redis_cluster: RedisTestCluster, rc: AnyRedis, fresh_redis: RedisServer, ns: str
+) -> None:
+    registry_url = fresh_redis.url  # restartable, with its AOF
+    env = {
+        **os.environ,
+        "REACH_TEST_AGENT_ID": CRASH,
+        "REACH_TEST_SLEEP_S": "60",
+        "REACH_REGISTRY_URL": registry_url,
+    }
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start() -> subprocess.Popen[bytes]:
+        cmd = worker_cmd("crash_agent", redis_cluster.url, ns, "--concurrency", "4")
+        p = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL)
+        procs.append(p)
+        return p
+
+    async def pending() -> int:
+        total = 0
+        for key in Keys(ns).inboxes(CRASH):
+            if await rc.exists(key):
+                total += int((await rc.xpending(key, GROUP))["pending"])
+        return total
+
+    try:
+        first = start()
+        async with Client(
+            redis_url=redis_cluster.url, registry_url=registry_url, namespace=ns, slow_start_s=0
+        ) as c:
+            assert c.registry.shards == 1  # the registry's own Redis is a standalone one
+            await wait_eligible(c, "test.crash", [CRASH], timeout=30)
+            old = (await c.registry.get(CRASH)).instance_id  # type: ignore[union-attr]
+            waited = c.build("test.crash", {"n": 0}, timeout_s=60)
+            sent = [await c.send("test.crash", {"n": i}) for i in (1, 2)]
+            ids = [waited.msg_id, *sent]
+            result: dict[str, Any] = {}
+
+            async def call() -> None:
+                result["waited"] = await c.call(waited)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call)
+
+                async def all_started() -> bool:
+                    return len(await effects(rc, ns, "crash.started")) == 3
+
+                await wait_until(all_started, timeout_s=30, what="3 handlers started")
+                first.send_signal(signal.SIGKILL)  # mid-handler: every effect still to do
+                await anyio.to_thread.run_sync(first.wait)
+                assert await effects(rc, ns, "crash") == {}
+                assert await pending() == 3, "the killed worker's entries stay"
+                env["REACH_TEST_SLEEP_S"] = "0"  # the new instance's first runs: no wait
+                start()  # same agent id, new instance
+                await wait_eligible(c, "test.crash", [CRASH], instance_of={CRASH: old}, timeout=30)
+                for msg_id in sent:
+                    st = await wait_status(c, msg_id, "succeeded", timeout=30)
+                    assert st.runs == 2 and st.agent_id == CRASH
+            assert result["waited"]["effects"] == 1
+
+            # The registry Redis loses everything and restarts (SIGKILL, from its AOF).
+            sync = redis.Redis.from_url(registry_url)
+            sync.flushall()
+            sync.close()
+            fresh_redis.restart()
+            reg = Registry(await connect(registry_url), ns)
+            try:
+
+                async def registered_again() -> bool:
+                    a = await reg.get(CRASH)
+                    return a is not None and a.ready and a.state == "active"
+
+                await wait_until(registered_again, timeout_s=30, what="the agent re-registered")
+            finally:
+                await reg.redis.aclose()
+
+            async def routes_again() -> bool:
+                c.invalidate()
+                try:
+                    return bool(await c.request("test.crash", {"n": 9}, timeout_s=5))
+                except reach.ReachError:
+                    return False
+
+            await wait_until(routes_again, timeout_s=30, what="the caller routes again")
+            after = await c.send("test.crash", {"n": 10})
+            await wait_status(c, after, "succeeded", timeout=30)
+            ids.append(after)
+
+            async def settled() -> bool:
+                return await pending() == 0
+
+            await wait_until(settled, what="nothing pending")
+        done = await effects(rc, ns, "crash")
+        assert {i: done[i] for i in ids} == {i: 1 for i in ids}  # nothing lost, once each
+        assert_apart(redis_cluster.url, registry_url, ns)
+        assert planes_on(registry_url, ns).get(CONTROL), "the registry is on its own Redis"
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
