@@ -68,7 +68,7 @@ def test_the_environment_names_it_too(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("REACH_REGISTRY_URL", registry_server.url)
-    code, out, err = cli(redis_url, ns, "quota", "set", "--max-inbox", "7", "--json")
+    code, _out, err = cli(redis_url, ns, "quota", "set", "--max-inbox", "7", "--json")
     assert code == 0, err
 
     async def stored() -> tuple[object, object]:
@@ -112,7 +112,7 @@ def test_doctor_warns_about_keys_on_the_wrong_plane(
             await data.aclose()
 
     anyio.run(stray)
-    code, out, err = cli(redis_url, ns, "doctor", "--json", "--registry-url", registry_server.url)
+    _code, out, _err = cli(redis_url, ns, "doctor", "--json", "--registry-url", registry_server.url)
     found = [f for f in json.loads(out)["findings"] if f["check"] == "data plane: planes"]
     assert found[0]["level"] == "warning", found
     assert Keys(ns).limits in found[0]["message"] and "registry_url" in found[0]["fix"]

@@ -23,6 +23,7 @@ import redis
 
 import reach
 from reach import Agent, Context
+from reach._worker.liveness import Heartbeats
 from reach.audit import operator_action
 from reach.client import Client
 from reach.connection import AnyRedis, connect
@@ -69,10 +70,16 @@ def echo_agent(agent_id: str) -> Agent:
     return app
 
 
+# Short leases: the heartbeat thread sends each round on its own connections; long ones:
+# the agents' event loop sends it on the process's clients. Both must renew on the registry.
+LEASES = {"thread": {}, "loop": {"lease_s": 4.0, "evict_after_s": 8.0}}
+
+
+@pytest.mark.parametrize("sender", sorted(LEASES))
 async def test_each_planes_keys_are_on_their_own_redis_only(
-    redis_url: str, split_planes: str, ns: str
+    redis_url: str, split_planes: str, ns: str, sender: str
 ) -> None:
-    async with serving(redis_url, ns, echo_agent("pl-1")) as c:
+    async with serving(redis_url, ns, echo_agent("pl-1"), **LEASES[sender]) as c:
         assert await c.request("pl.echo", 1, session_id="s1") == 1
         await c.send("pl.echo", 2)
         with pytest.raises(reach.NoAgentAvailable):
@@ -86,6 +93,18 @@ async def test_each_planes_keys_are_on_their_own_redis_only(
         finally:
             await control.aclose()
         assert await c.request("pl.echo", 4) == 4
+        # Heartbeats renew the lease on the registry's Redis: ten rounds later the agent
+        # was registered once (a heartbeat sent to the data Redis would find no
+        # registration there and register again at every round).
+        hub = next(iter(Heartbeats._hubs.values()))
+        start = hub.rounds
+
+        async def ten_rounds() -> bool:
+            return hub.rounds >= start + 10
+
+        await wait_until(ten_rounds, timeout_s=30, what="ten heartbeat rounds")
+        events = await c.registry.recent_events(100)
+        assert [e.type for e in events if e.agent_id == "pl-1"].count("registered") == 1
         on_registry = planes_on(split_planes, ns)  # while the agent serves
         on_data = planes_on(redis_url, ns)
     assert_apart(redis_url, split_planes, ns)
