@@ -44,6 +44,7 @@ from tests.support.agents_messaging import (
 from tests.support.cluster import RedisTestCluster
 from tests.support.planes import assert_apart, planes_on
 from tests.support.waiting import wait_until
+from tests.support.workers import Workers
 
 pytestmark = pytest.mark.anyio
 
@@ -214,3 +215,38 @@ async def test_a_cluster_data_plane_survives_a_worker_sigkill_and_a_registry_res
             if p.poll() is None:
                 p.kill()
                 p.wait(timeout=10)
+
+
+async def test_an_evicted_agents_inbox_on_the_cluster_is_moved_by_a_sweeper_reading_the_registry(
+    redis_cluster: RedisTestCluster, rc: AnyRedis, registry_server: RedisServer, ns: str
+) -> None:
+    """The sweeper finds the evicted agent in the registry's reroute set (control plane)
+    and moves its inbox entries on the Cluster (data plane) to a live agent."""
+    apart = ("--registry-url", registry_server.url)
+    workers = Workers(redis_cluster.url, ns, "tests.support.agents_hardening")
+    try:
+        workers.start("h1", *apart)
+        workers.start("h2", *apart, "--lease-s", "2", "--evict-after-s", "4")
+        async with Client(
+            redis_url=redis_cluster.url,
+            registry_url=registry_server.url,
+            namespace=ns,
+            slow_start_s=0,
+        ) as c:
+            await wait_eligible(c, "hard.echo", ["h1", "h2"], timeout=30)
+            workers.procs["h2"].send_signal(signal.SIGSTOP)  # it must not handle them
+            ids = [await c.send("hard.echo", {"i": i}, target="h2") for i in range(5)]
+            workers.procs["h2"].send_signal(signal.SIGKILL)
+            for msg_id in ids:
+                st = await wait_status(c, msg_id, "succeeded", timeout=30)
+                assert st.agent_id == "h1"
+
+            async def dropped() -> bool:
+                return not await rc.exists(*Keys(ns).inboxes("h2"))
+
+            await wait_until(dropped, timeout_s=30, what="the evicted agent's inbox dropped")
+        done = await effects(rc, ns, "hard")
+        assert {i: done[i] for i in ids} == {i: 1 for i in ids}
+        assert_apart(redis_cluster.url, registry_server.url, ns)
+    finally:
+        workers.stop_all()
