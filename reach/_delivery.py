@@ -118,12 +118,14 @@ class Delivery:
         signer: Signer | None = None,
         identity: str = "",
         control: AutoPipeline | None = None,
+        control_url: str = "",
     ) -> None:
         self.view = view
         self.identity = identity  # whose send-rate quota the sends count against
         # Quotas and their buckets are the control plane's (reach.planes): ``commands``
         # unless it is on a Redis of its own.
         self.control = commands if control is None else control
+        self.control_url = control_url or redis_url  # named when the registry is away
         self.quota_cache = QuotaCache(keys)
         self.bucket = SendBucket(self.control, keys, identity)
         self.signer = signer  # signs each envelope as it is encoded (None: not signed)
@@ -145,7 +147,7 @@ class Delivery:
         try:
             return await self.quota_cache.get(self.control)
         except (rexc.ConnectionError, rexc.TimeoutError) as e:
-            raise unreachable(self.redis_url, e) from e
+            raise unreachable(self.control_url, e) from e
 
     async def take_sends(self, env: Envelope, q: Quotas, n: int) -> tuple[int, Overloaded | None]:
         """Take ``n`` sends from this caller's send-rate bucket: how many were granted and,
@@ -165,7 +167,7 @@ class Delivery:
                 if taken.granted < ask:
                     break
         except (rexc.ConnectionError, rexc.TimeoutError) as e:
-            raise unreachable(self.redis_url, e) from e
+            raise unreachable(self.control_url, e) from e
         except rexc.OutOfMemoryError as e:
             raise redis_full(self.redis_url, env.capability, e) from e
         if granted >= n:
@@ -209,7 +211,7 @@ class Delivery:
                 else:
                     agent = await self._pick(env, where, passed)
             except (rexc.ConnectionError, rexc.TimeoutError) as e:
-                raise unreachable(self.redis_url, e) from e
+                raise unreachable(self.control_url, e) from e
             except NoAgentAvailable as e:
                 if not rechecked and await self._recheck_target(env, e):
                     rechecked = True
@@ -287,7 +289,7 @@ class Delivery:
         try:
             await self.view.recheck(env.target)
         except (rexc.ConnectionError, rexc.TimeoutError) as err:
-            raise unreachable(self.redis_url, err) from err
+            raise unreachable(self.control_url, err) from err
         return True
 
     async def _pick(

@@ -310,6 +310,7 @@ class Client(ManyCalls, ReplyFigures):
                 router=self.router,
                 commands=self.commands,
                 control=self.control,
+                control_url=self._control.url or self.redis_url,
                 keys=self.keys,
                 redis_url=self.redis_url,
                 default_policy=self.default_policy,

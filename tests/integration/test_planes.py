@@ -250,3 +250,33 @@ async def test_an_evicted_agents_inbox_on_the_cluster_is_moved_by_a_sweeper_read
         assert_apart(redis_cluster.url, registry_server.url, ns)
     finally:
         workers.stop_all()
+
+
+async def test_a_registry_outage_is_a_typed_error_and_traffic_resumes_after_it(
+    redis_url: str, fresh_redis: RedisServer, ns: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The registry Redis away: callers route from their view while it is fresh, then a
+    call fails with a reach error (the outage buffer's), never a bare redis-py one; back
+    (empty, restarted), the agent registers again and calls are answered."""
+    monkeypatch.setenv("REACH_REGISTRY_URL", fresh_redis.url)
+    async with serving(redis_url, ns, echo_agent("pl-2")) as c:
+        assert await c.request("pl.echo", 1) == 1
+        async with Client(redis_url=redis_url, namespace=ns, max_staleness_s=0.2) as caller:
+            assert await caller.request("pl.echo", 2) == 2
+            fresh_redis.kill()
+            with pytest.raises(reach.ReachError):
+                with anyio.fail_after(30):
+                    while True:  # answered from the view until it is stale
+                        await caller.request("pl.echo", 3, timeout_s=1)
+            fresh_redis.start()  # from its AOF
+
+            async def answered() -> bool:
+                caller.invalidate()
+                try:
+                    return await caller.request("pl.echo", 4, timeout_s=2) == 4
+                except reach.ReachError:
+                    return False
+
+            await wait_until(answered, timeout_s=30, what="calls answered again")
+        assert (await c.registry.get("pl-2")) is not None  # registered again
+    assert_apart(redis_url, fresh_redis.url, ns)
