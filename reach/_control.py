@@ -9,7 +9,7 @@ auto-pipelined client of that Redis, opened and closed with the Client.
 from __future__ import annotations
 
 from ._autopipe import AutoPipeline
-from .connection import AnyRedis, connect
+from .connection import AnyRedis, connect, redact
 from .planes import resolve_registry_url
 
 
@@ -31,6 +31,13 @@ class ControlPlane:
         self._given = redis
         self._raw: AnyRedis | None = None
         self._auto: AutoPipeline | None = None
+
+    def label(self, data_url: str) -> str:
+        """How an outage message names the Redis: ``data_url`` (redacted), and the control
+        plane's too when it is apart (either being away holds a send)."""
+        return (
+            data_url if self.url is None else f"{data_url} (or the registry's, {redact(self.url)})"
+        )
 
     @property
     def apart(self) -> bool:

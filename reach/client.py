@@ -248,7 +248,7 @@ class Client(ManyCalls, ReplyFigures):
             max_bytes=buffer_max_bytes,
             max_age_s=buffer_max_age_s,
             name=f"client {self.client_id}",
-            redis_url=redact(self.redis_url),
+            redis_url=self._control.label(redact(self.redis_url)),
         )
         # The reader's state under the names it had here (tests look at them).
         self._events, self._replies = self._reader.events, self._reader.replies
