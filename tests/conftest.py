@@ -7,7 +7,9 @@
 * ``redis_sentinel`` - 1 master, 1 replica and 3 sentinels of the test's own;
 * ``registry_server`` - a second standalone server for the session: the control plane's
   when ``split_planes`` (or ``REACH_TEST_SPLIT_PLANES=1``, for every test) puts it apart
-  (``REACH_REGISTRY_URL``, which clients, ``Agent.run`` and worker processes read).
+  (``REACH_REGISTRY_URL``, which clients, ``Agent.run`` and worker processes read); a
+  test that writes control-plane keys through ``r`` / ``redis_url`` itself assumes one
+  Redis (the rate limit, quota and audit modules do).
 """
 
 from __future__ import annotations
