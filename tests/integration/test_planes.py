@@ -32,6 +32,9 @@ from reach.keys import CONTROL, DATA, GROUP, Keys
 from reach.limits import parse_limit, set_limit
 from reach.quotas import set_quotas
 from reach.registry import Registry
+from tests.integration.test_gateway_identity import (
+    test_a_caller_over_its_rate_gets_429_while_another_is_served as over_rate_gets_429,
+)
 from tests.support.agents_messaging import (
     REPO,
     bump,
@@ -280,3 +283,14 @@ async def test_a_registry_outage_is_a_typed_error_and_traffic_resumes_after_it(
             await wait_until(answered, timeout_s=30, what="calls answered again")
         assert (await c.registry.get("pl-2")) is not None  # registered again
     assert_apart(redis_url, fresh_redis.url, ns)
+
+
+async def test_the_gateways_per_caller_buckets_are_on_the_control_plane(
+    redis_url: str, split_planes: str, ns: str
+) -> None:
+    """The gateway's ``--rate-per-caller`` test, its Client given the split by the
+    environment: the callers' buckets land on the registry's Redis."""
+    await over_rate_gets_429(redis_url, ns)
+    control = planes_on(split_planes, ns).get(CONTROL, set())
+    assert any(":{h:gateway/" in k for k in control), control
+    assert_apart(redis_url, split_planes, ns)
