@@ -41,7 +41,7 @@ from ._delivery import ADVERTISABLE as ADVERTISABLE  # noqa: PLC0414 (re-exporte
 from ._delivery import Delivery, policy_for
 from ._replies import ReplyFigures, ReplyReader, outcome_of
 from ._streaming import Stream
-from .asking import answer_task
+from ._task_calls import TaskCalls
 from .authz import Prechecks
 from .breaker import Breakers
 from .callpath import DEFAULT_MAX_HOPS, Gate, check_max_hops
@@ -99,7 +99,7 @@ class MessageOptions(TypedDict, total=False):
     tenant: str | None  # the tenant map's entry to send to (reach.tenants)
 
 
-class Client(ManyCalls, ReplyFigures):
+class Client(ManyCalls, ReplyFigures, TaskCalls):
     """Send messages by capability.
 
     Use as ``async with reach.Client(redis_url=..., namespace=...) as client:``.
@@ -731,7 +731,12 @@ class Client(ManyCalls, ReplyFigures):
         Returns a :class:`reach.CancelResult`; ``client.task(msg_id)`` shows ``cancelled``.
         """
         return await cancel_message(
-            self.commands, self.keys, msg_id, cluster=self.commands.cluster, by=by or self.client_id
+            self.commands,
+            self.keys,
+            msg_id,
+            cluster=self.commands.cluster,
+            by=by or self.client_id,
+            control=self.control,  # the audit trail's
         )
 
     _abandon = _later.abandon  # a caller cancelled while it waited: cancel its message
@@ -767,23 +772,6 @@ class Client(ManyCalls, ReplyFigures):
         :class:`ChunksNotKept` (so does a message with no record). ``timeout_s`` bounds the
         whole resume (:class:`DeadlineExceeded`). docs/concepts.md, *Resuming a stream*."""
         return Resumed(self, msg_id, after=after, timeout_s=timeout_s)
-
-    async def answer(self, msg_id: str, value: Any, *, ask: int | None = None) -> int:
-        """Answer the question ``msg_id``'s handler asked (``ctx.ask``) with ``value``, any
-        JSON value: it is stored in the task's record, the task is ``running`` again and
-        the handler goes on with it. Returns the number of the ask answered (a handler's
-        first is 1). ``ask``: the number of the ask this answers (``task.asking`` when the
-        question was shown), so an answer meant for one question never lands on a later
-        one; None: whichever waits. Raises :class:`reach.UnknownTask` (no such task),
-        :class:`reach.NotWaitingForInput` (it waits for no answer: its ``status`` says
-        what it is), :class:`reach.AlreadyAnswered` (the first answer stands), all
-        :class:`reach.AnswerRefused`; :class:`reach.ConfigError` for a value that is no
-        JSON or over 64 KiB. docs/concepts.md, *Human input*."""
-        return await answer_task(self.commands, self.keys, msg_id, value, ask=ask)
-
-    async def scheduled(self, *, limit: int = 100) -> list[scheduling.ScheduledSend]:
-        """The sends waiting for their due time (``send(at=...)``), the earliest first."""
-        return await scheduling.list_scheduled(self.commands, self.keys, limit=limit)
 
     @by_tenant
     async def result(

@@ -85,7 +85,9 @@ async def test_each_planes_keys_are_on_their_own_redis_only(
 ) -> None:
     async with serving(redis_url, ns, echo_agent("pl-1"), **LEASES[sender]) as c:
         assert await c.request("pl.echo", 1, session_id="s1") == 1
-        await c.send("pl.echo", 2)
+        sent = await c.send("pl.echo", 2)
+        await wait_status(c, sent, "succeeded")
+        await c.cancel(sent)  # an operator action: its audit entry on the control plane
         with pytest.raises(reach.NoAgentAvailable):
             await c.send("pl.none", 3)
         control = await connect(split_planes)

@@ -87,6 +87,7 @@ RANKS: dict[str, int] = {
     "reach._coalesce": 4,  # concurrent single deliveries gathered into batch calls
     "reach._reroute": 4,  # moving a message a slow agent has not started (reroute_after_s)
     "reach._hedge": 4,  # hedge_after_s: a second copy of a slow request to another agent
+    "reach._task_calls": 4,  # Client.answer, scheduled (a base class)
     "reach._batches": 4,  # Client.send_many, request_many, broadcast, gather (a base class)
     "reach._defaults": 4,  # what a call gets unsaid: its deadline, the fallback per failure
     "reach._buffer": 4,  # a Client's sends held locally through a Redis outage
