@@ -441,8 +441,8 @@ class Prechecks:
         capability = env.capability
         try:
             agents, version = await view.candidates(capability)
-        except (RedisUnavailable, rexc.ConnectionError, rexc.TimeoutError):
-            return  # the send waits for Redis or fails as it would have (typed, there)
+        except (RedisUnavailable, rexc.RedisError, OSError):
+            return  # the send waits for Redis (or is held) or fails as it would have
         seen = self._seen.get(capability)
         if seen is None or seen[0] != version:
             if len(self._seen) >= 4096:
