@@ -12,12 +12,14 @@ replies and sessions on another, here the 3-master test Cluster.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 import redis
 
@@ -32,6 +34,8 @@ from reach.keys import CONTROL, DATA, GROUP, Keys
 from reach.limits import parse_limit, set_limit
 from reach.quotas import set_quotas
 from reach.registry import Registry
+from reach.web.app import create_app
+from reach.web.security import Guard, loopback_hosts
 from tests.integration.test_gateway_identity import (
     test_a_caller_over_its_rate_gets_429_while_another_is_served as over_rate_gets_429,
 )
@@ -46,12 +50,14 @@ from tests.support.agents_messaging import (
 )
 from tests.support.cluster import RedisTestCluster
 from tests.support.planes import assert_apart, planes_on
+from tests.support.registry_helpers import register
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
 
 pytestmark = pytest.mark.anyio
 
 CRASH = "crash-1"
+WEB = "http://127.0.0.1:8090"
 
 
 @pytest.fixture
@@ -296,3 +302,41 @@ async def test_the_gateways_per_caller_buckets_are_on_the_control_plane(
     control = planes_on(split_planes, ns).get(CONTROL, set())
     assert any(":{h:gateway/" in k for k in control), control
     assert_apart(redis_url, split_planes, ns)
+
+
+async def test_the_console_reads_each_plane_from_its_own_redis(
+    redis_url: str, registry_server: RedisServer, ns: str
+) -> None:
+    """``reach web`` with the control plane apart: the agents (registry) come from one Redis,
+    their inbox depths from the other; a drain and its audit entry go to the registry's."""
+    data, control = await connect(redis_url), await connect(registry_server.url)
+    try:
+        reg = Registry(control, ns)
+        _, instance, _ = await register(reg, "sum-1", ["text.summarize"])
+        await reg.mark_ready("sum-1", instance_id=instance)
+        await data.xadd(Keys(ns).inbox("sum-1", "normal"), {"e": b"x"})
+        guard = Guard(token=None, allowed_hosts=loopback_hosts("127.0.0.1"))
+        app = create_app(data, ns, guard, interval_s=0.1, control=control)
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=WEB) as h,
+        ):
+
+            async def shown() -> Any:
+                frame = (await h.get("/api/frame")).json()["frame"]
+                rows = [a for a in frame["agents"] if a["agent_id"] == "sum-1"]
+                return rows and sum(rows[0]["queue"].values()) == 1 and rows[0]
+
+            await wait_until(shown, timeout_s=30, what="the agent and its inbox depth shown")
+            page = await h.get("/agents/drain", params={"id": "sum-1"})
+            csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', page.text)
+            assert csrf, page.text
+            res = await h.post("/agents/drain", data={"id": "sum-1", "csrf": csrf.group(1)})
+            assert res.status_code == 303
+            info = await reg.get("sum-1")
+            assert info is not None and info.draining
+            assert "agents.drain" in (await h.get("/audit")).text
+        assert_apart(redis_url, registry_server.url, ns)
+    finally:
+        await data.aclose()
+        await control.aclose()
