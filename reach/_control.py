@@ -39,11 +39,6 @@ class ControlPlane:
             data_url if self.url is None else f"{data_url} (or the registry's, {redact(self.url)})"
         )
 
-    @property
-    def apart(self) -> bool:
-        """True when the control plane is on a Redis of its own."""
-        return self._given is not None or self.url is not None
-
     async def open(self, max_connections: int, namespace: str, client_id: str) -> None:
         if self.url is not None and self._raw is None:
             self._raw = await connect(
