@@ -108,7 +108,7 @@ async def test_each_planes_keys_are_on_their_own_redis_only(
         # Heartbeats renew the lease on the registry's Redis: ten rounds later the agent
         # was registered once (a heartbeat sent to the data Redis would find no
         # registration there and register again at every round).
-        hub = next(iter(Heartbeats._hubs.values()))
+        hub = Heartbeats._hubs[f"{redis_url} {split_planes}"]  # this process's, for both
         start = hub.rounds
 
         async def ten_rounds() -> bool:
