@@ -71,15 +71,22 @@ async def cancel_message(
     cluster: bool,
     by: str = "",
     audited: bool = True,
+    control: AnyRedis | None = None,
 ) -> CancelResult:
     """Cancel ``msg_id`` (see the module docstring); ``by`` names who asked, kept in the
     record's error text. Recorded in the audit trail (reach.audit), but for the cancels
     reach makes by itself (``audited=False``: a cancelled parent's children, a caller
-    that gave up waiting)."""
+    that gave up waiting). ``control``: the audit trail's Redis when the control plane is
+    apart (reach.planes)."""
     if not audited:
         return await _cancel(redis, keys, msg_id, cluster=cluster, by=by)
     async with audit.operator_action(
-        redis, keys, "cancel", target=msg_id, msg_id=msg_id, detail={"by": by} if by else None
+        control or redis,
+        keys,
+        "cancel",
+        target=msg_id,
+        msg_id=msg_id,
+        detail={"by": by} if by else None,
     ) as note:
         res = await _cancel(redis, keys, msg_id, cluster=cluster, by=by)
         note.detail.update(result=str(res.outcome), status=res.status)

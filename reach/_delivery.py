@@ -119,11 +119,17 @@ class Delivery:
         default_policy: str,
         signer: Signer | None = None,
         identity: str = "",
+        control: AutoPipeline | None = None,
+        control_url: str = "",
     ) -> None:
         self.view = view
         self.identity = identity  # whose send-rate quota the sends count against
+        # Quotas and their buckets are the control plane's (reach.planes): ``commands``
+        # unless it is on a Redis of its own.
+        self.control = commands if control is None else control
+        self.control_url = control_url or redis_url  # named when the registry is away
         self.quota_cache = QuotaCache(keys)
-        self.bucket = SendBucket(commands, keys, identity)
+        self.bucket = SendBucket(self.control, keys, identity)
         self.signer = signer  # signs each envelope as it is encoded (None: not signed)
         self.router = router
         self.commands = commands
@@ -137,15 +143,17 @@ class Delivery:
         self.reroute = _reroute.Rerouter(
             router=router, commands=commands, keys=keys, cluster=commands.cluster, pick=self.repick
         )
-        self.versions = Versions(view=view, router=router, commands=commands, keys=keys)
+        self.versions = Versions(
+            view=view, router=router, commands=commands, keys=keys, control=self.control
+        )
 
     async def quotas(self) -> Quotas:
         """The namespace's quotas (reach.quotas), as last read (re-read every second)."""
-        self.versions.cache.prefetch(self.commands)  # the splits' read goes with this one
+        self.versions.cache.prefetch(self.control)  # the splits' read goes with this one
         try:
-            return await self.quota_cache.get(self.commands)
+            return await self.quota_cache.get(self.control)
         except (rexc.ConnectionError, rexc.TimeoutError) as e:
-            raise unreachable(self.redis_url, e) from e
+            raise unreachable(self.control_url, e) from e
 
     async def take_sends(self, env: Envelope, q: Quotas, n: int) -> tuple[int, Overloaded | None]:
         """Take ``n`` sends from this caller's send-rate bucket: how many were granted and,
@@ -160,12 +168,12 @@ class Delivery:
             while 1 < n and granted < n:  # a batch: 100,000 a call at most
                 ask = min(n - granted, MAX_TAKE)
                 call = take_call(self.keys, self.identity, q.send_rate, ask)
-                taken = await call.run(self.commands)
+                taken = await call.run(self.control)
                 granted, wait_us = granted + taken.granted, taken.wait_us
                 if taken.granted < ask:
                     break
         except (rexc.ConnectionError, rexc.TimeoutError) as e:
-            raise unreachable(self.redis_url, e) from e
+            raise unreachable(self.control_url, e) from e
         except rexc.OutOfMemoryError as e:
             raise redis_full(self.redis_url, env.capability, e) from e
         if granted >= n:
@@ -213,7 +221,7 @@ class Delivery:
                 else:
                     agent = await self._pick(env, where, passed, split, pinned)
             except (rexc.ConnectionError, rexc.TimeoutError) as e:
-                raise unreachable(self.redis_url, e) from e
+                raise unreachable(self.control_url, e) from e
             except NoAgentAvailable as e:
                 if not rechecked and await self._recheck_target(env, e):
                     rechecked = True
@@ -291,7 +299,7 @@ class Delivery:
         try:
             await self.view.recheck(env.target)
         except (rexc.ConnectionError, rexc.TimeoutError) as err:
-            raise unreachable(self.redis_url, err) from err
+            raise unreachable(self.control_url, err) from err
         return True
 
     async def _pick(

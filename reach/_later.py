@@ -29,7 +29,9 @@ ABORT_CANCEL_S = 2.0
 
 
 async def abandon(client: Client, env: Envelope) -> None:
-    """``Client._abandon`` (documented there)."""
+    """``Client._abandon``: the caller of ``env`` was cancelled while it waited: cancel
+    the message too (unless ``cancel_on_abort`` is off), shielded and bounded, so the
+    caller's own cancellation waits at most :data:`ABORT_CANCEL_S` for it."""
     if not client.cancel_on_abort or client._redis is None:
         return
     with anyio.CancelScope(shield=True), anyio.move_on_after(ABORT_CANCEL_S):

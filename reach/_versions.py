@@ -24,11 +24,18 @@ class Versions:
     routes (Redis errors propagate: the caller names the Redis)."""
 
     def __init__(
-        self, *, view: RegistryView, router: Router, commands: AutoPipeline, keys: Keys
+        self,
+        *,
+        view: RegistryView,
+        router: Router,
+        commands: AutoPipeline,
+        keys: Keys,
+        control: AutoPipeline | None = None,
     ) -> None:
         self.view = view
         self.router = router
-        self.commands = commands
+        self.commands = commands  # the data plane: a session's pins live in its slot
+        self.control = commands if control is None else control  # the splits (reach.planes)
         self.keys = keys
         self.cache = SplitCache(keys)
 
@@ -40,7 +47,7 @@ class Versions:
 
     async def split_for(self, capability: str) -> Split | None:
         """``capability``'s split (None: none), as last read."""
-        return (await self.cache.get(self.commands)).get(capability)
+        return (await self.cache.get(self.control)).get(capability)
 
     async def route(
         self, env: Envelope, where: Mapping[str, Any] | None

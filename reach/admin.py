@@ -267,6 +267,7 @@ async def replay_dead_letters(
     fallback_reply_to: str = "",
     client: Client | None = None,
     as_operator: bool = False,
+    control: AnyRedis | None = None,
 ) -> ReplayResult:
     """Send dead letters again, through the router like any message: the same msg_id and
     idempotency key (a message that did complete meanwhile is not run twice), attempts
@@ -287,18 +288,20 @@ async def replay_dead_letters(
     signature verifies; an unsigned or forged one stays, listed in the result, unless
     ``as_operator`` sends every letter as this client's own message (its ``source`` the
     client's id, signed by it): the handler's ``ctx.sender`` then names the operator.
+    ``control``: the control plane's Redis (the audit trail, the registry) when it is not
+    ``redis`` (reach.planes).
     """
     out = ReplayResult()
     caps = sorted({keys.capability_of_dlq(safe_text(e.stream)) for e in entries})
     async with audit.operator_action(
-        redis,
+        control or redis,
         keys,
         "dlq.replay",
         target=",".join(caps)[:200],
         detail={"letters": [e.letter.id for e in entries][:50], "as_operator": as_operator},
     ) as note:
         await _replay_all(redis, keys, entries, out, on_each, reply_to, fallback_reply_to,
-                          client, as_operator)  # fmt: skip
+                          client, as_operator, control)  # fmt: skip
         note.detail.update(replayed=out.replayed, failed=len(out.failed))
         note.detail["msg_ids"] = [s.msg_id for s in out.sent][:50]
         if len(entries) == 1 and entries[0].letter.msg_id:
@@ -318,11 +321,13 @@ async def _replay_all(
     fallback_reply_to: str,
     client: Client | None,
     as_operator: bool,
+    control: AnyRedis | None = None,
 ) -> None:
     live = await live_clients(redis, keys) if reply_to is None else set()
     async with contextlib.AsyncExitStack() as stack:
         if client is None:
-            client = await stack.enter_async_context(Client(redis=redis, namespace=keys.namespace))
+            made = Client(redis=redis, registry_redis=control, namespace=keys.namespace)
+            client = await stack.enter_async_context(made)
         for entry in entries:
             d = entry.letter
             target = _reply_target(d, reply_to, live, fallback_reply_to)
@@ -393,9 +398,14 @@ async def _replay_one(
     return None
 
 
-async def purge_dead_letters(redis: AnyRedis, keys: Keys, *, capability: str | None = None) -> int:
-    """Delete dead letters for good (every capability's, or one's); returns how many."""
-    async with audit.operator_action(redis, keys, "dlq.purge", target=capability or "*") as note:
+async def purge_dead_letters(
+    redis: AnyRedis, keys: Keys, *, capability: str | None = None, control: AnyRedis | None = None
+) -> int:
+    """Delete dead letters for good (every capability's, or one's); returns how many.
+    ``control``: the audit trail's Redis when not ``redis`` (reach.planes)."""
+    async with audit.operator_action(
+        control or redis, keys, "dlq.purge", target=capability or "*"
+    ) as note:
         n = 0
         for stream in await dead_letter_streams(redis, keys, capability=capability):
             n += int(await redis.xlen(stream))
@@ -609,15 +619,18 @@ async def sweep_once(
     owner: str = "cli",
     lock_ms: int = 0,
     dlq_maxlen: int = DLQ_MAXLEN,
+    control: AnyRedis | None = None,
 ) -> SweepReport:
     """One pass of the cluster-wide chores, as a runtime holding the sweeper lock does it:
     advance due leases, then move retries, evicted agents' inboxes and parked messages.
 
     ``lock_ms=0`` sweeps whoever holds the lock (what ``reach sweep`` does when no agent
-    runs); with ``lock_ms > 0`` only the lock's holder (``owner``) sweeps.
+    runs); with ``lock_ms > 0`` only the lock's holder (``owner``) sweeps. ``control``: the
+    control plane's Redis (registry, audit) when not ``redis`` (reach.planes).
     """
-    async with audit.operator_action(redis, keys, "sweep", target=keys.namespace) as note:
-        report = await _sweep(redis, keys, owner, lock_ms, dlq_maxlen)
+    ctl = control or redis
+    async with audit.operator_action(ctl, keys, "sweep", target=keys.namespace) as note:
+        report = await _sweep(redis, keys, owner, lock_ms, dlq_maxlen, control)
         note.detail.update(
             {k: v for k, v in dataclasses.asdict(report).items() if v and k != "evicted"}
         )
@@ -627,16 +640,21 @@ async def sweep_once(
 
 
 async def _sweep(
-    redis: AnyRedis, keys: Keys, owner: str, lock_ms: int, dlq_maxlen: int
+    redis: AnyRedis,
+    keys: Keys,
+    owner: str,
+    lock_ms: int,
+    dlq_maxlen: int,
+    control: AnyRedis | None = None,
 ) -> SweepReport:
-    registry = Registry(redis, keys.namespace)
+    registry = Registry(control or redis, keys.namespace)
     res = await registry.sweep(owner=owner, lock_ms=lock_ms)
     leases = SweepReport(
         probation=res.probation, evicted=list(res.evicted), deleted=res.deleted, locked=res.locked
     )
     if not res.chores:  # another runtime holds shard 0's lock: it does the chores
         return leases
-    async with Client(redis=redis, namespace=keys.namespace) as client:
+    async with Client(redis=redis, registry_redis=control, namespace=keys.namespace) as client:
         moved = await sweep_chores(redis, keys, client, registry, dlq_maxlen=dlq_maxlen)
     return dataclasses.replace(
         leases,

@@ -42,6 +42,7 @@ from .errors import ConfigError
 from .guards import Guard
 from .hooks import Hooks
 from .limits import RateLimit, parse_limit
+from .planes import resolve_registry_url
 from .recent import RECENT_MAXLEN
 from .registry import (
     AUDITED_KEY,
@@ -130,6 +131,9 @@ class RuntimeOptions:
     session_url: str | None = None
     """Redis of the session store (``ctx.session``), when not ``redis_url``'s: a
     ``best_effort`` session then survives that Redis being down (docs/operations.md)."""
+    registry_url: str | None = None
+    """Redis of the control plane (registry, limits, quotas, audit, access rules), when
+    not ``redis_url``'s; else ``REACH_REGISTRY_URL``, else reach.toml's (reach.planes)."""
     namespace: str = "default"
     heartbeat_s: float = 3.0
     """How often the lease is renewed (from a thread of its own)."""
@@ -315,6 +319,7 @@ class RunOptions(TypedDict, total=False):
 
     redis_url: str | None
     session_url: str | None
+    registry_url: str | None
     namespace: str
     heartbeat_s: float
     lease_s: float
@@ -707,6 +712,9 @@ class Agent:
         opts = (options or RuntimeOptions()).replace(**overrides)
         # redis_url=, else REACH_REDIS_URL, else reach.toml/.reach/config (reach.config)
         opts = opts.replace(redis_url=resolve_redis_url(opts.redis_url))
+        opts = opts.replace(
+            registry_url=resolve_registry_url(opts.registry_url, data_url=opts.redis_url)
+        )
         self.check_handlers()
         await warn_once(opts.redis_url or "")  # eviction, persistence: once per process
         signing = worker_signing(opts)

@@ -252,15 +252,22 @@ def _stale(n: int) -> StaleRun:
 
 
 async def answer_task(
-    redis: AnyRedis, keys: Keys, msg_id: str, value: Any, *, ask: int | None = None
+    redis: AnyRedis,
+    keys: Keys,
+    msg_id: str,
+    value: Any,
+    *,
+    ask: int | None = None,
+    control: AnyRedis | None = None,
 ) -> int:
     """Answer the question ``msg_id``'s handler waits on with ``value`` (see
-    :meth:`reach.Client.answer`): the number of the ask answered."""
+    :meth:`reach.Client.answer`): the number of the ask answered. ``control``: the audit
+    trail's Redis when the control plane is apart (reach.planes)."""
     data = encode_answer(value)
     if ask is not None and (isinstance(ask, bool) or not isinstance(ask, int) or ask < 1):
         raise ConfigError(f"ask must be an ask's number (1 or more) or None, got {ask!r}.")
     async with audit.operator_action(
-        redis, keys, "task.answer", target=msg_id, msg_id=msg_id, detail={"ask": ask}
+        control or redis, keys, "task.answer", target=msg_id, msg_id=msg_id, detail={"ask": ask}
     ) as note:
         n = await _answer(redis, keys, msg_id, data, ask)
         note.detail["ask"] = n

@@ -29,6 +29,7 @@ from ._buffer import (
     SendBuffer,
 )
 from ._cancel import CancelResult, cancel_message
+from ._control import ControlPlane
 from ._defaults import (
     DEFAULT_FALLBACK_ON,
     DEFAULT_SEND_TIMEOUT_S,
@@ -40,7 +41,7 @@ from ._delivery import ADVERTISABLE as ADVERTISABLE  # noqa: PLC0414 (re-exporte
 from ._delivery import Delivery, policy_for
 from ._replies import ReplyFigures, ReplyReader, outcome_of
 from ._streaming import Stream
-from .asking import answer_task
+from ._task_calls import TaskCalls
 from .authz import Prechecks
 from .breaker import Breakers
 from .callpath import DEFAULT_MAX_HOPS, Gate, check_max_hops
@@ -98,7 +99,7 @@ class MessageOptions(TypedDict, total=False):
     tenant: str | None  # the tenant map's entry to send to (reach.tenants)
 
 
-class Client(ManyCalls, ReplyFigures):
+class Client(ManyCalls, ReplyFigures, TaskCalls):
     """Send messages by capability.
 
     Use as ``async with reach.Client(redis_url=..., namespace=...) as client:``.
@@ -177,6 +178,8 @@ class Client(ManyCalls, ReplyFigures):
         cancel_on_abort: bool = True,
         max_hops: int = DEFAULT_MAX_HOPS,
         tenants: TenantsOption = None,
+        registry_url: str | None = None,
+        registry_redis: AnyRedis | None = None,
     ) -> None:
         # first: locals() is the options then, which a tenant's inner client is made with
         self.tenants = TenantClients(self, tenants, locals())
@@ -191,6 +194,7 @@ class Client(ManyCalls, ReplyFigures):
         if redis is None:  # redis_url=, REACH_REDIS_URL, reach.toml, else the default tenant's
             redis_url, namespace = self.tenants.own(redis_url, namespace)
         self.redis_url = redis_url or ""
+        self._control = ControlPlane(registry_url, registry_redis, self.redis_url, redis is None)
         self.namespace = namespace
         self.keys = Keys(namespace)
         self.client_id = client_id or f"c-{new_id()}"
@@ -218,10 +222,8 @@ class Client(ManyCalls, ReplyFigures):
             breakers=self.breakers,
             rng=rng,
         )
-        self._view_opts: dict[str, Any] = {
-            "refresh_s": view_refresh_s,
-            "max_staleness_s": max_staleness_s,
-        }
+        self._view_opts: dict[str, Any] = {"refresh_s": view_refresh_s}
+        self._view_opts["max_staleness_s"] = max_staleness_s
         self._view: RegistryView | None = None
         self._limits = LimitsCache()  # read only by calls with on_rate_limit="raise"
         self._redis = redis
@@ -246,7 +248,7 @@ class Client(ManyCalls, ReplyFigures):
             max_bytes=buffer_max_bytes,
             max_age_s=buffer_max_age_s,
             name=f"client {self.client_id}",
-            redis_url=redact(self.redis_url),
+            redis_url=self._control.label(redact(self.redis_url)),
         )
         # The reader's state under the names it had here (tests look at them).
         self._events, self._replies = self._reader.events, self._reader.replies
@@ -271,9 +273,14 @@ class Client(ManyCalls, ReplyFigures):
         return self._auto
 
     @property
+    def control(self) -> AutoPipeline:
+        """The control plane's commands: :attr:`commands` unless ``registry_url`` is set."""
+        return self._control.commands(self.commands)
+
+    @property
     def registry(self) -> Registry:
         if self._registry is None:
-            self._registry = Registry(self.commands, self.namespace)
+            self._registry = Registry(self.control, self.namespace)
         return self._registry
 
     @property
@@ -302,6 +309,8 @@ class Client(ManyCalls, ReplyFigures):
                 view=self.view,
                 router=self.router,
                 commands=self.commands,
+                control=self.control,
+                control_url=self._control.url or self.redis_url,
                 keys=self.keys,
                 redis_url=self.redis_url,
                 default_policy=self.default_policy,
@@ -329,8 +338,9 @@ class Client(ManyCalls, ReplyFigures):
                 client_name=f"reach:{self.namespace}:{self.client_id}",
             )
             await warn_once(self.redis_url, self._redis)  # eviction, persistence: once
-            with anyio.move_on_after(3.0):  # deadlines are set on Redis's clock
-                await self.registry.measure_clock()  # on a Cluster: the registry's node
+            with anyio.move_on_after(3.0):  # deadlines are set on the data Redis's clock
+                await Registry(self.commands, self.namespace).measure_clock()
+        await self._control.open(self.max_connections, self.namespace, self.client_id)
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self.view.attach(self._tg)  # its tasks start at the first routing (lazily)
@@ -355,6 +365,7 @@ class Client(ManyCalls, ReplyFigures):
         if self._own_redis and self._redis is not None:
             await self._redis.aclose()
             self._redis = None
+        await self._control.aclose()  # closes only a connection it opened
 
     def _ensure_reader(self) -> None:
         if self._reader.started:
@@ -520,11 +531,8 @@ class Client(ManyCalls, ReplyFigures):
         return env.msg_id
 
     async def _check_rate_limit(self, capability: str, on_rate_limit: str) -> None:
-        """With ``on_rate_limit="raise"``: raise :class:`RateLimited` when ``capability``'s
-        rate limit (``reach caps limit``) allows no start now. It only looks (a peek at
-        the limit's state, taking nothing): the workers take the starts, so the limit holds
-        exactly whatever callers choose; a message sent after the look may still wait."""
-        await check_rate_limit(self._limits, self.commands, self.keys, capability, on_rate_limit)
+        """``on_rate_limit="raise"``: RateLimited when the limit allows no start now."""
+        await check_rate_limit(self._limits, self.control, self.keys, capability, on_rate_limit)
 
     # -- the outage buffer (reach._buffer) --------------------------------------------------
     async def _deliver_or_hold(
@@ -723,14 +731,15 @@ class Client(ManyCalls, ReplyFigures):
         Returns a :class:`reach.CancelResult`; ``client.task(msg_id)`` shows ``cancelled``.
         """
         return await cancel_message(
-            self.commands, self.keys, msg_id, cluster=self.commands.cluster, by=by or self.client_id
+            self.commands,
+            self.keys,
+            msg_id,
+            cluster=self.commands.cluster,
+            by=by or self.client_id,
+            control=self.control,  # the audit trail's
         )
 
-    async def _abandon(self, env: Envelope) -> None:
-        """The caller of ``env`` was cancelled while it waited: cancel the message too
-        (unless ``cancel_on_abort`` is off), shielded and bounded, so the caller's own
-        cancellation waits at most :data:`reach._later.ABORT_CANCEL_S` for it."""
-        await _later.abandon(self, env)
+    _abandon = _later.abandon  # a caller cancelled while it waited: cancel its message
 
     @by_tenant
     async def task(self, msg_id: str, *, tenant: str | None = None) -> TaskStatus:
@@ -763,23 +772,6 @@ class Client(ManyCalls, ReplyFigures):
         :class:`ChunksNotKept` (so does a message with no record). ``timeout_s`` bounds the
         whole resume (:class:`DeadlineExceeded`). docs/concepts.md, *Resuming a stream*."""
         return Resumed(self, msg_id, after=after, timeout_s=timeout_s)
-
-    async def answer(self, msg_id: str, value: Any, *, ask: int | None = None) -> int:
-        """Answer the question ``msg_id``'s handler asked (``ctx.ask``) with ``value``, any
-        JSON value: it is stored in the task's record, the task is ``running`` again and
-        the handler goes on with it. Returns the number of the ask answered (a handler's
-        first is 1). ``ask``: the number of the ask this answers (``task.asking`` when the
-        question was shown), so an answer meant for one question never lands on a later
-        one; None: whichever waits. Raises :class:`reach.UnknownTask` (no such task),
-        :class:`reach.NotWaitingForInput` (it waits for no answer: its ``status`` says
-        what it is), :class:`reach.AlreadyAnswered` (the first answer stands), all
-        :class:`reach.AnswerRefused`; :class:`reach.ConfigError` for a value that is no
-        JSON or over 64 KiB. docs/concepts.md, *Human input*."""
-        return await answer_task(self.commands, self.keys, msg_id, value, ask=ask)
-
-    async def scheduled(self, *, limit: int = 100) -> list[scheduling.ScheduledSend]:
-        """The sends waiting for their due time (``send(at=...)``), the earliest first."""
-        return await scheduling.list_scheduled(self.commands, self.keys, limit=limit)
 
     @by_tenant
     async def result(

@@ -12,6 +12,7 @@ instead of failing the whole run.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import re
@@ -441,21 +442,53 @@ async def check_scripts(r: AnyRedis) -> list[Finding]:
     return out
 
 
-async def check_key_scheme(r: AnyRedis, keys: Keys, *, max_keys: int = 10_000) -> list[Finding]:
+async def check_key_scheme(
+    r: AnyRedis, keys: Keys, *, max_keys: int = 10_000, plane: str | None = None
+) -> list[Finding]:
     """Whether every key under the namespace's prefixes has a form of
-    :data:`reach.keys.LAYOUT` (the one list of the keys reach writes)."""
+    :data:`reach.keys.LAYOUT` (the one list of the keys reach writes). ``plane`` (the
+    namespace keeps its control plane apart, reach.planes): the plane this Redis holds;
+    keys of the other plane found here are a warning (a process that does not know the
+    split wrote them)."""
     seen = 0
     odd: list[str] = []
+    by_plane: dict[str, int] = {}
+    astray: list[str] = []
     for match in scan_patterns(keys.namespace):
         async for k in r.scan_iter(match=match, count=1000):
             seen += 1
             key = _text(k)
-            if form_of(key, keys.namespace) is None and len(odd) < 5:
+            form = form_of(key, keys.namespace)
+            if form is None and len(odd) < 5:
                 odd.append(key)
+            if form is not None:
+                by_plane[form.plane] = by_plane.get(form.plane, 0) + 1
+                if plane is not None and form.plane != plane and len(astray) < 5:
+                    astray.append(key)
             if seen >= max_keys:
                 break
         if seen >= max_keys:
             break
+    out: list[Finding] = []
+    if astray:
+        other = "data" if plane == "control" else "control"
+        out.append(
+            Finding(
+                "planes",
+                "warning",
+                f"keys of the {other} plane on the {plane} plane's Redis: {', '.join(astray)}",
+                "give every worker, client and CLI of the namespace the same registry_url "
+                "(--registry-url, REACH_REGISTRY_URL or reach.toml); docs/operations.md, "
+                "The control plane apart",
+            )
+        )
+    if seen and not odd:
+        planes = ", ".join(f"{n} {p}" for p, n in sorted(by_plane.items()))
+        out.append(Finding("planes", "ok", f"keys of {keys.namespace!r} by plane: {planes}"))
+    return out + _scheme_findings(keys, seen, odd, max_keys)
+
+
+def _scheme_findings(keys: Keys, seen: int, odd: list[str], max_keys: int) -> list[Finding]:
     if not seen:
         return [
             Finding(
@@ -493,8 +526,11 @@ async def diagnose(
     *,
     acl_user: str | None = None,
     acl_role: str | None = None,
+    plane: str | None = None,
 ) -> list[Finding]:
-    """Every check, in order; a check that fails to run is an error finding of its own."""
+    """Every check, in order; a check that fails to run is an error finding of its own.
+    ``plane`` (``control`` or ``data``: the namespace keeps its control plane apart): the
+    plane this Redis holds, named in every finding, and checked against its keys."""
     keys = Keys(namespace)
     checks: list[tuple[str, Any]] = [
         ("version", check_version(r)),
@@ -506,7 +542,7 @@ async def diagnose(
         ("acl", check_acl(r, keys, acl_user, url, role=acl_role)),
         ("clock", check_clock(r)),
         ("script cache", check_scripts(r)),
-        ("key scheme", check_key_scheme(r, keys)),
+        ("key scheme", check_key_scheme(r, keys, plane=plane)),
     ]
     out: list[Finding] = []
     for name, coro in checks:
@@ -521,6 +557,8 @@ async def diagnose(
             out.append(
                 Finding(name, "error", f"the check could not run: {type(e).__name__}: {e}", fix)
             )
+    if plane is not None:
+        out = [dataclasses.replace(f, check=f"{plane} plane: {f.check}") for f in out]
     return out
 
 

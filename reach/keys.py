@@ -66,6 +66,11 @@ Layout (``ns`` is the namespace, ids are stripped of ``{``/``}`` first):
 * idempotency / task / session records, each in the slot of its own id (a streamed
   message's kept chunks in its record's; a session's version pins in its session's).
 
+Two planes (:data:`CONTROL_BUILDERS`): the registry shards, ``limits``, ``rate:*``, ``quotas``,
+``audit``, ``access`` and the ``{q:}``/``{h:}`` rate buckets are the control plane, on
+``registry_url`` when a namespace keeps it apart; everything else is the data plane, on
+``redis_url``. No script spans them, as no script spans two hash slots on a Cluster.
+
 :data:`LAYOUT` lists every kind of key with its type and builder: ``reach doctor`` checks a
 namespace's keys against it, so a key added here without a form there fails a test.
 
@@ -501,6 +506,30 @@ class KeyForm:
     builder: str
     what: str
 
+    @property
+    def plane(self) -> str:
+        """Which Redis holds keys of this form when a namespace keeps its control plane
+        apart (``registry_url``): :data:`CONTROL` or :data:`DATA` (:data:`CONTROL_BUILDERS`)."""
+        return CONTROL if self.builder in CONTROL_BUILDERS else DATA
+
+
+CONTROL = "control"
+"""The control plane: the registry, its events, rate limits, quotas, the audit trail and the
+operator's access rules. On ``registry_url`` when one is set (docs/operations.md, *The
+control plane apart*), else on the one Redis."""
+DATA = "data"
+"""The data plane: inboxes, task records, replies, delayed and scheduled sets, dead letters,
+parked messages, cancel notices, sessions, the gateway's tasks. Always on ``redis_url``."""
+CONTROL_BUILDERS = frozenset(
+    {
+        "agents_of", "agent", "cap_of", "caps_of", "events_of", "sweeper_lock_of",
+        "reroute_of", "left_of", "limits", "rate_state", "agent_rate_state", "quotas",
+        "audit", "access", "send_rate_state", "caller_rate_state", "splits",
+    }
+)  # fmt: skip
+"""The :data:`LAYOUT` forms (by builder) of the control plane; every other form is data.
+A script touches keys of one plane only: no script spans the two Redis servers."""
+
 
 LAYOUT: tuple[KeyForm, ...] = (
     # registry shards
@@ -610,6 +639,13 @@ def form_of(key: str, namespace: str) -> KeyForm | None:
         if regex.match(key):
             return form
     return None
+
+
+def plane_of(key: str, namespace: str) -> str | None:
+    """The plane (:data:`CONTROL` or :data:`DATA`) of ``key`` in ``namespace``; None for a
+    key reach does not write."""
+    form = form_of(key, namespace)
+    return None if form is None else form.plane
 
 
 def scan_patterns(namespace: str) -> tuple[str, ...]:

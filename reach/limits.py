@@ -186,8 +186,10 @@ async def check_rate_limit(
 ) -> None:
     """``Client``'s check before a send: with ``on_rate_limit="raise"``, raise
     :class:`~reach.errors.RateLimited` when ``capability``'s rate limit allows no start now
-    (a peek at the limit's state through ``cache``, taking nothing; see
-    ``Client._check_rate_limit``)."""
+    (``reach caps limit``). It only looks (a peek at the limit's state through ``cache``,
+    taking nothing): the workers take the starts, so the limit holds exactly whatever
+    callers choose; a message sent after the look may still wait. ``commands``: the
+    control plane's (reach.planes)."""
     if on_rate_limit not in RATE_LIMIT_CHOICES:
         raise ConfigError(
             f"on_rate_limit={on_rate_limit!r}: use 'wait' (the message waits for its "

@@ -148,13 +148,17 @@ def _cancelled(fields: Any) -> bool:
 
 
 async def collect(
-    r: AnyRedis, namespace: str, *, cancelled: CancelledCounts | None = None
+    r: AnyRedis,
+    namespace: str,
+    *,
+    cancelled: CancelledCounts | None = None,
+    control: AnyRedis | None = None,
 ) -> Sample:
     """Read everything one frame shows (a few pipelined round trips); with ``cancelled``,
     also how many dead letters are cancelled messages (the letters filed since its last
-    update are read)."""
+    update are read). ``control``: the registry's Redis when not ``r`` (reach.planes)."""
     keys = Keys(namespace)
-    reg = Registry(r, namespace)
+    reg = Registry(control or r, namespace)
     mono = time.monotonic()
     agents = await reg.agents()
     caps = await reg.capabilities()

@@ -369,21 +369,24 @@ class _Chores(_Letters):
         junk: str,
         refused: str,
         members: Collection[Any] | None = None,
+        on: AnyRedis | None = None,
     ) -> None:
         """Call ``handle`` for each member of the set ``set_key`` that ``parse`` accepts
         (``members``: the set as just read, else it is read here).
 
         A member ``parse`` refuses (None) is logged (``junk % member``) and removed, and so
         is one whose keys Redis refuses to handle (``refused % (member, error)``: a key of
-        the wrong type); any other error stops the loop.
+        the wrong type); any other error stops the loop. ``on``: the Redis holding the set
+        (the registry's, for a reroute set: the control plane may be apart).
         """
+        r = self.redis if on is None else on
         if members is None:
-            members = await self.redis.smembers(set_key)
+            members = await r.smembers(set_key)
         for raw in members:
             member = parse(raw)
             if member is None:
                 log.error(junk, raw)
-                await self.redis.srem(set_key, raw)
+                await r.srem(set_key, raw)
                 continue
             try:
                 await handle(member)
@@ -391,7 +394,7 @@ class _Chores(_Letters):
                 if not scripts.is_data_error(e):
                     raise
                 log.error(refused, member, e)
-                await self.redis.srem(set_key, member)
+                await r.srem(set_key, member)
 
     # -- retries --------------------------------------------------------------------
     async def move_due(self, limit: int) -> Moved:
@@ -453,8 +456,8 @@ class _Chores(_Letters):
     async def reroute_evicted(self, registry: Registry, batch: int) -> Moved:
         for k in range(registry.shards):  # each registry shard lists its own evicted agents
             reroute = registry.keys.reroute_of(k)
-            members = await self.redis.smembers(reroute)
-            quiet = await self._quiet(members, registry.keys.left_of(k))
+            members = await registry.redis.smembers(reroute)
+            quiet = await self._quiet(members, registry.keys.left_of(k), registry.redis)
 
             async def one(agent_id: str, reroute: str = reroute, quiet: set[str] = quiet) -> None:
                 if agent_id in quiet:
@@ -471,20 +474,26 @@ class _Chores(_Letters):
                 # Its record or an inbox stream of another type: nothing reach can move.
                 refused="inbox of %s cannot be moved (%s): removed from the reroute set",
                 members=members,
+                on=registry.redis,
             )
         return self.out
 
-    async def _quiet(self, members: Collection[Any], left: str) -> set[str]:
+    async def _quiet(self, members: Collection[Any], left: str, control: AnyRedis) -> set[str]:
         """The ``members`` of a reroute set a pass need not look at: agents that deregistered
         within :data:`REROUTE_GRACE_MS` (their ``left`` score) and have no inbox stream
         (nothing came since). Found in one pipeline, so a deploy that stops many agents
-        at once costs a pass one round trip for those, not three per agent."""
+        at once costs a pass one round trip for those, not three per agent (two when the
+        registry, ``control``, is on a Redis of its own)."""
         ids = [a for a in map(_agent_id, members) if a is not None]
         if not ids:
             return set()
         ops: list[tuple[Any, ...]] = [("ZMSCORE", left, *ids)]
-        ops += [("EXISTS", *self.keys.inboxes(a)) for a in ids]
-        scores, *inboxes = await scripts.run_pipeline(self.redis, ops)
+        exists: list[tuple[Any, ...]] = [("EXISTS", *self.keys.inboxes(a)) for a in ids]
+        if control is self.redis:
+            scores, *inboxes = await scripts.run_pipeline(self.redis, ops + exists)
+        else:
+            (scores,) = await scripts.run_pipeline(control, ops)
+            inboxes = await scripts.run_pipeline(self.redis, exists)
         if isinstance(scores, Exception):
             return set()  # a left zset Redis refuses to read: each member's own pass tells
         recent = now_ms() - REROUTE_GRACE_MS
@@ -506,12 +515,12 @@ class _Chores(_Letters):
         if info is not None and info.state != "evicted":
             # It came back: its inbox is its own.
             await scripts.run_checked(
-                redis, [("SREM", reroute, agent_id), ("ZREM", left, agent_id)]
+                registry.redis, [("SREM", reroute, agent_id), ("ZREM", left, agent_id)]
             )
             return
         # Gone since: its eviction (its record's state_ms) or its deregistration (when
         # deregister.lua listed it; no record is left then).
-        since = info.state_ms if info is not None else await redis.zscore(left, agent_id)
+        since = info.state_ms if info is not None else await registry.redis.zscore(left, agent_id)
         if await redis.exists(*keys.inboxes(agent_id)):  # (none: dropped, and nothing since)
             await self._move_inbox(agent_id, batch)
         # Listed until REROUTE_GRACE_MS after it left: a caller whose view has not read
@@ -519,7 +528,7 @@ class _Chores(_Letters):
         # stream nobody reads; the next pass moves it on.
         if since is None or now_ms() - since >= REROUTE_GRACE_MS:
             await scripts.run_checked(
-                redis, [("SREM", reroute, agent_id), ("ZREM", left, agent_id)]
+                registry.redis, [("SREM", reroute, agent_id), ("ZREM", left, agent_id)]
             )
 
     async def _move_inbox(self, agent_id: str, batch: int) -> None:

@@ -4,7 +4,12 @@
   each taking its own namespace (``ns`` fixture);
 * ``fresh_redis`` - a standalone server of its own, for tests that restart or flush it;
 * ``redis_cluster`` - a 3-master Redis Cluster built from Python, for the session;
-* ``redis_sentinel`` - 1 master, 1 replica and 3 sentinels of the test's own.
+* ``redis_sentinel`` - 1 master, 1 replica and 3 sentinels of the test's own;
+* ``registry_server`` - a second standalone server for the session: the control plane's
+  when ``split_planes`` (or ``REACH_TEST_SPLIT_PLANES=1``, for every test) puts it apart
+  (``REACH_REGISTRY_URL``, which clients, ``Agent.run`` and worker processes read); a
+  test that writes control-plane keys through ``r`` / ``redis_url`` itself assumes one
+  Redis (the rate limit, quota and audit modules do).
 """
 
 from __future__ import annotations
@@ -92,6 +97,29 @@ def ns() -> str:
 @pytest.fixture
 def redis_url(redis_server: RedisServer) -> str:
     return redis_server.url
+
+
+@pytest.fixture(scope="session")
+def registry_server(server_binary) -> Iterator[RedisServer]:  # type: ignore[no-untyped-def]
+    with RedisServer(binary=server_binary) as server:
+        yield server
+
+
+@pytest.fixture
+def split_planes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The namespace's control plane (registry, limits, quotas, audit, access rules) on
+    ``registry_server``, its data plane on ``redis_url``'s: every Client, ``Agent.run``
+    and worker process of the test finds it in ``REACH_REGISTRY_URL``. Returns that URL."""
+    url: str = request.getfixturevalue("registry_server").url
+    monkeypatch.setenv("REACH_REGISTRY_URL", url)
+    return url
+
+
+@pytest.fixture(autouse=True)
+def _split_planes_everywhere(request: pytest.FixtureRequest) -> None:
+    """``REACH_TEST_SPLIT_PLANES=1``: every test runs with the control plane apart."""
+    if os.environ.get("REACH_TEST_SPLIT_PLANES") == "1":
+        request.getfixturevalue("split_planes")
 
 
 @pytest.fixture

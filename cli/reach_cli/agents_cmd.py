@@ -24,7 +24,7 @@ from .common import (
     command,
     fail,
     find_redis,
-    open_redis,
+    open_control,
     print_json,
     require_text,
     run,
@@ -105,7 +105,7 @@ def agents_list(
         filt[k] = v
 
     async def body() -> list[reach.AgentInfo]:
-        r = await open_redis(redis_url)
+        r = await open_control(redis_url)
         try:
             return await Registry(r, namespace).agents(cap, state=state, where=filt or None)
         finally:
@@ -169,7 +169,7 @@ def _items(d: Any) -> list[tuple[Any, Any]]:
 
 async def _get_agent(redis_url: str, namespace: str, agent_id: str) -> reach.AgentInfo:
     """One agent's record (live or shadow), or UnknownAgent that says where to look."""
-    r = await open_redis(redis_url)
+    r = await open_control(redis_url)
     try:
         a = await Registry(r, namespace).get(agent_id)
     finally:
@@ -271,7 +271,7 @@ async def agents_drain(
 
     Example: reach agents drain summarizer-1
     """
-    r = await open_redis(redis_url)
+    r = await open_control(redis_url)
     try:
         code = await admin.drain_agent(r, Keys(namespace), agent_id)
     finally:

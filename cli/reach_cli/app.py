@@ -52,9 +52,12 @@ from .common import (
     err_console,
     fail,
     json_line,
+    open_control,
+    open_control_apart,
     open_redis,
     print_json,
     progress,
+    registry_url_for,
     require_text,
     safe_text,
     table,
@@ -145,7 +148,7 @@ async def events(
 
     Example: reach events --follow
     """
-    r = await open_redis(redis_url)
+    r = await open_control(redis_url)
     reg = Registry(r, namespace)
     try:
         evs = await reg.recent_events(count) if count else []  # XREVRANGE refuses COUNT 0
@@ -209,10 +212,13 @@ async def sweep(
     Runtimes do this on their own; use it when no agent is running.
     """
     r = await open_redis(redis_url)
+    control = await open_control_apart(redis_url)
     try:
-        res = await admin.sweep_once(r, Keys(namespace), owner="cli", lock_ms=0)
+        res = await admin.sweep_once(r, Keys(namespace), owner="cli", lock_ms=0, control=control)
     finally:
         await r.aclose()
+        if control is not None:
+            await control.aclose()
     out = {
         "probation": res.probation,
         "evicted": res.evicted,
@@ -430,7 +436,10 @@ async def send(
             f"PAYLOAD cannot be sent ({e}): integers must fit in 64 bits and text must be "
             "valid Unicode."
         ) from e
-    async with Client(redis_url=redis_url, namespace=namespace) as client:
+    registry_url = registry_url_for(redis_url)
+    async with Client(
+        redis_url=redis_url, registry_url=registry_url, namespace=namespace
+    ) as client:
         kw: _SendOptions = {
             "session_id": session,
             "priority": priority,

@@ -22,7 +22,7 @@ from .common import (
     RedisUrl,
     command,
     json_line,
-    open_redis,
+    open_control,
     print_json,
     safe_text,
     table,
@@ -121,7 +121,7 @@ async def _audit(
     except ValueError as err:
         raise ConfigError(f"--since: {err}") from None
     keys = Keys(namespace)
-    r = await open_redis(redis_url)
+    r = await open_control(redis_url)
     try:
         past = (
             await audit.read_audit(r, keys, since_ms=since_ms, action=action, limit=limit)

@@ -19,6 +19,7 @@ from .common import (
     Namespace,
     RedisUrl,
     command,
+    open_control_apart,
     open_redis,
     print_json,
     table,
@@ -38,6 +39,7 @@ async def cancel(
     Example: reach cancel 019a...e3 --json
     """
     r = await open_redis(redis_url)
+    control = await open_control_apart(redis_url)  # the audit trail's, when apart
     try:
         res = await cancel_message(
             r,
@@ -45,9 +47,12 @@ async def cancel(
             msg_id,
             cluster=is_cluster(r),
             by=f"reach cancel on {socket.gethostname()} (pid {os.getpid()})",
+            control=control,
         )
     finally:
         await r.aclose()
+        if control is not None:
+            await control.aclose()
     row = {"msg_id": res.msg_id, "outcome": str(res.outcome), "status": res.status}
     if json_:
         print_json(row)

@@ -29,7 +29,7 @@ from .common import (
     RedisUrl,
     command,
     fail,
-    open_redis,
+    open_control,
     print_json,
     table,
 )
@@ -71,7 +71,7 @@ async def _change(
         fail(f"give ENTRIES or --clear, not both (reach caps {kind} {cap} --clear)")
     if not clear and not entries:
         fail(f"give entries to {kind}, e.g. reach caps {kind} {cap} id:alice role:billing")
-    r = await open_redis(url)
+    r = await open_control(url)
     try:
         return await change_rules(r, Keys(ns), cap, kind, entries or (), clear=clear)
     finally:
@@ -156,7 +156,7 @@ async def access_cmd(
 
     Example: reach caps access payments.refund --json
     """
-    r = await open_redis(redis_url)
+    r = await open_control(redis_url)
     try:
         reg = Registry(r, namespace)
         _, operator = await read_rules(r, Keys(namespace))

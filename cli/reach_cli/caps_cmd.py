@@ -23,7 +23,7 @@ from .common import (
     fail,
     find_redis,
     json_line,
-    open_redis,
+    open_control,
     print_json,
     require_text,
     run,
@@ -61,7 +61,7 @@ def caps_list(
     Found = tuple[list[tuple[str, int]], dict[str, int], dict[str, float | None], dict[str, str]]
 
     async def body() -> tuple[Found, dict[str, RateLimit]]:
-        r = await open_redis(url)
+        r = await open_control(url)
         try:
             reg = Registry(r, namespace)
             rows = await reg.capabilities()
@@ -163,7 +163,7 @@ async def limit_cmd(
     if burst is not None and rate is None:
         fail("--burst goes with a RATE, e.g. reach caps limit CAP 50/s --burst 10")
     keys = Keys(namespace)
-    r = await open_redis(redis_url)
+    r = await open_control(redis_url)
     try:
         if clear:
             await set_limit(r, keys, cap, None)
@@ -206,7 +206,7 @@ async def show_cmd(
     Example: reach caps show text.summarize --json
     """
     cap = normalize_capability(capability)
-    r = await open_redis(redis_url)
+    r = await open_control(redis_url)
     try:
         agents = [a for a in await Registry(r, namespace).agents(cap) if a.state != "evicted"]
         limit = (await get_limits(r, Keys(namespace))).get(cap)

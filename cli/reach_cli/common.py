@@ -30,6 +30,7 @@ from rich.text import Text
 from reach.config import locate_redis_url
 from reach.connection import AnyRedis, connect, redact, unreachable
 from reach.errors import ConfigError, ReachError
+from reach.planes import resolve_registry_url
 from reach.tenants import Tenant, Tenants
 
 RedisUrl = Annotated[
@@ -62,6 +63,20 @@ RedisPasswordFile = Annotated[
         metavar="FILE",
         help="A file holding the Redis password, put into the URL in memory only (the URL "
         "then has none). Env: REACH_REDIS_PASSWORD_FILE.",
+    ),
+]
+RegistryUrlOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--registry-url",
+        envvar="REACH_REGISTRY_URL",
+        show_envvar=True,
+        show_default=False,
+        metavar="URL",
+        help="Redis of the namespace's control plane (registry, events, rate limits, "
+        "quotas, audit trail, access rules) when it is not --redis-url's. Not given: "
+        "registry_url in reach.toml, else --redis-url's. See docs/operations.md, The "
+        "control plane apart.",
     ),
 ]
 TenantOption = Annotated[
@@ -305,10 +320,14 @@ _secret_files: ContextVar[tuple[Path | None, Path | None]] = ContextVar(
 )
 
 
+# --registry-url of the command running (reach.planes), read by open_control
+_registry_url: ContextVar[str | None] = ContextVar("reach_registry_url", default=None)
+
+
 def with_secret_file_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` (a command that takes ``--redis-url``) with ``--redis-url-file`` and
-    ``--redis-password-file`` after it, handed to :func:`find_redis_source`; other
-    commands unchanged."""
+    """``fn`` (a command that takes ``--redis-url``) with ``--redis-url-file``,
+    ``--redis-password-file`` (handed to :func:`find_redis_source`) and ``--registry-url``
+    (to :func:`open_control`) after it; other commands unchanged."""
     sig = inspect.signature(fn)
     if "redis_url" not in sig.parameters or "redis_url_file" in sig.parameters:
         return fn
@@ -328,6 +347,12 @@ def with_secret_file_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                     "redis_password_file", kind, default=None, annotation=RedisPasswordFile
                 )
             )
+            if "registry_url" not in sig.parameters:  # reach worker has its own
+                params.append(
+                    inspect.Parameter(
+                        "registry_url", kind, default=None, annotation=RegistryUrlOption
+                    )
+                )
             if "tenant" not in sig.parameters:  # a command with its own (reach worker's)
                 params.append(
                     inspect.Parameter("tenant", kind, default=None, annotation=TenantOption)
@@ -340,14 +365,19 @@ def with_secret_file_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         redis_password_file: Path | None = None,
         **kwargs: Any,
     ) -> Any:
+        registry = (
+            kwargs.pop("registry_url", None) if "registry_url" not in sig.parameters else None
+        )
         if "tenant" not in sig.parameters:
             tenant = kwargs.pop("tenant", None)
             if tenant:
                 apply_tenant(tenant, kwargs, url_file=redis_url_file)
         token = _secret_files.set((redis_url_file, redis_password_file))
+        given = _registry_url.set(registry)
         try:
             return fn(*args, **kwargs)
         finally:
+            _registry_url.reset(given)
             _secret_files.reset(token)
 
     wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
@@ -411,6 +441,26 @@ def require_text(params: dict[str, Any]) -> None:
 
 async def open_redis(url: str) -> AnyRedis:
     return await connect(url)
+
+
+def registry_url_for(data_url: str) -> str | None:
+    """The control plane's Redis URL of the command running (``--registry-url``,
+    ``REACH_REGISTRY_URL``, reach.toml's ``registry_url``) when apart from ``data_url``."""
+    with cli_errors():
+        return resolve_registry_url(_registry_url.get(), data_url=data_url)
+
+
+async def open_control_apart(data_url: str) -> AnyRedis | None:
+    """A connection to the control plane's own Redis, None when it is the data Redis's."""
+    url = registry_url_for(data_url)
+    return None if url is None else await connect(url)
+
+
+async def open_control(data_url: str) -> AnyRedis:
+    """A connection to the namespace's control plane (registry, limits, quotas, audit,
+    access rules): its own Redis when one is named (:func:`registry_url_for`), else the
+    data Redis at ``data_url``. The caller closes it."""
+    return await connect(registry_url_for(data_url) or data_url)
 
 
 # C0 and C1 control characters (escape sequences a terminal would act on) but newline and tab.

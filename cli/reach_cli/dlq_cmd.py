@@ -24,11 +24,13 @@ from .common import (
     RedisUrl,
     command,
     json_line,
+    open_control_apart,
     open_redis,
     print_json,
     print_traceback,
     progress,
     readable,
+    registry_url_for,
     safe_text,
     table,
 )
@@ -222,7 +224,10 @@ async def dlq_replay(
     outcomes: dict[str, dict[str, Any]] = {}
     # The command's own client names its connections like any Client: while it waits, it
     # is a live caller, and the replies of gone callers come to it.
-    async with Client(redis_url=redis_url, namespace=namespace) as client:
+    registry_url = registry_url_for(redis_url)
+    async with Client(
+        redis_url=redis_url, registry_url=registry_url, namespace=namespace
+    ) as client:
         r = client.redis
         if entry_id:
             targets = [await admin.find_dead_letter(r, keys, entry_id, capability=cap)]
@@ -238,6 +243,7 @@ async def dlq_replay(
                 fallback_reply_to=client.client_id if wait else "",
                 client=client,
                 as_operator=as_operator,
+                control=client.control if registry_url else None,
             )
         if wait and res.sent:
             with anyio.move_on_after(timeout_s + 5):  # each wait is bounded; a margin
@@ -321,8 +327,11 @@ async def dlq_purge(
     if not yes:
         raise ConfigError("This deletes dead letters for good: add --yes to confirm.")
     r = await open_redis(redis_url)
+    control = await open_control_apart(redis_url)
     try:
-        n = await admin.purge_dead_letters(r, Keys(namespace), capability=cap)
+        n = await admin.purge_dead_letters(r, Keys(namespace), capability=cap, control=control)
     finally:
         await r.aclose()
+        if control is not None:
+            await control.aclose()
     print(f"purged {n} dead letters")

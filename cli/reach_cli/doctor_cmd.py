@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.text import Text
@@ -25,6 +25,7 @@ from .common import (
     find_redis,
     open_redis,
     print_json,
+    registry_url_for,
     require_text,
     run,
     safe_text,
@@ -91,23 +92,30 @@ def doctor(
 async def _one(
     acl_user: str | None, acl_role: str | None, redis_url: str, namespace: str, json_: bool
 ) -> None:
-    r = await open_redis(redis_url)
-    try:
-        findings = await diagnose(r, redis_url, namespace, acl_user=acl_user, acl_role=acl_role)
-    finally:
-        await r.aclose()
+    registry_url = registry_url_for(redis_url)
+    findings: list[Finding] = []
+    # The control plane apart (reach.planes): each Redis checked, its findings named by
+    # the plane it holds.
+    targets: list[tuple[str, str | None]] = [(redis_url, None)]
+    if registry_url:
+        targets = [(redis_url, "data"), (registry_url, "control")]
+    for url, plane in targets:
+        r = await open_redis(url)
+        try:
+            findings += await diagnose(
+                r, url, namespace, acl_user=acl_user, acl_role=acl_role, plane=plane
+            )
+        finally:
+            await r.aclose()
     level = worst(findings)
     if json_:
-        print_json(
-            {
-                "redis_url": _redacted(redis_url),
-                "namespace": namespace,
-                "status": level,
-                "findings": [f.as_dict() for f in findings],
-            }
-        )
+        out: dict[str, Any] = {"redis_url": _redacted(redis_url)}
+        if registry_url:
+            out["registry_url"] = _redacted(registry_url)
+        out.update(namespace=namespace, status=level, findings=[f.as_dict() for f in findings])
+        print_json(out)
     else:
-        _print(findings, redis_url, namespace)
+        _print(findings, redis_url, namespace, registry_url)
     if level == "error":
         raise typer.Exit(1)
 
@@ -169,16 +177,22 @@ def _redacted(url: str) -> str:
     return redact(url)
 
 
-def _print(findings: list[Finding], url: str, namespace: str) -> None:
-    console.print(Text(f"reach doctor: {_redacted(url)}, namespace {namespace!r}"), highlight=False)
+def _print(
+    findings: list[Finding], url: str, namespace: str, registry_url: str | None = None
+) -> None:
+    apart = f" (control plane on {_redacted(registry_url)})" if registry_url else ""
+    console.print(
+        Text(f"reach doctor: {_redacted(url)}{apart}, namespace {namespace!r}"), highlight=False
+    )
+    width = 17 if registry_url is None else 31  # "control plane: " before each check
     for f in findings:
         word, color = MARK[f.level]
         line = Text()
         line.append(f"{word:>5}  ", style=color)
-        line.append(f"{f.check:<17} {safe_text(f.message)}")
+        line.append(f"{f.check:<{width}} {safe_text(f.message)}")
         console.print(line, highlight=False)
         if f.fix and f.level != "ok":
-            console.print(Text(f"{'':>5}  {'':<17} fix: {safe_text(f.fix)}"), highlight=False)
+            console.print(Text(f"{'':>5}  {'':<{width}} fix: {safe_text(f.fix)}"), highlight=False)
     counts = {lv: sum(f.level == lv for f in findings) for lv in ("error", "warning")}
     console.print(
         Text(f"{counts['error']} error(s), {counts['warning']} warning(s)"), highlight=False

@@ -28,6 +28,7 @@ from .common import (
     cli_errors,
     fail,
     find_redis_source,
+    registry_url_for,
     require_text,
 )
 from .identity_opts import (
@@ -270,7 +271,12 @@ def gateway(
             app = TenantGateways(tenants, gateway_maker(client_opts, gw_opts))
             where = f"tenants {', '.join(tenants.targets())} (by X-Reach-Tenant)"
         else:
-            client = Client(redis_url=redis_url, namespace=namespace, **client_opts)
+            client = Client(
+                redis_url=redis_url,
+                registry_url=registry_url_for(redis_url),
+                namespace=namespace,
+                **client_opts,
+            )
             app = Gateway(client, **gw_opts).app
             where = f"namespace {namespace!r} on {redact(redis_url)}"
         tls: dict[str, Any] = {}

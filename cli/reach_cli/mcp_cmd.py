@@ -26,6 +26,7 @@ from .common import (
     cli_errors,
     fail,
     find_redis_source,
+    registry_url_for,
     require_text,
 )
 from .gateway_cmd import _loopback, _server
@@ -209,7 +210,9 @@ def mcp(
         }
 
         def face_of(url: str, ns: str) -> McpFace:
-            client = Client(redis_url=url, namespace=ns, **client_opts)
+            client = Client(
+                redis_url=url, registry_url=registry_url_for(url), namespace=ns, **client_opts
+            )
             return McpFace(client, capabilities=cap or None, where=filt or None, poll_s=poll_s)
 
         if stdio:

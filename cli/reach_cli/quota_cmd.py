@@ -19,7 +19,7 @@ from .common import (
     RedisUrl,
     command,
     fail,
-    open_redis,
+    open_control,
     print_json,
 )
 
@@ -58,7 +58,7 @@ async def show_cmd(
 
     Example: reach quota show --namespace prod
     """
-    r = await open_redis(redis_url)
+    r = await open_control(redis_url)
     try:
         q = await get_quotas(r, Keys(namespace))
     finally:
@@ -107,7 +107,7 @@ async def set_cmd(
         fail("give --max-inbox N and/or --send-rate RATE, e.g. reach quota set --max-inbox 1000")
     rate = parse_limit(send_rate, burst=burst) if send_rate is not None else None
     keys = Keys(namespace)
-    r = await open_redis(redis_url)
+    r = await open_control(redis_url)
     try:
         await set_quotas(r, keys, max_inbox=max_inbox, send_rate=rate)
         q = await get_quotas(r, keys)
@@ -135,7 +135,7 @@ async def clear_cmd(
     """
     both = not max_inbox and not send_rate
     keys = Keys(namespace)
-    r = await open_redis(redis_url)
+    r = await open_control(redis_url)
     try:
         await clear_quotas(r, keys, max_inbox=both or max_inbox, send_rate=both or send_rate)
         q = await get_quotas(r, keys)

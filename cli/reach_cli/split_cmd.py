@@ -20,7 +20,7 @@ from .common import (
     RedisUrl,
     command,
     fail,
-    open_redis,
+    open_control,
     print_json,
     table,
     warn,
@@ -87,7 +87,7 @@ async def split(
         fail("give VERSION=SHARE items or --clear, not both")
     new = Split.parse(shares) if shares else None
     keys = Keys(namespace)
-    r = await open_redis(redis_url)
+    r = await open_control(redis_url)  # splits and the registry: the control plane
     try:
         if clear or new is not None:
             await set_split(r, keys, cap, new)

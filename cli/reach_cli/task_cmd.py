@@ -28,6 +28,7 @@ from .common import (
     age,
     command,
     err_console,
+    open_control_apart,
     open_redis,
     print_json,
     print_traceback,
@@ -210,13 +211,16 @@ async def answer(
     """
     data = parse_answer(json)
     r = await open_redis(redis_url)
+    control = await open_control_apart(redis_url)  # the audit trail's, when apart
     try:
-        n = await answer_task(r, Keys(namespace), msg_id, data, ask=ask)
+        n = await answer_task(r, Keys(namespace), msg_id, data, ask=ask, control=control)
     except AnswerRefused as e:
         err_console.print(f"[red]error:[/red] {escape(safe_text(e))}", highlight=False)
         raise typer.Exit(1) from None
     finally:
         await r.aclose()
+        if control is not None:
+            await control.aclose()
     row = {"msg_id": msg_id, "answered": n}
     if json_:
         print_json(row)

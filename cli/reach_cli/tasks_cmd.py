@@ -23,6 +23,7 @@ from .common import (
     age,
     command,
     fail,
+    open_control_apart,
     open_redis,
     print_json,
     safe_text,
@@ -92,7 +93,12 @@ async def tasks(
     r = await open_redis(redis_url)
     try:
         keys = Keys(namespace)
-        agents = [a.agent_id for a in await Registry(r, namespace).agents()]
+        control = await open_control_apart(redis_url)  # the registry's, when apart
+        try:
+            agents = [a.agent_id for a in await Registry(control or r, namespace).agents()]
+        finally:
+            if control is not None:
+                await control.aclose()
         try:
             page = await list_messages(
                 r, keys, f, limit=limit, cursor=cursor or "", agent_ids=agents

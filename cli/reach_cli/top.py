@@ -45,6 +45,7 @@ from .common import (
     fail,
     find_redis,
     json_line,
+    open_control_apart,
     require_text,
     safe_text,
 )
@@ -217,9 +218,9 @@ class _Keyboard:
             termios.tcsetattr(self.fd, termios.TCSADRAIN, self._old)
 
 
-async def _sample(r: AnyRedis, namespace: str) -> Sample:
+async def _sample(r: AnyRedis, namespace: str, control: AnyRedis | None = None) -> Sample:
     try:
-        return await collect(r, namespace)
+        return await collect(r, namespace, control=control)
     except (rexc.ConnectionError, rexc.TimeoutError, OSError) as e:
         raise ReachError(f"Redis stopped answering: {e}") from e
 
@@ -228,14 +229,17 @@ async def _once(
     url: str, namespace: str, interval: float, as_json: bool, limit: int, sort: str
 ) -> None:
     r = await _open_redis(url)
+    control = await open_control_apart(url)  # the registry's Redis, when apart
     try:
         prev = None
         if interval > 0:
-            prev = await _sample(r, namespace)
+            prev = await _sample(r, namespace, control)
             await anyio.sleep(interval)
-        cur = await _sample(r, namespace)
+        cur = await _sample(r, namespace, control)
     finally:
         await r.aclose()
+        if control is not None:
+            await control.aclose()
     data = frame_data(cur, prev, namespace)
     if as_json:
         sys.stdout.write(json_line(data) + "\n")
@@ -247,6 +251,7 @@ async def _loop(
     url: str, namespace: str, interval: float, as_json: bool, limit: int, sort: str
 ) -> None:
     r = await _open_redis(url)
+    control = await open_control_apart(url)  # the registry's Redis, when apart
     prev: Sample | None = None
     batch = as_json or not console.is_terminal  # piped: frames one after another (like top -b)
     try:
@@ -260,7 +265,7 @@ async def _loop(
             while True:
                 error = ""
                 try:
-                    cur = await collect(r, namespace)
+                    cur = await collect(r, namespace, control=control)
                     last = frame_data(cur, prev, namespace)
                     prev = cur
                 except (rexc.RedisError, OSError) as e:
@@ -290,6 +295,8 @@ async def _loop(
     finally:
         with anyio.CancelScope(shield=True):
             await r.aclose()
+            if control is not None:
+                await control.aclose()
 
 
 def top(

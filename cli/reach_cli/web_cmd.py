@@ -12,7 +12,15 @@ import typer
 
 from reach.errors import ConfigError
 
-from .common import DEFAULT_NS, DEFAULT_REDIS, Namespace, RedisUrl, command, err_console
+from .common import (
+    DEFAULT_NS,
+    DEFAULT_REDIS,
+    Namespace,
+    RedisUrl,
+    command,
+    err_console,
+    registry_url_for,
+)
 
 TOKEN_ENV = "REACH_WEB_TOKEN"
 MIN_TOKEN_CHARS = 16
@@ -138,6 +146,7 @@ async def web(
             on_ready=ready,
             max_body_bytes=max_body_bytes,
             max_connections=max_connections,
+            registry_url=registry_url_for(redis_url),
             header_timeout_s=header_timeout_s,
         )
     except OSError as e:

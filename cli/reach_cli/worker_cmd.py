@@ -222,6 +222,14 @@ def worker(
             "best_effort session then answers empty while that Redis is down.",
         ),
     ] = None,
+    registry_url: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            help="Redis of the control plane (registry, limits, quotas, audit, access "
+            "rules) when not --redis-url's; every process of the namespace must name the "
+            "same. Env: REACH_REGISTRY_URL, else registry_url in reach.toml.",
+        ),
+    ] = None,
     concurrency: Annotated[int, typer.Option(min=1, help="Handlers running at once.")] = 16,
     max_waiting_handlers: Annotated[
         int,
@@ -463,6 +471,8 @@ def worker(
             opts["preempt_after_s"] = preempt_after_s
         if session_url is not None:
             opts["session_url"] = session_url
+        if registry_url is not None:
+            opts["registry_url"] = registry_url
         if require_signed:  # else REACH_REQUIRE_SIGNED decides (the secret: REACH_SECRET)
             opts["require_signed"] = True
         opts["traceback_max_bytes"] = traceback_max_bytes

@@ -58,7 +58,7 @@ class CallAudit(Part):
             return
         rows = self.entries(settled)
         if rows:
-            await audit.record_many(self.redis, self.keys, rows)
+            await audit.record_many(self.control, self.keys, rows)
 
     def _who(self, env: Envelope) -> tuple[str, str]:
         w = worker_signing(self.keys.namespace, self.agent_id)

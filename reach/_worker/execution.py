@@ -139,7 +139,7 @@ class Execution(Part):
         self._confirming: set[asyncio.Task[None]] = set()
         self._held: set[Delivery] = set()  # claimed, in the pool: their claims are renewed
         self.limits = LimitsCache()
-        self.gate = Gate(self.agent, self.keys, self.redis)  # refusals before a handler runs
+        self.gate = Gate(self.agent, self.keys, self.control)  # refusals before a handler runs
 
     # -- claiming -----------------------------------------------------------------------
     async def take(self, items: list[Delivery]) -> None:
@@ -233,7 +233,7 @@ class Execution(Part):
             items = await self._take_limits(
                 items, own, lambda c: self.keys.agent_rate_state(c, agent_id)
             )
-        limits = await self.limits.current(self.redis, self.keys)
+        limits = await self.limits.current(self.control, self.keys)
         if not limits or not items:
             return items
         return await self._take_limits(items, limits, self.keys.rate_state)
@@ -263,7 +263,7 @@ class Execution(Part):
         caps = list(by_cap)
         calls = [take_call(self.keys, c, limits[c], len(by_cap[c]), state=state(c)) for c in caps]
         over: set[Delivery] = set()  # identity: deliveries compare by identity
-        answers = await scripts.run_calls(self.redis, calls)
+        answers = await scripts.run_calls(self.control, calls)
         for cap, taken in zip(caps, answers, strict=True):
             if isinstance(taken, Exception):
                 if isinstance(taken, (rexc.ConnectionError, rexc.TimeoutError)):

@@ -52,9 +52,19 @@ log = logging.getLogger("reach.runtime")
 class Liveness(Part):
     """Registration, heartbeats, readiness and stopping, for one running agent."""
 
-    def __init__(self, shared: Shared, *, url: str, registry: Registry, version: int) -> None:
+    def __init__(
+        self,
+        shared: Shared,
+        *,
+        url: str,
+        registry: Registry,
+        version: int,
+        registry_url: str | None = None,
+    ) -> None:
         super().__init__(shared)
         self.url = url  # the heartbeat thread's own connection, when the loop is blocked
+        # The control plane's own Redis (the registry's), when apart from ``url``'s.
+        self.registry_url = registry_url if registry_url and registry_url != url else None
         self.registry = registry
         self.version = version  # the process start stamp: a newer registration wins
         self._hb: Heartbeats | None = None
@@ -164,7 +174,7 @@ class Liveness(Part):
         """Join this process's heartbeat thread for this Redis (started by the first
         agent, stopped when the last one leaves); its rounds go out on this event loop."""
         self.loop = asyncio.get_running_loop()
-        self._hb = Heartbeats.join(self.url, self)
+        self._hb = Heartbeats.join(self.url, self, registry_url=self.registry_url)
 
     @property
     def heartbeats(self) -> Heartbeats | None:
@@ -182,10 +192,14 @@ class Liveness(Part):
         stalled = time.monotonic() - self.state.loop_tick
         return stalled if stalled > self.opts.stall_s else 0.0
 
-    def answered(self, conn: Callable[[], Any], hb: Heartbeat) -> bool:
+    def answered(
+        self, conn: Callable[[], Any], hb: Heartbeat, control: Callable[[], Any] | None = None
+    ) -> bool:
         """Act on this agent's heartbeat answer (in the heartbeat thread; ``conn()`` gives
-        its own connection, opened when first needed); False once the agent must stop
-        beating (a newer registration exists)."""
+        its own connection, opened when first needed; ``control()`` the registry's, when
+        the control plane is apart); False once the agent must stop beating (a newer
+        registration exists)."""
+        control = control or conn
         st, reg = self.state, self.registry
         try:
             if hb.code is HeartbeatCode.NOT_REGISTERED:
@@ -194,13 +208,12 @@ class Liveness(Part):
                     "agent %s: registration lost (evicted or flushed): registering again",
                     self.agent_id,
                 )
-                r = conn()
                 call = reg.register_call(self.agent_id, **self._register_kw())
-                reg.check_registration(self.agent_id, self.version, call.run_sync(r))
-                create_groups_sync(r, self.keys.inboxes(self.agent_id))
+                reg.check_registration(self.agent_id, self.version, call.run_sync(control()))
+                create_groups_sync(conn(), self.keys.inboxes(self.agent_id))
             elif hb.code is HeartbeatCode.STALE:
                 raise StaleRegistration(
-                    f"a newer registration of this agent_id exists ({self._newer(conn)}); "
+                    f"a newer registration of this agent_id exists ({self._newer(control)}); "
                     "this process exits with code 0. To run several copies of one agent, "
                     "give each its own agent_id (reach worker --agent-id ID, or --instances N)"
                 )
@@ -310,8 +323,11 @@ class Heartbeats:
     _hubs: ClassVar[dict[str, Heartbeats]] = {}
     _hubs_lock: ClassVar[threading.Lock] = threading.Lock()
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, registry_url: str | None = None) -> None:
         self.url = url
+        self.registry_url = registry_url  # the control plane's Redis, when apart
+        self._hub_key = url if registry_url is None else f"{url} {registry_url}"
+        self._rc: Any = None  # the thread's own connection to registry_url
         self._members: list[_Member] = []
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -323,13 +339,15 @@ class Heartbeats:
         self.fallbacks = 0  # rounds the thread sent itself (a blocked loop)
 
     @classmethod
-    def join(cls, url: str, liveness: Liveness) -> Heartbeats:
-        """Add ``liveness``'s agent to the process's heartbeat thread for ``url`` (started
-        here for the first one); its first heartbeat is due after ``heartbeat_s``."""
+    def join(cls, url: str, liveness: Liveness, *, registry_url: str | None = None) -> Heartbeats:
+        """Add ``liveness``'s agent to the process's heartbeat thread for ``url`` (and
+        ``registry_url``: the control plane apart) (started here for the first one); its
+        first heartbeat is due after ``heartbeat_s``."""
+        key = url if registry_url is None else f"{url} {registry_url}"
         with cls._hubs_lock:
-            hub = cls._hubs.get(url)
+            hub = cls._hubs.get(key)
             if hub is None:
-                hub = cls._hubs[url] = Heartbeats(url)
+                hub = cls._hubs[key] = Heartbeats(url, registry_url)
                 hub._thread.start()
             with hub._lock:
                 hub._members.append(_Member(liveness, time.monotonic() + liveness.opts.heartbeat_s))
@@ -344,8 +362,8 @@ class Heartbeats:
                 last = not self._members
             if last:
                 self._stopped = True
-                if Heartbeats._hubs.get(self.url) is self:
-                    del Heartbeats._hubs[self.url]
+                if Heartbeats._hubs.get(self._hub_key) is self:
+                    del Heartbeats._hubs[self._hub_key]
         self._wake.set()
         if last and threading.current_thread() is not self._thread:
             self._thread.join(timeout=5)
@@ -451,13 +469,24 @@ class Heartbeats:
             self._r = connect_sync(self.url)
         return self._r
 
+    def _control(self) -> Any:
+        """The thread's own connection to the registry's Redis (the data one's unless the
+        control plane is apart)."""
+        if self.registry_url is None:
+            return self._conn()
+        if self._rc is None:
+            self._rc = connect_sync(self.registry_url)
+        return self._rc
+
     def _close(self) -> None:
         r, self._r = self._r, None
-        if r is not None:
-            try:
-                r.close()
-            except Exception:  # noqa: BLE001, S110 - closing a broken connection
-                pass
+        rc, self._rc = self._rc, None
+        for c in (r, rc):
+            if c is not None:
+                try:
+                    c.close()
+                except Exception:  # noqa: BLE001, S110 - closing a broken connection
+                    pass
 
     @staticmethod
     def _withheld(m: _Member) -> bool:
@@ -536,7 +565,8 @@ class Heartbeats:
             CLOCK.observe(clock, t0, t1)
         lengths = [int(x) for x in replies[: len(inboxes)]]
         batches, calls = self._plan(due, lengths)
-        replies = await run_pipeline(r, [c.op() for c in calls])
+        # The registry's connection (the control plane may be on a Redis of its own).
+        replies = await run_pipeline(lv.registry.redis, [c.op() for c in calls])
         answers = []
         for c, x in zip(calls, replies, strict=True):
             if isinstance(x, Exception):
@@ -552,12 +582,12 @@ class Heartbeats:
             pipe.xlen(k)
         lengths = [int(x) for x in pipe.execute()]
         batches, calls = self._plan(due, lengths)
-        return batches, run_sync(r, calls)
+        return batches, run_sync(self._control(), calls)
 
     def _answer(self, batches: list[_Batch], answers: list[Any]) -> None:
         for batch, hbs in zip(batches, answers, strict=True):
             for (m, _), hb in zip(batch, hbs, strict=True):
-                if not m.liveness.answered(self._conn, hb):
+                if not m.liveness.answered(self._conn, hb, self._control):
                     self.leave(m.liveness)
 
 

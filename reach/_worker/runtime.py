@@ -585,14 +585,19 @@ class Runtime:
         if not url:
             raise ConfigError("No Redis: pass redis_url=... or set REACH_REDIS_URL.")
         host = await _Host.enter(url, o.block_ms)
+        # The control plane on a Redis of its own when registry_url names one (reach.planes)
+        split = o.registry_url if o.registry_url and o.registry_url != url else None
+        control_host = await _Host.enter(split, o.block_ms) if split else host
+        control = None if split is None else control_host.redis
         wake_channel = keys.wake(self.agent.agent_id)
         redis = host.agent_redis(wake_channel)
         cluster = is_cluster(host.raw)
-        registry = Registry(redis, o.namespace)
+        registry = Registry(control or redis, o.namespace)
         # The agent's own Client (ctx.client) shares the process's auto-pipelined client:
         # calls from handlers add no connection.
         client = Client(
             redis=host.redis,
+            registry_redis=control,
             namespace=o.namespace,
             client_id=f"a-{self.agent.agent_id}",
             # ctx.client signs (and checks replies) with the agent's own keys
@@ -607,7 +612,7 @@ class Runtime:
         letters = DeadLetters(
             keys=keys, agent_id=self.agent.agent_id, dlq_maxlen=o.dlq_maxlen, hooks=hooks
         )
-        shared = Shared(self.agent, o, st, keys, redis, cluster, hooks, outages)
+        shared = Shared(self.agent, o, st, keys, redis, cluster, hooks, outages, control)
         settlement = Settlement(shared, letters=letters)
         cancels = self.cancels = Cancels(
             shared, client=client, peers=host.cancel_peers(o.namespace)
@@ -625,7 +630,9 @@ class Runtime:
         consumer = self.consumer = Consumer(
             shared, execution=execution, settlement=settlement, letters=letters
         )
-        liveness = Liveness(shared, url=url, registry=registry, version=self.version)
+        liveness = Liveness(
+            shared, url=url, registry=registry, version=self.version, registry_url=split
+        )
         readiness = self.readiness = Readiness(shared, liveness=liveness)
         hooks.on_start(st)
         try:
@@ -675,6 +682,8 @@ class Runtime:
             liveness.stop_heartbeat()
             await liveness.leave()
             await host.leave(url, wake_channel)
+            if split:
+                await control_host.leave(split)
 
     async def _drain(
         self, liveness: Liveness, settlement: Settlement, execution: Execution, pool: _Pool

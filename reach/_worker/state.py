@@ -235,6 +235,9 @@ class Shared:
     cluster: bool
     hooks: HookChain
     outages: Outages
+    # The control plane's client (registry, limits, audit, access rules): ``redis`` unless
+    # the namespace keeps it on a Redis of its own (``registry_url``).
+    control: AnyRedis | None = None
 
 
 class Part:
@@ -248,6 +251,7 @@ class Part:
         self.state = shared.state
         self.keys = shared.keys
         self.redis = shared.redis
+        self.control = shared.redis if shared.control is None else shared.control
         self.cluster = shared.cluster
         self.hooks = shared.hooks
         self.outages = shared.outages

@@ -195,7 +195,7 @@ class Gateway(CardRoutes):
         take = None
         if self.rate_per_caller is not None:
             take = redis_take(
-                lambda: self.client.commands, self.namespace, "gateway", self.rate_per_caller
+                lambda: self.client.control, self.namespace, "gateway", self.rate_per_caller
             )
         if auth is not None or take is not None or (self.ips is not None and self.ips.active):
             # outermost: a request refused here has none of its body read

@@ -320,7 +320,7 @@ class McpFace:
         take = None
         if rate_per_caller is not None:
             take = redis_take(
-                lambda: self.client.commands, self.client.namespace, "mcp", rate_per_caller
+                lambda: self.client.control, self.client.namespace, "mcp", rate_per_caller
             )
         if auth is not None or take is not None or (ips is not None and ips.active):
             app.add_middleware(

@@ -156,8 +156,10 @@ def create_app(
     history_s: float = 600.0,
     redis_label: str = "",
     on_ready: Callable[[], Awaitable[None]] | None = None,
+    control: AnyRedis | None = None,
 ) -> Starlette:
-    """The console for ``namespace`` on ``redis`` (the caller closes ``redis``)."""
+    """The console for ``namespace`` on ``redis`` (the caller closes ``redis``, and
+    ``control``, the control plane's Redis when the namespace keeps it apart)."""
     console = Console(
         redis,
         namespace,
@@ -165,12 +167,13 @@ def create_app(
         interval_s=interval_s,
         history_s=history_s,
         redis_label=redis_label,
+        control=control,
     )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with (
-            Client(redis=redis, namespace=namespace) as client,
+            Client(redis=redis, registry_redis=control, namespace=namespace) as client,
             anyio.create_task_group() as tg,
         ):
             console.client = client  # replays are sent by one named, live client

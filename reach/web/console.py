@@ -64,13 +64,20 @@ class Console:
         interval_s: float = 1.0,
         history_s: float = 600.0,
         redis_label: str = "",
+        control: AnyRedis | None = None,
     ) -> None:
         self.redis = redis
+        # The control plane's Redis (registry, audit, access rules): ``redis`` unless the
+        # namespace keeps it apart (reach.planes); ``apart`` is that one, else None.
+        self.control = control or redis
+        self.apart = control
         self.namespace = namespace
         self.keys = Keys(namespace)
         self.guard = guard
         self.redis_label = redis_label
-        self.monitor = Monitor(redis, namespace, interval_s=interval_s, history_s=history_s)
+        self.monitor = Monitor(
+            redis, namespace, interval_s=interval_s, history_s=history_s, control=control
+        )
         self.client: Client | None = None
         self.env = jinja2.Environment(
             loader=jinja2.FileSystemLoader(HERE / "templates"),

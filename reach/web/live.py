@@ -67,8 +67,10 @@ class Monitor:
         *,
         interval_s: float = 1.0,
         history_s: float = 600.0,
+        control: AnyRedis | None = None,
     ) -> None:
         self.redis = redis
+        self.control = control or redis  # the registry's Redis (reach.planes)
         self.namespace = namespace
         self.interval_s = interval_s
         self.history_s = history_s
@@ -103,7 +105,9 @@ class Monitor:
             tg.start_soon(self._event_loop)
 
     async def sample_now(self, prev: Sample | None) -> Sample:
-        cur = await collect(self.redis, self.namespace, cancelled=self.cancelled)
+        cur = await collect(
+            self.redis, self.namespace, cancelled=self.cancelled, control=self.control
+        )
         self.frame = frame_data(cur, prev, self.namespace)
         if prev is not None:
             self.history.append(point_of(self.frame))
@@ -126,7 +130,7 @@ class Monitor:
             await self._past_events()
 
     async def _past_events(self) -> None:
-        past = await Registry(self.redis, self.namespace).recent_events(50)
+        past = await Registry(self.control, self.namespace).recent_events(50)
         self.events.extend(past)
         # Not "$" when there is none: each read would then start from its own moment, and
         # an event landing between two reads (an agent registering) would never be seen.
@@ -150,7 +154,7 @@ class Monitor:
             await self._sample_once()
 
     async def _event_loop(self) -> None:
-        reg = Registry(self.redis, self.namespace)
+        reg = Registry(self.control, self.namespace)
         while True:
             try:
                 if not self._last_event:

@@ -62,6 +62,7 @@ async def serve(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_connections: int = Limits.max_connections,
     header_timeout_s: float = Limits.header_timeout_s,
+    registry_url: str | None = None,
 ) -> None:
     """Run the console until cancelled (or SIGINT/SIGTERM). ``on_ready`` gets its URL once
     it answers. A non-loopback ``host`` needs a ``token`` (the caller checks).
@@ -69,7 +70,8 @@ async def serve(
     Bounded against its clients (docs/web.md, *Limits*): the open-files limit is raised to
     its hard limit, ``max_connections`` (fitted to it) are served at once, a connection
     without a request head for ``header_timeout_s`` is closed, a body past
-    ``max_body_bytes`` is answered 413 unread."""
+    ``max_body_bytes`` is answered 413 unread. ``registry_url``: the control plane's Redis
+    when the namespace keeps it apart (reach.planes)."""
     limits = Limits(max_connections=max_connections, header_timeout_s=header_timeout_s)
     limits = limits.fitted(raise_open_files_limit())
     quiet_accept_errors(asyncio.get_running_loop(), log)
@@ -81,7 +83,10 @@ async def serve(
     sock = bind(host, port)
     url = url_of(sock, host)
     redis = await connect(redis_url, client_name=f"reach-web:{namespace}")
+    control = None
     try:
+        if registry_url:
+            control = await connect(registry_url, client_name=f"reach-web:{namespace}")
 
         async def ready() -> None:
             if on_ready is not None:
@@ -95,6 +100,7 @@ async def serve(
             history_s=history_s,
             redis_label=redact(redis_url),
             on_ready=ready,
+            control=control,
         )
         config = uvicorn.Config(
             BodyLimit(app, max_bytes=max_body_bytes),
@@ -108,3 +114,5 @@ async def serve(
     finally:
         sock.close()
         await redis.aclose()
+        if control is not None:
+            await control.aclose()

@@ -19,6 +19,7 @@ COMMON = {  # documented once, at the top
     "--redis-password-file",
     "--namespace",
     "--tenant",
+    "--registry-url",
     "--json",
     "--wide",
     "--help",

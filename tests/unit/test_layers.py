@@ -43,6 +43,7 @@ RANKS: dict[str, int] = {
     "reach.logs": 0,
     "reach.config": 0,  # where the Redis is: redis_url=, REACH_REDIS_URL, project file
     "reach.tenants": 1,  # the tenant map: tenant id -> Redis URL and namespace
+    "reach.planes": 0,  # the control plane's Redis: registry_url=, REACH_REGISTRY_URL, reach.toml
     "reach.callpath": 0,  # call paths: hop limit, loops, self-calls (no Redis)
     "reach._tokens": 0,  # bearer tokens of the HTTP faces (gateway, MCP), constant-time checks
     "reach._jwt": 0,  # JWT bearer tokens of the HTTP faces (PyJWT, a JWKS file or URL)
@@ -68,6 +69,7 @@ RANKS: dict[str, int] = {
     "reach.doctor": 2,  # checks of the Redis under reach (reach doctor, start-up warnings)
     "reach._replies": 2,  # a Client's reply stream: its reader and the waiting calls
     "reach._chunks": 2,  # a streamed call's chunks, reassembled in order, each once
+    "reach._control": 2,  # a Client's connection to the control plane (registry_url)
     "reach._cancel": 2,  # cancelling a message: cancel.lua and the workers' notice
     "reach.steps": 2,  # ctx.step: a handler's durable steps, journaled in its record
     "reach.watch": 2,  # following a task's changes (client.watch, ctx.progress)
@@ -87,6 +89,7 @@ RANKS: dict[str, int] = {
     "reach._coalesce": 4,  # concurrent single deliveries gathered into batch calls
     "reach._reroute": 4,  # moving a message a slow agent has not started (reroute_after_s)
     "reach._hedge": 4,  # hedge_after_s: a second copy of a slow request to another agent
+    "reach._task_calls": 4,  # Client.answer, scheduled (a base class)
     "reach._batches": 4,  # Client.send_many, request_many, broadcast, gather (a base class)
     "reach._defaults": 4,  # what a call gets unsaid: its deadline, the fallback per failure
     "reach._buffer": 4,  # a Client's sends held locally through a Redis outage

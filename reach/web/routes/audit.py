@@ -41,7 +41,7 @@ async def audit_page(request: Request) -> Response:
     except ValueError as e:
         problem, since_ms = str(e), 0
     entries = await audit.read_audit(
-        c.redis,
+        c.control,
         c.keys,
         since_ms=since_ms,
         action=action or None,

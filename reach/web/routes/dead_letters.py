@@ -112,7 +112,9 @@ async def replay_do(request: Request) -> Response:
             targets = await admin.list_dead_letters(
                 c.redis, c.keys, capability=cap or None, limit=None
             )
-        res = await admin.replay_dead_letters(c.redis, c.keys, targets, client=c.client)
+        res = await admin.replay_dead_letters(
+            c.redis, c.keys, targets, client=c.client, control=c.apart
+        )
     except ReachError as e:
         return c.page("error.html", request, 409, message=str(e))
     if len(res.sent) == 1 and not res.failed:
@@ -152,7 +154,7 @@ async def purge_do(request: Request) -> Response:
         return form
     cap = form.get("cap", "")
     try:
-        n = await admin.purge_dead_letters(c.redis, c.keys, capability=cap or None)
+        n = await admin.purge_dead_letters(c.redis, c.keys, capability=cap or None, control=c.apart)
     except ReachError as e:
         return c.page("error.html", request, 400, message=str(e))
     return RedirectResponse("/dlq?" + _q(note="purged", n=n), status_code=303)

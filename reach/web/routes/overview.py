@@ -42,7 +42,7 @@ async def events_page(request: Request) -> Response:
 async def agent_page(request: Request) -> Response:
     c = _view(request)
     agent_id = request.query_params.get("id", "")
-    info = await Registry(c.redis, c.namespace).get(agent_id) if agent_id else None
+    info = await Registry(c.control, c.namespace).get(agent_id) if agent_id else None
     ctx = c.agent_ctx(agent_id)
     card = _json(info.card) if info is not None and info.card else ""
     return c.page("agent.html", request, info=info, card=card, **ctx)
@@ -73,7 +73,7 @@ async def drain_do(request: Request) -> Response:
         return form
     agent_id = form.get("id", "")
     try:
-        code = await admin.drain_agent(c.redis, c.keys, agent_id)
+        code = await admin.drain_agent(c.control, c.keys, agent_id)
     except ReachError as e:
         return c.page("error.html", request, 400, message=str(e))
     note = "already-draining" if code == 2 else "draining"
