@@ -32,10 +32,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from reach.registry import AgentInfo
 from reach.routing import Inflight, Router, eligible
+from reach.routing.split import Split
 
 CAP = "text.summarize"
 SIZES = (10, 100, 1000)
@@ -122,6 +125,17 @@ def bench_size(n: int, picks: int, repeats: int, seed: int) -> dict[str, float]:
         return r_b.pick(CAP, pool, policy="consistent_hash", session_id=s, version=1)
 
     cell("consistent_hash c=1.25", bounded)
+
+    # A capability split between application versions (docs/routing.md, *Version
+    # canaries*): the same pool, its agents running 1.4 or 1.5, a 90/10 split; the version
+    # drawn by share per message as for a message without a session.
+    versioned = [msgspec.structs.replace(a, app_version=rnd.choice(("1.4", "1.5"))) for a in pool]
+    split, r_s, r_v = Split.parse("1.4=90 1.5=10"), router(), router()
+    cell("weighted_rr, versioned pool", lambda i: r_v.pick(CAP, versioned, version=2))
+    cell(
+        "weighted_rr, split 1.4=90 1.5=10",
+        lambda i: r_s.pick(CAP, versioned, version=2, split=split),
+    )
     cell("pick_many (broadcast)", lambda i: r_m.pick_many(CAP, pool, version=1))
     cell("eligible()", lambda i: eligible(pool, capability=CAP, where={"region": "eu"}))
     return out
@@ -144,6 +158,8 @@ def bench(picks: int, repeats: int, seed: int) -> dict[str, dict[int, float]]:
         "consistent_hash (no version)",
         "direct (no version)",
         "eligible()",
+        "weighted_rr, versioned pool",
+        "weighted_rr, split 1.4=90 1.5=10",
     ]
     return {k: rows[k] for k in order}
 
