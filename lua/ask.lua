@@ -15,7 +15,8 @@
 -- An answer is kept in field 'a:<n>' (answer.lua). Asking writes status 'input_required',
 -- 'question' (ARGV[4]), 'asking' (n: the ask waiting), 'ask_until_ms' (deleted when
 -- ARGV[5] is 0) and updated_ms; 'asked', the highest n ever put, becomes n when n is
--- higher (a re-run putting the same ask again, unanswered, is not a new question). The
+-- higher (a re-run putting the same ask again, unanswered, is not a new question); a
+-- record claimed at send whose run is not counted yet (runs 0) counts it (runs 1). The
 -- record's TTL is left as the claim set it; the claim's lease is the runtime's to renew
 -- (renew.lua) while the handler waits. A watched record announces 'input_required'
 -- (lua/includes/announce.lua).
@@ -53,7 +54,7 @@ if err then return refuse(err) end
 -- Read here instead of asked its TYPE: one command, and HMGET fails on exactly what is not a
 -- hash.
 local rec = redis.pcall('HMGET', KEYS[1], 'owner', 'fence', 'done', 'asked', 'watched',
-  'a:' .. ARGV[3])
+  'a:' .. ARGV[3], 'runs')
 if rec['err'] then
   return refuse('KEYS[1]: holds a ' .. redis.call('TYPE', KEYS[1])['ok'] .. ', want a hash')
 end
@@ -68,6 +69,9 @@ local w = {'HSET', KEYS[1], 'status', 'input_required', 'question', ARGV[4], 'as
   'updated_ms', now_ms()}
 local new = n > asked
 if new then w[#w + 1], w[#w + 2] = 'asked', ARGV[3] end
+-- A run claimed at send (send.lua) is counted by start.lua or its completion; one that asks
+-- is counted here too, so a run that asked and was then killed is never left uncounted.
+if rec[7] == '0' then w[#w + 1], w[#w + 2] = 'runs', '1' end
 if ARGV[5] ~= '0' then
   w[#w + 1], w[#w + 2] = 'ask_until_ms', ARGV[5]
 else
