@@ -107,7 +107,7 @@ class RedisTestSentinel(ServerGroup):
     def servers(self) -> list[RedisServer]:
         return [self.master, self.replica, *self.sentinels]
 
-    def start(self, *, timeout_s: float = 30.0) -> Self:
+    def start(self, *, timeout_s: float = 60.0) -> Self:
         self.master.start()  # on another port than chosen if that one was taken meanwhile
         self.replica.extra_args = (*self.fast, "--replicaof", "127.0.0.1", str(self.master.port))
         self.replica.start()
