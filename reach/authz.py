@@ -43,11 +43,12 @@ from typing import TYPE_CHECKING, Any, Final
 from redis import exceptions as rexc
 
 from . import audit
-from .connection import AnyRedis, as_text
+from .connection import AnyRedis
 from .errors import ConfigError, Forbidden, RedisUnavailable
 from .keys import Keys
 from .registry import AgentInfo, normalize_capability
 from .signing import NAME_PATTERN, ROLE_PATTERN, IdentityKeys, Signer
+from .untrusted import safe_int, strict_text
 
 if TYPE_CHECKING:
     from .envelope import Envelope
@@ -300,12 +301,13 @@ def _parse(raw: Mapping[Any, Any]) -> tuple[int, dict[str, OperatorRules]]:
     version = 0
     lists: dict[str, dict[str, list[str]]] = {}
     for k, v in raw.items():
-        name = as_text(k)
+        # Read as untrusted: a field reach did not write (not UTF-8, not a number) is
+        # skipped, and never stops the rules around it from applying.
+        name = strict_text(k)
+        if name is None:
+            continue
         if name == _VERSION:
-            try:
-                version = int(as_text(v))
-            except ValueError:
-                version = -1
+            version = safe_int(v, -1)
             continue
         kind, _, rest = name.partition(":")
         cap, _, entry = rest.partition(":")
@@ -377,7 +379,7 @@ class RulesCache:
         self._read_at = now
         try:
             (raw,) = await redis.hmget(keys.access, [_VERSION])
-            version = int(as_text(raw)) if raw is not None else 0
+            version = safe_int(raw, -1) if raw is not None else 0
             if version != self._version:
                 self._version, self._rules = await read_rules(redis, keys)
         except (rexc.RedisError, OSError, ValueError) as e:

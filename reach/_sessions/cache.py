@@ -31,6 +31,7 @@ from ..connection import AnyRedis, as_text, is_cluster
 from ..keys import Keys
 from ..scripts._call import Arg
 from ..scripts.sessions import APPEND, CLEAR, DELETE, SET, read_history_call, read_values_call
+from ..untrusted import strict_text
 
 log = logging.getLogger("reach.session")
 
@@ -193,9 +194,10 @@ class SessionCache:
         """An announcement ``<version>:<session id>``: the session's copy of another
         version goes."""
         head, sep, session_id = data.partition(b":")
-        if not sep or not head.isdigit():
+        sid = strict_text(session_id)
+        if not sep or not head.isdigit() or sid is None:  # not one of reach's: ignored
             return
-        sid, version = as_text(session_id), int(head)
+        version = int(head)
         self._gen += 1
         self._heard[sid] = self._gen
         self._heard.move_to_end(sid)

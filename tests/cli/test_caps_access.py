@@ -170,3 +170,25 @@ def test_the_help_teaches_the_entries() -> None:
     assert "id:NAME" in res.stdout and "role:NAME" in res.stdout and "--clear" in res.stdout
     res = runner.invoke(app, ["caps", "deny", "--help"])
     assert "forbidden" in res.stdout and "reach caps deny payments.refund id:mallory" in res.stdout
+
+
+def test_garbage_in_the_rules_hash_never_stops_the_rules_around_it(redis_url: str, ns: str) -> None:
+    """Fields reach did not write (not UTF-8, a version that is no number) are skipped:
+    the deny rule written beside them still applies, and a later change still shows."""
+
+    async def body() -> None:
+        r = await connect(redis_url)
+        try:
+            k = Keys(ns).access
+            await anyio.to_thread.run_sync(cli, redis_url, ns, "caps", "deny", "pay.x", "id:b")
+            await r.hset(k, mapping={b"\xff\xfe": b"1", "deny:pay.x:\xff": b"\xff"})
+            await r.hset(k, "version", "not a number")
+            cache = RulesCache(refresh_s=0.0)
+            assert (await cache.current(r, Keys(ns)))["pay.x"].deny[0] == "id:b"
+            await r.hset(k, "version", "7")
+            await r.hset(k, "deny:pay.y:id:c", "1")
+            assert (await cache.current(r, Keys(ns)))["pay.y"] == OperatorRules(deny=("id:c",))
+        finally:
+            await r.aclose()
+
+    anyio.run(body)

@@ -46,8 +46,18 @@ async def test_a_question_answered_in_the_browser(
             "() => document.getElementById('task-status')?.textContent === 'input_required'"
         )
         assert await page.inner_text("#task-question") == "Refund order B-12?"
-        await page.click("#answer-msg")
-        await page.wait_for_selector("#answer-text")
+        # The page re-renders as its live stream updates it: a click landing on the link
+        # as it is replaced is lost, so it is clicked again until the form shows (3 tries).
+        # A slow form page is waited for, not clicked again (the link is gone from it).
+        for attempt in range(3):
+            if await page.query_selector("#answer-msg") is not None:
+                await page.click("#answer-msg")
+            try:
+                await page.wait_for_selector("#answer-text", timeout=10_000)
+                break
+            except Exception:  # playwright's TimeoutError
+                if attempt == 2:
+                    raise
         assert await page.inner_text("#question") == "Refund order B-12?"
         await page.fill("#answer-text", '{"refund": true}')
         await page.click("#confirm")

@@ -45,3 +45,17 @@ def test_a_copy_takes_the_ops_in_order() -> None:
     assert values == {"d": b"4"} and history == [b"v"]
     apply_ops(None, history, ["S", "e", b"5", "A", b"u", 1])  # values not held: left alone
     assert history == [b"u"]
+
+
+def test_announcements_reach_did_not_write_are_ignored() -> None:
+    """Anyone allowed to publish on the channel can send bytes: a garbled announcement is
+    dropped, never raised (it would end the subscription, and the copies with it)."""
+    from reach._sessions.cache import SessionCache
+    from reach.keys import Keys
+
+    cache = SessionCache(None, None, Keys("ns"))  # type: ignore[arg-type]
+    for junk in (b"", b"no-colon", b"x:s1", b"12:\xff\xfe", b"-1:s1"):
+        cache.heard(junk)
+    assert cache._gen == 0  # none counted as an announcement
+    cache.heard(b"3:s1")
+    assert cache._gen == 1
