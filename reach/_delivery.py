@@ -189,6 +189,7 @@ class Delivery:
         quota: bool = True,
         rated: bool = False,
         gate: Gate | None = None,
+        refused: Mapping[str, tuple[int, int]] | None = None,
     ) -> str:
         """Route ``env`` and add it to the chosen agent's inbox; returns the agent id
         (``Client.deliver`` documents it). ``quota=False``: a message accepted once, placed
@@ -196,7 +197,9 @@ class Delivery:
         here (:func:`seal`); ``rated``: its send was taken from the send rate already.
         ``gate``: asked about each agent the policy proposes (a handler's call,
         :class:`reach.callpath.CallGate`); an agent it refuses is passed over, and when
-        only refused agents are left, the error it gave is raised (nothing was sent)."""
+        only refused agents are left, the error it gave is raised (nothing was sent).
+        ``refused``: agents whose bound refused it already (id -> (inbox depth, bound)),
+        passed over as those refused here are (:mod:`reach._plainsend`)."""
         if env.deadline_ms and env.deadline_ms <= now_ms():
             raise DeadlineExceeded(f"Deadline of {env.capability!r} passed before sending.")
         q = await self.quotas() if quota else NO_QUOTAS
@@ -208,7 +211,7 @@ class Delivery:
             split, pinned = await self.versions.route(env, where)
         except (rexc.ConnectionError, rexc.TimeoutError) as e:
             raise unreachable(self.redis_url, e) from e
-        refused: dict[str, tuple[int, int]] = {}  # agent id -> (inbox depth, its bound)
+        refused = dict(refused or {})  # agent id -> (inbox depth, its bound)
         gated: dict[str, Exception] | None = None  # agent id -> why the gate refused it
         rechecked = False
         tracing = logs.tracing()  # asked once: no span is entered per message without it

@@ -16,7 +16,7 @@ from typing import Any, Self, TypedDict, Unpack
 import anyio
 import msgspec
 
-from . import _hedge, _later, _reroute, envelope, metrics, scheduling
+from . import _hedge, _later, _plainsend, _reroute, envelope, metrics, scheduling
 from ._autopipe import AutoPipeline
 from ._batches import ManyCalls
 from ._buffer import (
@@ -486,6 +486,10 @@ class Client(ManyCalls, ReplyFigures, TaskCalls):
         as it is, never signed by this client (its sender's signature travels with it).
         ``gate``: see :class:`reach.callpath.CallGate`.
         """
+        if quota and not track and where is None and gate is None and not env.reply_to:
+            p = _plainsend.plan(self._delivery, env)  # a plain send: one look, one pick
+            if p is not None and self._prechecks.passed(env.capability, p.version):
+                return await _plainsend.send(self._delivery, env, p)
         if quota:  # a first send: refused early when its agents publish that they refuse it
             await self._prechecks.check(self.view, self.signer, env)
         if env.reply_to == self.client_id:

@@ -245,6 +245,12 @@ class QuotaCache:
         """Make the next send read the quotas again (and wait for them)."""
         self._value = None
 
+    def fresh(self) -> Quotas | None:
+        """The quotas when the copy is fresh (nothing to read first), else None."""
+        if self._value is not None and time.monotonic() - self._read_at < self.refresh_s:
+            return self._value
+        return None
+
     async def get(self, redis: AnyRedis) -> Quotas:
         stale = time.monotonic() - self._read_at >= self.refresh_s
         if self._value is not None and not stale:

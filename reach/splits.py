@@ -131,6 +131,12 @@ class SplitCache:
         assert task is not None
         return await asyncio.shield(task)
 
+    def fresh(self) -> Mapping[str, Split] | None:
+        """The splits when the copy is fresh (nothing to read first), else None."""
+        if self._value is not None and time.monotonic() - self._read_at < self.refresh_s:
+            return self._value
+        return None
+
     def prefetch(self, redis: AnyRedis) -> asyncio.Task[Mapping[str, Split]] | None:
         """Start a read when the copy is stale (none running yet): a caller about to read
         the quotas starts it first, so both reads go to Redis together. The read, or None

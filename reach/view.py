@@ -198,6 +198,19 @@ class RegistryView:
             self._wake.set()  # figures of a capability not asked for a while: refresh now
         return self._by_cap.get(capability, []), self.version
 
+    def peek(self, capability: str) -> tuple[list[AgentInfo], int] | None:
+        """What :meth:`candidates` would answer from memory without anything to do first
+        (the capability loaded and fresh, the view following events, no refresh to wake):
+        a send's fast path asks this and takes :meth:`candidates`'s path on None."""
+        c = self._caps.get(capability)
+        if c is None or not self._running:
+            return None
+        now = time.monotonic()
+        if self._due(c, now) or now - c.loaded_at > 2 * self.refresh_s:
+            return None
+        c.used_at = now
+        return self._by_cap.get(capability, []), self.version
+
     def _due(self, c: _Cap, now: float) -> bool:
         """Must ``c`` be read before it is answered from?"""
         if not c.loaded_at:

@@ -84,6 +84,7 @@ RANKS: dict[str, int] = {
     "reach.metrics": 4,
     "reach.client": 4,
     "reach._delivery": 4,  # a Client's routing and inbox writes (one and many)
+    "reach._plainsend": 4,  # the plain send's fast path: one look, one pick, the write
     "reach.splits": 4,  # version canaries: capabilities' splits in Redis, session pins
     "reach._versions": 4,  # a Client's split and pinned version of each message it routes
     "reach._coalesce": 4,  # concurrent single deliveries gathered into batch calls
