@@ -1,0 +1,117 @@
+"""The caller's CPU per ``Client.send``: the whole of it, and its Python path alone.
+
+An embedded Redis (a free port) and ``reach worker`` running the benchmark agent (as
+``reach bench`` starts them); then ``--senders`` tasks of one ``Client`` call
+``Client.send`` until ``--messages`` are sent, as ``reach bench``'s streaming phase does.
+Printed: the caller's CPU microseconds per send (``time.process_time``, user and system),
+and sends per second.
+
+``--fake-redis``: the coalesced inbox write (``send.lua``) answers at once without Redis
+(a made-up entry id after one event-loop turn), so the figure is the Python path of a send
+alone: the envelope, the pick, the coalescer; no packing of script arguments, no socket.
+The difference between the two runs is what the write to Redis costs the caller.
+
+Run:  python bench/caller_cost.py [--messages 30000] [--senders 50] [--fake-redis]
+          [--repeat 3]
+
+The figures are the caller's alone; ``reach bench --floor`` gives them beside the lean
+floor's in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+from reach_cli.tools.bench import CAP, NS
+from reach_cli.tools.bench.processes import _reach_worker_cmd, _wait_ready
+
+import reach._coalesce as coalesce
+from reach import Client
+from reach.embedded import RedisServer
+from reach.scripts import inbox
+
+
+async def _fake_send_many(*_: Any, **__: Any) -> list[inbox.Sent]:
+    ds: Sequence[Any] = _[2]
+    await asyncio.sleep(0)
+    return [inbox.Sent(entry_id="1-1") for _ in ds]
+
+
+async def _fake_send(*_: Any, **__: Any) -> inbox.Sent:
+    await asyncio.sleep(0)
+    return inbox.Sent(entry_id="1-1")
+
+
+async def _round(c: Client, n: int, senders: int) -> tuple[float, float, float]:
+    sent = 0
+
+    async def sender() -> None:
+        nonlocal sent
+        while sent < n:
+            i = sent
+            sent += 1
+            await c.send(CAP, {"i": i})
+
+    t0, w0 = os.times(), time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for _ in range(senders):
+            tg.start_soon(sender)
+    t1, w1 = os.times(), time.perf_counter()
+    return (
+        (t1.user - t0.user) / n * 1e6,
+        (t1.system - t0.system) / n * 1e6,
+        n / (w1 - w0),
+    )
+
+
+def _start_worker(url: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        _reach_worker_cmd(url, 64), stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+
+async def _main(url: str, args: argparse.Namespace) -> None:
+    worker = _start_worker(url)
+    try:
+        await _wait_ready(url)
+        async with Client(redis_url=url, namespace=NS) as c:
+            await c.eligible(CAP)
+            for i in range(200):  # the quotas, splits and view read, the script loaded
+                await c.send(CAP, {"i": i})
+            if args.fake_redis:
+                coalesce.inbox.send_many = _fake_send_many  # type: ignore[assignment]
+                coalesce.inbox.send = _fake_send  # type: ignore[assignment]
+            rounds = [await _round(c, args.messages, args.senders) for _ in range(args.repeat)]
+    finally:
+        worker.terminate()
+        worker.wait()
+    user = statistics.median(r[0] for r in rounds)
+    system = statistics.median(r[1] for r in rounds)
+    rate = statistics.median(r[2] for r in rounds)
+    what = "Python path alone (Redis faked)" if args.fake_redis else "real Redis and worker"
+    print(f"caller, {what}, {args.senders} senders, medians of {args.repeat} rounds:")
+    print(f"  CPU per send {user + system:.1f} µs (user {user:.1f}, system {system:.1f})")
+    print(f"  sends per second {rate:,.0f}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--messages", type=int, default=30000, help="sends per round")
+    p.add_argument("--senders", type=int, default=50, help="concurrent sending tasks")
+    p.add_argument("--repeat", type=int, default=3, help="rounds (medians are printed)")
+    p.add_argument("--fake-redis", action="store_true", help="the Python path alone")
+    args = p.parse_args()
+    with RedisServer() as srv:
+        anyio.run(_main, srv.url, args)
+
+
+if __name__ == "__main__":
+    main()
