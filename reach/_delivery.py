@@ -381,16 +381,27 @@ class Delivery:
         except BaseException as e:
             if track:
                 self.router.inflight.done(agent_id)
-            if isinstance(e, (rexc.ConnectionError, rexc.TimeoutError)):
-                raise unreachable(self.redis_url, e) from e
-            if isinstance(e, rexc.OutOfMemoryError):
-                raise redis_full(self.redis_url, env.capability, e) from e
-            if isinstance(e, rexc.ResponseError):
-                await self.view.recheck(agent_id)
-            raise
+            if not isinstance(e, Exception):
+                raise
+            err = await self.add_failed(env, agent_id, e)
+            if err is e:
+                raise
+            raise err from e
         if sent.refused and track:
             self.router.inflight.done(agent_id)
         return sent
+
+    async def add_failed(self, env: Envelope, agent_id: str, e: Exception) -> Exception:
+        """The error to raise for ``e``, met adding ``env`` to ``agent_id``'s inbox: Redis
+        unreachable or full said so, anything else as it is (a refused script call first
+        makes the view re-read the agent: its record may have changed)."""
+        if isinstance(e, (rexc.ConnectionError, rexc.TimeoutError)):
+            return unreachable(self.redis_url, e)
+        if isinstance(e, rexc.OutOfMemoryError):
+            return redis_full(self.redis_url, env.capability, e)
+        if isinstance(e, rexc.ResponseError):
+            await self.view.recheck(agent_id)
+        return e
 
     async def repick(
         self, env: Envelope, where: Mapping[str, Any] | None, avoid: set[str]
@@ -695,8 +706,10 @@ def redis_full(redis_url: str, capability: str, exc: BaseException) -> RedisFull
 def inbox_bound(agent: AgentInfo, max_inbox: int) -> int:
     """The bound of ``agent``'s inbox for a new send: the lower of its own ``max_queue``
     and the namespace's ``max_inbox`` quota (0 for either: none)."""
-    bounds = [b for b in (agent.max_queue, max_inbox) if b > 0]
-    return min(bounds) if bounds else 0
+    own = agent.max_queue
+    if own > 0 and max_inbox > 0:
+        return min(own, max_inbox)
+    return own if own > 0 else max(max_inbox, 0)
 
 
 def over_rate(env: Envelope, identity: str, q: Quotas, wait_us: int) -> Overloaded:

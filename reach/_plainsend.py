@@ -20,11 +20,12 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from . import logs, metrics
-from ._delivery import Delivery, inbox_bound, policy_for, seal
+from ._delivery import Delivery, claim_at_send, inbox_bound, policy_for, seal
 from .envelope import Envelope, encode, now_ms
 from .errors import NoAgentAvailable
 from .quotas import Quotas
 from .registry import AgentInfo
+from .scripts import inbox
 
 
 class Plan(NamedTuple):
@@ -77,7 +78,18 @@ async def send(delivery: Delivery, env: Envelope, p: Plan) -> str:
     bound = inbox_bound(agent, p.quotas.max_inbox)
     if delivery.signer is not None or env.sig:
         seal(env, delivery.signer, tracing=False)
-    sent = await delivery._add(env, agent, encode(env), track=False, bound=bound)
+    coalescer = delivery.coalescer
+    assert coalescer is not None  # plan() looked
+    m = inbox.Message.of(env, encode(env))
+    try:
+        sent = await coalescer.send(
+            inbox.Delivery(m, agent.agent_id, env.priority, bound, *claim_at_send(agent, env))
+        )
+    except Exception as e:  # as the full path's inbox write says it
+        err = await delivery.add_failed(env, agent.agent_id, e)
+        if err is e:
+            raise
+        raise err from e
     if sent.refused:  # the full path tries the others, this agent passed over
         return await delivery.deliver(env, refused={agent.agent_id: (sent.depth, bound)})
     delivery.reroute.placed(env, agent, sent.entry_id, tracked=False, where=None)

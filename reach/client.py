@@ -445,9 +445,9 @@ class Client(ManyCalls, ReplyFigures, TaskCalls):
             max_attempts=max_attempts or self.max_attempts,
             idempotency_key=idempotency_key or "",
             reply_to=self.client_id if reply else "",
-            headers=dict(headers or {}),
+            headers=dict(headers) if headers else {},
             sent_ms=now,
-            cost=envelope.checked_cost(cost),
+            cost=1.0 if cost is None else envelope.checked_cost(cost),
         )
 
     def _encode_payload(self, payload: Any) -> msgspec.Raw:
@@ -486,10 +486,6 @@ class Client(ManyCalls, ReplyFigures, TaskCalls):
         as it is, never signed by this client (its sender's signature travels with it).
         ``gate``: see :class:`reach.callpath.CallGate`.
         """
-        if quota and not track and where is None and gate is None and not env.reply_to:
-            p = _plainsend.plan(self._delivery, env)  # a plain send: one look, one pick
-            if p is not None and self._prechecks.passed(env.capability, p.version):
-                return await _plainsend.send(self._delivery, env, p)
         if quota:  # a first send: refused early when its agents publish that they refuse it
             await self._prechecks.check(self.view, self.signer, env)
         if env.reply_to == self.client_id:
@@ -518,7 +514,11 @@ class Client(ManyCalls, ReplyFigures, TaskCalls):
         (:meth:`pending_local`); :class:`RedisUnavailable` when the buffer is full (see the
         class docstring). With neither ``timeout_s`` nor ``deadline_ms`` the message gets the
         client's ``default_send_timeout_s`` (an hour): not run by then, it expires."""
-        due = scheduling.due_ms_of(at, delay_s, now=now_ms())
+        due = (
+            None
+            if at is None and delay_s is None
+            else scheduling.due_ms_of(at, delay_s, now=now_ms())
+        )
         if due is not None and due > now_ms():
             if reroute_after_s is not None:
                 raise ConfigError("reroute_after_s does not apply to a scheduled send.")
@@ -553,6 +553,11 @@ class Client(ManyCalls, ReplyFigures, TaskCalls):
         cause: RedisUnavailable | None = None
         if not self._buffer.active:
             try:
+                if not track and where is None and gate is None and not env.reply_to:
+                    d = self._delivery  # a plain send: one look, one pick (reach._plainsend)
+                    p = _plainsend.plan(d, env)
+                    if p is not None and self._prechecks.passed(env.capability, p.version):
+                        return await _plainsend.send(d, env, p)
                 return await self.deliver(env, where=where, track=track, gate=gate)
             except ConnectionsExhausted:
                 raise  # Redis answers, slowly: holding more would hide the overload
