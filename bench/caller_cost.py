@@ -33,8 +33,8 @@ import anyio
 from reach_cli.tools.bench import CAP, NS
 from reach_cli.tools.bench.processes import _reach_worker_cmd, _wait_ready
 
-import reach._coalesce as coalesce
 from reach import Client
+from reach._sending import coalesce
 from reach.embedded import RedisServer
 from reach.scripts import inbox
 

@@ -20,7 +20,7 @@ from .view import RegistryView
 
 
 class Versions:
-    """The split and pinned version of each message a :class:`reach._delivery.Delivery`
+    """The split and pinned version of each message a :class:`reach._sending.delivery.Delivery`
     routes (Redis errors propagate: the caller names the Redis)."""
 
     def __init__(

@@ -16,7 +16,7 @@ from typing import Any, Self, TypedDict, Unpack
 import anyio
 import msgspec
 
-from . import _hedge, _later, _plainsend, _reroute, envelope, metrics, scheduling
+from . import _hedge, _later, _reroute, envelope, metrics, scheduling
 from ._autopipe import AutoPipeline
 from ._batches import ManyCalls
 from ._buffer import (
@@ -37,9 +37,10 @@ from ._defaults import (
     check_send_timeout,
     fallback_kinds,
 )
-from ._delivery import ADVERTISABLE as ADVERTISABLE  # noqa: PLC0414 (re-exported)
-from ._delivery import Delivery, policy_for
 from ._replies import ReplyFigures, ReplyReader, outcome_of
+from ._sending import plain
+from ._sending.delivery import ADVERTISABLE as ADVERTISABLE  # noqa: PLC0414 (re-exported)
+from ._sending.delivery import Delivery, policy_for
 from ._streaming import Stream
 from ._task_calls import TaskCalls
 from .authz import Prechecks
@@ -554,10 +555,10 @@ class Client(ManyCalls, ReplyFigures, TaskCalls):
         if not self._buffer.active:
             try:
                 if not track and where is None and gate is None and not env.reply_to:
-                    d = self._delivery  # a plain send: one look, one pick (reach._plainsend)
-                    p = _plainsend.plan(d, env)
+                    d = self._delivery  # a plain send: one look, one pick (reach._sending.plain)
+                    p = plain.plan(d, env)
                     if p is not None and self._prechecks.passed(env.capability, p.version):
-                        return await _plainsend.send(d, env, p)
+                        return await plain.send(d, env, p)
                 return await self.deliver(env, where=where, track=track, gate=gate)
             except ConnectionsExhausted:
                 raise  # Redis answers, slowly: holding more would hide the overload

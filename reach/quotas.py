@@ -171,7 +171,7 @@ def _taken(reply: Any) -> Taken:
 class SendBucket:
     """Takes single sends from one identity's bucket through ``commands`` (an
     auto-pipelined client), coalescing those of one event-loop turn as
-    :class:`reach._coalesce.Coalescer` coalesces inbox writes: the first take of a turn
+    :class:`reach._sending.coalesce.Coalescer` coalesces inbox writes: the first take of a turn
     goes out at once, the others of the same turn (concurrent sends) as one
     ``rate_limit.lua`` call for all of them at the end of the turn, granted in the order
     they asked. One script call per turn instead of one per send; the bucket stays exact

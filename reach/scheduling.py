@@ -32,8 +32,8 @@ import msgspec
 from redis import exceptions as rexc
 
 from . import logs
-from ._delivery import seal
 from ._redis_url import unreachable
+from ._sending.delivery import seal
 from .connection import AnyRedis
 from .envelope import BadEnvelope, decode_envelope, encode, now_ms
 from .errors import ConfigError

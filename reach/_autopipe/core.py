@@ -284,7 +284,7 @@ class AutoPipeline:
         future of its reply (an error reply or a failure as its exception; NOSCRIPT is
         recovered as for any command). On the multiplexed connection the writer sends it
         at the next turn of the event loop, so the caller can prepare its next commands
-        while Redis runs these (``send_many``'s chunks, :mod:`reach._delivery`).
+        while Redis runs these (``send_many``'s chunks, :mod:`reach._sending.delivery`).
         Cancelling the future drops the command if it is not written yet."""
         return self._enqueue("execute_command", args, {})
 

@@ -11,7 +11,7 @@ import pytest
 from redis.exceptions import ResponseError
 
 from reach import Agent, Context
-from reach._delivery import SEND_CHUNK
+from reach._sending.delivery import SEND_CHUNK
 from reach.client import Client
 from reach.connection import AnyRedis, connect
 from reach.envelope import decode_envelope, scoped_key

@@ -1,4 +1,4 @@
-"""Coalesced single sends (reach._coalesce.Coalescer, issue 11): the first send of an
+"""Coalesced single sends (reach._sending.coalesce.Coalescer, issue 11): the first send of an
 event-loop turn goes out at once as its own send.lua call, the others of the same turn as
 one batch-form call per agent; each caller gets its own answer or its own error; a caller
 cancelled before its turn ended sends nothing. Counted by Redis (script calls, entries),
@@ -13,7 +13,7 @@ import pytest
 from redis import exceptions as rexc
 
 from reach._autopipe import AutoPipeline
-from reach._coalesce import SENDS_IN_FLIGHT, Coalescer
+from reach._sending.coalesce import SENDS_IN_FLIGHT, Coalescer
 from reach.connection import AnyRedis, connect
 from reach.envelope import Envelope, encode, new_id
 from reach.keys import Keys

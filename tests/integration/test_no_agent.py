@@ -16,7 +16,7 @@ from typing import Any
 import anyio
 import pytest
 
-from reach._delivery import FIGURES_TTL_S
+from reach._sending.delivery import FIGURES_TTL_S
 from reach.client import Client
 from reach.connection import AnyRedis
 from reach.envelope import encode

@@ -127,8 +127,8 @@ def test_protocol_md_states_what_the_code_does() -> None:
     """docs/protocol.md, which other implementations are written from, names the protocol
     version, every claim.lua and cancel.lua answer, and the bounds the runtime writes with,
     as the code has them."""
-    from reach._delivery import CLAIM_AT_SEND_LEASE_MS
     from reach._emitting import MAX_ENTRY_CHUNKS
+    from reach._sending.delivery import CLAIM_AT_SEND_LEASE_MS
     from reach._version import PROTOCOL_VERSION
     from reach.keys import KEY_SCHEME
     from reach.scripts.cancelling import CANCELS_MAXLEN

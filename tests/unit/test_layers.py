@@ -83,11 +83,12 @@ RANKS: dict[str, int] = {
     "reach.hooks": 4,
     "reach.metrics": 4,
     "reach.client": 4,
-    "reach._delivery": 4,  # a Client's routing and inbox writes (one and many)
-    "reach._plainsend": 4,  # the plain send's fast path: one look, one pick, the write
+    "reach._sending": 4,  # the caller's send path (a package of the three below)
+    "reach._sending.delivery": 4,  # a Client's routing and inbox writes (one and many)
+    "reach._sending.plain": 4,  # the plain send's fast path: one look, one pick, the write
     "reach.splits": 4,  # version canaries: capabilities' splits in Redis, session pins
     "reach._versions": 4,  # a Client's split and pinned version of each message it routes
-    "reach._coalesce": 4,  # concurrent single deliveries gathered into batch calls
+    "reach._sending.coalesce": 4,  # concurrent single deliveries gathered into batch calls
     "reach._reroute": 4,  # moving a message a slow agent has not started (reroute_after_s)
     "reach._hedge": 4,  # hedge_after_s: a second copy of a slow request to another agent
     "reach._task_calls": 4,  # Client.answer, scheduled (a base class)

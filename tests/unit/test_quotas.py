@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from reach._delivery import inbox_bound
+from reach._sending.delivery import inbox_bound
 from reach.errors import ConfigError
 from reach.keys import Keys
 from reach.limits import parse_limit

@@ -11,8 +11,8 @@ import msgspec
 import pytest
 
 from reach import logs
-from reach._delivery import seal
 from reach._replies import ReplyReader
+from reach._sending.delivery import seal
 from reach.agent import RuntimeOptions, worker_signing
 from reach.envelope import (
     Envelope,

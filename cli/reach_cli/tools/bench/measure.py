@@ -15,7 +15,7 @@ import anyio
 import redis.asyncio as aredis
 
 from reach import Client, admin
-from reach._delivery import CLAIM_AT_SEND_LEASE_MS
+from reach._sending.delivery import CLAIM_AT_SEND_LEASE_MS
 from reach.connection import AnyRedis, connect
 from reach.envelope import Envelope, encode
 from reach.keys import GROUP, Keys

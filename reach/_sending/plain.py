@@ -19,13 +19,13 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from . import logs, metrics
-from ._delivery import Delivery, claim_at_send, inbox_bound, policy_for, seal
-from .envelope import Envelope, encode, now_ms
-from .errors import NoAgentAvailable
-from .quotas import Quotas
-from .registry import AgentInfo
-from .scripts import inbox
+from .. import logs, metrics
+from ..envelope import Envelope, encode, now_ms
+from ..errors import NoAgentAvailable
+from ..quotas import Quotas
+from ..registry import AgentInfo
+from ..scripts import inbox
+from .delivery import Delivery, claim_at_send, inbox_bound, policy_for, seal
 
 
 class Plan(NamedTuple):

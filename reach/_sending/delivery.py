@@ -28,24 +28,24 @@ from typing import Any, TypedDict
 import anyio
 from redis import exceptions as rexc
 
-from . import _reroute, logs, metrics
-from ._autopipe import AutoPipeline
-from ._coalesce import Coalescer
-from ._versions import Versions
-from .callpath import Gate
-from .connection import redact, unreachable
-from .envelope import Envelope, encode, now_ms
-from .errors import DeadlineExceeded, NoAgentAvailable, Overloaded, ReachError, RedisFull
-from .keys import Keys
-from .outcomes import Unavailable
-from .quotas import MAX_TAKE, NO_QUOTAS, QuotaCache, Quotas, SendBucket, take_call
-from .registry import AgentInfo, unknown_capability
-from .routing import Router
-from .routing.split import Split
-from .scripts import inbox
-from .signing import Signer
-from .tasks import TASK_TTL_MS
-from .view import RegistryView
+from .. import _reroute, logs, metrics
+from .._autopipe import AutoPipeline
+from .._versions import Versions
+from ..callpath import Gate
+from ..connection import redact, unreachable
+from ..envelope import Envelope, encode, now_ms
+from ..errors import DeadlineExceeded, NoAgentAvailable, Overloaded, ReachError, RedisFull
+from ..keys import Keys
+from ..outcomes import Unavailable
+from ..quotas import MAX_TAKE, NO_QUOTAS, QuotaCache, Quotas, SendBucket, take_call
+from ..registry import AgentInfo, unknown_capability
+from ..routing import Router
+from ..routing.split import Split
+from ..scripts import inbox
+from ..signing import Signer
+from ..tasks import TASK_TTL_MS
+from ..view import RegistryView
+from .coalesce import Coalescer
 
 # Policies an agent may advertise for its capability (``metadata={"policies": {cap: p}}``):
 # 'direct' and 'broadcast' need a target or many agents, and anything else is unknown.
@@ -199,7 +199,7 @@ class Delivery:
         :class:`reach.callpath.CallGate`); an agent it refuses is passed over, and when
         only refused agents are left, the error it gave is raised (nothing was sent).
         ``refused``: agents whose bound refused it already (id -> (inbox depth, bound)),
-        passed over as those refused here are (:mod:`reach._plainsend`)."""
+        passed over as those refused here are (:mod:`reach._sending.plain`)."""
         if env.deadline_ms and env.deadline_ms <= now_ms():
             raise DeadlineExceeded(f"Deadline of {env.capability!r} passed before sending.")
         q = await self.quotas() if quota else NO_QUOTAS

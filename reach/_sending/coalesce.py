@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import asyncio
 
-from ._autopipe import AutoPipeline
-from .keys import Keys
-from .scripts import inbox
+from .._autopipe import AutoPipeline
+from ..keys import Keys
+from ..scripts import inbox
 
 # Coalesced single deliveries: at most this many send.lua calls of one client await Redis
 # at once; messages issued meanwhile wait for one to return and go out together. Two keep
