@@ -105,7 +105,8 @@ STAMPS: dict[str, float] = {}
 
 def stamp_caller() -> None:
     """Wrap the caller's steps (this process) to stamp them into STAMPS."""
-    from reach import _delivery, _replies, client
+    from reach import _replies, client
+    from reach._sending import delivery as _delivery
 
     ob = client.Client.build
 

@@ -1,7 +1,7 @@
 """The plain send's fast path: ``Client.send`` of a message that needs nothing but a pick.
 
 Most sends of a busy caller are alike: a fresh message, no ``where=``, no reply awaited,
-on a standalone Redis, with everything the full path (:meth:`reach._delivery.Delivery.deliver`)
+on a standalone Redis, with everything the full path (:meth:`reach._sending.delivery.Delivery.deliver`)
 reads already in memory and fresh: the namespace's quotas (no send rate to take from), the
 version splits (none for the capability), the capability's agents in the registry view,
 and the early look at who may call it (passed at this view version). For such a message
@@ -58,7 +58,7 @@ def plan(delivery: Delivery, env: Envelope) -> Plan | None:
 
 async def send(delivery: Delivery, env: Envelope, p: Plan) -> str:
     """Pick an agent for ``env`` by ``p`` and add it to that agent's inbox; the agent id.
-    As :meth:`reach._delivery.Delivery.deliver` with its defaults (``track=False``,
+    As :meth:`reach._sending.delivery.Delivery.deliver` with its defaults (``track=False``,
     ``quota=True``), which takes over when the pick finds no agent or the agent's bound
     refuses the message."""
     try:
