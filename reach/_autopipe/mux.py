@@ -103,8 +103,55 @@ class _Mux:
         self.queue.append(p)
         if self.writer is None or self.writer.done():
             self.writer = loop.create_task(self._write_loop())
-        else:
+        elif not self._write_now():
             self._kick_writer()
+
+    def _write_now(self) -> bool:
+        """Write the one queued command at once, in the caller's own turn, when the writer
+        waits idle on a healthy connection with nothing in flight and nothing in its socket
+        buffer: a lone command (a request's send, a worker's settle) then saves the writer
+        task's wake-up, an event-loop turn per round trip. True when the command is dealt with
+        (written, or refused before the write); False leaves it to the writer. Standalone
+        and Sentinel only (a Cluster node's commands may carry redirections)."""
+        w = self._wake_writer
+        conn = self.conn
+        if (
+            w is None
+            or w.done()
+            or self.router is not None
+            or len(self.queue) != 1
+            or conn is None
+            or self.broken
+            or self.backoff
+            or self.inflight
+        ):
+            return False
+        writer = getattr(conn, "_writer", None)
+        reader = self.reader
+        if writer is None or reader is None or reader.done() or not conn.is_connected:
+            return False
+        transport = writer.transport
+        if transport.is_closing() or transport.get_write_buffer_size():
+            return False  # the writer's drain paces a socket that is behind
+        p = self.queue.popleft()
+        try:
+            if p.words is None:
+                self._capture_words(p)
+            assert p.words is not None
+            chunks = conn.pack_command(*p.words)
+        except Exception as e:  # noqa: BLE001 - refused before the write: its own error
+            _answer(p, e)
+            return True
+        self._check_master()
+        self.inflight.append(p)
+        self._kick_reader()
+        self.auto.batches += 1
+        self.auto.commands += 1
+        try:
+            writer.writelines(chunks)
+        except Exception as e:  # noqa: BLE001 - the socket failed: as a failed write
+            self._broken(e)
+        return True
 
     def _moved_loop(self) -> None:
         """Used from another event loop than before (the old one ended): start afresh.

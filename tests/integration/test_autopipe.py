@@ -40,12 +40,32 @@ def test_it_offers_every_method_of_the_protocol() -> None:
 
 
 async def test_commands_of_one_turn_go_out_in_one_pipeline(auto: AutoPipeline, ns: str) -> None:
+    """The first, with nothing in flight, is written at once (see the next test); the
+    other 99 of the turn go out together."""
     key = f"{ns}:k"
     await auto.set(key, "v")
-    before = auto.batches
+    before = auto.batches, auto.commands
     replies = await asyncio.gather(*(auto.get(key) for _ in range(100)))
     assert replies == [b"v"] * 100
-    assert auto.batches - before == 1
+    assert (auto.batches - before[0], auto.commands - before[1]) == (2, 100)
+
+
+async def test_a_command_with_nothing_in_flight_is_written_in_its_callers_turn(
+    auto: AutoPipeline, ns: str
+) -> None:
+    """No wake-up of the writer task first (an event-loop turn per round trip): the
+    command is on the socket when its caller's step ends. With a command in flight, the
+    next waits for the writer, which sends what the turn queued together."""
+    await auto.set(f"{ns}:k", "v")
+    sent = auto.batches
+    first = asyncio.ensure_future(auto.get(f"{ns}:k"))
+    await asyncio.sleep(0)  # the task's step ran; the writer task has not run since
+    assert auto.batches == sent + 1
+    second = asyncio.ensure_future(auto.get(f"{ns}:k"))
+    await asyncio.sleep(0)
+    assert auto.batches == sent + 1  # the first is in flight: the writer sends it
+    assert await first == b"v" and await second == b"v"
+    assert auto.batches == sent + 2
 
 
 async def test_a_lone_command_goes_out_alone_at_the_end_of_the_turn(auto: AutoPipeline) -> None:
