@@ -11,8 +11,11 @@ and sends per second.
 alone: the envelope, the pick, the coalescer; no packing of script arguments, no socket.
 The difference between the two runs is what the write to Redis costs the caller.
 
+``--commands``: also Redis's commands per message over the rounds (``INFO
+commandstats``; those a script runs counted too), with the worker's reads and settles.
+
 Run:  python bench/caller_cost.py [--messages 30000] [--senders 50] [--fake-redis]
-          [--repeat 3]
+          [--repeat 3] [--commands]
 
 The figures are the caller's alone; ``reach bench --floor`` gives them beside the lean
 floor's in one run.
@@ -72,6 +75,11 @@ async def _round(c: Client, n: int, senders: int) -> tuple[float, float, float]:
     )
 
 
+async def _commandstats(r: Any) -> dict[str, int]:
+    stats = await r.info("commandstats")
+    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
+
+
 def _start_worker(url: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         _reach_worker_cmd(url, 64), stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -89,7 +97,16 @@ async def _main(url: str, args: argparse.Namespace) -> None:
             if args.fake_redis:
                 coalesce.inbox.send_many = _fake_send_many  # type: ignore[assignment]
                 coalesce.inbox.send = _fake_send  # type: ignore[assignment]
+            r = c.commands.redis
+            before = await _commandstats(r)
             rounds = [await _round(c, args.messages, args.senders) for _ in range(args.repeat)]
+            if args.commands:
+                await anyio.sleep(1.0)  # the worker settles what it has read
+                after = await _commandstats(r)
+                n = args.messages * args.repeat
+                per = {k: (v - before.get(k, 0)) / n for k, v in after.items()}
+                shown = {k: round(v, 3) for k, v in sorted(per.items(), key=lambda x: -x[1])}
+                print("Redis commands per message:", {k: v for k, v in shown.items() if v})
     finally:
         worker.terminate()
         worker.wait()
@@ -108,6 +125,7 @@ def main() -> None:
     p.add_argument("--senders", type=int, default=50, help="concurrent sending tasks")
     p.add_argument("--repeat", type=int, default=3, help="rounds (medians are printed)")
     p.add_argument("--fake-redis", action="store_true", help="the Python path alone")
+    p.add_argument("--commands", action="store_true", help="Redis's commands per message")
     args = p.parse_args()
     with RedisServer() as srv:
         anyio.run(_main, srv.url, args)
