@@ -441,18 +441,21 @@ class Delivery:
         # Per agent: its bound and (no deadline) its claim, the same for each message.
         per_agent: dict[str, tuple[int, tuple[str, int] | tuple[()]]] = {}
         Delivery, of = inbox.Delivery, inbox.Message.of
+        now = now_ms()  # the claims' leases judged by one clock read for the batch
+        # A deadline this far off leaves the claim its whole lease: the same for every one.
+        far = now + CLAIM_AT_SEND_LEASE_MS
         for i, agent in picked:
             env = envs[i]
             if tracing or signer is not None or env.sig:
                 seal(env, signer, tracing=tracing)
             got = per_agent.get(agent.agent_id)
             if got is None:
-                claim = () if cluster else claim_at_send(agent, env)
+                claim = () if cluster else claim_at_send(agent, env, now)
                 got = (inbox_bound(agent, max_inbox), claim)
-                if not env.deadline_ms:
+                if not env.deadline_ms or env.deadline_ms >= far:
                     per_agent[agent.agent_id] = got
-            elif env.deadline_ms and not cluster:
-                got = (got[0], claim_at_send(agent, env))
+            elif env.deadline_ms and env.deadline_ms < far and not cluster:
+                got = (got[0], claim_at_send(agent, env, now))
             items.append(
                 Delivery(of(env, encode(env)), agent.agent_id, env.priority, got[0], *got[1])
             )
@@ -678,16 +681,17 @@ the runtime to read the entry and confirm the claim with its own lease (``start.
 One read later than that finds the claim run out and claims as usual."""
 
 
-def claim_at_send(agent: AgentInfo, env: Envelope) -> tuple[str, int]:
+def claim_at_send(agent: AgentInfo, env: Envelope, now: int | None = None) -> tuple[str, int]:
     """Whom ``env``, routed to ``agent``, is claimed for at send (``"<agent_id>/<instance_id>"``,
     ``''`` when the record names no instance) and the claim's lease:
     :data:`CLAIM_AT_SEND_LEASE_MS`, or less with a deadline (a second past it, and a second
-    at least), as a runtime's claim would be."""
+    at least), as a runtime's claim would be. ``now``: the epoch ms to judge the deadline
+    by (a batch reads the clock once), else read here."""
     if not agent.instance_id:
         return "", 0
     lease = CLAIM_AT_SEND_LEASE_MS
     if env.deadline_ms:
-        lease = max(1000, min(lease, env.deadline_ms - now_ms() + 1000))
+        lease = max(1000, min(lease, env.deadline_ms - (now or now_ms()) + 1000))
     return f"{agent.agent_id}/{agent.instance_id}", lease
 
 

@@ -66,7 +66,11 @@ async def test_send_many_routes_each_message_and_reports_each_error(
         assert isinstance(out[5], PayloadTooLarge)
         sent = [x for i, x in enumerate(out) if i != 5]
         assert all(isinstance(x, str) for x in sent) and len(set(sent)) == 39
-        assert writes <= 2  # the 39 sends went out together (a view refresh may add one)
+        # The 39 sends went out together, one call per agent, not one write each: the
+        # quotas' and splits' read and the two calls are at most four writes (a burst's
+        # first command goes out alone when nothing is in flight, reach._autopipe.mux), and
+        # a view refresh may add one.
+        assert writes <= 5
         done = await handled(r, ns, 39)
         assert set(done) == set(sent) and set(done.values()) == {1}
         statuses = {(await client.task(m)).status for m in sent if isinstance(m, str)}
