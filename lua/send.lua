@@ -56,7 +56,8 @@
 -- an array of those, one per message in order (the messages past the bound are refused,
 -- each with the depth it met).
 -- Errors  'ERR reach: bad <argument>: <why>' when an argument or a key's type is out of
---         contract; nothing is written then (in the batch form: for no message).
+--         contract (a pointer key only when written: ARGV[5] ~= ''); nothing is written
+--         then (in the batch form: for no message).
 local MAX_TTL, MAX_INT, MAX_LEASE = 31536000000, 999999999999999, 604800000
 
 --!include args
@@ -65,12 +66,11 @@ local MAX_TTL, MAX_INT, MAX_LEASE = 31536000000, 999999999999999, 604800000
 --!include announce
 
 -- The batch form: the ARGV of the claim (0, or 2 with ARGV[8..9]) before message 2's.
+-- Message j's KEYS start after index 0 (j = 1) or 3j, its ARGV after 0 or 5j - 3 + fixed.
 local fixed = 0
--- The batch form: message j's KEYS and ARGV start after these indexes.
-local function kbase(j) if j == 1 then return 0 end return 3 * j end
-local function abase(j) if j == 1 then return 0 end return 5 * j - 3 + fixed end
 
-local fresh = {}  -- the batch form: message j's record does not exist yet
+local fresh = {}  -- message j's record does not exist yet (the one-message form: j = 1)
+local depth = 0  -- with a max_queue: the entries of the three inboxes, read by check()
 local claim_for = ''  -- ARGV[8] when given: fresh records are claimed for it
 
 -- Why the claim in ARGV[8..9] is refused, or nil.
@@ -79,6 +79,26 @@ local function claim_bad()
   if e then return e end
   if not string.find(ARGV[8], '^.+/[^/]+$') then
     return bad('claim for', 8, "want '<agent_id>/<instance_id>'")
+  end
+  return nil
+end
+
+-- Why message j's record KEYS[i] is refused (not a hash), or nil; notes whether it exists
+-- (HLEN: 0 for an absent key, and an error for one of another type, in one command).
+local function record_bad(i, j)
+  local len, why = read_typed('HLEN', i, 'hash')
+  if why then return why end
+  fresh[j] = len == 0
+  return nil
+end
+
+-- Why one of the inboxes KEYS[4..6] is refused, or nil; their entries are counted in depth
+-- (read only with a max_queue: XLEN is the type check anyway).
+local function inboxes_bad()
+  for i = 4, 6 do
+    local len, why = read_typed('XLEN', i, 'stream')
+    if why then return why end
+    depth = depth + len
   end
   return nil
 end
@@ -102,29 +122,32 @@ local function check()
       if e then return e end
       claim_for = ARGV[8]
     end
+    -- Attempts repeat (mostly '0'): int_memo parses each distinct one once.
+    local a = 0
     for j = 1, n do
-      e = int_bad('attempt', abase(j) + 3, 0, MAX_INT)
-      if e then return e end
+      if not int_memo(ARGV[a + 3], 0, MAX_INT) then
+        return bad('attempt', a + 3, 'want an integer 0..' .. MAX_INT)
+      end
+      a = 5 * j + 2 + fixed
     end
-    for i = 4, 6 do
-      local why = key_type(KEYS[i], 'stream')
-      if why then return 'KEYS[' .. i .. ']: ' .. why end
-    end
+    e = inboxes_bad()
+    if e then return e end
+    local in1, in2, in3 = KEYS[4], KEYS[5], KEYS[6]
+    local k
+    a = 0
     for j = 1, n do
-      local k = kbase(j)
+      k = (j == 1) and 0 or 3 * j
       local inbox = KEYS[k + 1]
-      if inbox ~= KEYS[4] and inbox ~= KEYS[5] and inbox ~= KEYS[6] then
+      if inbox ~= in1 and inbox ~= in2 and inbox ~= in3 then
         return 'KEYS[' .. (k + 1) .. ']: not one of the inboxes KEYS[4..6]'
       end
-      local t = redis.call('TYPE', KEYS[k + 2])['ok']
-      if t ~= 'none' and t ~= 'hash' then
-        return 'KEYS[' .. (k + 2) .. ']: holds a ' .. t .. ', want a hash'
-      end
-      fresh[j] = t == 'none'
-      if ARGV[abase(j) + 5] ~= '' then  -- the pointer is written only with a caller's key
+      e = record_bad(k + 2, j)
+      if e then return e end
+      if ARGV[a + 5] ~= '' then  -- the pointer is written only with a caller's key
         local why = key_type(KEYS[k + 3], 'string')
         if why then return 'KEYS[' .. (k + 3) .. ']: ' .. why end
       end
+      a = 5 * j + 2 + fixed
     end
     return nil, tonumber(ARGV[7]), n
   end
@@ -143,13 +166,22 @@ local function check()
   elseif max == 0 and #KEYS ~= 3 and #KEYS ~= 6 then
     return 'keys: want 3 KEYS (or 6), got ' .. #KEYS
   end
-  return keys_typed({'stream', 'hash', 'string'}), max, 0
+  local _, why = read_typed('XLEN', 1, 'stream')
+  e = why or record_bad(2, 1)
+  if e then return e end
+  if ARGV[5] ~= '' then  -- the pointer is written only with a caller's key
+    why = key_type(KEYS[3], 'string')
+    if why then return 'KEYS[3]: ' .. why end
+  end
+  if max > 0 then e = inboxes_bad() end
+  return e, max, 0
 end
 
 local err, max, n = check()
 if err then return refuse(err) end
 
--- The claim's server time, lease end and agent id, computed once per call.
+-- The claim's server time and lease end (as the decimal strings written), and agent id,
+-- computed once per call.
 local now, until_ms, claim_agent
 
 -- Add message j (its KEYS after k, its ARGV after a) and mark it pending (a status the
@@ -157,77 +189,72 @@ local now, until_ms, claim_agent
 -- HSET, and with a claim (claim_for ~= '') it is written claimed and the entry names the
 -- owner and the lease: see the header).
 local function add(k, a, new)
-  local claimed = new and claim_for ~= ''
+  local rec = KEYS[k + 2]
   local id
-  if claimed then
+  if new and claim_for ~= '' then
     if not now then
-      now = now_ms()
-      until_ms = now + tonumber(ARGV[9])
+      local t = now_ms()
+      now = string.format('%.0f', t)
+      until_ms = string.format('%.0f', t + tonumber(ARGV[9]))
       claim_agent = string.match(claim_for, '^(.+)/[^/]+$')
     end
     id = redis.call('XADD', KEYS[k + 1], '*', 'e', ARGV[a + 1], 'c', claim_for, 'l', until_ms)
     -- No sent_msg_id: it would repeat msg_id (absent means so; a later send of the key
     -- writes it). No msg_id either for a record named by it (no caller's key: ARGV[a + 5]
     -- is ''): its readers know it from the record's name. Every field costs memory in
-    -- each record, and most records are named by their msg_id.
-    local w = {'HSET', KEYS[k + 2], 'status', 'pending', 'capability', ARGV[a + 2],
-      'attempt', ARGV[a + 3], 'fence', 1, 'runs', 0,
-      'owner', claim_for, 'lease_until', until_ms, 'agent_id', claim_agent, 'updated_ms', now}
-    if ARGV[a + 5] ~= '' then w[#w + 1], w[#w + 2] = 'msg_id', ARGV[a + 4] end
-    redis.call(unpack(w))
+    -- each record, and most records are named by their msg_id. (Two calls written out
+    -- rather than one built as a table: a table and its unpack cost more than the HSET.)
+    if ARGV[a + 5] == '' then
+      redis.call('HSET', rec, 'status', 'pending', 'capability', ARGV[a + 2],
+        'attempt', ARGV[a + 3], 'fence', '1', 'runs', '0', 'owner', claim_for,
+        'lease_until', until_ms, 'agent_id', claim_agent, 'updated_ms', now)
+    else
+      redis.call('HSET', rec, 'status', 'pending', 'capability', ARGV[a + 2],
+        'attempt', ARGV[a + 3], 'fence', '1', 'runs', '0', 'owner', claim_for,
+        'lease_until', until_ms, 'agent_id', claim_agent, 'updated_ms', now,
+        'msg_id', ARGV[a + 4])
+    end
+  elseif new then
+    id = redis.call('XADD', KEYS[k + 1], '*', 'e', ARGV[a + 1])
+    redis.call('HSET', rec, 'status', 'pending', 'capability', ARGV[a + 2],
+      'attempt', ARGV[a + 3], 'sent_msg_id', ARGV[a + 4])
   else
     id = redis.call('XADD', KEYS[k + 1], '*', 'e', ARGV[a + 1])
-  end
-  if new and not claimed then
-    redis.call('HSET', KEYS[k + 2], 'status', 'pending', 'capability', ARGV[a + 2],
-      'attempt', ARGV[a + 3], 'sent_msg_id', ARGV[a + 4])
-  elseif not new then
     -- A done key (succeeded: its result stored, later copies replay it) and a running one
     -- (or one whose handler waits for input, ask.lua) keep their status; any other (dead, failed, expired, retrying: released, it runs again)
     -- is pending from now, so nobody reads the last run's outcome as this send's.
     -- A cancelled one stays cancelled for a copy of the msg_id cancelled (a retry, a moved
     -- entry: cancel.lua's cancel_of), so claim.lua never runs it; a new msg_id runs again.
-    local had = redis.call('HMGET', KEYS[k + 2], 'done', 'cancel_of', 'status', 'watched')
+    local had = redis.call('HMGET', rec, 'done', 'cancel_of', 'status', 'watched')
     if had[1] ~= '1' and had[3] ~= 'succeeded' and had[3] ~= 'running'
         and had[3] ~= 'input_required' and not (had[3] == 'cancelled' and had[2] == ARGV[a + 4]) then
-      redis.call('HSET', KEYS[k + 2], 'status', 'pending')
-      if had[4] then announce(KEYS[k + 2], 'pending') end
+      redis.call('HSET', rec, 'status', 'pending')
+      if had[4] then announce(rec, 'pending') end
     end
-    redis.call('HSET', KEYS[k + 2], 'capability', ARGV[a + 2], 'attempt', ARGV[a + 3],
+    redis.call('HSET', rec, 'capability', ARGV[a + 2], 'attempt', ARGV[a + 3],
       'sent_msg_id', ARGV[a + 4])
   end
-  redis.call('PEXPIRE', KEYS[k + 2], ARGV[6])
+  redis.call('PEXPIRE', rec, ARGV[6])
   if ARGV[a + 5] ~= '' then
     redis.call('SET', KEYS[k + 3], ARGV[a + 5], 'PX', ARGV[6])
   end
   return id
 end
 
-local depth = 0
-if max > 0 then
-  for i = 4, 6 do
-    if n == 0 then  -- the batch form checked them already
-      local why = key_type(KEYS[i], 'stream')
-      if why then return refuse('KEYS[' .. i .. ']: ' .. why) end
-    end
-    depth = depth + redis.call('XLEN', KEYS[i])
-  end
-end
-
 if n == 0 then
   if max > 0 and depth >= max then return depth end
-  -- Whether the record is new matters only to claim it (the one-message form does not
-  -- look otherwise: its status rule reads the record anyway).
-  return add(0, 0, claim_for ~= '' and redis.call('EXISTS', KEYS[2]) == 0)
+  return add(0, 0, fresh[1])
 end
 
 local out = {}
+local k, a = 0, 0
 for j = 1, n do
   if max > 0 and depth >= max then
     out[j] = depth
   else
-    out[j] = add(kbase(j), abase(j), fresh[j])
+    out[j] = add(k, a, fresh[j])
     depth = depth + 1
   end
+  k, a = 3 * j + 3, 5 * j + 2 + fixed
 end
 return out

@@ -17,3 +17,14 @@ local function keys_typed(wanted)
   end
   return nil
 end
+
+-- The reply of `cmd` KEYS[i], a read that fails on nothing but a key of another type than
+-- want (XLEN on a stream, HLEN on a hash: an integer, 0 for an absent key), or nil and why
+-- KEYS[i] is refused, as key_type words it. One command where TYPE and then the read would
+-- be two, and an integer reply costs Lua less than TYPE's status table.
+local function read_typed(cmd, i, want)
+  local v = redis.pcall(cmd, KEYS[i])
+  if type(v) == 'number' then return v end
+  return nil, 'KEYS[' .. i .. ']: holds a ' .. redis.call('TYPE', KEYS[i])['ok'] .. ', want a '
+    .. want
+end

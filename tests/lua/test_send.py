@@ -195,6 +195,35 @@ async def test_a_record_of_the_wrong_type_is_refused_before_the_add(r: AnyRedis,
     assert await r.exists(inbox) == 0  # no entry whose record could not be written
 
 
+async def test_an_inbox_of_another_type_is_refused_before_any_write(r: AnyRedis, ns: str) -> None:
+    k = Keys(ns)
+    await r.set(k.inbox("w-4", "low"), "not a stream")
+    alone = [k.inbox("w-4", "low"), k.idem("m9"), k.task("m9")]
+    with pytest.raises(ResponseError, match=r"reach: bad KEYS\[1\]: holds a string, want a stream"):
+        await scripts.call(r, "send", alone, [b"ENV", "cap", 1, "m9", "", TTL_MS])
+    # Bounded: the three inboxes are counted, and each must be a stream.
+    keys = bounded(k, "w-4", "m9", "high")
+    with pytest.raises(ResponseError, match=r"reach: bad KEYS\[6\]: holds a string, want a stream"):
+        await scripts.call(r, "send", keys, [b"ENV", "cap", 1, "m9", "", TTL_MS, 5])
+    assert await r.exists(k.inbox("w-4", "high"), k.idem("m9")) == 0
+
+
+async def test_a_pointer_of_another_type_is_refused_only_when_written(r: AnyRedis, ns: str) -> None:
+    k = Keys(ns)
+    inbox, ptr = k.inbox("w-4", "normal"), k.task("m10")
+    await r.hset(ptr, "x", "1")  # not a string
+    with pytest.raises(ResponseError, match=r"reach: bad KEYS\[3\]: holds a hash, want a string"):
+        await scripts.call(
+            r, "send", [inbox, k.idem("order-10"), ptr], [b"E", "cap", 1, "m10", "order-10", TTL_MS]
+        )
+    assert await r.exists(inbox, k.idem("order-10")) == 0
+    # Named by its msg_id, the message has no pointer: that key is not written, not judged.
+    assert await scripts.call(
+        r, "send", [inbox, k.idem("m10"), ptr], [b"E", "cap", 1, "m10", "", TTL_MS]
+    )
+    assert await r.hget(ptr, "x") == b"1"
+
+
 # -- enqueue.lua: the Cluster form of the bound ------------------------------------------
 async def test_enqueue_adds_under_the_bound_and_refuses_at_it(r: AnyRedis, ns: str) -> None:
     k = Keys(ns)
