@@ -81,6 +81,9 @@ local U64 = '18446744073709551615'
 -- A stream entry id XACK and XDEL accept: 'ms-seq' or 'ms', each part 0..2^64-1 (a part
 -- of 20 digits is compared with 2^64-1 as a string).
 local function stream_id_ok(v)
+  if #v < 20 then  -- every part shorter than 2^64-1's 20 digits: the digits alone decide
+    return string.find(v, '^%d+%-%d+$') ~= nil or string.find(v, '^%d+$') ~= nil
+  end
   local dash = string.find(v, '-', 1, true)
   if not dash then
     return #v >= 1 and string.find(v, '^%d+$') ~= nil and (#v < 20 or (#v == 20 and v <= U64))
@@ -142,7 +145,9 @@ local function check()
     local i = int_memo(ARGV[p], lo, nk)
     if not i then return bad(label .. where(item), p, 'want a key index ' .. lo .. '..' .. nk) end
     if i == 0 then return nil end
-    return (more and more(p, item)) or use(i, kind, label, item)
+    local e = more and more(p, item)
+    if e or need[i] == kind then return e end  -- a key used as before: nothing to note
+    return use(i, kind, label, item)
   end
   local function completion(p, item)
     return completion_bad(p + 1, where, item)
@@ -243,7 +248,7 @@ if err then return refuse(err) end
 local LETTER_FIELDS = {'reason', 'error', 'error_type', 'attempts', 'agent_id', 'msg_id',
   'capability', 'ts', 'env'}
 
--- Write the follow-up of kind `kind` whose slots start at ARGV[f].
+-- Write the follow-up of kind `kind` (not NONE) whose slots start at ARGV[f].
 -- d: the ARGV index of the item's failure detail (nil: none).
 local function follow_up(kind, f, d)
   if kind == DEAD_LETTER then
@@ -263,15 +268,6 @@ end
 -- writes, and an entry is still acked only if its completion was written).
 local acks, inboxes = {}, {}
 local group = ARGV[2]
-local function ack_later(ii, entry)
-  local ids = acks[ii]
-  if not ids then
-    ids = {}
-    acks[ii] = ids
-    inboxes[#inboxes + 1] = ii
-  end
-  ids[#ids + 1] = entry
-end
 
 -- XACK and XDEL of ids (in chunks: unpack has a limit on the values it returns).
 local CHUNK = 1000
@@ -283,14 +279,18 @@ local function ack_all(key, ids)
   end
 end
 
-local now = now_ms()
+-- Strings, not Lua numbers: Redis formats a number argument anew at every call.
+local now = string.format('%.0f', now_ms())
+local REPLIES = string.format('%d', StreamBound_REPLIES)
 local ttl = ARGV[1]
+local NONE = FollowUpKind_NONE
 local p = 4
 local out = {}
 local seen = {}  -- records completed by this call: a later item of the same one reads again
-for item = 1, tonumber(ARGV[3]) do
-  local ki, ri, ii = tonumber(ARGV[p]), tonumber(ARGV[p + 7]), tonumber(ARGV[p + 8])
-  local reply, entry, kind = ARGV[p + 6], ARGV[p + 9], tonumber(ARGV[p + 10])
+-- The check pass parsed every index and kind below (int_memo): looked up, not parsed again.
+local num = parsed
+for item = 1, num[ARGV[3]] do
+  local ki, ri, ii, kind = num[ARGV[p]], num[ARGV[p + 7]], num[ARGV[p + 8]], num[ARGV[p + 10]]
   local code = SettleCode_SETTLED
   if ki > 0 then
     local key = KEYS[ki]
@@ -309,13 +309,22 @@ for item = 1, tonumber(ARGV[3]) do
   end
   if code == SettleCode_SETTLED then
     if ri > 0 then
-      redis.call('XADD', KEYS[ri], 'MAXLEN', '~', StreamBound_REPLIES, '*', 'r', reply)
+      redis.call('XADD', KEYS[ri], 'MAXLEN', '~', REPLIES, '*', 'r', ARGV[p + 6])
       redis.call('PEXPIRE', KEYS[ri], ttl)
     end
-    follow_up(kind, p + 11, details[item])
-    if ii > 0 then ack_later(ii, entry) end
+    if kind ~= NONE then follow_up(kind, p + 11, details[item]) end
+    if ii > 0 then
+      local ids = acks[ii]
+      if not ids then
+        ids = {}
+        acks[ii] = ids
+        inboxes[#inboxes + 1] = ii
+      end
+      ids[#ids + 1] = ARGV[p + 9]
+    end
   end
-  p = p + 11 + (FOLLOW_UPS[kind] and FOLLOW_UPS[kind][2] or 0)
+  p = p + 11
+  if kind ~= NONE then p = p + FOLLOW_UPS[kind][2] end
   out[item] = code
 end
 for _, ii in ipairs(inboxes) do ack_all(KEYS[ii], acks[ii]) end

@@ -36,29 +36,43 @@ end
 -- reader takes an absent one as '' (lease_until: 0). Fewer fields, none of them long, keep
 -- a small record in Redis's compact hash encoding (docs/operations.md, *Memory per
 -- completed record*). The record then lives ttl ms; a watched one announces its new status
--- (lua/includes/announce.lua). Returns SettleCode_SETTLED, or FENCED (nothing written):
--- another owner claimed the key since.
+-- (lua/includes/announce.lua). now: the server time (ms), best as its decimal string (a
+-- Lua number costs Redis a conversion per use). Returns SettleCode_SETTLED, or FENCED
+-- (nothing written): another owner claimed the key since.
 local function complete_record(key, rec, f, ttl, now)
   if not rec[1] or rec[1] ~= ARGV[f] or rec[2] == '1' then return SettleCode_FENCED end
-  local w = {'HSET', key, 'status', ARGV[f + 1], 'updated_ms', now}
-  local gone = {'HDEL', key, 'owner', 'lease_until'}
-  if ARGV[f + 4] ~= '' then
-    w[#w + 1], w[#w + 2] = 'error', ARGV[f + 4]
+  if ARGV[f + 3] == 'done' and ARGV[f + 4] == '' and not rec[4] then
+    -- The common outcome (a reply stored, no error, no journal) written out as the general
+    -- form below would write it: a table and its unpack cost more than the HSET itself.
+    if rec[3] == '0' then
+      redis.call('HSET', key, 'status', ARGV[f + 1], 'updated_ms', now, 'done', '1',
+        'reply', ARGV[f + 2], 'runs', '1')
+    else
+      redis.call('HSET', key, 'status', ARGV[f + 1], 'updated_ms', now, 'done', '1',
+        'reply', ARGV[f + 2])
+    end
+    redis.call('HDEL', key, 'owner', 'lease_until', 'error')
   else
-    gone[#gone + 1] = 'error'
-  end
-  if ARGV[f + 3] == 'done' then
-    w[#w + 1], w[#w + 2], w[#w + 3], w[#w + 4] = 'done', '1', 'reply', ARGV[f + 2]
-    if rec[4] then  -- only a record with a journal pays for listing its fields
-      gone[#gone + 1] = 'steps'
-      for _, name in ipairs(redis.call('HKEYS', key)) do
-        if string.sub(name, 1, 2) == 's:' then gone[#gone + 1] = name end
+    local w = {'HSET', key, 'status', ARGV[f + 1], 'updated_ms', now}
+    local gone = {'HDEL', key, 'owner', 'lease_until'}
+    if ARGV[f + 4] ~= '' then
+      w[#w + 1], w[#w + 2] = 'error', ARGV[f + 4]
+    else
+      gone[#gone + 1] = 'error'
+    end
+    if ARGV[f + 3] == 'done' then
+      w[#w + 1], w[#w + 2], w[#w + 3], w[#w + 4] = 'done', '1', 'reply', ARGV[f + 2]
+      if rec[4] then  -- only a record with a journal pays for listing its fields
+        gone[#gone + 1] = 'steps'
+        for _, name in ipairs(redis.call('HKEYS', key)) do
+          if string.sub(name, 1, 2) == 's:' then gone[#gone + 1] = name end
+        end
       end
     end
+    if rec[3] == '0' then w[#w + 1], w[#w + 2] = 'runs', '1' end
+    redis.call(unpack(w))
+    redis.call(unpack(gone))
   end
-  if rec[3] == '0' then w[#w + 1], w[#w + 2] = 'runs', 1 end
-  redis.call(unpack(w))
-  redis.call(unpack(gone))
   redis.call('PEXPIRE', key, ttl)
   if rec[5] then announce(key, ARGV[f + 1]) end
   return SettleCode_SETTLED

@@ -159,3 +159,39 @@ async def test_a_completion_is_announced_a_fenced_one_not(
         stale = [TTL_MS, *_item(fence - 1 or fence + 1, "succeeded", b"ok", "done")]
         assert await scripts.call(r, "complete", [rec], stale) == [0]
         assert await heard() == [b"retrying"]
+
+
+@pytest.mark.parametrize("mode", ["done", "release"])
+@pytest.mark.parametrize("error", ["", "boom"])
+@pytest.mark.parametrize("runs", ["0", "2", None])
+@pytest.mark.parametrize("journal", [False, True])
+async def test_every_shape_of_completion_leaves_the_record_it_describes(
+    r: AnyRedis, ns: str, mode: str, error: str, runs: str | None, journal: bool
+) -> None:
+    # complete_record writes its common shape (done, no error, no journal) with calls of
+    # its own and every other through one general path: both must leave the record
+    # fence.lua's comment describes.
+    rec = Keys(ns).idem("shape")
+    start = {"status": "running", "fence": "4", "owner": "w-1/i1", "lease_until": "99",
+             "error": "an earlier one", "capability": "c"}  # fmt: skip
+    if runs is not None:
+        start["runs"] = runs
+    if journal:
+        start |= {"steps": "1", "s:a": "x"}
+    await r.hset(rec, mapping=start)
+    args = [TTL_MS, *_item(4, "succeeded" if mode == "done" else "failed", b"R", mode, error)]
+    assert await scripts.call(r, "complete", [rec], args) == [1]
+    h = {k.decode(): v.decode() for k, v in (await r.hgetall(rec)).items()}
+    want = {"status": "succeeded" if mode == "done" else "failed", "fence": "4",
+            "capability": "c"}  # fmt: skip
+    if error:
+        want["error"] = error
+    if mode == "done":
+        want |= {"done": "1", "reply": "R"}
+    elif journal:
+        want |= {"steps": "1", "s:a": "x"}  # a released key runs again: its journal stays
+    if runs is not None:
+        want["runs"] = "1" if runs == "0" else runs
+    assert int(h.pop("updated_ms")) > 0
+    assert h == want
+    assert 0 < await r.pttl(rec) <= TTL_MS
