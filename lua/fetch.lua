@@ -42,8 +42,10 @@ local err = check()
 if err then return refuse(err) end
 -- A missing group (or stream) on the second or third stream must not fail the call after
 -- the first read moved entries into the pending list: look all three up first.
+-- (XPENDING with a count of 0: the lookup alone, an empty reply, where the summary form
+-- would build one for Lua to convert.)
 for i = 1, 3 do
-  local r = redis.pcall('XPENDING', KEYS[i], ARGV[1])
+  local r = redis.pcall('XPENDING', KEYS[i], ARGV[1], '-', '+', 0)
   if type(r) == 'table' and r['err'] then
     if string.find(r['err'], '^WRONGTYPE') then
       return refuse('KEYS[' .. i .. ']: not a stream, want an inbox stream')
@@ -53,29 +55,35 @@ for i = 1, 3 do
 end
 
 local n = tonumber(ARGV[3])
-local function read(key, count)
-  if count <= 0 then return {} end
-  local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', count, 'STREAMS', key, '>')
-  if r then return r[1][2] end
-  return {}
+-- The streams (by index) a read found short of what it asked: every unread entry of theirs
+-- is read (nobody adds one while the script runs), so reading them again, or counting what
+-- is left unread, can only find nothing.
+local drained = {}
+local function read(i, count)
+  if count <= 0 or drained[i] then return {} end
+  local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', count, 'STREAMS', KEYS[i], '>')
+  local got = r and r[1][2] or {}
+  if #got < count then drained[i] = true end
+  return got
 end
 local function append(dst, src)
   for _, e in ipairs(src) do dst[#dst + 1] = e end
 end
 local keep_n, keep_l = tonumber(ARGV[4]), tonumber(ARGV[5])
-local h = read(KEYS[1], n - keep_n - keep_l)
-local m = read(KEYS[2], n - #h - keep_l)
-local l = read(KEYS[3], n - #h - #m)
+local h = read(1, n - keep_n - keep_l)
+local m = read(2, n - #h - keep_l)
+local l = read(3, n - #h - #m)
 local rest = n - #h - #m - #l
 if rest > 0 then
-  local more = read(KEYS[1], rest)
+  local more = read(1, rest)
   append(h, more)
   rest = rest - #more
-  if rest > 0 then append(m, read(KEYS[2], rest)) end
+  if rest > 0 then append(m, read(2, rest)) end
 end
-local function waiting(key, got)
-  if #got > 0 then return 0 end
+local function waiting(i, got)
+  if #got > 0 or drained[i] then return 0 end
+  local key = KEYS[i]
   local unread = redis.call('XLEN', key) - redis.call('XPENDING', key, ARGV[1])[1]
   return unread > 0 and 1 or 0
 end
-return {h, m, l, waiting(KEYS[2], m), waiting(KEYS[3], l)}
+return {h, m, l, waiting(2, m), waiting(3, l)}

@@ -55,6 +55,19 @@ async def test_unused_kept_slots_go_back_to_high(r: AnyRedis, ns: str) -> None:
     assert res[3:] == [0, 0]  # nothing waits in normal or low
 
 
+async def test_a_priority_read_to_its_end_is_not_waiting_one_passed_over_is(
+    r: AnyRedis, ns: str
+) -> None:
+    keys = await _inboxes(r, ns, high=8, normal=3, low=0)
+    res = await scripts.call(r, "fetch", keys, [GROUP, AGENT, 5, 0, 0])
+    assert _counts(res) == [5, 0, 0]
+    assert res[3:] == [1, 0]  # normal passed over with 3 unread; low has none
+    # Every stream read short of its count: none is read twice, none is waiting.
+    res = await scripts.call(r, "fetch", keys, [GROUP, AGENT, 10, 0, 0])
+    assert _counts(res) == [3, 3, 0]
+    assert res[3:] == [0, 0]
+
+
 async def test_entries_become_pending_for_the_agent_and_are_not_read_twice(
     r: AnyRedis, ns: str
 ) -> None:
