@@ -71,7 +71,19 @@ end
 local err = check()
 if err then return refuse(err) end
 
-local now = now_ms()
+-- Times written as decimal strings (Redis formats a Lua number anew at every call), each
+-- lease end once per distinct lease_ms (the check pass parsed them: int_memo's table).
+local t = now_ms()
+local now = string.format('%.0f', t)
+local ends = {}
+local function lease_end(v)
+  local e = ends[v]
+  if not e then
+    e = string.format('%.0f', t + parsed[v])
+    ends[v] = e
+  end
+  return e
+end
 local out = {}
 for i = 1, #KEYS do
   local j = 2 * i
@@ -79,11 +91,11 @@ for i = 1, #KEYS do
   local held = s[1] == ARGV[1] and s[2] == ARGV[j + 2] and s[3] ~= '1'
   if held and (s[4] == 'pending' or s[6] == '0') then
     if s[4] == 'pending' then
-      redis.call('HSET', KEYS[i], 'status', 'running', 'lease_until',
-        now + tonumber(ARGV[j + 1]), 'updated_ms', now, 'runs', 1)
+      redis.call('HSET', KEYS[i], 'status', 'running', 'lease_until', lease_end(ARGV[j + 1]),
+        'updated_ms', now, 'runs', '1')
       if s[5] then announce(KEYS[i], 'running') end
     else  -- it asked already (ask.lua), maybe was answered too: its status stays
-      redis.call('HSET', KEYS[i], 'lease_until', now + tonumber(ARGV[j + 1]), 'runs', 1)
+      redis.call('HSET', KEYS[i], 'lease_until', lease_end(ARGV[j + 1]), 'runs', '1')
     end
     redis.call('PEXPIRE', KEYS[i], ARGV[2])
     out[i] = 1
