@@ -139,33 +139,60 @@ local function check()
     end
     return nil
   end
+  local function index_bad(p, label, item, lo)
+    return bad(label .. where(item), p, 'want a key index ' .. lo .. '..' .. nk)
+  end
   -- Why ARGV[p], a key index lo..#KEYS (lo 0: none allowed) used as a `kind`, is refused,
-  -- or nil. more(p, item): what else to check, before the use, when it names a key.
-  local function key_index(p, label, kind, item, lo, more)
+  -- or nil (the follow-ups' indexes; an item's own three are checked inline below).
+  local function key_index(p, label, kind, item, lo)
     local i = int_memo(ARGV[p], lo, nk)
-    if not i then return bad(label .. where(item), p, 'want a key index ' .. lo .. '..' .. nk) end
-    if i == 0 then return nil end
-    local e = more and more(p, item)
-    if e or need[i] == kind then return e end  -- a key used as before: nothing to note
+    if not i then return index_bad(p, label, item, lo) end
+    if i == 0 or need[i] == kind then return nil end
     return use(i, kind, label, item)
   end
-  local function completion(p, item)
-    return completion_bad(p + 1, where, item)
-  end
-  local function entry(p, item)
-    if stream_id_ok(ARGV[p + 1]) then return nil end
-    return bad('entry id' .. where(item), p + 1, "want a stream id 'ms-seq'")
-  end
+  -- An item's three key indexes, in this order: the record's (then its completion), the
+  -- reply stream's, the inbox's (then its entry id). Written out rather than through
+  -- key_index: a few calls less per item, and most indexes repeat (the inbox's, 0), so
+  -- int_memo's table answers them before any call.
+  local memo = parsed
   local p = 4
   for item = 1, n do
     if p + 10 > na then
       return 'arguments: item ' .. item .. ' starts at ARGV[' .. p .. '], needs 11 ARGV, ' .. na .. ' in all'
     end
-    e = key_index(p, 'record index', 'hash', item, 0, completion)
-      or key_index(p + 7, 'reply stream index', 'stream', item, 0)
-      or key_index(p + 8, 'inbox index', 'stream', item, 0, entry)
-    if e then return e end
-    local kind = int_memo(ARGV[p + 10], FollowUpKind_NONE, RETRY)
+    local v = ARGV[p]
+    local i = memo[v]
+    if not i or i > nk then i = int_memo(v, 0, nk) end
+    if not i then return index_bad(p, 'record index', item, 0) end
+    if i > 0 then
+      e = completion_bad(p + 1, where, item)
+        or (need[i] ~= 'hash' and use(i, 'hash', 'record index', item))
+      if e then return e end
+    end
+    v = ARGV[p + 7]
+    i = memo[v]
+    if not i or i > nk then i = int_memo(v, 0, nk) end
+    if not i then return index_bad(p + 7, 'reply stream index', item, 0) end
+    if i > 0 and need[i] ~= 'stream' then
+      e = use(i, 'stream', 'reply stream index', item)
+      if e then return e end
+    end
+    v = ARGV[p + 8]
+    i = memo[v]
+    if not i or i > nk then i = int_memo(v, 0, nk) end
+    if not i then return index_bad(p + 8, 'inbox index', item, 0) end
+    if i > 0 then
+      if not stream_id_ok(ARGV[p + 9]) then
+        return bad('entry id' .. where(item), p + 9, "want a stream id 'ms-seq'")
+      end
+      if need[i] ~= 'stream' then
+        e = use(i, 'stream', 'inbox index', item)
+        if e then return e end
+      end
+    end
+    v = ARGV[p + 10]
+    local kind = memo[v]
+    if not kind or kind > RETRY then kind = int_memo(v, FollowUpKind_NONE, RETRY) end
     if not kind then return bad('follow-up' .. where(item), p + 10, 'want 0, 1 or 2') end
     p = p + 11
     local f = FOLLOW_UPS[kind]
