@@ -490,6 +490,14 @@ class SettleLike(Protocol):
     def follow_up(self) -> FollowUp | None: ...
 
 
+# settle.lua's follow-up kinds as plain strings (redis-py sends an IntEnum's repr), and
+# the index of no key.
+_NO_FOLLOW_UP = str(int(FollowUpKind.NONE))
+_DEAD_LETTER = str(int(FollowUpKind.DEAD_LETTER))
+_RETRY = str(int(FollowUpKind.RETRY))
+_NO_RECORD = "0"
+
+
 def settle_call(
     items: Sequence[SettleLike],
     *,
@@ -501,41 +509,46 @@ def settle_call(
     long records and reply streams live. The slots of each item are fixed (the script's
     header): 11, then 11 for a dead letter or 3 for a retry; then the failure details and
     ``recent``, the batch's rows of the index of recent messages, if any."""
+    # Per message, on the worker: key indexes are kept as the strings sent (an int is
+    # formatted again at every pack), and the slots go in with one extend per item.
     keys: list[str] = []
-    index: dict[str, int] = {}
+    index: dict[str, str] = {}
 
-    def ki(key: str) -> int:
+    def ki(key: str) -> str:
         i = index.get(key)
         if i is None:
             keys.append(key)
-            i = index[key] = len(keys)
+            i = index[key] = str(len(keys))
         return i
 
     args: list[Any] = [ttl_ms, group, len(items)]
+    extend = args.extend
     details: list[Any] = []  # (item number, error type, traceback) of failures
     for n, it in enumerate(items, 1):
         c = it.completion
         f = it.follow_up
-        tb = _traceback_of(c, f)
-        if tb:
-            details += [n, tb[0], tb[1]]
+        if (c is not None and c.traceback) or f is not None:
+            tb = _traceback_of(c, f)
+            if tb:
+                details += [n, tb[0], tb[1]]
         if c is not None:
             stored = c.stored if c.mode == Mode.DONE else ""
-            args += [ki(c.key), c.fence, c.status, stored, c.mode, c.error, it.reply]
+            extend((ki(c.key), c.fence, c.status, stored, c.mode, c.error, it.reply))
         else:
-            args += [0, "", "", "", "", "", it.reply]
-        args += [
-            ki(it.reply_stream) if it.reply_stream else 0,
-            ki(it.inbox) if it.inbox else 0,
-            it.entry_id,
-        ]
-        # The kind as a plain int: redis-py sends an IntEnum's repr.
+            extend((_NO_RECORD, "", "", "", "", "", it.reply))
+        extend(
+            (
+                ki(it.reply_stream) if it.reply_stream else _NO_RECORD,
+                ki(it.inbox) if it.inbox else _NO_RECORD,
+                it.entry_id,
+            )
+        )
         if f is None:
-            args.append(int(FollowUpKind.NONE))
+            args.append(_NO_FOLLOW_UP)
         elif isinstance(f, DeadLetter):
-            args += [int(FollowUpKind.DEAD_LETTER), ki(f.stream), f.maxlen, *f.values]
+            extend((_DEAD_LETTER, ki(f.stream), f.maxlen, *f.values))
         else:
-            args += [int(FollowUpKind.RETRY), ki(f.zset), f.due_ms, f.envelope]
+            extend((_RETRY, ki(f.zset), f.due_ms, f.envelope))
     if details or (recent is not None and recent.chunks):
         args += [len(details) // 3, *details]
     if recent is not None and recent.chunks:
