@@ -92,8 +92,8 @@ local function record_bad(i, j)
   return nil
 end
 
--- Why one of the inboxes KEYS[4..6] is refused, or nil; their entries are counted in depth
--- (read only with a max_queue: XLEN is the type check anyway).
+-- Why one of the inboxes KEYS[4..6] is refused, or nil; their entries are counted in depth,
+-- what a max_queue is held against (XLEN is their type check anyway).
 local function inboxes_bad()
   for i = 4, 6 do
     local len, why = read_typed('XLEN', i, 'stream')
