@@ -20,7 +20,8 @@
 --   ARGV[p+5] error text for the status (only with a record)
 --   ARGV[p+6] reply bytes: published to the reply stream (read only with one)
 --   ARGV[p+7] reply stream index (0 = publish no reply): XADD <stream> MAXLEN ~
---             <StreamBound.REPLIES> * r <reply>, then PEXPIRE <stream> ttl_ms
+--             <StreamBound.REPLIES> * r <reply>; after the items, PEXPIRE <stream> ttl_ms
+--             (once per stream a reply was published to)
 --   ARGV[p+8] inbox index (0 = no ack): XACK <inbox> <group> <entry id>, XDEL <inbox> <id>
 --   ARGV[p+9] entry id: a stream id 'ms-seq' or 'ms' (read only with an inbox)
 --   ARGV[p+10] follow-up: 0 none | 1 a dead letter | 2 a delayed copy (a retry, or a
@@ -314,6 +315,7 @@ local NONE = FollowUpKind_NONE
 local p = 4
 local out = {}
 local seen = {}  -- records completed by this call: a later item of the same one reads again
+local replied, reply_streams = {}, {}  -- the reply streams written to, by index and in order
 -- The check pass parsed every index and kind below (int_memo): looked up, not parsed again.
 local num = parsed
 for item = 1, num[ARGV[3]] do
@@ -337,7 +339,10 @@ for item = 1, num[ARGV[3]] do
   if code == SettleCode_SETTLED then
     if ri > 0 then
       redis.call('XADD', KEYS[ri], 'MAXLEN', '~', REPLIES, '*', 'r', ARGV[p + 6])
-      redis.call('PEXPIRE', KEYS[ri], ttl)
+      if not replied[ri] then
+        replied[ri] = true
+        reply_streams[#reply_streams + 1] = ri
+      end
     end
     if kind ~= NONE then follow_up(kind, p + 11, details[item]) end
     if ii > 0 then
@@ -354,6 +359,9 @@ for item = 1, num[ARGV[3]] do
   if kind ~= NONE then p = p + FOLLOW_UPS[kind][2] end
   out[item] = code
 end
+-- A caller's replies of one batch share its stream: one PEXPIRE for them all (the script
+-- is atomic, so the stream's expiry is the same as after each reply).
+for _, ri in ipairs(reply_streams) do redis.call('PEXPIRE', KEYS[ri], ttl) end
 for _, ii in ipairs(inboxes) do ack_all(KEYS[ii], acks[ii]) end
 if recent then
   local key, maxlen = KEYS[tonumber(ARGV[recent])], ARGV[recent + 1]

@@ -553,3 +553,23 @@ async def test_a_settled_item_is_announced_a_fenced_one_not(
         again.complete(s, s.entries[1])  # the same fence: the record is done, so fenced
         assert await again.run(r) == [0]
         assert await heard() == [b"succeeded"]
+
+
+async def test_every_reply_stream_written_lives_ttl_ms_and_only_those(r: AnyRedis, ns: str) -> None:
+    # Replies of one batch to one stream share a PEXPIRE, given after the items: each
+    # stream written to ends with the TTL, one only a fenced item would have written none.
+    s = await _scene(r, ns, n=4)
+    k = s.k
+    await r.hset(k.idem("other"), mapping={"fence": "7"})  # claimed by someone else
+    b = Batch()
+    for i, to in ((0, "c-1"), (1, "c-2"), (2, "c-1")):
+        b.add(inbox=s.inbox, entry=s.entries[i], reply=b"R%d" % i, reply_key=k.replies(to))
+    b.add(inbox=s.inbox, entry=s.entries[3], idem=k.idem("other"), fence=1, status="succeeded",
+          mode="done", reply=b"late", reply_key=k.replies("c-3"))  # fmt: skip
+    await r.xadd(k.replies("c-2"), {"r": b"old"})  # an existing stream without a TTL
+    assert await b.run(r) == [1, 1, 1, 0]
+    assert [f[b"r"] for _, f in await r.xrange(k.replies("c-1"))] == [b"R0", b"R2"]
+    assert [f[b"r"] for _, f in await r.xrange(k.replies("c-2"))] == [b"old", b"R1"]
+    for to in ("c-1", "c-2"):
+        assert 0 < await r.pttl(k.replies(to)) <= TTL_MS
+    assert await r.exists(k.replies("c-3")) == 0
