@@ -27,6 +27,7 @@ from redis import exceptions as rexc
 
 from . import logs
 from ._autopipe import AutoPipeline
+from ._blocking import HeldReads, stream_reply
 from ._chunks import ChunkSink
 from .callpath import path_of
 from .connection import AnyRedis
@@ -49,6 +50,8 @@ from .signing import Signer
 log = logging.getLogger("reach.client")
 
 _RETRY_MIN_S, _RETRY_MAX_S = 0.1, 1.0  # the reader's pause after a failed read
+_BLOCK_MS = 1000  # the blocking read's wait: a quiet stream answers nil after it
+_READ_SLACK_S = 10.0  # past the wait, a reply that never comes is a dead connection
 # Entries per read: up to READ_COUNT, fewer while entries are large (chunk entries hold up
 # to 256 KiB: 500 of them made one reply of 128 MB, held several times over while decoded),
 # so that one read brings about READ_BYTES.
@@ -109,6 +112,7 @@ class ReplyReader:
         self._dropped = 0  # unclaimed replies dropped since the last line about it
         self._dropped_logged = 0.0
         self._redis: AnyRedis | None = None
+        self._held: HeldReads | None = None  # the blocking reads' own connection
         self._commands: AutoPipeline | None = None
         self._quiet = False  # the last read returned nothing
         self._count = READ_COUNT  # entries asked for by the next read
@@ -127,6 +131,7 @@ class ReplyReader:
             return
         self.started = True
         self._redis, self._commands = redis, commands
+        self._held = HeldReads(redis)
         tg.start_soon(self.run)
 
     async def run(self) -> None:
@@ -138,16 +143,20 @@ class ReplyReader:
         in batches (every 64, or when the stream went quiet), not one round trip per reply.
         """
         delay = _RETRY_MIN_S
-        while True:
-            try:
-                await self.read_batch()
-            except Exception as e:  # noqa: BLE001 - the reader must outlive any error
-                self.outage.failed(e)
-                self.last_failed_at = time.monotonic()
-                await anyio.sleep(delay)
-                delay = min(delay * 2, _RETRY_MAX_S)
-            else:
-                delay = _RETRY_MIN_S
+        try:
+            while True:
+                try:
+                    await self.read_batch()
+                except Exception as e:  # noqa: BLE001 - the reader must outlive any error
+                    self.outage.failed(e)
+                    self.last_failed_at = time.monotonic()
+                    await anyio.sleep(delay)
+                    delay = min(delay * 2, _RETRY_MAX_S)
+                else:
+                    delay = _RETRY_MIN_S
+        finally:
+            if self._held is not None:
+                await self._held.aclose()
 
     async def read_batch(self) -> None:
         assert self._redis is not None, "start() first"
@@ -156,7 +165,25 @@ class ReplyReader:
         # block): never a round trip between a reply and the next read.
         if delete and (len(delete) >= 64 or self._quiet):
             await self.delete_answered()
-        res = await self._redis.xread({self.key: self.last_id}, block=1000, count=self._count)
+        held = self._held
+        if held is not None and held.usable:  # read on a connection of its own (reach._blocking)
+            res = stream_reply(
+                await held.call(
+                    "XREAD",
+                    "COUNT",
+                    self._count,
+                    "BLOCK",
+                    _BLOCK_MS,
+                    "STREAMS",
+                    self.key,
+                    self.last_id,
+                    timeout_s=_BLOCK_MS / 1000 + _READ_SLACK_S,
+                )
+            )
+        else:
+            res = await self._redis.xread(
+                {self.key: self.last_id}, block=_BLOCK_MS, count=self._count
+            )
         self._quiet = not res
         self.outage.ok()
         now = time.monotonic()

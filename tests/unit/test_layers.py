@@ -67,6 +67,7 @@ RANKS: dict[str, int] = {
     "reach.quotas": 2,  # per-tenant quotas (set by operators, applied by clients)
     "reach.acl": 2,  # least-privilege users per role (reach acl, reach doctor's ACL check)
     "reach.doctor": 2,  # checks of the Redis under reach (reach doctor, start-up warnings)
+    "reach._blocking": 2,  # a connection held for one task's blocking stream reads
     "reach._replies": 2,  # a Client's reply stream: its reader and the waiting calls
     "reach._chunks": 2,  # a streamed call's chunks, reassembled in order, each once
     "reach._control": 2,  # a Client's connection to the control plane (registry_url)
