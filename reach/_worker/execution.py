@@ -583,7 +583,8 @@ class Execution(Part):
                 spec = self.state.plain.tracked(spec)  # a drain waits for its thread
             if spec is None:
                 outcome = oc.no_handler(env, self.agent_id)
-            elif refused := await self.gate.refuse(env, ctx, spec):  # who, how deep (authz)
+            elif not self.gate.passes(env) and (refused := await self.gate.refuse(env, ctx, spec)):
+                # who may call it, how deep the call is (authz)
                 outcome = refused
             elif self.cancels.heard_of(it.idem) and await self.cancels.confirmed(it.idem):
                 outcome = cancelled_outcome(env, running=False)  # cancelled before it started
