@@ -574,7 +574,7 @@ class Execution(Part):
         ctx._record, ctx._owner = it.idem, self.owner  # for ctx.step's journal and ctx.ask
         ctx._keep = self.keep  # a streaming handler's chunks kept to resume (keep_chunks.lua)
         ctx._waiting, ctx._agent = self.waiting, self.agent
-        self.hooks.before_handle(ctx)
+        self.hooks.before_handle(ctx, it.started_ms or None)
         outcome = oc.expired_before_start(env, now_ms()) if env.deadline_ms else None
         duration_s: float | None = None
         if outcome is None:

@@ -141,6 +141,7 @@ class Settlement(Part):
         halfway would leave an outcome computed and never written (the handler's work
         lost, the message run again), and the worker's stop cancels its tasks. Redis
         replies within the client's ``socket_timeout``, so this ends."""
+        self.hooks.flush_handled()  # the metrics of these runs count before their replies go
         batch, self._queue = self._queue, []
         if not batch:
             self._retry_at = None  # nothing is left to try again (settled or let go)
