@@ -499,10 +499,13 @@ class Execution(Part):
     async def pool_member(self) -> None:
         """One task of the handler pool."""
         me = asyncio.current_task()  # looked up once: the task that runs every handler here
+        work = self._work
         while True:
-            it = await self._work.get()
-            if it is None:  # a handler that waited for input took this task's slot
-                return
+            it = work.take()  # the rest of a batch: no coroutine, no wait
+            if it is None:
+                it = await work.get()
+                if it is None:  # a handler that waited for input took this task's slot
+                    return
             if self._stale(it):
                 await self._judge_again(it)
                 continue
@@ -552,8 +555,8 @@ class Execution(Part):
             logs.exit_message(scope)
             self.state.inflight -= 1
             self.state.slot_freed()
-        if not self._work.waiting:  # else the rest of its batch follows: settled together
-            await self.settlement.flush_if_alone()
+        if not self._work.waiting and self.settlement.alone:  # else settled with its batch
+            await self.settlement.flush()
 
     async def _run(
         self, it: Delivery, *, traced: bool = False, task: asyncio.Task[Any] | None = None

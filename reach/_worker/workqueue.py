@@ -62,6 +62,16 @@ class WorkQueue:
         self._wake()
         return fut
 
+    def take(self) -> Delivery | None:
+        """The next item, if one waits and no task is to retire now; else None (then
+        :meth:`get` waits, or retires this task)."""
+        if not self._items or self._retiring:
+            return None
+        it = self._items.popleft()
+        if self._items and not self._woken:
+            self._wake()  # as in get
+        return it
+
     async def get(self) -> Delivery | None:
         """The next item, waiting for one if none is there; None: this task retires."""
         while not self._items:

@@ -159,3 +159,15 @@ async def test_a_handler_that_waits_lets_the_rest_of_its_batch_start() -> None:
         await anyio.wait_all_tasks_blocked()
         assert sorted(started) == [item(0), item(1), item(2)]
         tg.cancel_scope.cancel()
+
+
+async def test_take_gives_what_waits_at_once_and_leaves_a_retirement_to_get() -> None:
+    q = WorkQueue()
+    assert q.take() is None  # nothing there
+    q.put(item(0))
+    q.put(item(1))
+    assert q.take() == item(0)
+    turn = q.retire()
+    assert q.take() is None  # a task is to retire first: get() says so
+    assert await q.get() is None and turn.done()
+    assert q.take() == item(1)
