@@ -171,3 +171,20 @@ async def test_take_gives_what_waits_at_once_and_leaves_a_retirement_to_get() ->
     assert q.take() is None  # a task is to retire first: get() says so
     assert await q.get() is None and turn.done()
     assert q.take() == item(1)
+
+
+async def test_a_freed_slot_wakes_the_waiter_at_once() -> None:
+    """WorkerState.wait_slot returns when a handler frees a slot, not after its one-second
+    bound; a slot freed while nobody waits wakes nobody later."""
+    import time
+
+    from reach._worker.state import WorkerState
+
+    st = WorkerState("a", "i", "ns")
+    st.slot_freed()  # nobody waits: nothing to remember
+    t0 = time.monotonic()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(st.wait_slot)
+        await anyio.wait_all_tasks_blocked()
+        st.slot_freed()
+    assert time.monotonic() - t0 < 0.5
