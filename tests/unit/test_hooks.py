@@ -136,6 +136,7 @@ def test_stats_count_what_the_worker_logs_when_it_stops(caplog: pytest.LogCaptur
     chain.after_handle(ctx, Outcome("succeeded"), 0.1)
     chain.after_handle(ctx, Outcome("expired", "timeout"), 1.0)
     chain.after_handle(ctx, Outcome("expired", "expired"), None)
+    chain.flush_handled()  # handled runs are counted per batch, before they are settled
     chain.on_dead_letter(e, "timeout", "")
     chain.on_dead_letter(None, "malformed", "")
     chain.on_retry(e, 0.2, "boom")
