@@ -372,6 +372,13 @@ class RulesCache:
         self._version: int | None = None
         self._read_at = -refresh_s
 
+    def fresh(self) -> dict[str, OperatorRules] | None:
+        """The rules known, if read within ``refresh_s`` (else None: :meth:`current` reads
+        them again). A worker's check of a message that needs no read, with no await."""
+        if time.monotonic() - self._read_at < self.refresh_s:
+            return self._rules
+        return None
+
     async def current(self, redis: AnyRedis, keys: Keys) -> dict[str, OperatorRules]:
         now = time.monotonic()
         if now - self._read_at < self.refresh_s:

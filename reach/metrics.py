@@ -159,8 +159,9 @@ class _Tally:
     FOLD_AT = 16_384
 
     def __init__(self) -> None:
-        # (metric, labels, None) for a count, (metric, labels, value) for an observation
-        self._notes: collections.deque[tuple[Any, tuple[str, ...], float | None]] = (
+        # (metric, labels, None) for a count, (metric, labels, value) for an observation,
+        # (metric, labels, [value, ...]) for observations a worker gathered over a batch
+        self._notes: collections.deque[tuple[Any, tuple[str, ...], float | list[float] | None]] = (
             collections.deque()
         )
         # (metric, labels, n): counts a worker added up over a batch
@@ -188,6 +189,18 @@ class _Tally:
         if len(notes) >= self.FOLD_AT:
             self.fold(wait=False)
 
+    def observe_many(self, metric: Any, labels: tuple[str, ...], values: list[float]) -> None:
+        """:meth:`observe` of each of ``values`` (kept, not copied: the caller lets go)."""
+        if not _FOLD_HISTOGRAMS:
+            child = _child(metric, *labels)
+            for v in values:
+                child.observe(v)
+            return
+        notes = self._notes
+        notes.append((metric, labels, values))
+        if len(notes) >= self.FOLD_AT:
+            self.fold(wait=False)
+
     def fold(self, *, wait: bool = True) -> None:
         """Add what was noted since the last fold to the prometheus series (``wait``:
         False skips it when another thread is folding)."""
@@ -209,8 +222,9 @@ class _Tally:
                 h = hists.get(key)
                 if h is None:
                     h = hists[key] = [0.0] * (len(_BOUNDS) + 1)
-                h[first_at_least(_BOUNDS, value)] += 1  # the first bound >= value
-                h[-1] += value
+                for v in value if isinstance(value, list) else (value,):  # observe_many's
+                    h[first_at_least(_BOUNDS, v)] += 1  # the first bound >= v
+                    h[-1] += v
             take = self._many.popleft
             for _ in range(len(self._many)):
                 metric, labels, n = take()
@@ -723,6 +737,26 @@ class MetricsHooks(Hooks):
             handler_done(
                 ctx.envelope.capability, handler_outcome(outcome), duration_s, self.version
             )
+
+    def before_handle_many(self, rows: Sequence[tuple[Context, int]]) -> None:
+        """:meth:`before_handle` of a batch (a context, the ms its handling began, each)."""
+        by: dict[str, list[float]] = {}
+        for ctx, at_ms in rows:
+            env = ctx.envelope
+            if env.sent_ms:
+                by.setdefault(env.priority, []).append(max(0.0, (at_ms - env.sent_ms) / 1000))
+        for priority, waits in by.items():
+            _TALLY.observe_many(QUEUE_WAIT, (priority,), waits)
+
+    def after_handle_many(self, rows: Sequence[tuple[Context, Outcome, float | None]]) -> None:
+        """:meth:`after_handle` of a batch: one note per series."""
+        by: dict[tuple[str, str], list[float]] = {}
+        for ctx, outcome, duration_s in rows:
+            if duration_s is not None:
+                key = (ctx.envelope.capability, handler_outcome(outcome))
+                by.setdefault(key, []).append(max(0.0, duration_s))
+        for (cap, label), took in by.items():
+            _TALLY.observe_many(HANDLER, (_cap(cap), label, self.version), took)
 
     def on_fenced(self, env: Envelope) -> None:
         fenced(env.capability)

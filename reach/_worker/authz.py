@@ -56,6 +56,29 @@ class Gate:
         self.declared = declared_rules(agent.metadata)
         self.rules = RulesCache()
         self._logged = ReportLimit()
+        # Whether each capability is open (no signer needed), under the rules it was
+        # judged with: judged again when the operator's rules change.
+        self._open: dict[str, bool] = {}
+        self._open_under: dict[str, OperatorRules] | None = None
+
+    def passes(self, env: Envelope) -> bool:
+        """True when ``env`` is let through without a look (:meth:`refuse` would say
+        None): no call path to check, and a capability nobody restricts under rules read
+        lately. False says nothing: ask :meth:`refuse`. Every message asks this first: a
+        dict lookup, where :meth:`refuse` costs coroutines and a policy per message."""
+        if env.hops or env.path:
+            return False
+        rules = self.rules.fresh()
+        if rules is None:
+            return False
+        if rules is not self._open_under:
+            self._open, self._open_under = {}, rules
+        cap = env.capability
+        ok = self._open.get(cap)
+        if ok is None:  # capabilities with a handler here only: a bounded dict
+            policy = Policy(self.declared.get(cap, _PUBLIC), rules.get(cap, _NO_RULES))
+            ok = self._open[cap] = not policy.needs_signer
+        return ok
 
     async def refuse(self, env: Envelope, ctx: Context, spec: HandlerSpec) -> Outcome | None:
         """The outcome of a message refused before its handler runs, else None:

@@ -499,10 +499,13 @@ class Execution(Part):
     async def pool_member(self) -> None:
         """One task of the handler pool."""
         me = asyncio.current_task()  # looked up once: the task that runs every handler here
+        work = self._work
         while True:
-            it = await self._work.get()
-            if it is None:  # a handler that waited for input took this task's slot
-                return
+            it = work.take()  # the rest of a batch: no coroutine, no wait
+            if it is None:
+                it = await work.get()
+                if it is None:  # a handler that waited for input took this task's slot
+                    return
             if self._stale(it):
                 await self._judge_again(it)
                 continue
@@ -552,8 +555,8 @@ class Execution(Part):
             logs.exit_message(scope)
             self.state.inflight -= 1
             self.state.slot_freed()
-        if not self._work.waiting:  # else the rest of its batch follows: settled together
-            await self.settlement.flush_if_alone()
+        if not self._work.waiting and self.settlement.alone:  # else settled with its batch
+            await self.settlement.flush()
 
     async def _run(
         self, it: Delivery, *, traced: bool = False, task: asyncio.Task[Any] | None = None
@@ -574,7 +577,7 @@ class Execution(Part):
         ctx._record, ctx._owner = it.idem, self.owner  # for ctx.step's journal and ctx.ask
         ctx._keep = self.keep  # a streaming handler's chunks kept to resume (keep_chunks.lua)
         ctx._waiting, ctx._agent = self.waiting, self.agent
-        self.hooks.before_handle(ctx)
+        self.hooks.before_handle(ctx, it.started_ms or None)
         outcome = oc.expired_before_start(env, now_ms()) if env.deadline_ms else None
         duration_s: float | None = None
         if outcome is None:
@@ -583,7 +586,8 @@ class Execution(Part):
                 spec = self.state.plain.tracked(spec)  # a drain waits for its thread
             if spec is None:
                 outcome = oc.no_handler(env, self.agent_id)
-            elif refused := await self.gate.refuse(env, ctx, spec):  # who, how deep (authz)
+            elif not self.gate.passes(env) and (refused := await self.gate.refuse(env, ctx, spec)):
+                # who may call it, how deep the call is (authz)
                 outcome = refused
             elif self.cancels.heard_of(it.idem) and await self.cancels.confirmed(it.idem):
                 outcome = cancelled_outcome(env, running=False)  # cancelled before it started

@@ -4,7 +4,10 @@ For each hook method it keeps only the hooks that override it, so an event nobod
 watches costs one attribute read. A hook that also has ``on_delivered_many(envs)`` or
 ``after_settle_many(rows)`` (the built-in metrics) gets a batch read or settled together in
 one call, instead of a call per message; the others get theirs per message, as
-docs/hooks.md says, after it. A hook that raises is logged (rate-limited per hook
+docs/hooks.md says, after it. So with ``before_handle_many(rows)`` and
+``after_handle_many(rows)``: the rows of the messages handled since the last time are
+handed over by :meth:`HookChain.flush_handled`, which the settler calls before it writes
+their outcomes (their replies are published after, and a scrape then counts them). A hook that raises is logged (rate-limited per hook
 method) and skipped: it never stops the worker nor changes a message's outcome.
 """
 
@@ -16,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..envelope import Envelope
+from ..envelope import Envelope, now_ms
 from ..hooks import HOOK_METHODS, Hooks, WorkerInfo
 from ..outcomes import Outcome
 
@@ -57,6 +60,12 @@ class HookChain:
         self._after_settle = calls["after_settle"]
         self._on_delivered_many, self._on_delivered = _split(self._on_delivered, "on_delivered")
         self._after_settle_many, self._after_settle = _split(self._after_settle, "after_settle")
+        self._before_handle_many, self._before_handle = _split(self._before_handle, "before_handle")
+        self._after_handle_many, self._after_handle = _split(self._after_handle, "after_handle")
+        # The rows waiting for flush_handled: (ctx, ms when before_handle came), and
+        # after_handle's arguments.
+        self._handling: list[tuple[Context, int]] = []
+        self._handled: list[tuple[Context, Outcome, float | None]] = []
 
     def _call(self, fns: tuple[Callable[..., None], ...], *args: Any) -> None:
         for fn in fns:
@@ -98,6 +107,7 @@ class HookChain:
             self._call(self._on_start, worker)
 
     def on_stop(self, worker: WorkerInfo) -> None:
+        self.flush_handled()  # runs cut by the stop: their before_handle still counts
         if self._on_stop:
             self._call(self._on_stop, worker)
 
@@ -138,13 +148,28 @@ class HookChain:
         if self._on_replay:
             self._call(self._on_replay, env)
 
-    def before_handle(self, ctx: Context) -> None:
+    def before_handle(self, ctx: Context, at_ms: int | None = None) -> None:
+        """``at_ms``: the clock now, if the caller read it already."""
+        if self._before_handle_many:
+            self._handling.append((ctx, now_ms() if at_ms is None else at_ms))
         if self._before_handle:
             self._call(self._before_handle, ctx)
 
     def after_handle(self, ctx: Context, outcome: Outcome, duration_s: float | None) -> None:
+        if self._after_handle_many:
+            self._handled.append((ctx, outcome, duration_s))
         if self._after_handle:
             self._call(self._after_handle, ctx, outcome, duration_s)
+
+    def flush_handled(self) -> None:
+        """Hand the ``before_handle_many`` and ``after_handle_many`` hooks the rows of the
+        messages handled since the last call (before their outcomes are written)."""
+        if self._handling:
+            rows, self._handling = self._handling, []
+            self._call(self._before_handle_many, rows)
+        if self._handled:
+            done, self._handled = self._handled, []
+            self._call(self._after_handle_many, done)
 
     def on_retry(self, env: Envelope, delay_s: float, error: str) -> None:
         if self._on_retry:

@@ -98,11 +98,13 @@ class Settlement(Part):
             self._wake = anyio.Event()
             await self.flush()
 
-    async def flush_if_alone(self) -> None:
-        """Settle now when one entry waits and no flush is under way: nothing to batch it
-        with, and one event-loop turn sooner than the settler (a lone request's latency)."""
-        if not self._flushing and len(self._queue) == 1 and self._retry_at is None:
-            await self.flush()
+    @property
+    def alone(self) -> bool:
+        """One entry waits and no flush is under way: nothing to batch it with, so a
+        handler settles it now (:meth:`flush`), one event-loop turn sooner than the
+        settler (a lone request's latency). A property, not an async method: asked after
+        every handler, it costs no coroutine."""
+        return not self._flushing and len(self._queue) == 1 and self._retry_at is None
 
     @property
     def pending(self) -> int:
@@ -141,6 +143,7 @@ class Settlement(Part):
         halfway would leave an outcome computed and never written (the handler's work
         lost, the message run again), and the worker's stop cancels its tasks. Redis
         replies within the client's ``socket_timeout``, so this ends."""
+        self.hooks.flush_handled()  # the metrics of these runs count before their replies go
         batch, self._queue = self._queue, []
         if not batch:
             self._retry_at = None  # nothing is left to try again (settled or let go)

@@ -60,6 +60,7 @@ class WorkerState:
         # Times its registration was found lost (evicted: its claims may have been taken over)
         self.lost_registrations = 0
         self._slot_free = anyio.Event()
+        self._slot_wanted = False  # someone waits in wait_slot: a freed slot is news
         self.plain = PlainRuns()
         self.predecessor: Predecessor | None = None  # the live process replaced at start
         self.self_slots: SelfSlots | None = None  # handlers' calls to this agent (callpath)
@@ -91,12 +92,16 @@ class WorkerState:
         self.stop_requested.set()
 
     def slot_freed(self) -> None:
-        """A handler finished: wake whoever waits for a free slot."""
-        self._slot_free.set()
+        """A handler finished: wake whoever waits for a free slot (every handler calls
+        this: a flag read, where setting the event again is two calls)."""
+        if self._slot_wanted:
+            self._slot_wanted = False
+            self._slot_free.set()
 
     async def wait_slot(self) -> None:
         """Wait (at most a second) for a handler to finish."""
         self._slot_free = anyio.Event()
+        self._slot_wanted = True
         with anyio.move_on_after(1.0):
             await self._slot_free.wait()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..envelope import Envelope
@@ -44,10 +45,18 @@ class Stats(Hooks):
         self.counts["replayed"] += 1
 
     def after_handle(self, ctx: Context, outcome: Outcome, duration_s: float | None) -> None:
-        if outcome.status == Status.SUCCEEDED:
-            self.counts["handled"] += 1
-        elif outcome.status == Status.EXPIRED:
-            self.counts["expired"] += 1
+        self.after_handle_many(((ctx, outcome, duration_s),))
+
+    def after_handle_many(self, rows: Sequence[tuple[Context, Outcome, float | None]]) -> None:
+        """:meth:`after_handle` of a batch (reach._worker.hookchain.HookChain.flush_handled)."""
+        handled = expired = 0
+        for _, outcome, _ in rows:
+            if outcome.status == Status.SUCCEEDED:
+                handled += 1
+            elif outcome.status == Status.EXPIRED:
+                expired += 1
+        self.counts["handled"] += handled
+        self.counts["expired"] += expired
 
     def on_retry(self, env: Envelope, delay_s: float, error: str) -> None:
         self.counts["retried"] += 1

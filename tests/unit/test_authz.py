@@ -182,3 +182,28 @@ def test_the_level_in_reach_caps_and_the_card() -> None:
     assert "security:sensitive" in skills["pay.secret"]["tags"]
     assert "security:internal" in skills["pay.refund"]["tags"]
     assert not any(t.startswith("security:") for t in skills["pay.quote"]["tags"])
+
+
+def test_a_worker_lets_an_open_capability_through_without_a_look() -> None:
+    """Gate.passes: True only for a message with no call path to a capability nobody
+    restricts, under operator rules read lately; anything else goes to Gate.refuse."""
+    import time
+
+    from reach._worker.authz import Gate
+    from reach.envelope import Envelope
+    from reach.keys import Keys
+
+    async def run(payload: dict[str, int], ctx: Context) -> None: ...
+
+    app = Agent("gate-1", capabilities=["open.one", "pay.refund"])
+    app.handler("open.one")(run)
+    app.handler("pay.refund", allow=["id:bob"])(run)
+    gate = Gate(app, Keys("ns"), redis=None)  # type: ignore[arg-type]
+    open_env = Envelope(msg_id="m1", capability="open.one")
+    assert not gate.passes(open_env)  # the operator's rules not read yet
+    gate.rules._read_at = time.monotonic()  # as if read now
+    assert gate.passes(open_env)
+    assert not gate.passes(Envelope(msg_id="m2", capability="pay.refund"))  # declared allow
+    assert not gate.passes(Envelope(msg_id="m3", capability="open.one", hops=1))  # a call path
+    gate.rules._rules = {"open.one": OperatorRules(deny=("id:eve",))}  # the operator's rule
+    assert not gate.passes(open_env)

@@ -136,6 +136,7 @@ def test_stats_count_what_the_worker_logs_when_it_stops(caplog: pytest.LogCaptur
     chain.after_handle(ctx, Outcome("succeeded"), 0.1)
     chain.after_handle(ctx, Outcome("expired", "timeout"), 1.0)
     chain.after_handle(ctx, Outcome("expired", "expired"), None)
+    chain.flush_handled()  # handled runs are counted per batch, before they are settled
     chain.on_dead_letter(e, "timeout", "")
     chain.on_dead_letter(None, "malformed", "")
     chain.on_retry(e, 0.2, "boom")
@@ -236,3 +237,48 @@ def test_batches_are_counted_once_and_every_message_is_seen() -> None:
         ("settled", "succeeded"),
         ("own", "succeeded"),
     ]
+
+
+def test_handling_is_counted_per_batch_and_an_own_hook_is_still_called_per_message() -> None:
+    """The metrics' before_handle and after_handle come as rows, handed over by
+    flush_handled (the settler calls it before it writes the outcomes); the values are
+    those of the per-message calls. A hook of one's own is called per message, at once."""
+    calls: list[Any] = []
+
+    class Mine(Hooks):
+        def before_handle(self, ctx: Any) -> None:
+            calls.append(("before", ctx.envelope.msg_id))
+
+        def after_handle(self, ctx: Any, outcome: Outcome, duration_s: float | None) -> None:
+            calls.append(("after", outcome.status))
+
+    class Ctx:
+        def __init__(self, envelope: Envelope) -> None:
+            self.envelope = envelope
+
+    cap = f"test.h{uuid.uuid4().hex[:8]}"
+    chain = HookChain([MetricsHooks("v1"), Mine()])
+    envs = [
+        Envelope(msg_id=f"m{i}", capability=cap, sent_ms=1_000, priority="low") for i in range(3)
+    ]
+    waits_before = val("reach_queue_wait_seconds_count", priority="low")
+    sum_before = val("reach_queue_wait_seconds_sum", priority="low")
+    for i, e in enumerate(envs):
+        ctx: Any = Ctx(e)
+        chain.before_handle(ctx, 1_000 + 500 * i)  # waited 0, 0.5, 1.0 s
+        chain.after_handle(ctx, Outcome("succeeded") if i else Outcome("retrying"), 0.02)
+    chain.after_handle(Ctx(envs[0]), Outcome("dead", "no_handler"), None)  # no run: no time
+    assert calls[:2] == [("before", "m0"), ("after", "retrying")] and len(calls) == 7
+
+    def done(label: str) -> float:
+        return val(
+            "reach_handler_duration_seconds_count", capability=cap, outcome=label, version="v1"
+        )
+
+    assert done("succeeded") == 0  # not handed over yet
+    chain.flush_handled()
+    assert done("succeeded") == 2 and done("error") == 1
+    assert val("reach_queue_wait_seconds_count", priority="low") == waits_before + 3
+    assert val("reach_queue_wait_seconds_sum", priority="low") == pytest.approx(sum_before + 1.5)
+    chain.flush_handled()  # nothing more
+    assert done("succeeded") == 2

@@ -116,3 +116,75 @@ async def test_a_retirement_wakes_an_idle_task() -> None:
         turn = q.retire()
         await turn  # the idle task retired
     assert got == [None]
+
+
+async def test_a_batch_put_at_once_costs_two_wake_ups_not_one_per_item() -> None:
+    """A task woken for a batch takes its items in turn while its handlers return at once;
+    the one other task it woke finds nothing left."""
+    q = WorkQueue()
+    got: dict[str, list[Any]] = {"a": [], "b": []}
+
+    async def taker(name: str) -> None:
+        while (it := await q.get()) is not None:
+            got[name].append(it)  # a quick handler: no wait
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(taker, "a")
+        tg.start_soon(taker, "b")
+        await anyio.wait_all_tasks_blocked()
+        for i in range(5):
+            q.put(item(i))
+        await anyio.wait_all_tasks_blocked()
+        assert sorted(got["a"] + got["b"]) == [item(i) for i in range(5)]
+        assert [] in got.values()  # one task took the whole batch
+        tg.cancel_scope.cancel()
+
+
+async def test_a_handler_that_waits_lets_the_rest_of_its_batch_start() -> None:
+    q = WorkQueue()
+    release = anyio.Event()
+    started: list[Any] = []
+
+    async def taker() -> None:
+        while (it := await q.get()) is not None:
+            started.append(it)
+            await release.wait()  # every handler waits
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(3):
+            tg.start_soon(taker)
+        await anyio.wait_all_tasks_blocked()
+        for i in range(3):
+            q.put(item(i))
+        await anyio.wait_all_tasks_blocked()
+        assert sorted(started) == [item(0), item(1), item(2)]
+        tg.cancel_scope.cancel()
+
+
+async def test_take_gives_what_waits_at_once_and_leaves_a_retirement_to_get() -> None:
+    q = WorkQueue()
+    assert q.take() is None  # nothing there
+    q.put(item(0))
+    q.put(item(1))
+    assert q.take() == item(0)
+    turn = q.retire()
+    assert q.take() is None  # a task is to retire first: get() says so
+    assert await q.get() is None and turn.done()
+    assert q.take() == item(1)
+
+
+async def test_a_freed_slot_wakes_the_waiter_at_once() -> None:
+    """WorkerState.wait_slot returns when a handler frees a slot, not after its one-second
+    bound; a slot freed while nobody waits wakes nobody later."""
+    import time
+
+    from reach._worker.state import WorkerState
+
+    st = WorkerState("a", "i", "ns")
+    st.slot_freed()  # nobody waits: nothing to remember
+    t0 = time.monotonic()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(st.wait_slot)
+        await anyio.wait_all_tasks_blocked()
+        st.slot_freed()
+    assert time.monotonic() - t0 < 0.5
