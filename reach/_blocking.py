@@ -40,6 +40,15 @@ def stream_reply(reply: Any) -> list[tuple[Any, Entries]]:
     return out
 
 
+def stream_pairs(reply: Any) -> list[tuple[Any, list[Any]]]:
+    """An ``XREAD``/``XREADGROUP`` reply as ``[(key, entries), ...]``, each entry as Redis
+    sent it (``[id, [field, value, ...]]``, fields nil for an entry deleted since): for a
+    reader that looks at the flat fields in place (a worker's consumer)."""
+    if not reply:
+        return []
+    return list(reply.items() if isinstance(reply, dict) else reply)
+
+
 def _fields(flat: Sequence[Any] | None) -> dict[Any, Any]:
     if not flat:
         return {}

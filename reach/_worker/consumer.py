@@ -22,6 +22,7 @@ from typing import Any
 import anyio
 from redis import exceptions as rexc
 
+from .._blocking import HeldReads, stream_pairs
 from ..connection import AnyRedis, as_text
 from ..envelope import BadEnvelope, Envelope, decode_envelope, now_ms
 from ..keys import GROUP
@@ -37,6 +38,8 @@ from .state import Part, Shared
 log = logging.getLogger("reach.runtime")
 
 STARVE_AFTER = 8  # small-batch fetches serving higher priorities before one slot is kept
+BLOCK_SLACK_S = 10.0
+"""Past the blocking read's wait, a reply that never comes is a dead connection."""
 READ_AHEAD_WAIT_S = 0.05
 """The longest a read-ahead entry should wait for a handler slot, by the handlers' recent
 mean run time; slower handlers turn read-ahead off (their claims would wait too long)."""
@@ -138,10 +141,19 @@ class Consumer(Part):
         self.settlement = settlement
         self.letters = letters
         self._passed_over = {"normal": 0, "low": 0}
+        # The blocking read's own connection (reach._blocking): an idle agent's message
+        # is read on it without a pool round or redis-py's reply conversion.
+        self._held = HeldReads(self.redis)
 
     async def run(self) -> None:
         """Read and dispatch until the worker is stopping. Never dies: Redis errors and
         bugs are logged, and what was left pending is picked up again."""
+        try:
+            await self._run()
+        finally:
+            await self._held.aclose()
+
+    async def _run(self) -> None:
         o, st = self.opts, self.state
         next_scan = time.monotonic() + o.pending_scan_s
         backlog = True
@@ -247,7 +259,25 @@ class Consumer(Part):
 
     async def _block(self, n: int) -> list[tuple[str, list[Any]]]:
         self.hooks.on_round_trip("block")
+        held = self._held
         try:
+            if held.usable:
+                # Entries as fetch.lua gives them ([id, flat fields]): read in place.
+                raw = await held.call(
+                    "XREADGROUP",
+                    "GROUP",
+                    GROUP,
+                    self.name,
+                    "COUNT",
+                    n,
+                    "BLOCK",
+                    self.opts.block_ms,
+                    "STREAMS",
+                    *self.inboxes,
+                    *(">" for _ in self.inboxes),
+                    timeout_s=self.opts.block_ms / 1000 + BLOCK_SLACK_S,
+                )
+                return [(as_text(k), entries) for k, entries in stream_pairs(raw)]
             res = await self.redis.xreadgroup(
                 GROUP,
                 self.name,
