@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
+import msgspec
 from redis import exceptions as rexc
 
 from ..connection import AnyRedis
@@ -295,11 +296,11 @@ def renew_call(items: Sequence[RenewItem], *, owner: str) -> Call[list[bool]]:
 
 
 # -- complete and settle -------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Completion:
+class Completion(msgspec.Struct, frozen=True, gc=False):
     """What to store in a claimed idempotency record ``key``, if ``fence`` still holds it:
     the task ``status`` (one of ``reach.outcomes.COMPLETION_STATUSES``) and ``error``; the
-    reply too when ``mode`` is DONE."""
+    reply too when ``mode`` is DONE. (A msgspec Struct: one is built per message settled,
+    ~0.1 µs against a frozen dataclass's ~1 µs.)"""
 
     key: str
     fence: int
