@@ -70,7 +70,6 @@ columns above only matter for a reply written by another implementation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final
 
@@ -324,11 +323,11 @@ class RequestOutcome(StrEnum):
     """Any other exception."""
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
+class Outcome(msgspec.Struct, frozen=True):
     """How one handling of a message ended, as the worker decided it (reach._worker.outcome)
     and the hooks see it: ``status`` is SUCCEEDED, RETRYING, DEAD or EXPIRED; ``reason`` the
-    dead-letter reason of DEAD and EXPIRED."""
+    dead-letter reason of DEAD and EXPIRED. (A msgspec Struct: one is built per message,
+    ~0.1 µs against a frozen dataclass's ~1 µs.)"""
 
     status: Status  # SUCCEEDED, RETRYING, DEAD, EXPIRED
     reason: DeadReason | str = ""  # the dead-letter reason ('' when nothing is dead-lettered)
@@ -336,7 +335,7 @@ class Outcome:
     error_type: str = ""  # the exception's type name (or DeadlineExceeded, Reject...)
     result: msgspec.Raw | None = None  # the encoded result, when succeeded
     retry_delay_ms: int = 0  # retrying: how long the message waits before its next attempt
-    exc: BaseException | None = field(default=None, compare=False, repr=False)
+    exc: BaseException | None = None
     """The exception the handler raised (None: it returned, or reach decided the outcome):
     its traceback is stored with the outcome (reach._worker.outcome.apply)."""
 
