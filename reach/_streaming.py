@@ -162,7 +162,12 @@ class Stream:
         self._t0 = time.perf_counter()
         if self._timeout_for:
             timeout_ms = int(await client.timeout_for(env.capability) * 1000)
-            env = self.envelope = msgspec.structs.replace(env, deadline_ms=now_ms() + timeout_ms)
+            # Sent now, not when it was built: its budget counts from here (one clock read
+            # for both, so the budget is the timeout exactly).
+            now = now_ms()
+            env = self.envelope = msgspec.structs.replace(
+                env, sent_ms=now, deadline_ms=now + timeout_ms
+            )
         client._ensure_reader()
         reader = client._reader
         reader.streams[env.msg_id] = self._sink

@@ -554,11 +554,14 @@ class Client(ManyCalls, ReplyFigures, TaskCalls):
         cause: RedisUnavailable | None = None
         if not self._buffer.active:
             try:
-                if not track and where is None and gate is None and not env.reply_to:
+                mine = env.reply_to == self.client_id  # a request: its reply comes here
+                if where is None and gate is None and (mine or not env.reply_to):
                     d = self._delivery  # a plain send: one look, one pick (reach._sending.plain)
                     p = plain.plan(d, env)
                     if p is not None and self._prechecks.passed(env.capability, p.version):
-                        return await plain.send(d, env, p)
+                        if mine:
+                            self._reader.sent(env.msg_id)  # as deliver() notes it
+                        return await plain.send(d, env, p, track=track)
                 return await self.deliver(env, where=where, track=track, gate=gate)
             except ConnectionsExhausted:
                 raise  # Redis answers, slowly: holding more would hide the overload

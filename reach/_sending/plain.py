@@ -1,8 +1,9 @@
-"""The plain send's fast path: ``Client.send`` of a message that needs nothing but a pick.
+"""The plain send's fast path: ``Client.send`` or ``Client.request`` of a message that
+needs nothing but a pick.
 
-Most sends of a busy caller are alike: a fresh message, no ``where=``, no reply awaited,
-on a standalone Redis, with everything the full path (:meth:`reach._sending.delivery.Delivery.deliver`)
-reads already in memory and fresh: the namespace's quotas (no send rate to take from), the
+Most sends of a busy caller are alike: a fresh message, no ``where=``, no call gate,
+on a standalone Redis, with everything the full path
+(:meth:`reach._sending.delivery.Delivery.deliver`) reads already in memory and fresh: the namespace's quotas (no send rate to take from), the
 version splits (none for the capability), the capability's agents in the registry view,
 and the early look at who may call it (passed at this view version). For such a message
 the full path's steps are each a coroutine that answers from memory; here they are one
@@ -56,11 +57,11 @@ def plan(delivery: Delivery, env: Envelope) -> Plan | None:
     return Plan(seen[0], seen[1], q)
 
 
-async def send(delivery: Delivery, env: Envelope, p: Plan) -> str:
+async def send(delivery: Delivery, env: Envelope, p: Plan, *, track: bool = False) -> str:
     """Pick an agent for ``env`` by ``p`` and add it to that agent's inbox; the agent id.
-    As :meth:`reach._sending.delivery.Delivery.deliver` with its defaults (``track=False``,
-    ``quota=True``), which takes over when the pick finds no agent or the agent's bound
-    refuses the message."""
+    As :meth:`reach._sending.delivery.Delivery.deliver` with ``quota=True`` (``track``:
+    counted in flight to the agent from the pick, as there), which takes over when the
+    pick finds no agent or the agent's bound refuses the message."""
     try:
         agent = delivery.router.pick(
             env.capability,
@@ -73,8 +74,11 @@ async def send(delivery: Delivery, env: Envelope, p: Plan) -> str:
             cost=env.cost,
         )
     except NoAgentAvailable:  # nothing was written: the full path re-reads and says why
-        return await delivery.deliver(env)
-    delivery.router.capacity.sent(agent)  # counted until the agent reports, as there
+        return await delivery.deliver(env, track=track)
+    if track:  # counted at the pick, so the next picks see it, as there
+        delivery.router.inflight.add(agent.agent_id)
+    else:  # no reply will say when it is done: counted until the agent reports
+        delivery.router.capacity.sent(agent)
     bound = inbox_bound(agent, p.quotas.max_inbox)
     if delivery.signer is not None or env.sig:
         seal(env, delivery.signer, tracing=False)
@@ -85,13 +89,20 @@ async def send(delivery: Delivery, env: Envelope, p: Plan) -> str:
         sent = await coalescer.send(
             inbox.Delivery(m, agent.agent_id, env.priority, bound, *claim_at_send(agent, env))
         )
-    except Exception as e:  # as the full path's inbox write says it
+    except BaseException as e:  # as the full path's inbox write says it
+        if track:
+            delivery.router.inflight.done(agent.agent_id)
+        if not isinstance(e, Exception):
+            raise
         err = await delivery.add_failed(env, agent.agent_id, e)
         if err is e:
             raise
         raise err from e
     if sent.refused:  # the full path tries the others, this agent passed over
-        return await delivery.deliver(env, refused={agent.agent_id: (sent.depth, bound)})
-    delivery.reroute.placed(env, agent, sent.entry_id, tracked=False, where=None)
+        if track:
+            delivery.router.inflight.done(agent.agent_id)
+        refused = {agent.agent_id: (sent.depth, bound)}
+        return await delivery.deliver(env, track=track, refused=refused)
+    delivery.reroute.placed(env, agent, sent.entry_id, tracked=track, where=None)
     metrics.message_sent(env.capability, env.priority)
     return agent.agent_id

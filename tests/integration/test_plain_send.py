@@ -7,17 +7,19 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import anyio
 import pytest
 
-from reach import logs
+from reach import Agent, Context, logs
 from reach._sending import plain
 from reach.client import Client
 from reach.connection import AnyRedis
 from reach.errors import Overloaded
 from reach.keys import Keys
 from reach.registry import Registry
-from tests.support.agents_messaging import wait_eligible
+from tests.support.agents_messaging import serving, wait_eligible
 from tests.support.registry_helpers import register
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -33,9 +35,9 @@ class Counted:
         self._send = plain.send
         monkeypatch.setattr(plain, "send", self)
 
-    async def __call__(self, *args: Any) -> str:
+    async def __call__(self, *args: Any, **kw: Any) -> str:
         self.calls += 1
-        return await self._send(*args)
+        return await self._send(*args, **kw)
 
 
 async def test_concurrent_plain_sends_take_the_fast_path_and_land_as_sent(
@@ -89,3 +91,39 @@ async def test_a_fast_send_every_agent_refuses_is_refused_as_the_full_path_refus
             await client.send("test.full", 2)
         assert fast.calls >= 2  # the refused one went by the fast path first
         assert await r.xlen(Keys(ns).inbox("only", "normal")) == 2
+
+
+async def test_concurrent_requests_take_the_fast_path_and_each_gets_its_answer(
+    redis_url: str, ns: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request (track=True) goes the fast way too: counted in flight to its agent from
+    the pick until its reply, as on the full path, and answered."""
+    app = Agent("plain-echo", capabilities=["test.echo"])
+    release = anyio.Event()
+
+    @app.handler("test.echo")
+    async def echo(payload: int, ctx: Context) -> int:
+        if payload:
+            await release.wait()
+        return payload * 2
+
+    fast = Counted(monkeypatch)
+    got: dict[int, int] = {}
+
+    async def ask(client: Client, i: int) -> None:
+        got[i] = await client.request("test.echo", i)
+
+    async with serving(redis_url, ns, app) as client:
+        await client.request("test.echo", 0)  # the quotas and splits are read: cached now
+        async with anyio.create_task_group() as tg:
+            for i in range(1, 21):
+                tg.start_soon(ask, client, i)
+
+            async def all_in_flight() -> bool:
+                return client.router.inflight.get("plain-echo", 0) == 20
+
+            await wait_until(all_in_flight, what="20 requests in flight")
+            release.set()
+        assert got == {i: i * 2 for i in range(1, 21)}
+        assert fast.calls >= 19
+        assert client.router.inflight.get("plain-echo", 0) == 0  # every one counted out
