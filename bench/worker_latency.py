@@ -106,7 +106,7 @@ STAMPS: dict[str, float] = {}
 def stamp_caller() -> None:
     """Wrap the caller's steps (this process) to stamp them into STAMPS."""
     from reach import _replies, client
-    from reach._sending import delivery as _delivery
+    from reach._sending import coalesce
 
     ob = client.Client.build
 
@@ -116,7 +116,9 @@ def stamp_caller() -> None:
         return env
 
     client.Client.build = build
-    oadd = _delivery.Delivery._add
+    # The inbox write: the coalescer's, which the full path and the plain send's fast path
+    # (reach._sending.plain) both go through on standalone Redis.
+    oadd = coalesce.Coalescer.send
 
     async def add(self, *a, **kw):
         STAMPS["add0"] = time.perf_counter()
@@ -124,7 +126,7 @@ def stamp_caller() -> None:
         STAMPS["add1"] = time.perf_counter()
         return r
 
-    _delivery.Delivery._add = add
+    coalesce.Coalescer.send = add
     orep = _replies.ReplyReader._on_reply
 
     def on_reply(self, *a, **kw):
