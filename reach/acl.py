@@ -56,6 +56,7 @@ _COMMON = (
     "script|load",
     "hgetall",
     "hmget",
+    "hlen",  # send.lua: is a record there (and a hash) before it writes one
     "smembers",
     "zrange",
     "zrangebyscore",
@@ -251,6 +252,7 @@ _PROBES: dict[str, Callable[[_Sample], tuple[str, ...]]] = {
     "script|load": lambda s: ("SCRIPT", "LOAD", "return 1"),
     "hgetall": lambda s: ("HGETALL", s.agent),
     "hmget": lambda s: ("HMGET", s.agent, "state"),
+    "hlen": lambda s: ("HLEN", s.idem),
     "hset": lambda s: ("HSET", s.agent, "f", "v"),
     "hsetnx": lambda s: ("HSETNX", s.idem, "f", "v"),
     "smembers": lambda s: ("SMEMBERS", s.cap),

@@ -260,8 +260,13 @@ class Consumer(Part):
     async def _block(self, n: int) -> list[tuple[str, list[Any]]]:
         self.hooks.on_round_trip("block")
         held = self._held
+        # Several agents in this process share one wake-up read instead (runtime.py's
+        # _AgentRedis): none holds a connection for its blocking reads then.
+        alone = getattr(self.redis, "blocks_alone", True)
+        if not alone:
+            await held.aclose()
         try:
-            if held.usable:
+            if alone and held.usable:
                 # Entries as fetch.lua gives them ([id, flat fields]): read in place.
                 raw = await held.call(
                     "XREADGROUP",

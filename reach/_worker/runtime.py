@@ -218,6 +218,13 @@ class _AgentRedis:
     async def aclose(self, *args: Any, **kwargs: Any) -> None:
         """The process's host closes the shared client."""
 
+    @property
+    def blocks_alone(self) -> bool:
+        """Does a blocking read of this agent wait on a connection of its own (the one
+        agent of its process)? Else it waits for the shared wake-up (:meth:`xreadgroup`),
+        and must not hold a connection for it (reach._blocking)."""
+        return self._host.users < 2
+
     async def xreadgroup(self, *args: Any, **kwargs: Any) -> Any:
         block = kwargs.get("block")
         if block is None or self._host.users < 2:

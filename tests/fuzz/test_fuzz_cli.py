@@ -50,7 +50,11 @@ SKIP: dict[tuple[str, ...], str] = {
 }
 # Options never drawn for a command (they make it run until stopped) and arguments always
 # given (they bound it).
-NEVER: dict[tuple[str, ...], set[str]] = {("events",): {"--follow", "-f"}, ("top",): {"--once"}}
+NEVER: dict[tuple[str, ...], set[str]] = {
+    ("events",): {"--follow", "-f"},
+    ("audit",): {"--follow", "-f"},
+    ("top",): {"--once"},
+}
 # Given before the drawn options (a drawn value of the same option wins).
 ALWAYS: dict[tuple[str, ...], list[str]] = {("top",): ["--once"], ("send",): ["--timeout-s", "0.2"]}
 # `top --once` waits --interval between its two samples, `send --wait` up to --timeout-s
