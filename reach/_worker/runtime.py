@@ -61,38 +61,37 @@ if TYPE_CHECKING:
 log = logging.getLogger("reach.runtime")
 
 HOST_PIPELINES = 2
-"""With ``multiplex=False`` only (not the default): auto-pipelined batches in flight at once
-for the agents of one process, the connections per node their (non-blocking) commands use.
-Two, not one: with one pipeline at a time a worker's fetch, claim and settle wait for each
-other's round trips (`bench/profile_worker.py --profile none`, backlog, standalone when
-pipelines were used there: 5,300-7,300 msgs/s with one in 2 runs; 7,000-14,400 with two,
-6,400-11,800 with four in 5 runs each). By default the commands share one multiplexed
-connection on standalone Redis and Sentinel, one per node on a Cluster (batches written
-without waiting for earlier replies, see :mod:`reach._autopipe`), whatever this number: a
-standalone worker process holds at most 3 connections (that one, which also carries the
-heartbeat rounds, its blocking read, and the heartbeat thread's own while a handler blocks
-the loop), and the backlog drains faster than with two pipelines (`reach bench --floor
---repeat 3`, 3 alternated runs each, medians: 24,353 -> 26,735 msgs/s at load ~1, 20,373 ->
-21,612 at load 2-3; docs/operations.md has the rest). On a Cluster a worker process holds
-2 per master whatever its agents: that one and the wake-up subscription of its agents
-whose inboxes are there (:class:`_ShardWakeups`; tests/integration/test_cluster_concurrency.py)."""
-
+"""With ``multiplex=False`` only (not the default): auto-pipelined batches in flight at once for
+the agents of one process, the connections per node their (non-blocking) commands use. Two, not
+one: with one pipeline at a time a worker's fetch, claim and settle wait for each other's round
+trips (`bench/profile_worker.py --profile none`, backlog, standalone when pipelines were used
+there: 5,300-7,300 msgs/s with one in 2 runs; 7,000-14,400 with two, 6,400-11,800 with four in 5
+runs each). By default the commands share one multiplexed connection on standalone Redis and
+Sentinel, one per node on a Cluster (batches written without waiting for earlier replies, see
+:mod:`reach._autopipe`), whatever this number: a standalone worker process holds at most 3
+connections (that one, which also carries the heartbeat rounds, its blocking read, and the
+heartbeat thread's own while a handler blocks the loop), and the backlog drains faster than with
+two pipelines (`reach bench --floor --repeat 3`, 3 alternated runs each, medians: 24,353 ->
+26,735 msgs/s at load ~1, 20,373 -> 21,612 at load 2-3; docs/operations.md has the rest). On a
+Cluster a worker process holds 2 per master whatever its agents: that one and the wake-up
+subscription of its agents whose inboxes are there (:class:`_ShardWakeups`;
+tests/integration/test_cluster_concurrency.py)."""
 
 RESYNC_S = 15.0
 """How often a waiting agent re-reads where its inbox ends even without a wake-up."""
 
 
 class _Wakeups:
-    """One blocking ``XREAD`` on a connection of its own for every agent of the process
-    that waits for messages (standalone Redis and Sentinel: ``XREAD`` names keys of one
-    slot only on a Cluster), instead of one blocked ``XREADGROUP`` connection per agent.
+    """One blocking ``XREAD`` on a connection of its own for every agent of the process that
+    waits for messages (standalone Redis and Sentinel: ``XREAD`` names keys of one slot only
+    on a Cluster), instead of one blocked ``XREADGROUP`` connection per agent.
 
-    A waiting agent's streams are watched from the last entry it knew of (explicit ids:
-    nothing added after that id can be missed, whenever the ``XREAD`` is sent); an entry
-    past it wakes the agent, which then reads with a plain ``XREADGROUP``. Streams stay
-    watched after a wait timed out (the agent usually waits again at once, with the same
-    ids), and are dropped when they wake nobody. A stream watched anew while the ``XREAD``
-    is blocked unblocks it (``CLIENT UNBLOCK``) so it is sent again with that stream.
+    A waiting agent's streams are watched from the last entry it knew of (explicit ids: nothing
+    added after that id can be missed, whenever the ``XREAD`` is sent); an entry past it wakes
+    the agent, which then reads with a plain ``XREADGROUP``. Streams stay watched after a wait
+    timed out (the agent usually waits again at once, with the same ids), and are dropped when
+    they wake nobody. A stream watched anew while the ``XREAD`` is blocked unblocks it
+    (``CLIENT UNBLOCK``) so it is sent again with that stream.
     """
 
     def __init__(self, url: str, block_ms: int) -> None:
@@ -218,18 +217,13 @@ class _AgentRedis:
     async def aclose(self, *args: Any, **kwargs: Any) -> None:
         """The process's host closes the shared client."""
 
-    @property
-    def blocks_alone(self) -> bool:
-        """Does a blocking read of this agent wait on a connection of its own (the one
-        agent of its process)? Else it waits for the shared wake-up (:meth:`xreadgroup`),
-        and must not hold a connection for it (reach._blocking)."""
-        return self._host.users < 2
+    blocks_alone = property(lambda self: self._host.users < 2)  # see xreadgroup
 
     async def xreadgroup(self, *args: Any, **kwargs: Any) -> Any:
         block = kwargs.get("block")
         if block is None or self._host.users < 2:
-            # The one agent of its process blocks on a connection of its own (as many
-            # connections, and a round trip less per message than a wake-up).
+            # The one agent of its process blocks on a connection of its own (a round trip
+            # less per message than a wake-up; reach._blocking holds it).
             self._from = None
             return await self._commands.xreadgroup(*args, **kwargs)
         group, consumer, streams = args[0], args[1], args[2]
