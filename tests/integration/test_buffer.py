@@ -113,15 +113,19 @@ async def test_a_write_that_landed_before_the_drop_runs_once(
         tg.start_soon(lambda: agent.run(redis_url=fresh_redis.url, namespace=ns, **FAST))
         async with Client(redis_url=fresh_redis.url, namespace=ns) as c:
             await wait_eligible(c, CAP, ["dup-1"])
-            real = c._delivery.deliver
+            # The inbox write both send paths make (the full one and the plain send's fast
+            # one, reach._sending): it lands, then the connection drops before its answer.
+            coalescer = c._delivery.coalescer
+            assert coalescer is not None
+            real = coalescer.send
             written: list[str] = []
 
-            async def landed_then_dropped(env: Any, **kw: Any) -> str:
-                await real(env, **kw)
-                written.append(env.msg_id)
+            async def landed_then_dropped(d: Any) -> Any:
+                await real(d)
+                written.append(d.message.msg_id)
                 raise RedisUnavailable("Cannot reach Redis (the connection dropped after a write)")
 
-            monkeypatch.setattr(c._delivery, "deliver", landed_then_dropped)
+            monkeypatch.setattr(coalescer, "send", landed_then_dropped)
             sent = await c.send(CAP, {"i": 1})
             with anyio.fail_after(30):  # flushed: the request goes the direct way too
                 while c.pending_local():
