@@ -127,9 +127,15 @@ async def test_an_answered_ask_survives_a_sigkill_without_a_second_question(
             async for change in c.watch(msg_id, timeout_s=60):
                 seen.append(change)
 
+        async def watcher_saw_the_question() -> bool:
+            return any(ch.status == "input_required" for ch in seen)
+
         async with anyio.create_task_group() as tg:
             tg.start_soon(watch)
             await question_of(c, msg_id)
+            # The watcher follows from its own connection: answered before it read the
+            # question, it would only ever see 'running' (a loaded run did).
+            await wait_until(watcher_saw_the_question, what="the watcher saw the question")
             assert await c.answer(msg_id, "yes, refund") == 1
 
             async def held() -> bool:
