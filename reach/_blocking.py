@@ -2,10 +2,11 @@
 with ``BLOCK``): a client's reply reader, a worker's inbox reader.
 
 Through redis-py's client, every such read takes a connection from the pool and gives it
-back, packs the command word by word and converts the reply through its callbacks, about
-as much CPU again as the read on a connection held for it (``python bench/read_cost.py``),
-and that work sits between a reply's arrival and the call it wakes. A reader that blocks all day holds its
-connection anyway; :class:`HeldReads` keeps it and reads on it directly.
+back, packs the command word by word and converts the reply through its callbacks: about
+60 % more CPU per read than on a connection held for it (95 against 59 µs in
+``python bench/read_cost.py``), and that work sits between a reply's arrival and the call
+it wakes. A reader that blocks all day holds its connection anyway; :class:`HeldReads`
+keeps it and reads on it directly.
 
 Any failure of a call (Redis away, an error reply, cancellation mid-read) drops the
 connection: a reply half read must never be taken for the next call's. The next call
