@@ -524,10 +524,15 @@ def worker(namespace: str, agent_id: str) -> WorkerSigning | None:
 
 def sign_reply_for(namespace: str, agent_id: str, reply: Reply) -> bytes:
     """``reply`` encoded, signed first when the agent has a secret."""
+    sign_reply_as(namespace, agent_id, reply)
+    return _enc.encode(reply)
+
+
+def sign_reply_as(namespace: str, agent_id: str, reply: Reply) -> None:
+    """Sign ``reply`` in place when the agent has a secret (else leave it as it is)."""
     w = worker(namespace, agent_id) if _workers else None
     if w is not None:
         w.keys.sign_reply(reply)
-    return _enc.encode(reply)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -137,10 +137,16 @@ class Deadlines:
         self._runs: dict[Run, float] = {}  # run -> its deadline on the loop's clock
         self._timer: asyncio.TimerHandle | None = None
         self._at = math.inf  # when the timer fires
+        # The worker's loop, looked up at the first run (on Python 3.11 each lookup asks
+        # the kernel for the process id): each runtime's run makes its own Deadlines, on
+        # the one loop it runs on.
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def add(self, run: Run, timeout_s: float) -> None:
         """``run``'s handler must end within ``timeout_s`` (<= 0: at once)."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
         at = loop.time() + max(timeout_s, 0.0)
         self._runs[run] = at
         if at < self._at:

@@ -160,8 +160,8 @@ class Execution(Part):
             for it in items:
                 if it.claimed_at_send and self._stale(it):
                     it.claimed_at_send = False
-                if it.claimed_at_send and it.env.key not in running and it.env.key not in keys:
-                    keys.add(it.env.key)
+                if it.claimed_at_send and it.key not in running and it.key not in keys:
+                    keys.add(it.key)
                     at_send.append(it)
             if at_send:
                 self._start_claimed(at_send)
@@ -207,7 +207,7 @@ class Execution(Part):
         claims = []
         for it in items:
             if not it.idem:
-                it.idem = self.keys.idem(it.env.key)
+                it.idem = self.keys.idem(it.key)
             claims.append(
                 ClaimItem(it.idem, self._claim_lease_ms(it.env), it.env.msg_id, takeover_from)
             )
@@ -284,7 +284,7 @@ class Execution(Part):
         so whichever agent it comes back to claims it at once, not after the claim's
         lease."""
         if it.claimed_at_send:
-            it.idem = it.idem or self.keys.idem(it.env.key)
+            it.idem = it.idem or self.keys.idem(it.key)
             it.complete = Completion(
                 it.idem, CLAIM_AT_SEND_FENCE, Status.RETRYING, Mode.RELEASE, "rate limited"
             )
@@ -302,9 +302,9 @@ class Execution(Part):
         costs no confirmation at all (its task goes from pending to its outcome, and its
         claim keeps the lease it got at send meanwhile)."""
         for it in items:
-            it.idem = self.keys.idem(it.env.key)
+            it.idem = self.keys.idem(it.key)
             it.fence = CLAIM_AT_SEND_FENCE
-            self.state.running.add(it.env.key)
+            self.state.running.add(it.key)
             self._start(it)
         asyncio.get_running_loop().call_later(MARK_RUNNING_AFTER_S, self._mark_running, items)
 
@@ -377,7 +377,7 @@ class Execution(Part):
         reply (REPLAY). False when the key is BUSY: held by another claim."""
         if res.code is ClaimCode.RUN:
             it.fence = res.fence
-            self.state.running.add(it.env.key)
+            self.state.running.add(it.key)
             self._start(it)
         elif res.code is ClaimCode.REPLAY:
             self.hooks.on_replay(it.env)
@@ -402,12 +402,12 @@ class Execution(Part):
         owner is gone when the registry no longer names it, except the live process this
         one replaced at its start (:class:`~reach._worker.state.Predecessor`), which is
         gone only once provably so."""
-        rec = await self.redis.hget(it.idem or self.keys.idem(it.env.key), "owner")
+        rec = await self.redis.hget(it.idem or self.keys.idem(it.key), "owner")
         owner = rec.decode() if isinstance(rec, bytes) else (rec or "")
         if owner == self.owner:
             # Claimed by this very runtime: a duplicate while its handler runs waits; but
             # if nothing here runs it (its claim or settle failed), take it up again.
-            alive = it.env.key in self.state.running
+            alive = it.key in self.state.running
         elif (pred := self.state.predecessor) is not None and owner == pred.owner:
             # The process this one replaced while it served (a rolling restart that
             # overlaps): the registry names this process now, but the older one drains
@@ -450,7 +450,7 @@ class Execution(Part):
     def _replay(self, it: Delivery, res: Claimed) -> None:
         # The stored reply, rebuilt from the record (its short form) or as stored (a record
         # of protocol version 1): the same reply, signature included, as first published.
-        reply = res.stored(it.env.key)
+        reply = res.stored(it.key)
         if reply.msg_id != it.env.msg_id:
             # Same idempotency key, another message: its caller waits for its own msg_id
             # (signed again when this agent signs: the msg_id is signed).
@@ -534,7 +534,7 @@ class Execution(Part):
         new fence; a live peer's stands, and this copy waits."""
         it.judged_again = True
         self._held.discard(it)
-        self.state.running.discard(it.env.key)
+        self.state.running.discard(it.key)
         self.state.inflight -= 1
         self.state.slot_freed()
         it.claimed_at_send = False
@@ -577,8 +577,9 @@ class Execution(Part):
         ctx._record, ctx._owner = it.idem, self.owner  # for ctx.step's journal and ctx.ask
         ctx._keep = self.keep  # a streaming handler's chunks kept to resume (keep_chunks.lua)
         ctx._waiting, ctx._agent = self.waiting, self.agent
-        self.hooks.before_handle(ctx, it.started_ms or None)
-        outcome = oc.expired_before_start(env, now_ms()) if env.deadline_ms else None
+        start_ms = it.started_ms or now_ms()  # one clock read for the checks below
+        self.hooks.before_handle(ctx, start_ms)
+        outcome = oc.expired_before_start(env, start_ms) if env.deadline_ms else None
         duration_s: float | None = None
         if outcome is None:
             spec = self.agent.handlers.get(env.capability)
@@ -603,7 +604,9 @@ class Execution(Part):
                             spec.preemptible and preempted_times(env) < self.opts.max_preempts
                         )
                     try:
-                        outcome, duration_s = await self._call(spec, payload, ctx, run, task)
+                        outcome, duration_s = await self._call(
+                            spec, payload, ctx, run, task, start_ms=start_ms
+                        )
                     finally:
                         self.cancels.end(run)
                     if run.preempted:  # cut for high-priority work: it goes back, as it was
@@ -623,11 +626,14 @@ class Execution(Part):
         ctx: Context,
         run: Run,
         task: asyncio.Task[Any] | None = None,
+        *,
+        start_ms: int = 0,
     ) -> tuple[Outcome, float]:
         """Run the handler under the message's deadline, in a cancel scope ``run`` can
-        cancel (reach._worker.cancelling): its outcome, and how long it ran."""
+        cancel (reach._worker.cancelling): its outcome, and how long it ran. ``start_ms``:
+        the clock when its handling began (0: read it here)."""
         env = ctx.envelope
-        timeout = (env.deadline_ms - now_ms()) / 1000 if env.deadline_ms else None
+        timeout = (env.deadline_ms - (start_ms or now_ms())) / 1000 if env.deadline_ms else None
         err: BaseException | None = None
         result: Any = None
         timed_out = False

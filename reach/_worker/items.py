@@ -68,6 +68,11 @@ class Delivery(_Entry):
     reply: bytes = b""  # the reply: stored by a 'done' completion, and published...
     reply_key: str = ""  # ... to this reply stream ('' = nobody waits for it)
     started_ms: int = 0  # when its handling began (0: not handled here; reach.recent)
+    key: str = ""  # env.key, its idempotency key (read often on the hot path: kept)
+
+    def __post_init__(self) -> None:
+        if not self.key:
+            self.key = self.env.key
 
     @property
     def completion(self) -> Completion | None:

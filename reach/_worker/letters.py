@@ -184,7 +184,7 @@ class DeadLetters:
             if tell_caller:
                 if it.fence:
                     it.complete = Completion(
-                        self.keys.idem(it.env.key), it.fence, Status.DEAD, Mode.RELEASE, error
+                        self.keys.idem(it.key), it.fence, Status.DEAD, Mode.RELEASE, error
                     )
                 reply = Reply(
                     msg_id=it.env.msg_id,

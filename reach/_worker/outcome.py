@@ -32,7 +32,7 @@ from ..errors import ConfigError, HopLimitExceeded, LoopDetected, Reject, Reject
 from ..keys import Keys
 from ..outcomes import DeadReason, Outcome, Settled, Status
 from ..scripts.delivery import Completion, DeadLetter, Delayed, Mode
-from ..signing import sign_reply_for
+from ..signing import sign_reply_as
 from ..tasks import dead_letter_op
 from .guarding import refused_here
 from .items import Delivery
@@ -217,7 +217,7 @@ def apply(
     mode = Mode.DONE if outcome.status == Status.SUCCEEDED else Mode.RELEASE
     # Signed by this agent when it has a secret: the reply is also the one stored for
     # replays of the key, which then carry this signature.
-    signed = sign_reply_for(keys.namespace, agent_id, reply)
+    sign_reply_as(keys.namespace, agent_id, reply)
     it.complete = Completion(
         it.idem or keys.idem(env.key),
         it.fence,
@@ -228,7 +228,10 @@ def apply(
         tb,
         encode_stored(reply) if mode == Mode.DONE else b"",
     )
-    it.answer(keys, signed, publish=outcome.status != Status.RETRYING)
+    if env.reply_to and outcome.status != Status.RETRYING:  # encoded only to be published
+        it.answer(keys, encode(reply), publish=True)
+    else:  # nobody waits for it (a send), or a retry's caller waits for the last attempt
+        it.reply, it.reply_key = b"", ""
     it.follow_up = None
     if outcome.dead_letter:
         it.follow_up = DeadLetter.of_op(

@@ -110,7 +110,7 @@ class WorkerState:
         for it in items:
             self.held.discard((it.stream, as_text(it.entry_id)))
             if isinstance(it, Delivery) and it.fence:
-                self.running.discard(it.env.key)
+                self.running.discard(it.key)
 
 
 EVICTED_GRACE_MIN_MS = 1_000

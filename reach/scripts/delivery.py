@@ -532,14 +532,18 @@ def settle_call(
             tb = _traceback_of(c, f)
             if tb:
                 details += [n, tb[0], tb[1]]
+        # The reply goes in only where it is published: a message nobody waits for
+        # (a send) has one too, which the script would never read.
+        rs = it.reply_stream
+        reply = it.reply if rs else ""
         if c is not None:
             stored = c.stored if c.mode == Mode.DONE else ""
-            extend((ki(c.key), c.fence, c.status, stored, c.mode, c.error, it.reply))
+            extend((ki(c.key), c.fence, c.status, stored, c.mode, c.error, reply))
         else:
-            extend((_NO_RECORD, "", "", "", "", "", it.reply))
+            extend((_NO_RECORD, "", "", "", "", "", reply))
         extend(
             (
-                ki(it.reply_stream) if it.reply_stream else _NO_RECORD,
+                ki(rs) if rs else _NO_RECORD,
                 ki(it.inbox) if it.inbox else _NO_RECORD,
                 it.entry_id,
             )

@@ -180,7 +180,10 @@ def test_a_dead_letter_is_filed_and_the_caller_told(outcome: Outcome, reason: st
 def test_nobody_waiting_means_no_reply_stream() -> None:
     it = delivery(env())
     apply(it, oc.returned(None))
-    assert it.reply_key == "" and it.reply  # still stored for replays
+    # No reply to publish (nor bytes encoded for one); the record still stores its short
+    # form for replays.
+    assert (it.reply_key, it.reply) == ("", b"")
+    assert it.complete is not None and it.complete.stored
 
 
 # -- reach.Retry --------------------------------------------------------------------------
