@@ -44,6 +44,10 @@
 -- 5n+2 ARGV (5n+4 with a claim) for n messages. The messages are added in order, each as
 -- the one-message form would add it (each fresh record claimed, with the claim).
 --
+-- The batch form looks at its records with one EXISTS first: when none exists (fresh
+-- msg_ids, the usual batch) each is written as new without a look of its own; when any
+-- does, each record is looked at alone (HLEN: its type, and whether it is there).
+--
 -- The bound counts the entries of the three inbox streams (XLEN: the runtime deletes an
 -- entry once it is settled, so this is queued + being handled), at the moment of the add:
 -- concurrent senders can never push an inbox past it.
@@ -92,6 +96,19 @@ local function record_bad(i, j)
   return nil
 end
 
+-- Whether none of the batch's n records exists (one EXISTS per 500 of them; a key
+-- named twice counts twice, which changes nothing about 0).
+local function records_absent(n)
+  local recs = {}
+  for j = 1, n do recs[j] = KEYS[(j == 1) and 2 or (3 * j + 2)] end
+  for first = 1, n, 500 do
+    if redis.call('EXISTS', unpack(recs, first, math.min(n, first + 499))) > 0 then
+      return false
+    end
+  end
+  return true
+end
+
 -- Why one of the inboxes KEYS[4..6] is refused, or nil; their entries are counted in depth,
 -- what a max_queue is held against (XLEN is their type check anyway).
 local function inboxes_bad()
@@ -132,6 +149,11 @@ local function check()
     end
     e = inboxes_bad()
     if e then return e end
+    -- Most batches are all fresh messages (new msg_ids): one EXISTS over their records
+    -- answers 0, and none needs a look of its own. Any record there (a resend, a
+    -- caller's key seen before) and each is looked at as below (its type and whether it
+    -- exists).
+    local all_fresh = records_absent(n)
     local in1, in2, in3 = KEYS[4], KEYS[5], KEYS[6]
     local k
     a = 0
@@ -141,8 +163,12 @@ local function check()
       if inbox ~= in1 and inbox ~= in2 and inbox ~= in3 then
         return 'KEYS[' .. (k + 1) .. ']: not one of the inboxes KEYS[4..6]'
       end
-      e = record_bad(k + 2, j)
-      if e then return e end
+      if all_fresh then
+        fresh[j] = true
+      else
+        e = record_bad(k + 2, j)
+        if e then return e end
+      end
       if ARGV[a + 5] ~= '' then  -- the pointer is written only with a caller's key
         local why = key_type(KEYS[k + 3], 'string')
         if why then return 'KEYS[' .. (k + 3) .. ']: ' .. why end

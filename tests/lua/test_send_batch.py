@@ -114,3 +114,26 @@ async def test_a_batch_keeps_a_status_the_record_holds(r: AnyRedis, ns: str) -> 
     assert kept[b"status"] == b"succeeded" and kept[b"result"] == b"r"
     assert kept[b"sent_msg_id"] == b"m1"  # the send's own fields are written as ever
     assert (await r.hgetall(k.idem("m2")))[b"status"] == b"pending"
+
+
+async def test_one_record_there_among_fresh_ones_keeps_its_status_and_is_not_claimed(
+    r: AnyRedis, ns: str
+) -> None:
+    # A batch whose records are all absent skips the look at each one (one EXISTS for
+    # all); this one has a record there, last, so each is looked at: the fresh ones are
+    # written claimed, the one there keeps its status and gets no claim.
+    k = Keys(ns)
+    await r.hset(k.idem("order-9"), mapping={"status": "succeeded", "done": "1"})
+    batch = [(msg(i), "normal") for i in range(1, 4)] + [(msg(9, "order-9"), "normal")]
+    call = inbox.send_batch_call(
+        k, batch, agent_id="w-8", ttl_ms=TTL_MS, claim_for="w-8/i1", claim_lease_ms=30_000
+    )
+    sent = await call.run(r)
+    assert [s.refused for s in sent] == [False] * 4
+    for m in ("m1", "m2", "m3"):
+        h = await r.hgetall(k.idem(m))
+        assert (h[b"status"], h[b"owner"], h[b"fence"]) == (b"pending", b"w-8/i1", b"1")
+    kept = await r.hgetall(k.idem("order-9"))
+    assert (kept[b"status"], kept[b"done"]) == (b"succeeded", b"1") and b"owner" not in kept
+    entries = await r.xrange(k.inbox("w-8", "normal"))
+    assert [b"c" in f for _, f in entries] == [True, True, True, False]
