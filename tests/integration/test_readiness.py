@@ -90,10 +90,11 @@ async def test_each_way_the_check_fails_and_passing_again(
         ):
             mode["now"] = m
             await wait_until(lambda w=why: readyz_says(probes, w), what=f"/readyz: {why}")
-            assert await ready_in_registry(r, ns, "rd-1", False)
+            # The reason is noted first, then written: the registry follows.
+            await wait_until(lambda: ready_in_registry(r, ns, "rd-1", False), what="not ready")
             mode["now"] = "ok"
             await wait_until(lambda: ready_in_registry(r, ns, "rd-1", True), what="ready again")
-            assert await readyz_says(probes)
+            await wait_until(lambda: readyz_says(probes), what="/readyz 200 again")
 
         # A check that hangs: timed out, then (its thread still running) not run twice.
         mode["now"] = "hang"
@@ -205,7 +206,11 @@ async def test_healthz_fails_while_the_event_loop_is_blocked(
             tg.start_soon(lambda: app.run(redis_url=redis_url, namespace=ns, stall_s=0.5, **opts))
             await wait_until(lambda: ready_in_registry(r, ns, "rd-3", True), what="ready")
             assert await aget(base + "/healthz") == (200, {"status": "ok", "agents": 1})
-            assert await aget(base + "/readyz") == (200, {"status": "ready", "agents": 1})
+
+            async def readyz_200() -> bool:  # noted by the agent once Redis answered it
+                return await aget(base + "/readyz") == (200, {"status": "ready", "agents": 1})
+
+            await wait_until(readyz_200, what="/readyz 200")
             poller.start()
             async with Client(redis_url=redis_url, namespace=ns) as c:
                 assert await c.request("rd.block", {}, timeout_s=30) == "done"
