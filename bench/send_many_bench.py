@@ -67,16 +67,13 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=20_000)
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
-    with RedisServer() as server, tempfile.TemporaryDirectory() as tmp:
-        w = b._popen(b._reach_worker_cmd(server.url, 64), Path(tmp) / "worker.log")
-        try:
-            anyio.run(b._wait_ready, server.url)
-            w.send_signal(signal.SIGSTOP)
-            anyio.run(run, server.url, a.messages, a.rounds)
-        finally:
-            w.send_signal(signal.SIGCONT)
-            w.send_signal(signal.SIGTERM)
-            w.wait()
+    with (
+        RedisServer() as server,
+        tempfile.TemporaryDirectory() as tmp,
+        b.reach_worker(server.url, Path(tmp) / "worker.log") as w,
+    ):
+        w.send_signal(signal.SIGSTOP)
+        anyio.run(run, server.url, a.messages, a.rounds)
 
 
 if __name__ == "__main__":

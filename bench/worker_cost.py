@@ -94,15 +94,12 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=10_000, help="messages per round")
     ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
-    with RedisServer() as server, tempfile.TemporaryDirectory() as tmp:
-        w = b._popen(b._reach_worker_cmd(server.url, 64), Path(tmp) / "worker.log")
-        try:
-            anyio.run(b._wait_ready, server.url)
-            rows = anyio.run(run, server.url, w, a.messages, a.rounds)
-        finally:
-            w.send_signal(signal.SIGCONT)
-            w.send_signal(signal.SIGTERM)
-            w.wait()
+    with (
+        RedisServer() as server,
+        tempfile.TemporaryDirectory() as tmp,
+        b.reach_worker(server.url, Path(tmp) / "worker.log") as w,
+    ):
+        rows = anyio.run(run, server.url, w, a.messages, a.rounds)
     med = {k: statistics.median(row[k] for row in rows) for k in rows[0]}
     print(
         f"medians of {a.rounds}: worker {med['worker_us']:.1f} µs/msg, Redis "

@@ -603,9 +603,7 @@ class Execution(Part):
                             spec.preemptible and preempted_times(env) < self.opts.max_preempts
                         )
                     try:
-                        outcome, duration_s = await self._call(
-                            spec, payload, ctx, run, task, start_ms=start_ms
-                        )
+                        outcome, duration_s = await self._call(spec, payload, ctx, run, task)
                     finally:
                         self.cancels.end(run)
                     if run.preempted:  # cut for high-priority work: it goes back, as it was
@@ -625,14 +623,13 @@ class Execution(Part):
         ctx: Context,
         run: Run,
         task: asyncio.Task[Any] | None = None,
-        *,
-        start_ms: int = 0,
     ) -> tuple[Outcome, float]:
         """Run the handler under the message's deadline, in a cancel scope ``run`` can
-        cancel (reach._worker.cancelling): its outcome, and how long it ran. ``start_ms``:
-        the clock when its handling began (0: read it here)."""
+        cancel (reach._worker.cancelling): its outcome, and how long it ran."""
         env = ctx.envelope
-        timeout = (env.deadline_ms - (start_ms or now_ms())) / 1000 if env.deadline_ms else None
+        # The clock now, not at the message's start: a cancel notice's check (a Redis read)
+        # may have come between, and the handler gets what is left of the budget, no more.
+        timeout = (env.deadline_ms - now_ms()) / 1000 if env.deadline_ms else None
         err: BaseException | None = None
         result: Any = None
         timed_out = False

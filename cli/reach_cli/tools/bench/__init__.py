@@ -58,6 +58,7 @@ from .processes import (
     _reach_worker_cmd,
     _wait_ready,
     bench_agent,
+    reach_worker,
 )
 from .report import format_report, main, progress_lines
 from .rounds import medians, run_bench
@@ -80,6 +81,7 @@ __all__ = [
     "main",
     "medians",
     "progress_lines",
+    "reach_worker",
     "run_bench",
     "stream_figures",
 ]

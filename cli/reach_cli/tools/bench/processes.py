@@ -3,9 +3,11 @@ workloads, and the worker processes it starts and waits for."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +64,20 @@ def _reach_worker_cmd(url: str, concurrency: int) -> list[str]:
         "--log-level",
         "info",
     ]
+
+
+@contextmanager
+def reach_worker(url: str, log: Path, concurrency: int = 64) -> Iterator[subprocess.Popen[bytes]]:
+    """A ``reach worker`` process of :func:`bench_agent` on ``url`` (stderr to ``log``),
+    yielded once its agent is ready; continued (if stopped) and ended on exit."""
+    w = _popen(_reach_worker_cmd(url, concurrency), log)
+    try:
+        anyio.run(_wait_ready, url)
+        yield w
+    finally:
+        w.send_signal(signal.SIGCONT)
+        w.send_signal(signal.SIGTERM)
+        w.wait()
 
 
 def _floor_worker_cmd(url: str, stream: str) -> list[str]:
