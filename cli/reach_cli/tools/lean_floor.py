@@ -274,10 +274,13 @@ class Completer:
         return [int(c) for c in await self._script(keys=keys, args=args)]
 
 
-async def read(r: Any, stream_key: str, consumer: str, *, group: str = GROUP) -> list[Any]:
-    """One ``XREADGROUP COUNT 100 BLOCK 100``: the entries delivered (maybe none)."""
+async def read(
+    r: Any, stream_key: str, consumer: str, *, group: str = GROUP, count: int = READ_COUNT
+) -> list[Any]:
+    """One ``XREADGROUP COUNT 100 BLOCK 100`` (``count``: another COUNT): the entries
+    delivered (maybe none)."""
     got = await r.execute_command(
-        "XREADGROUP", "GROUP", group, consumer, "COUNT", READ_COUNT,
+        "XREADGROUP", "GROUP", group, consumer, "COUNT", count,
         "BLOCK", BLOCK_MS, "STREAMS", stream_key, ">",
     )  # fmt: skip
     if not got:
