@@ -27,8 +27,10 @@
 -- first send of its key), the record is written claimed as claim.lua would claim it for
 -- that owner (status stays 'pending', fence 1, owner, lease_until = now + lease_ms,
 -- msg_id (only for a record named by a caller's key: one named by the msg_id has none,
--- its readers take the name's), agent_id, updated_ms, and no sent_msg_id: it would equal
--- msg_id; runs 0: the run is counted when it happens, by start.lua
+-- its readers take the name's), agent_id, and no sent_msg_id: it would equal msg_id; no
+-- updated_ms either, as a send without a claim writes none: the status has not changed
+-- since the send, and the record's first update (start.lua, the completion, claim.lua)
+-- writes it; runs 0: the run is counted when it happens, by start.lua
 -- or the completion, or by claim.lua's +1 if another owner takes the key over) and the
 -- inbox entry gets two more fields, 'c' the owner and 'l' lease_until (server ms), after
 -- 'e'. The runtime named, reading the
@@ -206,9 +208,9 @@ end
 local err, max, n = check()
 if err then return refuse(err) end
 
--- The claim's server time and lease end (as the decimal strings written), and agent id,
+-- The claim's lease end (server time, as the decimal string written) and agent id,
 -- computed once per call.
-local now, until_ms, claim_agent
+local until_ms, claim_agent
 
 -- Add message j (its KEYS after k, its ARGV after a) and mark it pending (a status the
 -- record holds already is kept as below; a record known not to exist takes all in one
@@ -218,10 +220,8 @@ local function add(k, a, new)
   local rec = KEYS[k + 2]
   local id
   if new and claim_for ~= '' then
-    if not now then
-      local t = now_ms()
-      now = string.format('%.0f', t)
-      until_ms = string.format('%.0f', t + tonumber(ARGV[9]))
+    if not until_ms then
+      until_ms = string.format('%.0f', now_ms() + tonumber(ARGV[9]))
       claim_agent = string.match(claim_for, '^(.+)/[^/]+$')
     end
     id = redis.call('XADD', KEYS[k + 1], '*', 'e', ARGV[a + 1], 'c', claim_for, 'l', until_ms)
@@ -233,11 +233,11 @@ local function add(k, a, new)
     if ARGV[a + 5] == '' then
       redis.call('HSET', rec, 'status', 'pending', 'capability', ARGV[a + 2],
         'attempt', ARGV[a + 3], 'fence', '1', 'runs', '0', 'owner', claim_for,
-        'lease_until', until_ms, 'agent_id', claim_agent, 'updated_ms', now)
+        'lease_until', until_ms, 'agent_id', claim_agent)
     else
       redis.call('HSET', rec, 'status', 'pending', 'capability', ARGV[a + 2],
         'attempt', ARGV[a + 3], 'fence', '1', 'runs', '0', 'owner', claim_for,
-        'lease_until', until_ms, 'agent_id', claim_agent, 'updated_ms', now,
+        'lease_until', until_ms, 'agent_id', claim_agent,
         'msg_id', ARGV[a + 4])
     end
   elseif new then
