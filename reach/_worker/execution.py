@@ -404,10 +404,18 @@ class Execution(Part):
         gone only once provably so."""
         rec = await self.redis.hget(it.idem or self.keys.idem(it.key), "owner")
         owner = rec.decode() if isinstance(rec, bytes) else (rec or "")
+        reserved = False
         if owner == self.owner:
             # Claimed by this very runtime: a duplicate while its handler runs waits; but
-            # if nothing here runs it (its claim or settle failed), take it up again.
+            # if nothing here runs it (its claim or settle failed), take it up again. The
+            # key is noted as running before the takeover's round trip: two copies judged
+            # at once (a stopped process resumed finds its held copies stale) would both
+            # take it over from this owner, the second from the first's fresh claim, and
+            # run side by side (a chaos run saw it: fences 3 and 4 in one process).
             alive = it.key in self.state.running
+            if not alive:
+                self.state.running.add(it.key)
+                reserved = True
         elif (pred := self.state.predecessor) is not None and owner == pred.owner:
             # The process this one replaced while it served (a rolling restart that
             # overlaps): the registry names this process now, but the older one drains
@@ -425,10 +433,18 @@ class Execution(Part):
         # Take it over, in the claim itself, only from the owner judged gone: another
         # runtime may have taken the key over since it was read, and its fresh claim
         # stands (BUSY, and this copy waits).
-        res = (await self._claim([it], takeover_from=owner))[0]
-        if isinstance(res, Exception):
-            raise res
-        if not self._on_claim(it, res):
+        try:
+            res = (await self._claim([it], takeover_from=owner))[0]
+            if isinstance(res, Exception):
+                raise res
+            ran = self._on_claim(it, res)
+        except BaseException:
+            if reserved:
+                self.state.running.discard(it.key)
+            raise
+        if reserved and res.code is not ClaimCode.RUN:  # replayed, cancelled, busy: not run
+            self.state.running.discard(it.key)
+        if not ran:
             self._park(it)
 
     def _park(self, it: Delivery) -> None:
