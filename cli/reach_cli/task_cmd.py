@@ -73,6 +73,11 @@ def parse_answer(text: str) -> Any:
             "'\"yes, refund it\"'; or true, 42, '{\"approved\": true}'.",
             param_hint="JSON",
         ) from None
+    except RecursionError:
+        raise typer.BadParameter(
+            f"{text[:60]!r}... is nested too deeply to read: flatten the answer.",
+            param_hint="JSON",
+        ) from None
 
 
 @command

@@ -68,6 +68,11 @@ async def test_reach_task_answer(workers: Workers, redis_url: str, ns: str) -> N
         not_json = await reach(redis_url, ns, "task", "answer", msg_id, "yes please")
         assert not_json.returncode == 2
         assert "is not JSON" in not_json.stderr and "'\"yes, refund it\"'" in not_json.stderr
+        # Nested past what the JSON reader recurses into (the CLI fuzzer's find): a usage
+        # error too, not a traceback.
+        deep = await reach(redis_url, ns, "task", "answer", msg_id, "[" * 5000)
+        assert deep.returncode == 2
+        assert "nested too deeply" in deep.stderr and "Traceback" not in deep.stderr
         wrong = await reach(redis_url, ns, "task", "answer", msg_id, "true", "--ask", "2")
         assert wrong.returncode == 1
         assert "waits for the answer to another question, not to ask 2" in wrong.stderr
