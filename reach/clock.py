@@ -124,6 +124,6 @@ CLOCK: Final = Clock()
 """The process's clock: what :func:`now_ms` (and ``reach.envelope.now_ms``) reads."""
 
 
-def now_ms() -> int:
-    """Epoch ms on Redis's clock (this host's clock plus its measured offset)."""
-    return CLOCK.now_ms()
+now_ms = CLOCK.now_ms
+"""Epoch ms on Redis's clock (this host's clock plus its measured offset): the clock's own
+method (one call less on every read)."""

@@ -84,12 +84,14 @@ def row_of(
     error_type: str,
     started_ms: int,
     ended_ms: int,
+    key: str = "",
 ) -> RowTuple:
-    """The index row of one handled attempt of ``env`` (the fields of :class:`Row`)."""
+    """The index row of one handled attempt of ``env`` (the fields of :class:`Row`);
+    ``key``: its idempotency key when the caller has it at hand (else ``env.key``)."""
     payload = env.payload
     if reason == DeadReason.CANCELLED:
         status = Status.CANCELLED
-    key = env.key
+    key = key or env.key
     return (
         env.msg_id,
         "" if key == env.msg_id else key,

@@ -188,6 +188,7 @@ class CancelPeers:
         self.last_id: Any = None  # the last notice read (None: start from the newest)
         self.changed = anyio.Event()  # the reader left
         self.busy = anyio.Event()  # set when a handler starts: the reader reads again
+        self.busy_set = False  # whether busy is set (read per handler start: no calls)
 
     def running(self) -> bool:
         """Some member runs a handler now."""
@@ -209,9 +210,10 @@ class Cancels(Part):
     # -- the runs ---------------------------------------------------------------------
     def begin(self, record: str, msg_id: str) -> Run:
         run = self.runs[record] = Run(record, msg_id, self)
-        busy = self.peers.busy
-        if not busy.is_set():
-            busy.set()
+        peers = self.peers
+        if not peers.busy_set:
+            peers.busy_set = True
+            peers.busy.set()
         return run
 
     def end(self, run: Run) -> None:
@@ -277,6 +279,7 @@ class Cancels(Part):
                     peers.last_id = await self._tail()
                 if not peers.running():
                     ev = peers.busy = anyio.Event()
+                    peers.busy_set = False
                     if not peers.running():
                         await ev.wait()
                 res = await self.redis.xread({self.keys.cancels: peers.last_id}, count=READ_COUNT)

@@ -39,6 +39,7 @@ from ..scripts.delivery import (
     Claimed,
     ClaimItem,
     Completion,
+    DeadLetter,
     Delayed,
     Mode,
     RenewItem,
@@ -605,7 +606,7 @@ class Execution(Part):
             elif not self.gate.passes(env) and (refused := await self.gate.refuse(env, ctx, spec)):
                 # who may call it, how deep the call is (authz)
                 outcome = refused
-            elif self.cancels.heard_of(it.idem) and await self.cancels.confirmed(it.idem):
+            elif it.idem in self.cancels.heard and await self.cancels.confirmed(it.idem):
                 outcome = cancelled_outcome(env, running=False)  # cancelled before it started
             else:
                 try:
@@ -755,7 +756,7 @@ class Execution(Part):
             # The record says so already (cancel.lua, claim.lua), and raised its fence: no
             # completion, only the reply, the dead letter and the ack.
             it.complete = None
-        if outcome.dead_letter:
+        if isinstance(it.follow_up, DeadLetter):  # oc.apply files one for a dead letter
             self.hooks.on_dead_letter(env, outcome.reason, outcome.error)
             self.letters.report(it, outcome)
         elif outcome.status == Status.RETRYING:

@@ -52,6 +52,7 @@ def rows_of(batch: Sequence[Settleable], agent_id: str) -> list[RowTuple]:
                 error_type=etype,
                 started_ms=it.started_ms,
                 ended_ms=now,
+                key=it.key,
             )
         )
     return rows

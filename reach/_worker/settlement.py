@@ -63,6 +63,8 @@ class Settlement(Part):
         self._flushing = 0  # flushes under way
         self._writing = 0  # entries in those flushes
         self._wake = anyio.Event()
+        # Whether _wake is set: read per queued outcome without the event's two calls.
+        self._woken = False
         self._flushed = anyio.Event()  # set as each flush ends (what settle_rest waits on)
         self._retry_at: float | None = None  # a refused batch waits to be tried again
         self._backoff_s = RETRY_FIRST_S
@@ -74,7 +76,15 @@ class Settlement(Part):
     def kick(self) -> None:
         """Wake the settler if anything waits."""
         if self._queue:
+            self._wake_up()
+
+    def _wake_up(self) -> None:
+        if not self._woken:
+            self._woken = True
             self._wake.set()
+
+    def _new_wake(self) -> None:
+        self._wake, self._woken = anyio.Event(), False
 
     async def run(self) -> None:
         """The settler task: flush whatever was queued since the last flush."""
@@ -88,14 +98,14 @@ class Settlement(Part):
             if self._retry_at is not None:
                 # Redis refused the last batch: what came since waits with it for the
                 # retry (each try against an absent Redis costs a connect or a timeout).
-                self._wake = anyio.Event()
+                self._new_wake()
                 if time.monotonic() >= self._retry_at:
                     await self.flush()
                 continue
-            if not self._wake.is_set():  # no batch to ride on: the index rows alone
+            if not self._woken:  # no batch to ride on: the index rows alone
                 await self.index.flush(self.redis)
                 continue
-            self._wake = anyio.Event()
+            self._new_wake()
             await self.flush()
 
     @property
@@ -167,7 +177,7 @@ class Settlement(Part):
                 self._let_go(len(self._queue) - HOLD_MAX)
             self._retry_at = time.monotonic() + self._backoff_s
             self._backoff_s = min(RETRY_MAX_S, self._backoff_s * 2)
-            self._wake.set()  # the settler sleeps until the retry is due
+            self._wake_up()  # the settler sleeps until the retry is due
             return False
         finally:
             self._flushing -= 1
@@ -184,14 +194,16 @@ class Settlement(Part):
         """Hand ``it`` over: its outcome is on its way to Redis."""
         it.queued = True
         self._queue.append(it)
-        self._wake.set()
+        if not self._woken:  # _wake_up, written out: once per outcome
+            self._woken = True
+            self._wake.set()
 
     def retry_now(self) -> None:
         """Redis answers again (the consumer's reads work): a batch it refused is tried
         now rather than at the end of its backoff."""
         if self._retry_at is not None:
             self._retry_at = time.monotonic()
-            self._wake.set()
+            self._wake_up()
 
     def _let_go(self, n: int) -> None:
         """Past :data:`HOLD_MAX` held outcomes (Redis refusing them for long): let the

@@ -541,13 +541,8 @@ def settle_call(
             extend((ki(c.key), c.fence, c.status, stored, c.mode, c.error, reply))
         else:
             extend((_NO_RECORD, "", "", "", "", "", reply))
-        extend(
-            (
-                ki(rs) if rs else _NO_RECORD,
-                ki(it.inbox) if it.inbox else _NO_RECORD,
-                it.entry_id,
-            )
-        )
+        ib = it.inbox
+        extend((ki(rs) if rs else _NO_RECORD, ki(ib) if ib else _NO_RECORD, it.entry_id))
         if f is None:
             args.append(_NO_FOLLOW_UP)
         elif isinstance(f, DeadLetter):
