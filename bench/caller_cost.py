@@ -14,8 +14,13 @@ The difference between the two runs is what the write to Redis costs the caller.
 ``--commands``: also Redis's commands per message over the rounds (``INFO
 commandstats``; those a script runs counted too), with the worker's reads and settles.
 
+``--calls``: instead of timing, count the caller's Python function calls per send
+(cProfile over the rounds) and list the ``--top`` functions: repeatable where the timed
+figure moves by a fifth on this VM, so compare code with it (quote the timed figure for
+time). With ``--fake-redis`` the count is the Python path alone.
+
 Run:  python bench/caller_cost.py [--messages 30000] [--senders 50] [--fake-redis]
-          [--repeat 3] [--commands]
+          [--repeat 3] [--commands] [--calls [--top 25]]
 
 The figures are the caller's alone; ``reach bench --floor`` gives them beside the lean
 floor's in one run.
@@ -25,7 +30,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import os
+import pstats
 import statistics
 import subprocess
 import time
@@ -99,7 +106,14 @@ async def _main(url: str, args: argparse.Namespace) -> None:
                 coalesce.inbox.send = _fake_send  # type: ignore[assignment]
             r = c.commands.redis
             before = await _commandstats(r)
+            prof = cProfile.Profile() if args.calls else None
+            if prof is not None:
+                prof.enable()
             rounds = [await _round(c, args.messages, args.senders) for _ in range(args.repeat)]
+            if prof is not None:
+                prof.disable()
+                _print_calls(prof, args.messages * args.repeat, args.top)
+                return
             if args.commands:
                 await anyio.sleep(1.0)  # the worker settles what it has read
                 after = await _commandstats(r)
@@ -119,6 +133,15 @@ async def _main(url: str, args: argparse.Namespace) -> None:
     print(f"  sends per second {rate:,.0f}")
 
 
+def _print_calls(prof: cProfile.Profile, n: int, top: int) -> None:
+    stats: Any = pstats.Stats(prof).stats
+    per = {func: row[1] / n for func, row in stats.items()}  # row[1]: calls, recursive too
+    print(f"caller: function calls per send: {sum(per.values()):.1f} ({n:,} sends)")
+    for (path, line, name), v in sorted(per.items(), key=lambda kv: -kv[1])[:top]:
+        where = name if path == "~" else f"{'/'.join(path.split('/')[-2:])}:{line} {name}"
+        print(f"  {v:6.2f}  {where}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--messages", type=int, default=30000, help="sends per round")
@@ -126,6 +149,8 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3, help="rounds (medians are printed)")
     p.add_argument("--fake-redis", action="store_true", help="the Python path alone")
     p.add_argument("--commands", action="store_true", help="Redis's commands per message")
+    p.add_argument("--calls", action="store_true", help="count function calls per send instead")
+    p.add_argument("--top", type=int, default=25, help="functions listed with --calls")
     args = p.parse_args()
     with RedisServer() as srv:
         anyio.run(_main, srv.url, args)
