@@ -69,6 +69,11 @@ class Liveness(Part):
         self.version = version  # the process start stamp: a newer registration wins
         self._hb: Heartbeats | None = None
         self.loop: asyncio.AbstractEventLoop | None = None  # the loop sending its rounds
+        # Held while the heartbeat thread acts on an answer (registering again, say), and
+        # by stop_heartbeat to mark the agent as left: an answer acted on ends before the
+        # clean stop deregisters, and none is acted on after (see answered).
+        self._answering = threading.Lock()
+        self._left = False
 
     # -- registration -------------------------------------------------------------------
     def _register_kw(self) -> dict[str, Any]:
@@ -183,6 +188,8 @@ class Liveness(Part):
 
     def stop_heartbeat(self) -> None:
         hb, self._hb = self._hb, None
+        with self._answering:  # an answer the thread acts on now ends first
+            self._left = True
         if hb is not None:
             hb.leave(self)
 
@@ -198,7 +205,20 @@ class Liveness(Part):
         """Act on this agent's heartbeat answer (in the heartbeat thread; ``conn()`` gives
         its own connection, opened when first needed; ``control()`` the registry's, when
         the control plane is apart); False once the agent must stop beating (a newer
-        registration exists)."""
+        registration exists, or it left: :meth:`stop_heartbeat`).
+
+        An answer that comes after the agent left is not acted on: a round sent before its
+        clean stop can come back NOT_REGISTERED once ``leave`` has deregistered it, and
+        registering again then would leave a stopped agent in the registry (a test saw
+        one of five hosted agents still registered after they all stopped)."""
+        with self._answering:
+            if self._left:
+                return False
+            return self._answered(conn, hb, control)
+
+    def _answered(
+        self, conn: Callable[[], Any], hb: Heartbeat, control: Callable[[], Any] | None
+    ) -> bool:
         control = control or conn
         st, reg = self.state, self.registry
         try:
