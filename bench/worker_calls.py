@@ -12,10 +12,11 @@ messages go to its inbox through ``Client.send_many`` (claimed at send for it, a
 ``Client.send`` claims them; the second run sends ``2 × --messages``), it is continued,
 drains its inbox and is stopped with SIGTERM, writing its profile. The difference between
 the two runs, divided by the difference in messages, is what one more message costs:
-its start-up, imports and idle work cancel out. Three runs of the same code agreed within
-1 % here (149–150 calls at the default size, where ``bench/worker_cost.py``'s CPU figure
-moved by a fifth); compare runs of the same ``--messages`` only: the batches a drain forms,
-and so the per-batch share of each message, depend on its size (137–140 calls at 2,000).
+its start-up, imports and idle work cancel out. Five runs of the same code agreed within
+2 % here (147.9–150.2 calls at the default size, where ``bench/worker_cost.py``'s CPU
+figure moved by a fifth); compare runs of the same ``--messages`` only: the batches a drain
+forms, and so the per-batch share of each message, depend on its size (137–140 calls at
+2,000).
 
 Printed: function calls per message (Python functions and the built-ins they call, as
 cProfile counts them), and the ``--top`` functions by calls per message. Calls weigh
@@ -40,7 +41,6 @@ import anyio
 import redis.asyncio as aredis
 from reach_cli.tools import bench as b
 from reach_cli.tools import floor
-from reach_cli.tools.bench.processes import _popen
 
 from reach import Client
 from reach.embedded import RedisServer
@@ -57,12 +57,7 @@ async def _drain(url: str, worker: Any, n: int) -> None:
     try:
         async with Client(redis_url=url, namespace=b.NS) as c:
             await c.eligible(b.CAP)
-            worker.send_signal(signal.SIGSTOP)
-            for start in range(0, n, b.FLOOR_BATCH):
-                batch = [{"i": i} for i in range(start, min(start + b.FLOOR_BATCH, n))]
-                sent = await c.send_many(b.CAP, batch)
-                if any(isinstance(x, Exception) for x in sent):
-                    raise RuntimeError(f"send_many: not all sent: {sent[:3]!r}")
+            await b.send_stopped(c, worker, n)
             worker.send_signal(signal.SIGCONT)
             with anyio.fail_after(300):
                 while await floor.remaining(r, inbox, GROUP):
@@ -74,16 +69,9 @@ async def _drain(url: str, worker: Any, n: int) -> None:
 def _counted_run(url: str, n: int, tmp: Path) -> Counts:
     """Calls per function of one worker process that handled ``n`` messages."""
     out = tmp / f"worker-{n}.prof"
-    cmd = b._reach_worker_cmd(url, 64)
-    cmd = [cmd[0], "-m", "cProfile", "-o", str(out), *cmd[1:]]
-    w = _popen(cmd, tmp / f"worker-{n}.log")
-    try:
-        anyio.run(b._wait_ready, url)
+    profiled = ("-m", "cProfile", "-o", str(out))
+    with b.reach_worker(url, tmp / f"worker-{n}.log", python_args=profiled) as w:
         anyio.run(_drain, url, w, n)
-    finally:
-        w.send_signal(signal.SIGCONT)
-        w.send_signal(signal.SIGTERM)
-        w.wait()
     if not out.exists():
         log = (tmp / f"worker-{n}.log").read_text(errors="replace")[-2000:]
         raise RuntimeError(f"the worker wrote no profile; its log ends:\n{log}")

@@ -62,12 +62,7 @@ async def run(url: str, worker: Any, n: int, rounds: int) -> list[dict[str, floa
     async with Client(redis_url=url, namespace=b.NS) as c:
         await c.eligible(b.CAP)
         for k in range(rounds):
-            worker.send_signal(signal.SIGSTOP)
-            for start in range(0, n, b.FLOOR_BATCH):
-                batch = [{"i": i} for i in range(start, min(start + b.FLOOR_BATCH, n))]
-                sent = await c.send_many(b.CAP, batch)
-                if any(isinstance(x, Exception) for x in sent):
-                    raise RuntimeError(f"send_many: not all sent: {sent[:3]!r}")
+            await b.send_stopped(c, worker, n)
             w0, r0, t0 = _cpu_s(worker.pid), await _redis_cpu_s(r), time.perf_counter()
             worker.send_signal(signal.SIGCONT)
             while await floor.remaining(r, inbox, GROUP):

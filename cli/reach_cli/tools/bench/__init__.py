@@ -59,6 +59,7 @@ from .processes import (
     _wait_ready,
     bench_agent,
     reach_worker,
+    send_stopped,
 )
 from .report import format_report, main, progress_lines
 from .rounds import medians, run_bench
@@ -83,5 +84,6 @@ __all__ = [
     "progress_lines",
     "reach_worker",
     "run_bench",
+    "send_stopped",
     "stream_figures",
 ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -67,10 +67,15 @@ def _reach_worker_cmd(url: str, concurrency: int) -> list[str]:
 
 
 @contextmanager
-def reach_worker(url: str, log: Path, concurrency: int = 64) -> Iterator[subprocess.Popen[bytes]]:
+def reach_worker(
+    url: str, log: Path, concurrency: int = 64, *, python_args: Sequence[str] = ()
+) -> Iterator[subprocess.Popen[bytes]]:
     """A ``reach worker`` process of :func:`bench_agent` on ``url`` (stderr to ``log``),
-    yielded once its agent is ready; continued (if stopped) and ended on exit."""
-    w = _popen(_reach_worker_cmd(url, concurrency), log)
+    yielded once its agent is ready; continued (if stopped) and ended (SIGTERM, waited
+    for) on exit. ``python_args`` go to its interpreter before ``-m reach_cli.app`` (e.g.
+    ``-m cProfile -o FILE``, whose profile is written as the process ends)."""
+    cmd = _reach_worker_cmd(url, concurrency)
+    w = _popen([cmd[0], *python_args, *cmd[1:]], log)
     try:
         anyio.run(_wait_ready, url)
         yield w
@@ -78,6 +83,19 @@ def reach_worker(url: str, log: Path, concurrency: int = 64) -> Iterator[subproc
         w.send_signal(signal.SIGCONT)
         w.send_signal(signal.SIGTERM)
         w.wait()
+
+
+async def send_stopped(client: Any, worker: subprocess.Popen[bytes], n: int) -> None:
+    """Stop ``worker`` (SIGSTOP) and send ``n`` no-op messages to the benchmark capability
+    through ``client.send_many``, :data:`FLOOR_BATCH` per call (each claimed at send for
+    the stopped worker, whose registration stays fresh over the short pause); the worker
+    is left stopped, its inbox full, for the caller to continue it (SIGCONT)."""
+    worker.send_signal(signal.SIGSTOP)
+    for start in range(0, n, FLOOR_BATCH):
+        batch = [{"i": i} for i in range(start, min(start + FLOOR_BATCH, n))]
+        sent = await client.send_many(CAP, batch)
+        if any(isinstance(x, Exception) for x in sent):
+            raise RuntimeError(f"send_many: not all sent: {sent[:3]!r}")
 
 
 def _floor_worker_cmd(url: str, stream: str) -> list[str]:
