@@ -14,13 +14,19 @@ The difference between the two runs is what the write to Redis costs the caller.
 ``--commands``: also Redis's commands per message over the rounds (``INFO
 commandstats``; those a script runs counted too), with the worker's reads and settles.
 
+``--many N``: the rounds call ``Client.send_many`` with batches of ``N`` payloads instead
+(one task, one call at a time), and the same process then times the lean floor's caller
+(:mod:`reach_cli.tools.lean_floor`: one ``SEND_LUA`` call per batch of ``N``, one at a time)
+on the same Redis; printed beside each other with their ratio, the figure issue 27's
+"``send_many`` costs the caller less per message than the lean floor's caller" is judged by.
+
 ``--calls``: instead of timing, count the caller's Python function calls per send
 (cProfile over the rounds) and list the ``--top`` functions: repeatable where the timed
 figure moves by a fifth on this VM, so compare code with it (quote the timed figure for
 time). With ``--fake-redis`` the count is the Python path alone.
 
 Run:  python bench/caller_cost.py [--messages 30000] [--senders 50] [--fake-redis]
-          [--repeat 3] [--commands] [--calls [--top 25]]
+          [--repeat 3] [--commands] [--calls [--top 25]] [--many 500]
 
 The figures are the caller's alone; ``reach bench --floor`` gives them beside the lean
 floor's in one run.
@@ -31,8 +37,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
-import os
 import pstats
+import resource
 import statistics
 import subprocess
 import time
@@ -40,6 +46,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import anyio
+from reach_cli.tools import lean_floor
 from reach_cli.tools.bench import CAP, NS
 from reach_cli.tools.bench.processes import _reach_worker_cmd, _wait_ready
 
@@ -47,6 +54,11 @@ from reach import Client
 from reach._sending import coalesce
 from reach.embedded import RedisServer
 from reach.scripts import inbox
+
+
+def _cpu() -> resource.struct_rusage:
+    # getrusage: microsecond resolution (os.times counts 10 ms ticks, a tenth of a round)
+    return resource.getrusage(resource.RUSAGE_SELF)
 
 
 async def _fake_send_many(*_: Any, **__: Any) -> list[inbox.Sent]:
@@ -70,14 +82,41 @@ async def _round(c: Client, n: int, senders: int) -> tuple[float, float, float]:
             sent += 1
             await c.send(CAP, {"i": i})
 
-    t0, w0 = os.times(), time.perf_counter()
+    t0, w0 = _cpu(), time.perf_counter()
     async with anyio.create_task_group() as tg:
         for _ in range(senders):
             tg.start_soon(sender)
-    t1, w1 = os.times(), time.perf_counter()
+    t1, w1 = _cpu(), time.perf_counter()
     return (
-        (t1.user - t0.user) / n * 1e6,
-        (t1.system - t0.system) / n * 1e6,
+        (t1.ru_utime - t0.ru_utime) / n * 1e6,
+        (t1.ru_stime - t0.ru_stime) / n * 1e6,
+        n / (w1 - w0),
+    )
+
+
+async def _many_round(c: Client, n: int, batch: int) -> tuple[float, float, float]:
+    t0, w0 = _cpu(), time.perf_counter()
+    for start in range(0, n, batch):
+        out = await c.send_many(CAP, [{"i": i} for i in range(start, min(start + batch, n))])
+        if not all(isinstance(x, str) for x in out):
+            raise SystemExit(
+                f"send_many failed: {next(x for x in out if not isinstance(x, str))!r}"
+            )
+    t1, w1 = _cpu(), time.perf_counter()
+    return (
+        (t1.ru_utime - t0.ru_utime) / n * 1e6,
+        (t1.ru_stime - t0.ru_stime) / n * 1e6,
+        n / (w1 - w0),
+    )
+
+
+async def _lean_round(r: Any, n: int, batch: int, k: int) -> tuple[float, float, float]:
+    t0, w0 = _cpu(), time.perf_counter()
+    await lean_floor.stream(r, f"{{lean-caller-{k}}}", n, batch=batch)
+    t1, w1 = _cpu(), time.perf_counter()
+    return (
+        (t1.ru_utime - t0.ru_utime) / n * 1e6,
+        (t1.ru_stime - t0.ru_stime) / n * 1e6,
         n / (w1 - w0),
     )
 
@@ -109,7 +148,14 @@ async def _main(url: str, args: argparse.Namespace) -> None:
             prof = cProfile.Profile() if args.calls else None
             if prof is not None:
                 prof.enable()
-            rounds = [await _round(c, args.messages, args.senders) for _ in range(args.repeat)]
+            rounds = [
+                await (
+                    _many_round(c, args.messages, args.many)
+                    if args.many
+                    else _round(c, args.messages, args.senders)
+                )
+                for _ in range(args.repeat)
+            ]
             if prof is not None:
                 prof.disable()
                 _print_calls(prof, args.messages * args.repeat, args.top)
@@ -121,6 +167,10 @@ async def _main(url: str, args: argparse.Namespace) -> None:
                 per = {k: (v - before.get(k, 0)) / n for k, v in after.items()}
                 shown = {k: round(v, 3) for k, v in sorted(per.items(), key=lambda x: -x[1])}
                 print("Redis commands per message:", {k: v for k, v in shown.items() if v})
+            if args.many:
+                lean = [
+                    await _lean_round(r, args.messages, args.many, k) for k in range(args.repeat)
+                ]
     finally:
         worker.terminate()
         worker.wait()
@@ -128,9 +178,24 @@ async def _main(url: str, args: argparse.Namespace) -> None:
     system = statistics.median(r[1] for r in rounds)
     rate = statistics.median(r[2] for r in rounds)
     what = "Python path alone (Redis faked)" if args.fake_redis else "real Redis and worker"
-    print(f"caller, {what}, {args.senders} senders, medians of {args.repeat} rounds:")
-    print(f"  CPU per send {user + system:.1f} µs (user {user:.1f}, system {system:.1f})")
+    how = f"send_many of {args.many}" if args.many else f"{args.senders} senders"
+    print(f"caller, {what}, {how}, medians of {args.repeat} rounds:")
+    least = min(r[0] + r[1] for r in rounds)
+    print(
+        f"  CPU per send {user + system:.1f} µs (user {user:.1f}, system {system:.1f});"
+        f" least of the rounds {least:.1f}"
+    )
     print(f"  sends per second {rate:,.0f}")
+    if args.many:
+        lu = statistics.median(r[0] + r[1] for r in lean)
+        ll = min(r[0] + r[1] for r in lean)
+        print(f"lean floor's caller, {args.many} a call, medians of {args.repeat} rounds:")
+        print(f"  CPU per send {lu:.1f} µs; least of the rounds {ll:.1f}")
+        print(f"  sends per second {statistics.median(r[2] for r in lean):,.0f}")
+        print(
+            f"  ratio reach send_many / lean floor: {(user + system) / lu:.2f} of the medians,"
+            f" {least / ll:.2f} of the least (goal < 1)"
+        )
 
 
 def _print_calls(prof: cProfile.Profile, n: int, top: int) -> None:
@@ -149,6 +214,7 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3, help="rounds (medians are printed)")
     p.add_argument("--fake-redis", action="store_true", help="the Python path alone")
     p.add_argument("--commands", action="store_true", help="Redis's commands per message")
+    p.add_argument("--many", type=int, default=0, help="send_many batches of this size")
     p.add_argument("--calls", action="store_true", help="count function calls per send instead")
     p.add_argument("--top", type=int, default=25, help="functions listed with --calls")
     args = p.parse_args()

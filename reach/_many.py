@@ -19,7 +19,7 @@ import anyio
 import msgspec
 
 from . import metrics
-from .envelope import Envelope, new_id, new_ids
+from .envelope import Envelope, encode_payload, new_id, new_ids
 from .errors import ConfigError, DeadlineExceeded, NoAgentAvailable, RemoteError
 from .outcomes import RequestOutcome
 
@@ -138,23 +138,27 @@ def build_many(
     replace = msgspec.structs.replace
     out: list[Envelope | Exception] = []
     ids = new_ids(len(items))
+    limit = client.max_payload_bytes
+    headers = base.headers
     for i, payload in enumerate(items):
         try:
-            raw = client._encode_payload(payload)
+            raw = encode_payload(payload)
+            if len(raw) > limit:
+                raw = client._encode_payload(payload)  # raises PayloadTooLarge, worded once
         except Exception as e:  # noqa: BLE001 - this payload's error, in its place
             out.append(e)
             continue
         msg_id = ids[i]
-        out.append(
-            replace(
-                base,
-                msg_id=msg_id,
-                payload=raw,
-                trace_id=base.trace_id if own_trace else msg_id,
-                idempotency_key=(idempotency_keys[i] or "") if idempotency_keys else "",
-                headers=dict(base.headers),
-            )
+        env = replace(
+            base,
+            msg_id=msg_id,
+            payload=raw,
+            trace_id=base.trace_id if own_trace else msg_id,
+            headers=headers.copy(),
         )
+        if idempotency_keys and idempotency_keys[i]:
+            env = replace(env, idempotency_key=idempotency_keys[i])
+        out.append(env)
     return out
 
 

@@ -431,6 +431,17 @@ class Keys:
     def task(self, msg_id: str) -> str:
         return f"{PREFIX}:{self.namespace}:{{t:{clean_id(msg_id)}}}:task"
 
+    def record_keys(self, idempotency_key: str, msg_id: str) -> tuple[str, str]:
+        """:meth:`idem` of ``idempotency_key`` and :meth:`task` of ``msg_id``, the two
+        record keys every send names, in one call: a batch send builds them per message,
+        and ids without braces (every id reach makes) skip the cleaning."""
+        ns = self.namespace
+        if "{" in idempotency_key or "}" in idempotency_key:
+            idempotency_key = clean_id(idempotency_key)
+        if "{" in msg_id or "}" in msg_id:
+            msg_id = clean_id(msg_id)
+        return f"{PREFIX}:{ns}:{{i:{idempotency_key}}}:idem", f"{PREFIX}:{ns}:{{t:{msg_id}}}:task"
+
     def kept_chunks(self, idempotency_key: str) -> str:
         """The chunks kept of a streamed message (``lua/keep_chunks.lua``), so that its
         stream can be resumed from any process (:meth:`reach.Client.resume`): in the slot

@@ -481,10 +481,15 @@ class Router:
         sched = st.wrr
         assert sched is not None
         n = len(st.ids)
-        full = self.capacity.full if n > 1 else None  # one agent: nowhere else to go
+        if n == 1:
+            # One agent: no choice to schedule. Its lag stays 0 whether its scheduler
+            # counts the picks or not, so one joining later meets the same lags.
+            a = self._agent(st, candidates, 0)
+            return a if self._usable(a, avoid) else self._fallback(st, candidates, avoid, st.eff)
+        full = self.capacity.full
         for _ in range(min(MAX_SKIPS, n)):
             a = self._agent(st, candidates, sched.next())
-            if full is not None and full(a):  # counts as served, like a refused agent
+            if full(a):  # counts as served, like a refused agent
                 return self._roomiest(st, candidates, avoid, st.eff, cost=cost)
             if self._usable(a, avoid):
                 return a
