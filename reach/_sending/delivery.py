@@ -613,7 +613,7 @@ class Delivery:
         recheck: set[str] = set()
         counted: dict[str, int] = {}  # priority -> messages sent
         for (i, agent), x in zip(picked, sent, strict=True):
-            if isinstance(x, inbox.Sent) and not x.refused:
+            if isinstance(x, inbox.Sent) and x.entry_id:  # added (x.refused, inlined)
                 out[i] = agent.agent_id
                 p = envs[i].priority
                 counted[p] = counted.get(p, 0) + 1

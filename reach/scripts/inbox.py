@@ -407,7 +407,7 @@ def _call_for(keys: Keys, ds: Sequence[Delivery], *, ttl_ms: int) -> Call[Any]:
         ttl_ms=ttl_ms,
         max_queue=d.max_queue,
         claim_for=d.claim_for,
-        claim_lease_ms=min(x.claim_lease_ms for x in ds) if d.claim_for else 0,
+        claim_lease_ms=min([x.claim_lease_ms for x in ds]) if d.claim_for else 0,
     )
 
 
