@@ -98,13 +98,20 @@ end
 
 -- Each follow-up kind: the label of its key index (its first slot), how many slots it
 -- takes after the item's 11, the type of the key it writes, and its integer slots (offset
--- from the first slot, label).
+-- from the first slot, label). Built at the first follow-up of a call: the script runs
+-- from the top at every call, and most batches have none (tables cost per call).
 local DEAD_LETTER, RETRY = FollowUpKind_DEAD_LETTER, FollowUpKind_RETRY
-local FOLLOW_UPS = {
-  [DEAD_LETTER] = {'dead-letter stream index', 11, 'stream', {{1, 'maxlen'}, {5, 'attempts'},
-    {9, 'ts'}}},
-  [RETRY] = {'delayed index', 3, 'zset', {{1, 'due'}}},
-}
+local FOLLOW_UPS
+local function follow_ups()
+  if not FOLLOW_UPS then
+    FOLLOW_UPS = {
+      [DEAD_LETTER] = {'dead-letter stream index', 11, 'stream', {{1, 'maxlen'},
+        {5, 'attempts'}, {9, 'ts'}}},
+      [RETRY] = {'delayed index', 3, 'zset', {{1, 'due'}}},
+    }
+  end
+  return FOLLOW_UPS
+end
 
 -- ' of item 2': built only for an error message.
 local function where(item)
@@ -113,8 +120,9 @@ end
 
 -- The records' fence, done and runs fields as the check pass read them, by key index.
 local reads = {}
--- The failure details, by item number: the ARGV index of the detail's item number.
-local details = {}
+-- The failure details, by item number: the ARGV index of the detail's item number (nil:
+-- the call has none).
+local details
 -- The ARGV index of the recent index's section (nil: none).
 local recent
 
@@ -128,15 +136,16 @@ local function check()
   if not n then
     return bad('number of items', 3, 'want an integer 0..' .. most .. ' (11 ARGV per item at least)')
   end
-  -- The type each key index is used as, and its first use (for the error message).
-  local need, u_label, u_item = {}, {}, {}
+  -- The type each key index is used as, and its first use (for the error message: label
+  -- and item in one table, at 2i - 1 and 2i; one table less to build per call).
+  local need, first = {}, {}
   local function use(i, kind, label, item)
     local had = need[i]
     if not had then
-      need[i], u_label[i], u_item[i] = kind, label, item
+      need[i], first[2 * i - 1], first[2 * i] = kind, label, item
     elseif had ~= kind then
       return label .. where(item) .. ': KEYS[' .. i .. '] is used as a ' .. had .. ' by '
-        .. u_label[i] .. where(u_item[i]) .. ', here as a ' .. kind
+        .. first[2 * i - 1] .. where(first[2 * i]) .. ', here as a ' .. kind
     end
     return nil
   end
@@ -196,8 +205,8 @@ local function check()
     if not kind or kind > RETRY then kind = int_memo(v, FollowUpKind_NONE, RETRY) end
     if not kind then return bad('follow-up' .. where(item), p + 10, 'want 0, 1 or 2') end
     p = p + 11
-    local f = FOLLOW_UPS[kind]
-    if f then
+    if kind ~= FollowUpKind_NONE then
+      local f = follow_ups()[kind]
       if p + f[2] - 1 > na then
         return 'arguments: the follow-up' .. where(item) .. ' starts at ARGV[' .. p .. '], needs '
           .. f[2] .. ' ARGV, ' .. na .. ' in all'
@@ -220,6 +229,7 @@ local function check()
         .. ' ARGV, got ' .. (na - p)
     end
     local last = 0
+    if k > 0 then details = {} end
     for j = 1, k do
       local d = p + 3 * (j - 1) + 1
       local item = int_memo(ARGV[d], last + 1, n)
@@ -263,8 +273,8 @@ local function check()
       kind = redis.call('TYPE', KEYS[i])['ok']
     end
     if kind and kind ~= want and kind ~= 'none' then
-      return 'KEYS[' .. i .. ']: holds a ' .. kind .. ', ' .. u_label[i] .. where(u_item[i])
-        .. ' wants a ' .. want
+      return 'KEYS[' .. i .. ']: holds a ' .. kind .. ', ' .. first[2 * i - 1]
+        .. where(first[2 * i]) .. ' wants a ' .. want
     end
   end
 end
@@ -272,16 +282,16 @@ end
 local err = check()
 if err then return refuse(err) end
 
--- The dead-letter entry's fields, in the order of reach.tasks.dead_letter_op.
-local LETTER_FIELDS = {'reason', 'error', 'error_type', 'attempts', 'agent_id', 'msg_id',
-  'capability', 'ts', 'env'}
-
 -- Write the follow-up of kind `kind` (not NONE) whose slots start at ARGV[f].
 -- d: the ARGV index of the item's failure detail (nil: none).
 local function follow_up(kind, f, d)
   if kind == DEAD_LETTER then
+    -- The dead-letter entry's fields, in the order of reach.tasks.dead_letter_op (a table
+    -- built here, for a dead letter, not at every call).
+    local fields = {'reason', 'error', 'error_type', 'attempts', 'agent_id', 'msg_id',
+      'capability', 'ts', 'env'}
     local args = {'XADD', KEYS[tonumber(ARGV[f])], 'MAXLEN', '~', ARGV[f + 1], '*'}
-    for j, field in ipairs(LETTER_FIELDS) do
+    for j, field in ipairs(fields) do
       args[5 + 2 * j], args[6 + 2 * j] = field, ARGV[f + 1 + j]
     end
     if d then args[#args + 1], args[#args + 2] = 'traceback', ARGV[d + 2] end
@@ -314,8 +324,11 @@ local ttl = ARGV[1]
 local NONE = FollowUpKind_NONE
 local p = 4
 local out = {}
-local seen = {}  -- records completed by this call: a later item of the same one reads again
-local replied, reply_streams = {}, {}  -- the reply streams written to, by index and in order
+-- Records completed by this call, by key (a later item of the same one reads it again),
+-- and the reply streams written to, by their negated index (one table for both: a table
+-- costs more per call than its lookups).
+local seen = {}
+local reply_streams = {}  -- the reply streams written to, in order
 -- The check pass parsed every index and kind below (int_memo): looked up, not parsed again.
 local num = parsed
 for item = 1, num[ARGV[3]] do
@@ -328,7 +341,7 @@ for item = 1, num[ARGV[3]] do
     seen[key] = true
     code = complete_record(key, rec, p + 1, ttl, now)
     if code == SettleCode_SETTLED then
-      local d = details[item]
+      local d = details and details[item]
       if d then
         redis.call('HSET', key, 'error_type', ARGV[d + 1], 'traceback', ARGV[d + 2])
       elseif rec[3] and rec[3] ~= '0' and rec[3] ~= '1' then
@@ -339,12 +352,12 @@ for item = 1, num[ARGV[3]] do
   if code == SettleCode_SETTLED then
     if ri > 0 then
       redis.call('XADD', KEYS[ri], 'MAXLEN', '~', REPLIES, '*', 'r', ARGV[p + 6])
-      if not replied[ri] then
-        replied[ri] = true
+      if not seen[-ri] then
+        seen[-ri] = true
         reply_streams[#reply_streams + 1] = ri
       end
     end
-    if kind ~= NONE then follow_up(kind, p + 11, details[item]) end
+    if kind ~= NONE then follow_up(kind, p + 11, details and details[item]) end
     if ii > 0 then
       local ids = acks[ii]
       if not ids then
@@ -356,7 +369,7 @@ for item = 1, num[ARGV[3]] do
     end
   end
   p = p + 11
-  if kind ~= NONE then p = p + FOLLOW_UPS[kind][2] end
+  if kind ~= NONE then p = p + FOLLOW_UPS[kind][2] end  -- built by the check pass
   out[item] = code
 end
 -- A caller's replies of one batch share its stream: one PEXPIRE for them all (the script

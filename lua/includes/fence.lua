@@ -6,8 +6,6 @@
 --!include codes
 --!include announce
 local MAX_FENCE = 9007199254740992
-local STATUSES = {succeeded = true, failed = true, retrying = true, expired = true, dead = true}
-local MODES = {done = true, release = true}
 
 -- Why the completion at ARGV[f..f+4] is refused, or nil. where(n) names its item in the
 -- message (' of KEYS[2]'); called only on refusal.
@@ -15,10 +13,14 @@ local function completion_bad(f, where, n)
   if not int_memo(ARGV[f], 1, MAX_FENCE) then
     return bad('fence' .. where(n), f, 'want an integer 1..2^53')
   end
-  if not STATUSES[ARGV[f + 1]] then
+  -- Compared, not looked up in a table of the words: the script builds its tables anew at
+  -- every call, and a table costs more than these comparisons.
+  local s = ARGV[f + 1]
+  if s ~= 'succeeded' and s ~= 'failed' and s ~= 'retrying' and s ~= 'expired' and s ~= 'dead' then
     return bad('status' .. where(n), f + 1, 'want succeeded, failed, retrying, expired or dead')
   end
-  if not MODES[ARGV[f + 3]] then
+  local m = ARGV[f + 3]
+  if m ~= 'done' and m ~= 'release' then
     return bad('mode' .. where(n), f + 3, "want 'done' or 'release'")
   end
   return nil
