@@ -14,8 +14,9 @@ counts are small). For each system, ``--messages`` fresh messages with a 10-byte
 fire-and-forget (no reply stream), in three phases:
 
 - **send**: reach's ``send.lua`` batch form, ``--batch`` messages a call, each claimed at
-  send for the worker (as ``Client.send`` coalesces and claims them); the lean floor's
-  send script, the same number a call (``reach_cli.tools.lean_floor``).
+  send for the worker (as ``Client.send`` coalesces and claims them; ``--batch 1``: its
+  one-message form, a lone request's); the lean floor's send script, the same number a
+  call (``reach_cli.tools.lean_floor``).
 - **read**: ``XREADGROUP COUNT --batch`` until every entry is read (both read so).
 - **settle**: reach's ``settle.lua``, ``--batch`` succeeded items a call, each with a
   stored result (as a worker settles a quick handler; without the index of recent
@@ -28,7 +29,11 @@ phase and in all, for both, and reach's ratio to the lean floor's. The whole run
 commands are the client's as above: the figures include Redis's reading and parsing of the
 requests and the writing of its replies, which is what its CPU time pays for too.
 
+``--keep-dumps DIR`` keeps callgrind's dump of each phase there (``<system>-<phase>``), for
+``callgrind_annotate`` to say which of Redis's functions the instructions went to.
+
 Run:  python bench/redis_instructions.py [--messages 1700] [--batch 34] [--json]
+          [--keep-dumps DIR]
 Needs ``valgrind`` (with ``callgrind_control``) on PATH.
 """
 
@@ -75,6 +80,8 @@ class Counted:
     def __init__(self, proc: subprocess.Popen[bytes], out_dir: str) -> None:
         self.proc = proc
         self.out_dir = out_dir
+        self.keep: str | None = None  # a directory the dumps are copied to, as named
+        self.name = ""  # the name of the next dump kept (set per phase)
 
     def _control(self, flag: str) -> None:
         subprocess.run(
@@ -99,6 +106,8 @@ class Counted:
                 with open(path, encoding="utf-8", errors="replace") as f:
                     for line in f:
                         if line.startswith("summary:"):
+                            if self.keep:
+                                shutil.copy(path, os.path.join(self.keep, self.name))
                             return int(line.split()[1])
             if time.monotonic() > deadline:
                 raise RuntimeError("callgrind wrote no dump within 60 s")
@@ -160,10 +169,11 @@ async def _until_up(url: str) -> None:
 
 
 async def _phases(
-    counter: Counted, steps: dict[str, Callable[[], Awaitable[None]]], n: int
+    counter: Counted, system: str, steps: dict[str, Callable[[], Awaitable[None]]], n: int
 ) -> dict[str, float]:
     out: dict[str, float] = {}
     for name in PHASES:
+        counter.name = f"{system}-{name}"
         counter.zero()
         await steps[name]()
         out[name] = counter.count() / n
@@ -219,7 +229,7 @@ async def reach_side(url: str, counter: Counted, n: int, batch: int) -> dict[str
         async def settle_() -> None:
             await _settle(commands, keys, stream, ds, entries, batch)
 
-        return await _phases(counter, {"send": send, "read": read, "settle": settle_}, n)
+        return await _phases(counter, "reach", {"send": send, "read": read, "settle": settle_}, n)
     finally:
         await commands.aclose()
         await r.aclose()
@@ -283,13 +293,14 @@ async def lean_side(url: str, counter: Counted, n: int, batch: int) -> dict[str,
         async def complete() -> None:
             await complete_all(entries)
 
-        return await _phases(counter, {"send": send, "read": read, "settle": complete}, n)
+        return await _phases(counter, "lean", {"send": send, "read": read, "settle": complete}, n)
     finally:
         await r.aclose()
 
 
-async def measure(binary: str, n: int, batch: int) -> dict[str, Any]:
+async def measure(binary: str, n: int, batch: int, keep: str | None = None) -> dict[str, Any]:
     with counted_redis(binary) as (url, counter):
+        counter.keep = keep
         await _until_up(url)
         reach = await reach_side(url, counter, n, batch)
         lean = await lean_side(url, counter, n, batch)
@@ -306,11 +317,17 @@ def main() -> None:
         help="the server binary to count (default: the one reach would embed)",
     )  # fmt: skip
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    ap.add_argument(
+        "--keep-dumps", default=None, metavar="DIR",
+        help="keep each phase's callgrind dump in DIR, for callgrind_annotate",
+    )  # fmt: skip
     args = ap.parse_args()
-    if args.messages < 1 or args.batch < 2:
-        raise SystemExit("--messages must be >= 1 and --batch >= 2 (send.lua's batch form).")
+    if args.messages < 1 or args.batch < 1:
+        raise SystemExit("--messages and --batch must be >= 1.")
     binary = args.redis_server or find_server_binary().path
-    out = anyio.run(measure, binary, args.messages, args.batch)
+    if args.keep_dumps:
+        os.makedirs(args.keep_dumps, exist_ok=True)
+    out = anyio.run(measure, binary, args.messages, args.batch, args.keep_dumps)
     if args.json:
         print(json.dumps(out, indent=2))
         return
