@@ -218,6 +218,11 @@ def main() -> None:
     p.add_argument("--calls", action="store_true", help="count function calls per send instead")
     p.add_argument("--top", type=int, default=25, help="functions listed with --calls")
     args = p.parse_args()
+    if args.many and args.fake_redis:
+        # send_many writes through the connection itself, not the coalescer faked here
+        p.error("--fake-redis fakes Client.send's coalesced write only: use --many without it")
+    if args.many < 0:
+        p.error("--many takes a batch size of 1 or more")
     with RedisServer() as srv:
         anyio.run(_main, srv.url, args)
 
