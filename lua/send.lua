@@ -78,12 +78,15 @@ local fixed = 0
 local fresh = {}  -- message j's record does not exist yet (the one-message form: j = 1)
 local depth = 0  -- with a max_queue: the entries of the three inboxes, read by check()
 local claim_for = ''  -- ARGV[8] when given: fresh records are claimed for it
+local claim_agent  -- its agent id (the part before the last '/'), found by claim_bad
 
 -- Why the claim in ARGV[8..9] is refused, or nil.
 local function claim_bad()
   local e = bytes_bad('claim for', 8, 3, 1024) or int_bad('claim lease_ms', 9, 1, MAX_LEASE)
   if e then return e end
-  if not string.find(ARGV[8], '^.+/[^/]+$') then
+  -- One match both checks the form and finds the agent id the claimed records name.
+  claim_agent = string.match(ARGV[8], '^(.+)/[^/]+$')
+  if not claim_agent then
     return bad('claim for', 8, "want '<agent_id>/<instance_id>'")
   end
   return nil
@@ -208,9 +211,9 @@ end
 local err, max, n = check()
 if err then return refuse(err) end
 
--- The claim's lease end (server time, as the decimal string written) and agent id,
--- computed once per call.
-local until_ms, claim_agent
+-- The claim's lease end (server time, as the decimal string written), computed once per
+-- call.
+local until_ms
 
 -- Add message j (its KEYS after k, its ARGV after a) and mark it pending (a status the
 -- record holds already is kept as below; a record known not to exist takes all in one
@@ -222,7 +225,6 @@ local function add(k, a, new)
   if new and claim_for ~= '' then
     if not until_ms then
       until_ms = string.format('%.0f', now_ms() + tonumber(ARGV[9]))
-      claim_agent = string.match(claim_for, '^(.+)/[^/]+$')
     end
     id = redis.call('XADD', KEYS[k + 1], '*', 'e', ARGV[a + 1], 'c', claim_for, 'l', until_ms)
     -- No sent_msg_id: it would repeat msg_id (absent means so; a later send of the key
