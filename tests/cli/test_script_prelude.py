@@ -27,14 +27,17 @@ async def _run(calls: int) -> dict[str, dict[str, float]]:
 
 
 async def test_each_form_is_counted_in_order_and_a_second_run_counts_the_same() -> None:
-    first, second = await _run(40), await _run(40)
+    first, second = await _run(150), await _run(150)
     for script in ("send", "settle"):
         f = first[script]
         # the floor is an EVALSHA with the real arguments: thousands of instructions
         assert 5_000 < f["floor"] < f["prelude"] < f["whole"], (script, f)
         for form in ("floor", "prelude", "whole"):
             a, b = f[form], second[script][form]
-            assert abs(a - b) / a < 0.05, (script, form, a, b)
+            # Idle, two runs agree to a few tenths of a per cent; on a loaded machine
+            # Redis's timer work (by the wall clock, which Valgrind slows) lands in some
+            # forms' counts: a CI run saw 5.5 % on a short prelude form.
+            assert abs(a - b) / a < 0.10, (script, form, a, b)
 
 
 def test_the_prelude_is_cut_right_before_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
