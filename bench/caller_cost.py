@@ -57,7 +57,7 @@ from reach.scripts import inbox
 
 
 def _cpu() -> resource.struct_rusage:
-    # getrusage: microsecond resolution (os.times counts 10 ms ticks, a tenth of a round)
+    # getrusage: microsecond resolution (os.times counts 10 ms ticks, coarse against a round)
     return resource.getrusage(resource.RUSAGE_SELF)
 
 

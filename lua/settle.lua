@@ -369,7 +369,7 @@ for item = 1, num[ARGV[3]] do
     end
   end
   p = p + 11
-  if kind ~= NONE then p = p + FOLLOW_UPS[kind][2] end  -- built by the check pass
+  if kind ~= NONE then p = p + follow_ups()[kind][2] end
   out[item] = code
 end
 -- A caller's replies of one batch share its stream: one PEXPIRE for them all (the script

@@ -306,8 +306,22 @@ def _bad_calls() -> list[tuple[str, int | None, object]]:
         for v in ["nan", "inf", "-inf", "1e309", "", "abc", " 1", "1e3", "1" * 30, "1.5", "-3"]
     ]
     # One key used as two types: the inbox as the delayed zset; the record as a dead-letter
-    # stream.
-    calls += [(f"delayed index {it2}", 36, "3"), (f"dead-letter stream index {it1}", 14, "1")]
+    # stream. The refusal names the key's first use, which the script keeps for it.
+    calls += [
+        (
+            f"delayed index {it2}: KEYS[3] is used as a stream by inbox index {it1}, here as a zset",
+            36,
+            "3",
+        ),
+        (
+            (
+                f"dead-letter stream index {it1}: KEYS[1] is used as a hash by record index "
+                f"{it1}, here as a stream"
+            ),
+            14,
+            "1",
+        ),
+    ]
     return calls
 
 
