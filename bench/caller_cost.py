@@ -9,7 +9,10 @@ and sends per second.
 ``--fake-redis``: the coalesced inbox write (``send.lua``) answers at once without Redis
 (a made-up entry id after one event-loop turn), so the figure is the Python path of a send
 alone: the envelope, the pick, the coalescer; no packing of script arguments, no socket.
-The difference between the two runs is what the write to Redis costs the caller.
+The difference between the two runs is what the write to Redis costs the caller. With
+``--many``, the ``send.lua`` calls ``send_many`` hands to its connection answer so (each
+message a made-up entry id, one event-loop turn later): its path up to the connection's
+writer, without packing, socket or reply (the lean floor's caller is not run then).
 
 ``--commands``: also Redis's commands per message over the rounds (``INFO
 commandstats``; those a script runs counted too), with the worker's reads and settles.
@@ -70,6 +73,16 @@ async def _fake_send_many(*_: Any, **__: Any) -> list[inbox.Sent]:
 async def _fake_send(*_: Any, **__: Any) -> inbox.Sent:
     await asyncio.sleep(0)
     return inbox.Sent(entry_id="1-1")
+
+
+def _fake_submit(*words: Any) -> asyncio.Future[Any]:
+    # EVALSHA sha numkeys ...: send.lua's batch form names 3n + 3 keys for n >= 2 messages
+    # (a reply per message), its one-message form 3 or 6 (one reply)
+    numkeys = int(words[2])
+    reply: Any = [b"1-1"] * ((numkeys - 3) // 3) if numkeys >= 9 else b"1-1"
+    fut = asyncio.get_running_loop().create_future()
+    fut.get_loop().call_soon(fut.set_result, reply)
+    return fut
 
 
 async def _round(c: Client, n: int, senders: int) -> tuple[float, float, float]:
@@ -140,7 +153,9 @@ async def _main(url: str, args: argparse.Namespace) -> None:
             await c.eligible(CAP)
             for i in range(200):  # the quotas, splits and view read, the script loaded
                 await c.send(CAP, {"i": i})
-            if args.fake_redis:
+            if args.fake_redis and args.many:
+                c._delivery.commands.submit = _fake_submit  # type: ignore[method-assign]
+            elif args.fake_redis:
                 coalesce.inbox.send_many = _fake_send_many  # type: ignore[assignment]
                 coalesce.inbox.send = _fake_send  # type: ignore[assignment]
             r = c.commands.redis
@@ -167,7 +182,7 @@ async def _main(url: str, args: argparse.Namespace) -> None:
                 per = {k: (v - before.get(k, 0)) / n for k, v in after.items()}
                 shown = {k: round(v, 3) for k, v in sorted(per.items(), key=lambda x: -x[1])}
                 print("Redis commands per message:", {k: v for k, v in shown.items() if v})
-            if args.many:
+            if args.many and not args.fake_redis:
                 lean = [
                     await _lean_round(r, args.messages, args.many, k) for k in range(args.repeat)
                 ]
@@ -186,7 +201,7 @@ async def _main(url: str, args: argparse.Namespace) -> None:
         f" least of the rounds {least:.1f}"
     )
     print(f"  sends per second {rate:,.0f}")
-    if args.many:
+    if args.many and not args.fake_redis:
         lu = statistics.median(r[0] + r[1] for r in lean)
         ll = min(r[0] + r[1] for r in lean)
         print(f"lean floor's caller, {args.many} a call, medians of {args.repeat} rounds:")
@@ -218,9 +233,6 @@ def main() -> None:
     p.add_argument("--calls", action="store_true", help="count function calls per send instead")
     p.add_argument("--top", type=int, default=25, help="functions listed with --calls")
     args = p.parse_args()
-    if args.many and args.fake_redis:
-        # send_many writes through the connection itself, not the coalescer faked here
-        p.error("--fake-redis fakes Client.send's coalesced write only: use --many without it")
     if args.many < 0:
         p.error("--many takes a batch size of 1 or more")
     with RedisServer() as srv:
