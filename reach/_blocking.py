@@ -17,11 +17,13 @@ Standalone and Sentinel clients only; a Cluster client reads through redis-py as
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import anyio
 
+from ._expiry import expire_after
 from .connection import AnyRedis
 
 Entries = list[tuple[Any, dict[Any, Any]]]
@@ -80,7 +82,15 @@ class HeldReads:
             conn = self._conn = await self.redis.connection_pool.get_connection()
         try:
             await conn.send_command(*words)
-            return await conn.read_response(timeout=timeout_s)
+            if timeout_s is None:
+                return await conn.read_response()
+            try:
+                # Bounded as redis-py's own read with a timeout is (nothing read: None, the
+                # connection kept), by a limit that costs no timer of its own (reach._expiry).
+                with expire_after(timeout_s):
+                    return await conn.read_response(timeout=math.inf, disconnect_on_error=False)
+            except TimeoutError:
+                return None
         except BaseException:
             self._conn = None
             with anyio.CancelScope(shield=True):  # the socket must go, cancelled or not

@@ -29,6 +29,7 @@ from . import logs
 from ._autopipe import AutoPipeline
 from ._blocking import HeldReads, stream_reply
 from ._chunks import ChunkSink
+from ._expiry import expire_after
 from .callpath import path_of
 from .connection import AnyRedis
 from .envelope import CHUNK, Envelope, Reply, decode_payload, decode_reply, now_ms
@@ -345,13 +346,16 @@ class ReplyReader:
             return self.take(env.msg_id)
         timeout = (env.deadline_ms - now_ms()) / 1000 if env.deadline_ms else None
         # A little grace past the deadline, so the worker's own deadline reply can arrive.
-        with anyio.move_on_after(None if timeout is None else max(timeout, 0) + 0.5):
-            await ev.wait()
-            return self.take(env.msg_id)
-        raise DeadlineExceeded(
-            f"No result for {env.capability!r} (msg {env.msg_id}) before its deadline; see "
-            f"`reach task {env.msg_id}` for where it is."
-        )
+        # (expire_after: a limit per waiting call without a timer of its own.)
+        try:
+            with expire_after(None if timeout is None else max(timeout, 0) + 0.5):
+                await ev.wait()
+        except TimeoutError:
+            raise DeadlineExceeded(
+                f"No result for {env.capability!r} (msg {env.msg_id}) before its deadline; "
+                f"see `reach task {env.msg_id}` for where it is."
+            ) from None
+        return self.take(env.msg_id)
 
     def take(self, msg_id: str) -> Reply:
         """The reply read for ``msg_id`` (it must be in :attr:`replies`): the call is over."""

@@ -37,6 +37,7 @@ from redis.utils import HIREDIS_AVAILABLE
 if HIREDIS_AVAILABLE:
     from hiredis import pack_command as _hiredis_pack
 
+from ._expiry import expire_after
 from ._pool import _KW, POOL_WAIT_S, _WaitingPool
 from ._redis_url import (
     ACL_HINT,
@@ -124,11 +125,11 @@ class _HiredisPackConnection(aredis.Connection):
 
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         # redis-py bounds each write with asyncio.wait_for, which on Python 3.11 starts a
-        # task per command (three extra event-loop turns per round trip). asyncio.timeout
-        # bounds it the same way without one.
+        # task per command (three extra event-loop turns per round trip). expire_after
+        # bounds it the same way without one (nor a timer of its own: reach._expiry).
         timeout, self.socket_timeout = self.socket_timeout, None
         try:
-            async with asyncio.timeout(timeout):
+            with expire_after(timeout):
                 await super().send_packed_command(command, check_health)
         except TimeoutError:
             await self.disconnect(nowait=True)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from redis import exceptions as rexc
 from redis.client import EMPTY_RESPONSE, NEVER_DECODE
 
+from .._expiry import expire_after
 from ..scripts._loader import is_noscript, load_all
 from .pending import (
     _CLEAN,
@@ -207,7 +208,7 @@ class _Mux:
                 idle = not self.queue and not self.inflight and self.conn is not None
                 self._wake_writer = loop.create_future()
                 try:
-                    async with asyncio.timeout(IDLE_RELEASE_S if idle else None):
+                    with expire_after(IDLE_RELEASE_S if idle else None):
                         await self._wake_writer
                 except TimeoutError:
                     if not self.queue and not self.inflight:
@@ -342,7 +343,7 @@ class _Mux:
                 continue
             p = inflight[0]
             try:
-                async with asyncio.timeout(limit):
+                with expire_after(limit):  # the reply's bound, one loop timer for all
                     reply = await conn.read_response(
                         disable_decoding=p.never_decode, timeout=math.inf
                     )

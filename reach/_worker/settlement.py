@@ -23,12 +23,14 @@ are let go (left pending, to run again or replay), with a warning.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 
 import anyio
 from redis import exceptions as rexc
 
+from .._expiry import expire_after
 from ..connection import as_text
 from ..envelope import Envelope
 from ..outcomes import Settled
@@ -93,7 +95,9 @@ class Settlement(Part):
             if self._retry_at is not None:
                 retry_s = max(0.0, self._retry_at - time.monotonic())
                 wait_s = retry_s if wait_s is None else min(wait_s, retry_s)
-            with anyio.move_on_after(wait_s):
+            # (expire_after: no cancel scope nor timer of its own per wake-up; a flush per
+            # batch of outcomes waits here)
+            with contextlib.suppress(TimeoutError), expire_after(wait_s):
                 await self._wake.wait()
             if self._retry_at is not None:
                 # Redis refused the last batch: what came since waits with it for the

@@ -28,6 +28,7 @@ RANKS: dict[str, int] = {
     "reach._version": 0,
     "reach.errors": 0,
     "reach.clock": 0,  # the host's clock corrected by its offset to Redis's TIME
+    "reach._expiry": 0,  # time limits of single awaits, one loop timer for all
     "reach.untrusted": 0,
     "reach.outcomes": 0,
     "reach.keys": 0,
