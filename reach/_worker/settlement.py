@@ -23,8 +23,10 @@ are let go (left pending, to run again or replay), with a warning.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import math
 import time
 
 import anyio
@@ -65,8 +67,14 @@ class Settlement(Part):
         self._flushing = 0  # flushes under way
         self._writing = 0  # entries in those flushes
         self._wake = anyio.Event()
-        # Whether _wake is set: read per queued outcome without the event's two calls.
+        # Whether _wake is set, or about to be (queue()'s wake-up on its way): read per
+        # queued outcome without the event's two calls.
         self._woken = False
+        self._loop: asyncio.AbstractEventLoop | None = None  # the worker's, at first use
+        # When the settler's wait ends (time.monotonic(); -inf while it is awake), and
+        # whether it was woken only to wait again for index rows held since it slept.
+        self._sleep_until = -math.inf
+        self._rearm = False
         self._flushed = anyio.Event()  # set as each flush ends (what settle_rest waits on)
         self._retry_at: float | None = None  # a refused batch waits to be tried again
         self._backoff_s = RETRY_FIRST_S
@@ -81,9 +89,30 @@ class Settlement(Part):
             self._wake_up()
 
     def _wake_up(self) -> None:
-        if not self._woken:
-            self._woken = True
+        self._woken = True  # (a wake-up queue() deferred may be on its way: set it now)
+        if not self._wake.is_set():
             self._wake.set()
+
+    def _wake_if_queued(self) -> None:
+        """queue()'s wake-up, one turn of the event loop later: the settler is woken if
+        anything is still queued. A handler that settles its lone outcome itself (the
+        pool's ``alone`` flush) has taken it off the queue by then, and the settler sleeps
+        on rather than waking to an empty queue (a task switch and an empty flush per
+        lone request)."""
+        if self._queue:
+            self._wake.set()
+        elif not self._wake.is_set():
+            self._woken = False
+
+    def _index_due(self) -> None:
+        """A flush the settler did not make (a handler's lone one) may have held index rows
+        the sleeping settler does not know of: it is woken to wait for them instead (it
+        writes them once due, if no batch takes them first)."""
+        due = self.index.due_in()
+        if due is not None and time.monotonic() + due < self._sleep_until - 0.001:
+            self._rearm = True
+            if not self._wake.is_set():
+                self._wake.set()
 
     def _new_wake(self) -> None:
         self._wake, self._woken = anyio.Event(), False
@@ -97,8 +126,16 @@ class Settlement(Part):
                 wait_s = retry_s if wait_s is None else min(wait_s, retry_s)
             # (expire_after: no cancel scope nor timer of its own per wake-up; a flush per
             # batch of outcomes waits here)
+            self._sleep_until = math.inf if wait_s is None else time.monotonic() + wait_s
             with contextlib.suppress(TimeoutError), expire_after(wait_s):
                 await self._wake.wait()
+            self._sleep_until = -math.inf  # awake: the next wait is reckoned anew
+            if self._rearm:
+                self._rearm = False
+                if not self._woken and self._retry_at is None:
+                    # woken only to wait for index rows another flush held since
+                    self._wake = anyio.Event()
+                    continue
             if self._retry_at is not None:
                 # Redis refused the last batch: what came since waits with it for the
                 # retry (each try against an absent Redis costs a connect or a timeout).
@@ -190,6 +227,7 @@ class Settlement(Part):
                 self.state.release(batch)
                 self._retried.difference_update(batch)
             self._flushed.set()
+            self._index_due()
         self._retry_at = None
         self._backoff_s = RETRY_FIRST_S
         return True
@@ -198,9 +236,12 @@ class Settlement(Part):
         """Hand ``it`` over: its outcome is on its way to Redis."""
         it.queued = True
         self._queue.append(it)
-        if not self._woken:  # _wake_up, written out: once per outcome
+        if not self._woken:  # once per batch: _woken stays set until the settler wakes
             self._woken = True
-            self._wake.set()
+            loop = self._loop
+            if loop is None:
+                loop = self._loop = asyncio.get_running_loop()
+            loop.call_soon(self._wake_if_queued)
 
     def retry_now(self) -> None:
         """Redis answers again (the consumer's reads work): a batch it refused is tried
