@@ -1,0 +1,39 @@
+"""bench/request_cpu.py: a short run measures both systems' lone requests (reach's
+Client.request and the lean floor's request) and prints their CPU and ratio lines."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "request_cpu.py"), *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+
+
+def test_both_systems_are_measured_side_by_side() -> None:
+    done = _run("--requests", "100", "--repeat", "1")
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout
+    for name in ("reach", "lean floor"):
+        row = re.search(rf"^\s+{name}\s+([\d.]+) µs\s+([\d.]+) µs\s+(\d+) µs$", out, re.MULTILINE)
+        assert row, out
+        assert float(row[1]) > 0 and float(row[3]) > 0, out  # the worker's may read 0 ticks
+    ratios = r"reach / lean floor: caller [\d.]+, worker ([\d.]+|n/a), p50 [\d.]+"
+    assert re.search(ratios, out), out
+
+
+def test_too_few_requests_are_refused() -> None:
+    done = _run("--requests", "10")
+    assert done.returncode != 0 and "--requests must be >= 100" in done.stderr
