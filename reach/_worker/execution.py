@@ -14,6 +14,7 @@ result or exception means, settlement.py writes it.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import random
 import time
@@ -138,6 +139,10 @@ class Execution(Part):
         self._work = WorkQueue()
         self.waiting = WaitingSlots(self.state, self._work, limit=self.opts.max_waiting_handlers)
         self._confirming: set[asyncio.Task[None]] = set()
+        # Batches started claimed at send, each with when it is due to be marked running
+        # (in that order: the delay is the same for all), and the one timer for them.
+        self._to_mark: collections.deque[tuple[float, list[Delivery]]] = collections.deque()
+        self._mark_timer: asyncio.TimerHandle | None = None
         self._held: set[Delivery] = set()  # claimed, in the pool: their claims are renewed
         self.limits = LimitsCache()
         self.gate = Gate(self.agent, self.keys, self.control)  # refusals before a handler runs
@@ -307,7 +312,24 @@ class Execution(Part):
             it.fence = CLAIM_AT_SEND_FENCE
             self.state.running.add(it.key)
             self._start(it)
-        asyncio.get_running_loop().call_later(MARK_RUNNING_AFTER_S, self._mark_running, items)
+        # One timer for every batch due (not one per batch: a lone request's worker would
+        # wake for each, 10 ms after it, with nothing left to mark).
+        loop = asyncio.get_running_loop()
+        at = loop.time() + MARK_RUNNING_AFTER_S
+        self._to_mark.append((at, items))
+        if self._mark_timer is None:
+            self._mark_timer = loop.call_at(at, self._mark_due, loop)
+
+    def _mark_due(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The batches due: their items still running are marked so, in one call."""
+        q = self._to_mark
+        now = loop.time() + 0.001  # the loop runs a timer up to its clock's resolution early
+        due: list[Delivery] = []
+        while q and q[0][0] <= now:
+            due += q.popleft()[1]
+        self._mark_timer = loop.call_at(q[0][0], self._mark_due, loop) if q else None
+        if due:
+            self._mark_running(due)
 
     def _mark_running(self, items: list[Delivery]) -> None:
         starts = [
