@@ -8,8 +8,9 @@ back, packs the command word by word and converts the reply through its callback
 it wakes. A reader that blocks all day holds its connection anyway; :class:`HeldReads`
 keeps it and reads on it directly.
 
-Any failure of a call (Redis away, an error reply, cancellation mid-read) drops the
-connection: a reply half read must never be taken for the next call's. The next call
+Any failure of a call (Redis away, an error reply, no reply within its time limit,
+cancellation mid-read) drops the connection: a reply half read, or one still to come, must
+never be taken for the next call's. The next call
 takes a fresh one from the pool (which, behind Sentinel, knows the current master).
 Standalone and Sentinel clients only; a Cluster client reads through redis-py as before
 (:meth:`HeldReads.usable`).
@@ -76,26 +77,29 @@ class HeldReads:
 
     async def call(self, *words: Any, timeout_s: float | None) -> Any:
         """Send ``words`` and read their reply (``timeout_s``: how long to wait for it,
-        None: as long as it takes); an error reply raises as redis-py raises it."""
+        None: as long as it takes); an error reply raises as redis-py raises it. No reply
+        within ``timeout_s``: None, and the connection is dropped (its reply may still
+        come, and must not be read as the next call's)."""
         conn = self._conn
         if conn is None:
             conn = self._conn = await self.redis.connection_pool.get_connection()
         try:
             await conn.send_command(*words)
-            if timeout_s is None:
-                return await conn.read_response()
             try:
-                # Bounded as redis-py's own read with a timeout is (nothing read: None, the
-                # connection kept), by a limit that costs no timer of its own (reach._expiry).
-                with expire_after(timeout_s):
+                with expire_after(timeout_s):  # (a limit without a timer of its own)
                     return await conn.read_response(timeout=math.inf, disconnect_on_error=False)
             except TimeoutError:
-                return None
+                pass
         except BaseException:
-            self._conn = None
-            with anyio.CancelScope(shield=True):  # the socket must go, cancelled or not
-                await _drop(self.redis, conn)
+            await self._drop_held(conn)
             raise
+        await self._drop_held(conn)
+        return None
+
+    async def _drop_held(self, conn: Any) -> None:
+        self._conn = None
+        with anyio.CancelScope(shield=True):  # the socket must go, cancelled or not
+            await _drop(self.redis, conn)
 
     async def aclose(self) -> None:
         """Give the connection back to the pool (none held: nothing to do)."""

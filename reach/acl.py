@@ -126,9 +126,8 @@ _ROLE_COMMANDS: dict[str, tuple[str, ...]] = {
         "xpending",
         "xlen",
         "xadd",
-        # the sweeper an agent's process runs: a gone agent's inbox moved, parked messages
-        # released (both read in ranges; seen in a loaded run, where a peer's deregistering
-        # left an inbox to move while the test's agent still ran)
+        # the sweeper an agent's process runs reads in ranges: a gone agent's inbox it
+        # moves, the parked messages it releases
         "xrange",
         "xtrim",  # the audit trail of audited capabilities' calls (reach.audit)
         "hset",
