@@ -92,8 +92,9 @@ def echo_sender_agent() -> Agent:
         try:
             await ctx.client.send(to, {"hops": ctx.envelope.hops})
         except HopLimitExceeded as e:
-            await bump_agent(ctx, "calls.refused")
+            # the error first: the test reads it once it sees the refusal counted
             await ctx.redis.set(ctx.keys.effects("calls.refused.error"), str(e))
+            await bump_agent(ctx, "calls.refused")
 
     @app.handler("calls.ping")
     async def ping(payload: Any, ctx: Context) -> None:
