@@ -1,14 +1,14 @@
 """Time limits for single awaits on the hot path: one loop timer for all of them.
 
 Every round trip of a request passes a few time limits: the bound on a socket write, on a
-reply's read, on the caller's wait for its reply. ``asyncio.timeout`` costs about 4 µs a
+reply's read, on the caller's wait for its reply. ``asyncio.timeout`` costs about 4.5 µs a
 use on this project's test machine (a timer handle made, pushed on the loop's heap and
-cancelled, each time) and ``anyio.move_on_after`` 5.5; a lone request crossed eight of
-them. Most limits are long (seconds) and their awaits end within microseconds, so, as the
+cancelled, each time) and ``anyio.move_on_after`` 6 (``python bench/expiry_cost.py``); a
+lone request crosses about nine of them, caller and worker (``bench/request_calls.py``). Most limits are long (seconds) and their awaits end within microseconds, so, as the
 worker's :class:`~reach._worker.cancelling.Deadlines` does for handlers, :class:`expire_after`
 notes each limit in a heap of its event loop and keeps one timer per loop, armed for the
 earliest limit noted; the timer moves only when a limit earlier than all the others
-starts. ``python bench/expiry_cost.py`` times both.
+starts.
 
 The contract is ``asyncio.timeout``'s: at the limit the task's await is cancelled, and
 that cancellation (only that one) comes out of the block as :class:`TimeoutError`; a
