@@ -716,7 +716,10 @@ class Execution(Part):
             # dead-lettered like any other. Let through, one such message would stop this
             # worker, its inbox would move to the next worker, which would stop in turn.
             err = e
-        err = await ctx._finish_run(err)  # its chunks and held session writes, then its outcome
+        if ctx.chunks is not None or ctx._session is not None:
+            # Its chunks and held session writes, then its outcome (a run with neither,
+            # the usual one, skips the coroutine).
+            err = await ctx._finish_run(err)
         duration_s = time.perf_counter() - t0
         if err is None:
             return oc.returned(result), duration_s
