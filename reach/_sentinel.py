@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -335,11 +336,28 @@ class _SyncSentinelPool(SentinelConnectionPool):
                 # redis-py keeps the address on a proxy object (a property of the pool)
                 holder: Any = getattr(self, "proxy", self)
                 holder.master_address = address
-                self.disconnect(inuse_connections=True)
+                self._cut_connections()
         except (rexc.RedisError, OSError):
             pass  # no answer now (or closed meanwhile): connection errors rediscover anyway
         finally:
             self._checking = False
+
+    def _cut_connections(self) -> None:
+        """Shut the socket of every connection of the pool down, idle or in use: each is
+        opened again, to the new master, by the thread that uses it next (its next read
+        finds the socket closed, a ConnectionError redis-py reconnects after). Not
+        ``disconnect(inuse_connections=True)``: that also resets a connection's parser,
+        which another thread may be reading with at that moment (it then failed there
+        with an AttributeError instead of a ConnectionError)."""
+        with self._lock:
+            connections = [*self._available_connections, *self._in_use_connections]
+        for c in connections:
+            sock = c._sock  # the owner may drop it meanwhile: this reference stays valid
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass  # closed meanwhile
 
 
 class SentinelRedis(aredis.Redis):

@@ -19,6 +19,7 @@ import anyio
 import pytest
 import redis.asyncio as aredis
 from reach_cli.app import app as cli_app
+from redis import exceptions as rexc
 from typer.testing import CliRunner
 
 import reach
@@ -230,6 +231,37 @@ async def test_graceful_failover_clients_leave_the_old_master(
     finally:
         await sentinel.aclose()
         await r.aclose()
+        s.close()
+
+
+def test_sync_client_leaves_in_use_connections_to_their_threads_when_the_master_moves(
+    redis_sentinel: RedisTestSentinel, ns: str
+) -> None:
+    """The sync client checks where the master is from a thread of its own. Finding it
+    moved, it must not reset the connections other threads are using: resetting one
+    tears its parser down, and a thread inside it (get_connection's readiness check) failed
+    with an AttributeError, not a ConnectionError its retry handles (a full run saw
+    test_graceful_failover_clients_leave_the_old_master fail so). Their sockets are shut
+    instead: the owner's next read fails as a lost connection, and it reconnects."""
+    s = connect_sync(redis_sentinel.url)
+    try:
+        s.set(f"{ns}:k", 1)
+        pool: Any = s.connection_pool
+        held = pool.get_connection()  # in use, as by another thread
+        idle = pool.get_connection()
+        pool.release(idle)
+        holder = getattr(pool, "proxy", pool)
+        holder.master_address = ("127.0.0.1", 1)  # where the check last saw the master
+        pool._recheck()  # finds it elsewhere (the real one): every connection is cut
+        assert holder.master_address == ("127.0.0.1", redis_sentinel.master.port)
+        assert held._sock is not None, "the owner's connection was torn down under it"
+        with pytest.raises(rexc.ConnectionError):  # writing or reading, as it comes
+            held.send_command("PING")
+            held.read_response()
+        pool.release(held)
+        for _ in range(3):  # each pooled connection, cut, reconnects when taken
+            assert s.get(f"{ns}:k") == b"1"
+    finally:
         s.close()
 
 
