@@ -48,5 +48,7 @@ end
 
 return batch(check, function(i, key, now)
   local rec = record(i, 'fence', 'done', 'runs', 'steps', 'watched')
-  return complete_record(key, rec, 2 + 5 * (i - 1), ARGV[1], now)
+  local f = 2 + 5 * (i - 1)
+  return complete_record(key, rec, ARGV[f], ARGV[f + 1], ARGV[f + 2], ARGV[f + 3], ARGV[f + 4],
+    ARGV[1], now)
 end)

@@ -40,6 +40,13 @@
 --     ARGV[p+11] delayed zset index (1..#KEYS), ARGV[p+12] due (epoch ms, integer 0..2^53),
 --     ARGV[p+13] the envelope's bytes; written as: ZADD <zset> <due> <envelope>
 --   The next item starts after them: p + 11, p + 22 or p + 14.
+-- A plain success (the usual item: status 'succeeded', mode 'done', no error, no reply
+-- to publish, no follow-up) may come in 5 slots instead, told apart by its first:
+--   ARGV[p]   '+' and the record index (1..#KEYS): the record to complete, e.g. '+3'
+--   ARGV[p+1] fence, ARGV[p+2] stored reply bytes (as the full form's p+1 and p+3)
+--   ARGV[p+3] inbox index (0 = no ack), ARGV[p+4] entry id (as the full form's p+8, p+9)
+--   It is settled as the full form with those values would settle it (fewer arguments
+--   for Redis to read and the script to check). The next item starts at p + 5.
 -- After the items, optional (absent: the items use ARGV exactly), from q on:
 --   ARGV[q]   k: the number of failure details that follow (integer 0..n), then k triples:
 --   ARGV[q+1] item number (1..n, ascending, each at most once), ARGV[q+2] the handler's
@@ -125,16 +132,19 @@ local reads = {}
 local details
 -- The ARGV index of the recent index's section (nil: none).
 local recent
+-- The record index of each plain success's first slot ('+3' -> 3), as the check pass
+-- parsed it (apart from `parsed`: '+3' is no integer any other slot may take).
+local plain = {}
 
 local function check()
   local na, nk = #ARGV, #KEYS
   if na < 3 then return 'arguments: want at least 3 ARGV, got ' .. na end
   local e = int_bad('ttl_ms', 1, 1, MAX_TTL) or bytes_bad('group', 2, 1, 1024)
   if e then return e end
-  local most = math.floor((na - 3) / 11)
+  local most = math.floor((na - 3) / 5)
   local n = int_memo(ARGV[3], 0, most)
   if not n then
-    return bad('number of items', 3, 'want an integer 0..' .. most .. ' (11 ARGV per item at least)')
+    return bad('number of items', 3, 'want an integer 0..' .. most .. ' (5 ARGV per item at least)')
   end
   -- The type each key index is used as, and its first use (for the error message: label
   -- and item in one table, at 2i - 1 and 2i; one table less to build per call).
@@ -165,60 +175,82 @@ local function check()
   -- key_index: a few calls less per item, and most indexes repeat (the inbox's, 0), so
   -- int_memo's table answers them before any call.
   local memo = parsed
-  local p = 4
-  for item = 1, n do
-    if p + 10 > na then
-      return 'arguments: item ' .. item .. ' starts at ARGV[' .. p .. '], needs 11 ARGV, ' .. na .. ' in all'
-    end
-    local v = ARGV[p]
+  -- Why the inbox index at ARGV[q] (and the entry id after it) is refused, or nil.
+  local function inbox_bad(q, item)
+    local v = ARGV[q]
     local i = memo[v]
     if not i or i > nk then i = int_memo(v, 0, nk) end
-    if not i then return index_bad(p, 'record index', item, 0) end
+    if not i then return index_bad(q, 'inbox index', item, 0) end
     if i > 0 then
-      e = completion_bad(p + 1, where, item)
-        or (need[i] ~= 'hash' and use(i, 'hash', 'record index', item))
-      if e then return e end
-    end
-    v = ARGV[p + 7]
-    i = memo[v]
-    if not i or i > nk then i = int_memo(v, 0, nk) end
-    if not i then return index_bad(p + 7, 'reply stream index', item, 0) end
-    if i > 0 and need[i] ~= 'stream' then
-      e = use(i, 'stream', 'reply stream index', item)
-      if e then return e end
-    end
-    v = ARGV[p + 8]
-    i = memo[v]
-    if not i or i > nk then i = int_memo(v, 0, nk) end
-    if not i then return index_bad(p + 8, 'inbox index', item, 0) end
-    if i > 0 then
-      if not stream_id_ok(ARGV[p + 9]) then
-        return bad('entry id' .. where(item), p + 9, "want a stream id 'ms-seq'")
+      if not stream_id_ok(ARGV[q + 1]) then
+        return bad('entry id' .. where(item), q + 1, "want a stream id 'ms-seq'")
       end
-      if need[i] ~= 'stream' then
-        e = use(i, 'stream', 'inbox index', item)
+      if need[i] ~= 'stream' then return use(i, 'stream', 'inbox index', item) end
+    end
+    return nil
+  end
+  local p = 4
+  for item = 1, n do
+    local v = ARGV[p]
+    if p + 4 > na then
+      return 'arguments: item ' .. item .. ' starts at ARGV[' .. p .. '], needs 5 ARGV at least, '
+        .. na .. ' in all'
+    end
+    if string.byte(v, 1) == 43 then  -- '+': a plain success, in 5 slots
+      local i = plain[v]
+      if not i then
+        i = int_memo(string.sub(v, 2), 1, nk)
+        if not i then return index_bad(p, 'record index', item, '+1') end
+        plain[v] = i
+      end
+      if not int_memo(ARGV[p + 1], 1, MAX_FENCE) then
+        return bad('fence' .. where(item), p + 1, 'want an integer 1..2^53')
+      end
+      e = (need[i] ~= 'hash' and use(i, 'hash', 'record index', item)) or inbox_bad(p + 3, item)
+      if e then return e end
+      p = p + 5
+    else
+      if p + 10 > na then
+        return 'arguments: item ' .. item .. ' starts at ARGV[' .. p .. '], needs 11 ARGV, ' .. na .. ' in all'
+      end
+      local i = memo[v]
+      if not i or i > nk then i = int_memo(v, 0, nk) end
+      if not i then return index_bad(p, 'record index', item, 0) end
+      if i > 0 then
+        e = completion_bad(p + 1, where, item)
+          or (need[i] ~= 'hash' and use(i, 'hash', 'record index', item))
         if e then return e end
       end
-    end
-    v = ARGV[p + 10]
-    local kind = memo[v]
-    if not kind or kind > RETRY then kind = int_memo(v, FollowUpKind_NONE, RETRY) end
-    if not kind then return bad('follow-up' .. where(item), p + 10, 'want 0, 1 or 2') end
-    p = p + 11
-    if kind ~= FollowUpKind_NONE then
-      local f = follow_ups()[kind]
-      if p + f[2] - 1 > na then
-        return 'arguments: the follow-up' .. where(item) .. ' starts at ARGV[' .. p .. '], needs '
-          .. f[2] .. ' ARGV, ' .. na .. ' in all'
+      v = ARGV[p + 7]
+      i = memo[v]
+      if not i or i > nk then i = int_memo(v, 0, nk) end
+      if not i then return index_bad(p + 7, 'reply stream index', item, 0) end
+      if i > 0 and need[i] ~= 'stream' then
+        e = use(i, 'stream', 'reply stream index', item)
+        if e then return e end
       end
-      e = key_index(p, f[1], f[3], item, 1)
+      e = inbox_bad(p + 8, item)
       if e then return e end
-      for _, slot in ipairs(f[4]) do
-        if not int_memo(ARGV[p + slot[1]], 0, MAX_INT) then
-          return bad(slot[2] .. where(item), p + slot[1], 'want an integer 0..2^53')
+      v = ARGV[p + 10]
+      local kind = memo[v]
+      if not kind or kind > RETRY then kind = int_memo(v, FollowUpKind_NONE, RETRY) end
+      if not kind then return bad('follow-up' .. where(item), p + 10, 'want 0, 1 or 2') end
+      p = p + 11
+      if kind ~= FollowUpKind_NONE then
+        local f = follow_ups()[kind]
+        if p + f[2] - 1 > na then
+          return 'arguments: the follow-up' .. where(item) .. ' starts at ARGV[' .. p .. '], needs '
+            .. f[2] .. ' ARGV, ' .. na .. ' in all'
         end
+        e = key_index(p, f[1], f[3], item, 1)
+        if e then return e end
+        for _, slot in ipairs(f[4]) do
+          if not int_memo(ARGV[p + slot[1]], 0, MAX_INT) then
+            return bad(slot[2] .. where(item), p + slot[1], 'want an integer 0..2^53')
+          end
+        end
+        p = p + f[2]
       end
-      p = p + f[2]
     end
   end
   if p <= na then
@@ -332,14 +364,26 @@ local reply_streams = {}  -- the reply streams written to, in order
 -- The check pass parsed every index and kind below (int_memo): looked up, not parsed again.
 local num = parsed
 for item = 1, num[ARGV[3]] do
-  local ki, ri, ii, kind = num[ARGV[p]], num[ARGV[p + 7]], num[ARGV[p + 8]], num[ARGV[p + 10]]
+  local ki, ri, ii, kind, entry, size
+  local pi = plain[ARGV[p]]
+  if pi then  -- a plain success (5 slots)
+    ki, ri, ii, kind, entry, size = pi, 0, num[ARGV[p + 3]], NONE, ARGV[p + 4], 5
+  else
+    ki, ri, ii, kind = num[ARGV[p]], num[ARGV[p + 7]], num[ARGV[p + 8]], num[ARGV[p + 10]]
+    entry, size = ARGV[p + 9], 11
+  end
   local code = SettleCode_SETTLED
   if ki > 0 then
     local key = KEYS[ki]
     local rec = reads[ki]
     if seen[key] then rec = redis.call('HMGET', key, 'fence', 'done', 'runs', 'steps', 'watched') end
     seen[key] = true
-    code = complete_record(key, rec, p + 1, ttl, now)
+    if pi then
+      code = complete_record(key, rec, ARGV[p + 1], 'succeeded', ARGV[p + 2], 'done', '', ttl, now)
+    else
+      code = complete_record(key, rec, ARGV[p + 1], ARGV[p + 2], ARGV[p + 3], ARGV[p + 4],
+        ARGV[p + 5], ttl, now)
+    end
     if code == SettleCode_SETTLED then
       local d = details and details[item]
       if d then
@@ -365,10 +409,10 @@ for item = 1, num[ARGV[3]] do
         acks[ii] = ids
         inboxes[#inboxes + 1] = ii
       end
-      ids[#ids + 1] = ARGV[p + 9]
+      ids[#ids + 1] = entry
     end
   end
-  p = p + 11
+  p = p + size
   if kind ~= NONE then p = p + follow_ups()[kind][2] end
   out[item] = code
 end

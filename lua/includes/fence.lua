@@ -26,7 +26,8 @@ local function completion_bad(f, where, n)
   return nil
 end
 
--- Store the completion at ARGV[f..f+4] in record `key`, whose fence, done, runs, steps and
+-- Store a completion in record `key` (fence, status, stored reply, mode and error text:
+-- the five values ARGV[f..f+4] carry), whose fence, done, runs, steps and
 -- watched fields are rec (HMGET key fence done runs steps watched), if the fence still
 -- matches and it is not done yet: its status and error; for mode 'done' also done = 1 and the reply later
 -- deliveries replay (the bytes as given: the runtime sends the short form of
@@ -41,29 +42,29 @@ end
 -- (lua/includes/announce.lua). now: the server time (ms), best as its decimal string (a
 -- Lua number costs Redis a conversion per use). Returns SettleCode_SETTLED, or FENCED
 -- (nothing written): another owner claimed the key since.
-local function complete_record(key, rec, f, ttl, now)
-  if not rec[1] or rec[1] ~= ARGV[f] or rec[2] == '1' then return SettleCode_FENCED end
-  if ARGV[f + 3] == 'done' and ARGV[f + 4] == '' and not rec[4] then
+local function complete_record(key, rec, fence, status, stored, mode, err, ttl, now)
+  if not rec[1] or rec[1] ~= fence or rec[2] == '1' then return SettleCode_FENCED end
+  if mode == 'done' and err == '' and not rec[4] then
     -- The common outcome (a reply stored, no error, no journal) written out as the general
     -- form below would write it: a table and its unpack cost more than the HSET itself.
     if rec[3] == '0' then
-      redis.call('HSET', key, 'status', ARGV[f + 1], 'updated_ms', now, 'done', '1',
-        'reply', ARGV[f + 2], 'runs', '1')
+      redis.call('HSET', key, 'status', status, 'updated_ms', now, 'done', '1',
+        'reply', stored, 'runs', '1')
     else
-      redis.call('HSET', key, 'status', ARGV[f + 1], 'updated_ms', now, 'done', '1',
-        'reply', ARGV[f + 2])
+      redis.call('HSET', key, 'status', status, 'updated_ms', now, 'done', '1',
+        'reply', stored)
     end
     redis.call('HDEL', key, 'owner', 'lease_until', 'error')
   else
-    local w = {'HSET', key, 'status', ARGV[f + 1], 'updated_ms', now}
+    local w = {'HSET', key, 'status', status, 'updated_ms', now}
     local gone = {'HDEL', key, 'owner', 'lease_until'}
-    if ARGV[f + 4] ~= '' then
-      w[#w + 1], w[#w + 2] = 'error', ARGV[f + 4]
+    if err ~= '' then
+      w[#w + 1], w[#w + 2] = 'error', err
     else
       gone[#gone + 1] = 'error'
     end
-    if ARGV[f + 3] == 'done' then
-      w[#w + 1], w[#w + 2], w[#w + 3], w[#w + 4] = 'done', '1', 'reply', ARGV[f + 2]
+    if mode == 'done' then
+      w[#w + 1], w[#w + 2], w[#w + 3], w[#w + 4] = 'done', '1', 'reply', stored
       if rec[4] then  -- only a record with a journal pays for listing its fields
         gone[#gone + 1] = 'steps'
         for _, name in ipairs(redis.call('HKEYS', key)) do
@@ -76,6 +77,6 @@ local function complete_record(key, rec, f, ttl, now)
     redis.call(unpack(gone))
   end
   redis.call('PEXPIRE', key, ttl)
-  if rec[5] then announce(key, ARGV[f + 1]) end
+  if rec[5] then announce(key, status) end
   return SettleCode_SETTLED
 end

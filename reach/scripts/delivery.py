@@ -497,6 +497,7 @@ _NO_FOLLOW_UP = str(int(FollowUpKind.NONE))
 _DEAD_LETTER = str(int(FollowUpKind.DEAD_LETTER))
 _RETRY = str(int(FollowUpKind.RETRY))
 _NO_RECORD = "0"
+_SUCCEEDED = "succeeded"  # reach.outcomes.Status.SUCCEEDED (not imported: outcomes is higher)
 
 
 def settle_call(
@@ -508,18 +509,27 @@ def settle_call(
 ) -> Call[list[SettleCode]]:
     """One ``settle.lua`` call for ``items`` (standalone Redis: any keys). ``ttl_ms``: how
     long records and reply streams live. The slots of each item are fixed (the script's
-    header): 11, then 11 for a dead letter or 3 for a retry; then the failure details and
-    ``recent``, the batch's rows of the index of recent messages, if any."""
+    header): 11, then 11 for a dead letter or 3 for a retry; a plain success (succeeded,
+    stored, no error, no reply to publish, no follow-up: most of a busy worker's items)
+    takes 5. Then the failure details and ``recent``, the batch's rows of the index of
+    recent messages, if any."""
     # Per message, on the worker: key indexes are kept as the strings sent (an int is
     # formatted again at every pack), and the slots go in with one extend per item.
     keys: list[str] = []
     index: dict[str, str] = {}
+    plain: dict[str, str] = {}  # a record's '+<index>', the first slot of a plain success
 
     def ki(key: str) -> str:
         i = index.get(key)
         if i is None:
             keys.append(key)
             i = index[key] = str(len(keys))
+        return i
+
+    def plain_ki(key: str) -> str:
+        i = plain.get(key)
+        if i is None:
+            i = plain[key] = "+" + ki(key)
         return i
 
     args: list[Any] = [ttl_ms, group, len(items)]
@@ -535,6 +545,18 @@ def settle_call(
         # The reply goes in only where it is published: a message nobody waits for
         # (a send) has one too, which the script would never read.
         rs = it.reply_stream
+        if (
+            c is not None
+            and f is None
+            and not rs
+            and c.mode == Mode.DONE
+            and c.status == _SUCCEEDED
+            and not c.error
+            and not c.traceback
+        ):
+            ib = it.inbox
+            extend((plain_ki(c.key), c.fence, c.stored, ki(ib) if ib else _NO_RECORD, it.entry_id))
+            continue
         reply = it.reply if rs else ""
         if c is not None:
             stored = c.stored if c.mode == Mode.DONE else ""

@@ -256,6 +256,18 @@ def settle_call(data: st.DataObject, w: World) -> tuple[list[str], list[Any]]:
     for _ in range(n):
         state = data.draw(st.sampled_from([None, *sorted(w.records)]))
         idem = w.records[state] if state else None
+        if idem is not None and data.draw(st.booleans(), label="plain"):
+            # A plain success in its 5 slots ('+<record index>', fence, stored reply, inbox
+            # index, entry id), as the runtime sends most of its items.
+            inbox = data.draw(st.sampled_from([None, w.inboxes[1]]))
+            items += [
+                f"+{ki(idem)}",
+                data.draw(st.sampled_from([w.fences.get(state or "", 1), 1, 7])),
+                data.draw(st.sampled_from([b"", b"S"])),
+                ki(inbox),
+                data.draw(st.sampled_from([*w.pending, "1-0", "99999-7"])),
+            ]
+            continue
         if idem is not None:
             items += [
                 ki(idem),

@@ -77,6 +77,12 @@ class Batch:
         else:
             self.items.append(0)
 
+    def plain(self, *, inbox: str | None, entry: str, idem: str, fence: Any, stored: bytes) -> None:
+        """A plain success in its 5 slots: '+<record index>', fence, stored reply, inbox
+        index, entry id (succeeded, done, no error, no reply published, no follow-up)."""
+        self.n += 1
+        self.items += [f"+{self.ki(idem)}", fence, stored, self.ki(inbox), entry]
+
     def complete(
         self,
         s: Scene,
@@ -271,7 +277,10 @@ def _bad_calls() -> list[tuple[str, int | None, object]]:
     it1, it2 = "of item 1", "of item 2"
     calls: list[tuple[str, int | None, object]] = [("ttl_ms", 0, v) for v in BAD_INTS]
     calls += [("group", 1, "")]
-    calls += [("number of items", 2, v) for v in ["4", "x", "", "-1", "1e3", "02"]]
+    # n past (36 ARGV after the header) / 5, the fewest an item takes: refused as such;
+    # n within it, more items than the ARGV hold: refused at the first item left short.
+    calls += [("number of items", 2, v) for v in ["8", "x", "", "-1", "1e3", "02"]]
+    calls += [("arguments: item 3 starts at ARGV[40], needs 5 ARGV at least", 2, "4")]
     # n 1: the second item reads as the failure details, then an index section.
     calls += [("recent index", 2, "1"), ("arguments", 2, "3"), ("number of details", None, "extra")]
     calls += [("arguments", None, "drop"), ("arguments", 35, "1"), ("number of details", 35, "0")]
@@ -587,3 +596,111 @@ async def test_every_reply_stream_written_lives_ttl_ms_and_only_those(r: AnyRedi
     for to in ("c-1", "c-2"):
         assert 0 < await r.pttl(k.replies(to)) <= TTL_MS
     assert await r.exists(k.replies("c-3")) == 0
+
+
+# -- the plain success's 5 slots -------------------------------------------------------------
+async def _two_claimed(r: AnyRedis, ns: str) -> tuple[str, str, str, list[str]]:
+    """An inbox with 3 entries delivered to w-1, and two records claimed (fence 1 each)."""
+    k = Keys(ns)
+    inbox, rec1, rec2 = k.inbox("w-1", "normal"), k.idem("p1"), k.idem("p2")
+    entries = await _delivered(r, inbox, 3)
+    assert await _claim(r, rec1) == 1 and await _claim(r, rec2) == 1
+    return inbox, rec1, rec2, entries
+
+
+async def test_a_plain_success_settles_as_its_full_form_does(r: AnyRedis, ns: str) -> None:
+    inbox, rec1, rec2, (e1, e2, e3) = await _two_claimed(r, ns)
+    await r.hset(rec2, "error", "an earlier attempt's")  # deleted by either form
+    await r.hset(rec1, "error", "an earlier attempt's")
+    b = Batch()
+    b.add(inbox=inbox, entry=e1, idem=rec1, fence=1, status="succeeded", mode="done",
+          stored=b"S")  # fmt: skip
+    b.plain(inbox=inbox, entry=e2, idem=rec2, fence=1, stored=b"S")
+    assert len(b.items) == 11 + 5
+    assert await b.run(r) == [1, 1]
+    # The same record (updated_ms too: one call, one clock), living ttl_ms.
+    full, plain = await r.hgetall(rec1), await r.hgetall(rec2)
+    assert full == plain and plain[b"status"] == b"succeeded" and plain[b"reply"] == b"S"
+    assert b"owner" not in plain and b"error" not in plain and plain[b"done"] == b"1"
+    assert 0 < await r.pttl(rec2) <= TTL_MS
+    # Both entries acked and deleted; the third is left as it was.
+    assert [eid.decode() for eid, _ in await r.xrange(inbox)] == [e3]
+    assert (await r.xpending(inbox, GROUP))["pending"] == 1
+
+
+async def test_a_fenced_plain_success_writes_nothing(r: AnyRedis, ns: str) -> None:
+    inbox, rec1, rec2, (e1, e2, _) = await _two_claimed(r, ns)
+    await r.hincrby(rec2, "fence", 1)  # another owner claimed the key since
+    before = await r.hgetall(rec2)
+    b = Batch()
+    b.plain(inbox=inbox, entry=e1, idem=rec1, fence=1, stored=b"S")
+    b.plain(inbox=inbox, entry=e2, idem=rec2, fence=1, stored=b"S")
+    assert await b.run(r) == [1, 0]
+    assert await r.hgetall(rec2) == before
+    [(first, _), *_rest] = await r.xrange(inbox)
+    assert first.decode() == e2  # left pending
+
+
+def _bad_plain_calls() -> list[tuple[str, int | None, object]]:
+    it1 = "of item 1"
+    calls: list[tuple[str, int | None, object]] = [
+        (f"record index {it1}", 3, v) for v in ["+0", "+9", "+x", "+", "+01", "+-1", "++1", "+1.0"]
+    ]
+    calls += [(f"fence {it1}", 4, v) for v in ["0", "x", "", "-1"]]
+    calls += [(f"inbox index {it1}", 6, v) for v in ["9", "x", "-1"]]
+    calls += [(f"entry id {it1}", 7, v) for v in ["abc", "", "1-"]]
+    calls += [
+        (f"inbox index {it1}: KEYS[1] is used as a hash by record index {it1}", 6, "1"),
+        (f"record index of item 2: KEYS[2] is used as a stream by inbox index {it1}", 8, "+2"),
+        ("number of items (ARGV[3]) 2: want an integer 0..1", None, "drop"),  # 9 ARGV left
+    ]
+    return calls
+
+
+@pytest.mark.parametrize(("what", "at", "value"), _bad_plain_calls())
+async def test_a_plain_success_out_of_contract_is_refused_before_any_write(
+    r: AnyRedis, ns: str, what: str, at: int | None, value: object
+) -> None:
+    inbox, rec1, rec2, (e1, e2, _) = await _two_claimed(r, ns)
+    b = Batch()
+    # KEYS: rec1 1, inbox 2, rec2 3. ARGV (0-based): ttl 0, group 1, n 2; item 1 (plain)
+    # at 3..7 (record 3, fence 4, stored 5, inbox 6, entry 7), item 2 (plain) at 8..12.
+    b.plain(inbox=inbox, entry=e1, idem=rec1, fence=1, stored=b"S")
+    b.plain(inbox=inbox, entry=e2, idem=rec2, fence=1, stored=b"S")
+    args: list[Any] = [TTL_MS, GROUP, b.n, *b.items]
+    assert len(args) == 13 and args[3] == "+1" and args[8] == "+3"
+    if at is not None:
+        args[at] = value
+    else:
+        args = args[:-1]
+    before = await snapshot(r, ns)
+    with pytest.raises(rexc.ResponseError, match=f"^reach: bad {re.escape(what)}"):
+        await scripts.call(r, "settle", b.keys, args)
+    assert_unchanged(before, await snapshot(r, ns))
+    assert await b.run(r) == [1, 1]
+
+
+async def test_the_runtime_sends_a_plain_success_in_its_5_slots(r: AnyRedis, ns: str) -> None:
+    """settle_call: a plain success goes in 5 slots, anything else in the full form, in
+    one batch that settles."""
+    from reach.scripts import delivery
+
+    inbox, rec1, rec2, (e1, e2, _) = await _two_claimed(r, ns)
+    k = Keys(ns)
+    items = [
+        delivery.SettleItem(
+            inbox, e1, delivery.Completion(rec1, 1, "succeeded", delivery.Mode.DONE, stored=b"S")
+        ),
+        delivery.SettleItem(
+            inbox,
+            e2,
+            delivery.Completion(rec2, 1, "succeeded", delivery.Mode.DONE, stored=b"S"),
+            reply=b"R",
+            reply_stream=k.replies("c-1"),
+        ),
+    ]
+    call = delivery.settle_call(items, ttl_ms=TTL_MS)
+    assert call.args[3:8] == ("+1", 1, b"S", "2", e1)
+    assert call.args[8] == "3" and len(call.args) == 3 + 5 + 11
+    assert await call.run(r) == [delivery.SettleCode.SETTLED] * 2
+    assert await r.xlen(k.replies("c-1")) == 1 and await r.xlen(inbox) == 1
