@@ -502,11 +502,50 @@ class RedisServer:
                 self.stop()
                 raise RedisUnavailable(msg)
             if self.ping():
+                pid = self._serving_pid()
+                if self.proc is not None and pid is not None and pid != self.proc.pid:
+                    # Another server took the port first (two servers of one process can be
+                    # handed the same free port before either binds it): it answered the
+                    # PING, and ours cannot bind.
+                    msg = f"port {self.port} is taken by another Redis server (pid {pid})"
+                    self._stop_process()
+                    raise _PortTaken(msg)
                 return
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
         self.stop()
         raise RedisUnavailable(f"Redis on port {self.port} did not answer within {timeout_s}s.")
+
+    def _serving_pid(self) -> int | None:
+        """The process id of the server answering on this port (``INFO server``), or None
+        when it cannot be read."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=2.0) as s:
+                s.sendall(b"INFO server\r\n")
+                data = b""
+                while b"\r\n" not in data:
+                    chunk = s.recv(4096)
+                    if not chunk:
+                        return None
+                    data += chunk
+                head, _, body = data.partition(b"\r\n")
+                if not head.startswith(b"$"):
+                    return None
+                size = int(head[1:])
+                while len(body) < size:
+                    chunk = s.recv(4096)
+                    if not chunk:
+                        return None
+                    body += chunk
+        except (OSError, ValueError):
+            return None
+        for line in body[:size].splitlines():
+            if line.startswith(b"process_id:"):
+                try:
+                    return int(line.split(b":", 1)[1])
+                except ValueError:
+                    return None
+        return None
 
     def _bind_failed(self) -> bool:
         """True when this start's output says the port (or the bus port) was taken."""

@@ -266,6 +266,24 @@ def test_a_chosen_port_taken_before_the_server_binds_it_is_replaced(server_binar
                 client.close()
 
 
+def test_a_chosen_port_another_redis_serves_is_replaced(server_binary) -> None:  # type: ignore[no-untyped-def]
+    """Two servers of one process (a test cluster's nodes) can be handed the same free
+    port before either binds it. The second's readiness check must not take the first's
+    PONG for its own: it starts again on another port, with its own process answering
+    there (a test cluster once came up with two nodes on one port, and never formed)."""
+    with RedisServer(binary=server_binary) as first:
+        second = RedisServer(binary=server_binary)
+        second.port = first.port  # handed the same port
+        with second:
+            assert second.port != first.port
+            for server in (first, second):
+                client = redis.Redis(port=server.port)
+                try:
+                    assert client.info("server")["process_id"] == server.pid
+                finally:
+                    client.close()
+
+
 def test_a_port_given_by_the_caller_is_not_replaced(server_binary) -> None:  # type: ignore[no-untyped-def]
     with _listening() as taken:
         port = taken.getsockname()[1]
