@@ -16,7 +16,8 @@
 -- 'question' (ARGV[4]), 'asking' (n: the ask waiting), 'ask_until_ms' (deleted when
 -- ARGV[5] is 0) and updated_ms; 'asked', the highest n ever put, becomes n when n is
 -- higher (a re-run putting the same ask again, unanswered, is not a new question); a
--- record claimed at send whose run is not counted yet (runs 0) counts it (runs 1). The
+-- record claimed at send whose run is not counted yet (no runs, or runs 0) counts it
+-- (runs 1). The
 -- record's TTL is left as the claim set it; the claim's lease is the runtime's to renew
 -- (renew.lua) while the handler waits. A watched record announces 'input_required'
 -- (lua/includes/announce.lua).
@@ -71,7 +72,7 @@ local new = n > asked
 if new then w[#w + 1], w[#w + 2] = 'asked', ARGV[3] end
 -- A run claimed at send (send.lua) is counted by start.lua or its completion; one that asks
 -- is counted here too, so a run that asked and was then killed is never left uncounted.
-if rec[7] == '0' then w[#w + 1], w[#w + 2] = 'runs', '1' end
+if not rec[7] or rec[7] == '0' then w[#w + 1], w[#w + 2] = 'runs', '1' end
 if ARGV[5] ~= '0' then
   w[#w + 1], w[#w + 2] = 'ask_until_ms', ARGV[5]
 else

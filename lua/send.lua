@@ -30,8 +30,9 @@
 -- its readers take the name's), agent_id, and no sent_msg_id: it would equal msg_id; no
 -- updated_ms either, as a send without a claim writes none: the status has not changed
 -- since the send, and the record's first update (start.lua, the completion, claim.lua)
--- writes it; runs 0: the run is counted when it happens, by start.lua
--- or the completion, or by claim.lua's +1 if another owner takes the key over) and the
+-- writes it; no runs either: absent reads as 0, and the run is counted when it happens,
+-- by start.lua or the completion, or by claim.lua's +1 if another owner takes the key
+-- over) and the
 -- inbox entry gets two more fields, 'c' the owner and 'l' lease_until (server ms), after
 -- 'e'. The runtime named, reading the
 -- entry as new with enough lease left, runs the handler without a claim round trip and
@@ -234,11 +235,11 @@ local function add(k, a, new)
     -- rather than one built as a table: a table and its unpack cost more than the HSET.)
     if ARGV[a + 5] == '' then
       redis.call('HSET', rec, 'status', 'pending', 'capability', ARGV[a + 2],
-        'attempt', ARGV[a + 3], 'fence', '1', 'runs', '0', 'owner', claim_for,
+        'attempt', ARGV[a + 3], 'fence', '1', 'owner', claim_for,
         'lease_until', until_ms, 'agent_id', claim_agent)
     else
       redis.call('HSET', rec, 'status', 'pending', 'capability', ARGV[a + 2],
-        'attempt', ARGV[a + 3], 'fence', '1', 'runs', '0', 'owner', claim_for,
+        'attempt', ARGV[a + 3], 'fence', '1', 'owner', claim_for,
         'lease_until', until_ms, 'agent_id', claim_agent,
         'msg_id', ARGV[a + 4])
     end

@@ -18,7 +18,8 @@
 -- done: status 'running', lease_until = now + lease_ms, updated_ms = now, runs 1 (its
 -- first run, which send.lua's claim did not count), and it lives ttl_ms. A record whose
 -- handler asked a question before this ran (ask.lua: status 'input_required', or 'running'
--- once answer.lua answered it), held the same way with its run not counted yet (runs 0),
+-- once answer.lua answered it), held the same way with its run not counted yet (no runs,
+-- or runs 0),
 -- gets the same but keeps its status and updated_ms. Anything else is left as it is: the handler's completion is done already (a
 -- quick handler whose settle came first), or the claim is not this runtime's any more (a
 -- record changed behind the scripts' back), which the fenced completion then finds.
@@ -89,7 +90,7 @@ for i = 1, #KEYS do
   local j = 2 * i
   local s = reads[i]
   local held = s[1] == ARGV[1] and s[2] == ARGV[j + 2] and s[3] ~= '1'
-  if held and (s[4] == 'pending' or s[6] == '0') then
+  if held and (s[4] == 'pending' or not s[6] or s[6] == '0') then
     if s[4] == 'pending' then
       redis.call('HSET', KEYS[i], 'status', 'running', 'lease_until', lease_end(ARGV[j + 1]),
         'updated_ms', now, 'runs', '1')

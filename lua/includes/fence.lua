@@ -33,8 +33,8 @@ end
 -- deliveries replay (the bytes as given: the runtime sends the short form of
 -- docs/protocol.md), and the step journal (step.lua: 'steps' and each 's:<name>') is
 -- deleted, since a done key is replayed and never run again (a 'release' keeps it for the
--- next run). A record claimed at send whose run was not counted yet (runs 0: a quick
--- handler gets no start.lua) counts it now. Fields left with nothing to say are deleted,
+-- next run). A record claimed at send whose run was not counted yet (no runs, or runs 0
+-- as an older send.lua wrote it: a quick handler gets no start.lua) counts it now. Fields left with nothing to say are deleted,
 -- not written empty: owner and lease_until (the claim is over) and an empty error; every
 -- reader takes an absent one as '' (lease_until: 0). Fewer fields, none of them long, keep
 -- a small record in Redis's compact hash encoding (docs/operations.md, *Memory per
@@ -47,7 +47,7 @@ local function complete_record(key, rec, fence, status, stored, mode, err, ttl, 
   if mode == 'done' and err == '' and not rec[4] then
     -- The common outcome (a reply stored, no error, no journal) written out as the general
     -- form below would write it: a table and its unpack cost more than the HSET itself.
-    if rec[3] == '0' then
+    if not rec[3] or rec[3] == '0' then
       redis.call('HSET', key, 'status', status, 'updated_ms', now, 'done', '1',
         'reply', stored, 'runs', '1')
     else
@@ -72,7 +72,7 @@ local function complete_record(key, rec, fence, status, stored, mode, err, ttl, 
         end
       end
     end
-    if rec[3] == '0' then w[#w + 1], w[#w + 2] = 'runs', '1' end
+    if not rec[3] or rec[3] == '0' then w[#w + 1], w[#w + 2] = 'runs', '1' end
     redis.call(unpack(w))
     redis.call(unpack(gone))
   end

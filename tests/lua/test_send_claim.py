@@ -40,9 +40,10 @@ async def test_a_first_send_is_claimed_for_the_runtime_named(r: AnyRedis, ns: st
     until = int(fields[b"l"])
     assert before + 5_000 - 1_000 <= until <= int(time.time() * 1000) + 5_000 + 1_000
     h = await r.hgetall(k.idem("m1"))
-    # Claimed as claim.lua claims (fence 1, owner, lease; runs 0: counted when it runs),
+    # Claimed as claim.lua claims (fence 1, owner, lease; no runs: absent reads as 0, and
+    # the run is counted when it happens),
     # still 'pending' until the runtime starts it (start.lua).
-    assert h[b"status"] == b"pending" and h[b"fence"] == b"1" and h[b"runs"] == b"0"
+    assert h[b"status"] == b"pending" and h[b"fence"] == b"1" and b"runs" not in h
     assert h[b"owner"] == OWNER.encode() and int(h[b"lease_until"]) == until
     assert h[b"agent_id"] == b"w-1"
     # Neither sent_msg_id nor msg_id: the record is named by the msg_id.

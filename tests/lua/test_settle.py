@@ -436,9 +436,9 @@ async def test_a_large_batch_acks_and_deletes_every_settled_entry(r: AnyRedis, n
 
 
 async def test_a_completion_counts_the_run_of_a_claim_made_at_send(r: AnyRedis, ns: str) -> None:
-    # send.lua's claim leaves runs 0 (no run yet) and a quick handler gets no start.lua:
-    # its completion counts the run, in settle.lua and in complete.lua alike. A record of
-    # an ordinary claim keeps its count.
+    # send.lua's claim writes no runs (absent: 0, no run yet) and a quick handler gets no
+    # start.lua: its completion counts the run, in settle.lua and in complete.lua alike. A
+    # record of an ordinary claim keeps its count.
     from reach.scripts import delivery, inbox
 
     k = Keys(ns)
@@ -446,7 +446,7 @@ async def test_a_completion_counts_the_run_of_a_claim_made_at_send(r: AnyRedis, 
         m = inbox.Message(b"ENV", "cap", 1, key, key)
         await inbox.send_call(k, m, agent_id="w-1", priority="normal", ttl_ms=TTL_MS,
                               claim_for="w-1/i1", claim_lease_ms=60_000).run(r)  # fmt: skip
-        assert await r.hget(k.idem(key), "runs") == b"0"
+        assert await r.hget(k.idem(key), "runs") is None
     s = await _scene(r, ns)  # an ordinary claim: runs 1
     b = Batch()
     b.complete(s, s.entries[0])
