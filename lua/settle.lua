@@ -200,7 +200,9 @@ local function check()
       local i = plain[v]
       if not i then
         i = int_memo(string.sub(v, 2), 1, nk)
-        if not i then return index_bad(p, 'record index', item, '+1') end
+        if not i then
+          return bad('record index' .. where(item), p, "want '+' and a key index 1.." .. nk)
+        end
         plain[v] = i
       end
       if not int_memo(ARGV[p + 1], 1, MAX_FENCE) then

@@ -23,6 +23,7 @@ from redis import exceptions as rexc
 from ..connection import AnyRedis
 from ..envelope import Reply, decode_stored
 from ..keys import GROUP, Keys
+from ..outcomes import Status
 from ._call import Arg, Call, as_bytes, as_int, as_text, run_calls
 from ._loader import Op, first_error, is_data_error, run_pipeline
 from .codes import ClaimCode, FollowUpKind, SettleCode, StreamBound
@@ -497,7 +498,6 @@ _NO_FOLLOW_UP = str(int(FollowUpKind.NONE))
 _DEAD_LETTER = str(int(FollowUpKind.DEAD_LETTER))
 _RETRY = str(int(FollowUpKind.RETRY))
 _NO_RECORD = "0"
-_SUCCEEDED = "succeeded"  # reach.outcomes.Status.SUCCEEDED (not imported: outcomes is higher)
 
 
 def settle_call(
@@ -550,7 +550,7 @@ def settle_call(
             and f is None
             and not rs
             and c.mode == Mode.DONE
-            and c.status == _SUCCEEDED
+            and c.status == Status.SUCCEEDED
             and not c.error
             and not c.traceback
         ):

@@ -7,21 +7,12 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.bench_scripts import run_bench
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "caller_cost.py"), *args],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
+    return run_bench("caller_cost.py", *args)
 
 
 def test_send_many_is_timed_beside_the_lean_caller() -> None:

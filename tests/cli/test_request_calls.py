@@ -4,22 +4,12 @@ the lean floor's caller and reach's worker, and prints a row for each."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.bench_scripts import run_bench
 
 
 def test_each_process_is_counted() -> None:
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "request_calls.py"), "--requests", "100"],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
+    done = run_bench("request_calls.py", "--requests", "100")
     assert done.returncode == 0, done.stderr[-2000:]
     for name in ("reach caller", "lean caller", "reach worker"):
         row = re.search(rf"^\s+{name}\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", done.stdout, re.MULTILINE)
