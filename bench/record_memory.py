@@ -1,10 +1,13 @@
 """Bytes of Redis memory per completed message record: reach's idempotency record beside
 the lean floor's (issue 27's target: at most 300 bytes with a 50-byte result).
 
-    .venv/bin/python bench/record_memory.py [--messages 200] [--result-bytes 50] [--json]
+    .venv/bin/python bench/record_memory.py [--messages 200] [--result-bytes 50]
+        [--batch 1] [--json]
 
 An embedded Redis. reach: a worker (an ``Agent`` run in this process) answers
-``--messages`` requests whose handler returns a string of ``--result-bytes`` characters;
+``--messages`` requests whose handler returns a string of ``--result-bytes`` characters
+(``--batch N`` > 1: sent with ``request_many`` in calls of N, so the records are written
+by ``send.lua``'s batch form, where each after a call's first is a ``COPY`` of it);
 every idempotency record then holds its completed state (status, fence, runs, the stored
 reply). The lean floor (reach_cli.tools.lean_floor): the same number of messages sent with
 its send script and completed with its completion script, each with the same result.
@@ -70,12 +73,17 @@ def _sizes(r: redis.Redis, keys: list[bytes]) -> dict[str, Any]:
     }
 
 
-async def _reach(url: str, n: int, result: str) -> None:
+async def _reach(url: str, n: int, result: str, batch: int) -> None:
+    texts = [(result + f"{i:06d}")[-len(result) :] for i in range(n)]
     async with reach.Client(redis_url=url, namespace=NS) as c:
-        for i in range(n):
-            text = (result + f"{i:06d}")[-len(result) :]
-            got = await c.request(CAP, text, timeout_s=30)
-            assert got == text, got
+        if batch <= 1:
+            for text in texts:
+                got = await c.request(CAP, text, timeout_s=30)
+                assert got == text, got
+            return
+        for first in range(0, n, batch):
+            part = texts[first : first + batch]
+            assert await c.request_many(CAP, part, timeout_s=30) == part
 
 
 async def _lean(url: str, n: int, result: bytes) -> None:
@@ -114,10 +122,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--messages", type=int, default=200)
     ap.add_argument("--result-bytes", type=int, default=50)
+    ap.add_argument("--batch", type=int, default=1, help="requests per request_many call")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     result = "r" * a.result_bytes
-    out: dict[str, Any] = {"messages": a.messages, "result_bytes": a.result_bytes}
+    out: dict[str, Any] = {
+        "messages": a.messages,
+        "result_bytes": a.result_bytes,
+        "batch": a.batch,
+    }
     with RedisServer() as srv:
         app = _agent()
         t = threading.Thread(
@@ -128,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         t.start()
         _wait_eligible(srv.url)
-        asyncio.run(_reach(srv.url, a.messages, result))
+        asyncio.run(_reach(srv.url, a.messages, result, a.batch))
         app.stop()
         t.join(timeout=30)
         sync = redis.Redis.from_url(srv.url)

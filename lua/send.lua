@@ -49,7 +49,10 @@
 --
 -- The batch form looks at its records with one EXISTS first: when none exists (fresh
 -- msg_ids, the usual batch) each is written as new without a look of its own; when any
--- does, each record is looked at alone (HLEN: its type, and whether it is there).
+-- does, each record is looked at alone (HLEN: its type, and whether it is there). With a
+-- claim, a fresh record named by its msg_id whose capability and attempt are those of the
+-- last such record this call wrote is a COPY of that one (the same fields and TTL; see
+-- tpl below); a user whose ACL refuses COPY gets the HSET instead.
 --
 -- The bound counts the entries of the three inbox streams (XLEN: the runtime deletes an
 -- entry once it is settled, so this is queued + being handled), at the moment of the add:
@@ -216,6 +219,13 @@ if err then return refuse(err) end
 -- call.
 local until_ms
 
+-- The last record this call wrote claimed and named by its msg_id (tpl), with the
+-- capability and attempt it holds: every other field of such a record is the call's
+-- (status, fence, owner, lease_until, agent_id) and its TTL is ARGV[6], so the next
+-- fresh record of the same capability and attempt is a COPY of it (one command, the hash
+-- copied whole with its TTL) instead of an HSET of seven pairs and a PEXPIRE.
+local tpl, tpl_cap, tpl_attempt
+
 -- Add message j (its KEYS after k, its ARGV after a) and mark it pending (a status the
 -- record holds already is kept as below; a record known not to exist takes all in one
 -- HSET, and with a claim (claim_for ~= '') it is written claimed and the entry names the
@@ -223,11 +233,21 @@ local until_ms
 local function add(k, a, new)
   local rec = KEYS[k + 2]
   local id
+  if rec == tpl then tpl = nil end  -- written again below: no longer what it was
   if new and claim_for ~= '' then
     if not until_ms then
       until_ms = string.format('%.0f', now_ms() + tonumber(ARGV[9]))
     end
     id = redis.call('XADD', KEYS[k + 1], '*', 'e', ARGV[a + 1], 'c', claim_for, 'l', until_ms)
+    local copied
+    if tpl and ARGV[a + 5] == '' and ARGV[a + 2] == tpl_cap and ARGV[a + 3] == tpl_attempt then
+      -- pcall: a user whose ACL predates COPY in reach's roles (`reach acl`) gets the
+      -- HSET below, not a failed send. 0: the record exists after all (named twice in
+      -- this batch), written below as before.
+      copied = redis.pcall('COPY', tpl, rec)
+      if copied == 1 then return id end  -- the record and its TTL (no caller's key: no pointer)
+      if type(copied) == 'table' then tpl = nil end  -- refused: not tried again this call
+    end
     -- No sent_msg_id: it would repeat msg_id (absent means so; a later send of the key
     -- writes it). No msg_id either for a record named by it (no caller's key: ARGV[a + 5]
     -- is ''): its readers know it from the record's name. Every field costs memory in
@@ -237,6 +257,7 @@ local function add(k, a, new)
       redis.call('HSET', rec, 'status', 'pending', 'capability', ARGV[a + 2],
         'attempt', ARGV[a + 3], 'fence', '1', 'owner', claim_for,
         'lease_until', until_ms, 'agent_id', claim_agent)
+      if copied == nil then tpl, tpl_cap, tpl_attempt = rec, ARGV[a + 2], ARGV[a + 3] end
     else
       redis.call('HSET', rec, 'status', 'pending', 'capability', ARGV[a + 2],
         'attempt', ARGV[a + 3], 'fence', '1', 'owner', claim_for,

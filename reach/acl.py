@@ -81,6 +81,7 @@ _CALLER = (
     "exists",
     "hset",
     "hsetnx",
+    "copy",  # send.lua's batch form: a fresh record like the one before it is a copy of it
     "sadd",
     "zadd",
     "pexpire",
@@ -132,6 +133,7 @@ _ROLE_COMMANDS: dict[str, tuple[str, ...]] = {
         "xtrim",  # the audit trail of audited capabilities' calls (reach.audit)
         "hset",
         "hsetnx",
+        "copy",  # its handlers' sends: send.lua's batch form (as a caller's)
         "set",
         "exists",
         "del",
@@ -258,6 +260,7 @@ _PROBES: dict[str, Callable[[_Sample], tuple[str, ...]]] = {
     "hlen": lambda s: ("HLEN", s.idem),
     "hset": lambda s: ("HSET", s.agent, "f", "v"),
     "hsetnx": lambda s: ("HSETNX", s.idem, "f", "v"),
+    "copy": lambda s: ("COPY", s.idem, s.task),
     "smembers": lambda s: ("SMEMBERS", s.cap),
     "sadd": lambda s: ("SADD", s.cap, "x"),
     "srem": lambda s: ("SREM", s.cap, "x"),

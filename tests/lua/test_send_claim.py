@@ -11,7 +11,7 @@ import pytest
 from redis.exceptions import ResponseError
 
 from reach import scripts
-from reach.connection import AnyRedis
+from reach.connection import AnyRedis, connect
 from reach.keys import Keys
 from reach.scripts import inbox
 from reach.scripts.codes import ClaimCode
@@ -180,3 +180,98 @@ async def test_a_batch_with_a_bad_claim_is_refused_before_any_write(r: AnyRedis,
     # 7 + 2 + 5 + 1 ARGV fits neither layout.
     with pytest.raises(ResponseError, match=r"want 6, 7 or 9 ARGV, or 7 \(or 9\) and 5 per"):
         await scripts.call(r, "send", list(call.keys), [*call.args, "x"])
+
+
+async def claimed_batch(r: AnyRedis, k: Keys, msgs: list[inbox.Message]) -> list[inbox.Sent]:
+    call = inbox.send_batch_call(
+        k, [(m, "normal") for m in msgs], agent_id="w-1", ttl_ms=TTL_MS, claim_for=OWNER,
+        claim_lease_ms=30_000,
+    )  # fmt: skip
+    sent = await call.run(r)
+    assert not any(s.refused for s in sent)
+    return sent
+
+
+async def test_the_batchs_fresh_records_are_written_alike_and_each_keeps_the_ttl(
+    r: AnyRedis, ns: str
+) -> None:
+    # After the first, each fresh record of the same capability and attempt is a COPY of
+    # it: the same fields, and its own TTL (COPY carries it; there is no PEXPIRE of it).
+    k = Keys(ns)
+    msgs = [msg(i) for i in range(40, 46)]
+    await claimed_batch(r, k, msgs)
+    first = await r.hgetall(k.idem("m40"))
+    assert first[b"owner"] == OWNER.encode() and first[b"status"] == b"pending"
+    assert b"msg_id" not in first and b"runs" not in first
+    for m in msgs:
+        assert await r.hgetall(k.idem(m.key)) == first
+        assert 0 < await r.pttl(k.idem(m.key)) <= TTL_MS
+    entries = await r.xrange(k.inbox("w-1", "normal"))
+    assert [f[b"e"] for _, f in entries] == [m.data for m in msgs]
+
+
+async def test_a_record_is_copied_only_from_one_of_the_same_capability_and_attempt(
+    r: AnyRedis, ns: str
+) -> None:
+    k = Keys(ns)
+
+    def m(i: int, cap: str, attempt: int, key: str = "") -> inbox.Message:
+        return inbox.Message(b"ENV%d" % i, cap, attempt, f"m{i}", key or f"m{i}", key)
+
+    msgs = [
+        m(50, "cap.a", 1),
+        m(51, "cap.a", 1),
+        m(52, "cap.b", 1),  # another capability
+        m(53, "cap.b", 2),  # another attempt
+        m(54, "cap.b", 2, "order-54"),  # a caller's key: the record holds its msg_id
+        m(55, "cap.b", 2),  # copied from m53, not from the keyed record
+        m(56, "cap.a", 1),
+    ]
+    await claimed_batch(r, k, msgs)
+    for x in msgs:
+        h = await r.hgetall(k.idem(x.key))
+        assert h[b"capability"] == x.capability.encode(), x.msg_id
+        assert h[b"attempt"] == str(x.attempt).encode(), x.msg_id
+        assert h[b"owner"] == OWNER.encode() and h[b"fence"] == b"1"
+        assert (h.get(b"msg_id") == b"m54") if x.key == "order-54" else b"msg_id" not in h
+        assert 0 < await r.pttl(k.idem(x.key)) <= TTL_MS
+    assert await r.get(k.task("m54")) == b"order-54"
+
+
+async def test_a_record_named_twice_in_a_batch_is_not_copied_over(r: AnyRedis, ns: str) -> None:
+    # m60's record is named again by a later message under a caller's key "m60" (a record
+    # of the same name, holding that message's msg_id): written over as before, it is no
+    # longer what the batch's next fresh records may copy.
+    k = Keys(ns)
+    again = inbox.Message(b"ENV-again", "cap", 1, "m69", "m60", "m60")
+    sent = await claimed_batch(r, k, [msg(60), msg(61), again, msg(62)])
+    assert len({s.entry_id for s in sent}) == 4  # every entry added
+    assert (await r.hgetall(k.idem("m60")))[b"msg_id"] == b"m69"
+    for key in ("m61", "m62"):
+        h = await r.hgetall(k.idem(key))
+        assert b"msg_id" not in h and h[b"owner"] == OWNER.encode()
+        assert 0 < await r.pttl(k.idem(key)) <= TTL_MS
+
+
+async def test_a_user_without_copy_gets_every_record_written(
+    r: AnyRedis, ns: str, redis_url: str
+) -> None:
+    # An ACL user set up before reach's roles held COPY: the batch writes each record with
+    # an HSET instead of failing.
+    user = f"nocopy-{ns}"
+    await r.acl_setuser(
+        user, enabled=True, passwords=["+pw"], keys=["*"], channels=["*"],
+        commands=["+@all", "-copy"],
+    )  # fmt: skip
+    limited = await connect(redis_url.replace("redis://", f"redis://{user}:pw@"))
+    try:
+        k = Keys(ns)
+        msgs = [msg(i) for i in range(70, 74)]
+        await claimed_batch(limited, k, msgs)
+        first = await r.hgetall(k.idem("m70"))
+        for m in msgs:
+            assert await r.hgetall(k.idem(m.key)) == first
+            assert 0 < await r.pttl(k.idem(m.key)) <= TTL_MS
+    finally:
+        await limited.aclose()
+        await r.acl_deluser(user)
