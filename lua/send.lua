@@ -47,6 +47,20 @@
 -- 5n+2 ARGV (5n+4 with a claim) for n messages. The messages are added in order, each as
 -- the one-message form would add it (each fresh record claimed, with the claim).
 --
+-- The compact form (ARGV[1] is '=', which no envelope is): n >= 1 messages to one agent
+-- that share one inbox, capability and attempt and have no caller's key (each record is
+-- named by its msg_id: no pointer), in 3 + n KEYS and 8 + 2n ARGV:
+--   KEYS[1..3] the agent's three inbox streams (high, normal, low)
+--   KEYS[3 + j] message j's idempotency record
+--   ARGV[1] '=', ARGV[2] the inbox of them all: 1, 2 or 3 (KEYS[1..3]), ARGV[3]
+--   capability, ARGV[4] attempt, ARGV[5] ttl_ms, ARGV[6] max_queue (as ARGV[7] above),
+--   ARGV[7] claim for or '' (as ARGV[8] above), ARGV[8] claim lease_ms (read with a
+--   claim, as ARGV[9] above), then ARGV[7 + 2j] message j's envelope bytes and
+--   ARGV[8 + 2j] its msg_id.
+-- Each message is added as the batch form would add it (what that form gives per message
+-- is here given once), and the reply is the batch form's: one entry id or depth per
+-- message. Five values a message fewer for Redis to read and the script to take.
+--
 -- The batch form looks at its records with one EXISTS first: when none exists (fresh
 -- msg_ids, the usual batch) each is written as new without a look of its own; when any
 -- does, each record is looked at alone (HLEN: its type, and whether it is there). With a
@@ -84,15 +98,19 @@ local depth = 0  -- with a max_queue: the entries of the three inboxes, read by 
 local claim_for = ''  -- ARGV[8] when given: fresh records are claimed for it
 local claim_agent  -- its agent id (the part before the last '/'), found by claim_bad
 
--- Why the claim in ARGV[8..9] is refused, or nil.
-local function claim_bad()
-  local e = bytes_bad('claim for', 8, 3, 1024) or int_bad('claim lease_ms', 9, 1, MAX_LEASE)
+local lease_at = 9  -- the ARGV index of the claim's lease_ms (the compact form: 8)
+
+-- Why the claim in ARGV[c..c+1] (ARGV[8..9]; the compact form's ARGV[7..8]) is refused,
+-- or nil.
+local function claim_bad(c)
+  local e = bytes_bad('claim for', c, 3, 1024) or int_bad('claim lease_ms', c + 1, 1, MAX_LEASE)
   if e then return e end
   -- One match both checks the form and finds the agent id the claimed records name.
-  claim_agent = string.match(ARGV[8], '^(.+)/[^/]+$')
+  claim_agent = string.match(ARGV[c], '^(.+)/[^/]+$')
   if not claim_agent then
-    return bad('claim for', 8, "want '<agent_id>/<instance_id>'")
+    return bad('claim for', c, "want '<agent_id>/<instance_id>'")
   end
+  lease_at = c + 1
   return nil
 end
 
@@ -107,9 +125,13 @@ end
 
 -- Whether none of the batch's n records exists (one EXISTS per 500 of them; a key
 -- named twice counts twice, which changes nothing about 0).
-local function records_absent(n)
+local function records_absent(n, compact)
   local recs = {}
-  for j = 1, n do recs[j] = KEYS[(j == 1) and 2 or (3 * j + 2)] end
+  if compact then
+    for j = 1, n do recs[j] = KEYS[3 + j] end
+  else
+    for j = 1, n do recs[j] = KEYS[(j == 1) and 2 or (3 * j + 2)] end
+  end
   for first = 1, n, 500 do
     if redis.call('EXISTS', unpack(recs, first, math.min(n, first + 499))) > 0 then
       return false
@@ -118,10 +140,11 @@ local function records_absent(n)
   return true
 end
 
--- Why one of the inboxes KEYS[4..6] is refused, or nil; their entries are counted in depth,
--- what a max_queue is held against (XLEN is their type check anyway).
-local function inboxes_bad()
-  for i = 4, 6 do
+-- Why one of the inboxes KEYS[first..first+2] (KEYS[4..6]; the compact form's KEYS[1..3])
+-- is refused, or nil; their entries are counted in depth, what a max_queue is held
+-- against (XLEN is their type check anyway).
+local function inboxes_bad(first)
+  for i = first, first + 2 do
     local len, why = read_typed('XLEN', i, 'stream')
     if why then return why end
     depth = depth + len
@@ -129,7 +152,42 @@ local function inboxes_bad()
   return nil
 end
 
+-- The compact form (ARGV[1] '='): see the header. Returns as check() does.
+local function compact_bad()
+  local n = (#ARGV - 8) / 2
+  if n < 1 or n % 1 ~= 0 then
+    return 'arguments: the compact form wants 8 ARGV and 2 per message, got ' .. #ARGV
+  end
+  if #KEYS ~= 3 + n then
+    return 'keys: want ' .. (3 + n) .. ' KEYS for ' .. n .. ' messages, got ' .. #KEYS
+  end
+  local p = ARGV[2]
+  if p ~= '1' and p ~= '2' and p ~= '3' then
+    return bad('inbox index', 2, 'want 1, 2 or 3')
+  end
+  local e = int_bad('attempt', 4, 0, MAX_INT) or int_bad('ttl_ms', 5, 1, MAX_TTL)
+    or int_bad('max_queue', 6, 0, MAX_INT)
+  if e then return e end
+  if ARGV[7] ~= '' then
+    e = claim_bad(7)
+    if e then return e end
+    claim_for = ARGV[7]
+  end
+  e = inboxes_bad(1)
+  if e then return e end
+  if records_absent(n, true) then
+    for j = 1, n do fresh[j] = true end
+  else
+    for j = 1, n do
+      e = record_bad(3 + j, j)
+      if e then return e end
+    end
+  end
+  return nil, tonumber(ARGV[6]), n
+end
+
 local function check()
+  if ARGV[1] == '=' then return compact_bad() end
   if #ARGV > 9 then
     if (#ARGV - 9) % 5 == 0 then
       fixed = 2
@@ -144,7 +202,7 @@ local function check()
     local e = int_bad('ttl_ms', 6, 1, MAX_TTL) or int_bad('max_queue', 7, 0, MAX_INT)
     if e then return e end
     if fixed == 2 and ARGV[8] ~= '' then
-      e = claim_bad()
+      e = claim_bad(8)
       if e then return e end
       claim_for = ARGV[8]
     end
@@ -156,7 +214,7 @@ local function check()
       end
       a = 5 * j + 2 + fixed
     end
-    e = inboxes_bad()
+    e = inboxes_bad(4)
     if e then return e end
     -- Most batches are all fresh messages (new msg_ids): one EXISTS over their records
     -- answers 0, and none needs a look of its own. Any record there (a resend, a
@@ -191,7 +249,7 @@ local function check()
     or (ARGV[7] and int_bad('max_queue', 7, 0, MAX_INT))
   if e then return e end
   if #ARGV == 9 and ARGV[8] ~= '' then
-    e = claim_bad()
+    e = claim_bad(8)
     if e then return e end
     claim_for = ARGV[8]
   end
@@ -208,12 +266,15 @@ local function check()
     why = key_type(KEYS[3], 'string')
     if why then return 'KEYS[3]: ' .. why end
   end
-  if max > 0 then e = inboxes_bad() end
+  if max > 0 then e = inboxes_bad(4) end
   return e, max, 0
 end
 
+local compact = ARGV[1] == '='
 local err, max, n = check()
 if err then return refuse(err) end
+-- The records' (and pointers') TTL: ARGV[6], the compact form's ARGV[5].
+local ttl = compact and ARGV[5] or ARGV[6]
 
 -- The claim's lease end (server time, as the decimal string written), computed once per
 -- call.
@@ -221,7 +282,7 @@ local until_ms
 
 -- The last record this call wrote claimed and named by its msg_id (tpl), with the
 -- capability and attempt it holds: every other field of such a record is the call's
--- (status, fence, owner, lease_until, agent_id) and its TTL is ARGV[6], so the next
+-- (status, fence, owner, lease_until, agent_id) and its TTL is the call's, so the next
 -- fresh record of the same capability and attempt is a COPY of it (one command, the hash
 -- copied whole with its TTL) instead of an HSET of seven pairs and a PEXPIRE.
 local tpl, tpl_cap, tpl_attempt
@@ -230,17 +291,16 @@ local tpl, tpl_cap, tpl_attempt
 -- record holds already is kept as below; a record known not to exist takes all in one
 -- HSET, and with a claim (claim_for ~= '') it is written claimed and the entry names the
 -- owner and the lease: see the header).
-local function add(k, a, new)
-  local rec = KEYS[k + 2]
+local function add(inbox, rec, ptr, data, cap, attempt, msg_id, key, new)
   local id
   if rec == tpl then tpl = nil end  -- written again below: no longer what it was
   if new and claim_for ~= '' then
     if not until_ms then
-      until_ms = string.format('%.0f', now_ms() + tonumber(ARGV[9]))
+      until_ms = string.format('%.0f', now_ms() + tonumber(ARGV[lease_at]))
     end
-    id = redis.call('XADD', KEYS[k + 1], '*', 'e', ARGV[a + 1], 'c', claim_for, 'l', until_ms)
+    id = redis.call('XADD', inbox, '*', 'e', data, 'c', claim_for, 'l', until_ms)
     local copied
-    if tpl and ARGV[a + 5] == '' and ARGV[a + 2] == tpl_cap and ARGV[a + 3] == tpl_attempt then
+    if tpl and key == '' and cap == tpl_cap and attempt == tpl_attempt then
       -- pcall: a user whose ACL predates COPY in reach's roles (`reach acl`) gets the
       -- HSET below, not a failed send. 0: the record exists after all (named twice in
       -- this batch), written below as before.
@@ -249,27 +309,27 @@ local function add(k, a, new)
       if type(copied) == 'table' then tpl = nil end  -- refused: not tried again this call
     end
     -- No sent_msg_id: it would repeat msg_id (absent means so; a later send of the key
-    -- writes it). No msg_id either for a record named by it (no caller's key: ARGV[a + 5]
+    -- writes it). No msg_id either for a record named by it (no caller's key: key
     -- is ''): its readers know it from the record's name. Every field costs memory in
     -- each record, and most records are named by their msg_id. (Two calls written out
     -- rather than one built as a table: a table and its unpack cost more than the HSET.)
-    if ARGV[a + 5] == '' then
-      redis.call('HSET', rec, 'status', 'pending', 'capability', ARGV[a + 2],
-        'attempt', ARGV[a + 3], 'fence', '1', 'owner', claim_for,
+    if key == '' then
+      redis.call('HSET', rec, 'status', 'pending', 'capability', cap,
+        'attempt', attempt, 'fence', '1', 'owner', claim_for,
         'lease_until', until_ms, 'agent_id', claim_agent)
-      if copied == nil then tpl, tpl_cap, tpl_attempt = rec, ARGV[a + 2], ARGV[a + 3] end
+      if copied == nil then tpl, tpl_cap, tpl_attempt = rec, cap, attempt end
     else
-      redis.call('HSET', rec, 'status', 'pending', 'capability', ARGV[a + 2],
-        'attempt', ARGV[a + 3], 'fence', '1', 'owner', claim_for,
+      redis.call('HSET', rec, 'status', 'pending', 'capability', cap,
+        'attempt', attempt, 'fence', '1', 'owner', claim_for,
         'lease_until', until_ms, 'agent_id', claim_agent,
-        'msg_id', ARGV[a + 4])
+        'msg_id', msg_id)
     end
   elseif new then
-    id = redis.call('XADD', KEYS[k + 1], '*', 'e', ARGV[a + 1])
-    redis.call('HSET', rec, 'status', 'pending', 'capability', ARGV[a + 2],
-      'attempt', ARGV[a + 3], 'sent_msg_id', ARGV[a + 4])
+    id = redis.call('XADD', inbox, '*', 'e', data)
+    redis.call('HSET', rec, 'status', 'pending', 'capability', cap,
+      'attempt', attempt, 'sent_msg_id', msg_id)
   else
-    id = redis.call('XADD', KEYS[k + 1], '*', 'e', ARGV[a + 1])
+    id = redis.call('XADD', inbox, '*', 'e', data)
     -- A done key (succeeded: its result stored, later copies replay it) and a running one
     -- (or one whose handler waits for input, ask.lua) keep their status; any other (dead, failed, expired, retrying: released, it runs again)
     -- is pending from now, so nobody reads the last run's outcome as this send's.
@@ -277,32 +337,46 @@ local function add(k, a, new)
     -- entry: cancel.lua's cancel_of), so claim.lua never runs it; a new msg_id runs again.
     local had = redis.call('HMGET', rec, 'done', 'cancel_of', 'status', 'watched')
     if had[1] ~= '1' and had[3] ~= 'succeeded' and had[3] ~= 'running'
-        and had[3] ~= 'input_required' and not (had[3] == 'cancelled' and had[2] == ARGV[a + 4]) then
+        and had[3] ~= 'input_required' and not (had[3] == 'cancelled' and had[2] == msg_id) then
       redis.call('HSET', rec, 'status', 'pending')
       if had[4] then announce(rec, 'pending') end
     end
-    redis.call('HSET', rec, 'capability', ARGV[a + 2], 'attempt', ARGV[a + 3],
-      'sent_msg_id', ARGV[a + 4])
+    redis.call('HSET', rec, 'capability', cap, 'attempt', attempt,
+      'sent_msg_id', msg_id)
   end
-  redis.call('PEXPIRE', rec, ARGV[6])
-  if ARGV[a + 5] ~= '' then
-    redis.call('SET', KEYS[k + 3], ARGV[a + 5], 'PX', ARGV[6])
+  redis.call('PEXPIRE', rec, ttl)
+  if key ~= '' then
+    redis.call('SET', ptr, key, 'PX', ttl)
   end
   return id
 end
 
 if n == 0 then
   if max > 0 and depth >= max then return depth end
-  return add(0, 0, fresh[1])
+  return add(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], fresh[1])
 end
 
 local out = {}
+if compact then
+  local inbox, cap, attempt = KEYS[tonumber(ARGV[2])], ARGV[3], ARGV[4]
+  for j = 1, n do
+    if max > 0 and depth >= max then
+      out[j] = depth
+    else
+      out[j] = add(inbox, KEYS[3 + j], nil, ARGV[7 + 2 * j], cap, attempt, ARGV[8 + 2 * j], '',
+        fresh[j])
+      depth = depth + 1
+    end
+  end
+  return out
+end
 local k, a = 0, 0
 for j = 1, n do
   if max > 0 and depth >= max then
     out[j] = depth
   else
-    out[j] = add(k, a, fresh[j])
+    out[j] = add(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
+      ARGV[a + 4], ARGV[a + 5], fresh[j])
     depth = depth + 1
   end
   k, a = 3 * j + 3, 5 * j + 2 + fixed

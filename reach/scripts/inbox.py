@@ -142,6 +142,21 @@ def send_batch_call(
     message."""
     if len(messages) < 2:
         raise ValueError("the batch form of send.lua takes two messages at least")
+    first, priority = messages[0]
+    cap, attempt = first.capability, first.attempt
+    if priority in PRIORITIES and all(
+        p == priority and m.capability == cap and m.attempt == attempt and not m.idempotency_key
+        for m, p in messages
+    ):
+        return _compact_call(
+            keys,
+            messages,
+            agent_id=agent_id,
+            ttl_ms=ttl_ms,
+            max_queue=max_queue,
+            claim_for=claim_for,
+            claim_lease_ms=claim_lease_ms,
+        )
     inboxes = dict(zip(PRIORITIES, keys.inboxes(agent_id), strict=True))
     # The first message in the one-message layout, then the batch's own slots per message.
     m, priority = messages[0]
@@ -158,6 +173,38 @@ def send_batch_call(
         k += record_keys(m.key, m.msg_id)
         # m.pointer, inlined: hundreds a call
         args += (m.data, m.capability, m.attempt, m.msg_id, m.key if m.idempotency_key else "")
+    return Call("send", tuple(k), tuple(args), _sent_each)
+
+
+def _compact_call(
+    keys: Keys,
+    messages: Sequence[tuple[Message, str]],
+    *,
+    agent_id: str,
+    ttl_ms: int,
+    max_queue: int,
+    claim_for: str,
+    claim_lease_ms: int,
+) -> Call[list[Sent]]:
+    """:func:`send_batch_call` of messages that share a priority, a capability and an
+    attempt and have no caller's key: ``send.lua``'s compact form, where those are given
+    once and each message takes its record key, envelope and msg_id."""
+    first, priority = messages[0]
+    k = [*keys.inboxes(agent_id)]
+    idem = keys.idem
+    k += [idem(m.key) for m, _ in messages]
+    args: list[Any] = [
+        "=",
+        PRIORITIES.index(priority) + 1,
+        first.capability,
+        first.attempt,
+        ttl_ms,
+        _bound(max_queue),
+        claim_for,
+        claim_lease_ms if claim_for else 0,
+    ]
+    for m, _ in messages:
+        args += (m.data, m.msg_id)
     return Call("send", tuple(k), tuple(args), _sent_each)
 
 

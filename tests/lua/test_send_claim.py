@@ -170,8 +170,9 @@ async def test_the_batch_form_claims_each_fresh_key(r: AnyRedis, ns: str) -> Non
 
 async def test_a_batch_with_a_bad_claim_is_refused_before_any_write(r: AnyRedis, ns: str) -> None:
     k = Keys(ns)
+    # Two priorities: the batch form's layout (one priority for all takes the compact one).
     call = inbox.send_batch_call(
-        k, [(msg(30), "normal"), (msg(31), "normal")], agent_id="w-1", ttl_ms=TTL_MS,
+        k, [(msg(30), "normal"), (msg(31), "high")], agent_id="w-1", ttl_ms=TTL_MS,
         claim_for="no-slash", claim_lease_ms=1000,
     )  # fmt: skip
     with pytest.raises(ResponseError, match=r"claim for \(ARGV\[8\]\) no-slash"):
