@@ -47,6 +47,14 @@
 --   ARGV[p+3] inbox index (0 = no ack), ARGV[p+4] entry id (as the full form's p+8, p+9)
 --   It is settled as the full form with those values would settle it (fewer arguments
 --   for Redis to read and the script to check). The next item starts at p + 5.
+-- A run of k such plain successes that share a fence and an inbox, whose records are k
+-- consecutive KEYS, may come in 4 + 2k slots, told apart by its first:
+--   ARGV[p]   '*' and k (1..the items left), e.g. '*20': the run counts as k items
+--   ARGV[p+1] fence (of each), ARGV[p+2] inbox index (0 = no ack, of each)
+--   ARGV[p+3] the first record's index r: item j of the run (0-based) completes KEYS[r + j]
+--   then for j = 0..k-1: ARGV[p+4+2j] stored reply bytes, ARGV[p+5+2j] entry id
+--   Each is settled as its own 5-slot form would settle it. The next item starts at
+--   p + 4 + 2k.
 -- After the items, optional (absent: the items use ARGV exactly), from q on:
 --   ARGV[q]   k: the number of failure details that follow (integer 0..n), then k triples:
 --   ARGV[q+1] item number (1..n, ascending, each at most once), ARGV[q+2] the handler's
@@ -135,16 +143,19 @@ local recent
 -- The record index of each plain success's first slot ('+3' -> 3), as the check pass
 -- parsed it (apart from `parsed`: '+3' is no integer any other slot may take).
 local plain = {}
+-- The length of each run of plain successes ('*k'), by the ARGV index of its first slot.
+local runs = {}
 
 local function check()
   local na, nk = #ARGV, #KEYS
   if na < 3 then return 'arguments: want at least 3 ARGV, got ' .. na end
   local e = int_bad('ttl_ms', 1, 1, MAX_TTL) or bytes_bad('group', 2, 1, 1024)
   if e then return e end
-  local most = math.floor((na - 3) / 5)
+  -- (2 ARGV an item at least: a plain success in a run takes 2, and its run 4 more)
+  local most = math.floor((na - 3) / 2)
   local n = int_memo(ARGV[3], 0, most)
   if not n then
-    return bad('number of items', 3, 'want an integer 0..' .. most .. ' (5 ARGV per item at least)')
+    return bad('number of items', 3, 'want an integer 0..' .. most .. ' (2 ARGV per item at least)')
   end
   -- The type each key index is used as, and its first use (for the error message: label
   -- and item in one table, at 2i - 1 and 2i; one table less to build per call).
@@ -190,13 +201,58 @@ local function check()
     return nil
   end
   local p = 4
-  for item = 1, n do
+  local item = 1
+  while item <= n do
     local v = ARGV[p]
     if p + 4 > na then
       return 'arguments: item ' .. item .. ' starts at ARGV[' .. p .. '], needs 5 ARGV at least, '
         .. na .. ' in all'
     end
-    if string.byte(v, 1) == 43 then  -- '+': a plain success, in 5 slots
+    local b = string.byte(v, 1)
+    if b == 42 then  -- '*': a run of k plain successes, in 4 + 2k slots
+      local k = int_memo(string.sub(v, 2), 1, n - item + 1)
+      if not k then
+        return bad('run length' .. where(item), p, "want '*' and 1.." .. (n - item + 1)
+          .. ' (the items left)')
+      end
+      if p + 3 + 2 * k > na then
+        return 'arguments: the run' .. where(item) .. ' starts at ARGV[' .. p .. '], needs '
+          .. (4 + 2 * k) .. ' ARGV, ' .. na .. ' in all'
+      end
+      if not int_memo(ARGV[p + 1], 1, MAX_FENCE) then
+        return bad('fence' .. where(item), p + 1, 'want an integer 1..2^53')
+      end
+      local r = int_memo(ARGV[p + 3], 1, nk - k + 1)
+      if not r then
+        return bad('first record index' .. where(item), p + 3, 'want a key index 1..'
+          .. (nk - k + 1) .. ' (its ' .. k .. ' records in a row)')
+      end
+      for j = 0, k - 1 do
+        if need[r + j] ~= 'hash' then
+          e = use(r + j, 'hash', 'record index', item + j)
+          if e then return e end
+        end
+      end
+      -- The inbox index once, then each entry id (as inbox_bad checks one item's).
+      v = ARGV[p + 2]
+      local i = memo[v]
+      if not i or i > nk then i = int_memo(v, 0, nk) end
+      if not i then return index_bad(p + 2, 'inbox index', item, 0) end
+      if i > 0 then
+        for j = 0, k - 1 do
+          if not stream_id_ok(ARGV[p + 5 + 2 * j]) then
+            return bad('entry id' .. where(item + j), p + 5 + 2 * j, "want a stream id 'ms-seq'")
+          end
+        end
+        if need[i] ~= 'stream' then
+          e = use(i, 'stream', 'inbox index', item)
+          if e then return e end
+        end
+      end
+      runs[p] = k
+      p = p + 4 + 2 * k
+      item = item + k - 1
+    elseif b == 43 then  -- '+': a plain success, in 5 slots
       local i = plain[v]
       if not i then
         i = int_memo(string.sub(v, 2), 1, nk)
@@ -254,6 +310,7 @@ local function check()
         p = p + f[2]
       end
     end
+    item = item + 1
   end
   if p <= na then
     local k = int_memo(ARGV[p], 0, n)
@@ -365,58 +422,83 @@ local seen = {}
 local reply_streams = {}  -- the reply streams written to, in order
 -- The check pass parsed every index and kind below (int_memo): looked up, not parsed again.
 local num = parsed
-for item = 1, num[ARGV[3]] do
-  local ki, ri, ii, kind, entry, size
-  local pi = plain[ARGV[p]]
-  if pi then  -- a plain success (5 slots)
-    ki, ri, ii, kind, entry, size = pi, 0, num[ARGV[p + 3]], NONE, ARGV[p + 4], 5
-  else
-    ki, ri, ii, kind = num[ARGV[p]], num[ARGV[p + 7]], num[ARGV[p + 8]], num[ARGV[p + 10]]
-    entry, size = ARGV[p + 9], 11
+
+-- Complete record KEYS[ki] (if ki > 0) for an item with this fence, status, stored reply,
+-- mode and error, and what its record takes of its detail; SettleCode_SETTLED or FENCED.
+local function complete(item, ki, fence, status, stored, mode, err)
+  local key = KEYS[ki]
+  local rec = reads[ki]
+  if seen[key] then rec = redis.call('HMGET', key, 'fence', 'done', 'runs', 'steps', 'watched') end
+  seen[key] = true
+  local code = complete_record(key, rec, fence, status, stored, mode, err, ttl, now)
+  if code == SettleCode_SETTLED then
+    local d = details and details[item]
+    if d then
+      redis.call('HSET', key, 'error_type', ARGV[d + 1], 'traceback', ARGV[d + 2])
+    elseif rec[3] and rec[3] ~= '0' and rec[3] ~= '1' then
+      redis.call('HDEL', key, 'error_type', 'traceback')
+    end
   end
-  local code = SettleCode_SETTLED
-  if ki > 0 then
-    local key = KEYS[ki]
-    local rec = reads[ki]
-    if seen[key] then rec = redis.call('HMGET', key, 'fence', 'done', 'runs', 'steps', 'watched') end
-    seen[key] = true
-    if pi then
-      code = complete_record(key, rec, ARGV[p + 1], 'succeeded', ARGV[p + 2], 'done', '', ttl, now)
+  return code
+end
+
+-- Note entry id `entry` of inbox KEYS[ii] (ii > 0) for the ack at the end.
+local function ack_later(ii, entry)
+  local ids = acks[ii]
+  if not ids then
+    ids = {}
+    acks[ii] = ids
+    inboxes[#inboxes + 1] = ii
+  end
+  ids[#ids + 1] = entry
+end
+
+local item = 1
+local n_items = num[ARGV[3]]
+while item <= n_items do
+  local k = runs[p]
+  if k then  -- a run of k plain successes: records KEYS[r..r+k-1], one fence, one inbox
+    local fence, ii, r = ARGV[p + 1], num[ARGV[p + 2]], num[ARGV[p + 3]]
+    for j = 0, k - 1 do
+      local code = complete(item + j, r + j, fence, 'succeeded', ARGV[p + 4 + 2 * j], 'done', '')
+      if code == SettleCode_SETTLED and ii > 0 then ack_later(ii, ARGV[p + 5 + 2 * j]) end
+      out[item + j] = code
+    end
+    item = item + k
+    p = p + 4 + 2 * k
+  else
+    local ki, ri, ii, kind, entry, size
+    local pi = plain[ARGV[p]]
+    if pi then  -- a plain success (5 slots)
+      ki, ri, ii, kind, entry, size = pi, 0, num[ARGV[p + 3]], NONE, ARGV[p + 4], 5
     else
-      code = complete_record(key, rec, ARGV[p + 1], ARGV[p + 2], ARGV[p + 3], ARGV[p + 4],
-        ARGV[p + 5], ttl, now)
+      ki, ri, ii, kind = num[ARGV[p]], num[ARGV[p + 7]], num[ARGV[p + 8]], num[ARGV[p + 10]]
+      entry, size = ARGV[p + 9], 11
+    end
+    local code = SettleCode_SETTLED
+    if ki > 0 then
+      if pi then
+        code = complete(item, ki, ARGV[p + 1], 'succeeded', ARGV[p + 2], 'done', '')
+      else
+        code = complete(item, ki, ARGV[p + 1], ARGV[p + 2], ARGV[p + 3], ARGV[p + 4], ARGV[p + 5])
+      end
     end
     if code == SettleCode_SETTLED then
-      local d = details and details[item]
-      if d then
-        redis.call('HSET', key, 'error_type', ARGV[d + 1], 'traceback', ARGV[d + 2])
-      elseif rec[3] and rec[3] ~= '0' and rec[3] ~= '1' then
-        redis.call('HDEL', key, 'error_type', 'traceback')
+      if ri > 0 then
+        redis.call('XADD', KEYS[ri], 'MAXLEN', '~', REPLIES, '*', 'r', ARGV[p + 6])
+        if not seen[-ri] then
+          seen[-ri] = true
+          reply_streams[#reply_streams + 1] = ri
+        end
       end
+      if kind ~= NONE then follow_up(kind, p + 11, details and details[item]) end
+      if ii > 0 then ack_later(ii, entry) end
     end
+    p = p + size
+    if kind ~= NONE then p = p + follow_ups()[kind][2] end
+    out[item] = code
+    item = item + 1
   end
-  if code == SettleCode_SETTLED then
-    if ri > 0 then
-      redis.call('XADD', KEYS[ri], 'MAXLEN', '~', REPLIES, '*', 'r', ARGV[p + 6])
-      if not seen[-ri] then
-        seen[-ri] = true
-        reply_streams[#reply_streams + 1] = ri
-      end
-    end
-    if kind ~= NONE then follow_up(kind, p + 11, details and details[item]) end
-    if ii > 0 then
-      local ids = acks[ii]
-      if not ids then
-        ids = {}
-        acks[ii] = ids
-        inboxes[#inboxes + 1] = ii
-      end
-      ids[#ids + 1] = entry
-    end
-  end
-  p = p + size
-  if kind ~= NONE then p = p + follow_ups()[kind][2] end
-  out[item] = code
 end
 -- A caller's replies of one batch share its stream: one PEXPIRE for them all (the script
 -- is atomic, so the stream's expiry is the same as after each reply).

@@ -535,6 +535,20 @@ def settle_call(
     args: list[Any] = [ttl_ms, group, len(items)]
     extend = args.extend
     details: list[Any] = []  # (item number, error type, traceback) of failures
+    # A run of plain successes with one fence and one inbox whose records are new keys in
+    # a row: written as one '*k' item (4 + 2k slots) rather than k of 5 (see settle.lua).
+    run: list[Any] = []  # the run's (stored, entry id) pairs
+    run_fence: Any = None
+    run_inbox = ""
+    run_first = 0  # the key index of its first record
+
+    def end_run() -> None:
+        if len(run) == 2:  # one item: its own 5 slots are shorter
+            extend((plain_ki(keys[run_first - 1]), run_fence, run[0], run_inbox, run[1]))
+        elif run:
+            extend((f"*{len(run) // 2}", run_fence, run_inbox, str(run_first), *run))
+        run.clear()
+
     for n, it in enumerate(items, 1):
         c = it.completion
         f = it.follow_up
@@ -555,8 +569,20 @@ def settle_call(
             and not c.traceback
         ):
             ib = it.inbox
-            extend((plain_ki(c.key), c.fence, c.stored, ki(ib) if ib else _NO_RECORD, it.entry_id))
+            ib_i = ki(ib) if ib else _NO_RECORD  # before the record: the run's keys in a row
+            key = c.key
+            if key in index:  # a record named before: not in a row, so on its own
+                end_run()
+                extend((plain_ki(key), c.fence, c.stored, ib_i, it.entry_id))
+                continue
+            if run and (c.fence != run_fence or ib_i != run_inbox):
+                end_run()
+            i = int(ki(key))
+            if not run:
+                run_fence, run_inbox, run_first = c.fence, ib_i, i
+            run.extend((c.stored, it.entry_id))
             continue
+        end_run()
         reply = it.reply if rs else ""
         if c is not None:
             stored = c.stored if c.mode == Mode.DONE else ""
@@ -571,6 +597,7 @@ def settle_call(
             extend((_DEAD_LETTER, ki(f.stream), f.maxlen, *f.values))
         else:
             extend((_RETRY, ki(f.zset), f.due_ms, f.envelope))
+    end_run()
     if details or (recent is not None and recent.chunks):
         args += [len(details) // 3, *details]
     if recent is not None and recent.chunks:

@@ -253,6 +253,29 @@ def settle_call(data: st.DataObject, w: World) -> tuple[list[str], list[Any]]:
 
     items: list[Any] = []
     n = data.draw(st.integers(1, 4))
+    runs = 0  # items given as runs: each run of k counts as k of the n
+    if data.draw(st.booleans(), label="run"):
+        # A run of plain successes ('*k', fence, inbox index, first record index, then
+        # stored reply and entry id each): records new to the call, their KEYS in a row.
+        states = data.draw(st.lists(st.sampled_from(sorted(w.records)), min_size=1, max_size=3,
+                                    unique=True))  # fmt: skip
+        inbox = data.draw(st.sampled_from([None, w.inboxes[1]]))
+        ii = ki(inbox)
+        first = ki(w.records[states[0]])
+        for s in states[1:]:
+            ki(w.records[s])
+        items += [
+            f"*{len(states)}",
+            data.draw(st.sampled_from([w.fences.get(states[0], 1), 1, 7])),
+            ii,
+            first,
+        ]
+        for _ in states:
+            items += [
+                data.draw(st.sampled_from([b"", b"S"])),
+                data.draw(st.sampled_from([*w.pending, "1-0", "99999-7"])),
+            ]
+        runs = len(states)
     for _ in range(n):
         state = data.draw(st.sampled_from([None, *sorted(w.records)]))
         idem = w.records[state] if state else None
@@ -294,7 +317,7 @@ def settle_call(data: st.DataObject, w: World) -> tuple[list[str], list[Any]]:
             items += [2, ki(w.delayed), data.draw(st.sampled_from([0, 12345])), b"ENV"]
         else:
             items.append(0)
-    return keys, [TTL_MS, GROUP, n, *items]
+    return keys, [TTL_MS, GROUP, n + runs, *items]
 
 
 def fetch_call(data: st.DataObject, w: World) -> tuple[list[str], list[Any]]:

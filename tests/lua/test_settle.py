@@ -83,6 +83,20 @@ class Batch:
         self.n += 1
         self.items += [f"+{self.ki(idem)}", fence, stored, self.ki(inbox), entry]
 
+    def plain_run(
+        self, *, inbox: str | None, fence: Any, items: list[tuple[str, str, bytes]]
+    ) -> None:
+        """A run of plain successes in 4 + 2k slots: '*k', fence, inbox index, the first
+        record's index, then (stored reply, entry id) each; ``items``: (record, entry id,
+        stored) each, the records new to this batch (their KEYS in a row)."""
+        ii = self.ki(inbox)
+        first = self.ki(items[0][0])
+        assert all(self.ki(rec) == first + j for j, (rec, _, _) in enumerate(items))
+        self.n += len(items)
+        self.items += [f"*{len(items)}", fence, ii, first]
+        for _, entry, stored in items:
+            self.items += [stored, entry]
+
     def complete(
         self,
         s: Scene,
@@ -279,7 +293,7 @@ def _bad_calls() -> list[tuple[str, int | None, object]]:
     calls += [("group", 1, "")]
     # n past (36 ARGV after the header) / 5, the fewest an item takes: refused as such;
     # n within it, more items than the ARGV hold: refused at the first item left short.
-    calls += [("number of items", 2, v) for v in ["8", "x", "", "-1", "1e3", "02"]]
+    calls += [("number of items", 2, v) for v in ["99", "x", "", "-1", "1e3", "02"]]
     calls += [("arguments: item 3 starts at ARGV[40], needs 5 ARGV at least", 2, "4")]
     # n 1: the second item reads as the failure details, then an index section.
     calls += [("recent index", 2, "1"), ("arguments", 2, "3"), ("number of details", None, "extra")]
@@ -652,7 +666,7 @@ def _bad_plain_calls() -> list[tuple[str, int | None, object]]:
     calls += [
         (f"inbox index {it1}: KEYS[1] is used as a hash by record index {it1}", 6, "1"),
         (f"record index of item 2: KEYS[2] is used as a stream by inbox index {it1}", 8, "+2"),
-        ("number of items (ARGV[3]) 2: want an integer 0..1", None, "drop"),  # 9 ARGV left
+        ("arguments: item 2 starts at ARGV[9], needs 5 ARGV at least", None, "drop"),
     ]
     return calls
 
@@ -700,7 +714,133 @@ async def test_the_runtime_sends_a_plain_success_in_its_5_slots(r: AnyRedis, ns:
         ),
     ]
     call = delivery.settle_call(items, ttl_ms=TTL_MS)
-    assert call.args[3:8] == ("+1", 1, b"S", "2", e1)
+    # KEYS: the inbox 1 (named before its record), rec1 2, rec2 3
+    assert call.args[3:8] == ("+2", 1, b"S", "1", e1)
     assert call.args[8] == "3" and len(call.args) == 3 + 5 + 11
     assert await call.run(r) == [delivery.SettleCode.SETTLED] * 2
     assert await r.xlen(k.replies("c-1")) == 1 and await r.xlen(inbox) == 1
+
+
+# -- a run of plain successes ('*k') ------------------------------------------------------
+async def _claimed(r: AnyRedis, ns: str, n: int) -> tuple[str, list[str], list[str]]:
+    """An inbox with n + 1 entries delivered to w-1, and n records claimed (fence 1 each)."""
+    k = Keys(ns)
+    inbox = k.inbox("w-1", "normal")
+    recs = [k.idem(f"q{i}") for i in range(n)]
+    entries = await _delivered(r, inbox, n + 1)
+    for rec in recs:
+        assert await _claim(r, rec) == 1
+    return inbox, recs, entries
+
+
+async def test_a_run_settles_each_record_as_its_5_slot_form_does(r: AnyRedis, ns: str) -> None:
+    inbox, recs, entries = await _claimed(r, ns, 6)
+    await r.hset(recs[1], "error", "an earlier attempt's")  # deleted either way
+    await r.hset(recs[4], "error", "an earlier attempt's")
+    b = Batch()
+    b.ki(inbox)
+    b.plain_run(inbox=inbox, fence=1, items=[(recs[i], entries[i], b"S%d" % i) for i in range(3)])
+    for i in range(3, 6):
+        b.plain(inbox=inbox, entry=entries[i], idem=recs[i], fence=1, stored=b"S%d" % i)
+    assert len(b.items) == 4 + 2 * 3 + 5 * 3
+    assert await b.run(r) == [1] * 6
+    for i in range(3):  # the same record (updated_ms too: one call, one clock)
+        run, alone = await r.hgetall(recs[i]), await r.hgetall(recs[i + 3])
+        assert run.pop(b"reply") == b"S%d" % i and alone.pop(b"reply") == b"S%d" % (i + 3)
+        assert run == alone and run[b"status"] == b"succeeded" and b"error" not in run
+        assert 0 < await r.pttl(recs[i]) <= TTL_MS
+    assert [eid.decode() for eid, _ in await r.xrange(inbox)] == [entries[6]]
+    assert (await r.xpending(inbox, GROUP))["pending"] == 1
+
+
+async def test_a_fenced_record_of_a_run_writes_nothing_the_others_settle(
+    r: AnyRedis, ns: str
+) -> None:
+    inbox, recs, entries = await _claimed(r, ns, 3)
+    await r.hincrby(recs[1], "fence", 1)  # another owner claimed it since
+    before = await r.hgetall(recs[1])
+    b = Batch()
+    b.ki(inbox)
+    b.plain_run(inbox=inbox, fence=1, items=[(recs[i], entries[i], b"S") for i in range(3)])
+    assert await b.run(r) == [1, 0, 1]
+    assert await r.hgetall(recs[1]) == before
+    left = [eid.decode() for eid, _ in await r.xrange(inbox)]
+    assert left == [entries[1], entries[3]]  # the fenced one's entry left pending
+
+
+def _bad_run_calls() -> list[tuple[str, int | None, object]]:
+    # ARGV (0-based): ttl 0, group 1, n 2 (= 3); the run at 3: '*3' 3, fence 4, inbox 5,
+    # first record 6, then (stored, entry) at 7/8, 9/10, 11/12. KEYS: inbox 1, records 2..4.
+    it1 = "of item 1"
+    calls: list[tuple[str, int | None, object]] = [
+        (f"run length {it1}", 3, v) for v in ["*0", "*4", "*x", "*", "*01", "*-1"]
+    ]
+    calls += [(f"fence {it1}", 4, v) for v in ["0", "x", "", "-1"]]
+    calls += [(f"inbox index {it1}", 5, v) for v in ["9", "x", "-1"]]
+    calls += [(f"first record index {it1}", 6, v) for v in ["0", "3", "x"]]
+    calls += [(f"entry id of item {j + 1}", 8 + 2 * j, "1-") for j in range(3)]
+    calls += [
+        (f"inbox index {it1}: KEYS[2] is used as a hash by record index {it1}", 5, "2"),
+        ("number of items (ARGV[3]) 6: want an integer 0..5", 2, "6"),
+        ("arguments: item 4 starts at ARGV[14], needs 5 ARGV at least", 2, "4"),
+    ]
+    return calls
+
+
+@pytest.mark.parametrize(("what", "at", "value"), _bad_run_calls())
+async def test_a_run_out_of_contract_is_refused_before_any_write(
+    r: AnyRedis, ns: str, what: str, at: int | None, value: object
+) -> None:
+    inbox, recs, entries = await _claimed(r, ns, 3)
+    b = Batch()
+    b.ki(inbox)
+    b.plain_run(inbox=inbox, fence=1, items=[(recs[i], entries[i], b"S") for i in range(3)])
+    args: list[Any] = [TTL_MS, GROUP, b.n, *b.items]
+    assert len(args) == 13 and args[3] == "*3" and args[6] == 2
+    assert at is not None
+    args[at] = value
+    before = await snapshot(r, ns)
+    with pytest.raises(rexc.ResponseError, match=f"^reach: bad {re.escape(what)}"):
+        await scripts.call(r, "settle", b.keys, args)
+    assert_unchanged(before, await snapshot(r, ns))
+    assert await b.run(r) == [1, 1, 1]
+
+
+async def test_the_runtime_sends_runs_of_plain_successes(r: AnyRedis, ns: str) -> None:
+    """settle_call: plain successes of one fence and inbox, their records new to the
+    call, go as one run; a change of fence, a record named again and any other item end
+    it; a run of one is its 5-slot form."""
+    from reach.scripts import delivery
+
+    inbox, recs, entries = await _claimed(r, ns, 7)
+    await r.hincrby(recs[3], "fence", 1)  # claimed again: fence 2
+
+    def ok(i: int, fence: int = 1) -> delivery.SettleItem:
+        c = delivery.Completion(recs[i], fence, "succeeded", delivery.Mode.DONE, stored=b"S")
+        return delivery.SettleItem(inbox, entries[i], c)
+
+    failed = delivery.SettleItem(
+        inbox,
+        entries[6],
+        delivery.Completion(recs[6], 1, "failed", delivery.Mode.DONE, error="no"),
+    )
+    items = [ok(0), ok(1), ok(2), ok(3, fence=2), ok(4), failed, ok(5)]
+    call = delivery.settle_call(items, ttl_ms=TTL_MS)
+    a = call.args
+    # KEYS: the inbox 1, then records 2.. in the order met
+    assert a[3:7] == ("*3", 1, "1", "2") and a[7:13] == (
+        b"S",
+        entries[0],
+        b"S",
+        entries[1],
+        b"S",
+        entries[2],
+    )
+    assert a[13:18] == ("+5", 2, b"S", "1", entries[3])  # another fence: a run of one
+    assert a[18:23] == ("+6", 1, b"S", "1", entries[4])  # ended by the failure after it
+    assert a[23] == "7" and a[34:39] == ("+8", 1, b"S", "1", entries[5])
+    assert await call.run(r) == [delivery.SettleCode.SETTLED] * 7
+    assert await r.xlen(inbox) == 1
+    # a record named twice in a call: the second time on its own, in 5 slots
+    twice = delivery.settle_call([ok(0), ok(1), ok(0)], ttl_ms=TTL_MS).args
+    assert twice[3:7] == ("*2", 1, "1", "2") and twice[11] == "+2"
