@@ -15,7 +15,10 @@ message a made-up entry id, one event-loop turn later): its path up to the conne
 writer, without packing, socket or reply (the lean floor's caller is not run then).
 
 ``--commands``: also Redis's commands per message over the rounds (``INFO
-commandstats``; those a script runs counted too), with the worker's reads and settles.
+commandstats``; those a script runs counted too), with the worker's reads and settles,
+then the microseconds Redis's clock gave each per message (a script's ``evalsha``
+includes the commands it ran) beside Redis's whole CPU per message (``INFO cpu``, user and
+system): what the scripts take of it, and what is spent outside any command.
 
 ``--many N``: the rounds call ``Client.send_many`` with batches of ``N`` payloads instead
 (one task, one call at a time), and the same process then times the lean floor's caller
@@ -76,10 +79,14 @@ async def _fake_send(*_: Any, **__: Any) -> inbox.Sent:
 
 
 def _fake_submit(*words: Any) -> asyncio.Future[Any]:
-    # EVALSHA sha numkeys ...: send.lua's batch form names 3n + 3 keys for n >= 2 messages
-    # (a reply per message), its one-message form 3 or 6 (one reply)
+    # EVALSHA sha numkeys ...: send.lua's compact form (ARGV[1] '=') names 3 + n keys for
+    # n messages, its batch form 3n + 3 for n >= 2 (a reply per message), its one-message
+    # form 3 or 6 (one reply)
     numkeys = int(words[2])
-    reply: Any = [b"1-1"] * ((numkeys - 3) // 3) if numkeys >= 9 else b"1-1"
+    if words[3 + numkeys] in ("=", b"="):
+        reply: Any = [b"1-1"] * (numkeys - 3)
+    else:
+        reply = [b"1-1"] * ((numkeys - 3) // 3) if numkeys >= 9 else b"1-1"
     fut = asyncio.get_running_loop().create_future()
     fut.get_loop().call_soon(fut.set_result, reply)
     return fut
@@ -134,9 +141,14 @@ async def _lean_round(r: Any, n: int, batch: int, k: int) -> tuple[float, float,
     )
 
 
-async def _commandstats(r: Any) -> dict[str, int]:
+async def _commandstats(r: Any) -> dict[str, tuple[int, int]]:
+    """Per command: its calls and microseconds so far, and ``cpu``: Redis's CPU (user +
+    system) in microseconds so far."""
     stats = await r.info("commandstats")
-    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
+    out = {k.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"])) for k, v in stats.items()}
+    cpu = await r.info("cpu")
+    out["cpu"] = (0, int((float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])) * 1e6))
+    return out
 
 
 def _start_worker(url: str) -> subprocess.Popen[bytes]:
@@ -179,9 +191,14 @@ async def _main(url: str, args: argparse.Namespace) -> None:
                 await anyio.sleep(1.0)  # the worker settles what it has read
                 after = await _commandstats(r)
                 n = args.messages * args.repeat
-                per = {k: (v - before.get(k, 0)) / n for k, v in after.items()}
+                zero = (0, 0)
+                per = {k: (v[0] - before.get(k, zero)[0]) / n for k, v in after.items()}
                 shown = {k: round(v, 3) for k, v in sorted(per.items(), key=lambda x: -x[1])}
                 print("Redis commands per message:", {k: v for k, v in shown.items() if v})
+                us = {k: (v[1] - before.get(k, zero)[1]) / n for k, v in after.items()}
+                cpu = us.pop("cpu")
+                top = {k: round(v, 2) for k, v in sorted(us.items(), key=lambda x: -x[1])[:8]}
+                print(f"Redis CPU per message {cpu:.2f} µs; by its clock, µs per message:", top)
             if args.many and not args.fake_redis:
                 lean = [
                     await _lean_round(r, args.messages, args.many, k) for k in range(args.repeat)

@@ -47,10 +47,11 @@ local function complete_record(key, rec, fence, status, stored, mode, err, ttl, 
   if mode == 'done' and err == '' and not rec[4] then
     -- The common outcome (a reply stored, no error, no journal) written out as the general
     -- form below would write it: a table and its unpack cost more than the HSET itself.
-    -- The claim's fields out first: the HSET then appends to a shorter hash, and nothing
-    -- is moved past the stored reply to close their gap. (The record keeps its fence and
-    -- status, so it never empties here, which would drop its TTL.)
-    redis.call('HDEL', key, 'owner', 'lease_until', 'error')
+    -- HSET before HDEL, though the other order counts fewer instructions: the first write
+    -- of a script decides whether a full Redis (maxmemory) refuses it, and only HSET is a
+    -- command a full Redis refuses. A first HDEL would pass, and every write after it
+    -- with it (Redis does not stop a script that has written): a worker would settle
+    -- and ack while Redis is full (tests/integration/test_full_redis.py).
     if not rec[3] or rec[3] == '0' then
       redis.call('HSET', key, 'status', status, 'updated_ms', now, 'done', '1',
         'reply', stored, 'runs', '1')
@@ -58,6 +59,7 @@ local function complete_record(key, rec, fence, status, stored, mode, err, ttl, 
       redis.call('HSET', key, 'status', status, 'updated_ms', now, 'done', '1',
         'reply', stored)
     end
+    redis.call('HDEL', key, 'owner', 'lease_until', 'error')
   else
     local w = {'HSET', key, 'status', status, 'updated_ms', now}
     local gone = {'HDEL', key, 'owner', 'lease_until'}

@@ -28,7 +28,7 @@ from reach.envelope import encode
 from reach.errors import RedisFull
 from reach.keys import GROUP, Keys
 from reach.registry import Registry
-from reach.scripts import delivery
+from reach.scripts import delivery, inbox
 from reach.sweeper import move_due, release_parked, reroute_evicted
 from reach.tasks import dead_letter_op
 from tests.support.agents_messaging import FAST, wait_eligible
@@ -503,3 +503,56 @@ async def test_a_cli_write_on_a_full_redis_is_one_line_that_says_what_to_do(
     assert cli.returncode == 2, err
     assert "out of memory" in err and "raise maxmemory" in err and "Traceback" not in err, err
     assert len(err.strip().splitlines()) == 1, err
+
+
+async def test_the_streaming_scripts_write_nothing_while_redis_is_full(
+    r: AnyRedis, ns: str
+) -> None:
+    """send.lua's compact form (its records copied) and settle.lua's plain successes, alone
+    and in a run, each begin with a write a full Redis refuses: nothing of them is written
+    (a script that has written once is not stopped by a full Redis, so a write it allows,
+    an HDEL, must not come first)."""
+    k = Keys(ns)
+    stream = k.inbox("w-1", "normal")
+    await r.xgroup_create(stream, GROUP, id="0", mkstream=True)
+
+    def batch(prefix: str) -> delivery.Call[list[inbox.Sent]]:
+        msgs = [
+            inbox.Message(b"E", "full.cap", 1, f"{prefix}{i}", f"{prefix}{i}") for i in range(3)
+        ]
+        return inbox.send_batch_call(
+            k, [(m, "normal") for m in msgs], agent_id="w-1", ttl_ms=60_000,
+            claim_for="w-1/i1", claim_lease_ms=60_000,
+        )  # fmt: skip
+
+    await batch("m").run(r)
+    got = await r.xreadgroup(GROUP, "w-1", {stream: ">"})
+    entries = [e.decode() for e, _ in got[0][1]]
+    records = [k.idem(f"m{i}") for i in range(3)]
+    before = [await r.hgetall(rec) for rec in records]
+    items = [
+        delivery.SettleItem(
+            stream,
+            entries[i],
+            delivery.Completion(records[i], 1, "succeeded", delivery.Mode.DONE, stored=b"S"),
+        )
+        for i in range(3)
+    ]
+    run, alone = (
+        delivery.settle_call(items[:2], ttl_ms=60_000),
+        delivery.settle_call(items[2:], ttl_ms=60_000),
+    )
+    assert run.args[3] == "*2" and alone.args[3].startswith("+")
+    mem = Memory(r, ns)
+    await mem.fill()
+    try:
+        for call in (run, alone, batch("n")):
+            with pytest.raises(rexc.OutOfMemoryError):
+                await call.run(r)
+        assert [await r.hgetall(rec) for rec in records] == before
+        assert (await r.xpending(stream, GROUP))["pending"] == 3
+        assert await r.xlen(stream) == 3
+        assert not await r.exists(*(k.idem(f"n{i}") for i in range(3)))
+    finally:
+        await mem.free()
+    assert await run.run(r) == [delivery.SettleCode.SETTLED] * 2  # room again: settled
