@@ -423,7 +423,7 @@ local reply_streams = {}  -- the reply streams written to, in order
 -- The check pass parsed every index and kind below (int_memo): looked up, not parsed again.
 local num = parsed
 
--- Complete record KEYS[ki] (if ki > 0) for an item with this fence, status, stored reply,
+-- Complete record KEYS[ki] for an item with this fence, status, stored reply,
 -- mode and error, and what its record takes of its detail; SettleCode_SETTLED or FENCED.
 local function complete(item, ki, fence, status, stored, mode, err)
   local key = KEYS[ki]

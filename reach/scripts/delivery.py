@@ -511,7 +511,8 @@ def settle_call(
     long records and reply streams live. The slots of each item are fixed (the script's
     header): 11, then 11 for a dead letter or 3 for a retry; a plain success (succeeded,
     stored, no error, no reply to publish, no follow-up: most of a busy worker's items)
-    takes 5. Then the failure details and ``recent``, the batch's rows of the index of
+    takes 5, and consecutive ones of one fence and inbox, their records new to the call,
+    go as one run of 2 each and 4 more. Then the failure details and ``recent``, the batch's rows of the index of
     recent messages, if any."""
     # Per message, on the worker: key indexes are kept as the strings sent (an int is
     # formatted again at every pack), and the slots go in with one extend per item.

@@ -139,7 +139,8 @@ def send_batch_call(
     priority)`` of ``messages`` (two at least) to the inbox of ``agent_id``, in order, as
     :func:`send_call` would one by one (the ones past ``max_queue`` refused; with
     ``claim_for``, each fresh key claimed for that runtime); one :class:`Sent` per
-    message."""
+    message. Messages alike in priority, capability and attempt, none under a caller's
+    key (a coalesced or ``send_many`` batch), go in the script's compact form."""
     if len(messages) < 2:
         raise ValueError("the batch form of send.lua takes two messages at least")
     first, priority = messages[0]
